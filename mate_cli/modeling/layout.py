@@ -1,0 +1,198 @@
+"""`TableLayout`: the per-token record of where each token sits in the table.
+
+A table becomes tokens exactly once (``mate_cli.data.tokenize``); at that moment we
+record, for every token, its segment, row, column, cell and numeric ranks. This
+object carries that record through collation, embeddings, every encoder layer and
+every attention backend, and into the heads. Nobody downstream re-derives rows or
+columns.
+
+Conventions (TAPAS's, so TAPAS checkpoints load unchanged):
+
+- ``segment_ids``: 0 for the query and the special tokens ([CLS], [SEP]) and for
+  padding, 1 for table tokens (header included).
+- ``row_ids``: 0 for query tokens and for header tokens, 1..R for data rows.
+- ``column_ids``: 0 for query tokens, 1..C for table columns.
+- ``cell_ids``: 0 for tokens that are not a selectable cell (query, specials,
+  header, padding); k >= 1 for the k-th *data* cell of the example (row-major).
+  Heads pool cell scores by these ids.
+- ``prev_labels``, ``column_ranks``, ``inv_column_ranks``, ``numeric_relations``:
+  the remaining TAPAS token types; zeros when unused.
+- ``attention_mask``: bool, True for real tokens, False for padding.
+
+The *query set* Q of the MATE paper (tokens that attend to and are attended by
+everything) is every real token with ``segment_ids == 0``. Header tokens are table
+tokens: a row head lets a header token see the header row, a column head its column.
+
+Per-head sort orders (row heads: query first, then by row, then position; column
+heads: query first, then by column, then position; padding last) are computed
+lazily once per layout and cached, so the 12+ encoder layers share one argsort.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
+
+import torch
+
+View = Literal["row", "column"]
+
+#: TAPAS token-type order, as in ``transformers.TapasConfig.type_vocab_sizes``.
+TOKEN_TYPE_FIELDS = (
+    "segment_ids",
+    "column_ids",
+    "row_ids",
+    "prev_labels",
+    "column_ranks",
+    "inv_column_ranks",
+    "numeric_relations",
+)
+
+
+@dataclass(eq=False)
+class TableLayout:
+    """Where every token sits. All tensors are ``[batch, seq]``.
+
+    Build it from tokenizer output (``TableLayout(**batch_fields)``) or from a
+    TAPAS-style ``token_type_ids`` tensor (:meth:`from_token_type_ids`).
+    """
+
+    attention_mask: torch.Tensor
+    segment_ids: torch.Tensor
+    row_ids: torch.Tensor
+    column_ids: torch.Tensor
+    cell_ids: torch.Tensor | None = None
+    prev_labels: torch.Tensor | None = None
+    column_ranks: torch.Tensor | None = None
+    inv_column_ranks: torch.Tensor | None = None
+    numeric_relations: torch.Tensor | None = None
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.attention_mask = self.attention_mask.bool()
+        zeros = torch.zeros_like(self.segment_ids)
+        for name in ("cell_ids", "prev_labels", "column_ranks", "inv_column_ranks", "numeric_relations"):
+            if getattr(self, name) is None:
+                setattr(self, name, zeros)
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_token_type_ids(
+        cls, token_type_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> "TableLayout":
+        """From TAPAS ``token_type_ids`` ``[batch, seq, 7]`` (order: :data:`TOKEN_TYPE_FIELDS`)."""
+        parts = {name: token_type_ids[..., i] for i, name in enumerate(TOKEN_TYPE_FIELDS)}
+        if attention_mask is None:
+            attention_mask = torch.ones_like(parts["segment_ids"], dtype=torch.bool)
+        table = (parts["segment_ids"] == 1) & attention_mask.bool() & (parts["row_ids"] > 0)
+        cell_key = parts["row_ids"] * (int(parts["column_ids"].max()) + 1) + parts["column_ids"]
+        cell_ids = torch.zeros_like(cell_key)
+        for b in range(cell_key.shape[0]):
+            uniq = torch.unique(cell_key[b][table[b]])
+            cell_ids[b][table[b]] = torch.searchsorted(uniq, cell_key[b][table[b]]) + 1
+        return cls(attention_mask=attention_mask, cell_ids=cell_ids, **parts)
+
+    # ------------------------------------------------------------- properties
+    @property
+    def batch_size(self) -> int:
+        return self.segment_ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.segment_ids.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.segment_ids.device
+
+    @property
+    def token_type_ids(self) -> torch.Tensor:
+        """TAPAS token types ``[batch, seq, 7]`` in :data:`TOKEN_TYPE_FIELDS` order."""
+        return torch.stack([getattr(self, name) for name in TOKEN_TYPE_FIELDS], dim=-1)
+
+    @property
+    def is_query(self) -> torch.Tensor:
+        """``[batch, seq]`` bool: real tokens of the query set Q (query, [CLS], [SEP])."""
+        return (self.segment_ids == 0) & self.attention_mask
+
+    @property
+    def is_table(self) -> torch.Tensor:
+        """``[batch, seq]`` bool: real table tokens (header included)."""
+        return (self.segment_ids != 0) & self.attention_mask
+
+    def view_ids(self, view: View) -> torch.Tensor:
+        """``[batch, seq]``: the row ids (``view="row"``) or column ids (``"column"``)."""
+        if view == "row":
+            return self.row_ids
+        if view == "column":
+            return self.column_ids
+        raise ValueError(f"view must be 'row' or 'column', got {view!r}")
+
+    # ------------------------------------------------------------ structure
+    def allowed(self, view: View) -> torch.Tensor:
+        """Exact MATE pattern of one head type, ``[batch, seq, seq]`` bool (from, to).
+
+        ``allowed[b, i, j]`` is True iff token i may attend to token j:
+        j is real and (i in Q, or j in Q, or i, j share the row/column). Cached.
+        Padding rows (i a padding token) attend to the real tokens, so they stay finite.
+        """
+        key = ("allowed", view)
+        if key not in self._cache:
+            ids = self.view_ids(view)
+            q = self.is_query
+            same = ids[:, :, None] == ids[:, None, :]
+            pattern = q[:, :, None] | q[:, None, :] | same | ~self.attention_mask[:, :, None]
+            self._cache[key] = pattern & self.attention_mask[:, None, :]
+        return self._cache[key]
+
+    def sort_order(self, view: View) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(perm, inverse)``, each ``[batch, seq]`` long, cached.
+
+        ``x.gather(1, perm)`` puts the query set first (in position order), then table
+        tokens grouped by row (``view="row"``) or column, each group in position order,
+        then padding. ``inverse`` undoes it: ``sorted.gather(1, inverse) == x``.
+        """
+        key = ("sort", view)
+        if key not in self._cache:
+            n = self.seq_len
+            pos = torch.arange(n, device=self.device).expand_as(self.segment_ids)
+            group = torch.where(self.is_query, 0, self.view_ids(view).clamp(min=0) + 1)
+            group = torch.where(self.attention_mask, group, group.new_full((), 2**40 // (n + 1)))
+            perm = torch.argsort(group * (n + 1) + pos, dim=1, stable=True)
+            inverse = torch.argsort(perm, dim=1)
+            self._cache[key] = (perm, inverse)
+        return self._cache[key]
+
+    def head_views(self, num_heads: int, row_heads_ratio: float) -> list[View]:
+        """The view of each head: the first ``round(ratio * heads)`` are row heads."""
+        num_row = int(round(row_heads_ratio * num_heads))
+        return ["row"] * num_row + ["column"] * (num_heads - num_row)
+
+    def head_sort_order(self, num_heads: int, row_heads_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head ``(perm, inverse)``, each ``[batch, heads, seq]``, cached."""
+        key = ("head_sort", num_heads, row_heads_ratio)
+        if key not in self._cache:
+            views = self.head_views(num_heads, row_heads_ratio)
+            perms, invs = zip(*(self.sort_order(v) for v in views))
+            self._cache[key] = (torch.stack(perms, dim=1), torch.stack(invs, dim=1))
+        return self._cache[key]
+
+    def cached(self, key, build):
+        """Memoise ``build()`` on this layout under ``key`` (for backend-specific structure)."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    # ---------------------------------------------------------------- moves
+    def to(self, device) -> "TableLayout":
+        kwargs = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "_cache"}
+        return TableLayout(**kwargs)
+
+    def select(self, index) -> "TableLayout":
+        """A new layout of ``tensor[index]`` for every field (e.g. a slice of the batch)."""
+        kwargs = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "_cache"}
+        return TableLayout(**kwargs)
+
+    def with_fields(self, **changes) -> "TableLayout":
+        """A copy with some fields replaced and an empty cache."""
+        return replace(self, _cache={}, **changes)
