@@ -1,0 +1,61 @@
+"""What every command shares: running a task under Hydra with one-line user errors,
+printing the config tree, building loggers/callbacks, and the run directory."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from mate_cli.errors import MateError
+
+log = logging.getLogger("mate_cli")
+
+
+def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
+    """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2."""
+    try:
+        return task(cfg)
+    except MateError as err:
+        print(f"mate: error: {err}", file=sys.stderr)
+        sys.exit(MateError.exit_code)
+
+
+def run_dir() -> Path:
+    """The Hydra run directory of the current job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def print_config_tree(cfg: DictConfig, order: tuple[str, ...] = ("dataset", "model", "attention", "hardware")) -> None:
+    """Print the composed config as a rich tree, main groups first."""
+    import rich
+    import rich.syntax
+    import rich.tree
+
+    tree = rich.tree.Tree("CONFIG", guide_style="dim")
+    keys = [k for k in order if k in cfg] + [k for k in cfg if k not in order]
+    for key in keys:
+        branch = tree.add(str(key), guide_style="dim")
+        value = cfg[key]
+        text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
+        branch.add(rich.syntax.Syntax(text, "yaml", theme="ansi_dark"))
+    rich.print(tree)
+
+
+def instantiate_dict(section: DictConfig | None) -> list:
+    """Instantiate every ``_target_`` entry of a group like ``callbacks`` or ``logger``."""
+    from hydra.utils import instantiate
+
+    if not section:
+        return []
+    return [instantiate(conf) for conf in section.values() if isinstance(conf, DictConfig) and "_target_" in conf]
+
+
+def quiet_third_party_logs() -> None:
+    for name in ("datasets", "transformers", "urllib3", "filelock", "fsspec"):
+        logging.getLogger(name).setLevel(logging.WARNING)

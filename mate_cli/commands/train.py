@@ -1,0 +1,92 @@
+"""`mate train`: compose -> instantiate datamodule, model, callbacks, loggers, trainer
+-> fit -> validate the best checkpoint -> write metrics.json.
+
+The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config.yaml``
+(every interpolation resolved; what ``mate eval`` re-builds from), ``checkpoints/``
+(best + last), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from mate_cli.commands.common import instantiate_dict, log, print_config_tree, quiet_third_party_logs, run_dir, run_task
+from mate_cli.errors import MateError
+from mate_cli.io import atomic_write_json, atomic_write_text
+from mate_cli.paths import CONF_DIR, register_resolvers
+
+register_resolvers()
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit and validate; returns the final validation metrics."""
+    import lightning as L
+    import torch
+    from hydra.utils import instantiate
+
+    quiet_third_party_logs()
+    out = run_dir()
+    print_config_tree(cfg)
+    atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = instantiate(cfg.dataset)
+    model = instantiate(cfg.model)
+    callbacks = instantiate_dict(cfg.get("callbacks"))
+    loggers = instantiate_dict(cfg.get("logger"))
+    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), callbacks=callbacks, logger=loggers)
+    for lg in loggers:
+        lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+
+    trainer.fit(model, datamodule=datamodule)
+    ckpt_dir = out / "checkpoints"
+    if not (ckpt_dir / "last.ckpt").exists():  # stopped by max_steps before any checkpoint hook
+        trainer.save_checkpoint(ckpt_dir / "last.ckpt")
+    best = _best_checkpoint(trainer)
+    metrics = {}
+    if cfg.get("validate_best", True):
+        results = trainer.validate(model, datamodule=datamodule, ckpt_path=best, verbose=False)
+        metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+    metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
+    metrics["best_checkpoint"] = best
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        log.warning("non-finite metrics: %s", bad)
+    atomic_write_json(out / "metrics.json", metrics)
+    for lg in loggers:
+        lg.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=trainer.global_step)
+        lg.finalize("success")
+    _finish_wandb()
+    log.info("run dir: %s", out)
+    return metrics
+
+
+def _best_checkpoint(trainer) -> str:
+    ckpt = trainer.checkpoint_callback
+    best = getattr(ckpt, "best_model_path", "") if ckpt else ""
+    if best and Path(best).exists():
+        return best
+    last = Path(ckpt.dirpath) / "last.ckpt" if ckpt else None
+    if last is None or not last.exists():
+        raise MateError("training produced no checkpoint; check callbacks.model_checkpoint.dirpath")
+    return str(last)
+
+
+def _finish_wandb() -> None:
+    try:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(quiet=True)
+    except Exception:  # pragma: no cover - wandb is optional at teardown
+        pass
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    metrics = run_task(train, cfg)
+    return metrics.get("val/hits@1") if isinstance(metrics, dict) else None

@@ -1,0 +1,319 @@
+"""LightningDataModule for HybridQA cell selection: read -> expand -> tokenize -> cache -> collate.
+
+Preprocessing (expansion + tokenization) runs once per preprocessing config and is
+cached on disk as an HF ``datasets`` Arrow dataset under ``cache_dir/<key>``, where
+``key`` hashes everything that changes the tokens (data files, checkpoint vocab,
+max_length, expansion settings). The cache is written to a temp dir and renamed, so
+an interrupted run never leaves a half-written cache behind.
+
+Splits:
+- ``split_mode=by_table`` (the bundled sample, dev questions only): the ``source_split``
+  questions are split deterministically into train/validation by table
+  (:func:`~mate_cli.data.hybridqa.split_by_table`): no table on both sides.
+- ``split_mode=files`` (the full dataset): ``train.json`` / ``dev.json`` as released.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from mate_cli.data.schema import AnswerNode, Batch, Question
+from mate_cli.errors import MateError
+from mate_cli.modeling.layout import TableLayout
+
+log = logging.getLogger(__name__)
+
+TOKEN_FIELDS = ("segment_ids", "row_ids", "column_ids", "cell_ids", "column_ranks", "inv_column_ranks")
+
+
+class HybridQADataModule(L.LightningDataModule):
+    """HybridQA cell-selection data.
+
+    Args:
+        root: folder holding ``released_data/`` and ``WikiTables-WithLinks/``.
+        pretrained: checkpoint whose WordPiece vocabulary tokenizes (``minilm``, a dir, a hub id).
+        max_length: token budget of query + expanded table (paper: 2048).
+        split_mode: ``by_table`` or ``files`` (see module docstring).
+        source_split: with ``by_table``, the released split to cut (``dev`` for the sample).
+        val_fraction, split_seed: the by-table split.
+        expansion: dict of :func:`~mate_cli.data.expand.expand_table` options (k, scope, method).
+        drop_ambiguous: drop training questions with more than one candidate cell (paper ablation).
+        max_question_tokens: the question is cut to this many word pieces first.
+        batch_size, eval_batch_size, num_workers: loader settings.
+        num_proc: processes for preprocessing (``datasets.map``); 1 = in process.
+        cache_dir: where preprocessed Arrow datasets live.
+        limit_questions: keep only the first N questions of each split (smoke runs).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        pretrained: str = "minilm",
+        max_length: int = 512,
+        split_mode: str = "by_table",
+        source_split: str = "dev",
+        val_fraction: float = 0.25,
+        split_seed: int = 0,
+        expansion: dict | None = None,
+        drop_ambiguous: bool = False,
+        max_question_tokens: int = 64,
+        batch_size: int = 4,
+        eval_batch_size: int = 8,
+        num_workers: int = 0,
+        num_proc: int = 1,
+        cache_dir: str | None = None,
+        limit_questions: int | None = None,
+    ) -> None:
+        super().__init__()
+        from mate_cli.data.hybridqa import HybridQAReader
+
+        if split_mode not in ("by_table", "files"):
+            raise MateError(f"dataset.split_mode={split_mode!r} is invalid; use by_table or files")
+        self.reader = HybridQAReader(root)  # raises MateError naming dataset.root if missing
+        self.root = str(root)
+        self.pretrained = pretrained
+        self.max_length = max_length
+        self.split_mode = split_mode
+        self.source_split = source_split
+        self.val_fraction = val_fraction
+        self.split_seed = split_seed
+        self.expansion = dict(expansion or {"k": 5, "scope": "table", "method": "tfidf"})
+        self.drop_ambiguous = drop_ambiguous
+        self.max_question_tokens = max_question_tokens
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.num_proc = num_proc
+        self.cache_dir = Path(cache_dir or Path(root) / ".mate_cache")
+        self.limit_questions = limit_questions
+        self.datasets: dict = {}
+        self.stats: dict[str, dict] = {}
+        self._pad_id: int | None = None
+
+    # ------------------------------------------------------------- questions
+    def questions(self, split: str) -> list[Question]:
+        """The questions of ``train``, ``validation`` or ``test`` under this split mode."""
+        from mate_cli.data.hybridqa import split_by_table
+
+        if self.split_mode == "by_table" and split in ("train", "validation"):
+            train, val = split_by_table(
+                list(self.reader.questions(self.source_split)), self.val_fraction, self.split_seed
+            )
+            chosen = train if split == "train" else val
+        else:
+            chosen = list(self.reader.questions({"validation": "dev"}.get(split, split)))
+        return chosen[: self.limit_questions] if self.limit_questions else chosen
+
+    # ------------------------------------------------------------ preprocess
+    def cache_key(self, split: str) -> str:
+        """Hash of everything that changes the encoded examples of ``split``."""
+        from mate_cli.modeling.checkpoints import resolve_pretrained
+
+        files = sorted((Path(self.root) / "released_data").glob("*.json"))
+        payload = {
+            "version": 1,
+            "split": split,
+            "root": os.path.abspath(self.root),
+            "files": [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files],
+            "pretrained": resolve_pretrained(self.pretrained),
+            "max_length": self.max_length,
+            "split_mode": self.split_mode,
+            "source_split": self.source_split,
+            "val_fraction": self.val_fraction,
+            "split_seed": self.split_seed,
+            "expansion": self.expansion,
+            "max_question_tokens": self.max_question_tokens,
+            "limit_questions": self.limit_questions,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def preprocess(self, split: str):
+        """Encoded examples of ``split`` as a ``datasets.Dataset`` (cached on disk)."""
+        import datasets
+
+        target = self.cache_dir / f"{split}-{self.cache_key(split)}"
+        if target.exists():
+            log.info("preprocessed %s split loaded from cache %s", split, target)
+            ds = datasets.load_from_disk(str(target))
+        else:
+            questions = self.questions(split)
+            ds = self._encode_to_dataset(questions)
+            self._save_atomically(ds, target)
+            ds = datasets.load_from_disk(str(target))
+        self.stats[split] = split_stats(ds)
+        log.info("%s split: %s", split, json.dumps(self.stats[split]))
+        return ds
+
+    def _encode_to_dataset(self, questions: list[Question]):
+        import datasets
+
+        rows = [asdict(q) for q in questions]
+        ds = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"question_id": []})
+        encoder = _ExampleEncoder(self.root, self.pretrained, self.max_length, self.expansion, self.max_question_tokens)
+        return ds.map(
+            encoder,
+            remove_columns=ds.column_names,
+            num_proc=self.num_proc if self.num_proc > 1 and len(ds) > 1 else None,
+            desc="expand + tokenize",
+            load_from_cache_file=False,
+        )
+
+    @staticmethod
+    def _save_atomically(ds, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+        try:
+            ds.save_to_disk(str(tmp / "data"))
+            os.replace(tmp / "data", target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------- lightning
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit") and "train" not in self.datasets:
+            train = self.preprocess("train")
+            if self.drop_ambiguous:
+                before = len(train)
+                train = train.filter(lambda ex: len(ex["candidates"]) <= 1)
+                log.info("dataset.drop_ambiguous: dropped %d multi-candidate training questions", before - len(train))
+            self.datasets["train"] = train
+        if stage in (None, "fit", "validate") and "validation" not in self.datasets:
+            self.datasets["validation"] = self.preprocess("validation")
+        if stage == "test" and "test" not in self.datasets:
+            self.datasets["test"] = self.preprocess("test")
+
+    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+        ds = self.datasets[split]
+        if split == "train":
+            keep = [i for i, c in enumerate(ds["candidates"]) if c]
+            if len(keep) < len(ds):
+                log.info("train: %d questions have no candidate cell and are skipped", len(ds) - len(keep))
+            ds = ds.select(keep)
+            if len(ds) == 0:
+                raise MateError("no training question has a candidate cell; check dataset.root and dataset.max_length")
+        return DataLoader(
+            ds.with_format(None), batch_size=batch_size, shuffle=shuffle,
+            num_workers=self.num_workers, collate_fn=Collator(self.pad_id),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True, self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", False, self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False, self.eval_batch_size)
+
+    @property
+    def pad_id(self) -> int:
+        if self._pad_id is None:
+            from mate_cli.modeling.checkpoints import load_tokenizer
+
+            self._pad_id = int(load_tokenizer(self.pretrained).pad_token_id or 0)
+        return self._pad_id
+
+
+class _ExampleEncoder:
+    """Picklable ``datasets.map`` function: one question record -> one encoded example."""
+
+    def __init__(self, root: str, pretrained: str, max_length: int, expansion: dict, max_question_tokens: int):
+        self.args = (root, pretrained, max_length, expansion, max_question_tokens)
+        self._state = None
+
+    def _build(self):
+        from mate_cli.data.hybridqa import HybridQAReader
+        from mate_cli.data.tokenize import TableTokenizer
+        from mate_cli.modeling.checkpoints import load_tokenizer
+
+        root, pretrained, max_length, _, max_q = self.args
+        tok = TableTokenizer(load_tokenizer(pretrained), max_length=max_length, max_question_tokens=max_q)
+        return HybridQAReader(root), tok
+
+    def __call__(self, record: dict) -> dict:
+        from mate_cli.data.expand import expand_table
+        from mate_cli.data.tokenize import candidate_cells
+
+        if self._state is None:
+            self._state = self._build()
+        reader, tok = self._state
+        question = question_from_record(record)
+        table = reader.table(question.table_id)
+        passages = reader.passages(question.table_id)
+        expansion = self.args[3]
+        cell_texts = expand_table(question, table, passages, **expansion)
+        candidates = candidate_cells(question, table, passages)
+        return asdict(tok.encode(question, table, cell_texts=cell_texts, candidates=candidates))
+
+    def __getstate__(self):
+        return {"args": self.args, "_state": None}
+
+
+def split_stats(ds) -> dict:
+    """Counts a run log needs: questions, truncation, candidates lost."""
+    n = len(ds)
+    if n == 0:
+        return {"questions": 0}
+    truncated = sum(bool(t) for t in ds["truncated"])
+    no_candidate = sum(1 for c in ds["candidates"] if not c)
+    dropped = sum(int(d) for d in ds["candidates_dropped"])
+    return {
+        "questions": n,
+        "fit_without_truncation": round(1 - truncated / n, 4),
+        "with_candidate": round(1 - no_candidate / n, 4),
+        "questions_without_candidate": no_candidate,
+        "candidates_dropped_by_truncation": dropped,
+    }
+
+
+class Collator:
+    """Pads encoded examples into a :class:`~mate_cli.data.schema.Batch`."""
+
+    def __init__(self, pad_id: int = 0) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, examples: list[dict]) -> Batch:
+        seq = max(len(ex["input_ids"]) for ex in examples)
+        cells = max([len(ex["cell_coords"]) for ex in examples] + [1])
+        b = len(examples)
+        input_ids = torch.full((b, seq), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((b, seq), dtype=torch.bool)
+        fields = {name: torch.zeros((b, seq), dtype=torch.long) for name in TOKEN_FIELDS}
+        cell_mask = torch.zeros((b, cells + 1), dtype=torch.bool)
+        candidate_mask = torch.zeros((b, cells + 1), dtype=torch.bool)
+        coords = torch.full((b, cells + 1, 2), -1, dtype=torch.long)
+        for i, ex in enumerate(examples):
+            n = len(ex["input_ids"])
+            input_ids[i, :n] = torch.tensor(ex["input_ids"])
+            mask[i, :n] = True
+            for name in TOKEN_FIELDS:
+                fields[name][i, :n] = torch.tensor(ex[name])
+            m = len(ex["cell_coords"])
+            cell_mask[i, 1 : m + 1] = True
+            if m:
+                coords[i, 1 : m + 1] = torch.tensor(ex["cell_coords"])
+            if ex["candidates"]:
+                candidate_mask[i, torch.tensor(ex["candidates"])] = True
+        layout = TableLayout(attention_mask=mask, **fields)
+        return Batch(
+            input_ids=input_ids, layout=layout, cell_mask=cell_mask, candidate_mask=candidate_mask,
+            cell_coords=coords, question_ids=[ex["question_id"] for ex in examples],
+            table_ids=[ex["table_id"] for ex in examples],
+        )
+
+
+def question_from_record(record: dict) -> Question:
+    """Inverse of ``dataclasses.asdict(question)`` (Arrow rows back to records)."""
+    nodes = [AnswerNode(n["text"], tuple(n["coord"]), n["link"], n["source"]) for n in record.get("answer_nodes") or []]
+    return Question(record["question_id"], record["question"], record["table_id"], record.get("answer_text"), nodes)

@@ -1,0 +1,106 @@
+"""Task heads on top of the encoder, and their losses.
+
+- :class:`CellSelectionHead` (PointR stage 1, paper §4.1): a linear layer gives a
+  logit per token; a cell's score is the mean of its tokens' logits
+  (``S(c) = avg_{t in c} S(t)``); a softmax over the example's cells gives ``P(c)``.
+- :func:`mml_loss`: maximum marginal likelihood over candidate cells,
+  ``L = sum_{z in C} -q(z) log p(z|x)`` with ``q = p`` restricted to the candidates
+  and detached (Guu et al. 2017), so gradients flow only through ``p``.
+- :func:`first_candidate_loss`: cross-entropy to the first candidate (the
+  ``model.mml=false`` ablation).
+- :class:`SpanHead` (PointR stage 2, §4.2) lives in :mod:`mate_cli.modeling.span`.
+
+Cell ids follow :class:`~mate_cli.modeling.layout.TableLayout`: 0 is "not a cell",
+1..num_cells are the example's data cells. Cell tensors are ``[batch, num_cells + 1]``
+with index 0 always masked.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mate_cli.modeling.layout import TableLayout
+
+
+def masked_fill_invalid(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Set invalid entries to the dtype's most negative value (finite, softmax-safe)."""
+    return logits.masked_fill(~valid, torch.finfo(logits.dtype).min)
+
+
+class CellSelectionHead(nn.Module):
+    """Token logits -> mean over each cell's tokens -> cell logits.
+
+    Args:
+        hidden_size: encoder hidden size.
+        initializer_range: std of the normal init of the linear layer (BERT's 0.02).
+    """
+
+    def __init__(self, hidden_size: int, initializer_range: float = 0.02) -> None:
+        super().__init__()
+        self.token_scorer = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.token_scorer.weight, std=initializer_range)
+        nn.init.zeros_(self.token_scorer.bias)
+
+    def forward(self, hidden: torch.Tensor, layout: TableLayout, num_cells: int) -> torch.Tensor:
+        """Cell logits.
+
+        Args:
+            hidden: ``[batch, seq, hidden]`` last encoder states.
+            layout: the batch's layout (its ``cell_ids`` pool the tokens).
+            num_cells: the largest cell id in the batch.
+
+        Returns:
+            ``[batch, num_cells + 1]`` logits; cells with no token (and index 0) are
+            set to the most negative finite value.
+        """
+        token_logits = self.token_scorer(hidden).squeeze(-1)  # [batch, seq]
+        return pool_cells(token_logits, layout.cell_ids * layout.attention_mask, num_cells)
+
+
+def pool_cells(token_logits: torch.Tensor, cell_ids: torch.Tensor, num_cells: int) -> torch.Tensor:
+    """Mean of ``token_logits`` ``[batch, seq]`` per cell id -> ``[batch, num_cells + 1]``."""
+    shape = (token_logits.shape[0], num_cells + 1)
+    sums = token_logits.new_zeros(shape).scatter_add(1, cell_ids, token_logits)
+    counts = token_logits.new_zeros(shape).scatter_add(1, cell_ids, torch.ones_like(token_logits))
+    valid = counts > 0
+    valid[:, 0] = False
+    return masked_fill_invalid(sums / counts.clamp(min=1), valid)
+
+
+def cell_log_probs(cell_logits: torch.Tensor, cell_mask: torch.Tensor) -> torch.Tensor:
+    """``log P(c)``: log-softmax over the example's cells (``cell_mask`` ``[batch, cells + 1]``)."""
+    return torch.log_softmax(masked_fill_invalid(cell_logits, cell_mask), dim=-1)
+
+
+def mml_loss(cell_logits: torch.Tensor, cell_mask: torch.Tensor, candidate_mask: torch.Tensor) -> torch.Tensor:
+    """MML over candidate cells (paper §4.1), averaged over examples with >= 1 candidate.
+
+    ``q(z) = p(z | x, z in C)`` is computed from the same logits and detached, so the
+    gradient is ``-sum_z q(z) grad log p(z|x)``. With exactly one candidate this is
+    the cross-entropy to that cell. Returns 0 (with grad) when no example has a candidate.
+    """
+    log_p = cell_log_probs(cell_logits, cell_mask)
+    candidates = candidate_mask & cell_mask
+    has_candidate = candidates.any(dim=-1)
+    q = torch.softmax(masked_fill_invalid(log_p.detach(), candidates), dim=-1) * candidates
+    per_example = -(q * log_p.masked_fill(~candidates, 0.0)).sum(dim=-1)
+    return _mean_over(per_example, has_candidate)
+
+
+def first_candidate_loss(
+    cell_logits: torch.Tensor, cell_mask: torch.Tensor, candidate_mask: torch.Tensor
+) -> torch.Tensor:
+    """Cross-entropy to the lowest-id candidate cell (the ``model.mml=false`` ablation)."""
+    candidates = candidate_mask & cell_mask
+    has_candidate = candidates.any(dim=-1)
+    target = candidates.float().argmax(dim=-1)
+    log_p = cell_log_probs(cell_logits, cell_mask)
+    per_example = -log_p.gather(1, target[:, None]).squeeze(1)
+    return _mean_over(per_example, has_candidate)
+
+
+def _mean_over(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    if not bool(keep.any()):
+        return values.sum() * 0.0
+    return values[keep].mean()
