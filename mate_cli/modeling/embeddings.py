@@ -1,0 +1,137 @@
+"""BERT/TAPAS input embeddings: word + position + the seven TAPAS token types.
+
+Owns :class:`TableEmbeddings` and :func:`cell_position_ids`. The token types come from
+the :class:`~mate_cli.modeling.layout.TableLayout` (``layout.token_type_ids``, order
+:data:`~mate_cli.modeling.layout.TOKEN_TYPE_FIELDS`: segment, column, row, previous
+label, column rank, inverse column rank, numeric relation); each has its own table
+``token_type_embeddings_{i}`` so TAPAS checkpoints load by name. A BERT checkpoint's
+single segment table becomes ``token_type_embeddings_0``; the other six start fresh.
+
+With ``reset_position_index_per_cell`` the position index restarts at the first token
+of every cell, exactly as ``transformers.TapasEmbeddings`` does it: a cell is a
+(column, row) pair read from the token types, so the query, the special tokens and
+the padding all share cell (0, 0) and keep their absolute positions; positions are
+clipped to ``max_position_embeddings - 1``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from mate_cli.errors import MateError
+from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS, TableLayout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mate_cli.modeling.encoder import EncoderConfig
+
+
+def cell_position_ids(
+    column_ids: torch.Tensor, row_ids: torch.Tensor, max_position: int, num_rows: int
+) -> torch.Tensor:
+    """Position of every token inside its (column, row) cell, ``[batch, seq]`` long.
+
+    ``position - first_position_of_its_cell``, clipped to ``max_position - 1``. Cells
+    need not be contiguous: the first position is the smallest position carrying
+    the same (column, row) pair anywhere in the sequence.
+
+    Args:
+        column_ids: ``[batch, seq]`` column of each token (0 outside the table).
+        row_ids: ``[batch, seq]`` row of each token (0 for the query and the header).
+        max_position: the size of the position table.
+        num_rows: an upper bound on ``row_ids`` (the row table's size), so that
+            ``column * num_rows + row`` names each cell uniquely.
+    """
+    seq_len = column_ids.shape[1]
+    positions = torch.arange(seq_len, device=column_ids.device).expand_as(column_ids)
+    cell_key = column_ids.long() * num_rows + row_ids.long()
+    order = torch.argsort(cell_key, dim=1, stable=True)  # cells grouped, positions ascending
+    sorted_key = cell_key.gather(1, order)
+    starts = torch.ones_like(sorted_key, dtype=torch.bool)
+    starts[:, 1:] = sorted_key[:, 1:] != sorted_key[:, :-1]
+    start_index = torch.where(starts, positions, torch.zeros_like(positions)).cummax(dim=1).values
+    first_sorted = order.gather(1, start_index)  # first position of each sorted token's cell
+    first = torch.empty_like(first_sorted).scatter_(1, order, first_sorted)
+    return (positions - first).clamp(max=max_position - 1)
+
+
+class TableEmbeddings(nn.Module):
+    """Word + position + token-type embeddings, then LayerNorm and dropout.
+
+    Module names follow ``TapasEmbeddings`` (``word_embeddings``, ``position_embeddings``,
+    ``token_type_embeddings_0..6``, ``LayerNorm``) so checkpoints load by name.
+    """
+
+    def __init__(self, config: "EncoderConfig") -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.type_vocab_sizes = tuple(int(size) for size in config.type_vocab_sizes)
+        if len(self.type_vocab_sizes) != len(TOKEN_TYPE_FIELDS):
+            raise MateError(
+                f"model.type_vocab_sizes has {len(self.type_vocab_sizes)} entries but the table layout has "
+                f"{len(TOKEN_TYPE_FIELDS)} token types ({', '.join(TOKEN_TYPE_FIELDS)}); give one size per type"
+            )
+        for i, size in enumerate(self.type_vocab_sizes):
+            setattr(self, f"token_type_embeddings_{i}", nn.Embedding(size, config.hidden_size))
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.max_position_embeddings = config.max_position_embeddings
+        self.reset_position_index_per_cell = config.reset_position_index_per_cell
+
+    def token_type_tables(self) -> list[nn.Embedding]:
+        """The seven token-type tables, in :data:`TOKEN_TYPE_FIELDS` order."""
+        return [getattr(self, f"token_type_embeddings_{i}") for i in range(len(self.type_vocab_sizes))]
+
+    def position_ids(self, token_type_ids: torch.Tensor) -> torch.Tensor:
+        """``[batch, seq]`` position indices (absolute, or per cell when reset is on)."""
+        batch, seq_len, _ = token_type_ids.shape
+        if self.reset_position_index_per_cell:
+            columns, rows = token_type_ids[..., 1], token_type_ids[..., 2]
+            return cell_position_ids(columns, rows, self.max_position_embeddings, self.type_vocab_sizes[2])
+        if seq_len > self.max_position_embeddings:
+            raise MateError(
+                f"sequence of {seq_len} tokens exceeds the model's max_position_embeddings="
+                f"{self.max_position_embeddings}; set dataset.max_length<={self.max_position_embeddings} "
+                "or model.reset_position_index_per_cell=true"
+            )
+        positions = torch.arange(seq_len, device=token_type_ids.device)
+        return positions.unsqueeze(0).expand(batch, seq_len)
+
+    def check_token_types(self, token_type_ids: torch.Tensor) -> None:
+        """Raise a `MateError` naming the layout field whose ids overflow its table."""
+        if torch.compiler.is_compiling():
+            return
+        sizes = torch.tensor(self.type_vocab_sizes, device=token_type_ids.device)
+        bad = ((token_type_ids < 0) | (token_type_ids >= sizes)).flatten(0, 1).any(dim=0)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            largest = int(token_type_ids[..., i].max())
+            raise MateError(
+                f"layout.{TOKEN_TYPE_FIELDS[i]} holds id {largest} but token_type_embeddings_{i} has only "
+                f"{self.type_vocab_sizes[i]} entries; cap it in the tokenizer (fewer rows/columns per table) "
+                f"or raise model.type_vocab_sizes[{i}]"
+            )
+
+    def forward(self, input_ids: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
+        """Embed tokens.
+
+        Args:
+            input_ids: ``[batch, seq]`` WordPiece ids.
+            layout: the batch's :class:`TableLayout`; ``None`` means all token types 0.
+
+        Returns:
+            ``[batch, seq, hidden]``.
+        """
+        batch, seq_len = input_ids.shape
+        if layout is None:
+            token_type_ids = input_ids.new_zeros(batch, seq_len, len(self.type_vocab_sizes))
+        else:
+            token_type_ids = layout.token_type_ids.to(input_ids.device)
+            self.check_token_types(token_type_ids)
+        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(token_type_ids))
+        for i, table in enumerate(self.token_type_tables()):
+            embeddings = embeddings + table(token_type_ids[..., i])
+        return self.dropout(self.LayerNorm(embeddings))

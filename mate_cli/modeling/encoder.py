@@ -1,0 +1,426 @@
+"""`TableEncoder`: BERT/TAPAS embeddings, then N post-LN transformer layers whose
+attention is a pluggable :class:`~mate_cli.modeling.attention.base.AttentionBackend`.
+
+Owns :class:`EncoderConfig`, the layer modules, :meth:`TableEncoder.from_pretrained`
+(BERT and TAPAS checkpoints: the bundled ``minilm``, a local directory or a hub id)
+and :meth:`TableEncoder.save_pretrained` (a directory ``transformers.TapasModel``
+loads). Module names mirror ``BertModel``/``TapasModel`` (``embeddings.*``,
+``encoder.layer.{i}.attention.self.{query,key,value}``, ``attention.output.*``,
+``intermediate.dense``, ``output.*``, ``pooler.dense``), so loading is the rename
+table in :mod:`mate_cli.modeling.checkpoints`. A backend's own parameters, if any,
+live under ``encoder.layer.{i}.attention.self.backend``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from mate_cli.errors import MateError
+from mate_cli.modeling import checkpoints
+from mate_cli.modeling.attention.base import REGISTRY, AttentionBackend
+from mate_cli.modeling.embeddings import TableEmbeddings
+from mate_cli.modeling.layout import TableLayout
+
+#: TAPAS's token-type vocabulary sizes (``transformers.TapasConfig().type_vocab_sizes``).
+TAPAS_TYPE_VOCAB_SIZES = (3, 256, 256, 2, 256, 256, 10)
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "gelu": nn.GELU,  # exact (erf) GELU, as BERT's "gelu"
+    "gelu_new": functools.partial(nn.GELU, approximate="tanh"),
+    "gelu_pytorch_tanh": functools.partial(nn.GELU, approximate="tanh"),
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+    "swish": nn.SiLU,
+}
+
+#: EncoderConfig field -> Hugging Face (BertConfig/TapasConfig) key, where they differ.
+HF_NAMES = {
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "hidden_dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob",
+}
+
+
+@dataclass
+class EncoderConfig:
+    """Shape and regularisation of a :class:`TableEncoder` (BERT-base sizes by default)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_sizes: list[int] = field(default_factory=lambda: list(TAPAS_TYPE_VOCAB_SIZES))
+    layer_norm_eps: float = 1e-12
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    pad_token_id: int = 0
+    initializer_range: float = 0.02
+    reset_position_index_per_cell: bool = False
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict) -> "EncoderConfig":
+        """From a BERT or TAPAS ``config.json``. BERT's ``type_vocab_size`` sizes the
+        segment table (``type_vocab_sizes[0]``) so its weights load unchanged; the other
+        six sizes are TAPAS's."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            key = HF_NAMES.get(f.name, f.name)
+            if key in hf and f.name not in ("type_vocab_sizes", "reset_position_index_per_cell"):
+                values[f.name] = hf[key]
+        if hf.get("model_type") == "tapas":
+            values["type_vocab_sizes"] = list(hf.get("type_vocab_sizes", TAPAS_TYPE_VOCAB_SIZES))
+            values["reset_position_index_per_cell"] = bool(hf.get("reset_position_index_per_cell", True))
+        else:
+            values["type_vocab_sizes"] = [int(hf.get("type_vocab_size", 2)), *TAPAS_TYPE_VOCAB_SIZES[1:]]
+        return cls(**values)
+
+    def to_tapas_dict(self) -> dict:
+        """A ``config.json`` for ``transformers.TapasModel``."""
+        hf = {HF_NAMES.get(k, k): v for k, v in dataclasses.asdict(self).items()}
+        hf["type_vocab_sizes"] = [int(size) for size in self.type_vocab_sizes]
+        return {"architectures": ["TapasModel"], "model_type": "tapas", **hf}
+
+
+# ---------------------------------------------------------------------- layers
+class SelfAttention(nn.Module):
+    """Q/K/V projections around a backend (BERT's ``attention.self``)."""
+
+    def __init__(self, config: EncoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_dim = config.hidden_size // config.num_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.backend = backend
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``[batch, seq, hidden]`` -> ``[batch, heads, seq, head_dim]``."""
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+
+    def forward(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
+        """``hidden``: ``[batch, seq, hidden]`` -> context ``[batch, seq, hidden]``.
+
+        The backend sees ``q, k, v`` as ``[batch, heads, seq, head_dim]`` (q not scaled).
+        """
+        q, k, v = (self.split_heads(proj(hidden)) for proj in (self.query, self.key, self.value))
+        context = self.backend(q, k, v, layout)
+        return context.transpose(1, 2).flatten(2)
+
+
+class AddNorm(nn.Module):
+    """``LayerNorm(residual + dropout(dense(x)))``: BERT's ``*.output`` blocks."""
+
+    def __init__(self, in_size: int, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(in_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[batch, seq, in_size]``, ``residual``: ``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``."""
+        return self.LayerNorm(residual + self.dropout(self.dense(x)))
+
+
+class Attention(nn.Module):
+    """Self-attention plus its output block (BERT's ``attention``)."""
+
+    def __init__(self, config: EncoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.self = SelfAttention(config, backend)
+        self.output = AddNorm(config.hidden_size, config)
+
+    def forward(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
+        """``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``."""
+        return self.output(self.self(hidden, layout), hidden)
+
+
+class Intermediate(nn.Module):
+    """``act(dense(x))``: ``[batch, seq, hidden]`` -> ``[batch, seq, intermediate]``."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        if config.hidden_act not in ACTIVATIONS:
+            raise MateError(
+                f"model.hidden_act={config.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}"
+            )
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACTIVATIONS[config.hidden_act]()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class Layer(nn.Module):
+    """One post-LN transformer layer (BERT's ``encoder.layer.{i}``)."""
+
+    def __init__(self, config: EncoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.attention = Attention(config, backend)
+        self.intermediate = Intermediate(config)
+        self.output = AddNorm(config.intermediate_size, config)
+
+    def forward(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
+        """``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``."""
+        hidden = self.attention(hidden, layout)
+        return self.output(self.intermediate(hidden), hidden)
+
+
+class Stack(nn.Module):
+    """The layers, under the name ``encoder.layer`` as in BERT."""
+
+    def __init__(self, layers: list[Layer]) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(layers)
+
+
+class Pooler(nn.Module):
+    """``tanh(dense(hidden[:, 0]))``: ``[batch, seq, hidden]`` -> ``[batch, hidden]``."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+# ---------------------------------------------------------------------- encoder
+def backend_factory(attention: Callable[..., AttentionBackend] | str) -> Callable[..., AttentionBackend]:
+    """A Hydra partial, a backend class, or a registered name -> a factory."""
+    if isinstance(attention, str):
+        import mate_cli.modeling.attention  # noqa: F401  (fills the registry)
+
+        if attention not in REGISTRY:
+            raise MateError(f"attention={attention!r} is not a known backend; choose one of {sorted(REGISTRY)}")
+        return REGISTRY[attention]
+    return attention
+
+
+class TableEncoder(nn.Module):
+    """Transformer encoder over tables with a pluggable attention backend.
+
+    Args:
+        config: sizes and regularisation (:class:`EncoderConfig`).
+        attention: a factory called once per layer as
+            ``attention(num_heads=, head_dim=, max_length=, dropout=, layer_index=)``
+            (the Hydra partial of ``conf/attention/<name>.yaml``), or a registered name.
+        max_length: the longest sequence the model will see (passed to the backends);
+            default ``config.max_position_embeddings``.
+    """
+
+    def __init__(
+        self,
+        config: EncoderConfig,
+        attention: Callable[..., AttentionBackend] | str = "dense",
+        max_length: int | None = None,
+    ) -> None:
+        super().__init__()
+        if config.hidden_size % config.num_heads:
+            raise MateError(
+                f"model.hidden_size={config.hidden_size} is not divisible by model.num_heads={config.num_heads}; "
+                "pick sizes that divide"
+            )
+        self.config = config
+        self.max_length = int(max_length or config.max_position_embeddings)
+        if self.max_length > config.max_position_embeddings and not config.reset_position_index_per_cell:
+            raise MateError(
+                f"dataset.max_length={self.max_length} exceeds the checkpoint's max_position_embeddings="
+                f"{config.max_position_embeddings}; set dataset.max_length<={config.max_position_embeddings} "
+                "or model.reset_position_index_per_cell=true"
+            )
+        factory = backend_factory(attention)
+        self.embeddings = TableEmbeddings(config)
+        self.encoder = Stack([Layer(config, self._build_backend(factory, i)) for i in range(config.num_layers)])
+        self.pooler = Pooler(config)
+        for name, module in self.named_modules():
+            if ".backend" not in name:  # a backend initialises its own parameters
+                self._init_weights(module)
+
+    def _build_backend(self, factory: Callable[..., AttentionBackend], index: int) -> AttentionBackend:
+        backend = factory(
+            num_heads=self.config.num_heads,
+            head_dim=self.config.hidden_size // self.config.num_heads,
+            max_length=self.max_length,
+            dropout=self.config.attention_dropout,
+            layer_index=index,
+        )
+        if not isinstance(backend, AttentionBackend):
+            raise MateError(
+                f"the attention config built a {type(backend).__name__}, not an AttentionBackend; "
+                "check _target_ in conf/attention/<name>.yaml"
+            )
+        return backend
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LayerNorm."""
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    @property
+    def backends(self) -> list[AttentionBackend]:
+        return [layer.attention.self.backend for layer in self.encoder.layer]
+
+    def check_trainable(self) -> None:
+        """Refuse a training-mode, grad-enabled forward through a non-trainable backend."""
+        if self.training and torch.is_grad_enabled():
+            frozen = [b for b in self.backends if not b.trainable]
+            if frozen:
+                raise MateError(
+                    f"attention={frozen[0].name}: the '{frozen[0].name}' backend is a benchmark floor and cannot "
+                    "be trained; choose attention=dense|mate|sat|linformer|table_etc"
+                )
+
+    def forward(self, input_ids: torch.Tensor, layout: TableLayout | None = None) -> torch.Tensor:
+        """Encode a batch.
+
+        Args:
+            input_ids: ``[batch, seq]`` WordPiece ids.
+            layout: the batch's :class:`TableLayout` (``None``: no structure, no padding).
+
+        Returns:
+            last hidden state ``[batch, seq, hidden]``.
+        """
+        self.check_trainable()
+        hidden = self.embeddings(input_ids, layout)
+        hidden, layout, num_prefix = self.backends[0].extend_inputs(hidden, layout)
+        for layer in self.encoder.layer:
+            hidden = layer(hidden, layout)
+        return hidden[:, num_prefix:] if num_prefix else hidden
+
+    def pooled(self, hidden: torch.Tensor) -> torch.Tensor:
+        """BERT's pooler output from a last hidden state: ``[batch, seq, hidden]`` -> ``[batch, hidden]``."""
+        return self.pooler(hidden)
+
+    # ------------------------------------------------------------ checkpoints
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained: str | os.PathLike,
+        attention: Callable[..., AttentionBackend] | str,
+        max_length: int | None = None,
+        reset_position_index_per_cell: bool | None = None,
+        **config_overrides: Any,
+    ) -> "TableEncoder":
+        """Build from a BERT or TAPAS checkpoint.
+
+        Args:
+            pretrained: ``minilm`` (bundled), a local directory, or a hub id.
+            attention: backend factory (Hydra partial) or registered name.
+            max_length: longest sequence (default: the checkpoint's ``max_position_embeddings``).
+            reset_position_index_per_cell: per-cell positions; default: a TAPAS
+                checkpoint's own setting, else on iff ``max_length`` exceeds the position table.
+            config_overrides: any :class:`EncoderConfig` field (e.g. ``hidden_dropout=0.0``).
+        """
+        resolved = checkpoints.resolve_pretrained(pretrained)
+        hf = checkpoints.read_config(resolved)
+        model_type = hf.get("model_type", "bert")
+        if model_type not in ("bert", "tapas"):
+            raise MateError(
+                f"model.pretrained={pretrained!s} is a {model_type!r} checkpoint; only BERT and TAPAS load "
+                "(use minilm, a bert-* or a google/tapas-* checkpoint)"
+            )
+        if hf.get("position_embedding_type", "absolute") != "absolute":
+            raise MateError(
+                f"model.pretrained={pretrained!s} uses position_embedding_type={hf['position_embedding_type']!r}; "
+                "only absolute position embeddings are supported"
+            )
+        config = apply_overrides(EncoderConfig.from_hf_dict(hf), config_overrides)
+        length = int(max_length or config.max_position_embeddings)
+        if reset_position_index_per_cell is not None:
+            config.reset_position_index_per_cell = bool(reset_position_index_per_cell)
+        elif model_type != "tapas":
+            config.reset_position_index_per_cell = length > config.max_position_embeddings
+        model = cls(config, attention, max_length=length)
+        state = checkpoints.rename_state_dict(checkpoints.read_state_dict(checkpoints.weight_files(resolved)))
+        checkpoints.load_state_dict(model, state, source=str(pretrained))
+        return model
+
+    def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None) -> Path:
+        """Write a ``transformers.TapasModel`` directory atomically (temp dir, then rename).
+
+        ``config.json`` (``model_type: tapas``) and ``model.safetensors`` with TapasModel
+        key names; a backend's own parameters (``...attention.self.backend.*``) are saved
+        too (transformers ignores them; :meth:`from_pretrained` restores them). With a
+        ``tokenizer``, its files are written alongside.
+        """
+        from safetensors.torch import save_file
+
+        target = Path(directory).expanduser().resolve()
+        if target.exists() and not target.is_dir():
+            raise MateError(f"cannot save the model to {target}: a file is in the way; choose another directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            config = self.config.to_tapas_dict()
+            (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+            save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
+            if tokenizer is not None:
+                save_tokenizer(tokenizer, staging)
+            replace_directory(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+
+def apply_overrides(config: EncoderConfig, overrides: dict[str, Any]) -> EncoderConfig:
+    """``config`` with ``model.<field>=value`` overrides; unknown fields raise `MateError`."""
+    names = {f.name for f in dataclasses.fields(config)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise MateError(f"unknown model option(s) {unknown}; valid ones are {sorted(names)}")
+    if "type_vocab_sizes" in overrides:
+        overrides = {**overrides, "type_vocab_sizes": [int(s) for s in overrides["type_vocab_sizes"]]}
+    return dataclasses.replace(config, **overrides)
+
+
+def save_tokenizer(tokenizer: Any, directory: Path) -> None:
+    """The tokenizer's own files plus a WordPiece ``vocab.txt`` (what TAPAS tokenizers read)."""
+    tokenizer.save_pretrained(str(directory))
+    vocab_path = directory / "vocab.txt"
+    if not vocab_path.exists():
+        by_id = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+        vocab_path.write_text("".join(f"{token}\n" for token, _ in by_id), encoding="utf-8")
+
+
+def replace_directory(staging: Path, target: Path) -> None:
+    """Move ``staging`` to ``target``, replacing an existing ``target`` directory."""
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    os.replace(target, old / target.name)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        os.replace(old / target.name, target)
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)

