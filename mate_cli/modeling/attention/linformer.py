@@ -1,0 +1,137 @@
+"""LINFORMER attention (Wang et al., 2020), the low-rank baseline of MATE §5.1.
+
+What it approximates: dense softmax attention. Keys and values are projected along
+the *sequence* axis to a fixed length ``k`` by learned matrices E and F, so every
+token attends to ``k`` mixed key slots instead of ``seq`` keys:
+
+    context = softmax(q (E k)^T / sqrt(head_dim)) (F v)
+
+Cost is ``O(seq * k)`` per head. The MATE paper keeps TAPAS's row/column/rank
+embeddings (they live in the embeddings, not here) and uses ``k = 256``, which beat
+128 and 512 in its tests.
+
+What it owns (new parameters, not in BERT/TAPAS checkpoints, so they start from
+their initialisation when a checkpoint is loaded):
+
+- ``E``: ``[k, max_length]``, the key projection of this layer;
+- ``F``: ``[k, max_length]``, the value projection (``None`` when ``share_kv=True``:
+  E then projects the values too).
+
+Choices:
+
+- One E and one F per layer, shared by all heads (the paper's "headwise sharing";
+  fewest parameters). ``share_kv=True`` also ties F to E ("key-value sharing").
+- Padding keys/values are zeroed *before* the projection, so padding never leaks
+  into real tokens and the result does not depend on how much padding follows.
+- A sequence shorter than ``max_length`` uses the first ``seq`` columns of E and F,
+  i.e. it behaves exactly like the same sequence padded to ``max_length``.
+- Initialisation: ``init="normal"`` draws from N(0, 0.02) like every BERT weight
+  (the default); ``init="xavier"`` uses Xavier-uniform on the ``[k, max_length]``
+  matrix.
+
+Only the padding mask is read from the layout; ``layout=None`` means no padding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from mate_cli.errors import MateError
+from mate_cli.modeling.attention.base import AttentionBackend, check_range, register
+from mate_cli.modeling.layout import TableLayout
+
+INITS = ("normal", "xavier")
+
+
+@register("linformer")
+class LinformerAttention(AttentionBackend):
+    """Low-rank attention: keys and values projected to ``k`` slots along the sequence.
+
+    Args (beyond :class:`AttentionBackend`'s ``num_heads, head_dim, max_length,
+    dropout, layer_index``):
+        k: projected length (``attention.k``); ``1 <= k <= max_length``.
+        share_kv: tie the value projection F to the key projection E.
+        init: ``"normal"`` (N(0, 0.02), BERT's initialiser) or ``"xavier"``.
+        init_std: standard deviation for ``init="normal"``.
+    """
+
+    #: Only the padding mask is used; works with ``layout=None`` (no padding).
+    needs_layout = False
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        head_dim: int,
+        max_length: int = 512,
+        dropout: float = 0.0,
+        layer_index: int = 0,
+        k: int = 256,
+        share_kv: bool = False,
+        init: str = "normal",
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__(
+            num_heads=num_heads,
+            head_dim=head_dim,
+            max_length=max_length,
+            dropout=dropout,
+            layer_index=layer_index,
+        )
+        check_range("attention.k", k, 1, max_length)
+        if init not in INITS:
+            raise MateError(f"attention.init={init!r} is invalid: choose one of {', '.join(INITS)}; set attention.init=normal")
+        check_range("attention.init_std", init_std, 0.0)
+        self.k = int(k)
+        self.share_kv = bool(share_kv)
+        self.E = nn.Parameter(torch.empty(self.k, max_length))
+        if self.share_kv:
+            self.register_parameter("F", None)
+        else:
+            self.F = nn.Parameter(torch.empty(self.k, max_length))
+        self._init(init, init_std)
+
+    def _init(self, init: str, std: float) -> None:
+        for weight in (self.E,) if self.F is None else (self.E, self.F):
+            if init == "normal":
+                nn.init.normal_(weight, mean=0.0, std=std)
+            else:
+                nn.init.xavier_uniform_(weight)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, max_length={self.max_length}, share_kv={self.share_kv}"
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None
+    ) -> torch.Tensor:
+        """Low-rank attention.
+
+        Args:
+            q, k, v: ``[batch, heads, seq, head_dim]``; ``q`` not pre-scaled.
+            layout: only ``attention_mask`` ``[batch, seq]`` is read; None = no padding.
+
+        Returns:
+            context ``[batch, heads, seq, head_dim]``.
+        """
+        seq = k.shape[-2]
+        if seq > self.max_length:
+            raise MateError(
+                f"linformer: sequence length {seq} exceeds max_length={self.max_length}, the length of "
+                f"its E/F projections; set dataset.max_length<={self.max_length} or rebuild the model with a "
+                "larger max_length"
+            )
+        if layout is not None:
+            real = layout.attention_mask[:, None, :, None].to(k.dtype)  # [batch, 1, seq, 1]
+            k, v = k * real, v * real
+        key_proj = self.E[:, :seq].to(k.dtype)
+        value_proj = (self.E if self.F is None else self.F)[:, :seq].to(v.dtype)
+        # Project along the sequence axis: seq positions -> k slots.
+        k_slots = torch.einsum("kn,bhnd->bhkd", key_proj, k)
+        v_slots = torch.einsum("kn,bhnd->bhkd", value_proj, v)
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k_slots) / math.sqrt(self.head_dim)
+        probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
+        probs = self.attention_dropout(probs)
+        return torch.einsum("bhqk,bhkd->bhqd", probs, v_slots)
