@@ -308,7 +308,7 @@ class TableEncoder(nn.Module):
             last hidden state ``[batch, seq, hidden]``.
         """
         self.check_trainable()
-        hidden = self.embeddings(input_ids, layout)
+        hidden = self.embeddings(input_ids, self.backends[0].embedding_layout(layout))
         hidden, layout, num_prefix = self.backends[0].extend_inputs(hidden, layout)
         for layer in self.encoder.layer:
             hidden = layer(hidden, layout)

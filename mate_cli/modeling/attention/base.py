@@ -18,6 +18,9 @@ its docstring).
 Encoder-level hooks (default: identity), used by backends that add tokens, e.g.
 TableETC's global memory:
 
+- ``embedding_layout(layout) -> layout`` is called once on the first layer's backend
+  before the embeddings: the layout the *embeddings* see (SAT's ``text_only`` drops
+  the row/column/rank ids here, so the table is encoded as text only).
 - ``extend_inputs(hidden, layout) -> (hidden, layout, num_prefix)`` is called once on
   the first layer's backend after the embeddings; the encoder drops the first
   ``num_prefix`` positions of the last hidden state before returning it.
@@ -86,6 +89,10 @@ class AttentionBackend(nn.Module):
     ) -> torch.Tensor:  # pragma: no cover - interface
         """Mix values. ``q, k, v``: ``[batch, heads, seq, head_dim]``; returns the same shape."""
         raise NotImplementedError
+
+    def embedding_layout(self, layout: TableLayout | None) -> TableLayout | None:
+        """Encoder hook: the layout the embeddings see. Default: unchanged."""
+        return layout
 
     def extend_inputs(
         self, hidden: torch.Tensor, layout: TableLayout | None
