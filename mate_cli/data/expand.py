@@ -1,0 +1,179 @@
+"""PointR cell expansion (MATE paper §4.1, Fig. 3): append linked-passage sentences to cells.
+
+Owns: sentence splitting of passages and the choice of which sentences each data cell
+carries. The header is never expanded. Output is the expanded text of every data cell,
+``[num_rows][num_columns]`` strings, which :class:`mate_cli.data.tokenize.TableTokenizer`
+takes as ``cell_texts``.
+
+How sentences are chosen (``method``):
+
+- ``"tfidf"``: one ``sklearn`` ``TfidfVectorizer`` is fitted **per (question, table)** on
+  the sentences of every passage linked from the table's data cells plus the question
+  itself (so IDF reflects how distinctive a word is *within this table's passages*).
+  Settings: lowercased, scikit-learn's English stop-word list removed, default word
+  pattern (2+ alphanumeric characters), smooth IDF, L2-normalised rows; a sentence's
+  score is its cosine similarity with the question. Ties (including the all-zero
+  scores of sentences sharing no word with the question) are broken by document
+  order: passages in order of first link in the table (row-major), then sentence index.
+  Exactly ``min(k, available)`` sentences are taken, zero-score ones included.
+- ``"first"``: the first ``k`` sentences of each linked passage (a cheap baseline);
+  ``scope`` is ignored.
+
+``scope`` (for ``"tfidf"``):
+
+- ``"table"``: the top-``k`` sentences over the whole table; each chosen sentence is
+  appended to every cell that links to its passage.
+- ``"cell"``: for each cell, the top-``k`` sentences among its own linked passages.
+
+Format: ``"<cell text> ( <s1> <s2> ... )"`` with the chosen sentences in rank order
+(``"first"``: link order, then sentence order); a cell with nothing chosen keeps its
+text unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from mate_cli.data.schema import Question, Table
+from mate_cli.errors import MateError
+
+log = logging.getLogger(__name__)
+
+SCOPES = ("table", "cell")
+METHODS = ("tfidf", "first")
+
+_BOUNDARY = re.compile(r"[.!?]+[\"')\]]*\s+")
+_ABBREVIATIONS = {
+    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "no", "nos", "etc", "inc", "ltd", "co",
+    "corp", "mt", "ft", "gen", "col", "lt", "sgt", "capt", "rev", "prof", "gov", "sen", "rep",
+    "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "approx",
+}
+
+
+# -------------------------------------------------------------- sentences
+def _is_abbreviation(word: str) -> bool:
+    """``word`` is the text right before a period (no trailing period)."""
+    bare = word.lstrip("\"'([")
+    return (len(bare) == 1 and bare.isalpha()) or "." in bare or bare.lower() in _ABBREVIATIONS
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split passage text into sentences (whitespace-stripped, empties dropped).
+
+    A boundary is ``.``/``!``/``?`` (plus closing quotes/brackets) followed by
+    whitespace and an upper-case letter, digit or opening quote/bracket, unless the
+    word before the period is an initial (``J.``), contains a period (``U.S.``) or is a
+    common abbreviation (``Dr.``, ``Ltd.``). Newlines always end a sentence. Works on
+    both raw text and the space-tokenised text of WikiTables-WithLinks (``driver . He``).
+    """
+    sentences: list[str] = []
+    for block in text.splitlines():
+        start = 0
+        for match in _BOUNDARY.finditer(block):
+            nxt = block[match.end(): match.end() + 1]
+            if not nxt or not (nxt.isupper() or nxt.isdigit() or nxt in "\"'(["):
+                continue
+            before = block[start: match.start()].rsplit(None, 1)
+            word = before[-1] if before and not block[match.start() - 1].isspace() else ""
+            if block[match.start()] == "." and word and _is_abbreviation(word):
+                continue
+            sentences.append(block[start: match.end()].strip())
+            start = match.end()
+        sentences.append(block[start:].strip())
+    return [s for s in sentences if s]
+
+
+# ------------------------------------------------------------- selection
+def linked_passages(table: Table, passages: dict[str, str]) -> list[str]:
+    """Links of the data cells that have a passage, in order of first appearance (row-major)."""
+    seen: dict[str, None] = {}
+    for row in table.rows:
+        for cell in row:
+            for link in cell.links:
+                if link in passages:
+                    seen.setdefault(link, None)
+    return list(seen)
+
+
+def tfidf_scores(query: str, sentences: list[str]) -> np.ndarray:
+    """``[len(sentences)]`` cosine similarity of each sentence with ``query``.
+
+    The vectorizer is fitted on ``sentences + [query]`` (see the module docstring);
+    all zeros when no sentence or query word survives stop-word removal.
+    """
+    if not sentences:
+        return np.zeros(0)
+    vectorizer = TfidfVectorizer(lowercase=True, stop_words="english")
+    try:
+        matrix = vectorizer.fit_transform(sentences + [query])
+    except ValueError:  # empty vocabulary
+        return np.zeros(len(sentences))
+    return np.asarray((matrix[:-1] @ matrix[-1].T).todense()).ravel()
+
+
+def _rank(candidates: list[int], scores: np.ndarray, k: int) -> list[int]:
+    """The ``k`` best unit indices: by score descending, then index ascending."""
+    return sorted(candidates, key=lambda i: (-scores[i], i))[:k]
+
+
+def _format(text: str, sentences: list[str]) -> str:
+    if not sentences:
+        return text
+    return f"{text} ( {' '.join(sentences)} )".strip()
+
+
+def _check_args(k: int, scope: str, method: str) -> None:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise MateError(f"expansion k must be an integer >= 0, got {k!r}; set e.g. dataset.expansion.k=5")
+    if scope not in SCOPES:
+        raise MateError(f"expansion scope must be one of {SCOPES}, got {scope!r}; set dataset.expansion.scope")
+    if method not in METHODS:
+        raise MateError(f"expansion method must be one of {METHODS}, got {method!r}; set dataset.expansion.method")
+
+
+def expand_table(
+    question: Question | str,
+    table: Table,
+    passages: dict[str, str],
+    k: int = 5,
+    scope: str = "table",
+    method: str = "tfidf",
+) -> list[list[str]]:
+    """Expanded data-cell texts, ``[num_rows][num_columns]`` (header unchanged, not returned)."""
+    _check_args(k, scope, method)
+    query = question.question if isinstance(question, Question) else str(question)
+    links = linked_passages(table, passages)
+    split = {link: split_sentences(passages[link]) for link in links}
+    if method == "first":
+        chosen = {link: sents[:k] for link, sents in split.items()}
+        return [[_format(c.text, _cell_first(c.links, chosen)) for c in row] for row in table.rows]
+    units = [(link, s) for link in links for s in split[link]]
+    owner: dict[str, list[int]] = {link: [] for link in links}
+    for i, (link, _) in enumerate(units):
+        owner[link].append(i)
+    scores = tfidf_scores(query, [s for _, s in units])
+    if scope == "table":
+        rank = {i: r for r, i in enumerate(_rank(list(range(len(units))), scores, k))}
+        pick = lambda ids: sorted((i for i in ids if i in rank), key=rank.__getitem__)  # noqa: E731
+    else:
+        pick = lambda ids: _rank(ids, scores, k)  # noqa: E731
+    out = []
+    for row in table.rows:
+        out.append([_format(c.text, [units[i][1] for i in pick(_cell_units(c.links, owner))]) for c in row])
+    return out
+
+
+def _cell_units(links: list[str], owner: dict[str, list[int]]) -> list[int]:
+    """Sentence-unit indices of a cell's linked passages (each passage once)."""
+    ids: list[int] = []
+    for link in dict.fromkeys(links):
+        ids.extend(owner.get(link, ()))
+    return ids
+
+
+def _cell_first(links: list[str], chosen: dict[str, list[str]]) -> list[str]:
+    return [s for link in dict.fromkeys(links) for s in chosen.get(link, ())]

@@ -1,0 +1,257 @@
+"""Reading the upstream HybridQA layout into :mod:`mate_cli.data.schema` records.
+
+Owns: ``HybridQAReader`` (questions, tables, passages of one dataset root) and
+``split_by_table`` (a deterministic train/validation split that never puts one table
+on both sides).
+
+Expected layout under ``root`` (the two upstream repositories side by side)::
+
+    released_data/{train,dev,test}.json        question records (JSON arrays)
+    released_data/{split}.traced.json          same records + ``answer-node`` (preferred)
+    WikiTables-WithLinks/tables_tok/<table_id>.json   url, title, header, data, ...
+    WikiTables-WithLinks/request_tok/<table_id>.json  {"/wiki/...": passage text}
+
+Question files are read one split at a time; tables and passages are read one file at
+a time on demand, behind a small LRU cache, so the full dataset (~13k tables) is never
+held in memory at once. Every malformed input raises a one-line
+:class:`~mate_cli.errors.MateError` naming the file, the record and how to fix it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from mate_cli.data.schema import AnswerNode, Cell, Question, Table
+from mate_cli.errors import MateError
+
+log = logging.getLogger(__name__)
+
+QUESTIONS_DIR = "released_data"
+TABLES_DIR = "WikiTables-WithLinks/tables_tok"
+PASSAGES_DIR = "WikiTables-WithLinks/request_tok"
+_SPLIT_ORDER = {"train": 0, "dev": 1, "test": 2}
+_ROOT_HINT = "set dataset.root=<folder holding released_data/ and WikiTables-WithLinks/>"
+
+
+class _LRU:
+    """A tiny least-recently-used cache keyed by string."""
+
+    def __init__(self, size: int):
+        self.size = max(0, int(size))
+        self._items: OrderedDict[str, Any] = OrderedDict()
+
+    def get(self, key: str, build: Callable[[], Any]) -> Any:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        value = build()
+        if self.size:
+            self._items[key] = value
+            if len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _load_json(path: Path, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as err:
+        raise MateError(
+            f"{path}: {what} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+            "re-download or repair the file"
+        ) from None
+    except UnicodeDecodeError:
+        raise MateError(f"{path}: {what} is not UTF-8 text; re-download or repair the file") from None
+
+
+class HybridQAReader:
+    """Questions, tables and passages of one HybridQA root (upstream layout).
+
+    Args:
+        root: folder holding ``released_data/`` and ``WikiTables-WithLinks/``.
+        cache_size: how many parsed tables (and passage maps) to keep in memory.
+    """
+
+    def __init__(self, root: str | Path, cache_size: int = 64):
+        self.root = Path(root).expanduser()
+        if not self.root.is_dir():
+            raise MateError(f"dataset root not found: {self.root}; {_ROOT_HINT}")
+        for sub in (QUESTIONS_DIR, TABLES_DIR):
+            if not (self.root / sub).is_dir():
+                raise MateError(f"dataset root {self.root} has no {sub}/; {_ROOT_HINT}")
+        self._tables = _LRU(cache_size)
+        self._passages = _LRU(cache_size)
+
+    # ------------------------------------------------------------ questions
+    def splits(self) -> list[str]:
+        """Split names with a question file, e.g. ``['train', 'dev', 'test']``."""
+        names = set()
+        for path in (self.root / QUESTIONS_DIR).glob("*.json"):
+            stem = path.name[: -len(".json")]
+            stem = stem[: -len(".traced")] if stem.endswith(".traced") else stem
+            if stem and "_" not in stem and "." not in stem:  # skips dev_reference.json
+                names.add(stem)
+        return sorted(names, key=lambda s: (_SPLIT_ORDER.get(s, 99), s))
+
+    def question_file(self, split: str) -> Path:
+        """``{split}.traced.json`` when present, else ``{split}.json``."""
+        folder = self.root / QUESTIONS_DIR
+        for name in (f"{split}.traced.json", f"{split}.json"):
+            if (folder / name).is_file():
+                return folder / name
+        raise MateError(
+            f"no question file for split {split!r} in {folder} (available: {self.splits()}); "
+            "set the split to one of those or add the file"
+        )
+
+    def questions(self, split: str) -> Iterator[Question]:
+        """Yield the split's questions in file order (answer nodes parsed when traced)."""
+        path = self.question_file(split)
+        records = _load_json(path, "question file")
+        if not isinstance(records, list):
+            raise MateError(f"{path}: expected a JSON array of question records, got {type(records).__name__}")
+        for index, record in enumerate(records):
+            yield parse_question(record, path, index)
+
+    # --------------------------------------------------------------- tables
+    def table_file(self, table_id: str) -> Path:
+        return self.root / TABLES_DIR / f"{table_id}.json"
+
+    def table(self, table_id: str) -> Table:
+        """The parsed table (cached, LRU)."""
+        return self._tables.get(table_id, lambda: self._read_table(table_id))
+
+    def _read_table(self, table_id: str) -> Table:
+        path = self.table_file(table_id)
+        if "/" in table_id or "\\" in table_id or not path.is_file():
+            raise MateError(
+                f"table file not found: {path} (table_id {table_id!r}); "
+                f"check dataset.root or that {TABLES_DIR}/ is complete"
+            )
+        return parse_table(_load_json(path, f"table {table_id!r}"), table_id, path)
+
+    def passages(self, table_id: str) -> dict[str, str]:
+        """``{'/wiki/...': passage text}`` of the table; ``{}`` (and a warning) when missing."""
+        return self._passages.get(table_id, lambda: self._read_passages(table_id))
+
+    def _read_passages(self, table_id: str) -> dict[str, str]:
+        path = self.root / PASSAGES_DIR / f"{table_id}.json"
+        if "/" in table_id or not path.is_file():
+            log.warning("no passage file %s for table %r; using no passages", path, table_id)
+            return {}
+        data = _load_json(path, f"passages of table {table_id!r}")
+        if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+        ):
+            raise MateError(
+                f"{path}: passages of table {table_id!r} must be a JSON object "
+                "mapping '/wiki/...' links to passage text; repair or delete the file"
+            )
+        return data
+
+
+# ---------------------------------------------------------------- parsing
+def _check(ok: bool, where: str, problem: str) -> None:
+    if not ok:
+        raise MateError(f"{where}: {problem}")
+
+
+def parse_question(record: Any, path: Path | str, index: int) -> Question:
+    """One question record -> :class:`Question` (raises MateError naming file and id)."""
+    qid = record.get("question_id") if isinstance(record, dict) else None
+    where = f"{path}: question {qid!r}" if isinstance(qid, str) else f"{path}: record #{index}"
+    fix = "fix or remove that record"
+    _check(isinstance(record, dict), where, f"expected a JSON object; {fix}")
+    for key in ("question_id", "question", "table_id"):
+        _check(key in record, where, f"missing key {key!r}; {fix}")
+        _check(isinstance(record[key], str), where, f"{key!r} must be a string; {fix}")
+    answer = record.get("answer-text")
+    _check(answer is None or isinstance(answer, str), where, f"'answer-text' must be a string; {fix}")
+    nodes = record.get("answer-node", [])
+    _check(isinstance(nodes, list), where, f"'answer-node' must be a list; {fix}")
+    return Question(
+        question_id=record["question_id"],
+        question=record["question"],
+        table_id=record["table_id"],
+        answer_text=answer,
+        answer_nodes=[_parse_node(node, where, fix) for node in nodes],
+    )
+
+
+def _parse_node(node: Any, where: str, fix: str) -> AnswerNode:
+    shape = "[text, [row, column], link-or-null, 'table'|'passage']"
+    ok = isinstance(node, list) and len(node) == 4
+    ok = ok and isinstance(node[0], str) and isinstance(node[1], list) and len(node[1]) == 2
+    ok = ok and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in node[1])
+    ok = ok and (node[2] is None or isinstance(node[2], str)) and node[3] in ("table", "passage")
+    _check(ok, where, f"answer-node entry {node!r} is not {shape}; {fix}")
+    return AnswerNode(text=node[0], coord=(node[1][0], node[1][1]), link=node[2], source=node[3])
+
+
+def _parse_cell(raw: Any, where: str) -> Cell:
+    ok = isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str)
+    ok = ok and isinstance(raw[1], list) and all(isinstance(link, str) for link in raw[1])
+    _check(ok, where, f"cell {str(raw)[:60]!r} is not [text, [links]]; repair the table file")
+    return Cell(text=raw[0], links=list(raw[1]))
+
+
+def parse_table(data: Any, table_id: str, path: Path | str) -> Table:
+    """A ``tables_tok`` JSON object -> :class:`Table` (raises MateError naming file and id)."""
+    where = f"{path}: table {table_id!r}"
+    _check(isinstance(data, dict), where, "expected a JSON object; repair the table file")
+    for key in ("header", "data"):
+        _check(isinstance(data.get(key), list), where, f"missing or non-list {key!r}; repair the table file")
+    header = [_parse_cell(raw, f"{where} header") for raw in data["header"]]
+    _check(len(header) > 0, where, "empty header; repair the table file")
+    rows = []
+    for r, raw_row in enumerate(data["data"]):
+        got = f"{len(raw_row)} cells" if isinstance(raw_row, list) else f"a {type(raw_row).__name__}, not a list"
+        ok = isinstance(raw_row, list) and len(raw_row) == len(header)
+        _check(ok, where, f"data row {r} is {got}, header has {len(header)} cells; repair the table file")
+        rows.append([_parse_cell(raw, f"{where} row {r}") for raw in raw_row])
+    text = {k: data.get(k) if isinstance(data.get(k), str) else "" for k in ("title", "section_title", "intro")}
+    return Table(table_id=table_id, header=header, rows=rows, **text)
+
+
+# ------------------------------------------------------------------ split
+def _table_hash(table_id: str, seed: int) -> float:
+    """A stable number in [0, 1) from (seed, table_id): sha256, not Python's salted hash()."""
+    digest = hashlib.sha256(f"{seed}\x00{table_id}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def split_by_table(
+    questions: Iterable[Question], val_fraction: float, seed: int = 0
+) -> tuple[list[Question], list[Question]]:
+    """Split questions into (train, val) by table: no table on both sides.
+
+    A table goes to val when ``sha256(seed, table_id) < val_fraction``, so each table's
+    side depends only on its id and the seed (stable as the dataset grows). With >= 2
+    tables both sides are made non-empty by moving the table nearest the threshold;
+    with a single table everything goes to train (and a warning is logged).
+    Question order is kept within each side.
+    """
+    if not 0.0 < float(val_fraction) < 1.0:
+        raise MateError(f"val_fraction must be in (0, 1), got {val_fraction}; set e.g. dataset.val_fraction=0.1")
+    questions = list(questions)
+    scores = {q.table_id: _table_hash(q.table_id, seed) for q in questions}
+    val_tables = {t for t, s in scores.items() if s < val_fraction}
+    if len(scores) < 2:
+        log.warning("split_by_table: only %d table(s); everything goes to train", len(scores))
+        val_tables = set()
+    elif not val_tables:
+        val_tables = {min(scores, key=lambda t: (scores[t], t))}
+    elif len(val_tables) == len(scores):
+        val_tables.discard(max(scores, key=lambda t: (scores[t], t)))
+    train = [q for q in questions if q.table_id not in val_tables]
+    val = [q for q in questions if q.table_id in val_tables]
+    return train, val

@@ -1,0 +1,253 @@
+"""TableTokenizer: TAPAS layout ids, the length budget, ranks and candidates (real MiniLM vocab)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mate_cli.data.expand import expand_table
+from mate_cli.data.schema import AnswerNode, Cell, Question, Table
+from mate_cli.data.tokenize import (
+    TableTokenizer,
+    candidate_cells,
+    column_ranks,
+    fit_budget,
+    largest_cap,
+    parse_date,
+    parse_number,
+)
+from mate_cli.errors import MateError
+
+
+def _pieces(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _table(header, rows, links=None):
+    links = links or {}
+    return Table(
+        table_id="hand",
+        header=[Cell(h) for h in header],
+        rows=[[Cell(t, links.get((r, c), [])) for c, t in enumerate(row)] for r, row in enumerate(rows)],
+    )
+
+
+def _runs(example, start):
+    """Group table tokens from ``start`` into contiguous (row, column, cell) runs -> token ids."""
+    runs: list[tuple[tuple[int, int, int], list[int]]] = []
+    for i in range(start, len(example.input_ids)):
+        key = (example.row_ids[i], example.column_ids[i], example.cell_ids[i])
+        if not runs or runs[-1][0] != key:
+            runs.append((key, []))
+        runs[-1][1].append(example.input_ids[i])
+    return runs
+
+
+def check_invariants(example, tok, question, table, texts, max_length, max_q=64):
+    """Every token's ids agree with the cell it came from (checked through its text)."""
+    n = len(example.input_ids)
+    assert n <= max_length
+    for name in ("segment_ids", "row_ids", "column_ids", "cell_ids", "column_ranks", "inv_column_ranks"):
+        assert len(getattr(example, name)) == n, name
+    sep = example.input_ids.index(tok.tokenizer.sep_token_id)
+    assert example.input_ids[0] == tok.tokenizer.cls_token_id
+    assert example.input_ids[1:sep] == _pieces(tok.tokenizer, question.question)[:max_q]
+    for i in range(sep + 1):  # query set: [CLS] question [SEP]
+        assert (example.segment_ids[i], example.row_ids[i], example.column_ids[i], example.cell_ids[i]) == (0, 0, 0, 0)
+        assert example.column_ranks[i] == example.inv_column_ranks[i] == 0
+    assert all(s == 1 for s in example.segment_ids[sep + 1:])
+    ranks, inverse = column_ranks([[c.text for c in row] for row in table.rows])
+    seen_cells = []
+    for (row, col, cell), ids in _runs(example, sep + 1):
+        assert 1 <= col <= table.num_columns
+        if row == 0:  # header
+            assert cell == 0 and ids == _pieces(tok.tokenizer, table.header[col - 1].text)[: len(ids)]
+            continue
+        assert cell >= 1 and example.cell_coords[cell - 1] == [row - 1, col - 1]
+        assert ids == _pieces(tok.tokenizer, texts[row - 1][col - 1])[: len(ids)] and ids
+        seen_cells.append(cell)
+    assert seen_cells == list(range(1, len(example.cell_coords) + 1))  # contiguous, row-major, one run each
+    assert example.cell_coords == sorted(example.cell_coords)
+    for i in range(sep + 1, n):
+        if example.cell_ids[i]:
+            r, c = example.cell_coords[example.cell_ids[i] - 1]
+            assert (example.column_ranks[i], example.inv_column_ranks[i]) == (ranks[r][c], inverse[r][c])
+    assert all(1 <= k <= len(example.cell_coords) for k in example.candidates)
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def sample(reader, dev_questions):
+    """(question, table, passages, per-cell top-5 expansion) for every dev question."""
+    out = []
+    for q in dev_questions:
+        table, passages = reader.table(q.table_id), reader.passages(q.table_id)
+        out.append((q, table, passages, expand_table(q, table, passages, k=5, scope="cell")))
+    return out
+
+
+# ---------------------------------------------------------------- sample
+@pytest.mark.parametrize("max_length", [128, 256])
+def test_layout_invariants_on_every_sample_question(tokenizer, sample, max_length):
+    tok = TableTokenizer(tokenizer, max_length=max_length)
+    for q, table, passages, texts in sample:
+        example = tok.encode(q, table, texts, candidate_cells(q, table, passages))
+        check_invariants(example, tok, q, table, texts, max_length)
+        assert example.truncated
+    assert tok.stats.examples == 53 and tok.stats.share_fit == 0.0
+
+
+def test_unexpanded_sample_fits_2048_and_keeps_traced_answer_cells(tokenizer, sample):
+    tok = TableTokenizer(tokenizer, max_length=2048)
+    for q, table, passages, _ in sample:
+        example = tok.encode(q, table, None, candidate_cells(q, table, passages))
+        texts = [[c.text for c in row] for row in table.rows]
+        check_invariants(example, tok, q, table, texts, 2048)
+        assert not example.truncated and example.candidates_dropped == 0
+        nonempty = [[r, c] for r, row in enumerate(texts) for c, t in enumerate(row) if t.strip()]
+        assert example.cell_coords == nonempty
+        chosen = {tuple(example.cell_coords[k - 1]) for k in example.candidates}
+        assert {n.coord for n in q.answer_nodes} <= chosen
+    assert tok.stats.share_fit == 1.0 and tok.stats.share_answer_survived == 1.0
+
+
+def test_table_scope_expansion_fits_far_more_often_than_cell_scope(tokenizer, sample):
+    """Issue 5 numbers: share fitting 2048 tokens (paper §4.1 reports 97% with k=5)."""
+    shares = {}
+    for scope in ("table", "cell"):
+        tok = TableTokenizer(tokenizer, max_length=2048)
+        for q, table, passages, cell_texts in sample:
+            texts = cell_texts if scope == "cell" else expand_table(q, table, passages, k=5, scope="table")
+            tok.encode(q, table, texts, candidate_cells(q, table, passages))
+        shares[scope] = tok.stats
+    assert shares["table"].share_fit >= 0.9 > 0.5 > shares["cell"].share_fit
+    assert shares["table"].share_answer_survived == shares["cell"].share_answer_survived == 1.0
+
+
+# ---------------------------------------------------------------- budget
+def test_largest_cap_and_fit_budget():
+    assert largest_cap([10, 3, 1], 9) == 5  # 5 + 3 + 1
+    assert largest_cap([10, 3, 1], 100) == 10
+    assert fit_budget([1, 1], [[3, 4], [2, 2]], 20) == (2, None)
+    assert fit_budget([1, 1], [[3, 4], [2, 2]], 10) == (2, 2)  # 1+1+2+2+2+2 = 10
+    assert fit_budget([1, 1], [[3, 4], [2, 2]], 9) == (2, 1)
+    assert fit_budget([1, 1], [[5, 5], [5, 5], [5, 5]], 5) == (1, 1)  # rows dropped until 1/cell fits
+    assert fit_budget([1, 1], [[5, 5], [5, 5], [5, 5]], 5, min_cell_tokens=2) == (0, None)
+    with pytest.raises(ValueError):
+        fit_budget([1, 1, 1], [[1]], 2)
+
+
+def test_truncation_shrinks_longest_cells_first(tokenizer):
+    table = _table(["a", "b", "c"], [["red " * 40, "blue " * 10, "green green"], ["x", "y " * 20, ""]])
+    question = Question("q", "what ?", "hand")
+    tok = TableTokenizer(tokenizer, max_length=44)  # budget 40 for the table
+    example = tok.encode(question, table)
+    lengths = {}
+    for k in example.cell_ids:
+        if k:
+            xy = tuple(example.cell_coords[k - 1])
+            lengths[xy] = lengths.get(xy, 0) + 1
+    # cap 12: 3 header + 12 + 10 + 2 + 1 + 12 = 40; cap 13 would need 42
+    assert lengths == {(0, 0): 12, (0, 1): 10, (0, 2): 2, (1, 0): 1, (1, 1): 12}
+    assert len(example.input_ids) == 44 and example.truncated
+    assert tok.stats.cells_capped == 1 and tok.stats.rows_dropped == 0 and tok.stats.fit == 0
+
+
+def test_rows_dropped_when_one_token_per_cell_does_not_fit(tokenizer, caplog):
+    table = _table(["a", "b", "c"], [["a b", "a b", "a b"] for _ in range(10)])
+    question = Question("q", "what ?", "hand")
+    tok = TableTokenizer(tokenizer, max_length=20)  # budget 16: header 3 + 4 rows x 3
+    with caplog.at_level(logging.DEBUG, logger="mate_cli.data.tokenize"):
+        example = tok.encode(question, table, candidates=[(9, 0), (1, 1)])
+    assert max(example.row_ids) == 4 and len(example.cell_coords) == 12
+    assert [example.cell_coords[k - 1] for k in example.candidates] == [[1, 1]]
+    assert example.candidates_dropped == 1 and example.truncated
+    assert "dropped 6 trailing rows" in caplog.text
+    tok.encode(question, table, candidates=[(8, 2)])
+    s = tok.stats
+    assert (s.rows_dropped, s.rows_dropped_examples, s.with_candidates, s.answer_survived) == (12, 2, 2, 1)
+    assert s.share_answer_survived == 0.5 and s.candidates_dropped == 2 and s.share_fit == 0.0
+
+
+def test_header_that_cannot_fit_is_a_mate_error(tokenizer):
+    table = _table(["a", "b", "c"], [["x", "y", "z"]])
+    with pytest.raises(MateError, match="table 'hand'.*max_length"):
+        TableTokenizer(tokenizer, max_length=6).encode(Question("q7", "what ?", "hand"), table)
+
+
+def test_question_truncated_first(tokenizer):
+    table = _table(["a"], [["x"]])
+    question = Question("q", "one two three four five six", "hand")
+    tok = TableTokenizer(tokenizer, max_length=64, max_question_tokens=3)
+    example = tok.encode(question, table)
+    check_invariants(example, tok, question, table, [["x"]], 64, max_q=3)
+    assert example.segment_ids.count(0) == 5 and example.truncated and tok.stats.question_truncated == 1
+
+
+def test_empty_cell_has_no_tokens_and_cannot_be_a_candidate(tokenizer):
+    table = _table(["a", "b"], [["x", ""], ["", "y"]])
+    example = TableTokenizer(tokenizer, max_length=64).encode(
+        Question("q", "what ?", "hand"), table, candidates=[(0, 1), (1, 1)]
+    )
+    assert example.cell_coords == [[0, 0], [1, 1]]
+    assert example.candidates == [2] and example.candidates_dropped == 1
+    assert not example.truncated
+
+
+def test_cell_texts_shape_checked(tokenizer):
+    table = _table(["a", "b"], [["x", "y"]])
+    with pytest.raises(ValueError, match=r"\[1\]\[2\]"):
+        TableTokenizer(tokenizer, max_length=64).encode(Question("q", "?", "hand"), table, [["x"]])
+
+
+# ---------------------------------------------------------------- ranks
+def test_parsers():
+    assert [parse_number(t) for t in ["1,234", "45 %", "$3.5", "1990–1995", "5 to 10", "+0.278", "-2"]] == [
+        1234.0, 45.0, 3.5, 1990.0, 5.0, 0.278, -2.0,
+    ]
+    assert [parse_number(t) for t in ["1:23.260", "12a", "1,23", "x"]] == [None] * 4
+    assert parse_date("December 2 , 2006") == (2006, 12, 2)
+    assert parse_date("1 April 1944") == (1944, 4, 1)
+    assert parse_date("2019-05-01") == (2019, 5, 1) and parse_date("May 2019") == (2019, 5, 0)
+    assert parse_date("Foo 5 , 2000") is None and parse_date("2019-13-01") is None
+
+
+def test_column_ranks_tapas_semantics():
+    rows = [
+        ["1,000", "May 3 , 2001", "apple", "10", "-"],
+        ["$5", "2 March 1999", "7", "5", "3"],
+        ["20 %", "May 3 , 2001", "pear", "10", "1"],
+        ["", "June 2001", "9", "7", "2"],
+    ]
+    ranks, inverse = column_ranks(rows)
+    col = lambda m, c: [row[c] for row in m]  # noqa: E731
+    assert col(ranks, 0) == [3, 1, 2, 0] and col(inverse, 0) == [1, 3, 2, 0]  # empty cell -> 0
+    assert col(ranks, 1) == [2, 1, 2, 3] and col(inverse, 1) == [2, 3, 2, 1]  # dates, ties share
+    assert col(ranks, 2) == [0, 0, 0, 0]  # mixed text and numbers: not ranked
+    assert col(ranks, 3) == [3, 1, 3, 2] and col(inverse, 3) == [1, 3, 1, 2]  # dense
+    assert col(ranks, 4) == [0, 3, 1, 2]  # placeholder '-' ignored
+
+
+# ---------------------------------------------------------------- candidates
+def test_candidates_fallback_without_trace():
+    table = _table(
+        ["river", "country"],
+        [["The Quell River", "Zorvania"], ["Quelling", "Brask"], ["Oltan", "Vel"]],
+        links={(2, 1): ["/wiki/Vel"]},
+    )
+    passages = {"/wiki/Vel": "Vel lies on the Quell river ."}
+    q = Question("q", "which river ?", "hand", answer_text="quell river")
+    assert candidate_cells(q, table, passages) == [(0, 0), (2, 1)]  # not "Quelling": word boundaries
+    assert candidate_cells(q, table, {}) == [(0, 0)]
+    assert candidate_cells(Question("t", "?", "hand"), table, passages) == []
+
+
+def test_candidates_prefer_trace_and_skip_out_of_range(caplog):
+    table = _table(["a", "b"], [["x", "y"], ["z", "w"]])
+    nodes = [AnswerNode("w", (1, 1), None, "table"), AnswerNode("?", (5, 0), None, "table"),
+             AnswerNode("x", (0, 0), "/wiki/X", "passage")]
+    q = Question("q", "?", "hand", answer_text="y", answer_nodes=nodes)
+    with caplog.at_level(logging.WARNING, logger="mate_cli.data.tokenize"):
+        assert candidate_cells(q, table, {}) == [(0, 0), (1, 1)]
+    assert "(5, 0)" in caplog.text
