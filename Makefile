@@ -38,3 +38,44 @@ bench: install
 
 clean:
 	rm -rf outputs .cache .pytest_cache
+
+# ---------------------------------------------------------------------------------------
+# PointR end to end on the bundled HybridQA sample (paper §4; issue 5):
+#   stage 1  MATE cell selection          mate train experiment=hybridqa_mate
+#   stage 2  passage reader (dense BERT)   mate train experiment=hybridqa_reader
+#   eval     top cell -> reader -> official EM/F1 (in-table / in-passage / total) + Hits@1/3/5
+#            mate eval experiment=hybridqa_pointr stage1.ckpt_path=... stage2.ckpt_path=...
+# The eval uses the newest run of each experiment and its last.ckpt (the best-* checkpoint
+# is chosen on the same validation tables, so it would flatter the sample's numbers).
+# Run dirs: $(POINTR_OUT)/{train,eval}/...; predictions.json + metrics.json land in the eval run dir.
+POINTR_OUT := $(or $(MATE_OUTPUT_DIR),outputs)
+POINTR_STAGE1 ?= hybridqa_mate
+POINTR_STAGE1_ARGS ?=
+POINTR_STAGE2_ARGS ?=
+newest_ckpt = $$(ls -td $(POINTR_OUT)/train/*-$(1) 2>/dev/null | head -1)/checkpoints/last.ckpt
+
+.PHONY: pointr-sample pointr-sample-stage1 pointr-sample-stage2 pointr-sample-eval pointr-sample-predict
+
+pointr-sample: pointr-sample-stage1 pointr-sample-stage2 pointr-sample-eval
+
+pointr-sample-stage1: install
+	$(BIN)/mate train experiment=$(POINTR_STAGE1) $(POINTR_STAGE1_ARGS)
+
+pointr-sample-stage2: install
+	$(BIN)/mate train experiment=hybridqa_reader $(POINTR_STAGE2_ARGS)
+
+pointr-sample-eval: install
+	$(BIN)/mate eval experiment=hybridqa_pointr \
+		stage1.ckpt_path=$(call newest_ckpt,$(POINTR_STAGE1)) \
+		stage2.ckpt_path=$(call newest_ckpt,hybridqa_reader)
+
+# Ask the trained pipeline one question about one sample table.
+POINTR_TABLE ?= 1991_Monaco_Grand_Prix_0
+POINTR_QUESTION ?= Which driver of the team from Italy finished third?
+pointr-sample-predict: install
+	$(BIN)/mate predict \
+		table=data/hybridqa_sample/WikiTables-WithLinks/tables_tok/$(POINTR_TABLE).json \
+		passages=data/hybridqa_sample/WikiTables-WithLinks/request_tok/$(POINTR_TABLE).json \
+		"question='$(POINTR_QUESTION)'" \
+		stage1.ckpt_path=$(call newest_ckpt,$(POINTR_STAGE1)) \
+		stage2.ckpt_path=$(call newest_ckpt,hybridqa_reader)

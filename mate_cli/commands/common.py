@@ -57,5 +57,17 @@ def instantiate_dict(section: DictConfig | None) -> list:
 
 
 def quiet_third_party_logs() -> None:
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
     for name in ("datasets", "transformers", "urllib3", "filelock", "fsspec"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # Lightning adds its own console handler; Hydra's root handlers (console + <run>/<task>.log)
+    # already print its records, so drop Lightning's to print each line once.
+    import lightning  # noqa: F401  (registers the handlers we remove)
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).handlers.clear()

@@ -1,6 +1,10 @@
 """`mate eval ckpt_path=<run dir>/checkpoints/<name>.ckpt`: rebuild that run's datamodule
 and model from its ``resolved_config.yaml``, evaluate, print Hits@1/3/5, and write
-``metrics.json`` atomically into this eval run's directory."""
+``metrics.json`` atomically into this eval run's directory.
+
+`mate eval experiment=hybridqa_pointr stage1.ckpt_path=... stage2.ckpt_path=...`: PointR
+end to end (:func:`mate_cli.pointr.evaluate_pointr`): predictions.json in the official
+format, EM/F1 in-table / in-passage / total and Hits@1/3/5 of stage 1."""
 
 from __future__ import annotations
 
@@ -38,6 +42,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     from rich.table import Table
 
     quiet_third_party_logs()
+    if cfg.get("stage1") is not None:
+        return evaluate_pointr(cfg)
+    if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path is None:
+        raise MateError("ckpt_path is missing; pass ckpt_path=<run dir>/checkpoints/<name>.ckpt (or experiment=hybridqa_pointr stage1.ckpt_path=...)")
     train_cfg = load_run_config(cfg.ckpt_path, cfg.get("overrides"))
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(train_cfg.dataset)
@@ -61,6 +69,27 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     table.add_row(*(f"{metrics.get(prefix + '/' + n, float('nan')):.4f}" for n in names))
     rich.print(table)
     atomic_write_json(run_dir() / "metrics.json", metrics)
+    return metrics
+
+
+def evaluate_pointr(cfg: DictConfig) -> dict:
+    """The PointR branch: run the pipeline, print EM/F1 and Hits@k."""
+    import rich
+    from rich.table import Table
+
+    from mate_cli.pointr import evaluate_pointr as run_pointr
+
+    metrics = run_pointr(cfg, run_dir())
+    table = Table(title=f"PointR on {cfg.split} ({metrics['questions']} questions)")
+    for name in ("", "EM (%)", "F1 (%)", "count"):
+        table.add_column(name)
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for group in ("in_table", "in_passage", "total"):
+        if f"{group}/em" in metrics:
+            table.add_row(group, fmt(metrics[f"{group}/em"]), fmt(metrics[f"{group}/f1"]), str(metrics[f"{group}/count"]))
+    rich.print(table)
+    hits = [f"hits@{k}={metrics[f'stage1/hits@{k}']:.4f}" for k in (1, 3, 5) if f"stage1/hits@{k}" in metrics]
+    rich.print("stage 1: " + (", ".join(hits) or "no answers to score") + f"; predictions: {run_dir() / 'predictions.json'}")
     return metrics
 
 

@@ -1,0 +1,493 @@
+"""PointR stage 2 data (MATE paper §4.2): one expanded cell + the question -> reader input.
+
+Owns: the reader context of a cell (:func:`cell_context`), the gold span
+(:func:`find_answer_span`), encoding one (question, cell) pair
+(:func:`encode_reader_example`), the collated :class:`ReaderBatch`, and
+:class:`ReaderDataModule` (read -> encode -> Arrow cache -> collate).
+
+Input (paper §4.2)::
+
+    [CLS] question [SEP] cell text ( all sentences of every linked passage ) [SEP]
+
+The context is the cell text followed by every sentence of each passage the cell
+links to (link order, each passage once; sentences from
+:func:`~mate_cli.data.expand.split_sentences`, joined by spaces) in brackets, the
+same shape as the stage-1 expansion. The question is cut to ``max_question_tokens``
+word pieces, then the context to what is left of ``max_length`` (paper: first 512).
+
+Gold span: the **first** occurrence of the answer in the context, matched on words:
+both sides are lower-cased, split on whitespace and ASCII punctuation, and articles
+(a/an/the) are dropped (the official normalisation, with punctuation acting as a
+word break so ``Ferrari`` is found in ``Ferrari's``); the match is mapped to
+characters and then to word pieces through the tokenizer's offsets. Examples whose
+answer is not in the kept window are counted; they are skipped for training and kept
+for evaluation.
+
+Which cells (``train_cells``): training uses the gold cells = the traced answer nodes
+(:func:`~mate_cli.data.tokenize.candidate_cells`: ``answer-node`` coordinates, else
+cells holding or linking to the answer) — ``all`` of them (one example each, default)
+or only the ``first``. Validation uses one gold cell per question: the first (row-major)
+whose context contains the answer, else the first. The train/validation split is the
+stage-1 one (:func:`~mate_cli.data.hybridqa.split_by_table` with the same
+``val_fraction``/``split_seed``), so no table is on both sides in either stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import string
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from mate_cli.data.schema import Cell, Question, Table
+from mate_cli.errors import MateError
+from mate_cli.modeling.layout import TableLayout
+
+log = logging.getLogger(__name__)
+
+_WORD = re.compile(rf"[^\s{re.escape(string.punctuation)}]+")
+_ARTICLES = frozenset({"a", "an", "the"})
+TRAIN_CELLS = ("all", "first")
+
+
+# ------------------------------------------------------------------ context
+def cell_context(cell: Cell, passages: dict[str, str]) -> tuple[str, int]:
+    """``(context text, links without a passage)`` of one cell (see module docstring)."""
+    from mate_cli.data.expand import split_sentences
+
+    sentences: list[str] = []
+    missing = 0
+    for link in dict.fromkeys(cell.links):
+        if link in passages:
+            sentences.extend(split_sentences(passages[link]))
+        else:
+            missing += 1
+    text = cell.text.strip()
+    if sentences:
+        text = f"{text} ( {' '.join(sentences)} )".strip()
+    return text, missing
+
+
+def _words(text: str) -> list[tuple[str, int, int]]:
+    """``(lower-cased word, char start, char end)``, punctuation as a break, articles dropped."""
+    out = []
+    for match in _WORD.finditer(text):
+        word = match.group().lower()
+        if word not in _ARTICLES:
+            out.append((word, match.start(), match.end()))
+    return out
+
+
+def find_answer_span(context: str, answer: str | None) -> tuple[int, int] | None:
+    """Char span ``[start, end)`` of the first normalised occurrence of ``answer`` in ``context``."""
+    target = [w for w, _, _ in _words(answer or "")]
+    if not target:
+        return None
+    words = _words(context)
+    n = len(target)
+    for i in range(len(words) - n + 1):
+        if words[i][0] == target[0] and [w for w, _, _ in words[i : i + n]] == target:
+            return words[i][1], words[i + n - 1][2]
+    return None
+
+
+# ------------------------------------------------------------------ encoding
+@dataclass
+class ReaderExample:
+    """One encoded (question, cell) pair. Per-token lists share one length.
+
+    ``offsets[j]`` = char span of token j in ``context`` (``[0, 0]`` outside the context);
+    ``gold_start``/``gold_end`` = token indices of the gold span, ``-1`` when the answer is
+    not inside the kept window. ``has_gold_cell`` is False for a placeholder row of a
+    question that has no gold cell (counted, never batched).
+    """
+
+    question_id: str
+    table_id: str
+    coord: list[int]
+    answer: str
+    context: str
+    input_ids: list[int]
+    segment_ids: list[int]
+    context_mask: list[int]
+    start_ok: list[int]
+    end_ok: list[int]
+    offsets: list[list[int]]
+    gold_start: int = -1
+    gold_end: int = -1
+    answer_in_context: bool = False
+    context_truncated: bool = False
+    missing_passages: int = 0
+    has_gold_cell: bool = True
+
+
+def encode_reader_example(
+    tokenizer,
+    question: Question,
+    coord: tuple[int, int],
+    context: str,
+    max_length: int = 512,
+    max_question_tokens: int = 64,
+    missing_passages: int = 0,
+) -> ReaderExample:
+    """Tokenize ``[CLS] question [SEP] context [SEP]`` and locate the gold span."""
+    if max_length < 4:
+        raise MateError(f"dataset.max_length={max_length} leaves no room for the context; use >= 4 (paper: 512)")
+    q_ids = tokenizer(question.question, add_special_tokens=False, verbose=False)["input_ids"][:max_question_tokens]
+    enc = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    room = max(0, max_length - 3 - len(q_ids))
+    ctx_ids, ctx_offsets, word_ids = enc["input_ids"], enc["offset_mapping"], enc.word_ids()
+    keep = min(room, len(ctx_ids))
+    prefix = len(q_ids) + 2
+    input_ids = [tokenizer.cls_token_id, *q_ids, tokenizer.sep_token_id, *ctx_ids[:keep], tokenizer.sep_token_id]
+    n = len(input_ids)
+    start_ok, end_ok = [0] * n, [0] * n
+    for j in range(keep):
+        start_ok[prefix + j] = int(j == 0 or word_ids[j] != word_ids[j - 1])
+        end_ok[prefix + j] = int(j + 1 == len(ctx_ids) or word_ids[j] != word_ids[j + 1])
+    offsets = [[0, 0]] * prefix + [list(o) for o in ctx_offsets[:keep]] + [[0, 0]]
+    example = ReaderExample(
+        question_id=question.question_id, table_id=question.table_id, coord=list(coord),
+        answer=question.answer_text or "", context=context, input_ids=input_ids,
+        segment_ids=[0] * prefix + [1] * (n - prefix),
+        context_mask=[0] * prefix + [1] * keep + [0], start_ok=start_ok, end_ok=end_ok, offsets=offsets,
+        context_truncated=keep < len(ctx_ids), missing_passages=missing_passages,
+    )
+    span = find_answer_span(context, question.answer_text)
+    example.answer_in_context = span is not None
+    if span is not None:
+        tokens = _char_span_to_tokens(ctx_offsets[:keep], *span)
+        if tokens is not None:
+            example.gold_start, example.gold_end = prefix + tokens[0], prefix + tokens[1]
+    return example
+
+
+def _char_span_to_tokens(offsets, start: int, end: int) -> tuple[int, int] | None:
+    """First token ending after ``start`` .. last token starting before ``end`` (None if cut off)."""
+    first = next((j for j, (s, e) in enumerate(offsets) if e > start and e > s), None)
+    last = next((j for j in range(len(offsets) - 1, -1, -1) if offsets[j][0] < end and offsets[j][1] > offsets[j][0]), None)
+    if first is None or last is None or last < first or offsets[last][1] < end:
+        return None
+    return first, last
+
+
+def span_text(context: str, offsets: list[list[int]], start: int, end: int) -> str:
+    """The context text of tokens ``start..end`` (inclusive); ``""`` for ``start < 0``."""
+    if start < 0 or end < start:
+        return ""
+    return context[offsets[start][0] : offsets[end][1]].strip()
+
+
+# ------------------------------------------------------------------ batching
+@dataclass
+class ReaderBatch:
+    """A collated reader batch.
+
+    Attributes:
+        input_ids: ``[batch, seq]``; layout: its :class:`TableLayout` (segment 0 = query,
+            1 = context; rows/columns all 0: the reader sees no table structure).
+        context_mask, start_ok, end_ok: ``[batch, seq]`` bool.
+        gold_start, gold_end: ``[batch]`` long, -1 when no gold span.
+        question_ids, answers, contexts, offsets, coords: per example (Python lists).
+    """
+
+    input_ids: torch.Tensor
+    layout: TableLayout
+    context_mask: torch.Tensor
+    start_ok: torch.Tensor
+    end_ok: torch.Tensor
+    gold_start: torch.Tensor
+    gold_end: torch.Tensor
+    question_ids: list[str]
+    answers: list[str]
+    contexts: list[str]
+    offsets: list[list[list[int]]]
+    coords: list[list[int]]
+
+    def to(self, device) -> "ReaderBatch":
+        move = {k: getattr(self, k).to(device) for k in ("input_ids", "context_mask", "start_ok", "end_ok", "gold_start", "gold_end")}
+        return ReaderBatch(
+            layout=self.layout.to(device), question_ids=self.question_ids, answers=self.answers,
+            contexts=self.contexts, offsets=self.offsets, coords=self.coords, **move,
+        )
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def texts(self, start: torch.Tensor, end: torch.Tensor) -> list[str]:
+        """Decoded span texts for per-example token indices ``start``/``end`` ``[batch]``."""
+        return [span_text(c, o, int(s), int(e)) for c, o, s, e in zip(self.contexts, self.offsets, start, end)]
+
+
+class ReaderCollator:
+    """Pads :class:`ReaderExample` dicts into a :class:`ReaderBatch`."""
+
+    def __init__(self, pad_id: int = 0) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, examples: list[dict]) -> ReaderBatch:
+        b, seq = len(examples), max(len(ex["input_ids"]) for ex in examples)
+        ids = torch.full((b, seq), self.pad_id, dtype=torch.long)
+        fields = {k: torch.zeros((b, seq), dtype=torch.long) for k in ("segment_ids", "context_mask", "start_ok", "end_ok")}
+        mask = torch.zeros((b, seq), dtype=torch.bool)
+        for i, ex in enumerate(examples):
+            n = len(ex["input_ids"])
+            ids[i, :n] = torch.tensor(ex["input_ids"])
+            mask[i, :n] = True
+            for k, t in fields.items():
+                t[i, :n] = torch.tensor(ex[k])
+        zeros = torch.zeros((b, seq), dtype=torch.long)
+        layout = TableLayout(attention_mask=mask, segment_ids=fields["segment_ids"], row_ids=zeros, column_ids=zeros)
+        return ReaderBatch(
+            input_ids=ids, layout=layout, context_mask=fields["context_mask"].bool(),
+            start_ok=fields["start_ok"].bool(), end_ok=fields["end_ok"].bool(),
+            gold_start=torch.tensor([int(ex["gold_start"]) for ex in examples]),
+            gold_end=torch.tensor([int(ex["gold_end"]) for ex in examples]),
+            question_ids=[ex["question_id"] for ex in examples], answers=[ex["answer"] for ex in examples],
+            contexts=[ex["context"] for ex in examples], offsets=[ex["offsets"] for ex in examples],
+            coords=[list(ex["coord"]) for ex in examples],
+        )
+
+
+# ------------------------------------------------------------------ datamodule
+class _ReaderEncoder:
+    """Picklable batched ``datasets.map`` function: question records -> reader examples."""
+
+    def __init__(self, root: str, pretrained: str, max_length: int, max_question_tokens: int, cells: str):
+        self.args = (root, pretrained, max_length, max_question_tokens, cells)
+        self._state = None
+
+    def __getstate__(self):
+        return {"args": self.args, "_state": None}
+
+    def __call__(self, batch: dict) -> dict:
+        from mate_cli.data.datamodule import question_from_record
+
+        if self._state is None:
+            from mate_cli.data.hybridqa import HybridQAReader
+            from mate_cli.modeling.checkpoints import load_tokenizer
+
+            self._state = (HybridQAReader(self.args[0]), load_tokenizer(self.args[1]))
+        rows: list[dict] = []
+        for i in range(len(batch["question_id"])):
+            record = {k: batch[k][i] for k in batch}
+            rows.extend(self.encode(question_from_record(record)))
+        names = [f.name for f in ReaderExample.__dataclass_fields__.values()]
+        return {name: [row[name] for row in rows] for name in names}
+
+    def encode(self, question: Question) -> list[dict]:
+        from mate_cli.data.tokenize import candidate_cells
+
+        reader, tokenizer = self._state
+        _, _, max_length, max_q, cells = self.args
+        table = reader.table(question.table_id)
+        passages = reader.passages(question.table_id)
+        coords = candidate_cells(question, table, passages)
+        if not coords:
+            return [asdict(_placeholder(question))]
+        contexts = {xy: cell_context(table.rows[xy[0]][xy[1]], passages) for xy in coords}
+        if cells == "validation":
+            with_answer = [xy for xy in coords if find_answer_span(contexts[xy][0], question.answer_text)]
+            coords = (with_answer or coords)[:1]
+        elif cells == "first":
+            coords = coords[:1]
+        return [
+            asdict(encode_reader_example(tokenizer, question, xy, contexts[xy][0], max_length, max_q, contexts[xy][1]))
+            for xy in coords
+        ]
+
+
+def _placeholder(question: Question) -> ReaderExample:
+    return ReaderExample(
+        question_id=question.question_id, table_id=question.table_id, coord=[-1, -1],
+        answer=question.answer_text or "", context="", input_ids=[], segment_ids=[], context_mask=[],
+        start_ok=[], end_ok=[], offsets=[], has_gold_cell=False,
+    )
+
+
+def reader_stats(ds, max_span_length: int | None = None) -> dict:
+    """Counts for the run log: questions, examples, answers found / kept, long gold spans."""
+    rows = ds.select_columns(
+        ["question_id", "has_gold_cell", "answer_in_context", "gold_start", "gold_end", "context_truncated", "missing_passages"]
+    ).to_list()
+    real = [r for r in rows if r["has_gold_cell"]]
+    stats = {
+        "questions": len({r["question_id"] for r in rows}),
+        "questions_without_gold_cell": sum(not r["has_gold_cell"] for r in rows),
+        "examples": len(real),
+        "answer_in_context": sum(r["answer_in_context"] for r in real),
+        "answer_in_window": sum(r["gold_start"] >= 0 for r in real),
+        "context_truncated": sum(r["context_truncated"] for r in real),
+        "missing_passage_links": sum(r["missing_passages"] for r in real),
+    }
+    if max_span_length:
+        stats["gold_longer_than_max_span"] = sum(
+            r["gold_start"] >= 0 and r["gold_end"] - r["gold_start"] >= max_span_length for r in real
+        )
+    return stats
+
+
+class ReaderDataModule(L.LightningDataModule):
+    """HybridQA reader data: gold cells -> reader examples -> Arrow cache -> :class:`ReaderBatch`.
+
+    Args:
+        root: folder holding ``released_data/`` and ``WikiTables-WithLinks/``.
+        pretrained: checkpoint whose WordPiece vocabulary tokenizes.
+        max_length: question + context budget in word pieces (paper: 512).
+        max_question_tokens: the question is cut to this many word pieces first.
+        max_span_length: only for the stats (gold spans longer than the head's band).
+        split_mode, source_split, val_fraction, split_seed: as the stage-1 datamodule.
+        train_cells: ``all`` (every gold cell of a training question) or ``first``.
+        batch_size, eval_batch_size, num_workers, num_proc, cache_dir, limit_questions:
+            as the stage-1 datamodule.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        pretrained: str = "minilm",
+        max_length: int = 512,
+        max_question_tokens: int = 64,
+        max_span_length: int | None = None,
+        split_mode: str = "by_table",
+        source_split: str = "dev",
+        val_fraction: float = 0.25,
+        split_seed: int = 0,
+        train_cells: str = "all",
+        batch_size: int = 8,
+        eval_batch_size: int = 16,
+        num_workers: int = 0,
+        num_proc: int = 1,
+        cache_dir: str | None = None,
+        limit_questions: int | None = None,
+    ) -> None:
+        super().__init__()
+        from mate_cli.data.hybridqa import HybridQAReader
+
+        if split_mode not in ("by_table", "files"):
+            raise MateError(f"dataset.split_mode={split_mode!r} is invalid; use by_table or files")
+        if train_cells not in TRAIN_CELLS:
+            raise MateError(f"dataset.train_cells={train_cells!r} is invalid; use one of {TRAIN_CELLS}")
+        self.reader = HybridQAReader(root)
+        self.root, self.pretrained = str(root), pretrained
+        self.max_length, self.max_question_tokens, self.max_span_length = max_length, max_question_tokens, max_span_length
+        self.split_mode, self.source_split = split_mode, source_split
+        self.val_fraction, self.split_seed, self.train_cells = val_fraction, split_seed, train_cells
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers, self.num_proc = num_workers, num_proc
+        self.cache_dir = Path(cache_dir or Path(root) / ".mate_cache")
+        self.limit_questions = limit_questions
+        self.datasets: dict = {}
+        self.stats: dict[str, dict] = {}
+        self._pad_id: int | None = None
+
+    def questions(self, split: str) -> list[Question]:
+        """The questions of ``train``/``validation``/``test`` (the stage-1 split)."""
+        from mate_cli.data.hybridqa import split_by_table
+
+        if self.split_mode == "by_table" and split in ("train", "validation"):
+            train, val = split_by_table(list(self.reader.questions(self.source_split)), self.val_fraction, self.split_seed)
+            chosen = train if split == "train" else val
+        else:
+            chosen = list(self.reader.questions({"validation": "dev"}.get(split, split)))
+        return chosen[: self.limit_questions] if self.limit_questions else chosen
+
+    def cells_mode(self, split: str) -> str:
+        return self.train_cells if split == "train" else "validation"
+
+    def cache_key(self, split: str) -> str:
+        from mate_cli.modeling.checkpoints import resolve_pretrained
+
+        files = sorted((Path(self.root) / "released_data").glob("*.json"))
+        payload = {
+            "kind": "reader", "version": 1, "split": split, "root": os.path.abspath(self.root),
+            "files": [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files],
+            "pretrained": resolve_pretrained(self.pretrained), "max_length": self.max_length,
+            "max_question_tokens": self.max_question_tokens, "split_mode": self.split_mode,
+            "source_split": self.source_split, "val_fraction": self.val_fraction, "split_seed": self.split_seed,
+            "cells": self.cells_mode(split), "limit_questions": self.limit_questions,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def preprocess(self, split: str):
+        """Encoded reader examples of ``split`` (``datasets.Dataset``, cached on disk)."""
+        import datasets
+
+        from mate_cli.data.datamodule import HybridQADataModule
+
+        target = self.cache_dir / f"reader-{split}-{self.cache_key(split)}"
+        if target.exists():
+            log.info("reader %s split loaded from cache %s", split, target)
+        else:
+            rows = [asdict(q) for q in self.questions(split)]
+            ds = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"question_id": []})
+            encoder = _ReaderEncoder(self.root, self.pretrained, self.max_length, self.max_question_tokens, self.cells_mode(split))
+            ds = ds.map(
+                encoder, batched=True, batch_size=32, remove_columns=ds.column_names, load_from_cache_file=False,
+                num_proc=self.num_proc if self.num_proc > 1 and len(ds) > 1 else None, desc=f"reader {split}",
+            )
+            HybridQADataModule._save_atomically(ds, target)
+        ds = datasets.load_from_disk(str(target))
+        self.stats[split] = reader_stats(ds, self.max_span_length) if len(ds) else {"questions": 0}
+        log.info("reader %s split: %s", split, json.dumps(self.stats[split]))
+        return ds
+
+    def setup(self, stage: str | None = None) -> None:
+        wanted = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), None: ("train", "validation")}
+        for split in wanted.get(stage, ()):
+            if split not in self.datasets:
+                self.datasets[split] = self.preprocess(split)
+
+    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+        ds = self.datasets[split]
+        if len(ds):
+            flags = ds.select_columns(["has_gold_cell", "gold_start"]).to_list()
+            if split == "train":
+                keep = [i for i, r in enumerate(flags) if r["has_gold_cell"] and r["gold_start"] >= 0]
+                skipped = len(ds) - len(keep)
+                if skipped:
+                    log.info("reader train: %d examples skipped (no gold cell, or answer not in the context window)", skipped)
+                if not keep:
+                    raise MateError("no reader training example has the answer in its context; check dataset.root and dataset.max_length")
+            else:
+                keep = [i for i, r in enumerate(flags) if r["has_gold_cell"]]
+            ds = ds.select(keep)
+        return DataLoader(
+            ds.with_format(None), batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
+            collate_fn=ReaderCollator(self.pad_id),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True, self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", False, self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False, self.eval_batch_size)
+
+    @property
+    def pad_id(self) -> int:
+        if self._pad_id is None:
+            from mate_cli.modeling.checkpoints import load_tokenizer
+
+            self._pad_id = int(load_tokenizer(self.pretrained).pad_token_id or 0)
+        return self._pad_id
+
+
+def build_reader_input(
+    tokenizer, question: Question, table: Table, passages: dict[str, str], coord: tuple[int, int],
+    max_length: int = 512, max_question_tokens: int = 64,
+) -> ReaderExample:
+    """The stage-2 input for ``coord`` of ``table`` (what PointR feeds the reader at inference)."""
+    r, c = coord
+    context, missing = cell_context(table.rows[r][c], passages)
+    return encode_reader_example(tokenizer, question, (r, c), context, max_length, max_question_tokens, missing)

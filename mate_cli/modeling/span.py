@@ -1,0 +1,172 @@
+"""PointR stage 2 span head (MATE paper §4.2): score every short span of the context.
+
+Owns :class:`SpanHead` (span scores, the valid-span mask, decoding), :func:`span_loss`
+and :func:`valid_span_mask`.
+
+A span ``s = (start, end)`` is scored from the contextual vectors of its first and
+last token, ``S(s) = MLP([h_start; h_end])``, with a two-layer MLP
+``w2 · gelu(W1 [h_start; h_end] + b1) + b2``. Because ``W1 [h_s; h_e] = W_s h_s + W_e h_e``
+the first layer is applied once per token (two projections), and only the **band**
+of spans ``start <= end < start + max_span_length`` is materialised (a strided
+``unfold`` view of the end projections, no copy of the hidden states):
+scores are ``[batch, seq, max_span_length]`` with ``scores[b, i, d]`` the span
+``(i, i + d)``. Cost: ``O(seq * max_span_length * mlp_hidden)``, never ``seq^2``.
+
+Valid spans lie entirely inside the context segment (no query, special or padding
+token inside them) and, when word-boundary masks are given, start at the first
+word piece of a word and end at the last one (no ``##`` fragment at either edge).
+The softmax runs over valid spans only; the loss is the cross-entropy to the gold
+span (``gold_start``/``gold_end`` token indices, ``-1`` for "no gold span"), averaged
+over the examples that have one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _neg(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).min
+
+
+def valid_span_mask(
+    context_mask: torch.Tensor,
+    max_span_length: int,
+    start_ok: torch.Tensor | None = None,
+    end_ok: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Which band spans are valid, ``[batch, seq, max_span_length]`` bool.
+
+    Args:
+        context_mask: ``[batch, seq]`` bool, True on context tokens (not query/specials/padding).
+        max_span_length: the band width L (spans of 1..L tokens).
+        start_ok / end_ok: optional ``[batch, seq]`` bool, tokens that may start / end a span.
+
+    ``mask[b, i, d]`` is True iff every token of ``i .. i + d`` is a context token,
+    ``i + d < seq``, and (when given) ``start_ok[b, i]`` and ``end_ok[b, i + d]``.
+    """
+    batch, seq = context_mask.shape
+    device = context_mask.device
+    ctx = context_mask.bool()
+    # outside[b, j] = number of non-context tokens among positions < j
+    outside = torch.zeros(batch, seq + 1, dtype=torch.long, device=device)
+    outside[:, 1:] = torch.cumsum((~ctx).long(), dim=1)
+    start = torch.arange(seq, device=device)[:, None]  # [seq, 1]
+    end = start + torch.arange(max_span_length, device=device)[None, :]  # [seq, L]
+    in_range = end < seq
+    end = end.clamp(max=seq - 1)
+    clean = (outside[:, end + 1] - outside[:, start]) == 0  # [batch, seq, L]
+    mask = clean & in_range & ctx[:, :, None]
+    if start_ok is not None:
+        mask = mask & start_ok.bool()[:, :, None]
+    if end_ok is not None:
+        mask = mask & end_ok.bool()[:, end]
+    return mask
+
+
+class SpanHead(nn.Module):
+    """``MLP([h_start; h_end])`` over the band of spans up to ``max_span_length`` tokens.
+
+    Args:
+        hidden_size: encoder hidden size H.
+        max_span_length: longest span, in word pieces (L).
+        mlp_hidden: width of the MLP's hidden layer (default: H).
+        initializer_range: std of the normal init of the linear layers (BERT's 0.02).
+    """
+
+    def __init__(
+        self, hidden_size: int, max_span_length: int = 30, mlp_hidden: int | None = None,
+        initializer_range: float = 0.02,
+    ) -> None:
+        super().__init__()
+        if max_span_length < 1:
+            raise ValueError(f"max_span_length must be >= 1, got {max_span_length}")
+        inner = int(mlp_hidden or hidden_size)
+        self.max_span_length = int(max_span_length)
+        self.start_proj = nn.Linear(hidden_size, inner)  # W_s (carries b1)
+        self.end_proj = nn.Linear(hidden_size, inner, bias=False)  # W_e
+        self.activation = nn.GELU()
+        self.out = nn.Linear(inner, 1)
+        for layer in (self.start_proj, self.end_proj, self.out):
+            nn.init.normal_(layer.weight, std=initializer_range)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        context_mask: torch.Tensor,
+        start_ok: torch.Tensor | None = None,
+        end_ok: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Band span scores.
+
+        Args:
+            hidden: ``[batch, seq, hidden]`` last encoder states.
+            context_mask, start_ok, end_ok: ``[batch, seq]`` bool (see :func:`valid_span_mask`).
+
+        Returns:
+            ``(scores, valid)``, each ``[batch, seq, max_span_length]``; invalid scores
+            are set to the dtype's most negative finite value.
+        """
+        width = self.max_span_length
+        h_start = self.start_proj(hidden)  # [batch, seq, inner]
+        h_end = nn.functional.pad(self.end_proj(hidden), (0, 0, 0, width - 1))  # [batch, seq + L - 1, inner]
+        band = h_end.unfold(1, width, 1)  # [batch, seq, inner, L]: band[b, i, :, d] = h_end[b, i + d]
+        pair = self.activation(h_start[..., None] + band)  # [batch, seq, inner, L]
+        scores = torch.einsum("bsil,i->bsl", pair, self.out.weight[0]) + self.out.bias  # [batch, seq, L]
+        valid = valid_span_mask(context_mask, width, start_ok, end_ok)
+        return scores.masked_fill(~valid, _neg(scores.dtype)), valid
+
+    def decode(self, scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Best valid span per example.
+
+        Returns:
+            ``(start, end, prob)``, each ``[batch]``; ``start = end = -1`` and ``prob = 0``
+            for an example with no valid span. ``prob`` is the softmax over valid spans.
+        """
+        batch, seq, width = scores.shape
+        flat = scores.reshape(batch, -1)
+        has = valid.reshape(batch, -1).any(dim=-1)
+        log_p = torch.log_softmax(flat.float(), dim=-1)
+        best_log_p, best = log_p.max(dim=-1)
+        start, end = best // width, best // width + best % width
+        minus = torch.full_like(start, -1)
+        return (
+            torch.where(has, start, minus),
+            torch.where(has, end, minus),
+            torch.where(has, best_log_p.exp(), torch.zeros_like(best_log_p)),
+        )
+
+
+def gold_band_index(gold_start: torch.Tensor, gold_end: torch.Tensor, max_span_length: int) -> torch.Tensor:
+    """Flat band index ``start * L + (end - start)`` of each gold span, ``[batch]`` (-1 if none/too long)."""
+    length = gold_end - gold_start
+    ok = (gold_start >= 0) & (length >= 0) & (length < max_span_length)
+    return torch.where(ok, gold_start * max_span_length + length, torch.full_like(gold_start, -1))
+
+
+def span_loss(
+    scores: torch.Tensor, valid: torch.Tensor, gold_start: torch.Tensor, gold_end: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy to the gold span over valid spans.
+
+    Args:
+        scores, valid: ``[batch, seq, max_span_length]`` from :meth:`SpanHead.forward`.
+        gold_start, gold_end: ``[batch]`` token indices, ``-1`` when the example has no gold span.
+
+    Returns:
+        ``(loss, used)``: the mean over examples whose gold span is a valid band span
+        (0 with grad when none), and ``used`` ``[batch]`` bool marking those examples.
+    """
+    batch, seq, width = scores.shape
+    target = gold_band_index(gold_start, gold_end, width)
+    flat_valid = valid.reshape(batch, -1)
+    used = target >= 0
+    used = used & flat_valid.gather(1, target.clamp(min=0)[:, None]).squeeze(1)
+    if not bool(used.any()):
+        return scores.masked_fill(~valid, 0.0).sum() * 0.0, used
+    log_p = torch.log_softmax(scores.reshape(batch, -1).float(), dim=-1)
+    nll = -log_p.gather(1, target.clamp(min=0)[:, None]).squeeze(1)
+    return nll[used].mean(), used

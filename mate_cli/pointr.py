@@ -1,0 +1,428 @@
+"""PointR end to end (MATE paper §4): point to the expanded cell, then read the answer from it.
+
+Owns the inference pipeline the ``mate eval`` (PointR branch) and ``mate predict``
+commands call:
+
+- :func:`load_stage`: rebuild a trained stage from its ``mate train`` run dir
+  (``resolved_config.yaml`` + a ``checkpoints/*.ckpt``), as ``mate eval`` does;
+- :class:`CellRanker` (stage 1): cell probabilities for encoded tables, the top-k cells,
+  Hits@1/3/5 against the candidate cells;
+- :class:`SpanReader` (stage 2): the answer span read from one cell's context
+  (:func:`~mate_cli.data.reader.build_reader_input`, exactly the training input);
+- :func:`evaluate_pointr`: every question of a split -> stage 1 -> top cell -> stage 2,
+  then ``predictions.json`` (official format ``[{"question_id", "pred"}]``), official
+  EM/F1 (:mod:`mate_cli.metrics.hybridqa`), Hits@k and robustness counts, each written
+  atomically into the run dir;
+- :func:`predict_question`: one question about one table file (``mate predict``).
+
+Without a stage-2 checkpoint the answer is the top cell's own text (a table-only
+reader), so stage 1 can be evaluated end to end on its own.
+
+Robustness: a table with no linked passages or no passage file (the reader context is
+the cell text alone), an empty chosen cell, a table with no selectable cell (empty
+prediction), a question whose answer appears nowhere: each is counted, logged as one
+line, and predicted as well as possible; nothing crashes the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mate_cli.data.schema import Question, Table
+from mate_cli.errors import MateError
+from mate_cli.io import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+HITS_K = (1, 3, 5)
+SPLIT_KEYS = ("root", "split_mode", "source_split", "val_fraction", "split_seed")
+ROBUSTNESS_LINES = {
+    "questions_without_candidate": "questions whose answer appears in no cell or linked passage (Hits@k counts them as misses)",
+    "tables_without_passages": "questions whose table has no linked passage (reader context = cell text only)",
+    "missing_passage_file": "questions whose table has no passage file (treated as no passages)",
+    "no_selectable_cell": "questions whose table has no selectable (non-empty) cell (empty prediction)",
+    "empty_context": "questions whose chosen cell is empty with no passage (empty prediction)",
+    "answer_not_in_context": "questions whose answer is not in the chosen cell's reader context",
+    "not_in_reference": "predicted questions absent from the reference file (not scored)",
+}
+
+
+# ------------------------------------------------------------------ loading
+@dataclass
+class LoadedStage:
+    """A trained stage: its training run's config, the module (eval mode, on ``device``), tokenizer."""
+
+    cfg: DictConfig
+    model: torch.nn.Module
+    ckpt_path: str
+    tokenizer: Any
+
+
+def pick_device(accelerator: str | None) -> torch.device:
+    """``cpu`` -> CPU; ``gpu``/``cuda`` -> CUDA (MateError if absent); anything else -> CUDA when available."""
+    name = str(accelerator or "auto").lower()
+    if name == "cpu":
+        return torch.device("cpu")
+    if name in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise MateError("hardware=gpu but no CUDA device is visible; use hardware=cpu")
+        return torch.device("cuda")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast(device: torch.device, precision: str | None):
+    """bf16 autocast on CUDA when the hardware group asks for ``bf16*``; otherwise a no-op."""
+    if device.type == "cuda" and str(precision or "").startswith("bf16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def load_stage(ckpt_path: str, overrides: Sequence[str] | None, expected: type, key: str, device: torch.device) -> LoadedStage:
+    """Rebuild the module of a ``mate train`` run and load ``ckpt_path`` into it."""
+    from hydra.utils import instantiate
+
+    from mate_cli.commands.eval import load_run_config
+    from mate_cli.modeling.checkpoints import load_tokenizer
+
+    cfg = load_run_config(str(ckpt_path), list(overrides or []))
+    target = str(cfg.get("model", {}).get("_target_", ""))
+    if not target.endswith(expected.__name__):
+        raise MateError(
+            f"{key}.ckpt_path={ckpt_path} is a run of {target or 'an unknown model'}, not {expected.__name__}; "
+            f"pass the checkpoint of a {'hybridqa_mate/hybridqa_tapas' if key == 'stage1' else 'hybridqa_reader'} run"
+        )
+    model = instantiate(cfg.model)
+    state = torch.load(str(ckpt_path), map_location="cpu", weights_only=True).get("state_dict")
+    if state is None:
+        raise MateError(f"{key}.ckpt_path={ckpt_path} has no state_dict; pass a Lightning checkpoint from `mate train`")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0]
+        raise MateError(f"{key}.ckpt_path={ckpt_path} does not match its run config ({first}); pass {key}.overrides only for data settings") from None
+    model.eval().to(device)
+    return LoadedStage(cfg=cfg, model=model, ckpt_path=str(ckpt_path), tokenizer=load_tokenizer(cfg.dataset.pretrained))
+
+
+def check_same_split(stage1: DictConfig, stage2: DictConfig) -> None:
+    """Warn (one line) when the reader was trained on another split than the one evaluated."""
+    a, b = stage1.dataset, stage2.dataset
+    differ = [k for k in SPLIT_KEYS if str(a.get(k)) != str(b.get(k))]
+    if differ:
+        log.warning("pointr: stage-2 data differs from stage-1 on %s; the reader's training tables may overlap the evaluated ones", differ)
+
+
+# ------------------------------------------------------------------ stage 1
+class CellRanker:
+    """Stage 1: cell probabilities of encoded examples and their top-k cells.
+
+    Args:
+        stage: a loaded :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule` run.
+        device, precision: where and how to run.
+        batch_size: examples per forward pass.
+        top_k: cells kept per question (>= max(HITS_K) for Hits@5).
+    """
+
+    def __init__(self, stage: LoadedStage, device: torch.device, precision: str | None = None, batch_size: int = 8, top_k: int = 5):
+        from mate_cli.data.datamodule import Collator
+
+        self.stage, self.device, self.precision = stage, device, precision
+        self.batch_size, self.top_k = int(batch_size), max(int(top_k), 1)
+        self.collate = Collator(int(stage.tokenizer.pad_token_id or 0))
+
+    def encode(self, question: Question, table: Table, passages: dict[str, str]) -> dict:
+        """The stage-1 input of one question (expansion + tokenization as the training run)."""
+        from mate_cli.data.expand import expand_table
+        from mate_cli.data.tokenize import TableTokenizer, candidate_cells
+
+        data = self.stage.cfg.dataset
+        expansion = OmegaConf.to_container(data.expansion, resolve=True) if data.get("expansion") else {}
+        tok = TableTokenizer(self.stage.tokenizer, max_length=int(data.max_length), max_question_tokens=int(data.max_question_tokens))
+        cell_texts = expand_table(question, table, passages, **expansion)
+        candidates = candidate_cells(question, table, passages) if question.answer_text else None
+        return asdict(tok.encode(question, table, cell_texts=cell_texts, candidates=candidates))
+
+    @torch.no_grad()
+    def rank(self, examples: Iterable[dict]) -> Iterator[dict]:
+        """Per example, in order: ``{"question_id", "cells": [{"coord", "prob"}] (top-k), "hit@k": bool...}``."""
+        batch: list[dict] = []
+        for example in examples:
+            batch.append(example)
+            if len(batch) == self.batch_size:
+                yield from self._rank_batch(batch)
+                batch = []
+        if batch:
+            yield from self._rank_batch(batch)
+
+    def _rank_batch(self, examples: list[dict]) -> list[dict]:
+        batch = self.collate(examples).to(self.device)
+        with autocast(self.device, self.precision):
+            logits = self.stage.model(batch).float()
+        probs = torch.softmax(logits.masked_fill(~batch.cell_mask, float("-inf")), dim=-1)
+        probs = torch.nan_to_num(probs, nan=0.0)  # an example with no cell at all
+        k = min(self.top_k, probs.shape[-1])
+        top_p, top_id = probs.topk(k, dim=-1)
+        out = []
+        for i, example in enumerate(examples):
+            valid = batch.cell_mask[i, top_id[i]]
+            ids = [int(c) for c, ok in zip(top_id[i], valid) if ok]
+            cells = [{"cell_id": c, "coord": list(example["cell_coords"][c - 1]), "prob": float(p)} for c, p in zip(ids, top_p[i])]
+            candidates = set(example["candidates"] or [])
+            record = {"question_id": example["question_id"], "cells": cells, "has_candidate": bool(candidates)}
+            for hk in HITS_K:
+                record[f"hits@{hk}"] = any(c in candidates for c in ids[:hk])
+            out.append(record)
+        return out
+
+
+# ------------------------------------------------------------------ stage 2
+class SpanReader:
+    """Stage 2: read the answer span from one cell's context (or the cell text without a reader)."""
+
+    def __init__(self, stage: LoadedStage | None, device: torch.device, precision: str | None = None, batch_size: int = 16):
+        from mate_cli.data.reader import ReaderCollator
+
+        self.stage, self.device, self.precision, self.batch_size = stage, device, precision, int(batch_size)
+        self.collate = ReaderCollator(int(stage.tokenizer.pad_token_id or 0)) if stage else None
+
+    def build(self, question: Question, table: Table, passages: dict[str, str], coord: Sequence[int]):
+        """The :class:`~mate_cli.data.reader.ReaderExample` of ``coord``, as in training."""
+        from mate_cli.data.reader import ReaderExample, build_reader_input, cell_context
+
+        if self.stage is None:
+            context, missing = cell_context(table.rows[coord[0]][coord[1]], passages)
+            return ReaderExample(question.question_id, question.table_id, list(coord), question.answer_text or "",
+                                 context, [], [], [], [], [], [], missing_passages=missing)
+        data = self.stage.cfg.dataset
+        return build_reader_input(
+            self.stage.tokenizer, question, table, passages, tuple(coord),
+            int(data.max_length), int(data.get("max_question_tokens", 64)),
+        )
+
+    @torch.no_grad()
+    def read(self, items: list, cell_texts: list[str]) -> list[dict]:
+        """``[{"pred", "prob"}]`` for :class:`ReaderExample` ``items``; ``cell_texts`` answer without a reader."""
+        if self.stage is None:
+            return [{"pred": text.strip(), "prob": None} for text in cell_texts]
+        out: list[dict] = []
+        for start in range(0, len(items), self.batch_size):
+            chunk = [asdict(x) for x in items[start : start + self.batch_size]]
+            batch = self.collate(chunk).to(self.device)
+            with autocast(self.device, self.precision):
+                out.extend({"pred": r["pred"], "prob": r["prob"]} for r in self.stage.model.predict_batch(batch))
+        return out
+
+
+# ------------------------------------------------------------------ evaluation
+def reference_for(cfg_path: str | None, dataset: DictConfig, split: str) -> Path | None:
+    """The reference file: ``reference=`` when given, else ``<root>/released_data/<dev>_reference.json``."""
+    if cfg_path:
+        path = Path(str(cfg_path)).expanduser()
+        if not path.is_file():
+            raise MateError(f"reference={path} not found; pass the dev_reference.json of the evaluated split")
+        return path
+    if split == "test":
+        return None
+    name = dataset.get("source_split", "dev") if dataset.get("split_mode") == "by_table" else "dev"
+    path = Path(str(dataset.root)) / "released_data" / f"{name}_reference.json"
+    return path if path.is_file() else None
+
+
+def _cell_info(table: Table, coord: Sequence[int], prob: float | None) -> dict:
+    r, c = int(coord[0]), int(coord[1])
+    return {"row": r, "column": c, "header": table.header[c].text, "text": table.rows[r][c].text, "prob": prob}
+
+
+def _log_counts(counts: Counter) -> None:
+    for key, line in ROBUSTNESS_LINES.items():
+        if counts.get(key):
+            log.info("pointr: %d %s", counts[key], line)
+
+
+def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
+    """Run PointR on ``cfg.split`` and write predictions.json / metrics.json / pointr_details.json.
+
+    ``cfg`` (conf/eval.yaml + experiment=hybridqa_pointr): ``stage1.{ckpt_path, overrides,
+    batch_size, top_k}``, ``stage2.{ckpt_path, overrides, batch_size}``, ``split``,
+    ``reference``, ``trainer.{accelerator, precision}``, ``limit_questions``.
+    """
+    from mate_cli.lit_modules.cell_selection import CellSelectionModule
+    from mate_cli.lit_modules.reader import ReaderModule
+
+    for stage in ("stage1", "stage2"):
+        if OmegaConf.is_missing(cfg[stage], "ckpt_path"):
+            fix = " (or null: answer with the top cell's text)" if stage == "stage2" else ""
+            raise MateError(f"{stage}.ckpt_path is missing; pass {stage}.ckpt_path=<run dir>/checkpoints/<name>.ckpt{fix}")
+    split = str(cfg.split)
+    if split not in ("validation", "test"):
+        raise MateError(f"split={split!r} is invalid; use split=validation or split=test")
+    device = pick_device(cfg.trainer.get("accelerator"))
+    precision = cfg.trainer.get("precision")
+    s1 = load_stage(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device)
+    ref_path = reference_for(cfg.get("reference"), s1.cfg.dataset, split)
+    s2 = None
+    if cfg.stage2.get("ckpt_path"):
+        s2 = load_stage(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), ReaderModule, "stage2", device)
+        check_same_split(s1.cfg, s2.cfg)
+    else:
+        log.info("pointr: no stage2.ckpt_path; answering with the top cell's text")
+
+    from hydra.utils import instantiate
+
+    datamodule = instantiate(s1.cfg.dataset)
+    dataset = datamodule.preprocess(split)
+    limit = cfg.get("limit_questions")
+    if limit:
+        dataset = dataset.select(range(min(int(limit), len(dataset))))
+    questions = {q.question_id: q for q in datamodule.questions(split)}
+    ranker = CellRanker(s1, device, precision, cfg.stage1.get("batch_size", 8), cfg.stage1.get("top_k", 5))
+    reader = SpanReader(s2, device, precision, cfg.stage2.get("batch_size", 16))
+
+    counts: Counter = Counter()
+    details = _run(datamodule, dataset.with_format(None), questions, ranker, reader, counts)
+    atomic_write_json(out_dir / "predictions.json", [{"question_id": d["question_id"], "pred": d["pred"]} for d in details])
+    atomic_write_json(out_dir / "pointr_details.json", details)
+
+    metrics = score(details, questions, ref_path, counts)
+    metrics.update({f"data/{split}/{k}": v for k, v in datamodule.stats.get(split, {}).items()})
+    _log_counts(counts)
+    metrics.update({f"robustness/{k}": int(counts.get(k, 0)) for k in ROBUSTNESS_LINES})
+    metrics.update({"split": split, "stage1_ckpt": s1.ckpt_path, "stage2_ckpt": s2.ckpt_path if s2 else None})
+    atomic_write_json(out_dir / "metrics.json", metrics)
+    return metrics
+
+
+def score(details: list[dict], questions: dict[str, Question], ref_path: Path | None, counts: Counter) -> dict:
+    """Hits@k of stage 1 (fractions) and official EM/F1 (percent) of the predictions in ``details``."""
+    from mate_cli.metrics.hybridqa import evaluate_predictions, flat_metrics, subset_reference
+
+    predictions = [{"question_id": d["question_id"], "pred": d["pred"]} for d in details]
+    metrics: dict[str, Any] = {"questions": len(details)}
+    answered = [d for d in details if questions[d["question_id"]].answer_text is not None]
+    if answered:
+        for hk in HITS_K:
+            metrics[f"stage1/hits@{hk}"] = sum(d[f"hits@{hk}"] for d in answered) / len(answered)
+    if ref_path is not None:
+        full = json.loads(ref_path.read_text(encoding="utf-8"))
+        if not isinstance(full, dict) or not isinstance(full.get("reference"), dict):
+            raise MateError(f"{ref_path}: not a dev_reference.json ({{'reference': {{qid: answer}}, 'table': [...], 'passage': [...]}}); pass reference=<file>")
+        counts["not_in_reference"] = sum(d["question_id"] not in full["reference"] for d in details)
+        metrics.update(flat_metrics(evaluate_predictions(predictions, subset_reference(full, [d["question_id"] for d in details]))))
+        metrics["reference"] = str(ref_path)
+    elif answered:
+        log.info("pointr: no reference file; EM/F1 over all answered questions only (no in-table/in-passage split)")
+        reference = {"reference": {d["question_id"]: questions[d["question_id"]].answer_text for d in answered}}
+        metrics.update(flat_metrics(evaluate_predictions(predictions, reference)))
+    return metrics
+
+
+def _run(datamodule, dataset, questions: dict[str, Question], ranker: CellRanker, reader: SpanReader, counts: Counter) -> list[dict]:
+    """Stage 1 over ``dataset`` (encoded examples), stage 2 on each top cell, in chunks."""
+    details: list[dict] = []
+    pending: list[tuple[dict, Any, str]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        items = [p[1] for p in pending if p[1] is not None]
+        answers = iter(reader.read(items, [p[2] for p in pending if p[1] is not None]))
+        for record, item, _ in pending:
+            result = next(answers) if item is not None else {"pred": "", "prob": None}
+            record.update(pred=result["pred"], reader_prob=result["prob"])
+            details.append(record)
+        pending.clear()
+
+    for ranked in ranker.rank(dataset):
+        question = questions[ranked["question_id"]]
+        table = datamodule.reader.table(question.table_id)
+        passages = _passages(datamodule.reader, question.table_id, counts)
+        counts["questions_without_candidate"] += question.answer_text is not None and not ranked["has_candidate"]
+        record = {
+            "question_id": question.question_id, "question": question.question, "answer": question.answer_text,
+            "top_cells": [_cell_info(table, c["coord"], c["prob"]) for c in ranked["cells"]],
+            **{f"hits@{k}": ranked[f"hits@{k}"] for k in HITS_K},
+        }
+        record["cell"] = record["top_cells"][0] if record["top_cells"] else None
+        item, text = None, ""
+        if not ranked["cells"]:
+            counts["no_selectable_cell"] += 1
+        else:
+            coord = ranked["cells"][0]["coord"]
+            item = reader.build(question, table, passages, coord)
+            text = table.rows[coord[0]][coord[1]].text
+            if not item.context.strip():
+                counts["empty_context"] += 1
+                item = None
+            elif question.answer_text is not None and not item.answer_in_context and reader.stage is not None:
+                counts["answer_not_in_context"] += 1
+        pending.append((record, item, text))
+        if len(pending) >= 64:
+            flush()
+    flush()
+    return details
+
+
+def _passages(hq_reader, table_id: str, counts: Counter) -> dict[str, str]:
+    from mate_cli.data.hybridqa import PASSAGES_DIR
+
+    passages = hq_reader.passages(table_id)
+    if not passages:
+        counts["tables_without_passages"] += 1
+        if not (Path(hq_reader.root) / PASSAGES_DIR / f"{table_id}.json").is_file():
+            counts["missing_passage_file"] += 1
+    return passages
+
+
+# ------------------------------------------------------------------ one question
+def load_table_file(path: str | Path) -> Table:
+    """A ``tables_tok``-format JSON file -> :class:`Table` (table id = file stem)."""
+    from mate_cli.data.hybridqa import _load_json, parse_table
+
+    path = Path(str(path)).expanduser()
+    if not path.is_file():
+        raise MateError(f"table={path} not found; pass a WikiTables-WithLinks tables_tok/<id>.json file")
+    return parse_table(_load_json(path, "table file"), path.stem, path)
+
+
+def load_passages_file(path: str | Path | None) -> dict[str, str]:
+    """A ``request_tok``-format JSON file (``{"/wiki/...": text}``); ``{}`` for none."""
+    from mate_cli.data.hybridqa import _load_json
+
+    if not path:
+        log.info("predict: no passages file; cells are read without linked passages")
+        return {}
+    path = Path(str(path)).expanduser()
+    if not path.is_file():
+        raise MateError(f"passages={path} not found; pass the request_tok/<id>.json of the table, or passages=null")
+    data = _load_json(path, "passages file")
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise MateError(f"{path}: passages must be a JSON object mapping '/wiki/...' links to text; repair the file")
+    return data
+
+
+def predict_question(ranker: CellRanker, reader: SpanReader, question_text: str, table: Table,
+                     passages: dict[str, str], top_k: int = 3) -> dict:
+    """Answer one question about one table: ``{"answer", "cell", "top_cells", "reader_prob", ...}``."""
+    if not str(question_text).strip():
+        raise MateError("question is empty; pass question=\"...\"")
+    question = Question(question_id="predict", question=str(question_text), table_id=table.table_id)
+    ranked = next(iter(ranker.rank([ranker.encode(question, table, passages)])))
+    top = [_cell_info(table, c["coord"], c["prob"]) for c in ranked["cells"][: max(top_k, 1)]]
+    if not top:
+        log.info("predict: table %s has no selectable (non-empty) cell; no answer", table.table_id)
+        return {"question": question.question, "table_id": table.table_id, "answer": "", "cell": None, "top_cells": [], "reader_prob": None}
+    item = reader.build(question, table, passages, (top[0]["row"], top[0]["column"]))
+    result = reader.read([item], [top[0]["text"]])[0] if item.context.strip() else {"pred": "", "prob": None}
+    return {
+        "question": question.question, "table_id": table.table_id, "answer": result["pred"],
+        "reader_prob": result["prob"], "cell": top[0], "top_cells": top, "context": item.context,
+    }
