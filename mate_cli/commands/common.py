@@ -19,9 +19,23 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2."""
     try:
         return task(cfg)
-    except MateError as err:
-        print(f"mate: error: {err}", file=sys.stderr)
+    except Exception as err:  # noqa: BLE001 - re-raised unless it is (or wraps) a MateError
+        user_error = find_mate_error(err)
+        if user_error is None:
+            raise
+        print(f"mate: error: {user_error}", file=sys.stderr)
         sys.exit(MateError.exit_code)
+
+
+def find_mate_error(err: BaseException | None) -> MateError | None:
+    """The `MateError` in ``err``'s cause chain (Hydra's instantiate and datasets wrap them)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, MateError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def run_dir() -> Path:

@@ -1,0 +1,169 @@
+"""The real `mate` CLI end to end: Hydra composition, Lightning Trainer, W&B offline,
+the bundled sample and the bundled MiniLM. Runs as subprocesses, outputs in tmp dirs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MATE = str(Path(sys.executable).parent / "mate")
+SMOKE = [
+    "experiment=hybridqa_mate",
+    "trainer.max_steps=3",
+    "trainer.log_every_n_steps=1",
+    "dataset.max_length=128",
+    "dataset.eval_batch_size=16",
+]
+
+
+def run_mate(args: list[str], tmp: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`mate <args>`; a first arg that is not a command means `train`."""
+    if not args or args[0] not in ("train", "eval", "predict", "bench"):
+        args = ["train", *args]
+    env = dict(os.environ)
+    env.update(MATE_OUTPUT_DIR=str(tmp / "outputs"), MATE_CACHE_DIR=str(tmp / "cache"), WANDB_MODE="offline")
+    return subprocess.run([MATE, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def only_run_dir(base: Path) -> Path:
+    dirs = [p for p in base.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("train")
+    proc = run_mate(SMOKE, tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return only_run_dir(tmp / "outputs" / "train")
+
+
+def test_help_lists_commands():
+    proc = subprocess.run([MATE, "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    for command in ("train", "eval", "predict", "bench"):
+        assert command in proc.stdout
+
+
+def test_train_help_shows_config_groups(tmp_path):
+    proc = subprocess.run([MATE, "train", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    for group in ("dataset:", "model:", "attention:", "hardware:", "experiment:"):
+        assert group in proc.stdout
+
+
+def test_cfg_job_prints_composed_config(tmp_path):
+    proc = run_mate(["--cfg", "job", "experiment=hybridqa_mate", "attention.row_heads_ratio=1.0"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "row_heads_ratio: 1.0" in proc.stdout and "gradient_clip_val: 10.0" in proc.stdout
+    assert "lr: 1.0e-05" in proc.stdout and "warmup_ratio: 0.05" in proc.stdout
+
+
+def test_train_smoke_writes_checkpoints_csv_wandb_and_finite_metrics(trained_run: Path):
+    ckpts = {p.name for p in (trained_run / "checkpoints").iterdir()}
+    assert "last.ckpt" in ckpts
+    assert (trained_run / ".hydra" / "config.yaml").is_file()
+    assert (trained_run / "resolved_config.yaml").is_file()
+    rows = list(csv.DictReader(open(trained_run / "csv" / "metrics.csv")))
+    assert any(r.get("train/loss") for r in rows)
+    offline = list((trained_run / "wandb").glob("offline-run-*"))
+    assert offline, "expected an offline W&B run directory"
+    metrics = json.loads((trained_run / "metrics.json").read_text())
+    for key in ("val/hits@1", "val/hits@3", "val/hits@5", "val/loss"):
+        assert math.isfinite(metrics[key]), key
+    assert metrics["val/hits@1"] <= metrics["val/hits@3"] <= metrics["val/hits@5"]
+    assert metrics["data/train/questions"] > 0 and metrics["data/validation/questions"] > 0
+
+
+def test_eval_reproduces_validation_metrics(trained_run: Path, tmp_path: Path):
+    ckpt = trained_run / "checkpoints" / "last.ckpt"
+    proc = run_mate(["eval", f"ckpt_path={ckpt}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hits@1" in proc.stdout
+    eval_dir = only_run_dir(tmp_path / "outputs" / "eval")
+    metrics = json.loads((eval_dir / "metrics.json").read_text())
+    assert all(math.isfinite(metrics[f"val/hits@{k}"]) for k in (1, 3, 5))
+    train_metrics = json.loads((trained_run / "metrics.json").read_text())
+    if Path(train_metrics["best_checkpoint"]).name == "last.ckpt":
+        assert abs(metrics["val/hits@1"] - train_metrics["val/hits@1"]) < 1e-6
+
+
+def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
+    """One sweep: mate and dense (issue 2's check) plus every other trainable backend."""
+    backends = ["mate", "dense", "sat", "linformer", "table_etc"]
+    # Linformer's paper k=256 needs max_length >= 256.
+    args = ["-m", *SMOKE, "dataset.max_length=256", "trainer.max_steps=2", f"attention={','.join(backends)}", "logger=csv"]
+    proc = run_mate(args, tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep = only_run_dir(tmp_path / "outputs" / "multirun" / "train")
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.json").exists())
+    assert len(runs) == len(backends), list(sweep.iterdir())
+    by_backend = {}
+    for run in runs:
+        backend = run.name.split("attention=")[1].split(",")[0]
+        by_backend[backend] = json.loads((run / "metrics.json").read_text())
+        assert not list(run.glob("wandb")), "logger=csv must run without W&B"
+    assert set(by_backend) == set(backends)
+    for backend, metrics in by_backend.items():
+        assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1", "val/hits@5")), backend
+    assert by_backend["mate"]["val/loss"] != by_backend["dense"]["val/loss"]
+
+
+# ------------------------------------------------------------------ bad input
+def test_unknown_experiment_lists_options(tmp_path):
+    proc = run_mate(["experiment=nope"], tmp_path)
+    assert proc.returncode != 0
+    assert "hybridqa_mate" in proc.stderr and "nope" in proc.stderr
+
+
+def test_unknown_attention_lists_options(tmp_path):
+    proc = run_mate(["attention=nope"], tmp_path)
+    assert proc.returncode != 0
+    assert "mate" in proc.stderr and "dense" in proc.stderr and "nope" in proc.stderr
+
+
+def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
+    proc = run_mate([*SMOKE, f"dataset.root={tmp_path}/absent"], tmp_path)
+    assert proc.returncode == 2
+    lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("mate: error")]
+    assert len(lines) == 1 and "dataset.root=" in lines[0] and "absent" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def copy_sample(sample_root: Path, tmp: Path) -> Path:
+    root = tmp / "sample"
+    shutil.copytree(sample_root, root)
+    return root
+
+
+def test_malformed_question_record_names_file_and_id(sample_root, tmp_path):
+    root = copy_sample(sample_root, tmp_path)
+    path = root / "released_data" / "dev.traced.json"
+    records = json.loads(path.read_text())
+    qid = records[3]["question_id"]
+    del records[3]["table_id"]
+    path.write_text(json.dumps(records))
+    proc = run_mate([*SMOKE, f"dataset.root={root}"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "dev.traced.json" in proc.stderr and qid in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_malformed_table_file_names_table(sample_root, tmp_path):
+    root = copy_sample(sample_root, tmp_path)
+    records = json.loads((root / "released_data" / "dev.traced.json").read_text())
+    table_id = records[0]["table_id"]
+    (root / "WikiTables-WithLinks" / "tables_tok" / f"{table_id}.json").write_text("{not json")
+    proc = run_mate([*SMOKE, f"dataset.root={root}"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert table_id in proc.stderr
+    assert "Traceback" not in proc.stderr
