@@ -1,0 +1,295 @@
+"""Exact MATE attention at block-sparse cost.
+
+After a head's sort (Q first, then row by row / column by column, padding last) the
+MATE pattern is block-diagonal plus a dense stripe: every row/column is one
+contiguous *segment*; a table token attends to Q and its own segment, a query-set
+token to everything. Two exact ways to skip the empty part:
+
+- :func:`block_sparse_attention` (pure PyTorch, any device, forward and backward).
+  Query-set rows are one dense SDPA against all keys (``|Q| x N``, linear). Table
+  tokens are packed segment by segment into dense blocks: segments are binned by
+  length into a few padded sizes ``S`` (1.5x ladder: 16, 24, 32, 48, 64, 96, ...), and
+  each bin is one batched SDPA of its segments (queries: the segment; keys: Q of its
+  example + the segment; padding slots masked). Work ~ sum over segments of
+  ``len * (|Q| + S)`` instead of ``N^2``; the only blocks computed are the ones with
+  allowed pairs, at token granularity. The blocks are the segments themselves
+  (variable size), rather than fixed 64/128-token tiles.
+- :func:`flex_mate_attention` (``torch.nn.attention.flex_attention``): the same exact
+  mask as a ``mask_mod`` on the sorted sequence, with a ``BlockMask`` built directly
+  from segment ranges (no N^2 evaluation). Compiled FlexAttention is fast on CUDA
+  (forward and backward); on CPU (torch 2.13) it has no backward, and measured
+  slower than the pure path, so the backend uses it on CUDA only. The benchmark
+  calls it directly.
+
+Structure (packing indices, block masks) is cached on the ``TableLayout``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mate_cli.modeling.layout import TableLayout
+
+__all__ = ["block_sparse_attention", "flex_mate_attention", "flex_available", "segment_plan"]
+
+logger = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------ packing plan
+def _bin_size(length: int) -> int:
+    """Smallest ladder size >= length: 16, 24, 32, 48, 64, 96, 128, ... (ratio <= 1.5)."""
+    size = 16
+    while size < length:
+        size = size * 3 // 2 if (size & (size - 1)) == 0 else (size // 3) * 4
+    return size
+
+
+@dataclass(eq=False)
+class _Bin:
+    """Segments padded to ``size`` tokens: ``example [n]``, ``tokens [n, size]`` (positions), ``valid [n, size]``."""
+
+    size: int
+    example: torch.Tensor
+    tokens: torch.Tensor
+    valid: torch.Tensor
+
+
+@dataclass(eq=False)
+class SegmentPlan:
+    """Packing of one layout for :func:`block_sparse_attention` (cached on the layout).
+
+    Attributes:
+        query_tokens: ``[B, P]`` positions of each example's query-set tokens (padded with 0).
+        query_valid: ``[B, P]`` bool.
+        views: per head view present (``"row"``, ``"column"``): its head slice and bins.
+        out_rows: per view, ``[B, N]`` row of the concatenated
+            ``[dense rows ; bin rows ... ; zero row]`` source that holds each token's output.
+    """
+
+    query_tokens: torch.Tensor
+    query_valid: torch.Tensor
+    views: list[tuple[str, slice, list[_Bin]]]
+    out_rows: list[torch.Tensor]
+
+
+def segment_plan(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> SegmentPlan:
+    """Segments of every view, binned by length (once per layout, cached)."""
+
+    def build() -> SegmentPlan:
+        B, N, dev = layout.batch_size, layout.seq_len, layout.device
+        is_q = layout.is_query
+        q_len = is_q.sum(1)
+        P = max(1, int(q_len.max()))
+        order = torch.argsort((~is_q).to(torch.int8), dim=1, stable=True)[:, :P]
+        query_valid = torch.arange(P, device=dev)[None, :] < q_len[:, None]
+        query_tokens = torch.where(query_valid, order, 0)
+        head_views = layout.head_views(num_heads, row_heads_ratio)
+        num_row = head_views.count("row")
+        views, out_rows = [], []
+        for view, heads in (("row", slice(0, num_row)), ("column", slice(num_row, num_heads))):
+            if heads.start == heads.stop:
+                continue
+            bins, rows = _pack_view(layout, view, P, query_tokens, query_valid)
+            views.append((view, heads, bins))
+            out_rows.append(rows)
+        return SegmentPlan(query_tokens, query_valid, views, out_rows)
+
+    return layout.cached(("mate.segment_plan", num_heads, float(row_heads_ratio)), build)
+
+
+def _pack_view(layout: TableLayout, view: str, P: int, query_tokens, query_valid):
+    """Bins of one view's segments and the token -> source-row map."""
+    B, N, dev = layout.batch_size, layout.seq_len, layout.device
+    perm, _ = layout.sort_order(view)
+    ids = layout.view_ids(view).gather(1, perm)
+    table = layout.is_table.gather(1, perm)
+    segments = []  # (example, start in sorted order, length)
+    for b in range(B):
+        where = table[b].nonzero()[:, 0]
+        if where.numel() == 0:
+            continue
+        _, counts = torch.unique_consecutive(ids[b, where], return_counts=True)
+        starts = torch.cumsum(counts, 0) - counts + where[0]
+        segments += [(b, int(s), int(c)) for s, c in zip(starts.tolist(), counts.tolist())]
+    by_size: dict[int, list[tuple[int, int, int]]] = {}
+    for seg in segments:
+        by_size.setdefault(_bin_size(seg[2]), []).append(seg)
+    out_rows = torch.full((B, N), B * P, dtype=torch.long, device=dev)  # placeholder, fixed below
+    out_rows[:] = -1
+    b_idx = torch.arange(B, device=dev)[:, None].expand(B, P)
+    out_rows[b_idx[query_valid], query_tokens[query_valid]] = torch.arange(B * P, device=dev).view(B, P)[query_valid]
+    bins, offset = [], B * P
+    for size in sorted(by_size):
+        segs = torch.tensor(by_size[size], dtype=torch.long, device=dev)  # [n, 3]
+        slot = torch.arange(size, device=dev)[None, :]
+        valid = slot < segs[:, 2:3]
+        sorted_pos = (segs[:, 1:2] + slot).clamp(max=N - 1)
+        tokens = torch.where(valid, perm[segs[:, 0:1], sorted_pos], 0)
+        bins.append(_Bin(size, segs[:, 0], tokens, valid))
+        source = offset + torch.arange(segs.shape[0] * size, device=dev).view(-1, size)
+        out_rows[segs[:, 0:1].expand_as(tokens)[valid], tokens[valid]] = source[valid]
+        offset += segs.shape[0] * size
+    out_rows[out_rows < 0] = offset  # padding tokens -> the trailing zero row
+    return bins, out_rows
+
+
+# ------------------------------------------------------------------- pure path
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: TableLayout,
+    row_heads_ratio: float = 0.5,
+    dropout_p: float = 0.0,
+    use_flex: bool | None = None,
+) -> torch.Tensor:
+    """Exact MATE attention, skipping every empty block. ``[batch, heads, seq, head_dim]``.
+
+    ``use_flex``: None picks FlexAttention on CUDA (when no dropout), the pure path
+    elsewhere. Padding tokens get a zero output (pure path).
+    """
+    if use_flex is None:
+        use_flex = q.is_cuda and dropout_p == 0.0 and flex_available()
+    if use_flex:
+        return flex_mate_attention(q, k, v, layout, row_heads_ratio)
+    plan = segment_plan(layout, q.shape[1], row_heads_ratio)
+    B, H, N, D = q.shape
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, N, H, D] views
+    b_idx = torch.arange(B, device=q.device)[:, None]
+    # query-set rows: dense against every real key
+    q_rows, k_rows, v_rows = (x[b_idx, plan.query_tokens].transpose(1, 2) for x in (qt, kt, vt))  # [B, H, P, D]
+    key_real = layout.attention_mask[:, None, None, :]
+    dense = F.scaled_dot_product_attention(q_rows, k, v, attn_mask=key_real, dropout_p=dropout_p)
+    outs = []
+    for (view, heads, bins), out_rows in zip(plan.views, plan.out_rows):
+        sources = [dense[:, heads].transpose(1, 2).reshape(-1, heads.stop - heads.start, D)]
+        for bin_ in bins:
+            sources.append(_segment_block(bin_, qt[:, :, heads], kt[:, :, heads], vt[:, :, heads], k_rows[:, heads], v_rows[:, heads], plan.query_valid, dropout_p))
+        sources.append(q.new_zeros(1, heads.stop - heads.start, D))
+        outs.append(torch.cat(sources)[out_rows])  # [B, N, heads, D]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return out.transpose(1, 2)
+
+
+def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropout_p):
+    """One bin: ``[n, size]`` segments attend to Q of their example + themselves.
+
+    ``qt, kt, vt``: ``[B, N, h, D]`` (this view's heads); ``k_query, v_query``:
+    ``[B, h, P, D]``. Returns the segments' outputs as ``[n * size, h, D]`` rows.
+    """
+    ex = bin_.example
+    tokens = bin_.tokens
+    seg_q, seg_k, seg_v = (x[ex[:, None], tokens].transpose(1, 2) for x in (qt, kt, vt))  # [n, h, S, D]
+    keys = torch.cat([k_query[ex], seg_k], dim=2)
+    values = torch.cat([v_query[ex], seg_v], dim=2)
+    mask = torch.cat([query_valid[ex], bin_.valid], dim=1)[:, None, None, :]
+    out = F.scaled_dot_product_attention(seg_q, keys, values, attn_mask=mask, dropout_p=dropout_p)
+    return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[-1])
+
+
+# ------------------------------------------------------------------ FlexAttention
+_flex_compiled = None
+
+
+def flex_available() -> bool:
+    """Whether ``torch.nn.attention.flex_attention`` can be imported."""
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except Exception:  # pragma: no cover - old torch
+        return False
+    return True
+
+
+def _flex_fn(compiled: bool):
+    global _flex_compiled
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    return _flex_compiled
+
+
+def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float, block_size: int):
+    """Sorted per-head props ``[B, H, Np]`` and the BlockMask, for a length ``Np`` padded to the block."""
+
+    def build():
+        from torch.nn.attention.flex_attention import BlockMask
+
+        B, N, dev = layout.batch_size, layout.seq_len, layout.device
+        Np = -(-N // block_size) * block_size
+        nblk = Np // block_size
+        head_views = layout.head_views(num_heads, row_heads_ratio)
+        views = sorted(set(head_views), key=("row", "column").index)
+        props, kv_any, kv_full = [], [], []
+        for view in views:
+            perm, _ = layout.sort_order(view)
+            group = torch.where(layout.is_query, 0, layout.view_ids(view) + 1)
+            group = torch.where(layout.attention_mask, group, -1).gather(1, perm)
+            group = F.pad(group, (0, Np - N), value=-1)  # [B, Np]: 0 = Q, >0 table, -1 padding
+            props.append(group)
+            blocks = group.view(B, nblk, block_size)
+            is_q, is_tab, real = blocks == 0, blocks > 0, blocks >= 0
+            big = torch.iinfo(group.dtype).max
+            tmin = torch.where(is_tab, blocks, big).amin(-1)
+            tmax = torch.where(is_tab, blocks, -1).amax(-1)
+            q_any, q_all = is_q.any(-1), is_q.all(-1)
+            tab_any = is_tab.any(-1)
+            one_group = tab_any & is_tab.all(-1) & (tmin == tmax)
+            # [B, q block, kv block]
+            overlap = (tmin[:, :, None] <= tmax[:, None, :]) & (tmin[:, None, :] <= tmax[:, :, None])
+            any_ = (q_any[:, :, None] & real.any(-1)[:, None, :]) | q_any[:, None, :] | (overlap & tab_any[:, :, None] & tab_any[:, None, :])
+            full = (q_all[:, :, None] & real.all(-1)[:, None, :]) | q_all[:, None, :]
+            full |= one_group[:, :, None] & one_group[:, None, :] & (tmin[:, :, None] == tmin[:, None, :])
+            kv_any.append(any_ & ~full)
+            kv_full.append(full)
+        index = torch.tensor([views.index(v) for v in head_views], device=dev)
+        group = torch.stack(props, 1)[:, index]  # [B, H, Np]
+
+        def to_blocks(m):
+            m = torch.stack(m, 1)[:, index]  # [B, H, nq, nk]
+            return m.sum(-1).to(torch.int32), torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            gq, gk = group[b, h, q_idx], group[b, h, kv_idx]
+            return (gk >= 0) & ((gq == 0) | (gk == 0) | (gq == gk))
+
+        partial_n, partial_i = to_blocks(kv_any)
+        full_n, full_i = to_blocks(kv_full)
+        block_mask = BlockMask.from_kv_blocks(
+            partial_n, partial_i, full_n, full_i, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(Np, Np)
+        )
+        return Np, block_mask
+
+    return layout.cached(("mate.flex", num_heads, float(row_heads_ratio), block_size), build)
+
+
+def flex_mate_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: TableLayout,
+    row_heads_ratio: float = 0.5,
+    *,
+    block_size: int = 128,
+    compiled: bool = True,
+) -> torch.Tensor:
+    """Exact MATE attention with FlexAttention on the per-head sorted sequence.
+
+    ``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled); returns the same
+    shape. ``compiled=False`` runs FlexAttention eagerly (materialises the scores; for
+    tests). On CPU, torch 2.13's FlexAttention has no backward: call it without grad.
+    Padding query rows attend to the query set only (finite; they are ignored).
+    """
+    B, H, N, D = q.shape
+    Np, block_mask = _flex_structure(layout, H, row_heads_ratio, block_size)
+    perm, inverse = layout.head_sort_order(H, row_heads_ratio)
+    index = perm[..., None].expand(B, H, N, D)
+    qs, ks, vs = (F.pad(x.gather(2, index), (0, 0, 0, Np - N)) for x in (q, k, v))
+    out = _flex_fn(compiled)(qs, ks, vs, block_mask=block_mask)
+    return out[:, :, :N].gather(2, inverse[..., None].expand(B, H, N, D))

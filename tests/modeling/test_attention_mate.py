@@ -1,0 +1,372 @@
+"""MATE attention: every implementation against the paper's definition.
+
+Exactness tests log their measured max |diff| (``--log-cli-level=INFO`` shows them).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import mate_cli.modeling.attention.mate_bucketed as mb
+from mate_cli.errors import MateError
+from mate_cli.modeling.attention import mate as mate_mod
+from mate_cli.modeling.attention.mate import MateAttention, head_masks, masked_attention
+from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention, flex_mate_attention
+from tests.modeling.layouts import build_layout, max_segment_lengths, random_layout
+
+log = logging.getLogger(__name__)
+RATIOS = (0.5, 0.0, 1.0)  # mixed, column heads only, row heads only (paper Table 6 ablations)
+
+
+# ----------------------------------------------------------------- references
+def paper_sets(layout, num_heads: int, ratio: float) -> list:
+    """A_k^i from the paper's definition, with Python loops over raw ids.
+
+    ``sets[b][h][k]``: allowed key positions of real token k (padding keys excluded).
+    """
+    num_row = int(round(ratio * num_heads))
+    out = []
+    for b in range(layout.batch_size):
+        real = [bool(x) for x in layout.attention_mask[b]]
+        seg, rows, cols = (x[b].tolist() for x in (layout.segment_ids, layout.row_ids, layout.column_ids))
+        in_q = [real[j] and seg[j] == 0 for j in range(len(real))]
+        per_head = []
+        for h in range(num_heads):
+            ids = rows if h < num_row else cols
+            sets = {}
+            for k in range(len(real)):
+                if not real[k]:
+                    continue
+                if in_q[k]:
+                    sets[k] = {j for j in range(len(real)) if real[j]}
+                else:
+                    sets[k] = {j for j in range(len(real)) if real[j] and (in_q[j] or ids[j] == ids[k])}
+            per_head.append(sets)
+        out.append(per_head)
+    return out
+
+
+def loop_attention(q, k, v, sets) -> torch.Tensor:
+    """softmax over A_k^i, one token at a time (real rows only; padding rows are 0)."""
+    out = torch.zeros_like(q)
+    d = q.shape[-1]
+    for b, per_head in enumerate(sets):
+        for h, rows in enumerate(per_head):
+            for i, allowed in rows.items():
+                j = torch.tensor(sorted(allowed))
+                p = torch.softmax(k[b, h, j] @ q[b, h, i] / d**0.5, 0)
+                out[b, h, i] = p @ v[b, h, j]
+    return out
+
+
+def inputs(layout, heads=4, dim=8, dtype=torch.float64, seed=0, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    shape = (layout.batch_size, heads, layout.seq_len, dim)
+    return [torch.randn(shape, generator=g, dtype=dtype, requires_grad=grad) for _ in range(3)]
+
+
+def run(fn, layout, q, k, v):
+    """``(output at real tokens, dq, dk, dv)`` for a random cotangent on real tokens."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    real = layout.attention_mask[:, None, :, None]
+    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype) * real
+    (out * cot).sum().backward()
+    return [(out * real).detach(), q.grad, k.grad, v.grad]
+
+
+def max_diff(a, b) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def exact_layouts():
+    """Layouts where G=16 covers Q and every row/column fits R=16 (bucketed is exact)."""
+    yield random_layout(3, query_len=(2, 8), rows=(1, 3), cols=(1, 3), cell_tokens=(1, 3), pad=(0, 5), seed=1)
+    yield random_layout(2, query_len=(1, 12), rows=(2, 4), cols=(1, 2), cell_tokens=(1, 2), pad=(0, 9), seed=7)
+
+
+# -------------------------------------------------------------- (a) the mask
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_masked_pattern_is_the_paper_set_definition(ratio):
+    for seed in (0, 3):
+        layout = random_layout(3, query_len=(1, 6), rows=(1, 4), cols=(1, 3), cell_tokens=(1, 3), pad=(0, 4), seed=seed)
+        masks = head_masks(layout, 4, ratio)
+        for b, per_head in enumerate(paper_sets(layout, 4, ratio)):
+            for h, rows in enumerate(per_head):
+                for i, allowed in rows.items():
+                    assert set(masks[b, h, i].nonzero()[:, 0].tolist()) == allowed, (b, h, i)
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_masked_attention_equals_token_by_token_softmax(ratio):
+    layout = random_layout(2, query_len=(1, 5), rows=(1, 3), cols=(1, 3), cell_tokens=(1, 2), pad=(0, 3), seed=2)
+    q, k, v = inputs(layout, grad=False)
+    real = layout.attention_mask[:, None, :, None]
+    diff = ((masked_attention(q, k, v, layout, ratio) - loop_attention(q, k, v, paper_sets(layout, 4, ratio))) * real)
+    log.info("max|diff| masked vs token-by-token (ratio=%s): %.2e", ratio, diff.abs().max())
+    assert diff.abs().max() <= 1e-12
+
+
+# ------------------------------------------------------ (b) bucketed, exact case
+@pytest.mark.parametrize("budget", [None, 200])  # 200: force many small chunks (single-head bucket ranges)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_bucketed_equals_masked_when_globals_cover_q_and_segments_fit(ratio, dtype, budget, monkeypatch):
+    if budget:
+        monkeypatch.setitem(mb.CHUNK_ELEMENTS, "cpu", budget)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for layout in exact_layouts():
+        seg = max_segment_lengths(layout)
+        assert seg["query"] <= 16 and seg["row"] <= 16 and seg["column"] <= 16
+        q, k, v = inputs(layout, dtype=dtype)
+        ref = run(lambda q, k, v: masked_attention(q, k, v, layout, ratio), layout, q, k, v)
+        plan = mb.bucket_plan(layout, 4, ratio, 16, 16)
+        got = run(lambda q, k, v: mb.bucketed_attention(q, k, v, plan), layout, q, k, v)
+        diff = max_diff(got, ref)
+        log.info("max|diff| bucketed vs masked, exact regime (ratio=%s, %s, budget=%s): %.2e", ratio, dtype, budget, diff)
+        assert diff <= tol
+
+
+def test_bucketed_with_paper_defaults_is_exact_on_short_tables():
+    """G=116, R=42 cover everything of a short table (G >= N included)."""
+    layout = random_layout(3, query_len=(5, 20), rows=(2, 6), cols=(2, 5), cell_tokens=(1, 3), pad=(0, 6), seed=4)
+    q, k, v = inputs(layout)
+    backend = MateAttention(num_heads=4, head_dim=8, impl="bucketed")
+    diff = max_diff(run(lambda *x: backend(*x, layout), layout, q, k, v), run(lambda *x: masked_attention(*x, layout), layout, q, k, v))
+    log.info("max|diff| bucketed (G=116, R=42) vs masked on short tables: %.2e", diff)
+    assert diff <= 1e-12
+
+
+# ---------------------------------------------------- (b) bucketed, approximate
+def reachable_exactly(layout, plan, ratio, num_heads):
+    """``[B, H, N]`` bool: real tokens whose whole A_k^i lies in globals + their window.
+
+    Built from the set definition and the sort order; for those tokens the bucketed
+    algorithm sees exactly A_k^i, so it must equal the masked reference there.
+    """
+    G, R = plan.global_len, plan.radius
+    perm = plan.perm
+    out = torch.zeros(layout.batch_size, num_heads, layout.seq_len, dtype=torch.bool)
+    for b, per_head in enumerate(paper_sets(layout, num_heads, ratio)):
+        for h, rows in enumerate(per_head):
+            where = {int(t): s for s, t in enumerate(perm[b, h].tolist())}  # token -> sorted slot
+            for i, allowed in rows.items():
+                s = where[i]
+                if s < min(G, int(layout.is_query[b].sum())):
+                    out[b, h, i] = True  # query token among the globals: a dense row
+                    continue
+                lo, hi = (s // R - 1) * R, (s // R + 2) * R
+                out[b, h, i] = all(where[j] < G or lo <= where[j] < hi for j in allowed)
+    return out
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+@pytest.mark.parametrize("G,R", [(4, 3), (2, 5)])  # G < |Q| and rows/columns longer than R
+def test_bucketed_approximation_is_exact_where_the_window_covers_and_bounded_elsewhere(ratio, G, R):
+    layout = random_layout(3, query_len=(3, 8), rows=(2, 5), cols=(2, 4), cell_tokens=(1, 3), pad=(0, 4), seed=11)
+    q, k, v = inputs(layout)
+    plan = mb.bucket_plan(layout, 4, ratio, G, R)
+    fused = run(lambda q, k, v: mb.bucketed_attention(q, k, v, plan), layout, q, k, v)
+    # 1. the fused path is App. D exactly (outputs and gradients), whatever G and R
+    reference = run(lambda q, k, v: mb.bucketed_attention_reference(q, k, v, plan), layout, q, k, v)
+    assert max_diff(fused, reference) <= 1e-12
+    # 2. tokens whose allowed set is reachable are exact; the others are approximated
+    masked = run(lambda q, k, v: masked_attention(q, k, v, layout, ratio), layout, q, k, v)[0]
+    covered = reachable_exactly(layout, plan, ratio, 4)
+    err = (fused[0] - masked).abs().amax(-1)
+    exact, approx = err[covered].max().item(), err[~covered & layout.attention_mask[:, None]]
+    log.info(
+        "bucketed G=%d R=%d ratio=%s: covered %d/%d tokens, max|diff| there %.2e; elsewhere max %.2e, mean %.2e",
+        G, R, ratio, int(covered.sum()), int(layout.attention_mask.sum()) * 4, exact, approx.max(), approx.mean(),
+    )
+    assert exact <= 1e-12
+    assert approx.numel() > 0 and approx.max() > 1e-3  # the approximation is real here
+    assert torch.isfinite(fused[0]).all() and approx.max() < 10  # ... and bounded (|v| ~ N(0, 1))
+
+
+def test_fused_bucketed_matches_reference_with_bnhd_inputs_and_gradcheck_with_dropout():
+    layout = random_layout(2, query_len=(1, 3), rows=(1, 2), cols=(1, 2), cell_tokens=(1, 2), pad=(0, 2), seed=3)
+    b, n, h, d = layout.batch_size, layout.seq_len, 2, 4
+    plan = mb.bucket_plan(layout, h, 0.5, 2, 2)
+    g = torch.Generator().manual_seed(0)
+    # the encoder's layout: a [B, N, H, D] buffer seen as [B, H, N, D]
+    q, k, v = (torch.randn(b, n, h, d, generator=g, dtype=torch.float64).transpose(1, 2).requires_grad_() for _ in range(3))
+    assert max_diff(run(lambda *x: mb.bucketed_attention(*x, plan), layout, q, k, v),
+                    run(lambda *x: mb.bucketed_attention_reference(*x, plan), layout, q, k, v)) <= 1e-12
+    fn = lambda q, k, v: mb._BucketedAttention.apply(q, k, v, plan, 0.3, 1234)  # noqa: E731
+    assert torch.equal(fn(q, k, v), fn(q, k, v))  # the seed fixes the dropout mask
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
+
+
+# ----------------------------------------------------------- (c) block sparse
+def long_segment_layout():
+    """Rows and columns of very different lengths (some far longer than a 16-token bin)."""
+    cells = [
+        [[3, 1, 30], [2, 2, 1], [40, 1, 2], [1, 1, 1]],
+        [[1, 2], [5, 70], [2, 3]],
+    ]
+    return build_layout([5, 2], cells, pad=[3, 0])
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_block_sparse_equals_masked_forward_and_backward(ratio):
+    for layout in (*exact_layouts(), long_segment_layout()):
+        q, k, v = inputs(layout)
+        ref = run(lambda *x: masked_attention(*x, layout, ratio), layout, q, k, v)
+        got = run(lambda *x: block_sparse_attention(*x, layout, ratio, use_flex=False), layout, q, k, v)
+        diff = max_diff(got, ref)
+        log.info("max|diff| block_sparse vs masked (ratio=%s, N=%d): %.2e", ratio, layout.seq_len, diff)
+        assert diff <= 1e-12
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_flex_path_forward_equals_masked(ratio):
+    for layout in (next(exact_layouts()), long_segment_layout()):
+        q, k, v = inputs(layout, dtype=torch.float32, grad=False)
+        real = layout.attention_mask[:, None, :, None]
+        ref = masked_attention(q, k, v, layout, ratio)
+        got = flex_mate_attention(q, k, v, layout, ratio, block_size=16, compiled=False)
+        diff = ((got - ref) * real).abs().max().item()
+        log.info("max|diff| flex (eager) vs masked (ratio=%s, N=%d): %.2e", ratio, layout.seq_len, diff)
+        assert diff <= 1e-5
+
+
+@pytest.mark.slow
+def test_compiled_flex_forward_equals_masked():
+    layout = long_segment_layout()
+    q, k, v = inputs(layout, dtype=torch.float32, grad=False)
+    with torch.no_grad():
+        got = flex_mate_attention(q, k, v, layout, 0.5, block_size=16)
+    diff = ((got - masked_attention(q, k, v, layout)) * layout.attention_mask[:, None, :, None]).abs().max().item()
+    log.info("max|diff| flex (compiled) vs masked: %.2e", diff)
+    assert diff <= 1e-5
+
+
+# ------------------------------------------------- (d) every implementation
+IMPLS = ["masked", "bucketed", "block_sparse", "auto"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_padding_never_influences_real_outputs_and_gradients_are_finite(impl):
+    layout = random_layout(4, query_len=(1, 9), rows=(1, 5), cols=(1, 4), cell_tokens=(1, 4), pad=(1, 12), seed=9)
+    backend = MateAttention(num_heads=4, head_dim=8, impl=impl, global_size=8, radius=5)
+    q, k, v = inputs(layout)
+    out, *grads = run(lambda *x: backend(*x, layout), layout, q, k, v)
+    assert out.shape == q.shape and all(torch.isfinite(g).all() for g in grads)
+    pad = ~layout.attention_mask[:, None, :, None]
+    noise = [torch.randn_like(t) * 1e3 * pad for t in (q, k, v)]
+    with torch.no_grad():
+        full = backend(q, k, v, layout)
+        perturbed = backend(*(t + n for t, n in zip((q, k, v), noise)), layout)
+    assert torch.isfinite(full).all() and torch.isfinite(perturbed).all()
+    real = layout.attention_mask[:, None, :, None]
+    diff = ((full - perturbed) * real).abs().max().item()
+    log.info("impl=%s: padding perturbation changes real outputs by %.2e", impl, diff)
+    assert diff <= 1e-12
+
+
+def test_auto_picks_by_length_and_grad_mode_and_logs_once(caplog):
+    short = random_layout(1, seed=0)
+    backend = MateAttention(num_heads=2, head_dim=4, impl="auto")
+    q, k, v = inputs(short, heads=2, dim=4, grad=False)
+    assert backend.resolve_impl(q, k, v) == "masked"
+    long_len = mate_mod.AUTO_MASKED_MAX_LEN[("cpu", False)] + 1
+    q_long = torch.zeros(1, 2, long_len, 4)
+    assert backend.resolve_impl(q_long, q_long, q_long) == "bucketed"
+    mate_mod._logged_choices.clear()
+    with caplog.at_level(logging.INFO, logger=mate_mod.__name__):
+        caplog.clear()
+        for _ in range(3):
+            backend.resolve_impl(q_long, q_long, q_long)
+    assert sum("impl=auto" in r.message for r in caplog.records) == 1
+
+
+# ------------------------------------------------------------------ (f) config
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        ({"global_size": 0}, "attention.global_size"),
+        ({"radius": 0}, "attention.radius"),
+        ({"radius": 2.5}, "attention.radius"),
+        ({"row_heads_ratio": -0.1}, "attention.row_heads_ratio"),
+        ({"row_heads_ratio": 1.5}, "attention.row_heads_ratio"),
+        ({"impl": "sparse"}, "attention.impl"),
+    ],
+)
+def test_bad_config_raises_one_line_mate_error_naming_the_key(kwargs, key):
+    with pytest.raises(MateError) as err:
+        MateAttention(num_heads=4, head_dim=8, **kwargs)
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_no_parameters_and_layout_required():
+    backend = MateAttention(num_heads=2, head_dim=4)
+    assert not list(backend.parameters())
+    with pytest.raises(MateError):
+        backend(*(torch.zeros(1, 2, 3, 4) for _ in range(3)), None)
+
+
+# ------------------------------------------------------------ (g) linear cost
+class CostCounter(TorchDispatchMode):
+    """Matmul FLOPs (``mm/addmm/bmm/baddbmm``, in-place and ``out=`` variants too, which
+    ``FlopCounterMode`` skips) and the largest tensor any op produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.flops, self.largest = 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__.rstrip("_")
+        if name in ("mm", "addmm", "bmm", "baddbmm"):
+            a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
+            self.flops += 2 * a.numel() * b.shape[-1]
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_bucketed_cost_grows_linearly_with_length():
+    from tests.modeling.layouts import long_table_layout
+
+    def cost(seq_len: int, grad: bool) -> CostCounter:
+        layout = long_table_layout(seq_len, query_len=30, rows=8 * seq_len // 1024, cols=4)
+        backend = MateAttention(num_heads=2, head_dim=16, impl="bucketed")
+        q, k, v = (torch.randn(1, 2, seq_len, 16, requires_grad=grad) for _ in range(3))
+        backend(q, k, v, layout)  # builds and caches the plan outside the count
+        with CostCounter() as counter, torch.set_grad_enabled(grad):
+            out = backend(q, k, v, layout)
+            if grad:
+                out.sum().backward()
+        return counter
+
+    for grad in (False, True):
+        small, large = cost(2048, grad), cost(4096, grad)
+        flops, largest = large.flops / small.flops, large.largest / small.largest
+        log.info("bucketed, length x2 (%s): matmul FLOPs x%.3f, largest tensor x%.3f (%d elements at 4096)",
+                 "fwd+bwd" if grad else "fwd", flops, largest, large.largest)
+        assert flops <= 2.1 and largest <= 2.1
+        assert large.largest < 4096 * 4096 / 4  # never anything near N x N
+
+
+# ------------------------------------------------------------- test helper
+def test_random_layout_follows_tapas_conventions():
+    layout = random_layout(4, seed=5)
+    for b in range(layout.batch_size):
+        real = layout.attention_mask[b]
+        n = int(real.sum())
+        assert real[:n].all() and not real[n:].any()  # padding last
+        seg = layout.segment_ids[b]
+        assert seg[0] == 0 and (seg[:n] == 1).any()
+        q_len = int((seg[:n] == 0).sum())
+        assert (seg[q_len:n] == 1).all()  # [CLS] query [SEP], then the table
+        assert (layout.row_ids[b, :q_len] == 0).all() and (layout.column_ids[b, :q_len] == 0).all()
+        header = (layout.row_ids[b] == 0) & (seg == 1)
+        assert header.any() and (layout.cell_ids[b][header] == 0).all()
+        assert (layout.cell_ids[b][(layout.row_ids[b] > 0)] > 0).all()
