@@ -1,0 +1,298 @@
+"""What one benchmark cell runs: a backend name -> a callable doing one measured call.
+
+Backend names (``bench.kernel.backends``, ``bench.encoder.backends``):
+
+- a registered attention backend (``dense``, ``none``, ``sat``, ``linformer``,
+  ``table_etc``, ``mate``), built from ``conf/attention/<name>.yaml`` so the bench
+  measures the options users train with;
+- ``mate.<impl>`` (``mate.masked``, ``mate.bucketed``, ``mate.block_sparse``,
+  ``mate.auto``): ``conf/attention/mate.yaml`` with ``impl`` overridden;
+- ``flex`` (kernel level): PyTorch FlexAttention on MATE's exact mask
+  (``mate_cli.modeling.attention.mate.flex_mate_attention``);
+- ``tapas_hf`` / ``bert_hf`` (encoder level): ``transformers.TapasModel`` (eager
+  attention) and ``BertModel`` (sdpa attention) at the same dims, random init.
+
+Levels: ``kernel`` = one attention call on ``q, k, v`` ``[batch, heads, seq,
+head_dim]``; ``encoder`` = the whole encoder (embeddings + N layers). Modes:
+``inference`` (``torch.no_grad``) and ``train`` (forward + backward of a scalar
+loss, no optimiser step). Every model runs in eval mode (dropout off) so the
+``none`` floor runs in both modes and all backends run the same non-attention ops.
+
+Per-batch structure: at kernel level the layout's caches (sort orders, masks,
+block lists) are built by the warm-up call and reused, as the 2nd..Nth layer of
+an encoder would; at encoder level every call gets a fresh layout copy, so the
+once-per-batch structure cost is paid inside the measured call.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from omegaconf import OmegaConf
+
+from mate_cli.errors import MateError
+from mate_cli.modeling.layout import TableLayout
+from mate_cli.paths import CONF_DIR
+
+LEVELS = ("kernel", "encoder")
+MODES = ("inference", "train")
+HF_BACKENDS = ("tapas_hf", "bert_hf")
+
+#: ``bench.dims`` presets: base = BERT/TAPAS-base; minilm = the bundled checkpoint.
+DIMS = {
+    "base": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
+    "minilm": dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
+    "tiny": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128),
+}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Unavailable(Exception):
+    """The backend cannot run here (module absent, level unsupported); the cell is skipped."""
+
+
+@dataclass
+class Case:
+    """One prepared cell. ``call()`` performs exactly one measured call.
+
+    ``flops`` is set when FlopCounterMode cannot see the work (FlexAttention): the
+    FLOPs of one call, computed from what the kernel actually evaluates.
+    """
+
+    call: Callable[[], None]
+    flops: float | None = None
+    #: warm-up calls needed before the memory call: 2 where the first call builds
+    #: per-layout structure that later calls reuse (kernel level), so the memory
+    #: figure is the steady-state call at every length.
+    min_warmup: int = 1
+
+
+def dims_of(name: str) -> dict:
+    if name not in DIMS:
+        raise MateError(f"bench.dims={name!r} is unknown; choose one of {', '.join(DIMS)}")
+    return DIMS[name]
+
+
+def dtype_of(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise MateError(f"bench.dtype={name!r} is unknown; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """``"mate.bucketed"`` -> ``("mate", "bucketed")``; ``"dense"`` -> ``("dense", None)``."""
+    family, _, impl = str(name).partition(".")
+    return family, impl or None
+
+
+# ------------------------------------------------------------------ factories
+def attention_factory(name: str) -> Callable:
+    """A per-layer backend factory for a registered backend name (``mate.<impl>`` too).
+
+    Options come from ``conf/attention/<family>.yaml`` when it exists, else the
+    class defaults. Raises :class:`Unavailable` when the backend is not registered.
+    """
+    import mate_cli.modeling.attention as attention
+
+    family, impl = split_name(name)
+    if family not in attention.REGISTRY:
+        raise Unavailable(f"attention backend '{family}' is not available (mate_cli.modeling.attention.{family})")
+    overrides = {"impl": impl} if impl else {}
+    yaml = CONF_DIR / "attention" / f"{family}.yaml"
+    if yaml.exists():
+        from hydra.utils import instantiate
+
+        cfg = OmegaConf.load(yaml)
+        cfg.pop("defaults", None)
+        if impl and "impl" not in cfg:
+            raise MateError(f"bench backend {name!r}: conf/attention/{family}.yaml has no 'impl' option")
+        return instantiate(cfg, **overrides)
+    return functools.partial(attention.REGISTRY[family], **overrides)
+
+
+def build_backend(name: str, num_heads: int, head_dim: int, max_length: int):
+    backend = attention_factory(name)(
+        num_heads=num_heads, head_dim=head_dim, max_length=max_length, dropout=0.0, layer_index=0
+    )
+    return backend.eval()
+
+
+# ------------------------------------------------------------------ kernel level
+def kernel_case(
+    name: str, mode: str, layout: TableLayout, dims: dict, batch: int, dtype: torch.dtype, device: torch.device
+) -> Case:
+    """One attention call on random ``q, k, v`` ``[batch, heads, seq, head_dim]``."""
+    if name in HF_BACKENDS:
+        raise Unavailable(f"{name} is an encoder-level anchor")
+    heads, head_dim = dims["num_heads"], dims["hidden_size"] // dims["num_heads"]
+    seq_len = layout.seq_len
+    layout = layout.to(device)
+    generator = torch.Generator().manual_seed(0)
+    flops = None
+    if name == "flex":
+        fn, flops = flex_kernel(layout, heads, head_dim, mode, device)
+        module = None
+    else:
+        module = build_backend(name, heads, head_dim, max_length=seq_len).to(device=device, dtype=dtype)
+        if name == "table_etc":  # its layout carries the row/column memory prefix
+            hidden = torch.randn(batch, seq_len, heads * head_dim, generator=generator).to(device, dtype)
+            with torch.no_grad():
+                _, layout, _ = module.extend_inputs(hidden, layout)
+            seq_len = layout.seq_len
+        fn = functools.partial(module, layout=layout)
+    shape = (batch, heads, seq_len, head_dim)
+    q, k, v = (torch.randn(shape, generator=generator).to(device, dtype) for _ in range(3))
+    if mode == "inference":
+
+        def call() -> None:
+            with torch.no_grad():
+                fn(q, k, v)
+
+        return Case(call, flops, min_warmup=2)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    params = list(module.parameters()) if module is not None else []
+    grad_out = torch.randn(shape, generator=generator).to(device, dtype)
+
+    def train_call() -> None:
+        for t in leaves + params:
+            t.grad = None
+        with torch.enable_grad():
+            fn(*leaves).backward(grad_out)
+
+    return Case(train_call, None if flops is None else 3.5 * flops, min_warmup=2)
+
+
+def flex_kernel(layout: TableLayout, heads: int, head_dim: int, mode: str, device: torch.device) -> tuple[Callable, float]:
+    """FlexAttention on MATE's exact mask: ``(fn(q, k, v), flops_per_call)``.
+
+    FlopCounterMode cannot trace compiled FlexAttention, so FLOPs are what the kernel
+    evaluates: ``4 * head_dim * block_size^2`` per computed (partial or full) block.
+    """
+    try:
+        from mate_cli.modeling.attention import mate_block_sparse as sparse
+    except ImportError as err:
+        raise Unavailable(f"flex: MATE's FlexAttention path is not importable ({err})") from None
+    if mode == "train" and device.type == "cpu":
+        raise Unavailable(f"flex: FlexAttention has no CPU backward in torch {torch.__version__}")
+    options = mate_options()
+    block = int(options.get("block_size", 128))
+
+    def fn(q, k, v):
+        return sparse.flex_mate_attention(q, k, v, layout, **options)
+
+    _, block_mask = sparse._flex_structure(layout, heads, float(options.get("row_heads_ratio", 0.5)), block)
+    blocks = block_mask.kv_num_blocks.sum() + (0 if block_mask.full_kv_num_blocks is None else block_mask.full_kv_num_blocks.sum())
+    return fn, float(4 * head_dim * block * block * int(blocks))
+
+
+def mate_options() -> dict:
+    """``row_heads_ratio`` etc. from ``conf/attention/mate.yaml`` that ``flex_mate_attention`` accepts."""
+    import inspect
+
+    from mate_cli.modeling.attention import mate_block_sparse as sparse
+
+    yaml = CONF_DIR / "attention" / "mate.yaml"
+    cfg = OmegaConf.to_container(OmegaConf.load(yaml)) if yaml.exists() else {}
+    accepted = inspect.signature(sparse.flex_mate_attention).parameters
+    return {k: v for k, v in cfg.items() if k in accepted and not k.startswith("_")}
+
+
+# ------------------------------------------------------------------ encoder level
+def encoder_case(
+    name: str,
+    mode: str,
+    input_ids: torch.Tensor,
+    layout: TableLayout,
+    dims: dict,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Case:
+    """One forward (inference) or forward + backward (train) of a whole encoder."""
+    if name == "flex":
+        raise Unavailable("flex is a kernel-level anchor")
+    seq_len = layout.seq_len
+    type_sizes = type_vocab_sizes(layout)
+    input_ids, layout = input_ids.to(device), layout.to(device)
+    if name in HF_BACKENDS:
+        model, kwargs = hf_model(name, dims, seq_len, type_sizes, input_ids, layout)
+
+        def forward() -> torch.Tensor:
+            return model(**kwargs).last_hidden_state
+
+    else:
+        from mate_cli.modeling.encoder import EncoderConfig, TableEncoder
+
+        config = EncoderConfig(
+            **dims,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            type_vocab_sizes=type_sizes,
+            reset_position_index_per_cell=True,
+        )
+        model = TableEncoder(config, attention_factory(name), max_length=seq_len)
+
+        def forward() -> torch.Tensor:
+            return model(input_ids, layout.with_fields())  # fresh caches: structure cost is paid per call
+
+    model = model.to(device=device, dtype=dtype).eval()
+    if mode == "inference":
+
+        def call() -> None:
+            with torch.no_grad():
+                forward()
+
+        return Case(call)
+    params = list(model.parameters())
+
+    def train_call() -> None:
+        for p in params:
+            p.grad = None
+        with torch.enable_grad():
+            forward().float().square().mean().backward()
+
+    return Case(train_call)
+
+
+def type_vocab_sizes(layout: TableLayout) -> list[int]:
+    """TAPAS's sizes, widened where the bench table has more rows/columns than 255."""
+    from mate_cli.modeling.encoder import TAPAS_TYPE_VOCAB_SIZES
+
+    sizes = list(TAPAS_TYPE_VOCAB_SIZES)
+    sizes[1] = max(sizes[1], int(layout.column_ids.max()) + 1)
+    sizes[2] = max(sizes[2], int(layout.row_ids.max()) + 1)
+    return sizes
+
+
+def hf_model(name: str, dims: dict, seq_len: int, type_sizes: list[int], input_ids, layout):
+    """``transformers`` TapasModel (eager) or BertModel (sdpa) at ``dims``, random init."""
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        raise Unavailable(f"{name}: transformers is not importable") from None
+    common = dict(
+        hidden_size=dims["hidden_size"],
+        num_hidden_layers=dims["num_layers"],
+        num_attention_heads=dims["num_heads"],
+        intermediate_size=dims["intermediate_size"],
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    mask = layout.attention_mask.long()
+    if name == "tapas_hf":
+        config = transformers.TapasConfig(
+            **common, type_vocab_sizes=type_sizes, reset_position_index_per_cell=True, max_position_embeddings=512
+        )
+        config._attn_implementation = "eager"
+        model = transformers.TapasModel(config, add_pooling_layer=False)
+        kwargs = dict(input_ids=input_ids, attention_mask=mask, token_type_ids=layout.token_type_ids)
+    else:
+        config = transformers.BertConfig(
+            **common, max_position_embeddings=max(512, seq_len), attn_implementation="sdpa"
+        )
+        model = transformers.BertModel(config, add_pooling_layer=False)
+        kwargs = dict(input_ids=input_ids, attention_mask=mask, token_type_ids=layout.segment_ids)
+    return model, kwargs

@@ -1,0 +1,109 @@
+"""Synthetic but realistic benchmark inputs: one long table that fills the sequence.
+
+Every example is laid out as ``mate_cli.data.tokenize`` lays out TAPAS input::
+
+    [CLS] query [SEP] | header row | data row 1 | ... | data row R
+
+with ``query_tokens`` tokens for ``[CLS] query [SEP]`` (the MATE query set Q),
+``columns`` columns and as many data rows as it takes to fill ``seq_len``. Cells
+have a random number of tokens, uniform in ``[0.25, 1.75] x cell_tokens``
+(multi-token cells, like HybridQA cells expanded with passage sentences), so rows
+and columns have ragged lengths; the last cell is trimmed so the table ends
+exactly at ``seq_len`` (no padding, the worst case for every backend).
+
+The defaults (60-token query, 8 columns, ~30 tokens per cell) give ~2 rows at 512
+tokens, ~34 at 8192 and ~136 at 32768: the table grows in rows as it grows in
+length, the way longer tables do, and cells stay HybridQA-sized.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from mate_cli.errors import MateError
+from mate_cli.modeling.layout import TableLayout
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """How the benchmark table is drawn (``bench.table.*``)."""
+
+    query_tokens: int = 60
+    columns: int = 8
+    cell_tokens: int = 30
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.query_tokens < 2:
+            raise MateError(f"bench.table.query_tokens={self.query_tokens} must be >= 2 ([CLS] and [SEP])")
+        if self.columns < 1 or self.cell_tokens < 1:
+            raise MateError(
+                f"bench.table.columns={self.columns} and bench.table.cell_tokens={self.cell_tokens} must be >= 1"
+            )
+
+
+def _cell_lengths(seq_len: int, shape: TableShape, rng: random.Random) -> list[list[int]]:
+    """Token counts ``cells[r][c]`` (row 0 = header) that exactly fill ``seq_len - query_tokens``."""
+    budget = seq_len - shape.query_tokens
+    low, high = max(1, round(0.25 * shape.cell_tokens)), max(1, round(1.75 * shape.cell_tokens))
+    rows: list[list[int]] = []
+    used = 0
+    while used < budget:
+        row = []
+        for _ in range(shape.columns):
+            if used >= budget:
+                break
+            length = min(rng.randint(low, high), budget - used)
+            row.append(length)
+            used += length
+        rows.append(row)
+    return rows
+
+
+def table_layout(seq_len: int, batch: int = 1, shape: TableShape | None = None) -> tuple[torch.Tensor, TableLayout]:
+    """``(input_ids [batch, seq_len], layout)`` of ``batch`` random tables filling ``seq_len``.
+
+    Examples differ (seeded ``shape.seed + b``); ids are random non-special WordPiece ids.
+    """
+    shape = shape or TableShape()
+    shape.check()
+    if seq_len <= shape.query_tokens:
+        raise MateError(
+            f"bench length {seq_len} leaves no room for a table after the {shape.query_tokens}-token query; "
+            "use longer bench.lengths or a smaller bench.table.query_tokens"
+        )
+    names = ("segment_ids", "row_ids", "column_ids", "cell_ids")
+    ids = {name: torch.zeros(batch, seq_len, dtype=torch.long) for name in names}
+    for b in range(batch):
+        rng = random.Random(shape.seed + b)
+        pos, cell = shape.query_tokens, 0
+        for r, row in enumerate(_cell_lengths(seq_len, shape, rng)):
+            for c, length in enumerate(row):
+                cell += r > 0
+                span = slice(pos, pos + length)
+                ids["segment_ids"][b, span] = 1
+                ids["row_ids"][b, span] = r
+                ids["column_ids"][b, span] = c + 1
+                ids["cell_ids"][b, span] = cell if r > 0 else 0
+                pos += length
+    generator = torch.Generator().manual_seed(shape.seed)
+    input_ids = torch.randint(1000, 30000, (batch, seq_len), generator=generator)
+    input_ids[:, 0], input_ids[:, shape.query_tokens - 1] = 101, 102  # [CLS], [SEP]
+    mask = torch.ones(batch, seq_len, dtype=torch.bool)
+    return input_ids, TableLayout(attention_mask=mask, **ids)
+
+
+def describe(layout: TableLayout) -> dict[str, int]:
+    """Shape summary of example 0: rows, columns, longest row and column (tokens), |Q|."""
+    table = layout.is_table[0]
+    rows, cols = layout.row_ids[0][table], layout.column_ids[0][table]
+    return {
+        "query": int(layout.is_query[0].sum()),
+        "rows": int(rows.max()) if table.any() else 0,
+        "columns": int(cols.max()) if table.any() else 0,
+        "longest_row": int(torch.bincount(rows[rows > 0]).max()) if (rows > 0).any() else 0,
+        "longest_column": int(torch.bincount(cols).max()) if table.any() else 0,
+    }

@@ -1,0 +1,235 @@
+"""How one call is measured: wall time, peak memory, FLOPs.
+
+**Time**: ``time.perf_counter`` around one call (after ``torch.cuda.synchronize``
+on a GPU); a cell reports the median (and min/max) over its timed repeats, which
+run after the warm-up calls.
+
+**Peak memory**, CPU: the resident-set high-water mark of this process during one
+call minus its resident set just before it (tracemalloc cannot see torch's
+allocations). Before that call we collect garbage, switch the C heap to serve
+every block of 64 KiB or more with its own ``mmap`` (``mallopt(M_MMAP_THRESHOLD)``)
+and give free heap memory back to the OS (``malloc_trim``), so freed tensor
+memory leaves the resident set at once and RSS tracks live tensor memory; then we
+reset the kernel's high-water mark (``echo 5 > /proc/self/clear_refs``) and read
+``VmHWM`` after the call. The figure counts everything the call allocates on top
+of what already exists: activations, attention scores, workspaces, gradients
+(train mode), per-batch structure; not the weights or the inputs.
+``peak_rss_mb`` is the absolute high-water mark (weights, inputs and the Python
+runtime included). Timed calls run with the threshold at 32 MiB, glibc's ceiling
+for its adaptive threshold (the steady state of a long-running process), so
+timing sees the allocator users get. The memory call is the last warm-up call.
+GPU: ``torch.cuda.max_memory_allocated`` minus ``memory_allocated`` before the call.
+
+**FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` over the first warm-up call
+(matmul-class ops: mm/bmm/addmm/baddbmm/SDPA; elementwise ops, softmax, sorts and
+gathers are not counted). Torch does not map the CPU SDPA kernels
+(``_scaled_dot_product_flash_attention_for_cpu`` and its backward) nor the in-place
+GEMMs (``addmm_``, ``baddbmm_``, ``addbmm``), so we register them with the same
+formulas it uses for their out-of-place / GPU counterparts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+M_MMAP_THRESHOLD = -3
+#: mmap threshold while measuring memory (every block >= 64 KiB is returned on free).
+MEMORY_MMAP_THRESHOLD = 64 * 1024
+#: mmap threshold while timing: glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit.
+SPEED_MMAP_THRESHOLD = 32 * 1024 * 1024
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:  # pragma: no cover - non-glibc platforms
+        return None
+
+
+_LIBC = _libc()
+
+
+def set_mmap_threshold(nbytes: int) -> bool:
+    """``mallopt(M_MMAP_THRESHOLD, nbytes)`` (glibc); True on success."""
+    if _LIBC is None or not hasattr(_LIBC, "mallopt"):
+        return False
+    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:  # pragma: no cover
+        return None
+    return None
+
+
+def rss_bytes() -> int:
+    kb = _status_kb("VmRSS")
+    return (kb or 0) * 1024
+
+
+def load_average() -> float | str:
+    """1-minute load average when the cell started (other processes' contention shows here)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover
+        return ""
+
+
+def available_bytes() -> int:
+    """``MemAvailable`` from ``/proc/meminfo`` (or total RAM where that is missing)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class PeakMemory:
+    """``with PeakMemory(device) as m: call()`` -> ``m.peak`` (bytes above the start), ``m.high`` (absolute)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.peak: int | None = None
+        self.high: int | None = None
+
+    @staticmethod
+    def supported(device: torch.device) -> bool:
+        return device.type == "cuda" or (_status_kb("VmHWM") is not None and _CLEAR_REFS.exists())
+
+    def __enter__(self) -> "PeakMemory":
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+            return self
+        set_mmap_threshold(MEMORY_MMAP_THRESHOLD)
+        if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+            _LIBC.malloc_trim(0)
+        self.start = rss_bytes()
+        try:
+            _CLEAR_REFS.write_text("5")  # reset VmHWM to the current RSS
+            self.resettable = True
+        except OSError:
+            self.resettable = False
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.high = torch.cuda.max_memory_allocated()
+        elif self.resettable:
+            self.high = (_status_kb("VmHWM") or 0) * 1024
+        if self.high is not None:
+            self.peak = max(0, self.high - self.start)
+        if not self.cuda:
+            set_mmap_threshold(SPEED_MMAP_THRESHOLD)
+
+
+def timed(call: Callable[[], None], device: torch.device) -> float:
+    """Seconds of wall time for one call."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------- FLOPs
+def _extra_flop_mapping() -> dict:
+    """Formulas torch's FlopCounterMode lacks: the CPU SDPA kernels and in-place GEMMs."""
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+
+    def sdpa_forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return fc.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    def sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return fc.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+    def addmm_(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+        return fc.mm_flop(a_shape, b_shape)
+
+    def baddbmm_(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+        return fc.bmm_flop(a_shape, b_shape)
+
+    def addbmm(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+        return fc.bmm_flop(a_shape, b_shape)
+
+    mapping = {}
+    for op, formula in (
+        ("_scaled_dot_product_flash_attention_for_cpu", sdpa_forward),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", sdpa_backward),
+        ("addmm_", addmm_),
+        ("baddbmm_", baddbmm_),
+        ("addbmm", addbmm),
+        ("addbmm_", addbmm),
+    ):
+        packet = getattr(aten, op, None)
+        if packet is not None and packet not in fc.flop_registry:
+            mapping[packet] = formula
+    return mapping
+
+
+def count_flops(call: Callable[[], None]) -> int:
+    """FLOPs of one call under FlopCounterMode (runs the call)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False, custom_mapping=_extra_flop_mapping()) as counter:
+        call()
+    return int(counter.get_total_flops())
+
+
+@dataclass
+class Measurement:
+    times: list[float]
+    peak: int | None
+    high: int | None
+    flops: float | None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+
+def measure(call: Callable[[], None], device: torch.device, warmup: int, repeats: int, flops: float | None) -> Measurement:
+    """Warm-up calls (FLOPs counted on the first unless given; peak memory on the last),
+    then ``repeats`` timed calls."""
+    if device.type == "cpu":
+        set_mmap_threshold(SPEED_MMAP_THRESHOLD)
+    warmup = max(1, warmup)
+    peak = high = None
+    for i in range(warmup):
+        memory = PeakMemory(device) if i == warmup - 1 else contextlib.nullcontext()
+        with memory:
+            if i == 0 and flops is None:
+                flops = count_flops(call)
+            else:
+                call()
+        if i == warmup - 1:
+            peak, high = memory.peak, memory.high
+    times = [timed(call, device) for _ in range(max(1, repeats))]
+    return Measurement(times, peak, high, flops)

@@ -1,0 +1,204 @@
+"""Turning bench rows into files and screens: ``bench.csv``, rich tables, log-log PNGs.
+
+Plots follow the paper's Figures 4-6: one PNG per (level, mode), three panels
+(median time, peak memory, FLOPs vs sequence length), log-log axes, one line per
+backend; skipped cells are simply absent from a line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Iterable
+
+from mate_cli.bench.runner import COLUMNS, select
+from mate_cli.io import atomic_write_text
+
+#: Line styles: MATE variants solid, anchors dashed, the floor dotted.
+STYLE = {
+    "none": dict(linestyle=":", color="black"),
+    "dense": dict(linestyle="--", color="tab:red"),
+    "flex": dict(linestyle="--", color="tab:purple"),
+    "tapas_hf": dict(linestyle="--", color="tab:brown"),
+    "bert_hf": dict(linestyle="--", color="tab:pink"),
+    "sat": dict(linestyle="-.", color="tab:orange"),
+    "linformer": dict(linestyle="-.", color="tab:olive"),
+    "table_etc": dict(linestyle="-.", color="tab:cyan"),
+}
+MATE_COLORS = ("tab:blue", "tab:green", "tab:gray", "navy", "teal")
+
+
+def write_csv(rows: list[dict], path: Path) -> Path:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return atomic_write_text(path, buffer.getvalue())
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows:
+        row["seq_len"] = int(row["seq_len"])
+    return rows
+
+
+def _num(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def groups(rows: Iterable[dict]) -> list[tuple[str, str]]:
+    seen = []
+    for row in rows:
+        key = (row["level"], row["mode"])
+        if key not in seen:
+            seen.append(key)
+    return seen
+
+
+def backends_of(rows: Iterable[dict]) -> list[str]:
+    out = []
+    for row in rows:
+        if row["backend"] not in out:
+            out.append(row["backend"])
+    return out
+
+
+def _fmt_time(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms / 1e3:.2f} s" if ms >= 1e3 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
+
+
+def _fmt_mb(mb: float | None) -> str:
+    if mb is None:
+        return "-"
+    return f"{mb / 1024:.2f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+
+def cell_text(row: dict) -> str:
+    if row["status"] != "ok":
+        return f"[dim]{row['status']}[/dim]"
+    return f"{_fmt_time(_num(row['time_ms']))}\n[dim]{_fmt_mb(_num(row['peak_mem_mb']))}[/dim]"
+
+
+def print_tables(rows: list[dict], console=None) -> None:
+    """One rich table per (level, mode): backends x lengths, median time over peak memory."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    for level, mode in groups(rows):
+        part = select(rows, level=level, mode=mode)
+        lengths = sorted({r["seq_len"] for r in part})
+        table = Table(title=f"{level} / {mode}: median time, peak memory", show_lines=False)
+        table.add_column("backend")
+        for n in lengths:
+            table.add_column(str(n), justify="right")
+        for backend in backends_of(part):
+            by_len = {r["seq_len"]: r for r in select(part, backend=backend)}
+            table.add_row(backend, *(cell_text(by_len[n]) if n in by_len else "" for n in lengths))
+        console.print(table)
+    notes = [r for r in rows if r["status"] != "ok" and r["note"]]
+    if notes:
+        seen = set()
+        for r in notes:
+            key = (r["level"], r["mode"], r["backend"], r["note"])
+            if key not in seen:
+                seen.add(key)
+                console.print(f"[dim]{r['level']}/{r['mode']} {r['backend']} @ {r['seq_len']}: {r['status']} - {r['note']}[/dim]")
+
+
+def plot(rows: list[dict], out_dir: Path, dpi: int = 90) -> list[Path]:
+    """``bench_<level>_<mode>.png`` per group: time / memory / FLOPs vs length, log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    paths = []
+    for level, mode in groups(rows):
+        part = [r for r in select(rows, level=level, mode=mode) if r["status"] == "ok"]
+        if not part:
+            continue
+        fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.2))
+        panels = (("time_ms", "median time (ms)"), ("peak_mem_mb", "peak memory (MB)"), ("flops", "FLOPs"))
+        mate_i = 0
+        styles = {}
+        for backend in backends_of(part):
+            if backend in STYLE:
+                styles[backend] = STYLE[backend]
+            else:
+                styles[backend] = dict(linestyle="-", color=MATE_COLORS[mate_i % len(MATE_COLORS)], linewidth=2)
+                mate_i += 1
+        for ax, (column, label) in zip(axes, panels):
+            for backend in backends_of(part):
+                pts = sorted(
+                    (r["seq_len"], _num(r[column])) for r in select(part, backend=backend) if _num(r[column])
+                )
+                if pts:
+                    xs, ys = zip(*pts)
+                    ax.plot(xs, ys, marker="o", markersize=3, label=backend, **styles[backend])
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            lengths = sorted({r["seq_len"] for r in part})
+            ax.set_xticks(lengths, [str(n) for n in lengths], fontsize=7)
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xlabel("sequence length (tokens)")
+            ax.set_ylabel(label)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7, loc="upper left")
+        meta = part[0]
+        fig.suptitle(
+            f"{level} / {mode} - dims={meta['dims']}, batch={meta['batch']}, {meta['dtype']}, {meta['device']}",
+            fontsize=10,
+        )
+        fig.tight_layout()
+        path = out_dir / f"bench_{level}_{mode}.png"
+        tmp = path.with_name(f".{path.name}.tmp.png")
+        fig.savefig(tmp, dpi=dpi)
+        plt.close(fig)
+        tmp.replace(path)
+        paths.append(path)
+    return paths
+
+
+def markdown(rows: list[dict], targets: list | None = None, machine: dict | None = None) -> str:
+    """``bench.md``: the machine, the targets and one table per (level, mode), ready for BENCHMARKS.md."""
+    out = []
+    if machine:
+        out.append("Machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()) + "\n")
+    if targets:
+        out.append("| target | required | measured | met |\n|---|---|---|---|")
+        for t in targets:
+            verdict = "n/a" if t.met is None else "**yes**" if t.met else "**no**"
+            out.append(f"| {t.name} | {t.requirement} | {t.measured} | {verdict} |")
+        out.append("")
+    for level, mode in groups(rows):
+        part = select(rows, level=level, mode=mode)
+        lengths = sorted({r["seq_len"] for r in part})
+        out.append(f"**{level} / {mode}** - median time / peak memory (FLOPs)\n")
+        out.append("| backend | " + " | ".join(map(str, lengths)) + " |")
+        out.append("|---|" + "---:|" * len(lengths))
+        for backend in backends_of(part):
+            by_len = {r["seq_len"]: r for r in select(part, backend=backend)}
+            cells = []
+            for n in lengths:
+                r = by_len.get(n)
+                if r is None:
+                    cells.append("")
+                elif r["status"] != "ok":
+                    cells.append(r["status"])
+                else:
+                    flops = _num(r["flops"])
+                    gf = "" if not flops else f" ({flops / 1e9:,.1f} GF)"
+                    cells.append(f"{_fmt_time(_num(r['time_ms']))} / {_fmt_mb(_num(r['peak_mem_mb']))}{gf}")
+            out.append(f"| {backend} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,93 @@
+"""`mate bench`: compose -> run the grid (progress bar) -> bench.csv, tables, PNGs, targets.
+
+The run directory gets ``bench.csv`` (one row per level x mode x backend x length),
+``bench_<level>_<mode>.png`` (time / memory / FLOPs vs length, log-log),
+``targets.json`` (issue 4's targets checked on this run), ``bench.md`` (the same
+as markdown tables), ``machine.json`` and ``resolved_config.yaml``. The measuring itself lives in :mod:`mate_cli.bench`.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from mate_cli.commands.common import log, quiet_third_party_logs, run_dir, run_task
+from mate_cli.io import atomic_write_json, atomic_write_text
+from mate_cli.paths import CONF_DIR, register_resolvers
+
+register_resolvers()
+
+
+def settings_from(cfg: DictConfig):
+    """``cfg.bench`` -> :class:`mate_cli.bench.runner.Settings`."""
+    from mate_cli.bench.layouts import TableShape
+    from mate_cli.bench.runner import Settings
+
+    b = OmegaConf.to_container(cfg.bench, resolve=True)
+    return Settings(
+        levels=list(b["levels"]),
+        modes=list(b["modes"]),
+        lengths=[int(n) for n in b["lengths"]],
+        linear_lengths=[int(n) for n in b.get("linear_lengths") or []],
+        backends={level: list((b.get(level) or {}).get("backends") or []) for level in ("kernel", "encoder")},
+        linear_backends={
+            level: list((b.get(level) or {}).get("linear_backends") or []) for level in ("kernel", "encoder")
+        },
+        max_length={k: int(v) for k, v in (b.get("max_length") or {}).items() if v is not None},
+        dims=b["dims"],
+        dtype=b["dtype"],
+        device=b["device"],
+        batch=int(b["batch"]),
+        threads=b.get("threads"),
+        schedule=list(b["schedule"]),
+        table=TableShape(**b["table"]),
+        memory_fraction=float(b["memory_fraction"]),
+        max_call_seconds=float(b["max_call_seconds"]),
+    )
+
+
+def bench(cfg: DictConfig) -> list[dict]:
+    """Run the grid of ``cfg.bench``; returns the rows written to ``bench.csv``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mate_cli.bench import report, runner, targets
+
+    quiet_third_party_logs()
+    out = run_dir()
+    atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    settings = settings_from(cfg)
+    settings.check()
+    console = Console()
+    cells = settings.cells()
+    rows: list[dict] = []
+    with Progress(
+        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}"), console=console, disable=not cfg.bench.get("progress", True),
+    ) as progress:  # fmt: skip
+        task = progress.add_task("", total=len(cells))
+
+        def on_cell(row: dict) -> None:
+            rows.append(row)
+            report.write_csv(rows, out / "bench.csv")  # partial results survive an interrupt
+            progress.update(task, advance=1, description=f"{row['level']}/{row['mode']} {row['backend']} {row['seq_len']}: {row['status']}")
+
+        runner.run_grid(settings, on_cell=on_cell)
+    machine = runner.machine(settings)
+    atomic_write_json(out / "machine.json", machine)
+    report.write_csv(rows, out / "bench.csv")
+    report.print_tables(rows, console)
+    checked = targets.evaluate(rows)
+    targets.print_targets(checked, console)
+    atomic_write_json(out / "targets.json", [t.as_dict() for t in checked])
+    atomic_write_text(out / "bench.md", report.markdown(rows, checked, machine))
+    if cfg.bench.get("plots", True):
+        report.plot(rows, out)
+    log.info("run dir: %s", out)
+    console.print(f"run dir: {out}")
+    return rows
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="bench")
+def main(cfg: DictConfig) -> None:
+    run_task(bench, cfg)
