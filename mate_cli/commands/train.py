@@ -3,7 +3,9 @@
 
 The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config.yaml``
 (every interpolation resolved; what ``mate eval`` re-builds from), ``checkpoints/``
-(best + last), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json``.
+(best + last), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json``;
+with ``export_encoder=true`` also ``encoder/``: the best checkpoint's encoder as a
+``transformers.TapasModel`` directory, so results travel to other tools.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics["best_checkpoint"] = best
+    if cfg.get("export_encoder"):
+        metrics["exported_encoder"] = str(export_encoder(model, best, cfg, out / "encoder"))
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         log.warning("non-finite metrics: %s", bad)
@@ -63,6 +67,18 @@ def train(cfg: DictConfig) -> dict[str, float]:
     _finish_wandb()
     log.info("run dir: %s", out)
     return metrics
+
+
+def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:
+    """Save the checkpoint's encoder as a transformers ``TapasModel`` directory (+ vocab)."""
+    import torch
+
+    from mate_cli.modeling.checkpoints import load_tokenizer
+
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=False)["state_dict"]
+    model.load_state_dict(state)
+    tokenizer = load_tokenizer(cfg.model.encoder.pretrained)
+    return model.encoder.save_pretrained(directory, tokenizer=tokenizer)
 
 
 def _best_checkpoint(trainer) -> str:

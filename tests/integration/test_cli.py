@@ -42,7 +42,7 @@ def only_run_dir(base: Path) -> Path:
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("train")
-    proc = run_mate(SMOKE, tmp)
+    proc = run_mate([*SMOKE, "export_encoder=true"], tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return only_run_dir(tmp / "outputs" / "train")
 
@@ -82,6 +82,20 @@ def test_train_smoke_writes_checkpoints_csv_wandb_and_finite_metrics(trained_run
         assert math.isfinite(metrics[key]), key
     assert metrics["val/hits@1"] <= metrics["val/hits@3"] <= metrics["val/hits@5"]
     assert metrics["data/train/questions"] > 0 and metrics["data/validation/questions"] > 0
+
+
+def test_exported_encoder_loads_in_transformers(trained_run: Path):
+    import torch
+    from transformers import TapasModel
+
+    from mate_cli.modeling.checkpoints import load_tokenizer
+
+    model = TapasModel.from_pretrained(trained_run / "encoder").eval()
+    tokenizer = load_tokenizer(str(trained_run / "encoder"))
+    ids = torch.tensor([tokenizer.encode("which driver finished third ?")])
+    out = model(input_ids=ids, token_type_ids=torch.zeros(*ids.shape, 7, dtype=torch.long))
+    assert torch.isfinite(out.last_hidden_state).all()
+    assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
 
 
 def test_eval_reproduces_validation_metrics(trained_run: Path, tmp_path: Path):
