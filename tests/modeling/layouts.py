@@ -38,13 +38,14 @@ __all__ = ["build_layout", "random_layout", "long_table_layout", "max_segment_le
 def _example_ids(query_len: int, cells: Sequence[Sequence[int]]) -> dict[str, list[int]]:
     """Id lists for one example. ``cells[r][c]`` = tokens of row r (0 = header), column c."""
     n_query = query_len + 2  # [CLS] ... [SEP]
-    ids = {"segment_ids": [0] * n_query, "row_ids": [0] * n_query, "column_ids": [0] * n_query, "cell_ids": [0] * n_query}
+    ids = {name: [0] * n_query for name in ("segment_ids", "row_ids", "column_ids", "cell_ids")}
     cell_id = 0
     for r, row in enumerate(cells):
         for c, length in enumerate(row):
             if r > 0:
                 cell_id += 1
-            for name, value in (("segment_ids", 1), ("row_ids", r), ("column_ids", c + 1), ("cell_ids", cell_id if r > 0 else 0)):
+            values = (("segment_ids", 1), ("row_ids", r), ("column_ids", c + 1), ("cell_ids", cell_id if r > 0 else 0))
+            for name, value in values:
                 ids[name] += [value] * length
     return ids
 

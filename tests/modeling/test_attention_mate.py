@@ -127,7 +127,8 @@ def test_bucketed_equals_masked_when_globals_cover_q_and_segments_fit(ratio, dty
         plan = mb.bucket_plan(layout, 4, ratio, 16, 16)
         got = run(lambda q, k, v: mb.bucketed_attention(q, k, v, plan), layout, q, k, v)
         diff = max_diff(got, ref)
-        log.info("max|diff| bucketed vs masked, exact regime (ratio=%s, %s, budget=%s): %.2e", ratio, dtype, budget, diff)
+        log.info("max|diff| bucketed vs masked, exact regime (ratio=%s, %s, budget=%s): %.2e",
+                 ratio, dtype, budget, diff)
         assert diff <= tol
 
 
@@ -136,7 +137,8 @@ def test_bucketed_with_paper_defaults_is_exact_on_short_tables():
     layout = random_layout(3, query_len=(5, 20), rows=(2, 6), cols=(2, 5), cell_tokens=(1, 3), pad=(0, 6), seed=4)
     q, k, v = inputs(layout)
     backend = MateAttention(num_heads=4, head_dim=8, impl="bucketed")
-    diff = max_diff(run(lambda *x: backend(*x, layout), layout, q, k, v), run(lambda *x: masked_attention(*x, layout), layout, q, k, v))
+    got = run(lambda *x: backend(*x, layout), layout, q, k, v)
+    diff = max_diff(got, run(lambda *x: masked_attention(*x, layout), layout, q, k, v))
     log.info("max|diff| bucketed (G=116, R=42) vs masked on short tables: %.2e", diff)
     assert diff <= 1e-12
 
@@ -194,7 +196,9 @@ def test_fused_bucketed_matches_reference_with_bnhd_inputs_and_gradcheck_with_dr
     plan = mb.bucket_plan(layout, h, 0.5, 2, 2)
     g = torch.Generator().manual_seed(0)
     # the encoder's layout: a [B, N, H, D] buffer seen as [B, H, N, D]
-    q, k, v = (torch.randn(b, n, h, d, generator=g, dtype=torch.float64).transpose(1, 2).requires_grad_() for _ in range(3))
+    q, k, v = (
+        torch.randn(b, n, h, d, generator=g, dtype=torch.float64).transpose(1, 2).requires_grad_() for _ in range(3)
+    )
     assert max_diff(run(lambda *x: mb.bucketed_attention(*x, plan), layout, q, k, v),
                     run(lambda *x: mb.bucketed_attention_reference(*x, plan), layout, q, k, v)) <= 1e-12
     fn = lambda q, k, v: mb._BucketedAttention.apply(q, k, v, plan, 0.3, 1234)  # noqa: E731

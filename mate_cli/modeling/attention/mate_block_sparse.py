@@ -26,7 +26,6 @@ Structure (packing indices, block masks) is cached on the ``TableLayout``.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -35,9 +34,6 @@ import torch.nn.functional as F
 from mate_cli.modeling.layout import TableLayout
 
 __all__ = ["block_sparse_attention", "flex_mate_attention", "flex_available", "segment_plan"]
-
-logger = logging.getLogger(__name__)
-
 
 # ------------------------------------------------------------------ packing plan
 def _bin_size(length: int) -> int:
@@ -168,7 +164,8 @@ def block_sparse_attention(
     for (view, heads, bins), out_rows in zip(plan.views, plan.out_rows):
         sources = [dense[:, heads].transpose(1, 2).reshape(-1, heads.stop - heads.start, D)]
         for bin_ in bins:
-            sources.append(_segment_block(bin_, qt[:, :, heads], kt[:, :, heads], vt[:, :, heads], k_rows[:, heads], v_rows[:, heads], plan.query_valid, dropout_p))
+            view_qkv = (qt[:, :, heads], kt[:, :, heads], vt[:, :, heads])
+            sources.append(_segment_block(bin_, *view_qkv, k_rows[:, heads], v_rows[:, heads], plan.query_valid, dropout_p))
         sources.append(q.new_zeros(1, heads.stop - heads.start, D))
         outs.append(torch.cat(sources)[out_rows])  # [B, N, heads, D]
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
@@ -243,7 +240,8 @@ def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float,
             one_group = tab_any & is_tab.all(-1) & (tmin == tmax)
             # [B, q block, kv block]
             overlap = (tmin[:, :, None] <= tmax[:, None, :]) & (tmin[:, None, :] <= tmax[:, :, None])
-            any_ = (q_any[:, :, None] & real.any(-1)[:, None, :]) | q_any[:, None, :] | (overlap & tab_any[:, :, None] & tab_any[:, None, :])
+            same_segment = overlap & tab_any[:, :, None] & tab_any[:, None, :]
+            any_ = (q_any[:, :, None] & real.any(-1)[:, None, :]) | q_any[:, None, :] | same_segment
             full = (q_all[:, :, None] & real.all(-1)[:, None, :]) | q_all[:, None, :]
             full |= one_group[:, :, None] & one_group[:, None, :] & (tmin[:, :, None] == tmin[:, None, :])
             kv_any.append(any_ & ~full)

@@ -13,13 +13,13 @@ heads, padding last). In that order:
   global part are masked out, so no key is counted twice.
 
 Inside the window and towards the globals the exact MATE pattern is applied as a
-mask: key j is allowed for query i iff j is real and (i is in Q, or i is padding,
-or j is in Q, or i and j share the head's row/column id). One softmax runs over
-``[globals ; window]``. Hence the result equals the masked reference whenever every
-query-set token is among the first ``G`` sorted tokens and every row (row heads) /
-column (column heads) spans at most ``R`` tokens; otherwise a table token loses the
-part of its row/column beyond its window, and query tokens beyond ``G`` see only
-their window (the paper's approximation).
+mask: key j is allowed for query i iff j is real and (i is in Q, or j is in Q, or i
+and j share the head's row/column id). One softmax runs over ``[globals ; window]``.
+Hence the result equals the masked reference whenever every query-set token is among
+the first ``G`` sorted tokens and every row (row heads) / column (column heads) spans
+at most ``R`` tokens; otherwise a table token loses the part of its row/column beyond
+its window, and query tokens beyond ``G`` see only the globals and their window (the
+paper's approximation). Padding query rows (ignored by contract) attend to Q only.
 
 Design choice where App. D is silent: only query-set tokens among the first ``G``
 get a dense row; a table token sorted into the global part is computed like every
@@ -30,17 +30,22 @@ Two implementations of the same function live here:
 
 - :func:`bucketed_attention_reference` spells App. D out with einsum strings over a
   :class:`MultiView` of tensor views (full / global / long / window). Readable,
-  autograd-differentiable, O(N) memory but several full passes over the scores.
-- :func:`bucketed_attention` is what the backend runs: one ``autograd.Function``
-  that gathers q, k, v once into a bucket-aligned buffer (windows are zero-copy
-  ``unfold`` views of it), computes the same scores chunk by chunk so they stay in
-  cache (in-place GEMMs into a pre-biased buffer, in-place softmax), scatters the
-  context straight back to token order, and recomputes probabilities in backward
-  (flash-attention style: only q, k, v, the output and one log-sum-exp per row are
-  kept). Time and memory are linear in the sequence length, forward and backward.
+  autograd-differentiable, O(N) memory, but several full passes over the scores.
+- :func:`bucketed_attention` is what the backend runs: one ``autograd.Function``.
+  It sorts k and v once into a bucket-aligned buffer (every 3-bucket window is a
+  zero-copy ``unfold`` view of it), then walks the sorted rows in cache-sized
+  chunks: gather the chunk's queries, one GEMM to the globals and one batched GEMM
+  to the windows, add the mask bias (the query-set keys, allowed for every row, need
+  none), one in-place softmax, two GEMMs for the context, scattered straight back to
+  token order. Global keys that are masked for a whole chunk (table tokens of the
+  first row/column, for every chunk past that row/column) are skipped, and the dense
+  query rows only read the real keys (a sorted prefix). Backward recomputes each
+  chunk's probabilities (flash-attention style): only q, k, v and the output are
+  kept. Time and memory are linear in the sequence length, forward and backward.
 
-All structure (permutations, bucket masks as additive biases) is computed once per
-``TableLayout`` and cached on it, so the encoder's layers share it.
+All structure (permutations, bucket masks as additive biases, chunk lists) is
+computed once per ``TableLayout`` and cached on it, so the encoder's layers share it;
+call-internal scratch buffers are reused across calls on CPU (:func:`_workspace`).
 """
 
 from __future__ import annotations
@@ -55,7 +60,9 @@ import torch.nn.functional as F
 
 from mate_cli.modeling.layout import TableLayout
 
-__all__ = ["MultiView", "BucketPlan", "bucket_plan", "bucketed_attention", "bucketed_attention_reference", "release_workspace"]
+__all__ = [
+    "MultiView", "BucketPlan", "bucket_plan", "bucketed_attention", "bucketed_attention_reference", "release_workspace",
+]
 
 #: Score elements per chunk of the fused path (~4 MiB of float32: about L2-sized).
 CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 25}
@@ -82,7 +89,7 @@ class BucketPlan:
     perm: torch.Tensor  # [B, H, N] long: sorted position -> token position
     inverse: torch.Tensor  # [B, H, N] long: token position -> sorted position
     long_allowed: torch.Tensor  # [B, V, T, G + 3R] bool: [globals ; window] per sorted row
-    dense_allowed: torch.Tensor  # [B, V, P, T] bool: dense rows against every key
+    dense_allowed: torch.Tensor  # [B, V, P, T] bool: dense rows against every key (reference path)
     dense_take: torch.Tensor  # [B, P] bool: dense row i is a query-set token (its dense row is used)
     real_len: list[int]  # [B] real tokens: the sorted prefix every query-set token attends
     query_len: list[int]  # [B] min(|Q|, G): leading global keys every row may attend (no bias needed)
@@ -133,7 +140,9 @@ class BucketPlan:
                     chunks.append(c)
             bounds = torch.tensor([[c.b, c.view, c.n0 * R, c.n1 * R] for c in chunks])
             needed = [int(self.global_needed[b, v, lo:hi].max()) for b, v, lo, hi in bounds.tolist()]
-            chunks = [replace(c, keys=max(n, self.query_len[c.b], 1), free=self.query_len[c.b]) for c, n in zip(chunks, needed)]
+            chunks = [
+                replace(c, keys=max(n, self.query_len[c.b], 1), free=self.query_len[c.b]) for c, n in zip(chunks, needed)
+            ]
             setattr(self, key, chunks)
         return getattr(self, key)
 
@@ -242,6 +251,7 @@ def bucket_plan(
                 _allowed(*(x[:, :P, None] for x in (grp, real, isq)), *(x[:, None, :] for x in (grp, real, isq)))
             )
         perm, inverse = layout.head_sort_order(num_heads, row_heads_ratio)
+        long_stack = torch.stack(long_allowed, 1)
         return BucketPlan(
             batch=B,
             heads=num_heads,
@@ -254,12 +264,12 @@ def bucket_plan(
             head_view=[views.index(v) for v in head_views],
             perm=perm,
             inverse=inverse,
-            long_allowed=torch.stack(long_allowed, 1),
+            long_allowed=long_stack,
             dense_allowed=torch.stack(dense_allowed, 1),
             dense_take=torch.arange(P, device=layout.device)[None, :] < q_len.clamp(max=G)[:, None],
             real_len=layout.attention_mask.sum(1).tolist(),
             query_len=q_len.clamp(max=G).tolist(),
-            global_needed=(torch.stack(long_allowed, 1)[..., :G] * torch.arange(1, G + 1, device=layout.device)).amax(-1),
+            global_needed=(long_stack[..., :G] * torch.arange(1, G + 1, device=layout.device)).amax(-1),
         )
 
     key = ("mate.bucket_plan", num_heads, float(row_heads_ratio), int(global_size), int(radius))
@@ -517,7 +527,9 @@ def _dropout_mask(like: torch.Tensor, p: float, seed: int, index: int) -> torch.
     return keep.to(like.dtype).div_(1.0 - p)
 
 
-def _fold_windows(target: torch.Tensor, grads: torch.Tensor, first_window: int, radius: int, alpha: float = 1.0) -> None:
+def _fold_windows(
+    target: torch.Tensor, grads: torch.Tensor, first_window: int, radius: int, alpha: float = 1.0
+) -> None:
     """Add window gradients ``[w, 3R, D]`` back onto the bucket-aligned rows of ``target``.
 
     ``target`` is ``[R + B*H*T + R, D]``; window ``first_window + i`` covers its buckets
@@ -534,7 +546,7 @@ class _BucketedAttention(torch.autograd.Function):
     """Fused bucketed MATE attention; see the module docstring.
 
     Backward recomputes each chunk's probabilities (same ops as forward) instead of
-    storing them: it keeps only the sorted q/k/v buffer and the output.
+    storing them: it keeps only q, k, v and the output, and sorts k, v again.
     """
 
     @staticmethod
