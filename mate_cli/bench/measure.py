@@ -20,6 +20,10 @@ for its adaptive threshold (the steady state of a long-running process), so
 timing sees the allocator users get. The memory call is the last warm-up call.
 GPU: ``torch.cuda.max_memory_allocated`` minus ``memory_allocated`` before the call.
 
+**Contention**: ``other_cpu`` is the CPU time other processes used during the timed
+repeats, in cores (``/proc/stat`` minus this process). Times with ``other_cpu``
+well above 0 on a 2-core machine are contention, not the backend.
+
 **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` over the first warm-up call
 (matmul-class ops: mm/bmm/addmm/baddbmm/SDPA; elementwise ops, softmax, sorts and
 gathers are not counted). Torch does not map the CPU SDPA kernels
@@ -85,12 +89,36 @@ def rss_bytes() -> int:
     return (kb or 0) * 1024
 
 
-def load_average() -> float | str:
-    """1-minute load average when the cell started (other processes' contention shows here)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:  # pragma: no cover
-        return ""
+class OtherCpu:
+    """CPU used by *other* processes while a block runs, in cores (contention check).
+
+    ``(busy jiffies of the whole machine - jiffies of this process) / elapsed``, from
+    ``/proc/stat`` and ``/proc/self/stat``. ~0 on a quiet machine; 1.0 means another
+    process kept one core busy the whole time. ``cores`` is None where /proc is missing.
+    """
+
+    def __enter__(self) -> "OtherCpu":
+        self.cores = None
+        self.start = self._sample()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = self._sample()
+        if self.start and end:
+            busy, own, wall = (e - s for e, s in zip(end, self.start))
+            hz = os.sysconf("SC_CLK_TCK")
+            self.cores = round(max(0.0, (busy - own) / hz / wall), 2) if wall > 0 else None
+
+    @staticmethod
+    def _sample() -> tuple[int, int, float] | None:
+        try:
+            values = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+            busy = sum(values) - values[3] - (values[4] if len(values) > 4 else 0)  # minus idle, iowait
+            stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+            own = int(stat[11]) + int(stat[12])  # utime + stime (fields 14, 15 of proc(5))
+        except (OSError, ValueError, IndexError):
+            return None
+        return busy, own, time.perf_counter()
 
 
 def available_bytes() -> int:
@@ -209,6 +237,7 @@ class Measurement:
     peak: int | None
     high: int | None
     flops: float | None
+    other_cpu: float | None = None
 
     @property
     def median(self) -> float:
@@ -231,5 +260,6 @@ def measure(call: Callable[[], None], device: torch.device, warmup: int, repeats
                 call()
         if i == warmup - 1:
             peak, high = memory.peak, memory.high
-    times = [timed(call, device) for _ in range(max(1, repeats))]
-    return Measurement(times, peak, high, flops)
+    with OtherCpu() as other:
+        times = [timed(call, device) for _ in range(max(1, repeats))]
+    return Measurement(times, peak, high, flops, other.cores)

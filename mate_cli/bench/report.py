@@ -26,6 +26,8 @@ STYLE = {
     "linformer": dict(linestyle="-.", color="tab:olive"),
     "table_etc": dict(linestyle="-.", color="tab:cyan"),
 }
+#: other processes' CPU (cores) above which a cell's time is flagged as contended.
+NOISY_CORES = 0.25
 MATE_COLORS = ("tab:blue", "tab:green", "tab:gray", "navy", "teal")
 
 
@@ -104,6 +106,12 @@ def print_tables(rows: list[dict], console=None) -> None:
             by_len = {r["seq_len"]: r for r in select(part, backend=backend)}
             table.add_row(backend, *(cell_text(by_len[n]) if n in by_len else "" for n in lengths))
         console.print(table)
+    noisy = [r for r in rows if r["status"] == "ok" and (_num(r.get("other_cpu")) or 0) > NOISY_CORES]
+    if noisy:
+        console.print(
+            f"[yellow]{len(noisy)} of {len(rows)} cells were timed while other processes used more than "
+            f"{NOISY_CORES} cores (column other_cpu): their times include contention.[/yellow]"
+        )
     notes = [r for r in rows if r["status"] != "ok" and r["note"]]
     if notes:
         seen = set()

@@ -34,7 +34,7 @@ QUADRATIC_MEMORY = ("mate.masked", "sat", "tapas_hf")
 COLUMNS = (
     "level", "mode", "backend", "seq_len", "batch", "dims", "dtype", "device", "threads",
     "status", "time_ms", "time_ms_min", "time_ms_max", "repeats",
-    "peak_mem_mb", "peak_rss_mb", "flops", "tokens_per_s", "load1", "note",
+    "peak_mem_mb", "peak_rss_mb", "flops", "tokens_per_s", "other_cpu", "note",
 )  # fmt: skip
 
 
@@ -71,11 +71,12 @@ class Settings:
         cases.dims_of(self.dims)
         cases.dtype_of(self.dtype)
 
-    def plan(self, length: int) -> tuple[int, int]:
-        """``(warmup, repeats)`` for a length from ``bench.schedule`` (first entry whose max_length fits)."""
+    def plan(self, level: str, length: int) -> tuple[int, int]:
+        """``(warmup, repeats)`` from ``bench.schedule``: the first entry whose ``level``
+        (if given) matches and whose ``max_length`` (null = any) is >= ``length``."""
         for step in self.schedule:
-            limit = step.get("max_length")
-            if limit is None or length <= int(limit):
+            limit, only = step.get("max_length"), step.get("level")
+            if (only is None or only == level) and (limit is None or length <= int(limit)):
                 return int(step.get("warmup", 1)), int(step.get("repeats", 1))
         return 1, 1
 
@@ -108,7 +109,7 @@ def machine(settings: Settings) -> dict:
         "device": str(device),
         "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "mem_available_gb": round(measure.available_bytes() / 2**30, 1),
-        "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "load_avg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     try:
         for line in open("/proc/cpuinfo", encoding="utf-8"):
@@ -218,13 +219,12 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
     if est_seconds is not None and est_seconds > settings.max_call_seconds:
         note = f"estimated {est_seconds:.0f} s per call > bench.max_call_seconds={settings.max_call_seconds:g}"
         return base(status="skipped", note=note)
-    warmup, repeats = settings.plan(length)
+    warmup, repeats = settings.plan(level, length)
     try:
         if level == "kernel":
             case = cases.kernel_case(backend, mode, layout, dims, settings.batch, dtype, device)
         else:
             case = cases.encoder_case(backend, mode, input_ids, layout, dims, dtype, device)
-        load = measure.load_average()
         result = measure.measure(case.call, device, max(warmup, case.min_warmup), repeats, case.flops)
     except cases.Unavailable as err:
         history.dead[key] = str(err)
@@ -250,7 +250,7 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
         peak_rss_mb=mb(result.high),
         flops="" if result.flops is None else int(result.flops),
         tokens_per_s=round(settings.batch * length / result.median, 1),
-        load1=load,
+        other_cpu="" if result.other_cpu is None else result.other_cpu,
         note=layout_note(layout) if backend == "dense" else "",
     )
 

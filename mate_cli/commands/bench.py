@@ -8,6 +8,8 @@ as markdown tables), ``machine.json`` and ``resolved_config.yaml``. The measurin
 
 from __future__ import annotations
 
+import os
+
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
@@ -59,6 +61,7 @@ def bench(cfg: DictConfig) -> list[dict]:
     settings = settings_from(cfg)
     settings.check()
     console = Console()
+    machine = runner.machine(settings)  # before the grid: its load average is other processes'
     cells = settings.cells()
     rows: list[dict] = []
     with Progress(
@@ -73,7 +76,7 @@ def bench(cfg: DictConfig) -> list[dict]:
             progress.update(task, advance=1, description=f"{row['level']}/{row['mode']} {row['backend']} {row['seq_len']}: {row['status']}")
 
         runner.run_grid(settings, on_cell=on_cell)
-    machine = runner.machine(settings)
+    machine["load_avg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
     atomic_write_json(out / "machine.json", machine)
     report.write_csv(rows, out / "bench.csv")
     report.print_tables(rows, console)
