@@ -19,3 +19,8 @@ def register_resolvers() -> None:
     """Register ``${mate.repo_root:}`` (idempotent)."""
     if not OmegaConf.has_resolver("mate.repo_root"):
         OmegaConf.register_new_resolver("mate.repo_root", lambda: str(REPO_ROOT))
+
+
+def cache_dir() -> Path:
+    """``MATE_CACHE_DIR`` or ``<repo>/.cache/mate`` (the same default as ``conf/paths/default.yaml``)."""
+    return Path(os.environ.get("MATE_CACHE_DIR") or REPO_ROOT / ".cache" / "mate")

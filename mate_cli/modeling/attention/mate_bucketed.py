@@ -43,6 +43,13 @@ Two implementations of the same function live here:
   chunk's probabilities (flash-attention style): only q, k, v and the output are
   kept. Time and memory are linear in the sequence length, forward and backward.
 
+On CPU in float32 without attention dropout, the long rows of the forward run in
+one compiled kernel instead (:mod:`cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): per
+bucket, scores to ``[globals ; window]``, mask, softmax and context while they sit in
+cache, buckets in parallel. Same function (tested against both paths above); ~1.3x
+faster than the chunked torch ops at 8192 tokens. Dense rows, backward, dropout,
+other dtypes and CUDA use the torch path.
+
 All structure (permutations, bucket masks as additive biases, chunk lists) is
 computed once per ``TableLayout`` and cached on it, so the encoder's layers share it;
 call-internal scratch buffers are reused across calls on CPU (:func:`_workspace`).
@@ -58,6 +65,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from mate_cli.modeling.attention import cpu_kernel
 from mate_cli.modeling.layout import TableLayout
 
 __all__ = [
@@ -161,28 +169,37 @@ class BucketPlan:
             setattr(self, key, F.pad(rows, (0, T - N)).reshape(-1))
         return getattr(self, key)
 
-    @property
-    def out_rows(self) -> torch.Tensor:
-        """``[B*H, T]``: row of a ``[B*N*H + 1, D]`` output buffer for each sorted slot.
+    def kernel_args(self) -> tuple[torch.Tensor, ...]:
+        """Per-layout inputs of the fused CPU kernel (cached): ``(allowed, keys, free, head_view)``.
 
-        Slots beyond N go to the spare last row, so chunks can write blindly.
+        ``keys[f]``: global keys flat bucket ``f`` (= head * nb + bucket) reads, as
+        :meth:`long_chunks` computes per chunk but per bucket.
         """
-        if not hasattr(self, "_out_rows"):
-            B, H, N, T = self.batch, self.heads, self.seq_len, self.padded_len
-            rows = self.source_rows("bnhd").view(B * H, T).clone()
-            rows[:, N:] = B * N * H
-            self._out_rows = rows
-        return self._out_rows
+        if not hasattr(self, "_kernel_args"):
+            B, H, nb, R = self.batch, self.heads, self.num_buckets, self.radius
+            needed = self.global_needed.view(B, -1, nb, R).amax(-1)  # [B, V, nb]
+            free = torch.tensor(self.query_len, dtype=torch.long, device=needed.device)
+            keys = torch.maximum(needed, free[:, None, None]).clamp(min=1)[:, self.head_view]  # [B, H, nb]
+            self._kernel_args = (
+                self.long_allowed.contiguous(),
+                keys.reshape(-1).to(torch.int32),
+                free.to(torch.int32),
+                torch.tensor(self.head_view, dtype=torch.int32),
+            )
+        return self._kernel_args
 
     @property
-    def dense_out_rows(self) -> torch.Tensor:
-        """``[B*H, P]``: like :attr:`out_rows` for the dense rows; unused rows -> spare row."""
-        if not hasattr(self, "_dense_out_rows"):
-            B, H, P = self.batch, self.heads, self.dense_rows
-            spare = B * self.seq_len * H
-            take = self.dense_take[:, None, :].expand(B, H, P).reshape(B * H, P)
-            self._dense_out_rows = torch.where(take, self.out_rows[:, :P], spare)
-        return self._dense_out_rows
+    def unsort_bnhd(self) -> torch.Tensor:
+        """``[B*N*H]``: for token (b, n, h) in ``[B, N, H]`` order, its row in ``[B*H*T, D]``.
+
+        One ``index_select`` with it turns the sorted output into the ``[B, N, H, D]``
+        buffer the encoder's head merge reads for free.
+        """
+        if not hasattr(self, "_unsort_bnhd"):
+            B, H, T = self.batch, self.heads, self.padded_len
+            bh = torch.arange(B * H, device=self.perm.device).view(B, H, 1)
+            self._unsort_bnhd = (bh * T + self.inverse).transpose(1, 2).reshape(-1)
+        return self._unsort_bnhd
 
     @property
     def unsort_rows(self) -> torch.Tensor:
@@ -556,32 +573,38 @@ class _BucketedAttention(torch.autograd.Function):
         bufs = _Buffers(plan, _Buffers.gather(plan, (k, v), "kv"), q)
         scale = D**-0.5
         budget = CHUNK_ELEMENTS.get(q.device.type, CHUNK_ELEMENTS["cuda"])
-        out = q.new_empty(B * N * H + 1, D)  # [B, N, H, D] + one spare row for slots >= N
-        out_rows = plan.out_rows
+        # context in sorted order: every chunk's rows are one contiguous block of it
+        # (whole heads, or a bucket range of one head), so the GEMMs write straight in
+        ctx_sorted = _workspace("context", (B * H, T, D), q)
 
-        for i, c in enumerate(plan.long_chunks(budget)):
+        if _use_cpu_kernel(q, dropout_p):
+            allowed, keys, free, head_view = plan.kernel_args()
+            q_index = plan.source_rows(_flat_rows(q)[1]).view(B * H, T)
+            cpu_kernel.bucketed_forward(bufs.q_flat, q_index, bufs.data, allowed, keys, free, head_view, ctx_sorted, R, scale)
+        for i, c in enumerate(() if _use_cpu_kernel(q, dropout_p) else plan.long_chunks(budget)):
             hc, nbc, rows = c.h1 - c.h0, c.n1 - c.n0, slice(c.n0 * R, c.n1 * R)
             probs, _, _ = _long_probs(plan, bufs, c, q.dtype)
             if dropout_p:
                 probs.mul_(_dropout_mask(probs, dropout_p, seed, i))
             # context_layer_to_global + context_layer_to_window
             g = c.keys
-            context = torch.bmm(probs[..., :g], bufs.global_[1][c.h0 : c.h1, :g])
+            context = ctx_sorted[c.h0 : c.h1, rows]
+            torch.bmm(probs[..., :g], bufs.global_[1][c.h0 : c.h1, :g], out=context)
             context.view(hc * nbc, R, D).baddbmm_(
                 probs[..., g:].reshape(hc * nbc, R, 3 * R), bufs.window_t[1][_windows(plan, c)].transpose(1, 2)
             )
-            out.index_copy_(0, out_rows[c.h0 : c.h1, rows].reshape(-1), context.view(-1, D))
 
         if P:
-            dense_rows = plan.dense_out_rows
+            take = plan.dense_take[:, None, :, None].expand(B, H, P, 1).reshape(B * H, P, 1)
             for i, c in enumerate(_chunks(plan, P, 1, T, budget), start=1 << 20):
                 probs, _, n = _dense_probs(plan, bufs, c, q.dtype)
                 if dropout_p:
                     probs.mul_(_dropout_mask(probs, dropout_p, seed, i))
                 context = torch.bmm(probs, bufs.full[1][c.h0 : c.h1, :n])  # context_layer_from_global
-                out.index_copy_(0, dense_rows[c.h0 : c.h1].reshape(-1), context.view(-1, D))
+                dense = ctx_sorted[c.h0 : c.h1, :P]
+                torch.where(take[c.h0 : c.h1], context, dense, out=dense)
 
-        out = out[:-1].view(B, N, H, D).transpose(1, 2)
+        out = ctx_sorted.view(B * H * T, D).index_select(0, plan.unsort_bnhd).view(B, N, H, D).transpose(1, 2)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out)  # backward sorts k, v again (cheap, warm buffer)
             ctx.plan, ctx.dropout_p, ctx.seed, ctx.shape = plan, dropout_p, seed, (B, H, N, D)
@@ -661,6 +684,18 @@ class _BucketedAttention(torch.autograd.Function):
         flat = grads[:, R : R + BH * T]
         dq_, dk_, dv_ = (flat[i].index_select(0, unsort).view(B, H, N, D) for i in range(3))
         return dq_.mul_(D**-0.5), dk_, dv_, None, None, None
+
+
+#: use the fused CPU kernel (:mod:`cpu_kernel`) where it applies; tests switch it off
+#: to compare the two paths
+USE_CPU_KERNEL = True
+
+
+def _use_cpu_kernel(q: torch.Tensor, dropout_p: float) -> bool:
+    """float32 CPU forward without attention dropout, and the kernel builds here."""
+    return (
+        USE_CPU_KERNEL and q.device.type == "cpu" and q.dtype == torch.float32 and not dropout_p and cpu_kernel.available()
+    )
 
 
 def bucketed_attention(
