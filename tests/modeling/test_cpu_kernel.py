@@ -123,7 +123,7 @@ def test_flop_counter_sees_the_kernel_and_cost_is_linear():
         q, k, v = (torch.randn(1, 4, seq_len, 16) for _ in range(3))
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             mb.bucketed_attention(q, k, v, plan)
-        _, keys, _, _ = plan.kernel_args()
+        _, keys, _, _, _ = plan.kernel_args()
         long_part = 4 * 42 * 16 * (int(keys.sum()) + 3 * 42 * keys.numel())
         dense_part = 4 * plan.dense_rows * plan.real_len[0] * 16 * 4  # 2 GEMMs x heads
         assert counter.get_total_flops() == long_part + dense_part

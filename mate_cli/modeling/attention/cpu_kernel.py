@@ -11,8 +11,8 @@ backend runs its pure-torch path: same function, ~1.4x slower at 8192 tokens.
 ``MATE_CPU_KERNEL=0`` turns it off; ``make install`` builds it ahead of time
 (:func:`main`).
 
-Scope: float32 CPU forward of the long (bucketed) rows with no attention dropout.
-Everything else (dense query rows, backward, dropout, bf16, CUDA) stays in
+Scope: float32 CPU forward (long rows and dense query rows) with no attention
+dropout. Everything else (backward, dropout, bf16, CUDA) stays in
 ``mate_bucketed.py``.
 """
 
@@ -89,9 +89,10 @@ def load(verbose: bool = False) -> bool:
                 is_python_module=False,
                 verbose=verbose,
             )
-            _register_flops(torch.ops.mate_cpu.bucketed_forward)
+            _register_flops()
         except Exception as err:  # no compiler, link error, ...: the torch path still works
-            why = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            lines = str(err).strip().splitlines() or [type(err).__name__]
+            why = next((line.strip() for line in lines if "error:" in line), lines[-1])
             _state["why"] = why
             log.warning("MATE fused CPU kernel unavailable (%s); using the pure-torch bucketed path", why[:200])
             return False
@@ -99,18 +100,22 @@ def load(verbose: bool = False) -> bool:
         return True
 
 
-def _register_flops(op) -> None:
-    """Tell ``FlopCounterMode`` what the kernel computes (it cannot look inside).
+def _register_flops() -> None:
+    """Tell ``FlopCounterMode`` what the kernels compute (it cannot look inside).
 
-    Per bucket ``f``: ``R`` rows x ``D`` against ``keys[f]`` global + ``3R`` window
-    keys, twice (scores, context): ``4 R D (keys[f] + 3R)`` (the paper's count).
+    Long rows, per bucket ``f``: ``R`` rows x ``D`` against ``keys[f]`` global + ``3R``
+    window keys, twice (scores, context): ``4 R D (keys[f] + 3R)``. Dense rows, per
+    head of example b: ``4 free[b] real[b] D``.
     """
     from torch.utils.flop_counter import register_flop_formula
 
-    @register_flop_formula(op, get_raw=True)
-    def _flops(q, q_index, kv, allowed, keys, free, head_view, out, radius, scale, *args, out_val=None, **kwargs) -> int:
-        width = int(keys.sum()) + 3 * radius * keys.numel()
-        return 4 * radius * q.shape[-1] * width
+    @register_flop_formula(torch.ops.mate_cpu.bucketed_forward, get_raw=True)
+    def _long(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale, *args, out_val=None, **kwargs):
+        return 4 * radius * q.shape[-1] * (int(keys.sum()) + 3 * radius * keys.numel())
+
+    @register_flop_formula(torch.ops.mate_cpu.dense_forward, get_raw=True)
+    def _dense(q, k, v, src, dst, free, real, heads, out, scale, *args, out_val=None, **kwargs):
+        return 4 * q.shape[-1] * heads * int((free.long() * real.long().clamp(min=1)).sum())
 
 
 def available() -> bool:
@@ -122,8 +127,14 @@ def unavailable_reason() -> str | None:
     return _state.get("why")
 
 
-def bucketed_forward(q, q_index, kv, allowed, keys, free, head_view, out, radius: int, scale: float) -> None:
-    torch.ops.mate_cpu.bucketed_forward(q, q_index, kv, allowed, keys, free, head_view, out, radius, scale)
+def bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius: int, scale: float) -> None:
+    """Long rows into ``out`` (see the C++ source for the arguments)."""
+    torch.ops.mate_cpu.bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale)
+
+
+def dense_forward(q, k, v, src, dst, free, real, heads: int, out, scale: float) -> None:
+    """Dense (query-set) rows ``[0, free[b])`` of each head into ``out``."""
+    torch.ops.mate_cpu.dense_forward(q, k, v, src, dst, free, real, heads, out, scale)
 
 
 def main() -> None:

@@ -43,12 +43,12 @@ Two implementations of the same function live here:
   chunk's probabilities (flash-attention style): only q, k, v and the output are
   kept. Time and memory are linear in the sequence length, forward and backward.
 
-On CPU in float32 without attention dropout, the long rows of the forward run in
-one compiled kernel instead (:mod:`cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): per
-bucket, scores to ``[globals ; window]``, mask, softmax and context while they sit in
-cache, buckets in parallel. Same function (tested against both paths above); ~1.3x
-faster than the chunked torch ops at 8192 tokens. Dense rows, backward, dropout,
-other dtypes and CUDA use the torch path.
+On CPU in float32 without attention dropout, the forward runs in compiled kernels
+instead (:mod:`cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): per bucket, scores to
+``[globals ; window]``, mask, softmax and context while they sit in cache, buckets
+in parallel; per head, the dense query rows likewise. Same function (tested against
+both paths above), faster than the chunked torch ops. Backward, dropout, other
+dtypes and CUDA use the torch path.
 
 All structure (permutations, bucket masks as additive biases, chunk lists) is
 computed once per ``TableLayout`` and cached on it, so the encoder's layers share it;
@@ -170,7 +170,7 @@ class BucketPlan:
         return getattr(self, key)
 
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
-        """Per-layout inputs of the fused CPU kernel (cached): ``(allowed, keys, free, head_view)``.
+        """Per-layout inputs of the fused CPU kernel (cached): ``(allowed, keys, free, head_view, real)``.
 
         ``keys[f]``: global keys flat bucket ``f`` (= head * nb + bucket) reads, as
         :meth:`long_chunks` computes per chunk but per bucket.
@@ -185,8 +185,19 @@ class BucketPlan:
                 keys.reshape(-1).to(torch.int32),
                 free.to(torch.int32),
                 torch.tensor(self.head_view, dtype=torch.int32),
+                torch.tensor(self.real_len, dtype=torch.int32),
             )
         return self._kernel_args
+
+    @property
+    def dest_rows(self) -> torch.Tensor:
+        """``[B*H, T]``: row of a ``[B*N*H, D]`` output for each sorted slot (-1: slot >= N)."""
+        if not hasattr(self, "_dest_rows"):
+            B, H, N = self.batch, self.heads, self.seq_len
+            rows = self.source_rows("bnhd").view(B * H, self.padded_len).clone()
+            rows[:, N:] = -1
+            self._dest_rows = rows
+        return self._dest_rows
 
     @property
     def unsort_bnhd(self) -> torch.Tensor:
@@ -559,6 +570,64 @@ def _fold_windows(
         buckets[first_window + p : first_window + p + w].add_(parts[:, p], alpha=alpha)
 
 
+def _fused_cpu_forward(q, k, v, plan: BucketPlan) -> torch.Tensor:
+    """The forward in the compiled CPU kernels (:mod:`cpu_kernel`): no sorted copies.
+
+    The kernels read q, k, v rows through the per-head sort order and write each
+    result row to its token's row of a ``[B, N, H, D]`` buffer (returned as
+    ``[B, H, N, D]``): long rows first, then the dense query rows (disjoint rows).
+    """
+    B, H, N, D = q.shape
+    R, T = plan.radius, plan.padded_len
+    flats = [_flat_rows(x) for x in (q, k, v)]
+    if len({kind for _, kind in flats}) > 1:  # one row layout for all three
+        flats = [(x.contiguous().view(-1, D), "bhnd") for x in (q, k, v)]
+    (qf, kind), (kf, _), (vf, _) = flats
+    src = plan.source_rows(kind).view(B * H, T)
+    allowed, keys, free, head_view, real = plan.kernel_args()
+    out = q.new_empty(B * N * H, D)
+    cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, R, D**-0.5)
+    if plan.dense_rows:
+        cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, H, out, D**-0.5)
+    return out.view(B, N, H, D).transpose(1, 2)
+
+
+def _torch_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int) -> torch.Tensor:
+    """The forward in torch ops, chunk by chunk (module docstring)."""
+    B, H, N, D = q.shape
+    R, P, T = plan.radius, plan.dense_rows, plan.padded_len
+    bufs = _Buffers(plan, _Buffers.gather(plan, (k, v), "kv"), q)
+    budget = CHUNK_ELEMENTS.get(q.device.type, CHUNK_ELEMENTS["cuda"])
+    # context in sorted order: every chunk's rows are one contiguous block of it
+    # (whole heads, or a bucket range of one head), so the GEMMs write straight in
+    ctx_sorted = _workspace("context", (B * H, T, D), q)
+
+    for i, c in enumerate(plan.long_chunks(budget)):
+        hc, nbc, rows = c.h1 - c.h0, c.n1 - c.n0, slice(c.n0 * R, c.n1 * R)
+        probs, _, _ = _long_probs(plan, bufs, c, q.dtype)
+        if dropout_p:
+            probs.mul_(_dropout_mask(probs, dropout_p, seed, i))
+        # context_layer_to_global + context_layer_to_window
+        g = c.keys
+        context = ctx_sorted[c.h0 : c.h1, rows]
+        torch.bmm(probs[..., :g], bufs.global_[1][c.h0 : c.h1, :g], out=context)
+        context.view(hc * nbc, R, D).baddbmm_(
+            probs[..., g:].reshape(hc * nbc, R, 3 * R), bufs.window_t[1][_windows(plan, c)].transpose(1, 2)
+        )
+
+    if P:
+        take = plan.dense_take[:, None, :, None].expand(B, H, P, 1).reshape(B * H, P, 1)
+        for i, c in enumerate(_chunks(plan, P, 1, T, budget), start=1 << 20):
+            probs, _, n = _dense_probs(plan, bufs, c, q.dtype)
+            if dropout_p:
+                probs.mul_(_dropout_mask(probs, dropout_p, seed, i))
+            context = torch.bmm(probs, bufs.full[1][c.h0 : c.h1, :n])  # context_layer_from_global
+            dense = ctx_sorted[c.h0 : c.h1, :P]
+            torch.where(take[c.h0 : c.h1], context, dense, out=dense)
+
+    return ctx_sorted.view(B * H * T, D).index_select(0, plan.unsort_bnhd).view(B, N, H, D).transpose(1, 2)
+
+
 class _BucketedAttention(torch.autograd.Function):
     """Fused bucketed MATE attention; see the module docstring.
 
@@ -569,42 +638,10 @@ class _BucketedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan: BucketPlan, dropout_p: float, seed: int):
         B, H, N, D = q.shape
-        R, G, P, T, nb = plan.radius, plan.global_len, plan.dense_rows, plan.padded_len, plan.num_buckets
-        bufs = _Buffers(plan, _Buffers.gather(plan, (k, v), "kv"), q)
-        scale = D**-0.5
-        budget = CHUNK_ELEMENTS.get(q.device.type, CHUNK_ELEMENTS["cuda"])
-        # context in sorted order: every chunk's rows are one contiguous block of it
-        # (whole heads, or a bucket range of one head), so the GEMMs write straight in
-        ctx_sorted = _workspace("context", (B * H, T, D), q)
-
         if _use_cpu_kernel(q, dropout_p):
-            allowed, keys, free, head_view = plan.kernel_args()
-            q_index = plan.source_rows(_flat_rows(q)[1]).view(B * H, T)
-            cpu_kernel.bucketed_forward(bufs.q_flat, q_index, bufs.data, allowed, keys, free, head_view, ctx_sorted, R, scale)
-        for i, c in enumerate(() if _use_cpu_kernel(q, dropout_p) else plan.long_chunks(budget)):
-            hc, nbc, rows = c.h1 - c.h0, c.n1 - c.n0, slice(c.n0 * R, c.n1 * R)
-            probs, _, _ = _long_probs(plan, bufs, c, q.dtype)
-            if dropout_p:
-                probs.mul_(_dropout_mask(probs, dropout_p, seed, i))
-            # context_layer_to_global + context_layer_to_window
-            g = c.keys
-            context = ctx_sorted[c.h0 : c.h1, rows]
-            torch.bmm(probs[..., :g], bufs.global_[1][c.h0 : c.h1, :g], out=context)
-            context.view(hc * nbc, R, D).baddbmm_(
-                probs[..., g:].reshape(hc * nbc, R, 3 * R), bufs.window_t[1][_windows(plan, c)].transpose(1, 2)
-            )
-
-        if P:
-            take = plan.dense_take[:, None, :, None].expand(B, H, P, 1).reshape(B * H, P, 1)
-            for i, c in enumerate(_chunks(plan, P, 1, T, budget), start=1 << 20):
-                probs, _, n = _dense_probs(plan, bufs, c, q.dtype)
-                if dropout_p:
-                    probs.mul_(_dropout_mask(probs, dropout_p, seed, i))
-                context = torch.bmm(probs, bufs.full[1][c.h0 : c.h1, :n])  # context_layer_from_global
-                dense = ctx_sorted[c.h0 : c.h1, :P]
-                torch.where(take[c.h0 : c.h1], context, dense, out=dense)
-
-        out = ctx_sorted.view(B * H * T, D).index_select(0, plan.unsort_bnhd).view(B, N, H, D).transpose(1, 2)
+            out = _fused_cpu_forward(q, k, v, plan)
+        else:
+            out = _torch_forward(q, k, v, plan, dropout_p, seed)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out)  # backward sorts k, v again (cheap, warm buffer)
             ctx.plan, ctx.dropout_p, ctx.seed, ctx.shape = plan, dropout_p, seed, (B, H, N, D)

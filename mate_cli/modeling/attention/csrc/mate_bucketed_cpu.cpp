@@ -1,23 +1,31 @@
-// MATE bucketed attention, long rows, forward: one fused CPU pass per bucket.
+// MATE bucketed attention, forward on CPU: fused kernels for the long (bucketed) rows
+// and the dense query rows.
 //
-// The Python path (mate_bucketed.py) computes the same function chunk by chunk with
-// torch ops: scores to [globals ; window] in one buffer, mask bias, softmax, two
-// context GEMMs. Each of those is a full pass over a multi-MB chunk. Here every
-// bucket of R sorted rows is done start to finish while its R x (g + 3R) scores sit
-// in L1/L2: gather and scale its queries, two GEMMs (BLAS sgemm, ldc = g + 3R, so
-// the window scores land next to the global ones with no copy), mask + exp + row
-// sums in one loop, two GEMMs for the context written straight into the sorted
-// output, one row rescale. Buckets are independent: at::parallel_for over them.
+// The torch path (mate_bucketed.py) sorts k and v into a bucket-aligned buffer, then
+// computes the long rows chunk by chunk with torch ops: scores to [globals ; window],
+// mask bias, softmax, two context GEMMs (each a full pass over a multi-MB chunk), and
+// unsorts the result. Here nothing is sorted in memory: each thread walks its buckets
+// in order, gathering the rows it needs straight from q, k, v through the per-head
+// sort order (a sliding 3-bucket window of k/v rows: every row is read once), and
+// does a bucket start to finish while its R x (g + 3R) scores sit in L1/L2: two
+// GEMMs (BLAS sgemm, ldc = g + 3R, so window scores land next to the global ones),
+// mask + exp + row sums in one loop, two GEMMs for the context, then each output row
+// is scaled and written to its token's row. Buckets are independent: at::parallel_for.
+// Dense rows (query-set tokens among the globals attend every real key): per head,
+// key blocks with an online softmax (flash-attention style), heads in parallel.
 //
-// Inputs (all contiguous, float32 on CPU; built and cached by BucketPlan):
-//   q        [rows, D]            unsorted queries, flat (any row layout)
-//   q_index  [BH, T] int64        sorted slot -> row of q (slots >= N: any valid row)
-//   kv       [2, R + BH*T + R, D] sorted keys / values, bucket-aligned, zero margins
-//   allowed  [B, V, T, G + 3R] bool  MATE's pattern per sorted row: [globals ; window]
-//   keys     [BH * nb] int32      global keys bucket f reads (keys beyond: masked for all its rows)
-//   free     [B] int32            leading global keys every row may attend (the query set)
-//   head_view[H] int32            view (row/column) of each head
-//   out      [BH, T, D]           context in sorted order (written; slots >= N are garbage)
+// Common inputs (contiguous, float32 on CPU; built and cached by BucketPlan):
+//   q, k, v   [rows, D]           unsorted, flat (one row layout for all three)
+//   src       [BH, T] int64       sorted slot -> row of q/k/v (slots >= N: any valid row)
+//   dst       [BH, T] int64       sorted slot -> row of out (-1: slot >= N, not written)
+//   free      [B] int32           query-set tokens among the globals (dense rows; never masked as keys)
+//   out       [rows, D]           the result, in the output row layout (written, never read)
+// Long rows only:
+//   allowed   [B, V, T, G + 3R] bool  MATE's pattern per sorted row: [globals ; window]
+//   keys      [BH * nb] int32     global keys bucket f reads (keys beyond: masked for all its rows)
+//   head_view [H] int32           view (row/column) of each head
+// Dense rows only:
+//   real      [B] int32           real tokens (the sorted prefix the dense rows attend)
 // Softmax of a fully masked row is uniform over its keys (padding rows only).
 
 #include <ATen/Parallel.h>
@@ -71,53 +79,102 @@ inline float exp_nonpositive(float x) {
   return x < -87.0f ? 0.0f : p * scale;
 }
 
-void bucketed_forward(const at::Tensor& q, const at::Tensor& q_index, const at::Tensor& kv, const at::Tensor& allowed,
-                      const at::Tensor& keys, const at::Tensor& free, const at::Tensor& head_view, at::Tensor out,
-                      int64_t radius, double scale) {
-  TORCH_CHECK(q.is_contiguous() && q_index.is_contiguous() && kv.is_contiguous() && allowed.is_contiguous() &&
-                  keys.is_contiguous() && free.is_contiguous() && head_view.is_contiguous() && out.is_contiguous(),
-              "mate bucketed_forward: inputs must be contiguous");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && kv.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
-              "mate bucketed_forward: float32 only");
-  const int64_t BH = out.size(0), T = out.size(1), D = out.size(2);
+struct Rows {
+  const float* base;
+  const int64_t* index;  // sorted slot -> row of base
+  int64_t D;
+  int64_t T;
+  // rows [s0, s1) of head bh's sorted order into dst (slots outside [0, T): zeros)
+  void gather(int64_t bh, int64_t s0, int64_t s1, float* dst) const {
+    for (int64_t s = s0; s < s1; ++s, dst += D) {
+      if (s < 0 || s >= T) {
+        std::memset(dst, 0, sizeof(float) * D);
+      } else {
+        std::memcpy(dst, base + index[bh * T + s] * D, sizeof(float) * D);
+      }
+    }
+  }
+};
+
+void check(const std::vector<at::Tensor>& ts, const char* what) {
+  for (const auto& t : ts) TORCH_CHECK(t.is_contiguous(), what, ": inputs must be contiguous");
+}
+
+// Softmax numerators exp(x - mx) of one row in place (mask applied earlier); returns their sum.
+inline float exp_row(float* row, int width, float mx) {
+  float sum = 0.0f;
+  for (int j = 0; j < width; ++j) {
+    const float e = exp_nonpositive(row[j] - mx);
+    row[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+constexpr int64_t kWindowCap = 32;  // buckets of k/v rows a thread keeps (>= 3)
+
+void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
+                      const at::Tensor& dst, const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
+                      const at::Tensor& head_view, at::Tensor out, int64_t radius, double scale) {
+  check({q, k, v, src, dst, allowed, keys, free, head_view, out}, "mate bucketed_forward");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k, &v, &out})
+    TORCH_CHECK(t->scalar_type() == at::kFloat, "mate bucketed_forward: float32 only");
+  const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
   const int64_t R = radius, nb = T / R, H = head_view.size(0);
   const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
-  TORCH_CHECK(nb * R == T && BH == B * H && kv.size(1) == R + BH * T + R && allowed.size(2) == T,
+  TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb,
               "mate bucketed_forward: inconsistent shapes");
-
-  const float* qp = q.data_ptr<float>();
-  const int64_t* qi = q_index.data_ptr<int64_t>();
-  const float* kp = kv.data_ptr<float>();
-  const float* vp = kp + kv.size(1) * D;
+  const Rows Q{q.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
+  const Rows K{k.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
+  const Rows Vr{v.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
+  const int64_t* dp = dst.data_ptr<int64_t>();
   const bool* al = allowed.data_ptr<bool>();
   const int32_t* kk = keys.data_ptr<int32_t>();
   const int32_t* fr = free.data_ptr<int32_t>();
   const int32_t* hv = head_view.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  const int r = static_cast<int>(R), d = static_cast<int>(D), w3 = static_cast<int>(3 * R);
+  const int d = static_cast<int>(D), w3 = static_cast<int>(3 * R);
 
   at::parallel_for(0, BH * nb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qbuf(R * D), sbuf(R * (G + 3 * R)), inv(R);
+    std::vector<float> qbuf(R * D), obuf(R * D), sbuf(R * (G + 3 * R)), inv(R);
+    // k/v rows of consecutive buckets [base, base + loaded) of head win_bh, so that the
+    // 3-bucket window of bucket n is contiguous; slides by appending one bucket per step
+    // and moving the tail to the front once every kWindowCap - 3 buckets
+    std::vector<float> kg(G * D), vg(G * D), kw(kWindowCap * R * D), vw(kWindowCap * R * D);
+    int64_t head_ready = -1, win_bh = -1, base = 0, loaded = 0;
     for (int64_t f = begin; f < end; ++f) {
-      const int64_t bh = f / nb, n = f % nb, b = bh / H, v = hv[bh % H];
+      const int64_t bh = f / nb, n = f % nb, b = bh / H, view = hv[bh % H];
       const int g = kk[f], width = g + w3, fr_b = std::min<int>(fr[b], g);
-      float* S = sbuf.data();
-      // queries of the bucket, scaled
-      for (int64_t i = 0; i < R; ++i) {
-        const float* src = qp + qi[bh * T + n * R + i] * D;
-        float* dst = qbuf.data() + i * D;
-        for (int64_t e = 0; e < D; ++e) dst[e] = src[e] * sc;
+      if (bh != head_ready) {
+        K.gather(bh, 0, G, kg.data());
+        Vr.gather(bh, 0, G, vg.data());
+        head_ready = bh;
       }
-      const float* k_global = kp + (R + bh * T) * D;  // sorted rows [0, g) of this head
-      const float* v_global = vp + (R + bh * T) * D;
-      const float* k_window = kp + f * R * D;  // rows [f R, f R + 3R): previous, own, next bucket
-      const float* v_window = vp + f * R * D;
-      gemm_nt(r, g, d, qbuf.data(), d, k_global, d, 0.0f, S, width);
-      gemm_nt(r, w3, d, qbuf.data(), d, k_window, d, 0.0f, S + g, width);
+      const int64_t lo = n - 1, hi = n + 2;  // window buckets [lo, hi)
+      if (bh != win_bh || lo < base || lo > base + loaded) {
+        win_bh = bh, base = lo, loaded = 0;
+      } else if (hi - base > kWindowCap) {
+        const int64_t keep = base + loaded - lo;
+        std::memmove(kw.data(), kw.data() + (lo - base) * R * D, sizeof(float) * keep * R * D);
+        std::memmove(vw.data(), vw.data() + (lo - base) * R * D, sizeof(float) * keep * R * D);
+        base = lo, loaded = keep;
+      }
+      for (; base + loaded < hi; ++loaded) {
+        const int64_t bucket = base + loaded;
+        K.gather(bh, bucket * R, (bucket + 1) * R, kw.data() + loaded * R * D);
+        Vr.gather(bh, bucket * R, (bucket + 1) * R, vw.data() + loaded * R * D);
+      }
+      const float* k_window = kw.data() + (lo - base) * R * D;
+      const float* v_window = vw.data() + (lo - base) * R * D;
+      Q.gather(bh, n * R, (n + 1) * R, qbuf.data());
+      for (int64_t e = 0; e < R * D; ++e) qbuf[e] *= sc;
+      float* S = sbuf.data();
+      gemm_nt(static_cast<int>(R), g, d, qbuf.data(), d, kg.data(), d, 0.0f, S, width);
+      gemm_nt(static_cast<int>(R), w3, d, qbuf.data(), d, k_window, d, 0.0f, S + g, width);
       for (int64_t i = 0; i < R; ++i) {
         float* row = S + i * width;
-        const bool* a = al + ((b * V + v) * T + n * R + i) * AW;
+        const bool* a = al + ((b * V + view) * T + n * R + i) * AW;
         // mask + row max; the mask as arithmetic (x + (1 - allowed) * kMasked, which is
         // kMasked for a masked key) so the loops vectorise instead of branching
         float mx = kMasked;
@@ -134,21 +191,83 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& q_index, const at::
           win[j] = x;
           mx = std::max(mx, x);
         }
-        float sum = 0.0f;
-        for (int j = 0; j < width; ++j) {
-          const float e = exp_nonpositive(row[j] - mx);
-          row[j] = e;
-          sum += e;
-        }
-        inv[i] = 1.0f / sum;
+        inv[i] = 1.0f / exp_row(row, width, mx);
       }
-      float* o = op + (bh * T + n * R) * D;
-      gemm_nn(r, d, g, S, width, v_global, d, 0.0f, o, d);
-      gemm_nn(r, d, w3, S + g, width, v_window, d, 1.0f, o, d);
+      float* o = obuf.data();
+      gemm_nn(static_cast<int>(R), d, g, S, width, vg.data(), d, 0.0f, o, d);
+      gemm_nn(static_cast<int>(R), d, w3, S + g, width, v_window, d, 1.0f, o, d);
       for (int64_t i = 0; i < R; ++i) {
+        const int64_t slot = n * R + i, row_out = dp[bh * T + slot];
+        if (slot < fr[b] || row_out < 0) continue;  // dense rows are dense_forward's; padding slots
+        float* target = op + row_out * D;
         const float s = inv[i];
-        float* orow = o + i * D;
-        for (int64_t e = 0; e < D; ++e) orow[e] *= s;
+        for (int64_t e = 0; e < D; ++e) target[e] = o[i * D + e] * s;
+      }
+    }
+  });
+}
+
+// Dense rows: sorted slots [0, free[b]) of each head attend the real keys, slots
+// [0, real[b]). Key blocks of kBlock with an online softmax; heads in parallel.
+constexpr int64_t kBlock = 512;
+
+void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
+                   const at::Tensor& dst, const at::Tensor& free, const at::Tensor& real, int64_t heads, at::Tensor out,
+                   double scale) {
+  check({q, k, v, src, dst, free, real, out}, "mate dense_forward");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k, &v, &out})
+    TORCH_CHECK(t->scalar_type() == at::kFloat, "mate dense_forward: float32 only");
+  const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
+  TORCH_CHECK(BH % heads == 0 && free.numel() == BH / heads, "mate dense_forward: inconsistent shapes");
+  const Rows Q{q.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
+  const Rows K{k.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
+  const Rows Vr{v.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
+  const int64_t* dp = dst.data_ptr<int64_t>();
+  const int32_t* fr = free.data_ptr<int32_t>();
+  const int32_t* rl = real.data_ptr<int32_t>();
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int d = static_cast<int>(D);
+
+  at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qbuf, obuf, sbuf, mx, sum, kb(kBlock * D), vb(kBlock * D);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads;
+      const int m = fr[b];
+      const int64_t n = std::max<int64_t>(rl[b], 1);
+      if (m <= 0) continue;
+      qbuf.resize(m * D);
+      obuf.assign(m * D, 0.0f);
+      sbuf.resize(m * kBlock);
+      mx.assign(m, kMasked);
+      sum.assign(m, 0.0f);
+      Q.gather(bh, 0, m, qbuf.data());
+      for (auto& x : qbuf) x *= sc;
+      for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+        const int kn = static_cast<int>(std::min(kBlock, n - j0));
+        K.gather(bh, j0, j0 + kn, kb.data());
+        Vr.gather(bh, j0, j0 + kn, vb.data());
+        float* S = sbuf.data();
+        gemm_nt(m, kn, d, qbuf.data(), d, kb.data(), d, 0.0f, S, kn);
+        for (int i = 0; i < m; ++i) {
+          float* row = S + static_cast<int64_t>(i) * kn;
+          float bmax = kMasked;
+          for (int j = 0; j < kn; ++j) bmax = std::max(bmax, row[j]);
+          const float new_max = std::max(mx[i], bmax);
+          const float corr = exp_nonpositive(mx[i] - new_max);
+          sum[i] = sum[i] * corr + exp_row(row, kn, new_max);
+          mx[i] = new_max;
+          float* orow = obuf.data() + static_cast<int64_t>(i) * D;
+          for (int64_t e = 0; e < D; ++e) orow[e] *= corr;
+        }
+        gemm_nn(m, d, kn, S, kn, vb.data(), d, 1.0f, obuf.data(), d);
+      }
+      for (int i = 0; i < m; ++i) {
+        const int64_t row_out = dp[bh * T + i];
+        if (row_out < 0) continue;
+        const float s = 1.0f / sum[i];
+        float* target = op + row_out * D;
+        for (int64_t e = 0; e < D; ++e) target[e] = obuf[static_cast<int64_t>(i) * D + e] * s;
       }
     }
   });
@@ -160,8 +279,14 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& q_index, const at::
 // FlopCounterMode see the call.
 TORCH_LIBRARY(mate_cpu, m) {
   m.def(
-      "bucketed_forward(Tensor q, Tensor q_index, Tensor kv, Tensor allowed, Tensor keys, Tensor free, "
-      "Tensor head_view, Tensor(a!) out, int radius, float scale) -> ()");
+      "bucketed_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor allowed, Tensor keys, "
+      "Tensor free, Tensor head_view, Tensor(a!) out, int radius, float scale) -> ()");
+  m.def(
+      "dense_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor free, Tensor real, int heads, "
+      "Tensor(a!) out, float scale) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(mate_cpu, CPU, m) { m.impl("bucketed_forward", &bucketed_forward); }
+TORCH_LIBRARY_IMPL(mate_cpu, CPU, m) {
+  m.impl("bucketed_forward", &bucketed_forward);
+  m.impl("dense_forward", &dense_forward);
+}
