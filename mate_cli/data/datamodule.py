@@ -37,7 +37,165 @@ log = logging.getLogger(__name__)
 TOKEN_FIELDS = ("segment_ids", "row_ids", "column_ids", "cell_ids", "column_ranks", "inv_column_ranks")
 
 
-class HybridQADataModule(L.LightningDataModule):
+class SplitDataModule(L.LightningDataModule):
+    """What every HybridQA datamodule shares: the split, the Arrow cache, the loaders.
+
+    A subclass says how a split's questions become examples (:meth:`encode`), what
+    else its cache key depends on (:meth:`cache_payload`), what it logs about a split
+    (:meth:`split_stats`) and how a split is loaded (:meth:`_loader`). Arguments are
+    documented on the subclasses.
+    """
+
+    #: prefix of cache entries and log lines (``""`` stage 1, ``"reader"`` stage 2)
+    kind = ""
+    #: Lightning stage -> the splits ``setup`` prepares
+    STAGES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), None: ("train", "validation")}
+
+    def __init__(
+        self, root: str, pretrained: str, max_length: int, max_question_tokens: int, split_mode: str, source_split: str,
+        val_fraction: float, split_seed: int, batch_size: int, eval_batch_size: int, num_workers: int, num_proc: int,
+        cache_dir: str | None, limit_questions: int | None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        from mate_cli.data.hybridqa import HybridQAReader
+
+        if split_mode not in ("by_table", "files"):
+            raise MateError(f"dataset.split_mode={split_mode!r} is invalid; use by_table or files")
+        self.reader = HybridQAReader(root)  # raises MateError naming dataset.root if missing
+        self.root, self.pretrained = str(root), pretrained
+        self.max_length, self.max_question_tokens = max_length, max_question_tokens
+        self.split_mode, self.source_split = split_mode, source_split
+        self.val_fraction, self.split_seed = val_fraction, split_seed
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers, self.num_proc = num_workers, num_proc
+        self.cache_dir = Path(cache_dir or Path(root) / ".mate_cache")
+        self.limit_questions = limit_questions
+        self.datasets: dict = {}
+        self.stats: dict[str, dict] = {}
+        self._pad_id: int | None = None
+
+    # ------------------------------------------------------------- questions
+    def questions(self, split: str) -> list[Question]:
+        """The questions of ``train``, ``validation`` or ``test`` under this split mode."""
+        from mate_cli.data.hybridqa import split_by_table
+
+        if self.split_mode == "by_table" and split in ("train", "validation"):
+            train, val = split_by_table(
+                list(self.reader.questions(self.source_split)), self.val_fraction, self.split_seed
+            )
+            chosen = train if split == "train" else val
+        else:
+            chosen = list(self.reader.questions({"validation": "dev"}.get(split, split)))
+        return chosen[: self.limit_questions] if self.limit_questions else chosen
+
+    # ------------------------------------------------------------ preprocess
+    def cache_payload(self, split: str) -> dict:
+        """What, beyond the shared settings, changes the encoded examples of ``split``."""
+        return {}
+
+    def encode(self, questions: list[Question], split: str):
+        """``questions`` -> encoded examples (a ``datasets.Dataset``)."""
+        raise NotImplementedError
+
+    def split_stats(self, ds) -> dict:
+        return {"examples": len(ds)}
+
+    def cache_key(self, split: str) -> str:
+        """Hash of everything that changes the encoded examples of ``split``."""
+        from mate_cli.modeling.checkpoints import resolve_pretrained
+
+        files = sorted((Path(self.root) / "released_data").glob("*.json"))
+        payload = {
+            "kind": self.kind,
+            "version": 2,
+            "split": split,
+            "root": os.path.abspath(self.root),
+            "files": [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files],
+            "pretrained": resolve_pretrained(self.pretrained),
+            "max_length": self.max_length,
+            "max_question_tokens": self.max_question_tokens,
+            "split_mode": self.split_mode,
+            "source_split": self.source_split,
+            "val_fraction": self.val_fraction,
+            "split_seed": self.split_seed,
+            "limit_questions": self.limit_questions,
+            **self.cache_payload(split),
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def preprocess(self, split: str):
+        """Encoded examples of ``split`` as a ``datasets.Dataset`` (cached on disk)."""
+        import datasets
+
+        name = " ".join(filter(None, (self.kind, split)))
+        target = self.cache_dir / "-".join(filter(None, (self.kind, split, self.cache_key(split))))
+        if target.exists():
+            log.info("%s split loaded from cache %s", name, target)
+        else:
+            _save_atomically(self.encode(self.questions(split), split), target)
+        ds = datasets.load_from_disk(str(target))
+        self.stats[split] = self.split_stats(ds)
+        log.info("%s split: %s", name, json.dumps(self.stats[split]))
+        return ds
+
+    def _map(self, questions: list[Question], function, desc: str, **kwargs):
+        """``datasets.map`` of ``function`` over the question records (``num_proc`` workers)."""
+        import datasets
+
+        rows = [asdict(q) for q in questions]
+        ds = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"question_id": []})
+        return ds.map(
+            function,
+            remove_columns=ds.column_names,
+            num_proc=self.num_proc if self.num_proc > 1 and len(ds) > 1 else None,
+            desc=desc,
+            load_from_cache_file=False,
+            **kwargs,
+        )
+
+    # ------------------------------------------------------------- lightning
+    def after_load(self, split: str, ds):
+        """Hook: adjust a split once loaded (default: as is)."""
+        return ds
+
+    def setup(self, stage: str | None = None) -> None:
+        for split in self.STAGES.get(stage, ()):
+            if split not in self.datasets:
+                self.datasets[split] = self.after_load(split, self.preprocess(split))
+
+    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+        raise NotImplementedError
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True, self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", False, self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False, self.eval_batch_size)
+
+    @property
+    def pad_id(self) -> int:
+        if self._pad_id is None:
+            from mate_cli.modeling.checkpoints import load_tokenizer
+
+            self._pad_id = int(load_tokenizer(self.pretrained).pad_token_id or 0)
+        return self._pad_id
+
+
+def _save_atomically(ds, target: Path) -> None:
+    """``ds.save_to_disk`` into a temp dir next to ``target``, then one rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        ds.save_to_disk(str(tmp / "data"))
+        os.replace(tmp / "data", target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class HybridQADataModule(SplitDataModule):
     """HybridQA cell-selection data.
 
     Args:
@@ -75,123 +233,29 @@ class HybridQADataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         limit_questions: int | None = None,
     ) -> None:
-        super().__init__()
-        from mate_cli.data.hybridqa import HybridQAReader
-
-        if split_mode not in ("by_table", "files"):
-            raise MateError(f"dataset.split_mode={split_mode!r} is invalid; use by_table or files")
-        self.reader = HybridQAReader(root)  # raises MateError naming dataset.root if missing
-        self.root = str(root)
-        self.pretrained = pretrained
-        self.max_length = max_length
-        self.split_mode = split_mode
-        self.source_split = source_split
-        self.val_fraction = val_fraction
-        self.split_seed = split_seed
+        super().__init__(
+            root, pretrained, max_length, max_question_tokens, split_mode, source_split, val_fraction, split_seed,
+            batch_size, eval_batch_size, num_workers, num_proc, cache_dir, limit_questions,
+        )  # fmt: skip
         self.expansion = dict(expansion or {"k": 5, "scope": "table", "method": "tfidf"})
         self.drop_ambiguous = drop_ambiguous
-        self.max_question_tokens = max_question_tokens
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size
-        self.num_workers = num_workers
-        self.num_proc = num_proc
-        self.cache_dir = Path(cache_dir or Path(root) / ".mate_cache")
-        self.limit_questions = limit_questions
-        self.datasets: dict = {}
-        self.stats: dict[str, dict] = {}
-        self._pad_id: int | None = None
 
-    # ------------------------------------------------------------- questions
-    def questions(self, split: str) -> list[Question]:
-        """The questions of ``train``, ``validation`` or ``test`` under this split mode."""
-        from mate_cli.data.hybridqa import split_by_table
+    def cache_payload(self, split: str) -> dict:
+        return {"expansion": self.expansion}
 
-        if self.split_mode == "by_table" and split in ("train", "validation"):
-            train, val = split_by_table(
-                list(self.reader.questions(self.source_split)), self.val_fraction, self.split_seed
-            )
-            chosen = train if split == "train" else val
-        else:
-            chosen = list(self.reader.questions({"validation": "dev"}.get(split, split)))
-        return chosen[: self.limit_questions] if self.limit_questions else chosen
-
-    # ------------------------------------------------------------ preprocess
-    def cache_key(self, split: str) -> str:
-        """Hash of everything that changes the encoded examples of ``split``."""
-        from mate_cli.modeling.checkpoints import resolve_pretrained
-
-        files = sorted((Path(self.root) / "released_data").glob("*.json"))
-        payload = {
-            "version": 1,
-            "split": split,
-            "root": os.path.abspath(self.root),
-            "files": [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files],
-            "pretrained": resolve_pretrained(self.pretrained),
-            "max_length": self.max_length,
-            "split_mode": self.split_mode,
-            "source_split": self.source_split,
-            "val_fraction": self.val_fraction,
-            "split_seed": self.split_seed,
-            "expansion": self.expansion,
-            "max_question_tokens": self.max_question_tokens,
-            "limit_questions": self.limit_questions,
-        }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-    def preprocess(self, split: str):
-        """Encoded examples of ``split`` as a ``datasets.Dataset`` (cached on disk)."""
-        import datasets
-
-        target = self.cache_dir / f"{split}-{self.cache_key(split)}"
-        if target.exists():
-            log.info("preprocessed %s split loaded from cache %s", split, target)
-            ds = datasets.load_from_disk(str(target))
-        else:
-            questions = self.questions(split)
-            ds = self._encode_to_dataset(questions)
-            self._save_atomically(ds, target)
-            ds = datasets.load_from_disk(str(target))
-        self.stats[split] = split_stats(ds)
-        log.info("%s split: %s", split, json.dumps(self.stats[split]))
-        return ds
-
-    def _encode_to_dataset(self, questions: list[Question]):
-        import datasets
-
-        rows = [asdict(q) for q in questions]
-        ds = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"question_id": []})
+    def encode(self, questions: list[Question], split: str):
         encoder = _ExampleEncoder(self.root, self.pretrained, self.max_length, self.expansion, self.max_question_tokens)
-        return ds.map(
-            encoder,
-            remove_columns=ds.column_names,
-            num_proc=self.num_proc if self.num_proc > 1 and len(ds) > 1 else None,
-            desc="expand + tokenize",
-            load_from_cache_file=False,
-        )
+        return self._map(questions, encoder, "expand + tokenize")
 
-    @staticmethod
-    def _save_atomically(ds, target: Path) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-        try:
-            ds.save_to_disk(str(tmp / "data"))
-            os.replace(tmp / "data", target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    def split_stats(self, ds) -> dict:
+        return split_stats(ds)
 
-    # ------------------------------------------------------------- lightning
-    def setup(self, stage: str | None = None) -> None:
-        if stage in (None, "fit") and "train" not in self.datasets:
-            train = self.preprocess("train")
-            if self.drop_ambiguous:
-                before = len(train)
-                train = train.filter(lambda ex: len(ex["candidates"]) <= 1)
-                log.info("dataset.drop_ambiguous: dropped %d multi-candidate training questions", before - len(train))
-            self.datasets["train"] = train
-        if stage in (None, "fit", "validate") and "validation" not in self.datasets:
-            self.datasets["validation"] = self.preprocess("validation")
-        if stage == "test" and "test" not in self.datasets:
-            self.datasets["test"] = self.preprocess("test")
+    def after_load(self, split: str, ds):
+        if split == "train" and self.drop_ambiguous:
+            before = len(ds)
+            ds = ds.filter(lambda ex: len(ex["candidates"]) <= 1)
+            log.info("dataset.drop_ambiguous: dropped %d multi-candidate training questions", before - len(ds))
+        return ds
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         ds = self.datasets[split]
@@ -206,23 +270,6 @@ class HybridQADataModule(L.LightningDataModule):
             ds.with_format(None), batch_size=batch_size, shuffle=shuffle,
             num_workers=self.num_workers, collate_fn=Collator(self.pad_id),
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True, self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", False, self.eval_batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False, self.eval_batch_size)
-
-    @property
-    def pad_id(self) -> int:
-        if self._pad_id is None:
-            from mate_cli.modeling.checkpoints import load_tokenizer
-
-            self._pad_id = int(load_tokenizer(self.pretrained).pad_token_id or 0)
-        return self._pad_id
 
 
 class _ExampleEncoder:

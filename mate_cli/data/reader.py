@@ -34,19 +34,15 @@ stage-1 one (:func:`~mate_cli.data.hybridqa.split_by_table` with the same
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import re
 import string
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from mate_cli.data.datamodule import SplitDataModule
 from mate_cli.data.schema import Cell, Question, Table
 from mate_cli.errors import MateError
 from mate_cli.modeling.layout import TableLayout
@@ -335,7 +331,7 @@ def reader_stats(ds, max_span_length: int | None = None) -> dict:
     return stats
 
 
-class ReaderDataModule(L.LightningDataModule):
+class ReaderDataModule(SplitDataModule):
     """HybridQA reader data: gold cells -> reader examples -> Arrow cache -> :class:`ReaderBatch`.
 
     Args:
@@ -349,6 +345,8 @@ class ReaderDataModule(L.LightningDataModule):
         batch_size, eval_batch_size, num_workers, num_proc, cache_dir, limit_questions:
             as the stage-1 datamodule.
     """
+
+    kind = "reader"
 
     def __init__(
         self,
@@ -369,82 +367,26 @@ class ReaderDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         limit_questions: int | None = None,
     ) -> None:
-        super().__init__()
-        from mate_cli.data.hybridqa import HybridQAReader
-
-        if split_mode not in ("by_table", "files"):
-            raise MateError(f"dataset.split_mode={split_mode!r} is invalid; use by_table or files")
+        super().__init__(
+            root, pretrained, max_length, max_question_tokens, split_mode, source_split, val_fraction, split_seed,
+            batch_size, eval_batch_size, num_workers, num_proc, cache_dir, limit_questions,
+        )  # fmt: skip
         if train_cells not in TRAIN_CELLS:
             raise MateError(f"dataset.train_cells={train_cells!r} is invalid; use one of {TRAIN_CELLS}")
-        self.reader = HybridQAReader(root)
-        self.root, self.pretrained = str(root), pretrained
-        self.max_length, self.max_question_tokens, self.max_span_length = max_length, max_question_tokens, max_span_length
-        self.split_mode, self.source_split = split_mode, source_split
-        self.val_fraction, self.split_seed, self.train_cells = val_fraction, split_seed, train_cells
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.num_workers, self.num_proc = num_workers, num_proc
-        self.cache_dir = Path(cache_dir or Path(root) / ".mate_cache")
-        self.limit_questions = limit_questions
-        self.datasets: dict = {}
-        self.stats: dict[str, dict] = {}
-        self._pad_id: int | None = None
-
-    def questions(self, split: str) -> list[Question]:
-        """The questions of ``train``/``validation``/``test`` (the stage-1 split)."""
-        from mate_cli.data.hybridqa import split_by_table
-
-        if self.split_mode == "by_table" and split in ("train", "validation"):
-            train, val = split_by_table(list(self.reader.questions(self.source_split)), self.val_fraction, self.split_seed)
-            chosen = train if split == "train" else val
-        else:
-            chosen = list(self.reader.questions({"validation": "dev"}.get(split, split)))
-        return chosen[: self.limit_questions] if self.limit_questions else chosen
+        self.max_span_length, self.train_cells = max_span_length, train_cells
 
     def cells_mode(self, split: str) -> str:
         return self.train_cells if split == "train" else "validation"
 
-    def cache_key(self, split: str) -> str:
-        from mate_cli.modeling.checkpoints import resolve_pretrained
+    def cache_payload(self, split: str) -> dict:
+        return {"cells": self.cells_mode(split)}
 
-        files = sorted((Path(self.root) / "released_data").glob("*.json"))
-        payload = {
-            "kind": "reader", "version": 1, "split": split, "root": os.path.abspath(self.root),
-            "files": [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files],
-            "pretrained": resolve_pretrained(self.pretrained), "max_length": self.max_length,
-            "max_question_tokens": self.max_question_tokens, "split_mode": self.split_mode,
-            "source_split": self.source_split, "val_fraction": self.val_fraction, "split_seed": self.split_seed,
-            "cells": self.cells_mode(split), "limit_questions": self.limit_questions,
-        }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    def encode(self, questions: list[Question], split: str):
+        encoder = _ReaderEncoder(self.root, self.pretrained, self.max_length, self.max_question_tokens, self.cells_mode(split))
+        return self._map(questions, encoder, f"reader {split}", batched=True, batch_size=32)
 
-    def preprocess(self, split: str):
-        """Encoded reader examples of ``split`` (``datasets.Dataset``, cached on disk)."""
-        import datasets
-
-        from mate_cli.data.datamodule import HybridQADataModule
-
-        target = self.cache_dir / f"reader-{split}-{self.cache_key(split)}"
-        if target.exists():
-            log.info("reader %s split loaded from cache %s", split, target)
-        else:
-            rows = [asdict(q) for q in self.questions(split)]
-            ds = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"question_id": []})
-            encoder = _ReaderEncoder(self.root, self.pretrained, self.max_length, self.max_question_tokens, self.cells_mode(split))
-            ds = ds.map(
-                encoder, batched=True, batch_size=32, remove_columns=ds.column_names, load_from_cache_file=False,
-                num_proc=self.num_proc if self.num_proc > 1 and len(ds) > 1 else None, desc=f"reader {split}",
-            )
-            HybridQADataModule._save_atomically(ds, target)
-        ds = datasets.load_from_disk(str(target))
-        self.stats[split] = reader_stats(ds, self.max_span_length) if len(ds) else {"questions": 0}
-        log.info("reader %s split: %s", split, json.dumps(self.stats[split]))
-        return ds
-
-    def setup(self, stage: str | None = None) -> None:
-        wanted = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), None: ("train", "validation")}
-        for split in wanted.get(stage, ()):
-            if split not in self.datasets:
-                self.datasets[split] = self.preprocess(split)
+    def split_stats(self, ds) -> dict:
+        return reader_stats(ds, self.max_span_length) if len(ds) else {"questions": 0}
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         ds = self.datasets[split]
@@ -464,23 +406,6 @@ class ReaderDataModule(L.LightningDataModule):
             ds.with_format(None), batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
             collate_fn=ReaderCollator(self.pad_id),
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True, self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", False, self.eval_batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False, self.eval_batch_size)
-
-    @property
-    def pad_id(self) -> int:
-        if self._pad_id is None:
-            from mate_cli.modeling.checkpoints import load_tokenizer
-
-            self._pad_id = int(load_tokenizer(self.pretrained).pad_token_id or 0)
-        return self._pad_id
 
 
 def build_reader_input(

@@ -98,7 +98,7 @@ def test_datamodule_uses_the_stage1_split_and_caches(sample_root, tmp_path, capl
     for b in batches[:2]:
         for text, answer in zip(b.texts(b.gold_start, b.gold_end), b.answers):
             assert find_answer_span(text, answer) is not None
-    caplog.set_level(logging.INFO, logger="mate_cli.data.reader")
+    caplog.set_level(logging.INFO, logger="mate_cli.data")
     again = ReaderDataModule(str(sample_root), max_length=128, max_span_length=30, cache_dir=str(tmp_path))
     again.setup("fit")
     assert "loaded from cache" in caplog.text

@@ -176,7 +176,7 @@ class BucketPlan:
         :meth:`long_chunks` computes per chunk but per bucket.
         """
         if not hasattr(self, "_kernel_args"):
-            B, H, nb, R = self.batch, self.heads, self.num_buckets, self.radius
+            B, nb, R = self.batch, self.num_buckets, self.radius
             needed = self.global_needed.view(B, -1, nb, R).amax(-1)  # [B, V, nb]
             free = torch.tensor(self.query_len, dtype=torch.long, device=needed.device)
             keys = torch.maximum(needed, free[:, None, None]).clamp(min=1)[:, self.head_view]  # [B, H, nb]
@@ -652,7 +652,7 @@ class _BucketedAttention(torch.autograd.Function):
         q, k, v, out = ctx.saved_tensors
         plan, p, seed = ctx.plan, ctx.dropout_p, ctx.seed
         B, H, N, D = ctx.shape
-        R, G, P, T, nb = plan.radius, plan.global_len, plan.dense_rows, plan.padded_len, plan.num_buckets
+        R, P, T = plan.radius, plan.dense_rows, plan.padded_len
         BH = B * H
         data = _Buffers.gather(plan, (k, v), "kv")
         bufs = _Buffers(plan, data, q)

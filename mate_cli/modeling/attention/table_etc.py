@@ -332,7 +332,6 @@ class TableETCAttention(AttentionBackend):
         plan = self.plan(layout)
         num_global, radius = self.num_global, self.local_radius
         q = q / math.sqrt(self.head_dim)
-        k_mem, v_mem = k[:, :, :num_global], v[:, :, :num_global]
 
         # Global queries: every real key. Probabilities [batch, heads, G, seq].
         probs = self._probs(q[:, :, :num_global], k, plan.global_rel[:, None], plan.global_key_mask[:, None, None, :])
