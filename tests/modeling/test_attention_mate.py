@@ -337,7 +337,7 @@ class CostCounter(TorchDispatchMode):
 
 
 def test_bucketed_cost_grows_linearly_with_length(monkeypatch):
-    """The torch path (the fused CPU kernel's count is in test_cpu_kernel.py)."""
+    """The torch path (the fused CPU kernel's count is in test_mate_cpu_kernel.py)."""
     from tests.modeling.layouts import long_table_layout
 
     monkeypatch.setattr(mb, "USE_CPU_KERNEL", False)

@@ -49,7 +49,7 @@ IMPLS = ("masked", "bucketed", "block_sparse", "auto")
 #: still the fastest, per (device type, grad mode). CPU: measured on 2 cores, torch
 #: 2.13, 12 heads x 64 (masked vs bucketed, ms inference / fwd+bwd: 512: 4.2 vs 4.5 /
 #: 14.5 vs 17.9; 640: 7.2 vs 6.2 / 24.9 vs 23.6; 1024: 15.3 vs 8.1 / 50.7 vs 33.9).
-#: With the fused CPU kernel (float32 inference, ``cpu_kernel``), bucketed wins from
+#: With the fused CPU kernel (float32 inference, ``mate_cpu_kernel``), bucketed wins from
 #: ~384 tokens (ms, masked vs bucketed: 256: 1.1 vs 2.2; 384: 3.2 vs 3.0; 512: 5.1 vs 3.4).
 #: CUDA: not measured here; a conservative guess that keeps the exact path longer.
 AUTO_MASKED_MAX_LEN = {
@@ -103,9 +103,9 @@ def choose_impl(device: torch.device, seq_len: int, grad: bool) -> str:
     """``auto``'s choice for (device, length, grad mode): ``masked`` or ``bucketed``."""
     kind = device.type
     if kind == "cpu" and not grad:
-        from mate_cli.modeling.attention import cpu_kernel
+        from mate_cli.modeling.attention import mate_cpu_kernel
 
-        kind = "cpu-kernel" if cpu_kernel.available() else kind
+        kind = "cpu-kernel" if mate_cpu_kernel.available() else kind
     limit = AUTO_MASKED_MAX_LEN.get((kind, grad), AUTO_MASKED_MAX_LEN[("cuda", grad)])
     choice = "masked" if seq_len <= limit else "bucketed"
     key = (str(device), _length_bucket(seq_len), grad)
@@ -161,9 +161,9 @@ class MateAttention(AttentionBackend):
         if impl in ("bucketed", "auto"):
             # build/load the fused CPU kernel now (once per process), not inside the first
             # forward: a FlopCounterMode opened before that call would miss its formula
-            from mate_cli.modeling.attention import cpu_kernel
+            from mate_cli.modeling.attention import mate_cpu_kernel
 
-            cpu_kernel.available()
+            mate_cpu_kernel.available()
 
     def extra_repr(self) -> str:
         return (

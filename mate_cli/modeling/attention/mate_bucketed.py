@@ -44,7 +44,7 @@ Two implementations of the same function live here:
   kept. Time and memory are linear in the sequence length, forward and backward.
 
 On CPU in float32 without attention dropout, the forward runs in compiled kernels
-instead (:mod:`cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): per bucket, scores to
+instead (:mod:`mate_cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): per bucket, scores to
 ``[globals ; window]``, mask, softmax and context while they sit in cache, buckets
 in parallel; per head, the dense query rows likewise. Same function (tested against
 both paths above), faster than the chunked torch ops. Backward, dropout, other
@@ -65,7 +65,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from mate_cli.modeling.attention import cpu_kernel
+from mate_cli.modeling.attention import mate_cpu_kernel
 from mate_cli.modeling.layout import TableLayout
 
 __all__ = [
@@ -571,7 +571,7 @@ def _fold_windows(
 
 
 def _fused_cpu_forward(q, k, v, plan: BucketPlan) -> torch.Tensor:
-    """The forward in the compiled CPU kernels (:mod:`cpu_kernel`): no sorted copies.
+    """The forward in the compiled CPU kernels (:mod:`mate_cpu_kernel`): no sorted copies.
 
     The kernels read q, k, v rows through the per-head sort order and write each
     result row to its token's row of a ``[B, N, H, D]`` buffer (returned as
@@ -586,9 +586,9 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan) -> torch.Tensor:
     src = plan.source_rows(kind).view(B * H, T)
     allowed, keys, free, head_view, real = plan.kernel_args()
     out = q.new_empty(B * N * H, D)
-    cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, R, D**-0.5)
+    mate_cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, R, D**-0.5)
     if plan.dense_rows:
-        cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, H, out, D**-0.5)
+        mate_cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, H, out, D**-0.5)
     return out.view(B, N, H, D).transpose(1, 2)
 
 
@@ -723,7 +723,7 @@ class _BucketedAttention(torch.autograd.Function):
         return dq_.mul_(D**-0.5), dk_, dv_, None, None, None
 
 
-#: use the fused CPU kernel (:mod:`cpu_kernel`) where it applies; tests switch it off
+#: use the fused CPU kernel (:mod:`mate_cpu_kernel`) where it applies; tests switch it off
 #: to compare the two paths
 USE_CPU_KERNEL = True
 
@@ -731,7 +731,7 @@ USE_CPU_KERNEL = True
 def _use_cpu_kernel(q: torch.Tensor, dropout_p: float) -> bool:
     """float32 CPU forward without attention dropout, and the kernel builds here."""
     return (
-        USE_CPU_KERNEL and q.device.type == "cpu" and q.dtype == torch.float32 and not dropout_p and cpu_kernel.available()
+        USE_CPU_KERNEL and q.device.type == "cpu" and q.dtype == torch.float32 and not dropout_p and mate_cpu_kernel.available()
     )
 
 

@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -96,8 +97,14 @@ struct Rows {
   }
 };
 
-void check(const std::vector<at::Tensor>& ts, const char* what) {
-  for (const auto& t : ts) TORCH_CHECK(t.is_contiguous(), what, ": inputs must be contiguous");
+// Contract checks (the Python side builds every input): all contiguous, the
+// first `floats` of them float32.
+void check(const char* what, std::initializer_list<const at::Tensor*> ts, size_t floats) {
+  size_t i = 0;
+  for (const at::Tensor* t : ts) {
+    TORCH_CHECK(t->is_contiguous(), what, ": inputs must be contiguous");
+    TORCH_CHECK(i++ >= floats || t->scalar_type() == at::kFloat, what, ": float32 only");
+  }
 }
 
 // Softmax numerators exp(x - mx) of one row in place (mask applied earlier); returns their sum.
@@ -116,9 +123,7 @@ constexpr int64_t kWindowCap = 32;  // buckets of k/v rows a thread keeps (>= 3)
 void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
                       const at::Tensor& dst, const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
                       const at::Tensor& head_view, at::Tensor out, int64_t radius, double scale) {
-  check({q, k, v, src, dst, allowed, keys, free, head_view, out}, "mate bucketed_forward");
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k, &v, &out})
-    TORCH_CHECK(t->scalar_type() == at::kFloat, "mate bucketed_forward: float32 only");
+  check("mate bucketed_forward", {&q, &k, &v, &out, &src, &dst, &allowed, &keys, &free, &head_view}, 4);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
   const int64_t R = radius, nb = T / R, H = head_view.size(0);
   const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
@@ -214,9 +219,7 @@ constexpr int64_t kBlock = 512;
 void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
                    const at::Tensor& dst, const at::Tensor& free, const at::Tensor& real, int64_t heads, at::Tensor out,
                    double scale) {
-  check({q, k, v, src, dst, free, real, out}, "mate dense_forward");
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k, &v, &out})
-    TORCH_CHECK(t->scalar_type() == at::kFloat, "mate dense_forward: float32 only");
+  check("mate dense_forward", {&q, &k, &v, &out, &src, &dst, &free, &real}, 4);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
   TORCH_CHECK(BH % heads == 0 && free.numel() == BH / heads, "mate dense_forward: inconsistent shapes");
   const Rows Q{q.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};

@@ -8,6 +8,7 @@ tests in test_attention_mate.py cover it).
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -15,13 +16,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import mate_cli.modeling.attention.mate_bucketed as mb
-from mate_cli.modeling.attention import cpu_kernel
+from mate_cli.modeling.attention import mate_cpu_kernel
 from tests.modeling.layouts import long_table_layout, random_layout
 
 log = logging.getLogger(__name__)
 
 needs_kernel = pytest.mark.skipif(
-    not cpu_kernel.available(), reason=f"fused CPU kernel unavailable: {cpu_kernel.unavailable_reason()}"
+    not mate_cpu_kernel.available(), reason=f"fused CPU kernel unavailable: {mate_cpu_kernel.unavailable_reason()}"
 )
 
 
@@ -132,8 +133,14 @@ def test_flop_counter_sees_the_kernel_and_cost_is_linear():
     assert flops(4096) / flops(2048) <= 2.1
 
 
+@pytest.mark.skipif(os.environ.get("MATE_REQUIRE_CPU_KERNEL") != "1", reason="MATE_REQUIRE_CPU_KERNEL=1 (set by .ci/run) not set")
+def test_kernel_builds_where_required():
+    """CI has a compiler: there a missing kernel is a failure, not a row of skips."""
+    assert mate_cpu_kernel.available(), mate_cpu_kernel.unavailable_reason()
+
+
 def test_switch_off_by_environment(monkeypatch):
-    monkeypatch.setattr(cpu_kernel, "_state", {})
+    monkeypatch.setattr(mate_cpu_kernel, "_state", {})
     monkeypatch.setenv("MATE_CPU_KERNEL", "0")
-    assert cpu_kernel.load() is False
-    assert cpu_kernel.unavailable_reason() == "MATE_CPU_KERNEL=0"
+    assert mate_cpu_kernel.load() is False
+    assert mate_cpu_kernel.unavailable_reason() == "MATE_CPU_KERNEL=0"
