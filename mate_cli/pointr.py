@@ -201,7 +201,7 @@ class SpanReader:
         if self.stage is None:
             context, missing = cell_context(table.rows[coord[0]][coord[1]], passages)
             return ReaderExample(question.question_id, question.table_id, list(coord), question.answer_text or "",
-                                 context, [], [], [], [], [], [], missing_passages=missing)
+                                 context, [], {"segment_ids": []}, [], [], [], [], missing_passages=missing)
         data = self.stage.cfg.dataset
         return build_reader_input(
             self.stage.tokenizer, question, table, passages, tuple(coord),

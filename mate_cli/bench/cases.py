@@ -224,7 +224,8 @@ def encoder_case(
             return model(**kwargs).last_hidden_state
 
     else:
-        from mate_cli.modeling.encoder import EncoderConfig, TableEncoder
+        from mate_cli.modeling.config import EncoderConfig
+        from mate_cli.modeling.encoder import TableEncoder
 
         config = EncoderConfig(
             **dims,
@@ -259,7 +260,7 @@ def encoder_case(
 
 def type_vocab_sizes(layout: TableLayout) -> list[int]:
     """TAPAS's sizes, widened where the bench table has more rows/columns than 255."""
-    from mate_cli.modeling.encoder import TAPAS_TYPE_VOCAB_SIZES
+    from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES
 
     sizes = list(TAPAS_TYPE_VOCAB_SIZES)
     sizes[1] = max(sizes[1], int(layout.column_ids.max()) + 1)

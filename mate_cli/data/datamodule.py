@@ -34,9 +34,6 @@ from mate_cli.modeling.layout import TableLayout
 
 log = logging.getLogger(__name__)
 
-TOKEN_FIELDS = ("segment_ids", "row_ids", "column_ids", "cell_ids", "column_ranks", "inv_column_ranks")
-
-
 class SplitDataModule(L.LightningDataModule):
     """What every HybridQA datamodule shares: the split, the Arrow cache, the loaders.
 
@@ -107,7 +104,7 @@ class SplitDataModule(L.LightningDataModule):
         files = sorted((Path(self.root) / "released_data").glob("*.json"))
         payload = {
             "kind": self.kind,
-            "version": 2,
+            "version": 3,
             "split": split,
             "root": os.path.abspath(self.root),
             "files": [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files],
@@ -335,27 +332,20 @@ class Collator:
         cells = max([len(ex["cell_coords"]) for ex in examples] + [1])
         b = len(examples)
         input_ids = torch.full((b, seq), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((b, seq), dtype=torch.bool)
-        fields = {name: torch.zeros((b, seq), dtype=torch.long) for name in TOKEN_FIELDS}
         cell_mask = torch.zeros((b, cells + 1), dtype=torch.bool)
         candidate_mask = torch.zeros((b, cells + 1), dtype=torch.bool)
         coords = torch.full((b, cells + 1, 2), -1, dtype=torch.long)
         for i, ex in enumerate(examples):
-            n = len(ex["input_ids"])
-            input_ids[i, :n] = torch.tensor(ex["input_ids"])
-            mask[i, :n] = True
-            for name in TOKEN_FIELDS:
-                fields[name][i, :n] = torch.tensor(ex[name])
+            input_ids[i, : len(ex["input_ids"])] = torch.tensor(ex["input_ids"])
             m = len(ex["cell_coords"])
             cell_mask[i, 1 : m + 1] = True
             if m:
                 coords[i, 1 : m + 1] = torch.tensor(ex["cell_coords"])
             if ex["candidates"]:
                 candidate_mask[i, torch.tensor(ex["candidates"])] = True
-        layout = TableLayout(attention_mask=mask, **fields)
         return Batch(
-            input_ids=input_ids, layout=layout, cell_mask=cell_mask, candidate_mask=candidate_mask,
-            cell_coords=coords, question_ids=[ex["question_id"] for ex in examples],
+            input_ids=input_ids, layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq), cell_mask=cell_mask,
+            candidate_mask=candidate_mask, cell_coords=coords, question_ids=[ex["question_id"] for ex in examples],
             table_ids=[ex["table_id"] for ex in examples],
         )
 

@@ -112,7 +112,7 @@ class ReaderExample:
     answer: str
     context: str
     input_ids: list[int]
-    segment_ids: list[int]
+    layout: dict[str, list[int]]
     context_mask: list[int]
     start_ok: list[int]
     end_ok: list[int]
@@ -153,7 +153,7 @@ def encode_reader_example(
     example = ReaderExample(
         question_id=question.question_id, table_id=question.table_id, coord=list(coord),
         answer=question.answer_text or "", context=context, input_ids=input_ids,
-        segment_ids=[0] * prefix + [1] * (n - prefix),
+        layout={"segment_ids": [0] * prefix + [1] * (n - prefix)},
         context_mask=[0] * prefix + [1] * keep + [0], start_ok=start_ok, end_ok=end_ok, offsets=offsets,
         context_truncated=keep < len(ctx_ids), missing_passages=missing_passages,
     )
@@ -232,19 +232,14 @@ class ReaderCollator:
     def __call__(self, examples: list[dict]) -> ReaderBatch:
         b, seq = len(examples), max(len(ex["input_ids"]) for ex in examples)
         ids = torch.full((b, seq), self.pad_id, dtype=torch.long)
-        fields = {k: torch.zeros((b, seq), dtype=torch.long) for k in ("segment_ids", "context_mask", "start_ok", "end_ok")}
-        mask = torch.zeros((b, seq), dtype=torch.bool)
+        flags = {k: torch.zeros((b, seq), dtype=torch.bool) for k in ("context_mask", "start_ok", "end_ok")}
         for i, ex in enumerate(examples):
             n = len(ex["input_ids"])
             ids[i, :n] = torch.tensor(ex["input_ids"])
-            mask[i, :n] = True
-            for k, t in fields.items():
-                t[i, :n] = torch.tensor(ex[k])
-        zeros = torch.zeros((b, seq), dtype=torch.long)
-        layout = TableLayout(attention_mask=mask, segment_ids=fields["segment_ids"], row_ids=zeros, column_ids=zeros)
+            for k, t in flags.items():
+                t[i, :n] = torch.tensor(ex[k], dtype=torch.bool)
         return ReaderBatch(
-            input_ids=ids, layout=layout, context_mask=fields["context_mask"].bool(),
-            start_ok=fields["start_ok"].bool(), end_ok=fields["end_ok"].bool(),
+            input_ids=ids, layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq), **flags,
             gold_start=torch.tensor([int(ex["gold_start"]) for ex in examples]),
             gold_end=torch.tensor([int(ex["gold_end"]) for ex in examples]),
             question_ids=[ex["question_id"] for ex in examples], answers=[ex["answer"] for ex in examples],
@@ -304,7 +299,7 @@ class _ReaderEncoder:
 def _placeholder(question: Question) -> ReaderExample:
     return ReaderExample(
         question_id=question.question_id, table_id=question.table_id, coord=[-1, -1],
-        answer=question.answer_text or "", context="", input_ids=[], segment_ids=[], context_mask=[],
+        answer=question.answer_text or "", context="", input_ids=[], layout={"segment_ids": []}, context_mask=[],
         start_ok=[], end_ok=[], offsets=[], has_gold_cell=False,
     )
 

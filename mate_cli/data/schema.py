@@ -64,8 +64,10 @@ class Question:
 
 @dataclass
 class EncodedExample:
-    """One tokenized question + table. Every per-token list has the same length.
+    """One tokenized question + table.
 
+    ``layout`` maps each :data:`~mate_cli.modeling.layout.ID_FIELDS` name to a per-token
+    list as long as ``input_ids`` (collators pad it with ``TableLayout.from_lists``).
     ``cell_coords[k - 1]`` is the (data row, column) of cell id k; ``candidates`` are the
     cell ids (1-based) whose cell contains or links to the answer and survived truncation.
     """
@@ -73,12 +75,7 @@ class EncodedExample:
     question_id: str
     table_id: str
     input_ids: list[int]
-    segment_ids: list[int]
-    row_ids: list[int]
-    column_ids: list[int]
-    cell_ids: list[int]
-    column_ranks: list[int]
-    inv_column_ranks: list[int]
+    layout: dict[str, list[int]]
     cell_coords: list[list[int]]
     candidates: list[int]
     truncated: bool = False

@@ -47,6 +47,7 @@ from typing import Iterable, Sequence
 
 from mate_cli.data.schema import EncodedExample, Question, Table
 from mate_cli.errors import MateError
+from mate_cli.modeling.layout import ID_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -337,17 +338,19 @@ class TableTokenizer:
     def _assemble(self, question, table, q_ids, header, rows, cap) -> EncodedExample:
         ranks, inverse = column_ranks([[c.text for c in row] for row in table.rows])
         seq = _Sequence()
-        seq.add([self.tokenizer.cls_token_id, *q_ids, self.tokenizer.sep_token_id], 0, 0, 0, 0, 0, 0)
+        seq.add([self.tokenizer.cls_token_id, *q_ids, self.tokenizer.sep_token_id])
         for c, ids in enumerate(header):
-            seq.add(ids[:cap], 1, 0, c + 1, 0, 0, 0)
+            seq.add(ids[:cap], segment_ids=1, column_ids=c + 1)
         coords: list[list[int]] = []
         for r, row in enumerate(rows):
             for c, ids in enumerate(row):
                 if ids:
                     coords.append([r, c])
-                    seq.add(ids[:cap], 1, r + 1, c + 1, len(coords), ranks[r][c], inverse[r][c])
+                    seq.add(ids[:cap], segment_ids=1, row_ids=r + 1, column_ids=c + 1, cell_ids=len(coords),
+                            column_ranks=ranks[r][c], inv_column_ranks=inverse[r][c])
         return EncodedExample(
-            question_id=question.question_id, table_id=table.table_id, cell_coords=coords, candidates=[], **seq.lists
+            question_id=question.question_id, table_id=table.table_id, input_ids=seq.input_ids, layout=seq.layout,
+            cell_coords=coords, candidates=[],
         )
 
     @staticmethod
@@ -376,15 +379,14 @@ class TableTokenizer:
 
 
 class _Sequence:
-    """Accumulates per-token lists of one example."""
-
-    FIELDS = ("input_ids", "segment_ids", "row_ids", "column_ids", "cell_ids", "column_ranks", "inv_column_ranks")
+    """Accumulates the word pieces of one example and their layout ids (:data:`ID_FIELDS`)."""
 
     def __init__(self):
-        self.lists: dict[str, list[int]] = {name: [] for name in self.FIELDS}
+        self.input_ids: list[int] = []
+        self.layout: dict[str, list[int]] = {name: [] for name in ID_FIELDS}
 
-    def add(self, ids: list[int], segment: int, row: int, column: int, cell: int, rank: int, inv: int) -> None:
-        n = len(ids)
-        self.lists["input_ids"].extend(ids)
-        for name, value in zip(self.FIELDS[1:], (segment, row, column, cell, rank, inv)):
-            self.lists[name].extend([value] * n)
+    def add(self, ids: list[int], **layout_ids: int) -> None:
+        """Append ``ids``; every one gets ``layout_ids`` (fields not named: 0)."""
+        self.input_ids.extend(ids)
+        for name in ID_FIELDS:
+            self.layout[name].extend([layout_ids.get(name, 0)] * len(ids))

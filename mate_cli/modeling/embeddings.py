@@ -1,7 +1,7 @@
 """BERT/TAPAS input embeddings: word + position + the seven TAPAS token types.
 
 Owns :class:`TableEmbeddings` and :func:`cell_position_ids`. The token types come from
-the :class:`~mate_cli.modeling.layout.TableLayout` (``layout.token_type_ids``, order
+the :class:`~mate_cli.modeling.layout.TableLayout`'s fields (order
 :data:`~mate_cli.modeling.layout.TOKEN_TYPE_FIELDS`: segment, column, row, previous
 label, column rank, inverse column rank, numeric relation); each has its own table
 ``token_type_embeddings_{i}`` so TAPAS checkpoints load by name. A BERT checkpoint's
@@ -16,16 +16,12 @@ clipped to ``max_position_embeddings - 1``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from mate_cli.errors import MateError
+from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS, TableLayout
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mate_cli.modeling.encoder import EncoderConfig
 
 
 def cell_position_ids(
@@ -64,7 +60,7 @@ class TableEmbeddings(nn.Module):
     ``token_type_embeddings_0..6``, ``LayerNorm``) so checkpoints load by name.
     """
 
-    def __init__(self, config: "EncoderConfig") -> None:
+    def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
@@ -85,35 +81,34 @@ class TableEmbeddings(nn.Module):
         """The seven token-type tables, in :data:`TOKEN_TYPE_FIELDS` order."""
         return [getattr(self, f"token_type_embeddings_{i}") for i in range(len(self.type_vocab_sizes))]
 
-    def position_ids(self, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def position_ids(self, layout: TableLayout) -> torch.Tensor:
         """``[batch, seq]`` position indices (absolute, or per cell when reset is on)."""
-        batch, seq_len, _ = token_type_ids.shape
+        batch, seq_len = layout.batch_size, layout.seq_len
         if self.reset_position_index_per_cell:
-            columns, rows = token_type_ids[..., 1], token_type_ids[..., 2]
-            return cell_position_ids(columns, rows, self.max_position_embeddings, self.type_vocab_sizes[2])
+            num_rows = self.type_vocab_sizes[TOKEN_TYPE_FIELDS.index("row_ids")]
+            return cell_position_ids(layout.column_ids, layout.row_ids, self.max_position_embeddings, num_rows)
         if seq_len > self.max_position_embeddings:
             raise MateError(
                 f"sequence of {seq_len} tokens exceeds the model's max_position_embeddings="
                 f"{self.max_position_embeddings}; set dataset.max_length<={self.max_position_embeddings} "
                 "or model.reset_position_index_per_cell=true"
             )
-        positions = torch.arange(seq_len, device=token_type_ids.device)
+        positions = torch.arange(seq_len, device=layout.device)
         return positions.unsqueeze(0).expand(batch, seq_len)
 
-    def check_token_types(self, token_type_ids: torch.Tensor) -> None:
+    def check_token_types(self, layout: TableLayout) -> None:
         """Raise a `MateError` naming the layout field whose ids overflow its table."""
         if torch.compiler.is_compiling():
             return
-        sizes = torch.tensor(self.type_vocab_sizes, device=token_type_ids.device)
-        bad = ((token_type_ids < 0) | (token_type_ids >= sizes)).flatten(0, 1).any(dim=0)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            largest = int(token_type_ids[..., i].max())
-            raise MateError(
-                f"layout.{TOKEN_TYPE_FIELDS[i]} holds id {largest} but token_type_embeddings_{i} has only "
-                f"{self.type_vocab_sizes[i]} entries; cap it in the tokenizer (fewer rows/columns per table) "
-                f"or raise model.type_vocab_sizes[{i}]"
-            )
+        for name, size in zip(TOKEN_TYPE_FIELDS, self.type_vocab_sizes):
+            ids = getattr(layout, name)
+            if bool(((ids < 0) | (ids >= size)).any()):
+                i = TOKEN_TYPE_FIELDS.index(name)
+                raise MateError(
+                    f"layout.{name} holds id {int(ids.max())} but token_type_embeddings_{i} has only "
+                    f"{size} entries; cap it in the tokenizer (fewer rows/columns per table) "
+                    f"or raise model.type_vocab_sizes[{i}]"
+                )
 
     def forward(self, input_ids: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         """Embed tokens.
@@ -125,13 +120,9 @@ class TableEmbeddings(nn.Module):
         Returns:
             ``[batch, seq, hidden]``.
         """
-        batch, seq_len = input_ids.shape
-        if layout is None:
-            token_type_ids = input_ids.new_zeros(batch, seq_len, len(self.type_vocab_sizes))
-        else:
-            token_type_ids = layout.token_type_ids.to(input_ids.device)
-            self.check_token_types(token_type_ids)
-        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(token_type_ids))
-        for i, table in enumerate(self.token_type_tables()):
-            embeddings = embeddings + table(token_type_ids[..., i])
+        layout = TableLayout.plain(input_ids) if layout is None else layout.to(input_ids.device)
+        self.check_token_types(layout)
+        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(layout))
+        for name, table in zip(TOKEN_TYPE_FIELDS, self.token_type_tables()):
+            embeddings = embeddings + table(getattr(layout, name))
         return self.dropout(self.LayerNorm(embeddings))

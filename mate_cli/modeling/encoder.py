@@ -1,7 +1,7 @@
 """`TableEncoder`: BERT/TAPAS embeddings, then N post-LN transformer layers whose
 attention is a pluggable :class:`~mate_cli.modeling.attention.base.AttentionBackend`.
 
-Owns :class:`EncoderConfig`, the layer modules, :meth:`TableEncoder.from_pretrained`
+Owns the layer modules, :meth:`TableEncoder.from_pretrained`
 (BERT and TAPAS checkpoints: the bundled ``minilm``, a local directory or a hub id)
 and :meth:`TableEncoder.save_pretrained` (a directory ``transformers.TapasModel``
 loads). Module names mirror ``BertModel``/``TapasModel`` (``embeddings.*``,
@@ -13,13 +13,11 @@ live under ``encoder.layer.{i}.attention.self.backend``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,11 +27,9 @@ from torch import nn
 from mate_cli.errors import MateError
 from mate_cli.modeling import checkpoints
 from mate_cli.modeling.attention.base import REGISTRY, AttentionBackend
+from mate_cli.modeling.config import EncoderConfig, apply_overrides
 from mate_cli.modeling.embeddings import TableEmbeddings
 from mate_cli.modeling.layout import TableLayout
-
-#: TAPAS's token-type vocabulary sizes (``transformers.TapasConfig().type_vocab_sizes``).
-TAPAS_TYPE_VOCAB_SIZES = (3, 256, 256, 2, 256, 256, 10)
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu": nn.GELU,  # exact (erf) GELU, as BERT's "gelu"
@@ -43,57 +39,6 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "silu": nn.SiLU,
     "swish": nn.SiLU,
 }
-
-#: EncoderConfig field -> Hugging Face (BertConfig/TapasConfig) key, where they differ.
-HF_NAMES = {
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "hidden_dropout": "hidden_dropout_prob",
-    "attention_dropout": "attention_probs_dropout_prob",
-}
-
-
-@dataclass
-class EncoderConfig:
-    """Shape and regularisation of a :class:`TableEncoder` (BERT-base sizes by default)."""
-
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    max_position_embeddings: int = 512
-    type_vocab_sizes: list[int] = field(default_factory=lambda: list(TAPAS_TYPE_VOCAB_SIZES))
-    layer_norm_eps: float = 1e-12
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
-    pad_token_id: int = 0
-    initializer_range: float = 0.02
-    reset_position_index_per_cell: bool = False
-
-    @classmethod
-    def from_hf_dict(cls, hf: dict) -> "EncoderConfig":
-        """From a BERT or TAPAS ``config.json``. BERT's ``type_vocab_size`` sizes the
-        segment table (``type_vocab_sizes[0]``) so its weights load unchanged; the other
-        six sizes are TAPAS's."""
-        values = {}
-        for f in dataclasses.fields(cls):
-            key = HF_NAMES.get(f.name, f.name)
-            if key in hf and f.name not in ("type_vocab_sizes", "reset_position_index_per_cell"):
-                values[f.name] = hf[key]
-        if hf.get("model_type") == "tapas":
-            values["type_vocab_sizes"] = list(hf.get("type_vocab_sizes", TAPAS_TYPE_VOCAB_SIZES))
-            values["reset_position_index_per_cell"] = bool(hf.get("reset_position_index_per_cell", True))
-        else:
-            values["type_vocab_sizes"] = [int(hf.get("type_vocab_size", 2)), *TAPAS_TYPE_VOCAB_SIZES[1:]]
-        return cls(**values)
-
-    def to_tapas_dict(self) -> dict:
-        """A ``config.json`` for ``transformers.TapasModel``."""
-        hf = {HF_NAMES.get(k, k): v for k, v in dataclasses.asdict(self).items()}
-        hf["type_vocab_sizes"] = [int(size) for size in self.type_vocab_sizes]
-        return {"architectures": ["TapasModel"], "model_type": "tapas", **hf}
 
 
 # ---------------------------------------------------------------------- layers
@@ -388,17 +333,6 @@ class TableEncoder(nn.Module):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return target
-
-
-def apply_overrides(config: EncoderConfig, overrides: dict[str, Any]) -> EncoderConfig:
-    """``config`` with ``model.<field>=value`` overrides; unknown fields raise `MateError`."""
-    names = {f.name for f in dataclasses.fields(config)}
-    unknown = sorted(set(overrides) - names)
-    if unknown:
-        raise MateError(f"unknown model option(s) {unknown}; valid ones are {sorted(names)}")
-    if "type_vocab_sizes" in overrides:
-        overrides = {**overrides, "type_vocab_sizes": [int(s) for s in overrides["type_vocab_sizes"]]}
-    return dataclasses.replace(config, **overrides)
 
 
 def save_tokenizer(tokenizer: Any, directory: Path) -> None:

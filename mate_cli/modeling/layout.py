@@ -31,7 +31,7 @@ lazily once per layout and cached, so the 12+ encoder layers share one argsort.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Literal
+from typing import Literal, Mapping, Sequence
 
 import torch
 
@@ -48,13 +48,21 @@ TOKEN_TYPE_FIELDS = (
     "numeric_relations",
 )
 
+#: Every per-token id a tokenizer records: the TAPAS token types plus the cell id.
+#: The one list of layout fields: tokenizers fill it, collators pad it, Arrow stores it.
+ID_FIELDS = TOKEN_TYPE_FIELDS + ("cell_ids",)
+
+#: Sort key of padding in :meth:`TableLayout.group_ids` (after every row/column id).
+_PADDING_GROUP = 2**40
+
 
 @dataclass(eq=False)
 class TableLayout:
     """Where every token sits. All tensors are ``[batch, seq]``.
 
-    Build it from tokenizer output (``TableLayout(**batch_fields)``) or from a
-    TAPAS-style ``token_type_ids`` tensor (:meth:`from_token_type_ids`).
+    Build it from per-example id lists (:meth:`from_lists`, what the collators call),
+    from a TAPAS-style ``token_type_ids`` tensor (:meth:`from_token_type_ids`), or as
+    plain text with no table (:meth:`plain`). Fields missing at construction are zeros.
     """
 
     attention_mask: torch.Tensor
@@ -76,6 +84,35 @@ class TableLayout:
                 setattr(self, name, zeros)
 
     # ------------------------------------------------------------------ build
+    @classmethod
+    def from_lists(cls, examples: Sequence[Mapping[str, Sequence[int]]], seq_len: int | None = None) -> "TableLayout":
+        """Pad per-example id lists into a layout.
+
+        Args:
+            examples: per example, a mapping from :data:`ID_FIELDS` names to per-token
+                lists (``segment_ids`` is required and gives the example's length; a
+                missing field is zeros).
+            seq_len: padded length (default: the longest example).
+        """
+        lengths = [len(ex["segment_ids"]) for ex in examples]
+        seq_len = max(lengths + [0]) if seq_len is None else seq_len
+        mask = torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]
+        ids = {}
+        for name in ID_FIELDS:
+            tensor = torch.zeros((len(examples), seq_len), dtype=torch.long)
+            for i, ex in enumerate(examples):
+                if ex.get(name) is not None and lengths[i]:
+                    tensor[i, : lengths[i]] = torch.as_tensor(ex[name], dtype=torch.long)
+            ids[name] = tensor
+        return cls(attention_mask=mask, **ids)
+
+    @classmethod
+    def plain(cls, input_ids: torch.Tensor) -> "TableLayout":
+        """No table and no padding: every token a query token, every id 0."""
+        zeros = torch.zeros_like(input_ids, dtype=torch.long)
+        return cls(attention_mask=torch.ones_like(zeros, dtype=torch.bool), segment_ids=zeros, row_ids=zeros,
+                   column_ids=zeros)
+
     @classmethod
     def from_token_type_ids(
         cls, token_type_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
@@ -128,6 +165,16 @@ class TableLayout:
             return self.column_ids
         raise ValueError(f"view must be 'row' or 'column', got {view!r}")
 
+    def group_ids(self, view: View) -> torch.Tensor:
+        """``[batch, seq]`` long: 0 for the query set, row/column id + 1 for table tokens,
+        and a value above every id for padding: the groups a head of ``view`` sees,
+        in the order :meth:`sort_order` puts them."""
+        key = ("group", view)
+        if key not in self._cache:
+            group = torch.where(self.is_query, 0, self.view_ids(view).clamp(min=0) + 1)
+            self._cache[key] = torch.where(self.attention_mask, group, group.new_full((), _PADDING_GROUP))
+        return self._cache[key]
+
     # ------------------------------------------------------------ structure
     def allowed(self, view: View) -> torch.Tensor:
         """Exact MATE pattern of one head type, ``[batch, seq, seq]`` bool (from, to).
@@ -154,11 +201,10 @@ class TableLayout:
         """
         key = ("sort", view)
         if key not in self._cache:
-            n = self.seq_len
-            pos = torch.arange(n, device=self.device).expand_as(self.segment_ids)
-            group = torch.where(self.is_query, 0, self.view_ids(view).clamp(min=0) + 1)
-            group = torch.where(self.attention_mask, group, group.new_full((), 2**40 // (n + 1)))
-            perm = torch.argsort(group * (n + 1) + pos, dim=1, stable=True)
+            pos = torch.arange(self.seq_len, device=self.device).expand_as(self.segment_ids)
+            # positions break ties: one argsort of group * (seq + 1) + position
+            group = self.group_ids(view).clamp(max=_PADDING_GROUP // (self.seq_len + 1))
+            perm = torch.argsort(group * (self.seq_len + 1) + pos, dim=1, stable=True)
             inverse = torch.argsort(perm, dim=1)
             self._cache[key] = (perm, inverse)
         return self._cache[key]
@@ -185,6 +231,9 @@ class TableLayout:
 
     # ---------------------------------------------------------------- moves
     def to(self, device) -> "TableLayout":
+        """This layout on ``device`` (itself, cache kept, when it is already there)."""
+        if self.device == torch.device(device):
+            return self
         kwargs = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "_cache"}
         return TableLayout(**kwargs)
 

@@ -55,7 +55,7 @@ def test_encoding_layout_and_gold_tokens(tokenizer):
     n_q = len(tokenizer("Which team won the race in Monaco ?", add_special_tokens=False)["input_ids"])
     assert ex.input_ids[0] == tokenizer.cls_token_id and ex.input_ids[n_q + 1] == tokenizer.sep_token_id
     assert ex.input_ids[-1] == tokenizer.sep_token_id
-    assert ex.segment_ids == [0] * (n_q + 2) + [1] * (len(ex.input_ids) - n_q - 2)
+    assert ex.layout["segment_ids"] == [0] * (n_q + 2) + [1] * (len(ex.input_ids) - n_q - 2)
     assert ex.context_mask == [0] * (n_q + 2) + [1] * (len(ex.input_ids) - n_q - 3) + [0]
     assert span_text(context, ex.offsets, ex.gold_start, ex.gold_end) == "British motor racing team"
     assert ex.answer_in_context and not ex.context_truncated

@@ -6,6 +6,8 @@ import logging
 
 import pytest
 
+from mate_cli.modeling.layout import ID_FIELDS
+
 from mate_cli.data.expand import expand_table
 from mate_cli.data.schema import AnswerNode, Cell, Question, Table
 from mate_cli.data.tokenize import (
@@ -37,7 +39,7 @@ def _runs(example, start):
     """Group table tokens from ``start`` into contiguous (row, column, cell) runs -> token ids."""
     runs: list[tuple[tuple[int, int, int], list[int]]] = []
     for i in range(start, len(example.input_ids)):
-        key = (example.row_ids[i], example.column_ids[i], example.cell_ids[i])
+        key = (example.layout["row_ids"][i], example.layout["column_ids"][i], example.layout["cell_ids"][i])
         if not runs or runs[-1][0] != key:
             runs.append((key, []))
         runs[-1][1].append(example.input_ids[i])
@@ -48,15 +50,16 @@ def check_invariants(example, tok, question, table, texts, max_length, max_q=64)
     """Every token's ids agree with the cell it came from (checked through its text)."""
     n = len(example.input_ids)
     assert n <= max_length
-    for name in ("segment_ids", "row_ids", "column_ids", "cell_ids", "column_ranks", "inv_column_ranks"):
-        assert len(getattr(example, name)) == n, name
+    assert set(example.layout) == set(ID_FIELDS)
+    for name in ID_FIELDS:
+        assert len(example.layout[name]) == n, name
     sep = example.input_ids.index(tok.tokenizer.sep_token_id)
     assert example.input_ids[0] == tok.tokenizer.cls_token_id
     assert example.input_ids[1:sep] == _pieces(tok.tokenizer, question.question)[:max_q]
     for i in range(sep + 1):  # query set: [CLS] question [SEP]
-        assert (example.segment_ids[i], example.row_ids[i], example.column_ids[i], example.cell_ids[i]) == (0, 0, 0, 0)
-        assert example.column_ranks[i] == example.inv_column_ranks[i] == 0
-    assert all(s == 1 for s in example.segment_ids[sep + 1:])
+        assert (example.layout["segment_ids"][i], example.layout["row_ids"][i], example.layout["column_ids"][i], example.layout["cell_ids"][i]) == (0, 0, 0, 0)
+        assert example.layout["column_ranks"][i] == example.layout["inv_column_ranks"][i] == 0
+    assert all(s == 1 for s in example.layout["segment_ids"][sep + 1:])
     ranks, inverse = column_ranks([[c.text for c in row] for row in table.rows])
     seen_cells = []
     for (row, col, cell), ids in _runs(example, sep + 1):
@@ -70,9 +73,9 @@ def check_invariants(example, tok, question, table, texts, max_length, max_q=64)
     assert seen_cells == list(range(1, len(example.cell_coords) + 1))  # contiguous, row-major, one run each
     assert example.cell_coords == sorted(example.cell_coords)
     for i in range(sep + 1, n):
-        if example.cell_ids[i]:
-            r, c = example.cell_coords[example.cell_ids[i] - 1]
-            assert (example.column_ranks[i], example.inv_column_ranks[i]) == (ranks[r][c], inverse[r][c])
+        if example.layout["cell_ids"][i]:
+            r, c = example.cell_coords[example.layout["cell_ids"][i] - 1]
+            assert (example.layout["column_ranks"][i], example.layout["inv_column_ranks"][i]) == (ranks[r][c], inverse[r][c])
     assert all(1 <= k <= len(example.cell_coords) for k in example.candidates)
 
 
@@ -144,7 +147,7 @@ def test_truncation_shrinks_longest_cells_first(tokenizer):
     tok = TableTokenizer(tokenizer, max_length=44)  # budget 40 for the table
     example = tok.encode(question, table)
     lengths = {}
-    for k in example.cell_ids:
+    for k in example.layout["cell_ids"]:
         if k:
             xy = tuple(example.cell_coords[k - 1])
             lengths[xy] = lengths.get(xy, 0) + 1
@@ -160,7 +163,7 @@ def test_rows_dropped_when_one_token_per_cell_does_not_fit(tokenizer, caplog):
     tok = TableTokenizer(tokenizer, max_length=20)  # budget 16: header 3 + 4 rows x 3
     with caplog.at_level(logging.DEBUG, logger="mate_cli.data.tokenize"):
         example = tok.encode(question, table, candidates=[(9, 0), (1, 1)])
-    assert max(example.row_ids) == 4 and len(example.cell_coords) == 12
+    assert max(example.layout["row_ids"]) == 4 and len(example.cell_coords) == 12
     assert [example.cell_coords[k - 1] for k in example.candidates] == [[1, 1]]
     assert example.candidates_dropped == 1 and example.truncated
     assert "dropped 6 trailing rows" in caplog.text
@@ -182,7 +185,7 @@ def test_question_truncated_first(tokenizer):
     tok = TableTokenizer(tokenizer, max_length=64, max_question_tokens=3)
     example = tok.encode(question, table)
     check_invariants(example, tok, question, table, [["x"]], 64, max_q=3)
-    assert example.segment_ids.count(0) == 5 and example.truncated and tok.stats.question_truncated == 1
+    assert example.layout["segment_ids"].count(0) == 5 and example.truncated and tok.stats.question_truncated == 1
 
 
 def test_empty_cell_has_no_tokens_and_cannot_be_a_candidate(tokenizer):

@@ -3,7 +3,8 @@
 import torch
 
 from mate_cli.modeling.attention.sat import SatAttention
-from mate_cli.modeling.encoder import EncoderConfig, TableEncoder
+from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder import TableEncoder
 from tests.modeling.layouts import random_layout
 
 

@@ -11,7 +11,8 @@ import torch
 
 from mate_cli.errors import MateError
 from mate_cli.modeling import checkpoints
-from mate_cli.modeling.encoder import EncoderConfig, TableEncoder
+from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import TableLayout
 
 transformers = pytest.importorskip("transformers")

@@ -17,7 +17,8 @@ from mate_cli.errors import MateError
 from mate_cli.modeling.attention.base import AttentionBackend
 from mate_cli.modeling.attention.dense import DenseAttention
 from mate_cli.modeling.embeddings import cell_position_ids
-from mate_cli.modeling.encoder import EncoderConfig, TableEncoder
+from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import TableLayout
 
 transformers = pytest.importorskip("transformers")
