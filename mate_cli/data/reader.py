@@ -35,22 +35,19 @@ stage-1 one (:func:`~mate_cli.data.hybridqa.split_by_table` with the same
 from __future__ import annotations
 
 import logging
-import re
-import string
 from dataclasses import asdict, dataclass
 
 import torch
 from torch.utils.data import DataLoader
 
 from mate_cli.data.datamodule import SplitDataModule
+from mate_cli.data.normalize import answer_words
 from mate_cli.data.schema import Cell, Question, Table
 from mate_cli.errors import MateError
 from mate_cli.modeling.layout import TableLayout
 
 log = logging.getLogger(__name__)
 
-_WORD = re.compile(rf"[^\s{re.escape(string.punctuation)}]+")
-_ARTICLES = frozenset({"a", "an", "the"})
 TRAIN_CELLS = ("all", "first")
 
 
@@ -72,22 +69,12 @@ def cell_context(cell: Cell, passages: dict[str, str]) -> tuple[str, int]:
     return text, missing
 
 
-def _words(text: str) -> list[tuple[str, int, int]]:
-    """``(lower-cased word, char start, char end)``, punctuation as a break, articles dropped."""
-    out = []
-    for match in _WORD.finditer(text):
-        word = match.group().lower()
-        if word not in _ARTICLES:
-            out.append((word, match.start(), match.end()))
-    return out
-
-
 def find_answer_span(context: str, answer: str | None) -> tuple[int, int] | None:
     """Char span ``[start, end)`` of the first normalised occurrence of ``answer`` in ``context``."""
-    target = [w for w, _, _ in _words(answer or "")]
+    target = [w for w, _, _ in answer_words(answer or "")]
     if not target:
         return None
-    words = _words(context)
+    words = answer_words(context)
     n = len(target)
     for i in range(len(words) - n + 1):
         if words[i][0] == target[0] and [w for w, _, _ in words[i : i + n]] == target:

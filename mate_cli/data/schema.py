@@ -79,6 +79,7 @@ class EncodedExample:
     cell_coords: list[list[int]]
     candidates: list[int]
     truncated: bool = False
+    rows_dropped: int = 0
     candidates_dropped: int = 0
 
 

@@ -1,8 +1,7 @@
 """Tokenization: a question + table become WordPiece ids and layout ids, exactly once.
 
 Owns: :class:`TableTokenizer` (ids, TAPAS layout ids, numeric column ranks, the length
-budget), :func:`candidate_cells` (which cells hold the answer), :func:`column_ranks`
-and :class:`EncodingStats` (fit / answer-survival counts over many ``encode`` calls).
+budget), :func:`candidate_cells` (which cells hold the answer) and :func:`column_ranks`.
 
 Sequence (TAPAS conventions, see :mod:`mate_cli.modeling.layout`)::
 
@@ -21,7 +20,8 @@ If the table still does not fit in ``max_length - 2 - len(question)``, every tab
 ``sum(min(len(cell), c)) <= budget``: the longest cells shrink first and short cells
 stay whole. If even ``min_cell_tokens`` (default 1) per non-empty cell does not fit,
 trailing data rows are dropped until it does. ``truncated`` is set when anything was
-cut; :class:`EncodingStats` counts dropped rows and dropped candidates.
+cut, and the example records ``rows_dropped`` and ``candidates_dropped`` (the
+datamodule's split statistics sum them).
 
 Column ranks (TAPAS semantics): per column, the data cells that are not empty or a
 missing-value placeholder (``-``, ``–``, ``n/a``, ``?``, ...) must *all* parse as
@@ -41,47 +41,16 @@ from __future__ import annotations
 
 import logging
 import re
-import string
-from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
 from mate_cli.data.schema import EncodedExample, Question, Table
+from mate_cli.data.normalize import contains_answer, normalize_answer
 from mate_cli.errors import MateError
 from mate_cli.modeling.layout import ID_FIELDS
 
 log = logging.getLogger(__name__)
 
 Coord = tuple[int, int]
-
-
-# ============================================================ stats
-@dataclass
-class EncodingStats:
-    """Counts over ``encode`` calls (issue 5: how often we fit; how often the answer survives)."""
-
-    examples: int = 0
-    fit: int = 0  # nothing cut
-    question_truncated: int = 0
-    cells_capped: int = 0  # the per-cell cap was applied
-    rows_dropped_examples: int = 0
-    rows_dropped: int = 0
-    with_candidates: int = 0  # had >= 1 candidate coord given
-    answer_survived: int = 0  # ... and >= 1 of them kept a token
-    candidates: int = 0
-    candidates_dropped: int = 0
-
-    @property
-    def share_fit(self) -> float:
-        """Share of examples encoded without any truncation (nan when none)."""
-        return self.fit / self.examples if self.examples else float("nan")
-
-    @property
-    def share_answer_survived(self) -> float:
-        """Among examples with candidates, share with >= 1 candidate cell kept (nan when none)."""
-        return self.answer_survived / self.with_candidates if self.with_candidates else float("nan")
-
-    def as_dict(self) -> dict[str, float]:
-        return {**asdict(self), "share_fit": self.share_fit, "share_answer_survived": self.share_answer_survived}
 
 
 # ============================================================ numbers and dates
@@ -164,20 +133,6 @@ def column_ranks(rows: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[l
 
 
 # ============================================================ candidates
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """HybridQA/SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def _contains(haystack: str, needle: str) -> bool:
-    return f" {needle} " in f" {normalize_answer(haystack)} "
-
-
 def candidate_cells(question: Question, table: Table, passages: dict[str, str] | None = None) -> list[Coord]:
     """Cells (data row, column), 0-based, that hold or link to the answer, row-major.
 
@@ -199,12 +154,12 @@ def candidate_cells(question: Question, table: Table, passages: dict[str, str] |
     if not answer:
         return []
     passages = passages or {}
-    linked = {link: _contains(text, answer) for link, text in passages.items()}
+    linked = {link: contains_answer(text, answer) for link, text in passages.items()}
     return [
         (r, c)
         for r, row in enumerate(table.rows)
         for c, cell in enumerate(row)
-        if _contains(cell.text, answer) or any(linked.get(link, False) for link in cell.links)
+        if contains_answer(cell.text, answer) or any(linked.get(link, False) for link in cell.links)
     ]
 
 
@@ -253,8 +208,6 @@ class TableTokenizer:
         max_length: the whole sequence, specials included, is at most this long.
         max_question_tokens: the question is cut to this many WordPieces first.
         min_cell_tokens: rows are dropped rather than cap cells below this.
-    Attributes:
-        stats: :class:`EncodingStats` accumulated over every ``encode`` call.
     """
 
     def __init__(self, tokenizer, max_length: int = 2048, max_question_tokens: int = 64, min_cell_tokens: int = 1):
@@ -269,12 +222,6 @@ class TableTokenizer:
         self.max_length = int(max_length)
         self.max_question_tokens = int(max_question_tokens)
         self.min_cell_tokens = int(min_cell_tokens)
-        self.stats = EncodingStats()
-
-    def reset_stats(self) -> EncodingStats:
-        """Return the stats so far and start counting afresh."""
-        old, self.stats = self.stats, EncodingStats()
-        return old
 
     def _wordpieces(self, texts: list[str]) -> list[list[int]]:
         if not texts:
@@ -311,7 +258,9 @@ class TableTokenizer:
         coords = sorted(set(map(tuple, candidates or ())))
         self._add_candidates(example, coords)
         example.truncated = q_cut or cap is not None or kept < table.num_rows
-        self._count(example, q_cut, cap, table.num_rows - kept, len(coords))
+        example.rows_dropped = table.num_rows - kept
+        if example.rows_dropped:
+            log.debug("question %s: dropped %d trailing rows of %s", example.question_id, example.rows_dropped, table.table_id)
         return example
 
     # ------------------------------------------------------------ steps
@@ -361,21 +310,6 @@ class TableTokenizer:
         if example.candidates_dropped:
             log.debug("question %s: %d of %d candidate cells have no tokens",
                       example.question_id, example.candidates_dropped, len(coords))
-
-    def _count(self, example: EncodedExample, q_cut: bool, cap, rows_dropped: int, n_coords: int) -> None:
-        s = self.stats
-        s.examples += 1
-        s.fit += not example.truncated
-        s.question_truncated += q_cut
-        s.cells_capped += cap is not None
-        s.rows_dropped_examples += rows_dropped > 0
-        s.rows_dropped += rows_dropped
-        s.with_candidates += n_coords > 0
-        s.answer_survived += bool(example.candidates)
-        s.candidates += n_coords
-        s.candidates_dropped += example.candidates_dropped
-        if rows_dropped:
-            log.debug("question %s: dropped %d trailing rows of %s", example.question_id, rows_dropped, example.table_id)
 
 
 class _Sequence:

@@ -1,6 +1,6 @@
 """HybridQA answer metrics with the official evaluation semantics (EM / token F1).
 
-Owns the answer normalisation, per-answer exact match and token F1, and
+Owns per-answer exact match and token F1 (on :func:`~mate_cli.data.normalize.normalize_answer`), and
 :func:`evaluate_predictions`, which scores a predictions list against a
 ``dev_reference.json`` dict the way the official HybridQA ``evaluate_script.py`` does:
 
@@ -23,21 +23,12 @@ counted in ``missing``), and a group with no question reports ``em``/``f1`` as
 
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from typing import Iterable, Mapping, Sequence
 
-_PUNCTUATION = frozenset(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+from mate_cli.data.normalize import normalize_answer
 
 Gold = str | Sequence[str]
-
-
-def normalize_answer(text: str) -> str:
-    """Lower-case, strip punctuation, remove articles, collapse whitespace (in that order)."""
-    text = "".join(ch for ch in str(text).lower() if ch not in _PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
 
 
 def answer_tokens(text: str) -> list[str]:
