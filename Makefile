@@ -45,10 +45,10 @@ clean:
 #   stage 1  MATE cell selection          mate train experiment=hybridqa_mate
 #   stage 2  passage reader (dense BERT)   mate train experiment=hybridqa_reader
 #   eval     top cell -> reader -> official EM/F1 (in-table / in-passage / total) + Hits@1/3/5
-#            mate eval experiment=hybridqa_pointr stage1.ckpt_path=... stage2.ckpt_path=...
+#            mate pointr stage1.ckpt_path=... stage2.ckpt_path=...
 # The eval uses the newest run of each experiment and its last.ckpt (the best-* checkpoint
 # is chosen on the same validation tables, so it would flatter the sample's numbers).
-# Run dirs: $(POINTR_OUT)/{train,eval}/...; predictions.json + metrics.json land in the eval run dir.
+# Run dirs: $(POINTR_OUT)/{train,pointr}/...; predictions.json + metrics.json land in the pointr run dir.
 POINTR_OUT := $(or $(MATE_OUTPUT_DIR),outputs)
 POINTR_STAGE1 ?= hybridqa_mate
 POINTR_STAGE1_ARGS ?=
@@ -66,7 +66,7 @@ pointr-sample-stage2: install
 	$(BIN)/mate train experiment=hybridqa_reader $(POINTR_STAGE2_ARGS)
 
 pointr-sample-eval: install
-	$(BIN)/mate eval experiment=hybridqa_pointr \
+	$(BIN)/mate pointr \
 		stage1.ckpt_path=$(call newest_ckpt,$(POINTR_STAGE1)) \
 		stage2.ckpt_path=$(call newest_ckpt,hybridqa_reader)
 

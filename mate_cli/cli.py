@@ -13,6 +13,7 @@ import sys
 COMMANDS = {
     "train": ("mate_cli.commands.train", "fit a model (Hydra app, conf/train.yaml)"),
     "eval": ("mate_cli.commands.eval", "evaluate a checkpoint (conf/eval.yaml)"),
+    "pointr": ("mate_cli.commands.pointr", "PointR end to end: cell selection, then the reader (conf/pointr.yaml)"),
     "predict": ("mate_cli.commands.predict", "answer one question about one table (conf/predict.yaml)"),
     "bench": ("mate_cli.commands.bench", "time/memory/FLOPs of attention backends (conf/bench.yaml)"),
 }

@@ -1,46 +1,46 @@
 """`mate predict table=... passages=... question="..." stage1.ckpt_path=... [stage2.ckpt_path=...]`:
-answer one question about one table file with PointR (:func:`mate_cli.pointr.predict_question`),
+answer one question about one table file with PointR (:func:`mate_cli.pipelines.predict_question`),
 print the answer, the chosen cell (row, column, text) and the top cells with their
 probabilities, and write ``prediction.json`` atomically into the run dir."""
 
 from __future__ import annotations
 
 import hydra
+import rich
 from omegaconf import DictConfig, OmegaConf
+from rich.table import Table
 
 from mate_cli.commands.common import quiet_third_party_logs, run_dir, run_task
+from mate_cli.data.hybridqa import read_table_file
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
+from mate_cli.lit_modules.cell_selection import CellSelectionModule
+from mate_cli.lit_modules.span import SpanModule
 from mate_cli.paths import CONF_DIR, register_resolvers
+from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, predict_question
+from mate_cli.runs import load_trained, pick_device
 
 register_resolvers()
 
 
 def predict(cfg: DictConfig) -> dict:
-    import rich
-    from rich.table import Table
-
-    from mate_cli.lit_modules.cell_selection import CellSelectionModule
-    from mate_cli.lit_modules.reader import ReaderModule
-    from mate_cli import pointr
-
     quiet_third_party_logs()
     for key in ("table", "question"):
         if OmegaConf.is_missing(cfg, key):
             raise MateError(f"{key} is missing; pass {key}=... (see `mate predict --help`)")
     if OmegaConf.is_missing(cfg.stage1, "ckpt_path"):
         raise MateError("stage1.ckpt_path is missing; pass stage1.ckpt_path=<cell-selection run>/checkpoints/<name>.ckpt")
-    device = pointr.pick_device(cfg.trainer.get("accelerator"))
+    device = pick_device(cfg.trainer.get("accelerator"))
     precision = cfg.trainer.get("precision")
-    table = pointr.load_table_file(cfg.table)
-    passages = pointr.load_passages_file(cfg.get("passages"))
-    s1 = pointr.load_stage(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device)
+    table = read_table_file(cfg.table)
+    passages = load_passages(cfg.get("passages"))
+    s1 = load_trained(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device)
     s2 = None
     if cfg.stage2.get("ckpt_path"):
-        s2 = pointr.load_stage(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), ReaderModule, "stage2", device)
-    ranker = pointr.CellRanker(s1, device, precision, batch_size=1, top_k=max(int(cfg.top_k), 1))
-    reader = pointr.SpanReader(s2, device, precision, batch_size=1)
-    result = pointr.predict_question(ranker, reader, str(cfg.question), table, passages, top_k=int(cfg.top_k))
+        s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device)
+    ranker = CellRanker(s1, device, precision, batch_size=1, top_k=max(int(cfg.top_k), 1))
+    spans = SpanPredictor(s2, device, precision, batch_size=1)
+    result = predict_question(ranker, spans, str(cfg.question), table, passages, top_k=int(cfg.top_k))
 
     rich.print(f"[bold]question:[/bold] {result['question']}")
     rich.print(f"[bold]answer:[/bold] {result['answer'] or '(none)'}")

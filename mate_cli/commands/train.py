@@ -14,11 +14,15 @@ import math
 from pathlib import Path
 
 import hydra
+import lightning as L
+import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.commands.common import instantiate_dict, log, print_config_tree, quiet_third_party_logs, run_dir, run_task
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json, atomic_write_text
+from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.paths import CONF_DIR, register_resolvers
 
 register_resolvers()
@@ -26,10 +30,6 @@ register_resolvers()
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and validate; returns the final validation metrics."""
-    import lightning as L
-    import torch
-    from hydra.utils import instantiate
-
     quiet_third_party_logs()
     out = run_dir()
     print_config_tree(cfg)
@@ -71,10 +71,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:
     """Save the checkpoint's encoder as a transformers ``TapasModel`` directory (+ vocab)."""
-    import torch
-
-    from mate_cli.modeling.checkpoints import load_tokenizer
-
     state = torch.load(ckpt_path, map_location="cpu", weights_only=False)["state_dict"]
     model.load_state_dict(state)
     tokenizer = load_tokenizer(cfg.model.encoder.pretrained)

@@ -6,11 +6,8 @@ cached on disk as an HF ``datasets`` Arrow dataset under ``cache_dir/<key>``, wh
 max_length, expansion settings). The cache is written to a temp dir and renamed, so
 an interrupted run never leaves a half-written cache behind.
 
-Splits:
-- ``split_mode=by_table`` (the bundled sample, dev questions only): the ``source_split``
-  questions are split deterministically into train/validation by table
-  (:func:`~mate_cli.data.hybridqa.split_by_table`): no table on both sides.
-- ``split_mode=files`` (the full dataset): ``train.json`` / ``dev.json`` as released.
+Splits: ``dataset.split`` (:class:`~mate_cli.data.split.SplitSettings`): by table
+from one released file (the bundled sample), or the released files as they are.
 """
 
 from __future__ import annotations
@@ -23,13 +20,20 @@ import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import Mapping
 
+import datasets
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from mate_cli.data.schema import AnswerNode, Batch, Question
+from mate_cli.data.expand import expand_table
+from mate_cli.data.hybridqa import HybridQAReader
+from mate_cli.data.split import SplitSettings
+from mate_cli.data.schema import AnswerNode, Batch, Question, Table
+from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
+from mate_cli.modeling.checkpoints import load_tokenizer, resolve_pretrained
 from mate_cli.modeling.layout import TableLayout
 
 log = logging.getLogger(__name__)
@@ -40,7 +44,7 @@ class SplitDataModule(L.LightningDataModule):
     A subclass says how a split's questions become examples (:meth:`encode`), what
     else its cache key depends on (:meth:`cache_payload`), what it logs about a split
     (:meth:`split_stats`) and how a split is loaded (:meth:`_loader`). Arguments are
-    documented on the subclasses.
+    documented on the subclasses; every one is a keyword.
     """
 
     #: prefix of cache entries and log lines (``""`` stage 1, ``"reader"`` stage 2)
@@ -49,20 +53,25 @@ class SplitDataModule(L.LightningDataModule):
     STAGES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), None: ("train", "validation")}
 
     def __init__(
-        self, root: str, pretrained: str, max_length: int, max_question_tokens: int, split_mode: str, source_split: str,
-        val_fraction: float, split_seed: int, batch_size: int, eval_batch_size: int, num_workers: int, num_proc: int,
-        cache_dir: str | None, limit_questions: int | None,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        root: str,
+        pretrained: str = "minilm",
+        max_length: int = 512,
+        max_question_tokens: int = 64,
+        split: SplitSettings | Mapping | None = None,
+        batch_size: int = 4,
+        eval_batch_size: int = 8,
+        num_workers: int = 0,
+        num_proc: int = 1,
+        cache_dir: str | None = None,
+        limit_questions: int | None = None,
+    ) -> None:
         super().__init__()
-        from mate_cli.data.hybridqa import HybridQAReader
-
-        if split_mode not in ("by_table", "files"):
-            raise MateError(f"dataset.split_mode={split_mode!r} is invalid; use by_table or files")
         self.reader = HybridQAReader(root)  # raises MateError naming dataset.root if missing
         self.root, self.pretrained = str(root), pretrained
         self.max_length, self.max_question_tokens = max_length, max_question_tokens
-        self.split_mode, self.source_split = split_mode, source_split
-        self.val_fraction, self.split_seed = val_fraction, split_seed
+        self.split = split if isinstance(split, SplitSettings) else SplitSettings(**dict(split or {}))
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers, self.num_proc = num_workers, num_proc
         self.cache_dir = Path(cache_dir or Path(root) / ".mate_cache")
@@ -73,16 +82,8 @@ class SplitDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------- questions
     def questions(self, split: str) -> list[Question]:
-        """The questions of ``train``, ``validation`` or ``test`` under this split mode."""
-        from mate_cli.data.hybridqa import split_by_table
-
-        if self.split_mode == "by_table" and split in ("train", "validation"):
-            train, val = split_by_table(
-                list(self.reader.questions(self.source_split)), self.val_fraction, self.split_seed
-            )
-            chosen = train if split == "train" else val
-        else:
-            chosen = list(self.reader.questions({"validation": "dev"}.get(split, split)))
+        """The questions of ``train``, ``validation`` or ``test`` (``dataset.split``)."""
+        chosen = self.split.questions(split, self.reader.questions)
         return chosen[: self.limit_questions] if self.limit_questions else chosen
 
     # ------------------------------------------------------------ preprocess
@@ -99,8 +100,6 @@ class SplitDataModule(L.LightningDataModule):
 
     def cache_key(self, split: str) -> str:
         """Hash of everything that changes the encoded examples of ``split``."""
-        from mate_cli.modeling.checkpoints import resolve_pretrained
-
         files = sorted((Path(self.root) / "released_data").glob("*.json"))
         payload = {
             "kind": self.kind,
@@ -111,10 +110,7 @@ class SplitDataModule(L.LightningDataModule):
             "pretrained": resolve_pretrained(self.pretrained),
             "max_length": self.max_length,
             "max_question_tokens": self.max_question_tokens,
-            "split_mode": self.split_mode,
-            "source_split": self.source_split,
-            "val_fraction": self.val_fraction,
-            "split_seed": self.split_seed,
+            "split": asdict(self.split),
             "limit_questions": self.limit_questions,
             **self.cache_payload(split),
         }
@@ -122,8 +118,6 @@ class SplitDataModule(L.LightningDataModule):
 
     def preprocess(self, split: str):
         """Encoded examples of ``split`` as a ``datasets.Dataset`` (cached on disk)."""
-        import datasets
-
         name = " ".join(filter(None, (self.kind, split)))
         target = self.cache_dir / "-".join(filter(None, (self.kind, split, self.cache_key(split))))
         if target.exists():
@@ -137,8 +131,6 @@ class SplitDataModule(L.LightningDataModule):
 
     def _map(self, questions: list[Question], function, desc: str, **kwargs):
         """``datasets.map`` of ``function`` over the question records (``num_proc`` workers)."""
-        import datasets
-
         rows = [asdict(q) for q in questions]
         ds = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"question_id": []})
         return ds.map(
@@ -175,8 +167,6 @@ class SplitDataModule(L.LightningDataModule):
     @property
     def pad_id(self) -> int:
         if self._pad_id is None:
-            from mate_cli.modeling.checkpoints import load_tokenizer
-
             self._pad_id = int(load_tokenizer(self.pretrained).pad_token_id or 0)
         return self._pad_id
 
@@ -196,44 +186,22 @@ class HybridQADataModule(SplitDataModule):
     """HybridQA cell-selection data.
 
     Args:
-        root: folder holding ``released_data/`` and ``WikiTables-WithLinks/``.
-        pretrained: checkpoint whose WordPiece vocabulary tokenizes (``minilm``, a dir, a hub id).
-        max_length: token budget of query + expanded table (paper: 2048).
-        split_mode: ``by_table`` or ``files`` (see module docstring).
-        source_split: with ``by_table``, the released split to cut (``dev`` for the sample).
-        val_fraction, split_seed: the by-table split.
         expansion: dict of :func:`~mate_cli.data.expand.expand_table` options (k, scope, method).
         drop_ambiguous: drop training questions with more than one candidate cell (paper ablation).
-        max_question_tokens: the question is cut to this many word pieces first.
-        batch_size, eval_batch_size, num_workers: loader settings.
-        num_proc: processes for preprocessing (``datasets.map``); 1 = in process.
-        cache_dir: where preprocessed Arrow datasets live.
-        limit_questions: keep only the first N questions of each split (smoke runs).
+        common: the :class:`SplitDataModule` keywords:
+            root: folder holding ``released_data/`` and ``WikiTables-WithLinks/``;
+            pretrained: checkpoint whose WordPiece vocabulary tokenizes (``minilm``, a dir, a hub id);
+            max_length: token budget of query + expanded table (paper: 2048);
+            max_question_tokens: the question is cut to this many word pieces first;
+            split: :class:`~mate_cli.data.split.SplitSettings` (or its dict);
+            batch_size, eval_batch_size, num_workers: loader settings;
+            num_proc: processes for preprocessing (``datasets.map``); 1 = in process;
+            cache_dir: where preprocessed Arrow datasets live;
+            limit_questions: keep only the first N questions of each split (smoke runs).
     """
 
-    def __init__(
-        self,
-        root: str,
-        pretrained: str = "minilm",
-        max_length: int = 512,
-        split_mode: str = "by_table",
-        source_split: str = "dev",
-        val_fraction: float = 0.25,
-        split_seed: int = 0,
-        expansion: dict | None = None,
-        drop_ambiguous: bool = False,
-        max_question_tokens: int = 64,
-        batch_size: int = 4,
-        eval_batch_size: int = 8,
-        num_workers: int = 0,
-        num_proc: int = 1,
-        cache_dir: str | None = None,
-        limit_questions: int | None = None,
-    ) -> None:
-        super().__init__(
-            root, pretrained, max_length, max_question_tokens, split_mode, source_split, val_fraction, split_seed,
-            batch_size, eval_batch_size, num_workers, num_proc, cache_dir, limit_questions,
-        )  # fmt: skip
+    def __init__(self, *, expansion: Mapping | None = None, drop_ambiguous: bool = False, **common) -> None:
+        super().__init__(**common)
         self.expansion = dict(expansion or {"k": 5, "scope": "table", "method": "tfidf"})
         self.drop_ambiguous = drop_ambiguous
 
@@ -269,6 +237,16 @@ class HybridQADataModule(SplitDataModule):
         )
 
 
+def encode_question(
+    tokenizer: TableTokenizer, question: Question, table: Table, passages: dict[str, str], expansion: Mapping
+) -> dict:
+    """The stage-1 input of one question, as a plain dict (an :class:`EncodedExample`):
+    PointR expansion, candidate cells, tokenization. Training, eval and PointR all call this."""
+    cell_texts = expand_table(question, table, passages, **expansion)
+    candidates = candidate_cells(question, table, passages)
+    return asdict(tokenizer.encode(question, table, cell_texts=cell_texts, candidates=candidates))
+
+
 class _ExampleEncoder:
     """Picklable ``datasets.map`` function: one question record -> one encoded example."""
 
@@ -276,29 +254,16 @@ class _ExampleEncoder:
         self.args = (root, pretrained, max_length, expansion, max_question_tokens)
         self._state = None
 
-    def _build(self):
-        from mate_cli.data.hybridqa import HybridQAReader
-        from mate_cli.data.tokenize import TableTokenizer
-        from mate_cli.modeling.checkpoints import load_tokenizer
-
-        root, pretrained, max_length, _, max_q = self.args
-        tok = TableTokenizer(load_tokenizer(pretrained), max_length=max_length, max_question_tokens=max_q)
-        return HybridQAReader(root), tok
-
     def __call__(self, record: dict) -> dict:
-        from mate_cli.data.expand import expand_table
-        from mate_cli.data.tokenize import candidate_cells
-
+        root, pretrained, max_length, expansion, max_q = self.args
         if self._state is None:
-            self._state = self._build()
+            tok = TableTokenizer(load_tokenizer(pretrained), max_length=max_length, max_question_tokens=max_q)
+            self._state = (HybridQAReader(root), tok)
         reader, tok = self._state
         question = question_from_record(record)
-        table = reader.table(question.table_id)
-        passages = reader.passages(question.table_id)
-        expansion = self.args[3]
-        cell_texts = expand_table(question, table, passages, **expansion)
-        candidates = candidate_cells(question, table, passages)
-        return asdict(tok.encode(question, table, cell_texts=cell_texts, candidates=candidates))
+        return encode_question(
+            tok, question, reader.table(question.table_id), reader.passages(question.table_id), expansion
+        )
 
     def __getstate__(self):
         return {"args": self.args, "_state": None}

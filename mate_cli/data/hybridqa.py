@@ -1,8 +1,7 @@
 """Reading the upstream HybridQA layout into :mod:`mate_cli.data.schema` records.
 
-Owns: ``HybridQAReader`` (questions, tables, passages of one dataset root) and
-``split_by_table`` (a deterministic train/validation split that never puts one table
-on both sides).
+Owns: ``HybridQAReader`` (questions, tables, passages of one dataset root) and the
+parsers of its files (also for single files, as ``mate predict`` reads them).
 
 Expected layout under ``root`` (the two upstream repositories side by side)::
 
@@ -19,12 +18,11 @@ held in memory at once. Every malformed input raises a one-line
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from mate_cli.data.schema import AnswerNode, Cell, Question, Table
 from mate_cli.errors import MateError
@@ -148,15 +146,27 @@ class HybridQAReader:
         if "/" in table_id or not path.is_file():
             log.warning("no passage file %s for table %r; using no passages", path, table_id)
             return {}
-        data = _load_json(path, f"passages of table {table_id!r}")
-        if not isinstance(data, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in data.items()
-        ):
-            raise MateError(
-                f"{path}: passages of table {table_id!r} must be a JSON object "
-                "mapping '/wiki/...' links to passage text; repair or delete the file"
-            )
-        return data
+        return parse_passages(_load_json(path, f"passages of table {table_id!r}"), path)
+
+    def has_passage_file(self, table_id: str) -> bool:
+        return (self.root / PASSAGES_DIR / f"{table_id}.json").is_file()
+
+
+# ------------------------------------------------------------ single files
+def read_table_file(path: str | Path) -> Table:
+    """A ``tables_tok``-format JSON file -> :class:`Table` (table id = file stem)."""
+    path = Path(str(path)).expanduser()
+    if not path.is_file():
+        raise MateError(f"table={path} not found; pass a WikiTables-WithLinks tables_tok/<id>.json file")
+    return parse_table(_load_json(path, "table file"), path.stem, path)
+
+
+def read_passages_file(path: str | Path) -> dict[str, str]:
+    """A ``request_tok``-format JSON file -> ``{"/wiki/...": text}``."""
+    path = Path(str(path)).expanduser()
+    if not path.is_file():
+        raise MateError(f"passages={path} not found; pass the request_tok/<id>.json of the table, or passages=null")
+    return parse_passages(_load_json(path, "passages file"), path)
 
 
 # ---------------------------------------------------------------- parsing
@@ -222,36 +232,8 @@ def parse_table(data: Any, table_id: str, path: Path | str) -> Table:
     return Table(table_id=table_id, header=header, rows=rows, **text)
 
 
-# ------------------------------------------------------------------ split
-def _table_hash(table_id: str, seed: int) -> float:
-    """A stable number in [0, 1) from (seed, table_id): sha256, not Python's salted hash()."""
-    digest = hashlib.sha256(f"{seed}\x00{table_id}".encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
-def split_by_table(
-    questions: Iterable[Question], val_fraction: float, seed: int = 0
-) -> tuple[list[Question], list[Question]]:
-    """Split questions into (train, val) by table: no table on both sides.
-
-    A table goes to val when ``sha256(seed, table_id) < val_fraction``, so each table's
-    side depends only on its id and the seed (stable as the dataset grows). With >= 2
-    tables both sides are made non-empty by moving the table nearest the threshold;
-    with a single table everything goes to train (and a warning is logged).
-    Question order is kept within each side.
-    """
-    if not 0.0 < float(val_fraction) < 1.0:
-        raise MateError(f"val_fraction must be in (0, 1), got {val_fraction}; set e.g. dataset.val_fraction=0.1")
-    questions = list(questions)
-    scores = {q.table_id: _table_hash(q.table_id, seed) for q in questions}
-    val_tables = {t for t, s in scores.items() if s < val_fraction}
-    if len(scores) < 2:
-        log.warning("split_by_table: only %d table(s); everything goes to train", len(scores))
-        val_tables = set()
-    elif not val_tables:
-        val_tables = {min(scores, key=lambda t: (scores[t], t))}
-    elif len(val_tables) == len(scores):
-        val_tables.discard(max(scores, key=lambda t: (scores[t], t)))
-    train = [q for q in questions if q.table_id not in val_tables]
-    val = [q for q in questions if q.table_id in val_tables]
-    return train, val
+def parse_passages(data: Any, path: Path | str) -> dict[str, str]:
+    """A ``request_tok`` JSON object -> ``{"/wiki/...": text}`` (raises MateError naming the file)."""
+    ok = isinstance(data, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in data.items())
+    _check(ok, str(path), "passages must be a JSON object mapping '/wiki/...' links to passage text; repair or delete the file")
+    return data

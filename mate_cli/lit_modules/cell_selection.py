@@ -2,17 +2,20 @@
 
 Thin wiring only: the encoder (any attention backend) and the head are built by
 Hydra and handed in; the loss lives in :mod:`mate_cli.modeling.heads`, the metric in
-:mod:`mate_cli.metrics.retrieval`. Optimiser: AdamW with a linear warm-up
-(``warmup_ratio`` of the total steps, paper: 5%) then linear decay to 0, as BERT.
+:mod:`mate_cli.metrics.retrieval`, the optimiser and schedule in ``conf/model/optimizer``
+and ``conf/model/scheduler`` (:mod:`mate_cli.lit_modules.optim`).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import lightning as L
 import torch
 from torch import nn
 
 from mate_cli.data.schema import Batch
+from mate_cli.lit_modules.optim import configure
 from mate_cli.metrics.retrieval import HitsAtK
 from mate_cli.modeling.heads import CellSelectionHead, first_candidate_loss, mml_loss
 
@@ -25,21 +28,17 @@ class CellSelectionModule(L.LightningModule):
     Args:
         encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder`.
         mml: train with MML over all candidates (paper) or CE to the first candidate.
-        lr, weight_decay, warmup_ratio, adam_eps: optimiser settings.
+        optimizer: ``optimizer(parameter_groups)`` (a Hydra partial, e.g. AdamW).
+        scheduler: ``scheduler(optimizer, total_steps=)`` (a Hydra partial) or None.
     """
 
     def __init__(
-        self,
-        encoder: nn.Module,
-        mml: bool = True,
-        lr: float = 1e-5,
-        weight_decay: float = 0.01,
-        warmup_ratio: float = 0.05,
-        adam_eps: float = 1e-6,
+        self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None, mml: bool = True
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["encoder"])
+        self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.encoder = encoder
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.head = CellSelectionHead(encoder.config.hidden_size, encoder.config.initializer_range)
         self.loss_fn = mml_loss if mml else first_candidate_loss
         self.val_hits = nn.ModuleDict({f"hits@{k}": HitsAtK(k) for k in HITS_K})
@@ -78,16 +77,4 @@ class CellSelectionModule(L.LightningModule):
         return {"question_ids": batch.question_ids, "probs": probs, "cell_coords": batch.cell_coords}
 
     def configure_optimizers(self):
-        from transformers import get_linear_schedule_with_warmup
-
-        no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
-        groups = [
-            {"params": [p for n, p in self.named_parameters() if not n.endswith(no_decay)],
-             "weight_decay": self.hparams.weight_decay},
-            {"params": [p for n, p in self.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, eps=self.hparams.adam_eps)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = int(round(self.hparams.warmup_ratio * total))
-        scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return configure(self, self.optimizer, self.scheduler)

@@ -1,5 +1,5 @@
 """PointR end to end through the real CLI: `mate train` both stages (tiny), then
-`mate eval experiment=hybridqa_pointr` and `mate predict` on the bundled sample.
+`mate pointr` and `mate predict` on the bundled sample.
 
 The two checkpoints are trained once per session (2 optimiser steps each, 128 tokens),
 as subprocesses of the real `mate` entry point, with outputs and caches under a temp dir.
@@ -69,16 +69,16 @@ def checkpoints(pointr_env) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def pointr_run(checkpoints, pointr_env) -> tuple[Path, subprocess.CompletedProcess]:
-    """One `mate eval experiment=hybridqa_pointr` run on the sample's validation tables."""
+    """One `mate pointr` run on the sample's validation tables."""
     out = Path(pointr_env["MATE_OUTPUT_DIR"])
-    before = run_dirs(out, "eval")
-    proc = mate(["eval", "experiment=hybridqa_pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
+    before = run_dirs(out, "pointr")
+    proc = mate(["pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
                  f"stage2.ckpt_path={checkpoints['stage2']}"], pointr_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return new_run(out, "eval", before), proc
+    return new_run(out, "pointr", before), proc
 
 
-def test_eval_writes_official_predictions_and_finite_metrics(pointr_run):
+def test_pointr_writes_official_predictions_and_finite_metrics(pointr_run):
     run, proc = pointr_run
     predictions = json.loads((run / "predictions.json").read_text())
     metrics = json.loads((run / "metrics.json").read_text())
@@ -88,7 +88,7 @@ def test_eval_writes_official_predictions_and_finite_metrics(pointr_run):
     assert all(set(p) == {"question_id", "pred"} and isinstance(p["pred"], str) for p in predictions)
     from mate_cli.data.datamodule import HybridQADataModule
 
-    val_ids = [q.question_id for q in HybridQADataModule(str(SAMPLE)).questions("validation")]
+    val_ids = [q.question_id for q in HybridQADataModule(root=str(SAMPLE)).questions("validation")]
     assert [p["question_id"] for p in predictions] == val_ids
 
     # EM/F1 are the official semantics on exactly these predictions; counts follow dev_reference.json
@@ -111,16 +111,16 @@ def test_eval_writes_official_predictions_and_finite_metrics(pointr_run):
     assert "EM (%)" in proc.stdout and "hits@1" in proc.stdout
 
 
-def test_eval_survives_the_edge_cases(checkpoints, pointr_env, tmp_path):
+def test_pointr_survives_the_edge_cases(checkpoints, pointr_env, tmp_path):
     root = tmp_path / "edge"
     build_edge_root(root)
     out = Path(pointr_env["MATE_OUTPUT_DIR"])
-    before = run_dirs(out, "eval")
-    overrides = f'stage1.overrides=["dataset.root={root}","dataset.split_mode=files","dataset.cache_dir={tmp_path / "c"}"]'
-    proc = mate(["eval", "experiment=hybridqa_pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
+    before = run_dirs(out, "pointr")
+    overrides = f'stage1.overrides=["dataset.root={root}","dataset.split.mode=files","dataset.cache_dir={tmp_path / "c"}"]'
+    proc = mate(["pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
                  f"stage2.ckpt_path={checkpoints['stage2']}", overrides], pointr_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = new_run(out, "eval", before)
+    run = new_run(out, "pointr", before)
     predictions = {p["question_id"]: p["pred"] for p in json.loads((run / "predictions.json").read_text())}
     metrics = json.loads((run / "metrics.json").read_text())
     assert len(predictions) == 5 and predictions["edge-all-empty"] == ""
@@ -168,7 +168,7 @@ def test_single_checkpoint_eval_still_works_and_agrees_on_hits(checkpoints, poin
 def test_test_split_gets_predictions_without_scores(checkpoints, tmp_path):
     from omegaconf import OmegaConf
 
-    from mate_cli.pointr import evaluate_pointr
+    from mate_cli.pipelines.pointr import evaluate_pointr
 
     cfg = OmegaConf.create({
         "split": "test", "reference": None, "limit_questions": None, "trainer": {"accelerator": "cpu"},
@@ -184,7 +184,7 @@ def test_test_split_gets_predictions_without_scores(checkpoints, tmp_path):
 
 
 def test_user_errors_are_one_line(checkpoints, pointr_env, tmp_path):
-    proc = mate(["eval", "experiment=hybridqa_pointr", f"stage1.ckpt_path={tmp_path / 'nope.ckpt'}", "stage2.ckpt_path=null"], pointr_env)
+    proc = mate(["pointr", f"stage1.ckpt_path={tmp_path / 'nope.ckpt'}", "stage2.ckpt_path=null"], pointr_env)
     assert proc.returncode == 2 and proc.stderr.strip().startswith("mate: error: checkpoint not found")
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -193,13 +193,13 @@ def test_wrong_or_missing_checkpoints_raise_mate_errors(checkpoints, tmp_path):
     from omegaconf import OmegaConf
 
     from mate_cli.errors import MateError
-    from mate_cli.pointr import evaluate_pointr
+    from mate_cli.pipelines.pointr import evaluate_pointr
 
     def cfg(stage1, stage2):
         return OmegaConf.create({"split": "validation", "trainer": {"accelerator": "cpu"},
                                  "stage1": {"ckpt_path": stage1}, "stage2": {"ckpt_path": stage2}})
 
-    with pytest.raises(MateError, match="not ReaderModule"):
+    with pytest.raises(MateError, match="not SpanModule"):
         evaluate_pointr(cfg(str(checkpoints["stage1"]), str(checkpoints["stage1"])), tmp_path)
     with pytest.raises(MateError, match="not CellSelectionModule"):
         evaluate_pointr(cfg(str(checkpoints["stage2"]), None), tmp_path)

@@ -1,5 +1,6 @@
 """PointR span head (paper §4.2): valid spans, band scores = MLP([h_s; h_e]), loss, overfitting."""
 
+import functools
 import itertools
 
 import pytest
@@ -96,17 +97,17 @@ def test_decode_picks_the_best_valid_span_and_flags_empty_contexts():
 
 @pytest.mark.filterwarnings("ignore")
 def test_loss_decreases_on_a_tiny_overfit_batch_with_real_minilm(sample_root, tmp_path):
-    from mate_cli.data.reader import ReaderDataModule
-    from mate_cli.lit_modules.reader import ReaderModule
+    from mate_cli.data.span import SpanDataModule
+    from mate_cli.lit_modules.span import SpanModule
     from mate_cli.modeling.encoder import TableEncoder
 
     torch.manual_seed(0)
-    dm = ReaderDataModule(str(sample_root), max_length=48, cache_dir=str(tmp_path), batch_size=2, limit_questions=4)
+    dm = SpanDataModule(root=str(sample_root), max_length=48, cache_dir=str(tmp_path), batch_size=2, limit_questions=4)
     dm.setup("fit")
     batch = next(b for b in iter(dm.train_dataloader()) if bool((b.gold_start >= 0).all()))
     encoder = TableEncoder.from_pretrained("minilm", "dense", max_length=48, hidden_dropout=0.0, attention_dropout=0.0)
-    module = ReaderModule(encoder, max_span_length=10)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=2e-4)
+    module = SpanModule(encoder, optimizer=functools.partial(torch.optim.AdamW, lr=2e-4), max_span_length=10)
+    optimizer = module.optimizer(module.parameters())
     losses = []
     for _ in range(10):
         scores, valid = module(batch)

@@ -1,14 +1,12 @@
 """PointR end to end (MATE paper §4): point to the expanded cell, then read the answer from it.
 
-Owns the inference pipeline the ``mate eval`` (PointR branch) and ``mate predict``
-commands call:
+Owns the inference pipeline the ``mate pointr`` and ``mate predict`` commands call
+(each stage is a trained run rebuilt by :func:`mate_cli.runs.load_trained`):
 
-- :func:`load_stage`: rebuild a trained stage from its ``mate train`` run dir
-  (``resolved_config.yaml`` + a ``checkpoints/*.ckpt``), as ``mate eval`` does;
 - :class:`CellRanker` (stage 1): cell probabilities for encoded tables, the top-k cells,
   Hits@1/3/5 against the candidate cells;
-- :class:`SpanReader` (stage 2): the answer span read from one cell's context
-  (:func:`~mate_cli.data.reader.build_reader_input`, exactly the training input);
+- :class:`SpanPredictor` (stage 2): the answer span read from one cell's context
+  (:func:`~mate_cli.data.span.build_span_input`, exactly the training input);
 - :func:`evaluate_pointr`: every question of a split -> stage 1 -> top cell -> stage 2,
   then ``predictions.json`` (official format ``[{"question_id", "pred"}]``), official
   EM/F1 (:mod:`mate_cli.metrics.hybridqa`), Hits@k and robustness counts, each written
@@ -26,7 +24,6 @@ line, and predicted as well as possible; nothing crashes the run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections import Counter
@@ -35,16 +32,26 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from mate_cli.data.datamodule import Collator, encode_question
+from mate_cli.data.hybridqa import HybridQAReader, read_passages_file, read_table_file
+from mate_cli.data.span import SpanCollator, SpanExample, build_span_input, cell_context
 from mate_cli.data.schema import Question, Table
+from mate_cli.data.split import SplitSettings
+from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
+from mate_cli.lit_modules.cell_selection import CellSelectionModule
+from mate_cli.lit_modules.span import SpanModule
+from mate_cli.metrics.hybridqa import evaluate_predictions, flat_metrics, subset_reference
+from mate_cli.runs import TrainedRun, autocast, load_trained, pick_device
 
 log = logging.getLogger(__name__)
 
 HITS_K = (1, 3, 5)
-SPLIT_KEYS = ("root", "split_mode", "source_split", "val_fraction", "split_seed")
+SPLIT_KEYS = ("root", "split")
 ROBUSTNESS_LINES = {
     "questions_without_candidate": "questions whose answer appears in no cell or linked passage (Hits@k counts them as misses)",
     "tables_without_passages": "questions whose table has no linked passage (reader context = cell text only)",
@@ -57,62 +64,6 @@ ROBUSTNESS_LINES = {
 
 
 # ------------------------------------------------------------------ loading
-@dataclass
-class LoadedStage:
-    """A trained stage: its training run's config, the module (eval mode, on ``device``), tokenizer."""
-
-    cfg: DictConfig
-    model: torch.nn.Module
-    ckpt_path: str
-    tokenizer: Any
-
-
-def pick_device(accelerator: str | None) -> torch.device:
-    """``cpu`` -> CPU; ``gpu``/``cuda`` -> CUDA (MateError if absent); anything else -> CUDA when available."""
-    name = str(accelerator or "auto").lower()
-    if name == "cpu":
-        return torch.device("cpu")
-    if name in ("gpu", "cuda"):
-        if not torch.cuda.is_available():
-            raise MateError("hardware=gpu but no CUDA device is visible; use hardware=cpu")
-        return torch.device("cuda")
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def autocast(device: torch.device, precision: str | None):
-    """bf16 autocast on CUDA when the hardware group asks for ``bf16*``; otherwise a no-op."""
-    if device.type == "cuda" and str(precision or "").startswith("bf16"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def load_stage(ckpt_path: str, overrides: Sequence[str] | None, expected: type, key: str, device: torch.device) -> LoadedStage:
-    """Rebuild the module of a ``mate train`` run and load ``ckpt_path`` into it."""
-    from hydra.utils import instantiate
-
-    from mate_cli.commands.eval import load_run_config
-    from mate_cli.modeling.checkpoints import load_tokenizer
-
-    cfg = load_run_config(str(ckpt_path), list(overrides or []))
-    target = str(cfg.get("model", {}).get("_target_", ""))
-    if not target.endswith(expected.__name__):
-        raise MateError(
-            f"{key}.ckpt_path={ckpt_path} is a run of {target or 'an unknown model'}, not {expected.__name__}; "
-            f"pass the checkpoint of a {'hybridqa_mate/hybridqa_tapas' if key == 'stage1' else 'hybridqa_reader'} run"
-        )
-    model = instantiate(cfg.model)
-    state = torch.load(str(ckpt_path), map_location="cpu", weights_only=True).get("state_dict")
-    if state is None:
-        raise MateError(f"{key}.ckpt_path={ckpt_path} has no state_dict; pass a Lightning checkpoint from `mate train`")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0]
-        raise MateError(f"{key}.ckpt_path={ckpt_path} does not match its run config ({first}); pass {key}.overrides only for data settings") from None
-    model.eval().to(device)
-    return LoadedStage(cfg=cfg, model=model, ckpt_path=str(ckpt_path), tokenizer=load_tokenizer(cfg.dataset.pretrained))
-
-
 def check_same_split(stage1: DictConfig, stage2: DictConfig) -> None:
     """Warn (one line) when the reader was trained on another split than the one evaluated."""
     a, b = stage1.dataset, stage2.dataset
@@ -132,24 +83,17 @@ class CellRanker:
         top_k: cells kept per question (>= max(HITS_K) for Hits@5).
     """
 
-    def __init__(self, stage: LoadedStage, device: torch.device, precision: str | None = None, batch_size: int = 8, top_k: int = 5):
-        from mate_cli.data.datamodule import Collator
-
+    def __init__(self, stage: TrainedRun, device: torch.device, precision: str | None = None, batch_size: int = 8, top_k: int = 5):
         self.stage, self.device, self.precision = stage, device, precision
         self.batch_size, self.top_k = int(batch_size), max(int(top_k), 1)
         self.collate = Collator(int(stage.tokenizer.pad_token_id or 0))
 
     def encode(self, question: Question, table: Table, passages: dict[str, str]) -> dict:
-        """The stage-1 input of one question (expansion + tokenization as the training run)."""
-        from mate_cli.data.expand import expand_table
-        from mate_cli.data.tokenize import TableTokenizer, candidate_cells
-
+        """The stage-1 input of one question, exactly as the training run encoded its data."""
         data = self.stage.cfg.dataset
         expansion = OmegaConf.to_container(data.expansion, resolve=True) if data.get("expansion") else {}
         tok = TableTokenizer(self.stage.tokenizer, max_length=int(data.max_length), max_question_tokens=int(data.max_question_tokens))
-        cell_texts = expand_table(question, table, passages, **expansion)
-        candidates = candidate_cells(question, table, passages) if question.answer_text else None
-        return asdict(tok.encode(question, table, cell_texts=cell_texts, candidates=candidates))
+        return encode_question(tok, question, table, passages, expansion)
 
     @torch.no_grad()
     def rank(self, examples: Iterable[dict]) -> Iterator[dict]:
@@ -185,32 +129,28 @@ class CellRanker:
 
 
 # ------------------------------------------------------------------ stage 2
-class SpanReader:
+class SpanPredictor:
     """Stage 2: read the answer span from one cell's context (or the cell text without a reader)."""
 
-    def __init__(self, stage: LoadedStage | None, device: torch.device, precision: str | None = None, batch_size: int = 16):
-        from mate_cli.data.reader import ReaderCollator
-
+    def __init__(self, stage: TrainedRun | None, device: torch.device, precision: str | None = None, batch_size: int = 16):
         self.stage, self.device, self.precision, self.batch_size = stage, device, precision, int(batch_size)
-        self.collate = ReaderCollator(int(stage.tokenizer.pad_token_id or 0)) if stage else None
+        self.collate = SpanCollator(int(stage.tokenizer.pad_token_id or 0)) if stage else None
 
     def build(self, question: Question, table: Table, passages: dict[str, str], coord: Sequence[int]):
-        """The :class:`~mate_cli.data.reader.ReaderExample` of ``coord``, as in training."""
-        from mate_cli.data.reader import ReaderExample, build_reader_input, cell_context
-
+        """The :class:`~mate_cli.data.span.SpanExample` of ``coord``, as in training."""
         if self.stage is None:
             context, missing = cell_context(table.rows[coord[0]][coord[1]], passages)
-            return ReaderExample(question.question_id, question.table_id, list(coord), question.answer_text or "",
+            return SpanExample(question.question_id, question.table_id, list(coord), question.answer_text or "",
                                  context, [], {"segment_ids": []}, [], [], [], [], missing_passages=missing)
         data = self.stage.cfg.dataset
-        return build_reader_input(
+        return build_span_input(
             self.stage.tokenizer, question, table, passages, tuple(coord),
             int(data.max_length), int(data.get("max_question_tokens", 64)),
         )
 
     @torch.no_grad()
     def read(self, items: list, cell_texts: list[str]) -> list[dict]:
-        """``[{"pred", "prob"}]`` for :class:`ReaderExample` ``items``; ``cell_texts`` answer without a reader."""
+        """``[{"pred", "prob"}]`` for :class:`SpanExample` ``items``; ``cell_texts`` answer without a reader."""
         if self.stage is None:
             return [{"pred": text.strip(), "prob": None} for text in cell_texts]
         out: list[dict] = []
@@ -232,7 +172,7 @@ def reference_for(cfg_path: str | None, dataset: DictConfig, split: str) -> Path
         return path
     if split == "test":
         return None
-    name = dataset.get("source_split", "dev") if dataset.get("split_mode") == "by_table" else "dev"
+    name = SplitSettings(**dataset.split).reference_file()
     path = Path(str(dataset.root)) / "released_data" / f"{name}_reference.json"
     return path if path.is_file() else None
 
@@ -251,13 +191,10 @@ def _log_counts(counts: Counter) -> None:
 def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     """Run PointR on ``cfg.split`` and write predictions.json / metrics.json / pointr_details.json.
 
-    ``cfg`` (conf/eval.yaml + experiment=hybridqa_pointr): ``stage1.{ckpt_path, overrides,
+    ``cfg`` (conf/pointr.yaml): ``stage1.{ckpt_path, overrides,
     batch_size, top_k}``, ``stage2.{ckpt_path, overrides, batch_size}``, ``split``,
     ``reference``, ``trainer.{accelerator, precision}``, ``limit_questions``.
     """
-    from mate_cli.lit_modules.cell_selection import CellSelectionModule
-    from mate_cli.lit_modules.reader import ReaderModule
-
     for stage in ("stage1", "stage2"):
         if OmegaConf.is_missing(cfg[stage], "ckpt_path"):
             fix = " (or null: answer with the top cell's text)" if stage == "stage2" else ""
@@ -267,16 +204,14 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
         raise MateError(f"split={split!r} is invalid; use split=validation or split=test")
     device = pick_device(cfg.trainer.get("accelerator"))
     precision = cfg.trainer.get("precision")
-    s1 = load_stage(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device)
+    s1 = load_trained(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device)
     ref_path = reference_for(cfg.get("reference"), s1.cfg.dataset, split)
     s2 = None
     if cfg.stage2.get("ckpt_path"):
-        s2 = load_stage(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), ReaderModule, "stage2", device)
+        s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device)
         check_same_split(s1.cfg, s2.cfg)
     else:
         log.info("pointr: no stage2.ckpt_path; answering with the top cell's text")
-
-    from hydra.utils import instantiate
 
     datamodule = instantiate(s1.cfg.dataset)
     dataset = datamodule.preprocess(split)
@@ -285,10 +220,10 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
         dataset = dataset.select(range(min(int(limit), len(dataset))))
     questions = {q.question_id: q for q in datamodule.questions(split)}
     ranker = CellRanker(s1, device, precision, cfg.stage1.get("batch_size", 8), cfg.stage1.get("top_k", 5))
-    reader = SpanReader(s2, device, precision, cfg.stage2.get("batch_size", 16))
+    spans = SpanPredictor(s2, device, precision, cfg.stage2.get("batch_size", 16))
 
     counts: Counter = Counter()
-    details = _run(datamodule, dataset.with_format(None), questions, ranker, reader, counts)
+    details = _run(datamodule, dataset.with_format(None), questions, ranker, spans, counts)
     atomic_write_json(out_dir / "predictions.json", [{"question_id": d["question_id"], "pred": d["pred"]} for d in details])
     atomic_write_json(out_dir / "pointr_details.json", details)
 
@@ -303,8 +238,6 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
 
 def score(details: list[dict], questions: dict[str, Question], ref_path: Path | None, counts: Counter) -> dict:
     """Hits@k of stage 1 (fractions) and official EM/F1 (percent) of the predictions in ``details``."""
-    from mate_cli.metrics.hybridqa import evaluate_predictions, flat_metrics, subset_reference
-
     predictions = [{"question_id": d["question_id"], "pred": d["pred"]} for d in details]
     metrics: dict[str, Any] = {"questions": len(details)}
     answered = [d for d in details if questions[d["question_id"]].answer_text is not None]
@@ -325,7 +258,7 @@ def score(details: list[dict], questions: dict[str, Question], ref_path: Path | 
     return metrics
 
 
-def _run(datamodule, dataset, questions: dict[str, Question], ranker: CellRanker, reader: SpanReader, counts: Counter) -> list[dict]:
+def _run(datamodule, dataset, questions: dict[str, Question], ranker: CellRanker, spans: SpanPredictor, counts: Counter) -> list[dict]:
     """Stage 1 over ``dataset`` (encoded examples), stage 2 on each top cell, in chunks."""
     details: list[dict] = []
     pending: list[tuple[dict, Any, str]] = []
@@ -334,7 +267,7 @@ def _run(datamodule, dataset, questions: dict[str, Question], ranker: CellRanker
         if not pending:
             return
         items = [p[1] for p in pending if p[1] is not None]
-        answers = iter(reader.read(items, [p[2] for p in pending if p[1] is not None]))
+        answers = iter(spans.read(items, [p[2] for p in pending if p[1] is not None]))
         for record, item, _ in pending:
             result = next(answers) if item is not None else {"pred": "", "prob": None}
             record.update(pred=result["pred"], reader_prob=result["prob"])
@@ -357,12 +290,12 @@ def _run(datamodule, dataset, questions: dict[str, Question], ranker: CellRanker
             counts["no_selectable_cell"] += 1
         else:
             coord = ranked["cells"][0]["coord"]
-            item = reader.build(question, table, passages, coord)
+            item = spans.build(question, table, passages, coord)
             text = table.rows[coord[0]][coord[1]].text
             if not item.context.strip():
                 counts["empty_context"] += 1
                 item = None
-            elif question.answer_text is not None and not item.answer_in_context and reader.stage is not None:
+            elif question.answer_text is not None and not item.answer_in_context and spans.stage is not None:
                 counts["answer_not_in_context"] += 1
         pending.append((record, item, text))
         if len(pending) >= 64:
@@ -371,45 +304,24 @@ def _run(datamodule, dataset, questions: dict[str, Question], ranker: CellRanker
     return details
 
 
-def _passages(hq_reader, table_id: str, counts: Counter) -> dict[str, str]:
-    from mate_cli.data.hybridqa import PASSAGES_DIR
-
+def _passages(hq_reader: HybridQAReader, table_id: str, counts: Counter) -> dict[str, str]:
     passages = hq_reader.passages(table_id)
     if not passages:
         counts["tables_without_passages"] += 1
-        if not (Path(hq_reader.root) / PASSAGES_DIR / f"{table_id}.json").is_file():
-            counts["missing_passage_file"] += 1
+        counts["missing_passage_file"] += not hq_reader.has_passage_file(table_id)
     return passages
 
 
 # ------------------------------------------------------------------ one question
-def load_table_file(path: str | Path) -> Table:
-    """A ``tables_tok``-format JSON file -> :class:`Table` (table id = file stem)."""
-    from mate_cli.data.hybridqa import _load_json, parse_table
-
-    path = Path(str(path)).expanduser()
-    if not path.is_file():
-        raise MateError(f"table={path} not found; pass a WikiTables-WithLinks tables_tok/<id>.json file")
-    return parse_table(_load_json(path, "table file"), path.stem, path)
-
-
-def load_passages_file(path: str | Path | None) -> dict[str, str]:
-    """A ``request_tok``-format JSON file (``{"/wiki/...": text}``); ``{}`` for none."""
-    from mate_cli.data.hybridqa import _load_json
-
+def load_passages(path: str | Path | None) -> dict[str, str]:
+    """The passages of ``mate predict``'s ``passages=`` file; ``{}`` for none."""
     if not path:
         log.info("predict: no passages file; cells are read without linked passages")
         return {}
-    path = Path(str(path)).expanduser()
-    if not path.is_file():
-        raise MateError(f"passages={path} not found; pass the request_tok/<id>.json of the table, or passages=null")
-    data = _load_json(path, "passages file")
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-        raise MateError(f"{path}: passages must be a JSON object mapping '/wiki/...' links to text; repair the file")
-    return data
+    return read_passages_file(path)
 
 
-def predict_question(ranker: CellRanker, reader: SpanReader, question_text: str, table: Table,
+def predict_question(ranker: CellRanker, spans: SpanPredictor, question_text: str, table: Table,
                      passages: dict[str, str], top_k: int = 3) -> dict:
     """Answer one question about one table: ``{"answer", "cell", "top_cells", "reader_prob", ...}``."""
     if not str(question_text).strip():
@@ -420,8 +332,8 @@ def predict_question(ranker: CellRanker, reader: SpanReader, question_text: str,
     if not top:
         log.info("predict: table %s has no selectable (non-empty) cell; no answer", table.table_id)
         return {"question": question.question, "table_id": table.table_id, "answer": "", "cell": None, "top_cells": [], "reader_prob": None}
-    item = reader.build(question, table, passages, (top[0]["row"], top[0]["column"]))
-    result = reader.read([item], [top[0]["text"]])[0] if item.context.strip() else {"pred": "", "prob": None}
+    item = spans.build(question, table, passages, (top[0]["row"], top[0]["column"]))
+    result = spans.read([item], [top[0]["text"]])[0] if item.context.strip() else {"pred": "", "prob": None}
     return {
         "question": question.question, "table_id": table.table_id, "answer": result["pred"],
         "reader_prob": result["prob"], "cell": top[0], "top_cells": top, "context": item.context,

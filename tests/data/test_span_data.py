@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 
 
-from mate_cli.data.reader import (
-    ReaderDataModule,
+from mate_cli.data.span import (
+    SpanDataModule,
     cell_context,
-    encode_reader_example,
+    encode_span_example,
     find_answer_span,
     span_text,
 )
@@ -51,7 +51,7 @@ def _question(answer: str) -> Question:
 
 def test_encoding_layout_and_gold_tokens(tokenizer):
     context = "McLaren ( McLaren Racing Limited is a British motor racing team based in Woking . )"
-    ex = encode_reader_example(tokenizer, _question("British motor racing team"), (0, 1), context, max_length=64)
+    ex = encode_span_example(tokenizer, _question("British motor racing team"), (0, 1), context, max_length=64)
     n_q = len(tokenizer("Which team won the race in Monaco ?", add_special_tokens=False)["input_ids"])
     assert ex.input_ids[0] == tokenizer.cls_token_id and ex.input_ids[n_q + 1] == tokenizer.sep_token_id
     assert ex.input_ids[-1] == tokenizer.sep_token_id
@@ -68,11 +68,11 @@ def test_encoding_layout_and_gold_tokens(tokenizer):
 
 def test_gold_span_uses_the_first_occurrence_and_respects_the_window(tokenizer):
     context = "Woking ( Woking is a town in Surrey . McLaren is based in Woking . )"
-    ex = encode_reader_example(tokenizer, _question("woking"), (0, 0), context, max_length=64)
+    ex = encode_span_example(tokenizer, _question("woking"), (0, 0), context, max_length=64)
     assert ex.gold_start == ex.context_mask.index(1)  # the cell text comes first
     assert span_text(context, ex.offsets, ex.gold_start, ex.gold_end) == "Woking"
     late = "A B C D E F G H I J K L M N O P Q R S T U V W X Y Z Woking"
-    cut = encode_reader_example(tokenizer, _question("Woking"), (0, 0), late, max_length=24)
+    cut = encode_span_example(tokenizer, _question("Woking"), (0, 0), late, max_length=24)
     assert cut.answer_in_context and cut.context_truncated and cut.gold_start == -1 and cut.gold_end == -1
     assert len(cut.input_ids) == 24
 
@@ -80,8 +80,8 @@ def test_gold_span_uses_the_first_occurrence_and_respects_the_window(tokenizer):
 def test_datamodule_uses_the_stage1_split_and_caches(sample_root, tmp_path, caplog):
     from mate_cli.data.datamodule import HybridQADataModule
 
-    dm = ReaderDataModule(str(sample_root), max_length=128, max_span_length=30, cache_dir=str(tmp_path))
-    stage1 = HybridQADataModule(str(sample_root), cache_dir=str(tmp_path / "s1"))
+    dm = SpanDataModule(root=str(sample_root), max_length=128, max_span_length=30, cache_dir=str(tmp_path))
+    stage1 = HybridQADataModule(root=str(sample_root), cache_dir=str(tmp_path / "s1"))
     for split in ("train", "validation"):
         assert [q.question_id for q in dm.questions(split)] == [q.question_id for q in stage1.questions(split)]
     assert not {q.table_id for q in dm.questions("train")} & {q.table_id for q in dm.questions("validation")}
@@ -99,11 +99,11 @@ def test_datamodule_uses_the_stage1_split_and_caches(sample_root, tmp_path, capl
         for text, answer in zip(b.texts(b.gold_start, b.gold_end), b.answers):
             assert find_answer_span(text, answer) is not None
     caplog.set_level(logging.INFO, logger="mate_cli.data")
-    again = ReaderDataModule(str(sample_root), max_length=128, max_span_length=30, cache_dir=str(tmp_path))
+    again = SpanDataModule(root=str(sample_root), max_length=128, max_span_length=30, cache_dir=str(tmp_path))
     again.setup("fit")
     assert "loaded from cache" in caplog.text
     assert again.stats == dm.stats
-    assert len([p for p in tmp_path.iterdir() if p.name.startswith("reader-")]) == 2
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("span-")]) == 2
 
 
 # ------------------------------------------------------------------ robustness
@@ -156,7 +156,7 @@ def test_edge_cases_are_counted_and_skipped_never_crash(tmp_path, caplog):
     root = tmp_path / "edge"
     build_edge_root(root)
     caplog.set_level(logging.INFO)
-    dm = ReaderDataModule(str(root), max_length=128, split_mode="files", cache_dir=str(tmp_path / "cache"))
+    dm = SpanDataModule(root=str(root), max_length=128, split={"mode": "files"}, cache_dir=str(tmp_path / "cache"))
     dm.setup("fit")
     train = dm.stats["train"]
     assert train["questions"] == 5

@@ -2,8 +2,8 @@
 
 Owns: the reader context of a cell (:func:`cell_context`), the gold span
 (:func:`find_answer_span`), encoding one (question, cell) pair
-(:func:`encode_reader_example`), the collated :class:`ReaderBatch`, and
-:class:`ReaderDataModule` (read -> encode -> Arrow cache -> collate).
+(:func:`encode_span_example`), the collated :class:`SpanBatch`, and
+:class:`SpanDataModule` (read -> encode -> Arrow cache -> collate).
 
 Input (paper §4.2)::
 
@@ -28,8 +28,8 @@ Which cells (``train_cells``): training uses the gold cells = the traced answer 
 cells holding or linking to the answer) — ``all`` of them (one example each, default)
 or only the ``first``. Validation uses one gold cell per question: the first (row-major)
 whose context contains the answer, else the first. The train/validation split is the
-stage-1 one (:func:`~mate_cli.data.hybridqa.split_by_table` with the same
-``val_fraction``/``split_seed``), so no table is on both sides in either stage.
+stage-1 one (the same ``dataset.split`` node, :class:`~mate_cli.data.split.SplitSettings`),
+so no table is on both sides in either stage.
 """
 
 from __future__ import annotations
@@ -40,10 +40,14 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.data import DataLoader
 
-from mate_cli.data.datamodule import SplitDataModule
+from mate_cli.data.datamodule import SplitDataModule, question_from_record
+from mate_cli.data.expand import split_sentences
+from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.normalize import answer_words
 from mate_cli.data.schema import Cell, Question, Table
+from mate_cli.data.tokenize import candidate_cells
 from mate_cli.errors import MateError
+from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.modeling.layout import TableLayout
 
 log = logging.getLogger(__name__)
@@ -54,8 +58,6 @@ TRAIN_CELLS = ("all", "first")
 # ------------------------------------------------------------------ context
 def cell_context(cell: Cell, passages: dict[str, str]) -> tuple[str, int]:
     """``(context text, links without a passage)`` of one cell (see module docstring)."""
-    from mate_cli.data.expand import split_sentences
-
     sentences: list[str] = []
     missing = 0
     for link in dict.fromkeys(cell.links):
@@ -84,7 +86,7 @@ def find_answer_span(context: str, answer: str | None) -> tuple[int, int] | None
 
 # ------------------------------------------------------------------ encoding
 @dataclass
-class ReaderExample:
+class SpanExample:
     """One encoded (question, cell) pair. Per-token lists share one length.
 
     ``offsets[j]`` = char span of token j in ``context`` (``[0, 0]`` outside the context);
@@ -112,7 +114,7 @@ class ReaderExample:
     has_gold_cell: bool = True
 
 
-def encode_reader_example(
+def encode_span_example(
     tokenizer,
     question: Question,
     coord: tuple[int, int],
@@ -120,7 +122,7 @@ def encode_reader_example(
     max_length: int = 512,
     max_question_tokens: int = 64,
     missing_passages: int = 0,
-) -> ReaderExample:
+) -> SpanExample:
     """Tokenize ``[CLS] question [SEP] context [SEP]`` and locate the gold span."""
     if max_length < 4:
         raise MateError(f"dataset.max_length={max_length} leaves no room for the context; use >= 4 (paper: 512)")
@@ -137,7 +139,7 @@ def encode_reader_example(
         start_ok[prefix + j] = int(j == 0 or word_ids[j] != word_ids[j - 1])
         end_ok[prefix + j] = int(j + 1 == len(ctx_ids) or word_ids[j] != word_ids[j + 1])
     offsets = [[0, 0]] * prefix + [list(o) for o in ctx_offsets[:keep]] + [[0, 0]]
-    example = ReaderExample(
+    example = SpanExample(
         question_id=question.question_id, table_id=question.table_id, coord=list(coord),
         answer=question.answer_text or "", context=context, input_ids=input_ids,
         layout={"segment_ids": [0] * prefix + [1] * (n - prefix)},
@@ -171,7 +173,7 @@ def span_text(context: str, offsets: list[list[int]], start: int, end: int) -> s
 
 # ------------------------------------------------------------------ batching
 @dataclass
-class ReaderBatch:
+class SpanBatch:
     """A collated reader batch.
 
     Attributes:
@@ -195,9 +197,9 @@ class ReaderBatch:
     offsets: list[list[list[int]]]
     coords: list[list[int]]
 
-    def to(self, device) -> "ReaderBatch":
+    def to(self, device) -> "SpanBatch":
         move = {k: getattr(self, k).to(device) for k in ("input_ids", "context_mask", "start_ok", "end_ok", "gold_start", "gold_end")}
-        return ReaderBatch(
+        return SpanBatch(
             layout=self.layout.to(device), question_ids=self.question_ids, answers=self.answers,
             contexts=self.contexts, offsets=self.offsets, coords=self.coords, **move,
         )
@@ -210,13 +212,13 @@ class ReaderBatch:
         return [span_text(c, o, int(s), int(e)) for c, o, s, e in zip(self.contexts, self.offsets, start, end)]
 
 
-class ReaderCollator:
-    """Pads :class:`ReaderExample` dicts into a :class:`ReaderBatch`."""
+class SpanCollator:
+    """Pads :class:`SpanExample` dicts into a :class:`SpanBatch`."""
 
     def __init__(self, pad_id: int = 0) -> None:
         self.pad_id = pad_id
 
-    def __call__(self, examples: list[dict]) -> ReaderBatch:
+    def __call__(self, examples: list[dict]) -> SpanBatch:
         b, seq = len(examples), max(len(ex["input_ids"]) for ex in examples)
         ids = torch.full((b, seq), self.pad_id, dtype=torch.long)
         flags = {k: torch.zeros((b, seq), dtype=torch.bool) for k in ("context_mask", "start_ok", "end_ok")}
@@ -225,7 +227,7 @@ class ReaderCollator:
             ids[i, :n] = torch.tensor(ex["input_ids"])
             for k, t in flags.items():
                 t[i, :n] = torch.tensor(ex[k], dtype=torch.bool)
-        return ReaderBatch(
+        return SpanBatch(
             input_ids=ids, layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq), **flags,
             gold_start=torch.tensor([int(ex["gold_start"]) for ex in examples]),
             gold_end=torch.tensor([int(ex["gold_end"]) for ex in examples]),
@@ -236,7 +238,7 @@ class ReaderCollator:
 
 
 # ------------------------------------------------------------------ datamodule
-class _ReaderEncoder:
+class _SpanEncoder:
     """Picklable batched ``datasets.map`` function: question records -> reader examples."""
 
     def __init__(self, root: str, pretrained: str, max_length: int, max_question_tokens: int, cells: str):
@@ -247,27 +249,20 @@ class _ReaderEncoder:
         return {"args": self.args, "_state": None}
 
     def __call__(self, batch: dict) -> dict:
-        from mate_cli.data.datamodule import question_from_record
-
         if self._state is None:
-            from mate_cli.data.hybridqa import HybridQAReader
-            from mate_cli.modeling.checkpoints import load_tokenizer
-
             self._state = (HybridQAReader(self.args[0]), load_tokenizer(self.args[1]))
         rows: list[dict] = []
         for i in range(len(batch["question_id"])):
             record = {k: batch[k][i] for k in batch}
             rows.extend(self.encode(question_from_record(record)))
-        names = [f.name for f in ReaderExample.__dataclass_fields__.values()]
+        names = [f.name for f in SpanExample.__dataclass_fields__.values()]
         return {name: [row[name] for row in rows] for name in names}
 
     def encode(self, question: Question) -> list[dict]:
-        from mate_cli.data.tokenize import candidate_cells
-
-        reader, tokenizer = self._state
+        files, tokenizer = self._state
         _, _, max_length, max_q, cells = self.args
-        table = reader.table(question.table_id)
-        passages = reader.passages(question.table_id)
+        table = files.table(question.table_id)
+        passages = files.passages(question.table_id)
         coords = candidate_cells(question, table, passages)
         if not coords:
             return [asdict(_placeholder(question))]
@@ -278,20 +273,20 @@ class _ReaderEncoder:
         elif cells == "first":
             coords = coords[:1]
         return [
-            asdict(encode_reader_example(tokenizer, question, xy, contexts[xy][0], max_length, max_q, contexts[xy][1]))
+            asdict(encode_span_example(tokenizer, question, xy, contexts[xy][0], max_length, max_q, contexts[xy][1]))
             for xy in coords
         ]
 
 
-def _placeholder(question: Question) -> ReaderExample:
-    return ReaderExample(
+def _placeholder(question: Question) -> SpanExample:
+    return SpanExample(
         question_id=question.question_id, table_id=question.table_id, coord=[-1, -1],
         answer=question.answer_text or "", context="", input_ids=[], layout={"segment_ids": []}, context_mask=[],
         start_ok=[], end_ok=[], offsets=[], has_gold_cell=False,
     )
 
 
-def reader_stats(ds, max_span_length: int | None = None) -> dict:
+def span_stats(ds, max_span_length: int | None = None) -> dict:
     """Counts for the run log: questions, examples, answers found / kept, long gold spans."""
     rows = ds.select_columns(
         ["question_id", "has_gold_cell", "answer_in_context", "gold_start", "gold_end", "context_truncated", "missing_passages"]
@@ -313,46 +308,20 @@ def reader_stats(ds, max_span_length: int | None = None) -> dict:
     return stats
 
 
-class ReaderDataModule(SplitDataModule):
-    """HybridQA reader data: gold cells -> reader examples -> Arrow cache -> :class:`ReaderBatch`.
+class SpanDataModule(SplitDataModule):
+    """HybridQA reader data: gold cells -> reader examples -> Arrow cache -> :class:`SpanBatch`.
 
     Args:
-        root: folder holding ``released_data/`` and ``WikiTables-WithLinks/``.
-        pretrained: checkpoint whose WordPiece vocabulary tokenizes.
-        max_length: question + context budget in word pieces (paper: 512).
-        max_question_tokens: the question is cut to this many word pieces first.
         max_span_length: only for the stats (gold spans longer than the head's band).
-        split_mode, source_split, val_fraction, split_seed: as the stage-1 datamodule.
         train_cells: ``all`` (every gold cell of a training question) or ``first``.
-        batch_size, eval_batch_size, num_workers, num_proc, cache_dir, limit_questions:
-            as the stage-1 datamodule.
+        common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (``max_length``
+            here is the question + context budget in word pieces, paper: 512).
     """
 
-    kind = "reader"
+    kind = "span"
 
-    def __init__(
-        self,
-        root: str,
-        pretrained: str = "minilm",
-        max_length: int = 512,
-        max_question_tokens: int = 64,
-        max_span_length: int | None = None,
-        split_mode: str = "by_table",
-        source_split: str = "dev",
-        val_fraction: float = 0.25,
-        split_seed: int = 0,
-        train_cells: str = "all",
-        batch_size: int = 8,
-        eval_batch_size: int = 16,
-        num_workers: int = 0,
-        num_proc: int = 1,
-        cache_dir: str | None = None,
-        limit_questions: int | None = None,
-    ) -> None:
-        super().__init__(
-            root, pretrained, max_length, max_question_tokens, split_mode, source_split, val_fraction, split_seed,
-            batch_size, eval_batch_size, num_workers, num_proc, cache_dir, limit_questions,
-        )  # fmt: skip
+    def __init__(self, *, max_span_length: int | None = None, train_cells: str = "all", **common) -> None:
+        super().__init__(**common)
         if train_cells not in TRAIN_CELLS:
             raise MateError(f"dataset.train_cells={train_cells!r} is invalid; use one of {TRAIN_CELLS}")
         self.max_span_length, self.train_cells = max_span_length, train_cells
@@ -364,11 +333,11 @@ class ReaderDataModule(SplitDataModule):
         return {"cells": self.cells_mode(split)}
 
     def encode(self, questions: list[Question], split: str):
-        encoder = _ReaderEncoder(self.root, self.pretrained, self.max_length, self.max_question_tokens, self.cells_mode(split))
-        return self._map(questions, encoder, f"reader {split}", batched=True, batch_size=32)
+        encoder = _SpanEncoder(self.root, self.pretrained, self.max_length, self.max_question_tokens, self.cells_mode(split))
+        return self._map(questions, encoder, f"span {split}", batched=True, batch_size=32)
 
     def split_stats(self, ds) -> dict:
-        return reader_stats(ds, self.max_span_length) if len(ds) else {"questions": 0}
+        return span_stats(ds, self.max_span_length) if len(ds) else {"questions": 0}
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         ds = self.datasets[split]
@@ -378,23 +347,23 @@ class ReaderDataModule(SplitDataModule):
                 keep = [i for i, r in enumerate(flags) if r["has_gold_cell"] and r["gold_start"] >= 0]
                 skipped = len(ds) - len(keep)
                 if skipped:
-                    log.info("reader train: %d examples skipped (no gold cell, or answer not in the context window)", skipped)
+                    log.info("span train: %d examples skipped (no gold cell, or answer not in the context window)", skipped)
                 if not keep:
-                    raise MateError("no reader training example has the answer in its context; check dataset.root and dataset.max_length")
+                    raise MateError("no span training example has the answer in its context; check dataset.root and dataset.max_length")
             else:
                 keep = [i for i, r in enumerate(flags) if r["has_gold_cell"]]
             ds = ds.select(keep)
         return DataLoader(
             ds.with_format(None), batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
-            collate_fn=ReaderCollator(self.pad_id),
+            collate_fn=SpanCollator(self.pad_id),
         )
 
 
-def build_reader_input(
+def build_span_input(
     tokenizer, question: Question, table: Table, passages: dict[str, str], coord: tuple[int, int],
     max_length: int = 512, max_question_tokens: int = 64,
-) -> ReaderExample:
+) -> SpanExample:
     """The stage-2 input for ``coord`` of ``table`` (what PointR feeds the reader at inference)."""
     r, c = coord
     context, missing = cell_context(table.rows[r][c], passages)
-    return encode_reader_example(tokenizer, question, (r, c), context, max_length, max_question_tokens, missing)
+    return encode_span_example(tokenizer, question, (r, c), context, max_length, max_question_tokens, missing)

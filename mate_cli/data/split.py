@@ -1,0 +1,93 @@
+"""Train / validation / test questions of a dataset: which upstream file, and the
+deterministic by-table split the bundled samples use.
+
+Owns :class:`SplitSettings` (the ``dataset.split`` config node, written once per
+dataset yaml) and :func:`split_by_table` (never one table on both sides).
+
+Modes:
+- ``by_table`` (the bundled samples: one released file): the ``source`` file's
+  questions are cut into train/validation by table; ``test`` reads the test file.
+- ``files`` (a full download): each split reads its own released file
+  (``validation`` -> ``dev``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from mate_cli.data.schema import Question
+from mate_cli.errors import MateError
+
+log = logging.getLogger(__name__)
+
+MODES = ("by_table", "files")
+#: split name -> released file name, in ``files`` mode (and for ``test``)
+FILE_OF_SPLIT = {"train": "train", "validation": "dev", "test": "test"}
+
+
+@dataclass(frozen=True)
+class SplitSettings:
+    """``dataset.split``: how the train/validation/test questions are chosen.
+
+    Args:
+        mode: ``by_table`` or ``files`` (module docstring).
+        source: with ``by_table``, the released file that is cut (``dev`` for the samples).
+        val_fraction, seed: the by-table cut (:func:`split_by_table`).
+    """
+
+    mode: str = "by_table"
+    source: str = "dev"
+    val_fraction: float = 0.25
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise MateError(f"dataset.split.mode={self.mode!r} is invalid; use one of {', '.join(MODES)}")
+
+    def questions(self, split: str, read: Callable[[str], Iterable[Question]]) -> list[Question]:
+        """The questions of ``train``, ``validation`` or ``test``; ``read(file_name)`` yields a released file's."""
+        if self.mode == "by_table" and split in ("train", "validation"):
+            train, val = split_by_table(read(self.source), self.val_fraction, self.seed)
+            return train if split == "train" else val
+        return list(read(FILE_OF_SPLIT.get(split, split)))
+
+    def reference_file(self) -> str:
+        """The released file the validation questions come from (``dev`` in ``files`` mode)."""
+        return self.source if self.mode == "by_table" else FILE_OF_SPLIT["validation"]
+
+
+def _table_hash(table_id: str, seed: int) -> float:
+    """A stable number in [0, 1) from (seed, table_id): sha256, not Python's salted hash()."""
+    digest = hashlib.sha256(f"{seed}\x00{table_id}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def split_by_table(
+    questions: Iterable[Question], val_fraction: float, seed: int = 0
+) -> tuple[list[Question], list[Question]]:
+    """Split questions into (train, val) by table: no table on both sides.
+
+    A table goes to val when ``sha256(seed, table_id) < val_fraction``, so each table's
+    side depends only on its id and the seed (stable as the dataset grows). With >= 2
+    tables both sides are made non-empty by moving the table nearest the threshold;
+    with a single table everything goes to train (and a warning is logged).
+    Question order is kept within each side.
+    """
+    if not 0.0 < float(val_fraction) < 1.0:
+        raise MateError(f"val_fraction must be in (0, 1), got {val_fraction}; set e.g. dataset.split.val_fraction=0.1")
+    questions = list(questions)
+    scores = {q.table_id: _table_hash(q.table_id, seed) for q in questions}
+    val_tables = {t for t, s in scores.items() if s < val_fraction}
+    if len(scores) < 2:
+        log.warning("split_by_table: only %d table(s); everything goes to train", len(scores))
+        val_tables = set()
+    elif not val_tables:
+        val_tables = {min(scores, key=lambda t: (scores[t], t))}
+    elif len(val_tables) == len(scores):
+        val_tables.discard(max(scores, key=lambda t: (scores[t], t)))
+    train = [q for q in questions if q.table_id not in val_tables]
+    val = [q for q in questions if q.table_id in val_tables]
+    return train, val

@@ -1,0 +1,40 @@
+"""Optimiser and schedule pieces the task modules share; the choices come from yaml.
+
+``conf/model/optimizer/*.yaml`` and ``conf/model/scheduler/*.yaml`` are Hydra partials
+(``_partial_: true``); a module calls :func:`configure` with them in
+``configure_optimizers``, once the trainer knows the number of steps.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import lightning as L
+import torch
+from transformers import get_linear_schedule_with_warmup
+
+#: parameter-name endings that get no weight decay (BERT's convention)
+NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight")
+
+
+def parameter_groups(module: torch.nn.Module) -> list[dict]:
+    """Trainable parameters in two groups: decayed (the optimiser's weight decay) and not (0)."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    return [
+        {"params": [p for n, p in named if not n.endswith(NO_DECAY)]},
+        {"params": [p for n, p in named if n.endswith(NO_DECAY)], "weight_decay": 0.0},
+    ]
+
+
+def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float = 0.0):
+    """Linear warm-up over ``warmup_ratio * total_steps`` steps, then linear decay to 0."""
+    return get_linear_schedule_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
+
+
+def configure(module: L.LightningModule, optimizer: Callable, scheduler: Callable | None) -> dict:
+    """Lightning's ``configure_optimizers`` answer: ``optimizer(groups)``, ``scheduler(opt, total_steps)`` per step."""
+    opt = optimizer(parameter_groups(module))
+    if scheduler is None:
+        return {"optimizer": opt}
+    total = max(1, int(module.trainer.estimated_stepping_batches))
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler(opt, total_steps=total), "interval": "step"}}

@@ -1,0 +1,96 @@
+"""Rebuilding a trained run: its resolved config, its checkpoint, the device to run on.
+
+``mate eval``, ``mate predict`` and the PointR pipeline all start from a checkpoint
+written by ``mate train`` (``<run dir>/checkpoints/<name>.ckpt``, with the run's
+``resolved_config.yaml`` two folders up). This module turns that into a ready model;
+it never imports the commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from mate_cli.errors import MateError
+from mate_cli.modeling.checkpoints import load_tokenizer
+
+
+def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None) -> DictConfig:
+    """The resolved training config of the run that wrote ``ckpt_path``, with dotlist ``overrides``."""
+    ckpt = Path(str(ckpt_path))
+    if not ckpt.is_file():
+        raise MateError(f"checkpoint not found: {ckpt}; pass ckpt_path=<run dir>/checkpoints/<name>.ckpt")
+    config = ckpt.resolve().parent.parent / "resolved_config.yaml"
+    if not config.is_file():
+        raise MateError(f"{config} is missing: ckpt_path must point inside a `mate train` run dir (…/checkpoints/*.ckpt)")
+    cfg = OmegaConf.load(config)
+    if overrides:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    return cfg
+
+
+def pick_device(accelerator: str | None) -> torch.device:
+    """``cpu`` -> CPU; ``gpu``/``cuda`` -> CUDA (MateError if absent); anything else -> CUDA when available."""
+    name = str(accelerator or "auto").lower()
+    if name == "cpu":
+        return torch.device("cpu")
+    if name in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise MateError("hardware=gpu but no CUDA device is visible; use hardware=cpu")
+        return torch.device("cuda")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast(device: torch.device, precision: str | None):
+    """bf16 autocast on CUDA when the hardware group asks for ``bf16*``; otherwise a no-op."""
+    if device.type == "cuda" and str(precision or "").startswith("bf16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@dataclass
+class TrainedRun:
+    """A trained model: its training run's config, the module (eval mode, on a device), its tokenizer."""
+
+    cfg: DictConfig
+    model: torch.nn.Module
+    ckpt_path: str
+    tokenizer: Any
+
+
+def load_trained(
+    ckpt_path: str, overrides: Sequence[str] | None, expected: type, key: str, device: torch.device
+) -> TrainedRun:
+    """Rebuild the LightningModule of a ``mate train`` run and load ``ckpt_path`` into it.
+
+    Args:
+        ckpt_path: the checkpoint; its run's ``resolved_config.yaml`` rebuilds the module.
+        overrides: dotlist overrides of that config (data settings).
+        expected: the LightningModule class the run must have trained.
+        key: the config key that named the checkpoint (for error messages).
+        device: where the model goes.
+    """
+    cfg = load_run_config(ckpt_path, overrides)
+    target = str(cfg.get("model", {}).get("_target_", ""))
+    if not target.endswith(expected.__name__):
+        raise MateError(
+            f"{key}.ckpt_path={ckpt_path} is a run of {target or 'an unknown model'}, not {expected.__name__}; "
+            f"pass the checkpoint of a run that trained {expected.__name__}"
+        )
+    model = instantiate(cfg.model)
+    state = torch.load(str(ckpt_path), map_location="cpu", weights_only=True).get("state_dict")
+    if state is None:
+        raise MateError(f"{key}.ckpt_path={ckpt_path} has no state_dict; pass a Lightning checkpoint from `mate train`")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0]
+        raise MateError(f"{key}.ckpt_path={ckpt_path} does not match its run config ({first}); pass {key}.overrides only for data settings") from None
+    model.eval().to(device)
+    return TrainedRun(cfg=cfg, model=model, ckpt_path=str(ckpt_path), tokenizer=load_tokenizer(cfg.dataset.pretrained))

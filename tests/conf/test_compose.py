@@ -1,0 +1,94 @@
+"""The config tree, in process through Hydra's compose API: every experiment and every
+sweep composes, and its datamodule, model and trainer instantiate (real Hydra, the
+bundled sample and MiniLM); experiments differ from the defaults only where they say."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import lightning as L
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from mate_cli.paths import CONF_DIR, register_resolvers
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
+
+
+def compose_train(overrides: list[str], tmp_path: Path):
+    """``mate train <overrides>``'s config, with the Hydra runtime set as in a real run."""
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, f"hydra.run.dir={tmp_path}"], return_hydra_config=True)
+    cfg.hydra.runtime.output_dir = str(tmp_path)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def build(cfg, tmp_path: Path):
+    """Datamodule, model and trainer of a composed config (loggers and callbacks too)."""
+    datamodule = instantiate(cfg.dataset, cache_dir=str(tmp_path / "cache"))
+    model = instantiate(cfg.model)
+    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
+    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), callbacks=callbacks, logger=False)
+    return datamodule, model, trainer
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_instantiates(experiment, tmp_path):
+    cfg = compose_train([f"experiment={experiment}"], tmp_path)
+    assert cfg.experiment_name == experiment
+    datamodule, model, trainer = build(cfg, tmp_path)
+    assert isinstance(datamodule, L.LightningDataModule) and isinstance(model, L.LightningModule)
+    assert trainer.max_epochs == cfg.trainer.max_epochs
+
+
+def sweep_jobs(name: str, tmp_path: Path) -> list[list[str]]:
+    """The override lists of every job a ``+sweep=<name>`` multirun launches."""
+    cfg = compose_train([f"+sweep={name}"], tmp_path)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    keys = list(params)
+    values = [str(params[k]).split(",") for k in keys]
+    return [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*values)]
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_every_sweep_job_composes_and_instantiates(sweep, tmp_path):
+    jobs = sweep_jobs(sweep, tmp_path)
+    assert len(jobs) > 1
+    seen = set()
+    for job in jobs:
+        cfg = compose_train(["experiment=hybridqa_mate", *job], tmp_path)
+        _, model, _ = build(cfg, tmp_path)
+        seen.add(repr(model.encoder.backends[0]))
+    assert len(seen) > 1  # the sweep changes the model it builds
+
+
+def test_experiments_change_only_what_they_name(tmp_path):
+    default = compose_train([], tmp_path)
+    mate = compose_train(["experiment=hybridqa_mate"], tmp_path)
+    tapas = compose_train(["experiment=hybridqa_tapas"], tmp_path)
+    reader = compose_train(["experiment=hybridqa_reader"], tmp_path)
+    strip = lambda c: {k: v for k, v in OmegaConf.to_container(c).items() if k not in ("hydra", "experiment_name")}  # noqa: E731
+    assert strip(mate) == strip(default)
+    assert strip(tapas)["attention"]["_target_"].endswith("DenseAttention")
+    assert {k: v for k, v in strip(tapas).items() if k != "attention"} == {k: v for k, v in strip(default).items() if k != "attention"}
+    assert reader.model.optimizer.lr == 5e-5 and reader.model.scheduler.warmup_ratio == 0.01
+    assert reader.callbacks.model_checkpoint.monitor == "val/f1"
+    assert default.model.optimizer.lr == 1e-5 and default.model.scheduler.warmup_ratio == 0.05
+    assert default.trainer.gradient_clip_val == 10.0
+
+
+def test_both_stages_read_one_split_node(tmp_path):
+    stage1 = compose_train(["experiment=hybridqa_mate", "dataset.split.seed=7"], tmp_path)
+    stage2 = compose_train(["experiment=hybridqa_reader", "dataset.split.seed=7"], tmp_path)
+    assert stage1.dataset.split == stage2.dataset.split and stage1.dataset.split.seed == 7
+    full = compose_train(["dataset=hybridqa"], tmp_path)
+    assert full.dataset.split.mode == "files"

@@ -1,0 +1,92 @@
+"""Who imports whom inside ``mate_cli``, read from the source (ast): no cycles, and
+nothing outside ``mate_cli/commands/`` and ``mate_cli/cli.py`` imports a command.
+
+Every import counts, module-level or inside a function, so a cycle cannot hide behind
+a function-local import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mate_cli"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = PACKAGE.parent / Path(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports_of(path: Path) -> set[str]:
+    """The ``mate_cli`` modules ``path`` imports (``from pkg import submodule`` names the submodule)."""
+    this = module_name(path)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if is_module(f"{base}.{alias.name}") else base)
+    return {name for name in found if name == "mate_cli" or name.startswith("mate_cli.")} - {this}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as ``[a, b, ..., a]``, or None (depth-first search with colours)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_detector_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_graph_sees_function_local_and_relative_imports(tmp_path):
+    graph = import_graph()
+    assert "mate_cli.modeling.layout" in graph["mate_cli.modeling.encoder"]
+    assert len(graph) > 40
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_only_commands_and_cli_import_commands():
+    offenders = {
+        module: sorted(n for n in imported if n.startswith("mate_cli.commands"))
+        for module, imported in import_graph().items()
+        if not module.startswith("mate_cli.commands") and module != "mate_cli.cli"
+    }
+    assert not {m: n for m, n in offenders.items() if n}
