@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import datasets
 import lightning as L
@@ -152,8 +152,23 @@ class SplitDataModule(L.LightningDataModule):
             if split not in self.datasets:
                 self.datasets[split] = self.after_load(split, self.preprocess(split))
 
-    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+    def usable_rows(self, split: str, ds) -> list[int] | None:
+        """Hook: indices of the rows of ``split`` the loader serves (None: all of them)."""
+        return None
+
+    def collator(self) -> Callable[[list[dict]], object]:
+        """Hook: pads a list of encoded examples into a batch."""
         raise NotImplementedError
+
+    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+        ds = self.datasets[split]
+        keep = self.usable_rows(split, ds)
+        if keep is not None:
+            ds = ds.select(keep)
+        return DataLoader(
+            ds.with_format(None), batch_size=batch_size, shuffle=shuffle,
+            num_workers=self.num_workers, collate_fn=self.collator(),
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", True, self.batch_size)
@@ -222,19 +237,19 @@ class HybridQADataModule(SplitDataModule):
             log.info("dataset.drop_ambiguous: dropped %d multi-candidate training questions", before - len(ds))
         return ds
 
-    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
-        ds = self.datasets[split]
-        if split == "train":
-            keep = [i for i, c in enumerate(ds["candidates"]) if c]
-            if len(keep) < len(ds):
-                log.info("train: %d questions have no candidate cell and are skipped", len(ds) - len(keep))
-            ds = ds.select(keep)
-            if len(ds) == 0:
-                raise MateError("no training question has a candidate cell; check dataset.root and dataset.max_length")
-        return DataLoader(
-            ds.with_format(None), batch_size=batch_size, shuffle=shuffle,
-            num_workers=self.num_workers, collate_fn=Collator(self.pad_id),
-        )
+    def usable_rows(self, split: str, ds) -> list[int] | None:
+        """Training skips questions with no candidate cell (nothing to learn from)."""
+        if split != "train":
+            return None
+        keep = [i for i, c in enumerate(ds["candidates"]) if c]
+        if len(keep) < len(ds):
+            log.info("train: %d questions have no candidate cell and are skipped", len(ds) - len(keep))
+        if not keep:
+            raise MateError("no training question has a candidate cell; check dataset.root and dataset.max_length")
+        return keep
+
+    def collator(self) -> "Collator":
+        return Collator(self.pad_id)
 
 
 def encode_question(

@@ -120,7 +120,8 @@ def _rank(candidates: list[int], scores: np.ndarray, k: int) -> list[int]:
     return sorted(candidates, key=lambda i: (-scores[i], i))[:k]
 
 
-def _format(text: str, sentences: list[str]) -> str:
+def format_expanded(text: str, sentences: list[str]) -> str:
+    """``"<text> ( <s1> <s2> ... )"``; ``text`` unchanged when no sentence is given."""
     if not sentences:
         return text
     return f"{text} ( {' '.join(sentences)} )".strip()
@@ -150,7 +151,7 @@ def expand_table(
     split = {link: split_sentences(passages[link]) for link in links}
     if method == "first":
         chosen = {link: sents[:k] for link, sents in split.items()}
-        return [[_format(c.text, _cell_first(c.links, chosen)) for c in row] for row in table.rows]
+        return [[format_expanded(c.text, _cell_first(c.links, chosen)) for c in row] for row in table.rows]
     units = [(link, s) for link in links for s in split[link]]
     owner: dict[str, list[int]] = {link: [] for link in links}
     for i, (link, _) in enumerate(units):
@@ -163,7 +164,7 @@ def expand_table(
         pick = lambda ids: _rank(ids, scores, k)  # noqa: E731
     out = []
     for row in table.rows:
-        out.append([_format(c.text, [units[i][1] for i in pick(_cell_units(c.links, owner))]) for c in row])
+        out.append([format_expanded(c.text, [units[i][1] for i in pick(_cell_units(c.links, owner))]) for c in row])
     return out
 
 

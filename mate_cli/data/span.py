@@ -38,10 +38,9 @@ import logging
 from dataclasses import asdict, dataclass
 
 import torch
-from torch.utils.data import DataLoader
 
 from mate_cli.data.datamodule import SplitDataModule, question_from_record
-from mate_cli.data.expand import split_sentences
+from mate_cli.data.expand import format_expanded, split_sentences
 from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.normalize import answer_words
 from mate_cli.data.schema import Cell, Question, Table
@@ -65,10 +64,7 @@ def cell_context(cell: Cell, passages: dict[str, str]) -> tuple[str, int]:
             sentences.extend(split_sentences(passages[link]))
         else:
             missing += 1
-    text = cell.text.strip()
-    if sentences:
-        text = f"{text} ( {' '.join(sentences)} )".strip()
-    return text, missing
+    return format_expanded(cell.text.strip(), sentences), missing
 
 
 def find_answer_span(context: str, answer: str | None) -> tuple[int, int] | None:
@@ -339,24 +335,22 @@ class SpanDataModule(SplitDataModule):
     def split_stats(self, ds) -> dict:
         return span_stats(ds, self.max_span_length) if len(ds) else {"questions": 0}
 
-    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
-        ds = self.datasets[split]
-        if len(ds):
-            flags = ds.select_columns(["has_gold_cell", "gold_start"]).to_list()
-            if split == "train":
-                keep = [i for i, r in enumerate(flags) if r["has_gold_cell"] and r["gold_start"] >= 0]
-                skipped = len(ds) - len(keep)
-                if skipped:
-                    log.info("span train: %d examples skipped (no gold cell, or answer not in the context window)", skipped)
-                if not keep:
-                    raise MateError("no span training example has the answer in its context; check dataset.root and dataset.max_length")
-            else:
-                keep = [i for i, r in enumerate(flags) if r["has_gold_cell"]]
-            ds = ds.select(keep)
-        return DataLoader(
-            ds.with_format(None), batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
-            collate_fn=SpanCollator(self.pad_id),
-        )
+    def usable_rows(self, split: str, ds) -> list[int] | None:
+        """Rows of questions with a gold cell; for training, only those whose answer is in the window."""
+        if not len(ds):
+            return None
+        flags = ds.select_columns(["has_gold_cell", "gold_start"]).to_list()
+        if split != "train":
+            return [i for i, r in enumerate(flags) if r["has_gold_cell"]]
+        keep = [i for i, r in enumerate(flags) if r["has_gold_cell"] and r["gold_start"] >= 0]
+        if len(keep) < len(ds):
+            log.info("span train: %d examples skipped (no gold cell, or answer not in the context window)", len(ds) - len(keep))
+        if not keep:
+            raise MateError("no span training example has the answer in its context; check dataset.root and dataset.max_length")
+        return keep
+
+    def collator(self) -> SpanCollator:
+        return SpanCollator(self.pad_id)
 
 
 def build_span_input(
