@@ -2,7 +2,7 @@
 
 The run directory gets ``bench.csv`` (one row per level x mode x backend x length),
 ``bench_<level>_<mode>.png`` (time / memory / FLOPs vs length, log-log),
-``targets.json`` (issue 4's targets checked on this run), ``bench.md`` (the same
+``targets.json`` (``bench.targets`` checked on this run), ``bench.md`` (the same
 as markdown tables), ``machine.json`` and ``resolved_config.yaml``. The measuring itself lives in :mod:`mate_cli.bench`.
 """
 
@@ -12,7 +12,12 @@ import os
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from mate_cli.bench import report, runner, targets
+from mate_cli.bench.layouts import TableShape
+from mate_cli.bench.runner import Settings
 from mate_cli.commands.common import log, quiet_third_party_logs, run_dir, run_task
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.paths import CONF_DIR, register_resolvers
@@ -20,11 +25,8 @@ from mate_cli.paths import CONF_DIR, register_resolvers
 register_resolvers()
 
 
-def settings_from(cfg: DictConfig):
+def settings_from(cfg: DictConfig) -> Settings:
     """``cfg.bench`` -> :class:`mate_cli.bench.runner.Settings`."""
-    from mate_cli.bench.layouts import TableShape
-    from mate_cli.bench.runner import Settings
-
     b = OmegaConf.to_container(cfg.bench, resolve=True)
     return Settings(
         levels=list(b["levels"]),
@@ -50,16 +52,12 @@ def settings_from(cfg: DictConfig):
 
 def bench(cfg: DictConfig) -> list[dict]:
     """Run the grid of ``cfg.bench``; returns the rows written to ``bench.csv``."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from mate_cli.bench import report, runner, targets
-
     quiet_third_party_logs()
     out = run_dir()
     atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     settings = settings_from(cfg)
     settings.check()
+    specs = targets.parse(OmegaConf.to_container(cfg.bench, resolve=True).get("targets"))  # checked before the grid
     console = Console()
     machine = runner.machine(settings)  # before the grid: its load average is other processes'
     cells = settings.cells()
@@ -80,7 +78,7 @@ def bench(cfg: DictConfig) -> list[dict]:
     atomic_write_json(out / "machine.json", machine)
     report.write_csv(rows, out / "bench.csv")
     report.print_tables(rows, console)
-    checked = targets.evaluate(rows)
+    checked = targets.evaluate(rows, specs)
     targets.print_targets(checked, console)
     atomic_write_json(out / "targets.json", [t.as_dict() for t in checked])
     atomic_write_text(out / "bench.md", report.markdown(rows, checked, machine))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -59,6 +59,19 @@ def print_config_tree(cfg: DictConfig, order: tuple[str, ...] = ("dataset", "mod
         text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
         branch.add(rich.syntax.Syntax(text, "yaml", theme="ansi_dark"))
     rich.print(tree)
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """Print a rich table with ``columns`` headers and string ``rows``."""
+    import rich
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*row)
+    rich.print(table)
 
 
 def instantiate_dict(section: DictConfig | None) -> list:

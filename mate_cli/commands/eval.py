@@ -9,12 +9,10 @@ from pathlib import Path
 
 import hydra
 import lightning as L
-import rich
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from rich.table import Table
 
-from mate_cli.commands.common import quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR, register_resolvers
@@ -44,11 +42,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     prefix = SPLIT_PREFIX[cfg.split] + "/"
     names = sorted(k[len(prefix):] for k in metrics if k.startswith(prefix))
-    table = Table(title=f"{cfg.split}: {Path(cfg.ckpt_path).name}")
-    for name in names:
-        table.add_column(name)
-    table.add_row(*(f"{metrics[prefix + n]:.4f}" for n in names))
-    rich.print(table)
+    print_table(f"{cfg.split}: {Path(cfg.ckpt_path).name}", names, [[f"{metrics[prefix + n]:.4f}" for n in names]])
     atomic_write_json(run_dir() / "metrics.json", metrics)
     return metrics
 

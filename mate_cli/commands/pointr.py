@@ -8,9 +8,8 @@ from __future__ import annotations
 import hydra
 import rich
 from omegaconf import DictConfig
-from rich.table import Table
 
-from mate_cli.commands.common import quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.pipelines.pointr import evaluate_pointr
 
@@ -21,14 +20,13 @@ def pointr(cfg: DictConfig) -> dict:
     """Run the pipeline, print EM/F1 and Hits@k."""
     quiet_third_party_logs()
     metrics = evaluate_pointr(cfg, run_dir())
-    table = Table(title=f"PointR on {cfg.split} ({metrics['questions']} questions)")
-    for name in ("", "EM (%)", "F1 (%)", "count"):
-        table.add_column(name)
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    for group in ("in_table", "in_passage", "total"):
-        if f"{group}/em" in metrics:
-            table.add_row(group, fmt(metrics[f"{group}/em"]), fmt(metrics[f"{group}/f1"]), str(metrics[f"{group}/count"]))
-    rich.print(table)
+    print_table(
+        f"PointR on {cfg.split} ({metrics['questions']} questions)",
+        ("", "EM (%)", "F1 (%)", "count"),
+        [(group, fmt(metrics[f"{group}/em"]), fmt(metrics[f"{group}/f1"]), str(metrics[f"{group}/count"]))
+         for group in ("in_table", "in_passage", "total") if f"{group}/em" in metrics],
+    )
     hits = [f"hits@{k}={metrics[f'stage1/hits@{k}']:.4f}" for k in (1, 3, 5) if f"stage1/hits@{k}" in metrics]
     rich.print("stage 1: " + (", ".join(hits) or "no answers to score") + f"; predictions: {run_dir() / 'predictions.json'}")
     return metrics

@@ -8,9 +8,8 @@ from __future__ import annotations
 import hydra
 import rich
 from omegaconf import DictConfig, OmegaConf
-from rich.table import Table
 
-from mate_cli.commands.common import quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
 from mate_cli.data.hybridqa import read_table_file
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
@@ -47,12 +46,12 @@ def predict(cfg: DictConfig) -> dict:
     cell = result["cell"]
     if cell is not None:
         rich.print(f"[bold]cell:[/bold] row {cell['row']}, column {cell['column']} ({cell['header']}): {cell['text']}")
-    view = Table(title=f"top {len(result['top_cells'])} cells of {table.table_id}")
-    for name in ("rank", "row", "column", "text", "probability"):
-        view.add_column(name)
-    for rank, c in enumerate(result["top_cells"], 1):
-        view.add_row(str(rank), str(c["row"]), f"{c['column']} ({c['header']})", c["text"], f"{c['prob']:.4f}")
-    rich.print(view)
+    print_table(
+        f"top {len(result['top_cells'])} cells of {table.table_id}",
+        ("rank", "row", "column", "text", "probability"),
+        [(str(rank), str(c["row"]), f"{c['column']} ({c['header']})", c["text"], f"{c['prob']:.4f}")
+         for rank, c in enumerate(result["top_cells"], 1)],
+    )
     atomic_write_json(run_dir() / "prediction.json", result)
     return result
 

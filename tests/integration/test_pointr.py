@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mate_cli.metrics.hybridqa import evaluate_predictions, subset_reference
-from tests.data.test_reader import build_edge_root
+from tests.data.test_span_data import build_edge_root
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "hybridqa_sample"
 TABLES = SAMPLE / "WikiTables-WithLinks" / "tables_tok"
