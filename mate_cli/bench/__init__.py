@@ -7,5 +7,5 @@
   on CPU, ``max_memory_allocated`` on GPU), FLOPs (``FlopCounterMode``).
 - :mod:`~mate_cli.bench.runner`: the grid, memory/time skips, one row per cell.
 - :mod:`~mate_cli.bench.report`: ``bench.csv``, rich tables, log-log PNGs.
-- :mod:`~mate_cli.bench.targets`: issue 4's targets checked on a run's rows.
+- :mod:`~mate_cli.bench.targets`: the targets of ``bench.targets`` (``conf/bench.yaml``) checked on a run's rows.
 """

@@ -3,12 +3,15 @@
 Backend names (``bench.kernel.backends``, ``bench.encoder.backends``):
 
 - a registered attention backend (``dense``, ``none``, ``sat``, ``linformer``,
-  ``table_etc``, ``mate``), built from ``conf/attention/<name>.yaml`` so the bench
-  measures the options users train with;
+  ``table_etc``, ``mate``), built as training builds it: Hydra composes the
+  ``attention=<name>`` group (``conf/attention/<name>.yaml``), ``instantiate`` gives
+  the per-layer factory, called with the encoder's keywords; so the bench measures
+  the options users train with;
 - ``mate.<impl>`` (``mate.masked``, ``mate.bucketed``, ``mate.block_sparse``,
-  ``mate.auto``): ``conf/attention/mate.yaml`` with ``impl`` overridden;
+  ``mate.auto``): the same with the override ``attention.impl=<impl>``;
 - ``flex`` (kernel level): PyTorch FlexAttention on MATE's exact mask
-  (``mate_cli.modeling.attention.mate.flex_mate_attention``);
+  (``mate_cli.modeling.attention.mate_block_sparse.flex_mate_attention``) with the
+  options of ``attention=mate``;
 - ``tapas_hf`` / ``bert_hf`` (encoder level): ``transformers.TapasModel`` (eager
   attention) and ``BertModel`` (sdpa attention) at the same dims, random init.
 
@@ -17,6 +20,9 @@ head_dim]``; ``encoder`` = the whole encoder (embeddings + N layers). Modes:
 ``inference`` (``torch.no_grad``) and ``train`` (forward + backward of a scalar
 loss, no optimiser step). Every model runs in eval mode (dropout off) so the
 ``none`` floor runs in both modes and all backends run the same non-attention ops.
+At kernel level every backend's ``extend_inputs`` hook runs first, as the encoder
+runs it before layer 0, so a backend that adds tokens (TableETC's row/column
+memory) is measured on the sequence its layers see.
 
 Per-batch structure: at kernel level the layout's caches (sort orders, masks,
 block lists) are built by the warm-up call and reused, as the 2nd..Nth layer of
@@ -26,14 +32,25 @@ once-per-batch structure cost is paid inside the measured call.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
-from omegaconf import OmegaConf
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
+import mate_cli.modeling.attention as attention
 from mate_cli.errors import MateError
+from mate_cli.modeling.attention import mate_block_sparse as sparse
+from mate_cli.modeling.attention.base import AttentionBackend
+from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES, EncoderConfig
+from mate_cli.modeling.encoder import TableEncoder, backend_factory
 from mate_cli.modeling.layout import TableLayout
 from mate_cli.paths import CONF_DIR
 
@@ -90,34 +107,68 @@ def split_name(name: str) -> tuple[str, str | None]:
 
 
 # ------------------------------------------------------------------ factories
-def attention_factory(name: str) -> Callable:
-    """A per-layer backend factory for a registered backend name (``mate.<impl>`` too).
+@contextlib.contextmanager
+def conf_hydra() -> Iterator[None]:
+    """Hydra initialised on ``conf/`` for the block, in plain Python and inside a Hydra app.
 
-    Options come from ``conf/attention/<family>.yaml`` when it exists, else the
-    class defaults. Raises :class:`Unavailable` when the backend is not registered.
+    ``mate bench`` runs under ``@hydra.main``, whose GlobalHydra is already initialised
+    (and ``initialize_config_dir`` refuses to initialise twice): it is set aside for the
+    block and put back after it.
     """
-    import mate_cli.modeling.attention as attention
+    outer = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="bench"):
+            yield
+    finally:
+        GlobalHydra.instance().clear()
+        if outer is not None:
+            GlobalHydra.instance().initialize(outer)
 
+
+@functools.lru_cache(maxsize=None)
+def _composed(name: str) -> DictConfig:
     family, impl = split_name(name)
+    overrides = [f"+attention={family}"] + ([f"attention.impl={impl}"] if impl else [])
+    try:
+        with conf_hydra():
+            return compose(config_name=None, overrides=overrides).attention
+    except MissingConfigException:
+        raise Unavailable(f"attention backend '{family}' has no conf/attention/{family}.yaml") from None
+    except ConfigCompositionException as err:
+        if impl:
+            raise MateError(f"bench backend {name!r}: conf/attention/{family}.yaml has no 'impl' option") from err
+        raise
+
+
+def attention_config(name: str) -> DictConfig:
+    """``conf/attention/<family>.yaml`` composed as training composes it (``attention=<family>``),
+    with ``attention.impl=<impl>`` for ``mate.<impl>``. A copy: callers may change it."""
+    return _composed(name).copy()
+
+
+def attention_factory(name: str) -> Callable[..., AttentionBackend]:
+    """The per-layer backend factory for a registered backend name (``mate.<impl>`` too):
+    the Hydra partial that ``hydra.utils.instantiate(cfg.attention)`` gives training.
+
+    Raises :class:`Unavailable` when the backend is not registered (module absent).
+    """
+    family, _ = split_name(name)
     if family not in attention.REGISTRY:
         raise Unavailable(f"attention backend '{family}' is not available (mate_cli.modeling.attention.{family})")
-    overrides = {"impl": impl} if impl else {}
-    yaml = CONF_DIR / "attention" / f"{family}.yaml"
-    if yaml.exists():
-        from hydra.utils import instantiate
-
-        cfg = OmegaConf.load(yaml)
-        cfg.pop("defaults", None)
-        if impl and "impl" not in cfg:
-            raise MateError(f"bench backend {name!r}: conf/attention/{family}.yaml has no 'impl' option")
-        return instantiate(cfg, **overrides)
-    return functools.partial(attention.REGISTRY[family], **overrides)
+    return backend_factory(instantiate(attention_config(name)))
 
 
-def build_backend(name: str, num_heads: int, head_dim: int, max_length: int):
+def build_backend(name: str, num_heads: int, head_dim: int, max_length: int) -> AttentionBackend:
+    """Layer 0's backend, called as ``TableEncoder._build_backend`` calls the factory (eval mode)."""
     backend = attention_factory(name)(
         num_heads=num_heads, head_dim=head_dim, max_length=max_length, dropout=0.0, layer_index=0
     )
+    if not isinstance(backend, AttentionBackend):
+        raise MateError(
+            f"bench backend {name!r}: conf/attention/{split_name(name)[0]}.yaml built a "
+            f"{type(backend).__name__}, not an AttentionBackend"
+        )
     return backend.eval()
 
 
@@ -125,7 +176,13 @@ def build_backend(name: str, num_heads: int, head_dim: int, max_length: int):
 def kernel_case(
     name: str, mode: str, layout: TableLayout, dims: dict, batch: int, dtype: torch.dtype, device: torch.device
 ) -> Case:
-    """One attention call on random ``q, k, v`` ``[batch, heads, seq, head_dim]``."""
+    """One attention call on random ``q, k, v`` ``[batch, heads, seq, head_dim]``.
+
+    The layout is the one layer 0 sees in the encoder: every backend's
+    ``extend_inputs`` hook runs first (identity for most; TableETC prepends its
+    row/column memory, so its sequence is longer). ``embedding_layout`` is not
+    called: it only changes what the embeddings see, and there are none here.
+    """
     if name in HF_BACKENDS:
         raise Unavailable(f"{name} is an encoder-level anchor")
     heads, head_dim = dims["num_heads"], dims["hidden_size"] // dims["num_heads"]
@@ -138,11 +195,8 @@ def kernel_case(
         module = None
     else:
         module = build_backend(name, heads, head_dim, max_length=seq_len).to(device=device, dtype=dtype)
-        if name == "table_etc":  # its layout carries the row/column memory prefix
-            hidden = torch.randn(batch, seq_len, heads * head_dim, generator=generator).to(device, dtype)
-            with torch.no_grad():
-                _, layout, _ = module.extend_inputs(hidden, layout)
-            seq_len = layout.seq_len
+        layout = layer_layout(module, layout, batch, heads * head_dim, dtype, device)
+        seq_len = layout.seq_len
         fn = functools.partial(module, layout=layout)
     shape = (batch, heads, seq_len, head_dim)
     q, k, v = (torch.randn(shape, generator=generator).to(device, dtype) for _ in range(3))
@@ -166,16 +220,26 @@ def kernel_case(
     return Case(train_call, None if flops is None else 3.5 * flops, min_warmup=2)
 
 
+def layer_layout(
+    backend: AttentionBackend, layout: TableLayout, batch: int, hidden_size: int, dtype: torch.dtype, device
+) -> TableLayout:
+    """The layout after ``backend.extend_inputs`` (the encoder's hook before layer 0).
+
+    Only the layout is kept; the hook's hidden states are discarded, so the input
+    embeddings are zeros (their values do not change the layout).
+    """
+    hidden = torch.zeros(batch, layout.seq_len, hidden_size, dtype=dtype, device=device)
+    with torch.no_grad():
+        _, layout, _ = backend.extend_inputs(hidden, layout)
+    return layout
+
+
 def flex_kernel(layout: TableLayout, heads: int, head_dim: int, mode: str, device: torch.device) -> tuple[Callable, float]:
     """FlexAttention on MATE's exact mask: ``(fn(q, k, v), flops_per_call)``.
 
     FlopCounterMode cannot trace compiled FlexAttention, so FLOPs are what the kernel
     evaluates: ``4 * head_dim * block_size^2`` per computed (partial or full) block.
     """
-    try:
-        from mate_cli.modeling.attention import mate_block_sparse as sparse
-    except ImportError as err:
-        raise Unavailable(f"flex: MATE's FlexAttention path is not importable ({err})") from None
     if mode == "train" and device.type == "cpu":
         raise Unavailable(f"flex: FlexAttention has no CPU backward in torch {torch.__version__}")
     options = mate_options()
@@ -190,13 +254,8 @@ def flex_kernel(layout: TableLayout, heads: int, head_dim: int, mode: str, devic
 
 
 def mate_options() -> dict:
-    """``row_heads_ratio`` etc. from ``conf/attention/mate.yaml`` that ``flex_mate_attention`` accepts."""
-    import inspect
-
-    from mate_cli.modeling.attention import mate_block_sparse as sparse
-
-    yaml = CONF_DIR / "attention" / "mate.yaml"
-    cfg = OmegaConf.to_container(OmegaConf.load(yaml)) if yaml.exists() else {}
+    """The options of ``attention=mate`` (``row_heads_ratio`` etc.) that ``flex_mate_attention`` accepts."""
+    cfg = OmegaConf.to_container(attention_config("mate"), resolve=True)
     accepted = inspect.signature(sparse.flex_mate_attention).parameters
     return {k: v for k, v in cfg.items() if k in accepted and not k.startswith("_")}
 
@@ -224,9 +283,6 @@ def encoder_case(
             return model(**kwargs).last_hidden_state
 
     else:
-        from mate_cli.modeling.config import EncoderConfig
-        from mate_cli.modeling.encoder import TableEncoder
-
         config = EncoderConfig(
             **dims,
             hidden_dropout=0.0,
@@ -260,8 +316,6 @@ def encoder_case(
 
 def type_vocab_sizes(layout: TableLayout) -> list[int]:
     """TAPAS's sizes, widened where the bench table has more rows/columns than 255."""
-    from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES
-
     sizes = list(TAPAS_TYPE_VOCAB_SIZES)
     sizes[1] = max(sizes[1], int(layout.column_ids.max()) + 1)
     sizes[2] = max(sizes[2], int(layout.row_ids.max()) + 1)

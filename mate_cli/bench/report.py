@@ -12,6 +12,9 @@ import io
 from pathlib import Path
 from typing import Iterable
 
+from rich.console import Console
+from rich.table import Table
+
 from mate_cli.bench.runner import COLUMNS, select
 from mate_cli.io import atomic_write_text
 
@@ -89,11 +92,8 @@ def cell_text(row: dict) -> str:
     return f"{_fmt_time(_num(row['time_ms']))}\n[dim]{_fmt_mb(_num(row['peak_mem_mb']))}[/dim]"
 
 
-def print_tables(rows: list[dict], console=None) -> None:
+def print_tables(rows: list[dict], console: Console | None = None) -> None:
     """One rich table per (level, mode): backends x lengths, median time over peak memory."""
-    from rich.console import Console
-    from rich.table import Table
-
     console = console or Console()
     for level, mode in groups(rows):
         part = select(rows, level=level, mode=mode)

@@ -1,23 +1,47 @@
-"""Issue 4's performance targets, checked against the rows of one run.
+"""Performance targets (``bench.targets`` of ``conf/bench.yaml``), checked against the rows of one run.
 
-"MATE" is the fastest ``mate`` / ``mate.<impl>`` row of the cell being compared
-(the paper, §3.1: "the best of the two functionally equivalent implementations
-is chosen for each use case"); the row it came from is named in the output.
-A target whose rows are missing (not in the grid, skipped, failed) is
-``not measured``, never silently met.
+A target is data: ``kind`` names one of the checks below, the other keys say which
+cells it compares and the threshold. The published targets and thresholds change
+in the yaml, not here.
+
+- ``speedup``: baseline time / candidate time >= ``threshold``;
+- ``time_ratio``: candidate time <= ``threshold`` x baseline time;
+- ``overhead``: candidate time / baseline time - 1 <= ``threshold`` (0.15 = 15%);
+- ``memory_growth``: candidate ``peak_mem_mb`` at ``to_seq_len`` / at ``seq_len``
+  <= ``threshold``, for the candidate row measured at both lengths that grows least;
+- ``peak_rss``: the candidate's smallest ``peak_rss_mb`` <= ``threshold`` GiB.
+
+Times are ``time_ms`` at ``level`` / ``mode`` / ``seq_len``. ``candidate`` and
+``baseline`` name a backend or a family: ``mate`` stands for ``mate`` and every
+``mate.<impl>``, and the best matching row is used (the paper, §3.1: "the best of the
+two functionally equivalent implementations is chosen for each use case"); the row it
+came from is named in the output. A target whose rows are missing (not in the grid,
+skipped, failed) is ``not measured``, never silently met.
+
+``name`` and ``requirement`` are the text shown; ``{threshold}``, ``{seq_len}``,
+``{to_seq_len}``, ``{level}``, ``{mode}``, ``{baseline}`` and ``{candidate}`` in them
+are filled in from the target (format specs allowed: ``{threshold:g}``, ``{threshold:.0%}``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Callable, Iterable
 
+from rich.console import Console
+from rich.table import Table
+
+from mate_cli.bench.cases import LEVELS, MODES
 from mate_cli.bench.runner import select
+from mate_cli.errors import MateError
 
 GIB = 2**30
 
 
 @dataclass
 class Target:
+    """One checked target, as written to ``targets.json`` and ``bench.md``."""
+
     name: str
     requirement: str
     measured: str = "not measured"
@@ -27,97 +51,161 @@ class Target:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class TargetSpec:
+    """One entry of ``bench.targets``."""
+
+    name: str
+    requirement: str
+    kind: str
+    level: str
+    mode: str
+    seq_len: int
+    threshold: float
+    candidate: str = "mate"
+    baseline: str | None = None
+    to_seq_len: int | None = None
+
+    def text(self, template: str) -> str:
+        return template.format(**asdict(self))
+
+
+# ------------------------------------------------------------------ rows
 def _ok(rows, **where) -> list[dict]:
     return [r for r in select(rows, **where) if r["status"] == "ok" and r["time_ms"] not in ("", None)]
 
 
-def _time(rows, backend, **where) -> float | None:
-    found = _ok(rows, backend=backend, **where)
-    return float(found[0]["time_ms"]) if found else None
+def matches(backend: str, name: str) -> bool:
+    """``backend`` is ``name`` or one of its implementations (``mate`` matches ``mate.bucketed``)."""
+    return backend == name or backend.split(".")[0] == name
 
 
-def best_mate(rows, key: str = "time_ms", **where) -> tuple[str, float] | None:
-    """``(backend, value)`` of the mate row with the smallest ``key`` at ``where``."""
-    found = [r for r in _ok(rows, **where) if r["backend"].split(".")[0] == "mate" and r[key] not in ("", None)]
-    if not found:
-        return None
-    best = min(found, key=lambda r: float(r[key]))
-    return best["backend"], float(best[key])
+def best(rows, name: str, key: str = "time_ms", **where) -> dict | None:
+    """The ok row of backend (family) ``name`` with the smallest ``key`` at ``where``."""
+    found = [r for r in _ok(rows, **where) if matches(r["backend"], name) and r[key] not in ("", None)]
+    return min(found, key=lambda r: float(r[key])) if found else None
 
 
-def _speedup(rows, target: Target, anchor: str, least: float, **where) -> Target:
-    mate, other = best_mate(rows, **where), _time(rows, anchor, **where)
-    if mate and other:
-        ratio = other / mate[1]
-        target.measured = f"{ratio:.2f}x ({anchor} {other:.1f} ms / {mate[0]} {mate[1]:.1f} ms)"
-        target.met = ratio >= least
-    return target
+def _cell(spec: TargetSpec) -> dict:
+    return dict(level=spec.level, mode=spec.mode, seq_len=spec.seq_len)
 
 
-def evaluate(rows: list[dict]) -> list[Target]:
-    k_inf = dict(level="kernel", mode="inference", seq_len=8192)
-    k_train = dict(level="kernel", mode="train", seq_len=8192)
-    targets = [
-        _speedup(rows, Target("kernel inference 8192: MATE vs dense SDPA", ">= 15x faster"), "dense", 15, **k_inf),
-    ]
-    flex = Target("kernel inference 8192: MATE vs FlexAttention (same mask)", "MATE time <= 1.2x flex time")
-    mate, other = best_mate(rows, **k_inf), _time(rows, "flex", **k_inf)
-    if mate and other:
-        flex.measured = f"{mate[1] / other:.2f}x of flex ({mate[0]} {mate[1]:.1f} ms, flex {other:.1f} ms)"
-        flex.met = mate[1] <= 1.2 * other
-    targets.append(flex)
-    targets.append(
-        _speedup(rows, Target("kernel fwd+bwd 8192: MATE vs dense", ">= 10x faster"), "dense", 10, **k_train)
-    )
-    e4096 = dict(level="encoder", mode="inference", seq_len=4096)
-    targets.append(_speedup(rows, Target("encoder inference 4096: MATE vs TapasModel (eager)", ">= 3x faster"), "tapas_hf", 3, **e4096))
-    targets.append(_speedup(rows, Target("encoder inference 4096: MATE vs BertModel (sdpa)", ">= 1.6x faster"), "bert_hf", 1.6, **e4096))
+def _times(rows, spec: TargetSpec) -> tuple[dict, dict] | None:
+    candidate, baseline = best(rows, spec.candidate, **_cell(spec)), best(rows, spec.baseline, **_cell(spec))
+    return (candidate, baseline) if candidate and baseline and float(baseline["time_ms"]) else None
 
-    overhead = Target("encoder inference 8192: MATE overhead over the none floor", "<= 15%")
-    e8192 = dict(level="encoder", mode="inference", seq_len=8192)
-    mate, floor = best_mate(rows, **e8192), _time(rows, "none", **e8192)
-    if mate and floor:
-        extra = mate[1] / floor - 1
-        overhead.measured = f"{extra * 100:+.1f}% ({mate[0]} {mate[1]:.0f} ms, none {floor:.0f} ms)"
-        overhead.met = extra <= 0.15
-    targets.append(overhead)
 
-    growth = Target("encoder inference peak memory 8192 -> 16384 (MATE)", "<= 2.1x")
-    # Only MATE impls measured at both lengths can show growth (linear_backends run at 16384).
-    at_big = {r["backend"] for r in _ok(rows, level="encoder", mode="inference", seq_len=16384)}
+# ------------------------------------------------------------------ kinds
+# Each check fills ``target.measured`` / ``target.met`` when its rows exist.
+def speedup(rows, spec: TargetSpec, target: Target) -> None:
+    pair = _times(rows, spec)
+    if pair:
+        (cand, c), (base, b) = ((r["backend"], float(r["time_ms"])) for r in pair)
+        ratio = b / c
+        target.measured = f"{ratio:.2f}x ({base} {b:.1f} ms / {cand} {c:.1f} ms)"
+        target.met = ratio >= spec.threshold
+
+
+def time_ratio(rows, spec: TargetSpec, target: Target) -> None:
+    pair = _times(rows, spec)
+    if pair:
+        (cand, c), (base, b) = ((r["backend"], float(r["time_ms"])) for r in pair)
+        target.measured = f"{c / b:.2f}x of {base} ({cand} {c:.1f} ms, {base} {b:.1f} ms)"
+        target.met = c <= spec.threshold * b
+
+
+def overhead(rows, spec: TargetSpec, target: Target) -> None:
+    pair = _times(rows, spec)
+    if pair:
+        (cand, c), (base, b) = ((r["backend"], float(r["time_ms"])) for r in pair)
+        extra = c / b - 1
+        target.measured = f"{extra * 100:+.1f}% ({cand} {c:.0f} ms, {base} {b:.0f} ms)"
+        target.met = extra <= spec.threshold
+
+
+def memory_growth(rows, spec: TargetSpec, target: Target) -> None:
+    at = dict(level=spec.level, mode=spec.mode)
     pairs = []
-    for r in _ok(rows, level="encoder", mode="inference", seq_len=8192):
-        if r["backend"].split(".")[0] == "mate" and r["backend"] in at_big and r["peak_mem_mb"] not in ("", None):
-            big = _ok(rows, level="encoder", mode="inference", seq_len=16384, backend=r["backend"])[0]
-            if big["peak_mem_mb"] not in ("", None):
-                pairs.append((r["backend"], float(r["peak_mem_mb"]), float(big["peak_mem_mb"])))
+    for small in _ok(rows, seq_len=spec.seq_len, **at):
+        if not matches(small["backend"], spec.candidate) or small["peak_mem_mb"] in ("", None):
+            continue
+        large = _ok(rows, seq_len=spec.to_seq_len, backend=small["backend"], **at)
+        if large and large[0]["peak_mem_mb"] not in ("", None):
+            pairs.append((small["backend"], float(small["peak_mem_mb"]), float(large[0]["peak_mem_mb"])))
     if pairs:
         backend, small, large = min(pairs, key=lambda p: p[2] / p[1])
         ratio = large / small
-        growth.measured = f"{ratio:.2f}x ({backend}: {small:.0f} MB -> {large:.0f} MB)"
-        growth.met = ratio <= 2.1
-    targets.append(growth)
-
-    fits = Target("encoder inference 32768 tokens (MATE) fits in 24 GB", "process peak RSS <= 24 GiB")
-    found = [
-        r for r in _ok(rows, level="encoder", mode="inference", seq_len=32768)
-        if r["backend"].split(".")[0] == "mate" and r["peak_rss_mb"] not in ("", None)
-    ]  # fmt: skip
-    if found:
-        best = min(found, key=lambda r: float(r["peak_rss_mb"]))
-        high = float(best["peak_rss_mb"]) * 2**20
-        fits.measured = f"{high / GIB:.2f} GiB peak RSS ({best['backend']}, {float(best['time_ms']) / 1e3:.1f} s)"
-        fits.met = high <= 24 * GIB
-    targets.append(fits)
-    return targets
+        target.measured = f"{ratio:.2f}x ({backend}: {small:.0f} MB -> {large:.0f} MB)"
+        target.met = ratio <= spec.threshold
 
 
-def print_targets(targets: list[Target], console=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def peak_rss(rows, spec: TargetSpec, target: Target) -> None:
+    row = best(rows, spec.candidate, key="peak_rss_mb", **_cell(spec))
+    if row:
+        high = float(row["peak_rss_mb"]) * 2**20
+        target.measured = f"{high / GIB:.2f} GiB peak RSS ({row['backend']}, {float(row['time_ms']) / 1e3:.1f} s)"
+        target.met = high <= spec.threshold * GIB
 
+
+#: kind -> (check, keys it needs besides the common ones).
+KINDS: dict[str, tuple[Callable[[list, TargetSpec, Target], None], tuple[str, ...]]] = {
+    "speedup": (speedup, ("baseline",)),
+    "time_ratio": (time_ratio, ("baseline",)),
+    "overhead": (overhead, ("baseline",)),
+    "memory_growth": (memory_growth, ("to_seq_len",)),
+    "peak_rss": (peak_rss, ()),
+}
+REQUIRED = ("name", "requirement", "kind", "level", "mode", "seq_len", "threshold")
+
+
+# ------------------------------------------------------------------ config -> specs -> targets
+def parse(entries: Iterable[dict] | None) -> list[TargetSpec]:
+    """``bench.targets`` (a list of mappings) -> specs; a one-line `MateError` names a bad entry."""
+    known = {f.name for f in fields(TargetSpec)}
+    specs = []
+    for i, entry in enumerate(entries or []):
+        where = f"bench.targets[{i}]"
+        if not isinstance(entry, dict):
+            raise MateError(f"{where} must be a mapping with keys {', '.join(REQUIRED)}")
+        kind = entry.get("kind")
+        if kind not in KINDS:
+            raise MateError(f"{where}.kind={kind!r} is unknown; choose one of {', '.join(KINDS)}")
+        unknown = sorted(set(entry) - known)
+        missing = [k for k in REQUIRED + KINDS[kind][1] if entry.get(k) is None]
+        if unknown or missing:
+            problem = f"has unknown keys {unknown}" if unknown else f"lacks {missing}"
+            raise MateError(f"{where} ({kind}) {problem}; keys: {', '.join(sorted(known))}")
+        if entry["level"] not in LEVELS or entry["mode"] not in MODES:
+            raise MateError(f"{where}: level must be one of {list(LEVELS)} and mode one of {list(MODES)}")
+        spec = TargetSpec(
+            **{
+                **entry,
+                "seq_len": int(entry["seq_len"]),
+                "threshold": float(entry["threshold"]),
+                "to_seq_len": None if entry.get("to_seq_len") is None else int(entry["to_seq_len"]),
+            }
+        )
+        try:
+            spec.text(spec.name), spec.text(spec.requirement)
+        except (KeyError, ValueError, IndexError) as err:
+            raise MateError(f"{where}: bad placeholder in name/requirement ({err!r})") from None
+        specs.append(spec)
+    return specs
+
+
+def evaluate(rows: list[dict], specs: Iterable[TargetSpec]) -> list[Target]:
+    """Check every target on ``rows``, in the order given."""
+    out = []
+    for spec in specs:
+        target = Target(spec.text(spec.name), spec.text(spec.requirement))
+        KINDS[spec.kind][0](rows, spec, target)
+        out.append(target)
+    return out
+
+
+def print_targets(targets: list[Target], console: Console | None = None) -> None:
     console = console or Console()
-    table = Table(title="issue 4 targets (this run)")
+    table = Table(title="targets (this run)")
     for column in ("target", "required", "measured", "met"):
         table.add_column(column)
     for t in targets:

@@ -2,12 +2,14 @@
 
 Never asserts wall time: only structure, and FLOP counts (which do not depend on
 the machine): MATE's bucketed attention grows linearly with the length at fixed
-G and R, dense attention quadratically.
+G and R, dense attention quadratically. The targets of ``conf/bench.yaml`` are
+checked on hand-made rows.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,33 +18,45 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
-from mate_cli.bench import measure, runner
+from mate_cli.bench import cases, measure, runner, targets
 from mate_cli.bench.layouts import TableShape, describe, table_layout
+from mate_cli.errors import MateError
+from mate_cli.paths import CONF_DIR
 
-MATE = str(Path(sys.executable).parent / "mate")
-TINY = [
-    "bench.dims=tiny",
-    "bench.threads=1",
-    "bench.lengths=[512,1024]",
-    "bench.linear_lengths=[]",
-    "bench.levels=[kernel,encoder]",
-    "bench.modes=[inference,train]",
-    "bench.kernel.backends=[dense,mate.bucketed,none]",
-    "bench.encoder.backends=[mate.bucketed,none]",
-    "bench.schedule=[{max_length: null, warmup: 1, repeats: 1}]",
-    "bench.progress=false",
-]
+KERNEL_BACKENDS = ["dense", "mate.bucketed", "table_etc", "none"]
+ENCODER_BACKENDS = ["mate.bucketed", "none"]
+TINY = {
+    "dims": "tiny",
+    "threads": 1,
+    "lengths": "[512,1024]",
+    "linear_lengths": "[]",
+    "levels": "[kernel,encoder]",
+    "modes": "[inference,train]",
+    "kernel.backends": f"[{','.join(KERNEL_BACKENDS)}]",
+    "encoder.backends": f"[{','.join(ENCODER_BACKENDS)}]",
+    "schedule": "[{max_length: null, warmup: 1, repeats: 1}]",
+    "progress": "false",
+}
+
+
+def mate_bench(overrides: dict, output_dir: Path) -> Path:
+    """Run the real `mate bench` CLI with ``bench.<key>=<value>`` overrides; its run directory."""
+    command = [str(Path(sys.executable).parent / "mate"), "bench", *(f"bench.{k}={v}" for k, v in overrides.items())]
+    env = dict(os.environ, MATE_OUTPUT_DIR=str(output_dir))
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = [p for p in (output_dir / "bench").iterdir() if p.is_dir()]
+    return run
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("bench")
-    env = dict(os.environ, MATE_OUTPUT_DIR=str(tmp))
-    proc = subprocess.run([MATE, "bench", *TINY], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (run,) = [p for p in (tmp / "bench").iterdir() if p.is_dir()]
-    return run
+    return mate_bench(TINY, tmp_path_factory.mktemp("bench"))
 
 
 def rows_of(run: Path) -> list[dict]:
@@ -62,7 +76,7 @@ def flops(rows, level, mode, backend, length) -> int:
 def test_csv_has_every_cell_and_column(tiny_run):
     rows = rows_of(tiny_run)
     assert list(rows[0]) == list(runner.COLUMNS)
-    assert len(rows) == 2 * (3 + 2) * 2  # modes x (kernel + encoder backends) x lengths
+    assert len(rows) == 2 * (len(KERNEL_BACKENDS) + len(ENCODER_BACKENDS)) * 2  # modes x backends x lengths
     for row in rows:
         assert row["status"] == "ok", row
         assert float(row["time_ms"]) > 0
@@ -78,8 +92,9 @@ def test_plots_and_reports_are_written(tiny_run):
             png = tiny_run / f"bench_{level}_{mode}.png"
             assert png.exists() and 1_000 < png.stat().st_size < 300_000
     assert json.loads((tiny_run / "machine.json").read_text())["torch"] == torch.__version__
-    names = [t["name"] for t in json.loads((tiny_run / "targets.json").read_text())]
-    assert any("FlexAttention" in n for n in names)
+    checked = json.loads((tiny_run / "targets.json").read_text())
+    assert [t["name"] for t in checked] == [t.name for t in targets.evaluate([], yaml_targets())]
+    assert all(t["measured"] == "not measured" and t["met"] is None for t in checked)  # no 8192 cells here
     assert "| mate.bucketed |" in (tiny_run / "bench.md").read_text()
 
 
@@ -131,3 +146,126 @@ def test_memory_estimate_skips_instead_of_crashing():
     history.add(key, 2048, 200, 2.0)
     memory, seconds = history.estimate(key, 8192)
     assert memory == pytest.approx(800) and seconds == pytest.approx(8.0)
+
+
+# ------------------------------------------------------------------ backends: the training config path
+def test_backends_are_built_from_the_attention_group_as_training_builds_them():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        train = compose(config_name="train", overrides=["attention=mate", "attention.impl=bucketed"])
+    assert cases.attention_config("mate.bucketed") == train.attention
+    factory, trained = cases.attention_factory("mate.bucketed"), instantiate(train.attention)
+    assert (factory.func, factory.keywords) == (trained.func, trained.keywords)
+    backend = cases.build_backend("mate.bucketed", num_heads=4, head_dim=16, max_length=512)
+    assert backend.impl == "bucketed" and not backend.training
+    with pytest.raises(MateError, match="no 'impl' option"):
+        cases.attention_factory("dense.fast")
+    with pytest.raises(cases.Unavailable):
+        cases.attention_factory("no_such_backend")
+
+
+def test_compose_works_inside_a_running_hydra_app_and_leaves_it_as_it_was():
+    cases._composed.cache_clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):  # as under @hydra.main
+        outer = GlobalHydra.instance().hydra
+        assert cases.attention_config("sat").text_only is False
+        assert GlobalHydra.instance().hydra is outer
+    assert not GlobalHydra.instance().is_initialized()
+    cases._composed.cache_clear()
+    assert cases.attention_config("sat")._target_.endswith("SatAttention")  # and outside one
+    assert not GlobalHydra.instance().is_initialized()
+
+
+def test_kernel_level_runs_every_backends_input_hook():
+    _, layout = table_layout(256, batch=1)
+    hidden = dict(batch=1, hidden_size=64, dtype=torch.float32, device=torch.device("cpu"))
+    dense = cases.build_backend("dense", num_heads=4, head_dim=16, max_length=256)
+    assert cases.layer_layout(dense, layout, **hidden) is layout  # identity hook
+    etc = cases.build_backend("table_etc", num_heads=4, head_dim=16, max_length=256)
+    extended = cases.layer_layout(etc, layout, **hidden)
+    assert extended.seq_len == 256 + cases.attention_config("table_etc").num_global
+    case = cases.kernel_case("table_etc", "train", layout, cases.dims_of("tiny"), 1, torch.float32, torch.device("cpu"))
+    case.call()
+
+
+# ------------------------------------------------------------------ targets (conf/bench.yaml)
+def yaml_targets() -> list[targets.TargetSpec]:
+    return targets.parse(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "bench.yaml").bench.targets))
+
+
+def row(level, mode, seq_len, backend, time_ms, peak_mem_mb="", peak_rss_mb="") -> dict:
+    """A bench.csv row (as ``report.read_csv`` gives it) of a measured cell."""
+    values = dict(level=level, mode=mode, seq_len=seq_len, backend=backend, status="ok", time_ms=time_ms)
+    return {**dict.fromkeys(runner.COLUMNS, ""), **values, "peak_mem_mb": peak_mem_mb, "peak_rss_mb": peak_rss_mb}
+
+
+def target_rows(slower: bool = False) -> list[dict]:
+    """One run's rows at the targets' cells: every target met, or (``slower``) every one missed."""
+    fast, slow = not slower, slower
+    return [
+        row("kernel", "inference", 8192, "dense", 1600.0),
+        row("kernel", "inference", 8192, "mate.masked", 400.0),
+        row("kernel", "inference", 8192, "mate.bucketed", fast * 100.0 + slow * 120.0),
+        row("kernel", "inference", 8192, "flex", 90.0),
+        row("kernel", "train", 8192, "dense", 1000.0),
+        row("kernel", "train", 8192, "mate.block_sparse", fast * 90.0 + slow * 125.0),
+        row("encoder", "inference", 4096, "tapas_hf", 900.0),
+        row("encoder", "inference", 4096, "bert_hf", 500.0),
+        row("encoder", "inference", 4096, "mate.bucketed", fast * 300.0 + slow * 320.0),
+        row("encoder", "inference", 8192, "none", 1000.0, 50),
+        row("encoder", "inference", 8192, "mate.bucketed", fast * 1100.0 + slow * 1200.0, 100),
+        row("encoder", "inference", 8192, "mate.block_sparse", 1300.0, 100),
+        row("encoder", "inference", 16384, "mate.bucketed", 2300.0, fast * 200 + slow * 250),
+        row("encoder", "inference", 16384, "mate.block_sparse", 2900.0, 300),
+        row("encoder", "inference", 32768, "mate.bucketed", 30000.0, 900, fast * 20480 + slow * 25600),
+        row("encoder", "inference", 32768, "none", 20000.0, 500, 10240),  # not a candidate
+    ]
+
+
+def checked(rows, specs=None) -> list[tuple[str, str, bool | None]]:
+    return [(t.requirement, t.measured, t.met) for t in targets.evaluate(rows, specs or yaml_targets())]
+
+
+#: requirement, measured on target_rows(), measured on target_rows(slower=True)
+EXPECTED = [
+    (">= 15x faster", "16.00x (dense 1600.0 ms / mate.bucketed 100.0 ms)", "13.33x (dense 1600.0 ms / mate.bucketed 120.0 ms)"),
+    ("MATE time <= 1.2x flex time", "1.11x of flex (mate.bucketed 100.0 ms, flex 90.0 ms)", "1.33x of flex (mate.bucketed 120.0 ms, flex 90.0 ms)"),
+    (">= 10x faster", "11.11x (dense 1000.0 ms / mate.block_sparse 90.0 ms)", "8.00x (dense 1000.0 ms / mate.block_sparse 125.0 ms)"),
+    (">= 3x faster", "3.00x (tapas_hf 900.0 ms / mate.bucketed 300.0 ms)", "2.81x (tapas_hf 900.0 ms / mate.bucketed 320.0 ms)"),
+    (">= 1.6x faster", "1.67x (bert_hf 500.0 ms / mate.bucketed 300.0 ms)", "1.56x (bert_hf 500.0 ms / mate.bucketed 320.0 ms)"),
+    ("<= 15%", "+10.0% (mate.bucketed 1100 ms, none 1000 ms)", "+20.0% (mate.bucketed 1200 ms, none 1000 ms)"),
+    ("<= 2.1x", "2.00x (mate.bucketed: 100 MB -> 200 MB)", "2.50x (mate.bucketed: 100 MB -> 250 MB)"),
+    ("process peak RSS <= 24 GiB", "20.00 GiB peak RSS (mate.bucketed, 30.0 s)", "25.00 GiB peak RSS (mate.bucketed, 30.0 s)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("slower", [False, True], ids=["met", "missed"])
+def test_yaml_targets_on_hand_made_rows(slower):
+    assert checked(target_rows(slower)) == [(req, missed if slower else met, not slower) for req, met, missed in EXPECTED]
+
+
+def test_targets_without_their_rows_are_not_measured():
+    rows = [r for r in target_rows() if r["backend"] not in ("flex", "none")]
+    for r in rows:
+        if r["seq_len"] in (16384, 32768):
+            r.update(status="skipped", time_ms="")
+    result = checked(rows)
+    assert [met for _, _, met in result] == [True, None, True, True, True, None, None, None]
+    assert all(measured == "not measured" for _, measured, met in result if met is None)
+
+
+def test_targets_are_data():
+    specs = yaml_targets()
+    assert [s.kind for s in specs] == [
+        "speedup", "time_ratio", "speedup", "speedup", "speedup", "overhead", "memory_growth", "peak_rss"
+    ]  # fmt: skip
+    stricter = [dataclasses.replace(specs[0], threshold=20, seq_len=4096, level="encoder", baseline="tapas_hf")]
+    (target,) = targets.evaluate(target_rows(), stricter)
+    assert (target.name, target.requirement, target.met) == (
+        "kernel inference 4096: MATE vs dense SDPA", ">= 20x faster", False
+    )  # the name follows seq_len; level/baseline are free text there
+    with pytest.raises(MateError, match=r"bench.targets\[0\].kind='faster'"):
+        targets.parse([{"kind": "faster"}])
+    with pytest.raises(MateError, match=r"lacks \['baseline'\]"):
+        targets.parse([{**dataclasses.asdict(specs[0]), "baseline": None}])
+    with pytest.raises(MateError, match="unknown keys"):
+        targets.parse([{**dataclasses.asdict(specs[0]), "treshold": 3}])
