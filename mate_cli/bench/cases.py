@@ -51,6 +51,7 @@ from mate_cli.modeling.attention import mate_block_sparse as sparse
 from mate_cli.modeling.attention.base import AttentionBackend
 from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES, EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder, backend_factory
+from mate_cli.modeling.encoder import build_backend as build_layer_backend
 from mate_cli.modeling.layout import TableLayout
 from mate_cli.paths import CONF_DIR
 
@@ -161,15 +162,9 @@ def attention_factory(name: str) -> Callable[..., AttentionBackend]:
 
 def build_backend(name: str, num_heads: int, head_dim: int, max_length: int) -> AttentionBackend:
     """Layer 0's backend, called as ``TableEncoder._build_backend`` calls the factory (eval mode)."""
-    backend = attention_factory(name)(
-        num_heads=num_heads, head_dim=head_dim, max_length=max_length, dropout=0.0, layer_index=0
-    )
-    if not isinstance(backend, AttentionBackend):
-        raise MateError(
-            f"bench backend {name!r}: conf/attention/{split_name(name)[0]}.yaml built a "
-            f"{type(backend).__name__}, not an AttentionBackend"
-        )
-    return backend.eval()
+    factory = attention_factory(name)
+    return build_layer_backend(factory, num_heads=num_heads, head_dim=head_dim, max_length=max_length, dropout=0.0,
+                               layer_index=0).eval()
 
 
 # ------------------------------------------------------------------ kernel level

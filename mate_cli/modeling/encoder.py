@@ -157,6 +157,22 @@ def backend_factory(attention: Callable[..., AttentionBackend] | str) -> Callabl
     return attention
 
 
+def build_backend(
+    factory: Callable[..., AttentionBackend], *, num_heads: int, head_dim: int, max_length: int, dropout: float,
+    layer_index: int,
+) -> AttentionBackend:
+    """One layer's backend from an attention factory (the interface's shared keywords)."""
+    backend = factory(
+        num_heads=num_heads, head_dim=head_dim, max_length=max_length, dropout=dropout, layer_index=layer_index
+    )
+    if not isinstance(backend, AttentionBackend):
+        raise MateError(
+            f"the attention config built a {type(backend).__name__}, not an AttentionBackend; "
+            "check _target_ in conf/attention/<name>.yaml"
+        )
+    return backend
+
+
 class TableEncoder(nn.Module):
     """Transformer encoder over tables with a pluggable attention backend.
 
@@ -198,19 +214,14 @@ class TableEncoder(nn.Module):
                 self._init_weights(module)
 
     def _build_backend(self, factory: Callable[..., AttentionBackend], index: int) -> AttentionBackend:
-        backend = factory(
+        return build_backend(
+            factory,
             num_heads=self.config.num_heads,
             head_dim=self.config.hidden_size // self.config.num_heads,
             max_length=self.max_length,
             dropout=self.config.attention_dropout,
             layer_index=index,
         )
-        if not isinstance(backend, AttentionBackend):
-            raise MateError(
-                f"the attention config built a {type(backend).__name__}, not an AttentionBackend; "
-                "check _target_ in conf/attention/<name>.yaml"
-            )
-        return backend
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LayerNorm."""
