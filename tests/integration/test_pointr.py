@@ -129,7 +129,7 @@ def test_pointr_survives_the_edge_cases(checkpoints, pointr_env, tmp_path):
     assert metrics["robustness/tables_without_passages"] == 3
     assert metrics["robustness/questions_without_candidate"] == 3  # nowhere, all-empty, empty (untokenised) cell
     assert metrics["total/count"] == 5 and metrics["in_table/count"] == 2 and metrics["in_passage/count"] == 1
-    log = (run / "eval.log").read_text()
+    log = (run / "pointr.log").read_text()
     assert "pointr: 1 questions whose table has no selectable" in log
     assert "pointr: 3 questions whose table has no passage file" in log
 
