@@ -1,15 +1,15 @@
-"""Synthetic but realistic benchmark inputs: one long table that fills the sequence.
+"""Benchmark inputs: one realistic long table that fills the sequence.
 
-Every example is laid out as ``mate_cli.data.tokenize`` lays out TAPAS input::
+The table is :func:`mate_cli.modeling.synthetic.filled_layout` (the layout builder the
+tests use too)::
 
     [CLS] query [SEP] | header row | data row 1 | ... | data row R
 
 with ``query_tokens`` tokens for ``[CLS] query [SEP]`` (the MATE query set Q),
-``columns`` columns and as many data rows as it takes to fill ``seq_len``. Cells
-have a random number of tokens, uniform in ``[0.25, 1.75] x cell_tokens``
-(multi-token cells, like HybridQA cells expanded with passage sentences), so rows
-and columns have ragged lengths; the last cell is trimmed so the table ends
-exactly at ``seq_len`` (no padding, the worst case for every backend).
+``columns`` columns and as many data rows as it takes to fill ``seq_len``; cells of
+``[0.25, 1.75] x cell_tokens`` tokens, the last one trimmed so the table ends exactly
+at ``seq_len`` (no padding, the worst case for every backend). This module adds the
+``bench.table.*`` settings (:class:`TableShape`), random input ids and a summary.
 
 The defaults (60-token query, 8 columns, ~30 tokens per cell) give ~2 rows at 512
 tokens, ~34 at 8192 and ~136 at 32768: the table grows in rows as it grows in
@@ -18,13 +18,13 @@ length, the way longer tables do, and cells stay HybridQA-sized.
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
 from mate_cli.errors import MateError
 from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.synthetic import filled_layout
 
 
 @dataclass(frozen=True)
@@ -45,24 +45,6 @@ class TableShape:
             )
 
 
-def _cell_lengths(seq_len: int, shape: TableShape, rng: random.Random) -> list[list[int]]:
-    """Token counts ``cells[r][c]`` (row 0 = header) that exactly fill ``seq_len - query_tokens``."""
-    budget = seq_len - shape.query_tokens
-    low, high = max(1, round(0.25 * shape.cell_tokens)), max(1, round(1.75 * shape.cell_tokens))
-    rows: list[list[int]] = []
-    used = 0
-    while used < budget:
-        row = []
-        for _ in range(shape.columns):
-            if used >= budget:
-                break
-            length = min(rng.randint(low, high), budget - used)
-            row.append(length)
-            used += length
-        rows.append(row)
-    return rows
-
-
 def table_layout(seq_len: int, batch: int = 1, shape: TableShape | None = None) -> tuple[torch.Tensor, TableLayout]:
     """``(input_ids [batch, seq_len], layout)`` of ``batch`` random tables filling ``seq_len``.
 
@@ -75,25 +57,10 @@ def table_layout(seq_len: int, batch: int = 1, shape: TableShape | None = None) 
             f"bench length {seq_len} leaves no room for a table after the {shape.query_tokens}-token query; "
             "use longer bench.lengths or a smaller bench.table.query_tokens"
         )
-    names = ("segment_ids", "row_ids", "column_ids", "cell_ids")
-    ids = {name: torch.zeros(batch, seq_len, dtype=torch.long) for name in names}
-    for b in range(batch):
-        rng = random.Random(shape.seed + b)
-        pos, cell = shape.query_tokens, 0
-        for r, row in enumerate(_cell_lengths(seq_len, shape, rng)):
-            for c, length in enumerate(row):
-                cell += r > 0
-                span = slice(pos, pos + length)
-                ids["segment_ids"][b, span] = 1
-                ids["row_ids"][b, span] = r
-                ids["column_ids"][b, span] = c + 1
-                ids["cell_ids"][b, span] = cell if r > 0 else 0
-                pos += length
     generator = torch.Generator().manual_seed(shape.seed)
     input_ids = torch.randint(1000, 30000, (batch, seq_len), generator=generator)
     input_ids[:, 0], input_ids[:, shape.query_tokens - 1] = 101, 102  # [CLS], [SEP]
-    mask = torch.ones(batch, seq_len, dtype=torch.bool)
-    return input_ids, TableLayout(attention_mask=mask, **ids)
+    return input_ids, filled_layout(seq_len, batch, **asdict(shape))
 
 
 def describe(layout: TableLayout) -> dict[str, int]:

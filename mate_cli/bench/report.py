@@ -42,14 +42,6 @@ def write_csv(rows: list[dict], path: Path) -> Path:
     return atomic_write_text(path, buffer.getvalue())
 
 
-def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
-    for row in rows:
-        row["seq_len"] = int(row["seq_len"])
-    return rows
-
-
 def _num(value) -> float | None:
     try:
         return float(value)

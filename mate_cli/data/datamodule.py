@@ -110,7 +110,7 @@ class SplitDataModule(L.LightningDataModule):
             "pretrained": resolve_pretrained(self.pretrained),
             "max_length": self.max_length,
             "max_question_tokens": self.max_question_tokens,
-            "split": asdict(self.split),
+            "split_settings": asdict(self.split),
             "limit_questions": self.limit_questions,
             **self.cache_payload(split),
         }

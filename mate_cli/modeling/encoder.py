@@ -26,7 +26,7 @@ from torch import nn
 
 from mate_cli.errors import MateError
 from mate_cli.modeling import checkpoints
-from mate_cli.modeling.attention.base import REGISTRY, AttentionBackend
+from mate_cli.modeling.attention import REGISTRY, AttentionBackend  # the package import registers every backend
 from mate_cli.modeling.config import EncoderConfig, apply_overrides
 from mate_cli.modeling.embeddings import TableEmbeddings
 from mate_cli.modeling.layout import TableLayout
@@ -149,8 +149,6 @@ class Pooler(nn.Module):
 def backend_factory(attention: Callable[..., AttentionBackend] | str) -> Callable[..., AttentionBackend]:
     """A Hydra partial, a backend class, or a registered name -> a factory."""
     if isinstance(attention, str):
-        import mate_cli.modeling.attention  # noqa: F401  (fills the registry)
-
         if attention not in REGISTRY:
             raise MateError(f"attention={attention!r} is not a known backend; choose one of {sorted(REGISTRY)}")
         return REGISTRY[attention]

@@ -53,7 +53,7 @@ TOKEN_TYPE_FIELDS = (
 ID_FIELDS = TOKEN_TYPE_FIELDS + ("cell_ids",)
 
 #: Sort key of padding in :meth:`TableLayout.group_ids` (after every row/column id).
-_PADDING_GROUP = 2**40
+PADDING_GROUP = 2**40
 
 
 @dataclass(eq=False)
@@ -172,7 +172,7 @@ class TableLayout:
         key = ("group", view)
         if key not in self._cache:
             group = torch.where(self.is_query, 0, self.view_ids(view).clamp(min=0) + 1)
-            self._cache[key] = torch.where(self.attention_mask, group, group.new_full((), _PADDING_GROUP))
+            self._cache[key] = torch.where(self.attention_mask, group, group.new_full((), PADDING_GROUP))
         return self._cache[key]
 
     # ------------------------------------------------------------ structure
@@ -203,7 +203,7 @@ class TableLayout:
         if key not in self._cache:
             pos = torch.arange(self.seq_len, device=self.device).expand_as(self.segment_ids)
             # positions break ties: one argsort of group * (seq + 1) + position
-            group = self.group_ids(view).clamp(max=_PADDING_GROUP // (self.seq_len + 1))
+            group = self.group_ids(view).clamp(max=PADDING_GROUP // (self.seq_len + 1))
             perm = torch.argsort(group * (self.seq_len + 1) + pos, dim=1, stable=True)
             inverse = torch.argsort(perm, dim=1)
             self._cache[key] = (perm, inverse)

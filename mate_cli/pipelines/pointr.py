@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -36,7 +36,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.data.datamodule import Collator, encode_question
-from mate_cli.data.hybridqa import HybridQAReader, read_passages_file, read_table_file
+from mate_cli.data.hybridqa import HybridQAReader, read_passages_file
 from mate_cli.data.span import SpanCollator, SpanExample, build_span_input, cell_context
 from mate_cli.data.schema import Question, Table
 from mate_cli.data.split import SplitSettings

@@ -11,12 +11,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import mate_env, run_mate
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -46,9 +45,7 @@ TINY = {
 
 def mate_bench(overrides: dict, output_dir: Path) -> Path:
     """Run the real `mate bench` CLI with ``bench.<key>=<value>`` overrides; its run directory."""
-    command = [str(Path(sys.executable).parent / "mate"), "bench", *(f"bench.{k}={v}" for k, v in overrides.items())]
-    env = dict(os.environ, MATE_OUTPUT_DIR=str(output_dir))
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    proc = run_mate(["bench", *(f"bench.{k}={v}" for k, v in overrides.items())], mate_env(output_dir), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run,) = [p for p in (output_dir / "bench").iterdir() if p.is_dir()]
     return run
@@ -193,7 +190,7 @@ def yaml_targets() -> list[targets.TargetSpec]:
 
 
 def row(level, mode, seq_len, backend, time_ms, peak_mem_mb="", peak_rss_mb="") -> dict:
-    """A bench.csv row (as ``report.read_csv`` gives it) of a measured cell."""
+    """A bench.csv row (as csv.DictReader gives it) of a measured cell."""
     values = dict(level=level, mode=mode, seq_len=seq_len, backend=backend, status="ok", time_ms=time_ms)
     return {**dict.fromkeys(runner.COLUMNS, ""), **values, "peak_mem_mb": peak_mem_mb, "peak_rss_mb": peak_rss_mb}
 

@@ -3,10 +3,7 @@ encoding, the datamodule's split/cache, and the robustness cases of issue 5."""
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
-from pathlib import Path
 
 
 from mate_cli.data.span import (
@@ -17,9 +14,8 @@ from mate_cli.data.span import (
     span_text,
 )
 from mate_cli.data.schema import Cell, Question
+from tests.helpers import build_edge_root
 
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "hybridqa_sample"
-WIKI = "WikiTables-WithLinks"
 
 
 def test_find_answer_span_is_the_first_normalised_occurrence():
@@ -107,51 +103,6 @@ def test_datamodule_uses_the_stage1_split_and_caches(sample_root, tmp_path, capl
 
 
 # ------------------------------------------------------------------ robustness
-def _question_record(qid, question, table_id, answer, nodes):
-    return {"question_id": qid, "question": question, "table_id": table_id, "answer-text": answer, "answer-node": nodes}
-
-
-def build_edge_root(root: Path) -> dict:
-    """A HybridQA root with the issue-5 edge cases; returns its dev reference dict.
-
-    - ``edge-table-answer`` / ``edge-linked-missing``: a table whose passage file is missing;
-    - ``edge-nowhere``: an answer that appears in no cell and no passage;
-    - ``edge-empty-cell``: the traced answer cell is empty;
-    - ``edge-all-empty``: a table whose data cells are all empty, with no passage file.
-    """
-    for sub in ("tables_tok", "request_tok"):
-        (root / WIKI / sub).mkdir(parents=True, exist_ok=True)
-    (root / "released_data").mkdir(parents=True, exist_ok=True)
-    shutil.copy(SAMPLE / WIKI / "tables_tok" / "Marine_defense_battalions_0.json", root / WIKI / "tables_tok")
-    for sub in ("tables_tok", "request_tok"):
-        shutil.copy(SAMPLE / WIKI / sub / "1991_Monaco_Grand_Prix_0.json", root / WIKI / sub)
-    empty = {"title": "Edge", "header": [["Name", []], ["Note", []]],
-             "data": [[["Alpha", []], ["", []]], [["Beta", ["/wiki/Beta"]], ["", []]]]}
-    (root / WIKI / "tables_tok" / "Edge_empty_0.json").write_text(json.dumps(empty))
-    (root / WIKI / "request_tok" / "Edge_empty_0.json").write_text(json.dumps({"/wiki/Beta": "Beta is a letter. It follows alpha."}))
-    blank = {"title": "Blank", "header": [["Name", []], ["Note", []]], "data": [[["", []], ["", []]]]}
-    (root / WIKI / "tables_tok" / "Edge_blank_0.json").write_text(json.dumps(blank))
-    records = [
-        _question_record("edge-table-answer", "What is the battalion name for the battalion located at Guantanamo Bay ?",
-                         "Marine_defense_battalions_0", "4th Defense Battalion", [["4th Defense Battalion", [3, 0], None, "table"]]),
-        _question_record("edge-linked-missing", "Where was the 4th Defense Battalion located first ?",
-                         "Marine_defense_battalions_0", "Guantanamo Bay", [["Guantanamo Bay", [3, 1], "/wiki/Guantanamo_Bay,_Cuba", "passage"]]),
-        _question_record("edge-nowhere", "Which driver won the 1991 race ?", "1991_Monaco_Grand_Prix_0", "Zzyzx Quux", []),
-        _question_record("edge-empty-cell", "What is the note of Alpha ?", "Edge_empty_0", "unknown text",
-                         [["unknown text", [0, 1], None, "table"]]),
-        _question_record("edge-all-empty", "What is the name ?", "Edge_blank_0", "Gamma", []),
-    ]
-    for name in ("train.traced.json", "dev.traced.json"):
-        (root / "released_data" / name).write_text(json.dumps(records))
-    reference = {
-        "reference": {r["question_id"]: r["answer-text"] for r in records},
-        "table": ["edge-table-answer", "edge-empty-cell"],
-        "passage": ["edge-linked-missing"],
-    }
-    (root / "released_data" / "dev_reference.json").write_text(json.dumps(reference))
-    return reference
-
-
 def test_edge_cases_are_counted_and_skipped_never_crash(tmp_path, caplog):
     root = tmp_path / "edge"
     build_edge_root(root)

@@ -6,15 +6,14 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-MATE = str(Path(sys.executable).parent / "mate")
+from tests.helpers import MATE, mate_env, run_mate
+
 SMOKE = [
     "experiment=hybridqa_mate",
     "trainer.max_steps=3",
@@ -24,13 +23,11 @@ SMOKE = [
 ]
 
 
-def run_mate(args: list[str], tmp: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`mate <args>`; a first arg that is not a command means `train`."""
+def mate(args: list[str], tmp: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`mate <args>` with outputs and caches under ``tmp``; a first arg that is not a command means `train`."""
     if not args or args[0] not in ("train", "eval", "pointr", "predict", "bench"):
         args = ["train", *args]
-    env = dict(os.environ)
-    env.update(MATE_OUTPUT_DIR=str(tmp / "outputs"), MATE_CACHE_DIR=str(tmp / "cache"), WANDB_MODE="offline")
-    return subprocess.run([MATE, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return run_mate(args, mate_env(tmp / "outputs", tmp / "cache"), timeout)
 
 
 def only_run_dir(base: Path) -> Path:
@@ -42,7 +39,7 @@ def only_run_dir(base: Path) -> Path:
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("train")
-    proc = run_mate([*SMOKE, "export_encoder=true"], tmp)
+    proc = mate([*SMOKE, "export_encoder=true"], tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return only_run_dir(tmp / "outputs" / "train")
 
@@ -63,7 +60,7 @@ def test_train_help_shows_config_groups(tmp_path):
 
 def test_cfg_job_prints_the_overridden_config(tmp_path):
     """The CLI hands overrides to Hydra (composition itself is tested in tests/conf)."""
-    proc = run_mate(["--cfg", "job", "experiment=hybridqa_tapas", "dataset.max_length=256"], tmp_path)
+    proc = mate(["--cfg", "job", "experiment=hybridqa_tapas", "dataset.max_length=256"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "experiment_name: hybridqa_tapas" in proc.stdout and "DenseAttention" in proc.stdout
     assert "max_length: 256" in proc.stdout
@@ -102,7 +99,7 @@ def test_exported_encoder_loads_in_transformers(trained_run: Path):
 def test_eval_reproduces_validation_metrics(trained_run: Path, tmp_path: Path):
     """`mate eval` of the checkpoint `mate train` validated gives the same numbers."""
     train_metrics = json.loads((trained_run / "metrics.json").read_text())
-    proc = run_mate(["eval", f"ckpt_path={train_metrics['best_checkpoint']}"], tmp_path)
+    proc = mate(["eval", f"ckpt_path={train_metrics['best_checkpoint']}"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "hits@1" in proc.stdout
     eval_dir = only_run_dir(tmp_path / "outputs" / "eval")
@@ -116,7 +113,7 @@ def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
     backends = ["mate", "dense", "sat", "linformer", "table_etc"]
     # Linformer's paper k=256 needs max_length >= 256.
     args = ["-m", *SMOKE, "dataset.max_length=256", "trainer.max_steps=2", f"attention={','.join(backends)}", "logger=csv"]
-    proc = run_mate(args, tmp_path, timeout=900)
+    proc = mate(args, tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep = only_run_dir(tmp_path / "outputs" / "multirun" / "train")
     runs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.json").exists())
@@ -134,19 +131,19 @@ def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
 
 # ------------------------------------------------------------------ bad input
 def test_unknown_experiment_lists_options(tmp_path):
-    proc = run_mate(["experiment=nope"], tmp_path)
+    proc = mate(["experiment=nope"], tmp_path)
     assert proc.returncode != 0
     assert "hybridqa_mate" in proc.stderr and "nope" in proc.stderr
 
 
 def test_unknown_attention_lists_options(tmp_path):
-    proc = run_mate(["attention=nope"], tmp_path)
+    proc = mate(["attention=nope"], tmp_path)
     assert proc.returncode != 0
     assert "mate" in proc.stderr and "dense" in proc.stderr and "nope" in proc.stderr
 
 
 def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
-    proc = run_mate([*SMOKE, f"dataset.root={tmp_path}/absent"], tmp_path)
+    proc = mate([*SMOKE, f"dataset.root={tmp_path}/absent"], tmp_path)
     assert proc.returncode == 2
     lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("mate: error")]
     assert len(lines) == 1 and "dataset.root=" in lines[0] and "absent" in lines[0]
@@ -166,7 +163,7 @@ def test_malformed_question_record_names_file_and_id(sample_root, tmp_path):
     qid = records[3]["question_id"]
     del records[3]["table_id"]
     path.write_text(json.dumps(records))
-    proc = run_mate([*SMOKE, f"dataset.root={root}"], tmp_path)
+    proc = mate([*SMOKE, f"dataset.root={root}"], tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "dev.traced.json" in proc.stderr and qid in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -177,7 +174,7 @@ def test_malformed_table_file_names_table(sample_root, tmp_path):
     records = json.loads((root / "released_data" / "dev.traced.json").read_text())
     table_id = records[0]["table_id"]
     (root / "WikiTables-WithLinks" / "tables_tok" / f"{table_id}.json").write_text("{not json")
-    proc = run_mate([*SMOKE, f"dataset.root={root}"], tmp_path)
+    proc = mate([*SMOKE, f"dataset.root={root}"], tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert table_id in proc.stderr
     assert "Traceback" not in proc.stderr

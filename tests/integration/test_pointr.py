@@ -9,42 +9,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from mate_cli.metrics.hybridqa import evaluate_predictions, subset_reference
-from tests.data.test_span_data import build_edge_root
+from tests.helpers import MATE, SAMPLE, build_edge_root, mate_env, new_run, run_dirs, run_mate
 
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "hybridqa_sample"
 TABLES = SAMPLE / "WikiTables-WithLinks" / "tables_tok"
 PASSAGES = SAMPLE / "WikiTables-WithLinks" / "request_tok"
 TINY = ["trainer.max_steps=2", "dataset.max_length=128", "logger=csv", "validate_best=false"]
 
 
-def mate(args: list[str], env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mate_cli.cli", *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def run_dirs(out: Path, task: str) -> set[Path]:
-    return set((out / task).glob("*")) if (out / task).exists() else set()
-
-
-def new_run(out: Path, task: str, before: set[Path]) -> Path:
-    (run,) = run_dirs(out, task) - before
-    return run
-
-
 @pytest.fixture(scope="session")
 def pointr_env(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("pointr")
-    env = dict(os.environ)
-    env.update(MATE_OUTPUT_DIR=str(base / "outputs"), MATE_CACHE_DIR=str(base / "cache"), WANDB_MODE="offline",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return env
+    return mate_env(base / "outputs", base / "cache")
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +38,7 @@ def checkpoints(pointr_env) -> dict[str, Path]:
     procs = {}
     for name, args in runs.items():
         env = {**pointr_env, "MATE_OUTPUT_DIR": str(out / name)}
-        cmd = [sys.executable, "-m", "mate_cli.cli", "train", *args, *TINY]
+        cmd = [MATE, "train", *args, *TINY]
         procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     found = {}
     for name, proc in procs.items():
@@ -72,7 +53,7 @@ def pointr_run(checkpoints, pointr_env) -> tuple[Path, subprocess.CompletedProce
     """One `mate pointr` run on the sample's validation tables."""
     out = Path(pointr_env["MATE_OUTPUT_DIR"])
     before = run_dirs(out, "pointr")
-    proc = mate(["pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
+    proc = run_mate(["pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
                  f"stage2.ckpt_path={checkpoints['stage2']}"], pointr_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return new_run(out, "pointr", before), proc
@@ -117,7 +98,7 @@ def test_pointr_survives_the_edge_cases(checkpoints, pointr_env, tmp_path):
     out = Path(pointr_env["MATE_OUTPUT_DIR"])
     before = run_dirs(out, "pointr")
     overrides = f'stage1.overrides=["dataset.root={root}","dataset.split.mode=files","dataset.cache_dir={tmp_path / "c"}"]'
-    proc = mate(["pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
+    proc = run_mate(["pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
                  f"stage2.ckpt_path={checkpoints['stage2']}", overrides], pointr_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = new_run(out, "pointr", before)
@@ -138,7 +119,7 @@ def test_predict_prints_the_answer_cell_and_top3(checkpoints, pointr_env):
     out = Path(pointr_env["MATE_OUTPUT_DIR"])
     before = run_dirs(out, "predict")
     table = "1991_Monaco_Grand_Prix_0"
-    proc = mate(["predict", f"table={TABLES / (table + '.json')}", f"passages={PASSAGES / (table + '.json')}",
+    proc = run_mate(["predict", f"table={TABLES / (table + '.json')}", f"passages={PASSAGES / (table + '.json')}",
                  "question='Which driver of the team from Italy finished third?'",
                  f"stage1.ckpt_path={checkpoints['stage1']}", f"stage2.ckpt_path={checkpoints['stage2']}"], pointr_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -156,7 +137,7 @@ def test_predict_prints_the_answer_cell_and_top3(checkpoints, pointr_env):
 def test_single_checkpoint_eval_still_works_and_agrees_on_hits(checkpoints, pointr_env, pointr_run):
     out = Path(pointr_env["MATE_OUTPUT_DIR"])
     before = run_dirs(out, "eval")
-    proc = mate(["eval", f"ckpt_path={checkpoints['stage1']}"], pointr_env)
+    proc = run_mate(["eval", f"ckpt_path={checkpoints['stage1']}"], pointr_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "hits@1" in proc.stdout
     single = json.loads((new_run(out, "eval", before) / "metrics.json").read_text())
@@ -184,7 +165,7 @@ def test_test_split_gets_predictions_without_scores(checkpoints, tmp_path):
 
 
 def test_user_errors_are_one_line(checkpoints, pointr_env, tmp_path):
-    proc = mate(["pointr", f"stage1.ckpt_path={tmp_path / 'nope.ckpt'}", "stage2.ckpt_path=null"], pointr_env)
+    proc = run_mate(["pointr", f"stage1.ckpt_path={tmp_path / 'nope.ckpt'}", "stage2.ckpt_path=null"], pointr_env)
     assert proc.returncode == 2 and proc.stderr.strip().startswith("mate: error: checkpoint not found")
     assert len(proc.stderr.strip().splitlines()) == 1
 

@@ -1,7 +1,6 @@
 """LINFORMER backend (MATE §5.1): reference equality, padding, errors, linear cost."""
 
 import math
-import random
 from pathlib import Path
 
 import pytest
@@ -13,37 +12,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention.base import REGISTRY
 from mate_cli.modeling.attention.linformer import LinformerAttention
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.synthetic import shaped_layout
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention" / "linformer.yaml"
 HEADS, HEAD_DIM = 2, 4
-
-
-def table_layout(shapes, extra_pad=0, seed=0) -> TableLayout:
-    """[CLS] query [SEP], header row, data rows of 1-3-token cells, then padding.
-
-    ``shapes``: one ``(query_len, rows, columns)`` per example; examples are padded to
-    the longest plus ``extra_pad``.
-    """
-    rng = random.Random(seed)
-    examples = []
-    for query_len, rows, columns in shapes:
-        tokens = [(0, 0, 0, 0)] * (query_len + 2)  # (segment, row, column, cell)
-        cell = 0
-        for row in range(rows + 1):
-            for column in range(1, columns + 1):
-                cell += row > 0
-                tokens += [(1, row, column, cell if row else 0)] * rng.randint(1, 3)
-        examples.append(tokens)
-    seq = max(map(len, examples)) + extra_pad
-    ids = torch.zeros(len(examples), seq, 4, dtype=torch.long)
-    mask = torch.zeros(len(examples), seq, dtype=torch.bool)
-    for b, tokens in enumerate(examples):
-        ids[b, : len(tokens)] = torch.tensor(tokens)
-        mask[b, : len(tokens)] = True
-    return TableLayout(
-        attention_mask=mask, segment_ids=ids[..., 0], row_ids=ids[..., 1], column_ids=ids[..., 2], cell_ids=ids[..., 3]
-    )
 
 
 def qkv(layout, dtype=torch.float64, seed=0):
@@ -75,7 +47,7 @@ SHAPES = [(3, 2, 2), (5, 4, 3), (2, 1, 4)]
 
 
 def test_matches_independent_reference():
-    layout = table_layout(SHAPES, extra_pad=2)
+    layout = shaped_layout(SHAPES, extra_pad=2)
     attn = backend(k=16)
     q, k, v = qkv(layout)
     out = attn(q, k, v, layout)
@@ -84,7 +56,7 @@ def test_matches_independent_reference():
 
 
 def test_share_kv_uses_E_for_values():
-    layout = table_layout(SHAPES)
+    layout = shaped_layout(SHAPES)
     attn = backend(k=8, share_kv=True)
     assert attn.F is None and [n for n, _ in attn.named_parameters()] == ["E"]
     q, k, v = qkv(layout)
@@ -92,7 +64,7 @@ def test_share_kv_uses_E_for_values():
 
 
 def test_none_layout_means_no_padding():
-    layout = table_layout([(3, 2, 2), (3, 2, 2)])
+    layout = shaped_layout([(3, 2, 2), (3, 2, 2)])
     layout = layout.with_fields(attention_mask=torch.ones_like(layout.attention_mask))
     attn = backend(k=8, init="xavier")
     q, k, v = qkv(layout)
@@ -100,7 +72,7 @@ def test_none_layout_means_no_padding():
 
 
 def test_padding_never_influences_real_tokens():
-    layout = table_layout(SHAPES, extra_pad=3)
+    layout = shaped_layout(SHAPES, extra_pad=3)
     attn = backend(k=12)
     q, k, v = qkv(layout)
     pad = ~layout.attention_mask[:, None, :, None]
@@ -110,7 +82,7 @@ def test_padding_never_influences_real_tokens():
 
 
 def test_amount_of_padding_does_not_matter():
-    short, long = table_layout(SHAPES, seed=3), table_layout(SHAPES, extra_pad=9, seed=3)
+    short, long = shaped_layout(SHAPES, seed=3), shaped_layout(SHAPES, extra_pad=9, seed=3)
     attn = backend(k=12)
     q, k, v = qkv(long)
     n = short.seq_len
@@ -121,7 +93,7 @@ def test_amount_of_padding_does_not_matter():
 
 
 def test_finite_outputs_and_gradients():
-    layout = table_layout(SHAPES, extra_pad=2)
+    layout = shaped_layout(SHAPES, extra_pad=2)
     attn = LinformerAttention(num_heads=HEADS, head_dim=HEAD_DIM, max_length=64, k=16, dropout=0.1)
     q, k, v = (x.float().requires_grad_() for x in qkv(layout))
     out = attn(q, k, v, layout)
@@ -133,12 +105,8 @@ def test_finite_outputs_and_gradients():
     assert attn.E.grad[:, layout.seq_len :].abs().sum() == 0  # columns past seq unused
 
 
-def test_errors_name_the_config_key():
-    with pytest.raises(MateError, match="attention.k"):
-        LinformerAttention(num_heads=HEADS, head_dim=HEAD_DIM, max_length=32, k=64)
-    with pytest.raises(MateError, match="attention.init"):
-        LinformerAttention(num_heads=HEADS, head_dim=HEAD_DIM, max_length=32, k=8, init="orthogonal")
-    layout = table_layout([(3, 4, 4)])
+def test_sequence_longer_than_the_projections_names_the_config_key():
+    layout = shaped_layout([(3, 4, 4)])
     attn = backend(max_length=layout.seq_len - 1, k=4)
     with pytest.raises(MateError, match="dataset.max_length"):
         attn(*qkv(layout), layout)

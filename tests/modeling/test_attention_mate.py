@@ -11,12 +11,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import mate_cli.modeling.attention.mate_bucketed as mb
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate as mate_mod
+from mate_cli.modeling.attention import mate_bucketed
 from mate_cli.modeling.attention.mate import MateAttention, head_masks, masked_attention
 from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention, flex_mate_attention
-from tests.modeling.layouts import build_layout, max_segment_lengths, random_layout
+from mate_cli.modeling.attention.mate_bucketed import bucketed_attention
+from mate_cli.modeling.attention.mate_plan import bucket_plan
+from mate_cli.modeling.attention.mate_reference import bucketed_attention_reference
+from mate_cli.modeling.synthetic import filled_layout, layout_from_cells, random_layout
 
 log = logging.getLogger(__name__)
 RATIOS = (0.5, 0.0, 1.0)  # mixed, column heads only, row heads only (paper Table 6 ablations)
@@ -83,6 +86,20 @@ def max_diff(a, b) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
 
 
+def max_segment_lengths(layout) -> dict[str, int]:
+    """Longest query set, row and column (in tokens, header row included) over the batch:
+    MATE's bucketed approximation is exact when |Q| <= G and every segment <= R."""
+    out = {"query": int(layout.is_query.sum(1).max())}
+    for view in ("row", "column"):
+        ids = layout.view_ids(view)
+        out[view] = max(
+            (int(torch.bincount(ids[b][layout.is_table[b]]).max()) for b in range(layout.batch_size)
+             if layout.is_table[b].any()),
+            default=0,
+        )
+    return out
+
+
 def exact_layouts():
     """Layouts where G=16 covers Q and every row/column fits R=16 (bucketed is exact)."""
     yield random_layout(3, query_len=(2, 8), rows=(1, 3), cols=(1, 3), cell_tokens=(1, 3), pad=(0, 5), seed=1)
@@ -117,15 +134,15 @@ def test_masked_attention_equals_token_by_token_softmax(ratio):
 @pytest.mark.parametrize("ratio", RATIOS)
 def test_bucketed_equals_masked_when_globals_cover_q_and_segments_fit(ratio, dtype, budget, monkeypatch):
     if budget:
-        monkeypatch.setitem(mb.CHUNK_ELEMENTS, "cpu", budget)
+        monkeypatch.setitem(mate_bucketed.CHUNK_ELEMENTS, "cpu", budget)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     for layout in exact_layouts():
         seg = max_segment_lengths(layout)
         assert seg["query"] <= 16 and seg["row"] <= 16 and seg["column"] <= 16
         q, k, v = inputs(layout, dtype=dtype)
         ref = run(lambda q, k, v: masked_attention(q, k, v, layout, ratio), layout, q, k, v)
-        plan = mb.bucket_plan(layout, 4, ratio, 16, 16)
-        got = run(lambda q, k, v: mb.bucketed_attention(q, k, v, plan), layout, q, k, v)
+        plan = bucket_plan(layout, 4, ratio, 16, 16)
+        got = run(lambda q, k, v: bucketed_attention(q, k, v, plan), layout, q, k, v)
         diff = max_diff(got, ref)
         log.info("max|diff| bucketed vs masked, exact regime (ratio=%s, %s, budget=%s): %.2e",
                  ratio, dtype, budget, diff)
@@ -171,10 +188,10 @@ def reachable_exactly(layout, plan, ratio, num_heads):
 def test_bucketed_approximation_is_exact_where_the_window_covers_and_bounded_elsewhere(ratio, G, R):
     layout = random_layout(3, query_len=(3, 8), rows=(2, 5), cols=(2, 4), cell_tokens=(1, 3), pad=(0, 4), seed=11)
     q, k, v = inputs(layout)
-    plan = mb.bucket_plan(layout, 4, ratio, G, R)
-    fused = run(lambda q, k, v: mb.bucketed_attention(q, k, v, plan), layout, q, k, v)
+    plan = bucket_plan(layout, 4, ratio, G, R)
+    fused = run(lambda q, k, v: bucketed_attention(q, k, v, plan), layout, q, k, v)
     # 1. the fused path is App. D exactly (outputs and gradients), whatever G and R
-    reference = run(lambda q, k, v: mb.bucketed_attention_reference(q, k, v, plan), layout, q, k, v)
+    reference = run(lambda q, k, v: bucketed_attention_reference(q, k, v, plan), layout, q, k, v)
     assert max_diff(fused, reference) <= 1e-12
     # 2. tokens whose allowed set is reachable are exact; the others are approximated
     masked = run(lambda q, k, v: masked_attention(q, k, v, layout, ratio), layout, q, k, v)[0]
@@ -193,15 +210,15 @@ def test_bucketed_approximation_is_exact_where_the_window_covers_and_bounded_els
 def test_fused_bucketed_matches_reference_with_bnhd_inputs_and_gradcheck_with_dropout():
     layout = random_layout(2, query_len=(1, 3), rows=(1, 2), cols=(1, 2), cell_tokens=(1, 2), pad=(0, 2), seed=3)
     b, n, h, d = layout.batch_size, layout.seq_len, 2, 4
-    plan = mb.bucket_plan(layout, h, 0.5, 2, 2)
+    plan = bucket_plan(layout, h, 0.5, 2, 2)
     g = torch.Generator().manual_seed(0)
     # the encoder's layout: a [B, N, H, D] buffer seen as [B, H, N, D]
     q, k, v = (
         torch.randn(b, n, h, d, generator=g, dtype=torch.float64).transpose(1, 2).requires_grad_() for _ in range(3)
     )
-    assert max_diff(run(lambda *x: mb.bucketed_attention(*x, plan), layout, q, k, v),
-                    run(lambda *x: mb.bucketed_attention_reference(*x, plan), layout, q, k, v)) <= 1e-12
-    fn = lambda q, k, v: mb._BucketedAttention.apply(q, k, v, plan, 0.3, 1234)  # noqa: E731
+    assert max_diff(run(lambda *x: bucketed_attention(*x, plan), layout, q, k, v),
+                    run(lambda *x: bucketed_attention_reference(*x, plan), layout, q, k, v)) <= 1e-12
+    fn = lambda q, k, v: bucketed_attention(q, k, v, plan, 0.3, seed=1234)  # noqa: E731
     assert torch.equal(fn(q, k, v), fn(q, k, v))  # the seed fixes the dropout mask
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
 
@@ -213,7 +230,7 @@ def long_segment_layout():
         [[3, 1, 30], [2, 2, 1], [40, 1, 2], [1, 1, 1]],
         [[1, 2], [5, 70], [2, 3]],
     ]
-    return build_layout([5, 2], cells, pad=[3, 0])
+    return layout_from_cells([5, 2], cells, pad=[3, 0])
 
 
 @pytest.mark.parametrize("ratio", RATIOS)
@@ -282,32 +299,22 @@ def test_auto_picks_by_length_and_grad_mode_and_logs_once(caplog):
     long_len = mate_mod.AUTO_MASKED_MAX_LEN[("cpu", False)] + 1
     q_long = torch.zeros(1, 2, long_len, 4)
     assert backend.resolve_impl(q_long, q_long, q_long) == "bucketed"
-    mate_mod._logged_choices.clear()
     with caplog.at_level(logging.INFO, logger=mate_mod.__name__):
         caplog.clear()
         for _ in range(3):
             backend.resolve_impl(q_long, q_long, q_long)
+        assert not any("impl=auto" in r.message for r in caplog.records)  # this backend logged it above
+        fresh = MateAttention(num_heads=2, head_dim=4, impl="auto")
+        for _ in range(3):
+            fresh.resolve_impl(q_long, q_long, q_long)
     assert sum("impl=auto" in r.message for r in caplog.records) == 1
+    # without the fused CPU kernel, auto keeps masked up to the plain CPU limit
+    no_kernel = MateAttention(num_heads=2, head_dim=4, impl="auto", cpu_kernel=False)
+    q_mid = torch.zeros(1, 2, mate_mod.AUTO_MASKED_MAX_LEN[("cpu", False)], 4)
+    assert no_kernel.resolve_impl(q_mid, q_mid, q_mid) == "masked"
 
 
 # ------------------------------------------------------------------ (f) config
-@pytest.mark.parametrize(
-    "kwargs,key",
-    [
-        ({"global_size": 0}, "attention.global_size"),
-        ({"radius": 0}, "attention.radius"),
-        ({"radius": 2.5}, "attention.radius"),
-        ({"row_heads_ratio": -0.1}, "attention.row_heads_ratio"),
-        ({"row_heads_ratio": 1.5}, "attention.row_heads_ratio"),
-        ({"impl": "sparse"}, "attention.impl"),
-    ],
-)
-def test_bad_config_raises_one_line_mate_error_naming_the_key(kwargs, key):
-    with pytest.raises(MateError) as err:
-        MateAttention(num_heads=4, head_dim=8, **kwargs)
-    assert key in str(err.value) and "\n" not in str(err.value)
-
-
 def test_no_parameters_and_layout_required():
     backend = MateAttention(num_heads=2, head_dim=4)
     assert not list(backend.parameters())
@@ -336,15 +343,12 @@ class CostCounter(TorchDispatchMode):
         return out
 
 
-def test_bucketed_cost_grows_linearly_with_length(monkeypatch):
+def test_bucketed_cost_grows_linearly_with_length():
     """The torch path (the fused CPU kernel's count is in test_mate_cpu_kernel.py)."""
-    from tests.modeling.layouts import long_table_layout
-
-    monkeypatch.setattr(mb, "USE_CPU_KERNEL", False)
 
     def cost(seq_len: int, grad: bool) -> CostCounter:
-        layout = long_table_layout(seq_len, query_len=30, rows=8 * seq_len // 1024, cols=4)
-        backend = MateAttention(num_heads=2, head_dim=16, impl="bucketed")
+        layout = filled_layout(seq_len, query_tokens=32, columns=4, cell_tokens=32)
+        backend = MateAttention(num_heads=2, head_dim=16, impl="bucketed", cpu_kernel=False)
         q, k, v = (torch.randn(1, 2, seq_len, 16, requires_grad=grad) for _ in range(3))
         backend(q, k, v, layout)  # builds and caches the plan outside the count
         with CostCounter() as counter, torch.set_grad_enabled(grad):
@@ -360,20 +364,3 @@ def test_bucketed_cost_grows_linearly_with_length(monkeypatch):
                  "fwd+bwd" if grad else "fwd", flops, largest, large.largest)
         assert flops <= 2.1 and largest <= 2.1
         assert large.largest < 4096 * 4096 / 4  # never anything near N x N
-
-
-# ------------------------------------------------------------- test helper
-def test_random_layout_follows_tapas_conventions():
-    layout = random_layout(4, seed=5)
-    for b in range(layout.batch_size):
-        real = layout.attention_mask[b]
-        n = int(real.sum())
-        assert real[:n].all() and not real[n:].any()  # padding last
-        seg = layout.segment_ids[b]
-        assert seg[0] == 0 and (seg[:n] == 1).any()
-        q_len = int((seg[:n] == 0).sum())
-        assert (seg[q_len:n] == 1).all()  # [CLS] query [SEP], then the table
-        assert (layout.row_ids[b, :q_len] == 0).all() and (layout.column_ids[b, :q_len] == 0).all()
-        header = (layout.row_ids[b] == 0) & (seg == 1)
-        assert header.any() and (layout.cell_ids[b][header] == 0).all()
-        assert (layout.cell_ids[b][(layout.row_ids[b] > 0)] > 0).all()

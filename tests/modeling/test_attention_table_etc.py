@@ -1,7 +1,6 @@
 """TABLEETC backend (MATE §5.1): memory construction, dense reference, padding, errors, cost."""
 
 import math
-import random
 from pathlib import Path
 
 import pytest
@@ -14,37 +13,11 @@ from mate_cli.errors import MateError
 from mate_cli.modeling.attention.base import REGISTRY
 from mate_cli.modeling.attention.table_etc import MEMORY_SEGMENT, TableETCAttention
 from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.synthetic import shaped_layout
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention" / "table_etc.yaml"
 HEADS, HEAD_DIM = 2, 4
 HIDDEN = HEADS * HEAD_DIM
-
-
-def table_layout(shapes, extra_pad=0, seed=0) -> TableLayout:
-    """[CLS] query [SEP], header row, data rows of 1-3-token cells, then padding.
-
-    ``shapes``: one ``(query_len, rows, columns)`` per example; examples are padded to
-    the longest plus ``extra_pad``.
-    """
-    rng = random.Random(seed)
-    examples = []
-    for query_len, rows, columns in shapes:
-        tokens = [(0, 0, 0, 0)] * (query_len + 2)  # (segment, row, column, cell)
-        cell = 0
-        for row in range(rows + 1):
-            for column in range(1, columns + 1):
-                cell += row > 0
-                tokens += [(1, row, column, cell if row else 0)] * rng.randint(1, 3)
-        examples.append(tokens)
-    seq = max(map(len, examples)) + extra_pad
-    ids = torch.zeros(len(examples), seq, 4, dtype=torch.long)
-    mask = torch.zeros(len(examples), seq, dtype=torch.bool)
-    for b, tokens in enumerate(examples):
-        ids[b, : len(tokens)] = torch.tensor(tokens)
-        mask[b, : len(tokens)] = True
-    return TableLayout(
-        attention_mask=mask, segment_ids=ids[..., 0], row_ids=ids[..., 1], column_ids=ids[..., 2], cell_ids=ids[..., 3]
-    )
 
 
 def backend(dtype=torch.float64, **options) -> TableETCAttention:
@@ -117,7 +90,7 @@ def real_positions(ext, like):
 
 
 def test_extend_inputs_returns_memory_and_consistent_layout():
-    layout = table_layout(SHAPES, extra_pad=2)
+    layout = shaped_layout(SHAPES, extra_pad=2)
     attn = backend()
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(layout.batch_size, layout.seq_len, HIDDEN, generator=gen, dtype=torch.float64)
@@ -146,7 +119,7 @@ def test_extend_inputs_returns_memory_and_consistent_layout():
 
 
 def test_matches_dense_reference_with_python_masks():
-    layout = table_layout(SHAPES, extra_pad=2, seed=4)
+    layout = shaped_layout(SHAPES, extra_pad=2, seed=4)
     attn = backend()
     with torch.no_grad():
         attn.relative_embeddings.normal_()  # make the relative bias matter
@@ -160,7 +133,7 @@ def test_matches_dense_reference_with_python_masks():
 
 @pytest.mark.parametrize("radius", [1, 5])
 def test_matches_reference_for_other_radii(radius):
-    layout = table_layout(SHAPES[:2], seed=5)
+    layout = shaped_layout(SHAPES[:2], seed=5)
     attn = backend(local_radius=radius, max_relative_distance=0)
     _, ext, q, k, v = extended(attn, layout, seed=2)
     ref = reference(q, k, v, ext, attn.num_global, radius, 0, attn.relative_embeddings)
@@ -170,7 +143,7 @@ def test_matches_reference_for_other_radii(radius):
 
 
 def test_padding_and_masked_memory_slots_never_influence_real_tokens():
-    layout = table_layout(SHAPES, extra_pad=3)
+    layout = shaped_layout(SHAPES, extra_pad=3)
     attn = backend()
     _, ext, q, k, v = extended(attn, layout)
     masked = ~ext.attention_mask[:, None, :, None]
@@ -183,7 +156,7 @@ def test_padding_and_masked_memory_slots_never_influence_real_tokens():
 
 
 def test_padding_embeddings_do_not_reach_memory():
-    layout = table_layout(SHAPES, extra_pad=3)
+    layout = shaped_layout(SHAPES, extra_pad=3)
     attn = backend()
     hidden = torch.randn(layout.batch_size, layout.seq_len, HIDDEN, dtype=torch.float64)
     noisy = hidden + 100.0 * torch.randn_like(hidden) * ~layout.attention_mask[..., None]
@@ -194,7 +167,7 @@ def test_padding_embeddings_do_not_reach_memory():
 
 
 def test_finite_outputs_and_gradients_through_memory():
-    layout = table_layout(SHAPES, extra_pad=2)
+    layout = shaped_layout(SHAPES, extra_pad=2)
     torch.manual_seed(0)
     attn = TableETCAttention(num_heads=HEADS, head_dim=HEAD_DIM, num_global=8, local_radius=4, dropout=0.1)
     hidden = torch.randn(layout.batch_size, layout.seq_len, HIDDEN, requires_grad=True)
@@ -209,7 +182,7 @@ def test_finite_outputs_and_gradients_through_memory():
 
 
 def test_plan_is_cached_and_shared_by_layers():
-    layout = table_layout(SHAPES)
+    layout = shaped_layout(SHAPES)
     layer0, layer1 = backend(), backend(layer_index=1)
     assert layer1.memory_type_embeddings is None
     _, ext, q, k, v = extended(layer0, layout)
@@ -240,22 +213,8 @@ def test_cost_is_linear_in_length():
     assert max(ratios) <= 2.1, ratios
 
 
-@pytest.mark.parametrize(
-    "options, key",
-    [
-        ({"num_global": 1}, "attention.num_global"),
-        ({"num_global": 7}, "attention.num_global"),
-        ({"local_radius": 0}, "attention.local_radius"),
-        ({"max_relative_distance": -1}, "attention.max_relative_distance"),
-    ],
-)
-def test_invalid_options_name_the_config_key(options, key):
-    with pytest.raises(MateError, match=key):
-        TableETCAttention(num_heads=HEADS, head_dim=HEAD_DIM, **options)
-
-
 def test_wiring_errors():
-    layout = table_layout(SHAPES)
+    layout = shaped_layout(SHAPES)
     attn = backend()
     q = torch.randn(layout.batch_size, HEADS, layout.seq_len, HEAD_DIM, dtype=torch.float64)
     with pytest.raises(MateError, match="extend_inputs"):

@@ -9,13 +9,17 @@ recorded as junit properties.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention.base import AttentionBackend
 from mate_cli.modeling.attention.dense import DenseAttention
+from mate_cli.modeling.checkpoints import bundled_model_dir, load_tokenizer
 from mate_cli.modeling.embeddings import cell_position_ids
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
@@ -128,8 +132,6 @@ def test_reset_changes_the_output():
 
 # ------------------------------------------------------------------- BERT (bundled MiniLM)
 def test_dense_matches_bert_model_on_bundled_minilm(record_property):
-    from mate_cli.modeling.checkpoints import bundled_model_dir, load_tokenizer
-
     reference = transformers.BertModel.from_pretrained(str(bundled_model_dir())).eval()
     ours = TableEncoder.from_pretrained("minilm", "dense").eval()
     assert ours.config.reset_position_index_per_cell is False
@@ -222,11 +224,6 @@ def test_backend_factory_receives_layer_keywords():
 
 
 def test_hydra_yaml_builds_the_backend():
-    from pathlib import Path
-
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
     root = Path(__file__).resolve().parents[2] / "conf" / "attention"
     for name in ("dense", "none"):
         factory = instantiate(OmegaConf.load(root / f"{name}.yaml"))

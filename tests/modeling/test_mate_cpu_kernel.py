@@ -15,9 +15,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-import mate_cli.modeling.attention.mate_bucketed as mb
 from mate_cli.modeling.attention import mate_cpu_kernel
-from tests.modeling.layouts import long_table_layout, random_layout
+from mate_cli.modeling.attention.mate_bucketed import bucketed_attention
+from mate_cli.modeling.attention.mate_plan import bucket_plan
+from mate_cli.modeling.attention.mate_reference import bucketed_attention_reference
+from mate_cli.modeling.synthetic import filled_layout, random_layout
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +40,9 @@ class OpCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def both_paths(monkeypatch, q, k, v, plan):
+def both_paths(q, k, v, plan):
     with torch.no_grad():
-        monkeypatch.setattr(mb, "USE_CPU_KERNEL", True)
-        fused = mb.bucketed_attention(q, k, v, plan)
-        monkeypatch.setattr(mb, "USE_CPU_KERNEL", False)
-        torch_path = mb.bucketed_attention(q, k, v, plan)
-    return fused, torch_path
+        return tuple(bucketed_attention(q, k, v, plan, use_cpu_kernel=use) for use in (True, False))
 
 
 CASES = [
@@ -55,23 +53,23 @@ CASES = [
     # ... G well past Q: the first row/column is global, some buckets read table globals
     (lambda: random_layout(2, query_len=(1, 3), rows=(2, 5), cols=(2, 3), cell_tokens=(1, 3), pad=(0, 3), seed=9), 24, 5),
     # a realistic long table, the paper's G and R
-    (lambda: long_table_layout(2048, query_len=58, rows=16, cols=8), 116, 42),
+    (lambda: filled_layout(2048, query_tokens=60, columns=8, cell_tokens=15), 116, 42),
 ]
 
 
 @needs_kernel
 @pytest.mark.parametrize("ratio", [0.5, 0.0, 1.0])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_kernel_equals_torch_path_and_reference(case, ratio, monkeypatch):
+def test_kernel_equals_torch_path_and_reference(case, ratio):
     make, G, R = CASES[case]
     layout = make()
     heads, dim = 4, 16
-    plan = mb.bucket_plan(layout, heads, ratio, G, R)
+    plan = bucket_plan(layout, heads, ratio, G, R)
     g = torch.Generator().manual_seed(case)
     # the encoder's layout: a [B, N, H, D] buffer seen as [B, H, N, D]
     q, k, v = (torch.randn(layout.batch_size, layout.seq_len, heads, dim, generator=g).transpose(1, 2) for _ in range(3))
-    fused, torch_path = both_paths(monkeypatch, q, k, v, plan)
-    reference = mb.bucketed_attention_reference(q, k, v, plan)
+    fused, torch_path = both_paths(q, k, v, plan)
+    reference = bucketed_attention_reference(q, k, v, plan)
     real = layout.attention_mask[:, None, :, None]
     diff = ((fused - torch_path) * real).abs().max().item()
     diff_ref = ((fused - reference) * real).abs().max().item()
@@ -82,36 +80,35 @@ def test_kernel_equals_torch_path_and_reference(case, ratio, monkeypatch):
 
 
 @needs_kernel
-def test_kernel_runs_only_where_it_applies(monkeypatch):
+def test_kernel_runs_only_where_it_applies():
     layout = random_layout(2, seed=3)
     shape = (2, 2, layout.seq_len, 8)
 
-    def ops(dtype, grad=False, dropout=0.0):
+    def ops(dtype, grad=False, dropout=0.0, use_cpu_kernel=True):
         q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=grad) for _ in range(3))
+        plan = bucket_plan(layout, 2, 0.5, 8, 4)
         with OpCalls() as calls, torch.set_grad_enabled(grad):
-            mb.bucketed_attention(q, k, v, mb.bucket_plan(layout, 2, 0.5, 8, 4), dropout_p=dropout)
+            bucketed_attention(q, k, v, plan, dropout_p=dropout, use_cpu_kernel=use_cpu_kernel)
         return "mate_cpu.bucketed_forward" in calls.names
 
     assert ops(torch.float32)  # inference
     assert ops(torch.float32, grad=True)  # forward of a training step without attention dropout
     assert not ops(torch.float32, grad=True, dropout=0.1)  # dropout: the torch path draws the mask
     assert not ops(torch.float64)
-    monkeypatch.setattr(mb, "USE_CPU_KERNEL", False)
-    assert not ops(torch.float32)
+    assert not ops(torch.float32, use_cpu_kernel=False)
 
 
 @needs_kernel
-def test_gradients_through_the_kernel_forward_match_the_torch_path(monkeypatch):
+def test_gradients_through_the_kernel_forward_match_the_torch_path():
     layout = random_layout(2, query_len=(2, 6), rows=(2, 4), cols=(2, 3), cell_tokens=(1, 3), pad=(0, 4), seed=4)
-    plan = mb.bucket_plan(layout, 4, 0.5, 8, 6)
+    plan = bucket_plan(layout, 4, 0.5, 8, 6)
     g = torch.Generator().manual_seed(0)
     base = [torch.randn(layout.batch_size, 4, layout.seq_len, 8, generator=g) for _ in range(3)]
     cot = torch.randn(base[0].shape, generator=g) * layout.attention_mask[:, None, :, None]
     grads = []
     for use in (True, False):
-        monkeypatch.setattr(mb, "USE_CPU_KERNEL", use)
         leaves = [t.clone().requires_grad_() for t in base]
-        (mb.bucketed_attention(*leaves, plan) * cot).sum().backward()
+        (bucketed_attention(*leaves, plan, use_cpu_kernel=use) * cot).sum().backward()
         grads.append([t.grad for t in leaves])
     assert max((a - b).abs().max().item() for a, b in zip(*grads)) <= 1e-5
 
@@ -119,12 +116,12 @@ def test_gradients_through_the_kernel_forward_match_the_torch_path(monkeypatch):
 @needs_kernel
 def test_flop_counter_sees_the_kernel_and_cost_is_linear():
     def flops(seq_len: int) -> int:
-        layout = long_table_layout(seq_len, query_len=58, rows=seq_len // 256, cols=8)
-        plan = mb.bucket_plan(layout, 4, 0.5, 116, 42)
+        layout = filled_layout(seq_len)
+        plan = bucket_plan(layout, 4, 0.5, 116, 42)
         q, k, v = (torch.randn(1, 4, seq_len, 16) for _ in range(3))
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            mb.bucketed_attention(q, k, v, plan)
-        _, keys, _, _, _ = plan.kernel_args()
+            bucketed_attention(q, k, v, plan)
+        _, keys, _, _, _ = plan.kernel_args
         long_part = 4 * 42 * 16 * (int(keys.sum()) + 3 * 42 * keys.numel())
         dense_part = 4 * plan.dense_rows * plan.real_len[0] * 16 * 4  # 2 GEMMs x heads
         assert counter.get_total_flops() == long_part + dense_part

@@ -63,8 +63,6 @@ class AttentionBackend(nn.Module):
     """
 
     name = "base"
-    #: False for backends that do not need a table layout (dense).
-    needs_layout = True
     #: False for the cost-floor backend that must not be trained.
     trainable = True
 

@@ -18,8 +18,6 @@ from mate_cli.modeling.layout import TableLayout
 class DenseAttention(AttentionBackend):
     """Every token attends to every real token. Cost O(seq^2) time and memory."""
 
-    needs_layout = False
-
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None
     ) -> torch.Tensor:

@@ -56,42 +56,25 @@ class LinformerAttention(AttentionBackend):
         share_kv: tie the value projection F to the key projection E.
         init: ``"normal"`` (N(0, 0.02), BERT's initialiser) or ``"xavier"``.
         init_std: standard deviation for ``init="normal"``.
+
+    Only the padding mask is read from the layout: works with ``layout=None`` (no padding).
     """
 
-    #: Only the padding mask is used; works with ``layout=None`` (no padding).
-    needs_layout = False
-
     def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        max_length: int = 512,
-        dropout: float = 0.0,
-        layer_index: int = 0,
-        k: int = 256,
-        share_kv: bool = False,
-        init: str = "normal",
-        init_std: float = 0.02,
+        self, *, k: int = 256, share_kv: bool = False, init: str = "normal", init_std: float = 0.02, **shared
     ) -> None:
-        super().__init__(
-            num_heads=num_heads,
-            head_dim=head_dim,
-            max_length=max_length,
-            dropout=dropout,
-            layer_index=layer_index,
-        )
-        check_range("attention.k", k, 1, max_length)
+        super().__init__(**shared)
+        check_range("attention.k", k, 1, self.max_length)
         if init not in INITS:
             raise MateError(f"attention.init={init!r} is invalid: choose one of {', '.join(INITS)}; set attention.init=normal")
         check_range("attention.init_std", init_std, 0.0)
         self.k = int(k)
         self.share_kv = bool(share_kv)
-        self.E = nn.Parameter(torch.empty(self.k, max_length))
+        self.E = nn.Parameter(torch.empty(self.k, self.max_length))
         if self.share_kv:
             self.register_parameter("F", None)
         else:
-            self.F = nn.Parameter(torch.empty(self.k, max_length))
+            self.F = nn.Parameter(torch.empty(self.k, self.max_length))
         self._init(init, init_std)
 
     def _init(self, init: str, std: float) -> None:

@@ -26,11 +26,15 @@ Structure (packing indices, block masks) is cached on the ``TableLayout``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from mate_cli.modeling.attention.mate_plan import (
+    PADDING_GROUP, group_of_heads, head_groups, mate_allowed, sorted_groups,
+)
 from mate_cli.modeling.layout import TableLayout
 
 __all__ = ["block_sparse_attention", "flex_mate_attention", "flex_available", "segment_plan"]
@@ -76,19 +80,15 @@ def segment_plan(layout: TableLayout, num_heads: int, row_heads_ratio: float) ->
     """Segments of every view, binned by length (once per layout, cached)."""
 
     def build() -> SegmentPlan:
-        B, N, dev = layout.batch_size, layout.seq_len, layout.device
+        dev = layout.device
         is_q = layout.is_query
         q_len = is_q.sum(1)
         P = max(1, int(q_len.max()))
         order = torch.argsort((~is_q).to(torch.int8), dim=1, stable=True)[:, :P]
         query_valid = torch.arange(P, device=dev)[None, :] < q_len[:, None]
         query_tokens = torch.where(query_valid, order, 0)
-        head_views = layout.head_views(num_heads, row_heads_ratio)
-        num_row = head_views.count("row")
         views, out_rows = [], []
-        for view, heads in (("row", slice(0, num_row)), ("column", slice(num_row, num_heads))):
-            if heads.start == heads.stop:
-                continue
+        for view, heads in head_groups(layout, num_heads, row_heads_ratio):
             bins, rows = _pack_view(layout, view, P, query_tokens, query_valid)
             views.append((view, heads, bins))
             out_rows.append(rows)
@@ -135,13 +135,8 @@ def _pack_view(layout: TableLayout, view: str, P: int, query_tokens, query_valid
 
 # ------------------------------------------------------------------- pure path
 def block_sparse_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    layout: TableLayout,
-    row_heads_ratio: float = 0.5,
-    dropout_p: float = 0.0,
-    use_flex: bool | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout, row_heads_ratio: float = 0.5,
+    dropout_p: float = 0.0, use_flex: bool | None = None,
 ) -> torch.Tensor:
     """Exact MATE attention, skipping every empty block. ``[batch, heads, seq, head_dim]``.
 
@@ -189,9 +184,6 @@ def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropou
 
 
 # ------------------------------------------------------------------ FlexAttention
-_flex_compiled = None
-
-
 def flex_available() -> bool:
     """Whether ``torch.nn.attention.flex_attention`` can be imported."""
     try:
@@ -201,15 +193,19 @@ def flex_available() -> bool:
     return True
 
 
-def _flex_fn(compiled: bool):
-    global _flex_compiled
+@functools.cache
+def _compiled_flex():
+    """``torch.compile``d FlexAttention, compiled once per process (on first use)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    if not compiled:
-        return flex_attention
-    if _flex_compiled is None:
-        _flex_compiled = torch.compile(flex_attention, dynamic=False)
-    return _flex_compiled
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex_fn(compiled: bool):
+    """FlexAttention: compiled (once per process) or eager."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return _compiled_flex() if compiled else flex_attention
 
 
 def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float, block_size: int):
@@ -221,17 +217,14 @@ def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float,
         B, N, dev = layout.batch_size, layout.seq_len, layout.device
         Np = -(-N // block_size) * block_size
         nblk = Np // block_size
-        head_views = layout.head_views(num_heads, row_heads_ratio)
-        views = sorted(set(head_views), key=("row", "column").index)
+        groups = head_groups(layout, num_heads, row_heads_ratio)
         props, kv_any, kv_full = [], [], []
-        for view in views:
-            perm, _ = layout.sort_order(view)
-            group = torch.where(layout.is_query, 0, layout.view_ids(view) + 1)
-            group = torch.where(layout.attention_mask, group, -1).gather(1, perm)
-            group = F.pad(group, (0, Np - N), value=-1)  # [B, Np]: 0 = Q, >0 table, -1 padding
+        for view, _ in groups:
+            group = sorted_groups(layout, view, Np)  # [B, Np]: 0 = Q, >0 table, PADDING_GROUP padding
             props.append(group)
             blocks = group.view(B, nblk, block_size)
-            is_q, is_tab, real = blocks == 0, blocks > 0, blocks >= 0
+            real = blocks < PADDING_GROUP
+            is_q, is_tab = blocks == 0, (blocks > 0) & real
             big = torch.iinfo(group.dtype).max
             tmin = torch.where(is_tab, blocks, big).amin(-1)
             tmax = torch.where(is_tab, blocks, -1).amax(-1)
@@ -246,7 +239,7 @@ def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float,
             full |= one_group[:, :, None] & one_group[:, None, :] & (tmin[:, :, None] == tmin[:, None, :])
             kv_any.append(any_ & ~full)
             kv_full.append(full)
-        index = torch.tensor([views.index(v) for v in head_views], device=dev)
+        index = torch.tensor(group_of_heads(groups), device=dev)
         group = torch.stack(props, 1)[:, index]  # [B, H, Np]
 
         def to_blocks(m):
@@ -254,8 +247,7 @@ def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float,
             return m.sum(-1).to(torch.int32), torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            gq, gk = group[b, h, q_idx], group[b, h, kv_idx]
-            return (gk >= 0) & ((gq == 0) | (gk == 0) | (gq == gk))
+            return mate_allowed(group[b, h, q_idx], group[b, h, kv_idx])
 
         partial_n, partial_i = to_blocks(kv_any)
         full_n, full_i = to_blocks(kv_full)
@@ -268,14 +260,8 @@ def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float,
 
 
 def flex_mate_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    layout: TableLayout,
-    row_heads_ratio: float = 0.5,
-    *,
-    block_size: int = 128,
-    compiled: bool = True,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout, row_heads_ratio: float = 0.5, *,
+    block_size: int = 128, compiled: bool = True,
 ) -> torch.Tensor:
     """Exact MATE attention with FlexAttention on the per-head sorted sequence.
 

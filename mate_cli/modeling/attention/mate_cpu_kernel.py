@@ -7,13 +7,13 @@ library. It calls the BLAS ``sgemm_`` that torch's CPU build exports (MKL on x86
 
 Where it cannot be built or loaded (no compiler, a torch without an exported
 ``sgemm_``), :func:`available` is False, one warning says why, and the bucketed
-backend runs its pure-torch path: same function, ~1.4x slower at 8192 tokens.
+backend runs its pure-torch path: same function, ~1.35x slower at 8192 tokens (BENCHMARKS.md: 70.5 vs 52.4 ms).
 ``MATE_CPU_KERNEL=0`` turns it off; ``make install`` builds it ahead of time
 (:func:`main`).
 
 Scope: float32 CPU forward (long rows and dense query rows) with no attention
-dropout. Everything else (backward, dropout, bf16, CUDA) stays in
-``mate_bucketed.py``.
+dropout. Everything else (backward, dropout, bf16, CUDA) stays in the torch path
+of ``mate_bucketed.py``, which also decides when to call this (``use_cpu_kernel``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from mate_cli.paths import cache_dir
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "mate_bucketed_cpu.cpp"
@@ -39,6 +41,9 @@ FLAGS = [
     "-ffinite-math-only", "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math",
 ]  # fmt: skip
 
+#: Load state of the library. Process-wide on purpose: ``torch.ops.mate_cpu`` is
+#: registered once per process (a shared library cannot be unloaded), so whether it
+#: loaded ("ok") and why not ("why") is a fact about the process, not about a model.
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -61,8 +66,6 @@ def _cpu_tag() -> str:
 
 
 def build_dir() -> Path:
-    from mate_cli.paths import cache_dir
-
     return cache_dir() / "torch_extensions" / f"mate_bucketed_cpu_{_cpu_tag()}"
 
 

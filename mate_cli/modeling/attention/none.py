@@ -17,7 +17,6 @@ from mate_cli.modeling.layout import TableLayout
 class NoAttention(AttentionBackend):
     """Identity on values: ``context = v``."""
 
-    needs_layout = False
     trainable = False
 
     def forward(

@@ -167,23 +167,13 @@ class TableETCAttention(AttentionBackend):
     def __init__(
         self,
         *,
-        num_heads: int,
-        head_dim: int,
-        max_length: int = 512,
-        dropout: float = 0.0,
-        layer_index: int = 0,
         num_global: int = 256,
         local_radius: int = 84,
         max_relative_distance: int = 12,
         init_std: float = 0.02,
+        **shared,
     ) -> None:
-        super().__init__(
-            num_heads=num_heads,
-            head_dim=head_dim,
-            max_length=max_length,
-            dropout=dropout,
-            layer_index=layer_index,
-        )
+        super().__init__(**shared)
         check_range("attention.num_global", num_global, 2)
         if num_global % 2:
             raise MateError(
@@ -196,10 +186,10 @@ class TableETCAttention(AttentionBackend):
         self.local_radius = int(local_radius)
         self.max_relative_distance = int(max_relative_distance)
         self.num_relative_ids = REL_LOCAL_OFFSET + 2 * self.max_relative_distance + 1
-        self.relative_embeddings = nn.Parameter(torch.empty(self.num_relative_ids, head_dim))
+        self.relative_embeddings = nn.Parameter(torch.empty(self.num_relative_ids, self.head_dim))
         nn.init.normal_(self.relative_embeddings, std=init_std)
-        if layer_index == 0:
-            self.memory_type_embeddings = nn.Parameter(torch.empty(2, num_heads * head_dim))
+        if self.layer_index == 0:
+            self.memory_type_embeddings = nn.Parameter(torch.empty(2, self.num_heads * self.head_dim))
             nn.init.normal_(self.memory_type_embeddings, std=init_std)
         else:
             self.register_parameter("memory_type_embeddings", None)

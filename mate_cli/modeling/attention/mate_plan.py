@@ -1,0 +1,314 @@
+"""The per-layout structure of MATE's bucketed attention (the *bucket plan*).
+
+:func:`bucket_plan` builds, once per ``TableLayout`` and cached on it (the encoder's
+layers share it), everything the bucketed algorithm needs that does not depend on
+q, k, v: the per-head sort orders, the MATE mask of every long row towards the
+globals and its window, the dense (query-set) rows, and, derived lazily and memoised
+on the plan, the additive mask biases, the chunk lists of the fused torch path, the
+gather/scatter rows and the fused CPU kernel's arguments.
+
+Shared with the exact block-sparse path: :func:`head_groups` (which heads are row
+heads, which column heads), :func:`sorted_groups` and :func:`mate_allowed` (MATE's
+pattern on group ids: 0 for the query set, row/column id + 1 for table tokens,
+``PADDING_GROUP`` for padding; see ``TableLayout.group_ids``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from mate_cli.modeling.layout import PADDING_GROUP, TableLayout, View
+
+__all__ = [
+    "BucketPlan", "Chunk", "PADDING_GROUP", "bucket_plan", "group_of_heads", "head_groups", "mate_allowed",
+    "sorted_groups",
+]
+
+
+# ------------------------------------------------------------- shared structure
+def head_groups(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> list[tuple[View, slice]]:
+    """The non-empty head groups in head order: ``[("row", heads), ("column", heads)]``.
+
+    ``heads`` is the slice of the head axis of ``[batch, heads, seq, head_dim]``
+    (``layout.head_views``: the first ``round(ratio * heads)`` heads are row heads).
+    """
+    num_row = layout.head_views(num_heads, row_heads_ratio).count("row")
+    groups = (("row", slice(0, num_row)), ("column", slice(num_row, num_heads)))
+    return [(view, heads) for view, heads in groups if heads.start < heads.stop]
+
+
+def group_of_heads(groups: list[tuple[View, slice]]) -> list[int]:
+    """``[H]``: for each head, the index of its group in ``groups`` (:func:`head_groups`)."""
+    return [i for i, (_, heads) in enumerate(groups) for _ in range(heads.start, heads.stop)]
+
+
+def mate_allowed(q_group: torch.Tensor, k_group: torch.Tensor) -> torch.Tensor:
+    """MATE's pattern on broadcastable query/key group ids (``TableLayout.group_ids``).
+
+    Key j is allowed for query i iff j is real and (i is in Q, or j is in Q, or i and
+    j share the head's row/column). Padding query rows (ignored by contract) attend
+    to Q only: finite, and they never need more than the query-set globals.
+    """
+    return (k_group < PADDING_GROUP) & ((q_group == 0) | (k_group == 0) | (q_group == k_group))
+
+
+def sorted_groups(layout: TableLayout, view: View, length: int) -> torch.Tensor:
+    """``[batch, length]``: ``layout.group_ids(view)`` in the view's sort order, padded
+    with ``PADDING_GROUP`` from ``seq`` to ``length``."""
+    perm, _ = layout.sort_order(view)
+    return F.pad(layout.group_ids(view).gather(1, perm), (0, length - layout.seq_len), value=PADDING_GROUP)
+
+
+# ------------------------------------------------------------------------ plan
+@dataclass(frozen=True)
+class Chunk:
+    """A block of sorted rows: heads ``[h0, h1)`` (flat b*H + h) x buckets ``[n0, n1)``.
+
+    Either one head or whole heads, and never across examples or head views, so that
+    bucket views stay plain strided tensors and one bias row-block serves all its heads.
+    """
+
+    h0: int
+    h1: int
+    n0: int
+    n1: int
+    b: int
+    view: int
+    #: long chunks: global keys any of its rows may attend (keys beyond are skipped:
+    #: fully masked for the whole chunk), and how many leading ones are Q (never masked)
+    keys: int = 0
+    free: int = 0
+
+
+@dataclass(eq=False)
+class BucketPlan:
+    """Per-layout structure of the bucketed algorithm (cached on the layout).
+
+    Shapes use ``B`` batch, ``H`` heads, ``V`` distinct head views (1 or 2),
+    ``N`` sequence, ``T = nb * R`` padded sorted length, ``P`` dense (query) rows.
+    """
+
+    batch: int
+    heads: int
+    seq_len: int  # N
+    global_len: int  # G (<= N)
+    radius: int  # R
+    padded_len: int  # T
+    num_buckets: int  # nb
+    dense_rows: int  # P = min(G, max |Q|)
+    head_view: list[int]  # [H] index into the V axis of the biases
+    perm: torch.Tensor  # [B, H, N] long: sorted position -> token position
+    inverse: torch.Tensor  # [B, H, N] long: token position -> sorted position
+    long_allowed: torch.Tensor  # [B, V, T, G + 3R] bool: [globals ; window] per sorted row
+    dense_allowed: torch.Tensor  # [B, V, P, T] bool: dense rows against every key (reference path)
+    dense_take: torch.Tensor  # [B, P] bool: dense row i is a query-set token (its dense row is used)
+    real_len: list[int]  # [B] real tokens: the sorted prefix every query-set token attends
+    query_len: list[int]  # [B] min(|Q|, G): leading global keys every row may attend (no bias needed)
+    global_needed: torch.Tensor  # [B, V, T] long: 1 + the last global key a sorted row may attend
+    #: memo of the keyed lazy structure (:meth:`bias`, :meth:`long_chunks`, ...)
+    _memo: dict = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def window(self) -> int:
+        return 3 * self.radius
+
+    def _memoized(self, key: tuple, build: Callable[[], object]):
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+    # --- lazily derived, memoised on the plan -----------------------------------
+    def bias(self, part: str, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask (0 allowed, a huge negative otherwise), contiguous, cached.
+
+        ``part``: ``"global"`` ``[B, V, T, G]`` or ``"window"`` ``[B, V, T, 3R]`` (long rows
+        to the globals / to their window). Finite, so a fully masked row stays finite.
+        """
+
+        def build() -> torch.Tensor:
+            G = self.global_len
+            allowed = self.long_allowed[..., :G] if part == "global" else self.long_allowed[..., G:]
+            neg = torch.finfo(dtype).min / 2
+            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, neg)
+
+        return self._memoized(("bias", part, dtype), build)
+
+    @cached_property
+    def needs_table_globals(self) -> list[list[int]]:
+        """``[B][V]``: sorted rows ``[0, n)`` may attend global keys beyond the query set."""
+        free = torch.tensor(self.query_len, device=self.global_needed.device)[:, None, None]
+        rows = torch.arange(1, self.padded_len + 1, device=free.device)
+        return ((self.global_needed > free) * rows).amax(-1).tolist()
+
+    def long_chunks(self, budget: int) -> list[Chunk]:
+        """Chunks of long rows, each knowing how many global keys its rows may attend (cached)."""
+
+        def build() -> list[Chunk]:
+            R, G = self.radius, self.global_len
+            chunks = []
+            for c in _chunks(self, R, self.num_buckets, G + 3 * R, budget):
+                # rows that need table globals form a prefix (Q, then the first group):
+                # split a bucket range there so the rest skips those keys
+                cut = -(-self.needs_table_globals[c.b][c.view] // R)
+                if c.h1 - c.h0 == 1 and c.n0 < cut < c.n1:
+                    chunks += [replace(c, n1=cut), replace(c, n0=cut)]
+                else:
+                    chunks.append(c)
+            bounds = torch.tensor([[c.b, c.view, c.n0 * R, c.n1 * R] for c in chunks])
+            needed = [int(self.global_needed[b, v, lo:hi].max()) for b, v, lo, hi in bounds.tolist()]
+            return [
+                replace(c, keys=max(n, self.query_len[c.b], 1), free=self.query_len[c.b]) for c, n in zip(chunks, needed)
+            ]
+
+        return self._memoized(("long_chunks", budget), build)
+
+    def dense_chunks(self, budget: int) -> list[Chunk]:
+        """Chunks of the dense (query-set) rows: one unit of ``P`` rows per head (cached)."""
+        return self._memoized(
+            ("dense_chunks", budget), lambda: _chunks(self, self.dense_rows, 1, self.padded_len, budget)
+        )
+
+    def source_rows(self, layout_kind: str) -> torch.Tensor:
+        """``[B*H*T]``: for every sorted slot, its row in the flat input (0 for slots >= N).
+
+        ``layout_kind`` is ``"bnhd"`` (a ``[B, N, H, D]`` buffer seen as ``[B, H, N, D]``,
+        what the encoder produces) or ``"bhnd"`` (contiguous ``[B, H, N, D]``).
+        """
+
+        def build() -> torch.Tensor:
+            B, H, N, T = self.batch, self.heads, self.seq_len, self.padded_len
+            b = torch.arange(B, device=self.perm.device)[:, None, None]
+            h = torch.arange(H, device=self.perm.device)[None, :, None]
+            rows = (b * N + self.perm) * H + h if layout_kind == "bnhd" else (b * H + h) * N + self.perm
+            return F.pad(rows, (0, T - N)).reshape(-1)
+
+        return self._memoized(("source_rows", layout_kind), build)
+
+    @cached_property
+    def kernel_args(self) -> tuple[torch.Tensor, ...]:
+        """Per-layout inputs of the fused CPU kernel: ``(allowed, keys, free, head_view, real)``.
+
+        ``keys[f]``: global keys flat bucket ``f`` (= head * nb + bucket) reads, as
+        :meth:`long_chunks` computes per chunk but per bucket.
+        """
+        B, nb, R = self.batch, self.num_buckets, self.radius
+        needed = self.global_needed.view(B, -1, nb, R).amax(-1)  # [B, V, nb]
+        free = torch.tensor(self.query_len, dtype=torch.long, device=needed.device)
+        keys = torch.maximum(needed, free[:, None, None]).clamp(min=1)[:, self.head_view]  # [B, H, nb]
+        return (
+            self.long_allowed.contiguous(),
+            keys.reshape(-1).to(torch.int32),
+            free.to(torch.int32),
+            torch.tensor(self.head_view, dtype=torch.int32),
+            torch.tensor(self.real_len, dtype=torch.int32),
+        )
+
+    @cached_property
+    def dest_rows(self) -> torch.Tensor:
+        """``[B*H, T]``: row of a ``[B*N*H, D]`` output for each sorted slot (-1: slot >= N)."""
+        rows = self.source_rows("bnhd").view(self.batch * self.heads, self.padded_len).clone()
+        rows[:, self.seq_len :] = -1
+        return rows
+
+    @cached_property
+    def unsort_bnhd(self) -> torch.Tensor:
+        """``[B*N*H]``: for token (b, n, h) in ``[B, N, H]`` order, its row in ``[B*H*T, D]``.
+
+        One ``index_select`` with it turns the sorted output into the ``[B, N, H, D]``
+        buffer the encoder's head merge reads for free.
+        """
+        return self.unsort_rows.view(self.batch, self.heads, self.seq_len).transpose(1, 2).reshape(-1)
+
+    @cached_property
+    def unsort_rows(self) -> torch.Tensor:
+        """``[B*H*N]``: for token (b, h, n) in ``[B, H, N]`` order, its row in ``[B*H*T, D]``."""
+        B, H, T = self.batch, self.heads, self.padded_len
+        bh = torch.arange(B * H, device=self.perm.device).view(B, H, 1)
+        return (bh * T + self.inverse).reshape(-1)
+
+
+def _chunks(plan: BucketPlan, rows_per_unit: int, units: int, width: int, budget: int) -> list[Chunk]:
+    """Split every (example, view) head group into chunks of about ``budget`` scores.
+
+    A unit is a bucket (``rows_per_unit = R``) or the dense block (one unit of P rows).
+    """
+    out = []
+    H = plan.heads
+    per_head = rows_per_unit * units * width
+    for b in range(plan.batch):
+        h = 0
+        while h < H:
+            end = h
+            while end < H and plan.head_view[end] == plan.head_view[h]:
+                end += 1
+            if per_head <= budget:
+                step = max(1, budget // per_head)
+                for h0 in range(h, end, step):
+                    out.append(Chunk(b * H + h0, b * H + min(end, h0 + step), 0, units, b, plan.head_view[h]))
+            else:
+                step = max(1, budget // (rows_per_unit * width))
+                for hh in range(h, end):
+                    for n0 in range(0, units, step):
+                        out.append(Chunk(b * H + hh, b * H + hh + 1, n0, min(units, n0 + step), b, plan.head_view[h]))
+            h = end
+    return out
+
+
+def _unfold_windows(x: torch.Tensor, radius: int, value) -> torch.Tensor:
+    """``[..., T]`` -> ``[..., nb, 3R]``: for each bucket, the previous, own and next bucket."""
+    return F.pad(x, (radius, radius), value=value).unfold(-1, 3 * radius, radius)
+
+
+def bucket_plan(
+    layout: TableLayout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int
+) -> BucketPlan:
+    """Build (once per layout, cached) the sort orders and bucket masks."""
+
+    def build() -> BucketPlan:
+        B, N, R = layout.batch_size, layout.seq_len, radius
+        G = min(global_size, N)
+        nb = -(-N // R)
+        T = nb * R
+        groups = head_groups(layout, num_heads, row_heads_ratio)
+        q_len = layout.is_query.sum(1)
+        P = int(min(G, int(q_len.max()) if B else 0))
+        in_window = (_unfold_windows(torch.arange(T, device=layout.device), R, -1) >= G)[None, :, None, :]
+        long_allowed, dense_allowed = [], []
+        for view, _ in groups:
+            group = sorted_groups(layout, view, T)  # [B, T]
+            # rows: [B, nb, R, 1]; global keys: [B, 1, 1, G]; window keys: [B, nb, 1, 3R]
+            rows = group.view(B, nb, R, 1)
+            to_global = mate_allowed(rows, group[:, None, None, :G])
+            window = _unfold_windows(group, R, PADDING_GROUP)[:, :, None, :]
+            to_window = mate_allowed(rows, window) & in_window  # globals are not repeated
+            long_allowed.append(torch.cat([to_global, to_window], -1).view(B, T, G + 3 * R))
+            dense_allowed.append(mate_allowed(group[:, :P, None], group[:, None, :]))
+        perm, inverse = layout.head_sort_order(num_heads, row_heads_ratio)
+        long_stack = torch.stack(long_allowed, 1)
+        return BucketPlan(
+            batch=B,
+            heads=num_heads,
+            seq_len=N,
+            global_len=G,
+            radius=R,
+            padded_len=T,
+            num_buckets=nb,
+            dense_rows=P,
+            head_view=group_of_heads(groups),
+            perm=perm,
+            inverse=inverse,
+            long_allowed=long_stack,
+            dense_allowed=torch.stack(dense_allowed, 1),
+            dense_take=torch.arange(P, device=layout.device)[None, :] < q_len.clamp(max=G)[:, None],
+            real_len=layout.attention_mask.sum(1).tolist(),
+            query_len=q_len.clamp(max=G).tolist(),
+            global_needed=(long_stack[..., :G] * torch.arange(1, G + 1, device=layout.device)).amax(-1),
+        )
+
+    key = ("mate.bucket_plan", num_heads, float(row_heads_ratio), int(global_size), int(radius))
+    return layout.cached(key, build)

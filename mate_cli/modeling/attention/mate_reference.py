@@ -1,0 +1,112 @@
+"""MATE's efficient implementation (paper §3.1, App. D), spelled out: sort per head, then bucket.
+
+Read this file first; :mod:`.mate_bucketed` computes the same function, fused.
+
+Every head sorts its tokens by its own traversal (``layout.head_sort_order``: the
+query set Q first, then row by row for row heads / column by column for column
+heads, padding last). In that order:
+
+- the first ``G`` tokens are the **global** part: every token may attend to them
+  (subject to the row/column mask), and the query-set tokens among them attend to
+  every real token (their own row of the dense matrix);
+- the whole sorted sequence is padded to ``T = nb * R`` and cut into ``nb`` buckets of
+  ``R`` tokens (the **long** part); a bucket attends to the globals plus a **window**
+  of three buckets (previous, itself, next: ``3R`` keys). Window keys inside the
+  global part are masked out, so no key is counted twice.
+
+Inside the window and towards the globals the exact MATE pattern is applied as a
+mask: key j is allowed for query i iff j is real and (i is in Q, or j is in Q, or i
+and j share the head's row/column id). One softmax runs over ``[globals ; window]``.
+Hence the result equals the masked reference whenever every query-set token is among
+the first ``G`` sorted tokens and every row (row heads) / column (column heads) spans
+at most ``R`` tokens; otherwise a table token loses the part of its row/column beyond
+its window, and query tokens beyond ``G`` see only the globals and their window (the
+paper's approximation). Padding query rows (ignored by contract) attend to Q only.
+
+Design choice where App. D is silent: only query-set tokens among the first ``G``
+get a dense row; a table token sorted into the global part is computed like every
+long token (globals + window, masked), because MATE never lets it see more than Q
+and its own row/column anyway. This keeps the exactness condition above simple.
+
+The masks and sort orders come from the :class:`~.mate_plan.BucketPlan` (built once
+per layout). :func:`bucketed_attention_reference` below follows App. D's einsum
+strings over a :class:`MultiView` of tensor views (full / global / long / window):
+readable, autograd-differentiable, O(N) memory, but several full passes over the
+scores. It documents and tests the fused path (:func:`.mate_bucketed.bucketed_attention`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mate_cli.modeling.attention.mate_plan import BucketPlan
+
+__all__ = ["MultiView", "bucketed_attention_reference"]
+
+
+@dataclass
+class MultiView:
+    """Views of one per-head sorted tensor (App. D's ``MultiViewEmbedding``).
+
+    Attributes:
+        full: ``[batch, heads, T, head_dim]`` sorted and zero-padded to ``T = nb * R``.
+        global_: ``[batch, heads, G, head_dim]``, the first ``G`` sorted tokens.
+        long: ``[batch, heads, nb, R, head_dim]``, every bucket of ``R`` tokens.
+        window: ``[batch, heads, nb, 3R, head_dim]``, each bucket with its previous
+            and next bucket (zeros beyond the ends).
+    """
+
+    full: torch.Tensor
+    global_: torch.Tensor
+    long: torch.Tensor
+    window: torch.Tensor
+
+    @classmethod
+    def of(cls, x: torch.Tensor, plan: BucketPlan) -> "MultiView":
+        """Sort ``x`` ``[batch, heads, seq, head_dim]`` by the plan's per-head order and view it."""
+        B, H, N, D = x.shape
+        R, nb, G = plan.radius, plan.num_buckets, plan.global_len
+        full = F.pad(x.gather(2, plan.perm[..., None].expand(B, H, N, D)), (0, 0, 0, plan.padded_len - N))
+        long = full.view(B, H, nb, R, D)
+        padded = F.pad(long, (0, 0, 0, 0, 1, 1))
+        window = torch.cat([padded[:, :, :-2], padded[:, :, 1:-1], padded[:, :, 2:]], dim=3)
+        return cls(full=full, global_=full[:, :, :G], long=long, window=window)
+
+
+def _per_head(x: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
+    """``[B, V, ...]`` per view -> ``[B, H, ...]`` per head."""
+    return x[:, plan.head_view]
+
+
+def bucketed_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
+    """App. D with einsum strings; same function as the fused ``bucketed_attention`` (no dropout).
+
+    ``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled); returns the same
+    shape. Materialises ``[batch, heads, T, G + 3R]`` scores.
+    """
+    B, H, N, D = q.shape
+    G, R, P = plan.global_len, plan.radius, plan.dense_rows
+    Q, K, V = (MultiView.of(x, plan) for x in (q * D**-0.5, k, v))
+    neg = torch.finfo(q.dtype).min
+    long_allowed = _per_head(plan.long_allowed, plan).view(B, H, plan.num_buckets, R, G + 3 * R)
+
+    score_to_global = torch.einsum("BHNFE,BHTE->BHNFT", Q.long, K.global_)
+    score_to_window = torch.einsum("BHNFE,BHNTE->BHNFT", Q.long, K.window)
+    prob_from_long = torch.softmax(
+        torch.cat([score_to_global, score_to_window], -1).masked_fill(~long_allowed, neg), -1
+    )
+    context_from_long = torch.einsum("BHNFT,BHTE->BHNFE", prob_from_long[..., :G], V.global_) + torch.einsum(
+        "BHNFT,BHNTE->BHNFE", prob_from_long[..., G:], V.window
+    )
+    context = context_from_long.reshape(B, H, plan.padded_len, D)
+
+    if P:  # query-set tokens among the globals: one dense row each
+        score_from_global = torch.einsum("BHFE,BHTE->BHFT", Q.full[:, :, :P], K.full)
+        prob_from_global = torch.softmax(score_from_global.masked_fill(~_per_head(plan.dense_allowed, plan), neg), -1)
+        context_from_global = torch.einsum("BHFT,BHTE->BHFE", prob_from_global, V.full)
+        take = plan.dense_take[:, None, :, None]
+        context = torch.cat([torch.where(take, context_from_global, context[:, :, :P]), context[:, :, P:]], 2)
+    return context.gather(2, plan.inverse[..., None].expand(B, H, N, D))

@@ -1,0 +1,87 @@
+"""What several test modules share: running the real `mate` CLI as a subprocess, and
+a HybridQA root with the pipeline's edge cases."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = REPO_ROOT / "data" / "hybridqa_sample"
+WIKI = "WikiTables-WithLinks"
+MATE = str(Path(sys.executable).parent / "mate")
+
+
+def mate_env(output_dir: Path, cache_dir: Path | None = None, **extra: str) -> dict:
+    """The environment of a `mate` subprocess: outputs (and caches) under test folders, offline."""
+    env = dict(os.environ, MATE_OUTPUT_DIR=str(output_dir), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+    if cache_dir is not None:
+        env["MATE_CACHE_DIR"] = str(cache_dir)
+    return env
+
+
+def run_mate(args: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``mate <args>`` through the installed entry point."""
+    return subprocess.run([MATE, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def run_dirs(output_dir: Path, task: str) -> set[Path]:
+    """The run directories of ``task`` (train, eval, pointr, ...) under ``output_dir``."""
+    return set((output_dir / task).glob("*")) if (output_dir / task).exists() else set()
+
+
+def new_run(output_dir: Path, task: str, before: set[Path]) -> Path:
+    """The one run directory of ``task`` that was not in ``before``."""
+    (run,) = run_dirs(output_dir, task) - before
+    return run
+
+
+# ------------------------------------------------------------------ edge cases
+def _question_record(qid, question, table_id, answer, nodes):
+    return {"question_id": qid, "question": question, "table_id": table_id, "answer-text": answer, "answer-node": nodes}
+
+
+def build_edge_root(root: Path) -> dict:
+    """A HybridQA root with PointR's edge cases; returns its dev reference dict.
+
+    - ``edge-table-answer`` / ``edge-linked-missing``: a table whose passage file is missing;
+    - ``edge-nowhere``: an answer that appears in no cell and no passage;
+    - ``edge-empty-cell``: the traced answer cell is empty;
+    - ``edge-all-empty``: a table whose data cells are all empty, with no passage file.
+    """
+    for sub in ("tables_tok", "request_tok"):
+        (root / WIKI / sub).mkdir(parents=True, exist_ok=True)
+    (root / "released_data").mkdir(parents=True, exist_ok=True)
+    shutil.copy(SAMPLE / WIKI / "tables_tok" / "Marine_defense_battalions_0.json", root / WIKI / "tables_tok")
+    for sub in ("tables_tok", "request_tok"):
+        shutil.copy(SAMPLE / WIKI / sub / "1991_Monaco_Grand_Prix_0.json", root / WIKI / sub)
+    empty = {"title": "Edge", "header": [["Name", []], ["Note", []]],
+             "data": [[["Alpha", []], ["", []]], [["Beta", ["/wiki/Beta"]], ["", []]]]}
+    (root / WIKI / "tables_tok" / "Edge_empty_0.json").write_text(json.dumps(empty))
+    (root / WIKI / "request_tok" / "Edge_empty_0.json").write_text(json.dumps({"/wiki/Beta": "Beta is a letter. It follows alpha."}))
+    blank = {"title": "Blank", "header": [["Name", []], ["Note", []]], "data": [[["", []], ["", []]]]}
+    (root / WIKI / "tables_tok" / "Edge_blank_0.json").write_text(json.dumps(blank))
+    records = [
+        _question_record("edge-table-answer", "What is the battalion name for the battalion located at Guantanamo Bay ?",
+                         "Marine_defense_battalions_0", "4th Defense Battalion", [["4th Defense Battalion", [3, 0], None, "table"]]),
+        _question_record("edge-linked-missing", "Where was the 4th Defense Battalion located first ?",
+                         "Marine_defense_battalions_0", "Guantanamo Bay", [["Guantanamo Bay", [3, 1], "/wiki/Guantanamo_Bay,_Cuba", "passage"]]),
+        _question_record("edge-nowhere", "Which driver won the 1991 race ?", "1991_Monaco_Grand_Prix_0", "Zzyzx Quux", []),
+        _question_record("edge-empty-cell", "What is the note of Alpha ?", "Edge_empty_0", "unknown text",
+                         [["unknown text", [0, 1], None, "table"]]),
+        _question_record("edge-all-empty", "What is the name ?", "Edge_blank_0", "Gamma", []),
+    ]
+    for name in ("train.traced.json", "dev.traced.json"):
+        (root / "released_data" / name).write_text(json.dumps(records))
+    reference = {
+        "reference": {r["question_id"]: r["answer-text"] for r in records},
+        "table": ["edge-table-answer", "edge-empty-cell"],
+        "passage": ["edge-linked-missing"],
+    }
+    (root / "released_data" / "dev_reference.json").write_text(json.dumps(reference))
+    return reference
