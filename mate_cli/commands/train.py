@@ -1,9 +1,11 @@
 """`mate train`: compose -> instantiate datamodule, model, callbacks, loggers, trainer
--> fit -> validate the best checkpoint -> write metrics.json.
+-> fit (or resume: ``ckpt_path=<file | run dir | last>``) -> validate the best
+checkpoint -> write metrics.json.
 
 The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config.yaml``
 (every interpolation resolved; what ``mate eval`` re-builds from), ``checkpoints/``
-(best + last), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json``;
+(``last.ckpt``: the newest state, every ``callbacks.model_checkpoint.every_n_train_steps``
+steps and at the end; ``best-*.ckpt``: the best by the validation metric), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json``;
 with ``export_encoder=true`` also ``encoder/``: the best checkpoint's encoder as a
 ``transformers.TapasModel`` directory, so results travel to other tools.
 """
@@ -20,10 +22,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.commands.common import instantiate_dict, log, print_config_tree, quiet_third_party_logs, run_dir, run_task
-from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.paths import CONF_DIR, register_resolvers
+from mate_cli.resume import AtomicCheckpointIO, ResumeState, resolve_resume_path
 
 register_resolvers()
 
@@ -36,25 +38,31 @@ def train(cfg: DictConfig) -> dict[str, float]:
     atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     L.seed_everything(cfg.seed, workers=True)
 
+    resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
-    callbacks = instantiate_dict(cfg.get("callbacks"))
+    callbacks = [*instantiate_dict(cfg.get("callbacks")), ResumeState()]
     loggers = instantiate_dict(cfg.get("logger"))
-    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), callbacks=callbacks, logger=loggers)
+    trainer = L.Trainer(
+        **OmegaConf.to_container(cfg.trainer, resolve=True), callbacks=callbacks, logger=loggers,
+        plugins=[AtomicCheckpointIO()],
+    )
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
-    trainer.fit(model, datamodule=datamodule)
-    ckpt_dir = out / "checkpoints"
-    if not (ckpt_dir / "last.ckpt").exists():  # stopped by max_steps before any checkpoint hook
-        trainer.save_checkpoint(ckpt_dir / "last.ckpt")
-    best = _best_checkpoint(trainer)
+    if resume:
+        log.info("resuming from %s", resume)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
+    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final state is the newest
+    best = _best_checkpoint(trainer, out / "checkpoints" / "last.ckpt")
     metrics = {}
     if cfg.get("validate_best", True):
         results = trainer.validate(model, datamodule=datamodule, ckpt_path=best, verbose=False)
         metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics["best_checkpoint"] = best
+    if resume:
+        metrics["resumed_from"] = resume
     if cfg.get("export_encoder"):
         metrics["exported_encoder"] = str(export_encoder(model, best, cfg, out / "encoder"))
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
@@ -77,14 +85,12 @@ def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> P
     return model.encoder.save_pretrained(directory, tokenizer=tokenizer)
 
 
-def _best_checkpoint(trainer) -> str:
-    ckpt = trainer.checkpoint_callback
-    best = getattr(ckpt, "best_model_path", "") if ckpt else ""
-    if best and Path(best).exists():
-        return best
-    last = Path(ckpt.dirpath) / "last.ckpt" if ckpt else None
-    if last is None or not last.exists():
-        raise MateError("training produced no checkpoint; check callbacks.model_checkpoint.dirpath")
+def _best_checkpoint(trainer, last: Path) -> str:
+    """The monitored best checkpoint when one was written, else ``last``."""
+    for callback in trainer.checkpoint_callbacks:
+        best = getattr(callback, "best_model_path", "")
+        if callback.monitor and best and Path(best).exists():
+            return best
     return str(last)
 
 

@@ -2,9 +2,9 @@
 
 Preprocessing (expansion + tokenization) runs once per preprocessing config and is
 cached on disk as an HF ``datasets`` Arrow dataset under ``cache_dir/<key>``, where
-``key`` hashes everything that changes the tokens (data files, checkpoint vocab,
-max_length, expansion settings). The cache is written to a temp dir and renamed, so
-an interrupted run never leaves a half-written cache behind.
+``key`` hashes everything that changes the tokens (the input files, checkpoint vocab,
+max_length, expansion settings); :mod:`mate_cli.data.cache` writes it atomically and
+rebuilds an unreadable entry.
 
 Splits: ``dataset.split`` (:class:`~mate_cli.data.split.SplitSettings`): by table
 from one released file (the bundled sample), or the released files as they are.
@@ -16,8 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping
@@ -27,9 +25,11 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from mate_cli.data.cache import fingerprint, load_or_build
 from mate_cli.data.expand import expand_table
 from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.split import SplitSettings
+from mate_cli.data.sampler import EpochShuffle
 from mate_cli.data.schema import AnswerNode, Batch, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
@@ -66,6 +66,7 @@ class SplitDataModule(L.LightningDataModule):
         num_proc: int = 1,
         cache_dir: str | None = None,
         limit_questions: int | None = None,
+        shuffle_seed: int = 0,
     ) -> None:
         super().__init__()
         self.reader = HybridQAReader(root)  # raises MateError naming dataset.root if missing
@@ -76,6 +77,7 @@ class SplitDataModule(L.LightningDataModule):
         self.num_workers, self.num_proc = num_workers, num_proc
         self.cache_dir = Path(cache_dir or Path(root) / ".mate_cache")
         self.limit_questions = limit_questions
+        self.shuffle_seed = int(shuffle_seed)
         self.datasets: dict = {}
         self.stats: dict[str, dict] = {}
         self._pad_id: int | None = None
@@ -100,13 +102,12 @@ class SplitDataModule(L.LightningDataModule):
 
     def cache_key(self, split: str) -> str:
         """Hash of everything that changes the encoded examples of ``split``."""
-        files = sorted((Path(self.root) / "released_data").glob("*.json"))
         payload = {
             "kind": self.kind,
-            "version": 3,
+            "version": 5,
             "split": split,
             "root": os.path.abspath(self.root),
-            "files": [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files],
+            "inputs": fingerprint(self.reader.input_files(), self.reader.root),
             "pretrained": resolve_pretrained(self.pretrained),
             "max_length": self.max_length,
             "max_question_tokens": self.max_question_tokens,
@@ -120,11 +121,7 @@ class SplitDataModule(L.LightningDataModule):
         """Encoded examples of ``split`` as a ``datasets.Dataset`` (cached on disk)."""
         name = " ".join(filter(None, (self.kind, split)))
         target = self.cache_dir / "-".join(filter(None, (self.kind, split, self.cache_key(split))))
-        if target.exists():
-            log.info("%s split loaded from cache %s", name, target)
-        else:
-            _save_atomically(self.encode(self.questions(split), split), target)
-        ds = datasets.load_from_disk(str(target))
+        ds = load_or_build(target, lambda: self.encode(self.questions(split), split), f"{name} split")
         self.stats[split] = self.split_stats(ds)
         log.info("%s split: %s", name, json.dumps(self.stats[split]))
         return ds
@@ -166,7 +163,8 @@ class SplitDataModule(L.LightningDataModule):
         if keep is not None:
             ds = ds.select(keep)
         return DataLoader(
-            ds.with_format(None), batch_size=batch_size, shuffle=shuffle,
+            ds.with_format(None), batch_size=batch_size,
+            sampler=EpochShuffle(len(ds), self.shuffle_seed) if shuffle else None,
             num_workers=self.num_workers, collate_fn=self.collator(),
         )
 
@@ -186,17 +184,6 @@ class SplitDataModule(L.LightningDataModule):
         return self._pad_id
 
 
-def _save_atomically(ds, target: Path) -> None:
-    """``ds.save_to_disk`` into a temp dir next to ``target``, then one rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        ds.save_to_disk(str(tmp / "data"))
-        os.replace(tmp / "data", target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 class HybridQADataModule(SplitDataModule):
     """HybridQA cell-selection data.
 
@@ -212,7 +199,8 @@ class HybridQADataModule(SplitDataModule):
             batch_size, eval_batch_size, num_workers: loader settings;
             num_proc: processes for preprocessing (``datasets.map``); 1 = in process;
             cache_dir: where preprocessed Arrow datasets live;
-            limit_questions: keep only the first N questions of each split (smoke runs).
+            limit_questions: keep only the first N questions of each split (smoke runs);
+            shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`).
     """
 
     def __init__(self, *, expansion: Mapping | None = None, drop_ambiguous: bool = False, **common) -> None:
@@ -293,6 +281,7 @@ def split_stats(ds) -> dict:
     no_candidate = sum(1 for c in ds["candidates"] if not c)
     dropped = sum(int(d) for d in ds["candidates_dropped"])
     rows_dropped = [int(r) for r in ds["rows_dropped"]]
+    columns_dropped = [int(c) for c in ds["columns_dropped"]]
     return {
         "questions": n,
         "fit_without_truncation": round(1 - truncated / n, 4),
@@ -301,6 +290,9 @@ def split_stats(ds) -> dict:
         "candidates_dropped_by_truncation": dropped,
         "questions_with_rows_dropped": sum(r > 0 for r in rows_dropped),
         "rows_dropped": sum(rows_dropped),
+        "questions_with_columns_dropped": sum(c > 0 for c in columns_dropped),
+        "columns_dropped": sum(columns_dropped),
+        "rank_ids_clipped": sum(int(r) for r in ds["ranks_clipped"]),
     }
 
 

@@ -89,6 +89,13 @@ class HybridQAReader:
         self._tables = _LRU(cache_size)
         self._passages = _LRU(cache_size)
 
+    def input_files(self) -> list[Path]:
+        """Every file the encoded examples depend on (question files, tables, passages)."""
+        return [
+            path for sub in (QUESTIONS_DIR, TABLES_DIR, PASSAGES_DIR) if (self.root / sub).is_dir()
+            for path in (self.root / sub).glob("*.json")
+        ]
+
     # ------------------------------------------------------------ questions
     def splits(self) -> list[str]:
         """Split names with a question file, e.g. ``['train', 'dev', 'test']``."""

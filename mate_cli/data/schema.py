@@ -70,6 +70,10 @@ class EncodedExample:
     list as long as ``input_ids`` (collators pad it with ``TableLayout.from_lists``).
     ``cell_coords[k - 1]`` is the (data row, column) of cell id k; ``candidates`` are the
     cell ids (1-based) whose cell contains or links to the answer and survived truncation.
+    Counts of what was left out: ``rows_dropped`` trailing data rows (over the row-id limit
+    or the length budget), ``columns_dropped`` trailing columns (over the column-id limit),
+    ``ranks_clipped`` cells whose (inverse) rank was clipped to the rank-id limit,
+    ``candidates_dropped`` candidate cells without tokens.
     """
 
     question_id: str
@@ -81,6 +85,8 @@ class EncodedExample:
     truncated: bool = False
     rows_dropped: int = 0
     candidates_dropped: int = 0
+    columns_dropped: int = 0
+    ranks_clipped: int = 0
 
 
 @dataclass

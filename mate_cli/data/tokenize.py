@@ -1,7 +1,8 @@
 """Tokenization: a question + table become WordPiece ids and layout ids, exactly once.
 
-Owns: :class:`TableTokenizer` (ids, TAPAS layout ids, numeric column ranks, the length
-budget), :func:`candidate_cells` (which cells hold the answer) and :func:`column_ranks`.
+Owns: :class:`TableTokenizer` (ids, TAPAS layout ids, the id limits, the length
+budget) and :func:`candidate_cells` (which cells hold the answer). Numbers and dates are
+read by :mod:`mate_cli.data.numbers`.
 
 Sequence (TAPAS conventions, see :mod:`mate_cli.modeling.layout`)::
 
@@ -12,7 +13,27 @@ included); ``row`` 0 for query and header, 1..R for data rows; ``column`` 0 for 
 1..C; ``cell`` 0 for query/specials/header, k >= 1 for the k-th data cell that has
 tokens (row-major). **Empty cells have no tokens**, so they get no cell id and cannot
 be selected; ``cell_coords[k - 1]`` = (data row, column) of cell k, listing only
-cells with >= 1 token. Nothing is padded here (the collator pads).
+cells with >= 1 token. (TAPAS writes one ``[EMPTY]`` token for an empty cell, and for
+one holding only punctuation or ``n/a``/``?``/``nan``; here the first has no token and
+the others keep their word pieces: this project's vocabularies have no ``[EMPTY]``.)
+Nothing is padded here (the collator pads).
+
+Numeric ids, exactly as ``transformers.TapasTokenizer`` computes them (see
+:mod:`mate_cli.data.numbers`), from the original cell texts of the whole table (never
+the expanded texts, and before any row is dropped): ``column_ranks`` /
+``inv_column_ranks`` on every token of a ranked data cell; ``numeric_relations`` = the
+EQ/LT/GT bits (1/2/4) of the question's values against the cell's value.
+``prev_labels`` is 1 on the tokens of the cells given as ``prev_answer_coords`` (the
+previous question's answer, SQA-style sequences; TAPAS's ``prev_answer_coordinates``).
+
+Id limits (the TAPAS embedding tables: 256 rows, columns and ranks; ids stay below
+``max_row_id``, ``max_column_id``, ``max_rank_id``): as ``TapasTokenizer`` with
+``drop_rows_to_fit``, data rows beyond ``max_row_id - 1`` are dropped; columns beyond
+``max_column_id - 1`` are dropped too (TAPAS raises instead); ranks above
+``max_rank_id - 1`` are clipped to it (a column with more distinct values than that;
+TAPAS leaves them out of range). The example counts them (``rows_dropped``,
+``columns_dropped``, ``ranks_clipped``) and a debug line is logged, so an oversized
+table never fails at the embeddings.
 
 Length budget (paper §4.1): the question is cut to ``max_question_tokens`` first.
 If the table still does not fit in ``max_length - 2 - len(question)``, every table cell
@@ -20,116 +41,25 @@ If the table still does not fit in ``max_length - 2 - len(question)``, every tab
 ``sum(min(len(cell), c)) <= budget``: the longest cells shrink first and short cells
 stay whole. If even ``min_cell_tokens`` (default 1) per non-empty cell does not fit,
 trailing data rows are dropped until it does. ``truncated`` is set when anything was
-cut, and the example records ``rows_dropped`` and ``candidates_dropped`` (the
-datamodule's split statistics sum them).
-
-Column ranks (TAPAS semantics): per column, the data cells that are not empty or a
-missing-value placeholder (``-``, ``–``, ``n/a``, ``?``, ...) must *all* parse as
-numbers, or all as dates; then they get dense ranks ascending from 1 (ties share a
-rank) and inverse ranks counted from the largest. Otherwise the column gets 0s, as do
-placeholders, header and query. Numbers: optional leading currency (``$£€¥₹``),
-sign, thousands commas, decimals, trailing ``%``; a range (``1990–1995``,
-``5 to 10``) takes its first number. Dates (a small parser, not dateutil, which is too
-lenient for ranking): ``YYYY-MM-DD``, ``D Month YYYY``, ``Month D, YYYY``,
-``Month YYYY``, ``D Month`` / ``Month D`` (year 0) and a bare ``YYYY`` (a column of
-bare years alone is numeric).
-Ranks are computed on the original cell text of the whole table (never on expanded
-text), before rows are dropped.
+cut (question, cells, rows or columns), and the example records ``rows_dropped`` and
+``candidates_dropped`` (the datamodule's split statistics sum them).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from typing import Iterable, Sequence
 
-from mate_cli.data.schema import EncodedExample, Question, Table
 from mate_cli.data.normalize import contains_answer, normalize_answer
+from mate_cli.data.numbers import TableNumbers
+from mate_cli.data.schema import EncodedExample, Question, Table
 from mate_cli.errors import MateError
-from mate_cli.modeling.layout import ID_FIELDS
+from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES
+from mate_cli.modeling.layout import ID_FIELDS, TOKEN_TYPE_FIELDS
 
 log = logging.getLogger(__name__)
 
 Coord = tuple[int, int]
-
-
-# ============================================================ numbers and dates
-_PLACEHOLDERS = {"", "-", "–", "—", "−", "n/a", "na", "n.a.", "?", "tbd", "tba", "none", "unknown", "×", "x"}
-_CUR = "$£€¥₹"
-_NUM = r"[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+\-−]?\.\d+"
-_NUMBER_RE = re.compile(
-    rf"^[{_CUR}]?\s*({_NUM})\s*%?(?:\s*(?:-|–|—|to)\s*[{_CUR}]?\s*(?:{_NUM})\s*%?)?$", re.IGNORECASE
-)
-_MONTHS = {
-    name: i + 1
-    for i, names in enumerate(
-        [("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"), ("may",),
-         ("june", "jun"), ("july", "jul"), ("august", "aug"), ("september", "sep", "sept"),
-         ("october", "oct"), ("november", "nov"), ("december", "dec")]
-    )
-    for name in names
-}
-_MONTH = r"([A-Za-z]+)\.?"
-_DATE_PATTERNS = (
-    (re.compile(r"^(\d{4})-(\d{1,2})-(\d{1,2})$"), ("y", "m", "d")),
-    (re.compile(rf"^(\d{{1,2}})\s+{_MONTH}\s*,?\s*(\d{{4}})$"), ("d", "M", "y")),
-    (re.compile(rf"^{_MONTH}\s+(\d{{1,2}})\s*,?\s*(\d{{4}})$"), ("M", "d", "y")),
-    (re.compile(rf"^{_MONTH}\s*,?\s*(\d{{4}})$"), ("M", "y")),
-    (re.compile(rf"^(\d{{1,2}})\s+{_MONTH}$"), ("d", "M")),
-    (re.compile(rf"^{_MONTH}\s+(\d{{1,2}})$"), ("M", "d")),
-    (re.compile(r"^(\d{4})$"), ("y",)),
-)
-
-
-def parse_number(text: str) -> float | None:
-    """``'1,234'`` -> 1234.0, ``'45 %'`` -> 45.0, ``'$3.5'`` -> 3.5, ``'1990–95'`` -> 1990.0, else None."""
-    match = _NUMBER_RE.match(text.strip())
-    if not match:
-        return None
-    return float(match.group(1).replace(",", "").replace("−", "-"))
-
-
-def parse_date(text: str) -> tuple[int, int, int] | None:
-    """``(year, month, day)`` with 0 for missing parts, or None (see module docstring)."""
-    text = text.strip()
-    for pattern, parts in _DATE_PATTERNS:
-        match = pattern.match(text)
-        if not match:
-            continue
-        got = dict(zip(parts, match.groups()))
-        month = _MONTHS.get(got["M"].lower()) if "M" in got else int(got.get("m", 0))
-        day = int(got.get("d", 0))
-        if month is None or not 0 <= month <= 12 or not 0 <= day <= 31:
-            return None
-        return int(got.get("y", 0)), month, day
-    return None
-
-
-def _dense_ranks(keys: dict[int, object]) -> tuple[dict[int, int], dict[int, int]]:
-    """``{row: key}`` -> (``{row: rank}``, ``{row: inverse rank}``), dense, ascending from 1."""
-    order = {key: r + 1 for r, key in enumerate(sorted(set(keys.values())))}
-    top = len(order)
-    return ({i: order[k] for i, k in keys.items()}, {i: top - order[k] + 1 for i, k in keys.items()})
-
-
-def column_ranks(rows: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[list[int]]]:
-    """Numeric ranks of data cells: ``(ranks, inverse)``, each ``[num_rows][num_columns]``."""
-    num_rows, num_cols = len(rows), len(rows[0]) if rows else 0
-    ranks = [[0] * num_cols for _ in range(num_rows)]
-    inverse = [[0] * num_cols for _ in range(num_rows)]
-    for c in range(num_cols):
-        present = {r: rows[r][c] for r in range(num_rows) if rows[r][c].strip().lower() not in _PLACEHOLDERS}
-        keys = None
-        for parse in (parse_number, parse_date):
-            parsed = {r: parse(text) for r, text in present.items()}
-            if present and all(v is not None for v in parsed.values()):
-                keys = parsed
-                break
-        if keys:
-            rank, inv = _dense_ranks(keys)
-            for r in keys:
-                ranks[r][c], inverse[r][c] = rank[r], inv[r]
-    return ranks, inverse
 
 
 # ============================================================ candidates
@@ -200,6 +130,11 @@ def fit_budget(
 
 
 # ============================================================ tokenizer
+def _table_size(field: str) -> int:
+    """TAPAS's embedding-table size of one token type (the default id limit)."""
+    return TAPAS_TYPE_VOCAB_SIZES[TOKEN_TYPE_FIELDS.index(field)]
+
+
 class TableTokenizer:
     """Question + table -> :class:`EncodedExample` (WordPiece ids + TAPAS layout ids).
 
@@ -208,9 +143,20 @@ class TableTokenizer:
         max_length: the whole sequence, specials included, is at most this long.
         max_question_tokens: the question is cut to this many WordPieces first.
         min_cell_tokens: rows are dropped rather than cap cells below this.
+        max_row_id, max_column_id, max_rank_id: row, column and (inverse) rank ids stay
+            below these: the sizes of the embedding tables (TAPAS's 256 by default).
     """
 
-    def __init__(self, tokenizer, max_length: int = 2048, max_question_tokens: int = 64, min_cell_tokens: int = 1):
+    def __init__(
+        self,
+        tokenizer,
+        max_length: int = 2048,
+        max_question_tokens: int = 64,
+        min_cell_tokens: int = 1,
+        max_row_id: int = _table_size("row_ids"),
+        max_column_id: int = _table_size("column_ids"),
+        max_rank_id: int = _table_size("column_ranks"),
+    ):
         if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
             raise MateError(f"tokenizer {type(tokenizer).__name__} has no [CLS]/[SEP] token; use a BERT WordPiece tokenizer")
         if max_length < 3 or max_question_tokens < 0 or min_cell_tokens < 1:
@@ -218,10 +164,18 @@ class TableTokenizer:
                 f"bad tokenizer limits max_length={max_length}, max_question_tokens={max_question_tokens}, "
                 f"min_cell_tokens={min_cell_tokens}; need max_length >= 3, max_question_tokens >= 0, min_cell_tokens >= 1"
             )
+        if min(max_row_id, max_column_id, max_rank_id) < 2:
+            raise MateError(
+                f"bad id limits max_row_id={max_row_id}, max_column_id={max_column_id}, max_rank_id={max_rank_id}; "
+                "each must be >= 2 (the sizes of the row, column and rank embedding tables)"
+            )
         self.tokenizer = tokenizer
         self.max_length = int(max_length)
         self.max_question_tokens = int(max_question_tokens)
         self.min_cell_tokens = int(min_cell_tokens)
+        self.max_row_id = int(max_row_id)
+        self.max_column_id = int(max_column_id)
+        self.max_rank_id = int(max_rank_id)
 
     def _wordpieces(self, texts: list[str]) -> list[list[int]]:
         if not texts:
@@ -234,6 +188,7 @@ class TableTokenizer:
         table: Table,
         cell_texts: Sequence[Sequence[str]] | None = None,
         candidates: Iterable[Coord] | None = None,
+        prev_answer_coords: Iterable[Coord] | None = None,
     ) -> EncodedExample:
         """Tokenize one example.
 
@@ -243,24 +198,35 @@ class TableTokenizer:
             cell_texts: ``[num_rows][num_columns]`` replacement data-cell texts (expansion).
             candidates: (data row, column) answer cells, e.g. from :func:`candidate_cells`;
                 ``None`` means no candidates (nothing is inferred here).
+            prev_answer_coords: (data row, column) cells that answered the previous
+                question of a sequence; their tokens get ``prev_labels`` 1.
         Returns:
             an :class:`EncodedExample` with ``len(input_ids) <= max_length``.
         """
         texts = self._cell_texts(table, cell_texts)
+        num_rows = min(table.num_rows, self.max_row_id - 1)
+        num_cols = min(table.num_columns, self.max_column_id - 1)
         q_ids = self._wordpieces([question.question])[0]
         q_cut = len(q_ids) > self.max_question_tokens
         q_ids = q_ids[: self.max_question_tokens]
-        pieces = self._wordpieces([c.text for c in table.header] + [t for row in texts for t in row])
-        header, flat = pieces[: table.num_columns], pieces[table.num_columns:]
-        cells = [flat[r * table.num_columns: (r + 1) * table.num_columns] for r in range(table.num_rows)]
+        pieces = self._wordpieces([c.text for c in table.header[:num_cols]]
+                                  + [t for row in texts[:num_rows] for t in row[:num_cols]])
+        header, flat = pieces[:num_cols], pieces[num_cols:]
+        cells = [flat[r * num_cols: (r + 1) * num_cols] for r in range(num_rows)]
         kept, cap = self._fit(question, table, header, cells, len(q_ids))
         example = self._assemble(question, table, q_ids, header, cells[:kept], cap)
-        coords = sorted(set(map(tuple, candidates or ())))
-        self._add_candidates(example, coords)
-        example.truncated = q_cut or cap is not None or kept < table.num_rows
+        self._add_candidates(example, sorted(set(map(tuple, candidates or ()))))
+        self._add_prev_labels(example, set(map(tuple, prev_answer_coords or ())))
         example.rows_dropped = table.num_rows - kept
-        if example.rows_dropped:
-            log.debug("question %s: dropped %d trailing rows of %s", example.question_id, example.rows_dropped, table.table_id)
+        example.columns_dropped = table.num_columns - num_cols
+        example.truncated = bool(q_cut or cap is not None or example.rows_dropped or example.columns_dropped)
+        if table.num_rows > num_rows or example.columns_dropped:
+            log.debug("question %s: table %s has %d rows x %d columns; ids stop at %d x %d, dropped %d rows, "
+                      "%d columns", example.question_id, table.table_id, table.num_rows, table.num_columns,
+                      num_rows, num_cols, table.num_rows - num_rows, example.columns_dropped)
+        if kept < num_rows:
+            log.debug("question %s: dropped %d trailing rows of %s", example.question_id, num_rows - kept,
+                      table.table_id)
         return example
 
     # ------------------------------------------------------------ steps
@@ -285,7 +251,9 @@ class TableTokenizer:
             ) from None
 
     def _assemble(self, question, table, q_ids, header, rows, cap) -> EncodedExample:
-        ranks, inverse = column_ranks([[c.text for c in row] for row in table.rows])
+        numbers = TableNumbers.of([[c.text for c in row] for row in table.rows])
+        relations = numbers.relations(question.question)
+        top, clipped = self.max_rank_id - 1, 0
         seq = _Sequence()
         seq.add([self.tokenizer.cls_token_id, *q_ids, self.tokenizer.sep_token_id])
         for c, ids in enumerate(header):
@@ -293,13 +261,21 @@ class TableTokenizer:
         coords: list[list[int]] = []
         for r, row in enumerate(rows):
             for c, ids in enumerate(row):
-                if ids:
-                    coords.append([r, c])
-                    seq.add(ids[:cap], segment_ids=1, row_ids=r + 1, column_ids=c + 1, cell_ids=len(coords),
-                            column_ranks=ranks[r][c], inv_column_ranks=inverse[r][c])
+                if not ids:
+                    continue
+                coords.append([r, c])
+                rank, inverse = numbers.ranks[c].get(r, (0, 0))
+                if max(rank, inverse) > top:
+                    clipped += 1
+                    rank, inverse = min(rank, top), min(inverse, top)
+                seq.add(ids[:cap], segment_ids=1, row_ids=r + 1, column_ids=c + 1, cell_ids=len(coords),
+                        column_ranks=rank, inv_column_ranks=inverse, numeric_relations=relations.get((r, c), 0))
+        if clipped:
+            log.debug("question %s: %d cells of %s have ranks clipped to %d", question.question_id, clipped,
+                      table.table_id, top)
         return EncodedExample(
             question_id=question.question_id, table_id=table.table_id, input_ids=seq.input_ids, layout=seq.layout,
-            cell_coords=coords, candidates=[],
+            cell_coords=coords, candidates=[], ranks_clipped=clipped,
         )
 
     @staticmethod
@@ -310,6 +286,16 @@ class TableTokenizer:
         if example.candidates_dropped:
             log.debug("question %s: %d of %d candidate cells have no tokens",
                       example.question_id, example.candidates_dropped, len(coords))
+
+    @staticmethod
+    def _add_prev_labels(example: EncodedExample, coords: set[Coord]) -> None:
+        if not coords:
+            return
+        cells = {k + 1 for k, xy in enumerate(example.cell_coords) if tuple(xy) in coords}
+        example.layout["prev_labels"] = [int(k in cells) for k in example.layout["cell_ids"]]
+        if len(cells) < len(coords):
+            log.debug("question %s: %d of %d previous-answer cells have no tokens",
+                      example.question_id, len(coords) - len(cells), len(coords))
 
 
 class _Sequence:

@@ -81,7 +81,7 @@ def test_experiments_change_only_what_they_name(tmp_path):
     assert strip(tapas)["attention"]["_target_"].endswith("DenseAttention")
     assert {k: v for k, v in strip(tapas).items() if k != "attention"} == {k: v for k, v in strip(default).items() if k != "attention"}
     assert reader.model.optimizer.lr == 5e-5 and reader.model.scheduler.warmup_ratio == 0.01
-    assert reader.callbacks.model_checkpoint.monitor == "val/f1"
+    assert reader.callbacks.best_checkpoint.monitor == "val/f1"
     assert default.model.optimizer.lr == 1e-5 and default.model.scheduler.warmup_ratio == 0.05
     assert default.trainer.gradient_clip_val == 10.0
 

@@ -9,16 +9,9 @@ import pytest
 from mate_cli.modeling.layout import ID_FIELDS
 
 from mate_cli.data.expand import expand_table
+from mate_cli.data.numbers import Relation, column_ranks
 from mate_cli.data.schema import AnswerNode, Cell, Question, Table
-from mate_cli.data.tokenize import (
-    TableTokenizer,
-    candidate_cells,
-    column_ranks,
-    fit_budget,
-    largest_cap,
-    parse_date,
-    parse_number,
-)
+from mate_cli.data.tokenize import TableTokenizer, candidate_cells, fit_budget, largest_cap
 from mate_cli.errors import MateError
 
 
@@ -203,32 +196,56 @@ def test_cell_texts_shape_checked(tokenizer):
         TableTokenizer(tokenizer, max_length=64).encode(Question("q", "?", "hand"), table, [["x"]])
 
 
-# ---------------------------------------------------------------- ranks
-def test_parsers():
-    assert [parse_number(t) for t in ["1,234", "45 %", "$3.5", "1990–1995", "5 to 10", "+0.278", "-2"]] == [
-        1234.0, 45.0, 3.5, 1990.0, 5.0, 0.278, -2.0,
-    ]
-    assert [parse_number(t) for t in ["1:23.260", "12a", "1,23", "x"]] == [None] * 4
-    assert parse_date("December 2 , 2006") == (2006, 12, 2)
-    assert parse_date("1 April 1944") == (1944, 4, 1)
-    assert parse_date("2019-05-01") == (2019, 5, 1) and parse_date("May 2019") == (2019, 5, 0)
-    assert parse_date("Foo 5 , 2000") is None and parse_date("2019-13-01") is None
+# ---------------------------------------------------------------- numeric ids (semantics: test_numbers.py)
+def _ids_by_cell(example, name):
+    """``{(data row, column): ids of its tokens}`` for one layout field."""
+    out = {}
+    for i, k in enumerate(example.layout["cell_ids"]):
+        if k:
+            out.setdefault(tuple(example.cell_coords[k - 1]), []).append(example.layout[name][i])
+    return out
 
 
-def test_column_ranks_tapas_semantics():
-    rows = [
-        ["1,000", "May 3 , 2001", "apple", "10", "-"],
-        ["$5", "2 March 1999", "7", "5", "3"],
-        ["20 %", "May 3 , 2001", "pear", "10", "1"],
-        ["", "June 2001", "9", "7", "2"],
-    ]
-    ranks, inverse = column_ranks(rows)
-    col = lambda m, c: [row[c] for row in m]  # noqa: E731
-    assert col(ranks, 0) == [3, 1, 2, 0] and col(inverse, 0) == [1, 3, 2, 0]  # empty cell -> 0
-    assert col(ranks, 1) == [2, 1, 2, 3] and col(inverse, 1) == [2, 3, 2, 1]  # dates, ties share
-    assert col(ranks, 2) == [0, 0, 0, 0]  # mixed text and numbers: not ranked
-    assert col(ranks, 3) == [3, 1, 3, 2] and col(inverse, 3) == [1, 3, 1, 2]  # dense
-    assert col(ranks, 4) == [0, 3, 1, 2]  # placeholder '-' ignored
+def test_ranks_relations_and_prev_labels_on_every_token_of_their_cell(tokenizer):
+    table = _table(["year", "team", "goals", "points"], [["1999", "Red Lions", "3", "10"],
+                                                         ["2001", "Blue Whales", "5", "7"],
+                                                         ["2000", "Green Geese", "5", ""]])
+    question = Question("q", "who scored more than 5 goals after 2000 ?", "hand")
+    tok = TableTokenizer(tokenizer, max_length=64)
+    example = tok.encode(question, table, prev_answer_coords=[(1, 1), (2, 3)])  # (2, 3) is empty: no tokens
+    check_invariants(example, tok, question, table, [[c.text for c in row] for row in table.rows], 64)
+    ranks, inverse = _ids_by_cell(example, "column_ranks"), _ids_by_cell(example, "inv_column_ranks")
+    assert [ranks[r, 0] for r in range(3)] == [[1], [3], [2]]  # years, ranked as dates
+    assert [ranks[r, 2] + inverse[r, 2] for r in range(3)] == [[1, 2], [2, 1], [2, 1]]  # ties share a rank
+    assert set(ranks[0, 1]) == {0} and ranks[0, 3] == ranks[1, 3] == [0]  # text; 2 numbers in 3 cells < 70%
+    relations = _ids_by_cell(example, "numeric_relations")
+    gt, lt, eq = int(Relation.GT), int(Relation.LT), int(Relation.EQ)
+    assert [relations[r, 0] for r in range(3)] == [[gt], [lt], [eq]]  # the date 2000 vs the years
+    assert [relations[r, 2] for r in range(3)] == [[gt], [gt | eq], [gt | eq]]  # 5 and the number 2000 vs goals
+    assert set(relations[0, 1]) == {0} and relations[0, 3] == [0]
+    prev = _ids_by_cell(example, "prev_labels")
+    assert set(prev[1, 1]) == {1} and sum(example.layout["prev_labels"]) == len(prev[1, 1])
+    assert tok.encode(question, table).layout["prev_labels"] == [0] * len(example.input_ids)
+    for i, k in enumerate(example.layout["cell_ids"]):  # nothing numeric outside data cells
+        if not k:
+            assert example.layout["numeric_relations"][i] == example.layout["column_ranks"][i] == 0
+
+
+def test_id_limits_drop_rows_and_columns_and_clip_ranks(tokenizer, caplog):
+    table = _table([f"c{c}" for c in range(6)], [[str(r * 10 + c) for c in range(6)] for r in range(7)])
+    tok = TableTokenizer(tokenizer, max_length=512, max_row_id=5, max_column_id=4, max_rank_id=3)
+    with caplog.at_level(logging.DEBUG, logger="mate_cli.data.tokenize"):
+        example = tok.encode(Question("q", "what ?", "hand"), table, candidates=[(0, 0), (5, 0), (0, 4)])
+    assert max(example.layout["row_ids"]) == 4 and max(example.layout["column_ids"]) == 3
+    assert example.rows_dropped == 3 and example.columns_dropped == 3 and example.truncated
+    assert example.candidates_dropped == 2 and len(example.cell_coords) == 12
+    # ranks over all 7 rows (1..7) stay below 3: rows 0-3 have ranks 1..4, inverse 7..4
+    ranks, inverse = _ids_by_cell(example, "column_ranks"), _ids_by_cell(example, "inv_column_ranks")
+    assert [ranks[r, 0] for r in range(4)] == [[1], [2], [2], [2]] and inverse[3, 0] == [2]
+    assert example.ranks_clipped == 12  # every kept cell: inverse ranks 7..4 (and ranks 3, 4) clipped to 2
+    assert "dropped 3 rows, 3 columns" in caplog.text and "ranks clipped to 2" in caplog.text
+    with pytest.raises(MateError, match="max_row_id=1"):
+        TableTokenizer(tokenizer, max_row_id=1)
 
 
 # ---------------------------------------------------------------- candidates

@@ -1,0 +1,91 @@
+"""The preprocessing cache: one Arrow dataset per key, safe under kills and concurrent runs.
+
+- Keys hash every setting that changes the encoded examples AND the input files
+  (:func:`fingerprint`: name, size and modification time of each file), so an edited
+  table is never served from the cache.
+- An entry is written into a temp folder beside it (named with the writer's pid) and
+  renamed in one step; if another run finished the same entry first, its copy is kept.
+- Temp folders whose writer is gone (killed runs) are removed on the next use.
+- An entry that does not load (truncated, corrupted) is reported in one warning line,
+  removed and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable
+
+import datasets
+
+log = logging.getLogger(__name__)
+
+_TEMP_SUFFIX = ".tmp"
+
+
+def fingerprint(files: Iterable[Path], root: Path) -> str:
+    """Digest of (path relative to ``root``, size, mtime in ns) of every file, in name order."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temps(directory: Path) -> int:
+    """Remove temp folders of writers that no longer run; returns how many."""
+    removed = 0
+    for tmp in directory.glob(f".*{_TEMP_SUFFIX}") if directory.is_dir() else ():
+        pid = tmp.name[: -len(_TEMP_SUFFIX)].rsplit(".", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed += 1
+    if removed:
+        log.info("cache: removed %d temp folder(s) left by killed runs in %s", removed, directory)
+    return removed
+
+
+def save_atomically(ds: datasets.Dataset, target: Path) -> None:
+    """``ds.save_to_disk`` into ``.<name>.<pid>.tmp`` beside ``target``, then one rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{os.getpid()}{_TEMP_SUFFIX}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        ds.save_to_disk(str(tmp))
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            log.info("cache: %s was written by another run meanwhile; using it", target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str) -> datasets.Dataset:
+    """The cached dataset at ``target``; built (and saved) when absent or unreadable."""
+    remove_stale_temps(target.parent)
+    if target.is_dir():
+        try:
+            ds = datasets.load_from_disk(str(target))
+            log.info("%s loaded from cache %s", what, target)
+            return ds
+        except Exception as err:  # noqa: BLE001 - any unreadable entry is rebuilt
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            log.warning("cache: %s is unreadable (%s: %s); rebuilding it", target, type(err).__name__, first)
+            shutil.rmtree(target, ignore_errors=True)
+    save_atomically(build(), target)
+    return datasets.load_from_disk(str(target))

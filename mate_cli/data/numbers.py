@@ -1,0 +1,286 @@
+"""Numbers and dates in table text, as TAPAS reads them: column ranks and numeric relations.
+
+Owns: :func:`parse_values` (the numeric values of a text), :func:`column_values` (the one
+value per cell a column agrees on), :class:`TableNumbers` (a table's values and ranks,
+and its relations to a question) and :func:`column_ranks`.
+
+The semantics are those of ``transformers.TapasTokenizer`` (Google's TAPAS
+``number_utils`` / ``number_annotation_utils``), so a TAPAS checkpoint sees the ids it
+was trained on. They are deliberately lenient, and kept so:
+
+**Values of a text** (:func:`parse_values`). The text is lowercased and its whitespace
+collapsed. Three kinds of candidate spans, each with its values:
+
+1. every match of a number pattern (``12``, ``1,234.5``, ``.5``, ``7.``, a sign only at
+   the start or after a space), anywhere, even inside a word (``abc12`` holds 12);
+2. every word (a maximal run of letters and digits) that is not already such a match:
+   a float after dropping one ordinal suffix (``3rd`` -> 3, ``1e3`` -> 1000), a number
+   word ``zero``..``twelve`` or an ordinal word ``zeroth``..``twelfth``;
+3. every run of one to five words (with what lies between them) that is a whole date
+   in one of :data:`DATE_FORMATS`; a written year must lie in 1700..2016.
+
+Longer spans win: a span inside an already chosen longer one is dropped (equal lengths:
+leftmost first). Each kept span keeps all its values, so ``2001`` is both the number
+2001 and the date (2001, -, -), and ``May 3, 2001`` only the date.
+
+**A column's values** (:func:`column_values`). Each cell may hold numbers and dates; the
+kind held by the most cells wins (dates on a tie) unless fewer than 70% of the column's
+cells hold it, and then the column has no values. A cell keeps its first value of the
+winning kind; cells without one have no value.
+
+**Comparing** (:func:`sort_key`): numbers as floats; dates on the fields (year, month,
+day) that every compared date has; no common field, or numbers with dates: no order.
+
+**Ranks**: per column, dense ranks from 1 over the distinct values in ascending order;
+inverse rank = number of distinct values - rank + 1; 0 for cells without a value.
+
+**Relations** (:meth:`TableNumbers.relations`): every value found in the question is
+compared with every cell value of every column it can be compared with. A cell's id is
+the OR of :class:`Relation` bits over all those comparisons: ``EQ`` = 1, ``LT`` = 2 (the
+question's value is less than the cell's), ``GT`` = 4; 0 if none (ids 0..7 of TAPAS's
+table of 10).
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, NamedTuple, Sequence
+
+#: A column's winning kind must be held by at least this share of its cells.
+MIN_CONSOLIDATION_FRACTION = 0.7
+#: Words joined into one date candidate, at most.
+MAX_DATE_WORDS = 5
+#: Years a date may carry (DynSP's range, as TAPAS).
+YEARS = range(1700, 2017)
+
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve")
+ORDINAL_WORDS = ("zeroth", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth",
+                 "tenth", "eleventh", "twelfth")
+ORDINAL_SUFFIXES = ("st", "nd", "rd", "th")
+
+#: ``datetime.strptime`` formats tried in turn, each with the fields it really sets
+#: (y, m, d); a field it does not set stays None.
+DATE_FORMATS = (
+    ("%B", "m"), ("%Y", "y"), ("%Ys", "y"), ("%b %Y", "ym"), ("%B %Y", "ym"), ("%B %d", "md"), ("%b %d", "md"),
+    ("%d %b", "md"), ("%d %B", "md"), ("%B %d, %Y", "ymd"), ("%d %B %Y", "ymd"), ("%m-%d-%Y", "ymd"),
+    ("%Y-%m-%d", "ymd"), ("%Y-%m", "ym"), ("%d %b %Y", "ymd"), ("%b %d, %Y", "ymd"), ("%d.%m.%Y", "ymd"),
+    ("%A, %b %d", "md"), ("%A, %B %d", "md"),
+)
+
+_NUMBER_RE = re.compile(r"(?:(?:^|\s)[+-])?(?:\.\d+|\d+(?:,\d{3})*(?:\.\d*)?)")
+_WORD_RE = re.compile(r"[^\W_]+")  # exactly the runs of str.isalnum() characters
+_DIRECTIVE_SHAPES = {"%A": r"\w+", "%B": r"\w+", "%b": r"\w{3}", "%Y": r"\d{4}", "%d": r"\d{1,2}", "%m": r"\d{1,2}"}
+
+
+def _shape(date_format: str) -> re.Pattern:
+    """A cheap regex a text must match before ``strptime`` is tried with ``date_format``."""
+    parts = re.split(r"(%[A-Za-z])", date_format)
+    literal = lambda s: re.escape(s).replace(r"\ ", r"\s+")  # noqa: E731
+    return re.compile("^" + "".join(_DIRECTIVE_SHAPES.get(p) or literal(p) for p in parts) + "$")
+
+
+_DATE_SHAPES = tuple((fmt, fields, _shape(fmt)) for fmt, fields in DATE_FORMATS)
+
+
+class Date(NamedTuple):
+    """A date with the fields its text gave (None for the others)."""
+
+    year: int | None = None
+    month: int | None = None
+    day: int | None = None
+
+
+Value = float | Date
+
+
+class ValueSpan(NamedTuple):
+    """Characters ``[begin, end)`` of the normalised text and the values read there."""
+
+    begin: int
+    end: int
+    values: tuple[Value, ...]
+
+
+class Relation(enum.IntFlag):
+    """Question value vs cell value; TAPAS's ``Relation.EQ/LT/GT`` (7, 8, 9) as bits 2**(v - 7)."""
+
+    EQ = 1
+    LT = 2
+    GT = 4
+
+
+# ============================================================ one text
+def normalize_text(text: str) -> str:
+    """Lowercase, whitespace runs -> one space, stripped (what values are read from)."""
+    return " ".join(text.lower().split())
+
+
+def parse_number(text: str) -> float | None:
+    """One number as TAPAS reads a word: ``'1,234'`` -> 1234.0, ``'3rd'`` -> 3.0; NaN/inf -> None."""
+    for suffix in ORDINAL_SUFFIXES:
+        if text.endswith(suffix):
+            text = text[: -len(suffix)]
+            break
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def parse_date(text: str) -> Date | None:
+    """A whole (normalised) text as a date of :data:`DATE_FORMATS`, or None."""
+    for date_format, fields, shape in _DATE_SHAPES:
+        if not shape.match(text):
+            continue
+        try:
+            parsed = datetime.datetime.strptime(text, date_format)
+        except ValueError:
+            continue
+        if parsed.year not in YEARS:  # also the default year 1900 of formats without one
+            continue
+        return Date(parsed.year if "y" in fields else None, parsed.month if "m" in fields else None,
+                    parsed.day if "d" in fields else None)
+    return None
+
+
+@lru_cache(maxsize=1 << 16)
+def parse_values(text: str) -> tuple[ValueSpan, ...]:
+    """The value spans of ``text`` (normalised first), in text order (see the module docstring)."""
+    text = normalize_text(text)
+    found: dict[tuple[int, int], list[Value]] = {}
+    for match in _NUMBER_RE.finditer(text):
+        number = parse_number(match.group())
+        if number is not None:
+            found.setdefault(match.span(), []).append(number)
+    words = [m.span() for m in _WORD_RE.finditer(text)]
+    for begin, end in words:
+        if (begin, end) in found:
+            continue
+        word = text[begin:end]
+        for number in (parse_number(word), _index(NUMBER_WORDS, word), _index(ORDINAL_WORDS, word)):
+            if number is not None:
+                found.setdefault((begin, end), []).append(number)
+    for last in range(len(words)):
+        for first in range(max(0, last - MAX_DATE_WORDS + 1), last + 1):
+            span = (words[first][0], words[last][1])
+            date = parse_date(text[span[0]: span[1]])
+            if date is not None:
+                found.setdefault(span, []).append(date)
+    chosen: list[tuple[int, int]] = []
+    for begin, end in sorted(found, key=lambda s: (s[0] - s[1], s[0])):  # longest first, then leftmost
+        if not any(b <= begin and end <= e for b, e in chosen):
+            chosen.append((begin, end))
+    return tuple(ValueSpan(b, e, tuple(found[b, e])) for b, e in sorted(chosen))
+
+
+def _index(words: tuple[str, ...], word: str) -> float | None:
+    return float(words.index(word)) if word in words else None
+
+
+def text_values(text: str) -> list[Value]:
+    """Every value of every span of ``text``, in order."""
+    return [value for span in parse_values(text) for value in span.values]
+
+
+# ============================================================ columns
+def _is_date(value: Value) -> bool:
+    return isinstance(value, Date)
+
+
+def column_values(texts: Sequence[str], min_fraction: float = MIN_CONSOLIDATION_FRACTION) -> dict[int, Value]:
+    """``{row: value}`` for the cells of one column that hold a value of the column's kind."""
+    per_row = [text_values(text) for text in texts]
+    counts = Counter(kind for values in per_row for kind in {_is_date(v) for v in values})
+    if not counts:
+        return {}
+    top = max(counts.values())
+    if top < len(texts) * min_fraction:
+        return {}
+    dates = counts.get(True) == top
+    return {
+        row: next(v for v in values if _is_date(v) == dates)
+        for row, values in enumerate(per_row)
+        if any(_is_date(v) == dates for v in values)
+    }
+
+
+def sort_key(values: Sequence[Value]) -> Callable[[Value], float | tuple] | None:
+    """A key that orders ``values`` (see the module docstring), or None when they cannot be ordered."""
+    kinds = {_is_date(v) for v in values}
+    if len(kinds) != 1:
+        return None
+    if kinds == {False}:
+        return float
+    common = [i for i in range(3) if all(v[i] is not None for v in values)]
+    if not common:
+        return None
+    return lambda date: tuple(date[i] for i in common)
+
+
+def _dense_ranks(keys: dict[int, object]) -> dict[int, tuple[int, int]]:
+    """``{row: key}`` -> ``{row: (rank, inverse rank)}``, dense, ascending from 1."""
+    order = {key: r + 1 for r, key in enumerate(sorted(set(keys.values())))}
+    return {row: (order[key], len(order) - order[key] + 1) for row, key in keys.items()}
+
+
+@dataclass(frozen=True)
+class TableNumbers:
+    """The numeric reading of a table's data cells (``rows[r][c]`` texts, header excluded).
+
+    Attributes:
+        columns: per column, ``{data row: value}`` (:func:`column_values`).
+        ranks: per column, ``{data row: (rank, inverse rank)}``; cells without one are absent.
+    """
+
+    columns: tuple[dict[int, Value], ...]
+    ranks: tuple[dict[int, tuple[int, int]], ...]
+
+    @staticmethod
+    def of(rows: Sequence[Sequence[str]]) -> "TableNumbers":
+        """Read a table (cached on its texts: every question of a table shares one reading)."""
+        return _read_table(tuple(tuple(row) for row in rows))
+
+    def relations(self, question: str) -> dict[tuple[int, int], int]:
+        """``{(data row, column): Relation bits}`` of the cells ``question``'s values compare with."""
+        bits: dict[tuple[int, int], int] = {}
+        for value in text_values(question):
+            for c, cells in enumerate(self.columns):
+                key = sort_key([*cells.values(), value]) if cells else None
+                if key is None:
+                    continue
+                mine = key(value)
+                for r, cell in cells.items():
+                    other = key(cell)
+                    relation = Relation.EQ if mine == other else Relation.LT if mine < other else Relation.GT
+                    bits[r, c] = bits.get((r, c), 0) | relation
+        return bits
+
+
+@lru_cache(maxsize=256)
+def _read_table(rows: tuple[tuple[str, ...], ...]) -> TableNumbers:
+    num_cols = len(rows[0]) if rows else 0
+    columns = tuple(column_values([row[c] for row in rows]) for c in range(num_cols))
+    ranks = []
+    for cells in columns:
+        key = sort_key(list(cells.values())) if cells else None
+        ranks.append(_dense_ranks({r: key(v) for r, v in cells.items()}) if key else {})
+    return TableNumbers(columns, tuple(ranks))
+
+
+def column_ranks(rows: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[list[int]]]:
+    """``(ranks, inverse ranks)`` of the data cells, each ``[num_rows][num_columns]``, 0 = unranked."""
+    numbers = TableNumbers.of(rows)
+    ranks = [[0] * len(row) for row in rows]
+    inverse = [[0] * len(row) for row in rows]
+    for c, column in enumerate(numbers.ranks):
+        for r, (rank, inv) in column.items():
+            ranks[r][c], inverse[r][c] = rank, inv
+    return ranks, inverse

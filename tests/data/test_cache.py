@@ -1,0 +1,68 @@
+"""The preprocessing cache under kills, races, corruption and edited inputs (real Arrow files)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import datasets
+import pytest
+
+from mate_cli.data.cache import load_or_build, remove_stale_temps, save_atomically
+from mate_cli.data.datamodule import HybridQADataModule
+
+
+def dataset(values) -> datasets.Dataset:
+    return datasets.Dataset.from_dict({"x": list(values)})
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_second_writer_of_the_same_entry_keeps_the_first(tmp_path):
+    target = tmp_path / "entry"
+    save_atomically(dataset([1, 2]), target)
+    save_atomically(dataset([3, 4]), target)  # raced: the entry exists when it renames
+    assert datasets.load_from_disk(str(target))["x"] == [1, 2]
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]
+
+
+def test_temp_folders_of_killed_writers_are_removed(tmp_path):
+    stale = tmp_path / f".entry.{dead_pid()}.tmp"
+    live = tmp_path / f".other.{os.getpid()}.tmp"
+    for folder in (stale, live):
+        folder.mkdir()
+        (folder / "data-00000.arrow").write_bytes(b"half")
+    assert remove_stale_temps(tmp_path) == 1
+    assert not stale.exists() and live.exists()
+    load_or_build(tmp_path / "entry", lambda: dataset([1]), "test")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "entry"])
+
+
+def test_a_truncated_entry_is_reported_in_one_line_and_rebuilt(tmp_path, caplog):
+    target = tmp_path / "entry"
+    save_atomically(dataset(range(1000)), target)
+    (arrow,) = target.glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes()[:100])
+    caplog.set_level(logging.WARNING, logger="mate_cli.data.cache")
+    built = []
+    ds = load_or_build(target, lambda: built.append(1) or dataset([7]), "test")
+    assert built == [1] and ds["x"] == [7]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "unreadable" in warnings[0].getMessage() and "\n" not in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("edit", ["table", "passages", "questions"])
+def test_the_cache_key_follows_the_input_files(tiny_root, tmp_path, edit):
+    dm = HybridQADataModule(root=str(tiny_root), cache_dir=str(tmp_path))
+    before = dm.cache_key("train")
+    sub = {"table": "WikiTables-WithLinks/tables_tok", "passages": "WikiTables-WithLinks/request_tok",
+           "questions": "released_data"}[edit]
+    path = sorted((tiny_root / sub).glob("*.json"))[0]
+    path.write_text(path.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    assert dm.cache_key("train") != before

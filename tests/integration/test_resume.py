@@ -1,0 +1,90 @@
+"""Crash and resume, for real: a `mate train` subprocess is killed with SIGKILL right after
+it wrote a checkpoint, resumed with `ckpt_path=<its run dir>`, and must end where an
+uninterrupted run of the same seed ends: same step, same weights, same validation metrics."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import MATE, mate_env, run_mate
+
+ARGS = [
+    "train", "experiment=hybridqa_mate", "seed=3", "dataset.max_length=128", "logger=csv",
+    "trainer.max_steps=12", "callbacks.model_checkpoint.every_n_train_steps=3",
+]
+STEPS = 12
+
+
+def only_run(output_dir: Path) -> Path:
+    (run,) = (output_dir / "train").iterdir()
+    return run
+
+
+def state(ckpt: Path) -> tuple[int, dict]:
+    data = torch.load(ckpt, map_location="cpu", weights_only=True)
+    return data["global_step"], data["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """An uninterrupted run, and a run killed after its first checkpoint then resumed."""
+    base = tmp_path_factory.mktemp("resume")
+    cache = base / "cache"
+    whole_env = mate_env(base / "whole", cache)
+    whole = subprocess.Popen([MATE, *ARGS], env=whole_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    killed_env = mate_env(base / "killed", cache)
+    victim = subprocess.Popen([MATE, *ARGS], env=killed_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and victim.poll() is None:
+        if list((base / "killed").glob("train/*/checkpoints/last.ckpt")):
+            victim.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    assert victim.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
+    killed = only_run(base / "killed")
+    step_at_kill, _ = state(killed / "checkpoints" / "last.ckpt")
+    assert 0 < step_at_kill < STEPS
+    assert not [p for p in killed.rglob("*.tmp")], "a temp file was left next to the checkpoint"
+
+    resumed = run_mate([*ARGS, f"ckpt_path={killed}"], mate_env(base / "resumed", cache))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, err[-3000:]
+    return {"whole": only_run(base / "whole"), "resumed": only_run(base / "resumed"), "killed": killed}
+
+
+def test_resumed_run_ends_at_the_same_step_with_the_same_weights(runs):
+    step_whole, weights_whole = state(runs["whole"] / "checkpoints" / "last.ckpt")
+    step_resumed, weights_resumed = state(runs["resumed"] / "checkpoints" / "last.ckpt")
+    assert step_whole == step_resumed == STEPS
+    assert weights_whole.keys() == weights_resumed.keys()
+    worst = max((weights_whole[k].float() - weights_resumed[k].float()).abs().max().item() for k in weights_whole)
+    assert worst == 0.0, f"weights differ by up to {worst}"
+
+
+def test_resumed_run_reports_the_same_validation_metrics(runs):
+    whole = json.loads((runs["whole"] / "metrics.json").read_text())
+    resumed = json.loads((runs["resumed"] / "metrics.json").read_text())
+    assert resumed["resumed_from"] == str(runs["killed"] / "checkpoints" / "last.ckpt")
+    for key in ("val/loss", "val/hits@1", "val/hits@3", "val/hits@5"):
+        assert resumed[key] == whole[key], key
+
+
+def test_ckpt_path_last_finds_the_newest_run_of_the_experiment(runs, tmp_path):
+    from mate_cli.errors import MateError
+    from mate_cli.resume import resolve_resume_path
+
+    root = runs["killed"].parent
+    assert resolve_resume_path("last", root, "hybridqa_mate") == str(runs["killed"] / "checkpoints" / "last.ckpt")
+    with pytest.raises(MateError, match="ckpt_path=last"):
+        resolve_resume_path("last", root, "hybridqa_tapas")
+    with pytest.raises(MateError, match="no checkpoint"):
+        resolve_resume_path(str(tmp_path / "absent.ckpt"), root, "hybridqa_mate")
