@@ -18,6 +18,8 @@ of ``mate_bucketed.py``, which also decides when to call this (``use_cpu_kernel`
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -69,6 +71,32 @@ def build_dir() -> Path:
     return cache_dir() / "torch_extensions" / f"mate_bucketed_cpu_{_cpu_tag()}"
 
 
+@contextlib.contextmanager
+def build_lock(directory: Path):
+    """Hold an OS file lock on the build directory while torch builds or loads there.
+
+    ``torch.utils.cpp_extension`` guards a build with a ``lock`` file and waits, forever
+    and silently, while one exists; a process killed mid-build leaves it behind. The
+    ``flock`` taken here is released by the OS when its holder dies, so while we hold
+    it no other live process is inside a build: a ``lock`` file found then is stale and
+    removed (one warning line). Waiting for a live builder is said once, never silent.
+    """
+    with open(directory / ".mate-build.flock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("waiting for another process that is building the MATE CPU kernel in %s", directory)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                log.warning("removing a stale build lock %s (left by a killed build); rebuilding", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def load(verbose: bool = False) -> bool:
     """Build (if needed) and load the kernel; True when ``torch.ops.mate_cpu`` is usable."""
     with _lock:
@@ -83,15 +111,16 @@ def load(verbose: bool = False) -> bool:
 
             directory = build_dir()
             directory.mkdir(parents=True, exist_ok=True)
-            cpp_extension.load(
-                name="mate_bucketed_cpu",
-                sources=[str(SOURCE)],
-                extra_cflags=FLAGS,
-                extra_ldflags=["-fopenmp"],  # resolves to the libgomp torch already loaded (same soname)
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=verbose,
-            )
+            with build_lock(directory):
+                cpp_extension.load(
+                    name="mate_bucketed_cpu",
+                    sources=[str(SOURCE)],
+                    extra_cflags=FLAGS,
+                    extra_ldflags=["-fopenmp"],  # resolves to the libgomp torch already loaded (same soname)
+                    build_directory=str(directory),
+                    is_python_module=False,
+                    verbose=verbose,
+                )
             _register_flops()
         except Exception as err:  # no compiler, link error, ...: the torch path still works
             lines = str(err).strip().splitlines() or [type(err).__name__]

@@ -1,0 +1,67 @@
+"""A kernel build killed half-way must not make later runs hang: torch's stale ``lock``
+file is detected and removed (real subprocesses, real compiler cache)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mate_cli.modeling.attention import mate_cpu_kernel
+
+LOAD = textwrap.dedent(
+    """
+    import logging, sys
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    from mate_cli.modeling.attention import mate_cpu_kernel
+    print("loaded" if mate_cpu_kernel.load() else "unavailable", flush=True)
+    """
+)
+
+
+@pytest.fixture
+def cache_copy(tmp_path):
+    """A private MATE cache holding a copy of this machine's built kernel (no rebuild needed)."""
+    if not mate_cpu_kernel.available():
+        pytest.skip(f"the CPU kernel does not build here: {mate_cpu_kernel.unavailable_reason()}")
+    built = mate_cpu_kernel.build_dir()
+    target = tmp_path / "cache" / built.relative_to(built.parents[1])
+    shutil.copytree(built, target, ignore=shutil.ignore_patterns("lock", ".mate-build.flock"))
+    return tmp_path / "cache", target
+
+
+def load_in_subprocess(cache) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MATE_CACHE_DIR=str(cache), MATE_CPU_KERNEL="1")
+    return subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_a_stale_lock_left_by_a_killed_build_is_removed_not_waited_on(cache_copy):
+    cache, build = cache_copy
+    (build / "lock").write_text("")  # what torch leaves when its build is killed
+    proc = load_in_subprocess(cache)  # before: waits forever (the timeout fails the test)
+    assert proc.stdout.strip() == "loaded", proc.stderr[-2000:]
+    assert "stale build lock" in proc.stderr
+    assert not (build / "lock").exists()
+
+
+def test_a_live_builder_is_waited_for_and_said_once(cache_copy):
+    cache, build = cache_copy
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import fcntl, sys, time
+            handle = open({str(build / '.mate-build.flock')!r}, "a+")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            print("held", flush=True)
+            time.sleep(3)
+        """)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    proc = load_in_subprocess(cache)
+    holder.wait(timeout=30)
+    assert proc.stdout.strip() == "loaded", proc.stderr[-2000:]
+    assert proc.stderr.count("waiting for another process") == 1
