@@ -8,7 +8,11 @@ Errors users can cause (`MateError`) print one line and exit with status 2.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
+from pathlib import Path
+
+from mate_cli.paths import CONF_DIR
 
 COMMANDS = {
     "train": ("mate_cli.commands.train", "fit a model (Hydra app, conf/train.yaml)"),
@@ -38,6 +42,49 @@ def usage() -> str:
     return USAGE.format(commands=lines)
 
 
+#: ``mate predict`` arguments that are free text, quoted for Hydra as the user typed them
+FREE_TEXT = {"predict": ("question",)}
+
+
+def hydra_quote(text: str) -> str:
+    """``text`` as a single-quoted Hydra value that parses back to ``text`` exactly.
+
+    Hydra keeps backslashes unless they precede a quote or end the string; ``${`` would
+    be an OmegaConf interpolation, so it is escaped too.
+    """
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
+    return "'" + text.replace("${", "\\${") + "'"
+
+
+def quote_free_text(command: str, args: list[str]) -> list[str]:
+    """``question=What's 1,000?`` -> ``question='What\\'s 1,000?'`` (already quoted values are kept)."""
+    keys = FREE_TEXT.get(command, ())
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+        out.append(f"{key}={hydra_quote(value)}" if sep and key in keys and not quoted else arg)
+    return out
+
+
+def check_group_choices(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """The one-line error for ``group=option`` naming an option that does not exist, else None."""
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, _, value = arg.partition("=")
+        group = key.lstrip("+~").split("@")[0].replace(".", "/")
+        folder = conf_dir / group
+        if not folder.is_dir() or value in ("", "null"):
+            continue
+        options = sorted(p.stem for p in folder.glob("*.yaml"))
+        for choice in value.split(","):
+            if choice not in options:
+                return f"{key}={choice} is not a config option; choose one of: {', '.join(options)}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -47,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"mate: error: unknown command '{command}'; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    problem = check_group_choices(rest)
+    if problem:
+        print(f"mate: error: {problem}", file=sys.stderr)
+        return 2
     module = importlib.import_module(COMMANDS[command][0])
-    sys.argv = [f"mate-{command}", *rest]
+    sys.argv = [f"mate-{command}", *quote_free_text(command, rest)]
     module.main()
     return 0
 

@@ -9,6 +9,7 @@ it never imports the commands.
 from __future__ import annotations
 
 import contextlib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,9 +24,7 @@ from mate_cli.modeling.checkpoints import load_tokenizer
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None) -> DictConfig:
     """The resolved training config of the run that wrote ``ckpt_path``, with dotlist ``overrides``."""
-    ckpt = Path(str(ckpt_path))
-    if not ckpt.is_file():
-        raise MateError(f"checkpoint not found: {ckpt}; pass ckpt_path=<run dir>/checkpoints/<name>.ckpt")
+    ckpt = check_checkpoint(ckpt_path)
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
         raise MateError(f"{config} is missing: ckpt_path must point inside a `mate train` run dir (…/checkpoints/*.ckpt)")
@@ -33,6 +32,31 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
     if overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     return cfg
+
+
+def check_checkpoint(ckpt_path: str | Path) -> Path:
+    """``ckpt_path`` as a path, after :func:`check_checkpoint_file` (`MateError` when missing or broken)."""
+    ckpt = Path(str(ckpt_path))
+    if not ckpt.is_file():
+        raise MateError(f"checkpoint not found: {ckpt}; pass ckpt_path=<run dir>/checkpoints/<name>.ckpt")
+    check_checkpoint_file(ckpt)
+    return ckpt
+
+
+def check_checkpoint_file(path: Path) -> None:
+    """One `MateError` line when ``path`` is not a whole PyTorch checkpoint (empty, truncated, another file).
+
+    ``torch.save`` writes a zip archive whose directory sits at its end, so a truncated
+    file has none; reading the directory costs nothing next to loading the weights.
+    """
+    fix = "pass a checkpoint written by `mate train` (<run dir>/checkpoints/*.ckpt)"
+    if path.stat().st_size == 0:
+        raise MateError(f"{path} is empty; {fix}")
+    if not zipfile.is_zipfile(path):
+        raise MateError(f"{path} is not a complete PyTorch checkpoint (truncated, or another kind of file); {fix}")
+    with zipfile.ZipFile(path) as archive:
+        if not any(name.endswith("data.pkl") for name in archive.namelist()):
+            raise MateError(f"{path} is a zip archive but not a PyTorch checkpoint; {fix}")
 
 
 def pick_device(accelerator: str | None) -> torch.device:

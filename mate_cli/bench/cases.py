@@ -7,8 +7,10 @@ Backend names (``bench.kernel.backends``, ``bench.encoder.backends``):
   ``attention=<name>`` group (``conf/attention/<name>.yaml``), ``instantiate`` gives
   the per-layer factory, called with the encoder's keywords; so the bench measures
   the options users train with;
-- ``mate.<impl>`` (``mate.masked``, ``mate.bucketed``, ``mate.block_sparse``,
-  ``mate.auto``): the same with the override ``attention.impl=<impl>``;
+- ``mate.<variant>`` (``mate.exact``, ``mate.bucketed``): the same with
+  ``attention.variant=<variant> attention.impl=auto``; ``mate.<impl>`` (``mate.masked``,
+  ``mate.block_sparse``: exact; ``mate.eager``, ``mate.kernel``: bucketed): that
+  implementation of its variant (``attention.variant=<its variant> attention.impl=<impl>``);
 - ``flex`` (kernel level): PyTorch FlexAttention on MATE's exact mask
   (``mate_cli.modeling.attention.mate_block_sparse.flex_mate_attention``) with the
   options of ``attention=mate``;
@@ -49,6 +51,7 @@ import mate_cli.modeling.attention as attention
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate_block_sparse as sparse
 from mate_cli.modeling.attention.base import AttentionBackend
+from mate_cli.modeling.attention.mate import VARIANTS
 from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES, EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder, backend_factory
 from mate_cli.modeling.encoder import build_backend as build_layer_backend
@@ -107,6 +110,30 @@ def split_name(name: str) -> tuple[str, str | None]:
     return family, impl or None
 
 
+def name_overrides(name: str) -> list[str]:
+    """The Hydra overrides of a backend name: ``attention=<family>`` plus, for MATE, the
+    variant and impl its suffix names (module docstring); other families' suffix is
+    tried as ``attention.impl``."""
+    family, choice = split_name(name)
+    overrides = [f"+attention={family}"]
+    if choice is None:
+        return overrides
+    if family != "mate":
+        return overrides + [f"attention.impl={choice}"]
+    if choice in VARIANTS:
+        variant, impl = choice, "auto"
+    else:  # an impl belongs to one variant (auto to every one: it names no function)
+        owners = [v for v, impls in VARIANTS.items() if choice in impls and choice != "auto"]
+        if not owners:
+            names = [*VARIANTS, *(i for impls in VARIANTS.values() for i in impls if i != "auto")]
+            raise MateError(
+                f"bench backend {name!r} names no MATE variant or implementation; use one of "
+                f"{', '.join('mate.' + n for n in names)}"
+            )
+        variant, impl = owners[0], choice
+    return overrides + [f"attention.variant={variant}", f"attention.impl={impl}"]
+
+
 # ------------------------------------------------------------------ factories
 @contextlib.contextmanager
 def conf_hydra() -> Iterator[None]:
@@ -130,7 +157,7 @@ def conf_hydra() -> Iterator[None]:
 @functools.lru_cache(maxsize=None)
 def _composed(name: str) -> DictConfig:
     family, impl = split_name(name)
-    overrides = [f"+attention={family}"] + ([f"attention.impl={impl}"] if impl else [])
+    overrides = name_overrides(name)
     try:
         with conf_hydra():
             return compose(config_name=None, overrides=overrides).attention
@@ -144,12 +171,12 @@ def _composed(name: str) -> DictConfig:
 
 def attention_config(name: str) -> DictConfig:
     """``conf/attention/<family>.yaml`` composed as training composes it (``attention=<family>``),
-    with ``attention.impl=<impl>`` for ``mate.<impl>``. A copy: callers may change it."""
+    with the overrides of :func:`name_overrides` (``mate.<x>``). A copy: callers may change it."""
     return _composed(name).copy()
 
 
 def attention_factory(name: str) -> Callable[..., AttentionBackend]:
-    """The per-layer backend factory for a registered backend name (``mate.<impl>`` too):
+    """The per-layer backend factory for a registered backend name (``mate.<x>`` too):
     the Hydra partial that ``hydra.utils.instantiate(cfg.attention)`` gives training.
 
     Raises :class:`Unavailable` when the backend is not registered (module absent).

@@ -11,20 +11,43 @@ from typing import Callable, Iterable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.errors import MateError
+from mate_cli.io import atomic_write_text
 
 log = logging.getLogger("mate_cli")
 
 
+#: written into the run dir of a run that failed: the one-line error
+FAILED_MARKER = "FAILED"
+
+
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
-    """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2."""
+    """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2.
+
+    Any failure leaves ``FAILED`` in the run dir holding its one-line reason, and the
+    same line in the run's log file (not printed twice on screen).
+    """
     try:
         return task(cfg)
     except Exception as err:  # noqa: BLE001 - re-raised unless it is (or wraps) a MateError
         user_error = find_mate_error(err)
+        line = f"mate: error: {user_error}" if user_error else f"mate: failed: {type(err).__name__}: {err}"
+        record_failure(" ".join(line.split()))
         if user_error is None:
             raise
-        print(f"mate: error: {user_error}", file=sys.stderr)
+        print(line, file=sys.stderr)
         sys.exit(MateError.exit_code)
+
+
+def record_failure(line: str) -> None:
+    """Write ``FAILED`` into the run dir and ``line`` into the run's log file(s) only."""
+    try:
+        atomic_write_text(run_dir() / FAILED_MARKER, line + "\n")
+    except Exception:  # noqa: BLE001 - no run dir (Hydra not running): nothing to mark
+        return
+    record = logging.LogRecord("mate_cli", logging.ERROR, __file__, 0, line, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def find_mate_error(err: BaseException | None) -> MateError | None:

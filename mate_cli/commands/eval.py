@@ -17,6 +17,7 @@ from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.runs import load_run_config
+from mate_cli.trainer_args import check_trainer_args
 
 register_resolvers()
 
@@ -29,11 +30,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise MateError("ckpt_path is missing; pass ckpt_path=<run dir>/checkpoints/<name>.ckpt")
     if cfg.split not in SPLIT_PREFIX:
         raise MateError(f"split={cfg.split!r} is invalid; use split=validation or split=test")
+    trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True))
     train_cfg = load_run_config(cfg.ckpt_path, cfg.get("overrides"))
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(train_cfg.dataset)
     model = instantiate(train_cfg.model)
-    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    trainer = L.Trainer(**trainer_args)
     run = trainer.validate if cfg.split == "validation" else trainer.test
     results = run(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}

@@ -17,7 +17,7 @@ from mate_cli.lit_modules.cell_selection import CellSelectionModule
 from mate_cli.lit_modules.span import SpanModule
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, predict_question
-from mate_cli.runs import load_trained, pick_device
+from mate_cli.runs import check_checkpoint, load_trained, pick_device
 
 register_resolvers()
 
@@ -29,6 +29,9 @@ def predict(cfg: DictConfig) -> dict:
             raise MateError(f"{key} is missing; pass {key}=... (see `mate predict --help`)")
     if OmegaConf.is_missing(cfg.stage1, "ckpt_path"):
         raise MateError("stage1.ckpt_path is missing; pass stage1.ckpt_path=<cell-selection run>/checkpoints/<name>.ckpt")
+    for stage in ("stage1", "stage2"):
+        if cfg[stage].get("ckpt_path"):
+            check_checkpoint(cfg[stage].ckpt_path)
     device = pick_device(cfg.trainer.get("accelerator"))
     precision = cfg.trainer.get("precision")
     table = read_table_file(cfg.table)

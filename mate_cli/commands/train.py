@@ -13,6 +13,7 @@ with ``export_encoder=true`` also ``encoder/``: the best checkpoint's encoder as
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import hydra
@@ -21,13 +22,21 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mate_cli.commands.common import instantiate_dict, log, print_config_tree, quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import (
+    instantiate_dict, log, print_config_tree, print_table, quiet_third_party_logs, run_dir, run_task,
+)
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.resume import AtomicCheckpointIO, ResumeState, resolve_resume_path
+from mate_cli.trainer_args import check_trainer_args
 
 register_resolvers()
+
+#: Trainer arguments `mate train` builds from their own config groups
+TRAINER_RESERVED = ("callbacks", "logger", "plugins")
+#: a WANDB_CACHE_DIR the user set themselves is kept
+_USER_WANDB_CACHE = os.environ.get("WANDB_CACHE_DIR")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -38,13 +47,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
     atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     L.seed_everything(cfg.seed, workers=True)
 
+    trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
     resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
+    # W&B's service writes its debug logs under WANDB_CACHE_DIR (default ~/.cache/wandb): keep them in the run
+    os.environ["WANDB_CACHE_DIR"] = _USER_WANDB_CACHE or str(out / "wandb" / "cache")
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
     callbacks = [*instantiate_dict(cfg.get("callbacks")), ResumeState()]
     loggers = instantiate_dict(cfg.get("logger"))
     trainer = L.Trainer(
-        **OmegaConf.to_container(cfg.trainer, resolve=True), callbacks=callbacks, logger=loggers,
+        **trainer_args, callbacks=callbacks, logger=loggers,
         plugins=[AtomicCheckpointIO()],
     )
     for lg in loggers:
@@ -74,7 +86,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
         lg.finalize("success")
     _finish_wandb()
     log.info("run dir: %s", out)
+    print_summary(metrics, out)
     return metrics
+
+
+def print_summary(metrics: dict, out: Path) -> None:
+    """The last thing on screen: the final validated metrics and where the results are."""
+    shown = sorted(k for k, v in metrics.items() if k.startswith("val/") and isinstance(v, float))
+    if shown:
+        print_table("final validation (best checkpoint)", shown, [[f"{metrics[k]:.4f}" for k in shown]])
+    print(f"best checkpoint: {metrics['best_checkpoint']}\nmetrics:         {out / 'metrics.json'}")  # never wrapped
 
 
 def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -88,6 +88,8 @@ class HybridQAReader:
                 raise MateError(f"dataset root {self.root} has no {sub}/; {_ROOT_HINT}")
         self._tables = _LRU(cache_size)
         self._passages = _LRU(cache_size)
+        #: split -> counts of question records skipped (duplicates, empty, no answer fields)
+        self.skipped: dict[str, Counter] = {}
 
     def input_files(self) -> list[Path]:
         """Every file the encoded examples depend on (question files, tables, passages)."""
@@ -119,13 +121,43 @@ class HybridQAReader:
         )
 
     def questions(self, split: str) -> Iterator[Question]:
-        """Yield the split's questions in file order (answer nodes parsed when traced)."""
+        """Yield the split's questions in file order (answer nodes parsed when traced).
+
+        A question id that appears twice is an error naming both records (it would count
+        twice in every metric), unless the two records are identical: then the copy is
+        skipped with a warning. A blank question, or (in a file with answers) a record
+        with neither ``answer-text`` nor ``answer-node``, is skipped with a warning.
+        ``self.skipped[split]`` counts the skips.
+        """
         path = self.question_file(split)
         records = _load_json(path, "question file")
         if not isinstance(records, list):
             raise MateError(f"{path}: expected a JSON array of question records, got {type(records).__name__}")
+        answered = any(isinstance(r, dict) and ("answer-text" in r or "answer-node" in r) for r in records)
+        seen: dict[str, tuple[int, Any]] = {}
+        skipped = self.skipped.setdefault(split, Counter())
         for index, record in enumerate(records):
-            yield parse_question(record, path, index)
+            question = parse_question(record, path, index)
+            if question.question_id in seen:
+                first, first_record = seen[question.question_id]
+                if record != first_record:
+                    raise MateError(
+                        f"{path}: question {question.question_id!r} appears twice (records #{first} and #{index}) "
+                        "with different content; give one of them another question_id or remove it"
+                    )
+                log.warning("%s: record #%d repeats question %r; skipped", path, index, question.question_id)
+                skipped["duplicate_records"] += 1
+                continue
+            seen[question.question_id] = (index, record)
+            if not question.question.strip():
+                log.warning("%s: question %r has an empty question text; skipped", path, question.question_id)
+                skipped["empty_question"] += 1
+                continue
+            if answered and "answer-text" not in record and "answer-node" not in record:
+                log.warning("%s: question %r has no answer-text and no answer-node; skipped", path, question.question_id)
+                skipped["no_answer_fields"] += 1
+                continue
+            yield question
 
     # --------------------------------------------------------------- tables
     def table_file(self, table_id: str) -> Path:

@@ -209,11 +209,27 @@ def load_tokenizer(pretrained: str | os.PathLike):
                 options[key] = config[key]
     vocab_path = checkpoint_file(resolved, "vocab.txt", required=False)
     if vocab_path is None:
-        return BertTokenizerFast.from_pretrained(resolved)
+        if checkpoint_file(resolved, "tokenizer.json", required=False) is None:
+            raise MateError(
+                f"model.encoder.pretrained={pretrained}: no vocabulary (vocab.txt or tokenizer.json) in {resolved}; "
+                "copy the checkpoint's tokenizer files next to its weights"
+            )
+        return _checked(BertTokenizerFast.from_pretrained(resolved), pretrained)
     if "vocab_file" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 4.x
-        return BertTokenizerFast(vocab_file=str(vocab_path), **options)
+        return _checked(BertTokenizerFast(vocab_file=str(vocab_path), **options), pretrained)
     vocab = {}
     with open(vocab_path, encoding="utf-8") as handle:
         for index, line in enumerate(handle):
             vocab[line.rstrip("\n")] = index
-    return BertTokenizerFast(vocab=vocab, **options)
+    return _checked(BertTokenizerFast(vocab=vocab, **options), pretrained)
+
+
+def _checked(tokenizer, pretrained):
+    """Refuse a tokenizer that turns plain English into ``[UNK]`` (an empty or foreign vocabulary)."""
+    ids = tokenizer("the first row of the table", add_special_tokens=False)["input_ids"]
+    if not ids or all(i == tokenizer.unk_token_id for i in ids):
+        raise MateError(
+            f"model.encoder.pretrained={pretrained}: its vocabulary maps plain English to [UNK]; "
+            "point it at a BERT/TAPAS WordPiece vocab.txt"
+        )
+    return tokenizer

@@ -148,12 +148,18 @@ def test_memory_estimate_skips_instead_of_crashing():
 # ------------------------------------------------------------------ backends: the training config path
 def test_backends_are_built_from_the_attention_group_as_training_builds_them():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        train = compose(config_name="train", overrides=["attention=mate", "attention.impl=bucketed"])
+        overrides = ["attention=mate", "attention.variant=bucketed", "attention.impl=auto"]
+        train = compose(config_name="train", overrides=overrides)
     assert cases.attention_config("mate.bucketed") == train.attention
     factory, trained = cases.attention_factory("mate.bucketed"), instantiate(train.attention)
     assert (factory.func, factory.keywords) == (trained.func, trained.keywords)
     backend = cases.build_backend("mate.bucketed", num_heads=4, head_dim=16, max_length=512)
-    assert backend.impl == "bucketed" and not backend.training
+    assert (backend.variant, backend.impl) == ("bucketed", "auto") and not backend.training
+    # mate.<impl> runs that impl of its variant; mate.auto names no function
+    assert [(c.variant, c.impl) for c in map(cases.attention_config, ("mate.masked", "mate.exact", "mate.kernel"))] == [
+        ("exact", "masked"), ("exact", "auto"), ("bucketed", "kernel")]
+    with pytest.raises(MateError, match="mate.exact"):
+        cases.attention_factory("mate.auto")
     with pytest.raises(MateError, match="no 'impl' option"):
         cases.attention_factory("dense.fast")
     with pytest.raises(cases.Unavailable):

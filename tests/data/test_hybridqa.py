@@ -236,3 +236,43 @@ def test_split_by_table_two_tables_and_one():
 def test_split_by_table_bad_fraction(dev_questions, fraction):
     with pytest.raises(MateError, match="val_fraction"):
         split_by_table(dev_questions, fraction)
+
+
+# ------------------------------------------------------------ bad records
+def _rewrite_dev(root, change):
+    path = root / "released_data" / "dev.traced.json"
+    records = json.loads(path.read_text())
+    change(records)
+    path.write_text(json.dumps(records))
+    return path, records
+
+
+def test_a_question_id_used_twice_for_different_records_names_both(tiny_root):
+    def change(records):
+        records.append({**records[5], "question": "something else entirely ?"})
+
+    path, records = _rewrite_dev(tiny_root, change)
+    with pytest.raises(MateError, match=rf"dev.traced.json: question '{records[5]['question_id']}' appears twice \(records #5 and #{len(records) - 1}\)"):
+        list(HybridQAReader(tiny_root).questions("dev"))
+
+
+def test_repeated_empty_and_answerless_records_are_skipped_counted_and_warned(tiny_root, caplog):
+    def change(records):
+        records.append(dict(records[0]))  # an exact copy
+        records[1]["question"] = "   "
+        del records[2]["answer-text"]
+        records[2].pop("answer-node", None)
+
+    _, records = _rewrite_dev(tiny_root, change)
+    reader = HybridQAReader(tiny_root)
+    with caplog.at_level(logging.WARNING, logger="mate_cli.data.hybridqa"):
+        ids = [q.question_id for q in reader.questions("dev")]
+    assert len(ids) == len(set(ids)) == len(records) - 3
+    assert dict(reader.skipped["dev"]) == {"duplicate_records": 1, "empty_question": 1, "no_answer_fields": 1}
+    assert sum("skipped" in r.getMessage() and "dev.traced.json" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_a_file_without_answers_is_read_as_is(tiny_root):
+    path = tiny_root / "released_data" / "test.json"
+    questions = list(HybridQAReader(tiny_root).questions("test"))
+    assert len(questions) == len(json.loads(path.read_text())) and all(q.answer_text is None for q in questions)

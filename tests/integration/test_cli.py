@@ -27,7 +27,7 @@ def mate(args: list[str], tmp: Path, timeout: int = 600) -> subprocess.Completed
     """`mate <args>` with outputs and caches under ``tmp``; a first arg that is not a command means `train`."""
     if not args or args[0] not in ("train", "eval", "pointr", "predict", "bench"):
         args = ["train", *args]
-    return run_mate(args, mate_env(tmp / "outputs", tmp / "cache"), timeout)
+    return run_mate(args, mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home")), timeout)
 
 
 def only_run_dir(base: Path) -> Path:
@@ -37,11 +37,32 @@ def only_run_dir(base: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory) -> Path:
+def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     tmp = tmp_path_factory.mktemp("train")
     proc = mate([*SMOKE, "export_encoder=true"], tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return only_run_dir(tmp / "outputs" / "train")
+    return tmp, proc
+
+
+@pytest.fixture(scope="module")
+def trained_run(smoke) -> Path:
+    return only_run_dir(smoke[0] / "outputs" / "train")
+
+
+def test_the_run_dir_holds_every_log_and_its_files_are_readable(smoke, trained_run):
+    home = smoke[0] / "home"
+    assert not [p for p in home.rglob("*") if "wandb" in str(p)], "W&B wrote outside the run dir"
+    assert list(trained_run.glob("wandb/cache/wandb/logs/core-debug-*.log"))
+    for name in ("metrics.json", "resolved_config.yaml", "checkpoints/last.ckpt"):
+        assert (trained_run / name).stat().st_mode & 0o044 == 0o044, name
+
+
+def test_train_ends_with_the_final_metrics_and_where_they_are(smoke, trained_run):
+    lines = [line for line in smoke[1].stdout.strip().splitlines() if line.strip()]
+    assert lines[-1].split() == ["metrics:", str(trained_run / "metrics.json")]
+    assert lines[-2].startswith("best checkpoint: ") and lines[-2].split()[-1].startswith(str(trained_run))
+    assert any("final validation" in line for line in lines[-12:])
+    assert any("val/hits@1" in line for line in lines[-12:])
 
 
 def test_help_lists_commands():
@@ -148,6 +169,9 @@ def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
     lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("mate: error")]
     assert len(lines) == 1 and "dataset.root=" in lines[0] and "absent" in lines[0]
     assert "Traceback" not in proc.stderr
+    run = only_run_dir(tmp_path / "outputs" / "train")  # the failed run says so, in its dir and its log
+    assert (run / "FAILED").read_text().strip() == lines[0]
+    assert lines[0] in (run / "train.log").read_text()
 
 
 def copy_sample(sample_root: Path, tmp: Path) -> Path:

@@ -119,12 +119,14 @@ def test_predict_prints_the_answer_cell_and_top3(checkpoints, pointr_env):
     out = Path(pointr_env["MATE_OUTPUT_DIR"])
     before = run_dirs(out, "predict")
     table = "1991_Monaco_Grand_Prix_0"
+    question = "Which driver of Italy's team, the one with points = 4, finished third?"  # typed as is: no Hydra quoting
     proc = run_mate(["predict", f"table={TABLES / (table + '.json')}", f"passages={PASSAGES / (table + '.json')}",
-                 "question='Which driver of the team from Italy finished third?'",
+                 f"question={question}",
                  f"stage1.ckpt_path={checkpoints['stage1']}", f"stage2.ckpt_path={checkpoints['stage2']}"], pointr_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "answer:" in proc.stdout and "cell: row" in proc.stdout and "top 3 cells" in proc.stdout
     result = json.loads((new_run(out, "predict", before) / "prediction.json").read_text())
+    assert result["question"] == question
     rows = json.loads((TABLES / f"{table}.json").read_text())["data"]
     assert len(result["top_cells"]) == 3 and result["cell"] == result["top_cells"][0]
     probs = [c["prob"] for c in result["top_cells"]]

@@ -153,7 +153,7 @@ def test_bucketed_with_paper_defaults_is_exact_on_short_tables():
     """G=116, R=42 cover everything of a short table (G >= N included)."""
     layout = random_layout(3, query_len=(5, 20), rows=(2, 6), cols=(2, 5), cell_tokens=(1, 3), pad=(0, 6), seed=4)
     q, k, v = inputs(layout)
-    backend = MateAttention(num_heads=4, head_dim=8, impl="bucketed")
+    backend = MateAttention(num_heads=4, head_dim=8, variant="bucketed")
     got = run(lambda *x: backend(*x, layout), layout, q, k, v)
     diff = max_diff(got, run(lambda *x: masked_attention(*x, layout), layout, q, k, v))
     log.info("max|diff| bucketed (G=116, R=42) vs masked on short tables: %.2e", diff)
@@ -269,13 +269,13 @@ def test_compiled_flex_forward_equals_masked():
 
 
 # ------------------------------------------------- (d) every implementation
-IMPLS = ["masked", "bucketed", "block_sparse", "auto"]
+PAIRS = [(variant, impl) for variant, impls in mate_mod.VARIANTS.items() for impl in impls]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_padding_never_influences_real_outputs_and_gradients_are_finite(impl):
+@pytest.mark.parametrize("variant,impl", PAIRS)
+def test_padding_never_influences_real_outputs_and_gradients_are_finite(variant, impl):
     layout = random_layout(4, query_len=(1, 9), rows=(1, 5), cols=(1, 4), cell_tokens=(1, 4), pad=(1, 12), seed=9)
-    backend = MateAttention(num_heads=4, head_dim=8, impl=impl, global_size=8, radius=5)
+    backend = MateAttention(num_heads=4, head_dim=8, variant=variant, impl=impl, global_size=8, radius=5)
     q, k, v = inputs(layout)
     out, *grads = run(lambda *x: backend(*x, layout), layout, q, k, v)
     assert out.shape == q.shape and all(torch.isfinite(g).all() for g in grads)
@@ -287,31 +287,52 @@ def test_padding_never_influences_real_outputs_and_gradients_are_finite(impl):
     assert torch.isfinite(full).all() and torch.isfinite(perturbed).all()
     real = layout.attention_mask[:, None, :, None]
     diff = ((full - perturbed) * real).abs().max().item()
-    log.info("impl=%s: padding perturbation changes real outputs by %.2e", impl, diff)
+    log.info("variant=%s impl=%s: padding perturbation changes real outputs by %.2e", variant, impl, diff)
     assert diff <= 1e-12
 
 
-def test_auto_picks_by_length_and_grad_mode_and_logs_once(caplog):
-    short = random_layout(1, seed=0)
-    backend = MateAttention(num_heads=2, head_dim=4, impl="auto")
-    q, k, v = inputs(short, heads=2, dim=4, grad=False)
-    assert backend.resolve_impl(q, k, v) == "masked"
-    long_len = mate_mod.AUTO_MASKED_MAX_LEN[("cpu", False)] + 1
-    q_long = torch.zeros(1, 2, long_len, 4)
-    assert backend.resolve_impl(q_long, q_long, q_long) == "bucketed"
+def test_exact_auto_picks_masked_or_block_sparse_by_length_and_grad_mode_and_logs_once(caplog):
+    backend = MateAttention(num_heads=2, head_dim=4, variant="exact")
+    limit = mate_mod.AUTO_MASKED_MAX_LEN[("cpu", False)]
+    at_limit, past = (torch.zeros(1, 2, n, 4) for n in (limit, limit + 1))
+    assert backend.resolve_impl(at_limit, at_limit, at_limit) == "masked"
+    assert backend.resolve_impl(past, past, past) == "block_sparse"
+    train_limit = mate_mod.AUTO_MASKED_MAX_LEN[("cpu", True)]
+    grad = torch.zeros(1, 2, train_limit, 4, requires_grad=True)
+    assert backend.resolve_impl(grad, grad, grad) == "masked"
+    with torch.no_grad():  # inputs that require grad, but no graph: inference
+        assert backend.resolve_impl(grad, grad, grad) == ("masked" if train_limit <= limit else "block_sparse")
     with caplog.at_level(logging.INFO, logger=mate_mod.__name__):
         caplog.clear()
         for _ in range(3):
-            backend.resolve_impl(q_long, q_long, q_long)
+            backend.resolve_impl(past, past, past)
         assert not any("impl=auto" in r.message for r in caplog.records)  # this backend logged it above
-        fresh = MateAttention(num_heads=2, head_dim=4, impl="auto")
+        fresh = MateAttention(num_heads=2, head_dim=4, variant="exact")
         for _ in range(3):
-            fresh.resolve_impl(q_long, q_long, q_long)
-    assert sum("impl=auto" in r.message for r in caplog.records) == 1
-    # without the fused CPU kernel, auto keeps masked up to the plain CPU limit
-    no_kernel = MateAttention(num_heads=2, head_dim=4, impl="auto", cpu_kernel=False)
-    q_mid = torch.zeros(1, 2, mate_mod.AUTO_MASKED_MAX_LEN[("cpu", False)], 4)
-    assert no_kernel.resolve_impl(q_mid, q_mid, q_mid) == "masked"
+            fresh.resolve_impl(past, past, past)
+    assert [r.message for r in caplog.records if "impl=auto" in r.message] == [
+        "mate attention variant=exact impl=auto: using 'block_sparse' on cpu for sequences of ~1024 tokens (inference)"
+    ]
+    # an explicit impl is never switched
+    assert MateAttention(num_heads=2, head_dim=4, variant="exact", impl="masked").resolve_impl(past, past, past) == "masked"
+
+
+def test_bucketed_auto_and_kernel_run_the_fused_kernel_only_where_it_applies():
+    kernel = mate_bucketed.cpu_kernel_applies(torch.zeros(1), 0.0)  # False where it does not build here
+    x = torch.zeros(1, 2, 16, 4)
+    for impl in ("auto", "kernel"):
+        backend = MateAttention(num_heads=2, head_dim=4, variant="bucketed", impl=impl, dropout=0.1)
+        assert backend.eval().resolve_impl(x, x, x) == ("kernel" if kernel else "eager")
+        assert backend.resolve_impl(*(t.double() for t in (x, x, x))) == "eager"
+        assert backend.train().resolve_impl(x, x, x) == "eager"  # attention dropout: the torch path draws it
+    assert MateAttention(num_heads=2, head_dim=4, impl="eager").resolve_impl(x, x, x) == "eager"
+
+
+def test_options_name_the_function_in_repr():
+    exact = MateAttention(num_heads=2, head_dim=4, variant="exact", impl="block_sparse")
+    assert repr(exact) == "MateAttention(variant=exact, impl=block_sparse, row_heads_ratio=0.5)"
+    default = MateAttention(num_heads=2, head_dim=4)
+    assert "variant=bucketed, impl=auto" in repr(default) and "global_size=116, radius=42" in repr(default)
 
 
 # ------------------------------------------------------------------ (f) config
@@ -348,7 +369,7 @@ def test_bucketed_cost_grows_linearly_with_length():
 
     def cost(seq_len: int, grad: bool) -> CostCounter:
         layout = filled_layout(seq_len, query_tokens=32, columns=4, cell_tokens=32)
-        backend = MateAttention(num_heads=2, head_dim=16, impl="bucketed", cpu_kernel=False)
+        backend = MateAttention(num_heads=2, head_dim=16, variant="bucketed", impl="eager")
         q, k, v = (torch.randn(1, 2, seq_len, 16, requires_grad=grad) for _ in range(3))
         backend(q, k, v, layout)  # builds and caches the plan outside the count
         with CostCounter() as counter, torch.set_grad_enabled(grad):

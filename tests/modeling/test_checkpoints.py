@@ -172,3 +172,14 @@ def test_unknown_attention_name_is_a_mate_error():
     config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     with pytest.raises(MateError, match="not a known backend.*dense"):
         TableEncoder(config, "fancy")
+
+
+def test_a_checkpoint_directory_without_a_vocabulary_is_an_error(tmp_path, minilm_dir):
+    from mate_cli.modeling.checkpoints import load_tokenizer
+
+    (tmp_path / "config.json").write_text((minilm_dir / "config.json").read_text())
+    with pytest.raises(MateError, match="no vocabulary"):
+        load_tokenizer(str(tmp_path))
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    with pytest.raises(MateError, match=r"\[UNK\]"):
+        load_tokenizer(str(tmp_path))

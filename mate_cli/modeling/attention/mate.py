@@ -5,23 +5,33 @@ The first ``h_r = round(row_heads_ratio * heads)`` heads are *row heads*, the re
 real token; a table token attends to Q plus the tokens of its own row (row head) or
 column (column head). Padding keys are never attended (paper, eq. for A_k^i).
 
-One config key, ``impl``, picks how that pattern is computed:
+Two config keys, one per question:
 
-- ``masked``: the exact reference, SDPA with the per-head boolean mask
-  (quadratic time and memory).
-- ``bucketed``: the paper's efficient algorithm (§3.1, App. D; explained in
-  :mod:`.mate_reference`, run fused by :mod:`.mate_bucketed`): per-head sort,
-  ``global_size`` global tokens, buckets of ``radius`` tokens attending to a 3-bucket
-  window. Linear; equals ``masked`` when Q fits in the globals and every row/column
-  in ``radius`` tokens, otherwise the paper's approximation. ``cpu_kernel`` lets it
-  run its CPU inference forward in a fused C++ kernel.
-- ``block_sparse``: exact ``masked`` semantics at block-sparse cost (see
-  :mod:`.mate_block_sparse`): FlexAttention where it runs (CUDA), otherwise a
-  pure-PyTorch path that packs each row/column segment into a dense block.
-- ``auto``: the fastest valid implementation for (device, length, grad mode), as
-  the paper does ("the best of the two functionally equivalent implementations is
-  chosen for each use case"): ``masked`` up to a device-dependent length,
-  ``bucketed`` beyond. Each backend logs its choice once per (device, length bucket, grad).
+``variant``: *which function* the model computes. Training, evaluation, prediction,
+PointR and exported encoders all compute this one function, whatever the device,
+the sequence length, the grad mode or the batch-mates:
+
+- ``exact``: the pattern above, exactly.
+- ``bucketed``: the paper's efficient approximation (§3.1, App. D; explained in
+  :mod:`.mate_reference`): per head, sort by row/column, the first ``global_size``
+  (G) sorted tokens are global, the rest is cut into buckets of ``radius`` (R)
+  tokens attending to the globals and a 3-bucket window. Equals ``exact`` when Q
+  fits in G and every row/column in R tokens; otherwise a table token loses the
+  part of its row/column beyond its window (the paper's fine-tuning setting: G=116,
+  R=42 at 2048 tokens, App. A). Linear time and memory.
+
+``impl``: *how* that function is computed (same output up to float rounding):
+
+- ``exact``: ``masked`` (SDPA with the per-view boolean mask; quadratic) or
+  ``block_sparse`` (:mod:`.mate_block_sparse`: FlexAttention where it runs (CUDA),
+  otherwise each row/column segment packed into a dense block).
+- ``bucketed``: ``eager`` (:mod:`.mate_bucketed`'s torch path: any device, dtype,
+  dropout, forward and backward) or ``kernel`` (the fused C++ CPU forward of
+  :mod:`.mate_cpu_kernel` for float32 without attention dropout where it builds;
+  the eager path everywhere else, and for the backward).
+- ``auto``: the fastest of the variant's implementations for (device, length, grad
+  mode); never another function. Each backend logs its choice once per (device,
+  length bucket, grad mode, choice).
 
 No parameters: a MATE checkpoint is a BERT/TAPAS checkpoint (§3.2).
 """
@@ -38,26 +48,28 @@ from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate_cpu_kernel
 from mate_cli.modeling.attention.base import AttentionBackend, check_range, register
 from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention, flex_mate_attention
-from mate_cli.modeling.attention.mate_bucketed import Workspace, bucketed_attention
+from mate_cli.modeling.attention.mate_bucketed import Workspace, bucketed_attention, cpu_kernel_applies
 from mate_cli.modeling.attention.mate_plan import bucket_plan, head_groups
 from mate_cli.modeling.layout import TableLayout
 
-__all__ = ["MateAttention", "IMPLS", "head_masks", "masked_attention", "flex_mate_attention", "choose_impl"]
+__all__ = ["MateAttention", "VARIANTS", "head_masks", "masked_attention", "flex_mate_attention", "choose_exact_impl"]
 
 logger = logging.getLogger(__name__)
 
-IMPLS = ("masked", "bucketed", "block_sparse", "auto")
+#: ``attention.variant`` -> its valid ``attention.impl`` values (``auto`` first).
+VARIANTS = {
+    "exact": ("auto", "masked", "block_sparse"),
+    "bucketed": ("auto", "eager", "kernel"),
+}
 
-#: ``auto``: longest sequence for which ``masked`` (fused dense SDPA with a mask) is
-#: still the fastest, per (device type, grad mode). CPU: measured on 2 cores, torch
-#: 2.13, 12 heads x 64 (masked vs bucketed, ms inference / fwd+bwd: 512: 4.2 vs 4.5 /
-#: 14.5 vs 17.9; 640: 7.2 vs 6.2 / 24.9 vs 23.6; 1024: 15.3 vs 8.1 / 50.7 vs 33.9).
-#: With the fused CPU kernel (float32 inference, ``mate_cpu_kernel``), bucketed wins from
-#: ~384 tokens (ms, masked vs bucketed: 256: 1.1 vs 2.2; 384: 3.2 vs 3.0; 512: 5.1 vs 3.4).
-#: CUDA: not measured here; a conservative guess that keeps the exact path longer.
-AUTO_MASKED_MAX_LEN = {
-    ("cpu", False): 576, ("cpu", True): 576, ("cpu-kernel", False): 384, ("cuda", False): 2048, ("cuda", True): 2048,
-}  # fmt: skip
+#: ``auto`` for ``variant=exact``: longest sequence for which ``masked`` (fused dense
+#: SDPA with a mask) is still faster than ``block_sparse``, per (device type, grad mode).
+#: CPU: BENCHMARKS.md kernel level, 2 cores, 12 heads x 64, the bench table (ms, masked vs
+#: block_sparse; inference: 512: 4.25 vs 4.77, 1024: 18.6 vs 9.9; fwd+bwd: 1024: 53.8
+#: vs 57.5, 2048: 208 vs 110). CUDA: not measured; a conservative guess that keeps the
+#: dense kernel longer. (``variant=bucketed``: ``auto`` runs the fused CPU kernel wherever
+#: it applies, faster than the eager path at every length measured, else eager.)
+AUTO_MASKED_MAX_LEN = {("cpu", False): 576, ("cpu", True): 1024, ("cuda", False): 2048, ("cuda", True): 2048}
 
 
 # ------------------------------------------------------------------- reference
@@ -94,92 +106,101 @@ def _length_bucket(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-def choose_impl(device: torch.device, seq_len: int, grad: bool, cpu_kernel: bool = True) -> str:
-    """``auto``'s choice for (device, length, grad mode): ``masked`` or ``bucketed``.
-
-    ``cpu_kernel``: whether bucketed may use the fused CPU kernel (its limits apply on
-    CPU without grad when it is also available).
-    """
-    kind = device.type
-    if kind == "cpu" and not grad and cpu_kernel and mate_cpu_kernel.available():
-        kind = "cpu-kernel"
-    limit = AUTO_MASKED_MAX_LEN.get((kind, grad), AUTO_MASKED_MAX_LEN[("cuda", grad)])
-    return "masked" if seq_len <= limit else "bucketed"
+def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
+    """``auto``'s choice for ``variant=exact``: ``masked`` or ``block_sparse`` (:data:`AUTO_MASKED_MAX_LEN`)."""
+    limit = AUTO_MASKED_MAX_LEN.get((device.type, grad), AUTO_MASKED_MAX_LEN[("cuda", grad)])
+    return "masked" if seq_len <= limit else "block_sparse"
 
 
 # --------------------------------------------------------------------- backend
 @register("mate")
 class MateAttention(AttentionBackend):
-    """MATE: row and column heads (no parameters).
+    """MATE: row and column heads (no parameters). See the module docstring.
 
     Args:
+        variant: the function: ``exact`` (the §3 pattern) or ``bucketed`` (the paper's
+            §3.1 approximation with ``global_size`` and ``radius``).
+        impl: how it is computed: ``auto`` | ``masked`` | ``block_sparse`` for
+            ``exact``; ``auto`` | ``eager`` | ``kernel`` for ``bucketed``.
         row_heads_ratio: fraction of row heads; the first ``round(ratio * heads)``
             heads are row heads, the rest column heads (paper: 1:1, i.e. 0.5).
-        global_size: ``G``, the global tokens of the bucketed implementation
-            (paper: 116). Only used by ``impl=bucketed`` (and ``auto`` when long).
-        radius: ``R``, the bucket size of the bucketed implementation (paper: 42).
-        impl: ``masked`` | ``bucketed`` | ``block_sparse`` | ``auto`` (module docstring).
-        cpu_kernel: let ``bucketed`` run its float32 CPU inference forward in the fused
-            C++ kernel (:mod:`.mate_cpu_kernel`) where it builds; False always takes the
-            torch path (same function).
+        global_size: ``G``, the global tokens of ``bucketed`` (paper: 116).
+        radius: ``R``, the bucket size of ``bucketed`` (paper: 42).
         (plus the shared ``num_heads, head_dim, max_length, dropout, layer_index``)
     """
 
     def __init__(
         self,
         *,
+        variant: str = "bucketed",
+        impl: str = "auto",
         row_heads_ratio: float = 0.5,
         global_size: int = 116,
         radius: int = 42,
-        impl: str = "auto",
-        cpu_kernel: bool = True,
         **shared,
     ) -> None:
         super().__init__(**shared)
+        if variant not in VARIANTS:
+            raise MateError(
+                f"attention.variant={variant!r} is unknown: choose {' or '.join(VARIANTS)}; "
+                "set attention.variant=<name> accordingly"
+            )
+        if impl not in VARIANTS[variant]:
+            raise MateError(
+                f"attention.impl={impl!r} is not an implementation of attention.variant={variant}: "
+                f"choose one of {', '.join(VARIANTS[variant])}; set attention.impl=<name> accordingly"
+            )
         check_range("attention.row_heads_ratio", row_heads_ratio, 0.0, 1.0)
         check_range("attention.global_size", global_size, 1)
         check_range("attention.radius", radius, 1)
-        if impl not in IMPLS:
-            raise MateError(
-                f"attention.impl={impl!r} is unknown: choose one of {', '.join(IMPLS)}; "
-                "set attention.impl=<name> accordingly"
-            )
         for key, value in (("attention.global_size", global_size), ("attention.radius", radius)):
             if int(value) != value:
                 raise MateError(f"{key}={value} is invalid: it must be a whole number; set {key}=<int>")
+        self.variant = variant
+        self.impl = impl
         self.row_heads_ratio = float(row_heads_ratio)
         self.global_size = int(global_size)
         self.radius = int(radius)
-        self.impl = impl
-        self.cpu_kernel = bool(cpu_kernel)
-        #: (device, length bucket, grad) keys whose ``auto`` choice this backend has logged
+        #: (device, length bucket, grad, choice) keys whose ``auto`` choice this backend has logged
         self._auto_logged: set[tuple] = set()
-        if impl in ("bucketed", "auto") and self.cpu_kernel:
+        if variant == "bucketed" and impl != "eager":
             # build/load the fused CPU kernel now (once per process), not inside the first
             # forward: a FlopCounterMode opened before that call would miss its formula
             mate_cpu_kernel.available()
 
     def extra_repr(self) -> str:
-        return (
-            f"impl={self.impl}, row_heads_ratio={self.row_heads_ratio}, "
-            f"global_size={self.global_size}, radius={self.radius}, cpu_kernel={self.cpu_kernel}"
-        )
+        text = f"variant={self.variant}, impl={self.impl}, row_heads_ratio={self.row_heads_ratio}"
+        if self.variant == "bucketed":
+            text += f", global_size={self.global_size}, radius={self.radius}"
+        return text
 
     def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
-        """The implementation this call will run (resolves ``auto``, logging each choice once)."""
-        if self.impl != "auto":
+        """The implementation this call runs: ``masked`` | ``block_sparse`` (exact),
+        ``kernel`` | ``eager`` (bucketed; ``kernel`` only where the fused kernel applies).
+        Resolves ``auto`` within the variant, logging each choice once."""
+        if self.variant == "bucketed":
+            applies = cpu_kernel_applies(q, self.dropout if self.training else 0.0)
+            choice = "kernel" if self.impl != "eager" and applies else "eager"
+        elif self.impl != "auto":
             return self.impl
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        seq_len = q.shape[2]
-        choice = choose_impl(q.device, seq_len, grad, self.cpu_kernel)
-        key = (str(q.device), _length_bucket(seq_len), grad)
+        else:
+            choice = choose_exact_impl(q.device, q.shape[2], self._grad(q, k, v))
+        if self.impl == "auto":
+            self._log_choice(choice, q, self._grad(q, k, v))
+        return choice
+
+    @staticmethod
+    def _grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+
+    def _log_choice(self, choice: str, q: torch.Tensor, grad: bool) -> None:
+        key = (str(q.device), _length_bucket(q.shape[2]), grad, choice)
         if key not in self._auto_logged:
             self._auto_logged.add(key)
             logger.info(
-                "mate attention impl=auto: using '%s' on %s for sequences of ~%d tokens (%s)",
-                choice, q.device, _length_bucket(seq_len), "training" if grad else "inference",
+                "mate attention variant=%s impl=auto: using '%s' on %s for sequences of ~%d tokens (%s)",
+                self.variant, choice, q.device, key[1], "training" if grad else "inference",
             )  # fmt: skip
-        return choice
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None
@@ -190,11 +211,9 @@ class MateAttention(AttentionBackend):
         impl = self.resolve_impl(q, k, v)
         if impl == "masked":
             return masked_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
-        if impl == "bucketed":
-            plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
-            # scratch shared by every layer (and call) that sees this layout, like the plan
-            workspace = layout.cached(("mate.workspace",), Workspace)
-            return bucketed_attention(
-                q, k, v, plan, dropout_p, use_cpu_kernel=self.cpu_kernel, workspace=workspace
-            )
-        return block_sparse_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
+        if impl == "block_sparse":
+            return block_sparse_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
+        plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
+        # scratch shared by every layer (and call) that sees this layout, like the plan
+        workspace = layout.cached(("mate.workspace",), Workspace)
+        return bucketed_attention(q, k, v, plan, dropout_p, use_cpu_kernel=impl == "kernel", workspace=workspace)

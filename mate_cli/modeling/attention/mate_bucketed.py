@@ -1,11 +1,11 @@
-"""MATE's bucketed attention, fused: what the backend runs (``impl=bucketed``).
+"""MATE's bucketed attention, fused: what the backend runs for ``variant=bucketed``.
 
 The algorithm (paper §3.1, App. D) and its exactness condition are explained, and
 written out with einsum strings, in :mod:`.mate_reference`; the per-layout structure
 (sort orders, masks, chunk lists) is the :class:`~.mate_plan.BucketPlan`. This module
 computes the same function in one ``autograd.Function``:
 
-- **torch path** (any device, dtype, dropout; forward and backward). It sorts k and v
+- **torch path** (``impl=eager``; any device, dtype, dropout; forward and backward). It sorts k and v
   once into a bucket-aligned buffer (every 3-bucket window is a zero-copy ``unfold``
   view of it), then walks the sorted rows in cache-sized chunks: gather the chunk's
   queries, one GEMM to the globals and one batched GEMM to the windows, add the mask
@@ -16,7 +16,7 @@ computes the same function in one ``autograd.Function``:
   real keys (a sorted prefix). Backward recomputes each chunk's probabilities
   (flash-attention style): only q, k, v and the output are kept. Time and memory are
   linear in the sequence length, forward and backward.
-- **fused CPU kernel** (:mod:`.mate_cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): on
+- **fused CPU kernel** (``impl=kernel``; :mod:`.mate_cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): on
   CPU in float32 without attention dropout, when the caller allows it
   (``use_cpu_kernel=True``) and the kernel builds, the forward runs in compiled
   kernels instead: per bucket, scores to ``[globals ; window]``, mask, softmax and

@@ -1,0 +1,64 @@
+"""Bad input through the real CLI: one `mate: error:` line naming the key or file and
+the fix, exit status 2, and nothing built or written before the check."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import mate_env, run_mate
+
+
+def mate(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    return run_mate(args, mate_env(tmp / "outputs", tmp / "cache"), timeout=300)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mate: error: "), proc.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("trainer.max_steps=abc", ["trainer.max_steps", "int"]),
+        ("+trainer.max_stepz=3", ["trainer.max_stepz", "max_steps"]),
+        ("+trainer.callbacks=[]", ["trainer.callbacks", "callbacks"]),
+    ],
+)
+def test_bad_trainer_arguments_fail_before_anything_is_built(tmp_path, override, names):
+    line = one_error_line(mate(["train", "experiment=hybridqa_mate", override], tmp_path))
+    assert all(name in line for name in names), line
+    assert not (tmp_path / "cache").exists()  # no preprocessing happened
+
+
+def test_an_unknown_experiment_is_one_line_with_the_options(tmp_path):
+    line = one_error_line(mate(["train", "experiment=nope"], tmp_path))
+    assert "experiment=nope" in line and "hybridqa_mate" in line and "hybridqa_tapas" in line
+
+
+def test_an_unknown_backend_in_a_sweep_is_caught_too(tmp_path):
+    line = one_error_line(mate(["train", "-m", "attention=mate,dnese"], tmp_path))
+    assert "attention=dnese" in line and "dense" in line
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", "truncated"])
+@pytest.mark.parametrize("command", ["eval", "predict", "pointr"])
+def test_a_broken_checkpoint_is_named_before_data_and_model_are_built(tmp_path, command, content):
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    if content == "truncated":
+        import torch
+
+        torch.save({"state_dict": {"w": torch.zeros(1000)}}, ckpt)
+        ckpt.write_bytes(ckpt.read_bytes()[:-200])
+    else:
+        ckpt.write_bytes(content)
+    key = {"eval": "ckpt_path", "predict": "stage1.ckpt_path", "pointr": "stage1.ckpt_path"}[command]
+    extra = {"eval": [], "predict": ["table=t.json", "question=q"], "pointr": ["stage2.ckpt_path=null"]}[command]
+    line = one_error_line(mate([command, f"{key}={ckpt}", *extra], tmp_path))
+    assert str(ckpt) in line and "checkpoint" in line

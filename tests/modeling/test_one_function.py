@@ -1,0 +1,238 @@
+"""One attention config computes one function: in training and evaluation, with and
+without grad, alone and in any batch.
+
+For every registered backend and every MATE (variant, impl) pair, float32, at layer
+level (q, k, v on the layout layer 0 sees) and through a tiny ``TableEncoder``:
+
+(a) a training-mode forward (dropout 0, grad enabled, inputs requiring grad: how a
+    training step runs it) equals an eval-mode forward under ``no_grad`` (how eval,
+    predict, PointR and an exported encoder run it);
+(b) grad enabled equals ``no_grad`` (eval mode);
+(c) an example alone equals the same example padded in a batch with a much longer
+    one, at its real positions (eval/no-grad and train/grad).
+
+All to max |diff| <= 1e-5. The layouts are realistic tables (:func:`filled_layout`)
+whose query set is longer than G and whose rows and columns are longer than R (small
+G=8, R=6 keep the test fast), so MATE's bucketed approximation really differs from
+the exact pattern here; the lengths straddle the CPU thresholds of MATE's ``auto``
+(the short example alone is 448 tokens, the batch 960). The ``none`` floor refuses
+training (``TableEncoder.check_trainable``), so it is tested in eval/no-grad only.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import pytest
+import torch
+
+from mate_cli.modeling.attention import REGISTRY
+from mate_cli.modeling.attention.mate import VARIANTS, choose_exact_impl
+from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder import TableEncoder, build_backend
+from mate_cli.modeling.layout import ID_FIELDS, TableLayout
+from mate_cli.modeling.synthetic import filled_layout
+
+log = logging.getLogger(__name__)
+
+HEADS, HEAD_DIM, TOL = 4, 8, 1e-5
+G, R = 8, 6
+#: test-sized options (the yaml defaults are sized for 2048-token inputs)
+OPTIONS = {
+    "linformer": {"k": 32},
+    "table_etc": {"num_global": 16, "local_radius": R, "max_relative_distance": 3},
+    "mate": {"global_size": G, "radius": R},
+}
+
+
+#: every registered backend; MATE once per (variant, impl)
+CONFIGS = [(name, {}) for name in sorted(REGISTRY) if name != "mate"] + [
+    ("mate", {"variant": variant, "impl": impl}) for variant, impls in VARIANTS.items() for impl in impls
+]
+
+
+def case_id(name: str, options: dict) -> str:
+    return "-".join([name, *options.values()])
+
+
+IDS = [case_id(*config) for config in CONFIGS]
+
+
+# ------------------------------------------------------------------ inputs
+@functools.cache
+def layouts() -> tuple[TableLayout, TableLayout]:
+    """``(short alone, [long, short] padded)``: |Q| = 12 > G; rows (4 cells of ~6
+    tokens) and columns (~18 rows) longer than R. The long example is over 2x longer."""
+    short = filled_layout(448, query_tokens=12, columns=4, cell_tokens=6, seed=1)
+    long = filled_layout(960, query_tokens=40, columns=6, cell_tokens=10, seed=2)
+    return short, stack(long, short)
+
+
+def stack(*layouts: TableLayout) -> TableLayout:
+    """One padded batch of single-example layouts (as the collators build it)."""
+    return TableLayout.from_lists(
+        [{name: getattr(one, name)[0, one.attention_mask[0]].tolist() for name in ID_FIELDS} for one in layouts]
+    )
+
+
+def make_backend(name: str, options: dict, max_length: int):
+    factory = functools.partial(REGISTRY[name], **OPTIONS.get(name, {}), **options)
+    return build_backend(factory, num_heads=HEADS, head_dim=HEAD_DIM, max_length=max_length, dropout=0.0, layer_index=0)
+
+
+def layer_layout(backend, layout: TableLayout) -> TableLayout:
+    """The layout layer 0 sees (after the encoder's ``extend_inputs`` hook)."""
+    with torch.no_grad():
+        return backend.extend_inputs(torch.zeros(layout.batch_size, layout.seq_len, HEADS * HEAD_DIM), layout)[1]
+
+
+def qkv(shape, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g) for _ in range(3)]
+
+
+def forward(backend, layout, q, k, v, *, train: bool) -> torch.Tensor:
+    """Training (train mode, grad, inputs requiring grad) or evaluation (eval mode, no_grad)."""
+    backend.train(train)
+    with torch.set_grad_enabled(train):
+        inputs = [t.detach().requires_grad_(train) for t in (q, k, v)]
+        out = backend(*inputs, layout)
+    return out.detach()
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor, real: torch.Tensor) -> float:
+    """Max |a - b| over the real positions ``real`` ``[batch, seq]`` of ``[batch, heads, seq, dim]``."""
+    return (a - b).abs().amax((1, 3))[real].max().item()
+
+
+def skip_floor(name: str) -> None:
+    if not REGISTRY[name].trainable:
+        pytest.skip(f"'{name}' refuses training: tested in eval/no-grad only (the padding test)")
+
+
+# ------------------------------------------------------------------ layer level
+@pytest.mark.parametrize("name,options", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("which", ["short", "batch"])
+def test_training_forward_equals_evaluation_forward(name, options, which):
+    """(a) train mode + grad (dropout 0) == eval mode + no_grad."""
+    skip_floor(name)
+    layout = layouts()[0 if which == "short" else 1]
+    backend = make_backend(name, options, layouts()[1].seq_len)
+    layout = layer_layout(backend, layout)
+    q, k, v = qkv((layout.batch_size, HEADS, layout.seq_len, HEAD_DIM), seed=0)
+    trained = forward(backend, layout, q, k, v, train=True)
+    evaluated = forward(backend, layout, q, k, v, train=False)
+    diff = max_diff(trained, evaluated, layout.attention_mask)
+    log.info("%s %s (%s, N=%d): train vs eval max|diff| %.2e", name, options, which, layout.seq_len, diff)
+    assert diff <= TOL
+
+
+@pytest.mark.parametrize("name,options", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("which", ["short", "batch"])
+def test_grad_enabled_equals_no_grad(name, options, which):
+    """(b) eval mode: inputs requiring grad under grad == no_grad."""
+    skip_floor(name)
+    layout = layouts()[0 if which == "short" else 1]
+    backend = make_backend(name, options, layouts()[1].seq_len).eval()
+    layout = layer_layout(backend, layout)
+    q, k, v = qkv((layout.batch_size, HEADS, layout.seq_len, HEAD_DIM), seed=1)
+    with torch.enable_grad():
+        graded = backend(*(t.clone().requires_grad_() for t in (q, k, v)), layout)
+    with torch.no_grad():
+        plain = backend(q, k, v, layout)
+    diff = max_diff(graded.detach(), plain, layout.attention_mask)
+    log.info("%s %s (%s, N=%d): grad vs no_grad max|diff| %.2e", name, options, which, layout.seq_len, diff)
+    assert graded.requires_grad and diff <= TOL
+
+
+@pytest.mark.parametrize("name,options", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_an_example_alone_equals_it_batched_with_a_much_longer_one(name, options, train):
+    """(c) the short example alone == the same example padded next to a ~3x longer one."""
+    if train:
+        skip_floor(name)
+    short, batch = layouts()
+    backend = make_backend(name, options, batch.seq_len)
+    alone, together = layer_layout(backend, short), layer_layout(backend, batch)
+    n = alone.seq_len
+    assert together.seq_len > 2 * n and torch.equal(together.token_type_ids[1, :n], alone.token_type_ids[0])
+    q1, k1, v1 = qkv((1, HEADS, n, HEAD_DIM), seed=2)
+    q2, k2, v2 = qkv((2, HEADS, together.seq_len, HEAD_DIM), seed=3)  # padding gets noise, not zeros
+    for mine, batched in ((q1, q2), (k1, k2), (v1, v2)):
+        batched[1, :, :n] = mine[0]
+    out_alone = forward(backend, alone, q1, k1, v1, train=train)
+    out_batched = forward(backend, together, q2, k2, v2, train=train)[1:, :, :n]
+    diff = max_diff(out_alone, out_batched, alone.attention_mask)
+    log.info("%s %s (%s): alone (N=%d) vs batched (N=%d) max|diff| %.2e",
+             name, options, "train" if train else "eval", n, together.seq_len, diff)  # fmt: skip
+    assert diff <= TOL
+
+
+def test_the_layouts_make_the_choice_of_function_matter():
+    """On these tables bucketed (G=8, R=6) and exact MATE are different functions, so
+    the tests above would see a switch between them."""
+    short = layouts()[0]
+    q, k, v = qkv((1, HEADS, short.seq_len, HEAD_DIM), seed=5)
+    exact, bucketed = (
+        forward(make_backend("mate", {"variant": variant, "impl": "auto"}, short.seq_len), short, q, k, v, train=False)
+        for variant in VARIANTS
+    )
+    diff = max_diff(exact, bucketed, short.attention_mask)
+    log.info("exact vs bucketed (G=%d, R=%d, N=%d): max|diff| %.2e", G, R, short.seq_len, diff)
+    assert diff > 0.1
+    # and exact's auto switches implementation across these lengths and grad modes
+    cpu = torch.device("cpu")
+    choices = {choose_exact_impl(cpu, layout.seq_len, grad) for layout in layouts() for grad in (False, True)}
+    assert choices == {"masked", "block_sparse"}
+    assert choose_exact_impl(cpu, layouts()[1].seq_len, True) != choose_exact_impl(cpu, layouts()[1].seq_len, False)
+
+
+# ------------------------------------------------------------------ encoder level
+ENCODER_CONFIGS = [
+    ("mate", {"variant": "bucketed", "impl": "auto"}),
+    ("mate", {"variant": "exact", "impl": "auto"}),
+    ("table_etc", {}),
+]
+
+
+def tiny_encoder(name: str, options: dict) -> TableEncoder:
+    torch.manual_seed(0)
+    config = EncoderConfig(
+        vocab_size=64, hidden_size=HEADS * HEAD_DIM, num_layers=2, num_heads=HEADS, intermediate_size=64,
+        max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0, reset_position_index_per_cell=True,
+    )
+    factory = functools.partial(REGISTRY[name], **OPTIONS.get(name, {}), **options)
+    return TableEncoder(config, factory, max_length=layouts()[1].seq_len)
+
+
+def encode(model: TableEncoder, ids: torch.Tensor, layout: TableLayout, *, train: bool) -> torch.Tensor:
+    model.train(train)
+    with torch.set_grad_enabled(train):
+        return model(ids, layout.with_fields()).detach()  # a fresh layout per call, as a new batch
+
+
+@pytest.mark.parametrize("name,options", ENCODER_CONFIGS, ids=[case_id(*config) for config in ENCODER_CONFIGS])
+def test_encoder_computes_one_function(name, options):
+    """(a), (b) and (c) through a 2-layer encoder: hidden states at real tokens."""
+    short, batch = layouts()
+    model = tiny_encoder(name, options)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(1, 64, (2, batch.seq_len), generator=g) * batch.attention_mask
+    n = short.seq_len
+    ids[1, :n] = torch.randint(1, 64, (n,), generator=g)
+    cases = {"short": (ids[1:, :n], short), "batch": (ids, batch)}
+    diffs, outputs = {}, {}
+    for which, (case_ids, layout) in cases.items():
+        evaluated, trained = outputs[which] = [encode(model, case_ids, layout, train=train) for train in (False, True)]
+        model.eval()
+        with torch.enable_grad():  # (b) eval mode, grad through the parameters
+            graded = model(case_ids, layout.with_fields())
+        assert graded.requires_grad
+        real = layout.attention_mask
+        diffs[f"train vs eval ({which})"] = (trained - evaluated).abs().amax(-1)[real].max().item()
+        diffs[f"grad vs no_grad ({which})"] = (graded.detach() - evaluated).abs().amax(-1)[real].max().item()
+    for i, mode in enumerate(("eval", "train")):
+        diffs[f"alone vs batched ({mode})"] = (outputs["short"][i] - outputs["batch"][i][1:, :n]).abs().max().item()
+    log.info("encoder %s %s: %s", name, options, ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+    assert max(diffs.values()) <= TOL, diffs
