@@ -27,6 +27,7 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     [
         ("trainer.max_steps=abc", ["trainer.max_steps", "int"]),
         ("+trainer.max_stepz=3", ["trainer.max_stepz", "max_steps"]),
+        ("trainer.max_stepz=3", ["trainer.max_stepz", "max_steps"]),
         ("+trainer.callbacks=[]", ["trainer.callbacks", "callbacks"]),
     ],
 )
@@ -34,6 +35,12 @@ def test_bad_trainer_arguments_fail_before_anything_is_built(tmp_path, override,
     line = one_error_line(mate(["train", "experiment=hybridqa_mate", override], tmp_path))
     assert all(name in line for name in names), line
     assert not (tmp_path / "cache").exists()  # no preprocessing happened
+
+
+def test_any_trainer_argument_works_without_a_plus(tmp_path):
+    proc = mate(["train", "--cfg", "job", "trainer.limit_val_batches=2", "trainer.max_steps=5"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "limit_val_batches: 2" in proc.stdout and "max_steps: 5" in proc.stdout
 
 
 def test_an_unknown_experiment_is_one_line_with_the_options(tmp_path):
