@@ -116,13 +116,11 @@ def _best_checkpoint(trainer, last: Path) -> str:
 
 
 def _finish_wandb() -> None:
-    try:
-        import wandb
+    """Close this job's W&B run now (its closing lines print here, before the summary)."""
+    import wandb
 
-        if wandb.run is not None:
-            wandb.finish(quiet=True)
-    except Exception:  # pragma: no cover - wandb is optional at teardown
-        pass
+    if wandb.run is not None:
+        wandb.finish()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

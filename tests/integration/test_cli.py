@@ -38,9 +38,12 @@ def only_run_dir(base: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One smoke run; its stdout holds stdout and stderr interleaved, as a terminal shows them."""
     tmp = tmp_path_factory.mktemp("train")
-    proc = mate([*SMOKE, "export_encoder=true"], tmp)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home"))
+    proc = subprocess.run([MATE, "train", *SMOKE, "export_encoder=true"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
     return tmp, proc
 
 
