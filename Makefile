@@ -53,7 +53,7 @@ POINTR_OUT := $(or $(MATE_OUTPUT_DIR),outputs)
 POINTR_STAGE1 ?= hybridqa_mate
 POINTR_STAGE1_ARGS ?=
 POINTR_STAGE2_ARGS ?=
-newest_ckpt = $$(ls -td $(POINTR_OUT)/train/*-$(1) 2>/dev/null | head -1)/checkpoints/last.ckpt
+newest_ckpt = $$(ls -td $(POINTR_OUT)/train/*-$(1)-* 2>/dev/null | head -1)/checkpoints/last.ckpt
 
 .PHONY: pointr-sample pointr-sample-stage1 pointr-sample-stage2 pointr-sample-eval pointr-sample-predict
 

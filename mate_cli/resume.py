@@ -114,13 +114,14 @@ def resolve_resume_path(value: str | None, output_root: Path, experiment_name: s
     Args:
         value: a ``.ckpt`` file, a run dir, or ``last``.
         output_root: where ``mate train`` runs live (``$MATE_OUTPUT_DIR/train`` or ``outputs/train``).
-        experiment_name: for ``last``: the newest run dir ending in ``-<experiment_name>``.
+        experiment_name: for ``last``: the newest run dir of that experiment (named
+            ``<time>-<experiment_name>-<attention>-...``, see ``run_name`` in conf/train.yaml).
     """
     if value in (None, ""):
         return None
     if str(value) == "last":
         runs = sorted(
-            (p for p in output_root.glob(f"*-{experiment_name}") if (p / "checkpoints" / "last.ckpt").is_file()),
+            (p for p in output_root.glob(f"*-{experiment_name}-*") if (p / "checkpoints" / "last.ckpt").is_file()),
             key=lambda p: p.name,
         )
         if not runs:

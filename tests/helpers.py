@@ -85,3 +85,53 @@ def build_edge_root(root: Path) -> dict:
     }
     (root / "released_data" / "dev_reference.json").write_text(json.dumps(reference))
     return reference
+
+
+# ------------------------------------------------------------------ W&B offline runs
+def read_wandb_records(path: Path) -> list:
+    """The ``Record`` protobufs of an offline ``run-*.wandb`` file.
+
+    The file is a 7-byte ``:W&B`` header, then a LevelDB-style log: 32 KiB blocks of
+    records, each with a 7-byte header (crc32, little-endian length, type: 1 full,
+    2 first, 3 middle, 4 last). wandb 0.31 no longer ships a Python reader for it.
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    block, pos, pending, records = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # the rest of a block is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        payload, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            continue
+        pending += payload
+        if kind in (1, 4):
+            records.append(wandb_internal_pb2.Record.FromString(pending))
+            pending = b""
+    return records
+
+
+def wandb_run_summary(path: Path) -> dict:
+    """``{"run": (name, group, job_type, tags), "config": {...}, "summary": {...}}`` of an offline run."""
+    out: dict = {"config": {}, "summary": {}}
+    for record in read_wandb_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+            out["run"] = (run.display_name, run.run_group, run.job_type, list(run.tags))
+            items = run.config.update
+        elif kind == "config":
+            items = record.config.update
+        elif kind == "summary":
+            for item in record.summary.update:
+                out["summary"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+            continue
+        else:
+            continue
+        for item in items:
+            out["config"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return out

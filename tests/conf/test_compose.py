@@ -66,9 +66,24 @@ def test_every_sweep_job_composes_and_instantiates(sweep, tmp_path):
     seen = set()
     for job in jobs:
         cfg = compose_train(["experiment=hybridqa_mate", *job], tmp_path)
-        _, model, _ = build(cfg, tmp_path)
-        seen.add(repr(model.encoder.backends[0]))
-    assert len(seen) > 1  # the sweep changes the model it builds
+        build(cfg, tmp_path)
+        what = {k: OmegaConf.to_container(cfg[k]) for k in ("attention", "dataset", "model")}
+        seen.add(repr(what))
+    assert len(seen) > 1  # beyond the seed, the sweep changes what is built
+
+
+def test_the_optuna_search_names_keys_that_exist(tmp_path):
+    cfg = compose_train(["experiment=hybridqa_mate", "hparams_search=optuna"], tmp_path)
+    assert cfg.hydra.sweeper._target_.endswith("OptunaSweeper") and cfg.hydra.sweeper.direction == "maximize"
+    for key in cfg.hydra.sweeper.params:
+        assert OmegaConf.select(cfg, key) is not None, key
+
+
+def test_the_slurm_launcher_has_the_keys_users_set(tmp_path):
+    cfg = compose_train(["+sweep=baselines", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"], tmp_path)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher") and launcher.partition == "gpu"
+    assert {"gpus_per_node", "timeout_min", "array_parallelism"} <= set(launcher)
 
 
 def test_experiments_change_only_what_they_name(tmp_path):

@@ -1,0 +1,54 @@
+"""Training throughput and memory, per epoch, to every logger (and so to metrics.json).
+
+Logged at the end of each training epoch (wall time from its first to its last batch,
+data loading included, so it is what a user waits for):
+
+- ``perf/examples_per_s``: training examples per second (DoT's NPE/s);
+- ``perf/tokens_per_s``: real (non-padding) tokens per second;
+- ``perf/peak_mem_mb``: peak memory: on CUDA the allocator's peak during the epoch, on
+  CPU the process's peak resident set so far.
+
+Lightning's own ``ThroughputMonitor`` reports per-step windows under other names and no
+memory; the project's metric names are the ones above for every task.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+import lightning as L
+import torch
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+class Throughput(L.Callback):
+    """Counts examples and real tokens of the training batches (any batch with ``layout``)."""
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.start, self.examples, self.tokens = time.perf_counter(), 0, 0
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.examples += len(batch)
+        self.tokens += int(batch.layout.attention_mask.sum())
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        seconds = max(time.perf_counter() - getattr(self, "start", time.perf_counter()), 1e-9)
+        if not getattr(self, "examples", 0):
+            return
+        values = {
+            "perf/examples_per_s": self.examples / seconds,
+            "perf/tokens_per_s": self.tokens / seconds,
+            "perf/peak_mem_mb": peak_memory_mb(pl_module.device),
+        }
+        for name, value in values.items():
+            pl_module.log(name, value, on_epoch=True, on_step=False, sync_dist=True, reduce_fx="mean")
