@@ -142,7 +142,7 @@ def test_shape_mismatch_names_key_and_shapes(tmp_path):
 
 @pytest.mark.parametrize("name", ["/no/such/checkpoint", "./missing-dir", "not a model!", "a/b/c"])
 def test_bad_pretrained_names_are_mate_errors(name):
-    with pytest.raises(MateError, match="model.pretrained"):
+    with pytest.raises(MateError, match="model.encoder.pretrained"):
         TableEncoder.from_pretrained(name, "dense")
 
 
