@@ -3,11 +3,21 @@
 ``mate --help`` lists the commands; ``mate <command> --help`` shows Hydra's help
 with the config groups; ``mate <command> --cfg job`` prints the composed config.
 Errors users can cause (`MateError`) print one line and exit with status 2.
+
+``sys.argv`` stays the real command line, ``[<path of mate>, <command>, *overrides]``:
+Lightning's DDP launcher (``hardware=ddp``, ``hardware=ddp_cpu``) re-executes exactly that
+for ranks > 0, adding ``hydra.run.dir=<this run>``. Only while Hydra parses its
+arguments does it see ``[<path of mate>, *overrides]`` (see :func:`run_hydra_app`).
+
+Tab completion: ``eval "$(mate -sc install=bash)"`` (e.g. in ``~/.bashrc``) completes
+commands, then each command's config groups, options and keys through Hydra's own
+completion query (``mate <command> -sc query=bash``).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -20,6 +30,7 @@ COMMANDS = {
     "pointr": ("mate_cli.commands.pointr", "PointR end to end: cell selection, then the reader (conf/pointr.yaml)"),
     "predict": ("mate_cli.commands.predict", "answer one question about one table (conf/predict.yaml)"),
     "bench": ("mate_cli.commands.bench", "time/memory/FLOPs of attention backends (conf/bench.yaml)"),
+    "report": ("mate_cli.commands.report", "median/half-IQR over seeds per configuration from run dirs (conf/report.yaml)"),
 }
 
 USAGE = """usage: mate <command> [overrides...] [--help] [-m]
@@ -33,6 +44,9 @@ examples:
   mate train experiment=hybridqa_mate
   mate train -m experiment=hybridqa_mate attention=mate,dense seed=1,2
   mate eval ckpt_path=outputs/train/<run>/checkpoints/last.ckpt
+
+tab completion (bash; e.g. in ~/.bashrc):
+  eval "$(mate -sc install=bash)"
 """
 
 
@@ -101,7 +115,7 @@ def check_group_choices(args: list[str], conf_dir: Path = CONF_DIR) -> str | Non
         key, _, value = arg.partition("=")
         group = key.lstrip("+~").split("@")[0].replace(".", "/")
         folder = conf_dir / group
-        if not folder.is_dir() or value in ("", "null"):
+        if group.startswith("hydra") or not folder.is_dir() or value in ("", "null"):  # hydra/*: plugins add options
             continue
         options = sorted(p.stem for p in folder.glob("*.yaml"))
         for choice in value.split(","):
@@ -111,23 +125,121 @@ def check_group_choices(args: list[str], conf_dir: Path = CONF_DIR) -> str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    program = sys.argv[0]  # the `mate` executable (Lightning's DDP launcher runs it again)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
+    if argv[0] in COMPLETION_FLAGS:
+        return shell_completion(argv[1:], None, program)
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"mate: error: unknown command '{command}'; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if any(arg in COMPLETION_FLAGS for arg in rest):
+        return shell_completion(rest, command, program)
     rest, problem = trainer_overrides(command, rest)
     problem = problem or check_group_choices(rest)
     if problem:
         print(f"mate: error: {problem}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
-    sys.argv = [f"mate-{command}", *quote_free_text(command, rest)]
-    module.main()
+    run_hydra_app(module.main, program, command, quote_free_text(command, rest))
     return 0
+
+
+def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:
+    """Run the ``@hydra.main`` ``app`` of ``command`` on ``args``.
+
+    Hydra parses ``sys.argv[1:]``, so it runs with ``sys.argv = [program, *args]``; the
+    task itself (:func:`mate_cli.commands.common.run_task`) runs with the true command line
+    ``[program, command, *args]``. ``program`` is the real ``mate`` executable: never
+    renamed, since Lightning's DDP launcher re-executes ``sys.argv`` for ranks > 0 and
+    Hydra names the job (``hydra.job.name``, the ``<command>.log`` file) from the
+    command's module, not from ``sys.argv[0]``.
+    """
+    from mate_cli.commands import common
+
+    common.COMMAND_LINE[:] = [program, command, *args]
+    sys.argv = [program, *args]
+    app()
+
+
+# ------------------------------------------------------------------ shell completion
+#: Hydra's flag for shell completion (``-sc install=bash``, ``-sc query=bash``)
+COMPLETION_FLAGS = ("-sc", "--shell-completion")
+
+BASH_COMPLETION = r"""# bash completion for `mate` (install: eval "$(mate -sc install=bash)")
+_mate_completion()
+{
+    local line="${COMP_LINE:0:COMP_POINT}" word="" choices=""
+    local -a words
+    read -ra words <<< "$line"
+    local count=${#words[@]}
+    if [[ "$line" != *[[:space:]] ]]; then  # the cursor is on a word: complete it
+        word="${words[count-1]}"
+        count=$((count - 1))
+    fi
+    if (( count <= 1 )); then
+        choices="__COMMANDS__"
+    else
+        choices=$(COMP_LINE="$line" COMP_POINT=${#line} "${words[0]}" "${words[1]}" -sc query=bash 2>/dev/null)
+    fi
+    COMPREPLY=($(compgen -o nospace -o default -W "$choices" -- "$word"))
+}
+COMP_WORDBREAKS=${COMP_WORDBREAKS//=}
+complete -o nospace -o default -F _mate_completion mate
+"""
+
+
+def shell_completion(args: list[str], command: str | None, program: str) -> int:
+    """``mate [<command>] -sc install=bash|uninstall=bash`` prints the script for every
+    command; ``mate <command> -sc query=bash`` answers for ``COMP_LINE="mate <command> ..."``
+    through Hydra's completion of that command's config."""
+    settings = dict(arg.partition("=")[::2] for arg in args if "=" in arg)
+    action = next((key for key in ("install", "uninstall", "query") if key in settings), None)
+    shell = settings.get(action, "")
+    if action is None or shell != "bash":
+        print("mate: error: shell completion is for bash: use -sc install=bash, -sc uninstall=bash "
+              "or -sc query=bash (with COMP_LINE set)", file=sys.stderr)
+        return 2
+    if action == "install":
+        print(BASH_COMPLETION.replace("__COMMANDS__", " ".join(COMMANDS)), end="")
+        return 0
+    if action == "uninstall":
+        print("complete -r mate 2> /dev/null\nunset -f _mate_completion")
+        return 0
+    if command is None or "COMP_LINE" not in os.environ:
+        print("mate: error: -sc query=bash needs a command and COMP_LINE, e.g. "
+              "COMP_LINE='mate train data' mate train -sc query=bash", file=sys.stderr)
+        return 2
+    # Hydra strips the program name from COMP_LINE; the command word goes too
+    words = os.environ["COMP_LINE"].split(None, 2)
+    if len(words) >= 2 and words[1] == command:
+        os.environ["COMP_LINE"] = " ".join(["mate", *words[2:]]) + (" " if len(words) == 2 else "")
+    app = completion_app(command)
+    sys.argv = [program, *args]
+    app()
+    return 0
+
+
+def completion_app(command: str):
+    """A Hydra app over ``conf/<command>.yaml`` that only answers completion queries: it
+    composes what the command composes without importing the command (Lightning takes
+    seconds to import; a completion query answers in a fraction of one)."""
+    if not (CONF_DIR / f"{command}.yaml").is_file():  # a command with another config name
+        return importlib.import_module(COMMANDS[command][0]).main
+    import hydra
+
+    from mate_cli.paths import register_resolvers
+
+    register_resolvers()
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=command)
+    def app(cfg) -> None:  # pragma: no cover - with -sc Hydra only answers the query
+        raise AssertionError("the completion app ran a task")
+
+    return app
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,6 +19,11 @@ log = logging.getLogger("mate_cli")
 #: written into the run dir of a run that failed: the one-line error
 FAILED_MARKER = "FAILED"
 
+#: this process's command line, ``[<mate executable>, <command>, *overrides]``, set by
+#: :func:`mate_cli.cli.run_hydra_app`; tasks run with it as ``sys.argv`` because
+#: Lightning's DDP launcher re-executes ``sys.argv`` for ranks > 0.
+COMMAND_LINE: list[str] = []
+
 
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2.
@@ -26,7 +31,10 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     Any failure leaves ``FAILED`` in the run dir holding its one-line reason, and the
     same line in the run's log file (not printed twice on screen).
     """
+    if COMMAND_LINE:
+        sys.argv = list(COMMAND_LINE)
     try:
+        check_accelerator(cfg)
         return task(cfg)
     except Exception as err:  # noqa: BLE001 - re-raised unless it is (or wraps) a MateError
         user_error = find_mate_error(err)
@@ -48,6 +56,40 @@ def record_failure(line: str) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
+
+
+def check_accelerator(cfg: DictConfig) -> None:
+    """A GPU profile (``hardware=gpu``/``ddp``) on a machine where torch finds no usable GPU
+    is one line naming the fix, before anything is built (not a Lightning traceback)."""
+    trainer = cfg.get("trainer") if isinstance(cfg, DictConfig) else None
+    accelerator = str(trainer.get("accelerator", "auto")).lower() if isinstance(trainer, DictConfig) else ""
+    if accelerator not in ("gpu", "cuda"):
+        return
+    import torch
+
+    hardware = _hardware_choice()
+    what = f"trainer.accelerator={accelerator}"
+    what = f"hardware={hardware} ({what})" if hardware else what
+    if not torch.cuda.is_available():
+        raise MateError(f"{what} needs a CUDA GPU, but torch finds none on this machine; "
+                        "run with hardware=cpu (or hardware=ddp_cpu for 2 CPU processes)")
+    devices, count = trainer.get("devices"), torch.cuda.device_count()
+    if isinstance(devices, int) and devices > count:
+        raise MateError(f"{what} with trainer.devices={devices}, but this machine has {count} GPU(s); "
+                        f"use trainer.devices={count} (or -1: all of them)")
+    precision = str(trainer.get("precision", ""))
+    if precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
+        raise MateError(f"trainer.precision={precision}: {torch.cuda.get_device_name()} has no bfloat16; "
+                        "use trainer.precision=16-mixed (or 32-true)")
+
+
+def _hardware_choice() -> str | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return HydraConfig.get().runtime.choices.get("hardware")
+    except ValueError:  # Hydra is not running (tests call tasks directly)
+        return None
 
 
 def find_mate_error(err: BaseException | None) -> MateError | None:

@@ -8,10 +8,16 @@ The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config
 steps and at the end; ``best-*.ckpt``: the best by the validation metric), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json``;
 with ``export_encoder=true`` also ``encoder/``: the best checkpoint's encoder as a
 ``transformers.TapasModel`` directory, so results travel to other tools.
+
+Under DDP (``hardware=ddp``, ``hardware=ddp_cpu``) every rank runs this function; rank 0
+alone prints and writes files (Lightning's loggers and checkpointing already write on
+rank 0 only). The final validation sees every example exactly once across the ranks,
+so its metrics equal a single-process ``mate eval`` of the same checkpoint.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
@@ -20,11 +26,15 @@ import hydra
 import lightning as L
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSamplerWrapper
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader, DistributedSampler
 
 from mate_cli.commands.common import (
     instantiate_dict, log, print_config_tree, print_table, quiet_third_party_logs, run_dir, run_task,
 )
+from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.paths import CONF_DIR, register_resolvers
@@ -43,8 +53,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and validate; returns the final validation metrics."""
     quiet_third_party_logs()
     out = run_dir()
-    print_config_tree(cfg)
-    atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    if rank_zero_only.rank == 0:  # DDP ranks > 0 re-run this command into the same run dir
+        print_config_tree(cfg)
+        atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    else:  # their log goes to <run dir>/train_ddp_process_<rank>.log only, not to the screen
+        for handler in list(logging.getLogger().handlers):
+            if type(handler) is logging.StreamHandler:
+                logging.getLogger().removeHandler(handler)
     L.seed_everything(cfg.seed, workers=True)
 
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
@@ -59,34 +74,41 @@ def train(cfg: DictConfig) -> dict[str, float]:
         **trainer_args, callbacks=callbacks, logger=loggers,
         plugins=[AtomicCheckpointIO()],
     )
+    _refuse_ddp_in_a_local_sweep(trainer)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
     if resume:
         log.info("resuming from %s", resume)
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
+    perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}  # the last epoch's
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final state is the newest
-    best = _best_checkpoint(trainer, out / "checkpoints" / "last.ckpt")
+    best = trainer.strategy.broadcast(_best_checkpoint(trainer, out / "checkpoints" / "last.ckpt"))
     metrics = {}
     if cfg.get("validate_best", True):
-        results = trainer.validate(model, datamodule=datamodule, ckpt_path=best, verbose=False)
+        data = dict(datamodule=datamodule) if trainer.world_size == 1 else dict(
+            dataloaders=each_example_once(datamodule.val_dataloader(), trainer.world_size, trainer.global_rank))
+        results = trainer.validate(model, **data, ckpt_path=best, verbose=False)
         metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
+    metrics.update(perf)
     metrics["best_checkpoint"] = best
     if resume:
         metrics["resumed_from"] = resume
-    if cfg.get("export_encoder"):
+    if cfg.get("export_encoder") and trainer.is_global_zero:
         metrics["exported_encoder"] = str(export_encoder(model, best, cfg, out / "encoder"))
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         log.warning("non-finite metrics: %s", bad)
-    atomic_write_json(out / "metrics.json", metrics)
+    if trainer.is_global_zero:
+        atomic_write_json(out / "metrics.json", metrics)
     for lg in loggers:
         lg.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=trainer.global_step)
         lg.finalize("success")
     _finish_wandb()
-    log.info("run dir: %s", out)
-    print_summary(metrics, out)
+    if trainer.is_global_zero:
+        log.info("run dir: %s", out)
+        print_summary(metrics, out)
     return metrics
 
 
@@ -104,6 +126,38 @@ def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> P
     model.load_state_dict(state)
     tokenizer = load_tokenizer(cfg.model.encoder.pretrained)
     return model.encoder.save_pretrained(directory, tokenizer=tokenizer)
+
+
+def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
+    """``loader`` serving this rank's share of its examples, each example on exactly one rank.
+
+    For evaluation Lightning gives loaders a ``DistributedSampler``, which pads the split to
+    a multiple of the world size by repeating examples: Hits@k and the loss would count
+    those twice. ``UnrepeatedDistributedSamplerWrapper`` (what Lightning uses to predict)
+    leaves the ranks uneven instead, which is safe in ``trainer.validate``: the module
+    runs unwrapped (no DDP collectives per batch) and the metric states and logged sums
+    are reduced once, at the end.
+    """
+    if world_size == 1 or isinstance(loader.sampler, DistributedSampler):
+        return loader
+    sampler = UnrepeatedDistributedSamplerWrapper(loader.sampler, num_replicas=world_size, rank=rank, shuffle=False)
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
+                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
+
+
+def _refuse_ddp_in_a_local_sweep(trainer) -> None:
+    """Lightning's DDP launcher re-executes this command line for ranks > 0; inside a local
+    sweep (``-m`` with Hydra's basic launcher) each rank would start the whole sweep again."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if (HydraConfig.get().mode == RunMode.MULTIRUN and isinstance(launcher, _SubprocessScriptLauncher)
+            and not launcher.cluster_environment.creates_processes_externally):
+        hardware = HydraConfig.get().runtime.choices.get("hardware")
+        raise MateError(f"hardware={hardware} starts one process per device, which a local sweep (-m) cannot do; "
+                        "run each job without -m, or sweep on a cluster with hydra/launcher=slurm")
 
 
 def _best_checkpoint(trainer, last: Path) -> str:

@@ -13,6 +13,7 @@ from typing import Callable
 import lightning as L
 import torch
 from torch import nn
+from torchmetrics import MeanMetric
 
 from mate_cli.data.schema import Batch
 from mate_cli.lit_modules.optim import configure
@@ -39,10 +40,15 @@ class CellSelectionModule(L.LightningModule):
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.encoder = encoder
         self.optimizer, self.scheduler = optimizer, scheduler
+        # BERT's pooler takes no part in this task (it only travels to the exported encoder):
+        # frozen, so DDP does not wait for gradients that never come
+        if hasattr(encoder, "pooler"):
+            encoder.pooler.requires_grad_(False)
         self.head = CellSelectionHead(encoder.config.hidden_size, encoder.config.initializer_range)
         self.loss_fn = mml_loss if mml else first_candidate_loss
         self.val_hits = nn.ModuleDict({f"hits@{k}": HitsAtK(k) for k in HITS_K})
         self.test_hits = nn.ModuleDict({f"hits@{k}": HitsAtK(k) for k in HITS_K})
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Cell logits ``[batch, cells + 1]``."""
@@ -55,18 +61,23 @@ class CellSelectionModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         _, loss = self._step(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        self._eval_step(batch, "val", self.val_hits)
+        self._eval_step(batch, "val", self.val_hits, self.val_loss)
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
-        self._eval_step(batch, "test", self.test_hits)
+        self._eval_step(batch, "test", self.test_hits, self.test_loss)
 
-    def _eval_step(self, batch: Batch, stage: str, hits: nn.ModuleDict) -> None:
+    def _eval_step(self, batch: Batch, stage: str, hits: nn.ModuleDict, mean_loss: MeanMetric) -> None:
         logits, loss = self._step(batch)
-        self.log(f"{stage}/loss", loss, batch_size=len(batch))
+        # The loss is a mean over the examples with a candidate cell; weighted by their count,
+        # the epoch value is the mean over all such examples of the split however they are
+        # batched, and under DDP the metric's sums are added across the ranks (exactly, unlike
+        # a sync_dist mean, whose integer batch-size count Lightning divides by the world size).
+        mean_loss.update(loss.detach(), weight=(batch.candidate_mask & batch.cell_mask).any(dim=-1).sum())
+        self.log(f"{stage}/loss", mean_loss, batch_size=len(batch))
         for name, metric in hits.items():
             metric.update(logits, batch.cell_mask, batch.candidate_mask)
             self.log(f"{stage}/{name}", metric, prog_bar=name == "hits@1", batch_size=len(batch))

@@ -46,11 +46,16 @@ class SpanModule(L.LightningModule):
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.encoder = encoder
         self.optimizer, self.scheduler = optimizer, scheduler
+        # BERT's pooler takes no part in this task (it only travels to the exported encoder):
+        # frozen, so DDP does not wait for gradients that never come
+        if hasattr(encoder, "pooler"):
+            encoder.pooler.requires_grad_(False)
         self.head = SpanHead(
             encoder.config.hidden_size, max_span_length, mlp_hidden, getattr(encoder.config, "initializer_range", 0.02)
         )
         self.val_em, self.val_f1 = MeanMetric(), MeanMetric()
         self.test_em, self.test_f1 = MeanMetric(), MeanMetric()
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
 
     def forward(self, batch: SpanBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scores, valid)``, each ``[batch, seq, max_span_length]``."""
@@ -60,21 +65,24 @@ class SpanModule(L.LightningModule):
     def training_step(self, batch: SpanBatch, batch_idx: int) -> torch.Tensor:
         scores, valid = self(batch)
         loss, used = span_loss(scores, valid, batch.gold_start, batch.gold_end)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
-        self.log("train/gold_used", used.float().mean(), batch_size=len(batch))
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        self.log("train/gold_used", used.float().mean(), batch_size=len(batch), sync_dist=True)
         return loss
 
     def validation_step(self, batch: SpanBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "val", self.val_em, self.val_f1)
+        self._eval_step(batch, "val", self.val_em, self.val_f1, self.val_loss)
 
     def test_step(self, batch: SpanBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "test", self.test_em, self.test_f1)
+        self._eval_step(batch, "test", self.test_em, self.test_f1, self.test_loss)
 
-    def _eval_step(self, batch: SpanBatch, stage: str, em: MeanMetric, f1: MeanMetric) -> None:
+    def _eval_step(self, batch: SpanBatch, stage: str, em: MeanMetric, f1: MeanMetric, mean_loss: MeanMetric) -> None:
         scores, valid = self(batch)
         loss, used = span_loss(scores, valid, batch.gold_start, batch.gold_end)
-        if bool(used.any()):
-            self.log(f"{stage}/loss", loss, batch_size=int(used.sum()))
+        # the mean over the examples with a usable gold span, however they are batched or
+        # spread over DDP ranks; updated for every batch (weight 0 when none is usable), since
+        # under DDP every rank must log the same keys
+        mean_loss.update(loss.detach(), weight=used.sum())
+        self.log(f"{stage}/loss", mean_loss, batch_size=len(batch))
         start, end, _ = self.head.decode(scores, valid)
         preds = batch.texts(start, end)
         em.update(torch.tensor([100.0 * exact_match(a, p) for a, p in zip(batch.answers, preds)]))

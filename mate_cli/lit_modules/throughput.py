@@ -32,6 +32,9 @@ def peak_memory_mb(device: torch.device) -> float:
 class Throughput(L.Callback):
     """Counts examples and real tokens of the training batches (any batch with ``layout``)."""
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.on_train_epoch_start(trainer, pl_module)  # a run resumed mid-epoch gets no epoch start
+
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.start, self.examples, self.tokens = time.perf_counter(), 0, 0
         if pl_module.device.type == "cuda":
@@ -42,8 +45,8 @@ class Throughput(L.Callback):
         self.tokens += int(batch.layout.attention_mask.sum())
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        seconds = max(time.perf_counter() - getattr(self, "start", time.perf_counter()), 1e-9)
-        if not getattr(self, "examples", 0):
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        if not self.examples:
             return
         values = {
             "perf/examples_per_s": self.examples / seconds,

@@ -100,8 +100,10 @@ def test_train_smoke_writes_checkpoints_csv_wandb_and_finite_metrics(trained_run
     offline = list((trained_run / "wandb").glob("offline-run-*"))
     assert offline, "expected an offline W&B run directory"
     metrics = json.loads((trained_run / "metrics.json").read_text())
-    for key in ("val/hits@1", "val/hits@3", "val/hits@5", "val/loss"):
+    for key in ("val/hits@1", "val/hits@3", "val/hits@5", "val/loss", "perf/examples_per_s", "perf/tokens_per_s"):
         assert math.isfinite(metrics[key]), key
+    assert metrics["perf/examples_per_s"] > 0 and metrics["perf/tokens_per_s"] > metrics["perf/examples_per_s"]
+    assert metrics["perf/peak_mem_mb"] > 100
     assert metrics["val/hits@1"] <= metrics["val/hits@3"] <= metrics["val/hits@5"]
     assert metrics["data/train/questions"] > 0 and metrics["data/validation/questions"] > 0
 
@@ -205,3 +207,21 @@ def test_malformed_table_file_names_table(sample_root, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert table_id in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_tab_completion_of_a_command(tmp_path):
+    """`eval "$(mate -sc install=bash)"`, then <TAB> after `mate train dataset=hy`: Hydra's
+    completion of train's config, asked as `COMP_LINE=... mate train -sc query=bash`."""
+    env = mate_env(tmp_path / "outputs", COMP_LINE="mate train dataset=hy")
+    query = run_mate(["train", "-sc", "query=bash"], env, timeout=120)
+    assert query.returncode == 0, query.stderr
+    assert set(query.stdout.split()) >= {"dataset=hybridqa", "dataset=hybridqa_sample"}
+    env = mate_env(tmp_path / "outputs")
+    env["PATH"] = f"{Path(MATE).parent}:{env['PATH']}"
+    script = """eval "$(mate -sc install=bash)"
+    tab() { COMP_LINE="$1"; COMP_POINT=${#COMP_LINE}; COMPREPLY=(); _mate_completion; echo "${COMPREPLY[*]}"; }
+    tab "mate tr"; tab "mate train hardware=ddp"; tab "mate eval spl"
+    """
+    shell = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.splitlines() == ["train", "hardware=ddp hardware=ddp_cpu", "split="]

@@ -1,0 +1,95 @@
+"""`mate report <multirun dir | outputs dir>`: read every train run under it (its
+``resolved_config.yaml``, ``metrics.json``, ``FAILED`` and ``.hydra/``; no W&B), print one
+row per configuration with each metric's median and half-IQR over seeds, then the
+failed and the incomplete runs, and write ``report.md``, ``report.csv``,
+``report_<metric>.png`` and ``report_accuracy_vs_throughput.png`` atomically into this
+report's run dir. The reading and summarising live in :mod:`mate_cli.report`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.markup import escape
+
+from mate_cli.cli import hydra_quote
+from mate_cli.commands.common import print_table, run_dir, run_task
+from mate_cli.errors import MateError
+from mate_cli.io import atomic_write_text
+from mate_cli.paths import CONF_DIR, register_resolvers
+from mate_cli.report import aggregate, collect, render
+
+register_resolvers()
+
+
+def report(cfg: DictConfig) -> list[aggregate.Configuration]:
+    if OmegaConf.is_missing(cfg, "path") or cfg.path is None:
+        raise MateError("path is missing; pass `mate report <multirun dir | outputs dir>` (or path=<dir>)")
+    tasks = cfg.get("tasks")
+    runs, skipped = collect.collect(str(cfg.path), None if tasks is None else list(tasks))
+    configurations = aggregate.configurations(runs)
+    requested = cfg.get("metrics")
+    metrics = aggregate.choose_metrics(runs, None if requested is None else [str(m) for m in requested])
+    main = aggregate.main_metric(metrics, cfg.get("main_metric"))
+    metrics = aggregate.ordered(metrics, main)
+    failed = collect.runs_with(runs, collect.FAILED_STATUS)
+    incomplete = collect.runs_with(runs, collect.INCOMPLETE)
+
+    columns, rows = render.table(configurations, metrics)
+    title = f"{cfg.path}: median {render.PLUS_MINUS} half-IQR over seeds (main metric: {main or '-'})"
+    print_table(escape(title), [escape(c) for c in columns], [[escape(v) for v in row] for row in rows])
+    console = Console()
+    for heading, lines in (("failed runs", render.failed_lines(failed)), ("incomplete runs", render.incomplete_lines(incomplete))):
+        if lines:
+            console.print(f"[bold]{heading} ({len(lines)}):[/bold]")
+            for line in lines:
+                console.print(f"  {escape(line)}", soft_wrap=True)
+    if skipped:
+        console.print(f"[dim]left out {len(skipped)} run(s) of other tasks ({', '.join(sorted({str(r.task) for r in skipped}))})[/dim]")
+
+    out = run_dir()
+    atomic_write_text(out / "report.md", render.markdown(str(cfg.path), columns, rows, main, failed, incomplete, skipped))
+    render.write_csv(configurations, metrics, out / "report.csv")
+    if cfg.get("plots", True):
+        render.plot(configurations, metrics, main, out)
+    print(f"report dir: {out}")  # never wrapped
+    return configurations
+
+
+#: Hydra flags followed by a value (``--info``'s is optional: one of INFO_VALUES)
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+               "-cd", "--experimental-rerun")  # fmt: skip
+INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def path_argument(args: list[str]) -> list[str]:
+    """``mate report <dir> [overrides]``: the one bare argument (no ``=``, or an existing
+    path such as a multirun job dir ``0-attention=sat,seed=1``; not a flag or its value)
+    -> ``path=<dir>``, quoted for Hydra."""
+    bare = []
+    for i, arg in enumerate(args):
+        before = args[i - 1] if i else ""
+        flag_value = before in VALUE_FLAGS or (before in ("--info", "-i") and arg in INFO_VALUES)
+        if not arg.startswith("-") and not flag_value and ("=" not in arg or Path(arg).exists()):
+            bare.append(i)
+    if len(bare) > 1:
+        raise MateError(f"mate report takes one folder, got {len(bare)}: {' '.join(args[i] for i in bare)}; pass one multirun or outputs dir")
+    return [f"path={hydra_quote(arg)}" if i in bare else arg for i, arg in enumerate(args)]
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="report")
+def hydra_main(cfg: DictConfig) -> None:
+    run_task(report, cfg)
+
+
+def main() -> None:
+    try:
+        sys.argv[1:] = path_argument(sys.argv[1:])
+    except MateError as err:
+        print(f"mate: error: {err}", file=sys.stderr)
+        sys.exit(MateError.exit_code)
+    hydra_main()

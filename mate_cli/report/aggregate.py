@@ -1,0 +1,155 @@
+"""Runs -> configurations, and each metric summarised over seeds as the paper reports it:
+the median and half the interquartile range, ``(Q3 - Q1) / 2`` (numpy percentiles,
+linear interpolation), with n, the number of finished runs that have the metric.
+
+A configuration is: the experiment, the attention choice, MATE's ``variant/impl`` when
+the attention has them, the dataset choice, and every other override whose value differs
+between the runs (a heads-ablation sweep gets one row per ``attention.row_heads_ratio``).
+The seed never names a configuration: it is what the summary runs over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from mate_cli.errors import MateError
+from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, iter_values, runs_with
+
+#: the columns every configuration has
+BASE_COLUMNS = ("experiment", "attention", "impl", "dataset")
+#: overrides that never name a configuration: seeds repeat one, a resume continues one,
+#: base columns show these already, a sweep preset only sets other overrides
+NOT_CONFIGURATION = ("seed", "ckpt_path", "experiment", "attention", "dataset", "attention.variant", "attention.impl", "sweep")
+#: neither do these groups or anything under them: where results go, not what they are
+NOT_CONFIGURATION_GROUPS = ("logger", "paths", "hydra")
+#: throughput and memory, shown after the validation metrics when runs have them
+PERF_METRICS = ("perf/examples_per_s", "perf/peak_mem_mb")
+THROUGHPUT = "perf/examples_per_s"
+#: the default main metric: the first of these the runs have (else the first val metric)
+MAIN_METRICS = ("val/hits@1", "val/f1")
+MISSING = "-"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One metric over seeds."""
+
+    median: float
+    half_iqr: float
+    n: int
+    values: tuple[float, ...]
+
+
+def summarize(values: Iterable[float]) -> Summary | None:
+    """Median and half-IQR of ``values`` (None when there are none)."""
+    values = tuple(float(v) for v in values)
+    if not values:
+        return None
+    q1, median, q3 = np.percentile(np.asarray(values), [25, 50, 75])
+    return Summary(median=float(median), half_iqr=float((q3 - q1) / 2), n=len(values), values=values)
+
+
+@dataclass
+class Configuration:
+    """The runs that differ only by seed."""
+
+    key: dict[str, str]
+    runs: list[Run] = field(default_factory=list)
+
+    def summary(self, metric: str) -> Summary | None:
+        return summarize(iter_values(self.runs, metric))
+
+    def count(self, status: str) -> int:
+        return len(runs_with(self.runs, status))
+
+    def runs_text(self) -> str:
+        """``3`` finished runs, or ``2 (+1 failed, +1 incomplete)``."""
+        extra = [f"+{n} {status}" for status in (FAILED_STATUS, INCOMPLETE) if (n := self.count(status))]
+        return f"{self.count(OK)}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _text(value) -> str:
+    return MISSING if value is None else str(value)
+
+
+def _family(target) -> str | None:
+    """``mate_cli.modeling.attention.mate.MateAttention`` -> ``mate`` (a target's module)."""
+    if not isinstance(target, str) or "." not in target:
+        return None
+    return target.rsplit(".", 2)[-2]
+
+
+def base_key(run: Run) -> dict[str, str]:
+    """experiment, attention, impl (``variant/impl`` for MATE, else ``-``), dataset."""
+    attention = run.setting("attention") or run.setting("model.encoder.attention") or {}
+    attention = attention if isinstance(attention, dict) else {}
+    parts = [attention[k] for k in ("variant", "impl") if attention.get(k) is not None]
+    dataset = run.setting("dataset") if isinstance(run.setting("dataset"), dict) else {}
+    return {
+        "experiment": _text(run.setting("experiment_name") or run.choices.get("experiment")),
+        "attention": _text(run.choices.get("attention") or _family(attention.get("_target_"))),
+        "impl": "/".join(map(str, parts)) or MISSING,
+        "dataset": _text(run.choices.get("dataset") or _family(dataset.get("_target_"))),
+    }
+
+
+def effective(run: Run, key: str) -> str:
+    """What ``key`` was in ``run``: its group choice, else its config value, else its override."""
+    if key in run.choices:
+        return _text(run.choices[key])
+    value = run.setting(key)
+    if value is not None and not isinstance(value, (dict, list)):
+        return str(value)
+    return _text(run.overrides.get(key))
+
+
+def swept_keys(runs: Sequence[Run]) -> list[str]:
+    """The override keys (but :data:`NOT_CONFIGURATION` and :data:`NOT_CONFIGURATION_GROUPS`)
+    whose value differs between ``runs``."""
+    keys = sorted({k for run in runs for k in run.overrides})
+    keys = [k for k in keys if k not in NOT_CONFIGURATION
+            and not any(k == g or k.startswith((g + ".", g + "/")) for g in NOT_CONFIGURATION_GROUPS)]  # fmt: skip
+    return [k for k in keys if len({effective(run, k) for run in runs}) > 1]
+
+
+def configurations(runs: Sequence[Run]) -> list[Configuration]:
+    """``runs`` grouped by configuration, sorted by key."""
+    extra = swept_keys(runs)
+    groups: dict[tuple, Configuration] = {}
+    for run in runs:
+        key = {**base_key(run), **{k: effective(run, k) for k in extra}}
+        groups.setdefault(tuple(key.values()), Configuration(key)).runs.append(run)
+    return [groups[k] for k in sorted(groups)]
+
+
+def choose_metrics(runs: Sequence[Run], requested: Sequence[str] | None = None) -> list[str]:
+    """``requested`` (each must be in some run's metrics), else every ``val/*`` metric the
+    finished runs have, then :data:`PERF_METRICS` that they have."""
+    present = {k for run in runs_with(runs, OK) for k in run.metrics}
+    if requested:
+        unknown = [m for m in requested if m not in present]
+        if unknown:
+            shown = ", ".join(sorted(k for k in present if not k.startswith("data/"))) or "none"
+            raise MateError(f"metrics={list(requested)}: {', '.join(unknown)} is in no run's metrics.json; metrics present: {shown}")
+        return list(dict.fromkeys(requested))
+    return sorted(k for k in present if k.startswith("val/")) + [k for k in PERF_METRICS if k in present]
+
+
+def main_metric(metrics: Sequence[str], requested: str | None = None) -> str | None:
+    """``requested``, else ``val/hits@1``, ``val/f1``, the first ``val/*`` metric, the first metric."""
+    if requested:
+        if requested not in metrics:
+            raise MateError(f"main_metric={requested} is not among the metrics shown ({', '.join(metrics) or 'none'}); choose one of them")
+        return requested
+    for name in (*MAIN_METRICS, *(m for m in metrics if m.startswith("val/")), *metrics):
+        if name in metrics:
+            return name
+    return None
+
+
+def ordered(metrics: Sequence[str], main: str | None) -> list[str]:
+    """The main metric first, the others in their order."""
+    return ([main] if main in metrics else []) + [m for m in metrics if m != main]

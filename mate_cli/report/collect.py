@@ -1,0 +1,190 @@
+"""Finding the runs under a folder and reading what each one left on disk.
+
+A run dir is a folder holding ``resolved_config.yaml`` or ``.hydra/`` (what `mate train`
+writes; see :mod:`mate_cli.commands.train`). Its status:
+
+- ``failed``: it holds ``FAILED`` (the one-line reason `mate` wrote), or a file that
+  cannot be read;
+- ``ok``: it holds ``metrics.json``;
+- ``incomplete``: neither (killed, or still running).
+
+The configuration comes from ``resolved_config.yaml`` (or, when the run died before
+writing it, ``.hydra/config.yaml``), the config group choices from
+``.hydra/hydra.yaml`` (``hydra.runtime.choices``) and the job's overrides from
+``.hydra/overrides.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from omegaconf import OmegaConf
+
+from mate_cli.errors import MateError
+
+RESOLVED = "resolved_config.yaml"
+METRICS = "metrics.json"
+HYDRA_DIR = ".hydra"
+#: the marker `mate` leaves in the run dir of a failed run (mate_cli.commands.common.FAILED_MARKER)
+FAILED = "FAILED"
+
+OK, FAILED_STATUS, INCOMPLETE = "ok", "failed", "incomplete"
+
+_CHOICE = re.compile(r"\$\{hydra:runtime\.choices\.([\w/.]+)\}")
+
+
+@dataclass
+class Run:
+    """One run dir: its status, configuration, group choices, overrides and numeric metrics."""
+
+    path: Path
+    name: str  # the path relative to the report's input folder
+    status: str = INCOMPLETE
+    config: dict = field(default_factory=dict)
+    choices: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def task(self) -> str | None:
+        task = self.config.get("task_name")
+        return None if task is None else str(task)
+
+    @property
+    def seed(self) -> Any:
+        return self.config.get("seed")
+
+    def setting(self, dotted: str) -> Any:
+        """The config value at ``a.b.c``, or None."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Every folder under ``root`` (``root`` included) holding ``resolved_config.yaml`` or
+    ``.hydra/``; a run dir's own subfolders are not searched, hidden folders never."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        if RESOLVED in files or HYDRA_DIR in dirs:
+            found.append(Path(folder))
+            dirs[:] = []
+        else:
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    return sorted(found)
+
+
+def _yaml(path: Path) -> Any:
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+
+def _fill_choices(value: Any, choices: dict) -> Any:
+    """``${hydra:runtime.choices.X}`` in an unresolved ``.hydra/config.yaml`` -> the choice."""
+    if isinstance(value, dict):
+        return {k: _fill_choices(v, choices) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill_choices(v, choices) for v in value]
+    if isinstance(value, str):
+        return _CHOICE.sub(lambda m: str(choices.get(m.group(1), m.group(0))), value)
+    return value
+
+
+def parse_overrides(lines: Iterable[str]) -> dict[str, str]:
+    """``["+sweep=x", "attention=sat", "seed=1"]`` -> ``{"sweep": "x", "attention": "sat", "seed": "1"}``."""
+    out = {}
+    for line in lines:
+        key, sep, value = str(line).partition("=")
+        if sep:
+            out[key.lstrip("+~")] = value
+    return out
+
+
+def numeric_metrics(data: dict) -> dict[str, float]:
+    """The finite numbers of a ``metrics.json`` (paths and other strings left out)."""
+    return {
+        str(k): float(v) for k, v in data.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }  # fmt: skip
+
+
+def _first_line(path: Path) -> str:
+    lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return lines[0] if lines else "(FAILED is empty)"
+
+
+def load_run(path: Path, root: Path) -> Run:
+    """Read one run dir; a file that cannot be read makes the run ``failed`` with that reason."""
+    name = path.relative_to(root).as_posix() if path != root else path.name
+    run = Run(path=path, name=name)
+    hydra_dir = path / HYDRA_DIR
+    current = None
+    try:
+        if (current := hydra_dir / "hydra.yaml").is_file():
+            choices = ((_yaml(current) or {}).get("hydra") or {}).get("runtime", {}).get("choices") or {}
+            run.choices = {str(k): v for k, v in choices.items() if v is not None}
+        if (current := hydra_dir / "overrides.yaml").is_file():
+            run.overrides = parse_overrides(_yaml(current) or [])
+        if (current := path / RESOLVED).is_file():
+            run.config = _yaml(current) or {}
+        elif (current := hydra_dir / "config.yaml").is_file():
+            run.config = _fill_choices(_yaml(current) or {}, run.choices)
+        current = None
+        if (path / FAILED).is_file():
+            run.status, run.error = FAILED_STATUS, _first_line(path / FAILED)
+        elif (current := path / METRICS).is_file():
+            data = json.loads(current.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            run.status, run.metrics = OK, numeric_metrics(data)
+    except Exception as err:  # noqa: BLE001 - an unreadable run is listed as failed, not fatal
+        where = current.relative_to(path).as_posix() if current is not None else "run dir"
+        run.status, run.error = FAILED_STATUS, " ".join(f"unreadable {where}: {type(err).__name__}: {err}".split())
+    if not isinstance(run.config, dict):
+        run.config = {}
+    return run
+
+
+def collect(path: str | os.PathLike, tasks: Iterable[str] | None = ("train",)) -> tuple[list[Run], list[Run]]:
+    """The runs under ``path`` of the given ``tasks`` (None: all), and those of other tasks.
+
+    A run whose task cannot be read is kept. Raises a one-line `MateError` when ``path``
+    does not exist or holds no run of those tasks.
+    """
+    hint = "pass a multirun dir (outputs/multirun/train/<time>) or an outputs dir"
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise MateError(f"path={path} does not exist; {hint}")
+    if not root.is_dir():
+        raise MateError(f"path={path} is not a directory; {hint}")
+    runs = [load_run(folder, root) for folder in find_run_dirs(root)]
+    wanted = None if tasks is None else {str(t) for t in tasks}
+    keep = [wanted is None or r.task is None or r.task in wanted for r in runs]
+    kept = [r for r, k in zip(runs, keep) if k]
+    other = [r for r, k in zip(runs, keep) if not k]
+    if not kept:
+        others = sorted({str(r.task) for r in other})
+        seen = f" (only runs of {', '.join(others)})" if others else " (no folder with resolved_config.yaml or .hydra/)"
+        label = "/".join(sorted(wanted)) + " " if wanted else ""
+        raise MateError(f"no {label}runs under {path}{seen}; {hint}")
+    return kept, other
+
+
+def runs_with(runs: Iterable[Run], status: str) -> list[Run]:
+    return [r for r in runs if r.status == status]
+
+
+def iter_values(runs: Iterable[Run], metric: str) -> Iterator[float]:
+    """``metric`` of every finished run that has it."""
+    for run in runs:
+        if run.status == OK and metric in run.metrics:
+            yield run.metrics[metric]

@@ -1,0 +1,100 @@
+"""`mate train hardware=ddp_cpu`: 2 processes (gloo) started through `mate` itself.
+
+Lightning's DDP launcher re-executes the command line for rank 1 (`mate train <same
+overrides> hydra.run.dir=<this run>`); validation metrics reduced across the ranks
+must equal a single-process `mate eval` of the same checkpoint, and rank 0 alone
+writes the logs and metrics. Also: the GPU profiles fail in one line without a GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from mate_cli.commands.train import each_example_once
+from tests.helpers import mate_env, run_mate
+
+#: 11 questions per split: an odd validation split, which a padding DistributedSampler
+#: would fill up with a repeated example (and so change Hits@k)
+DDP_RUN = [
+    "experiment=hybridqa_mate", "hardware=ddp_cpu", "dataset.max_length=128", "dataset.limit_questions=11",
+    "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp")
+    env = mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home"))
+    proc = run_mate(["train", *DDP_RUN], env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = list((tmp / "outputs" / "train").iterdir())
+    assert len(runs) == 1, f"rank 1 must run in rank 0's run dir: {runs}"
+    return tmp, env, runs[0], proc
+
+
+def test_rank_1_reruns_mate_train_into_the_same_run_dir(ddp_run):
+    _, _, run, proc = ddp_run
+    assert (run / "train.log").is_file()
+    child_log = run / "train_ddp_process_1.log"  # Lightning's hydra.job.name for rank 1
+    assert child_log.is_file() and "validation split" in child_log.read_text()
+    overrides = (run / ".hydra" / "overrides.yaml").read_text()  # rank 0's, not rewritten by rank 1
+    assert "hydra.run.dir" not in overrides and "hardware=ddp_cpu" in overrides
+
+
+def test_ddp_validation_equals_single_process_eval(ddp_run):
+    """Hits@k exactly (counts of the same 11 questions), the loss to float precision."""
+    tmp, env, run, _ = ddp_run
+    train = json.loads((run / "metrics.json").read_text())
+    assert "/best-" in train["best_checkpoint"], "validation during fit (under DDP) picks the best checkpoint"
+    assert train["data/validation/questions"] == 11
+    proc = run_mate(["eval", f"ckpt_path={train['best_checkpoint']}"], env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (eval_dir,) = (tmp / "outputs" / "eval").iterdir()
+    single = json.loads((eval_dir / "metrics.json").read_text())
+    for k in ("val/hits@1", "val/hits@3", "val/hits@5"):
+        assert train[k] == single[k], (k, train[k], single[k])
+        assert round(train[k] * 11) == pytest.approx(train[k] * 11, abs=1e-5), "a share of the 11 questions"
+    assert train["val/loss"] == pytest.approx(single["val/loss"], abs=1e-6)
+
+
+def test_rank_0_alone_prints_and_writes_logs(ddp_run):
+    _, _, run, proc = ddp_run
+    out = proc.stdout
+    assert out.count("best checkpoint:") == 1 and out.count("final validation") == 1
+    assert out.count("CONFIG") == 1
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 1, "one W&B run"
+    rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
+    values = [tuple(sorted((k, v) for k, v in row.items() if v)) for row in rows]
+    assert len(values) == len(set(values)), "a row written twice"
+    assert sum(1 for row in rows if row.get("data/validation/questions")) == 1, "the final metrics, once"
+    assert sum(1 for row in rows if row.get("val/hits@1")) == 3, "fit, final validate, final metrics"
+
+
+def test_each_example_once_splits_an_odd_split_without_repeats():
+    loader = DataLoader(list(range(11)), batch_size=4)
+    seen = [x for rank in range(2) for batch in each_example_once(loader, 2, rank) for x in batch.tolist()]
+    assert sorted(seen) == list(range(11))
+    assert each_example_once(loader, 1, 0) is loader
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+@pytest.mark.parametrize("profile", ["gpu", "ddp"])
+def test_gpu_profile_without_gpu_is_one_line(profile, tmp_path):
+    proc = run_mate(["train", f"hardware={profile}"], mate_env(tmp_path / "outputs"), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mate: error: hardware={profile} "), proc.stderr
+    assert "hardware=cpu" in lines[0] and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_ddp_in_a_local_sweep_is_one_line(tmp_path):
+    """Each rank would start the whole sweep again: refused before training."""
+    args = ["train", "-m", *DDP_RUN, "seed=1,2", "logger=csv"]
+    proc = run_mate(args, mate_env(tmp_path / "outputs", tmp_path / "cache"), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("mate: error: hardware=ddp_cpu starts one process")

@@ -1,0 +1,298 @@
+"""`mate report` on run dirs laid out as `mate train -m` leaves them (real CLI, subprocess),
+plus the aggregation on hand-made numbers.
+
+The tree: an attention-ablation multirun (mate, sat, dense x seeds 1-3; dense seed 3
+FAILED, sat seed 2 killed before it wrote anything but ``.hydra/``), a heads-ablation
+multirun (attention.row_heads_ratio 0.0 / 1.0 x seeds 1-3) and an eval run, which the
+report leaves out. Expected medians and half-IQRs are worked out by hand below: for
+three sorted values a <= b <= c (or two, a <= b) numpy's linear percentiles give
+Q1, Q3 such that the half-IQR is (max - min) / 4.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from mate_cli.errors import MateError
+from mate_cli.report import aggregate, collect
+from tests.helpers import mate_env, run_mate
+
+ATTENTION = {
+    "mate": {"_target_": "mate_cli.modeling.attention.mate.MateAttention", "_partial_": True, "variant": "bucketed",
+             "impl": "auto", "row_heads_ratio": 0.5, "global_size": 116, "radius": 42},
+    "sat": {"_target_": "mate_cli.modeling.attention.sat.SatAttention", "_partial_": True, "text_only": False},
+    "dense": {"_target_": "mate_cli.modeling.attention.dense.DenseAttention", "_partial_": True},
+}
+#: attention -> seed -> (val/hits@1, perf/examples_per_s); None: failed or incomplete
+ABLATION = {
+    "mate": {1: (0.30, 100.0), 2: (0.40, 110.0), 3: (0.35, 90.0)},
+    "sat": {1: (0.20, 80.0), 2: None, 3: (0.28, 84.0)},
+    "dense": {1: (0.10, 50.0), 2: (0.50, 60.0), 3: None},
+}
+HEADS = {"0.0": [0.20, 0.25, 0.30], "1.0": [0.31, 0.33, 0.32]}
+OOM = "mate: failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+#: by hand: median, half-IQR = (max - min) / 4 (three seeds, or two)
+EXPECTED_HITS1 = {"mate": (0.35, 0.025), "sat": (0.24, 0.02), "dense": (0.30, 0.10)}
+EXPECTED_SPEED = {"mate": (100.0, 5.0), "sat": (82.0, 1.0), "dense": (55.0, 2.5)}
+EXPECTED_HEADS = {"0.0": (0.25, 0.025), "0.5": (0.35, 0.025), "1.0": (0.32, 0.005)}
+FAILED_JOB = "8-attention=dense,seed=3"
+INCOMPLETE_JOB = "4-attention=sat,seed=2"
+
+
+def write_run(folder: Path, attention: str, seed: int, overrides: list[str], metrics: dict | None,
+              ratio: float | None = None, failed: str | None = None, resolved: bool = True) -> None:  # fmt: skip
+    """One run dir as `mate train` leaves it (``metrics`` None: no metrics.json)."""
+    att = dict(ATTENTION[attention])
+    if ratio is not None:
+        att["row_heads_ratio"] = ratio
+    config = {
+        "task_name": "train", "experiment_name": "hybridqa_mate", "seed": seed,
+        "run_name": "${mate.join:${experiment_name},${hydra:runtime.choices.attention},seed${seed}}",
+        "trainer": {"max_epochs": 3, "accelerator": "cpu"},
+        "dataset": {"_target_": "mate_cli.data.datamodule.HybridQADataModule", "root": "${paths.data_dir}/hybridqa_sample",
+                    "max_length": 512},
+        "model": {"encoder": {"attention": att, "max_length": 512}},
+        "attention": att,
+    }  # fmt: skip
+    (folder / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(config), folder / ".hydra" / "config.yaml")
+    choices = {"experiment": "hybridqa_mate", "attention": attention, "dataset": "hybridqa_sample",
+               "model": "cell_selector", "hardware": "cpu", "logger": "default"}  # fmt: skip
+    OmegaConf.save(OmegaConf.create({"hydra": {"runtime": {"choices": choices}, "overrides": {"task": overrides}}}),
+                   folder / ".hydra" / "hydra.yaml")  # fmt: skip
+    OmegaConf.save(OmegaConf.create(overrides), folder / ".hydra" / "overrides.yaml")
+    if resolved:
+        config["run_name"] = f"hybridqa_mate-{attention}-seed{seed}"
+        config["dataset"]["root"] = "/data/hybridqa_sample"
+        OmegaConf.save(OmegaConf.create(config), folder / "resolved_config.yaml")
+    if failed:
+        (folder / "FAILED").write_text(failed + "\n")
+    if metrics is not None:
+        full = {**metrics, "best_checkpoint": str(folder / "checkpoints" / "best.ckpt"), "data/validation/questions": 12}
+        (folder / "metrics.json").write_text(json.dumps(full))
+
+
+def cell_metrics(hits1: float, speed: float | None = None, memory: float | None = None) -> dict:
+    out = {"val/hits@1": hits1, "val/hits@3": hits1 + 0.1, "val/loss": 2.0 - hits1}
+    if speed is not None:
+        out["perf/examples_per_s"] = speed
+    if memory is not None:
+        out["perf/peak_mem_mb"] = memory
+    return out
+
+
+def build_tree(outputs: Path) -> dict[str, Path]:
+    """outputs/ with two train multiruns and an eval run; returns the multirun dirs."""
+    ablation = outputs / "multirun" / "train" / "2026-01-01_10-00-00"
+    num = 0
+    for attention, seeds in ABLATION.items():
+        for seed, values in seeds.items():
+            job = ablation / f"{num}-attention={attention},seed={seed}"
+            overrides = ["experiment=hybridqa_mate", "+sweep=attention_ablation", f"attention={attention}", f"seed={seed}"]
+            if values is not None:
+                write_run(job, attention, seed, overrides, cell_metrics(values[0], values[1], 500.0 + 10 * seed))
+            elif attention == "dense":
+                write_run(job, attention, seed, overrides, None, failed=OOM)
+            else:  # killed before it wrote resolved_config.yaml
+                write_run(job, attention, seed, overrides, None, resolved=False)
+            num += 1
+    (ablation / "multirun.yaml").write_text("hydra: {}\n")
+    heads = outputs / "multirun" / "train" / "2026-01-02_10-00-00"
+    num = 0
+    for ratio, values in HEADS.items():
+        for seed, value in enumerate(values, start=1):
+            overrides = ["experiment=hybridqa_mate", "+sweep=heads_ablation", f"attention.row_heads_ratio={ratio}", f"seed={seed}"]
+            write_run(heads / f"{num}-attention.row_heads_ratio={ratio},seed={seed}", "mate", seed, overrides,
+                      cell_metrics(value), ratio=float(ratio))  # fmt: skip
+            num += 1
+    evaluation = outputs / "eval" / "2026-01-03_10-00-00-eval"
+    (evaluation / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create({"task_name": "eval", "experiment_name": "eval"}), evaluation / ".hydra" / "config.yaml")
+    (evaluation / "metrics.json").write_text(json.dumps({"val/hits@1": 0.99}))
+    return {"ablation": ablation, "heads": heads}
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> dict[str, Path]:
+    outputs = tmp_path_factory.mktemp("runs") / "outputs"
+    return {"outputs": outputs, **build_tree(outputs)}
+
+
+def mate_report(args: list[str], out: Path):
+    return run_mate(["report", *args], mate_env(out, COLUMNS="250"), timeout=300)
+
+
+def report_dir(out: Path) -> Path:
+    (run,) = [p for p in (out / "report").iterdir() if p.is_dir()]
+    return run
+
+
+def csv_rows(run: Path) -> list[dict]:
+    with open(run / "report.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def table_line(stdout: str, *parts: str) -> str:
+    """The one table row of stdout holding every part."""
+    (line,) = [line for line in stdout.splitlines() if "hybridqa_mate" in line and all(p in line for p in parts)]
+    return line
+
+
+# ------------------------------------------------------------------ the CLI
+@pytest.fixture(scope="module")
+def ablation_report(tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report_out")
+    proc = mate_report([str(tree["ablation"])], out)  # a bare path
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, report_dir(out)
+
+
+def test_the_table_has_one_row_per_configuration_with_median_and_half_iqr(ablation_report):
+    proc, _ = ablation_report
+    rows = [line for line in proc.stdout.splitlines() if "hybridqa_mate" in line and "hybridqa_sample" in line]
+    assert len(rows) == 3
+    assert "bucketed/auto" in table_line(proc.stdout, " mate ")
+    assert "0.3500 ± 0.0250" in table_line(proc.stdout, " mate ")
+    assert "100.0 ± 5.0" in table_line(proc.stdout, " mate ")
+    assert "520 MB ± 5.0 MB" in table_line(proc.stdout, " mate ")
+    assert "0.2400 ± 0.0200" in table_line(proc.stdout, " sat ", "2 (+1 incomplete)")
+    assert "0.3000 ± 0.1000" in table_line(proc.stdout, " dense ", "2 (+1 failed)")
+    assert "val/hits@1" in proc.stdout and "best_checkpoint" not in proc.stdout and "data/validation" not in proc.stdout
+
+
+def test_failed_and_incomplete_runs_are_listed(ablation_report):
+    proc, run = ablation_report
+    md = (run / "report.md").read_text()
+    assert f"{FAILED_JOB}: {OOM}" in proc.stdout and INCOMPLETE_JOB in proc.stdout
+    assert f"{FAILED_JOB}`: {OOM}" in md and f"{INCOMPLETE_JOB}` (no metrics.json" in md
+    assert "## Failed runs (1)" in md and "## Incomplete runs (1)" in md
+    assert "| hybridqa_mate | mate | bucketed/auto | hybridqa_sample | 3 | 0.3500 ± 0.0250 |" in md
+
+
+def test_csv_holds_the_hand_computed_median_and_half_iqr(ablation_report):
+    _, run = ablation_report
+    rows = {r["attention"]: r for r in csv_rows(run)}
+    assert sorted(rows) == ["dense", "mate", "sat"]
+    for attention, (median, half_iqr) in EXPECTED_HITS1.items():
+        assert float(rows[attention]["val/hits@1_median"]) == pytest.approx(median, abs=1e-12)
+        assert float(rows[attention]["val/hits@1_half_iqr"]) == pytest.approx(half_iqr, abs=1e-12)
+        speed, spread = EXPECTED_SPEED[attention]
+        assert float(rows[attention]["perf/examples_per_s_median"]) == pytest.approx(speed, abs=1e-9)
+        assert float(rows[attention]["perf/examples_per_s_half_iqr"]) == pytest.approx(spread, abs=1e-9)
+    assert float(rows["mate"]["val/loss_median"]) == pytest.approx(1.65, abs=1e-12)
+    assert [rows[a]["val/hits@1_n"] for a in ("mate", "sat", "dense")] == ["3", "2", "2"]
+    assert (rows["dense"]["runs_ok"], rows["dense"]["runs_failed"], rows["dense"]["runs_incomplete"]) == ("2", "1", "0")
+    assert (rows["sat"]["runs_ok"], rows["sat"]["runs_failed"], rows["sat"]["runs_incomplete"]) == ("2", "0", "1")
+    assert rows["mate"]["impl"] == "bucketed/auto" and rows["sat"]["impl"] == "-"
+
+
+def test_pngs_are_written(ablation_report):
+    _, run = ablation_report
+    for name in ("report_val_hits_1.png", "report_perf_examples_per_s.png", "report_accuracy_vs_throughput.png"):
+        data = (run / name).read_bytes()
+        assert len(data) > 1000 and data.startswith(b"\x89PNG"), name
+
+
+def test_an_outputs_dir_gets_one_row_per_swept_override(tree, tmp_path):
+    proc = mate_report([f"path={tree['outputs']}", "main_metric=val/hits@3"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = report_dir(tmp_path)
+    rows = csv_rows(run)
+    assert [(r["attention"], r["attention.row_heads_ratio"]) for r in rows] == [
+        ("dense", "-"), ("mate", "0.0"), ("mate", "0.5"), ("mate", "1.0"), ("sat", "-")]
+    by_ratio = {r["attention.row_heads_ratio"]: r for r in rows if r["attention"] == "mate"}
+    for ratio, (median, half_iqr) in EXPECTED_HEADS.items():
+        assert float(by_ratio[ratio]["val/hits@1_median"]) == pytest.approx(median, abs=1e-12)
+        assert float(by_ratio[ratio]["val/hits@1_half_iqr"]) == pytest.approx(half_iqr, abs=1e-12)
+    metric_columns = [c for c in rows[0] if c.endswith("_median")]
+    assert metric_columns[0] == "val/hits@3_median"  # the main metric first
+    assert "left out 1 run(s) of other tasks (eval)" in proc.stdout
+    assert "0.99" not in (run / "report.csv").read_text()
+    assert "0.3200 ± 0.0050" in table_line(proc.stdout, "│ 1.0 ")
+
+
+def test_a_missing_path_is_one_line_exit_2(tmp_path):
+    proc = mate_report([str(tmp_path / "nope")], tmp_path / "out")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("mate: error: path=") and "does not exist" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_folder_without_runs_is_one_line_exit_2(tmp_path):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    proc = mate_report([str(tmp_path / "empty")], tmp_path / "out")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "no train runs under" in proc.stderr
+
+
+# ------------------------------------------------------------------ in process
+def test_summarize_median_and_half_iqr_on_hand_made_numbers():
+    s = aggregate.summarize([4, 1, 3, 2])
+    assert (s.median, s.half_iqr, s.n) == (2.5, (3.25 - 1.75) / 2, 4)
+    s = aggregate.summarize([0.30, 0.40, 0.35])
+    assert s.median == pytest.approx(0.35) and s.half_iqr == pytest.approx(0.025) and s.n == 3
+    s = aggregate.summarize([1, 2, 3, 4, 100])  # robust to the outlier: Q1 = 2, Q3 = 4
+    assert (s.median, s.half_iqr) == (3.0, 1.0)
+    assert aggregate.summarize([7.0]).half_iqr == 0.0
+    assert aggregate.summarize([]) is None
+
+
+def test_collect_reads_status_configuration_and_task(tree):
+    runs, other = collect.collect(tree["outputs"])
+    assert [r.task for r in other] == ["eval"]
+    by_name = {r.name.rsplit("/", 1)[-1]: r for r in runs}
+    assert len(runs) == 15
+    assert by_name[FAILED_JOB].status == "failed" and by_name[FAILED_JOB].error == OOM
+    killed = by_name[INCOMPLETE_JOB]
+    assert killed.status == "incomplete" and not (killed.path / "resolved_config.yaml").exists()
+    assert aggregate.base_key(killed) == {"experiment": "hybridqa_mate", "attention": "sat", "impl": "-", "dataset": "hybridqa_sample"}
+    assert aggregate.swept_keys(runs) == ["attention.row_heads_ratio"]
+    assert set(by_name["0-attention=mate,seed=1"].metrics) == {"val/hits@1", "val/hits@3", "val/loss",
+                                                                 "perf/examples_per_s", "perf/peak_mem_mb", "data/validation/questions"}  # fmt: skip
+
+
+def test_an_unfilled_hydra_choice_is_filled_from_hydra_yaml(tmp_path):
+    job = tmp_path / "0-attention=sat,seed=1"
+    write_run(job, "sat", 1, ["attention=sat", "seed=1"], None, resolved=False)
+    config = OmegaConf.load(job / ".hydra" / "config.yaml")
+    config.experiment_name = "${hydra:runtime.choices.model}_${hydra:runtime.choices.attention}"
+    OmegaConf.save(config, job / ".hydra" / "config.yaml")
+    run = collect.load_run(job, tmp_path)
+    assert run.status == "incomplete" and aggregate.base_key(run)["experiment"] == "cell_selector_sat"
+
+
+def test_an_unreadable_metrics_file_is_a_failed_run(tmp_path):
+    job = tmp_path / "run"
+    write_run(job, "mate", 1, ["seed=1"], {"val/hits@1": 0.5})
+    (job / "metrics.json").write_text("{truncated")
+    run = collect.load_run(job, tmp_path)
+    assert run.status == "failed" and run.error.startswith("unreadable metrics.json: JSONDecodeError")
+
+
+def test_metric_choice_and_errors(tree):
+    runs, _ = collect.collect(tree["ablation"])
+    metrics = aggregate.choose_metrics(runs)
+    assert metrics == ["val/hits@1", "val/hits@3", "val/loss", "perf/examples_per_s", "perf/peak_mem_mb"]
+    assert aggregate.main_metric(metrics) == "val/hits@1"
+    assert aggregate.main_metric(["val/em", "val/f1"]) == "val/f1"
+    assert aggregate.main_metric(["val/loss"]) == "val/loss"
+    with pytest.raises(MateError, match="val/nope is in no run's metrics.json"):
+        aggregate.choose_metrics(runs, ["val/nope"])
+
+
+def test_a_bare_first_argument_is_the_path(tmp_path):
+    from mate_cli.commands.report import path_argument
+
+    job = tmp_path / "0-attention=sat,seed=1"
+    job.mkdir()
+    assert path_argument(["outputs/multirun/train/t", "main_metric=val/f1"]) == ["path='outputs/multirun/train/t'", "main_metric=val/f1"]
+    assert path_argument([str(job), "--cfg", "job"]) == [f"path='{job}'", "--cfg", "job"]  # '=' and ',' in a job dir's name
+    assert path_argument(["--info", "defaults", "runs"]) == ["--info", "defaults", "path='runs'"]
+    assert path_argument(["path=x", "plots=false"]) == ["path=x", "plots=false"]
+    with pytest.raises(MateError, match="takes one folder"):
+        path_argument(["a", "b"])
