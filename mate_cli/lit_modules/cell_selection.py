@@ -10,20 +10,19 @@ from __future__ import annotations
 
 from typing import Callable
 
-import lightning as L
 import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
 from mate_cli.data.schema import Batch
-from mate_cli.lit_modules.optim import configure
+from mate_cli.lit_modules.base import EncoderTaskModule
 from mate_cli.metrics.retrieval import HitsAtK
 from mate_cli.modeling.heads import CellSelectionHead, first_candidate_loss, mml_loss
 
 HITS_K = (1, 3, 5)
 
 
-class CellSelectionModule(L.LightningModule):
+class CellSelectionModule(EncoderTaskModule):
     """Cell selection: ``P(c) = softmax_c(mean_{t in c} w·h_t)``.
 
     Args:
@@ -36,14 +35,8 @@ class CellSelectionModule(L.LightningModule):
     def __init__(
         self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None, mml: bool = True
     ) -> None:
-        super().__init__()
+        super().__init__(encoder, optimizer, scheduler)
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
-        self.encoder = encoder
-        self.optimizer, self.scheduler = optimizer, scheduler
-        # BERT's pooler takes no part in this task (it only travels to the exported encoder):
-        # frozen, so DDP does not wait for gradients that never come
-        if hasattr(encoder, "pooler"):
-            encoder.pooler.requires_grad_(False)
         self.head = CellSelectionHead(encoder.config.hidden_size, encoder.config.initializer_range)
         self.loss_fn = mml_loss if mml else first_candidate_loss
         self.val_hits = nn.ModuleDict({f"hits@{k}": HitsAtK(k) for k in HITS_K})
@@ -87,5 +80,3 @@ class CellSelectionModule(L.LightningModule):
         probs = torch.softmax(logits.masked_fill(~batch.cell_mask, float("-inf")), dim=-1)
         return {"question_ids": batch.question_ids, "probs": probs, "cell_coords": batch.cell_coords}
 
-    def configure_optimizers(self):
-        return configure(self, self.optimizer, self.scheduler)

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 from typing import Callable
 
-import lightning as L
 import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
 from mate_cli.data.span import SpanBatch
-from mate_cli.lit_modules.optim import configure
+from mate_cli.lit_modules.base import EncoderTaskModule
 from mate_cli.metrics.hybridqa import exact_match, f1_score
 from mate_cli.modeling.span import SpanHead, span_loss
 
 
-class SpanModule(L.LightningModule):
+class SpanModule(EncoderTaskModule):
     """Span reader: ``P(s) = softmax_{valid s} MLP([h_start(s); h_end(s)])``.
 
     Args:
@@ -42,14 +41,8 @@ class SpanModule(L.LightningModule):
         max_span_length: int = 30,
         mlp_hidden: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(encoder, optimizer, scheduler)
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
-        self.encoder = encoder
-        self.optimizer, self.scheduler = optimizer, scheduler
-        # BERT's pooler takes no part in this task (it only travels to the exported encoder):
-        # frozen, so DDP does not wait for gradients that never come
-        if hasattr(encoder, "pooler"):
-            encoder.pooler.requires_grad_(False)
         self.head = SpanHead(
             encoder.config.hidden_size, max_span_length, mlp_hidden, getattr(encoder.config, "initializer_range", 0.02)
         )
@@ -104,5 +97,3 @@ class SpanModule(L.LightningModule):
     def predict_step(self, batch: SpanBatch, batch_idx: int) -> list[dict]:
         return self.predict_batch(batch)
 
-    def configure_optimizers(self):
-        return configure(self, self.optimizer, self.scheduler)

@@ -1,0 +1,33 @@
+"""What every task module shares: the encoder, and the optimiser and schedule from yaml."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import lightning as L
+from torch import nn
+
+from mate_cli.lit_modules.optim import configure
+
+
+class EncoderTaskModule(L.LightningModule):
+    """A task on top of the :class:`~mate_cli.modeling.encoder.TableEncoder`.
+
+    Args:
+        encoder: the encoder (built by Hydra from ``conf/model/encoder``).
+        optimizer: ``optimizer(parameter_groups)`` (a Hydra partial, e.g. AdamW).
+        scheduler: ``scheduler(optimizer, total_steps=)`` (a Hydra partial) or None.
+
+    BERT's pooler takes no part in the token-level tasks (it only travels with an
+    exported encoder), so it is frozen: DDP would otherwise wait for its gradients.
+    """
+
+    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.optimizer, self.scheduler = optimizer, scheduler
+        if hasattr(encoder, "pooler"):
+            encoder.pooler.requires_grad_(False)
+
+    def configure_optimizers(self):
+        return configure(self, self.optimizer, self.scheduler)
