@@ -72,7 +72,7 @@ def _fmt_time(ms: float | None) -> str:
     return f"{ms / 1e3:.2f} s" if ms >= 1e3 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
 
 
-def _fmt_mb(mb: float | None) -> str:
+def format_mb(mb: float | None) -> str:
     if mb is None:
         return "-"
     return f"{mb / 1024:.2f} GB" if mb >= 1024 else f"{mb:.0f} MB"
@@ -81,7 +81,7 @@ def _fmt_mb(mb: float | None) -> str:
 def cell_text(row: dict) -> str:
     if row["status"] != "ok":
         return f"[dim]{row['status']}[/dim]"
-    return f"{_fmt_time(_num(row['time_ms']))}\n[dim]{_fmt_mb(_num(row['peak_mem_mb']))}[/dim]"
+    return f"{_fmt_time(_num(row['time_ms']))}\n[dim]{format_mb(_num(row['peak_mem_mb']))}[/dim]"
 
 
 def print_tables(rows: list[dict], console: Console | None = None) -> None:
@@ -198,7 +198,7 @@ def markdown(rows: list[dict], targets: list | None = None, machine: dict | None
                 else:
                     flops = _num(r["flops"])
                     gf = "" if not flops else f" ({flops / 1e9:,.1f} GF)"
-                    cells.append(f"{_fmt_time(_num(r['time_ms']))} / {_fmt_mb(_num(r['peak_mem_mb']))}{gf}")
+                    cells.append(f"{_fmt_time(_num(r['time_ms']))} / {format_mb(_num(r['peak_mem_mb']))}{gf}")
             out.append(f"| {backend} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out) + "\n"

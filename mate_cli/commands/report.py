@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
-from mate_cli.cli import hydra_quote
+from mate_cli.hydra_args import hydra_quote
 from mate_cli.commands.common import print_table, run_dir, run_task
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_text

@@ -26,14 +26,13 @@ import hydra
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSamplerWrapper
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader, DistributedSampler
 
 from mate_cli.commands.common import (
     instantiate_dict, log, print_config_tree, print_table, quiet_third_party_logs, run_dir, run_task,
 )
+from mate_cli.data.sampler import each_example_once
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.modeling.checkpoints import load_tokenizer
@@ -126,23 +125,6 @@ def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> P
     model.load_state_dict(state)
     tokenizer = load_tokenizer(cfg.model.encoder.pretrained)
     return model.encoder.save_pretrained(directory, tokenizer=tokenizer)
-
-
-def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
-    """``loader`` serving this rank's share of its examples, each example on exactly one rank.
-
-    For evaluation Lightning gives loaders a ``DistributedSampler``, which pads the split to
-    a multiple of the world size by repeating examples: Hits@k and the loss would count
-    those twice. ``UnrepeatedDistributedSamplerWrapper`` (what Lightning uses to predict)
-    leaves the ranks uneven instead, which is safe in ``trainer.validate``: the module
-    runs unwrapped (no DDP collectives per batch) and the metric states and logged sums
-    are reduced once, at the end.
-    """
-    if world_size == 1 or isinstance(loader.sampler, DistributedSampler):
-        return loader
-    sampler = UnrepeatedDistributedSamplerWrapper(loader.sampler, num_replicas=world_size, rank=rank, shuffle=False)
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
 
 
 def _refuse_ddp_in_a_local_sweep(trainer) -> None:

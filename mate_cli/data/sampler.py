@@ -6,12 +6,14 @@ the epoch starts, and a plain ``DataLoader`` cannot start mid-epoch; this sample
 derives each epoch's permutation from ``(seed, epoch)`` alone, and
 :meth:`EpochShuffle.skip_next` makes the next pass start after the examples a
 checkpointed run had already consumed (see :mod:`mate_cli.resume`).
+:func:`each_example_once` is the evaluation side under DDP: every example on one rank.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Sampler
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSamplerWrapper
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 
 class EpochShuffle(Sampler[int]):
@@ -43,3 +45,20 @@ class EpochShuffle(Sampler[int]):
 
     def __len__(self) -> int:
         return self.size
+
+
+def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
+    """``loader`` serving this rank's share of its examples, each example on exactly one rank.
+
+    For evaluation Lightning gives loaders a ``DistributedSampler``, which pads the split to
+    a multiple of the world size by repeating examples: Hits@k and the loss would count
+    those twice. ``UnrepeatedDistributedSamplerWrapper`` (what Lightning uses to predict)
+    leaves the ranks uneven instead, which is safe in ``trainer.validate``: the module
+    runs unwrapped (no DDP collectives per batch) and the metric states and logged sums
+    are reduced once, at the end.
+    """
+    if world_size == 1 or isinstance(loader.sampler, DistributedSampler):
+        return loader
+    sampler = UnrepeatedDistributedSamplerWrapper(loader.sampler, num_replicas=world_size, rank=rank, shuffle=False)
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
+                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mate_cli.bench.report import _fmt_mb
+from mate_cli.bench.report import format_mb
 from mate_cli.io import atomic_open, atomic_write_text
 from mate_cli.report.aggregate import MISSING, THROUGHPUT, Configuration, Summary
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run
@@ -28,7 +28,7 @@ PLUS_MINUS = "±"
 def number(metric: str, value: float) -> str:
     """A metric's value as shown: memory in MB/GB, throughput with one decimal, scores with four."""
     if metric.endswith("_mb"):
-        return _fmt_mb(value) if value >= 10 else f"{value:.1f} MB"
+        return format_mb(value) if value >= 10 else f"{value:.1f} MB"
     if metric.startswith("perf/"):
         return f"{value:,.1f}"
     return f"{value:.4f}"

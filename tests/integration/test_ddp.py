@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from mate_cli.commands.train import each_example_once
+from mate_cli.data.sampler import each_example_once
 from tests.helpers import mate_env, run_mate
 
 #: 11 questions per split: an odd validation split, which a padding DistributedSampler
