@@ -55,16 +55,20 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def training_samplers(trainer: L.Trainer) -> list[EpochShuffle]:
-    """The :class:`EpochShuffle` samplers of the trainer's training loaders."""
-    combined = trainer.fit_loop._combined_loader
-    loaders = combined.flattened if combined is not None else []
+def epoch_shuffles(loaders) -> list[EpochShuffle]:
+    """The :class:`EpochShuffle` samplers of ``loaders`` (a ``DistributedSampler``: Lightning
+    uses it as it is under DDP, so it is the loader's own sampler)."""
     found = []
     for loader in loaders:
         for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-            if isinstance(sampler, EpochShuffle):
+            if isinstance(sampler, EpochShuffle) and sampler not in found:
                 found.append(sampler)
     return found
+
+
+def training_samplers(trainer: L.Trainer) -> list[EpochShuffle]:
+    combined = trainer.fit_loop._combined_loader
+    return epoch_shuffles(combined.flattened if combined is not None else [])
 
 
 class ResumeState(L.Callback):
@@ -83,6 +87,7 @@ class ResumeState(L.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[STATE_KEY] = {
             "rng": rng_states(), "epoch": trainer.current_epoch, "examples_this_epoch": self.examples_this_epoch,
+            "world_size": trainer.world_size,  # examples_this_epoch counts one rank's share
         }
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
@@ -95,8 +100,9 @@ class ResumeState(L.Callback):
             return
         if state["epoch"] == trainer.current_epoch and state["examples_this_epoch"]:
             self.examples_this_epoch = state["examples_this_epoch"]
+            consumed = state["examples_this_epoch"] * state.get("world_size", 1)  # every rank's share
             for sampler in training_samplers(trainer):
-                sampler.skip_next(state["examples_this_epoch"])
+                sampler.skip_next(consumed)
         set_rng_states(state["rng"])
 
 

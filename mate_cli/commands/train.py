@@ -121,7 +121,7 @@ def print_summary(metrics: dict, out: Path) -> None:
 
 def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:
     """Save the checkpoint's encoder as a transformers ``TapasModel`` directory (+ vocab)."""
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
     model.load_state_dict(state)
     tokenizer = load_tokenizer(cfg.model.encoder.pretrained)
     return model.encoder.save_pretrained(directory, tokenizer=tokenizer)

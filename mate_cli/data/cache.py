@@ -3,9 +3,10 @@
 - Keys hash every setting that changes the encoded examples AND the input files
   (:func:`fingerprint`: name, size and modification time of each file), so an edited
   table is never served from the cache.
-- An entry is written into a temp folder beside it (named with the writer's pid) and
+- An entry is written into a temp folder beside it (named with the writer's host and pid) and
   renamed in one step; if another run finished the same entry first, its copy is kept.
-- Temp folders whose writer is gone (killed runs) are removed on the next use.
+- Temp folders whose writer is gone (killed runs) are removed on the next use; only this
+  host's (a cache shared by cluster nodes cannot see other hosts' processes).
 - An entry that does not load (truncated, corrupted) is reported in one warning line,
   removed and rebuilt.
 """
@@ -16,6 +17,7 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -45,12 +47,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def temp_name(target: Path) -> str:
+    """``.<entry>.<host>.<pid>.tmp``: who is writing it."""
+    return f".{target.name}.{socket.gethostname()}.{os.getpid()}{_TEMP_SUFFIX}"
+
+
 def remove_stale_temps(directory: Path) -> int:
-    """Remove temp folders of writers that no longer run; returns how many."""
+    """Remove temp folders of this host's writers that no longer run; returns how many."""
     removed = 0
+    host = socket.gethostname()
     for tmp in directory.glob(f".*{_TEMP_SUFFIX}") if directory.is_dir() else ():
-        pid = tmp.name[: -len(_TEMP_SUFFIX)].rsplit(".", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        parts = tmp.name[: -len(_TEMP_SUFFIX)].rsplit(".", 2)
+        if len(parts) == 3 and parts[1] == host and parts[2].isdigit() and not _pid_alive(int(parts[2])):
             shutil.rmtree(tmp, ignore_errors=True)
             removed += 1
     if removed:
@@ -61,7 +69,7 @@ def remove_stale_temps(directory: Path) -> int:
 def save_atomically(ds: datasets.Dataset, target: Path) -> None:
     """``ds.save_to_disk`` into ``.<name>.<pid>.tmp`` beside ``target``, then one rename."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{os.getpid()}{_TEMP_SUFFIX}"
+    tmp = target.parent / temp_name(target)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         ds.save_to_disk(str(tmp))

@@ -12,39 +12,54 @@ checkpointed run had already consumed (see :mod:`mate_cli.resume`).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSamplerWrapper
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 
-class EpochShuffle(Sampler[int]):
-    """Indices ``0..size-1`` in an order fixed by ``(seed, epoch)``.
+class EpochShuffle(DistributedSampler):
+    """Indices ``0..size-1`` in an order fixed by ``(seed, epoch)``, this rank's share of them.
 
-    Lightning calls :meth:`set_epoch` before every epoch. ``len()`` stays ``size`` (the
-    full epoch) even when a pass is shortened by :meth:`skip_next`.
+    Lightning calls :meth:`set_epoch` before every epoch. Under DDP each of the
+    ``num_replicas`` ranks takes every ``num_replicas``-th index of the epoch's order (the
+    order padded by repetition so every rank gets as many, as ``DistributedSampler`` does);
+    as a ``DistributedSampler`` it is used as it is, not wrapped by Lightning. ``num_replicas``
+    and ``rank`` default to the process group's (1 and 0 without one). ``len()`` is this
+    rank's full share even when a pass is shortened by :meth:`skip_next`.
     """
 
-    def __init__(self, size: int, seed: int = 0) -> None:
+    def __init__(self, size: int, seed: int = 0, num_replicas: int | None = None, rank: int | None = None) -> None:
         self.size, self.seed, self.epoch = int(size), int(seed), 0
-        self._skip = 0
+        self._replicas, self._rank, self._skip = num_replicas, rank, 0
+
+    def _world(self) -> tuple[int, int]:
+        if self._replicas is not None:
+            return self._replicas, self._rank or 0
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), dist.get_rank()
+        return 1, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def skip_next(self, count: int) -> None:
-        """Start the next pass after its first ``count`` indices (a resumed epoch)."""
+        """Start the next pass after the first ``count`` examples of the epoch, over all ranks."""
         self._skip = max(0, int(count))
 
     def order(self, epoch: int) -> list[int]:
-        """The full permutation of ``epoch``."""
+        """The full permutation of ``epoch`` (every rank's)."""
         generator = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % (2**63))
         return torch.randperm(self.size, generator=generator).tolist()
 
     def __iter__(self):
+        world, rank = self._world()
         skip, self._skip = self._skip, 0
-        return iter(self.order(self.epoch)[skip:])
+        order = self.order(self.epoch)
+        order += order[: (-len(order)) % world]
+        return iter(order[rank::world][skip // world :])
 
     def __len__(self) -> int:
-        return self.size
+        return -(-self.size // self._world()[0])
 
 
 def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoader:

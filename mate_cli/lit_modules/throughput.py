@@ -53,5 +53,6 @@ class Throughput(L.Callback):
             "perf/tokens_per_s": self.tokens / seconds,
             "perf/peak_mem_mb": peak_memory_mb(pl_module.device),
         }
-        for name, value in values.items():
-            pl_module.log(name, value, on_epoch=True, on_step=False, sync_dist=True, reduce_fx="mean")
+        for name, value in values.items():  # over DDP ranks: the job's rates (sum), the largest process (max)
+            reduce = "max" if name == "perf/peak_mem_mb" else "sum"
+            pl_module.log(name, value, on_epoch=True, on_step=False, sync_dist=True, reduce_fx=reduce)

@@ -232,7 +232,8 @@ class TableLayout:
     # ---------------------------------------------------------------- moves
     def to(self, device) -> "TableLayout":
         """This layout on ``device`` (itself, cache kept, when it is already there)."""
-        if self.device == torch.device(device):
+        target = torch.device(device)
+        if self.device.type == target.type and (target.index is None or self.device.index == target.index):
             return self
         kwargs = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "_cache"}
         return TableLayout(**kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 
@@ -33,15 +34,17 @@ def test_a_second_writer_of_the_same_entry_keeps_the_first(tmp_path):
 
 
 def test_temp_folders_of_killed_writers_are_removed(tmp_path):
-    stale = tmp_path / f".entry.{dead_pid()}.tmp"
-    live = tmp_path / f".other.{os.getpid()}.tmp"
-    for folder in (stale, live):
+    host = socket.gethostname()
+    stale = tmp_path / f".entry.{host}.{dead_pid()}.tmp"
+    live = tmp_path / f".other.{host}.{os.getpid()}.tmp"
+    elsewhere = tmp_path / f".third.another-node.{dead_pid()}.tmp"  # a pid on another host says nothing here
+    for folder in (stale, live, elsewhere):
         folder.mkdir()
         (folder / "data-00000.arrow").write_bytes(b"half")
     assert remove_stale_temps(tmp_path) == 1
-    assert not stale.exists() and live.exists()
+    assert not stale.exists() and live.exists() and elsewhere.exists()
     load_or_build(tmp_path / "entry", lambda: dataset([1]), "test")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "entry"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, elsewhere.name, "entry"])
 
 
 def test_a_truncated_entry_is_reported_in_one_line_and_rebuilt(tmp_path, caplog):

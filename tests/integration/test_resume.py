@@ -52,6 +52,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     killed = only_run(base / "killed")
     step_at_kill, _ = state(killed / "checkpoints" / "last.ckpt")
     assert 0 < step_at_kill < STEPS
+    position = torch.load(killed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["mate_resume"]
+    assert position["epoch"] == 0 and position["examples_this_epoch"] > 0  # killed mid-epoch: the skip path runs
     assert not [p for p in killed.rglob("*.tmp")], "a temp file was left next to the checkpoint"
 
     resumed = run_mate([*ARGS, f"ckpt_path={killed}"], mate_env(base / "resumed", cache))

@@ -185,7 +185,7 @@ class MateAttention(AttentionBackend):
             return self.impl
         else:
             choice = choose_exact_impl(q.device, q.shape[2], self._grad(q, k, v))
-        if self.impl == "auto":
+        if self.impl in ("auto", "kernel"):  # an asked-for kernel that cannot run says so too
             self._log_choice(choice, q, self._grad(q, k, v))
         return choice
 
@@ -198,8 +198,8 @@ class MateAttention(AttentionBackend):
         if key not in self._auto_logged:
             self._auto_logged.add(key)
             logger.info(
-                "mate attention variant=%s impl=auto: using '%s' on %s for sequences of ~%d tokens (%s)",
-                self.variant, choice, q.device, key[1], "training" if grad else "inference",
+                "mate attention variant=%s impl=%s: using '%s' on %s for sequences of ~%d tokens (%s)",
+                self.variant, self.impl, choice, q.device, key[1], "training" if grad else "inference",
             )  # fmt: skip
 
     def forward(

@@ -1,0 +1,36 @@
+"""The training order, alone and as two DDP ranks: fixed by (seed, epoch), every example
+once per epoch over the ranks, a resumed rank continuing exactly its uninterrupted share,
+and used by Lightning as it is (a ``DistributedSampler``, so not wrapped)."""
+
+from __future__ import annotations
+
+from torch.utils.data import DataLoader, DistributedSampler
+
+from mate_cli.data.sampler import EpochShuffle
+from mate_cli.resume import epoch_shuffles
+
+SIZE, WORLD, BATCH = 23, 2, 3
+
+
+def test_epochs_differ_and_each_example_is_served_once_per_epoch_over_the_ranks():
+    first = [list(EpochShuffle(SIZE, seed=5, num_replicas=WORLD, rank=r)) for r in range(WORLD)]
+    assert sorted(set(first[0] + first[1])) == list(range(SIZE)) and len(first[0]) == len(first[1]) == 12
+    later = EpochShuffle(SIZE, seed=5, num_replicas=WORLD, rank=0)
+    later.set_epoch(1)
+    assert list(later) != first[0]
+    assert list(EpochShuffle(SIZE, seed=5)) == EpochShuffle(SIZE, seed=5).order(0)  # one process: the whole order
+
+
+def test_lightning_leaves_it_unwrapped_and_the_resume_state_finds_it():
+    sampler = EpochShuffle(SIZE, seed=5)
+    assert isinstance(sampler, DistributedSampler)  # Lightning wraps only samplers that are not
+    assert epoch_shuffles([DataLoader(list(range(SIZE)), batch_size=BATCH, sampler=sampler)]) == [sampler]
+
+
+def test_a_resumed_rank_continues_its_uninterrupted_share():
+    done = 2 * BATCH  # examples each rank consumed before the kill
+    for rank in range(WORLD):
+        whole = list(EpochShuffle(SIZE, seed=5, num_replicas=WORLD, rank=rank))
+        resumed = EpochShuffle(SIZE, seed=5, num_replicas=WORLD, rank=rank)
+        resumed.skip_next(done * WORLD)  # what ResumeState passes: one rank's count x world size
+        assert list(resumed) == whole[done:]
