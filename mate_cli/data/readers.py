@@ -1,0 +1,230 @@
+"""What the table-QA dataset readers share (WikiTableQuestions, TabFact, SQA).
+
+Owns :class:`TableQAReader`, the base of :class:`~mate_cli.data.wtq.WTQReader`,
+:class:`~mate_cli.data.tabfact.TabFactReader` and :class:`~mate_cli.data.sqa.SQAReader`:
+the root check, question-file lookup (logical split or upstream file name), the
+duplicate-id / empty-question policy of :meth:`TableQAReader.questions`, the table LRU
+(HybridQA's, reused) and :meth:`TableQAReader.input_files`; plus the small parsing
+helpers the three modules use (text and JSON loading, header columns, rows -> `Table`).
+
+Every malformed input raises a one-line :class:`~mate_cli.errors.MateError` naming the
+file, the record and how to fix it; skippable records are logged and counted in
+``reader.skipped[name]``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator, Sequence
+
+from mate_cli.data.hybridqa import _LRU as LRU
+from mate_cli.data.schema import Cell, Question, Table
+from mate_cli.errors import MateError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LRU", "TableQAReader", "read_text", "split_lines", "load_json", "columns", "fields",
+           "rows_to_table", "given_file"]
+
+#: ``(where, raw record, question)``: what a reader's ``_read_questions`` yields; ``where``
+#: names the record in messages (``line 12``), the raw record decides whether a repeated
+#: id is an identical copy (skipped) or a conflict (error).
+Record = tuple[str, Any, Question]
+
+
+# ---------------------------------------------------------------- file helpers
+def read_text(path: Path, what: str) -> str:
+    """The file's UTF-8 text, line ends untouched (``\\r`` kept)."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except UnicodeDecodeError:
+        raise MateError(f"{path}: {what} is not UTF-8 text; re-download or repair the file") from None
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines split on ``\\n`` only (a trailing ``\\r`` dropped; never ``str.splitlines``, which
+    also splits on form feeds and U+2028 inside cell texts); no final empty line."""
+    lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def load_json(path: Path, what: str, object_pairs_hook=None) -> Any:
+    """The parsed file (``object_pairs_hook`` as in :func:`json.loads`: TabFact uses it to see
+    a repeated table id, which :func:`json.load` would silently merge)."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except json.JSONDecodeError as err:
+        problem = f"line {err.lineno}, column {err.colno}: {err.msg}"
+    raise MateError(f"{path}: {what} is not valid JSON ({problem}); re-download or repair the file")
+
+
+def columns(header: Sequence[str], path: Path, required: Sequence[str], optional: Sequence[str] = ()) -> dict[str, int]:
+    """``{column name: index}`` of the wanted columns; MateError when a required one is missing."""
+    index = {name: i for i, name in enumerate(header)}
+    for name in required:
+        if name not in index:
+            raise MateError(
+                f"{path}: the header line has no {name!r} column (found {list(header)}); "
+                "use the upstream file or add the column"
+            )
+    return {name: index[name] for name in (*required, *optional) if name in index}
+
+
+def fields(values: Sequence[str], width: int, path: Path, where: str) -> Sequence[str]:
+    """The values of one record, checked against the header width."""
+    if len(values) != width:
+        raise MateError(
+            f"{path}: {where} has {len(values)} tab-separated fields, the header has {width}; "
+            "fix or remove that line"
+        )
+    return values
+
+
+def rows_to_table(cells: list[list[str]], table_id: str, path: Path | str, title: str = "") -> Table:
+    """First row = header, the rest = data rows; ragged rows are padded with empty cells
+    (or cut to the header width) with a warning."""
+    if not cells or not cells[0]:
+        raise MateError(f"{path}: table {table_id!r} has no header row; re-download or repair the file")
+    width = len(cells[0])
+    rows = []
+    for r, raw in enumerate(cells[1:]):
+        if len(raw) != width:
+            dropped = [t for t in raw[width:] if t.strip()]
+            log.warning("%s: data row %d has %d cells, the header %d; %s", path, r, len(raw), width,
+                        "padded with empty cells" if len(raw) < width else f"extra cells dropped {dropped[:3]}")
+            raw = (list(raw) + [""] * width)[:width]
+        rows.append([Cell(text) for text in raw])
+    return Table(table_id=table_id, header=[Cell(text) for text in cells[0]], rows=rows, title=title)
+
+
+def given_file(path: str | Path, what: str) -> Path:
+    """The path of a table passed on the command line (``mate predict table=...``)."""
+    path = Path(str(path)).expanduser()
+    if not path.is_file():
+        raise MateError(f"table={path} not found; pass {what}")
+    return path
+
+
+def _safe_relative(table_id: str) -> bool:
+    parts = PurePosixPath(table_id).parts
+    return bool(parts) and not PurePosixPath(table_id).is_absolute() and ".." not in parts and "\\" not in table_id
+
+
+# ------------------------------------------------------------------- the base
+class TableQAReader:
+    """Questions and tables of one dataset root (see the subclasses for the layouts).
+
+    Args:
+        root: the dataset folder (upstream layout).
+        cache_size: how many parsed tables to keep in memory.
+    """
+
+    #: logical split (train/dev/test) -> upstream question file name of a full download
+    FILES: dict[str, str] = {}
+    #: folder of the question files, relative to the root ("" = the root itself)
+    QUESTIONS_DIR = ""
+    QUESTION_GLOB = "*"
+    #: folders the root must have, and the globs of its table files (relative to the root)
+    REQUIRED_DIRS: tuple[str, ...] = ()
+    TABLE_GLOBS: tuple[str, ...] = ()
+    TABLES_DIR = ""
+    #: e.g. "data/*.tsv and csv/<20x>-csv/ (WikiTableQuestions)", for messages
+    LAYOUT = ""
+
+    def __init__(self, root: str | Path, cache_size: int = 64):
+        self.root = Path(str(root)).expanduser()
+        hint = f"set dataset.root=<folder holding {self.LAYOUT}>"
+        if not self.root.is_dir():
+            raise MateError(f"dataset.root not found: {self.root}; {hint}")
+        for sub in self.REQUIRED_DIRS:
+            if not (self.root / sub).is_dir():
+                raise MateError(f"dataset.root {self.root} has no {sub}/; {hint}")
+        self._tables = LRU(cache_size)
+        #: question file name (as passed) -> counts of skipped records (duplicate_records, empty_question)
+        self.skipped: dict[str, Counter] = {}
+
+    # -------------------------------------------------------------- files
+    def available_files(self) -> list[str]:
+        """The question files present, by upstream name."""
+        return sorted(p.name for p in (self.root / self.QUESTIONS_DIR).glob(self.QUESTION_GLOB) if p.is_file())
+
+    def question_file(self, name: str) -> Path:
+        """``name`` is a logical split (``train``/``dev``/``test``, via :attr:`FILES`) or an
+        upstream question file name as is."""
+        file_name = self.FILES.get(name, name)
+        folder = self.root / self.QUESTIONS_DIR
+        path = folder / file_name
+        if "/" in file_name or "\\" in file_name or not path.is_file():
+            known = {split: f for split, f in self.FILES.items() if (folder / f).is_file()}
+            raise MateError(
+                f"no question file {file_name!r} (for {name!r}) in {folder} (available files: "
+                f"{self.available_files()}; splits: {known or 'none'}); set the split to one of those or add the file"
+            )
+        return path
+
+    def input_files(self) -> list[Path]:
+        """Every file the encoded examples depend on (question files and tables)."""
+        files = set((self.root / self.QUESTIONS_DIR).glob(self.QUESTION_GLOB))
+        for pattern in self.TABLE_GLOBS:
+            files.update(self.root.glob(pattern))
+        return sorted(path for path in files if path.is_file())
+
+    # ---------------------------------------------------------- questions
+    def questions(self, name: str) -> Iterator[Question]:
+        """Yield the file's questions in file order.
+
+        A question id that appears twice is an error naming both records, unless the two
+        records are identical: then the copy is skipped with a warning. A blank question
+        is skipped with a warning. ``self.skipped[name]`` counts the skips.
+        """
+        path = self.question_file(name)
+        skipped = self.skipped.setdefault(name, Counter())
+        seen: dict[str, tuple[str, Any]] = {}
+        for where, record, question in self._read_questions(path):
+            qid = question.question_id
+            if qid in seen:
+                first_where, first_record = seen[qid]
+                if record != first_record:
+                    raise MateError(
+                        f"{path}: question {qid!r} appears twice ({first_where} and {where}) with different "
+                        "content; give one of them another id or remove it"
+                    )
+                log.warning("%s: %s repeats question %r; skipped", path, where, qid)
+                skipped["duplicate_records"] += 1
+                continue
+            seen[qid] = (where, record)
+            if not question.question.strip():
+                log.warning("%s: %s (question %r) has an empty question text; skipped", path, where, qid)
+                skipped["empty_question"] += 1
+                continue
+            yield question
+
+    def _read_questions(self, path: Path) -> Iterator[Record]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- tables
+    def table(self, table_id: str) -> Table:
+        """The parsed table (cached, LRU)."""
+        return self._tables.get(table_id, lambda: self._read_table(table_id))
+
+    def table_file(self, table_id: str) -> Path:
+        return self.root / table_id
+
+    def _read_table(self, table_id: str) -> Table:
+        path = self.table_file(table_id)
+        if not _safe_relative(table_id) or not path.is_file():
+            raise MateError(
+                f"table file not found: {path} (table_id {table_id!r}); "
+                f"check dataset.root or that {self.TABLES_DIR}/ is complete"
+            )
+        return self._parse_table(path, table_id)
+
+    def _parse_table(self, path: Path, table_id: str) -> Table:
+        raise NotImplementedError
