@@ -40,9 +40,21 @@ If the table still does not fit in ``max_length - 2 - len(question)``, every tab
 (header included) is capped at ``c`` tokens, ``c`` the largest value with
 ``sum(min(len(cell), c)) <= budget``: the longest cells shrink first and short cells
 stay whole. If even ``min_cell_tokens`` (default 1) per non-empty cell does not fit,
-trailing data rows are dropped until it does. ``truncated`` is set when anything was
-cut (question, cells, rows or columns), and the example records ``rows_dropped`` and
-``candidates_dropped`` (the datamodule's split statistics sum them).
+trailing data rows are dropped until it does. That is ``pruning="none"``, the default.
+``pruning="cc"`` / ``"hem"`` (``dataset.pruning``) fit the table with the heuristics of
+Eisenschlos et al. 2020 / Krichene et al. 2021 instead (:mod:`mate_cli.data.pruning`):
+CC keeps the first word piece of every cell (header first, row-major), then the second,
+... while the budget lasts, and drops no row; HEM ranks columns by how many distinct
+question word pieces (punctuation-only pieces left out) occur in them and keeps whole
+columns in that order while they fit, in their original order (if not even the best one
+fits, only it is kept, cut by CC). Column ids are positional over the kept columns (the
+k-th kept column has id k), row ids stay data row + 1, ``cell_coords`` keep the original
+(data row, column); numeric ids are still computed on the whole table. ``truncated`` is
+set when anything was cut (question, cells, rows or columns), and the example records
+``rows_dropped``, ``columns_pruned`` (removed by HEM), ``tokens_pruned`` (table word
+pieces cut by the length budget, whichever heuristic; not those of rows/columns over the
+id limits) and ``candidates_dropped`` (a candidate cell left with no token; the
+datamodule's split statistics sum them).
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ from typing import Iterable, Sequence
 
 from mate_cli.data.normalize import contains_answer, normalize_answer
 from mate_cli.data.numbers import TableNumbers
+from mate_cli.data.pruning import Selection, cell_concatenation, heuristic_exact_match
 from mate_cli.data.schema import EncodedExample, Question, Table
 from mate_cli.errors import MateError
 from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES
@@ -60,6 +73,9 @@ from mate_cli.modeling.layout import ID_FIELDS, TOKEN_TYPE_FIELDS
 log = logging.getLogger(__name__)
 
 Coord = tuple[int, int]
+
+#: ``TableTokenizer(pruning=...)`` choices (``dataset.pruning``).
+PRUNING_CHOICES = ("none", "cc", "hem")
 
 
 # ============================================================ candidates
@@ -145,6 +161,9 @@ class TableTokenizer:
         min_cell_tokens: rows are dropped rather than cap cells below this.
         max_row_id, max_column_id, max_rank_id: row, column and (inverse) rank ids stay
             below these: the sizes of the embedding tables (TAPAS's 256 by default).
+        pruning: how a table too long for the budget is cut: ``"none"`` (per-cell cap,
+            then trailing rows; :func:`fit_budget`), ``"cc"`` or ``"hem"``
+            (:mod:`mate_cli.data.pruning`).
     """
 
     def __init__(
@@ -156,6 +175,7 @@ class TableTokenizer:
         max_row_id: int = _table_size("row_ids"),
         max_column_id: int = _table_size("column_ids"),
         max_rank_id: int = _table_size("column_ranks"),
+        pruning: str = "none",
     ):
         if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
             raise MateError(f"tokenizer {type(tokenizer).__name__} has no [CLS]/[SEP] token; use a BERT WordPiece tokenizer")
@@ -169,7 +189,10 @@ class TableTokenizer:
                 f"bad id limits max_row_id={max_row_id}, max_column_id={max_column_id}, max_rank_id={max_rank_id}; "
                 "each must be >= 2 (the sizes of the row, column and rank embedding tables)"
             )
+        if pruning not in PRUNING_CHOICES:
+            raise MateError(f"dataset.pruning={pruning!r} is not one of {', '.join(PRUNING_CHOICES)}")
         self.tokenizer = tokenizer
+        self.pruning = pruning
         self.max_length = int(max_length)
         self.max_question_tokens = int(max_question_tokens)
         self.min_cell_tokens = int(min_cell_tokens)
@@ -213,13 +236,17 @@ class TableTokenizer:
                                   + [t for row in texts[:num_rows] for t in row[:num_cols]])
         header, flat = pieces[:num_cols], pieces[num_cols:]
         cells = [flat[r * num_cols: (r + 1) * num_cols] for r in range(num_rows)]
-        kept, cap = self._fit(question, table, header, cells, len(q_ids))
-        example = self._assemble(question, table, q_ids, header, cells[:kept], cap)
+        kept, selection = self._fit(question, table, q_ids, header, cells)
+        example = self._assemble(question, table, q_ids, header, cells, selection)
         self._add_candidates(example, sorted(set(map(tuple, candidates or ()))))
         self._add_prev_labels(example, set(map(tuple, prev_answer_coords or ())))
         example.rows_dropped = table.num_rows - kept
         example.columns_dropped = table.num_columns - num_cols
-        example.truncated = bool(q_cut or cap is not None or example.rows_dropped or example.columns_dropped)
+        example.columns_pruned = num_cols - len(selection.columns)
+        total = sum(map(len, header)) + sum(len(ids) for row in cells for ids in row)
+        example.tokens_pruned = total - selection.tokens
+        example.truncated = bool(q_cut or example.tokens_pruned or example.rows_dropped or example.columns_dropped
+                                 or example.columns_pruned)
         if table.num_rows > num_rows or example.columns_dropped:
             log.debug("question %s: table %s has %d rows x %d columns; ids stop at %d x %d, dropped %d rows, "
                       "%d columns", example.question_id, table.table_id, table.num_rows, table.num_columns,
@@ -239,28 +266,50 @@ class TableTokenizer:
             raise ValueError(f"cell_texts must be [{table.num_rows}][{table.num_columns}] for table {table.table_id}")
         return [list(row) for row in cell_texts]
 
-    def _fit(self, question, table, header, cells, q_len) -> tuple[int, int | None]:
-        budget = self.max_length - 2 - q_len
+    def _fit(self, question, table, q_ids, header, cells) -> tuple[int, Selection]:
+        """``(data rows kept, kept word pieces per cell)`` so the table fits the budget."""
+        budget = self.max_length - 2 - len(q_ids)
+        header_lengths = [len(ids) for ids in header]
         lengths = [[len(ids) for ids in row] for row in cells]
+        if self.pruning != "none":
+            if budget < 1 and (sum(header_lengths) or any(map(sum, lengths))):
+                raise MateError(
+                    f"table {table.table_id!r} (question {question.question_id}): no table token fits, "
+                    f"budget is {budget}; raise max_length or lower max_question_tokens"
+                )
+            if self.pruning == "cc":
+                return len(cells), cell_concatenation(header_lengths, lengths, budget)
+            return len(cells), heuristic_exact_match(self._match_tokens(q_ids), header, cells, budget)
         try:
-            return fit_budget([len(ids) for ids in header], lengths, budget, self.min_cell_tokens)
+            kept, cap = fit_budget(header_lengths, lengths, budget, self.min_cell_tokens)
         except ValueError as err:
             raise MateError(
                 f"table {table.table_id!r} (question {question.question_id}): {err}; "
                 "raise max_length or lower max_question_tokens"
             ) from None
+        if cap is not None:
+            header_lengths = [min(n, cap) for n in header_lengths]
+            lengths = [[min(n, cap) for n in row] for row in lengths]
+        rows = lengths[:kept] + [[0] * len(header) for _ in lengths[kept:]]  # trailing rows dropped
+        return kept, Selection(header=header_lengths, rows=rows, columns=list(range(len(header))))
 
-    def _assemble(self, question, table, q_ids, header, rows, cap) -> EncodedExample:
+    def _match_tokens(self, q_ids: list[int]) -> list[int]:
+        """The question word pieces HEM counts: all but those without a letter or digit (punctuation)."""
+        pieces = self.tokenizer.convert_ids_to_tokens(q_ids)
+        return [i for i, piece in zip(q_ids, pieces) if any(ch.isalnum() for ch in piece)]
+
+    def _assemble(self, question, table, q_ids, header, cells, selection: Selection) -> EncodedExample:
         numbers = TableNumbers.of([[c.text for c in row] for row in table.rows])
         relations = numbers.relations(question.question)
         top, clipped = self.max_rank_id - 1, 0
         seq = _Sequence()
         seq.add([self.tokenizer.cls_token_id, *q_ids, self.tokenizer.sep_token_id])
-        for c, ids in enumerate(header):
-            seq.add(ids[:cap], segment_ids=1, column_ids=c + 1)
+        for k, c in enumerate(selection.columns):  # column id k + 1: positional over the kept columns
+            seq.add(header[c][: selection.header[c]], segment_ids=1, column_ids=k + 1)
         coords: list[list[int]] = []
-        for r, row in enumerate(rows):
-            for c, ids in enumerate(row):
+        for r, row in enumerate(cells):
+            for k, c in enumerate(selection.columns):
+                ids = row[c][: selection.rows[r][c]]
                 if not ids:
                     continue
                 coords.append([r, c])
@@ -268,7 +317,7 @@ class TableTokenizer:
                 if max(rank, inverse) > top:
                     clipped += 1
                     rank, inverse = min(rank, top), min(inverse, top)
-                seq.add(ids[:cap], segment_ids=1, row_ids=r + 1, column_ids=c + 1, cell_ids=len(coords),
+                seq.add(ids, segment_ids=1, row_ids=r + 1, column_ids=k + 1, cell_ids=len(coords),
                         column_ranks=rank, inv_column_ranks=inverse, numeric_relations=relations.get((r, c), 0))
         if clipped:
             log.debug("question %s: %d cells of %s have ranks clipped to %d", question.question_id, clipped,

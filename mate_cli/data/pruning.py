@@ -1,0 +1,166 @@
+"""Input-length heuristics CC and HEM: which word pieces of a table fit a token budget.
+
+Pure functions on word-piece lengths (CC) or word-piece ids (HEM); no tokenizer here.
+:class:`~mate_cli.data.tokenize.TableTokenizer` applies them with ``pruning="cc"`` /
+``"hem"`` (its default, ``"none"``, is :func:`~mate_cli.data.tokenize.fit_budget`).
+
+- **CC**, cell concatenation (Eisenschlos et al. 2020, "Understanding tables with
+  intermediate pre-training", §3.3; Krichene et al. 2021, DoT): the first word piece of
+  every cell, then the second word piece of every cell that has one, and so on, while the
+  budget lasts. Cells are visited row-major, header row first (header cells included):
+  a last, partial round keeps the earlier cells. With full rounds only this is the
+  per-cell cap of ``fit_budget``; CC also spends the remainder and never drops a row.
+- **HEM**, heuristic exact match (same papers): columns are ranked by their overlap with
+  the question, then whole columns are kept in that rank order while they fit.
+
+Both return a :class:`Selection`: how many word pieces of each cell are kept (always a
+prefix of the cell) and which columns are kept. Row and column indices are those of the
+input table; a removed column keeps its slots, with 0 kept word pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a heuristic keeps of a table.
+
+    Attributes:
+        header: kept word pieces of each header cell, ``[num_columns]``, every column of
+            the input (0 for a removed column).
+        rows: kept word pieces of each data cell, ``[num_rows][num_columns]`` (0 for a
+            removed column).
+        columns: original indices of the kept columns, ascending (the input's order). A
+            kept column may keep 0 word pieces (CC with a tiny budget).
+    """
+
+    header: list[int]
+    rows: list[list[int]]
+    columns: list[int]
+
+    @property
+    def tokens(self) -> int:
+        """Kept word pieces in all (header + data rows)."""
+        return sum(self.header) + sum(sum(row) for row in self.rows)
+
+
+def _round_robin(lengths: Sequence[int], budget: int) -> list[int]:
+    """CC on one flat, ordered list of cell lengths: kept word pieces per cell."""
+    budget = max(int(budget), 0)
+    if sum(lengths) <= budget:
+        return list(lengths)
+    # full rounds: the largest c with sum(min(l, c)) <= budget (c < max(lengths) here)
+    low, high = 0, max(lengths)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if sum(min(n, mid) for n in lengths) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    kept = [min(n, low) for n in lengths]
+    left = budget - sum(kept)
+    for i, n in enumerate(lengths):  # the partial round: earlier cells first
+        if left == 0:
+            break
+        if n > low:
+            kept[i] += 1
+            left -= 1
+    return kept
+
+
+def cell_concatenation(header_lengths: Sequence[int], row_lengths: Sequence[Sequence[int]], budget: int) -> Selection:
+    """CC: round-robin over all cells (header row first, row-major), one word piece per cell a round.
+
+    Args:
+        header_lengths: word pieces of each header cell.
+        row_lengths: ``[num_rows][num_columns]`` word pieces of each data cell.
+        budget: table word pieces allowed (a negative budget counts as 0).
+    Returns:
+        every column kept; ``sum(kept) == min(budget, total)``. When everything fits
+        nothing is cut; when ``budget`` >= the number of non-empty cells, every
+        non-empty cell keeps at least one word piece.
+    """
+    num_cols = len(header_lengths)
+    flat = _round_robin(list(header_lengths) + [n for row in row_lengths for n in row], budget)
+    header, rest = flat[:num_cols], flat[num_cols:]
+    rows = [rest[r * num_cols: (r + 1) * num_cols] for r in range(len(row_lengths))]
+    return Selection(header=header, rows=rows, columns=list(range(num_cols)))
+
+
+def column_scores(
+    question_tokens: Iterable[Hashable],
+    header_tokens: Sequence[Sequence[Hashable]],
+    row_tokens: Sequence[Sequence[Sequence[Hashable]]],
+) -> list[int]:
+    """Per column: how many DISTINCT question tokens occur anywhere in it (header or cells).
+
+    Tokens are compared by equality (the tokenizer passes word-piece ids). A question
+    token counts once per column however often it occurs in the question or the column.
+    """
+    wanted = set(question_tokens)
+    scores = []
+    for c, head in enumerate(header_tokens):
+        seen = set(head)
+        for row in row_tokens:
+            seen.update(row[c])
+        scores.append(len(wanted & seen))
+    return scores
+
+
+def heuristic_exact_match(
+    question_tokens: Iterable[Hashable],
+    header_tokens: Sequence[Sequence[Hashable]],
+    row_tokens: Sequence[Sequence[Sequence[Hashable]]],
+    budget: int,
+) -> Selection:
+    """HEM: keep whole columns, best overlap with the question first, while they fit.
+
+    Columns are ranked by :func:`column_scores` (higher first; ties: original column
+    order) and taken whole (header cell + every data cell) in that order until the next
+    one does not fit; it and every lower-ranked column are removed, so every kept column
+    ranks above every removed one. The kept columns keep their ORIGINAL table order.
+    When everything fits, nothing is removed.
+
+    Fallback: when not even the best column fits whole, only it is kept, cut by CC
+    inside it (its header cell first, then its data cells top to bottom, one word piece
+    each a round) - no row is removed, so row indices never change.
+
+    Args:
+        question_tokens: the question's tokens (the tokenizer passes its word-piece ids
+            without pure-punctuation pieces).
+        header_tokens: ``[num_columns]`` tokens of each header cell.
+        row_tokens: ``[num_rows][num_columns]`` tokens of each data cell.
+        budget: table word pieces allowed (a negative budget counts as 0).
+    """
+    budget = max(int(budget), 0)
+    num_cols = len(header_tokens)
+    header_lengths = [len(t) for t in header_tokens]
+    row_lengths = [[len(t) for t in row] for row in row_tokens]
+    size = [header_lengths[c] + sum(row[c] for row in row_lengths) for c in range(num_cols)]
+    if sum(size) <= budget:
+        return Selection(header=header_lengths, rows=row_lengths, columns=list(range(num_cols)))
+    scores = column_scores(question_tokens, header_tokens, row_tokens)
+    ranked = sorted(range(num_cols), key=lambda c: (-scores[c], c))
+    kept, used = [], 0
+    for c in ranked:
+        if used + size[c] > budget:
+            break
+        kept.append(c)
+        used += size[c]
+    header = [0] * num_cols
+    rows = [[0] * num_cols for _ in row_lengths]
+    if not kept:  # fallback: CC inside the best column
+        best = ranked[0]
+        inside = _round_robin([header_lengths[best]] + [row[best] for row in row_lengths], budget)
+        header[best] = inside[0]
+        for r, n in enumerate(inside[1:]):
+            rows[r][best] = n
+        return Selection(header=header, rows=rows, columns=[best])
+    for c in kept:
+        header[c] = header_lengths[c]
+        for r, row in enumerate(row_lengths):
+            rows[r][c] = row[c]
+    return Selection(header=header, rows=rows, columns=sorted(kept))
