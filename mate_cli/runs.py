@@ -89,23 +89,26 @@ class TrainedRun:
 
 
 def load_trained(
-    ckpt_path: str, overrides: Sequence[str] | None, expected: type, key: str, device: torch.device
+    ckpt_path: str, overrides: Sequence[str] | None, expected: type | tuple[type, ...], key: str,
+    device: torch.device,
 ) -> TrainedRun:
     """Rebuild the LightningModule of a ``mate train`` run and load ``ckpt_path`` into it.
 
     Args:
         ckpt_path: the checkpoint; its run's ``resolved_config.yaml`` rebuilds the module.
         overrides: dotlist overrides of that config (data settings).
-        expected: the LightningModule class the run must have trained.
+        expected: the LightningModule class (or classes) the run must have trained.
         key: the config key that named the checkpoint (for error messages).
         device: where the model goes.
     """
     cfg = load_run_config(ckpt_path, overrides)
     target = str(cfg.get("model", {}).get("_target_", ""))
-    if not target.endswith(expected.__name__):
+    names = [cls.__name__ for cls in (expected if isinstance(expected, tuple) else (expected,))]
+    if not any(target.endswith(name) for name in names):
+        wanted = " or ".join(names)
         raise MateError(
-            f"{key}.ckpt_path={ckpt_path} is a run of {target or 'an unknown model'}, not {expected.__name__}; "
-            f"pass the checkpoint of a run that trained {expected.__name__}"
+            f"{key}.ckpt_path={ckpt_path} is a run of {target or 'an unknown model'}, not {wanted}; "
+            f"pass the checkpoint of a run that trained {wanted}"
         )
     model = instantiate(cfg.model)
     state = torch.load(str(ckpt_path), map_location="cpu", weights_only=True).get("state_dict")

@@ -1,6 +1,8 @@
 """`mate eval ckpt_path=<run dir>/checkpoints/<name>.ckpt`: rebuild that run's datamodule
 and model from its ``resolved_config.yaml``, evaluate the chosen split, print the
-metrics and write ``metrics.json`` atomically into this eval run's directory.
+metrics and write ``metrics.json`` atomically into this eval run's directory; for the
+table tasks also the predictions in the dataset's upstream answer format
+(:mod:`mate_cli.data.answer_files`).
 (PointR end to end has its own command, ``mate pointr``.)"""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
+from mate_cli.data.answer_files import write_predictions
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR, register_resolvers
@@ -42,6 +45,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics["ckpt_path"] = str(cfg.ckpt_path)
 
+    task = getattr(datamodule, "task", None)
+    if task and getattr(model, "predictions", None):
+        metrics["predictions"] = str(write_predictions(task, model.predictions, run_dir()))
     prefix = SPLIT_PREFIX[cfg.split] + "/"
     names = sorted(k[len(prefix):] for k in metrics if k.startswith(prefix))
     print_table(f"{cfg.split}: {Path(cfg.ckpt_path).name}", names, [[f"{metrics[prefix + n]:.4f}" for n in names]])

@@ -1,7 +1,12 @@
-"""`mate predict table=... passages=... question="..." stage1.ckpt_path=... [stage2.ckpt_path=...]`:
-answer one question about one table file with PointR (:func:`mate_cli.pipelines.predict_question`),
-print the answer, the chosen cell (row, column, text) and the top cells with their
-probabilities, and write ``prediction.json`` atomically into the run dir."""
+"""`mate predict`: answer one question about one table file; write ``prediction.json``
+atomically into the run dir.
+
+- HybridQA (``table=... passages=... question="..." stage1.ckpt_path=... [stage2.ckpt_path=...]``):
+  PointR (:func:`mate_cli.pipelines.pointr.predict_question`); prints the answer, the chosen
+  cell and the top cells with their probabilities.
+- SQA, WikiTQ, TabFact (``ckpt_path=<run>/checkpoints/last.ckpt table=<file> question="..."``):
+  :mod:`mate_cli.pipelines.table_task`; prints the verdict, or the selected cells and, for
+  WikiTQ, the aggregation and the computed answer."""
 
 from __future__ import annotations
 
@@ -14,9 +19,12 @@ from mate_cli.data.hybridqa import read_table_file
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.lit_modules.cell_selection import CellSelectionModule
+from mate_cli.lit_modules.entailment import EntailmentModule
 from mate_cli.lit_modules.span import SpanModule
+from mate_cli.lit_modules.table_qa import TableQAModule
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, predict_question
+from mate_cli.pipelines.table_task import predict_table_question, read_task_table
 from mate_cli.runs import check_checkpoint, load_trained, pick_device
 
 register_resolvers()
@@ -27,8 +35,11 @@ def predict(cfg: DictConfig) -> dict:
     for key in ("table", "question"):
         if OmegaConf.is_missing(cfg, key):
             raise MateError(f"{key} is missing; pass {key}=... (see `mate predict --help`)")
-    if OmegaConf.is_missing(cfg.stage1, "ckpt_path"):
-        raise MateError("stage1.ckpt_path is missing; pass stage1.ckpt_path=<cell-selection run>/checkpoints/<name>.ckpt")
+    if cfg.get("ckpt_path"):
+        return predict_table_task(cfg)
+    if not cfg.stage1.get("ckpt_path"):
+        raise MateError("no checkpoint given; pass ckpt_path=<sqa|wtq|tabfact run>/checkpoints/<name>.ckpt, or "
+                        "stage1.ckpt_path=<HybridQA cell-selection run>/checkpoints/<name>.ckpt")
     for stage in ("stage1", "stage2"):
         if cfg[stage].get("ckpt_path"):
             check_checkpoint(cfg[stage].ckpt_path)
@@ -55,6 +66,26 @@ def predict(cfg: DictConfig) -> dict:
         [(str(rank), str(c["row"]), f"{c['column']} ({c['header']})", c["text"], f"{c['prob']:.4f}")
          for rank, c in enumerate(result["top_cells"], 1)],
     )
+    atomic_write_json(run_dir() / "prediction.json", result)
+    return result
+
+
+def predict_table_task(cfg: DictConfig) -> dict:
+    """SQA / WikiTQ / TabFact: one question (statement) about one table file."""
+    check_checkpoint(cfg.ckpt_path)
+    device = pick_device(cfg.trainer.get("accelerator"))
+    run = load_trained(cfg.ckpt_path, cfg.get("overrides"), (TableQAModule, EntailmentModule), "predict", device)
+    table = read_task_table(str(run.cfg.dataset.task), cfg.table)
+    result = predict_table_question(run, table, str(cfg.question), device, cfg.trainer.get("precision"))
+    rich.print(f"[bold]{'statement' if result['task'] == 'tabfact' else 'question'}:[/bold] {result['question']}")
+    if result["task"] == "tabfact":
+        rich.print(f"[bold]verdict:[/bold] {result['verdict']} (probability {result['probability']:.4f})")
+    else:
+        if result["task"] == "wtq":
+            rich.print(f"[bold]aggregation:[/bold] {result['aggregation']}")
+            rich.print(f"[bold]answer:[/bold] {' | '.join(result['answer']) or '(none)'}")
+        print_table(f"selected cells of {table.table_id}", ("row", "column", "text"),
+                    [(str(c["row"]), f"{c['column']} ({c['header']})", c["text"]) for c in result["cells"]])
     atomic_write_json(run_dir() / "prediction.json", result)
     return result
 

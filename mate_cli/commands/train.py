@@ -162,4 +162,5 @@ def _finish_wandb() -> None:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     metrics = run_task(train, cfg)
-    return metrics.get("val/hits@1") if isinstance(metrics, dict) else None
+    monitor = OmegaConf.select(cfg, "callbacks.best_checkpoint.monitor", default=None) or "val/hits@1"
+    return metrics.get(monitor) if isinstance(metrics, dict) else None  # the Optuna objective

@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -67,9 +67,11 @@ class SplitDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         limit_questions: int | None = None,
         shuffle_seed: int = 0,
+        eval_file: str | None = None,
     ) -> None:
         super().__init__()
-        self.reader = HybridQAReader(root)  # raises MateError naming dataset.root if missing
+        self.reader = self.make_reader(root)  # raises MateError naming dataset.root if missing
+        self.eval_file = eval_file or None
         self.root, self.pretrained = str(root), pretrained
         self.max_length, self.max_question_tokens = max_length, max_question_tokens
         self.split = split if isinstance(split, SplitSettings) else SplitSettings(**dict(split or {}))
@@ -82,10 +84,21 @@ class SplitDataModule(L.LightningDataModule):
         self.stats: dict[str, dict] = {}
         self._pad_id: int | None = None
 
+    def make_reader(self, root: str):
+        """Hook: the dataset's reader of ``root`` (default: HybridQA's)."""
+        return HybridQAReader(root)
+
     # ------------------------------------------------------------- questions
     def questions(self, split: str) -> list[Question]:
-        """The questions of ``train``, ``validation`` or ``test`` (``dataset.split``)."""
-        chosen = self.split.questions(split, self.reader.questions)
+        """The questions of ``train``, ``validation`` or ``test`` (``dataset.split``).
+
+        With ``eval_file`` (``dataset.eval_file=<upstream file name>``) the validation and
+        test splits are that whole file instead.
+        """
+        if self.eval_file and split in ("validation", "test"):
+            chosen = list(self.reader.questions(self.eval_file))
+        else:
+            chosen = self.split.questions(split, self.reader.questions)
         return chosen[: self.limit_questions] if self.limit_questions else chosen
 
     # ------------------------------------------------------------ preprocess
@@ -113,6 +126,7 @@ class SplitDataModule(L.LightningDataModule):
             "max_question_tokens": self.max_question_tokens,
             "split_settings": asdict(self.split),
             "limit_questions": self.limit_questions,
+            "eval_file": self.eval_file if split in ("validation", "test") else None,
             **self.cache_payload(split),
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -200,7 +214,8 @@ class HybridQADataModule(SplitDataModule):
             num_proc: processes for preprocessing (``datasets.map``); 1 = in process;
             cache_dir: where preprocessed Arrow datasets live;
             limit_questions: keep only the first N questions of each split (smoke runs);
-            shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`).
+            shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`);
+            eval_file: an upstream question file evaluated whole as the validation/test split.
     """
 
     def __init__(self, *, expansion: Mapping | None = None, drop_ambiguous: bool = False, **common) -> None:
@@ -328,4 +343,7 @@ class Collator:
 def question_from_record(record: dict) -> Question:
     """Inverse of ``dataclasses.asdict(question)`` (Arrow rows back to records)."""
     nodes = [AnswerNode(n["text"], tuple(n["coord"]), n["link"], n["source"]) for n in record.get("answer_nodes") or []]
-    return Question(record["question_id"], record["question"], record["table_id"], record.get("answer_text"), nodes)
+    extra = {f.name: record[f.name] for f in fields(Question)
+             if f.name not in ("answer_nodes", "answers", "answer_coordinates") and f.name in record}
+    return Question(**extra, answer_nodes=nodes, answers=list(record.get("answers") or []),
+                    answer_coordinates=[list(c) for c in record.get("answer_coordinates") or []])

@@ -7,7 +7,7 @@ is what tokenization produces (one question, plain Python lists, Arrow-friendly)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
@@ -55,11 +55,30 @@ class AnswerNode:
 
 @dataclass
 class Question:
+    """One question (or TabFact statement) about one table.
+
+    HybridQA fills ``answer_text`` / ``answer_nodes``. The table tasks use:
+
+    - ``answers``: the gold answer texts (WikiTQ ``targetValue`` split on ``|``; SQA
+      ``answer_text``), already unescaped;
+    - ``answer_coordinates``: gold answer cells as ``[data row, column]``, 0-based (SQA);
+    - ``label``: TabFact's verdict, 1 entailed / 0 refuted;
+    - ``sequence_id`` / ``position``: SQA's question sequence (``<id>/<annotator>``) and
+      the 0-based position in it;
+    - ``channel``: TabFact's ``simple`` / ``complex`` when the upstream id lists are present.
+    """
+
     question_id: str
     question: str
     table_id: str
     answer_text: Optional[str] = None
     answer_nodes: list[AnswerNode] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    answer_coordinates: list[list[int]] = field(default_factory=list)
+    label: Optional[int] = None
+    sequence_id: Optional[str] = None
+    position: int = 0
+    channel: Optional[str] = None
 
 
 @dataclass
@@ -73,7 +92,9 @@ class EncodedExample:
     Counts of what was left out: ``rows_dropped`` trailing data rows (over the row-id limit
     or the length budget), ``columns_dropped`` trailing columns (over the column-id limit),
     ``ranks_clipped`` cells whose (inverse) rank was clipped to the rank-id limit,
-    ``candidates_dropped`` candidate cells without tokens.
+    ``candidates_dropped`` candidate cells without tokens, ``columns_pruned`` columns removed
+    by the HEM length heuristic, ``tokens_pruned`` table word pieces cut to fit the length
+    budget (by whichever heuristic, the default fit included).
     """
 
     question_id: str
@@ -87,6 +108,8 @@ class EncodedExample:
     candidates_dropped: int = 0
     columns_dropped: int = 0
     ranks_clipped: int = 0
+    columns_pruned: int = 0
+    tokens_pruned: int = 0
 
 
 @dataclass
@@ -111,15 +134,48 @@ class Batch:
     table_ids: list[str]
 
     def to(self, device) -> "Batch":
-        return Batch(
-            input_ids=self.input_ids.to(device),
-            layout=self.layout.to(device),
-            cell_mask=self.cell_mask.to(device),
-            candidate_mask=self.candidate_mask.to(device),
-            cell_coords=self.cell_coords.to(device),
-            question_ids=self.question_ids,
-            table_ids=self.table_ids,
-        )
+        """The same batch with every tensor (and the layout) on ``device``."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return type(self)(**{k: v.to(device) if hasattr(v, "to") else v for k, v in moved.items()})
+
+    def select(self, index: list[int]) -> "Batch":
+        """The sub-batch of the examples at ``index`` (in that order)."""
+        rows = torch.tensor(index, dtype=torch.long, device=self.input_ids.device)
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (torch.Tensor, TableLayout)):
+                out[f.name] = value.select(rows) if isinstance(value, TableLayout) else value[rows]
+            elif isinstance(value, list) and len(value) == len(self):
+                out[f.name] = [value[i] for i in index]
+            else:
+                out[f.name] = value
+        return type(self)(**out)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+
+@dataclass
+class TaskBatch(Batch):
+    """A collated batch of a table task (SQA, WikiTQ, TabFact): :class:`Batch` plus its supervision.
+
+    Attributes:
+        labels: ``[batch]`` TabFact verdicts (1 entailed, 0 refuted; -1 unknown).
+        float_answer: ``[batch]`` the scalar answer (WikiTQ), NaN when the answer is not one number.
+        cell_values: ``[batch, max_cells + 1]`` each cell's number (NaN: none; index 0 unused).
+        answers: per example, the gold answer texts; answer_coordinates: the gold cells (SQA).
+        cell_texts: per example, the text of each cell id (WikiTQ: the denotation of a selection).
+        sequence_ids / positions: SQA sequences (``None`` / 0 elsewhere).
+        channels: TabFact's ``simple``/``complex`` or ``None``.
+    """
+
+    labels: Optional[torch.Tensor] = None
+    float_answer: Optional[torch.Tensor] = None
+    cell_values: Optional[torch.Tensor] = None
+    answers: list = field(default_factory=list)
+    answer_coordinates: list = field(default_factory=list)
+    cell_texts: list = field(default_factory=list)
+    sequence_ids: list = field(default_factory=list)
+    positions: list = field(default_factory=list)
+    channels: list = field(default_factory=list)

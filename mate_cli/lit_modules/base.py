@@ -19,14 +19,19 @@ class EncoderTaskModule(L.LightningModule):
         scheduler: ``scheduler(optimizer, total_steps=)`` (a Hydra partial) or None.
 
     BERT's pooler takes no part in the token-level tasks (it only travels with an
-    exported encoder), so it is frozen: DDP would otherwise wait for its gradients.
+    exported encoder), so it is frozen unless the task reads [CLS] through it
+    (``uses_pooler``: TAPAS's aggregation and entailment heads): DDP would otherwise wait
+    for its gradients.
     """
+
+    #: whether the task's heads read the pooled [CLS] (then the pooler trains)
+    uses_pooler = False
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None) -> None:
         super().__init__()
         self.encoder = encoder
         self.optimizer, self.scheduler = optimizer, scheduler
-        if hasattr(encoder, "pooler"):
+        if hasattr(encoder, "pooler") and not self.uses_pooler:
             encoder.pooler.requires_grad_(False)
 
     def configure_optimizers(self):

@@ -101,6 +101,17 @@ def test_experiments_change_only_what_they_name(tmp_path):
     assert default.trainer.gradient_clip_val == 10.0
 
 
+@pytest.mark.parametrize("task", ["sqa", "wtq", "tabfact"])
+def test_table_task_baselines_differ_from_mate_only_in_attention(task, tmp_path):
+    mate = OmegaConf.to_container(compose_train([f"experiment={task}_mate"], tmp_path))
+    tapas = OmegaConf.to_container(compose_train([f"experiment={task}_tapas"], tmp_path))
+    assert tapas["attention"]["_target_"].endswith("DenseAttention")
+    assert mate["attention"]["_target_"].endswith("MateAttention")
+    drop = ("hydra", "experiment_name", "attention")
+    assert {k: v for k, v in mate.items() if k not in drop} == {k: v for k, v in tapas.items() if k not in drop}
+    assert mate["dataset"]["task"] == task and mate["callbacks"]["best_checkpoint"]["monitor"] == "val/accuracy"
+
+
 def test_both_stages_read_one_split_node(tmp_path):
     stage1 = compose_train(["experiment=hybridqa_mate", "dataset.split.seed=7"], tmp_path)
     stage2 = compose_train(["experiment=hybridqa_reader", "dataset.split.seed=7"], tmp_path)

@@ -1,0 +1,45 @@
+"""Predictions of the table tasks written in each dataset's upstream answer format.
+
+- WikiTQ: ``predictions.tsv``, one line per question: ``id<TAB>answer<TAB>answer...``
+  (the input of the official ``evaluator.py``), with the dataset's ``\\n``, ``\\p``,
+  ``\\\\`` escapes;
+- SQA: ``predictions.tsv`` with a header ``id annotator position answer_coordinates``,
+  coordinates as the release writes them (``['(0, 4)', ...]``), the input of its ``eval.py``;
+- TabFact: ``predictions.json``, ``{table_id: [verdict per statement, in file order]}``
+  (1 entailed, 0 refuted), the shape of ``*_examples.json``'s label lists.
+
+Files are written atomically into the run dir.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mate_cli.io import atomic_write_json, atomic_write_text
+
+
+def escape_wtq(text: str) -> str:
+    """WikiTQ's TSV escapes: backslash, newline, pipe."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("|", "\\p")
+
+
+def write_predictions(task: str, rows: list[dict], directory: Path) -> Path:
+    """Write ``rows`` (a task module's decoded predictions) for ``task``; returns the file."""
+    if task == "wtq":
+        lines = ["\t".join([row["question_id"], *(escape_wtq(a) for a in row["answer"])]) for row in rows]
+        return atomic_write_text(directory / "predictions.tsv", "".join(f"{line}\n" for line in lines))
+    if task == "sqa":
+        lines = ["id\tannotator\tposition\tanswer_coordinates"]
+        for row in rows:
+            wtq_id, annotator, position = row["question_id"].rsplit("/", 2)
+            coords = [f"({r}, {c})" for r, c in sorted(map(tuple, row["coordinates"]))]
+            lines.append(f"{wtq_id}\t{annotator}\t{position}\t{coords!r}")
+        return atomic_write_text(directory / "predictions.tsv", "".join(f"{line}\n" for line in lines))
+    if task == "tabfact":
+        by_table: dict[str, dict[int, int]] = {}
+        for row in rows:
+            table_id, index = row["question_id"].rsplit("#", 1)
+            by_table.setdefault(table_id, {})[int(index)] = int(row["label"])
+        return atomic_write_json(directory / "predictions.json",
+                                 {t: [labels[i] for i in sorted(labels)] for t, labels in by_table.items()})
+    raise ValueError(f"no answer format for task {task!r}")

@@ -1,0 +1,268 @@
+"""The table tasks of MATE's Table 4 (SQA, WikiTQ, TabFact): records -> TAPAS inputs -> batches.
+
+Owns :class:`TableTaskDataModule` (``dataset=sqa_sample|wtq_sample|tabfact_sample`` and
+the full releases), the supervision each task derives from its records, and
+:class:`TaskCollator`.
+
+Supervision, as TAPAS builds it:
+
+- **SQA**: the gold ``answer_coordinates`` are the answer cells; ``prev_labels`` mark the
+  previous question's answer cells of the same sequence: the gold ones in training (and in
+  the cached examples); at evaluation the model's own previous prediction replaces them
+  (:mod:`mate_cli.lit_modules.table_qa`), so evaluation visits a split position by position.
+- **WikiTQ** (weak supervision): the answer cells are the cells whose value matches an
+  answer text under the official evaluator's matching (every answer must be found, else
+  none are used); ``float_answer`` is the answer when it is one number (else NaN), and
+  every cell carries its number (TAPAS's numeric values, NaN when none) for the expected
+  aggregation result.
+- **TabFact**: the statement is the question; the label is the verdict.
+
+Length heuristics: ``pruning`` = ``none`` | ``cc`` | ``hem`` (:mod:`mate_cli.data.pruning`),
+applied by the one tokenizer (:mod:`mate_cli.data.tokenize`). The split statistics log
+what survived (``answer_cells_kept``: share of questions with answer cells whose every
+answer cell kept a token).
+
+Training skips examples that cannot supervise anything (SQA/WikiTQ: no answer cell left
+and, for WikiTQ, no scalar answer), counted in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from dataclasses import asdict, fields
+from typing import Mapping
+
+import torch
+
+from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
+from mate_cli.data.numbers import TableNumbers, parse_number
+from mate_cli.data.schema import Batch, Question, Table, TaskBatch
+from mate_cli.data.tokenize import TableTokenizer
+from mate_cli.errors import MateError
+from mate_cli.modeling.checkpoints import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+TASKS = ("sqa", "wtq", "tabfact")
+PRUNING = ("none", "cc", "hem")
+Coord = tuple[int, int]
+
+
+def make_reader(task: str, root: str):
+    """The reader of ``task``'s upstream layout under ``root``."""
+    if task == "sqa":
+        from mate_cli.data.sqa import SQAReader
+
+        return SQAReader(root)
+    if task == "wtq":
+        from mate_cli.data.wtq import WTQReader
+
+        return WTQReader(root)
+    if task == "tabfact":
+        from mate_cli.data.tabfact import TabFactReader
+
+        return TabFactReader(root)
+    raise MateError(f"dataset.task={task!r} is invalid; use one of {', '.join(TASKS)}")
+
+
+# ---------------------------------------------------------------- supervision
+def answer_cells(task: str, question: Question, table: Table) -> list[Coord]:
+    """The (data row, column) cells that supervise cell selection (module docstring)."""
+    if task == "sqa":
+        return sorted({(int(r), int(c)) for r, c in question.answer_coordinates})
+    if task != "wtq" or not question.answers:
+        return []
+    from mate_cli.metrics.wtq import to_value
+
+    found: set[Coord] = set()
+    for answer in question.answers:
+        target = to_value(answer)
+        hits = {(r, c) for r, row in enumerate(table.rows) for c, cell in enumerate(row)
+                if cell.text.strip() and target.match(to_value(cell.text))}
+        if not hits:
+            return []
+        found |= hits
+    return sorted(found)
+
+
+def scalar_answer(task: str, question: Question) -> float:
+    """WikiTQ's ``float_answer``: the answer when it is exactly one number, else NaN."""
+    if task != "wtq" or len(question.answers) != 1:
+        return math.nan
+    value = parse_number(question.answers[0])
+    return float(value) if value is not None and math.isfinite(value) else math.nan
+
+
+def cell_numbers(table: Table, coords: list[list[int]]) -> list[float]:
+    """TAPAS's numeric value of each listed cell (its column's consolidated number; NaN: none)."""
+    columns = TableNumbers.of([[c.text for c in row] for row in table.rows]).columns
+    out = []
+    for r, c in coords:
+        value = columns[c].get(r) if c < len(columns) else None
+        out.append(float(value) if isinstance(value, (int, float)) else math.nan)
+    return out
+
+
+def previous_answers(questions: list[Question]) -> dict[str, list[Coord]]:
+    """SQA: question id -> the gold answer cells of the previous question of its sequence."""
+    by_sequence: dict[str, dict[int, Question]] = defaultdict(dict)
+    for q in questions:
+        if q.sequence_id is not None:
+            by_sequence[q.sequence_id][q.position] = q
+    out = {}
+    for steps in by_sequence.values():
+        for position, q in steps.items():
+            prev = steps.get(position - 1)
+            if prev is not None:
+                out[q.question_id] = sorted({(int(r), int(c)) for r, c in prev.answer_coordinates})
+    return out
+
+
+def encode_task_question(tokenizer: TableTokenizer, task: str, question: Question, table: Table,
+                         prev: list[Coord] | None = None) -> dict:
+    """One question of a table task as a plain dict (an ``EncodedExample`` plus its supervision)."""
+    cells = answer_cells(task, question, table)
+    example = asdict(tokenizer.encode(question, table, candidates=cells, prev_answer_coords=prev))
+    example.update(
+        label=-1 if question.label is None else int(question.label),
+        float_answer=scalar_answer(task, question),
+        cell_values=cell_numbers(table, example["cell_coords"]) if task == "wtq" else [],
+        answers=list(question.answers),
+        cell_texts=[table.rows[r][c].text for r, c in example["cell_coords"]] if task == "wtq" else [],
+        answer_coordinates=[list(map(int, c)) for c in question.answer_coordinates],
+        has_answer_cells=bool(cells),
+        sequence_id=question.sequence_id or "",
+        position=int(question.position),
+        channel=question.channel or "",
+    )
+    return example
+
+
+class _TaskEncoder:
+    """Picklable ``datasets.map`` function: one question record -> one encoded example."""
+
+    def __init__(self, task: str, root: str, tokenizer_args: dict, prev: dict[str, list[Coord]]):
+        self.args = (task, root, tokenizer_args, prev)
+        self._state = None
+
+    def __call__(self, record: dict) -> dict:
+        task, root, tokenizer_args, prev = self.args
+        if self._state is None:
+            args = dict(tokenizer_args)
+            self._state = (make_reader(task, root), TableTokenizer(load_tokenizer(args.pop("pretrained")), **args))
+        reader, tokenizer = self._state
+        question = question_from_record(record)
+        return encode_task_question(tokenizer, task, question, reader.table(question.table_id),
+                                    prev.get(question.question_id))
+
+    def __getstate__(self):
+        return {"args": self.args, "_state": None}
+
+
+# ---------------------------------------------------------------- datamodule
+class TableTaskDataModule(SplitDataModule):
+    """SQA, WikiTQ or TabFact data for the TAPAS heads.
+
+    Args:
+        task: ``sqa`` | ``wtq`` | ``tabfact`` (which reader and which supervision).
+        pruning: ``none`` | ``cc`` | ``hem``: how a table is cut to ``max_length``.
+        common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (root,
+            pretrained, max_length, max_question_tokens, split, batch sizes, eval_file, ...).
+    """
+
+    def __init__(self, *, task: str, pruning: str = "none", **common) -> None:
+        if task not in TASKS:
+            raise MateError(f"dataset.task={task!r} is invalid; use one of {', '.join(TASKS)}")
+        if pruning not in PRUNING:
+            raise MateError(f"dataset.pruning={pruning!r} is invalid; use one of {', '.join(PRUNING)}")
+        self.task, self.pruning = task, pruning
+        super().__init__(**common)
+        self.kind = task
+
+    def make_reader(self, root: str):
+        return make_reader(self.task, root)
+
+    def cache_payload(self, split: str) -> dict:
+        return {"task": self.task, "pruning": self.pruning, "format": 1}
+
+    def tokenizer_args(self) -> dict:
+        return {"pretrained": self.pretrained, "max_length": self.max_length,
+                "max_question_tokens": self.max_question_tokens, "pruning": self.pruning}
+
+    def encode(self, questions: list[Question], split: str):
+        encoder = _TaskEncoder(self.task, self.root, self.tokenizer_args(), previous_answers(questions))
+        return self._map(questions, encoder, f"{self.task}: tokenize")
+
+    def split_stats(self, ds) -> dict:
+        return task_split_stats(ds)
+
+    def usable_rows(self, split: str, ds) -> list[int] | None:
+        """Training: examples that supervise something. SQA evaluation: position by position."""
+        if split == "train" and self.task != "tabfact":
+            floats = ds["float_answer"]
+            keep = [i for i, c in enumerate(ds["candidates"]) if c or not math.isnan(floats[i])]
+            if len(keep) < len(ds):
+                log.info("%s train: %d of %d questions have no answer cell left and no scalar answer; skipped",
+                         self.task, len(ds) - len(keep), len(ds))
+            if not keep:
+                raise MateError(f"no {self.task} training question has an answer cell; check dataset.root and "
+                                "dataset.max_length")
+            return keep
+        if split != "train" and self.task == "sqa":
+            positions = ds["position"]
+            return sorted(range(len(ds)), key=lambda i: (positions[i], i))
+        return None
+
+    def collator(self) -> "TaskCollator":
+        return TaskCollator(self.pad_id)
+
+
+def task_split_stats(ds) -> dict:
+    """What the run log needs of a split: questions, what the length heuristic kept."""
+    n = len(ds)
+    if n == 0:
+        return {"questions": 0}
+    with_cells = [i for i, has in enumerate(ds["has_answer_cells"]) if has]
+    dropped = ds["candidates_dropped"]
+    kept = sum(1 for i in with_cells if int(dropped[i]) == 0)
+    stats = {
+        "questions": n,
+        "fit_without_truncation": round(1 - sum(bool(t) for t in ds["truncated"]) / n, 4),
+        "questions_with_answer_cells": len(with_cells),
+        "answer_cells_kept": round(kept / len(with_cells), 4) if with_cells else None,
+        "rows_dropped": sum(int(r) for r in ds["rows_dropped"]),
+        "columns_dropped": sum(int(c) for c in ds["columns_dropped"]),
+    }
+    for name in ("columns_pruned", "tokens_pruned"):
+        if name in ds.column_names:
+            stats[name] = sum(int(v) for v in ds[name])
+    return stats
+
+
+class TaskCollator:
+    """Pads encoded table-task examples into a :class:`~mate_cli.data.schema.TaskBatch`."""
+
+    def __init__(self, pad_id: int = 0) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, examples: list[Mapping]) -> TaskBatch:
+        base = Collator(self.pad_id)(examples)
+        values = torch.full(base.cell_mask.shape, math.nan)
+        for i, ex in enumerate(examples):
+            if ex["cell_values"]:
+                values[i, 1: len(ex["cell_values"]) + 1] = torch.tensor(
+                    [math.nan if v is None else v for v in ex["cell_values"]])
+        return TaskBatch(
+            **{f.name: getattr(base, f.name) for f in fields(Batch)},
+            labels=torch.tensor([int(ex["label"]) for ex in examples]),
+            float_answer=torch.tensor([math.nan if ex["float_answer"] is None else ex["float_answer"]
+                                       for ex in examples], dtype=torch.float),
+            cell_values=values, answers=[list(ex["answers"]) for ex in examples],
+            answer_coordinates=[list(ex["answer_coordinates"]) for ex in examples],
+            cell_texts=[list(ex["cell_texts"]) for ex in examples],
+            sequence_ids=[ex["sequence_id"] or None for ex in examples],
+            positions=[int(ex["position"]) for ex in examples],
+            channels=[ex["channel"] or None for ex in examples],
+        )

@@ -1,0 +1,99 @@
+"""TabFact as a LightningModule: encoder + TAPAS's entailment classifier on the pooled [CLS].
+
+Logged per evaluation: ``<stage>/loss`` (cross-entropy), ``<stage>/accuracy`` and, when
+the upstream simple/complex id lists are present, ``<stage>/accuracy_simple`` and
+``<stage>/accuracy_complex``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+
+from mate_cli.data.schema import TaskBatch
+from mate_cli.lit_modules.base import EncoderTaskModule
+from mate_cli.modeling.tapas_heads import TapasClassificationHead, load_head_weights
+
+CHANNELS = ("simple", "complex")
+VERDICTS = ("refuted", "entailed")
+
+
+class EntailmentModule(EncoderTaskModule):
+    """Statement verification: ``P(entailed | statement, table) = softmax(W dropout(pooled))``.
+
+    Args:
+        encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder`.
+        optimizer, scheduler: Hydra partials.
+        num_labels: 2 (refuted, entailed), as TabFact and ``TapasForSequenceClassification``.
+        pretrained: the encoder's checkpoint: a TAPAS TabFact checkpoint's ``classifier`` loads from it.
+    """
+
+    uses_pooler = True
+
+    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
+                 num_labels: int = 2, pretrained: str | None = None) -> None:
+        super().__init__(encoder, optimizer, scheduler)
+        self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
+        config = encoder.config
+        self.head = TapasClassificationHead(config.hidden_size, num_labels, config.initializer_range,
+                                            config.hidden_dropout)
+        if pretrained:
+            load_head_weights(self.head, pretrained)
+        self.metrics = nn.ModuleDict({
+            f"{stage}_{name}": MeanMetric() for stage in ("val", "test")
+            for name in ("loss", "accuracy", *(f"accuracy_{c}" for c in CHANNELS))
+        })
+        self.predictions: list[dict] = []
+
+    def forward(self, batch: TaskBatch) -> torch.Tensor:
+        """``[batch, num_labels]`` logits."""
+        hidden = self.encoder(batch.input_ids, batch.layout)
+        return self.head(self.encoder.pooled(hidden))
+
+    def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(self(batch), batch.labels)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self.predictions = []
+
+    def on_test_epoch_start(self) -> None:
+        self.predictions = []
+
+    def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: TaskBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def _eval_step(self, batch: TaskBatch, stage: str) -> None:
+        logits = self(batch)
+        known = batch.labels >= 0
+        if bool(known.any()):
+            loss = nn.functional.cross_entropy(logits[known], batch.labels[known])
+            self.metrics[f"{stage}_loss"].update(loss.detach(), weight=known.sum())
+            self.log(f"{stage}/loss", self.metrics[f"{stage}_loss"], batch_size=len(batch))
+        predicted = logits.argmax(-1)
+        correct = (predicted == batch.labels).float()
+        self.metrics[f"{stage}_accuracy"].update(correct[known])
+        self.log(f"{stage}/accuracy", self.metrics[f"{stage}_accuracy"], prog_bar=True, batch_size=len(batch))
+        for channel in CHANNELS:
+            rows = [i for i, c in enumerate(batch.channels) if c == channel and bool(known[i])]
+            if rows:
+                name = f"{stage}_accuracy_{channel}"
+                self.metrics[name].update(correct[rows])
+                self.log(f"{stage}/accuracy_{channel}", self.metrics[name], batch_size=len(rows))
+        self.predictions.extend(self.decode(batch, logits))
+
+    def decode(self, batch: TaskBatch, logits: torch.Tensor) -> list[dict]:
+        probs = torch.softmax(logits.float(), dim=-1)
+        return [{"question_id": q, "table_id": t, "label": int(p.argmax()), "verdict": VERDICTS[int(p.argmax())],
+                 "probability": float(p.max()), "gold": int(g)}
+                for q, t, p, g in zip(batch.question_ids, batch.table_ids, probs, batch.labels.tolist())]
+
+    def predict_step(self, batch: TaskBatch, batch_idx: int) -> list[dict]:
+        return self.decode(batch, self(batch))

@@ -1,0 +1,212 @@
+"""SQA and WikiTQ as a LightningModule: encoder + TAPAS's cell selection (+ aggregation).
+
+Thin wiring: the head and its loss live in :mod:`mate_cli.modeling.tapas_heads`, the
+metrics in :mod:`mate_cli.metrics.sqa` / :mod:`mate_cli.metrics.wtq`.
+
+Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something),
+``<stage>/accuracy`` (SQA: ALL, the share of questions whose predicted cell set equals
+the gold set; WikiTQ: denotation accuracy with the official value matching) and, for
+SQA, ``<stage>/seq`` (the share of sequences with every question right).
+
+SQA at evaluation feeds each question the model's own prediction for the previous
+question of its sequence as ``prev_labels`` (TAPAS's evaluation): a batch is run
+position by position, and the predictions are kept per (sequence, position) for the
+epoch. The split must be visited in position order (the datamodule does this), on one
+process: under DDP a sequence's questions can fall on different ranks, and a previous
+prediction made on another rank is not seen (a warning is logged, and zeros are used).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import replace
+from typing import Callable, Mapping
+
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+
+from mate_cli.data.schema import TaskBatch
+from mate_cli.lit_modules.base import EncoderTaskModule
+from mate_cli.metrics.sqa import SequenceAccuracy, sequence_key
+from mate_cli.metrics.wtq import denotation_correct
+from mate_cli.modeling.heads import pool_cells
+from mate_cli.modeling.tapas_heads import (
+    AGGREGATIONS, QAOutput, TapasHeadConfig, TapasQAHead, checkpoint_head_settings, load_head_weights,
+    token_numeric_values,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TableQAModule(EncoderTaskModule):
+    """Cell selection with TAPAS's heads: SQA (no aggregation) and WikiTQ (NONE/SUM/AVERAGE/COUNT).
+
+    Args:
+        encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder`.
+        optimizer, scheduler: Hydra partials (``conf/model/optimizer``, ``conf/model/scheduler``).
+        task: ``sqa`` or ``wtq`` (which metric, and SQA's sequential evaluation).
+        head: :class:`~mate_cli.modeling.tapas_heads.TapasHeadConfig` settings; ``null``
+            ones come from the checkpoint when it is a TAPAS one, else TAPAS's defaults.
+        pretrained: the checkpoint the encoder came from: a TAPAS QA checkpoint's head
+            weights and settings load from it.
+    """
+
+    uses_pooler = True
+
+    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
+                 task: str = "sqa", head: Mapping | None = None, pretrained: str | None = None) -> None:
+        super().__init__(encoder, optimizer, scheduler)
+        head = {str(k): v for k, v in dict(head or {}).items()}  # plain values: checkpoints load weights_only
+        self.save_hyperparameters({"task": task, "head": head, "pretrained": pretrained})
+        self.task = task
+        settings = checkpoint_head_settings(pretrained) if pretrained else {}
+        self.head_config = TapasHeadConfig.from_checkpoint(head, settings)
+        config = encoder.config
+        self.head = TapasQAHead(config.hidden_size, self.head_config, config.initializer_range, config.hidden_dropout)
+        if pretrained:
+            load_head_weights(self.head, pretrained)
+        self.metrics = nn.ModuleDict({
+            f"{stage}_{name}": metric() for stage in ("val", "test")
+            for name, metric in (("loss", MeanMetric), ("accuracy", MeanMetric), ("seq", SequenceAccuracy))
+        })
+        self.predictions: list[dict] = []
+        self._predicted: dict[tuple[str, int], set[tuple[int, int]]] = {}
+        self._warned_missing = False
+
+    # ------------------------------------------------------------ model
+    def forward(self, batch: TaskBatch, with_loss: bool = False) -> QAOutput:
+        hidden = self.encoder(batch.input_ids, batch.layout)
+        pooled = self.encoder.pooled(hidden)
+        if not with_loss:
+            return self.head(hidden, pooled, batch.layout)
+        cell_ids = batch.layout.cell_ids
+        labels = batch.candidate_mask.gather(1, cell_ids) & batch.layout.attention_mask
+        values, scale = token_numeric_values(batch.cell_values.to(hidden.dtype), cell_ids)
+        return self.head(hidden, pooled, batch.layout, labels.long(), batch.float_answer.to(hidden.dtype), values,
+                         scale)
+
+    def supervised(self, batch: TaskBatch) -> torch.Tensor:
+        """``[batch]`` bool: examples with an answer cell, or (WikiTQ) a scalar answer."""
+        has_cell = (batch.candidate_mask & batch.cell_mask).any(dim=-1)
+        return has_cell | ~torch.isnan(batch.float_answer) if self.task == "wtq" else has_cell
+
+    def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:
+        loss = self(batch, with_loss=True).loss.mean()
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        return loss
+
+    # ------------------------------------------------------------ evaluation
+    def on_validation_epoch_start(self) -> None:
+        self._reset_predictions()
+
+    def on_test_epoch_start(self) -> None:
+        self._reset_predictions()
+
+    def _reset_predictions(self) -> None:
+        self.predictions, self._predicted = [], {}
+
+    def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: TaskBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def _eval_step(self, batch: TaskBatch, stage: str) -> None:
+        for part in self._in_position_order(batch):
+            part = self._with_predicted_previous(part)
+            out = self(part, with_loss=True)
+            keep = self.supervised(part)
+            if bool(keep.any()):
+                self.metrics[f"{stage}_loss"].update(out.loss[keep].mean().detach(), weight=keep.sum())
+                self.log(f"{stage}/loss", self.metrics[f"{stage}_loss"], batch_size=len(part))
+            rows = self.decode(part, out)
+            correct = torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
+            self.metrics[f"{stage}_accuracy"].update(correct)
+            self.log(f"{stage}/accuracy", self.metrics[f"{stage}_accuracy"], prog_bar=True, batch_size=len(part))
+            if self.task == "sqa":
+                keys = torch.tensor([sequence_key(r["sequence_id"] or r["question_id"]) for r in rows],
+                                    device=self.device)
+                self.metrics[f"{stage}_seq"].update(keys, correct.bool())
+                self.log(f"{stage}/seq", self.metrics[f"{stage}_seq"], batch_size=len(part))
+            self.predictions.extend(rows)
+
+    def _in_position_order(self, batch: TaskBatch) -> list[TaskBatch]:
+        """SQA: the batch split by sequence position, ascending; otherwise the batch itself."""
+        positions = sorted(set(batch.positions))
+        if self.task != "sqa" or len(positions) <= 1:
+            return [batch]
+        return [batch.select([i for i, p in enumerate(batch.positions) if p == position]) for position in positions]
+
+    def _with_predicted_previous(self, batch: TaskBatch) -> TaskBatch:
+        """SQA: ``prev_labels`` from this model's answers to the previous questions."""
+        if self.task != "sqa":
+            return batch
+        marks = torch.zeros_like(batch.cell_mask)
+        for i, (sequence, position) in enumerate(zip(batch.sequence_ids, batch.positions)):
+            if position == 0:
+                continue
+            previous = self._predicted.get((sequence, position - 1))
+            if previous is None:
+                if not self._warned_missing:
+                    log.warning("SQA: no prediction for the question before %s (position %d); its prev_labels "
+                                "are zeros. Evaluate in position order on one process.", batch.question_ids[i],
+                                position)
+                    self._warned_missing = True
+                continue
+            for k, (r, c) in enumerate(batch.cell_coords[i].tolist()):
+                if k and (r, c) in previous:
+                    marks[i, k] = True
+        cell_ids = batch.layout.cell_ids
+        prev_labels = (marks.gather(1, cell_ids) & (cell_ids > 0)).long()
+        return replace(batch, layout=batch.layout.with_fields(prev_labels=prev_labels))
+
+    def decode(self, batch: TaskBatch, out: QAOutput) -> list[dict]:
+        """Per example: the selected cells, the aggregation, the answer, and whether it is right."""
+        probs = pool_cells(torch.sigmoid(out.logits.float()), batch.layout.cell_ids * batch.layout.attention_mask,
+                           batch.cell_mask.shape[1] - 1)
+        selected = (probs > self.head_config.cell_classification_threshold) & batch.cell_mask
+        operators = (out.aggregation_logits.argmax(-1).tolist() if out.aggregation_logits is not None
+                     else [0] * len(batch))
+        rows = []
+        for i in range(len(batch)):
+            cells = selected[i].nonzero().flatten().tolist()
+            coords = [tuple(batch.cell_coords[i, k].tolist()) for k in cells]
+            operator = AGGREGATIONS[operators[i]] if self.task == "wtq" else "NONE"
+            row = {"question_id": batch.question_ids[i], "table_id": batch.table_ids[i],
+                   "sequence_id": batch.sequence_ids[i], "position": batch.positions[i],
+                   "coordinates": [list(c) for c in coords], "aggregation": operator}
+            if self.task == "wtq":
+                texts = [batch.cell_texts[i][k - 1] for k in cells] if batch.cell_texts else []
+                values = [float(batch.cell_values[i, k]) for k in cells]
+                row["answer"] = aggregate_answer(operator, texts, values)
+                row["correct"] = bool(batch.answers[i]) and denotation_correct(batch.answers[i], row["answer"])
+            else:
+                gold = {tuple(map(int, c)) for c in batch.answer_coordinates[i]} if batch.answer_coordinates else set()
+                row["correct"] = set(coords) == gold
+                self._predicted[(batch.sequence_ids[i], batch.positions[i])] = set(coords)
+            rows.append(row)
+        return rows
+
+    def predict_step(self, batch: TaskBatch, batch_idx: int) -> list[dict]:
+        return self.decode(batch, self(batch))
+
+
+def aggregate_answer(operator: str, texts: list[str], values: list[float]) -> list[str]:
+    """The denotation of a selection: NONE -> the cells' texts; COUNT -> how many;
+    SUM / AVERAGE -> of the cells' numbers (cells without a number are left out)."""
+    if operator == "NONE":
+        return list(texts)
+    if operator == "COUNT":
+        return [str(len(texts))]
+    numbers = [v for v in values if not math.isnan(v)]
+    if not numbers:
+        return []
+    result = sum(numbers) if operator == "SUM" else sum(numbers) / len(numbers)
+    return [format_number(result)]
+
+
+def format_number(value: float) -> str:
+    """``3.0`` -> ``3``; otherwise up to 15 significant digits."""
+    return str(int(value)) if float(value).is_integer() else format(value, ".15g")

@@ -1,0 +1,431 @@
+"""TAPAS's fine-tuning heads and losses (Herzig et al. 2020; Eisenschlos et al. 2020 for TabFact).
+
+Owns :class:`TapasHeadConfig` (TAPAS's own setting names, so a published fine-tuned
+checkpoint's ``config.json`` fills it), :class:`TapasQAHead` (cell selection, plus the
+aggregation classifier when ``num_aggregation_labels > 0``: SQA and WikiTQ) and
+:class:`TapasClassificationHead` (TabFact's entailment classifier on [CLS]).
+
+Parameter names are ``TapasForQuestionAnswering``'s (``output_weights``,
+``output_bias``, ``column_output_weights``, ``column_output_bias``,
+``aggregation_classifier``) and ``TapasForSequenceClassification``'s (``classifier``),
+so a published checkpoint's head loads by name (:func:`load_head_weights`).
+
+**Cells are TAPAS's here**: a cell is a (row id, column id) pair of the layout (row ids
+clipped at ``max_num_rows - 1``, column ids at ``max_num_columns - 1``, as TAPAS does),
+so the header row (row 0) and the query ((0, 0)) are cells of the loss too. This differs
+from :mod:`mate_cli.modeling.heads` (PointR), which pools the data cells by cell id.
+
+The cell-selection model (TAPAS §3):
+
+- token logits ``s_t = (w · h_t + b) / temperature``; a cell's logit is the mean over its
+  tokens; a column's logit is the mean over its cells of a second projection's cell means
+  (column 0, the query, is excluded unless ``allow_empty_column_selection``);
+- ``select_one_column``: the loss is ``-log P(gold column)`` plus the mean Bernoulli
+  log-likelihood of the gold cells inside the gold column; at prediction only the cells
+  of the arg-max column can be selected (the others get logit ``-10000``);
+- aggregation (WikiTQ): a classifier on the pooled [CLS] over NONE, SUM, AVERAGE, COUNT.
+  With ``use_answer_as_supervision`` the answer supervises it weakly: an example whose
+  answer is not a number, or is a number found in the table while the model puts at most
+  ``cell_selection_preference`` of its mass on the operators, learns cell selection and
+  NONE; the other scalar answers learn ``-log P(any operator)`` plus a Huber loss between
+  the expected result (each operator applied to the soft cell selection) and the answer,
+  both zeroed when that Huber loss exceeds ``answer_loss_cutoff``.
+
+One deliberate difference from ``transformers``: padding tokens belong to no cell here
+(TAPAS counts them in the query cell (0, 0), so its query-cell mean, and with it the loss
+of an example with no answer cell, depends on how far the batch was padded). On unpadded
+inputs, and on padded ones whose examples all have an answer cell, the logits and the
+loss equal ``TapasForQuestionAnswering``'s (``tests/modeling/test_tapas_heads.py``).
+Gumbel sampling (``use_gumbel_for_cells`` / ``_for_aggregation``) is not supported.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, NamedTuple
+
+import torch
+from torch import nn
+
+from mate_cli.errors import MateError
+from mate_cli.modeling.layout import TableLayout
+
+log = logging.getLogger(__name__)
+
+#: TAPAS's aggregation operators for WikiTQ, in its label order.
+AGGREGATIONS = ("NONE", "SUM", "AVERAGE", "COUNT")
+#: TAPAS's stand-ins for log(0) and for a safe division.
+LOG_ZERO = -10000.0
+EPSILON = 1e-10
+APPROXIMATIONS = ("ratio", "first_order", "second_order")
+
+
+@dataclass
+class TapasHeadConfig:
+    """TAPAS's head settings (``transformers.TapasConfig`` names and defaults).
+
+    The task yamls (``conf/model/table_qa.yaml`` and friends) set TAPAS's published
+    values per task; :meth:`from_checkpoint` fills unset ones from a TAPAS checkpoint.
+    """
+
+    num_aggregation_labels: int = 0
+    temperature: float = 1.0
+    select_one_column: bool = True
+    allow_empty_column_selection: bool = False
+    positive_label_weight: float = 10.0
+    average_logits_per_cell: bool = False
+    disable_per_token_loss: bool = False
+    use_answer_as_supervision: bool | None = None
+    cell_selection_preference: float | None = None
+    answer_loss_cutoff: float | None = None
+    huber_loss_delta: float | None = None
+    answer_loss_importance: float = 1.0
+    use_normalized_answer_loss: bool = False
+    average_approximation_function: str = "ratio"
+    aggregation_temperature: float = 1.0
+    aggregation_loss_weight: float = 1.0
+    max_num_rows: int = 64
+    max_num_columns: int = 32
+    init_cell_selection_weights_to_zero: bool = False
+    cell_classification_threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        self.average_approximation_function = str(self.average_approximation_function).lower()
+        if self.average_approximation_function not in APPROXIMATIONS:
+            raise MateError(f"model.head.average_approximation_function={self.average_approximation_function!r} "
+                            f"is invalid; use one of {', '.join(APPROXIMATIONS)}")
+        if self.use_answer_as_supervision and self.num_aggregation_labels and self.cell_selection_preference is None:
+            raise MateError("model.head.use_answer_as_supervision=true needs model.head.cell_selection_preference "
+                            "(TAPAS's WikiTQ value: 0.207951)")
+
+    @classmethod
+    def from_checkpoint(cls, settings: Mapping[str, Any], checkpoint: Mapping[str, Any] | None) -> "TapasHeadConfig":
+        """``settings`` (the yaml; ``None`` values unset) over a TAPAS ``config.json`` over the defaults."""
+        checkpoint = checkpoint or {}
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - names)
+        if unknown:
+            raise MateError(f"model.head has unknown setting(s) {unknown}; the TAPAS head settings are {sorted(names)}")
+        values = {name: checkpoint[name] for name in names if checkpoint.get(name) is not None}
+        values.update({k: v for k, v in settings.items() if v is not None})
+        for flag in ("use_gumbel_for_cells", "use_gumbel_for_aggregation"):
+            if checkpoint.get(flag):
+                log.warning("the checkpoint sets %s; Gumbel sampling is not supported, the plain "
+                            "probabilities are used", flag)
+        return cls(**values)
+
+
+class QAOutput(NamedTuple):
+    """What :class:`TapasQAHead` returns.
+
+    ``logits``: ``[batch, seq]`` token logits after the single-column constraint (every
+    token of a cell carries the cell's logit); ``aggregation_logits``: ``[batch, ops]`` or
+    None; ``loss``: ``[batch]`` per-example loss (its mean is TAPAS's loss) or None.
+    """
+
+    logits: torch.Tensor
+    aggregation_logits: torch.Tensor | None
+    loss: torch.Tensor | None
+
+
+# ---------------------------------------------------------------- segments
+class CellIndex:
+    """Tokens grouped into TAPAS cells (row, column), columns, and one extra group for padding.
+
+    Segment ``row * C + column`` for real tokens (``C = max_num_columns``), ``R * C`` for
+    padding; results are computed over ``R * C + 1`` segments and the padding one dropped.
+    """
+
+    def __init__(self, layout: TableLayout, max_num_rows: int, max_num_columns: int) -> None:
+        rows = layout.row_ids.clamp(max=max_num_rows - 1)
+        self.columns = layout.column_ids.clamp(max=max_num_columns - 1)
+        self.num_rows, self.num_columns = max_num_rows, max_num_columns
+        self.num_cells = max_num_rows * max_num_columns
+        real = layout.attention_mask
+        self.cell = torch.where(real, rows * max_num_columns + self.columns, self.num_cells)
+        self.column = torch.where(real, self.columns, max_num_columns)
+        #: column id of every cell segment ``[num_cells]``
+        self.column_of_cell = torch.arange(self.num_cells, device=rows.device) % max_num_columns
+
+    @staticmethod
+    def _reduce(values: torch.Tensor, index: torch.Tensor, size: int, how: str) -> torch.Tensor:
+        out = values.new_zeros(values.shape[0], size + 1)
+        return out.scatter_reduce(1, index, values, reduce=how, include_self=False)[:, :size]
+
+    def cell_mean(self, values: torch.Tensor) -> torch.Tensor:
+        """``[batch, seq]`` -> ``[batch, cells]`` mean per cell (0 for an empty cell)."""
+        return self._reduce(values, self.cell, self.num_cells, "mean")
+
+    def cell_max(self, values: torch.Tensor) -> torch.Tensor:
+        return self._reduce(values, self.cell, self.num_cells, "amax")
+
+    def column_sum_of_cells(self, cell_values: torch.Tensor) -> torch.Tensor:
+        """``[batch, cells]`` -> ``[batch, columns]`` sum over each column's cells."""
+        index = self.column_of_cell.expand_as(cell_values)
+        return cell_values.new_zeros(cell_values.shape[0], self.num_columns).scatter_add(1, index, cell_values)
+
+    def column_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """``[batch, seq]`` token values -> ``[batch, columns]`` sum per column."""
+        return self._reduce(values, self.column, self.num_columns, "sum")
+
+    def gather(self, cell_values: torch.Tensor) -> torch.Tensor:
+        """``[batch, cells]`` -> ``[batch, seq]`` each token its cell's value (padding: 0)."""
+        padded = torch.cat([cell_values, cell_values.new_zeros(cell_values.shape[0], 1)], dim=1)
+        return padded.gather(1, self.cell)
+
+
+# ---------------------------------------------------------------- heads
+class TapasQAHead(nn.Module):
+    """Cell selection (+ aggregation) on the encoder's states: SQA and WikiTQ.
+
+    Args:
+        hidden_size: the encoder's width.
+        config: :class:`TapasHeadConfig`.
+        initializer_range: std of the normal initialisation (BERT's 0.02).
+        dropout: applied to the last hidden states before the cell logits (training only).
+    """
+
+    def __init__(self, hidden_size: int, config: TapasHeadConfig, initializer_range: float = 0.02,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.config = config
+        self.dropout = nn.Dropout(dropout)
+        self.output_weights = nn.Parameter(torch.empty(hidden_size))
+        self.output_bias = nn.Parameter(torch.zeros(()))
+        self.column_output_weights = nn.Parameter(torch.empty(hidden_size))
+        self.column_output_bias = nn.Parameter(torch.zeros(()))
+        for weights in (self.output_weights, self.column_output_weights):
+            if config.init_cell_selection_weights_to_zero:
+                nn.init.zeros_(weights)
+            else:
+                nn.init.normal_(weights, std=initializer_range)
+        if config.num_aggregation_labels > 0:
+            self.aggregation_classifier = nn.Linear(hidden_size, config.num_aggregation_labels)
+            nn.init.normal_(self.aggregation_classifier.weight, std=initializer_range)
+            nn.init.zeros_(self.aggregation_classifier.bias)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        pooled: torch.Tensor,
+        layout: TableLayout,
+        labels: torch.Tensor | None = None,
+        float_answer: torch.Tensor | None = None,
+        numeric_values: torch.Tensor | None = None,
+        numeric_values_scale: torch.Tensor | None = None,
+    ) -> QAOutput:
+        """Logits, and with ``labels`` the per-example loss.
+
+        Args:
+            hidden: ``[batch, seq, hidden]`` last encoder states; ``pooled``: ``[batch, hidden]``.
+            layout: the batch's layout (row, column ids and the padding mask).
+            labels: ``[batch, seq]`` 1 on the tokens of gold answer cells.
+            float_answer: ``[batch]`` the scalar answer, NaN when the answer is not one number.
+            numeric_values: ``[batch, seq]`` each token's cell value (NaN: none);
+                ``numeric_values_scale``: ``[batch, seq]`` the number of tokens of its cell.
+        """
+        cfg = self.config
+        hidden = self.dropout(hidden)
+        index = CellIndex(layout, cfg.max_num_rows, cfg.max_num_columns)
+        real = layout.attention_mask.to(hidden.dtype)
+        cell_mask = index.cell_mean(real)
+        token_logits = (hidden @ self.output_weights + self.output_bias) / cfg.temperature
+        column_logits = self._column_logits(hidden, index, cell_mask) if cfg.select_one_column else None
+        aggregation_logits = self.aggregation_classifier(pooled) if cfg.num_aggregation_labels > 0 else None
+        if labels is None:
+            _, logits = _single_column_selection(token_logits, column_logits, torch.zeros_like(token_logits),
+                                                 index, cell_mask)
+            return QAOutput(logits, aggregation_logits, None)
+        return self._loss(token_logits, column_logits, aggregation_logits, pooled, labels, float_answer,
+                          numeric_values, numeric_values_scale, index, cell_mask, real, layout)
+
+    def _column_logits(self, hidden: torch.Tensor, index: CellIndex, cell_mask: torch.Tensor) -> torch.Tensor:
+        token = hidden @ self.column_output_weights + self.column_output_bias
+        cells = index.cell_mean(token)
+        count = index.column_sum_of_cells(cell_mask)
+        logits = index.column_sum_of_cells(cells * cell_mask) / (count + EPSILON)
+        columns = torch.arange(index.num_columns, device=hidden.device)
+        empty = (count < 0.5) & (columns != 0)
+        logits = logits + LOG_ZERO * empty.to(logits.dtype)
+        if not self.config.allow_empty_column_selection:
+            logits = logits + LOG_ZERO * (columns == 0).to(logits.dtype)
+        return logits
+
+    def _loss(self, token_logits, column_logits, aggregation_logits, pooled, labels, float_answer, numeric_values,
+              numeric_values_scale, index, cell_mask, real, layout) -> QAOutput:
+        cfg = self.config
+        labels = labels.long() * layout.attention_mask
+        weakly = cfg.num_aggregation_labels > 0 and bool(cfg.use_answer_as_supervision)
+        aggregate = None
+        if weakly:
+            if float_answer is None:
+                raise ValueError("answer-supervised aggregation needs float_answer (NaN where none)")
+            aggregate = _aggregate_mask(float_answer, aggregation_logits, cfg.cell_selection_preference, labels)
+        if cfg.average_logits_per_cell:
+            token_logits = index.gather(index.cell_mean(token_logits))
+        if cfg.select_one_column:
+            selection, logits = _single_column_selection(token_logits, column_logits, labels, index, cell_mask)
+        else:
+            weight = torch.where(labels == 0, 1.0, cfg.positive_label_weight).to(token_logits.dtype)
+            per_token = nn.functional.binary_cross_entropy_with_logits(
+                token_logits, labels.to(token_logits.dtype), reduction="none") * weight
+            selection = (per_token * real).sum(1) / (real.sum(1) + EPSILON)
+            logits = token_logits
+        loss = torch.zeros_like(selection)
+        if not cfg.disable_per_token_loss:
+            loss = loss + (selection if aggregate is None else selection * (1.0 - aggregate))
+        if cfg.num_aggregation_labels > 0:
+            loss = loss + self._aggregation_loss(aggregation_logits, aggregate, logits, float_answer, numeric_values,
+                                                 numeric_values_scale, layout)
+        return QAOutput(logits, aggregation_logits, loss)
+
+    def _aggregation_loss(self, aggregation_logits, aggregate, logits, float_answer, numeric_values,
+                          numeric_values_scale, layout) -> torch.Tensor:
+        cfg = self.config
+        log_probs = torch.log_softmax(aggregation_logits, dim=-1)
+        if aggregate is None:
+            raise MateError("supervised aggregation labels are not supported; set "
+                            "model.head.use_answer_as_supervision=true (TAPAS's WikiTQ setting)")
+        # weak supervision: NONE for cell-selection examples, "some operator" for the others
+        extra = -log_probs[:, 0] * (1.0 - aggregate)
+        extra = extra - torch.log(torch.softmax(aggregation_logits, dim=-1)[:, 1:].sum(1)) * aggregate
+        extra = cfg.aggregation_loss_weight * extra
+        if numeric_values is None or numeric_values_scale is None:
+            raise ValueError("answer-supervised aggregation needs numeric_values and numeric_values_scale")
+        answer_loss, keep = self._answer_loss(float_answer, aggregate, logits, numeric_values, numeric_values_scale,
+                                              aggregation_logits, (layout.row_ids > 0).to(logits.dtype))
+        return (extra + answer_loss) * keep
+
+    def _answer_loss(self, answer, aggregate, logits, values, scale, aggregation_logits, table_mask):
+        cfg = self.config
+        expected = expected_result(torch.sigmoid(logits), values, scale, table_mask, aggregation_logits,
+                                   cfg.average_approximation_function, cfg.aggregation_temperature)
+        answer = torch.nan_to_num(answer, nan=0.0)
+        if cfg.use_normalized_answer_loss:
+            norm = (torch.maximum(expected.abs(), answer.abs()) + EPSILON).detach()
+            loss = huber(expected / norm * aggregate, answer / norm * aggregate, 1.0)
+        else:
+            loss = huber(expected * aggregate, answer * aggregate, cfg.huber_loss_delta)
+        keep = torch.ones_like(loss) if cfg.answer_loss_cutoff is None else (loss <= cfg.answer_loss_cutoff).to(loss.dtype)
+        return cfg.answer_loss_importance * loss * aggregate, keep
+
+
+class TapasClassificationHead(nn.Module):
+    """TabFact's entailment classifier: ``classifier(dropout(pooled [CLS]))`` (0 refuted, 1 entailed)."""
+
+    def __init__(self, hidden_size: int, num_labels: int = 2, initializer_range: float = 0.02,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(hidden_size, num_labels)
+        nn.init.normal_(self.classifier.weight, std=initializer_range)
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        """``[batch, hidden]`` -> ``[batch, num_labels]`` logits."""
+        return self.classifier(self.dropout(pooled))
+
+
+# ---------------------------------------------------------------- pieces
+def _single_column_selection(token_logits, column_logits, labels, index: CellIndex, cell_mask):
+    """TAPAS's hierarchical loss: pick the gold column, then Bernoulli per cell inside it.
+
+    Returns ``(per-example loss [batch], token logits [batch, seq])``; the logits keep only
+    the cells of the arg-max column (others get ``LOG_ZERO``). Without ``column_logits``
+    (``select_one_column=false``) the loss is unused and the logits are the cell means.
+    """
+    cell_logits = index.cell_mean(token_logits)
+    if column_logits is None:
+        return None, index.gather(cell_logits)
+    per_column = index.column_sum(labels.to(token_logits.dtype))
+    nothing = per_column.max(dim=-1).values == 0
+    gold_column = torch.where(nothing, 0, per_column.argmax(dim=-1))
+    column_loss = -torch.log_softmax(column_logits, dim=-1).gather(1, gold_column[:, None]).squeeze(1)
+    cell_labels = index.cell_max(labels.to(token_logits.dtype))
+    in_gold = (index.column_of_cell[None, :] == gold_column[:, None]).to(token_logits.dtype)
+    log_likelihood = -nn.functional.binary_cross_entropy_with_logits(cell_logits, cell_labels, reduction="none")
+    cell_loss = -(log_likelihood * in_gold * cell_mask).sum(1) / ((in_gold * cell_mask).sum(1) + EPSILON)
+    loss = column_loss + torch.where(nothing, 0.0, cell_loss)
+    chosen = column_logits.argmax(dim=-1)
+    in_chosen = (index.column_of_cell[None, :] == chosen[:, None]) & (index.column_of_cell[None, :] != 0)
+    masked = cell_logits + LOG_ZERO * (1.0 - cell_mask * in_chosen.to(cell_mask.dtype))
+    return loss, index.gather(masked)
+
+
+def _aggregate_mask(answer, aggregation_logits, preference, labels) -> torch.Tensor:
+    """1 for the examples that should aggregate: a scalar answer, unless cell selection can
+    give it (an answer cell exists) and the model prefers NONE (operators' mass <= preference)."""
+    scalar = (~torch.isnan(answer)).to(aggregation_logits.dtype)
+    operators = torch.softmax(aggregation_logits, dim=-1)[:, 1:].sum(1)
+    select = (operators <= preference) & (labels.sum(1) > 0)
+    return torch.where(select, torch.zeros_like(scalar), scalar).detach()
+
+
+def expected_result(probs, values, scale, table_mask, aggregation_logits, approximation="ratio",
+                    aggregation_temperature=1.0) -> torch.Tensor:
+    """The expected SUM / AVERAGE / COUNT of a soft cell selection, weighted by the operators' probabilities.
+
+    ``probs``, ``values`` (NaN: not a number), ``scale`` (tokens of the token's cell) and
+    ``table_mask`` (data rows) are ``[batch, seq]``; a cell's tokens share its probability,
+    so dividing by ``scale`` counts every cell once.
+    """
+    p = probs / scale * table_mask
+    count = p.sum(1)
+    values = torch.nan_to_num(values, nan=0.0)
+    total = (p * values).sum(1)
+    if approximation == "ratio":
+        average = total / (count + EPSILON)
+    else:
+        others = p.sum(1, keepdim=True) - p + 1
+        if approximation == "first_order":
+            average = (values * p / others).sum(1)
+        else:
+            pointwise = p * (1 - p)
+            variance = pointwise.sum(1, keepdim=True) - pointwise
+            average = (values * p * (variance / others.square() + 1) / others).sum(1)
+    operators = torch.softmax(aggregation_logits[:, 1:] / aggregation_temperature, dim=-1)
+    return (torch.stack([total, average, count], dim=1) * operators).sum(1)
+
+
+def huber(prediction: torch.Tensor, target: torch.Tensor, delta: float) -> torch.Tensor:
+    errors = (prediction - target).abs()
+    return torch.where(errors < delta, 0.5 * errors**2, errors * delta - 0.5 * delta**2)
+
+
+def token_numeric_values(cell_values: torch.Tensor, cell_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``(numeric value, scale)`` from per-cell values ``[batch, cells + 1]`` (index 0 / NaN: none).
+
+    ``scale`` is the number of tokens of the token's cell (1 outside cells), as TAPAS's tokenizer writes it.
+    """
+    values = cell_values.gather(1, cell_ids)
+    values = torch.where(cell_ids > 0, values, torch.full_like(values, float("nan")))
+    counts = torch.zeros_like(cell_values).scatter_add(1, cell_ids, torch.ones_like(values))
+    scale = torch.where(cell_ids > 0, counts.gather(1, cell_ids), torch.ones_like(values)).clamp(min=1)
+    return values, scale
+
+
+# ---------------------------------------------------------------- checkpoints
+def load_head_weights(head: nn.Module, pretrained: str) -> list[str]:
+    """Copy the head tensors a TAPAS task checkpoint holds (same names) into ``head``.
+
+    A BERT or TAPAS base checkpoint has none: the head keeps its fresh initialisation.
+    Returns the names loaded.
+    """
+    from mate_cli.modeling import checkpoints
+
+    resolved = checkpoints.resolve_pretrained(pretrained)
+    state = checkpoints.read_state_dict(checkpoints.weight_files(resolved))
+    own = head.state_dict()
+    found = {k: v for k, v in state.items() if k in own}
+    if found:
+        checkpoints.load_state_dict(head, found, source=f"{pretrained} (task head)")
+    return sorted(found)
+
+
+def checkpoint_head_settings(pretrained: str) -> dict:
+    """The checkpoint's ``config.json`` when it is a TAPAS one (its head settings), else ``{}``."""
+    from mate_cli.modeling import checkpoints
+
+    config = checkpoints.read_config(checkpoints.resolve_pretrained(pretrained))
+    return config if config.get("model_type") == "tapas" else {}

@@ -1,0 +1,59 @@
+"""One question (or statement) about one table file, answered by a trained table-task run.
+
+``mate predict ckpt_path=<sqa|wtq|tabfact run>/checkpoints/last.ckpt table=<file> question="..."``
+reads the table in the run's dataset format (WikiTQ ``.tsv``/``.csv``, SQA ``.csv``,
+TabFact ``#``-separated ``.html.csv``), encodes it exactly as training did (the run's
+``max_length``, ``max_question_tokens`` and ``pruning``), and decodes with the run's
+head: TabFact gives the verdict and its probability; SQA the selected cells; WikiTQ the
+selected cells, the aggregation operator and the computed answer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mate_cli.data.schema import Question, Table
+from mate_cli.data.table_tasks import TaskCollator, encode_task_question
+from mate_cli.data.tokenize import TableTokenizer
+from mate_cli.errors import MateError
+from mate_cli.runs import TrainedRun, autocast
+
+
+def read_task_table(task: str, path: str | Path) -> Table:
+    """A table file in ``task``'s upstream format."""
+    if not Path(str(path)).expanduser().is_file():
+        raise MateError(f"table={path} not found; pass a table file of the run's dataset ({task})")
+    if task == "wtq":
+        from mate_cli.data.wtq import read_table_file
+    elif task == "sqa":
+        from mate_cli.data.sqa import read_table_file
+    else:
+        from mate_cli.data.tabfact import read_table_file
+    return read_table_file(Path(str(path)).expanduser())
+
+
+def predict_table_question(run: TrainedRun, table: Table, text: str, device: torch.device,
+                           precision: str | None) -> dict:
+    """The run's answer to ``text`` about ``table`` (module docstring), as a JSON-ready dict."""
+    data = run.cfg.dataset
+    task = str(data.task)
+    tokenizer = TableTokenizer(run.tokenizer, max_length=int(data.max_length),
+                               max_question_tokens=int(data.max_question_tokens), pruning=str(data.pruning))
+    question = Question("question", text, table.table_id)
+    example = encode_task_question(tokenizer, task, question, table)
+    batch = TaskCollator(int(run.tokenizer.pad_token_id or 0))([example]).to(device)
+    with torch.no_grad(), autocast(device, precision):
+        out = run.model(batch)
+    result = {"task": task, "question": text, "table": table.table_id, "truncated": bool(example["truncated"])}
+    if task == "tabfact":
+        row = run.model.decode(batch, out)[0]
+        return {**result, "verdict": row["verdict"], "probability": row["probability"]}
+    row = run.model.decode(batch, out)[0]
+    cells = [{"row": r, "column": c, "header": table.header[c].text, "text": table.rows[r][c].text}
+             for r, c in row["coordinates"]]
+    result.update(cells=cells, aggregation=row["aggregation"])
+    if task == "wtq":
+        result["answer"] = row["answer"]
+    return result

@@ -1,0 +1,118 @@
+"""SQA, WikiTQ and TabFact end to end through the real `mate` CLI (Table 4's tasks).
+
+Each task's MATE experiment trains a few steps on its bundled sample; `mate eval` then
+scores that checkpoint on *another* dataset root through an upstream split file named by
+``dataset.eval_file`` and writes the predictions in the upstream answer format; `mate
+predict` answers one question about one table file. (The ``*_tapas`` experiments differ
+by ``attention=dense`` only; tests/conf composes and instantiates them, and the slow test
+trains them.)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT, mate_env, new_run, run_dirs, run_mate
+
+TRAIN = ["trainer.max_steps=3", "trainer.log_every_n_steps=1", "dataset.max_length=256"]
+
+
+def another_root(task: str, base: Path) -> tuple[Path, str, int]:
+    """A copy of the task's sample whose upstream evaluation file holds part of its questions.
+
+    Returns ``(root, eval file name, questions in it)``.
+    """
+    root = base / f"{task}_root"
+    shutil.copytree(REPO_ROOT / "data" / f"{task}_sample", root)
+    if task == "wtq":
+        lines = (root / "data" / "training.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+        (root / "data" / "pristine-unseen-tables.tsv").write_text("".join(lines[:21]), encoding="utf-8")
+        return root, "pristine-unseen-tables.tsv", 20
+    if task == "sqa":
+        with open(root / "train.tsv", encoding="utf-8", newline="") as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t"))
+        keep = [r for r in rows if (r["id"], r["annotator"]) in {(x["id"], x["annotator"]) for x in rows[:8]}]
+        with open(root / "test.tsv", "w", encoding="utf-8", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]), delimiter="\t")
+            writer.writeheader()
+            writer.writerows(keep)
+        return root, "test.tsv", len(keep)
+    examples = json.loads((root / "tokenized_data" / "val_examples.json").read_text(encoding="utf-8"))
+    chosen = dict(list(examples.items())[:4])
+    (root / "tokenized_data" / "test_examples.json").write_text(json.dumps(chosen), encoding="utf-8")
+    return root, "test_examples.json", sum(len(v[0]) for v in chosen.values())
+
+
+def a_table_and_question(task: str) -> tuple[Path, str]:
+    data = REPO_ROOT / "data" / f"{task}_sample"
+    if task == "wtq":
+        return data / "csv" / "204-csv" / "106.csv", "how many rows are there?"
+    if task == "sqa":
+        return data / "table_csv" / "204_792.csv", "which players are listed?"
+    return data / "data" / "all_csv" / "2-18178534-1.html.csv", "the team win 3 game"
+
+
+@pytest.mark.parametrize("task", ["sqa", "wtq", "tabfact"])
+def test_task_trains_evaluates_on_another_split_file_and_predicts(task, tmp_path):
+    outputs = tmp_path / "outputs"
+    env = mate_env(outputs, tmp_path / "cache", HOME=str(tmp_path / "home"))
+    before = run_dirs(outputs, "train")
+    trained = run_mate(["train", f"experiment={task}_mate", *TRAIN], env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run = new_run(outputs, "train", before)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert 0.0 <= metrics["val/accuracy"] <= 1.0
+    assert metrics["perf/tokens_per_s"] > 0 and metrics["data/train/questions"] > 0
+    assert "data/train/fit_without_truncation" in metrics
+    if task != "tabfact":
+        assert 0.0 <= metrics["data/train/answer_cells_kept"] <= 1.0
+    if task == "sqa":
+        assert 0.0 <= metrics["val/seq"] <= metrics["val/accuracy"] or metrics["val/accuracy"] == 0.0
+
+    root, eval_file, expected = another_root(task, tmp_path)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    before = run_dirs(outputs, "eval")
+    evaluated = run_mate(["eval", f"ckpt_path={ckpt}",
+                          f"overrides=['dataset.root={root}','dataset.eval_file={eval_file}']"], env)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    eval_run = new_run(outputs, "eval", before)
+    scores = json.loads((eval_run / "metrics.json").read_text())
+    assert scores["data/validation/questions"] == expected
+    assert 0.0 <= scores["val/accuracy"] <= 1.0
+    predictions = Path(scores["predictions"])
+    assert predictions.parent == eval_run
+    if task == "tabfact":
+        verdicts = json.loads(predictions.read_text())
+        assert sum(len(v) for v in verdicts.values()) == expected
+        assert {x for v in verdicts.values() for x in v} <= {0, 1}
+    else:
+        lines = predictions.read_text(encoding="utf-8").splitlines()
+        assert len(lines) == expected + (task == "sqa")  # SQA's file has a header
+        if task == "sqa":
+            assert lines[0].split("\t") == ["id", "annotator", "position", "answer_coordinates"]
+
+    table, question = a_table_and_question(task)
+    before = run_dirs(outputs, "predict")
+    predicted = run_mate(["predict", f"ckpt_path={ckpt}", f"table={table}", f"question={question}"], env)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    answer = json.loads((new_run(outputs, "predict", before) / "prediction.json").read_text())
+    assert answer["task"] == task
+    if task == "tabfact":
+        assert answer["verdict"] in ("entailed", "refuted") and "verdict:" in predicted.stdout
+    else:
+        assert isinstance(answer["cells"], list) and "selected cells" in predicted.stdout
+    if task == "wtq":
+        assert answer["aggregation"] in ("NONE", "SUM", "AVERAGE", "COUNT") and "answer:" in predicted.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", [f"{t}_{a}" for t in ("sqa", "wtq", "tabfact") for a in ("mate", "tapas")])
+def test_every_table_experiment_trains(experiment, tmp_path):
+    env = mate_env(tmp_path / "outputs", tmp_path / "cache", HOME=str(tmp_path / "home"))
+    done = run_mate(["train", f"experiment={experiment}", *TRAIN], env)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,208 @@
+"""TAPAS's heads: a saved ``TapasForQuestionAnswering`` / ``TapasForSequenceClassification``
+loads into our modules and gives the same logits AND the same loss on the same labels.
+
+The references are ``transformers`` models with small random configs (every head tensor
+randomised, so nothing is zero by luck), saved with ``save_pretrained`` and loaded through
+the path users take (``TableEncoder.from_pretrained`` + the task module's ``pretrained``).
+The inputs are TAPAS-style token types (tests/modeling/test_encoder_parity.py), with
+labels on whole cells inside one column, and per-cell numbers for the regression loss.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import pytest
+import torch
+
+from mate_cli.lit_modules.entailment import EntailmentModule
+from mate_cli.lit_modules.table_qa import TableQAModule, aggregate_answer
+from mate_cli.modeling.encoder import TableEncoder
+from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.tapas_heads import TapasHeadConfig, token_numeric_values
+from tests.modeling.test_encoder_parity import VOCAB, table_batch
+
+transformers = pytest.importorskip("transformers")
+log = logging.getLogger(__name__)
+TOLERANCE = 1e-5
+
+WTQ = dict(num_aggregation_labels=4, use_answer_as_supervision=True, answer_loss_cutoff=0.664694,
+           cell_selection_preference=0.207951, huber_loss_delta=0.121194, temperature=0.0352513,
+           select_one_column=True, allow_empty_column_selection=False, aggregation_loss_weight=1.0)
+SQA = dict(num_aggregation_labels=0, select_one_column=True, allow_empty_column_selection=False, temperature=1.0)
+
+
+def tiny_config(**head) -> "transformers.TapasConfig":
+    return transformers.TapasConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                    intermediate_size=64, max_position_embeddings=64, max_num_rows=8,
+                                    max_num_columns=6, **head)
+
+
+def randomise(model) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.startswith("tapas."):
+                param.copy_(torch.randn_like(param) * 0.5)
+
+
+def cell_labels(layout: TableLayout, seed: int, answered: list[bool]) -> torch.Tensor:
+    """1 on every token of 1-2 random data cells of one column per answered example."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.zeros_like(layout.row_ids)
+    for i, has in enumerate(answered):
+        table = layout.attention_mask[i] & (layout.row_ids[i] > 0)
+        if not has or not bool(table.any()):
+            continue
+        columns = layout.column_ids[i][table].unique()
+        column = columns[torch.randint(len(columns), (1,), generator=generator)]
+        rows = layout.row_ids[i][table & (layout.column_ids[i] == column)].unique()
+        chosen = rows[torch.randperm(len(rows), generator=generator)[:2]]
+        labels[i] = (table & (layout.column_ids[i] == column) & torch.isin(layout.row_ids[i], chosen)).long()
+    return labels
+
+
+def cell_ids_of(layout: TableLayout) -> torch.Tensor:
+    """Our cell ids (1.. per data (row, column), 0 elsewhere), as the tokenizer writes them."""
+    ids = torch.zeros_like(layout.row_ids)
+    for i in range(layout.batch_size):
+        table = layout.attention_mask[i] & (layout.row_ids[i] > 0)
+        keys = layout.row_ids[i] * 1000 + layout.column_ids[i]
+        unique = keys[table].unique()
+        ids[i][table] = torch.searchsorted(unique, keys[table]) + 1
+    return ids
+
+
+def numbers(layout: TableLayout, cell_ids: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random per-cell numbers (a third of the cells without one) -> per-token (values, scale)."""
+    generator = torch.Generator().manual_seed(seed)
+    cells = int(cell_ids.max()) + 1
+    values = torch.rand(layout.batch_size, cells, generator=generator) * 3
+    values[torch.rand(values.shape, generator=generator) < 0.33] = math.nan
+    return token_numeric_values(values, cell_ids)
+
+
+def load_pair(tmp_path, reference_class, module_factory, **head):
+    torch.manual_seed(0)
+    reference = reference_class(tiny_config(**head))
+    randomise(reference)
+    reference.eval().save_pretrained(tmp_path)
+    encoder = TableEncoder.from_pretrained(tmp_path, "dense")
+    module = module_factory(encoder=encoder, optimizer=functools.partial(torch.optim.AdamW),
+                            pretrained=str(tmp_path)).eval()
+    return reference, module
+
+
+def run_ours(module, input_ids, layout, labels, float_answer, values, scale):
+    with torch.no_grad():
+        hidden = module.encoder(input_ids, layout)
+        return module.head(hidden, module.encoder.pooled(hidden), layout, labels, float_answer, values, scale)
+
+
+def run_reference(reference, input_ids, layout, labels, float_answer, values, scale):
+    with torch.no_grad():
+        return reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
+                         token_type_ids=layout.token_type_ids, labels=labels, float_answer=float_answer,
+                         numeric_values=values, numeric_values_scale=scale)
+
+
+def compare(record_property, name, ours, expected, mask):
+    log.info("%s: loss %.4f", name, float(expected.loss))
+    diffs = {"logits": (ours.logits - expected.logits).abs()[mask].max().item(),
+             "loss": abs(float(ours.loss.mean()) - float(expected.loss))}
+    if expected.logits_aggregation is not None:
+        diffs["aggregation"] = (ours.aggregation_logits - expected.logits_aggregation).abs().max().item()
+    for key, value in diffs.items():
+        log.info("max |diff| %s %s = %.3e", name, key, value)
+        record_property(f"max_abs_diff[{name}.{key}]", f"{value:.3e}")
+    assert float(expected.loss) > 0.01
+    assert all(v <= TOLERANCE for v in diffs.values()), diffs
+
+
+# ------------------------------------------------------------------ WikiTQ: selection + aggregation
+def test_wtq_head_matches_tapas_for_question_answering(tmp_path, record_property):
+    reference, module = load_pair(tmp_path, transformers.TapasForQuestionAnswering,
+                                  functools.partial(TableQAModule, task="wtq"), **WTQ)
+    assert module.head_config.temperature == pytest.approx(WTQ["temperature"])  # from the checkpoint's config
+    input_ids, layout = table_batch(seed=4, lengths=[40] * 6)  # unpadded: TAPAS counts padding in cell (0, 0)
+    labels = cell_labels(layout, seed=5, answered=[True, True, False, False, True, False])
+    float_answer = torch.tensor([math.nan, 2.0, 3.5, 0.4, 1.0, 1.5])
+    values, scale = numbers(layout, cell_ids_of(layout), seed=6)
+    expected = run_reference(reference, input_ids, layout, labels, float_answer, values, scale)
+    ours = run_ours(module, input_ids, layout, labels, float_answer, values, scale)
+    compare(record_property, "wtq", ours, expected, layout.attention_mask)
+
+
+def test_wtq_cell_selection_preference_branch(tmp_path, record_property):
+    """A preference of 1.0 makes every scalar answer with an answer cell a cell-selection example."""
+    reference, module = load_pair(tmp_path, transformers.TapasForQuestionAnswering,
+                                  functools.partial(TableQAModule, task="wtq"),
+                                  **{**WTQ, "cell_selection_preference": 1.0, "answer_loss_cutoff": None})
+    input_ids, layout = table_batch(seed=7, lengths=[36] * 4)
+    labels = cell_labels(layout, seed=8, answered=[True, True, False, True])
+    float_answer = torch.tensor([1.0, 2.0, 3.0, math.nan])
+    values, scale = numbers(layout, cell_ids_of(layout), seed=9)
+    expected = run_reference(reference, input_ids, layout, labels, float_answer, values, scale)
+    ours = run_ours(module, input_ids, layout, labels, float_answer, values, scale)
+    compare(record_property, "wtq_preference", ours, expected, layout.attention_mask)
+
+
+# ------------------------------------------------------------------ SQA: selection only, padded batch
+def test_sqa_head_matches_tapas_for_question_answering(tmp_path, record_property):
+    reference, module = load_pair(tmp_path, transformers.TapasForQuestionAnswering,
+                                  functools.partial(TableQAModule, task="sqa"), **SQA)
+    assert not hasattr(module.head, "aggregation_classifier")
+    input_ids, layout = table_batch(seed=10, lengths=[44, 30, 21, 38])  # padded; every example has an answer
+    labels = cell_labels(layout, seed=11, answered=[True] * 4)
+    expected = run_reference(reference, input_ids, layout, labels, None, None, None)
+    ours = run_ours(module, input_ids, layout, labels, None, None, None)
+    # TAPAS averages padding into the query cell (0, 0); its tokens' (masked, ~-1e4) logits differ
+    table_tokens = layout.attention_mask & (layout.column_ids > 0)
+    compare(record_property, "sqa", ours, expected, table_tokens)
+    with torch.no_grad():  # without labels: the logits TAPAS predicts from
+        hidden = module.encoder(input_ids, layout)
+        plain = module.head(hidden, module.encoder.pooled(hidden), layout)
+        reference_plain = reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
+                                    token_type_ids=layout.token_type_ids)
+    mask = table_tokens
+    assert (plain.logits - reference_plain.logits).abs()[mask].max().item() <= TOLERANCE
+
+
+# ------------------------------------------------------------------ TabFact: classification
+def test_entailment_head_matches_tapas_for_sequence_classification(tmp_path, record_property):
+    reference, module = load_pair(tmp_path, transformers.TapasForSequenceClassification, EntailmentModule)
+    input_ids, layout = table_batch(seed=12, lengths=[40, 33, 25])
+    gold = torch.tensor([1, 0, 1])
+    with torch.no_grad():
+        expected = reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
+                             token_type_ids=layout.token_type_ids, labels=gold)
+        hidden = module.encoder(input_ids, layout)
+        logits = module.head(module.encoder.pooled(hidden))
+        loss = torch.nn.functional.cross_entropy(logits, gold)
+    diff = (logits - expected.logits).abs().max().item()
+    loss_diff = abs(float(loss) - float(expected.loss))
+    record_property("max_abs_diff[tabfact.logits]", f"{diff:.3e}")
+    record_property("max_abs_diff[tabfact.loss]", f"{loss_diff:.3e}")
+    assert diff <= TOLERANCE and loss_diff <= TOLERANCE
+
+
+# ------------------------------------------------------------------ pieces
+def test_head_settings_yaml_over_checkpoint_over_defaults():
+    config = TapasHeadConfig.from_checkpoint({"temperature": 2.0, "huber_loss_delta": None},
+                                             {"temperature": 0.5, "huber_loss_delta": 0.1, "max_num_rows": 9})
+    assert (config.temperature, config.huber_loss_delta, config.max_num_rows) == (2.0, 0.1, 9)
+    assert config.max_num_columns == 32  # TAPAS's default
+
+
+def test_token_numeric_values_scale_is_the_cell_token_count():
+    cell_ids = torch.tensor([[0, 1, 1, 2, 0]])
+    values, scale = token_numeric_values(torch.tensor([[math.nan, 4.0, math.nan]]), cell_ids)
+    assert scale.tolist() == [[1.0, 2.0, 2.0, 1.0, 1.0]]
+    assert values[0, 1:3].tolist() == [4.0, 4.0] and math.isnan(values[0, 3]) and math.isnan(values[0, 0])
+
+
+@pytest.mark.parametrize("operator, expected", [("NONE", ["a", "b"]), ("COUNT", ["2"]), ("SUM", ["5"]),
+                                                ("AVERAGE", ["2.5"])])
+def test_aggregate_answer(operator, expected):
+    assert aggregate_answer(operator, ["a", "b"], [2.0, 3.0]) == expected
