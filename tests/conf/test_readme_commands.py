@@ -20,14 +20,16 @@ def paper_commands() -> list[list[str]]:
     text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("## Reproducing the paper", 1)[1].split("\n## ", 1)[0]
     commands = [shlex.split(c) for c in re.findall(r"\| `(mate [^`]+)` \|", section)]
-    assert len(commands) >= 9
+    assert len(commands) >= 12
     return commands
 
 
 def fill(args: list[str]) -> list[str]:
     """Placeholders -> the bundled sample; hub ids -> the bundled MiniLM (no network here)."""
-    root = str(REPO_ROOT / "data" / "hybridqa_sample")
-    args = [a.replace("<root>", root) for a in args if a != "-m"]
+    args = [a for a in args if a != "-m"]
+    for name in ("sqa", "wtq", "tabfact"):
+        args = [a.replace(f"<{name}_root>", str(REPO_ROOT / "data" / f"{name}_sample")) for a in args]
+    args = [a.replace("<root>", str(REPO_ROOT / "data" / "hybridqa_sample")) for a in args]
     return [re.sub(r"^model\.encoder\.pretrained=.*", "model.encoder.pretrained=minilm", a) for a in args]
 
 
