@@ -47,19 +47,24 @@ class Selection:
         return sum(self.header) + sum(sum(row) for row in self.rows)
 
 
-def _round_robin(lengths: Sequence[int], budget: int) -> list[int]:
-    """CC on one flat, ordered list of cell lengths: kept word pieces per cell."""
-    budget = max(int(budget), 0)
-    if sum(lengths) <= budget:
-        return list(lengths)
-    # full rounds: the largest c with sum(min(l, c)) <= budget (c < max(lengths) here)
-    low, high = 0, max(lengths)
+def largest_cap(lengths: Sequence[int], budget: int) -> int:
+    """Largest ``c >= 0`` with ``sum(min(l, c)) <= budget`` (``max(lengths)`` if all fit)."""
+    low, high = 0, max(lengths, default=0)
     while low < high:
         mid = (low + high + 1) // 2
         if sum(min(n, mid) for n in lengths) <= budget:
             low = mid
         else:
             high = mid - 1
+    return low
+
+
+def _round_robin(lengths: Sequence[int], budget: int) -> list[int]:
+    """CC on one flat, ordered list of cell lengths: kept word pieces per cell."""
+    budget = max(int(budget), 0)
+    if sum(lengths) <= budget:
+        return list(lengths)
+    low = largest_cap(lengths, budget)  # full rounds (< max(lengths) here)
     kept = [min(n, low) for n in lengths]
     left = budget - sum(kept)
     for i, n in enumerate(lengths):  # the partial round: earlier cells first

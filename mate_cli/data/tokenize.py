@@ -64,7 +64,7 @@ from typing import Iterable, Sequence
 
 from mate_cli.data.normalize import contains_answer, normalize_answer
 from mate_cli.data.numbers import TableNumbers
-from mate_cli.data.pruning import Selection, cell_concatenation, heuristic_exact_match
+from mate_cli.data.pruning import Selection, cell_concatenation, heuristic_exact_match, largest_cap
 from mate_cli.data.schema import EncodedExample, Question, Table
 from mate_cli.errors import MateError
 from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES
@@ -110,18 +110,6 @@ def candidate_cells(question: Question, table: Table, passages: dict[str, str] |
 
 
 # ============================================================ length budget
-def largest_cap(lengths: Sequence[int], budget: int) -> int:
-    """Largest ``c >= 0`` with ``sum(min(l, c)) <= budget`` (``max(lengths)`` if all fit)."""
-    low, high = 0, max(lengths, default=0)
-    while low < high:
-        mid = (low + high + 1) // 2
-        if sum(min(n, mid) for n in lengths) <= budget:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
 def fit_budget(
     header_lengths: Sequence[int], row_lengths: Sequence[Sequence[int]], budget: int, min_cell_tokens: int = 1
 ) -> tuple[int, int | None]:

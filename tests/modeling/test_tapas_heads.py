@@ -121,31 +121,28 @@ def compare(record_property, name, ours, expected, mask):
 
 
 # ------------------------------------------------------------------ WikiTQ: selection + aggregation
-def test_wtq_head_matches_tapas_for_question_answering(tmp_path, record_property):
+WTQ_CASES = {
+    # TAPAS's WTQ settings: scalar answers aggregate (Huber loss, cutoff), text answers select
+    "wtq": ({}, 4, [True, True, False, False, True, False], [math.nan, 2.0, 3.5, 0.4, 1.0, 1.5]),
+    # a preference of 1.0 turns every scalar answer with an answer cell into cell selection
+    "wtq_preference": ({"cell_selection_preference": 1.0, "answer_loss_cutoff": None}, 7,
+                       [True, True, False, True], [1.0, 2.0, 3.0, math.nan]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WTQ_CASES))
+def test_wtq_head_matches_tapas_for_question_answering(case, tmp_path, record_property):
+    changes, seed, answered, answers = WTQ_CASES[case]
     reference, module = load_pair(tmp_path, transformers.TapasForQuestionAnswering,
-                                  functools.partial(TableQAModule, task="wtq"), **WTQ)
+                                  functools.partial(TableQAModule, task="wtq"), **{**WTQ, **changes})
     assert module.head_config.temperature == pytest.approx(WTQ["temperature"])  # from the checkpoint's config
-    input_ids, layout = table_batch(seed=4, lengths=[40] * 6)  # unpadded: TAPAS counts padding in cell (0, 0)
-    labels = cell_labels(layout, seed=5, answered=[True, True, False, False, True, False])
-    float_answer = torch.tensor([math.nan, 2.0, 3.5, 0.4, 1.0, 1.5])
-    values, scale = numbers(layout, cell_ids_of(layout), seed=6)
+    input_ids, layout = table_batch(seed=seed, lengths=[40] * len(answered))  # unpadded (see the module docstring)
+    labels = cell_labels(layout, seed=seed + 1, answered=answered)
+    float_answer = torch.tensor(answers)
+    values, scale = numbers(layout, cell_ids_of(layout), seed=seed + 2)
     expected = run_reference(reference, input_ids, layout, labels, float_answer, values, scale)
     ours = run_ours(module, input_ids, layout, labels, float_answer, values, scale)
-    compare(record_property, "wtq", ours, expected, layout.attention_mask)
-
-
-def test_wtq_cell_selection_preference_branch(tmp_path, record_property):
-    """A preference of 1.0 makes every scalar answer with an answer cell a cell-selection example."""
-    reference, module = load_pair(tmp_path, transformers.TapasForQuestionAnswering,
-                                  functools.partial(TableQAModule, task="wtq"),
-                                  **{**WTQ, "cell_selection_preference": 1.0, "answer_loss_cutoff": None})
-    input_ids, layout = table_batch(seed=7, lengths=[36] * 4)
-    labels = cell_labels(layout, seed=8, answered=[True, True, False, True])
-    float_answer = torch.tensor([1.0, 2.0, 3.0, math.nan])
-    values, scale = numbers(layout, cell_ids_of(layout), seed=9)
-    expected = run_reference(reference, input_ids, layout, labels, float_answer, values, scale)
-    ours = run_ours(module, input_ids, layout, labels, float_answer, values, scale)
-    compare(record_property, "wtq_preference", ours, expected, layout.attention_mask)
+    compare(record_property, case, ours, expected, layout.attention_mask)
 
 
 # ------------------------------------------------------------------ SQA: selection only, padded batch
