@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections import defaultdict
 from dataclasses import asdict, fields
 from typing import Mapping
@@ -37,7 +38,7 @@ from typing import Mapping
 import torch
 
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
-from mate_cli.data.numbers import TableNumbers, parse_number
+from mate_cli.data.numbers import TableNumbers
 from mate_cli.data.schema import Batch, Question, Table, TaskBatch
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
@@ -87,12 +88,34 @@ def answer_cells(task: str, question: Question, table: Table) -> list[Coord]:
     return sorted(found)
 
 
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
+
+
+def answer_float(text: str) -> float:
+    """An answer text read as a number the way TAPAS reads WikiTQ answers, else NaN.
+
+    Plain ``float()`` after removing thousands separators (``1,484,900``); one comma that
+    is not a thousands separator is a decimal comma (``5,5``); ordinals, units and words
+    are not numbers (``3rd`` stays text, so the official evaluator's match is not promised
+    for a ``3``).
+    """
+    text = text.strip()
+    if _THOUSANDS.match(text):
+        text = text.replace(",", "")
+    elif text.count(",") == 1 and "." not in text:
+        text = text.replace(",", ".")
+    try:
+        value = float(text)
+    except ValueError:
+        return math.nan
+    return value if math.isfinite(value) else math.nan
+
+
 def scalar_answer(task: str, question: Question) -> float:
-    """WikiTQ's ``float_answer``: the answer when it is exactly one number, else NaN."""
+    """WikiTQ's ``float_answer``: the answer when it is exactly one number (:func:`answer_float`), else NaN."""
     if task != "wtq" or len(question.answers) != 1:
         return math.nan
-    value = parse_number(question.answers[0])
-    return float(value) if value is not None and math.isfinite(value) else math.nan
+    return answer_float(question.answers[0])
 
 
 def cell_numbers(table: Table, coords: list[list[int]]) -> list[float]:

@@ -1,0 +1,515 @@
+"""Table tasks (SQA, WikiTQ, TabFact): supervision, the datamodule, collation, SQA's sequential evaluation.
+
+Everything runs on the bundled real samples (data/{wtq,sqa,tabfact}_sample) with the bundled
+MiniLM vocabulary; the model of the last tests is a tiny random TableEncoder.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import functools
+import logging
+import math
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from mate_cli.data.schema import Question, TaskBatch
+from mate_cli.data.sqa import SQAReader
+from mate_cli.data.table_tasks import (
+    TableTaskDataModule, TaskCollator, answer_cells, cell_numbers, encode_task_question, previous_answers,
+    scalar_answer,
+)
+from mate_cli.data.tokenize import TableTokenizer
+from mate_cli.data.wtq import WTQReader
+from mate_cli.errors import MateError
+from mate_cli.lit_modules.table_qa import TableQAModule, aggregate_answer
+from mate_cli.modeling.checkpoints import load_tokenizer
+from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder import TableEncoder
+from mate_cli.modeling.layout import ID_FIELDS
+from mate_cli.modeling.tapas_heads import QAOutput
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+SAMPLES = {
+    "wtq": (DATA / "wtq_sample", "training.tsv"),
+    "sqa": (DATA / "sqa_sample", "train.tsv"),
+    "tabfact": (DATA / "tabfact_sample", "val_examples.json"),
+}
+MAX_LENGTH = 256
+nan = math.nan
+
+
+def _same(a: float, b: float) -> bool:
+    """Equal, NaN included."""
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    return load_tokenizer("minilm")
+
+
+@pytest.fixture(scope="module")
+def table_tokenizer(hf_tokenizer) -> TableTokenizer:
+    return TableTokenizer(hf_tokenizer, max_length=MAX_LENGTH)
+
+
+@pytest.fixture(scope="module")
+def wtq() -> WTQReader:
+    return WTQReader(SAMPLES["wtq"][0])
+
+
+@pytest.fixture(scope="module")
+def wtq_questions(wtq) -> dict[str, Question]:
+    return {q.question_id: q for q in wtq.questions("training.tsv")}
+
+
+@pytest.fixture(scope="module")
+def sqa() -> SQAReader:
+    return SQAReader(SAMPLES["sqa"][0])
+
+
+@pytest.fixture(scope="module")
+def sqa_questions(sqa) -> list[Question]:
+    return list(sqa.questions("train.tsv"))
+
+
+@pytest.fixture(scope="module")
+def datamodule(tmp_path_factory):
+    """``datamodule(task, pruning="none", **extra)`` -> a set-up ("fit") TableTaskDataModule (memoised)."""
+    cache_dir = tmp_path_factory.mktemp("table_task_cache")
+    built = {}
+
+    def make(task: str, pruning: str = "none", **extra) -> TableTaskDataModule:
+        key = (task, pruning, tuple(sorted(extra.items())))
+        if key not in built:
+            root, source = SAMPLES[task]
+            dm = TableTaskDataModule(task=task, root=str(root), pretrained="minilm", max_length=MAX_LENGTH,
+                                     split={"source": source}, cache_dir=str(cache_dir), pruning=pruning, **extra)
+            dm.setup("fit")
+            built[key] = dm
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def module(hf_tokenizer) -> TableQAModule:
+    torch.manual_seed(0)
+    config = EncoderConfig(vocab_size=len(hf_tokenizer), hidden_size=32, num_layers=1, num_heads=2,
+                           intermediate_size=64, max_position_embeddings=512)
+    return TableQAModule(TableEncoder(config, "dense"), optimizer=functools.partial(torch.optim.AdamW),
+                         task="sqa", head={})
+
+
+def _sqa_file_records() -> list[dict]:
+    """The sample's train.tsv read independently of SQAReader (csv + ast, as the README says)."""
+    with open(SAMPLES["sqa"][0] / "train.tsv", encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    return [{"qid": f"{r['id']}/{r['annotator']}/{int(r['position'])}", "seq": f"{r['id']}/{r['annotator']}",
+             "position": int(r["position"]),
+             "coords": sorted({tuple(ast.literal_eval(c)) for c in ast.literal_eval(r["answer_coordinates"])})}
+            for r in rows]
+
+
+def _column(ds, name: str) -> list:
+    """A dataset column as a plain list (``ds[name]`` is a lazy ``Column`` in recent ``datasets``)."""
+    return list(ds[name])
+
+
+def _rows_by_id(ds) -> dict[str, dict]:
+    return {ds[i]["question_id"]: ds[i] for i in range(len(ds))}
+
+
+# ================================================================ 1. WikiTQ supervision
+def test_wtq_answer_cells_are_the_cells_holding_the_answer(wtq, wtq_questions):
+    q = wtq_questions["nt-718"]  # which mayor ... was a bank manager? -> Inge Bjarne Storebø
+    table = wtq.table(q.table_id)
+    assert answer_cells("wtq", q, table) == [(12, 1)]
+    assert table.rows[12][1].text == "Inge Bjarne Storebø"
+    # a list answer: both mayors are found, each in the Name column
+    q = wtq_questions["nt-4833"]
+    assert q.answers == ["Peder Olai Kleppe", "Salomon O. Fagerbakke"]
+    assert answer_cells("wtq", q, wtq.table(q.table_id)) == [(1, 1), (5, 1)]
+    # the official evaluator's matching: "2-1" matches the cells "2–1" (en dash), each occurrence
+    q = wtq_questions["nt-12799"]
+    table = wtq.table(q.table_id)
+    assert answer_cells("wtq", q, table) == [(0, 5), (1, 5), (2, 5)]
+    assert [table.rows[r][5].text for r in range(3)] == ["2–1", "2–1", "4–1"]
+    # a formatted number is matched as the number it is
+    q = wtq_questions["nt-1022"]
+    assert answer_cells("wtq", q, wtq.table(q.table_id)) == [(0, 11)]
+
+
+def test_wtq_answer_cells_need_every_answer_item(wtq, wtq_questions):
+    table = wtq.table(wtq_questions["nt-4833"].table_id)
+
+    def ask(*answers):
+        return answer_cells("wtq", Question("x", "which mayors?", table.table_id, answers=list(answers)), table)
+
+    assert ask("Peder Olai Kleppe") == [(1, 1)]
+    assert ask("Peder Olai Kleppe", "Nobody Kleppeson") == []
+    assert ask() == []
+    # the answer of nt-12888 is only part of its cells' text ("South Kynouria\n(Notia Kynouria)"): no exact match
+    q = wtq_questions["nt-12888"]
+    assert answer_cells("wtq", q, wtq.table(q.table_id)) == []
+    # answer texts do not supervise TabFact, and SQA uses its gold coordinates only
+    assert answer_cells("tabfact", Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"]), table) == []
+    assert answer_cells("sqa", Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"],
+                                        answer_coordinates=[[4, 2], [1, 0], [4, 2]]), table) == [(1, 0), (4, 2)]
+
+
+def test_scalar_answer(wtq_questions):
+    def scalar(*answers, task="wtq"):
+        return scalar_answer(task, Question("x", "q", "t", answers=list(answers)))
+
+    assert scalar("1,484,900") == 1484900.0
+    assert scalar("3") == 3.0
+    assert scalar("2.5") == 2.5
+    assert scalar("5,5") == 5.5 and scalar("-4") == -4.0  # a decimal comma; a sign
+    assert scalar_answer("wtq", wtq_questions["nt-1022"]) == 560195.0  # "560,195"
+    assert scalar_answer("wtq", wtq_questions["nt-2488"]) == 3.0
+    for value in (scalar("Czech Republic"), scalar("2-1"), scalar("8 October 2010"), scalar("inf"), scalar("nan"), scalar("3rd"),
+                  scalar("3", "4"), scalar(), scalar("3", task="sqa"), scalar("3", task="tabfact"),
+                  scalar_answer("wtq", wtq_questions["nt-718"]), scalar_answer("wtq", wtq_questions["nt-4833"])):
+        assert math.isnan(value)
+
+
+def test_cell_numbers_of_a_numeric_column(wtq):
+    table = wtq.table("csv/203-csv/117.csv")  # immigrants to Israel: "560,195", "27,035" in Total
+    assert table.rows[0][11].text == "560,195" and table.rows[2][3].text == "16,514"
+    got = cell_numbers(table, [[0, 11], [1, 11], [2, 3], [0, 0], [1, 1]])
+    assert got[:3] == [560195.0, 27035.0, 16514.0]
+    assert math.isnan(got[3]) and math.isnan(got[4])  # the country name; an empty cell
+    mayors = wtq.table("csv/201-csv/10.csv")
+    got = cell_numbers(mayors, [[0, 0], [12, 0], [12, 1], [12, 4]])
+    assert got[:2] == [1.0, 13.0] and math.isnan(got[2]) and math.isnan(got[3])
+
+
+def test_encoded_wtq_question_carries_its_supervision(wtq, wtq_questions, table_tokenizer):
+    q = wtq_questions["nt-1022"]
+    table = wtq.table(q.table_id)
+    ex = encode_task_question(table_tokenizer, "wtq", q, table)
+    assert ex["float_answer"] == 560195.0 and ex["has_answer_cells"] and ex["label"] == -1
+    assert [ex["cell_coords"][k - 1] for k in ex["candidates"]] == [[0, 11]]
+    assert len(ex["cell_values"]) == len(ex["cell_texts"]) == len(ex["cell_coords"]) > 0
+    expected = cell_numbers(table, ex["cell_coords"])
+    assert all(_same(a, b) for a, b in zip(ex["cell_values"], expected))
+    assert ex["cell_texts"] == [table.rows[r][c].text for r, c in ex["cell_coords"]]
+    assert ex["cell_values"][ex["cell_coords"].index([0, 11])] == 560195.0
+
+
+# ================================================================ 2. SQA previous answers
+def test_previous_answers_map_to_the_previous_gold_cells(sqa_questions):
+    records = _sqa_file_records()
+    by_step = {(r["seq"], r["position"]): r for r in records}
+    expected = {r["qid"]: by_step[(r["seq"], r["position"] - 1)]["coords"]
+                for r in records if (r["seq"], r["position"] - 1) in by_step}
+    got = previous_answers(sqa_questions)
+    assert len(sqa_questions) == 68 and len(got) == 48  # 20 sequences: every question but their first
+    assert got == expected
+    assert all(not qid.endswith("/0") for qid in got)
+    assert got["ns-2022/0/1"] == [(r, 0) for r in range(9)]
+    assert got["ns-2022/0/2"] == [(r, 3) for r in range(9)]
+    # two annotators of one question are two sequences: annotator 1's own previous answer
+    assert got["ns-2022/1/2"] == [(3, 0), (4, 0), (6, 0), (7, 0), (8, 0)]
+
+
+def test_previous_answers_follow_position_not_file_order():
+    steps = [Question(f"s/{p}", "q", "t", answer_coordinates=[[p, p]], sequence_id="s", position=p) for p in (2, 0, 1)]
+    other = Question("o/1", "q", "t", answer_coordinates=[[9, 9]], sequence_id="o", position=1)  # no position 0
+    assert previous_answers([*steps, other]) == {"s/1": [(0, 0)], "s/2": [(1, 1)]}
+
+
+def test_prev_labels_are_one_exactly_on_the_previous_answer_cells(sqa, sqa_questions, table_tokenizer):
+    q = next(q for q in sqa_questions if q.question_id == "ns-2022/0/1")
+    table = sqa.table(q.table_id)
+    prev = previous_answers(sqa_questions)[q.question_id]
+    ex = encode_task_question(table_tokenizer, "sqa", q, table, prev)
+    cells, marks = ex["layout"]["cell_ids"], ex["layout"]["prev_labels"]
+    expected = [int(k > 0 and tuple(ex["cell_coords"][k - 1]) in set(prev)) for k in cells]
+    assert marks == expected
+    marked_cells = {tuple(ex["cell_coords"][k - 1]) for k, m in zip(cells, marks) if m}
+    assert marked_cells == set(prev)  # all nine cells of column 0 kept tokens and are marked
+    assert sum(marks) >= len(prev)
+    # the candidates are this question's own gold cells (column 3), not the previous ones
+    assert [tuple(ex["cell_coords"][k - 1]) for k in ex["candidates"]] == [(r, 3) for r in range(9)]
+    assert ex["sequence_id"] == "ns-2022/0" and ex["position"] == 1
+    # without a previous answer nothing is marked
+    first = encode_task_question(table_tokenizer, "sqa", q, table, None)
+    assert sum(first["layout"]["prev_labels"]) == 0
+
+
+# ================================================================ 3. the datamodule
+@pytest.mark.parametrize("task, sizes", [("wtq", (54, 6)), ("sqa", (59, 9)), ("tabfact", (178, 47))])
+def test_train_and_validation_are_disjoint_by_table(datamodule, task, sizes):
+    dm = datamodule(task)
+    train, val = dm.datasets["train"], dm.datasets["validation"]
+    assert (len(train), len(val)) == sizes
+    assert not set(_column(train, "table_id")) & set(_column(val, "table_id"))
+    ids = _column(train, "question_id") + _column(val, "question_id")
+    assert len(set(ids)) == len(ids) == sum(sizes)
+    reader_ids = [q.question_id for q in dm.reader.questions(SAMPLES[task][1])]
+    assert set(ids) == set(reader_ids)
+    assert dm.stats["train"]["questions"] == sizes[0] and dm.stats["validation"]["questions"] == sizes[1]
+
+
+def test_sqa_validation_is_served_in_position_order(datamodule):
+    dm = datamodule("sqa")
+    val = dm.datasets["validation"]
+    positions = _column(val, "position")
+    assert positions != sorted(positions)  # the file order is sequence by sequence
+    order = dm.usable_rows("validation", val)
+    assert sorted(order) == list(range(len(val)))
+    assert [positions[i] for i in order] == sorted(positions)
+    served = [(qid, p) for batch in dm.val_dataloader() for qid, p in zip(batch.question_ids, batch.positions)]
+    assert [p for _, p in served] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [qid for qid, _ in served] == ["ns-129/1/0", "ns-129/2/0", "nt-8495/1/0", "ns-129/1/1", "ns-129/2/1",
+                                          "nt-8495/1/1", "ns-129/1/2", "ns-129/2/2", "nt-8495/1/2"]
+    # training order is the sampler's business: every SQA training question has an answer cell
+    assert dm.usable_rows("train", dm.datasets["train"]) == list(range(59))
+
+
+def test_wtq_training_skips_questions_that_supervise_nothing(datamodule, caplog):
+    dm = datamodule("wtq")
+    train = dm.datasets["train"]
+    with caplog.at_level(logging.INFO, logger="mate_cli.data.table_tasks"):
+        keep = dm.usable_rows("train", train)
+    rows = [train[i] for i in range(len(train))]
+    skipped = [r["question_id"] for i, r in enumerate(rows) if i not in set(keep)]
+    assert sorted(skipped) == ["nt-12665", "nt-12888", "nt-7387", "nt-7675"]
+    assert "4 of 54" in caplog.text
+    for i, r in enumerate(rows):
+        supervises = bool(r["candidates"]) or not math.isnan(r["float_answer"])
+        assert supervises == (i in set(keep)), r["question_id"]
+    by_id = _rows_by_id(train)
+    # nt-7387's answer cell is in a row cut by the length budget; nt-2488 ("3") has no cell but a scalar answer
+    assert by_id["nt-7387"]["has_answer_cells"] and by_id["nt-7387"]["candidates"] == []
+    assert by_id["nt-2488"]["candidates"] == [] and by_id["nt-2488"]["float_answer"] == 3.0
+    assert sum(len(b) for b in dm.train_dataloader()) == len(keep) == 50
+    # evaluation serves everything, in file order
+    assert dm.usable_rows("validation", dm.datasets["validation"]) is None
+    # TabFact trains on every statement
+    tabfact = datamodule("tabfact")
+    assert tabfact.usable_rows("train", tabfact.datasets["train"]) is None
+
+
+def test_eval_file_makes_validation_the_whole_file(datamodule):
+    dm = datamodule("wtq", eval_file="training.tsv")
+    val = dm.datasets["validation"]
+    file_ids = [q.question_id for q in dm.reader.questions("training.tsv")]
+    assert len(file_ids) == 60
+    assert _column(val, "question_id") == file_ids
+    assert len(dm.datasets["train"]) == 54  # training still comes from the by-table split
+    assert dm.cache_key("validation") != datamodule("wtq").cache_key("validation")
+    assert dm.cache_key("train") == datamodule("wtq").cache_key("train")
+
+
+@pytest.mark.parametrize("task", ["wtq", "sqa"])
+def test_pruning_heuristics_fit_the_budget_and_change_what_is_kept(datamodule, task):
+    stats = {}
+    for pruning in ("none", "cc", "hem"):
+        dm = datamodule(task, pruning)
+        for split in ("train", "validation"):
+            lengths = [len(ids) for ids in _column(dm.datasets[split], "input_ids")]
+            assert max(lengths) <= MAX_LENGTH
+        stats[pruning] = dm.stats["train"]
+    assert stats["none"]["questions"] == stats["cc"]["questions"] == stats["hem"]["questions"]
+    assert stats["cc"] != stats["none"] and stats["hem"] != stats["none"] and stats["cc"] != stats["hem"]
+    # CC and the default drop no column; HEM removes whole columns
+    assert stats["none"]["columns_pruned"] == stats["cc"]["columns_pruned"] == 0
+    assert stats["hem"]["columns_pruned"] > 0
+    assert stats["cc"]["rows_dropped"] == stats["hem"]["rows_dropped"] == 0  # the heuristics drop no row
+    if task == "wtq":  # the sample's long tables: the default fit drops trailing rows
+        assert stats["none"]["rows_dropped"] > 0
+    assert stats["hem"]["tokens_pruned"] > stats["cc"]["tokens_pruned"]
+
+
+def test_bad_task_or_pruning_is_a_mate_error(tmp_path):
+    root, source = SAMPLES["wtq"]
+    common = dict(root=str(root), pretrained="minilm", split={"source": source}, cache_dir=str(tmp_path))
+    with pytest.raises(MateError, match=r"dataset.task='hybridqa' is invalid"):
+        TableTaskDataModule(task="hybridqa", **common)
+    with pytest.raises(MateError, match=r"dataset.pruning='longest' is invalid"):
+        TableTaskDataModule(task="wtq", pruning="longest", **common)
+
+
+# ================================================================ 4. collation
+def test_task_collator_carries_supervision_aligned_with_cells(datamodule):
+    dm = datamodule("wtq")
+    by_id = _rows_by_id(dm.datasets["train"])
+    examples = [by_id["nt-1022"], by_id["nt-718"], by_id["nt-2488"]]  # scalar + cell, text + cell, scalar only
+    batch = TaskCollator(dm.pad_id)(examples)
+    assert isinstance(batch, TaskBatch) and len(batch) == 3
+    assert batch.labels.tolist() == [-1, -1, -1]
+    assert batch.float_answer.dtype == torch.float32
+    assert batch.float_answer[0].item() == 560195.0 and batch.float_answer[2].item() == 3.0
+    assert math.isnan(batch.float_answer[1].item())
+    width = batch.cell_mask.shape[1]
+    assert batch.cell_values.shape == (3, width) and width == 1 + max(len(ex["cell_coords"]) for ex in examples)
+    for i, ex in enumerate(examples):
+        n = len(ex["cell_coords"])
+        assert batch.cell_coords[i, 1: n + 1].tolist() == ex["cell_coords"]
+        assert all(_same(batch.cell_values[i, k].item(), ex["cell_values"][k - 1]) for k in range(1, n + 1))
+        assert torch.isnan(batch.cell_values[i, 0]) and torch.isnan(batch.cell_values[i, n + 1:]).all()
+        assert batch.candidate_mask[i].nonzero().flatten().tolist() == ex["candidates"]
+        assert batch.cell_texts[i] == ex["cell_texts"] and batch.answers[i] == ex["answers"]
+    k = examples[0]["cell_coords"].index([0, 11]) + 1  # the "560,195" cell
+    assert batch.cell_values[0, k].item() == 560195.0 and batch.candidate_mask[0, k]
+    assert batch.sequence_ids == [None, None, None] and batch.positions == [0, 0, 0]
+    assert batch.channels == [None, None, None]
+
+
+def test_task_collator_tabfact_labels(datamodule):
+    dm = datamodule("tabfact")
+    val = dm.datasets["validation"]
+    rows = [val[i] for i in range(6)]
+    batch = TaskCollator(dm.pad_id)(rows)
+    assert batch.labels.tolist() == [r["label"] for r in rows]
+    assert set(_column(val, "label")) == {0, 1}
+    assert torch.isnan(batch.float_answer).all() and torch.isnan(batch.cell_values).all()
+    assert not batch.candidate_mask.any()
+
+
+def test_batch_select_reorders_every_per_example_field(datamodule):
+    dm = datamodule("sqa")
+    val = dm.datasets["validation"]
+    by_id = _rows_by_id(val)
+    examples = [by_id["ns-129/1/0"], by_id["nt-8495/1/2"]]  # different tables, lengths and positions
+    batch = TaskCollator(dm.pad_id)(examples)
+    assert batch.input_ids.shape[1] == max(len(ex["input_ids"]) for ex in examples)
+    swapped = batch.select([1, 0])
+    assert isinstance(swapped, TaskBatch)
+    for name in ("input_ids", "cell_mask", "candidate_mask", "cell_coords", "labels"):
+        assert torch.equal(getattr(swapped, name), getattr(batch, name)[[1, 0]]), name
+    for name in ("float_answer", "cell_values"):
+        torch.testing.assert_close(getattr(swapped, name), getattr(batch, name)[[1, 0]], equal_nan=True)
+    for name in ("attention_mask", *ID_FIELDS):
+        assert torch.equal(getattr(swapped.layout, name), getattr(batch.layout, name)[[1, 0]]), name
+    for name in ("question_ids", "table_ids", "answers", "answer_coordinates", "cell_texts", "sequence_ids",
+                 "positions", "channels"):
+        assert getattr(swapped, name) == getattr(batch, name)[::-1], name
+    assert swapped.question_ids == ["nt-8495/1/2", "ns-129/1/0"] and swapped.positions == [2, 0]
+    assert swapped.sequence_ids == ["nt-8495/1", "ns-129/1"]
+    assert swapped.answer_coordinates == [examples[1]["answer_coordinates"], examples[0]["answer_coordinates"]]
+    # the first row is now the second example, whole
+    n = len(examples[1]["input_ids"])
+    assert swapped.input_ids[0, :n].tolist() == examples[1]["input_ids"]
+    assert swapped.layout.prev_labels[0, :n].tolist() == examples[1]["layout"]["prev_labels"]
+
+
+# ================================================================ 5. SQA evaluation: the model's own previous answer
+def _sqa_batch(datamodule, *question_ids) -> TaskBatch:
+    dm = datamodule("sqa")
+    by_id = _rows_by_id(dm.datasets["validation"])
+    return TaskCollator(dm.pad_id)([by_id[q] for q in question_ids])
+
+
+def _gold_previous(datamodule, question_id: str) -> list[tuple[int, int]]:
+    """The gold previous answer the cached SQA validation example was built with."""
+    val = datamodule("sqa").datasets["validation"]
+    seqs = defaultdict(dict)
+    for row in (val[i] for i in range(len(val))):
+        seqs[row["sequence_id"]][row["position"]] = row
+    row = _rows_by_id(val)[question_id]
+    return [tuple(c) for c in seqs[row["sequence_id"]][row["position"] - 1]["answer_coordinates"]]
+
+
+def test_in_position_order_splits_a_mixed_batch(module, datamodule):
+    batch = _sqa_batch(datamodule, "ns-129/1/2", "ns-129/1/0", "nt-8495/1/1", "ns-129/2/0", "ns-129/2/2")
+    parts = module._in_position_order(batch)
+    assert [p.positions for p in parts] == [[0, 0], [1], [2, 2]]
+    assert [p.question_ids for p in parts] == [["ns-129/1/0", "ns-129/2/0"], ["nt-8495/1/1"],
+                                               ["ns-129/1/2", "ns-129/2/2"]]
+    for part in parts:  # each part is the sub-batch of its examples, tensors included
+        index = [batch.question_ids.index(q) for q in part.question_ids]
+        assert torch.equal(part.input_ids, batch.input_ids[index])
+        assert torch.equal(part.layout.cell_ids, batch.layout.cell_ids[index])
+        assert part.sequence_ids == [batch.sequence_ids[i] for i in index]
+    single = _sqa_batch(datamodule, "ns-129/1/1", "ns-129/2/1")
+    assert module._in_position_order(single) == [single]
+
+
+def test_in_position_order_leaves_other_tasks_alone(module, datamodule):
+    batch = _sqa_batch(datamodule, "ns-129/1/2", "ns-129/1/0")
+    module.task = "wtq"
+    try:
+        assert module._in_position_order(batch) == [batch]
+        assert module._with_predicted_previous(batch) is batch
+    finally:
+        module.task = "sqa"
+
+
+def test_with_predicted_previous_marks_the_predicted_cell(module, datamodule):
+    batch = _sqa_batch(datamodule, "ns-129/1/1", "ns-129/1/0")
+    assert batch.layout.prev_labels[0].sum() > 0  # the cached example carries the gold previous answer
+    coords = batch.cell_coords[0].tolist()
+    predicted = (2, 1)
+    assert predicted in [tuple(c) for c in coords]
+    assert predicted not in {tuple(c) for c in _gold_previous(datamodule, "ns-129/1/1")}
+    module._reset_predictions()
+    module._predicted[("ns-129/1", 0)] = {predicted, (99, 99)}  # a cell this table lacks is ignored
+    module._predicted[("ns-129/1", -1)] = {(0, 1)}  # never consulted: position 0 has no previous question
+    out = module._with_predicted_previous(batch)
+    k = [tuple(c) for c in coords].index(predicted)
+    cell_ids = out.layout.cell_ids
+    assert out.layout.prev_labels.dtype == torch.long
+    assert out.layout.prev_labels[0].tolist() == (cell_ids[0] == k).long().tolist()
+    assert out.layout.prev_labels[0].sum() > 0
+    assert out.layout.prev_labels[1].sum() == 0  # position 0: no previous question
+    # whatever prev_labels a batch arrives with are replaced, position 0's too
+    stale = replace(batch, layout=batch.layout.with_fields(prev_labels=(batch.layout.cell_ids > 0).long()))
+    again = module._with_predicted_previous(stale)
+    assert torch.equal(again.layout.prev_labels, out.layout.prev_labels)
+    # the rest of the batch is untouched
+    assert torch.equal(out.input_ids, batch.input_ids) and out.question_ids == batch.question_ids
+    assert torch.equal(out.layout.cell_ids, batch.layout.cell_ids)
+    assert torch.equal(batch.layout.prev_labels, _sqa_batch(datamodule, "ns-129/1/1", "ns-129/1/0").layout.prev_labels)
+
+
+def test_with_predicted_previous_without_a_prediction_is_zeros(module, datamodule, caplog):
+    batch = _sqa_batch(datamodule, "ns-129/2/2")
+    module._reset_predictions()
+    module._predicted[("ns-129/1", 1)] = {(0, 1)}  # another sequence's prediction is not used
+    module._warned_missing = False
+    with caplog.at_level(logging.WARNING, logger="mate_cli.lit_modules.table_qa"):
+        out = module._with_predicted_previous(batch)
+    assert out.layout.prev_labels.sum() == 0
+    assert "no prediction for the question before ns-129/2/2" in caplog.text
+    module._predicted[("ns-129/2", 1)] = set()  # predicted nothing: nothing marked, no warning needed
+    assert module._with_predicted_previous(batch).layout.prev_labels.sum() == 0
+
+
+def test_decode_feeds_the_next_position(module, datamodule):
+    """A prediction made by ``decode`` at position 0 becomes position 1's ``prev_labels``."""
+    first = _sqa_batch(datamodule, "ns-129/1/0")
+    coords = [tuple(c) for c in first.cell_coords[0].tolist()]
+    chosen = {(0, 1), (3, 1)}
+    chosen_ids = [coords.index(c) for c in chosen]
+    logits = torch.full(first.input_ids.shape, -10.0)
+    for k in chosen_ids:
+        logits[first.layout.cell_ids == k] = 10.0
+    module._reset_predictions()
+    rows = module.decode(first, QAOutput(logits=logits, aggregation_logits=None, loss=None))
+    assert rows[0]["coordinates"] == [[0, 1], [3, 1]] and rows[0]["aggregation"] == "NONE"
+    gold = {tuple(c) for c in first.answer_coordinates[0]}
+    assert rows[0]["correct"] == (gold == chosen)
+    assert module._predicted[("ns-129/1", 0)] == chosen
+    second = module._with_predicted_previous(_sqa_batch(datamodule, "ns-129/1/1"))
+    coords = [tuple(c) for c in second.cell_coords[0].tolist()]
+    marked = {coords[k] for k in second.layout.cell_ids[0][second.layout.prev_labels[0].bool()].tolist()}
+    assert marked == chosen
+
+
+def test_aggregate_answer():
+    assert aggregate_answer("NONE", ["a", "b"], [nan, nan]) == ["a", "b"]
+    assert aggregate_answer("COUNT", ["a", "b", "c"], [nan, 1.0, 2.0]) == ["3"]
+    assert aggregate_answer("SUM", ["1", "x", "2.5"], [1.0, nan, 2.5]) == ["3.5"]
+    assert aggregate_answer("AVERAGE", ["2", "4"], [2.0, 4.0]) == ["3"]
+    assert aggregate_answer("SUM", ["x"], [nan]) == []
