@@ -17,6 +17,9 @@ Supervision, as TAPAS builds it:
   aggregation result.
 - **TabFact**: the statement is the question; the label is the verdict.
 
+Empty cells get one token (``empty_cell_token``, TAPAS's ``[EMPTY]``), so they can be
+selected: SQA's gold cell sets include them (2 of the 68 sample questions).
+
 Length heuristics: ``pruning`` = ``none`` | ``cc`` | ``hem`` (:mod:`mate_cli.data.pruning`),
 applied by the one tokenizer (:mod:`mate_cli.data.tokenize`). The split statistics log
 what survived (``answer_cells_kept``: share of questions with answer cells whose every
@@ -191,16 +194,18 @@ class TableTaskDataModule(SplitDataModule):
     Args:
         task: ``sqa`` | ``wtq`` | ``tabfact`` (which reader and which supervision).
         pruning: ``none`` | ``cc`` | ``hem``: how a table is cut to ``max_length``.
+        empty_cell_token: empty cells get one token (TAPAS's ``[EMPTY]``), so they can be
+            selected: SQA's gold answers include empty cells.
         common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (root,
             pretrained, max_length, max_question_tokens, split, batch sizes, eval_file, ...).
     """
 
-    def __init__(self, *, task: str, pruning: str = "none", **common) -> None:
+    def __init__(self, *, task: str, pruning: str = "none", empty_cell_token: bool = True, **common) -> None:
         if task not in TASKS:
             raise MateError(f"dataset.task={task!r} is invalid; use one of {', '.join(TASKS)}")
         if pruning not in PRUNING:
             raise MateError(f"dataset.pruning={pruning!r} is invalid; use one of {', '.join(PRUNING)}")
-        self.task, self.pruning = task, pruning
+        self.task, self.pruning, self.empty_cell_token = task, pruning, bool(empty_cell_token)
         super().__init__(**common)
         self.kind = task
 
@@ -208,11 +213,12 @@ class TableTaskDataModule(SplitDataModule):
         return make_reader(self.task, root)
 
     def cache_payload(self, split: str) -> dict:
-        return {"task": self.task, "pruning": self.pruning, "format": 1}
+        return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token, "format": 1}
 
     def tokenizer_args(self) -> dict:
         return {"pretrained": self.pretrained, "max_length": self.max_length,
-                "max_question_tokens": self.max_question_tokens, "pruning": self.pruning}
+                "max_question_tokens": self.max_question_tokens, "pruning": self.pruning,
+                "empty_cell_token": self.empty_cell_token}
 
     def encode(self, questions: list[Question], split: str):
         encoder = _TaskEncoder(self.task, self.root, self.tokenizer_args(), previous_answers(questions))

@@ -15,7 +15,9 @@ tokens (row-major). **Empty cells have no tokens**, so they get no cell id and c
 be selected; ``cell_coords[k - 1]`` = (data row, column) of cell k, listing only
 cells with >= 1 token. (TAPAS writes one ``[EMPTY]`` token for an empty cell, and for
 one holding only punctuation or ``n/a``/``?``/``nan``; here the first has no token and
-the others keep their word pieces: this project's vocabularies have no ``[EMPTY]``.)
+the others keep their word pieces: this project's vocabularies have no ``[EMPTY]``.
+``empty_cell_token=True`` gives each empty cell one token, as TAPAS does: the table tasks
+use it, since SQA's gold answers include empty cells.)
 Nothing is padded here (the collator pads).
 
 Numeric ids, exactly as ``transformers.TapasTokenizer`` computes them (see
@@ -152,6 +154,10 @@ class TableTokenizer:
         pruning: how a table too long for the budget is cut: ``"none"`` (per-cell cap,
             then trailing rows; :func:`fit_budget`), ``"cc"`` or ``"hem"``
             (:mod:`mate_cli.data.pruning`).
+        empty_cell_token: give every empty cell one token, as TAPAS writes ``[EMPTY]``
+            (the vocabulary's ``[EMPTY]``, else its ``[UNK]``), so an empty cell has a cell
+            id and can be selected (SQA's gold cell sets include empty cells). Off: empty
+            cells have no token (the default; module docstring).
     """
 
     def __init__(
@@ -164,6 +170,7 @@ class TableTokenizer:
         max_column_id: int = _table_size("column_ids"),
         max_rank_id: int = _table_size("column_ranks"),
         pruning: str = "none",
+        empty_cell_token: bool = False,
     ):
         if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
             raise MateError(f"tokenizer {type(tokenizer).__name__} has no [CLS]/[SEP] token; use a BERT WordPiece tokenizer")
@@ -187,6 +194,8 @@ class TableTokenizer:
         self.max_row_id = int(max_row_id)
         self.max_column_id = int(max_column_id)
         self.max_rank_id = int(max_rank_id)
+        vocab = tokenizer.get_vocab() if empty_cell_token else {}
+        self.empty_id = vocab.get("[EMPTY]", tokenizer.unk_token_id) if empty_cell_token else None
 
     def _wordpieces(self, texts: list[str]) -> list[list[int]]:
         if not texts:
@@ -222,6 +231,8 @@ class TableTokenizer:
         q_ids = q_ids[: self.max_question_tokens]
         pieces = self._wordpieces([c.text for c in table.header[:num_cols]]
                                   + [t for row in texts[:num_rows] for t in row[:num_cols]])
+        if self.empty_id is not None:
+            pieces = [ids or [self.empty_id] for ids in pieces]
         header, flat = pieces[:num_cols], pieces[num_cols:]
         cells = [flat[r * num_cols: (r + 1) * num_cols] for r in range(num_rows)]
         kept, selection = self._fit(question, table, q_ids, header, cells)

@@ -3,7 +3,7 @@
 ``mate predict ckpt_path=<sqa|wtq|tabfact run>/checkpoints/last.ckpt table=<file> question="..."``
 reads the table in the run's dataset format (WikiTQ ``.tsv``/``.csv``, SQA ``.csv``,
 TabFact ``#``-separated ``.html.csv``), encodes it exactly as training did (the run's
-``max_length``, ``max_question_tokens`` and ``pruning``), and decodes with the run's
+``max_length``, ``max_question_tokens``, ``pruning`` and ``empty_cell_token``), and decodes with the run's
 head: TabFact gives the verdict and its probability; SQA the selected cells; WikiTQ the
 selected cells, the aggregation operator and the computed answer.
 """
@@ -40,7 +40,8 @@ def predict_table_question(run: TrainedRun, table: Table, text: str, device: tor
     data = run.cfg.dataset
     task = str(data.task)
     tokenizer = TableTokenizer(run.tokenizer, max_length=int(data.max_length),
-                               max_question_tokens=int(data.max_question_tokens), pruning=str(data.pruning))
+                               max_question_tokens=int(data.max_question_tokens), pruning=str(data.pruning),
+                               empty_cell_token=bool(data.get("empty_cell_token", True)))
     question = Question("question", text, table.table_id)
     example = encode_task_question(tokenizer, task, question, table)
     batch = TaskCollator(int(run.tokenizer.pad_token_id or 0))([example]).to(device)

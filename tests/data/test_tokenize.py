@@ -270,3 +270,19 @@ def test_candidates_prefer_trace_and_skip_out_of_range(caplog):
     with caplog.at_level(logging.WARNING, logger="mate_cli.data.tokenize"):
         assert candidate_cells(q, table, {}) == [(0, 0), (1, 1)]
     assert "(5, 0)" in caplog.text
+
+
+def test_empty_cell_token_makes_empty_cells_selectable(tokenizer):
+    """TAPAS writes one [EMPTY] token per empty cell; with ``empty_cell_token`` the cell gets
+    the vocabulary's [EMPTY] (else [UNK]) and a cell id, so an answer in it survives."""
+    table = _table(["name", "note"], [["ann", ""], ["bob", "tall"]])
+    question = Question("q", "who has no note?", "hand")
+    plain = TableTokenizer(tokenizer, max_length=64).encode(question, table, candidates=[(0, 1)])
+    marked = TableTokenizer(tokenizer, max_length=64, empty_cell_token=True).encode(
+        question, table, candidates=[(0, 1)])
+    assert [0, 1] not in plain.cell_coords and plain.candidates == [] and plain.candidates_dropped == 1
+    assert marked.cell_coords == [[0, 0], [0, 1], [1, 0], [1, 1]] and marked.candidates == [2]
+    assert "[EMPTY]" not in tokenizer.get_vocab()  # MiniLM has none: its [UNK] stands in
+    cell = [t for t, k in zip(marked.input_ids, marked.layout["cell_ids"]) if k == 2]
+    assert cell == [tokenizer.unk_token_id]
+    assert len(marked.input_ids) == len(plain.input_ids) + 1
