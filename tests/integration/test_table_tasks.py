@@ -116,3 +116,31 @@ def test_every_table_experiment_trains(experiment, tmp_path):
     env = mate_env(tmp_path / "outputs", tmp_path / "cache", HOME=str(tmp_path / "home"))
     done = run_mate(["train", f"experiment={experiment}", *TRAIN], env)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_saved_tapas_wtq_checkpoint_evaluates_through_mate(tmp_path):
+    """A ``TapasForQuestionAnswering`` directory (as a published WTQ checkpoint is) loads with
+    its head and settings, and `mate train ... trainer.max_steps=0` validates it unchanged."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from mate_cli.modeling.checkpoints import bundled_model_dir
+
+    checkpoint = tmp_path / "tapas_wtq"
+    config = transformers.TapasConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=512, num_aggregation_labels=4, use_answer_as_supervision=True,
+        answer_loss_cutoff=0.664694, cell_selection_preference=0.207951, huber_loss_delta=0.121194,
+        temperature=0.0352513)
+    torch.manual_seed(0)
+    transformers.TapasForQuestionAnswering(config).save_pretrained(checkpoint)
+    shutil.copy(bundled_model_dir() / "vocab.txt", checkpoint)
+    outputs = tmp_path / "outputs"
+    env = mate_env(outputs, tmp_path / "cache", HOME=str(tmp_path / "home"))
+    done = run_mate(["train", "experiment=wtq_tapas", f"model.encoder.pretrained={checkpoint}",
+                     "trainer.max_steps=0"], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = new_run(outputs, "train", set())
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert "(task head): 6 tensors; missing (freshly initialised): none" in log
+    assert 0.0 <= json.loads((run / "metrics.json").read_text())["val/accuracy"] <= 1.0
