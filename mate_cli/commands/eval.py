@@ -39,6 +39,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     datamodule = instantiate(train_cfg.dataset)
     model = instantiate(train_cfg.model)
     trainer = L.Trainer(**trainer_args)
+    if getattr(datamodule, "task", None) and trainer.world_size > 1:
+        raise MateError(f"mate eval of a {datamodule.task} run writes one predictions file and (SQA) feeds each "
+                        "question the previous prediction: run it on one device (hardware=cpu or hardware=gpu)")
     run = trainer.validate if cfg.split == "validation" else trainer.test
     results = run(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}

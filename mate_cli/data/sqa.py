@@ -34,7 +34,8 @@ _ANSWERS = ("answer_coordinates", "answer_text")
 class SQAReader(TableQAReader):
     """Questions and tables of one SQA root (module docstring)."""
 
-    FILES = {"train": "train.tsv", "dev": "random-split-1-dev.tsv", "test": "test.tsv"}
+    # random-split-1-{train,dev} partition train.tsv, so validation never sees a trained question
+    FILES = {"train": "random-split-1-train.tsv", "dev": "random-split-1-dev.tsv", "test": "test.tsv"}
     QUESTIONS_DIR = ""
     QUESTION_GLOB = "*.tsv"
     REQUIRED_DIRS = ("table_csv",)

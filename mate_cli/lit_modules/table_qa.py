@@ -65,6 +65,8 @@ class TableQAModule(EncoderTaskModule):
         self.head_config = TapasHeadConfig.from_checkpoint(head, settings)
         config = encoder.config
         self.head = TapasQAHead(config.hidden_size, self.head_config, config.initializer_range, config.hidden_dropout)
+        if not self.head_config.num_aggregation_labels:  # SQA: nothing reads [CLS]; DDP must not wait for it
+            encoder.pooler.requires_grad_(False)
         if pretrained:
             load_head_weights(self.head, pretrained)
         self.metrics = nn.ModuleDict({
@@ -79,13 +81,14 @@ class TableQAModule(EncoderTaskModule):
     def forward(self, batch: TaskBatch, with_loss: bool = False) -> QAOutput:
         hidden = self.encoder(batch.input_ids, batch.layout)
         pooled = self.encoder.pooled(hidden)
-        if not with_loss:
-            return self.head(hidden, pooled, batch.layout)
-        cell_ids = batch.layout.cell_ids
-        labels = batch.candidate_mask.gather(1, cell_ids) & batch.layout.attention_mask
-        values, scale = token_numeric_values(batch.cell_values.to(hidden.dtype), cell_ids)
-        return self.head(hidden, pooled, batch.layout, labels.long(), batch.float_answer.to(hidden.dtype), values,
-                         scale)
+        with torch.autocast(hidden.device.type, enabled=False):  # the head in float32 (tapas_heads docstring)
+            hidden, pooled = hidden.float(), pooled.float()
+            if not with_loss:
+                return self.head(hidden, pooled, batch.layout)
+            cell_ids = batch.layout.cell_ids
+            labels = batch.candidate_mask.gather(1, cell_ids) & batch.layout.attention_mask
+            values, scale = token_numeric_values(batch.cell_values.float(), cell_ids)
+            return self.head(hidden, pooled, batch.layout, labels.long(), batch.float_answer.float(), values, scale)
 
     def supervised(self, batch: TaskBatch) -> torch.Tensor:
         """``[batch]`` bool: examples with an answer cell, or (WikiTQ) a scalar answer."""
@@ -189,8 +192,16 @@ class TableQAModule(EncoderTaskModule):
             rows.append(row)
         return rows
 
+    def on_predict_epoch_start(self) -> None:
+        self._reset_predictions()
+
     def predict_step(self, batch: TaskBatch, batch_idx: int) -> list[dict]:
-        return self.decode(batch, self(batch))
+        """Decoded answers; SQA position by position with the model's own previous answers."""
+        rows = []
+        for part in self._in_position_order(batch):
+            part = self._with_predicted_previous(part)
+            rows.extend(self.decode(part, self(part)))
+        return rows
 
 
 def aggregate_answer(operator: str, texts: list[str], values: list[float]) -> list[str]:

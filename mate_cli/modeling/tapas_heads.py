@@ -35,7 +35,10 @@ One deliberate difference from ``transformers``: padding tokens belong to no cel
 (TAPAS counts them in the query cell (0, 0), so its query-cell mean, and with it the loss
 of an example with no answer cell, depends on how far the batch was padded). On unpadded
 inputs, and on padded ones whose examples all have an answer cell, the logits and the
-loss equal ``TapasForQuestionAnswering``'s (``tests/modeling/test_tapas_heads.py``).
+loss equal ``TapasForQuestionAnswering``'s (``tests/modeling/test_tapas_heads.py``), the
+latter with ``allow_empty_column_selection=false`` (column 0, the query cell, is then
+excluded; otherwise its logit is the query cell's mean, which TAPAS takes over padding too).
+The head runs in float32 under mixed precision (label counts and answers exceed bf16's range).
 Gumbel sampling (``use_gumbel_for_cells`` / ``_for_aggregation``) is not supported.
 """
 
@@ -95,9 +98,18 @@ class TapasHeadConfig:
         if self.average_approximation_function not in APPROXIMATIONS:
             raise MateError(f"model.head.average_approximation_function={self.average_approximation_function!r} "
                             f"is invalid; use one of {', '.join(APPROXIMATIONS)}")
-        if self.use_answer_as_supervision and self.num_aggregation_labels and self.cell_selection_preference is None:
+        if self.num_aggregation_labels not in (0, len(AGGREGATIONS)):
+            raise MateError(f"model.head.num_aggregation_labels={self.num_aggregation_labels} is invalid; use 0 "
+                            f"(SQA) or {len(AGGREGATIONS)} ({', '.join(AGGREGATIONS)}: WikiTQ)")
+        if self.num_aggregation_labels and not self.use_answer_as_supervision:
+            raise MateError("model.head.num_aggregation_labels>0 needs model.head.use_answer_as_supervision=true "
+                            "(supervised aggregation labels are not supported)")
+        if self.num_aggregation_labels and self.cell_selection_preference is None:
             raise MateError("model.head.use_answer_as_supervision=true needs model.head.cell_selection_preference "
                             "(TAPAS's WikiTQ value: 0.207951)")
+        if self.num_aggregation_labels and not self.use_normalized_answer_loss and self.huber_loss_delta is None:
+            raise MateError("model.head.use_answer_as_supervision=true needs model.head.huber_loss_delta "
+                            "(TAPAS's WikiTQ value: 0.121194)")
 
     @classmethod
     def from_checkpoint(cls, settings: Mapping[str, Any], checkpoint: Mapping[str, Any] | None) -> "TapasHeadConfig":
@@ -338,11 +350,11 @@ def _single_column_selection(token_logits, column_logits, labels, index: CellInd
     cell_logits = index.cell_mean(token_logits)
     if column_logits is None:
         return None, index.gather(cell_logits)
-    per_column = index.column_sum(labels.to(token_logits.dtype))
+    per_column = index.column_sum(labels.float())
     nothing = per_column.max(dim=-1).values == 0
     gold_column = torch.where(nothing, 0, per_column.argmax(dim=-1))
     column_loss = -torch.log_softmax(column_logits, dim=-1).gather(1, gold_column[:, None]).squeeze(1)
-    cell_labels = index.cell_max(labels.to(token_logits.dtype))
+    cell_labels = index.cell_max(labels.float())
     in_gold = (index.column_of_cell[None, :] == gold_column[:, None]).to(token_logits.dtype)
     log_likelihood = -nn.functional.binary_cross_entropy_with_logits(cell_logits, cell_labels, reduction="none")
     cell_loss = -(log_likelihood * in_gold * cell_mask).sum(1) / ((in_gold * cell_mask).sum(1) + EPSILON)

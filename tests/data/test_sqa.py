@@ -22,7 +22,7 @@ def sqa() -> SQAReader:
 
 @pytest.fixture(scope="module")
 def questions(sqa):
-    return list(sqa.questions("train"))
+    return list(sqa.questions("train.tsv"))
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_counts_match_sample_readme(sqa, questions):
     assert len(sequences) == 20
     assert all(positions == list(range(len(positions))) for positions in sequences.values())
     assert len({q.table_id for q in questions}) == 15
-    assert sqa.skipped["train"] == {}
+    assert sqa.skipped["train.tsv"] == {}
 
 
 def test_first_questions_parsed(questions):
@@ -84,7 +84,9 @@ def test_quoted_csv_cells(sqa):
 
 
 def test_split_names_and_file_names(sqa):
-    assert sqa.question_file("train") == sqa.question_file("train.tsv") == SQA_ROOT / "train.tsv"
+    assert sqa.question_file("train.tsv") == SQA_ROOT / "train.tsv"
+    with pytest.raises(MateError, match="random-split-1-train.tsv"):  # the full release's train split
+        sqa.question_file("train")
     with pytest.raises(MateError, match="'test.tsv'.*available files: \\['train.tsv'\\]"):
         sqa.question_file("test")
     files = sqa.input_files()
@@ -95,7 +97,7 @@ def test_quoted_question_field_with_tab_and_newline(sqa_copy):
     rows = _rows(sqa_copy)
     rows[1][3] = '"what are the\thome cities\nof the league"'
     _write(sqa_copy, rows)
-    got = list(SQAReader(sqa_copy).questions("train"))
+    got = list(SQAReader(sqa_copy).questions("train.tsv"))
     assert len(got) == 68 and got[0].question == "what are the\thome cities\nof the league"
 
 
@@ -123,7 +125,7 @@ def test_malformed_record_names_file_line_and_id(sqa_copy, column, value, expect
     rows[3][column] = value
     path = _write(sqa_copy, rows)
     with pytest.raises(MateError, match=expected) as err:
-        list(SQAReader(sqa_copy).questions("train"))
+        list(SQAReader(sqa_copy).questions("train.tsv"))
     message = str(err.value)
     assert str(path) in message and f"line 4 (id {rows[3][0]!r}" in message
 
@@ -132,14 +134,14 @@ def test_missing_column_and_short_line(sqa_copy):
     rows = _rows(sqa_copy)
     path = _write(sqa_copy, [rows[0][:5] + rows[0][6:]] + [r[:5] + r[6:] for r in rows[1:]])
     reader = SQAReader(sqa_copy)
-    assert all(q.answer_coordinates == [] for q in reader.questions("train"))  # answer columns are optional
+    assert all(q.answer_coordinates == [] for q in reader.questions("train.tsv"))  # answer columns are optional
     _write(sqa_copy, [rows[0][:4]] + rows[1:])
     with pytest.raises(MateError, match="no 'table_file' column") as err:
-        next(SQAReader(sqa_copy).questions("train"))
+        next(SQAReader(sqa_copy).questions("train.tsv"))
     assert str(path) in str(err.value)
     _write(sqa_copy, rows[:2] + [rows[2][:6]] + rows[3:])
     with pytest.raises(MateError, match="line 3 has 6 tab-separated fields, the header has 7"):
-        list(SQAReader(sqa_copy).questions("train"))
+        list(SQAReader(sqa_copy).questions("train.tsv"))
 
 
 def test_duplicates_and_empty_questions(sqa_copy, caplog):
@@ -157,7 +159,7 @@ def test_duplicates_and_empty_questions(sqa_copy, caplog):
     changed[6] = "['2,851']"
     path = _write(sqa_copy, rows[:3] + [changed] + rows[3:])
     with pytest.raises(MateError, match=r"'nt-2156/0/1' appears twice \(line 3 and line 4\)") as err:
-        list(SQAReader(sqa_copy).questions("train"))
+        list(SQAReader(sqa_copy).questions("train.tsv"))
     assert str(path) in str(err.value)
 
 

@@ -203,3 +203,17 @@ def test_token_numeric_values_scale_is_the_cell_token_count():
                                                 ("AVERAGE", ["2.5"])])
 def test_aggregate_answer(operator, expected):
     assert aggregate_answer(operator, ["a", "b"], [2.0, 3.0]) == expected
+
+
+@pytest.mark.parametrize("settings, fix", [
+    ({"num_aggregation_labels": 3}, "use 0"),
+    ({"num_aggregation_labels": 4, "use_answer_as_supervision": False}, "use_answer_as_supervision=true"),
+    ({**WTQ, "cell_selection_preference": None}, "cell_selection_preference"),
+    ({**WTQ, "huber_loss_delta": None}, "huber_loss_delta"),
+    ({"average_approximation_function": "median"}, "ratio"),
+])
+def test_head_settings_that_cannot_train_are_one_line_errors(settings, fix):
+    from mate_cli.errors import MateError
+
+    with pytest.raises(MateError, match=fix):
+        TapasHeadConfig.from_checkpoint(settings, None)
