@@ -316,13 +316,16 @@ class TableEncoder(nn.Module):
         checkpoints.load_state_dict(model, state, source=str(pretrained))
         return model
 
-    def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None) -> Path:
+    def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None,
+                        extra_state: dict[str, torch.Tensor] | None = None, prefix: str = "") -> Path:
         """Write a ``transformers.TapasModel`` directory atomically (temp dir, then rename).
 
         ``config.json`` (``model_type: tapas``) and ``model.safetensors`` with TapasModel
         key names; a backend's own parameters (``...attention.self.backend.*``) are saved
         too (transformers ignores them; :meth:`from_pretrained` restores them). With a
-        ``tokenizer``, its files are written alongside.
+        ``tokenizer``, its files are written alongside. ``prefix`` (e.g. ``"tapas."``) and
+        ``extra_state`` (e.g. a task head's tensors) make it a task-model directory, such as
+        one ``transformers.TapasForMaskedLM`` loads (:mod:`mate_cli.modeling.mlm`).
         """
         from safetensors.torch import save_file
 
@@ -334,7 +337,8 @@ class TableEncoder(nn.Module):
         try:
             config = self.config.to_tapas_dict()
             (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-            state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+            state = {prefix + k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+            state.update(extra_state or {})
             save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
             if tokenizer is not None:
                 save_tokenizer(tokenizer, staging)

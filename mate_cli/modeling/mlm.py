@@ -1,0 +1,87 @@
+"""BERT's masked-LM head, for TAPAS-style pre-training (MATE §3.2, App. A.1).
+
+Owns :class:`MaskedLMHead` (``transform``: dense, activation, LayerNorm; then the decoder,
+whose weights ARE the encoder's word embeddings, plus an output bias) and its checkpoint
+names: BERT and TAPAS save it as ``cls.predictions.{transform.dense, transform.LayerNorm,
+bias}`` (``decoder.weight`` is the tied word-embedding table, ``decoder.bias`` the bias).
+
+:func:`load_mlm_head` copies those tensors from a checkpoint when it has them (a BERT
+pre-training or ``TapasForMaskedLM`` checkpoint). The bundled MiniLM
+(sentence-transformers/all-MiniLM-L6-v2, a sentence encoder) ships none: its head starts
+from BERT's initialisation, with the decoder tied to MiniLM's word embeddings.
+:func:`mlm_state_dict` gives the head's tensors under those names, so a saved directory
+(``TableEncoder.save_pretrained(..., extra_state=mlm_state_dict(head), prefix="tapas.")``)
+loads in ``transformers.TapasForMaskedLM``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder import ACTIVATIONS
+
+#: the checkpoint prefix of the head's tensors (BertForPreTraining / BertForMaskedLM / TapasForMaskedLM)
+PREFIX = "cls.predictions."
+
+
+class Transform(nn.Module):
+    """``LayerNorm(act(dense(h)))``: BERT's ``cls.predictions.transform``."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACTIVATIONS[config.hidden_act]()
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(hidden)))
+
+
+class MaskedLMHead(nn.Module):
+    """Token logits over the vocabulary: ``transform(h) @ E^T + b`` with ``E`` the word embeddings.
+
+    Args:
+        config: the encoder's config (sizes, activation, LayerNorm epsilon, init range).
+        word_embeddings: the encoder's input embedding table, shared (not copied): the
+            decoder is tied to it, as in BERT.
+    """
+
+    def __init__(self, config: EncoderConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.transform = Transform(config)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self._tied = (word_embeddings,)  # a tuple: not registered twice in the state dict
+        nn.init.normal_(self.transform.dense.weight, std=config.initializer_range)
+        nn.init.zeros_(self.transform.dense.bias)
+
+    @property
+    def decoder_weight(self) -> torch.Tensor:
+        return self._tied[0].weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., hidden]`` -> ``[..., vocab]`` logits."""
+        return self.transform(hidden) @ self.decoder_weight.T + self.bias
+
+
+def mlm_state_dict(head: MaskedLMHead) -> dict[str, torch.Tensor]:
+    """The head's own tensors under BERT/TAPAS names. The tied decoder is left out, as
+    transformers saves it: loading ties ``decoder.weight`` to the word embeddings and
+    ``decoder.bias`` to ``bias`` again."""
+    return {PREFIX + k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+
+
+def load_mlm_head(head: MaskedLMHead, pretrained: str) -> list[str]:
+    """Copy a checkpoint's ``cls.predictions.*`` tensors into ``head``; returns the names loaded
+    (``[]``: the checkpoint has no MLM head, the head keeps its initialisation)."""
+    from mate_cli.modeling import checkpoints
+
+    resolved = checkpoints.resolve_pretrained(pretrained)
+    state = checkpoints.read_state_dict(checkpoints.weight_files(resolved))
+    own = head.state_dict()
+    found = {key[len(PREFIX):]: value for key, value in state.items()
+             if key.startswith(PREFIX) and key[len(PREFIX):] in own}
+    if found:
+        checkpoints.load_state_dict(head, found, source=f"{pretrained} (masked-LM head)")
+    return sorted(found)
