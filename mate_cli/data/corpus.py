@@ -40,7 +40,7 @@ def read_jsonl(path: str | Path) -> Iterator[TableText]:
     unless the line names one with ``id``)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise MateError(f"corpus file not found: {path}; point dataset.files at JSON-lines files ({FORMAT_HINT})")
+        raise MateError(f"corpus file not found: {path}; pass an existing JSON-lines file ({FORMAT_HINT})")
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if line.strip():

@@ -125,4 +125,8 @@ def parse_table_file(path: Path, table_id: str) -> Table:
 def read_table_file(path: str | Path) -> Table:
     """A TabFact ``data/all_csv/<id>.html.csv`` file (``#``-separated) -> :class:`Table` (table id = file name)."""
     path = given_file(path, "a TabFact data/all_csv/<table_id>.html.csv ('#'-separated) file")
-    return parse_table_file(path, path.name)
+    table = parse_table_file(path, path.name)
+    if table.num_columns == 1 and ("," in table.header[0].text or "\t" in table.header[0].text):
+        raise MateError(f"{path}: one column whose header holds ',' or tabs: not a '#'-separated TabFact table; "
+                        "convert it (columns joined by '#', first line the header) or use a run of its own dataset")
+    return table

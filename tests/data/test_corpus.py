@@ -45,6 +45,6 @@ def test_each_mistake_is_one_line_naming_file_line_and_key(tmp_path, line, messa
     assert "\n" not in str(caught.value)
 
 
-def test_a_missing_file_names_the_setting(tmp_path):
-    with pytest.raises(MateError, match="dataset.files"):
+def test_a_missing_file_names_the_path(tmp_path):
+    with pytest.raises(MateError, match="corpus file not found: .*none.jsonl"):
         list(read_jsonl(tmp_path / "none.jsonl"))

@@ -177,3 +177,14 @@ def test_missing_table_file(tabfact_copy):
         TabFactReader(tabfact_copy).table("2-18178534-1.html.csv")
     with pytest.raises(MateError, match="table=.*not found; pass a TabFact"):
         read_table_file(tabfact_copy / "data/all_csv/2-18178534-1.html.csv")
+
+
+def test_a_comma_separated_file_is_not_read_as_a_tabfact_table(tmp_path):
+    from mate_cli.data.tabfact import read_table_file
+
+    path = tmp_path / "t.csv"
+    path.write_text("name,year\nann,1999\n", encoding="utf-8")
+    with pytest.raises(MateError, match="not a '#'-separated TabFact table"):
+        read_table_file(path)
+    path.write_text("name#year\nann#1999\n", encoding="utf-8")
+    assert [c.text for c in read_table_file(path).header] == ["name", "year"]

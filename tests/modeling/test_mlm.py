@@ -34,19 +34,24 @@ def ours_from(directory) -> tuple[TableEncoder, MaskedLMHead]:
     return encoder, head
 
 
-def test_tapas_masked_lm_loads_with_the_same_logits(tmp_path, record_property):
-    reference = tiny_tapas_mlm()
-    reference.save_pretrained(tmp_path)
-    encoder, head = ours_from(tmp_path)
-    assert "transform.dense.weight" in load_mlm_head(head, str(tmp_path))
-    input_ids, layout = table_batch(seed=3, lengths=[40, 27])
+def assert_same_logits(record_property, name, reference, encoder, head, seed, lengths) -> None:
+    """Our encoder + head and a ``TapasForMaskedLM`` give the same logits on a TAPAS-style batch."""
+    input_ids, layout = table_batch(seed=seed, lengths=lengths)
     with torch.no_grad():
         expected = reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
                              token_type_ids=layout.token_type_ids).logits
         logits = head(encoder(input_ids, layout))
     diff = (logits - expected).abs()[layout.attention_mask].max().item()
-    record_property("max_abs_diff[mlm.load]", f"{diff:.3e}")
+    record_property(f"max_abs_diff[{name}]", f"{diff:.3e}")
     assert diff <= TOLERANCE
+
+
+def test_tapas_masked_lm_loads_with_the_same_logits(tmp_path, record_property):
+    reference = tiny_tapas_mlm()
+    reference.save_pretrained(tmp_path)
+    encoder, head = ours_from(tmp_path)
+    assert "transform.dense.weight" in load_mlm_head(head, str(tmp_path))
+    assert_same_logits(record_property, "mlm.load", reference, encoder, head, seed=3, lengths=[40, 27])
 
 
 def test_saved_encoder_and_head_load_in_tapas_for_masked_lm(tmp_path, record_property):
@@ -59,14 +64,7 @@ def test_saved_encoder_and_head_load_in_tapas_for_masked_lm(tmp_path, record_pro
         encoder.embeddings.word_embeddings.weight.mul_(1.1)
     encoder.save_pretrained(tmp_path / "saved", extra_state=mlm_state_dict(head), prefix="tapas.")
     loaded = transformers.TapasForMaskedLM.from_pretrained(tmp_path / "saved").eval()
-    input_ids, layout = table_batch(seed=4, lengths=[33, 40])
-    with torch.no_grad():
-        expected = loaded(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
-                          token_type_ids=layout.token_type_ids).logits
-        logits = head(encoder(input_ids, layout))
-    diff = (logits - expected).abs()[layout.attention_mask].max().item()
-    record_property("max_abs_diff[mlm.save]", f"{diff:.3e}")
-    assert diff <= TOLERANCE
+    assert_same_logits(record_property, "mlm.save", loaded, encoder, head, seed=4, lengths=[33, 40])
     again, _ = ours_from(tmp_path / "saved")  # and our own loader reads the prefixed directory
     assert torch.equal(again.embeddings.word_embeddings.weight, encoder.embeddings.word_embeddings.weight)
 
