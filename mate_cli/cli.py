@@ -26,6 +26,7 @@ from mate_cli.paths import CONF_DIR
 
 COMMANDS = {
     "train": ("mate_cli.commands.train", "fit a model (Hydra app, conf/train.yaml)"),
+    "pretrain": ("mate_cli.commands.pretrain", "masked-LM pre-training on tables, any attention (conf/pretrain.yaml)"),
     "eval": ("mate_cli.commands.eval", "evaluate a checkpoint (conf/eval.yaml)"),
     "pointr": ("mate_cli.commands.pointr", "PointR end to end: cell selection, then the reader (conf/pointr.yaml)"),
     "predict": ("mate_cli.commands.predict", "answer one question about one table (conf/predict.yaml)"),
@@ -57,7 +58,7 @@ def usage() -> str:
 
 
 #: commands whose ``trainer.*`` goes to Lightning's Trainer
-TRAINER_COMMANDS = ("train", "eval", "pointr", "predict")
+TRAINER_COMMANDS = ("train", "pretrain", "eval", "pointr", "predict")
 
 
 def trainer_overrides(command: str, args: list[str]) -> tuple[list[str], str | None]:

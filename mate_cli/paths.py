@@ -30,15 +30,46 @@ def run_group(experiment: str) -> str:
     return str(experiment)
 
 
+def output_root() -> Path:
+    """Where runs live: ``MATE_OUTPUT_DIR`` or ``outputs`` (as ``conf/hydra/default.yaml``)."""
+    return Path(os.environ.get("MATE_OUTPUT_DIR") or "outputs")
+
+
+def pretrained_run(experiment: str) -> str:
+    """The ``encoder/`` of the newest finished ``mate pretrain`` run of ``experiment``
+    (``pretrain_mate``, ``pretrain_dense``, ...): ``${mate.pretrained:<experiment>}``.
+
+    Looks in ``<output root>/pretrain/<time>-<experiment>-...`` and in the jobs of
+    ``<output root>/multirun/pretrain/<time>/`` whose ``resolved_config.yaml`` names that
+    experiment; newest by start time. A run's ``resolved_config.yaml`` records the directory;
+    pass ``model.encoder.pretrained=<dir>`` to pin another.
+    """
+    from mate_cli.errors import MateError
+
+    root = output_root()
+    found = [(p.name[:19], p) for p in (root / "pretrain").glob(f"*-{experiment}-*")]
+    for job in (root / "multirun" / "pretrain").glob("*/*"):
+        config = job / "resolved_config.yaml"
+        if config.is_file() and f"\nexperiment_name: {experiment}\n" in "\n" + config.read_text(encoding="utf-8"):
+            found.append((f"{job.parent.name}/{job.name}", job))
+    finished = sorted((key, p) for key, p in found if (p / "encoder" / "config.json").is_file())
+    if not finished:
+        attention = str(experiment).removeprefix("pretrain_")
+        raise MateError(f"no finished `mate pretrain` run of experiment {experiment!r} (with encoder/) under {root}; "
+                        f"run `mate pretrain attention={attention}` first, or set model.encoder.pretrained=<dir>")
+    return str(finished[-1][1].resolve() / "encoder")
+
+
 def register_resolvers() -> None:
     """Register the ``${mate.*:}`` resolvers (idempotent): ``repo_root``; ``join`` (the parts
     that say something, joined by ``-``: run names); ``tags`` (the same parts as a list);
-    ``group`` (:func:`run_group`)."""
+    ``group`` (:func:`run_group`); ``pretrained`` (:func:`pretrained_run`)."""
     resolvers = {
         "mate.repo_root": lambda: str(REPO_ROOT),
         "mate.join": lambda *parts: "-".join(name_parts(*parts)),
         "mate.tags": lambda *parts: name_parts(*parts),
         "mate.group": run_group,
+        "mate.pretrained": pretrained_run,
     }
     for name, function in resolvers.items():
         if not OmegaConf.has_resolver(name):

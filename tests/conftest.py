@@ -25,3 +25,21 @@ def minilm_dir() -> Path:
     from mate_cli.modeling.checkpoints import bundled_model_dir
 
     return Path(bundled_model_dir())
+
+
+@pytest.fixture
+def pretrained_runs(tmp_path, monkeypatch):
+    """``MATE_OUTPUT_DIR`` with a finished dense and MATE ``mate pretrain`` run (their encoder/:
+    the bundled MiniLM with a fresh masked-LM head, saved as `mate pretrain` saves), for the
+    experiments fine-tuning from them."""
+    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.modeling.encoder import TableEncoder
+    from mate_cli.modeling.mlm import MaskedLMHead, mlm_state_dict
+
+    encoder = TableEncoder.from_pretrained("minilm", "dense", max_length=128, reset_position_index_per_cell=True)
+    head = MaskedLMHead(encoder.config, encoder.embeddings.word_embeddings)
+    for attention in ("dense", "mate"):
+        run = tmp_path / "outputs" / "pretrain" / f"2026-01-01_00-00-00-pretrain_{attention}-x"
+        encoder.save_pretrained(run / "encoder", tokenizer=load_tokenizer("minilm"), extra_state=mlm_state_dict(head),
+                                prefix="tapas.")
+    monkeypatch.setenv("MATE_OUTPUT_DIR", str(tmp_path / "outputs"))

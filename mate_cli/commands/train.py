@@ -5,7 +5,8 @@ checkpoint -> write metrics.json.
 The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config.yaml``
 (every interpolation resolved; what ``mate eval`` re-builds from), ``checkpoints/``
 (``last.ckpt``: the newest state, every ``callbacks.model_checkpoint.every_n_train_steps``
-steps and at the end; ``best-*.ckpt``: the best by the validation metric), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json``;
+steps and at the end; ``best-*.ckpt``: the best by the validation metric), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json`` (with ``validate_start=true`` also
+``start/val/*``: the starting checkpoint's validation metrics, measured before the first step);
 with ``export_encoder=true`` also ``encoder/``: the best checkpoint's encoder as a
 ``transformers.TapasModel`` directory, so results travel to other tools.
 
@@ -28,6 +29,7 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+from torchmetrics import Metric
 
 from mate_cli.commands.common import (
     instantiate_dict, log, print_config_tree, print_table, quiet_third_party_logs, run_dir, run_task,
@@ -65,6 +67,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
     # W&B's service writes its debug logs under WANDB_CACHE_DIR (default ~/.cache/wandb): keep them in the run
     os.environ["WANDB_CACHE_DIR"] = _USER_WANDB_CACHE or str(out / "wandb" / "cache")
+    _check_pairing(cfg)
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
     callbacks = [*instantiate_dict(cfg.get("callbacks")), ResumeState()]
@@ -79,18 +82,23 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     if resume:
         log.info("resuming from %s", resume)
+    elif cfg.get("validate_start", False):  # the starting checkpoint's score, to compare the end with
+        results = trainer.validate(model, **_validation_data(trainer, datamodule), verbose=False)
+        model.start_metrics = {f"start/{k}": float(v) for k, v in (results[0] if results else {}).items()}
+        for metric in (m for m in model.modules() if isinstance(m, Metric)):
+            metric.reset()  # validate left inference-mode state tensors, which fit's validation cannot update
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
+    start = dict(getattr(model, "start_metrics", {}))  # a resumed run has them from its checkpoint
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}  # the last epoch's
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final state is the newest
     best = trainer.strategy.broadcast(_best_checkpoint(trainer, out / "checkpoints" / "last.ckpt"))
     metrics = {}
     if cfg.get("validate_best", True):
-        data = dict(datamodule=datamodule) if trainer.world_size == 1 else dict(
-            dataloaders=each_example_once(datamodule.val_dataloader(), trainer.world_size, trainer.global_rank))
-        results = trainer.validate(model, **data, ckpt_path=best, verbose=False)
+        results = trainer.validate(model, **_validation_data(trainer, datamodule), ckpt_path=best, verbose=False)
         metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics.update(perf)
+    metrics.update(start)
     metrics["best_checkpoint"] = best
     if resume:
         metrics["resumed_from"] = resume
@@ -113,18 +121,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 def print_summary(metrics: dict, out: Path) -> None:
     """The last thing on screen: the final validated metrics and where the results are."""
-    shown = sorted(k for k, v in metrics.items() if k.startswith("val/") and isinstance(v, float))
+    shown = sorted(k for k, v in metrics.items() if k.startswith(("start/val/", "val/")) and isinstance(v, float))
+    title = "final validation (best checkpoint; start/*: the starting checkpoint)" if any(
+        k.startswith("start/") for k in shown) else "final validation (best checkpoint)"
     if shown:
-        print_table("final validation (best checkpoint)", shown, [[f"{metrics[k]:.4f}" for k in shown]])
+        print_table(title, shown, [[f"{metrics[k]:.4f}" for k in shown]])
     print(f"best checkpoint: {metrics['best_checkpoint']}\nmetrics:         {out / 'metrics.json'}")  # never wrapped
 
 
 def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:
-    """Save the checkpoint's encoder as a transformers ``TapasModel`` directory (+ vocab)."""
+    """Save the checkpoint's encoder as a transformers directory (+ vocab): ``TapasModel``, or
+    ``TapasForMaskedLM`` from ``mate pretrain`` (the module's ``export_pretrained``)."""
     state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
     model.load_state_dict(state)
     tokenizer = load_tokenizer(cfg.model.encoder.pretrained)
-    return model.encoder.save_pretrained(directory, tokenizer=tokenizer)
+    return model.export_pretrained(directory, tokenizer=tokenizer)
 
 
 def _refuse_ddp_in_a_local_sweep(trainer) -> None:
@@ -140,6 +151,27 @@ def _refuse_ddp_in_a_local_sweep(trainer) -> None:
         hardware = HydraConfig.get().runtime.choices.get("hardware")
         raise MateError(f"hardware={hardware} starts one process per device, which a local sweep (-m) cannot do; "
                         "run each job without -m, or sweep on a cluster with hydra/launcher=slurm")
+
+
+def _check_pairing(cfg: DictConfig) -> None:
+    """Pre-training corpora go with the masked-LM module only, and the other way round
+    (checked on the config, before any data or weights load)."""
+    corpus = str(OmegaConf.select(cfg, "dataset._target_", default="")).endswith(".PretrainDataModule")
+    masked_lm = str(OmegaConf.select(cfg, "model._target_", default="")).endswith(".MaskedLMModule")
+    if corpus != masked_lm:
+        from hydra.core.hydra_config import HydraConfig
+
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        raise MateError(f"dataset={choices.get('dataset')} does not go with model={choices.get('model')}: "
+                        "`mate pretrain` reads dataset=pretrain_sample or pretrain_jsonl, `mate train` the task datasets")
+
+
+def _validation_data(trainer, datamodule) -> dict:
+    """``trainer.validate``'s data: under DDP every validation example on exactly one rank."""
+    if trainer.world_size == 1:
+        return dict(datamodule=datamodule)
+    datamodule.setup("validate")
+    return dict(dataloaders=each_example_once(datamodule.val_dataloader(), trainer.world_size, trainer.global_rank))
 
 
 def _best_checkpoint(trainer, last: Path) -> str:
@@ -159,8 +191,12 @@ def _finish_wandb() -> None:
         wandb.finish()
 
 
+def objective(cfg: DictConfig, metrics) -> float | None:
+    """What a sweeper optimises: the monitored validation metric of the finished run."""
+    monitor = OmegaConf.select(cfg, "callbacks.best_checkpoint.monitor", default=None) or "val/hits@1"
+    return metrics.get(monitor) if isinstance(metrics, dict) else None
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    metrics = run_task(train, cfg)
-    monitor = OmegaConf.select(cfg, "callbacks.best_checkpoint.monitor", default=None) or "val/hits@1"
-    return metrics.get(monitor) if isinstance(metrics, dict) else None  # the Optuna objective
+    return objective(cfg, run_task(train, cfg))

@@ -11,6 +11,19 @@ one object per line; blank lines are skipped. ``text`` may be empty; ``header`` 
 of strings and ``rows`` a list of lists of strings (numbers are written as they read);
 a ragged row is an error, since a misaligned column would teach the wrong structure.
 Every problem is one ``MateError`` line naming the file, the line and the key.
+
+And the readers of the datasets the project ships (:data:`SOURCES`, :func:`read_corpus`),
+each table once, with the text TAPAS would pair it with:
+
+- ``hybridqa``: every ``tables_tok`` table with its page title, section title and intro;
+  then up to ``passages`` more examples of it, each its title with one linked passage
+  (in the order of the table's passage file);
+- ``wtq`` / ``sqa``: every ``csv/<20x>-csv`` / ``table_csv`` table; neither release keeps
+  the page text, so the text segment is empty (the table is masked alone);
+- ``tabfact``: every ``data/all_csv`` table with its caption (from the statement files).
+
+Questions and statements are never used (TabFact's statement files are parsed for the
+captions only): pre-training sees tables and their context.
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from mate_cli.data.schema import Cell, Table
 from mate_cli.errors import MateError
@@ -75,3 +88,114 @@ def parse_line(line: str, where: str, default_id: str) -> TableText:
     table_id = str(record.get("id") or default_id)
     return TableText(Table(table_id, [Cell(h) for h in header], [[Cell(c) for c in row] for row in rows]),
                      text, source=where)
+
+
+# ----------------------------------------------------------- the bundled datasets
+def _text(*parts: str) -> str:
+    return " ".join(part.strip() for part in parts if part and part.strip())
+
+
+def hybridqa_tables(reader, passages: int = 1) -> Iterator[TableText]:
+    """HybridQA's tables with their page text, then with up to ``passages`` linked passages each."""
+    from mate_cli.data.hybridqa import TABLES_DIR
+
+    for path in sorted((reader.root / TABLES_DIR).glob("*.json")):
+        table = reader.table(path.stem)
+        yield TableText(table, _text(table.title, table.section_title, table.intro), f"hybridqa:{path.stem}")
+        linked = list(reader.passages(path.stem).values())[: max(0, int(passages))]
+        for number, passage in enumerate(linked, 1):
+            yield TableText(table, _text(table.title, passage), f"hybridqa:{path.stem}#passage{number}")
+
+
+def csv_tables(reader, kind: str) -> Iterator[TableText]:
+    """Every table file of a WikiTableQuestions / SQA root (``.tsv`` twin preferred, as the
+    WikiTQ reader does); neither release keeps the page text, so the text is empty."""
+    found = {path.relative_to(reader.root).with_suffix(".csv").as_posix()
+             for pattern in reader.TABLE_GLOBS for path in reader.root.glob(pattern) if path.is_file()}
+    for table_id in sorted(found):
+        yield TableText(reader.table(table_id), "", f"{kind}:{table_id}")
+
+
+def tabfact_tables(reader) -> Iterator[TableText]:
+    """TabFact's tables with their captions (the captions live in the statement files, which
+    are parsed for them; the statements themselves are not used)."""
+    from mate_cli.data.tabfact import TabFactReader
+
+    for name in reader.available_files():
+        for _ in reader.questions(name):  # fills the reader's captions
+            pass
+    for path in sorted((reader.root / TabFactReader.TABLES_DIR).glob("*.csv")):
+        table = reader.table(path.name)
+        yield TableText(table, table.title, f"tabfact:{path.name}")
+
+
+def _readers() -> dict:
+    from mate_cli.data.hybridqa import HybridQAReader
+    from mate_cli.data.sqa import SQAReader
+    from mate_cli.data.tabfact import TabFactReader
+    from mate_cli.data.wtq import WTQReader
+
+    return {"hybridqa": HybridQAReader, "wtq": WTQReader, "sqa": SQAReader, "tabfact": TabFactReader}
+
+
+#: ``dataset.sources`` keys: a dataset root each, or ``jsonl``: one JSON-lines file or a list
+SOURCES = ("hybridqa", "wtq", "sqa", "tabfact", "jsonl")
+
+
+class Corpus:
+    """The sources of a pre-training corpus (``dataset.sources``), checked when built.
+
+    Args:
+        sources: ``{kind: root}`` for the datasets, ``{"jsonl": file or [files]}``; a null
+            value leaves that kind out. Read in the order given.
+        hybridqa_passages: extra HybridQA examples per table, one per linked passage.
+    """
+
+    def __init__(self, sources: Mapping[str, object], hybridqa_passages: int = 1) -> None:
+        unknown = [kind for kind in sources if kind not in SOURCES]
+        if unknown:
+            raise MateError(f"dataset.sources.{unknown[0]} is not a corpus kind; use {', '.join(SOURCES)}")
+        self.hybridqa_passages = int(hybridqa_passages)
+        self.readers, self.files = {}, []
+        for kind, where in sources.items():
+            if where in (None, "", []):
+                continue
+            if kind == "jsonl":
+                self.files = [Path(str(p)).expanduser() for p in ([where] if isinstance(where, (str, Path)) else where)]
+                for path in self.files:
+                    if not path.is_file():
+                        raise MateError(f"corpus file not found: {path}; pass an existing JSON-lines file ({FORMAT_HINT})")
+                continue
+            reader_class = _readers()[kind]
+            if not isinstance(where, (str, Path)) or not Path(str(where)).expanduser().is_dir():
+                raise MateError(f"dataset.sources.{kind}={where} is not a folder; set it to a {kind} dataset root "
+                                "in its upstream layout (or null to leave it out)")
+            try:
+                self.readers[kind] = reader_class(where)
+            except MateError as err:
+                raise MateError(f"dataset.sources.{kind}={where}: {err}") from None
+        if not self.readers and not self.files:
+            raise MateError("the pre-training corpus is empty; set dataset.sources.<hybridqa|wtq|sqa|tabfact> to a "
+                            "dataset root or dataset.sources.jsonl to JSON-lines files")
+
+    def input_files(self) -> list[Path]:
+        """Every file the examples depend on, in a stable order."""
+        files = [path for reader in self.readers.values() for path in reader.input_files()]
+        return [*files, *self.files]
+
+    def examples(self) -> Iterator[TableText]:
+        """Every example of every source, in source order."""
+        for kind, reader in self.readers.items():
+            if kind == "hybridqa":
+                yield from hybridqa_tables(reader, self.hybridqa_passages)
+            elif kind == "tabfact":
+                yield from tabfact_tables(reader)
+            else:
+                yield from csv_tables(reader, kind)
+        for path in self.files:
+            yield from read_jsonl(path)
+
+
+def read_corpus(sources: Mapping[str, object], hybridqa_passages: int = 1) -> list[TableText]:
+    """Every example of ``sources`` (see :class:`Corpus`)."""
+    return list(Corpus(sources, hybridqa_passages).examples())

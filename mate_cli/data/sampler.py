@@ -77,3 +77,13 @@ def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoa
     sampler = UnrepeatedDistributedSamplerWrapper(loader.sampler, num_replicas=world_size, rank=rank, shuffle=False)
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
                       collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
+
+
+class EpochTagged(EpochShuffle):
+    """:class:`EpochShuffle` yielding ``(epoch, index)``: the dataset draws that epoch's
+    randomness for the example (masked-LM masks) from the pair, so it travels with the index
+    into worker processes and is the same after a resume."""
+
+    def __iter__(self):
+        epoch = self.epoch
+        return ((epoch, index) for index in super().__iter__())

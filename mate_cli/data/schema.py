@@ -179,3 +179,23 @@ class TaskBatch(Batch):
     sequence_ids: list = field(default_factory=list)
     positions: list = field(default_factory=list)
     channels: list = field(default_factory=list)
+
+
+@dataclass
+class MaskedBatch:
+    """A collated batch for masked-LM pre-training.
+
+    Attributes:
+        input_ids: ``[batch, seq]`` WordPiece ids after masking, padded with the pad id.
+        labels: ``[batch, seq]`` the original id at predicted positions, -100 elsewhere.
+        layout: the `TableLayout` of those tokens.
+        sources: per example, where it came from (``hybridqa:<table>#passage1``, ``<file>:<line>``).
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    layout: TableLayout
+    sources: list[str]
+
+    to = Batch.to  # the same generic field-wise move and length as Batch
+    __len__ = Batch.__len__

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from mate_cli.data.schema import Question
 from mate_cli.errors import MateError
@@ -65,10 +65,18 @@ def _table_hash(table_id: str, seed: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
+Item = TypeVar("Item")
+
+
 def split_by_table(
-    questions: Iterable[Question], val_fraction: float, seed: int = 0
-) -> tuple[list[Question], list[Question]]:
+    questions: Iterable[Item], val_fraction: float, seed: int = 0, key: Callable[[Item], str] | None = None,
+    setting: str = "dataset.split.val_fraction",
+) -> tuple[list[Item], list[Item]]:
     """Split questions into (train, val) by table: no table on both sides.
+
+    ``key(item)`` names an item's table (default: ``item.table_id``); the pre-training
+    corpus splits tables with their text segments this way, keyed by table content.
+    ``setting`` is the config key of ``val_fraction`` that error messages name.
 
     A table goes to val when ``sha256(seed, table_id) < val_fraction``, so each table's
     side depends only on its id and the seed (stable as the dataset grows). With >= 2
@@ -77,9 +85,10 @@ def split_by_table(
     Question order is kept within each side.
     """
     if not 0.0 < float(val_fraction) < 1.0:
-        raise MateError(f"val_fraction must be in (0, 1), got {val_fraction}; set e.g. dataset.split.val_fraction=0.1")
+        raise MateError(f"val_fraction must be in (0, 1), got {val_fraction}; set e.g. {setting}=0.1")
     questions = list(questions)
-    scores = {q.table_id: _table_hash(q.table_id, seed) for q in questions}
+    key = key or (lambda q: q.table_id)
+    scores = {key(q): _table_hash(key(q), seed) for q in questions}
     val_tables = {t for t, s in scores.items() if s < val_fraction}
     if len(scores) < 2:
         log.warning("split_by_table: only %d table(s); everything goes to train", len(scores))
@@ -88,6 +97,6 @@ def split_by_table(
         val_tables = {min(scores, key=lambda t: (scores[t], t))}
     elif len(val_tables) == len(scores):
         val_tables.discard(max(scores, key=lambda t: (scores[t], t)))
-    train = [q for q in questions if q.table_id not in val_tables]
-    val = [q for q in questions if q.table_id in val_tables]
+    train = [q for q in questions if key(q) not in val_tables]
+    val = [q for q in questions if key(q) in val_tables]
     return train, val

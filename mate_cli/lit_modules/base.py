@@ -29,6 +29,9 @@ class EncoderTaskModule(L.LightningModule):
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None) -> None:
         super().__init__()
+        #: ``start/val/*``: the starting checkpoint's validation metrics (``validate_start``),
+        #: kept in every checkpoint so a resumed run still reports them
+        self.start_metrics: dict[str, float] = {}
         self.encoder = encoder
         self.optimizer, self.scheduler = optimizer, scheduler
         if hasattr(encoder, "pooler") and not self.uses_pooler:
@@ -36,3 +39,14 @@ class EncoderTaskModule(L.LightningModule):
 
     def configure_optimizers(self):
         return configure(self, self.optimizer, self.scheduler)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["mate_start_metrics"] = dict(self.start_metrics)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.start_metrics = dict(checkpoint.get("mate_start_metrics", {}))
+
+    def export_pretrained(self, directory, tokenizer=None):
+        """Write the encoder as a ``transformers.TapasModel`` directory (``export_encoder=true``);
+        a module whose head travels with it (masked-LM pre-training) writes that too."""
+        return self.encoder.save_pretrained(directory, tokenizer=tokenizer)

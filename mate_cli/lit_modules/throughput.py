@@ -1,7 +1,8 @@
 """Training throughput and memory, per epoch, to every logger (and so to metrics.json).
 
 Logged at the end of each training epoch (wall time from its first to its last batch,
-data loading included, so it is what a user waits for):
+data loading included, so it is what a user waits for; validation runs inside the epoch
+are not training and their time is left out):
 
 - ``perf/examples_per_s``: training examples per second (DoT's NPE/s);
 - ``perf/tokens_per_s``: real (non-padding) tokens per second;
@@ -37,15 +38,25 @@ class Throughput(L.Callback):
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.start, self.examples, self.tokens = time.perf_counter(), 0, 0
+        self.paused, self._validating_since = 0.0, None
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.training or getattr(trainer.state, "fn", None) == "fit":
+            self._validating_since = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if getattr(self, "_validating_since", None) is not None:
+            self.paused += time.perf_counter() - self._validating_since
+            self._validating_since = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.examples += len(batch)
         self.tokens += int(batch.layout.attention_mask.sum())
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        seconds = max(time.perf_counter() - self.start, 1e-9)
+        seconds = max(time.perf_counter() - self.start - self.paused, 1e-9)
         if not self.examples:
             return
         values = {

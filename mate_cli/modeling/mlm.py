@@ -16,11 +16,16 @@ loads in ``transformers.TapasForMaskedLM``.
 
 from __future__ import annotations
 
+import logging
+import re
+
 import torch
 from torch import nn
 
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import ACTIVATIONS
+
+log = logging.getLogger(__name__)
 
 #: the checkpoint prefix of the head's tensors (BertForPreTraining / BertForMaskedLM / TapasForMaskedLM)
 PREFIX = "cls.predictions."
@@ -80,8 +85,17 @@ def load_mlm_head(head: MaskedLMHead, pretrained: str) -> list[str]:
     resolved = checkpoints.resolve_pretrained(pretrained)
     state = checkpoints.read_state_dict(checkpoints.weight_files(resolved))
     own = head.state_dict()
-    found = {key[len(PREFIX):]: value for key, value in state.items()
-             if key.startswith(PREFIX) and key[len(PREFIX):] in own}
+    found = {}
+    for key, value in state.items():
+        if key.startswith(PREFIX):
+            name = key[len(PREFIX):]
+            for pattern, replacement in checkpoints.RENAMES:  # LayerNorm.gamma/beta of TF ports
+                name = re.sub(pattern, replacement, name)
+            if name in own:
+                found[name] = value
+    if found and len(found) < len(own):
+        log.warning("%s: the masked-LM head loads only %s; the rest keeps its initialisation",
+                    pretrained, sorted(found))
     if found:
         checkpoints.load_state_dict(head, found, source=f"{pretrained} (masked-LM head)")
     return sorted(found)

@@ -42,7 +42,9 @@ def build(cfg, tmp_path: Path):
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_experiment_composes_and_instantiates(experiment, tmp_path):
+def test_every_experiment_composes_and_instantiates(experiment, tmp_path, request):
+    if experiment.endswith("_pretrained"):
+        request.getfixturevalue("pretrained_runs")
     cfg = compose_train([f"experiment={experiment}"], tmp_path)
     assert cfg.experiment_name == experiment
     datamodule, model, trainer = build(cfg, tmp_path)
@@ -60,12 +62,15 @@ def sweep_jobs(name: str, tmp_path: Path) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
-def test_every_sweep_job_composes_and_instantiates(sweep, tmp_path):
+def test_every_sweep_job_composes_and_instantiates(sweep, tmp_path, request):
+    if sweep == "sparse_pretrain":
+        request.getfixturevalue("pretrained_runs")
     jobs = sweep_jobs(sweep, tmp_path)
     assert len(jobs) > 1
     seen = set()
     for job in jobs:
-        cfg = compose_train(["experiment=hybridqa_mate", *job], tmp_path)
+        default = [] if any(o.startswith("experiment=") for o in job) else ["experiment=hybridqa_mate"]
+        cfg = compose_train([*default, *job], tmp_path)
         build(cfg, tmp_path)
         what = {k: OmegaConf.to_container(cfg[k]) for k in ("attention", "dataset", "model")}
         seen.add(repr(what))

@@ -1,0 +1,258 @@
+"""LightningDataModule for masked-LM pre-training: corpus -> by-table split -> tokenize -> cache
+-> whole-word masking per (seed, epoch, example) -> collate.
+
+The corpus (:mod:`mate_cli.data.corpus`) is tables with their text segment. It is cut into
+``train`` and ``validation`` (the held-out tables) by table *content*
+(:func:`~mate_cli.data.split.split_by_table` keyed by :func:`table_key`): SQA's tables are
+WikiTableQuestions tables under other names, and a table read from two sources must not be
+on both sides. Each example is ``[CLS] text [SEP] table`` as :class:`TableTokenizer` lays
+out a question and a table, the text cut to ``max_text_tokens`` first, the table fitted to
+what is left of ``max_length`` (TAPAS and MATE pre-train at 128). The unmasked encodings are
+cached as an Arrow dataset under ``cache_dir`` like the task datasets.
+
+Masking (:mod:`mate_cli.data.masking`) happens when an example is served, from a
+``random.Random`` seeded by ``(mask_seed, epoch, example)``: a training example is masked
+afresh each epoch (dynamic masking, RoBERTa-style; BERT duplicated its data ten times
+instead) and identically after a resume, since the training sampler
+(:class:`~mate_cli.data.sampler.EpochTagged`) hands the epoch to the dataset with each index.
+Held-out examples are masked ``eval_masks`` ways, fixed for the whole run, so the held-out
+loss and accuracy of the starting checkpoint and of every later one are measured on the
+same predictions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Mapping
+
+import datasets
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from mate_cli.data.cache import fingerprint, load_or_build
+from mate_cli.data.corpus import Corpus, TableText
+from mate_cli.data.masking import IGNORE, continuation_table, mask_words, word_spans
+from mate_cli.data.sampler import EpochTagged
+from mate_cli.data.schema import MaskedBatch, Question, Table
+from mate_cli.data.split import split_by_table
+from mate_cli.data.tokenize import TableTokenizer
+from mate_cli.errors import MateError
+from mate_cli.modeling.checkpoints import load_tokenizer, resolve_pretrained
+from mate_cli.modeling.layout import TableLayout
+from mate_cli.paths import cache_dir as default_cache_dir
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation")
+
+
+def table_key(table: Table) -> str:
+    """A digest of the table's header and cell texts: the same table under two names is one table."""
+    cells = [[c.text for c in table.header], *[[c.text for c in row] for row in table.rows]]
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+class PretrainDataModule(L.LightningDataModule):
+    """Tables and their text, masked for masked-LM pre-training (module docstring).
+
+    Args:
+        sources: ``{kind: dataset root}`` for ``hybridqa``, ``wtq``, ``sqa``, ``tabfact``, and
+            ``jsonl``: one JSON-lines file or a list (:mod:`mate_cli.data.corpus`); a null
+            value leaves that kind out.
+        pretrained: checkpoint whose WordPiece vocabulary tokenizes.
+        max_length: word pieces per example, text and table together (paper: 128).
+        max_text_tokens: the text segment is cut to this many word pieces first.
+        hybridqa_passages: extra HybridQA examples per table, one per linked passage.
+        val_fraction, split_seed: the by-table held-out cut.
+        mask_rate, max_predictions: whole-word masking (15% of words, at most 20 pieces).
+        mask_seed: seeds the masks with the epoch and the example's index.
+        eval_masks: how many fixed maskings of each held-out example are scored.
+        batch_size, eval_batch_size, num_workers: loader settings.
+        cache_dir: where the tokenized corpus is cached.
+        shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`).
+    """
+
+    def __init__(
+        self,
+        *,
+        sources: Mapping[str, object],
+        pretrained: str = "minilm",
+        max_length: int = 128,
+        max_text_tokens: int = 64,
+        hybridqa_passages: int = 1,
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        mask_rate: float = 0.15,
+        max_predictions: int = 20,
+        mask_seed: int = 0,
+        eval_masks: int = 4,
+        batch_size: int = 16,
+        eval_batch_size: int = 32,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+        shuffle_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.sources = {k: v if v is None or isinstance(v, (str, os.PathLike)) else [str(x) for x in v]
+                        for k, v in dict(sources or {}).items()}
+        self.pretrained = pretrained
+        self.max_length, self.max_text_tokens = int(max_length), int(max_text_tokens)
+        self.hybridqa_passages = int(hybridqa_passages)
+        self.val_fraction, self.split_seed = float(val_fraction), int(split_seed)
+        self.mask_rate, self.max_predictions = float(mask_rate), int(max_predictions)
+        self.mask_seed, self.eval_masks = int(mask_seed), max(1, int(eval_masks))
+        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
+        self.cache_dir = Path(cache_dir or default_cache_dir() / "pretrain")
+        self.shuffle_seed = int(shuffle_seed)
+        self.corpus = Corpus(self.sources, self.hybridqa_passages)  # checks the sources now
+        self.encoded: dict[str, datasets.Dataset] = {}
+        self.stats: dict[str, dict] = {}
+        self._tokenizer = None
+
+    # ------------------------------------------------------------ preprocess
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.pretrained)
+        return self._tokenizer
+
+    def cache_key(self) -> str:
+        payload = {
+            "kind": "pretrain", "version": 1,
+            "sources": [[k, str(v)] for k, v in self.sources.items()],  # their order is the examples' order
+            "inputs": fingerprint([p.resolve() for p in self.corpus.input_files()], Path("/")),
+            "pretrained": resolve_pretrained(self.pretrained),
+            "max_length": self.max_length, "max_text_tokens": self.max_text_tokens,
+            "hybridqa_passages": self.hybridqa_passages,
+            "val_fraction": self.val_fraction, "split_seed": self.split_seed,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def split_corpus(self) -> dict[str, list[TableText]]:
+        """The corpus cut by table content into ``train`` and ``validation``."""
+        train, held_out = split_by_table(list(self.corpus.examples()), self.val_fraction, self.split_seed,
+                                         key=lambda e: table_key(e.table), setting="dataset.val_fraction")
+        return {"train": train, "validation": held_out}
+
+    def encode(self, examples: list[TableText]) -> datasets.Dataset:
+        """Unmasked encodings: ``[CLS] text [SEP] table`` ids and layout ids, one row per example."""
+        tokenizer = TableTokenizer(self.tokenizer, max_length=self.max_length, max_question_tokens=self.max_text_tokens)
+        rows = []
+        for example in examples:
+            text = Question(question_id=example.source, question=example.text, table_id=example.table.table_id)
+            encoded = tokenizer.encode(text, example.table)
+            rows.append({"source": example.source, "table_key": table_key(example.table),
+                         "input_ids": encoded.input_ids, "layout": encoded.layout,
+                         "truncated": encoded.truncated, "rows_dropped": encoded.rows_dropped})
+        return datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"source": []})
+
+    def prepare(self) -> None:
+        """Both splits, from the cache when it holds them (one corpus read builds both)."""
+        if self.encoded:
+            return
+        key = self.cache_key()
+        targets = {split: self.cache_dir / f"pretrain-{split}-{key}" for split in SPLITS}
+        corpus: dict[str, list[TableText]] = {}
+        for split in SPLITS:
+            def build(split=split):
+                if not corpus:
+                    corpus.update(self.split_corpus())
+                return self.encode(corpus[split])
+            self.encoded[split] = load_or_build(targets[split], build, f"pre-training {split} split")
+            self.stats[split] = split_stats(self.encoded[split])
+            if not len(self.encoded[split]):
+                raise MateError(f"the pre-training {split} split is empty (one table in the corpus?); "
+                                "add tables to dataset.sources or change dataset.val_fraction")
+            log.info("pre-training %s split: %s", split, json.dumps(self.stats[split]))
+
+    # ------------------------------------------------------------- lightning
+    def setup(self, stage: str | None = None) -> None:
+        self.prepare()
+
+    def masked(self, split: str) -> "MaskedTables":
+        tok = self.tokenizer  # BERT masks every piece but [CLS] and [SEP] ([UNK] included)
+        special = {tok.cls_token_id, tok.sep_token_id, tok.pad_token_id}
+        return MaskedTables(
+            self.encoded[split], continuation_table(tok), special, int(tok.mask_token_id),
+            int(tok.vocab_size), self.mask_rate, self.max_predictions, self.mask_seed,
+            repeats=1 if split == "train" else self.eval_masks,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        data = self.masked("train")
+        return DataLoader(data, batch_size=self.batch_size, sampler=EpochTagged(len(data), self.shuffle_seed),
+                          num_workers=self.num_workers, collate_fn=MaskedCollator(self.pad_id))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.masked("validation"), batch_size=self.eval_batch_size, num_workers=self.num_workers,
+                          collate_fn=MaskedCollator(self.pad_id))
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id or 0)
+
+
+def split_stats(ds: datasets.Dataset) -> dict:
+    """Counts a run log needs: examples, distinct tables, word pieces, tables cut to fit."""
+    if len(ds) == 0:
+        return {"examples": 0}
+    return {
+        "examples": len(ds),
+        "tables": len(set(ds["table_key"])),
+        "tokens": sum(len(ids) for ids in ds["input_ids"]),
+        "truncated": sum(bool(t) for t in ds["truncated"]),
+        "rows_dropped": sum(int(r) for r in ds["rows_dropped"]),
+    }
+
+
+class MaskedTables(Dataset):
+    """Encoded examples served masked; the mask of example ``i`` in epoch ``e`` depends on
+    ``(seed, e, i)`` only.
+
+    An index is ``(epoch, i)`` (the training sampler's) or ``i`` (held-out: the fixed
+    held-out masks). With ``repeats`` k the dataset is k copies of the examples, copy j
+    masked with its own fixed seed (more held-out predictions from few tables).
+    """
+
+    def __init__(self, encoded, continues, special_ids, mask_id, vocab_size, rate, max_predictions, seed,
+                 repeats: int = 1) -> None:
+        self.encoded = encoded.with_format(None)
+        self.continues, self.special_ids = continues, special_ids
+        self.mask_id, self.vocab_size = mask_id, vocab_size
+        self.rate, self.max_predictions, self.seed = rate, max_predictions, seed
+        self.repeats = repeats
+
+    def __len__(self) -> int:
+        return len(self.encoded) * self.repeats
+
+    def __getitem__(self, key) -> dict:
+        epoch, index = key if isinstance(key, tuple) else ("held-out", key)
+        row = self.encoded[int(index) % len(self.encoded)]
+        rng = random.Random(f"{self.seed}:{epoch}:{index}")
+        words = word_spans(row["input_ids"], self.continues, self.special_ids)
+        ids, labels = mask_words(row["input_ids"], words, rng, self.mask_id, self.vocab_size, self.rate,
+                                 self.max_predictions)
+        return {"input_ids": ids, "labels": labels, "layout": row["layout"], "source": row["source"]}
+
+
+class MaskedCollator:
+    """Pads masked examples into a :class:`~mate_cli.data.schema.MaskedBatch`."""
+
+    def __init__(self, pad_id: int = 0) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, examples: list[dict]) -> MaskedBatch:
+        seq = max(len(ex["input_ids"]) for ex in examples)
+        input_ids = torch.full((len(examples), seq), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(examples), seq), IGNORE, dtype=torch.long)
+        for i, ex in enumerate(examples):
+            input_ids[i, : len(ex["input_ids"])] = torch.tensor(ex["input_ids"])
+            labels[i, : len(ex["labels"])] = torch.tensor(ex["labels"])
+        layout = TableLayout.from_lists([ex["layout"] for ex in examples], seq)
+        return MaskedBatch(input_ids=input_ids, labels=labels, layout=layout, sources=[ex["source"] for ex in examples])
