@@ -67,7 +67,8 @@ class PretrainDataModule(L.LightningDataModule):
             value leaves that kind out.
         pretrained: checkpoint whose WordPiece vocabulary tokenizes.
         max_length: word pieces per example, text and table together (paper: 128).
-        max_text_tokens: the text segment is cut to this many word pieces first.
+        max_text_tokens: the text segment is cut to this many word pieces first (and to half
+            of ``max_length`` at most, so the table always has room).
         hybridqa_passages: extra HybridQA examples per table, one per linked passage.
         val_fraction, split_seed: the by-table held-out cut.
         mask_rate, max_predictions: whole-word masking (15% of words, at most 20 pieces).
@@ -142,14 +143,22 @@ class PretrainDataModule(L.LightningDataModule):
 
     def encode(self, examples: list[TableText]) -> datasets.Dataset:
         """Unmasked encodings: ``[CLS] text [SEP] table`` ids and layout ids, one row per example."""
-        tokenizer = TableTokenizer(self.tokenizer, max_length=self.max_length, max_question_tokens=self.max_text_tokens)
-        rows = []
+        text_tokens = min(self.max_text_tokens, (self.max_length - 2) // 2)
+        tokenizer = TableTokenizer(self.tokenizer, max_length=self.max_length, max_question_tokens=text_tokens)
+        rows, skipped = [], []
         for example in examples:
             text = Question(question_id=example.source, question=example.text, table_id=example.table.table_id)
-            encoded = tokenizer.encode(text, example.table)
+            try:
+                encoded = tokenizer.encode(text, example.table)
+            except MateError:  # a header wider than the whole budget: nothing of the table would be seen
+                skipped.append(example.source)
+                continue
             rows.append({"source": example.source, "table_key": table_key(example.table),
                          "input_ids": encoded.input_ids, "layout": encoded.layout,
                          "truncated": encoded.truncated, "rows_dropped": encoded.rows_dropped})
+        if skipped:
+            log.warning("pre-training: %d examples left out, their table header alone passes dataset.max_length=%d "
+                        "(first: %s)", len(skipped), self.max_length, skipped[0])
         return datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"source": []})
 
     def prepare(self) -> None:

@@ -150,3 +150,16 @@ def test_a_user_corpus_and_its_mistakes(tmp_path):
         read_corpus({"sqa": str(tmp_path)})
     with pytest.raises(MateError, match=r"set e.g. dataset.val_fraction=0.1"):
         PretrainDataModule(sources={"jsonl": str(path)}, val_fraction=0.0, cache_dir=str(tmp_path)).setup("fit")
+
+
+def test_short_budgets_keep_room_for_the_table_and_skip_only_too_wide_headers(tmp_path, caplog):
+    narrow = {"text": "word " * 200, "table": {"header": ["ward", "people"], "rows": [["Beaver", "5,512"]]}}
+    wide = {"text": "", "table": {"header": [f"column {i}" for i in range(80)], "rows": []}}
+    path = tmp_path / "tables.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in (narrow, wide, {**narrow, "text": "other"})) + "\n")
+    dm = PretrainDataModule(sources={"jsonl": str(path)}, max_length=32, val_fraction=0.5, cache_dir=str(tmp_path))
+    encoded = dm.encode(dm.corpus.examples())
+    assert [row["source"].rsplit(":", 1)[1] for row in encoded] == ["1", "3"]  # the 80-column header is left out
+    first = dm.tokenizer.convert_ids_to_tokens(encoded[0]["input_ids"])
+    assert len(first) <= 32 and "ward" in first and "people" in first  # a 200-word text leaves the table its half
+    assert "left out, their table header alone passes dataset.max_length=32" in caplog.text
