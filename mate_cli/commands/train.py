@@ -84,11 +84,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("resuming from %s", resume)
     elif cfg.get("validate_start", False):  # the starting checkpoint's score, to compare the end with
         results = trainer.validate(model, **_validation_data(trainer, datamodule), verbose=False)
-        model.start_metrics = {f"start/{k}": float(v) for k, v in (results[0] if results else {}).items()}
+        model.recorded_metrics.update({f"start/{k}": float(v) for k, v in (results[0] if results else {}).items()})
         for metric in (m for m in model.modules() if isinstance(m, Metric)):
             metric.reset()  # validate left inference-mode state tensors, which fit's validation cannot update
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
-    start = dict(getattr(model, "start_metrics", {}))  # a resumed run has them from its checkpoint
+    start = dict(getattr(model, "recorded_metrics", {}))  # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}  # the last epoch's
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final state is the newest
     best = trainer.strategy.broadcast(_best_checkpoint(trainer, out / "checkpoints" / "last.ckpt"))

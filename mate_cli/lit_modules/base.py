@@ -1,13 +1,20 @@
-"""What every task module shares: the encoder, and the optimiser and schedule from yaml."""
+"""What every task module shares: the encoder (and any extra layers on it), the optimiser and
+schedule from yaml, and the values a run measures once (kept in its checkpoints)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import lightning as L
+import torch
 from torch import nn
 
+from mate_cli.errors import MateError
 from mate_cli.lit_modules.optim import configure
+from mate_cli.modeling.extra_layers import ExtraLayers
+
+log = logging.getLogger(__name__)
 
 
 class EncoderTaskModule(L.LightningModule):
@@ -17,6 +24,12 @@ class EncoderTaskModule(L.LightningModule):
         encoder: the encoder (built by Hydra from ``conf/model/encoder``).
         optimizer: ``optimizer(parameter_groups)`` (a Hydra partial, e.g. AdamW).
         scheduler: ``scheduler(optimizer, total_steps=)`` (a Hydra partial) or None.
+        extra_layers: N new transformer layers on the encoder's output, trained from
+            scratch (:mod:`mate_cli.modeling.extra_layers`); 0: none.
+        extra_init: their initialisation: ``default``, ``xavier`` or ``dt_fixup`` (Xu et al.
+            2021: needs no warm-up; ``mu`` is measured over the training set before step 1).
+        extra_relative: relation-aware extra layers (relative-position keys and values).
+        extra_max_distance: the relative distances are clipped to this.
 
     BERT's pooler takes no part in the token-level tasks (it only travels with an
     exported encoder), so it is frozen unless the task reads [CLS] through it
@@ -27,24 +40,61 @@ class EncoderTaskModule(L.LightningModule):
     #: whether the task's heads read the pooled [CLS] (then the pooler trains)
     uses_pooler = False
 
-    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None) -> None:
+    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
+                 extra_layers: int = 0, extra_init: str = "default", extra_relative: bool = False,
+                 extra_max_distance: int = 16) -> None:
         super().__init__()
-        #: ``start/val/*``: the starting checkpoint's validation metrics (``validate_start``),
-        #: kept in every checkpoint so a resumed run still reports them
-        self.start_metrics: dict[str, float] = {}
+        #: values measured once per run, for metrics.json: ``start/val/*`` (the starting
+        #: checkpoint's validation, ``validate_start``) and ``dt_fixup/*``; kept in every
+        #: checkpoint so a resumed run still reports them
+        self.recorded_metrics: dict[str, float] = {}
         self.encoder = encoder
+        self.extra = ExtraLayers(encoder.config, extra_layers, extra_init, extra_relative, extra_max_distance) \
+            if extra_layers else None
         self.optimizer, self.scheduler = optimizer, scheduler
+        warmup = getattr(scheduler, "keywords", {}).get("warmup_ratio", 0) if scheduler is not None else 0
+        if self.extra is not None and self.extra.init == "dt_fixup" and warmup:
+            raise MateError(f"model.extra_init=dt_fixup trains without learning-rate warm-up (Xu et al. 2021, §3.3), "
+                            f"but model.scheduler.warmup_ratio={warmup}; set model.scheduler.warmup_ratio=0")
         if hasattr(encoder, "pooler") and not self.uses_pooler:
             encoder.pooler.requires_grad_(False)
+
+    def encode(self, input_ids: torch.Tensor, layout) -> torch.Tensor:
+        """Token states ``[batch, seq, hidden]``: the encoder, then the extra layers if any."""
+        hidden = self.encoder(input_ids, layout)
+        return hidden if self.extra is None else self.extra(hidden, layout.attention_mask)
+
+    def on_fit_start(self) -> None:
+        if self.extra is not None and self.extra.needs_mu:
+            self._dt_fixup()
+
+    @torch.no_grad()
+    def _dt_fixup(self) -> None:
+        """DT-Fixup's ``mu = max_j ||x_j||``: the encoder's outputs over the whole training set,
+        one forward pass (the largest over DDP ranks), then the new layers' scaling."""
+        was_training = self.training
+        self.eval()
+        mu = torch.zeros((), device=self.device)
+        for batch in self.trainer.datamodule.train_dataloader():
+            batch = batch.to(self.device)
+            norms = self.encoder(batch.input_ids, batch.layout).norm(dim=-1)
+            mu = torch.maximum(mu, norms[batch.layout.attention_mask].max().float())
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(mu, op=torch.distributed.ReduceOp.MAX)
+        self.train(was_training)
+        scale = self.extra.apply_dt_fixup(float(mu))
+        self.recorded_metrics.update({"dt_fixup/mu": float(mu), "dt_fixup/scale": scale})
+        log.info("DT-Fixup: mu = max ||x_j|| over the training set = %.4f; %d new layers scaled by %.6g",
+                 float(mu), len(self.extra.layers), scale)
 
     def configure_optimizers(self):
         return configure(self, self.optimizer, self.scheduler)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["mate_start_metrics"] = dict(self.start_metrics)
+        checkpoint["mate_recorded_metrics"] = dict(self.recorded_metrics)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.start_metrics = dict(checkpoint.get("mate_start_metrics", {}))
+        self.recorded_metrics = dict(checkpoint.get("mate_recorded_metrics", {}))
 
     def export_pretrained(self, directory, tokenizer=None):
         """Write the encoder as a ``transformers.TapasModel`` directory (``export_encoder=true``);

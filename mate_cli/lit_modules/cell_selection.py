@@ -33,9 +33,9 @@ class CellSelectionModule(EncoderTaskModule):
     """
 
     def __init__(
-        self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None, mml: bool = True
+        self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None, mml: bool = True, **extra
     ) -> None:
-        super().__init__(encoder, optimizer, scheduler)
+        super().__init__(encoder, optimizer, scheduler, **extra)
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.head = CellSelectionHead(encoder.config.hidden_size, encoder.config.initializer_range)
         self.loss_fn = mml_loss if mml else first_candidate_loss
@@ -45,7 +45,7 @@ class CellSelectionModule(EncoderTaskModule):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Cell logits ``[batch, cells + 1]``."""
-        hidden = self.encoder(batch.input_ids, batch.layout)
+        hidden = self.encode(batch.input_ids, batch.layout)
         return self.head(hidden, batch.layout, batch.cell_mask.shape[1] - 1)
 
     def _step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

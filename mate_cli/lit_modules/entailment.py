@@ -34,8 +34,8 @@ class EntailmentModule(EncoderTaskModule):
     uses_pooler = True
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
-                 num_labels: int = 2, pretrained: str | None = None) -> None:
-        super().__init__(encoder, optimizer, scheduler)
+                 num_labels: int = 2, pretrained: str | None = None, **extra) -> None:
+        super().__init__(encoder, optimizer, scheduler, **extra)
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         config = encoder.config
         self.head = TapasClassificationHead(config.hidden_size, num_labels, config.initializer_range,
@@ -50,7 +50,7 @@ class EntailmentModule(EncoderTaskModule):
 
     def forward(self, batch: TaskBatch) -> torch.Tensor:
         """``[batch, num_labels]`` logits."""
-        hidden = self.encoder(batch.input_ids, batch.layout)
+        hidden = self.encode(batch.input_ids, batch.layout)
         return self.head(self.encoder.pooled(hidden))
 
     def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:

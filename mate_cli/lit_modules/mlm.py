@@ -39,8 +39,8 @@ class MaskedLMModule(EncoderTaskModule):
     """
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
-                 pretrained: str | None = None) -> None:
-        super().__init__(encoder, optimizer, scheduler)
+                 pretrained: str | None = None, **extra) -> None:
+        super().__init__(encoder, optimizer, scheduler, **extra)
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.head = MaskedLMHead(encoder.config, encoder.embeddings.word_embeddings)
         loaded = load_mlm_head(self.head, pretrained) if pretrained else []
@@ -50,7 +50,7 @@ class MaskedLMModule(EncoderTaskModule):
 
     def forward(self, batch: MaskedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logits [predictions, vocab], targets [predictions])`` at the masked positions only."""
-        hidden = self.encoder(batch.input_ids, batch.layout)
+        hidden = self.encode(batch.input_ids, batch.layout)
         picked = batch.labels != IGNORE
         return self.head(hidden[picked]).float(), batch.labels[picked]
 

@@ -40,8 +40,9 @@ class SpanModule(EncoderTaskModule):
         scheduler: Callable | None = None,
         max_span_length: int = 30,
         mlp_hidden: int | None = None,
+        **extra,
     ) -> None:
-        super().__init__(encoder, optimizer, scheduler)
+        super().__init__(encoder, optimizer, scheduler, **extra)
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.head = SpanHead(
             encoder.config.hidden_size, max_span_length, mlp_hidden, getattr(encoder.config, "initializer_range", 0.02)
@@ -52,7 +53,7 @@ class SpanModule(EncoderTaskModule):
 
     def forward(self, batch: SpanBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scores, valid)``, each ``[batch, seq, max_span_length]``."""
-        hidden = self.encoder(batch.input_ids, batch.layout)
+        hidden = self.encode(batch.input_ids, batch.layout)
         return self.head(hidden, batch.context_mask, batch.start_ok, batch.end_ok)
 
     def training_step(self, batch: SpanBatch, batch_idx: int) -> torch.Tensor:

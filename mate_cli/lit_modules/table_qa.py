@@ -56,8 +56,8 @@ class TableQAModule(EncoderTaskModule):
     uses_pooler = True
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
-                 task: str = "sqa", head: Mapping | None = None, pretrained: str | None = None) -> None:
-        super().__init__(encoder, optimizer, scheduler)
+                 task: str = "sqa", head: Mapping | None = None, pretrained: str | None = None, **extra) -> None:
+        super().__init__(encoder, optimizer, scheduler, **extra)
         head = {str(k): v for k, v in dict(head or {}).items()}  # plain values: checkpoints load weights_only
         self.save_hyperparameters({"task": task, "head": head, "pretrained": pretrained})
         self.task = task
@@ -79,7 +79,7 @@ class TableQAModule(EncoderTaskModule):
 
     # ------------------------------------------------------------ model
     def forward(self, batch: TaskBatch, with_loss: bool = False) -> QAOutput:
-        hidden = self.encoder(batch.input_ids, batch.layout)
+        hidden = self.encode(batch.input_ids, batch.layout)
         pooled = self.encoder.pooled(hidden)
         with torch.autocast(hidden.device.type, enabled=False):  # the head in float32 (tapas_heads docstring)
             hidden, pooled = hidden.float(), pooled.float()

@@ -1,0 +1,41 @@
+"""DT-Fixup for real: an init-only `mate train` run (no step) measures mu over the bundled
+training set with the real MiniLM, records it, scales the new layers, and keeps mu in the
+checkpoint; an independent pass of the same (untrained) encoder over the same data finds
+the same mu."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from hydra.utils import instantiate
+
+from mate_cli.runs import load_run_config
+from tests.helpers import mate_env, run_dirs, run_mate
+
+
+def test_an_init_only_run_records_mu_and_scales_the_new_layers(tmp_path):
+    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
+    result = run_mate(["train", "experiment=hybridqa_mate_dt_fixup", "model.extra_layers=2", "trainer.max_steps=0",
+                       "dataset.max_length=128", "logger=csv", "validate_best=false"], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_dirs(tmp_path / "outputs", "train")
+    metrics = json.loads((run / "metrics.json").read_text())
+    mu = metrics["dt_fixup/mu"]
+    assert metrics["dt_fixup/scale"] == 2**-0.5 / (2 * mu)
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert float(state["state_dict"]["extra.mu"]) == mu
+    assert "extra.layers.1.fc2.weight" in state["state_dict"] and not any(".norm" in k for k in state["state_dict"])
+
+    cfg = load_run_config(str(run / "checkpoints" / "last.ckpt"), None)  # the same data and encoder, measured again
+    datamodule = instantiate(cfg.dataset, cache_dir=str(tmp_path / "cache2"))
+    encoder = instantiate(cfg.model.encoder).eval()  # MiniLM has no TAPAS type tables: the run's own start
+    encoder.load_state_dict({k[len("encoder."):]: v for k, v in state["state_dict"].items() if k.startswith("encoder.")})
+    datamodule.setup("fit")
+    expected = 0.0
+    with torch.no_grad():
+        for batch in datamodule.train_dataloader():
+            norms = encoder(batch.input_ids, batch.layout).norm(dim=-1)
+            expected = max(expected, float(norms[batch.layout.attention_mask].max()))
+    assert abs(mu - expected) <= 1e-4 * expected
+    assert 1.0 < mu < 100.0  # "on the order of 10 for pre-trained models" (§3.3)
