@@ -12,7 +12,7 @@ from torch import nn
 
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.optim import configure
-from mate_cli.modeling.extra_layers import ExtraLayers
+from mate_cli.modeling.extra_layers import INITS, ExtraLayers
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ class EncoderTaskModule(L.LightningModule):
         #: checkpoint so a resumed run still reports them
         self.recorded_metrics: dict[str, float] = {}
         self.encoder = encoder
+        if extra_init not in INITS:  # checked with no extra layers too: a typo is never ignored
+            raise MateError(f"model.extra_init={extra_init!r} is not one of {', '.join(INITS)}")
         self.extra = ExtraLayers(encoder.config, extra_layers, extra_init, extra_relative, extra_max_distance) \
             if extra_layers else None
         self.optimizer, self.scheduler = optimizer, scheduler

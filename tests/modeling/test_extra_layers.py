@@ -93,3 +93,5 @@ def test_dt_fixup_refuses_a_warm_up():
     module = CellSelectionModule(encoder, torch.optim.AdamW, partial(linear_warmup, warmup_ratio=0.0),
                                  extra_layers=2, extra_init="dt_fixup")
     assert module.extra is not None and module.extra.needs_mu
+    with pytest.raises(MateError, match="model.extra_init='dtfixup' is not one of"):  # a typo, even with no layers
+        CellSelectionModule(encoder, torch.optim.AdamW, None, extra_layers=0, extra_init="dtfixup")
