@@ -7,6 +7,7 @@ project is installed editable); ``MATE_CONF_DIR`` overrides the config location.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -60,16 +61,33 @@ def pretrained_run(experiment: str) -> str:
     return str(finished[-1][1].resolve() / "encoder")
 
 
+def slug(text) -> str | None:
+    """A name part safe in a directory name: ``CC-1024 DoT(s-256-l)`` -> ``CC-1024_DoT_s-256-l``."""
+    if text is None:
+        return None
+    return re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9.=-]+", "_", str(text))).strip("_") or None
+
+
+def dot_name(pruning, max_length, selection, size, pretrained, top_k, task, loss) -> str:
+    """DoT's notation for a run, from its config (:func:`mate_cli.modeling.dot.paper_name`)."""
+    from mate_cli.modeling.dot import paper_name
+
+    return paper_name(pruning, max_length, selection, pretrained or size, top_k, task, loss)
+
+
 def register_resolvers() -> None:
     """Register the ``${mate.*:}`` resolvers (idempotent): ``repo_root``; ``join`` (the parts
     that say something, joined by ``-``: run names); ``tags`` (the same parts as a list);
-    ``group`` (:func:`run_group`); ``pretrained`` (:func:`pretrained_run`)."""
+    ``group`` (:func:`run_group`); ``pretrained`` (:func:`pretrained_run`); ``slug`` (:func:`slug`);
+    ``dot_name`` (:func:`dot_name`)."""
     resolvers = {
         "mate.repo_root": lambda: str(REPO_ROOT),
         "mate.join": lambda *parts: "-".join(name_parts(*parts)),
         "mate.tags": lambda *parts: name_parts(*parts),
         "mate.group": run_group,
         "mate.pretrained": pretrained_run,
+        "mate.slug": slug,
+        "mate.dot_name": dot_name,
     }
     for name, function in resolvers.items():
         if not OmegaConf.has_resolver(name):

@@ -62,11 +62,16 @@ LEVELS = ("kernel", "encoder")
 MODES = ("inference", "train")
 HF_BACKENDS = ("tapas_hf", "bert_hf")
 
-#: ``bench.dims`` presets: base = BERT/TAPAS-base; minilm = the bundled checkpoint.
+#: ``bench.dims`` presets: base = BERT/TAPAS-base; minilm = the bundled checkpoint; mini, small,
+#: medium, large = the BERT sizes of Turc et al. (2019) that TAPAS and DoT use.
 DIMS = {
     "base": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
     "minilm": dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
     "tiny": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128),
+    "mini": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
+    "small": dict(hidden_size=512, num_layers=4, num_heads=8, intermediate_size=2048),
+    "medium": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=2048),
+    "large": dict(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
 }
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -298,7 +303,9 @@ def encoder_case(
     seq_len = layout.seq_len
     type_sizes = type_vocab_sizes(layout)
     input_ids, layout = input_ids.to(device), layout.to(device)
-    if name in HF_BACKENDS:
+    if split_name(name)[0] == "dot":
+        model, forward = dot_model(name, dims, type_sizes, seq_len, input_ids, layout)
+    elif name in HF_BACKENDS:
         model, kwargs = hf_model(name, dims, seq_len, type_sizes, input_ids, layout)
 
         def forward() -> torch.Tensor:
@@ -334,6 +341,33 @@ def encoder_case(
             forward().float().square().mean().backward()
 
     return Case(train_call)
+
+
+def dot_model(name: str, dims: dict, type_sizes: list[int], seq_len: int, input_ids, layout):
+    """``dot.<pruner size>-<K>`` (e.g. ``dot.small-256``): DoT (Krichene et al. 2021) at encoder level,
+    a dense pruning transformer of that size over all ``seq_len`` tokens, then the dense task
+    encoder at ``dims`` over the top K, its attention biased by the scores. Compare with ``dense``
+    at the same length (the paper's TAPAS baseline)."""
+    from mate_cli.modeling.dot import DoubleTransformer
+
+    size, _, top_k = (split_name(name)[1] or "small-256").partition("-")
+    if size not in DIMS:
+        raise MateError(f"bench backend {name!r}: the pruner size must be one of {', '.join(DIMS)} (e.g. dot.small-256)")
+
+    def encoder(sizes: dict) -> TableEncoder:
+        config = EncoderConfig(**sizes, hidden_dropout=0.0, attention_dropout=0.0, type_vocab_sizes=type_sizes,
+                               reset_position_index_per_cell=True)
+        return TableEncoder(config, "dense", max_length=seq_len)
+
+    model = torch.nn.ModuleDict({"dot": DoubleTransformer(encoder(DIMS[size]), top_k=int(top_k or 256)),
+                                 "task": encoder(dims)})
+
+    def forward() -> torch.Tensor:
+        fresh = layout.with_fields()
+        pruned = model["dot"](input_ids, fresh, model["task"].embeddings.position_ids(fresh))
+        return model["task"](pruned.input_ids, pruned.layout)
+
+    return model, forward
 
 
 def type_vocab_sizes(layout: TableLayout) -> list[int]:

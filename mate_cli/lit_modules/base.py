@@ -4,6 +4,7 @@ schedule from yaml, and the values a run measures once (kept in its checkpoints)
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Callable
 
 import lightning as L
@@ -12,6 +13,7 @@ from torch import nn
 
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.optim import configure
+from mate_cli.modeling.dot import DoubleTransformer, Pruned
 from mate_cli.modeling.extra_layers import INITS, ExtraLayers
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,8 @@ class EncoderTaskModule(L.LightningModule):
             2021: needs no warm-up; ``mu`` is measured over the training set before step 1).
         extra_relative: relation-aware extra layers (relative-position keys and values).
         extra_max_distance: the relative distances are clipped to this.
+        dot: DoT's pruning transformer (:mod:`mate_cli.modeling.dot`): the encoder then reads
+            only its top-K tokens, biased by their scores (``conf/model/dot``); None: no DoT.
 
     BERT's pooler takes no part in the token-level tasks (it only travels with an
     exported encoder), so it is frozen unless the task reads [CLS] through it
@@ -39,10 +43,12 @@ class EncoderTaskModule(L.LightningModule):
 
     #: whether the task's heads read the pooled [CLS] (then the pooler trains)
     uses_pooler = False
+    #: whether the task's steps run DoT's pruning (:meth:`prune`) when given one
+    supports_dot = False
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
                  extra_layers: int = 0, extra_init: str = "default", extra_relative: bool = False,
-                 extra_max_distance: int = 16) -> None:
+                 extra_max_distance: int = 16, dot: DoubleTransformer | None = None) -> None:
         super().__init__()
         #: values measured once per run, for metrics.json: ``start/val/*`` (the starting
         #: checkpoint's validation, ``validate_start``) and ``dt_fixup/*``; kept in every
@@ -53,6 +59,19 @@ class EncoderTaskModule(L.LightningModule):
             raise MateError(f"model.extra_init={extra_init!r} is not one of {', '.join(INITS)}")
         self.extra = ExtraLayers(encoder.config, extra_layers, extra_init, extra_relative, extra_max_distance) \
             if extra_layers else None
+        self.dot = dot
+        if dot is not None:
+            if not self.supports_dot:
+                raise MateError(f"model.dot: {type(self).__name__} does not run DoT (TabFact, WikiTQ and SQA do); "
+                                "set model.dot=null")
+            if dot.loss != "joint" and type(self).pruning_loss is EncoderTaskModule.pruning_loss:
+                raise MateError(f"model.dot.loss={dot.loss} trains the pruner by a pruning loss on answer cells, which "
+                                f"{type(self).__name__} has none of; use model.dot.loss=joint (J-DoT)")
+            if extra_layers:
+                raise MateError(f"model.extra_layers={extra_layers} with DoT: the extra layers cannot take the pruning "
+                                "scores in their attention; set model.extra_layers=0 or model.dot=null")
+            if dot.biased:
+                encoder.check_key_bias()
         self.optimizer, self.scheduler = optimizer, scheduler
         warmup = getattr(scheduler, "keywords", {}).get("warmup_ratio", 0) if scheduler is not None else 0
         if self.extra is not None and self.extra.init == "dt_fixup" and warmup:
@@ -65,6 +84,31 @@ class EncoderTaskModule(L.LightningModule):
         """Token states ``[batch, seq, hidden]``: the encoder, then the extra layers if any."""
         hidden = self.encoder(input_ids, layout)
         return hidden if self.extra is None else self.extra(hidden, layout.attention_mask)
+
+    def prune(self, batch):
+        """DoT: ``(the batch of the kept tokens, what the pruner computed)``; without DoT ``(batch, None)``.
+
+        Only the tokens change: per-cell tensors (answers, coordinates) are indexed by cell id,
+        so they stay as they are; a cell with no kept token is never selected.
+        """
+        if self.dot is None:
+            return batch, None
+        positions = self.encoder.embeddings.position_ids(batch.layout)
+        pruned = self.dot(batch.input_ids, batch.layout, positions)
+        return replace(batch, input_ids=pruned.input_ids, layout=pruned.layout), pruned
+
+    def with_pruning_loss(self, loss: torch.Tensor, batch, pruned: Pruned | None) -> torch.Tensor:
+        """The training loss: the task's, plus the pruning loss for P-DoT and PJ-DoT (logged)."""
+        if pruned is None or self.dot.loss == "joint":
+            return loss
+        extra = self.pruning_loss(batch, pruned)
+        self.log("train/pruning_loss", extra, batch_size=len(batch), sync_dist=True)
+        return loss + extra
+
+    def pruning_loss(self, batch, pruned: Pruned) -> torch.Tensor:
+        """P-DoT's loss on the pruning transformer's token logits (App. C.2), for tasks with answer
+        cells (:class:`~mate_cli.lit_modules.table_qa.TableQAModule`); others train DoT jointly only."""
+        raise NotImplementedError
 
     def on_fit_start(self) -> None:
         if self.extra is not None and self.extra.needs_mu:

@@ -32,11 +32,12 @@ class EntailmentModule(EncoderTaskModule):
     """
 
     uses_pooler = True
+    supports_dot = True
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
                  num_labels: int = 2, pretrained: str | None = None, **extra) -> None:
         super().__init__(encoder, optimizer, scheduler, **extra)
-        self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
+        self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler", "dot"])
         config = encoder.config
         self.head = TapasClassificationHead(config.hidden_size, num_labels, config.initializer_range,
                                             config.hidden_dropout)
@@ -49,14 +50,18 @@ class EntailmentModule(EncoderTaskModule):
         self.predictions: list[dict] = []
 
     def forward(self, batch: TaskBatch) -> torch.Tensor:
-        """``[batch, num_labels]`` logits."""
+        """``[batch, num_labels]`` logits (with DoT: from the kept tokens)."""
+        return self.logits(self.prune(batch)[0])
+
+    def logits(self, batch: TaskBatch) -> torch.Tensor:
         hidden = self.encode(batch.input_ids, batch.layout)
         return self.head(self.encoder.pooled(hidden))
 
     def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:
-        loss = nn.functional.cross_entropy(self(batch), batch.labels)
+        kept, pruned = self.prune(batch)
+        loss = nn.functional.cross_entropy(self.logits(kept), batch.labels)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
-        return loss
+        return self.with_pruning_loss(loss, batch, pruned)
 
     def on_validation_epoch_start(self) -> None:
         self.predictions = []

@@ -54,6 +54,7 @@ class TableQAModule(EncoderTaskModule):
     """
 
     uses_pooler = True
+    supports_dot = True
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
                  task: str = "sqa", head: Mapping | None = None, pretrained: str | None = None, **extra) -> None:
@@ -79,6 +80,7 @@ class TableQAModule(EncoderTaskModule):
 
     # ------------------------------------------------------------ model
     def forward(self, batch: TaskBatch, with_loss: bool = False) -> QAOutput:
+        """The heads' output on ``batch`` as given (with DoT, callers pass the kept tokens: ``self.prune``)."""
         hidden = self.encode(batch.input_ids, batch.layout)
         pooled = self.encoder.pooled(hidden)
         with torch.autocast(hidden.device.type, enabled=False):  # the head in float32 (tapas_heads docstring)
@@ -96,9 +98,20 @@ class TableQAModule(EncoderTaskModule):
         return has_cell | ~torch.isnan(batch.float_answer) if self.task == "wtq" else has_cell
 
     def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:
-        loss = self(batch, with_loss=True).loss.mean()
+        kept, pruned = self.prune(batch)
+        loss = self(kept, with_loss=True).loss.mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
-        return loss
+        return self.with_pruning_loss(loss, batch, pruned)
+
+    def pruning_loss(self, batch: TaskBatch, pruned) -> torch.Tensor:
+        """P-DoT / PJ-DoT: TAPAS's cell-selection loss on the pruning transformer's token logits,
+        binary cross-entropy of every table token against "in an answer cell", averaged over the
+        table tokens of the examples with an answer cell (App. C.2; scalar answers give none)."""
+        cell_ids = batch.layout.cell_ids
+        labels = (batch.candidate_mask & batch.cell_mask).gather(1, cell_ids) & batch.layout.attention_mask
+        weight = (batch.layout.is_table & labels.any(dim=1, keepdim=True)).float()
+        losses = nn.functional.binary_cross_entropy_with_logits(pruned.logits, labels.float(), reduction="none")
+        return (losses * weight).sum() / weight.sum().clamp(min=1)
 
     # ------------------------------------------------------------ evaluation
     def on_validation_epoch_start(self) -> None:
@@ -118,7 +131,7 @@ class TableQAModule(EncoderTaskModule):
 
     def _eval_step(self, batch: TaskBatch, stage: str) -> None:
         for part in self._in_position_order(batch):
-            part = self._with_predicted_previous(part)
+            part, _ = self.prune(self._with_predicted_previous(part))
             out = self(part, with_loss=True)
             keep = self.supervised(part)
             if bool(keep.any()):
@@ -199,7 +212,7 @@ class TableQAModule(EncoderTaskModule):
         """Decoded answers; SQA position by position with the model's own previous answers."""
         rows = []
         for part in self._in_position_order(batch):
-            part = self._with_predicted_previous(part)
+            part, _ = self.prune(self._with_predicted_previous(part))
             rows.extend(self.decode(part, self(part)))
         return rows
 

@@ -82,7 +82,10 @@ class TableEmbeddings(nn.Module):
         return [getattr(self, f"token_type_embeddings_{i}") for i in range(len(self.type_vocab_sizes))]
 
     def position_ids(self, layout: TableLayout) -> torch.Tensor:
-        """``[batch, seq]`` position indices (absolute, or per cell when reset is on)."""
+        """``[batch, seq]`` position indices: the layout's own when it has them, else absolute,
+        or per cell when reset is on."""
+        if layout.position_ids is not None:
+            return layout.position_ids
         batch, seq_len = layout.batch_size, layout.seq_len
         if self.reset_position_index_per_cell:
             num_rows = self.type_vocab_sizes[TOKEN_TYPE_FIELDS.index("row_ids")]

@@ -251,6 +251,16 @@ class TableEncoder(nn.Module):
                     "be trained; choose attention=dense|mate|sat|linformer|table_etc"
                 )
 
+    def check_key_bias(self) -> None:
+        """Refuse a backend that cannot add ``layout.key_bias`` to its logits (DoT's task model)."""
+        unable = [b for b in self.backends if not b.supports_key_bias]
+        if unable:
+            raise MateError(
+                f"attention={unable[0].name} ({unable[0].extra_repr() or 'default'}) cannot add DoT's pruning scores "
+                "to its attention logits; use attention=dense, attention=sat or attention=mate attention.variant=exact "
+                "for the task model"
+            )
+
     def forward(self, input_ids: torch.Tensor, layout: TableLayout | None = None) -> torch.Tensor:
         """Encode a batch.
 
@@ -262,6 +272,8 @@ class TableEncoder(nn.Module):
             last hidden state ``[batch, seq, hidden]``.
         """
         self.check_trainable()
+        if layout is not None and layout.key_bias is not None:
+            self.check_key_bias()
         hidden = self.embeddings(input_ids, self.backends[0].embedding_layout(layout))
         hidden, layout, num_prefix = self.backends[0].extend_inputs(hidden, layout)
         for layer in self.encoder.layer:

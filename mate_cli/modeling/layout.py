@@ -18,6 +18,12 @@ Conventions (TAPAS's, so TAPAS checkpoints load unchanged):
 - ``prev_labels``, ``column_ranks``, ``inv_column_ranks``, ``numeric_relations``:
   the remaining TAPAS token types; zeros when unused.
 - ``attention_mask``: bool, True for real tokens, False for padding.
+- ``position_ids`` (optional): explicit position indices. ``None`` (the default): the
+  embeddings derive them (absolute, or per cell). A token subsequence taken from a longer
+  input keeps the positions it had there (DoT's task model, :mod:`mate_cli.modeling.dot`).
+- ``key_bias`` (optional, float): added to the attention logit of every query towards
+  key ``t``, in every layer and head (DoT's pruning scores ``s_t = log P(t)``); ``-inf``
+  removes the key. ``None``: no bias. Only backends with ``supports_key_bias`` honour it.
 
 The *query set* Q of the MATE paper (tokens that attend to and are attended by
 everything) is every real token with ``segment_ids == 0``. Header tokens are table
@@ -74,6 +80,8 @@ class TableLayout:
     column_ranks: torch.Tensor | None = None
     inv_column_ranks: torch.Tensor | None = None
     numeric_relations: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+    key_bias: torch.Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -235,13 +243,16 @@ class TableLayout:
         target = torch.device(device)
         if self.device.type == target.type and (target.index is None or self.device.index == target.index):
             return self
-        kwargs = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "_cache"}
-        return TableLayout(**kwargs)
+        return TableLayout(**self._map(lambda t: t.to(device)))
 
     def select(self, index) -> "TableLayout":
         """A new layout of ``tensor[index]`` for every field (e.g. a slice of the batch)."""
-        kwargs = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "_cache"}
-        return TableLayout(**kwargs)
+        return TableLayout(**self._map(lambda t: t[index]))
+
+    def _map(self, fn) -> dict:
+        """``fn`` applied to every tensor field (optional fields that are ``None`` stay ``None``)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_cache"}
+        return {name: None if value is None else fn(value) for name, value in values.items()}
 
     def with_fields(self, **changes) -> "TableLayout":
         """A copy with some fields replaced and an empty cache."""

@@ -272,3 +272,20 @@ def test_targets_are_data():
         targets.parse([{**dataclasses.asdict(specs[0]), "baseline": None}])
     with pytest.raises(MateError, match="unknown keys"):
         targets.parse([{**dataclasses.asdict(specs[0]), "treshold": 3}])
+
+
+def test_the_dot_row_runs_the_pruner_on_every_token_and_the_task_model_on_k():
+    input_ids, layout = table_layout(128)
+    seen = []
+    case = cases.encoder_case("dot.mini-32", "train", input_ids, layout, cases.DIMS["tiny"], torch.float32,
+                              torch.device("cpu"))
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: seen.append(args[0].shape[1]) if type(module).__name__ == "TableEncoder" else None)
+    try:
+        case.call()
+    finally:
+        hook.remove()
+    assert seen == [128, 32]  # the pruner reads the whole input, the task model the K kept tokens
+    with pytest.raises(MateError, match="dot.small-256"):
+        cases.encoder_case("dot.huge-8", "inference", input_ids, layout, cases.DIMS["tiny"], torch.float32,
+                           torch.device("cpu"))

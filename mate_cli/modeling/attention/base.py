@@ -24,6 +24,11 @@ TableETC's global memory:
 - ``extend_inputs(hidden, layout) -> (hidden, layout, num_prefix)`` is called once on
   the first layer's backend after the embeddings; the encoder drops the first
   ``num_prefix`` positions of the last hidden state before returning it.
+
+Key bias (DoT, Krichene et al. 2021, eq. 2): when ``layout.key_bias`` is set, a backend
+adds ``key_bias[b, t]`` to the logit of every query towards key ``t`` before the softmax,
+in every head. Backends that can say so set ``supports_key_bias``; they build their mask
+with :func:`with_key_bias`. The encoder refuses a biased layout on any other backend.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ class AttentionBackend(nn.Module):
     name = "base"
     #: False for the cost-floor backend that must not be trained.
     trainable = True
+    #: True when the backend adds ``layout.key_bias`` to its attention logits (see the module docstring)
+    supports_key_bias = False
 
     def __init__(
         self,
@@ -116,3 +123,12 @@ def check_range(key: str, value: float, low: float, high: float | None = None) -
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise MateError(f"{key}={value} is invalid: it must be {bound}; set {key}=<value> accordingly")
+
+
+def with_key_bias(allowed: torch.Tensor, layout: TableLayout | None, dtype: torch.dtype) -> torch.Tensor:
+    """An SDPA ``attn_mask`` from a boolean ``allowed`` mask ``[batch, 1 or heads, 1 or seq, seq]``:
+    ``allowed`` itself without a key bias; otherwise ``key_bias[b, t]`` where allowed, ``-inf`` elsewhere."""
+    if layout is None or layout.key_bias is None:
+        return allowed
+    bias = layout.key_bias.to(device=allowed.device, dtype=dtype)[:, None, None, :]
+    return torch.where(allowed, bias, torch.tensor(float("-inf"), dtype=dtype, device=allowed.device))

@@ -30,7 +30,11 @@ the sequence length, the grad mode or the batch-mates:
   :mod:`.mate_cpu_kernel` for float32 without attention dropout where it builds;
   the eager path everywhere else, and for the backward).
 - ``auto``: the fastest of the variant's implementations for (device, length, grad
-  mode); never another function. Each backend logs its choice once per (device,
+  mode); never another function.
+
+A key bias (``layout.key_bias``, DoT's pruning scores) is supported by ``variant=exact``
+and always runs ``masked`` (the same function; DoT's task model reads few tokens);
+``bucketed`` refuses it. Each backend logs its choice once per (device,
   length bucket, grad mode, choice).
 
 No parameters: a MATE checkpoint is a BERT/TAPAS checkpoint (§3.2).
@@ -46,7 +50,7 @@ import torch.nn.functional as F
 
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate_cpu_kernel
-from mate_cli.modeling.attention.base import AttentionBackend, check_range, register
+from mate_cli.modeling.attention.base import AttentionBackend, check_range, register, with_key_bias
 from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention, flex_mate_attention
 from mate_cli.modeling.attention.mate_bucketed import Workspace, bucketed_attention, cpu_kernel_applies
 from mate_cli.modeling.attention.mate_plan import bucket_plan, head_groups
@@ -89,11 +93,14 @@ def masked_attention(
     """Exact MATE by masking dense attention. ``q, k, v``: ``[batch, heads, seq, head_dim]``.
 
     Row heads and column heads run as two SDPA calls, each with one
-    ``[batch, 1, seq, seq]`` mask (``layout.allowed``) broadcast over its heads.
+    ``[batch, 1, seq, seq]`` mask (``layout.allowed``, plus ``layout.key_bias`` when set)
+    broadcast over its heads.
     """
     parts = [
         F.scaled_dot_product_attention(
-            q[:, heads], k[:, heads], v[:, heads], attn_mask=layout.allowed(view)[:, None], dropout_p=dropout_p
+            q[:, heads], k[:, heads], v[:, heads],
+            attn_mask=with_key_bias(layout.allowed(view)[:, None], layout, q.dtype),
+            dropout_p=dropout_p,
         )
         for view, heads in head_groups(layout, q.shape[1], row_heads_ratio)
     ]
@@ -168,6 +175,10 @@ class MateAttention(AttentionBackend):
             # forward: a FlopCounterMode opened before that call would miss its formula
             mate_cpu_kernel.available()
 
+    @property
+    def supports_key_bias(self) -> bool:
+        return self.variant == "exact"
+
     def extra_repr(self) -> str:
         text = f"variant={self.variant}, impl={self.impl}, row_heads_ratio={self.row_heads_ratio}"
         if self.variant == "bucketed":
@@ -208,7 +219,7 @@ class MateAttention(AttentionBackend):
         """``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> same shape."""
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0
-        impl = self.resolve_impl(q, k, v)
+        impl = "masked" if layout.key_bias is not None else self.resolve_impl(q, k, v)
         if impl == "masked":
             return masked_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
         if impl == "block_sparse":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mate_cli.modeling.attention.base import AttentionBackend, register
+from mate_cli.modeling.attention.base import AttentionBackend, register, with_key_bias
 from mate_cli.modeling.layout import TableLayout
 
 
@@ -32,6 +32,8 @@ class SatAttention(AttentionBackend):
         text_only: drop row/column/rank embeddings (the table is read as text).
         (plus the shared ``num_heads, head_dim, max_length, dropout, layer_index``)
     """
+
+    supports_key_bias = True
 
     def __init__(self, *, text_only: bool = False, **shared) -> None:
         super().__init__(**shared)
@@ -50,4 +52,5 @@ class SatAttention(AttentionBackend):
         """``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> same shape."""
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=sat_mask(layout)[:, None], dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=with_key_bias(sat_mask(layout)[:, None], layout, q.dtype),
+                                              dropout_p=dropout_p)

@@ -1,0 +1,220 @@
+"""DoT, the double transformer (Krichene et al. 2021): a shallow pruning transformer picks the
+top-K tokens, and its scores bias the task transformer's attention.
+
+- The **pruning transformer** is an encoder of its own (:class:`~.encoder.TableEncoder`, any
+  BERT/TAPAS checkpoint: the Turc et al. sizes ``mini | small | medium | large`` as TAPAS
+  publishes them, or ``pretrained=<dir | hub id>``) with a TAPAS-style token head: one
+  linear logit per token, ``P(t | q, T) = sigmoid(logit_t)`` and the pruning score
+  ``s_t = log P(t | q, T)`` (§2).
+- **Selection** (``selection``): ``token`` keeps the K tokens with the highest ``s_t``;
+  ``column`` (C-DoT, App. D; the paper's WikiTQ setting) scores every column by the mean
+  ``s_t`` of its tokens (header included) and keeps whole columns in that order while
+  they fit in K, and every table token then carries its column's score. Either way the
+  query set (``[CLS]``, the question, ``[SEP]``) is always kept, since the task heads
+  read ``[CLS]`` (a choice: the paper does not say); ties go to the earlier token. The
+  kept tokens stay in input order.
+- The **task transformer** (the run's encoder, any backend that ``supports_key_bias``)
+  reads only the kept tokens, each with its layout, the position it had in the full
+  input (so that App. A.3 holds: the task model on the K kept tokens equals the task
+  model on all tokens with ``s_t = -inf`` for the others), and ``s_t`` added to the
+  attention logit of key ``t`` in every layer and head (eq. 2: ``layout.key_bias``).
+- **Losses** (``loss``; App. A.2 and C.2): ``joint`` (J-DoT) trains both transformers by
+  the task loss alone, through the scores in the task model's attention; ``pruning``
+  (P-DoT) gives the task model no scores (no gradient reaches the pruner through it)
+  and trains the pruner by a pruning loss of its own; ``both`` (PJ-DoT) does both. The
+  pruning loss is TAPAS's cell-selection loss on the pruner's token logits (binary
+  cross-entropy against "in an answer cell": WikiTQ, SQA). The paper does not define it
+  for TabFact, which has no answer cells: TabFact runs J-DoT only (a one-line refusal).
+
+The paper's notation for a run (``CC-1024 DoT(s-256-l)``) is :func:`paper_name`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from mate_cli.errors import MateError
+from mate_cli.modeling.layout import TableLayout
+
+#: the pruning transformer sizes of Turc et al. (2019), as TAPAS publishes them pre-trained
+PRUNER_SIZES = {
+    "mini": "google/tapas-mini",
+    "small": "google/tapas-small",
+    "medium": "google/tapas-medium",
+    "large": "google/tapas-large",
+}
+#: the paper's letters for model sizes (``DoT(s-256-l)``); other checkpoints are named by their basename
+SIZE_LETTERS = {"mini": "mini", "small": "s", "medium": "m", "base": "b", "large": "l"}
+SELECTIONS = ("token", "column")
+#: ``model.dot.loss`` -> the paper's name (App. C.2)
+LOSSES = {"joint": "J-DoT", "pruning": "P-DoT", "both": "PJ-DoT"}
+
+
+@dataclass
+class Pruned:
+    """What the pruning transformer gives the task model.
+
+    Attributes:
+        input_ids: ``[batch, K']`` the kept word pieces (``K' = min(K, seq)``), in input order.
+        layout: their :class:`TableLayout`, with ``position_ids`` from the full input and
+            ``key_bias`` = the kept tokens' scores (``None`` for P-DoT).
+        index: ``[batch, K']`` the kept tokens' positions in the full input.
+        scores: ``[batch, seq]`` ``s_t`` of every input token (column scores in column mode).
+        logits: ``[batch, seq]`` the token head's logits (for a pruning loss).
+        hidden: ``[batch, seq, pruner hidden]`` the pruning transformer's last hidden state.
+    """
+
+    input_ids: torch.Tensor
+    layout: TableLayout
+    index: torch.Tensor
+    scores: torch.Tensor
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+def column_scores(scores: torch.Tensor, layout: TableLayout) -> torch.Tensor:
+    """C-DoT: every table token gets the mean score of its column's tokens; others keep theirs.
+
+    ``scores`` ``[batch, seq]`` -> ``[batch, seq]`` (differentiable).
+    """
+    table = layout.is_table
+    columns = torch.where(table, layout.column_ids, 0)
+    size = int(columns.max()) + 1 if columns.numel() else 1
+    weights = table.to(scores.dtype)
+    sums = scores.new_zeros(scores.shape[0], size).scatter_add(1, columns, scores * weights)
+    counts = scores.new_zeros(scores.shape[0], size).scatter_add(1, columns, weights)
+    means = sums / counts.clamp(min=1)
+    return torch.where(table, means.gather(1, columns), scores)
+
+
+def keep_rank(scores: torch.Tensor, layout: TableLayout, top_k: int, selection: str) -> torch.Tensor:
+    """``[batch, seq]`` float ranking key: kept-first order for :func:`select`.
+
+    Query-set tokens ``+inf``, padding ``-inf``; ``token``: table tokens by score;
+    ``column``: whole columns by score while they fit in ``top_k`` (tokens of a column
+    that does not fit, and of every later one, ``-inf``).
+    """
+    inf = torch.tensor(float("inf"), dtype=scores.dtype, device=scores.device)
+    key = torch.where(layout.is_table, scores.detach(), -inf)
+    if selection == "column":
+        key = torch.full_like(key, -inf)
+        for b in range(scores.shape[0]):
+            table = layout.is_table[b]
+            room = top_k - int(layout.is_query[b].sum())
+            ids = layout.column_ids[b][table]
+            values = scores[b].detach()[table]
+            by_column = sorted({int(c) for c in ids.tolist()},
+                               key=lambda c: (-float(values[ids == c][0]), c))
+            kept = []
+            for column in by_column:
+                size = int((ids == column).sum())
+                if size > room:
+                    break
+                kept.append(column)
+                room -= size
+            chosen = table & torch.isin(layout.column_ids[b], torch.tensor(kept, device=scores.device, dtype=torch.long))
+            key[b] = torch.where(chosen, scores[b].detach(), -inf)
+    return torch.where(layout.is_query, inf, key)
+
+
+def select(rank: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``[batch, K']`` indices of the ``K' = min(top_k, seq)`` highest ``rank`` (ties: earlier
+    token first), in input order."""
+    k = min(top_k, rank.shape[1])
+    order = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :k]
+    return order.sort(dim=1).values
+
+
+def gather_layout(layout: TableLayout, index: torch.Tensor, kept: torch.Tensor, positions: torch.Tensor,
+                  key_bias: torch.Tensor | None) -> TableLayout:
+    """The layout of the kept tokens: every field gathered at ``index``; ``attention_mask`` is
+    ``kept`` (a slot beyond the example's real tokens is padding), positions from the full input."""
+    fields = {name: value.gather(1, index) for name, value in layout._map(lambda t: t).items()
+              if value is not None and name not in ("attention_mask", "position_ids", "key_bias")}
+    return TableLayout(attention_mask=kept, position_ids=positions.gather(1, index), key_bias=key_bias, **fields)
+
+
+class DoubleTransformer(nn.Module):
+    """DoT's pruning transformer and selection (see the module docstring).
+
+    Args:
+        pruner: the pruning transformer (a :class:`~.encoder.TableEncoder`).
+        top_k: K, the tokens the task model reads (paper: 256).
+        selection: ``token`` or ``column``.
+        loss: ``joint`` (J-DoT), ``pruning`` (P-DoT) or ``both`` (PJ-DoT).
+    """
+
+    def __init__(self, pruner: nn.Module, top_k: int = 256, selection: str = "token", loss: str = "joint") -> None:
+        super().__init__()
+        if selection not in SELECTIONS:
+            raise MateError(f"model.dot.selection={selection!r} is not one of {', '.join(SELECTIONS)}")
+        if loss not in LOSSES:
+            raise MateError(f"model.dot.loss={loss!r} is not one of {', '.join(LOSSES)} (J-DoT, P-DoT, PJ-DoT)")
+        if int(top_k) < 1:
+            raise MateError(f"model.dot.top_k={top_k} is invalid: keep at least one token (paper: 256)")
+        self.pruner = pruner
+        self.token_head = nn.Linear(pruner.config.hidden_size, 1)
+        nn.init.normal_(self.token_head.weight, std=pruner.config.initializer_range)
+        nn.init.zeros_(self.token_head.bias)
+        self.top_k, self.selection, self.loss = int(top_k), selection, loss
+        pruner.pooler.requires_grad_(False)  # a pruning head that reads [CLS] turns it back on
+
+    @classmethod
+    def build(cls, size: str = "small", pretrained: str | None = None, attention: Callable | str = "dense",
+              max_length: int | None = None, **options) -> "DoubleTransformer":
+        """From ``conf/model/dot/*.yaml``: the pruner is ``pretrained`` or the TAPAS checkpoint of ``size``."""
+        from mate_cli.modeling.encoder import TableEncoder
+
+        if pretrained is None and size not in PRUNER_SIZES:
+            raise MateError(f"model.dot.size={size!r} is not one of {', '.join(PRUNER_SIZES)}; "
+                            "or set model.dot.pretrained=<dir | hub id>")
+        pruner = TableEncoder.from_pretrained(pretrained or PRUNER_SIZES[size], attention, max_length=max_length)
+        return cls(pruner, **options)
+
+    @property
+    def biased(self) -> bool:
+        """Whether the task model's attention gets the scores (J-DoT, PJ-DoT)."""
+        return self.loss != "pruning"
+
+    def forward(self, input_ids: torch.Tensor, layout: TableLayout, positions: torch.Tensor) -> Pruned:
+        """Score, select and gather.
+
+        Args:
+            input_ids: ``[batch, seq]`` the full (CC/HEM-pre-selected) input.
+            layout: its :class:`TableLayout`.
+            positions: ``[batch, seq]`` the task model's position ids for the full input.
+        """
+        hidden = self.pruner(input_ids, layout)
+        logits = self.token_head(hidden).squeeze(-1).float()
+        scores = nn.functional.logsigmoid(logits)
+        if self.selection == "column":
+            scores = column_scores(scores, layout)
+        rank = keep_rank(scores, layout, self.top_k, self.selection)
+        index = select(rank, self.top_k)
+        kept = layout.attention_mask.gather(1, index) & (rank.gather(1, index) > float("-inf"))
+        bias = torch.where(kept, scores.gather(1, index), 0.0) if self.biased else None
+        pruned_layout = gather_layout(layout, index, kept, positions, bias)
+        return Pruned(input_ids.gather(1, index), pruned_layout, index, scores, logits, hidden)
+
+
+def size_letter(pretrained: str | None) -> str:
+    """The paper's letter for a checkpoint (``google/tapas-large`` -> ``l``); else its basename."""
+    name = Path(str(pretrained or "").rstrip("/")).name
+    for size, letter in SIZE_LETTERS.items():
+        if name in (size, f"tapas-{size}") or name.startswith(f"tapas-{size}-"):
+            return letter
+    return name or "?"
+
+
+def paper_name(pruning: str, max_length: int, selection: str, pruner: str, top_k: int, task: str,
+               loss: str = "joint") -> str:
+    """DoT's notation (§3): ``CC-1024 DoT(s-256-l)``; ``C-DoT`` for column selection, ``P-``/``PJ-``
+    for the pruning losses (App. C.2), and no heuristic when the input is not pre-selected."""
+    heuristic = {"cc": "CC-", "hem": "HEM-"}.get(str(pruning).lower(), "")
+    kind = ("C-" if selection == "column" else "") + (LOSSES[loss] if loss != "joint" else "DoT")
+    return f"{heuristic}{max_length} {kind}({size_letter(pruner)}-{top_k}-{size_letter(task)})"

@@ -1,0 +1,136 @@
+"""DoT (Krichene et al. 2021) against its definitions: the selection keeps the query and the
+top-K tokens (or whole columns by mean score), the task model on the kept tokens equals the
+task model on every token with the others at ``s_t = -inf`` (App. A.3), J-DoT trains the
+pruner through the attention and P-DoT does not, and runs are named in the paper's notation.
+
+The equivalence runs the real MiniLM on real CC-1024 TabFact batches of the bundled sample,
+in float64 (in float32 the two computations differ by summation order, about 1e-5).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mate_cli.errors import MateError
+from mate_cli.modeling.dot import DoubleTransformer, column_scores, keep_rank, paper_name, select
+from mate_cli.modeling.encoder import TableEncoder
+from mate_cli.modeling.layout import TableLayout
+from tests.conf.test_compose import build, compose_train
+
+TOLERANCE = 1e-5
+
+
+def dot_model(tmp_path, *overrides: str):
+    cfg = compose_train(["experiment=tabfact_dot", "dataset.limit_questions=12", "dataset.batch_size=3",
+                         "model.dot.top_k=96", *overrides], tmp_path)
+    datamodule, model, _ = build(cfg, tmp_path)
+    datamodule.setup("fit")
+    return model.eval(), next(iter(datamodule.train_dataloader()))
+
+
+@pytest.mark.parametrize("attention", ["attention=dense", "attention=mate attention.variant=exact"],
+                         ids=["dense", "mate_exact"])
+def test_the_task_model_on_the_kept_tokens_equals_it_on_every_token_with_the_others_at_minus_inf(
+        attention, tmp_path, record_property):
+    model, batch = dot_model(tmp_path, *attention.split())
+    model.double()  # the identity is exact; float64 keeps float32's summation-order noise (~1e-5 at 1024) out
+    layout = batch.layout
+    assert int(layout.attention_mask.sum(1).max()) > 96, "the sample must be long enough to prune"
+    with torch.no_grad():
+        positions = model.encoder.embeddings.position_ids(layout)
+        pruned = model.dot(batch.input_ids, layout, positions)
+        short = model.encoder(pruned.input_ids, pruned.layout)
+
+        kept = torch.zeros_like(layout.attention_mask).scatter(1, pruned.index, pruned.layout.attention_mask)
+        bias = torch.where(kept, pruned.scores, float("-inf"))
+        full = model.encoder(batch.input_ids, layout.with_fields(key_bias=bias, position_ids=positions))
+        unbiased = model.encoder(pruned.input_ids, pruned.layout.with_fields(key_bias=None))
+    at_kept = full.gather(1, pruned.index[..., None].expand_as(short))
+    real = pruned.layout.attention_mask
+    assert int(real.sum()) < int(layout.attention_mask.sum())  # some tokens were pruned
+    diff = float((at_kept - short)[real].abs().max())
+    record_property("max_abs_diff", f"{diff:.3e}")
+    assert diff <= TOLERANCE
+    # and the scores matter: the same kept tokens without them compute something else
+    assert float((unbiased - short)[real].abs().max()) > 1e-3
+
+
+def layout_of(columns: list[list[int]]) -> TableLayout:
+    """One example per list: column id per token; 0 = query-set token (segment 0)."""
+    width = max(len(c) for c in columns)
+    examples = [{"segment_ids": [int(c > 0) for c in cols], "column_ids": cols, "row_ids": [int(c > 0) for c in cols]}
+                for cols in columns]
+    return TableLayout.from_lists(examples, seq_len=width)
+
+
+def test_token_selection_keeps_the_query_set_then_the_best_table_tokens_in_input_order():
+    layout = layout_of([[0, 0, 1, 1, 2, 2, 3], [0, 1, 2]])
+    scores = torch.tensor([[-9.0, -9.0, -1.0, -5.0, -0.5, -3.0, -2.0], [-9.0, -1.0, -2.0, 0, 0, 0, 0]])
+    index = select(keep_rank(scores, layout, 4, "token"), 4)
+    assert index[0].tolist() == [0, 1, 2, 4]  # query (despite its scores), then the two best table tokens
+    assert index[1].tolist() == [0, 1, 2, 3]  # shorter than K: every real token (and one padding slot)
+    assert bool(keep_rank(scores, layout, 4, "token")[1, 3] == float("-inf"))
+
+
+def test_column_selection_keeps_whole_columns_by_mean_score_while_they_fit():
+    layout = layout_of([[0, 1, 1, 2, 2, 2, 3]])
+    scores = torch.tensor([[-9.0, -1.0, -3.0, -0.5, -0.5, -0.5, -4.0]])
+    means = column_scores(scores, layout)
+    assert means[0].tolist() == [-9.0, -2.0, -2.0, -0.5, -0.5, -0.5, -4.0]
+    rank = keep_rank(means, layout, 6, "column")  # room 5: column 2 (3 tokens), column 1 (2), not column 3
+    index = select(rank, 6)
+    assert index[0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert bool(rank[0, 6] == float("-inf"))
+    # a column that does not fit ends the selection (HEM's rule), even if a later one would fit
+    rank = keep_rank(means, layout, 3, "column")
+    assert (rank[0] > float("-inf")).tolist() == [True, False, False, False, False, False, False]
+
+
+def test_j_dot_trains_the_pruner_through_the_attention_and_p_dot_by_its_own_loss(tmp_path):
+    for loss, through_attention in (("joint", True), ("pruning", False)):
+        cfg = compose_train(["experiment=wtq_dot", "dataset.limit_questions=12", "dataset.batch_size=4",
+                             "model.dot.top_k=96", f"model.dot.loss={loss}"], tmp_path / loss)
+        datamodule, model, _ = build(cfg, tmp_path / loss)
+        datamodule.setup("fit")
+        batch = next(iter(datamodule.train_dataloader()))
+        kept, pruned = model.train().prune(batch)
+        assert (kept.layout.key_bias is not None) == through_attention
+        model(kept, with_loss=True).loss.mean().backward()
+        grad = model.dot.token_head.weight.grad
+        assert (grad is not None and float(grad.abs().sum()) > 0) == through_attention
+        if not through_attention:  # P-DoT: the pruner learns from the answer cells instead
+            assert bool((batch.candidate_mask & batch.cell_mask)[:, 1:].any()), "the batch must have answer cells"
+            model.pruning_loss(batch, pruned).backward()
+            assert float(model.dot.token_head.weight.grad.abs().sum()) > 0
+
+
+def test_tabfact_has_no_answer_cells_for_a_pruning_loss_and_says_so(tmp_path):
+    cfg = compose_train(["experiment=tabfact_dot", "model.dot.loss=both"], tmp_path)
+    with pytest.raises(Exception, match="model.dot.loss=both .* use model.dot.loss=joint"):  # Hydra wraps it
+        build(cfg, tmp_path)
+
+
+def test_the_run_is_named_in_the_papers_notation(tmp_path):
+    assert paper_name("cc", 1024, "token", "small", 256, "google/tapas-large", "joint") == "CC-1024 DoT(s-256-l)"
+    assert paper_name("hem", 1024, "column", "medium", 256, "google/tapas-large-finetuned-wtq",
+                      "both") == "HEM-1024 C-PJ-DoT(m-256-l)"
+    assert paper_name("none", 512, "token", "minilm", 128, "minilm", "pruning") == "512 P-DoT(minilm-128-minilm)"
+    cfg = compose_train(["experiment=wtq_dot", "model.dot.pretrained=null", "model.encoder.pretrained=google/tapas-large"],
+                        tmp_path)
+    assert cfg.paper_name == "CC-1024 C-DoT(m-256-l)"
+    assert "CC-1024_C-DoT_m-256-l" in cfg.run_name
+    assert "CC-1024 C-DoT(m-256-l)" in cfg.logger.wandb.tags
+
+
+def test_a_task_model_that_cannot_take_the_scores_is_refused_in_one_line():
+    pruner = TableEncoder.from_pretrained("minilm", "dense")
+    dot = DoubleTransformer(pruner, top_k=8)
+    task = TableEncoder.from_pretrained("minilm", "linformer", max_length=512)
+    from mate_cli.lit_modules.entailment import EntailmentModule
+
+    with pytest.raises(MateError, match="cannot add DoT's pruning scores") as error:
+        EntailmentModule(task, optimizer=torch.optim.AdamW, dot=dot)
+    assert "\n" not in str(error.value)
+    with pytest.raises(MateError, match="model.dot.selection"):
+        DoubleTransformer(pruner, selection="rows")
