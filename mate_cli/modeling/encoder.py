@@ -82,6 +82,11 @@ class AddNorm(nn.Module):
         return self.LayerNorm(residual + self.dropout(self.dense(x)))
 
 
+#: ``mix(context, hidden) -> context``: a model's change to a layer's attention context before
+#: its output block (Transformer-XH's hop attention, :mod:`mate_cli.modeling.xh`)
+ContextMix = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 class Attention(nn.Module):
     """Self-attention plus its output block (BERT's ``attention``)."""
 
@@ -90,9 +95,10 @@ class Attention(nn.Module):
         self.self = SelfAttention(config, backend)
         self.output = AddNorm(config.hidden_size, config)
 
-    def forward(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``."""
-        return self.output(self.self(hidden, layout), hidden)
+    def forward(self, hidden: torch.Tensor, layout: TableLayout | None, mix: ContextMix | None = None) -> torch.Tensor:
+        """``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``; ``mix`` (if any) edits the context first."""
+        context = self.self(hidden, layout)
+        return self.output(context if mix is None else mix(context, hidden), hidden)
 
 
 class Intermediate(nn.Module):
@@ -120,9 +126,9 @@ class Layer(nn.Module):
         self.intermediate = Intermediate(config)
         self.output = AddNorm(config.intermediate_size, config)
 
-    def forward(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, layout: TableLayout | None, mix: ContextMix | None = None) -> torch.Tensor:
         """``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``."""
-        hidden = self.attention(hidden, layout)
+        hidden = self.attention(hidden, layout, mix)
         return self.output(self.intermediate(hidden), hidden)
 
 
@@ -271,14 +277,19 @@ class TableEncoder(nn.Module):
         Returns:
             last hidden state ``[batch, seq, hidden]``.
         """
+        hidden, layout, num_prefix = self.embed(input_ids, layout)
+        for layer in self.encoder.layer:
+            hidden = layer(hidden, layout)
+        return hidden[:, num_prefix:] if num_prefix else hidden
+
+    def embed(self, input_ids: torch.Tensor, layout: TableLayout | None) -> tuple[torch.Tensor, TableLayout | None, int]:
+        """The first layer's input: ``(hidden, layout, num_prefix)`` after the embeddings and the
+        backend's input hooks (``num_prefix`` tokens added in front; see :meth:`forward`)."""
         self.check_trainable()
         if layout is not None and layout.key_bias is not None:
             self.check_key_bias()
         hidden = self.embeddings(input_ids, self.backends[0].embedding_layout(layout))
-        hidden, layout, num_prefix = self.backends[0].extend_inputs(hidden, layout)
-        for layer in self.encoder.layer:
-            hidden = layer(hidden, layout)
-        return hidden[:, num_prefix:] if num_prefix else hidden
+        return self.backends[0].extend_inputs(hidden, layout)
 
     def pooled(self, hidden: torch.Tensor) -> torch.Tensor:
         """BERT's pooler output from a last hidden state: ``[batch, seq, hidden]`` -> ``[batch, hidden]``."""

@@ -1,0 +1,110 @@
+"""Transformer-XH (Zhao et al. 2020): extra hop attention between the [CLS] hubs of linked sequences.
+
+A batch holds the nodes of one or more graphs, each node a sequence of its own
+(``[batch nodes, seq]``) with its [CLS] at position 0 as the node's *hub*, and a boolean
+adjacency ``edges[tau, eta]`` (``tau`` reads ``eta``; no edge between graphs).
+
+In every hop layer (the last ``hop_layers`` of the encoder; ``None``: all of them):
+
+- every token attends inside its own sequence, as in the plain encoder (any backend);
+- the hub of node ``tau`` also attends to the hubs of its neighbours, with hop
+  projections of its own (``q^ = W_q^ h_tau,0``, ``k^ = W_k^ h_eta,0``,
+  ``v^ = W_v^ h_eta,0`` from the layer's input, multi-head, scaled dot product, softmax
+  over the neighbours; a node with no neighbour gets a zero hop context);
+- the hub's attention context is ``W_c [in-sequence context ; hop context] + b_c``, then
+  BERT's output block, residual, LayerNorm and feed-forward as usual. Non-hub tokens use
+  the in-sequence context only.
+
+``W_c`` starts as ``[I | 0]`` with a zero bias (a choice; the paper does not say): before
+training the model computes exactly the pre-trained encoder, and the hop projections
+still get gradients through the ``0`` block. With ``hop_layers=0`` it *is* the encoder.
+L hop layers carry information at most L edges far.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from mate_cli.errors import MateError
+from mate_cli.modeling.layout import TableLayout
+
+
+class HopAttention(nn.Module):
+    """One layer's hop attention and the hub's combination (the module docstring)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, initializer_range: float = 0.02) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
+        self.query = nn.Linear(hidden_size, hidden_size)
+        self.key = nn.Linear(hidden_size, hidden_size)
+        self.value = nn.Linear(hidden_size, hidden_size)
+        for layer in (self.query, self.key, self.value):
+            nn.init.normal_(layer.weight, std=initializer_range)
+            nn.init.zeros_(layer.bias)
+        self.combine = nn.Linear(2 * hidden_size, hidden_size)
+        with torch.no_grad():
+            self.combine.weight.zero_()
+            self.combine.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
+            self.combine.bias.zero_()
+
+    def hop_context(self, hubs: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+        """``hubs`` ``[nodes, hidden]`` (the layer's input at position 0), ``edges`` ``[nodes, nodes]``
+        bool -> ``[nodes, hidden]`` each hub's attention over its neighbours' hubs (0 without any)."""
+        q, k, v = (proj(hubs).unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
+                   for proj in (self.query, self.key, self.value))  # [heads, nodes, head_dim]
+        scores = (q @ k.transpose(1, 2)) * self.head_dim**-0.5
+        has_neighbour = edges.any(dim=-1)[None, :, None]
+        # a hub with no neighbour: scores 0 (no NaN, forward or backward), then its weights zeroed
+        scores = scores.masked_fill(~edges & has_neighbour, float("-inf"))
+        probs = torch.softmax(scores, dim=-1) * has_neighbour
+        return (probs @ v).transpose(0, 1).flatten(1)
+
+    def forward(self, context: torch.Tensor, hidden: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+        """A :data:`~mate_cli.modeling.encoder.ContextMix`: ``context`` and ``hidden`` ``[nodes, seq, hidden]``;
+        the hubs' contexts are replaced by the combination, every other token's is kept."""
+        hub = self.combine(torch.cat([context[:, 0], self.hop_context(hidden[:, 0], edges)], dim=-1))
+        return torch.cat([hub[:, None], context[:, 1:]], dim=1)
+
+
+class TransformerXH(nn.Module):
+    """The encoder with extra hop attention in its last ``hop_layers`` layers.
+
+    Args:
+        encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder` (its layers and weights are used as they are).
+        hop_layers: how many of the last layers get hop attention; ``None``: every layer (the paper's).
+    """
+
+    def __init__(self, encoder: nn.Module, hop_layers: int | None = None) -> None:
+        super().__init__()
+        self.encoder = encoder
+        config = encoder.config
+        count = config.num_layers if hop_layers is None else int(hop_layers)
+        if not 0 <= count <= config.num_layers:
+            raise MateError(f"model.hop_layers={hop_layers} is invalid: the encoder has {config.num_layers} layers; "
+                            f"set model.hop_layers to 0..{config.num_layers} (null: all)")
+        self.first_hop = config.num_layers - count
+        self.hops = nn.ModuleList(HopAttention(config.hidden_size, config.num_heads, config.initializer_range)
+                                  for _ in range(count))
+
+    @property
+    def config(self):
+        return self.encoder.config
+
+    def forward(self, input_ids: torch.Tensor, layout: TableLayout | None, edges: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` ``[nodes, seq]`` (every node's [CLS] at 0), ``edges`` ``[nodes, nodes]`` bool
+        -> last hidden state ``[nodes, seq, hidden]``."""
+        if edges.shape != (input_ids.shape[0],) * 2:
+            raise MateError(f"Transformer-XH: edges has shape {tuple(edges.shape)} for {input_ids.shape[0]} nodes; "
+                            "it must be [nodes, nodes]")
+        hidden, layout, num_prefix = self.encoder.embed(input_ids, layout)
+        if num_prefix:
+            raise MateError("Transformer-XH needs each node's [CLS] at position 0, but this attention backend puts "
+                            "tokens in front; use attention=dense, mate, sat or linformer")
+        edges = edges.to(hidden.device).bool()
+        for i, layer in enumerate(self.encoder.encoder.layer):
+            hop = self.hops[i - self.first_hop] if i >= self.first_hop else None
+            hidden = layer(hidden, layout, None if hop is None else functools.partial(hop, edges=edges))
+        return hidden
