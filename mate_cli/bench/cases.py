@@ -364,7 +364,7 @@ def dot_model(name: str, dims: dict, type_sizes: list[int], seq_len: int, input_
 
     def forward() -> torch.Tensor:
         fresh = layout.with_fields()
-        pruned = model["dot"](input_ids, fresh, model["task"].embeddings.position_ids(fresh))
+        pruned = model["dot"](input_ids, fresh, model["task"].embeddings.position_ids(fresh))  # dense: layout as is
         return model["task"](pruned.input_ids, pruned.layout)
 
     return model, forward

@@ -72,6 +72,10 @@ class EncoderTaskModule(L.LightningModule):
                                 "scores in their attention; set model.extra_layers=0 or model.dot=null")
             if dot.biased:
                 encoder.check_key_bias()
+            if dot.pruner.config.vocab_size != encoder.config.vocab_size:
+                raise MateError(f"model.dot: the pruning transformer has a {dot.pruner.config.vocab_size}-piece "
+                                f"vocabulary, the task model {encoder.config.vocab_size}; both read the same word "
+                                "pieces, so pick a pruner checkpoint with the task model's vocabulary")
         self.optimizer, self.scheduler = optimizer, scheduler
         warmup = getattr(scheduler, "keywords", {}).get("warmup_ratio", 0) if scheduler is not None else 0
         if self.extra is not None and self.extra.init == "dt_fixup" and warmup:
@@ -93,7 +97,7 @@ class EncoderTaskModule(L.LightningModule):
         """
         if self.dot is None:
             return batch, None
-        positions = self.encoder.embeddings.position_ids(batch.layout)
+        positions = self.encoder.embeddings.position_ids(self.encoder.backends[0].embedding_layout(batch.layout))
         pruned = self.dot(batch.input_ids, batch.layout, positions)
         return replace(batch, input_ids=pruned.input_ids, layout=pruned.layout), pruned
 
@@ -145,4 +149,7 @@ class EncoderTaskModule(L.LightningModule):
     def export_pretrained(self, directory, tokenizer=None):
         """Write the encoder as a ``transformers.TapasModel`` directory (``export_encoder=true``);
         a module whose head travels with it (masked-LM pre-training) writes that too."""
+        if self.dot is not None:
+            log.warning("export_encoder: this is DoT's task model alone; without the pruning transformer it reads "
+                        "every token with no scores, which is not the model that was trained")
         return self.encoder.save_pretrained(directory, tokenizer=tokenizer)

@@ -104,9 +104,10 @@ class TableQAModule(EncoderTaskModule):
         return self.with_pruning_loss(loss, batch, pruned)
 
     def pruning_loss(self, batch: TaskBatch, pruned) -> torch.Tensor:
-        """P-DoT / PJ-DoT: TAPAS's cell-selection loss on the pruning transformer's token logits,
-        binary cross-entropy of every table token against "in an answer cell", averaged over the
-        table tokens of the examples with an answer cell (App. C.2; scalar answers give none)."""
+        """P-DoT / PJ-DoT (App. C.2): binary cross-entropy of the pruning transformer's token logits
+        against "in an answer cell", averaged over the table tokens (header included) of the
+        examples with an answer cell (scalar answers give none). Plain per-token BCE, not TAPAS's
+        column-then-cell loss: the pruner only ranks tokens."""
         cell_ids = batch.layout.cell_ids
         labels = (batch.candidate_mask & batch.cell_mask).gather(1, cell_ids) & batch.layout.attention_mask
         weight = (batch.layout.is_table & labels.any(dim=1, keepdim=True)).float()

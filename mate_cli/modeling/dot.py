@@ -22,8 +22,8 @@ top-K tokens, and its scores bias the task transformer's attention.
   the task loss alone, through the scores in the task model's attention; ``pruning``
   (P-DoT) gives the task model no scores (no gradient reaches the pruner through it)
   and trains the pruner by a pruning loss of its own; ``both`` (PJ-DoT) does both. The
-  pruning loss is TAPAS's cell-selection loss on the pruner's token logits (binary
-  cross-entropy against "in an answer cell": WikiTQ, SQA). The paper does not define it
+  pruning loss is a per-token binary cross-entropy of the pruner's token logits against
+  "in an answer cell" (WikiTQ, SQA), in the spirit of TAPAS's cell-selection loss. The paper does not define it
   for TabFact, which has no answer cells: TabFact runs J-DoT only (a one-line refusal).
 
 The paper's notation for a run (``CC-1024 DoT(s-256-l)``) is :func:`paper_name`.
@@ -132,9 +132,10 @@ def select(rank: torch.Tensor, top_k: int) -> torch.Tensor:
 
 def gather_layout(layout: TableLayout, index: torch.Tensor, kept: torch.Tensor, positions: torch.Tensor,
                   key_bias: torch.Tensor | None) -> TableLayout:
-    """The layout of the kept tokens: every field gathered at ``index``; ``attention_mask`` is
-    ``kept`` (a slot beyond the example's real tokens is padding), positions from the full input."""
-    fields = {name: value.gather(1, index) for name, value in layout._map(lambda t: t).items()
+    """The layout of the kept tokens: every field gathered at ``index``, positions from the full
+    input; a slot that holds no kept token (fewer than K kept: padding, or a dropped column's
+    token in column mode) becomes padding in every field, so no head counts it."""
+    fields = {name: torch.where(kept, value.gather(1, index), 0) for name, value in layout._map(lambda t: t).items()
               if value is not None and name not in ("attention_mask", "position_ids", "key_bias")}
     return TableLayout(attention_mask=kept, position_ids=positions.gather(1, index), key_bias=key_bias, **fields)
 
@@ -190,7 +191,8 @@ class DoubleTransformer(nn.Module):
             positions: ``[batch, seq]`` the task model's position ids for the full input.
         """
         hidden = self.pruner(input_ids, layout)
-        logits = self.token_head(hidden).squeeze(-1).float()
+        with torch.autocast(hidden.device.type, enabled=False):  # float32 scores: bf16 would tie many of them
+            logits = self.token_head(hidden.to(self.token_head.weight.dtype)).squeeze(-1)
         scores = nn.functional.logsigmoid(logits)
         if self.selection == "column":
             scores = column_scores(scores, layout)
@@ -199,7 +201,8 @@ class DoubleTransformer(nn.Module):
         kept = layout.attention_mask.gather(1, index) & (rank.gather(1, index) > float("-inf"))
         bias = torch.where(kept, scores.gather(1, index), 0.0) if self.biased else None
         pruned_layout = gather_layout(layout, index, kept, positions, bias)
-        return Pruned(input_ids.gather(1, index), pruned_layout, index, scores, logits, hidden)
+        kept_ids = torch.where(kept, input_ids.gather(1, index), self.pruner.config.pad_token_id)
+        return Pruned(kept_ids, pruned_layout, index, scores, logits, hidden)
 
 
 def size_letter(pretrained: str | None) -> str:

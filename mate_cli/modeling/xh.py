@@ -16,8 +16,9 @@ In every hop layer (the last ``hop_layers`` of the encoder; ``None``: all of the
   the in-sequence context only.
 
 ``W_c`` starts as ``[I | 0]`` with a zero bias (a choice; the paper does not say): before
-training the model computes exactly the pre-trained encoder, and the hop projections
-still get gradients through the ``0`` block. With ``hop_layers=0`` it *is* the encoder.
+training the model computes exactly the pre-trained encoder. The ``0`` block gets a
+gradient at the first step; the hop projections get theirs once it has moved (their
+gradient passes through it). With ``hop_layers=0`` it *is* the encoder.
 L hop layers carry information at most L edges far.
 """
 

@@ -87,6 +87,27 @@ def test_column_selection_keeps_whole_columns_by_mean_score_while_they_fit():
     assert (rank[0] > float("-inf")).tolist() == [True, False, False, False, False, False, False]
 
 
+def test_column_mode_fills_the_slots_left_over_with_padding_only(tmp_path):
+    """A dropped column's tokens may fill slots up to K; they must be padding in every field,
+    or the heads count them (WikiTQ's expected COUNT/SUM reads row and cell ids)."""
+    cfg = compose_train(["experiment=wtq_dot", "dataset.limit_questions=12", "dataset.batch_size=4",
+                         "model.dot.top_k=96"], tmp_path)
+    datamodule, model, _ = build(cfg, tmp_path)
+    datamodule.setup("fit")
+    batch = next(iter(datamodule.train_dataloader()))
+    with torch.no_grad():
+        kept, pruned = model.eval().prune(batch)
+    empty = ~kept.layout.attention_mask
+    assert bool(empty.any()) and bool((batch.layout.attention_mask.sum(1) > 96).any())
+    for name in ("segment_ids", "row_ids", "column_ids", "cell_ids", "column_ranks", "numeric_relations"):
+        assert not bool(getattr(kept.layout, name)[empty].any()), name
+    assert not bool(kept.input_ids[empty].any())
+    real_columns = [set(kept.layout.column_ids[b][kept.layout.is_table[b]].tolist()) for b in range(len(batch))]
+    for b, columns in enumerate(real_columns):  # whole columns: every token of a kept column is kept
+        full = batch.layout.is_table[b] & torch.isin(batch.layout.column_ids[b], torch.tensor(sorted(columns)))
+        assert int(full.sum()) == int(kept.layout.is_table[b].sum())
+
+
 def test_j_dot_trains_the_pruner_through_the_attention_and_p_dot_by_its_own_loss(tmp_path):
     for loss, through_attention in (("joint", True), ("pruning", False)):
         cfg = compose_train(["experiment=wtq_dot", "dataset.limit_questions=12", "dataset.batch_size=4",
