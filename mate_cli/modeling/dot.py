@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from mate_cli.errors import MateError
+from mate_cli.modeling.heads import pool_cells
 from mate_cli.modeling.layout import TableLayout
 
 #: the pruning transformer sizes of Turc et al. (2019), as TAPAS publishes them pre-trained
@@ -83,12 +84,8 @@ def column_scores(scores: torch.Tensor, layout: TableLayout) -> torch.Tensor:
     ``scores`` ``[batch, seq]`` -> ``[batch, seq]`` (differentiable).
     """
     table = layout.is_table
-    columns = torch.where(table, layout.column_ids, 0)
-    size = int(columns.max()) + 1 if columns.numel() else 1
-    weights = table.to(scores.dtype)
-    sums = scores.new_zeros(scores.shape[0], size).scatter_add(1, columns, scores * weights)
-    counts = scores.new_zeros(scores.shape[0], size).scatter_add(1, columns, weights)
-    means = sums / counts.clamp(min=1)
+    columns = torch.where(table, layout.column_ids, 0)  # id 0 collects the other tokens and is never read
+    means = pool_cells(scores, columns, int(columns.max()) if columns.numel() else 0)
     return torch.where(table, means.gather(1, columns), scores)
 
 
