@@ -104,7 +104,7 @@ def load_trained(
     cfg = load_run_config(ckpt_path, overrides)
     target = str(cfg.get("model", {}).get("_target_", ""))
     names = [cls.__name__ for cls in (expected if isinstance(expected, tuple) else (expected,))]
-    if not any(target.endswith(name) for name in names):
+    if target.rsplit(".", 1)[-1] not in names:  # exactly: GraphCellSelectionModule is no CellSelectionModule run
         wanted = " or ".join(names)
         raise MateError(
             f"{key}.ckpt_path={ckpt_path} is a run of {target or 'an unknown model'}, not {wanted}; "

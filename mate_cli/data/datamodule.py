@@ -218,6 +218,9 @@ class HybridQADataModule(SplitDataModule):
             eval_file: an upstream question file evaluated whole as the validation/test split.
     """
 
+    #: the settings that size an example, named in errors
+    length_keys = "dataset.max_length"
+
     def __init__(self, *, expansion: Mapping | None = None, drop_ambiguous: bool = False, **common) -> None:
         super().__init__(**common)
         self.expansion = dict(expansion or {"k": 5, "scope": "table", "method": "tfidf"})
@@ -248,7 +251,7 @@ class HybridQADataModule(SplitDataModule):
         if len(keep) < len(ds):
             log.info("train: %d questions have no candidate cell and are skipped", len(ds) - len(keep))
         if not keep:
-            raise MateError("no training question has a candidate cell; check dataset.root and dataset.max_length")
+            raise MateError(f"no training question has a candidate cell; check dataset.root and {self.length_keys}")
         return keep
 
     def collator(self) -> "Collator":
@@ -266,25 +269,30 @@ def encode_question(
 
 
 class _ExampleEncoder:
-    """Picklable ``datasets.map`` function: one question record -> one encoded example."""
+    """Picklable ``datasets.map`` function: one question record -> one encoded example.
 
-    def __init__(self, root: str, pretrained: str, max_length: int, expansion: dict, max_question_tokens: int):
+    ``encode`` (a module-level function, or a ``functools.partial`` of one, so it pickles) is
+    :func:`encode_question`'s signature: ``(tokenizer, question, table, passages, expansion) -> dict``.
+    """
+
+    def __init__(self, root: str, pretrained: str, max_length: int, expansion: dict, max_question_tokens: int,
+                 encode: Callable[..., dict] = encode_question, length_key: str = "dataset.max_length"):
         self.args = (root, pretrained, max_length, expansion, max_question_tokens)
+        self.encode, self.length_key = encode, length_key
         self._state = None
 
     def __call__(self, record: dict) -> dict:
         root, pretrained, max_length, expansion, max_q = self.args
         if self._state is None:
-            tok = TableTokenizer(load_tokenizer(pretrained), max_length=max_length, max_question_tokens=max_q)
+            tok = TableTokenizer(load_tokenizer(pretrained), max_length=max_length, max_question_tokens=max_q,
+                                 length_key=self.length_key)
             self._state = (HybridQAReader(root), tok)
         reader, tok = self._state
         question = question_from_record(record)
-        return encode_question(
-            tok, question, reader.table(question.table_id), reader.passages(question.table_id), expansion
-        )
+        return self.encode(tok, question, reader.table(question.table_id), reader.passages(question.table_id), expansion)
 
     def __getstate__(self):
-        return {"args": self.args, "_state": None}
+        return {"args": self.args, "encode": self.encode, "length_key": self.length_key, "_state": None}
 
 
 def split_stats(ds) -> dict:
@@ -319,25 +327,32 @@ class Collator:
 
     def __call__(self, examples: list[dict]) -> Batch:
         seq = max(len(ex["input_ids"]) for ex in examples)
-        cells = max([len(ex["cell_coords"]) for ex in examples] + [1])
-        b = len(examples)
-        input_ids = torch.full((b, seq), self.pad_id, dtype=torch.long)
-        cell_mask = torch.zeros((b, cells + 1), dtype=torch.bool)
-        candidate_mask = torch.zeros((b, cells + 1), dtype=torch.bool)
-        coords = torch.full((b, cells + 1, 2), -1, dtype=torch.long)
+        input_ids = torch.full((len(examples), seq), self.pad_id, dtype=torch.long)
         for i, ex in enumerate(examples):
             input_ids[i, : len(ex["input_ids"])] = torch.tensor(ex["input_ids"])
-            m = len(ex["cell_coords"])
-            cell_mask[i, 1 : m + 1] = True
-            if m:
-                coords[i, 1 : m + 1] = torch.tensor(ex["cell_coords"])
-            if ex["candidates"]:
-                candidate_mask[i, torch.tensor(ex["candidates"])] = True
         return Batch(
-            input_ids=input_ids, layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq), cell_mask=cell_mask,
-            candidate_mask=candidate_mask, cell_coords=coords, question_ids=[ex["question_id"] for ex in examples],
+            input_ids=input_ids, layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq),
+            **cell_tensors(examples), question_ids=[ex["question_id"] for ex in examples],
             table_ids=[ex["table_id"] for ex in examples],
         )
+
+
+def cell_tensors(examples: list[dict]) -> dict[str, torch.Tensor]:
+    """``cell_mask``, ``candidate_mask`` ``[batch, max cells + 1]`` and ``cell_coords``
+    ``[batch, max cells + 1, 2]`` of examples with ``cell_coords`` and ``candidates`` (cell ids)."""
+    cells = max([len(ex["cell_coords"]) for ex in examples] + [1])
+    b = len(examples)
+    cell_mask = torch.zeros((b, cells + 1), dtype=torch.bool)
+    candidate_mask = torch.zeros((b, cells + 1), dtype=torch.bool)
+    coords = torch.full((b, cells + 1, 2), -1, dtype=torch.long)
+    for i, ex in enumerate(examples):
+        m = len(ex["cell_coords"])
+        cell_mask[i, 1 : m + 1] = True
+        if m:
+            coords[i, 1 : m + 1] = torch.tensor(ex["cell_coords"])
+        if ex["candidates"]:
+            candidate_mask[i, torch.tensor(ex["candidates"])] = True
+    return {"cell_mask": cell_mask, "candidate_mask": candidate_mask, "cell_coords": coords}
 
 
 def question_from_record(record: dict) -> Question:

@@ -158,6 +158,8 @@ class TableTokenizer:
             (the vocabulary's ``[EMPTY]``, else its ``[UNK]``), so an empty cell has a cell
             id and can be selected (SQA's gold cell sets include empty cells). Off: empty
             cells have no token (the default; module docstring).
+        length_key: the setting ``max_length`` comes from, named in errors (Transformer-XH's
+            graphs: ``dataset.node_length``).
     """
 
     def __init__(
@@ -171,14 +173,16 @@ class TableTokenizer:
         max_rank_id: int = _table_size("column_ranks"),
         pruning: str = "none",
         empty_cell_token: bool = False,
+        length_key: str = "dataset.max_length",
     ):
         if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
             raise MateError(f"tokenizer {type(tokenizer).__name__} has no [CLS]/[SEP] token; use a BERT WordPiece tokenizer")
         if max_length < 3 or max_question_tokens < 0 or min_cell_tokens < 1:
             raise MateError(
-                f"bad tokenizer limits max_length={max_length}, max_question_tokens={max_question_tokens}, "
-                f"min_cell_tokens={min_cell_tokens}; need max_length >= 3, max_question_tokens >= 0, min_cell_tokens >= 1"
+                f"bad tokenizer limits {length_key}={max_length}, max_question_tokens={max_question_tokens}, "
+                f"min_cell_tokens={min_cell_tokens}; need {length_key} >= 3, max_question_tokens >= 0, min_cell_tokens >= 1"
             )
+        self.length_key = length_key
         if min(max_row_id, max_column_id, max_rank_id) < 2:
             raise MateError(
                 f"bad id limits max_row_id={max_row_id}, max_column_id={max_column_id}, max_rank_id={max_rank_id}; "
@@ -202,6 +206,11 @@ class TableTokenizer:
             return []
         return self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
 
+    def question_pieces(self, text: str) -> tuple[list[int], bool]:
+        """``(the question's word pieces cut to max_question_tokens, whether it was cut)``."""
+        ids = self._wordpieces([text])[0]
+        return ids[: self.max_question_tokens], len(ids) > self.max_question_tokens
+
     def encode(
         self,
         question: Question,
@@ -209,6 +218,7 @@ class TableTokenizer:
         cell_texts: Sequence[Sequence[str]] | None = None,
         candidates: Iterable[Coord] | None = None,
         prev_answer_coords: Iterable[Coord] | None = None,
+        rows: Sequence[int] | None = None,
     ) -> EncodedExample:
         """Tokenize one example.
 
@@ -220,26 +230,28 @@ class TableTokenizer:
                 ``None`` means no candidates (nothing is inferred here).
             prev_answer_coords: (data row, column) cells that answered the previous
                 question of a sequence; their tokens get ``prev_labels`` 1.
+            rows: encode only these data rows (0-based, in this order; None: all). Their row
+                ids, ``cell_coords`` and numeric ids stay the whole table's; cell ids count
+                the encoded cells (Transformer-XH's one-row nodes, :mod:`mate_cli.data.graph`).
         Returns:
             an :class:`EncodedExample` with ``len(input_ids) <= max_length``.
         """
         texts = self._cell_texts(table, cell_texts)
         num_rows = min(table.num_rows, self.max_row_id - 1)
         num_cols = min(table.num_columns, self.max_column_id - 1)
-        q_ids = self._wordpieces([question.question])[0]
-        q_cut = len(q_ids) > self.max_question_tokens
-        q_ids = q_ids[: self.max_question_tokens]
+        row_index = list(range(num_rows)) if rows is None else [r for r in rows if 0 <= r < num_rows]
+        q_ids, q_cut = self.question_pieces(question.question)
         pieces = self._wordpieces([c.text for c in table.header[:num_cols]]
-                                  + [t for row in texts[:num_rows] for t in row[:num_cols]])
+                                  + [t for r in row_index for t in texts[r][:num_cols]])
         if self.empty_id is not None:
             pieces = [ids or [self.empty_id] for ids in pieces]
         header, flat = pieces[:num_cols], pieces[num_cols:]
-        cells = [flat[r * num_cols: (r + 1) * num_cols] for r in range(num_rows)]
+        cells = [flat[i * num_cols: (i + 1) * num_cols] for i in range(len(row_index))]
         kept, selection = self._fit(question, table, q_ids, header, cells)
-        example = self._assemble(question, table, q_ids, header, cells, selection)
+        example = self._assemble(question, table, q_ids, header, cells, selection, row_index)
         self._add_candidates(example, sorted(set(map(tuple, candidates or ()))))
         self._add_prev_labels(example, set(map(tuple, prev_answer_coords or ())))
-        example.rows_dropped = table.num_rows - kept
+        example.rows_dropped = (table.num_rows if rows is None else len(rows)) - kept
         example.columns_dropped = table.num_columns - num_cols
         example.columns_pruned = num_cols - len(selection.columns)
         total = sum(map(len, header)) + sum(len(ids) for row in cells for ids in row)
@@ -250,8 +262,8 @@ class TableTokenizer:
             log.debug("question %s: table %s has %d rows x %d columns; ids stop at %d x %d, dropped %d rows, "
                       "%d columns", example.question_id, table.table_id, table.num_rows, table.num_columns,
                       num_rows, num_cols, table.num_rows - num_rows, example.columns_dropped)
-        if kept < num_rows:
-            log.debug("question %s: dropped %d trailing rows of %s", example.question_id, num_rows - kept,
+        if kept < len(row_index):
+            log.debug("question %s: dropped %d trailing rows of %s", example.question_id, len(row_index) - kept,
                       table.table_id)
         return example
 
@@ -274,7 +286,7 @@ class TableTokenizer:
             if budget < 1 and (sum(header_lengths) or any(map(sum, lengths))):
                 raise MateError(
                     f"table {table.table_id!r} (question {question.question_id}): no table token fits, "
-                    f"budget is {budget}; raise max_length or lower max_question_tokens"
+                    f"budget is {budget}; raise {self.length_key} or lower dataset.max_question_tokens"
                 )
             if self.pruning == "cc":
                 return len(cells), cell_concatenation(header_lengths, lengths, budget)
@@ -284,7 +296,7 @@ class TableTokenizer:
         except ValueError as err:
             raise MateError(
                 f"table {table.table_id!r} (question {question.question_id}): {err}; "
-                "raise max_length or lower max_question_tokens"
+                f"raise {self.length_key} or lower dataset.max_question_tokens"
             ) from None
         if cap is not None:
             header_lengths = [min(n, cap) for n in header_lengths]
@@ -297,7 +309,8 @@ class TableTokenizer:
         pieces = self.tokenizer.convert_ids_to_tokens(q_ids)
         return [i for i, piece in zip(q_ids, pieces) if any(ch.isalnum() for ch in piece)]
 
-    def _assemble(self, question, table, q_ids, header, cells, selection: Selection) -> EncodedExample:
+    def _assemble(self, question, table, q_ids, header, cells, selection: Selection, row_index) -> EncodedExample:
+        """The sequence; ``cells[i]`` are the word pieces of data row ``row_index[i]``."""
         numbers = TableNumbers.of([[c.text for c in row] for row in table.rows])
         relations = numbers.relations(question.question)
         top, clipped = self.max_rank_id - 1, 0
@@ -306,9 +319,9 @@ class TableTokenizer:
         for k, c in enumerate(selection.columns):  # column id k + 1: positional over the kept columns
             seq.add(header[c][: selection.header[c]], segment_ids=1, column_ids=k + 1)
         coords: list[list[int]] = []
-        for r, row in enumerate(cells):
+        for i, (r, row) in enumerate(zip(row_index, cells)):
             for k, c in enumerate(selection.columns):
-                ids = row[c][: selection.rows[r][c]]
+                ids = row[c][: selection.rows[i][c]]
                 if not ids:
                     continue
                 coords.append([r, c])

@@ -70,8 +70,46 @@ class HopAttention(nn.Module):
         return torch.cat([hub[:, None], context[:, 1:]], dim=1)
 
 
+class HopLayers(nn.Module):
+    """The hop attention of the encoder's last ``hop_layers`` layers, run around an encoder it
+    does not own (a task module keeps the encoder as its own ``encoder``, exported as usual).
+
+    Args:
+        config: the encoder's :class:`~mate_cli.modeling.config.EncoderConfig`.
+        hop_layers: how many of the last layers get hop attention; ``None``: every layer (the paper's).
+    """
+
+    def __init__(self, config, hop_layers: int | None = None) -> None:
+        super().__init__()
+        count = config.num_layers if hop_layers is None else int(hop_layers)
+        if not 0 <= count <= config.num_layers:
+            raise MateError(f"model.hop_layers={hop_layers} is invalid: the encoder has {config.num_layers} layers; "
+                            f"set model.hop_layers to 0..{config.num_layers} (null: all)")
+        self.first_hop = config.num_layers - count
+        self.hops = nn.ModuleList(HopAttention(config.hidden_size, config.num_heads, config.initializer_range)
+                                  for _ in range(count))
+
+    def forward(self, encoder: nn.Module, input_ids: torch.Tensor, layout: TableLayout | None,
+                edges: torch.Tensor) -> torch.Tensor:
+        """``encoder`` (a :class:`~mate_cli.modeling.encoder.TableEncoder`) with hop attention:
+        ``input_ids`` ``[nodes, seq]`` (every node's [CLS] at 0), ``edges`` ``[nodes, nodes]`` bool
+        -> last hidden state ``[nodes, seq, hidden]``."""
+        if edges.shape != (input_ids.shape[0],) * 2:
+            raise MateError(f"Transformer-XH: edges has shape {tuple(edges.shape)} for {input_ids.shape[0]} nodes; "
+                            "it must be [nodes, nodes]")
+        hidden, layout, num_prefix = encoder.embed(input_ids, layout)
+        if num_prefix:
+            raise MateError("Transformer-XH needs each node's [CLS] at position 0, but this attention backend puts "
+                            "tokens in front; use attention=dense, mate, sat or linformer")
+        edges = edges.to(hidden.device).bool()
+        for i, layer in enumerate(encoder.encoder.layer):
+            hop = self.hops[i - self.first_hop] if i >= self.first_hop else None
+            hidden = layer(hidden, layout, None if hop is None else functools.partial(hop, edges=edges))
+        return hidden
+
+
 class TransformerXH(nn.Module):
-    """The encoder with extra hop attention in its last ``hop_layers`` layers.
+    """An encoder and its :class:`HopLayers`, as one model.
 
     Args:
         encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder` (its layers and weights are used as they are).
@@ -81,31 +119,12 @@ class TransformerXH(nn.Module):
     def __init__(self, encoder: nn.Module, hop_layers: int | None = None) -> None:
         super().__init__()
         self.encoder = encoder
-        config = encoder.config
-        count = config.num_layers if hop_layers is None else int(hop_layers)
-        if not 0 <= count <= config.num_layers:
-            raise MateError(f"model.hop_layers={hop_layers} is invalid: the encoder has {config.num_layers} layers; "
-                            f"set model.hop_layers to 0..{config.num_layers} (null: all)")
-        self.first_hop = config.num_layers - count
-        self.hops = nn.ModuleList(HopAttention(config.hidden_size, config.num_heads, config.initializer_range)
-                                  for _ in range(count))
+        self.hop = HopLayers(encoder.config, hop_layers)
 
     @property
     def config(self):
         return self.encoder.config
 
     def forward(self, input_ids: torch.Tensor, layout: TableLayout | None, edges: torch.Tensor) -> torch.Tensor:
-        """``input_ids`` ``[nodes, seq]`` (every node's [CLS] at 0), ``edges`` ``[nodes, nodes]`` bool
-        -> last hidden state ``[nodes, seq, hidden]``."""
-        if edges.shape != (input_ids.shape[0],) * 2:
-            raise MateError(f"Transformer-XH: edges has shape {tuple(edges.shape)} for {input_ids.shape[0]} nodes; "
-                            "it must be [nodes, nodes]")
-        hidden, layout, num_prefix = self.encoder.embed(input_ids, layout)
-        if num_prefix:
-            raise MateError("Transformer-XH needs each node's [CLS] at position 0, but this attention backend puts "
-                            "tokens in front; use attention=dense, mate, sat or linformer")
-        edges = edges.to(hidden.device).bool()
-        for i, layer in enumerate(self.encoder.encoder.layer):
-            hop = self.hops[i - self.first_hop] if i >= self.first_hop else None
-            hidden = layer(hidden, layout, None if hop is None else functools.partial(hop, edges=edges))
-        return hidden
+        """The :meth:`HopLayers.forward` of this encoder."""
+        return self.hop(self.encoder, input_ids, layout, edges)

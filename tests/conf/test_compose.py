@@ -123,3 +123,22 @@ def test_both_stages_read_one_split_node(tmp_path):
     assert stage1.dataset.split == stage2.dataset.split and stage1.dataset.split.seed == 7
     full = compose_train(["dataset=hybridqa"], tmp_path)
     assert full.dataset.split.mode == "files"
+
+
+def test_transformer_xh_is_in_the_baselines_sweep_and_keeps_its_graph_under_the_paper_profile(tmp_path):
+    """XH differs from TAPAS only in its model and data (graph) keys, so its Hits@k compare in one sweep;
+    profile=paper's 2048-token sequence length does not reach its nodes."""
+    sweep = compose_train(["+sweep=baselines"], tmp_path)
+    assert "hybridqa_xh" in sweep.hydra.sweeper.params.experiment.split(",")
+    strip = lambda c: {k: v for k, v in OmegaConf.to_container(c).items()  # noqa: E731
+                       if k not in ("hydra", "experiment_name", "model", "dataset")}
+    xh, tapas = compose_train(["experiment=hybridqa_xh"], tmp_path), compose_train(["experiment=hybridqa_tapas"], tmp_path)
+    assert strip(xh) == strip(tapas)
+    same = lambda model: {k: v for k, v in model.items() if k not in ("_target_", "hop_layers", "encoder")}  # noqa: E731
+    assert same(xh.model) == same(tapas.model)
+    assert {**xh.model.encoder, "max_length": None} == {**tapas.model.encoder, "max_length": None}
+    assert xh.dataset.split == tapas.dataset.split and xh.dataset.root == tapas.dataset.root
+    paper = compose_train(["experiment=hybridqa_xh", "profile=paper"], tmp_path)
+    assert paper.dataset._target_.endswith("HybridQAGraphDataModule") and paper.dataset.node_length == 128
+    assert paper.model.encoder.max_length == 128  # the encoder reads 128-token nodes, not 2048-token sequences
+    assert paper.dataset.root == compose_train(["experiment=hybridqa_tapas", "profile=paper"], tmp_path).dataset.root

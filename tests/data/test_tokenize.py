@@ -231,6 +231,23 @@ def test_ranks_relations_and_prev_labels_on_every_token_of_their_cell(tokenizer)
             assert example.layout["numeric_relations"][i] == example.layout["column_ranks"][i] == 0
 
 
+def test_one_row_keeps_the_whole_tables_row_ids_coordinates_and_numeric_ids(tokenizer):
+    """``rows=[r]`` (Transformer-XH's row nodes): the header and row r only, every id of that row as in
+    the whole table's encoding; candidates elsewhere count as dropped."""
+    table = _table(["year", "team", "goals"], [["1999", "Red Lions", "3"], ["2001", "Blue Whales", "5"],
+                                               ["2000", "Green Geese", "5"]])
+    question = Question("q", "who scored more than 5 goals after 2000 ?", "hand")
+    tok = TableTokenizer(tokenizer, max_length=64)
+    whole = tok.encode(question, table, candidates=[(1, 1), (2, 1)])
+    row = tok.encode(question, table, candidates=[(1, 1), (2, 1)], rows=[2])
+    assert row.cell_coords == [[2, 0], [2, 1], [2, 2]] and row.candidates == [2] and row.candidates_dropped == 1
+    assert set(row.layout["row_ids"]) == {0, 3} and row.rows_dropped == 0 and not row.truncated
+    for name in ("row_ids", "column_ranks", "inv_column_ranks", "numeric_relations"):
+        assert _ids_by_cell(row, name) == {xy: ids for xy, ids in _ids_by_cell(whole, name).items() if xy[0] == 2}
+    header = [i for i, s in enumerate(whole.layout["segment_ids"]) if s and not whole.layout["row_ids"][i]]
+    assert row.input_ids[: header[-1] + 1] == whole.input_ids[: header[-1] + 1]  # [CLS] question [SEP] header
+
+
 def test_id_limits_drop_rows_and_columns_and_clip_ranks(tokenizer, caplog):
     table = _table([f"c{c}" for c in range(6)], [[str(r * 10 + c) for c in range(6)] for r in range(7)])
     tok = TableTokenizer(tokenizer, max_length=512, max_row_id=5, max_column_id=4, max_rank_id=3)

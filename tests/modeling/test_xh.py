@@ -33,7 +33,7 @@ def randomise(model: TransformerXH) -> TransformerXH:
     """Hop weights away from their [I | 0] start, so the hops really mix."""
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for hop in model.hops:
+        for hop in model.hop.hops:
             for param in hop.parameters():
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
     return model
@@ -77,9 +77,9 @@ def test_hop_gradients_are_finite_with_an_isolated_node(minilm):
     edges = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
     model = randomise(TransformerXH(minilm, hop_layers=1))
     model(ids, layout, edges)[:, 0].sum().backward()
-    grads = [p.grad for p in model.hops.parameters()]
+    grads = [p.grad for p in model.hop.hops.parameters()]
     assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
-    assert float(model.hops[0].query.weight.grad.abs().sum()) > 0  # node 0 weighs two neighbours
+    assert float(model.hop.hops[0].query.weight.grad.abs().sum()) > 0  # node 0 weighs two neighbours
 
 
 def test_bad_settings_are_one_line(minilm):
@@ -88,3 +88,73 @@ def test_bad_settings_are_one_line(minilm):
     ids, layout = nodes(4)
     with pytest.raises(MateError, match=r"edges has shape \(3, 3\)"):
         TransformerXH(minilm)(ids, layout, torch.ones(3, 3, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------- the HybridQA baseline (PointR stage 1)
+@pytest.fixture(scope="module")
+def hybridqa_graphs(sample_root):
+    """The graphs of 3 dev questions on tables of at most 10 rows (12 nodes of 48 tokens: passages too)."""
+    from mate_cli.data.graph import encode_graph
+    from mate_cli.data.hybridqa import HybridQAReader
+    from mate_cli.data.tokenize import TableTokenizer
+    from mate_cli.modeling.checkpoints import load_tokenizer
+
+    reader = HybridQAReader(sample_root)
+    tok = TableTokenizer(load_tokenizer("minilm"), max_length=48)
+    questions = [q for q in reader.questions("dev") if reader.table(q.table_id).num_rows <= 10][:3]
+    return [encode_graph(tok, q, reader.table(q.table_id), reader.passages(q.table_id),
+                         {"k": 0, "scope": "table", "method": "tfidf"}, max_nodes=12) for q in questions]
+
+
+def xh_module(minilm, hop_layers):
+    from mate_cli.lit_modules.xh import GraphCellSelectionModule
+
+    module = GraphCellSelectionModule(minilm, torch.optim.AdamW, None, hop_layers=hop_layers).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in module.hop.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+        module.head.token_scorer.weight.copy_(torch.randn(module.head.token_scorer.weight.shape, generator=generator))
+    return module
+
+
+def test_cell_logits_are_each_cells_token_mean_over_the_questions_row_nodes_whatever_the_batch(minilm, hybridqa_graphs):
+    from mate_cli.data.graph import GraphCollator
+
+    module = xh_module(minilm, hop_layers=2)
+    batch = GraphCollator(0)(hybridqa_graphs)
+    with torch.no_grad():
+        logits = module(batch)
+        hidden = module.hop(minilm, batch.input_ids, batch.layout, batch.edges)
+        tokens = module.head.token_scorer(hidden).squeeze(-1)
+    for q, graph in enumerate(hybridqa_graphs):
+        assert not bool(batch.cell_mask[q, 0]) and float(logits[q, 0]) == torch.finfo(logits.dtype).min
+        for k in range(1, len(graph["cell_coords"]) + 1):
+            mine = (batch.node_graph[:, None] == q) & (batch.layout.cell_ids == k) & batch.layout.attention_mask
+            assert torch.allclose(logits[q, k], tokens[mine].mean(), atol=1e-6)
+        with torch.no_grad():  # alone, padded differently: the same function
+            alone = module(GraphCollator(0)([graph]))
+        cells = batch.cell_mask[q]
+        assert float((alone[0, cells[: alone.shape[1]]] - logits[q, cells]).abs().max()) <= 1e-5
+
+
+def test_passage_evidence_reaches_the_cells_of_the_rows_that_link_it_through_two_hop_layers(minilm, hybridqa_graphs):
+    from mate_cli.data.graph import GraphCollator
+
+    graph = next(g for g in hybridqa_graphs if len(g["node_input_ids"]) > g["row_nodes"])
+    rows, passage = graph["row_nodes"], graph["row_nodes"]  # the first passage node
+    linked = {a for a, b in graph["edges"] if b == passage}
+    assert linked and len(linked) < rows, "the test needs a passage linked from some rows but not all"
+    changed = {**graph, "node_input_ids": [list(ids) for ids in graph["node_input_ids"]]}
+    start = graph["node_layouts"][passage]["segment_ids"].index(1)
+    changed["node_input_ids"][passage][start:] = [2023] * (len(changed["node_input_ids"][passage]) - start)
+    row_of = [xy[0] for xy in graph["cell_coords"]]
+    for hop_layers, reaches in ((1, False), (2, True)):
+        module = xh_module(minilm, hop_layers)
+        with torch.no_grad():
+            before, after = module(GraphCollator(0)([graph]))[0, 1:], module(GraphCollator(0)([changed]))[0, 1:]
+        moved = {row: float((after - before)[[r == row for r in row_of]].abs().max()) for row in set(row_of)}
+        # the last layer's hop only changes the hubs, which no cell token reads any more; one layer
+        # earlier, a linked row's hub reads the passage and its cell tokens read the hub
+        assert all((moved[r] > 1e-5) == reaches for r in linked), moved
+        assert all(moved[r] == 0.0 for r in set(row_of) - linked)  # two edges away: needs a third hop layer

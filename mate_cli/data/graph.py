@@ -1,0 +1,214 @@
+"""HybridQA as Transformer-XH graphs (Zhao et al. 2020): one graph of linked sequences per question.
+
+Nodes (each its own sequence, its [CLS] at position 0 the node's hub):
+
+- a **row node** per data row: ``[CLS] question [SEP] header row``, tokenized by
+  :class:`~mate_cli.data.tokenize.TableTokenizer` with ``rows=[r]``, so its row, column and
+  numeric ids are the whole table's. Its cell ids are renumbered across the question's
+  row nodes (the cells of row 0, then of row 1, ...), so the cell head pools the tokens of
+  every node into one softmax over the table's cells, as in PointR stage 1;
+- a **passage node** per passage linked from the kept rows, in order of first link
+  (row-major): ``[CLS] question [SEP] passage``, the passage's first word pieces (segment
+  1, no table ids, no cell), cut to the node length. When more are linked than nodes are
+  left, the ones kept are those closest to the question by TF-IDF cosine (the scorer of
+  PointR's expansion, :func:`~mate_cli.data.expand.tfidf_scores`, over whole passages;
+  ties: link order), still in link order.
+
+Edges, symmetric, no self-loops: a row and each passage one of its cells links to, and
+every two rows of the table. The edge pairs are stored per example; the collator builds
+a block-diagonal ``[nodes, nodes]`` adjacency, so no hop crosses questions.
+
+Sizes (``dataset.node_length``: tokens per node; ``dataset.max_nodes``: nodes per question;
+``dataset.max_length``, the other encoders' sequence length, is not used, so a profile that
+sets it, e.g. ``profile=paper``'s 2048, leaves the graph as it is):
+rows come first (beyond ``max_nodes``, or TAPAS's row-id limit, trailing rows are left out
+and counted), passages fill the nodes left (above). Row nodes hold the cells' own text unless
+``dataset.expansion.k`` > 0 (PointR's expansion inside the row; the XH experiment leaves
+the passages to their own nodes).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+import torch
+
+from mate_cli.data.datamodule import HybridQADataModule, _ExampleEncoder, cell_tensors
+from mate_cli.data.expand import expand_table, linked_passages, tfidf_scores
+from mate_cli.data.schema import Question, Table
+from mate_cli.data.tokenize import TableTokenizer, candidate_cells
+from mate_cli.errors import MateError
+from mate_cli.modeling.layout import ID_FIELDS, TableLayout
+
+
+def encode_graph(
+    tokenizer: TableTokenizer, question: Question, table: Table, passages: dict[str, str], expansion: Mapping,
+    max_nodes: int = 64,
+) -> dict:
+    """One question's graph as a plain dict (the module docstring): per node its
+    ``node_input_ids`` and ``node_layouts``; ``edges`` as ``[tau, eta]`` pairs; the question's
+    ``cell_coords`` and ``candidates`` (cell ids, as :func:`~mate_cli.data.datamodule.encode_question`)."""
+    num_rows = min(table.num_rows, tokenizer.max_row_id - 1, max_nodes)
+    cell_texts = expand_table(question, table, passages, **expansion)
+    rows = [tokenizer.encode(question, table, cell_texts=cell_texts, rows=[r]) for r in range(num_rows)]
+    if not rows:  # a table with no data row: one node, the question and the header, so no graph is empty
+        rows = [tokenizer.encode(question, table, cell_texts=cell_texts, rows=[])]
+    coords: list[list[int]] = []
+    for row in rows:  # the question's cell ids: row 0's cells, then row 1's, ...
+        row.layout["cell_ids"] = [k + len(coords) if k else 0 for k in row.layout["cell_ids"]]
+        coords.extend(row.cell_coords)
+    links = linked_passages(Table(table.table_id, table.header, table.rows[:num_rows]), passages)
+    kept = closest_passages(question.question, links, passages, max_nodes - num_rows)
+    q_ids, q_cut = tokenizer.question_pieces(question.question)
+    passage_nodes = [passage_node(tokenizer, q_ids, passages[link]) for link in kept]
+    edges = [[a, b] for a in range(num_rows) for b in range(num_rows) if a != b]
+    for j, link in enumerate(kept, start=len(rows)):  # passage nodes follow the row nodes
+        for r in range(num_rows):
+            if any(link in cell.links for cell in table.rows[r]):
+                edges += [[r, j], [j, r]]
+    cell_of = {tuple(xy): k + 1 for k, xy in enumerate(coords)}
+    gold = candidate_cells(question, table, passages)
+    candidates = sorted(cell_of[xy] for xy in gold if xy in cell_of)
+    return {
+        "question_id": question.question_id, "table_id": table.table_id,
+        "node_input_ids": [row.input_ids for row in rows] + [ids for ids, _, _ in passage_nodes],
+        "node_layouts": [row.layout for row in rows] + [layout for _, layout, _ in passage_nodes],
+        "edges": edges, "cell_coords": coords, "candidates": candidates, "row_nodes": num_rows,
+        "nodes": len(rows) + len(passage_nodes),
+        # rows over the node or row-id limit, and rows whose header and one token per cell did not fit a node
+        "rows_dropped": table.num_rows - num_rows + sum(row.rows_dropped for row in rows),
+        "passages_dropped": len(links) - len(kept), "candidates_dropped": len(gold) - len(candidates),
+        "truncated": bool(q_cut or any(row.truncated for row in rows) or any(cut for _, _, cut in passage_nodes)),
+    }
+
+
+def closest_passages(query: str, links: list[str], passages: dict[str, str], room: int) -> list[str]:
+    """``links`` when at most ``room``; else the ``room`` passages with the highest TF-IDF cosine
+    with ``query`` (ties: link order), in link order."""
+    if len(links) <= room:
+        return list(links)
+    scores = tfidf_scores(query, [passages[link] for link in links])
+    best = sorted(range(len(links)), key=lambda i: (-scores[i], i))[: max(0, room)]
+    return [links[i] for i in sorted(best)]
+
+
+def passage_node(tokenizer: TableTokenizer, q_ids: list[int], text: str) -> tuple[list[int], dict, bool]:
+    """``[CLS] question [SEP] passage`` cut to the node length: ``(ids, layout, whether cut)``;
+    the passage's tokens are segment 1, every other id 0."""
+    prefix = [tokenizer.tokenizer.cls_token_id, *q_ids, tokenizer.tokenizer.sep_token_id]
+    pieces = tokenizer.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    body = pieces[: max(0, tokenizer.max_length - len(prefix))]
+    layout = {name: [0] * (len(prefix) + len(body)) for name in ID_FIELDS}
+    layout["segment_ids"] = [0] * len(prefix) + [1] * len(body)
+    return prefix + body, layout, len(body) < len(pieces)
+
+
+@dataclass
+class GraphBatch:
+    """Collated graphs: the nodes of every question of the batch, one after the other.
+
+    Attributes:
+        input_ids: ``[nodes, seq]``; layout: their :class:`TableLayout`.
+        edges: ``[nodes, nodes]`` bool, ``edges[tau, eta]``: hub ``tau`` reads hub ``eta`` (no
+            edge between questions).
+        node_graph: ``[nodes]`` the question (batch index) of each node.
+        cell_mask, candidate_mask, cell_coords, question_ids, table_ids: per *question*, as
+            :class:`~mate_cli.data.schema.Batch`'s (the cell ids of the row nodes index them).
+    """
+
+    input_ids: torch.Tensor
+    layout: TableLayout
+    edges: torch.Tensor
+    node_graph: torch.Tensor
+    cell_mask: torch.Tensor
+    candidate_mask: torch.Tensor
+    cell_coords: torch.Tensor
+    question_ids: list[str]
+    table_ids: list[str]
+
+    def to(self, device) -> "GraphBatch":
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return type(self)(**{k: v.to(device) if hasattr(v, "to") else v for k, v in moved.items()})
+
+    def __len__(self) -> int:
+        """The number of questions (examples), not of nodes."""
+        return self.cell_mask.shape[0]
+
+
+class GraphCollator:
+    """Encoded graphs -> a :class:`GraphBatch` (nodes padded to the longest)."""
+
+    def __init__(self, pad_id: int = 0) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, examples: list[dict]) -> GraphBatch:
+        nodes = [ids for ex in examples for ids in ex["node_input_ids"]]
+        seq = max(len(ids) for ids in nodes)
+        input_ids = torch.full((len(nodes), seq), self.pad_id, dtype=torch.long)
+        for i, ids in enumerate(nodes):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+        edges = torch.zeros((len(nodes), len(nodes)), dtype=torch.bool)
+        node_graph, offset = [], 0
+        for g, ex in enumerate(examples):
+            if ex["edges"]:
+                pairs = torch.tensor(ex["edges"]) + offset
+                edges[pairs[:, 0], pairs[:, 1]] = True
+            node_graph += [g] * len(ex["node_input_ids"])
+            offset += len(ex["node_input_ids"])
+        return GraphBatch(
+            input_ids=input_ids, layout=TableLayout.from_lists([lay for ex in examples for lay in ex["node_layouts"]], seq),
+            edges=edges, node_graph=torch.tensor(node_graph, dtype=torch.long), **cell_tensors(examples),
+            question_ids=[ex["question_id"] for ex in examples], table_ids=[ex["table_id"] for ex in examples],
+        )
+
+
+class HybridQAGraphDataModule(HybridQADataModule):
+    """HybridQA cell selection over Transformer-XH graphs (the module docstring).
+
+    Args:
+        node_length: tokens per node, specials included.
+        max_nodes: nodes per question (rows first, then linked passages).
+        common: :class:`~mate_cli.data.datamodule.HybridQADataModule`'s keywords but
+            ``max_length`` (not used: the module docstring); ``expansion`` applies inside the
+            row nodes (``k: 0``: none).
+    """
+
+    kind = "graph"
+    length_keys = "dataset.node_length and dataset.max_nodes"
+
+    def __init__(self, *, node_length: int = 128, max_nodes: int = 64, **common) -> None:
+        common.pop("max_length", None)
+        super().__init__(max_length=node_length, **common)
+        if int(max_nodes) < 1:
+            raise MateError(f"dataset.max_nodes={max_nodes}: a graph needs at least one node; set it >= 1")
+        self.max_nodes = int(max_nodes)
+
+    def cache_payload(self, split: str) -> dict:
+        return {**super().cache_payload(split), "max_nodes": self.max_nodes}
+
+    def encode(self, questions: list[Question], split: str):
+        encoder = _ExampleEncoder(self.root, self.pretrained, self.max_length, self.expansion, self.max_question_tokens,
+                                  encode=functools.partial(encode_graph, max_nodes=self.max_nodes),
+                                  length_key="dataset.node_length")
+        return self._map(questions, encoder, "graph + tokenize")
+
+    def split_stats(self, ds) -> dict:
+        n = len(ds)
+        if n == 0:
+            return {"questions": 0}
+        nodes = [int(k) for k in ds["nodes"]]
+        return {
+            "questions": n,
+            "with_candidate": round(sum(1 for c in ds["candidates"] if c) / n, 4),
+            "nodes_mean": round(sum(nodes) / n, 2), "nodes_max": max(nodes),
+            "row_nodes": sum(int(r) for r in ds["row_nodes"]),
+            "rows_dropped": sum(int(r) for r in ds["rows_dropped"]),
+            "passages_dropped": sum(int(p) for p in ds["passages_dropped"]),
+            "candidates_dropped": sum(int(c) for c in ds["candidates_dropped"]),
+            "questions_with_a_node_cut": sum(bool(t) for t in ds["truncated"]),
+        }
+
+    def collator(self) -> GraphCollator:
+        return GraphCollator(self.pad_id)

@@ -1,0 +1,70 @@
+"""Transformer-XH (Zhao et al. 2020) as a PointR stage-1 baseline on HybridQA graphs.
+
+The encoder reads every node of a question's graph (:mod:`mate_cli.data.graph`) with hop
+attention between the nodes' hubs (:mod:`mate_cli.modeling.xh`); the cell head scores the
+row nodes' tokens, and a cell's logit is the mean over its tokens, pooled across the
+question's nodes (its cell ids are the question's). Loss (MML), metrics (Hits@1/3/5),
+prediction output and logging are :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule`'s,
+so its runs compare with the other stage-1 encoders in one sweep and one ``mate report``.
+
+Cell scores read tokens, not hubs: a hop in layer ``l`` changes hub states that the tokens
+of layer ``l + 1`` read, so passage evidence reaches a row's cell scores through the hops
+of every layer but the last (which changes only the final hub states; it is frozen, see
+:class:`GraphCellSelectionModule`), one edge per layer: ``hop_layers=L`` carries it at most
+``L - 1`` edges (a passage's own rows need ``L >= 2``, rows linked to them ``L >= 3``). A hop
+in the first layer carries nothing: every hub there is the same [CLS] embedding (same id,
+position 0, segment 0), so with every layer hopping (``null``, the paper's) evidence
+travels ``num_layers - 2`` edges (4 for MiniLM's 6 layers).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+from torch import nn
+
+from mate_cli.data.graph import GraphBatch
+from mate_cli.lit_modules.cell_selection import CellSelectionModule
+from mate_cli.modeling.heads import masked_fill_invalid, pool_cells
+from mate_cli.modeling.xh import HopLayers
+
+log = logging.getLogger(__name__)
+
+
+class GraphCellSelectionModule(CellSelectionModule):
+    """Cell selection with Transformer-XH.
+
+    Args:
+        encoder, optimizer, scheduler, mml, extra: as :class:`CellSelectionModule`.
+        hop_layers: how many of the encoder's last layers get hop attention; ``None``: all (the paper's).
+    """
+
+    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None, mml: bool = True,
+                 hop_layers: int | None = None, **extra) -> None:
+        super().__init__(encoder, optimizer, scheduler, mml=mml, **extra)
+        self.hop = HopLayers(encoder.config, hop_layers)
+        if self.hop.hops and self.extra is None:
+            # the last layer's hop changes only the hubs' outputs, which no cell score reads: kept (the
+            # paper's architecture), frozen, so no optimiser step decays it and DDP waits for no gradient
+            self.hop.hops[-1].requires_grad_(False)
+
+    def forward(self, batch: GraphBatch) -> torch.Tensor:
+        """Cell logits ``[questions, cells + 1]``."""
+        hidden = self.hop(self.encoder, batch.input_ids, batch.layout, batch.edges)
+        if self.extra is not None:
+            hidden = self.extra(hidden, batch.layout.attention_mask)
+        token_logits = self.head.token_scorer(hidden).squeeze(-1)  # [nodes, seq]
+        questions, width = batch.cell_mask.shape
+        # one pooling over the whole batch: token -> (its question, its cell) as one flat id
+        ids = batch.node_graph[:, None] * width + batch.layout.cell_ids * batch.layout.attention_mask
+        pooled = pool_cells(token_logits.reshape(1, -1), ids.reshape(1, -1), questions * width - 1)
+        not_a_cell = torch.zeros_like(batch.cell_mask)
+        not_a_cell[:, 0] = True  # each question's id 0: its query, header and passage tokens
+        return masked_fill_invalid(pooled.view(questions, width), ~not_a_cell)
+
+    def export_pretrained(self, directory, tokenizer=None):
+        log.warning("export_encoder: the encoder alone, without its hop layers: it reads each node on its own, which "
+                    "is not the Transformer-XH model that was trained")
+        return super().export_pretrained(directory, tokenizer=tokenizer)
