@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from mate_cli.errors import MateError
@@ -187,6 +188,9 @@ class TableEncoder(nn.Module):
             (the Hydra partial of ``conf/attention/<name>.yaml``), or a registered name.
         max_length: the longest sequence the model will see (passed to the backends);
             default ``config.max_position_embeddings``.
+        gradient_checkpointing: keep only each layer's input while gradients are recorded and
+            recompute the layer in the backward pass (dropout replays the same masks), trading
+            one more forward for activation memory. The function and its gradients are the same.
     """
 
     def __init__(
@@ -194,8 +198,10 @@ class TableEncoder(nn.Module):
         config: EncoderConfig,
         attention: Callable[..., AttentionBackend] | str = "dense",
         max_length: int | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
+        self.gradient_checkpointing = bool(gradient_checkpointing)
         if config.hidden_size % config.num_heads:
             raise MateError(
                 f"model.hidden_size={config.hidden_size} is not divisible by model.num_heads={config.num_heads}; "
@@ -279,8 +285,15 @@ class TableEncoder(nn.Module):
         """
         hidden, layout, num_prefix = self.embed(input_ids, layout)
         for layer in self.encoder.layer:
-            hidden = layer(hidden, layout)
+            hidden = self.run_layer(layer, hidden, layout)
         return hidden[:, num_prefix:] if num_prefix else hidden
+
+    def run_layer(self, layer: Layer, hidden: torch.Tensor, layout: TableLayout | None,
+                  mix: ContextMix | None = None) -> torch.Tensor:
+        """One of this encoder's layers, under gradient checkpointing when it is on and gradients are recorded."""
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(layer, hidden, layout, mix, use_reentrant=False)
+        return layer(hidden, layout, mix)
 
     def embed(self, input_ids: torch.Tensor, layout: TableLayout | None) -> tuple[torch.Tensor, TableLayout | None, int]:
         """The first layer's input: ``(hidden, layout, num_prefix)`` after the embeddings and the
@@ -303,6 +316,7 @@ class TableEncoder(nn.Module):
         attention: Callable[..., AttentionBackend] | str,
         max_length: int | None = None,
         reset_position_index_per_cell: bool | None = None,
+        gradient_checkpointing: bool = False,
         **config_overrides: Any,
     ) -> "TableEncoder":
         """Build from a BERT or TAPAS checkpoint.
@@ -313,6 +327,7 @@ class TableEncoder(nn.Module):
             max_length: longest sequence (default: the checkpoint's ``max_position_embeddings``).
             reset_position_index_per_cell: per-cell positions; default: a TAPAS
                 checkpoint's own setting, else on iff ``max_length`` exceeds the position table.
+            gradient_checkpointing: see the class.
             config_overrides: any :class:`EncoderConfig` field (e.g. ``hidden_dropout=0.0``).
         """
         resolved = checkpoints.resolve_pretrained(pretrained)
@@ -334,7 +349,7 @@ class TableEncoder(nn.Module):
             config.reset_position_index_per_cell = bool(reset_position_index_per_cell)
         elif model_type != "tapas":
             config.reset_position_index_per_cell = length > config.max_position_embeddings
-        model = cls(config, attention, max_length=length)
+        model = cls(config, attention, max_length=length, gradient_checkpointing=gradient_checkpointing)
         state = checkpoints.rename_state_dict(checkpoints.read_state_dict(checkpoints.weight_files(resolved)))
         checkpoints.load_state_dict(model, state, source=str(pretrained))
         return model

@@ -104,7 +104,8 @@ class HopLayers(nn.Module):
         edges = edges.to(hidden.device).bool()
         for i, layer in enumerate(encoder.encoder.layer):
             hop = self.hops[i - self.first_hop] if i >= self.first_hop else None
-            hidden = layer(hidden, layout, None if hop is None else functools.partial(hop, edges=edges))
+            mix = None if hop is None else functools.partial(hop, edges=edges)
+            hidden = encoder.run_layer(layer, hidden, layout, mix)
         return hidden
 
 

@@ -236,3 +236,38 @@ def test_encoder_computes_one_function(name, options):
         diffs[f"alone vs batched ({mode})"] = (outputs["short"][i] - outputs["batch"][i][1:, :n]).abs().max().item()
     log.info("encoder %s %s: %s", name, options, ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
     assert max(diffs.values()) <= TOL, diffs
+
+
+@pytest.mark.parametrize("name,options", [("dense", {}), *ENCODER_CONFIGS[:2]],
+                         ids=["dense", *(case_id(*config) for config in ENCODER_CONFIGS[:2])])
+def test_gradient_checkpointing_keeps_the_function_and_its_gradients_with_dropout_on(name, options):
+    """``model.encoder.gradient_checkpointing=true`` recomputes each layer in the backward pass: the same
+    outputs and parameter gradients in training (dropout replays its masks), and nothing saved per layer."""
+    short, _ = layouts()
+    torch.manual_seed(0)
+    config = EncoderConfig(
+        vocab_size=64, hidden_size=HEADS * HEAD_DIM, num_layers=2, num_heads=HEADS, intermediate_size=64,
+        max_position_embeddings=64, hidden_dropout=0.1, attention_dropout=0.1, reset_position_index_per_cell=True,
+    )
+    model = TableEncoder(config, functools.partial(REGISTRY[name], **OPTIONS.get(name, {}), **options),
+                         max_length=short.seq_len).train()
+    ids = torch.randint(1, 64, (1, short.seq_len), generator=torch.Generator().manual_seed(5))
+    runs = {}
+    for on in (False, True):
+        model.gradient_checkpointing = on
+        model.zero_grad()
+        torch.manual_seed(7)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            out = model(ids, short.with_fields())
+        out.square().mean().backward()
+        runs[on] = (out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                    sum(saved))
+    (plain, plain_grads, plain_saved), (ckpt, ckpt_grads, ckpt_saved) = runs[False], runs[True]
+    model.eval()
+    with torch.no_grad():
+        assert (model(ids, short.with_fields()) - plain).abs().max() > 1e-3  # dropout was really on
+    assert torch.allclose(ckpt, plain, atol=1e-6) and plain_grads.keys() == ckpt_grads.keys()
+    assert max((ckpt_grads[n] - g).abs().max().item() for n, g in plain_grads.items()) <= 1e-6
+    log.info("%s: saved %d vs %d values", name, ckpt_saved, plain_saved)
+    assert ckpt_saved < plain_saved / 4  # only the layers' inputs were kept for the backward pass
