@@ -30,14 +30,14 @@ the passages to their own nodes).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
 from mate_cli.data.datamodule import HybridQADataModule, _ExampleEncoder, cell_tensors
 from mate_cli.data.expand import expand_table, linked_passages, tfidf_scores
-from mate_cli.data.schema import Question, Table
+from mate_cli.data.schema import Question, Table, moved_to
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.modeling.layout import ID_FIELDS, TableLayout
@@ -129,8 +129,7 @@ class GraphBatch:
     table_ids: list[str]
 
     def to(self, device) -> "GraphBatch":
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return type(self)(**{k: v.to(device) if hasattr(v, "to") else v for k, v in moved.items()})
+        return moved_to(self, device)
 
     def __len__(self) -> int:
         """The number of questions (examples), not of nodes."""

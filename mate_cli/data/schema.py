@@ -112,6 +112,12 @@ class EncodedExample:
     tokens_pruned: int = 0
 
 
+def moved_to(record, device):
+    """A copy of the dataclass ``record`` with every field that has ``.to`` (tensors, layouts) on ``device``."""
+    values = {f.name: getattr(record, f.name) for f in fields(record)}
+    return type(record)(**{k: v.to(device) if hasattr(v, "to") else v for k, v in values.items()})
+
+
 @dataclass
 class Batch:
     """A collated batch for cell selection.
@@ -135,8 +141,7 @@ class Batch:
 
     def to(self, device) -> "Batch":
         """The same batch with every tensor (and the layout) on ``device``."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return type(self)(**{k: v.to(device) if hasattr(v, "to") else v for k, v in moved.items()})
+        return moved_to(self, device)
 
     def select(self, index: list[int]) -> "Batch":
         """The sub-batch of the examples at ``index`` (in that order)."""
