@@ -196,6 +196,16 @@ def _fold_windows(
 
 
 
+def _kernel_rows(q, k, v, plan: BucketPlan):
+    """q, k, v as ``[rows, D]`` in one row layout, and each sorted slot's row: ``(qf, kf, vf, src, kind)``."""
+    B, H, N, D = q.shape
+    flats = [_flat_rows(x) for x in (q, k, v)]
+    if len({kind for _, kind in flats}) > 1:  # one row layout for all three
+        flats = [(x.contiguous().view(-1, D), "bhnd") for x in (q, k, v)]
+    (qf, kind), (kf, _), (vf, _) = flats
+    return qf, kf, vf, plan.source_rows(kind).view(B * H, plan.padded_len), kind
+
+
 def _fused_cpu_forward(q, k, v, plan: BucketPlan) -> torch.Tensor:
     """The forward in the compiled CPU kernels (:mod:`.mate_cpu_kernel`): no sorted copies.
 
@@ -204,18 +214,32 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan) -> torch.Tensor:
     ``[B, H, N, D]``): long rows first, then the dense query rows (disjoint rows).
     """
     B, H, N, D = q.shape
-    R, T = plan.radius, plan.padded_len
-    flats = [_flat_rows(x) for x in (q, k, v)]
-    if len({kind for _, kind in flats}) > 1:  # one row layout for all three
-        flats = [(x.contiguous().view(-1, D), "bhnd") for x in (q, k, v)]
-    (qf, kind), (kf, _), (vf, _) = flats
-    src = plan.source_rows(kind).view(B * H, T)
+    qf, kf, vf, src, _ = _kernel_rows(q, k, v, plan)
     allowed, keys, free, head_view, real = plan.kernel_args
     out = q.new_empty(B * N * H, D)
-    mate_cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, R, D**-0.5)
+    mate_cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, plan.radius, D**-0.5)
     if plan.dense_rows:
         mate_cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, H, out, D**-0.5)
     return out.view(B, N, H, D).transpose(1, 2)
+
+
+def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan) -> tuple[torch.Tensor, ...]:
+    """dq, dk, dv of :func:`_fused_cpu_forward` in the compiled CPU kernel (recomputes the
+    probabilities bucket by bucket; nothing sorted is materialised). ``out`` is the
+    forward's result (a view of a ``[B, N, H, D]`` buffer)."""
+    B, H, N, D = q.shape
+    qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
+    grad_rows = grad_out.transpose(1, 2).contiguous().view(-1, D)  # the output's [B, N, H, D] rows
+    delta = torch.linalg.vecdot(grad_rows, out.transpose(1, 2).reshape(-1, D))  # rowsum(dO * O)
+    grads = [torch.empty_like(qf) for _ in range(3)]
+    allowed, keys, free, head_view, real = plan.kernel_args
+    mate_cpu_kernel.bucketed_backward(
+        qf, kf, vf, grad_rows, delta, src, plan.dest_rows, allowed, keys, free, head_view, real,
+        *grads, plan.radius, D**-0.5,
+    )  # fmt: skip
+    if kind == "bnhd":
+        return tuple(g.view(B, N, H, D).transpose(1, 2) for g in grads)
+    return tuple(g.view(B, H, N, D) for g in grads)
 
 
 def _torch_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace) -> torch.Tensor:
@@ -271,13 +295,15 @@ class _BucketedAttention(torch.autograd.Function):
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out)  # backward sorts k, v again (cheap, warm buffer)
             ctx.plan, ctx.dropout_p, ctx.seed, ctx.shape = plan, dropout_p, seed, (B, H, N, D)
-            ctx.workspace = workspace
+            ctx.workspace, ctx.fused_cpu = workspace, fused_cpu
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out = ctx.saved_tensors
         plan, p, seed, workspace = ctx.plan, ctx.dropout_p, ctx.seed, ctx.workspace
+        if ctx.fused_cpu:  # the kernel ran the forward, so it applies (float32 CPU, no dropout)
+            return (*_fused_cpu_backward(q, k, v, out, grad_out, plan), None, None, None, None, None)
         B, H, N, D = ctx.shape
         R, P, T = plan.radius, plan.dense_rows, plan.padded_len
         BH = B * H

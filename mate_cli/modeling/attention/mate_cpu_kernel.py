@@ -11,8 +11,9 @@ backend runs its pure-torch path: same function, ~1.35x slower at 8192 tokens (B
 ``MATE_CPU_KERNEL=0`` turns it off; ``make install`` builds it ahead of time
 (:func:`main`).
 
-Scope: float32 CPU forward (long rows and dense query rows) with no attention
-dropout. Everything else (backward, dropout, bf16, CUDA) stays in the torch path
+Scope: float32 on CPU with no attention dropout: the forward (long rows and dense
+query rows) and its backward (the probabilities recomputed bucket by bucket, dK and dV
+accumulated per head). Everything else (dropout, bf16, CUDA) stays in the torch path
 of ``mate_bucketed.py``, which also decides when to call this (``use_cpu_kernel``).
 """
 
@@ -137,13 +138,22 @@ def _register_flops() -> None:
 
     Long rows, per bucket ``f``: ``R`` rows x ``D`` against ``keys[f]`` global + ``3R``
     window keys, twice (scores, context): ``4 R D (keys[f] + 3R)``. Dense rows, per
-    head of example b: ``4 free[b] real[b] D``.
+    head of example b: ``4 free[b] real[b] D``. The backward does five such GEMMs
+    (recomputed scores, dP, dV, dQ, dK): ``10 R D (keys[f] + 3R)`` and ``10 free[b] real[b] D``,
+    the GEMMs of the torch path's backward (which reads per chunk, not per bucket, global keys).
     """
     from torch.utils.flop_counter import register_flop_formula
 
     @register_flop_formula(torch.ops.mate_cpu.bucketed_forward, get_raw=True)
     def _long(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale, *args, out_val=None, **kwargs):
         return 4 * radius * q.shape[-1] * (int(keys.sum()) + 3 * radius * keys.numel())
+
+    @register_flop_formula(torch.ops.mate_cpu.bucketed_backward, get_raw=True)
+    def _backward(q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, dq, dk, dv, radius, scale,
+                  *args, out_val=None, **kwargs):  # fmt: skip
+        D, heads = q.shape[-1], head_view.numel()
+        long_part = 10 * radius * D * (int(keys.sum()) + 3 * radius * keys.numel())
+        return long_part + 10 * D * heads * int((free.long() * real.long().clamp(min=1)).sum())
 
     @register_flop_formula(torch.ops.mate_cpu.dense_forward, get_raw=True)
     def _dense(q, k, v, src, dst, free, real, heads, out, scale, *args, out_val=None, **kwargs):
@@ -167,6 +177,14 @@ def bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, rad
 def dense_forward(q, k, v, src, dst, free, real, heads: int, out, scale: float) -> None:
     """Dense (query-set) rows ``[0, free[b])`` of each head into ``out``."""
     torch.ops.mate_cpu.dense_forward(q, k, v, src, dst, free, real, heads, out, scale)
+
+
+def bucketed_backward(q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, dq, dk, dv,
+                      radius: int, scale: float) -> None:
+    """dq, dk, dv of both forwards into ``dq, dk, dv`` (see the C++ source for the arguments)."""
+    torch.ops.mate_cpu.bucketed_backward(
+        q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, dq, dk, dv, radius, scale
+    )
 
 
 def main() -> None:

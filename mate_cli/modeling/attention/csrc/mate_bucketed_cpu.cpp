@@ -83,12 +83,14 @@ inline float exp_nonpositive(float x) {
 struct Rows {
   const float* base;
   const int64_t* index;  // sorted slot -> row of base
+  const int64_t* valid;  // sorted slot -> output row, -1 for slots >= N (read as zeros)
   int64_t D;
   int64_t T;
-  // rows [s0, s1) of head bh's sorted order into dst (slots outside [0, T): zeros)
+  // rows [s0, s1) of head bh's sorted order into dst (slots outside [0, N): zeros, as
+  // in the torch path's sorted buffers)
   void gather(int64_t bh, int64_t s0, int64_t s1, float* dst) const {
     for (int64_t s = s0; s < s1; ++s, dst += D) {
-      if (s < 0 || s >= T) {
+      if (s < 0 || s >= T || valid[bh * T + s] < 0) {
         std::memset(dst, 0, sizeof(float) * D);
       } else {
         std::memcpy(dst, base + index[bh * T + s] * D, sizeof(float) * D);
@@ -120,6 +122,38 @@ inline float exp_row(float* row, int width, float mx) {
 
 constexpr int64_t kWindowCap = 32;  // buckets of k/v rows a thread keeps (>= 3)
 
+// Softmax numerators of one bucket's R rows over [g globals ; 3R window] into S (row
+// stride g + 3R): scores of the pre-scaled queries qs against kg and k_window, MATE's
+// mask (a: the first row's allowed flags, AW per row, window flags from G), then
+// exp(x - row max); inv[i] = 1 / row sum. The first fr_b global keys (the query set)
+// are allowed for every row. Shared by the forward and the backward (which recomputes).
+inline void bucket_numerators(int64_t R, int g, int w3, int d, int64_t G, int64_t AW, int fr_b, const float* qs,
+                              const float* kg, const float* k_window, const bool* a, float* S, float* inv) {
+  const int width = g + w3;
+  gemm_nt(static_cast<int>(R), g, d, qs, d, kg, d, 0.0f, S, width);
+  gemm_nt(static_cast<int>(R), w3, d, qs, d, k_window, d, 0.0f, S + g, width);
+  for (int64_t i = 0; i < R; ++i, a += AW) {
+    float* row = S + i * width;
+    // mask + row max; the mask as arithmetic (x + (1 - allowed) * kMasked, which is
+    // kMasked for a masked key) so the loops vectorise instead of branching
+    float mx = kMasked;
+    for (int j = 0; j < fr_b; ++j) mx = std::max(mx, row[j]);
+    for (int j = fr_b; j < g; ++j) {
+      const float x = row[j] + static_cast<float>(1 - static_cast<int>(a[j])) * kMasked;
+      row[j] = x;
+      mx = std::max(mx, x);
+    }
+    float* win = row + g;
+    const bool* aw = a + G;
+    for (int j = 0; j < w3; ++j) {
+      const float x = win[j] + static_cast<float>(1 - static_cast<int>(aw[j])) * kMasked;
+      win[j] = x;
+      mx = std::max(mx, x);
+    }
+    inv[i] = 1.0f / exp_row(row, width, mx);
+  }
+}
+
 void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
                       const at::Tensor& dst, const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
                       const at::Tensor& head_view, at::Tensor out, int64_t radius, double scale) {
@@ -129,9 +163,10 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
   TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb,
               "mate bucketed_forward: inconsistent shapes");
-  const Rows Q{q.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
-  const Rows K{k.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
-  const Rows Vr{v.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
+  const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
+  const Rows Q{q.data_ptr<float>(), sp, vp, D, T};
+  const Rows K{k.data_ptr<float>(), sp, vp, D, T};
+  const Rows Vr{v.data_ptr<float>(), sp, vp, D, T};
   const int64_t* dp = dst.data_ptr<int64_t>();
   const bool* al = allowed.data_ptr<bool>();
   const int32_t* kk = keys.data_ptr<int32_t>();
@@ -175,29 +210,8 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       Q.gather(bh, n * R, (n + 1) * R, qbuf.data());
       for (int64_t e = 0; e < R * D; ++e) qbuf[e] *= sc;
       float* S = sbuf.data();
-      gemm_nt(static_cast<int>(R), g, d, qbuf.data(), d, kg.data(), d, 0.0f, S, width);
-      gemm_nt(static_cast<int>(R), w3, d, qbuf.data(), d, k_window, d, 0.0f, S + g, width);
-      for (int64_t i = 0; i < R; ++i) {
-        float* row = S + i * width;
-        const bool* a = al + ((b * V + view) * T + n * R + i) * AW;
-        // mask + row max; the mask as arithmetic (x + (1 - allowed) * kMasked, which is
-        // kMasked for a masked key) so the loops vectorise instead of branching
-        float mx = kMasked;
-        for (int j = 0; j < fr_b; ++j) mx = std::max(mx, row[j]);  // the query set: never masked
-        for (int j = fr_b; j < g; ++j) {
-          const float x = row[j] + static_cast<float>(1 - static_cast<int>(a[j])) * kMasked;
-          row[j] = x;
-          mx = std::max(mx, x);
-        }
-        float* win = row + g;
-        const bool* aw = a + G;
-        for (int j = 0; j < w3; ++j) {
-          const float x = win[j] + static_cast<float>(1 - static_cast<int>(aw[j])) * kMasked;
-          win[j] = x;
-          mx = std::max(mx, x);
-        }
-        inv[i] = 1.0f / exp_row(row, width, mx);
-      }
+      bucket_numerators(R, g, w3, d, G, AW, fr_b, qbuf.data(), kg.data(), k_window,
+                        al + ((b * V + view) * T + n * R) * AW, S, inv.data());
       float* o = obuf.data();
       gemm_nn(static_cast<int>(R), d, g, S, width, vg.data(), d, 0.0f, o, d);
       gemm_nn(static_cast<int>(R), d, w3, S + g, width, v_window, d, 1.0f, o, d);
@@ -222,9 +236,10 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   check("mate dense_forward", {&q, &k, &v, &out, &src, &dst, &free, &real}, 4);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
   TORCH_CHECK(BH % heads == 0 && free.numel() == BH / heads, "mate dense_forward: inconsistent shapes");
-  const Rows Q{q.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
-  const Rows K{k.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
-  const Rows Vr{v.data_ptr<float>(), src.data_ptr<int64_t>(), D, T};
+  const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
+  const Rows Q{q.data_ptr<float>(), sp, vp, D, T};
+  const Rows K{k.data_ptr<float>(), sp, vp, D, T};
+  const Rows Vr{v.data_ptr<float>(), sp, vp, D, T};
   const int64_t* dp = dst.data_ptr<int64_t>();
   const int32_t* fr = free.data_ptr<int32_t>();
   const int32_t* rl = real.data_ptr<int32_t>();
@@ -276,6 +291,158 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   });
 }
 
+
+// Row-major C[m, n] = A[k, m]^T . B[k, n] (+ beta C).
+inline void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                    int ldc) {
+  const float one = 1.0f;
+  sgemm_("N", "T", &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
+}
+
+// dS = P * (dP - delta_i) in place over dP, row by row (rows of width w, stride ld).
+inline void softmax_grad_rows(int64_t rows, int w, int ld, const float* P, float* dP, const float* delta) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* p = P + i * ld;
+    float* dp = dP + i * ld;
+    const float di = delta[i];
+    for (int j = 0; j < w; ++j) dp[j] = p[j] * (dp[j] - di);
+  }
+}
+
+// Backward of both forwards, fused (flash-attention style: the probabilities are
+// recomputed, never stored). One task per head: the head's q (pre-scaled), k, v and dO
+// rows are gathered into sorted order once; each bucket of long rows recomputes its
+// R x (g + 3R) probabilities exactly as bucketed_forward does, then
+//   dP = dO [Vg ; Vw]^T,  dV += P^T dO,  dS = P * (dP - rowsum(dO * O)),
+//   dQ = scale dS [Kg ; Kw],  dK += scale dS^T Q
+// with dK, dV accumulated in sorted order (a key is read by up to three buckets'
+// windows and, if global, by every bucket) and written to their rows once at the end.
+// The dense rows [0, free[b]) do the same over the real keys [0, real[b]); the long
+// part skips them (their gradient comes from the dense part only, as in the forward).
+// Heads own disjoint rows, so tasks never write the same memory.
+// Extra inputs: grad_out [rows, D] and delta [rows] = rowsum(grad_out * out), in the
+// output row layout (dst);
+// dq, dk, dv [rows, D] in the input row layout (src), every row written.
+void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& grad_out,
+                       const at::Tensor& delta, const at::Tensor& src, const at::Tensor& dst,
+                       const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
+                       const at::Tensor& head_view, const at::Tensor& real, at::Tensor dq, at::Tensor dk, at::Tensor dv,
+                       int64_t radius, double scale) {
+  check("mate bucketed_backward",
+        {&q, &k, &v, &grad_out, &delta, &dq, &dk, &dv, &src, &dst, &allowed, &keys, &free, &head_view, &real}, 8);
+  const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
+  const int64_t R = radius, nb = T / R, H = head_view.size(0);
+  const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
+  TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb,
+              "mate bucketed_backward: inconsistent shapes");
+  const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
+  const Rows Q{q.data_ptr<float>(), sp, vp, D, T};
+  const Rows K{k.data_ptr<float>(), sp, vp, D, T};
+  const Rows Vr{v.data_ptr<float>(), sp, vp, D, T};
+  const Rows dO{grad_out.data_ptr<float>(), vp, vp, D, T};
+  const float* dl = delta.data_ptr<float>();
+  const bool* al = allowed.data_ptr<bool>();
+  const int32_t* kk = keys.data_ptr<int32_t>();
+  const int32_t* fr = free.data_ptr<int32_t>();
+  const int32_t* hv = head_view.data_ptr<int32_t>();
+  const int32_t* rl = real.data_ptr<int32_t>();
+  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int d = static_cast<int>(D), w3 = static_cast<int>(3 * R), r = static_cast<int>(R);
+
+  at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+    // sorted rows of one head; k, v and their gradients with one bucket of zeros on each
+    // side, so that every window (slots [(n-1)R, (n+2)R)) is a plain pointer
+    const int64_t padded = (T + 2 * R) * D;
+    std::vector<float> qs(T * D), go(T * D), dlt(T);
+    std::vector<float> kp(padded), vpad(padded), dkp_s(padded), dvp_s(padded);
+    std::vector<float> P(R * (G + 3 * R)), dP(R * (G + 3 * R)), inv(R), dob(R * D), dqb(R * D);
+    std::vector<float> Pd, dPd;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, view = hv[bh % H];
+      const int fr_all = fr[b];
+      Q.gather(bh, 0, T, qs.data());
+      for (auto& x : qs) x *= sc;
+      K.gather(bh, -R, T + R, kp.data());
+      Vr.gather(bh, -R, T + R, vpad.data());
+      dO.gather(bh, 0, T, go.data());
+      for (int64_t s = 0; s < T; ++s) dlt[s] = vp[bh * T + s] < 0 ? 0.0f : dl[vp[bh * T + s]];
+      std::fill(dkp_s.begin(), dkp_s.end(), 0.0f);
+      std::fill(dvp_s.begin(), dvp_s.end(), 0.0f);
+      const float* kg = kp.data() + R * D;  // slot 0
+      const float* vg = vpad.data() + R * D;
+      float* dkg = dkp_s.data() + R * D;
+      float* dvg = dvp_s.data() + R * D;
+
+      for (int64_t n = 0; n < nb; ++n) {
+        const int64_t s0 = n * R;
+        if (s0 + R <= fr_all || vp[bh * T + s0] < 0) continue;  // all dense rows, or all padding slots
+        const int g = kk[bh * nb + n], width = g + w3, fr_b = std::min<int>(fr_all, g);
+        float* Pb = P.data();
+        bucket_numerators(R, g, w3, d, G, AW, fr_b, qs.data() + s0 * D, kg, kp.data() + s0 * D,
+                          al + ((b * V + view) * T + s0) * AW, Pb, inv.data());
+        // normalise; rows the long part does not answer (dense rows) get dO = 0
+        for (int64_t i = 0; i < R; ++i) {
+          float* row = Pb + i * width;
+          for (int j = 0; j < width; ++j) row[j] *= inv[i];
+          const bool mine = s0 + i >= fr_all;
+          std::memcpy(dob.data() + i * D, go.data() + (s0 + i) * D, sizeof(float) * D);
+          if (!mine) std::memset(dob.data() + i * D, 0, sizeof(float) * D);
+          inv[i] = mine ? dlt[s0 + i] : 0.0f;  // reused as this bucket's delta
+        }
+        float* dPb = dP.data();
+        gemm_nt(r, g, d, dob.data(), d, vg, d, 0.0f, dPb, width);
+        gemm_nt(r, w3, d, dob.data(), d, vpad.data() + s0 * D, d, 0.0f, dPb + g, width);
+        gemm_tn(g, d, r, Pb, width, dob.data(), d, 1.0f, dvg, d);
+        gemm_tn(w3, d, r, Pb + g, width, dob.data(), d, 1.0f, dvp_s.data() + s0 * D, d);
+        softmax_grad_rows(R, width, width, Pb, dPb, inv.data());
+        gemm_nn(r, d, g, dPb, width, kg, d, 0.0f, dqb.data(), d);
+        gemm_nn(r, d, w3, dPb + g, width, kp.data() + s0 * D, d, 1.0f, dqb.data(), d);
+        gemm_tn(g, d, r, dPb, width, qs.data() + s0 * D, d, 1.0f, dkg, d);
+        gemm_tn(w3, d, r, dPb + g, width, qs.data() + s0 * D, d, 1.0f, dkp_s.data() + s0 * D, d);
+        for (int64_t i = 0; i < R; ++i) {
+          const int64_t slot = s0 + i;
+          if (slot < fr_all || vp[bh * T + slot] < 0) continue;
+          float* target = dqp + sp[bh * T + slot] * D;
+          for (int64_t e = 0; e < D; ++e) target[e] = dqb[i * D + e] * sc;
+        }
+      }
+
+      if (fr_all > 0) {  // dense rows over the real keys
+        const int m = fr_all, nk = static_cast<int>(std::max<int64_t>(rl[b], 1));
+        Pd.resize(static_cast<size_t>(m) * nk);
+        dPd.resize(static_cast<size_t>(m) * nk);
+        gemm_nt(m, nk, d, qs.data(), d, kg, d, 0.0f, Pd.data(), nk);
+        for (int i = 0; i < m; ++i) {
+          float* row = Pd.data() + static_cast<int64_t>(i) * nk;
+          float mx = kMasked;
+          for (int j = 0; j < nk; ++j) mx = std::max(mx, row[j]);
+          const float s = 1.0f / exp_row(row, nk, mx);
+          for (int j = 0; j < nk; ++j) row[j] *= s;
+        }
+        gemm_nt(m, nk, d, go.data(), d, vg, d, 0.0f, dPd.data(), nk);
+        gemm_tn(nk, d, m, Pd.data(), nk, go.data(), d, 1.0f, dvg, d);
+        softmax_grad_rows(m, nk, nk, Pd.data(), dPd.data(), dlt.data());
+        dqb.resize(static_cast<size_t>(std::max<int64_t>(m, R)) * D);
+        gemm_nn(m, d, nk, dPd.data(), nk, kg, d, 0.0f, dqb.data(), d);
+        gemm_tn(nk, d, m, dPd.data(), nk, qs.data(), d, 1.0f, dkg, d);
+        for (int i = 0; i < m; ++i) {
+          if (vp[bh * T + i] < 0) continue;
+          float* target = dqp + sp[bh * T + i] * D;
+          for (int64_t e = 0; e < D; ++e) target[e] = dqb[i * D + e] * sc;
+        }
+      }
+
+      for (int64_t s = 0; s < T; ++s) {  // every row of this head: one slot < N
+        if (vp[bh * T + s] < 0) continue;
+        const int64_t row = sp[bh * T + s];
+        std::memcpy(dkp + row * D, dkg + s * D, sizeof(float) * D);
+        std::memcpy(dvp + row * D, dvg + s * D, sizeof(float) * D);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // Registered for the CPU key (not as a catch-all), so torch dispatch modes such as
@@ -287,9 +454,14 @@ TORCH_LIBRARY(mate_cpu, m) {
   m.def(
       "dense_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor free, Tensor real, int heads, "
       "Tensor(a!) out, float scale) -> ()");
+  m.def(
+      "bucketed_backward(Tensor q, Tensor k, Tensor v, Tensor grad_out, Tensor delta, Tensor src, Tensor dst, "
+      "Tensor allowed, Tensor keys, Tensor free, Tensor head_view, Tensor real, Tensor(a!) dq, Tensor(b!) dk, "
+      "Tensor(c!) dv, int radius, float scale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(mate_cpu, CPU, m) {
   m.impl("bucketed_forward", &bucketed_forward);
   m.impl("dense_forward", &dense_forward);
+  m.impl("bucketed_backward", &bucketed_backward);
 }
