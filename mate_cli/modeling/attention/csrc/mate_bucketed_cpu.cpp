@@ -120,19 +120,30 @@ inline float exp_row(float* row, int width, float mx) {
   return sum;
 }
 
-constexpr int64_t kWindowCap = 32;  // buckets of k/v rows a thread keeps (>= 3)
+constexpr int64_t kWindowCap = 32;  // buckets of k/v rows a thread keeps (>= kChunk + 2)
+// Buckets done together: their rows share one GEMM against the global keys (and one for
+// the global context), c R rows instead of R, while each bucket's window keeps its own
+// R x 3R GEMMs. Chunks are aligned (bucket n is in chunk n / kChunk) in the forward and
+// the backward alike, so both see the same key set per row.
+constexpr int64_t kChunk = 8;
 
-// Softmax numerators of one bucket's R rows over [g globals ; 3R window] into S (row
-// stride g + 3R): scores of the pre-scaled queries qs against kg and k_window, MATE's
+// Softmax numerators of a chunk of c buckets (c R rows, sorted slots from n0 R) over
+// [g globals ; 3R window] into S (row stride g + 3R): scores of the pre-scaled queries
+// qs against kg and each bucket's window (bucket j's starts at k_window + j R D), MATE's
 // mask (a: the first row's allowed flags, AW per row, window flags from G), then
-// exp(x - row max); inv[i] = 1 / row sum. The first fr_b global keys (the query set)
-// are allowed for every row. Shared by the forward and the backward (which recomputes).
-inline void bucket_numerators(int64_t R, int g, int w3, int d, int64_t G, int64_t AW, int fr_b, const float* qs,
-                              const float* kg, const float* k_window, const bool* a, float* S, float* inv) {
-  const int width = g + w3;
-  gemm_nt(static_cast<int>(R), g, d, qs, d, kg, d, 0.0f, S, width);
-  gemm_nt(static_cast<int>(R), w3, d, qs, d, k_window, d, 0.0f, S + g, width);
-  for (int64_t i = 0; i < R; ++i, a += AW) {
+// exp(x - row max); inv[i] = 1 / row sum. g is the most global keys any bucket of the
+// chunk reads; keys beyond a bucket's own count are masked for its rows (exp = 0, so
+// nothing changes). The first fr_b global keys (the query set) are allowed for every
+// row. Shared by the forward and the backward (which recomputes).
+inline void chunk_numerators(int64_t R, int64_t c, int g, int w3, int d, int64_t G, int64_t AW, int fr_b,
+                             const float* qs, const float* kg, const float* k_window, const bool* a, float* S,
+                             float* inv) {
+  const int width = g + w3, r = static_cast<int>(R);
+  gemm_nt(static_cast<int>(c * R), g, d, qs, d, kg, d, 0.0f, S, width);
+  for (int64_t j = 0; j < c; ++j) {
+    gemm_nt(r, w3, d, qs + j * R * d, d, k_window + j * R * d, d, 0.0f, S + j * R * width + g, width);
+  }
+  for (int64_t i = 0; i < c * R; ++i, a += AW) {
     float* row = S + i * width;
     // mask + row max; the mask as arithmetic (x + (1 - allowed) * kMasked, which is
     // kMasked for a masked key) so the loops vectorise instead of branching
@@ -154,12 +165,19 @@ inline void bucket_numerators(int64_t R, int g, int w3, int d, int64_t G, int64_
   }
 }
 
+// Global keys a chunk reads: the most over its buckets [n0, n1) of head bh.
+inline int chunk_keys(const int32_t* keys, int64_t bh, int64_t nb, int64_t n0, int64_t n1) {
+  int g = 1;
+  for (int64_t n = n0; n < n1; ++n) g = std::max<int>(g, keys[bh * nb + n]);
+  return g;
+}
+
 void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
                       const at::Tensor& dst, const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
                       const at::Tensor& head_view, at::Tensor out, int64_t radius, double scale) {
   check("mate bucketed_forward", {&q, &k, &v, &out, &src, &dst, &allowed, &keys, &free, &head_view}, 4);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
-  const int64_t R = radius, nb = T / R, H = head_view.size(0);
+  const int64_t R = radius, nb = T / R, H = head_view.size(0), nc = (nb + kChunk - 1) / kChunk;
   const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
   TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb,
               "mate bucketed_forward: inconsistent shapes");
@@ -174,24 +192,26 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const int32_t* hv = head_view.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  const int d = static_cast<int>(D), w3 = static_cast<int>(3 * R);
+  const int d = static_cast<int>(D), w3 = static_cast<int>(3 * R), r = static_cast<int>(R);
 
-  at::parallel_for(0, BH * nb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qbuf(R * D), obuf(R * D), sbuf(R * (G + 3 * R)), inv(R);
+  at::parallel_for(0, BH * nc, 1, [&](int64_t begin, int64_t end) {
+    const int64_t rows = kChunk * R;
+    std::vector<float> qbuf(rows * D), obuf(rows * D), sbuf(rows * (G + 3 * R)), inv(rows);
     // k/v rows of consecutive buckets [base, base + loaded) of head win_bh, so that the
-    // 3-bucket window of bucket n is contiguous; slides by appending one bucket per step
-    // and moving the tail to the front once every kWindowCap - 3 buckets
+    // windows of a chunk are contiguous; slides by appending a bucket at a time and
+    // moving the tail to the front when the next chunk would not fit
     std::vector<float> kg(G * D), vg(G * D), kw(kWindowCap * R * D), vw(kWindowCap * R * D);
     int64_t head_ready = -1, win_bh = -1, base = 0, loaded = 0;
-    for (int64_t f = begin; f < end; ++f) {
-      const int64_t bh = f / nb, n = f % nb, b = bh / H, view = hv[bh % H];
-      const int g = kk[f], width = g + w3, fr_b = std::min<int>(fr[b], g);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t bh = t / nc, n0 = (t % nc) * kChunk, n1 = std::min(n0 + kChunk, nb), c = n1 - n0;
+      const int64_t b = bh / H, view = hv[bh % H];
+      const int g = chunk_keys(kk, bh, nb, n0, n1), width = g + w3, fr_b = std::min<int>(fr[b], g);
       if (bh != head_ready) {
         K.gather(bh, 0, G, kg.data());
         Vr.gather(bh, 0, G, vg.data());
         head_ready = bh;
       }
-      const int64_t lo = n - 1, hi = n + 2;  // window buckets [lo, hi)
+      const int64_t lo = n0 - 1, hi = n1 + 1;  // window buckets [lo, hi)
       if (bh != win_bh || lo < base || lo > base + loaded) {
         win_bh = bh, base = lo, loaded = 0;
       } else if (hi - base > kWindowCap) {
@@ -207,16 +227,18 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       }
       const float* k_window = kw.data() + (lo - base) * R * D;
       const float* v_window = vw.data() + (lo - base) * R * D;
-      Q.gather(bh, n * R, (n + 1) * R, qbuf.data());
-      for (int64_t e = 0; e < R * D; ++e) qbuf[e] *= sc;
+      Q.gather(bh, n0 * R, n1 * R, qbuf.data());
+      for (int64_t e = 0; e < c * R * D; ++e) qbuf[e] *= sc;
       float* S = sbuf.data();
-      bucket_numerators(R, g, w3, d, G, AW, fr_b, qbuf.data(), kg.data(), k_window,
-                        al + ((b * V + view) * T + n * R) * AW, S, inv.data());
+      chunk_numerators(R, c, g, w3, d, G, AW, fr_b, qbuf.data(), kg.data(), k_window,
+                       al + ((b * V + view) * T + n0 * R) * AW, S, inv.data());
       float* o = obuf.data();
-      gemm_nn(static_cast<int>(R), d, g, S, width, vg.data(), d, 0.0f, o, d);
-      gemm_nn(static_cast<int>(R), d, w3, S + g, width, v_window, d, 1.0f, o, d);
-      for (int64_t i = 0; i < R; ++i) {
-        const int64_t slot = n * R + i, row_out = dp[bh * T + slot];
+      gemm_nn(static_cast<int>(c * R), d, g, S, width, vg.data(), d, 0.0f, o, d);
+      for (int64_t j = 0; j < c; ++j) {
+        gemm_nn(r, d, w3, S + j * R * width + g, width, v_window + j * R * D, d, 1.0f, o + j * R * D, d);
+      }
+      for (int64_t i = 0; i < c * R; ++i) {
+        const int64_t slot = n0 * R + i, row_out = dp[bh * T + slot];
         if (slot < fr[b] || row_out < 0) continue;  // dense rows are dense_forward's; padding slots
         float* target = op + row_out * D;
         const float s = inv[i];
@@ -311,8 +333,8 @@ inline void softmax_grad_rows(int64_t rows, int w, int ld, const float* P, float
 
 // Backward of both forwards, fused (flash-attention style: the probabilities are
 // recomputed, never stored). One task per head: the head's q (pre-scaled), k, v and dO
-// rows are gathered into sorted order once; each bucket of long rows recomputes its
-// R x (g + 3R) probabilities exactly as bucketed_forward does, then
+// rows are gathered into sorted order once; each chunk of long rows recomputes its
+// c R x (g + 3R) probabilities exactly as bucketed_forward does, then
 //   dP = dO [Vg ; Vw]^T,  dV += P^T dO,  dS = P * (dP - rowsum(dO * O)),
 //   dQ = scale dS [Kg ; Kw],  dK += scale dS^T Q
 // with dK, dV accumulated in sorted order (a key is read by up to three buckets'
@@ -356,7 +378,9 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     const int64_t padded = (T + 2 * R) * D;
     std::vector<float> qs(T * D), go(T * D), dlt(T);
     std::vector<float> kp(padded), vpad(padded), dkp_s(padded), dvp_s(padded);
-    std::vector<float> P(R * (G + 3 * R)), dP(R * (G + 3 * R)), inv(R), dob(R * D), dqb(R * D);
+    const int64_t chunk_rows = kChunk * R;
+    std::vector<float> P(chunk_rows * (G + 3 * R)), dP(chunk_rows * (G + 3 * R)), inv(chunk_rows);
+    std::vector<float> dob(chunk_rows * D), dqb(chunk_rows * D);
     std::vector<float> Pd, dPd;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, view = hv[bh % H];
@@ -374,33 +398,44 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       float* dkg = dkp_s.data() + R * D;
       float* dvg = dvp_s.data() + R * D;
 
-      for (int64_t n = 0; n < nb; ++n) {
-        const int64_t s0 = n * R;
-        if (s0 + R <= fr_all || vp[bh * T + s0] < 0) continue;  // all dense rows, or all padding slots
-        const int g = kk[bh * nb + n], width = g + w3, fr_b = std::min<int>(fr_all, g);
-        float* Pb = P.data();
-        bucket_numerators(R, g, w3, d, G, AW, fr_b, qs.data() + s0 * D, kg, kp.data() + s0 * D,
-                          al + ((b * V + view) * T + s0) * AW, Pb, inv.data());
+      for (int64_t n0 = 0; n0 < nb; n0 += kChunk) {  // the forward's chunks
+        const int64_t n1 = std::min(n0 + kChunk, nb), c = n1 - n0, s0 = n0 * R, rows = c * R;
+        if (n1 * R <= fr_all || vp[bh * T + s0] < 0) continue;  // all dense rows, or all padding slots
+        const int g = chunk_keys(kk, bh, nb, n0, n1), width = g + w3, fr_b = std::min<int>(fr_all, g);
+        const int m = static_cast<int>(rows);
+        float* Pc = P.data();
+        chunk_numerators(R, c, g, w3, d, G, AW, fr_b, qs.data() + s0 * D, kg, kp.data() + s0 * D,
+                         al + ((b * V + view) * T + s0) * AW, Pc, inv.data());
         // normalise; rows the long part does not answer (dense rows) get dO = 0
-        for (int64_t i = 0; i < R; ++i) {
-          float* row = Pb + i * width;
+        for (int64_t i = 0; i < rows; ++i) {
+          float* row = Pc + i * width;
           for (int j = 0; j < width; ++j) row[j] *= inv[i];
           const bool mine = s0 + i >= fr_all;
           std::memcpy(dob.data() + i * D, go.data() + (s0 + i) * D, sizeof(float) * D);
           if (!mine) std::memset(dob.data() + i * D, 0, sizeof(float) * D);
-          inv[i] = mine ? dlt[s0 + i] : 0.0f;  // reused as this bucket's delta
+          inv[i] = mine ? dlt[s0 + i] : 0.0f;  // reused as the rows' delta
         }
-        float* dPb = dP.data();
-        gemm_nt(r, g, d, dob.data(), d, vg, d, 0.0f, dPb, width);
-        gemm_nt(r, w3, d, dob.data(), d, vpad.data() + s0 * D, d, 0.0f, dPb + g, width);
-        gemm_tn(g, d, r, Pb, width, dob.data(), d, 1.0f, dvg, d);
-        gemm_tn(w3, d, r, Pb + g, width, dob.data(), d, 1.0f, dvp_s.data() + s0 * D, d);
-        softmax_grad_rows(R, width, width, Pb, dPb, inv.data());
-        gemm_nn(r, d, g, dPb, width, kg, d, 0.0f, dqb.data(), d);
-        gemm_nn(r, d, w3, dPb + g, width, kp.data() + s0 * D, d, 1.0f, dqb.data(), d);
-        gemm_tn(g, d, r, dPb, width, qs.data() + s0 * D, d, 1.0f, dkg, d);
-        gemm_tn(w3, d, r, dPb + g, width, qs.data() + s0 * D, d, 1.0f, dkp_s.data() + s0 * D, d);
-        for (int64_t i = 0; i < R; ++i) {
+        float* dPc = dP.data();
+        // dP = dO [Vg ; Vw]^T and dV += P^T dO: the global part for the whole chunk at once
+        gemm_nt(m, g, d, dob.data(), d, vg, d, 0.0f, dPc, width);
+        gemm_tn(g, d, m, Pc, width, dob.data(), d, 1.0f, dvg, d);
+        for (int64_t j = 0; j < c; ++j) {
+          const int64_t sj = s0 + j * R;  // bucket n0 + j: its window rows start at slot sj - R
+          const float* doj = dob.data() + j * R * D;
+          gemm_nt(r, w3, d, doj, d, vpad.data() + sj * D, d, 0.0f, dPc + j * R * width + g, width);
+          gemm_tn(w3, d, r, Pc + j * R * width + g, width, doj, d, 1.0f, dvp_s.data() + sj * D, d);
+        }
+        softmax_grad_rows(rows, width, width, Pc, dPc, inv.data());  // dS, in place over dP
+        // dQ = dS [Kg ; Kw] and dK += dS^T Q (q pre-scaled)
+        gemm_nn(m, d, g, dPc, width, kg, d, 0.0f, dqb.data(), d);
+        gemm_tn(g, d, m, dPc, width, qs.data() + s0 * D, d, 1.0f, dkg, d);
+        for (int64_t j = 0; j < c; ++j) {
+          const int64_t sj = s0 + j * R;
+          const float* dsj = dPc + j * R * width + g;
+          gemm_nn(r, d, w3, dsj, width, kp.data() + sj * D, d, 1.0f, dqb.data() + j * R * D, d);
+          gemm_tn(w3, d, r, dsj, width, qs.data() + sj * D, d, 1.0f, dkp_s.data() + sj * D, d);
+        }
+        for (int64_t i = 0; i < rows; ++i) {
           const int64_t slot = s0 + i;
           if (slot < fr_all || vp[bh * T + slot] < 0) continue;
           float* target = dqp + sp[bh * T + slot] * D;
