@@ -15,12 +15,16 @@ Backend names (``bench.kernel.backends``, ``bench.encoder.backends``):
   (``mate_cli.modeling.attention.mate_block_sparse.flex_mate_attention``) with the
   options of ``attention=mate``;
 - ``tapas_hf`` / ``bert_hf`` (encoder level): ``transformers.TapasModel`` (eager
-  attention) and ``BertModel`` (sdpa attention) at the same dims, random init.
+  attention) and ``BertModel`` (sdpa attention) at the same dims, random init;
+- ``<name>+ckpt`` (encoder level, our encoder): ``<name>`` with
+  ``model.encoder.gradient_checkpointing=true`` (each layer's activations recomputed in
+  backward), a row of its own so it sits next to ``<name>``.
 
 Levels: ``kernel`` = one attention call on ``q, k, v`` ``[batch, heads, seq,
 head_dim]``; ``encoder`` = the whole encoder (embeddings + N layers). Modes:
-``inference`` (``torch.no_grad``) and ``train`` (forward + backward of a scalar
-loss, no optimiser step). Every model runs in eval mode (dropout off) so the
+``inference`` (``torch.no_grad``) and ``train``: forward + backward of a scalar
+loss, plus, at encoder level, an AdamW step over every parameter (a whole training
+step; kernel-level backends have no parameters to step). Every model runs in eval mode (dropout off) so the
 ``none`` floor runs in both modes and all backends run the same non-attention ops.
 At kernel level every backend's ``extend_inputs`` hook runs first, as the encoder
 runs it before layer 0, so a backend that adds tokens (TableETC's row/column
@@ -61,6 +65,8 @@ from mate_cli.paths import CONF_DIR
 LEVELS = ("kernel", "encoder")
 MODES = ("inference", "train")
 HF_BACKENDS = ("tapas_hf", "bert_hf")
+#: ``<backend>+<option>`` suffixes (encoder level) -> TableEncoder keyword set to True.
+ENCODER_OPTIONS = {"ckpt": "gradient_checkpointing"}
 
 #: ``bench.dims`` presets: base = BERT/TAPAS-base; minilm = the bundled checkpoint; mini, small,
 #: medium, large = the BERT sizes of Turc et al. (2019) that TAPAS and DoT use.
@@ -107,6 +113,16 @@ def dtype_of(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise MateError(f"bench.dtype={name!r} is unknown; choose one of {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def split_options(name: str) -> tuple[str, dict]:
+    """``"mate.bucketed+ckpt"`` -> ``("mate.bucketed", {"gradient_checkpointing": True})``."""
+    base, *options = str(name).split("+")
+    unknown = [o for o in options if o not in ENCODER_OPTIONS]
+    if unknown:
+        raise MateError(f"bench backend {name!r}: unknown option +{unknown[0]}; known: "
+                        f"{', '.join('+' + o for o in ENCODER_OPTIONS)}")  # fmt: skip
+    return base, {ENCODER_OPTIONS[o]: True for o in options}
 
 
 def split_name(name: str) -> tuple[str, str | None]:
@@ -212,6 +228,8 @@ def kernel_case(
     """
     if name in HF_BACKENDS:
         raise Unavailable(f"{name} is an encoder-level anchor")
+    if split_options(name)[1]:
+        raise Unavailable(f"{name}: +options apply to the encoder level")
     heads, head_dim = dims["num_heads"], dims["hidden_size"] // dims["num_heads"]
     seq_len = layout.seq_len
     layout = layout.to(device)
@@ -298,8 +316,11 @@ def encoder_case(
     device: torch.device,
 ) -> Case:
     """One forward (inference) or forward + backward (train) of a whole encoder."""
+    full_name, (name, options) = name, split_options(name)
     if name == "flex":
         raise Unavailable("flex is a kernel-level anchor")
+    if options and (name in HF_BACKENDS or split_name(name)[0] == "dot"):
+        raise Unavailable(f"{full_name}: +options apply to this project's TableEncoder only")
     seq_len = layout.seq_len
     type_sizes = type_vocab_sizes(layout)
     input_ids, layout = input_ids.to(device), layout.to(device)
@@ -319,7 +340,7 @@ def encoder_case(
             type_vocab_sizes=type_sizes,
             reset_position_index_per_cell=True,
         )
-        model = TableEncoder(config, attention_factory(name), max_length=seq_len)
+        model = TableEncoder(config, attention_factory(name), max_length=seq_len, **options)
 
         def forward() -> torch.Tensor:
             return model(input_ids, layout.with_fields())  # fresh caches: structure cost is paid per call
@@ -333,12 +354,14 @@ def encoder_case(
 
         return Case(call)
     params = list(model.parameters())
+    # a whole training step: the optimiser's update is part of what a user waits for
+    optimizer = torch.optim.AdamW(params, lr=1e-5)
 
     def train_call() -> None:
-        for p in params:
-            p.grad = None
+        optimizer.zero_grad(set_to_none=True)
         with torch.enable_grad():
             forward().float().square().mean().backward()
+        optimizer.step()
 
     return Case(train_call)
 

@@ -9,11 +9,18 @@ in the yaml, not here.
 - ``overhead``: candidate time / baseline time - 1 <= ``threshold`` (0.15 = 15%);
 - ``memory_growth``: candidate ``peak_mem_mb`` at ``to_seq_len`` / at ``seq_len``
   <= ``threshold``, for the candidate row measured at both lengths that grows least;
-- ``peak_rss``: the candidate's smallest ``peak_rss_mb`` <= ``threshold`` GiB.
+- ``peak_rss``: the candidate's smallest ``peak_rss_mb`` <= ``threshold`` GiB;
+- ``throughput_ratio``: the candidate's achieved GFLOP/s (``flops`` / ``time_ms``) >=
+  ``threshold`` x the baseline's, in the same cell (how close MATE runs to the rate the
+  machine's fused dense attention reaches). Both rates are shown.
+
+``seq_len`` may be a list: the entry is then one target per length (``{seq_len}`` in
+its name tells them apart).
 
 Times are ``time_ms`` at ``level`` / ``mode`` / ``seq_len``. ``candidate`` and
 ``baseline`` name a backend or a family: ``mate`` stands for ``mate`` and every
-``mate.<impl>``, and the best matching row is used (the paper, §3.1: "the best of the
+``mate.<impl>`` (not rows with a ``+option`` such as ``mate.bucketed+ckpt``, which
+only their exact name selects), and the best matching row is used (the paper, §3.1: "the best of the
 two functionally equivalent implementations is chosen for each use case"); the row it
 came from is named in the output. A target whose rows are missing (not in the grid,
 skipped, failed) is ``not measured``, never silently met.
@@ -76,8 +83,9 @@ def _ok(rows, **where) -> list[dict]:
 
 
 def matches(backend: str, name: str) -> bool:
-    """``backend`` is ``name`` or one of its implementations (``mate`` matches ``mate.bucketed``)."""
-    return backend == name or backend.split(".")[0] == name
+    """``backend`` is ``name`` or one of its implementations (``mate`` matches ``mate.bucketed``,
+    not ``mate.bucketed+ckpt``: a row with options is another configuration)."""
+    return backend == name or ("+" not in backend and backend.split(".")[0] == name)
 
 
 def best(rows, name: str, key: str = "time_ms", **where) -> dict | None:
@@ -147,6 +155,14 @@ def peak_rss(rows, spec: TargetSpec, target: Target) -> None:
         target.met = high <= spec.threshold * GIB
 
 
+def throughput_ratio(rows, spec: TargetSpec, target: Target) -> None:
+    pair = _times(rows, spec)
+    if pair and all(r["flops"] not in ("", None) and float(r["flops"]) > 0 for r in pair):
+        (cand, c), (base, b) = ((r["backend"], float(r["flops"]) / float(r["time_ms"]) / 1e6) for r in pair)
+        target.measured = f"{c / b:.0%} ({cand} {c:.0f} GFLOP/s, {base} {b:.0f} GFLOP/s)"
+        target.met = c >= spec.threshold * b
+
+
 #: kind -> (check, keys it needs besides the common ones).
 KINDS: dict[str, tuple[Callable[[list, TargetSpec, Target], None], tuple[str, ...]]] = {
     "speedup": (speedup, ("baseline",)),
@@ -154,6 +170,7 @@ KINDS: dict[str, tuple[Callable[[list, TargetSpec, Target], None], tuple[str, ..
     "overhead": (overhead, ("baseline",)),
     "memory_growth": (memory_growth, ("to_seq_len",)),
     "peak_rss": (peak_rss, ()),
+    "throughput_ratio": (throughput_ratio, ("baseline",)),
 }
 REQUIRED = ("name", "requirement", "kind", "level", "mode", "seq_len", "threshold")
 
@@ -177,19 +194,21 @@ def parse(entries: Iterable[dict] | None) -> list[TargetSpec]:
             raise MateError(f"{where} ({kind}) {problem}; keys: {', '.join(sorted(known))}")
         if entry["level"] not in LEVELS or entry["mode"] not in MODES:
             raise MateError(f"{where}: level must be one of {list(LEVELS)} and mode one of {list(MODES)}")
-        spec = TargetSpec(
-            **{
-                **entry,
-                "seq_len": int(entry["seq_len"]),
-                "threshold": float(entry["threshold"]),
-                "to_seq_len": None if entry.get("to_seq_len") is None else int(entry["to_seq_len"]),
-            }
-        )
-        try:
-            spec.text(spec.name), spec.text(spec.requirement)
-        except (KeyError, ValueError, IndexError) as err:
-            raise MateError(f"{where}: bad placeholder in name/requirement ({err!r})") from None
-        specs.append(spec)
+        lengths = entry["seq_len"] if isinstance(entry["seq_len"], (list, tuple)) else [entry["seq_len"]]
+        for length in lengths:
+            spec = TargetSpec(
+                **{
+                    **entry,
+                    "seq_len": int(length),
+                    "threshold": float(entry["threshold"]),
+                    "to_seq_len": None if entry.get("to_seq_len") is None else int(entry["to_seq_len"]),
+                }
+            )
+            try:
+                spec.text(spec.name), spec.text(spec.requirement)
+            except (KeyError, ValueError, IndexError) as err:
+                raise MateError(f"{where}: bad placeholder in name/requirement ({err!r})") from None
+            specs.append(spec)
     return specs
 
 

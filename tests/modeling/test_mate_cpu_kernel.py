@@ -52,6 +52,9 @@ CASES = [
     (lambda: random_layout(2, query_len=(6, 12), rows=(3, 6), cols=(2, 4), cell_tokens=(1, 4), pad=(0, 7), seed=5), 4, 3),
     # ... G well past Q: the first row/column is global, some buckets read table globals
     (lambda: random_layout(2, query_len=(1, 3), rows=(2, 5), cols=(2, 3), cell_tokens=(1, 3), pad=(0, 3), seed=9), 24, 5),
+    # more query-set rows than a kernel chunk has rows (8 buckets x R = 16): a chunk of
+    # only dense rows, and the dense part's buffers outgrow the chunk's
+    (lambda: random_layout(2, query_len=(17, 20), rows=(2, 4), cols=(2, 3), cell_tokens=(1, 3), pad=(0, 3), seed=2), 24, 2),
     # a realistic long table, the paper's G and R
     (lambda: filled_layout(2048, query_tokens=60, columns=8, cell_tokens=15), 116, 42),
 ]

@@ -20,9 +20,10 @@ computes the same function in one ``autograd.Function``:
   CPU in float32 without attention dropout, when the caller allows it
   (``use_cpu_kernel=True``) and the kernel builds, the forward runs in compiled
   kernels instead: per bucket, scores to ``[globals ; window]``, mask, softmax and
-  context while they sit in cache, buckets in parallel; per head, the dense query
-  rows likewise. Same function (tested against both paths above), faster than the
-  chunked torch ops. Backward, dropout, other dtypes and CUDA use the torch path.
+  context while they sit in cache, chunks of buckets in parallel; per head, the dense
+  query rows likewise; the backward recomputes the probabilities the same way, per
+  head. Same function and gradients (tested against both paths above), faster than
+  the chunked torch ops. Dropout, other dtypes and CUDA use the torch path.
 
 Call-internal scratch buffers of the torch path come from a :class:`Workspace` the
 caller passes in (the MATE backend keeps one per layout, so the encoder's layers and
@@ -37,6 +38,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from mate_cli.modeling.attention import mate_cpu_kernel
 from mate_cli.modeling.attention.mate_plan import BucketPlan, Chunk
@@ -214,12 +216,13 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan) -> torch.Tensor:
     ``[B, H, N, D]``): long rows first, then the dense query rows (disjoint rows).
     """
     B, H, N, D = q.shape
-    qf, kf, vf, src, _ = _kernel_rows(q, k, v, plan)
+    qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
     allowed, keys, free, head_view, real = plan.kernel_args
     out = q.new_empty(B * N * H, D)
     mate_cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, plan.radius, D**-0.5)
     if plan.dense_rows:
-        mate_cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, H, out, D**-0.5)
+        token_rows = plan.token_rows(kind)
+        mate_cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, token_rows, H, out, D**-0.5)
     return out.view(B, N, H, D).transpose(1, 2)
 
 
@@ -282,7 +285,9 @@ class _BucketedAttention(torch.autograd.Function):
     """Fused bucketed MATE attention; see the module docstring.
 
     Backward recomputes each chunk's probabilities (same ops as forward) instead of
-    storing them: it keeps only q, k, v and the output, and sorts k, v again.
+    storing them: it keeps only q, k, v and the output (the torch path sorts k, v
+    again; the CPU kernel reads them through the sort order). First-order gradients
+    only (``once_differentiable``).
     """
 
     @staticmethod
@@ -293,12 +298,13 @@ class _BucketedAttention(torch.autograd.Function):
         else:
             out = _torch_forward(q, k, v, plan, dropout_p, seed, workspace)
         if any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(q, k, v, out)  # backward sorts k, v again (cheap, warm buffer)
+            ctx.save_for_backward(q, k, v, out)
             ctx.plan, ctx.dropout_p, ctx.seed, ctx.shape = plan, dropout_p, seed, (B, H, N, D)
             ctx.workspace, ctx.fused_cpu = workspace, fused_cpu
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out = ctx.saved_tensors
         plan, p, seed, workspace = ctx.plan, ctx.dropout_p, ctx.seed, ctx.workspace
@@ -402,8 +408,8 @@ def bucketed_attention(
         plan: :func:`~.mate_plan.bucket_plan` of the batch's layout.
         dropout_p: dropout on the attention probabilities (torch path; reproducible in
             backward from one seed).
-        use_cpu_kernel: run the forward in the fused CPU kernel where it applies
-            (:func:`cpu_kernel_applies`); False always takes the torch path.
+        use_cpu_kernel: run the forward and its backward in the fused CPU kernel where
+            it applies (:func:`cpu_kernel_applies`); False always takes the torch path.
         workspace: scratch buffers to reuse (default: fresh ones for this call).
         seed: seed of the dropout masks (default: drawn from torch's global generator).
     """

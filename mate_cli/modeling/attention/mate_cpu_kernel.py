@@ -140,7 +140,10 @@ def _register_flops() -> None:
     window keys, twice (scores, context): ``4 R D (keys[f] + 3R)``. Dense rows, per
     head of example b: ``4 free[b] real[b] D``. The backward does five such GEMMs
     (recomputed scores, dP, dV, dQ, dK): ``10 R D (keys[f] + 3R)`` and ``10 free[b] real[b] D``,
-    the GEMMs of the torch path's backward (which reads per chunk, not per bucket, global keys).
+    the GEMMs of the torch path's backward. These are the algorithm's FLOPs (each bucket's
+    own global keys), not the kernel's: it multiplies a chunk of buckets against the most
+    global keys any of them reads (masked products, exp = 0) and skips chunks with no row
+    to answer, so a rate from these counts is useful work per second.
     """
     from torch.utils.flop_counter import register_flop_formula
 
@@ -156,7 +159,7 @@ def _register_flops() -> None:
         return long_part + 10 * D * heads * int((free.long() * real.long().clamp(min=1)).sum())
 
     @register_flop_formula(torch.ops.mate_cpu.dense_forward, get_raw=True)
-    def _dense(q, k, v, src, dst, free, real, heads, out, scale, *args, out_val=None, **kwargs):
+    def _dense(q, k, v, src, dst, free, real, token_rows, heads, out, scale, *args, out_val=None, **kwargs):
         return 4 * q.shape[-1] * heads * int((free.long() * real.long().clamp(min=1)).sum())
 
 
@@ -174,9 +177,9 @@ def bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, rad
     torch.ops.mate_cpu.bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale)
 
 
-def dense_forward(q, k, v, src, dst, free, real, heads: int, out, scale: float) -> None:
+def dense_forward(q, k, v, src, dst, free, real, token_rows, heads: int, out, scale: float) -> None:
     """Dense (query-set) rows ``[0, free[b])`` of each head into ``out``."""
-    torch.ops.mate_cpu.dense_forward(q, k, v, src, dst, free, real, heads, out, scale)
+    torch.ops.mate_cpu.dense_forward(q, k, v, src, dst, free, real, token_rows, heads, out, scale)
 
 
 def bucketed_backward(q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, dq, dk, dv,

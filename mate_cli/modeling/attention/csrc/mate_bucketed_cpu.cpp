@@ -1,16 +1,17 @@
-// MATE bucketed attention, forward on CPU: fused kernels for the long (bucketed) rows
-// and the dense query rows.
+// MATE bucketed attention on CPU: fused kernels for the forward of the long (bucketed)
+// rows and of the dense query rows, and one for the backward of both.
 //
 // The torch path (mate_bucketed.py) sorts k and v into a bucket-aligned buffer, then
 // computes the long rows chunk by chunk with torch ops: scores to [globals ; window],
 // mask bias, softmax, two context GEMMs (each a full pass over a multi-MB chunk), and
-// unsorts the result. Here nothing is sorted in memory: each thread walks its buckets
-// in order, gathering the rows it needs straight from q, k, v through the per-head
-// sort order (a sliding 3-bucket window of k/v rows: every row is read once), and
-// does a bucket start to finish while its R x (g + 3R) scores sit in L1/L2: two
-// GEMMs (BLAS sgemm, ldc = g + 3R, so window scores land next to the global ones),
-// mask + exp + row sums in one loop, two GEMMs for the context, then each output row
-// is scaled and written to its token's row. Buckets are independent: at::parallel_for.
+// unsorts the result. Here nothing is sorted in memory: each thread walks its chunks of
+// kChunk buckets in order, gathering the rows it needs straight from q, k, v through
+// the per-head sort order (a sliding window of k/v buckets: every row is read once),
+// and does a chunk start to finish while its scores sit in L1/L2: one GEMM against the
+// global keys for all the chunk's rows and one per bucket against its 3R-key window
+// (BLAS sgemm, ldc = g + 3R, so window scores land next to the global ones), mask +
+// exp + row sums in one loop, the context GEMMs likewise, then each output row is
+// scaled and written to its token's row. Chunks are independent: at::parallel_for.
 // Dense rows (query-set tokens among the globals attend every real key): per head,
 // key blocks with an online softmax (flash-attention style), heads in parallel.
 //
@@ -26,6 +27,8 @@
 //   head_view [H] int32           view (row/column) of each head
 // Dense rows only:
 //   real      [B] int32           real tokens (the sorted prefix the dense rows attend)
+//   token_rows [BH, 2] int64      (row of token 0, row stride) of each head's keys in token
+//                                 order; stride 0 where the real tokens are not a prefix
 // Softmax of a fully masked row is uniform over its keys (padding rows only).
 
 #include <ATen/Parallel.h>
@@ -126,6 +129,7 @@ constexpr int64_t kWindowCap = 32;  // buckets of k/v rows a thread keeps (>= kC
 // R x 3R GEMMs. Chunks are aligned (bucket n is in chunk n / kChunk) in the forward and
 // the backward alike, so both see the same key set per row.
 constexpr int64_t kChunk = 8;
+static_assert(kWindowCap >= kChunk + 2, "a chunk's windows must fit the sliding buffer");
 
 // Softmax numerators of a chunk of c buckets (c R rows, sorted slots from n0 R) over
 // [g globals ; 3R window] into S (row stride g + 3R): scores of the pre-scaled queries
@@ -253,11 +257,14 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 constexpr int64_t kBlock = 512;
 
 void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
-                   const at::Tensor& dst, const at::Tensor& free, const at::Tensor& real, int64_t heads, at::Tensor out,
-                   double scale) {
-  check("mate dense_forward", {&q, &k, &v, &out, &src, &dst, &free, &real}, 4);
+                   const at::Tensor& dst, const at::Tensor& free, const at::Tensor& real, const at::Tensor& token_rows,
+                   int64_t heads, at::Tensor out, double scale) {
+  check("mate dense_forward", {&q, &k, &v, &out, &src, &dst, &free, &real, &token_rows}, 4);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
-  TORCH_CHECK(BH % heads == 0 && free.numel() == BH / heads, "mate dense_forward: inconsistent shapes");
+  TORCH_CHECK(BH % heads == 0 && free.numel() == BH / heads && token_rows.numel() == 2 * BH,
+              "mate dense_forward: inconsistent shapes");
+  const int64_t* tr = token_rows.data_ptr<int64_t>();
+  const float *kp = k.data_ptr<float>(), *vpt = v.data_ptr<float>();
   const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
   const Rows Q{q.data_ptr<float>(), sp, vp, D, T};
   const Rows K{k.data_ptr<float>(), sp, vp, D, T};
@@ -283,12 +290,24 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
       sum.assign(m, 0.0f);
       Q.gather(bh, 0, m, qbuf.data());
       for (auto& x : qbuf) x *= sc;
+      // the softmax over all real keys does not depend on their order: where they are the
+      // example's first tokens (no padding inside; token_rows stride > 0), read them in
+      // token order straight from k, v (rows base + t * stride), else gather sorted rows
+      const int64_t base = tr[2 * bh], stride = tr[2 * bh + 1];
       for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
         const int kn = static_cast<int>(std::min(kBlock, n - j0));
-        K.gather(bh, j0, j0 + kn, kb.data());
-        Vr.gather(bh, j0, j0 + kn, vb.data());
+        const float *kblock = kb.data(), *vblock = vb.data();
+        int ld = d;
+        if (stride > 0) {
+          kblock = kp + (base + j0 * stride) * D;
+          vblock = vpt + (base + j0 * stride) * D;
+          ld = static_cast<int>(stride * D);
+        } else {
+          K.gather(bh, j0, j0 + kn, kb.data());
+          Vr.gather(bh, j0, j0 + kn, vb.data());
+        }
         float* S = sbuf.data();
-        gemm_nt(m, kn, d, qbuf.data(), d, kb.data(), d, 0.0f, S, kn);
+        gemm_nt(m, kn, d, qbuf.data(), d, kblock, ld, 0.0f, S, kn);
         for (int i = 0; i < m; ++i) {
           float* row = S + static_cast<int64_t>(i) * kn;
           float bmax = kMasked;
@@ -300,7 +319,7 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
           float* orow = obuf.data() + static_cast<int64_t>(i) * D;
           for (int64_t e = 0; e < D; ++e) orow[e] *= corr;
         }
-        gemm_nn(m, d, kn, S, kn, vb.data(), d, 1.0f, obuf.data(), d);
+        gemm_nn(m, d, kn, S, kn, vblock, ld, 1.0f, obuf.data(), d);
       }
       for (int i = 0; i < m; ++i) {
         const int64_t row_out = dp[bh * T + i];
@@ -357,6 +376,10 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
   TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb,
               "mate bucketed_backward: inconsistent shapes");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k, &v, &grad_out, &dq, &dk, &dv}) {
+    TORCH_CHECK(t->sizes() == q.sizes(), "mate bucketed_backward: q, k, v, grad_out and gradients must have one shape");
+  }
+  TORCH_CHECK(delta.numel() == q.size(0), "mate bucketed_backward: one delta per row");
   const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
   const Rows Q{q.data_ptr<float>(), sp, vp, D, T};
   const Rows K{k.data_ptr<float>(), sp, vp, D, T};
@@ -458,7 +481,7 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
         gemm_nt(m, nk, d, go.data(), d, vg, d, 0.0f, dPd.data(), nk);
         gemm_tn(nk, d, m, Pd.data(), nk, go.data(), d, 1.0f, dvg, d);
         softmax_grad_rows(m, nk, nk, Pd.data(), dPd.data(), dlt.data());
-        dqb.resize(static_cast<size_t>(std::max<int64_t>(m, R)) * D);
+        if (dqb.size() < static_cast<size_t>(m) * D) dqb.resize(static_cast<size_t>(m) * D);
         gemm_nn(m, d, nk, dPd.data(), nk, kg, d, 0.0f, dqb.data(), d);
         gemm_tn(nk, d, m, dPd.data(), nk, qs.data(), d, 1.0f, dkg, d);
         for (int i = 0; i < m; ++i) {
@@ -487,8 +510,8 @@ TORCH_LIBRARY(mate_cpu, m) {
       "bucketed_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor allowed, Tensor keys, "
       "Tensor free, Tensor head_view, Tensor(a!) out, int radius, float scale) -> ()");
   m.def(
-      "dense_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor free, Tensor real, int heads, "
-      "Tensor(a!) out, float scale) -> ()");
+      "dense_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor free, Tensor real, "
+      "Tensor token_rows, int heads, Tensor(a!) out, float scale) -> ()");
   m.def(
       "bucketed_backward(Tensor q, Tensor k, Tensor v, Tensor grad_out, Tensor delta, Tensor src, Tensor dst, "
       "Tensor allowed, Tensor keys, Tensor free, Tensor head_view, Tensor real, Tensor(a!) dq, Tensor(b!) dk, "
