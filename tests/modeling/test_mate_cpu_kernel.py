@@ -95,8 +95,8 @@ def test_kernel_runs_only_where_it_applies():
         return "mate_cpu.bucketed_forward" in calls.names
 
     assert ops(torch.float32)  # inference
-    assert ops(torch.float32, grad=True)  # forward of a training step without attention dropout
-    assert not ops(torch.float32, grad=True, dropout=0.1)  # dropout: the torch path draws the mask
+    assert ops(torch.float32, grad=True)  # forward of a training step
+    assert ops(torch.float32, grad=True, dropout=0.1)  # attention dropout too (its own masks)
     assert not ops(torch.float64)
     assert not ops(torch.float32, use_cpu_kernel=False)
 
@@ -137,6 +137,39 @@ def test_kernel_backward_equals_torch_backward_and_float64_reference(case, layou
              case, layout_kind, vs_torch, vs_reference, scale)  # fmt: skip
     assert vs_torch <= 5e-6 and vs_reference <= 5e-6 * max(scale, 1.0)
     assert all(a.shape == b.shape and a.stride() == b.stride() for a, b in zip(grads["kernel"], base))
+
+
+@needs_kernel
+def test_kernel_dropout_is_seeded_unbiased_and_its_backward_redraws_the_forward_masks():
+    layout = random_layout(2, query_len=(2, 6), rows=(2, 4), cols=(2, 3), cell_tokens=(1, 3), pad=(0, 4), seed=4)
+    plan = bucket_plan(layout, 4, 0.5, 8, 6)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(layout.batch_size, layout.seq_len, 4, 8, generator=g).transpose(1, 2) for _ in range(3))
+    real = layout.attention_mask[:, None, :, None].bool()
+
+    def attend(q, k, v, seed=123, p=0.3):
+        return bucketed_attention(q, k, v, plan, dropout_p=p, seed=seed)
+
+    with torch.no_grad():
+        first = attend(q, k, v)
+        assert torch.equal(first, attend(q, k, v))  # one seed, one mask
+        assert not torch.allclose(first, attend(q, k, v, seed=124))
+        assert torch.equal(attend(q, k, v, p=0.0), bucketed_attention(q, k, v, plan))
+        # E[mask] = 1: the mean over many seeds approaches the output without dropout
+        mean = sum(attend(q, k, v, seed=s) for s in range(300)) / 300
+        assert ((mean - attend(q, k, v, p=0.0)) * real).abs().max() < 0.15 < (first - mean).abs().max()
+    # the backward's gradient is the derivative of the forward with the same masks:
+    # directional derivatives against central differences (float32, eps 1e-2)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    cot = torch.randn(q.shape, generator=g)
+    (attend(*leaves) * cot).sum().backward()
+    for _ in range(3):
+        d = [torch.randn(t.shape, generator=g) for t in leaves]
+        with torch.no_grad():
+            ahead, behind = ((attend(*[t + s * 1e-2 * x for t, x in zip(leaves, d)]) * cot).sum() for s in (1, -1))
+        numeric = ((ahead - behind) / 2e-2).item()
+        analytic = sum((t.grad * x).sum() for t, x in zip(leaves, d)).item()
+        assert abs(numeric - analytic) <= 2e-3 * max(abs(analytic), 1.0), (numeric, analytic)
 
 
 @needs_kernel

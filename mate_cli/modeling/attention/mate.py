@@ -26,9 +26,10 @@ the sequence length, the grad mode or the batch-mates:
   ``block_sparse`` (:mod:`.mate_block_sparse`: FlexAttention where it runs (CUDA),
   otherwise each row/column segment packed into a dense block).
 - ``bucketed``: ``eager`` (:mod:`.mate_bucketed`'s torch path: any device, dtype,
-  dropout, forward and backward) or ``kernel`` (the fused C++ CPU forward of
-  :mod:`.mate_cpu_kernel` for float32 without attention dropout where it builds;
-  the eager path everywhere else, and for the backward).
+  dropout, forward and backward) or ``kernel`` (the fused C++ CPU kernels of
+  :mod:`.mate_cpu_kernel`, forward and backward, attention dropout included, for
+  float32 where they build; the eager path everywhere else). With attention dropout
+  the two draw different (equally valid) masks.
 - ``auto``: the fastest of the variant's implementations for (device, length, grad
   mode); never another function.
 
@@ -190,7 +191,7 @@ class MateAttention(AttentionBackend):
         ``kernel`` | ``eager`` (bucketed; ``kernel`` only where the fused kernel applies).
         Resolves ``auto`` within the variant, logging each choice once."""
         if self.variant == "bucketed":
-            applies = cpu_kernel_applies(q, self.dropout if self.training else 0.0)
+            applies = cpu_kernel_applies(q)
             choice = "kernel" if self.impl != "eager" and applies else "eager"
         elif self.impl != "auto":
             return self.impl

@@ -23,7 +23,7 @@ computes the same function in one ``autograd.Function``:
   context while they sit in cache, chunks of buckets in parallel; per head, the dense
   query rows likewise; the backward recomputes the probabilities the same way, per
   head. Same function and gradients (tested against both paths above), faster than
-  the chunked torch ops. Dropout, other dtypes and CUDA use the torch path.
+  the chunked torch ops. Other dtypes and CUDA use the torch path.
 
 Call-internal scratch buffers of the torch path come from a :class:`Workspace` the
 caller passes in (the MATE backend keeps one per layout, so the encoder's layers and
@@ -208,7 +208,7 @@ def _kernel_rows(q, k, v, plan: BucketPlan):
     return qf, kf, vf, plan.source_rows(kind).view(B * H, plan.padded_len), kind
 
 
-def _fused_cpu_forward(q, k, v, plan: BucketPlan) -> torch.Tensor:
+def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int) -> torch.Tensor:
     """The forward in the compiled CPU kernels (:mod:`.mate_cpu_kernel`): no sorted copies.
 
     The kernels read q, k, v rows through the per-head sort order and write each
@@ -219,14 +219,16 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan) -> torch.Tensor:
     qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
     allowed, keys, free, head_view, real = plan.kernel_args
     out = q.new_empty(B * N * H, D)
-    mate_cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, plan.radius, D**-0.5)
+    mate_cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, plan.radius,
+                                     D**-0.5, dropout_p, seed)  # fmt: skip
     if plan.dense_rows:
         token_rows = plan.token_rows(kind)
-        mate_cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, token_rows, H, out, D**-0.5)
+        mate_cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, token_rows, H, out, D**-0.5,
+                                      dropout_p, seed)  # fmt: skip
     return out.view(B, N, H, D).transpose(1, 2)
 
 
-def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan) -> tuple[torch.Tensor, ...]:
+def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan, dropout_p: float, seed: int) -> tuple[torch.Tensor, ...]:
     """dq, dk, dv of :func:`_fused_cpu_forward` in the compiled CPU kernel (recomputes the
     probabilities bucket by bucket; nothing sorted is materialised). ``out`` is the
     forward's result (a view of a ``[B, N, H, D]`` buffer)."""
@@ -238,7 +240,7 @@ def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan) -> tuple[torch
     allowed, keys, free, head_view, real = plan.kernel_args
     mate_cpu_kernel.bucketed_backward(
         qf, kf, vf, grad_rows, delta, src, plan.dest_rows, allowed, keys, free, head_view, real,
-        *grads, plan.radius, D**-0.5,
+        *grads, plan.radius, D**-0.5, dropout_p, seed,
     )  # fmt: skip
     if kind == "bnhd":
         return tuple(g.view(B, N, H, D).transpose(1, 2) for g in grads)
@@ -294,7 +296,7 @@ class _BucketedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace, fused_cpu: bool):
         B, H, N, D = q.shape
         if fused_cpu:
-            out = _fused_cpu_forward(q, k, v, plan)
+            out = _fused_cpu_forward(q, k, v, plan, dropout_p, seed)
         else:
             out = _torch_forward(q, k, v, plan, dropout_p, seed, workspace)
         if any(ctx.needs_input_grad[:3]):
@@ -308,8 +310,8 @@ class _BucketedAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out = ctx.saved_tensors
         plan, p, seed, workspace = ctx.plan, ctx.dropout_p, ctx.seed, ctx.workspace
-        if ctx.fused_cpu:  # the kernel ran the forward, so it applies (float32 CPU, no dropout)
-            return (*_fused_cpu_backward(q, k, v, out, grad_out, plan), None, None, None, None, None)
+        if ctx.fused_cpu:  # the kernel ran the forward, so it applies (float32 CPU)
+            return (*_fused_cpu_backward(q, k, v, out, grad_out, plan, p, seed), None, None, None, None, None)
         B, H, N, D = ctx.shape
         R, P, T = plan.radius, plan.dense_rows, plan.padded_len
         BH = B * H
@@ -382,10 +384,10 @@ class _BucketedAttention(torch.autograd.Function):
         return dq_.mul_(D**-0.5), dk_, dv_, None, None, None, None, None
 
 
-def cpu_kernel_applies(q: torch.Tensor, dropout_p: float) -> bool:
-    """Whether the fused CPU kernel can run this forward: float32 on CPU, no attention
-    dropout, and the kernel builds and loads here."""
-    return q.device.type == "cpu" and q.dtype == torch.float32 and not dropout_p and mate_cpu_kernel.available()
+def cpu_kernel_applies(q: torch.Tensor) -> bool:
+    """Whether the fused CPU kernel can run this call: float32 on CPU, and the kernel
+    builds and loads here (attention dropout runs in it too)."""
+    return q.device.type == "cpu" and q.dtype == torch.float32 and mate_cpu_kernel.available()
 
 
 def bucketed_attention(
@@ -406,8 +408,8 @@ def bucketed_attention(
 
     Args:
         plan: :func:`~.mate_plan.bucket_plan` of the batch's layout.
-        dropout_p: dropout on the attention probabilities (torch path; reproducible in
-            backward from one seed).
+        dropout_p: dropout on the attention probabilities (reproducible in backward from
+            one seed; the kernel and the torch path draw different masks from it).
         use_cpu_kernel: run the forward and its backward in the fused CPU kernel where
             it applies (:func:`cpu_kernel_applies`); False always takes the torch path.
         workspace: scratch buffers to reuse (default: fresh ones for this call).
@@ -415,6 +417,6 @@ def bucketed_attention(
     """
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p else 0
-    fused_cpu = use_cpu_kernel and cpu_kernel_applies(q, dropout_p)
+    fused_cpu = use_cpu_kernel and cpu_kernel_applies(q)
     workspace = Workspace() if workspace is None else workspace
     return _BucketedAttention.apply(q, k, v, plan, float(dropout_p), seed, workspace, fused_cpu)

@@ -11,9 +11,11 @@ backend runs its pure-torch path: same function, ~1.35x slower at 8192 tokens (B
 ``MATE_CPU_KERNEL=0`` turns it off; ``make install`` builds it ahead of time
 (:func:`main`).
 
-Scope: float32 on CPU with no attention dropout: the forward (long rows and dense
-query rows) and its backward (the probabilities recomputed bucket by bucket, dK and dV
-accumulated per head). Everything else (dropout, bf16, CUDA) stays in the torch path
+Scope: float32 on CPU: the forward (long rows and dense query rows) and its backward
+(the probabilities recomputed bucket by bucket, dK and dV accumulated per head), with
+attention dropout (masks from a stateless hash of the seed, so the backward redraws
+them; a different random stream from the torch path's). Everything else (bf16, CUDA)
+stays in the torch path
 of ``mate_bucketed.py``, which also decides when to call this (``use_cpu_kernel``).
 """
 
@@ -148,7 +150,8 @@ def _register_flops() -> None:
     from torch.utils.flop_counter import register_flop_formula
 
     @register_flop_formula(torch.ops.mate_cpu.bucketed_forward, get_raw=True)
-    def _long(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale, *args, out_val=None, **kwargs):
+    def _long(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale, *args, out_val=None,
+              **kwargs):  # fmt: skip
         return 4 * radius * q.shape[-1] * (int(keys.sum()) + 3 * radius * keys.numel())
 
     @register_flop_formula(torch.ops.mate_cpu.bucketed_backward, get_raw=True)
@@ -172,21 +175,26 @@ def unavailable_reason() -> str | None:
     return _state.get("why")
 
 
-def bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius: int, scale: float) -> None:
-    """Long rows into ``out`` (see the C++ source for the arguments)."""
-    torch.ops.mate_cpu.bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale)
+def bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius: int, scale: float,
+                     dropout: float = 0.0, seed: int = 0) -> None:
+    """Long rows into ``out`` (see the C++ source for the arguments); attention dropout
+    ``dropout`` with masks drawn from ``seed`` (a hash: the backward redraws them)."""
+    torch.ops.mate_cpu.bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale,
+                                        dropout, seed)  # fmt: skip
 
 
-def dense_forward(q, k, v, src, dst, free, real, token_rows, heads: int, out, scale: float) -> None:
+def dense_forward(q, k, v, src, dst, free, real, token_rows, heads: int, out, scale: float, dropout: float = 0.0,
+                  seed: int = 0) -> None:
     """Dense (query-set) rows ``[0, free[b])`` of each head into ``out``."""
-    torch.ops.mate_cpu.dense_forward(q, k, v, src, dst, free, real, token_rows, heads, out, scale)
+    torch.ops.mate_cpu.dense_forward(q, k, v, src, dst, free, real, token_rows, heads, out, scale, dropout, seed)
 
 
 def bucketed_backward(q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, dq, dk, dv,
-                      radius: int, scale: float) -> None:
+                      radius: int, scale: float, dropout: float = 0.0, seed: int = 0) -> None:
     """dq, dk, dv of both forwards into ``dq, dk, dv`` (see the C++ source for the arguments)."""
     torch.ops.mate_cpu.bucketed_backward(
-        q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, dq, dk, dv, radius, scale
+        q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, dq, dk, dv, radius, scale, dropout,
+        seed,
     )
 
 

@@ -123,6 +123,43 @@ inline float exp_row(float* row, int width, float mx) {
   return sum;
 }
 
+// Attention dropout. Whether probability (row, key) of head bh survives is a stateless
+// hash of (seed, bh, row, key) (splitmix64's finaliser), so the backward redraws the
+// forward's mask exactly, whatever the thread split. Key ids: global column j -> j,
+// window column j -> kWindowKey + j (the columns of a long row, as both passes lay them
+// out), and for the dense rows the key's row in k offset by kDenseKey (its identity,
+// whichever order the keys are read in).
+constexpr uint64_t kWindowKey = 1ull << 20;
+constexpr uint64_t kDenseKey = 1ull << 40;
+
+struct Dropout {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  uint32_t threshold = 0;  // keep when the hash's top 24 bits >= p 2^24
+  float scale = 1.0f;      // 1 / (1 - p) for kept probabilities
+  Dropout(double p_, int64_t seed_)
+      : p(static_cast<float>(p_)), seed(static_cast<uint64_t>(seed_)),
+        threshold(static_cast<uint32_t>(p_ * 16777216.0)), scale(p_ > 0 ? static_cast<float>(1.0 / (1.0 - p_)) : 1.0f) {}
+  bool on() const { return p > 0.0f; }
+  // the factor of probability (row, key): 0 (dropped) or 1 / (1 - p)
+  float factor(uint64_t bh, uint64_t row, uint64_t key) const {
+    uint64_t z = seed + bh * 0x9E3779B97F4A7C15ull + row * 0xD1B54A32D192ED03ull + key * 0x8CB92BA72F3D8DD7ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return static_cast<uint32_t>(z >> 40) >= threshold ? scale : 0.0f;
+  }
+  // x[j] *= factor(bh, row, key0 + j) for j < n
+  void apply(float* x, int n, uint64_t bh, uint64_t row, uint64_t key0) const {
+    for (int j = 0; j < n; ++j) x[j] *= factor(bh, row, key0 + j);
+  }
+  // one long row laid out [g globals ; 3R window]
+  void apply_long(float* x, int g, int w3, uint64_t bh, uint64_t row) const {
+    apply(x, g, bh, row, 0);
+    apply(x + g, w3, bh, row, kWindowKey);
+  }
+};
+
 constexpr int64_t kWindowCap = 32;  // buckets of k/v rows a thread keeps (>= kChunk + 2)
 // Buckets done together: their rows share one GEMM against the global keys (and one for
 // the global context), c R rows instead of R, while each bucket's window keeps its own
@@ -178,7 +215,9 @@ inline int chunk_keys(const int32_t* keys, int64_t bh, int64_t nb, int64_t n0, i
 
 void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
                       const at::Tensor& dst, const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
-                      const at::Tensor& head_view, at::Tensor out, int64_t radius, double scale) {
+                      const at::Tensor& head_view, at::Tensor out, int64_t radius, double scale, double dropout,
+                      int64_t seed) {
+  const Dropout drop(dropout, seed);
   check("mate bucketed_forward", {&q, &k, &v, &out, &src, &dst, &allowed, &keys, &free, &head_view}, 4);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
   const int64_t R = radius, nb = T / R, H = head_view.size(0), nc = (nb + kChunk - 1) / kChunk;
@@ -236,6 +275,9 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       float* S = sbuf.data();
       chunk_numerators(R, c, g, w3, d, G, AW, fr_b, qbuf.data(), kg.data(), k_window,
                        al + ((b * V + view) * T + n0 * R) * AW, S, inv.data());
+      if (drop.on()) {  // after the row sums: dropout acts on the normalised probabilities
+        for (int64_t i = 0; i < c * R; ++i) drop.apply_long(S + i * width, g, w3, bh, n0 * R + i);
+      }
       float* o = obuf.data();
       gemm_nn(static_cast<int>(c * R), d, g, S, width, vg.data(), d, 0.0f, o, d);
       for (int64_t j = 0; j < c; ++j) {
@@ -258,7 +300,8 @@ constexpr int64_t kBlock = 512;
 
 void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
                    const at::Tensor& dst, const at::Tensor& free, const at::Tensor& real, const at::Tensor& token_rows,
-                   int64_t heads, at::Tensor out, double scale) {
+                   int64_t heads, at::Tensor out, double scale, double dropout, int64_t seed) {
+  const Dropout drop(dropout, seed);
   check("mate dense_forward", {&q, &k, &v, &out, &src, &dst, &free, &real, &token_rows}, 4);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
   TORCH_CHECK(BH % heads == 0 && free.numel() == BH / heads && token_rows.numel() == 2 * BH,
@@ -316,6 +359,12 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
           const float corr = exp_nonpositive(mx[i] - new_max);
           sum[i] = sum[i] * corr + exp_row(row, kn, new_max);
           mx[i] = new_max;
+          if (drop.on()) {
+            for (int j = 0; j < kn; ++j) {
+              const int64_t key = stride > 0 ? base + (j0 + j) * stride : sp[bh * T + j0 + j];
+              row[j] *= drop.factor(bh, i, kDenseKey + key);
+            }
+          }
           float* orow = obuf.data() + static_cast<int64_t>(i) * D;
           for (int64_t e = 0; e < D; ++e) orow[e] *= corr;
         }
@@ -368,7 +417,8 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        const at::Tensor& delta, const at::Tensor& src, const at::Tensor& dst,
                        const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
                        const at::Tensor& head_view, const at::Tensor& real, at::Tensor dq, at::Tensor dk, at::Tensor dv,
-                       int64_t radius, double scale) {
+                       int64_t radius, double scale, double dropout, int64_t seed) {
+  const Dropout drop(dropout, seed);
   check("mate bucketed_backward",
         {&q, &k, &v, &grad_out, &delta, &dq, &dk, &dv, &src, &dst, &allowed, &keys, &free, &head_view, &real}, 8);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
@@ -439,16 +489,32 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
           inv[i] = mine ? dlt[s0 + i] : 0.0f;  // reused as the rows' delta
         }
         float* dPc = dP.data();
-        // dP = dO [Vg ; Vw]^T and dV += P^T dO: the global part for the whole chunk at once
+        // dP = dO [Vg ; Vw]^T: the global part for the whole chunk at once, windows per bucket
         gemm_nt(m, g, d, dob.data(), d, vg, d, 0.0f, dPc, width);
-        gemm_tn(g, d, m, Pc, width, dob.data(), d, 1.0f, dvg, d);
         for (int64_t j = 0; j < c; ++j) {
           const int64_t sj = s0 + j * R;  // bucket n0 + j: its window rows start at slot sj - R
-          const float* doj = dob.data() + j * R * D;
-          gemm_nt(r, w3, d, doj, d, vpad.data() + sj * D, d, 0.0f, dPc + j * R * width + g, width);
-          gemm_tn(w3, d, r, Pc + j * R * width + g, width, doj, d, 1.0f, dvp_s.data() + sj * D, d);
+          gemm_nt(r, w3, d, dob.data() + j * R * D, d, vpad.data() + sj * D, d, 0.0f, dPc + j * R * width + g, width);
         }
-        softmax_grad_rows(rows, width, width, Pc, dPc, inv.data());  // dS, in place over dP
+        // dS = P * (dP M - delta) in place over dP, and P becomes P M (M: the dropout
+        // factors, the forward's mask; none without dropout)
+        if (drop.on()) {
+          for (int64_t i = 0; i < rows; ++i) {
+            float *p = Pc + i * width, *dp = dPc + i * width;
+            for (int j = 0; j < width; ++j) {
+              const float f = drop.factor(bh, s0 + i, j < g ? j : kWindowKey + (j - g));
+              dp[j] = p[j] * (dp[j] * f - inv[i]);
+              p[j] *= f;
+            }
+          }
+        } else {
+          softmax_grad_rows(rows, width, width, Pc, dPc, inv.data());
+        }
+        // dV += (P M)^T dO
+        gemm_tn(g, d, m, Pc, width, dob.data(), d, 1.0f, dvg, d);
+        for (int64_t j = 0; j < c; ++j) {
+          const int64_t sj = s0 + j * R;
+          gemm_tn(w3, d, r, Pc + j * R * width + g, width, dob.data() + j * R * D, d, 1.0f, dvp_s.data() + sj * D, d);
+        }
         // dQ = dS [Kg ; Kw] and dK += dS^T Q (q pre-scaled)
         gemm_nn(m, d, g, dPc, width, kg, d, 0.0f, dqb.data(), d);
         gemm_tn(g, d, m, dPc, width, qs.data() + s0 * D, d, 1.0f, dkg, d);
@@ -479,8 +545,19 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
           for (int j = 0; j < nk; ++j) row[j] *= s;
         }
         gemm_nt(m, nk, d, go.data(), d, vg, d, 0.0f, dPd.data(), nk);
+        if (drop.on()) {  // as in the long part; keys by their row in k (sorted slot j)
+          for (int i = 0; i < m; ++i) {
+            float *p = Pd.data() + static_cast<int64_t>(i) * nk, *dp = dPd.data() + static_cast<int64_t>(i) * nk;
+            for (int j = 0; j < nk; ++j) {
+              const float f = drop.factor(bh, i, kDenseKey + sp[bh * T + j]);
+              dp[j] = p[j] * (dp[j] * f - dlt[i]);
+              p[j] *= f;
+            }
+          }
+        } else {
+          softmax_grad_rows(m, nk, nk, Pd.data(), dPd.data(), dlt.data());
+        }
         gemm_tn(nk, d, m, Pd.data(), nk, go.data(), d, 1.0f, dvg, d);
-        softmax_grad_rows(m, nk, nk, Pd.data(), dPd.data(), dlt.data());
         if (dqb.size() < static_cast<size_t>(m) * D) dqb.resize(static_cast<size_t>(m) * D);
         gemm_nn(m, d, nk, dPd.data(), nk, kg, d, 0.0f, dqb.data(), d);
         gemm_tn(nk, d, m, dPd.data(), nk, qs.data(), d, 1.0f, dkg, d);
@@ -508,14 +585,14 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 TORCH_LIBRARY(mate_cpu, m) {
   m.def(
       "bucketed_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor allowed, Tensor keys, "
-      "Tensor free, Tensor head_view, Tensor(a!) out, int radius, float scale) -> ()");
+      "Tensor free, Tensor head_view, Tensor(a!) out, int radius, float scale, float dropout, int seed) -> ()");
   m.def(
       "dense_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor free, Tensor real, "
-      "Tensor token_rows, int heads, Tensor(a!) out, float scale) -> ()");
+      "Tensor token_rows, int heads, Tensor(a!) out, float scale, float dropout, int seed) -> ()");
   m.def(
       "bucketed_backward(Tensor q, Tensor k, Tensor v, Tensor grad_out, Tensor delta, Tensor src, Tensor dst, "
       "Tensor allowed, Tensor keys, Tensor free, Tensor head_view, Tensor real, Tensor(a!) dq, Tensor(b!) dk, "
-      "Tensor(c!) dv, int radius, float scale) -> ()");
+      "Tensor(c!) dv, int radius, float scale, float dropout, int seed) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(mate_cpu, CPU, m) {
