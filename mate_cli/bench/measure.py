@@ -16,8 +16,9 @@ of what already exists: activations, attention scores, workspaces, gradients
 (train mode), per-batch structure; not the weights or the inputs.
 ``peak_rss_mb`` is the absolute high-water mark (weights, inputs and the Python
 runtime included). Timed calls run with the threshold at 32 MiB, glibc's ceiling
-for its adaptive threshold (the steady state of a long-running process), so
-timing sees the allocator users get. The memory call is the last warm-up call.
+for its adaptive threshold, and the trim threshold at twice that, as glibc's
+adaptation sets it (the steady state of a long-running process), so timing sees
+the allocator users get. The memory call is the last warm-up call.
 GPU: ``torch.cuda.max_memory_allocated`` minus ``memory_allocated`` before the call.
 
 **Contention**: ``other_cpu`` is the CPU time other processes used during the timed
@@ -47,6 +48,7 @@ from typing import Callable
 
 import torch
 
+M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 #: mmap threshold while measuring memory (every block >= 64 KiB is returned on free).
 MEMORY_MMAP_THRESHOLD = 64 * 1024
@@ -68,10 +70,17 @@ _LIBC = _libc()
 
 
 def set_mmap_threshold(nbytes: int) -> bool:
-    """``mallopt(M_MMAP_THRESHOLD, nbytes)`` (glibc); True on success."""
+    """``mallopt(M_MMAP_THRESHOLD, nbytes)`` and ``M_TRIM_THRESHOLD`` = 2 x ``nbytes`` (glibc);
+    True on success.
+
+    Setting the mmap threshold by hand turns off glibc's dynamic adjustment, which raises
+    the trim threshold with it (to twice the mmap threshold); left at its 128 KiB default,
+    every free at the top of the heap would hand the pages back to the OS and the next
+    large block would page-fault them in again, which a long-running process does not do.
+    """
     if _LIBC is None or not hasattr(_LIBC, "mallopt"):
         return False
-    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, int(nbytes))) and bool(_LIBC.mallopt(M_TRIM_THRESHOLD, 2 * int(nbytes)))
 
 
 def _status_kb(key: str) -> int | None:
