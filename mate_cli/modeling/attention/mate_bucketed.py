@@ -17,9 +17,9 @@ computes the same function in one ``autograd.Function``:
   (flash-attention style): only q, k, v and the output are kept. Time and memory are
   linear in the sequence length, forward and backward.
 - **fused CPU kernel** (``impl=kernel``; :mod:`.mate_cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): on
-  CPU in float32 without attention dropout, when the caller allows it
-  (``use_cpu_kernel=True``) and the kernel builds, the forward runs in compiled
-  kernels instead: per bucket, scores to ``[globals ; window]``, mask, softmax and
+  CPU in float32 (attention dropout included, its masks drawn from a seeded hash),
+  when the caller allows it (``use_cpu_kernel=True``) and the kernel builds, the
+  forward and the backward run in compiled kernels instead: per bucket, scores to ``[globals ; window]``, mask, softmax and
   context while they sit in cache, chunks of buckets in parallel; per head, the dense
   query rows likewise; the backward recomputes the probabilities the same way, per
   head. Same function and gradients (tested against both paths above), faster than
@@ -239,7 +239,7 @@ def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan, dropout_p: flo
     grads = [torch.empty_like(qf) for _ in range(3)]
     allowed, keys, free, head_view, real = plan.kernel_args
     mate_cpu_kernel.bucketed_backward(
-        qf, kf, vf, grad_rows, delta, src, plan.dest_rows, allowed, keys, free, head_view, real,
+        qf, kf, vf, grad_rows, delta, src, plan.dest_rows, allowed, keys, free, head_view, real, plan.token_rows(kind),
         *grads, plan.radius, D**-0.5, dropout_p, seed,
     )  # fmt: skip
     if kind == "bnhd":

@@ -190,10 +190,12 @@ class BucketPlan:
         return self._memoized(("source_rows", layout_kind), build)
 
     def token_rows(self, layout_kind: str) -> torch.Tensor:
-        """``[B*H, 2]`` int64: (row of token 0, row stride) of each head in a flat input of
-        ``layout_kind`` (see :meth:`source_rows`); stride 0 for an example whose real tokens
-        are not its first ``real_len`` tokens (padding inside). The CPU kernel reads the
-        dense rows' keys, all real tokens, in token order through it instead of gathering."""
+        """``[B*H, 3]`` int64: (row of token 0, row stride, in order) of each head in a flat
+        input of ``layout_kind`` (see :meth:`source_rows`); in order is 0 for an example whose
+        real tokens are not its first ``real_len`` tokens (padding inside). The CPU kernel
+        reads the dense rows' keys, all real tokens, in token order through it instead of
+        gathering, and names keys by token position (so dropout masks do not depend on the
+        memory layout)."""
 
         def build() -> torch.Tensor:
             B, H, N = self.batch, self.heads, self.seq_len
@@ -203,8 +205,9 @@ class BucketPlan:
             # the real tokens (the sorted prefix [0, n), all distinct) are tokens 0..n-1 iff
             # the largest of them is n - 1
             prefix = torch.tensor([n == 0 or int(self.perm[i, 0, :n].max()) == n - 1 for i, n in enumerate(self.real_len)])
-            strides = torch.where(prefix[:, None], stride, 0).expand(B, H)
-            return torch.stack([base.expand(B, H), strides], -1).reshape(B * H, 2).contiguous()
+            in_order = prefix[:, None].long().expand(B, H)
+            strides = torch.full((B, H), stride)
+            return torch.stack([base.expand(B, H), strides, in_order], -1).reshape(B * H, 3).contiguous()
 
         return self._memoized(("token_rows", layout_kind), build)
 

@@ -27,8 +27,9 @@
 //   head_view [H] int32           view (row/column) of each head
 // Dense rows only:
 //   real      [B] int32           real tokens (the sorted prefix the dense rows attend)
-//   token_rows [BH, 2] int64      (row of token 0, row stride) of each head's keys in token
-//                                 order; stride 0 where the real tokens are not a prefix
+//   token_rows [BH, 3] int64      (row of token 0, row stride, 1 if the real tokens are the
+//                                 example's first real[b] tokens) of each head's k rows
+// Attention dropout (every kernel): dropout p in [0, 1) and seed; see struct Dropout.
 // Softmax of a fully masked row is uniform over its keys (padding rows only).
 
 #include <ATen/Parallel.h>
@@ -127,8 +128,8 @@ inline float exp_row(float* row, int width, float mx) {
 // hash of (seed, bh, row, key) (splitmix64's finaliser), so the backward redraws the
 // forward's mask exactly, whatever the thread split. Key ids: global column j -> j,
 // window column j -> kWindowKey + j (the columns of a long row, as both passes lay them
-// out), and for the dense rows the key's row in k offset by kDenseKey (its identity,
-// whichever order the keys are read in).
+// out), and for the dense rows kDenseKey + the key's token position (its identity,
+// whichever order the keys are read in, and whatever the memory layout of k).
 constexpr uint64_t kWindowKey = 1ull << 20;
 constexpr uint64_t kDenseKey = 1ull << 40;
 
@@ -137,9 +138,12 @@ struct Dropout {
   uint64_t seed = 0;
   uint32_t threshold = 0;  // keep when the hash's top 24 bits >= p 2^24
   float scale = 1.0f;      // 1 / (1 - p) for kept probabilities
-  Dropout(double p_, int64_t seed_)
-      : p(static_cast<float>(p_)), seed(static_cast<uint64_t>(seed_)),
-        threshold(static_cast<uint32_t>(p_ * 16777216.0)), scale(p_ > 0 ? static_cast<float>(1.0 / (1.0 - p_)) : 1.0f) {}
+  Dropout(double p_, int64_t seed_) : p(static_cast<float>(p_)), seed(static_cast<uint64_t>(seed_)) {
+    TORCH_CHECK(p_ >= 0.0 && p_ < 1.0, "mate kernels: attention dropout must be in [0, 1), got ", p_);
+    threshold = static_cast<uint32_t>(p_ * 16777216.0);
+    // 1 / P(keep) for the drawn threshold exactly, so E[factor] = 1
+    scale = p_ > 0 ? static_cast<float>(16777216.0 / (16777216.0 - threshold)) : 1.0f;
+  }
   bool on() const { return p > 0.0f; }
   // the factor of probability (row, key): 0 (dropped) or 1 / (1 - p)
   float factor(uint64_t bh, uint64_t row, uint64_t key) const {
@@ -224,6 +228,7 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
   TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb,
               "mate bucketed_forward: inconsistent shapes");
+  TORCH_CHECK(G < static_cast<int64_t>(kWindowKey), "mate bucketed_forward: too many global keys");
   const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
   const Rows Q{q.data_ptr<float>(), sp, vp, D, T};
   const Rows K{k.data_ptr<float>(), sp, vp, D, T};
@@ -304,7 +309,7 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const Dropout drop(dropout, seed);
   check("mate dense_forward", {&q, &k, &v, &out, &src, &dst, &free, &real, &token_rows}, 4);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
-  TORCH_CHECK(BH % heads == 0 && free.numel() == BH / heads && token_rows.numel() == 2 * BH,
+  TORCH_CHECK(BH % heads == 0 && free.numel() == BH / heads && token_rows.numel() == 3 * BH,
               "mate dense_forward: inconsistent shapes");
   const int64_t* tr = token_rows.data_ptr<int64_t>();
   const float *kp = k.data_ptr<float>(), *vpt = v.data_ptr<float>();
@@ -334,14 +339,15 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
       Q.gather(bh, 0, m, qbuf.data());
       for (auto& x : qbuf) x *= sc;
       // the softmax over all real keys does not depend on their order: where they are the
-      // example's first tokens (no padding inside; token_rows stride > 0), read them in
-      // token order straight from k, v (rows base + t * stride), else gather sorted rows
-      const int64_t base = tr[2 * bh], stride = tr[2 * bh + 1];
+      // example's first tokens (no padding inside), read them in token order straight
+      // from k, v (rows base + t * stride), else gather sorted rows
+      const int64_t base = tr[3 * bh], stride = tr[3 * bh + 1];
+      const bool in_order = tr[3 * bh + 2] != 0;
       for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
         const int kn = static_cast<int>(std::min(kBlock, n - j0));
         const float *kblock = kb.data(), *vblock = vb.data();
         int ld = d;
-        if (stride > 0) {
+        if (in_order) {
           kblock = kp + (base + j0 * stride) * D;
           vblock = vpt + (base + j0 * stride) * D;
           ld = static_cast<int>(stride * D);
@@ -361,8 +367,8 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
           mx[i] = new_max;
           if (drop.on()) {
             for (int j = 0; j < kn; ++j) {
-              const int64_t key = stride > 0 ? base + (j0 + j) * stride : sp[bh * T + j0 + j];
-              row[j] *= drop.factor(bh, i, kDenseKey + key);
+              const int64_t token = in_order ? j0 + j : (sp[bh * T + j0 + j] - base) / stride;
+              row[j] *= drop.factor(bh, i, kDenseKey + token);
             }
           }
           float* orow = obuf.data() + static_cast<int64_t>(i) * D;
@@ -403,8 +409,9 @@ inline void softmax_grad_rows(int64_t rows, int w, int ld, const float* P, float
 // recomputed, never stored). One task per head: the head's q (pre-scaled), k, v and dO
 // rows are gathered into sorted order once; each chunk of long rows recomputes its
 // c R x (g + 3R) probabilities exactly as bucketed_forward does, then
-//   dP = dO [Vg ; Vw]^T,  dV += P^T dO,  dS = P * (dP - rowsum(dO * O)),
+//   dP = dO [Vg ; Vw]^T,  dV += (P M)^T dO,  dS = P * (dP M - rowsum(dO * O)),
 //   dQ = scale dS [Kg ; Kw],  dK += scale dS^T Q
+// (M: the forward's dropout factors, redrawn; O: the forward's output, dropout included)
 // with dK, dV accumulated in sorted order (a key is read by up to three buckets'
 // windows and, if global, by every bucket) and written to their rows once at the end.
 // The dense rows [0, free[b]) do the same over the real keys [0, real[b]); the long
@@ -416,20 +423,24 @@ inline void softmax_grad_rows(int64_t rows, int w, int ld, const float* P, float
 void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& grad_out,
                        const at::Tensor& delta, const at::Tensor& src, const at::Tensor& dst,
                        const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
-                       const at::Tensor& head_view, const at::Tensor& real, at::Tensor dq, at::Tensor dk, at::Tensor dv,
+                       const at::Tensor& head_view, const at::Tensor& real, const at::Tensor& token_rows,
+                       at::Tensor dq, at::Tensor dk, at::Tensor dv,
                        int64_t radius, double scale, double dropout, int64_t seed) {
   const Dropout drop(dropout, seed);
   check("mate bucketed_backward",
-        {&q, &k, &v, &grad_out, &delta, &dq, &dk, &dv, &src, &dst, &allowed, &keys, &free, &head_view, &real}, 8);
+        {&q, &k, &v, &grad_out, &delta, &dq, &dk, &dv, &src, &dst, &allowed, &keys, &free, &head_view, &real,
+         &token_rows}, 8);
   const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
   const int64_t R = radius, nb = T / R, H = head_view.size(0);
   const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
   TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb,
               "mate bucketed_backward: inconsistent shapes");
+  TORCH_CHECK(G < static_cast<int64_t>(kWindowKey), "mate bucketed_backward: too many global keys");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k, &v, &grad_out, &dq, &dk, &dv}) {
     TORCH_CHECK(t->sizes() == q.sizes(), "mate bucketed_backward: q, k, v, grad_out and gradients must have one shape");
   }
-  TORCH_CHECK(delta.numel() == q.size(0), "mate bucketed_backward: one delta per row");
+  TORCH_CHECK(delta.numel() == q.size(0) && token_rows.numel() == 3 * BH, "mate bucketed_backward: inconsistent shapes");
+  const int64_t* tr = token_rows.data_ptr<int64_t>();
   const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
   const Rows Q{q.data_ptr<float>(), sp, vp, D, T};
   const Rows K{k.data_ptr<float>(), sp, vp, D, T};
@@ -545,11 +556,12 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
           for (int j = 0; j < nk; ++j) row[j] *= s;
         }
         gemm_nt(m, nk, d, go.data(), d, vg, d, 0.0f, dPd.data(), nk);
-        if (drop.on()) {  // as in the long part; keys by their row in k (sorted slot j)
+        if (drop.on()) {  // as in the long part; keys by their token position
+          const int64_t base = tr[3 * bh], stride = tr[3 * bh + 1];
           for (int i = 0; i < m; ++i) {
             float *p = Pd.data() + static_cast<int64_t>(i) * nk, *dp = dPd.data() + static_cast<int64_t>(i) * nk;
             for (int j = 0; j < nk; ++j) {
-              const float f = drop.factor(bh, i, kDenseKey + sp[bh * T + j]);
+              const float f = drop.factor(bh, i, kDenseKey + (sp[bh * T + j] - base) / stride);
               dp[j] = p[j] * (dp[j] * f - dlt[i]);
               p[j] *= f;
             }
@@ -591,7 +603,7 @@ TORCH_LIBRARY(mate_cpu, m) {
       "Tensor token_rows, int heads, Tensor(a!) out, float scale, float dropout, int seed) -> ()");
   m.def(
       "bucketed_backward(Tensor q, Tensor k, Tensor v, Tensor grad_out, Tensor delta, Tensor src, Tensor dst, "
-      "Tensor allowed, Tensor keys, Tensor free, Tensor head_view, Tensor real, Tensor(a!) dq, Tensor(b!) dk, "
+      "Tensor allowed, Tensor keys, Tensor free, Tensor head_view, Tensor real, Tensor token_rows, Tensor(a!) dq, Tensor(b!) dk, "
       "Tensor(c!) dv, int radius, float scale, float dropout, int seed) -> ()");
 }
 
