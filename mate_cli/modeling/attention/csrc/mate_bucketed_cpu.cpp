@@ -217,27 +217,40 @@ inline int chunk_keys(const int32_t* keys, int64_t bh, int64_t nb, int64_t n0, i
   return g;
 }
 
+// The long-row arguments both bucketed kernels take (see the header), checked once:
+// their shapes, and the q, k, v rows through the sort order.
+struct LongArgs {
+  int64_t BH, T, D, R, nb, H, B, V, AW, G;
+  const int64_t *sp, *vp;
+  const bool* al;
+  const int32_t *kk, *fr, *hv;
+  Rows Q, K, Vr;
+  LongArgs(const char* what, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
+           const at::Tensor& dst, const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
+           const at::Tensor& head_view, int64_t radius)
+      : BH(src.size(0)), T(src.size(1)), D(q.size(1)), R(radius), nb(T / R), H(head_view.size(0)),
+        B(allowed.size(0)), V(allowed.size(1)), AW(allowed.size(3)), G(AW - 3 * R),
+        sp(src.data_ptr<int64_t>()), vp(dst.data_ptr<int64_t>()), al(allowed.data_ptr<bool>()),
+        kk(keys.data_ptr<int32_t>()), fr(free.data_ptr<int32_t>()), hv(head_view.data_ptr<int32_t>()),
+        Q{q.data_ptr<float>(), sp, vp, D, T}, K{k.data_ptr<float>(), sp, vp, D, T}, Vr{v.data_ptr<float>(), sp, vp, D, T} {
+    TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb, what,
+                ": inconsistent shapes");
+    TORCH_CHECK(G < static_cast<int64_t>(kWindowKey), what, ": too many global keys");
+  }
+};
+
 void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
                       const at::Tensor& dst, const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
                       const at::Tensor& head_view, at::Tensor out, int64_t radius, double scale, double dropout,
                       int64_t seed) {
   const Dropout drop(dropout, seed);
   check("mate bucketed_forward", {&q, &k, &v, &out, &src, &dst, &allowed, &keys, &free, &head_view}, 4);
-  const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
-  const int64_t R = radius, nb = T / R, H = head_view.size(0), nc = (nb + kChunk - 1) / kChunk;
-  const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
-  TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb,
-              "mate bucketed_forward: inconsistent shapes");
-  TORCH_CHECK(G < static_cast<int64_t>(kWindowKey), "mate bucketed_forward: too many global keys");
-  const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
-  const Rows Q{q.data_ptr<float>(), sp, vp, D, T};
-  const Rows K{k.data_ptr<float>(), sp, vp, D, T};
-  const Rows Vr{v.data_ptr<float>(), sp, vp, D, T};
-  const int64_t* dp = dst.data_ptr<int64_t>();
-  const bool* al = allowed.data_ptr<bool>();
-  const int32_t* kk = keys.data_ptr<int32_t>();
-  const int32_t* fr = free.data_ptr<int32_t>();
-  const int32_t* hv = head_view.data_ptr<int32_t>();
+  const LongArgs a("mate bucketed_forward", q, k, v, src, dst, allowed, keys, free, head_view, radius);
+  const int64_t BH = a.BH, T = a.T, D = a.D, R = a.R, nb = a.nb, H = a.H, V = a.V, AW = a.AW, G = a.G;
+  const int64_t nc = (nb + kChunk - 1) / kChunk, *dp = a.vp;
+  const bool* al = a.al;
+  const int32_t *kk = a.kk, *fr = a.fr, *hv = a.hv;
+  const Rows &Q = a.Q, &K = a.K, &Vr = a.Vr;
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   const int d = static_cast<int>(D), w3 = static_cast<int>(3 * R), r = static_cast<int>(R);
@@ -430,27 +443,19 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   check("mate bucketed_backward",
         {&q, &k, &v, &grad_out, &delta, &dq, &dk, &dv, &src, &dst, &allowed, &keys, &free, &head_view, &real,
          &token_rows}, 8);
-  const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
-  const int64_t R = radius, nb = T / R, H = head_view.size(0);
-  const int64_t B = allowed.size(0), V = allowed.size(1), AW = allowed.size(3), G = AW - 3 * R;
-  TORCH_CHECK(nb * R == T && BH == B * H && allowed.size(2) == T && keys.numel() == BH * nb,
-              "mate bucketed_backward: inconsistent shapes");
-  TORCH_CHECK(G < static_cast<int64_t>(kWindowKey), "mate bucketed_backward: too many global keys");
+  const LongArgs a("mate bucketed_backward", q, k, v, src, dst, allowed, keys, free, head_view, radius);
+  const int64_t BH = a.BH, T = a.T, D = a.D, R = a.R, nb = a.nb, H = a.H, V = a.V, AW = a.AW, G = a.G;
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k, &v, &grad_out, &dq, &dk, &dv}) {
     TORCH_CHECK(t->sizes() == q.sizes(), "mate bucketed_backward: q, k, v, grad_out and gradients must have one shape");
   }
   TORCH_CHECK(delta.numel() == q.size(0) && token_rows.numel() == 3 * BH, "mate bucketed_backward: inconsistent shapes");
   const int64_t* tr = token_rows.data_ptr<int64_t>();
-  const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
-  const Rows Q{q.data_ptr<float>(), sp, vp, D, T};
-  const Rows K{k.data_ptr<float>(), sp, vp, D, T};
-  const Rows Vr{v.data_ptr<float>(), sp, vp, D, T};
+  const int64_t *sp = a.sp, *vp = a.vp;
+  const Rows &Q = a.Q, &K = a.K, &Vr = a.Vr;
   const Rows dO{grad_out.data_ptr<float>(), vp, vp, D, T};
   const float* dl = delta.data_ptr<float>();
-  const bool* al = allowed.data_ptr<bool>();
-  const int32_t* kk = keys.data_ptr<int32_t>();
-  const int32_t* fr = free.data_ptr<int32_t>();
-  const int32_t* hv = head_view.data_ptr<int32_t>();
+  const bool* al = a.al;
+  const int32_t *kk = a.kk, *fr = a.fr, *hv = a.hv;
   const int32_t* rl = real.data_ptr<int32_t>();
   float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
   const float sc = static_cast<float>(scale);
