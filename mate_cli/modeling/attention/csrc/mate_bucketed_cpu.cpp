@@ -7,13 +7,16 @@
 // unsorts the result. Here nothing is sorted in memory: each thread walks its chunks of
 // kChunk buckets in order, gathering the rows it needs straight from q, k, v through
 // the per-head sort order (a sliding window of k/v buckets: every row is read once),
-// and does a chunk start to finish while its scores sit in L1/L2: one GEMM against the
-// global keys for all the chunk's rows and one per bucket against its 3R-key window
-// (BLAS sgemm, ldc = g + 3R, so window scores land next to the global ones), mask +
-// exp + row sums in one loop, the context GEMMs likewise, then each output row is
-// scaled and written to its token's row. Chunks are independent: at::parallel_for.
+// and does a chunk start to finish while its scores sit in L1/L2: one product against
+// the global keys for all the chunk's rows and one per bucket against its 3R-key window
+// (keys held as columns, written into one score row per query: Layout), mask + exp +
+// row sums in one vector pass, the context products likewise, then each output row is
+// scaled and streamed to its token's row. Chunks are independent: at::parallel_for.
 // Dense rows (query-set tokens among the globals attend every real key): per head,
 // key blocks with an online softmax (flash-attention style), heads in parallel.
+// The products are this file's register-blocked `mm` (no BLAS: on these 42-row shapes
+// MKL ran at half its large-GEMM rate, and calls cost more than the work), the
+// elementwise passes GCC vector extensions with the target's lanes (`-march=native`).
 //
 // Common inputs (contiguous, float32 on CPU; built and cached by BucketPlan):
 //   q, k, v   [rows, D]           unsorted, flat (one row layout for all three)
@@ -42,47 +45,241 @@
 #include <initializer_list>
 #include <vector>
 
-extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-                       const float* beta, float* c, const int* ldc);
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
 constexpr float kMasked = -1e30f;
+constexpr float kPadding = 2 * kMasked;  // padded score columns: exp = 0 even in a fully masked row
 
-// Row-major C[m, n] = A[m, k] . B[n, k]^T (+ beta C). Column-major BLAS sees C^T = B . A^T.
-inline void gemm_nt(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                    int ldc) {
-  const float one = 1.0f;
-  sgemm_("T", "N", &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
+// Register-blocked matrix products for the kernels' small shapes (42- and 336-row
+// blocks, <= 3R + G keys, head dims 32-64). MKL reaches about half its large-GEMM rate
+// on these (packing and call overhead per 42-row problem); this one keeps a kMR x
+// kNV-vector block of C in registers, streams B a row at a time and broadcasts A,
+// which runs near the core's FMA peak from L1/L2 (~180 GFLOP/s a core here, as MKL's
+// large GEMMs). GCC vector extensions: the lanes are the target's (-march=native), so
+// the same source builds for AVX-512, AVX2 or SSE/NEON, with blocks sized for that
+// register file (the tests build the narrower ones too). Sums run over the reduction
+// index in order.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+typedef float Vec __attribute__((vector_size(sizeof(float) * kLanes)));
+constexpr int kMR = kLanes == 16 ? 6 : 3;  // rows of a register block
+constexpr int kNV = 4;                      // vectors per row of a register block
+
+inline int64_t round_up(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
+inline Vec vload(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void vstore(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+// C[MR, NV kLanes] (+)= A[MR, k] B[k, NV kLanes]; A's element (i, t) at a[i rs + t cs]
+template <int MR, int NV>
+inline void mm_block(int k, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ldb, float* c,
+                     int64_t ldc, bool accumulate) {
+  Vec acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? vload(c + i * ldc + v * kLanes) : Vec{};
+  }
+  for (int t = 0; t < k; ++t, a += cs, b += ldb) {
+    Vec bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kLanes);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const float x = a[i * rs];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[i][v] += x * bv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) vstore(c + i * ldc + v * kLanes, acc[i][v]);
+  }
 }
 
-// Row-major C[m, n] = A[m, k] . B[k, n] (+ beta C).
-inline void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                    int ldc) {
-  const float one = 1.0f;
-  sgemm_("N", "N", &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
+// the same for columns [0, n) with n < kLanes (head dims that are not a multiple of it)
+inline void mm_narrow(int rows, int n, int k, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ldb,
+                      float* c, int64_t ldc, bool accumulate) {
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < n; ++j) {
+      float x = accumulate ? c[i * ldc + j] : 0.0f;
+      for (int t = 0; t < k; ++t) x += a[i * rs + t * cs] * b[t * ldb + j];
+      c[i * ldc + j] = x;
+    }
+  }
 }
 
-// exp(x) for x <= 0, |relative error| < 2e-7; 0 below -87 (masked keys). Plain
-// arithmetic so the row loop vectorises (no libm call).
-inline float exp_nonpositive(float x) {
-  const float t = std::max(x, -87.0f) * 1.44269504088896341f;  // x / ln 2
-  const float n = std::nearbyint(t);
-  const float f = (t - n) * 0.693147180559945309f;  // |f| <= ln2 / 2
-  float p = 1.0f / 5040.0f;
+template <int MR>
+inline void mm_rows(int n, int k, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ldb, float* c,
+                    int64_t ldc, bool accumulate) {
+  int j = 0;
+  for (; j + kNV * kLanes <= n; j += kNV * kLanes) mm_block<MR, kNV>(k, a, rs, cs, b + j, ldb, c + j, ldc, accumulate);
+  switch ((n - j) / kLanes) {
+    case 3: mm_block<MR, 3>(k, a, rs, cs, b + j, ldb, c + j, ldc, accumulate); break;
+    case 2: mm_block<MR, 2>(k, a, rs, cs, b + j, ldb, c + j, ldc, accumulate); break;
+    case 1: mm_block<MR, 1>(k, a, rs, cs, b + j, ldb, c + j, ldc, accumulate); break;
+    default: break;
+  }
+  j += (n - j) / kLanes * kLanes;
+  if (j < n) mm_narrow(MR, n - j, k, a, rs, cs, b + j, ldb, c + j, ldc, accumulate);
+}
+
+// Row-major C[m, n] (+)= A[m, k] B[k, n]; A's element (i, t) at a[i rs + t cs], so
+// A = X is (rs, cs) = (ldx, 1) and A = X^T is (1, ldx).
+inline void mm(int m, int n, int k, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ldb, float* c,
+               int64_t ldc, bool accumulate) {
+  int i = 0;
+  for (; i + kMR <= m; i += kMR) mm_rows<kMR>(n, k, a + i * rs, rs, cs, b, ldb, c + i * ldc, ldc, accumulate);
+  const float* ai = a + i * rs;
+  float* ci = c + i * ldc;
+  switch (m - i) {
+    case 5: mm_rows<5>(n, k, ai, rs, cs, b, ldb, ci, ldc, accumulate); break;
+    case 4: mm_rows<4>(n, k, ai, rs, cs, b, ldb, ci, ldc, accumulate); break;
+    case 3: mm_rows<3>(n, k, ai, rs, cs, b, ldb, ci, ldc, accumulate); break;
+    case 2: mm_rows<2>(n, k, ai, rs, cs, b, ldb, ci, ldc, accumulate); break;
+    case 1: mm_rows<1>(n, k, ai, rs, cs, b, ldb, ci, ldc, accumulate); break;
+    default: break;
+  }
+}
+
+
+typedef int32_t IVec __attribute__((vector_size(sizeof(int32_t) * kLanes)));
+typedef uint8_t BVec __attribute__((vector_size(kLanes)));
+
+// exp(x) for x <= 0, kLanes at a time: 2^n exp(f) with t = x / ln 2, n = round(t),
+// f = (t - n) ln 2 and a degree-7 Taylor polynomial of exp on |f| <= ln2 / 2 (|relative
+// error| < 2e-7); exactly 0 below -87 (the masked scores; no denormals downstream).
+// Plain arithmetic, no libm call.
+inline Vec exp_taylor(Vec f) {
+  Vec p = Vec{} + 1.0f / 5040.0f;
   p = p * f + 1.0f / 720.0f;
   p = p * f + 1.0f / 120.0f;
   p = p * f + 1.0f / 24.0f;
   p = p * f + 1.0f / 6.0f;
   p = p * f + 0.5f;
   p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.0f ? 0.0f : p * scale;
+  return p * f + 1.0f;
 }
+
+inline Vec exp_nonpositive(Vec x) {
+  constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
+#if defined(__AVX512F__)
+  // rounding by vrndscaleps, 2^n by vscalefps, the cut-off by a zeroing mask
+  const __m512 xs = reinterpret_cast<__m512>(x);
+  const __m512 t = _mm512_mul_ps(xs, _mm512_set1_ps(kLog2e));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const Vec p = exp_taylor(reinterpret_cast<Vec>(_mm512_sub_ps(t, n)) * kLn2);
+  const __mmask16 keep = _mm512_cmp_ps_mask(xs, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  return reinterpret_cast<Vec>(_mm512_maskz_scalef_ps(keep, reinterpret_cast<__m512>(p), n));
+#else
+  const Vec lo = Vec{} - 87.0f;
+  const Vec t = (x > lo ? x : lo) * kLog2e;
+  const IVec n = __builtin_convertvector(t - 0.5f, IVec);  // t <= 0: truncating t - 1/2 rounds t
+  const Vec p = exp_taylor((t - __builtin_convertvector(n, Vec)) * kLn2);
+  return x < lo ? Vec{} : p * reinterpret_cast<Vec>((n + 127) << 23);
+#endif
+}
+
+inline float hsum(Vec v) {
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; ++j) s += v[j];
+  return s;
+}
+inline float hmax(Vec v) {
+  float m = v[0];
+  for (int j = 1; j < kLanes; ++j) m = std::max(m, v[j]);
+  return m;
+}
+
+
+// Transpose a kLanes x kLanes block in registers: log2(kLanes) butterfly stages; stage
+// H pairs rows i and i + H and swaps their H-lane sub-blocks (lane j of row i becomes
+// its own j or the partner's j - H; of row i + H, its own j + H or the partner's j).
+template <int H>
+inline void transpose_stage(Vec* r) {
+  IVec lo, hi;
+#pragma GCC unroll 16
+  for (int j = 0; j < kLanes; ++j) {
+    lo[j] = (j & H) ? kLanes + j - H : j;
+    hi[j] = (j & H) ? kLanes + j : j + H;
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kLanes; ++i) {
+    if (i & H) continue;
+    const Vec a = r[i], b = r[i + H];
+    r[i] = __builtin_shuffle(a, b, lo);
+    r[i + H] = __builtin_shuffle(a, b, hi);
+  }
+}
+
+inline void transpose_block(Vec* r) {
+  transpose_stage<1>(r);
+  transpose_stage<2>(r);
+  if constexpr (kLanes > 4) transpose_stage<4>(r);
+  if constexpr (kLanes > 8) transpose_stage<8>(r);
+}
+
+// kLanes rows (src[i]; nullptr: zeros) of D features as kLanes columns of dst: row i's
+// feature e at dst[e ld + i]. Scalar copies where D is not a multiple of kLanes.
+inline void transpose_tile(const float* const* src, int64_t D, float* dst, int64_t ld) {
+  if (D % kLanes != 0) {
+    for (int i = 0; i < kLanes; ++i) {
+      for (int64_t e = 0; e < D; ++e) dst[e * ld + i] = src[i] ? src[i][e] : 0.0f;
+    }
+    return;
+  }
+  for (int64_t e0 = 0; e0 < D; e0 += kLanes) {
+    Vec tile[kLanes];
+#pragma GCC unroll 16
+    for (int i = 0; i < kLanes; ++i) tile[i] = src[i] ? vload(src[i] + e0) : Vec{};
+    transpose_block(tile);
+#pragma GCC unroll 16
+    for (int e = 0; e < kLanes; ++e) vstore(dst + (e0 + e) * ld, tile[e]);
+  }
+}
+
+// Rows [0, n) of a row-major [n, D] buffer as columns of dst ([D, ld]), whole tiles as
+// in Rows::gather_t.
+inline void transpose_rows(const float* rows, int64_t n, int64_t D, float* dst, int64_t ld) {
+  const float* src[kLanes];
+  for (int64_t s = 0; s < n; s += kLanes, dst += kLanes) {
+    for (int i = 0; i < kLanes; ++i) src[i] = s + i < n ? rows + (s + i) * D : nullptr;
+    transpose_tile(src, D, dst, ld);
+  }
+}
+
+// dst[0, D) = src[0, D) * mul for a row written once and read much later (the kernels'
+// outputs): streamed past the caches where the target has AVX-512 (no read-for-ownership
+// of a line about to be overwritten whole). Callers end with store_fence().
+inline void store_row(float* dst, const float* src, int64_t D, float mul) {
+#if defined(__AVX512F__)
+  if (D % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {
+    for (int64_t e = 0; e < D; e += 16) _mm512_stream_ps(dst + e, reinterpret_cast<__m512>(vload(src + e) * mul));
+    return;
+  }
+#endif
+  for (int64_t e = 0; e < D; ++e) dst[e] = src[e] * mul;
+}
+inline void store_fence() {
+#if defined(__AVX512F__)
+  _mm_sfence();
+#endif
+}
+
+constexpr int64_t kAhead = 8;  // rows a gather prefetches ahead (they are scattered: no HW prefetch)
 
 struct Rows {
   const float* base;
@@ -90,15 +287,41 @@ struct Rows {
   const int64_t* valid;  // sorted slot -> output row, -1 for slots >= N (read as zeros)
   int64_t D;
   int64_t T;
-  // rows [s0, s1) of head bh's sorted order into dst (slots outside [0, N): zeros, as
-  // in the torch path's sorted buffers)
-  void gather(int64_t bh, int64_t s0, int64_t s1, float* dst) const {
+  // slot s of head bh's sorted order, or nullptr where it reads as zeros (slots outside
+  // [0, N), as in the torch path's sorted buffers)
+  const float* row(int64_t bh, int64_t s) const {
+    return s < 0 || s >= T || valid[bh * T + s] < 0 ? nullptr : base + index[bh * T + s] * D;
+  }
+  void prefetch(int64_t bh, int64_t s) const {
+    if (const float* p = row(bh, s)) {
+      for (int64_t e = 0; e < D; e += 64 / sizeof(float)) __builtin_prefetch(p + e);
+    }
+  }
+  // rows [s0, s1) of head bh's sorted order into dst, times mul
+  void gather(int64_t bh, int64_t s0, int64_t s1, float* dst, float mul = 1.0f) const {
     for (int64_t s = s0; s < s1; ++s, dst += D) {
-      if (s < 0 || s >= T || valid[bh * T + s] < 0) {
+      prefetch(bh, s + kAhead);
+      const float* src = row(bh, s);
+      if (src == nullptr) {
         std::memset(dst, 0, sizeof(float) * D);
+      } else if (D % kLanes == 0) {
+        for (int64_t e = 0; e < D; e += kLanes) vstore(dst + e, vload(src + e) * mul);
       } else {
-        std::memcpy(dst, base + index[bh * T + s] * D, sizeof(float) * D);
+        for (int64_t e = 0; e < D; ++e) dst[e] = src[e] * mul;
       }
+    }
+  }
+  // the same rows as columns: slot s's element e at dst[e ld + s - s0] (keys laid out
+  // for the score products, which stream them a feature at a time). Writes whole
+  // tiles: columns [s1 - s0, round_up(s1 - s0)) get zeros, so dst must have room for them.
+  void gather_t(int64_t bh, int64_t s0, int64_t s1, float* dst, int64_t ld) const {
+    const float* src[kLanes];
+    for (int64_t s = s0; s < s1; s += kLanes, dst += kLanes) {
+      for (int i = 0; i < kLanes; ++i) {
+        prefetch(bh, s + i + kAhead);
+        src[i] = s + i < s1 ? row(bh, s + i) : nullptr;
+      }
+      transpose_tile(src, D, dst, ld);
     }
   }
 };
@@ -113,16 +336,16 @@ void check(const char* what, std::initializer_list<const at::Tensor*> ts, size_t
   }
 }
 
-// Softmax numerators exp(x - mx) of one row in place (mask applied earlier); returns their sum.
-inline float exp_row(float* row, int width, float mx) {
-  float sum = 0.0f;
-  for (int j = 0; j < width; ++j) {
-    const float e = exp_nonpositive(row[j] - mx);
-    row[j] = e;
-    sum += e;
-  }
-  return sum;
-}
+
+// The columns of a chunk's score rows: [g globals, padded to gp ; 3R window, padded to
+// wp], both pads multiples of kLanes (the products write whole vectors; padded columns
+// are set to kPadding, so their probabilities are exactly 0).
+struct Layout {
+  int g, gp, w3, wp;
+  Layout(int g_, int64_t R) : g(g_), gp(static_cast<int>(round_up(g_))), w3(static_cast<int>(3 * R)),
+                              wp(static_cast<int>(round_up(3 * R))) {}
+  int width() const { return gp + wp; }
+};
 
 // Attention dropout. Whether probability (row, key) of head bh survives is a stateless
 // hash of (seed, bh, row, key) (splitmix64's finaliser), so the backward redraws the
@@ -157,10 +380,10 @@ struct Dropout {
   void apply(float* x, int n, uint64_t bh, uint64_t row, uint64_t key0) const {
     for (int j = 0; j < n; ++j) x[j] *= factor(bh, row, key0 + j);
   }
-  // one long row laid out [g globals ; 3R window]
-  void apply_long(float* x, int g, int w3, uint64_t bh, uint64_t row) const {
-    apply(x, g, bh, row, 0);
-    apply(x + g, w3, bh, row, kWindowKey);
+  // one long row laid out as a chunk's score rows
+  void apply_long(float* x, const Layout& L, uint64_t bh, uint64_t row) const {
+    apply(x, L.g, bh, row, 0);
+    apply(x + L.gp, L.w3, bh, row, kWindowKey);
   }
 };
 
@@ -172,42 +395,74 @@ constexpr int64_t kWindowCap = 32;  // buckets of k/v rows a thread keeps (>= kC
 constexpr int64_t kChunk = 8;
 static_assert(kWindowCap >= kChunk + 2, "a chunk's windows must fit the sliding buffer");
 
-// Softmax numerators of a chunk of c buckets (c R rows, sorted slots from n0 R) over
-// [g globals ; 3R window] into S (row stride g + 3R): scores of the pre-scaled queries
-// qs against kg and each bucket's window (bucket j's starts at k_window + j R D), MATE's
-// mask (a: the first row's allowed flags, AW per row, window flags from G), then
-// exp(x - row max); inv[i] = 1 / row sum. g is the most global keys any bucket of the
-// chunk reads; keys beyond a bucket's own count are masked for its rows (exp = 0, so
-// nothing changes). The first fr_b global keys (the query set) are allowed for every
-// row. Shared by the forward and the backward (which recomputes).
-inline void chunk_numerators(int64_t R, int64_t c, int g, int w3, int d, int64_t G, int64_t AW, int fr_b,
-                             const float* qs, const float* kg, const float* k_window, const bool* a, float* S,
-                             float* inv) {
-  const int width = g + w3, r = static_cast<int>(R);
-  gemm_nt(static_cast<int>(c * R), g, d, qs, d, kg, d, 0.0f, S, width);
+// Allowed flags a[j0, j0 + kLanes) as 0/1 lanes; those at or past n are 0 and not read.
+inline IVec flags(const bool* a, int j0, int n) {
+  BVec f{};
+  if (j0 + kLanes <= n) {
+    std::memcpy(&f, a + j0, kLanes);
+  } else {
+    for (int j = j0; j < n; ++j) f[j - j0] = a[j];
+  }
+#if defined(__AVX512F__)  // GCC widens byte vectors lane by lane otherwise
+  return reinterpret_cast<IVec>(_mm512_cvtepu8_epi32(reinterpret_cast<__m128i>(f)));
+#elif defined(__AVX2__)
+  return reinterpret_cast<IVec>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&f))));
+#else
+  return __builtin_convertvector(f, IVec);
+#endif
+}
+
+// One long row of scores in place: MATE's mask (a: the row's flags, [G globals ; 3R
+// window]; the first fr_b globals, the query set, always allowed), padding columns,
+// then exp(x - row max); returns the row sum. kLanes columns at a time.
+inline float long_row_numerators(float* row, const bool* a, const Layout& L, int64_t G, int fr_b) {
+  IVec iota;
+  for (int j = 0; j < kLanes; ++j) iota[j] = j;
+  const Vec masked = Vec{} + kMasked, padding = Vec{} + kPadding;
+  Vec mx = masked;
+  for (int j0 = 0; j0 < L.gp; j0 += kLanes) {
+    const IVec col = iota + j0;
+    Vec x = vload(row + j0);
+    x = col >= L.g ? padding : ((col < fr_b) | (flags(a, j0, L.g) != 0) ? x : masked);
+    vstore(row + j0, x);
+    mx = mx > x ? mx : x;
+  }
+  float* win = row + L.gp;
+  for (int j0 = 0; j0 < L.wp; j0 += kLanes) {
+    const IVec col = iota + j0;
+    Vec x = vload(win + j0);
+    x = col >= L.w3 ? padding : (flags(a + G, j0, L.w3) != 0 ? x : masked);
+    vstore(win + j0, x);
+    mx = mx > x ? mx : x;
+  }
+  const Vec m = Vec{} + hmax(mx);
+  Vec sum{};
+  for (int j0 = 0; j0 < L.width(); j0 += kLanes) {
+    const Vec e = exp_nonpositive(vload(row + j0) - m);
+    vstore(row + j0, e);
+    sum += e;
+  }
+  return hsum(sum);
+}
+
+// Softmax numerators of a chunk of c buckets (c R rows, sorted slots from n0 R) into S
+// (rows of L.width()): scores of the pre-scaled queries qs [c R, d] against the global
+// keys kgT and each bucket's window (keys as columns: [d, ldg] and [d, ldw], bucket j's
+// window from column j R of kwT), MATE's mask (a: the first row's allowed flags, AW per
+// row, window flags from G), then exp(x - row max); inv[i] = 1 / row sum. g is the most
+// global keys any bucket of the chunk reads; keys beyond a bucket's own count are
+// masked for its rows (exp = 0, so nothing changes). The first fr_b global keys (the
+// query set) are allowed for every row. Shared by the forward and the backward (which
+// recomputes).
+inline void chunk_numerators(int64_t R, int64_t c, const Layout& L, int d, int64_t G, int64_t AW, int fr_b,
+                             const float* qs, const float* kgT, int64_t ldg, const float* kwT, int64_t ldw,
+                             const bool* a, float* S, float* inv) {
+  const int width = L.width(), gp = L.gp;
+  mm(static_cast<int>(c * R), gp, d, qs, d, 1, kgT, ldg, S, width, false);
   for (int64_t j = 0; j < c; ++j) {
-    gemm_nt(r, w3, d, qs + j * R * d, d, k_window + j * R * d, d, 0.0f, S + j * R * width + g, width);
+    mm(static_cast<int>(R), L.wp, d, qs + j * R * d, d, 1, kwT + j * R, ldw, S + j * R * width + gp, width, false);
   }
-  for (int64_t i = 0; i < c * R; ++i, a += AW) {
-    float* row = S + i * width;
-    // mask + row max; the mask as arithmetic (x + (1 - allowed) * kMasked, which is
-    // kMasked for a masked key) so the loops vectorise instead of branching
-    float mx = kMasked;
-    for (int j = 0; j < fr_b; ++j) mx = std::max(mx, row[j]);
-    for (int j = fr_b; j < g; ++j) {
-      const float x = row[j] + static_cast<float>(1 - static_cast<int>(a[j])) * kMasked;
-      row[j] = x;
-      mx = std::max(mx, x);
-    }
-    float* win = row + g;
-    const bool* aw = a + G;
-    for (int j = 0; j < w3; ++j) {
-      const float x = win[j] + static_cast<float>(1 - static_cast<int>(aw[j])) * kMasked;
-      win[j] = x;
-      mx = std::max(mx, x);
-    }
-    inv[i] = 1.0f / exp_row(row, width, mx);
-  }
+  for (int64_t i = 0; i < c * R; ++i, a += AW) inv[i] = 1.0f / long_row_numerators(S + i * width, a, L, G, fr_b);
 }
 
 // Global keys a chunk reads: the most over its buckets [n0, n1) of head bh.
@@ -253,22 +508,26 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const Rows &Q = a.Q, &K = a.K, &Vr = a.Vr;
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  const int d = static_cast<int>(D), w3 = static_cast<int>(3 * R), r = static_cast<int>(R);
+  const int d = static_cast<int>(D), r = static_cast<int>(R);
 
   at::parallel_for(0, BH * nc, 1, [&](int64_t begin, int64_t end) {
-    const int64_t rows = kChunk * R;
-    std::vector<float> qbuf(rows * D), obuf(rows * D), sbuf(rows * (G + 3 * R)), inv(rows);
-    // k/v rows of consecutive buckets [base, base + loaded) of head win_bh, so that the
-    // windows of a chunk are contiguous; slides by appending a bucket at a time and
-    // moving the tail to the front when the next chunk would not fit
-    std::vector<float> kg(G * D), vg(G * D), kw(kWindowCap * R * D), vw(kWindowCap * R * D);
+    const int64_t rows = kChunk * R, Gp = round_up(G), wmax = Layout(static_cast<int>(G), R).width();
+    std::vector<float> qbuf(rows * D), obuf(rows * D), sbuf(rows * wmax), inv(rows);
+    // the head's global keys as columns (kgT [D, Gp], zero beyond G) and values as rows;
+    // k (as columns) and v rows of consecutive buckets [base, base + loaded) of head
+    // win_bh, so that the windows of a chunk are contiguous; slides by appending a
+    // bucket at a time and moving the tail to the front when the next chunk would not
+    // fit. kwT has kLanes spare columns: a window's padded columns read past its keys.
+    const int64_t ldw = kWindowCap * R + kLanes;
+    std::vector<float> kgT(D * Gp), vg(G * D), kwT(D * ldw), vw(kWindowCap * R * D);
     int64_t head_ready = -1, win_bh = -1, base = 0, loaded = 0;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t bh = t / nc, n0 = (t % nc) * kChunk, n1 = std::min(n0 + kChunk, nb), c = n1 - n0;
       const int64_t b = bh / H, view = hv[bh % H];
-      const int g = chunk_keys(kk, bh, nb, n0, n1), width = g + w3, fr_b = std::min<int>(fr[b], g);
+      const Layout L(chunk_keys(kk, bh, nb, n0, n1), R);
+      const int g = L.g, width = L.width(), fr_b = std::min<int>(fr[b], g);
       if (bh != head_ready) {
-        K.gather(bh, 0, G, kg.data());
+        K.gather_t(bh, 0, G, kgT.data(), Gp);
         Vr.gather(bh, 0, G, vg.data());
         head_ready = bh;
       }
@@ -276,39 +535,37 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       if (bh != win_bh || lo < base || lo > base + loaded) {
         win_bh = bh, base = lo, loaded = 0;
       } else if (hi - base > kWindowCap) {
-        const int64_t keep = base + loaded - lo;
-        std::memmove(kw.data(), kw.data() + (lo - base) * R * D, sizeof(float) * keep * R * D);
-        std::memmove(vw.data(), vw.data() + (lo - base) * R * D, sizeof(float) * keep * R * D);
+        const int64_t keep = base + loaded - lo, from = (lo - base) * R;
+        for (int64_t e = 0; e < D; ++e) std::memmove(&kwT[e * ldw], &kwT[e * ldw + from], sizeof(float) * keep * R);
+        std::memmove(vw.data(), vw.data() + from * D, sizeof(float) * keep * R * D);
         base = lo, loaded = keep;
       }
       for (; base + loaded < hi; ++loaded) {
         const int64_t bucket = base + loaded;
-        K.gather(bh, bucket * R, (bucket + 1) * R, kw.data() + loaded * R * D);
+        K.gather_t(bh, bucket * R, (bucket + 1) * R, kwT.data() + loaded * R, ldw);
         Vr.gather(bh, bucket * R, (bucket + 1) * R, vw.data() + loaded * R * D);
       }
-      const float* k_window = kw.data() + (lo - base) * R * D;
+      const float* kw_window = kwT.data() + (lo - base) * R;
       const float* v_window = vw.data() + (lo - base) * R * D;
-      Q.gather(bh, n0 * R, n1 * R, qbuf.data());
-      for (int64_t e = 0; e < c * R * D; ++e) qbuf[e] *= sc;
+      Q.gather(bh, n0 * R, n1 * R, qbuf.data(), sc);
       float* S = sbuf.data();
-      chunk_numerators(R, c, g, w3, d, G, AW, fr_b, qbuf.data(), kg.data(), k_window,
+      chunk_numerators(R, c, L, d, G, AW, fr_b, qbuf.data(), kgT.data(), Gp, kw_window, ldw,
                        al + ((b * V + view) * T + n0 * R) * AW, S, inv.data());
       if (drop.on()) {  // after the row sums: dropout acts on the normalised probabilities
-        for (int64_t i = 0; i < c * R; ++i) drop.apply_long(S + i * width, g, w3, bh, n0 * R + i);
+        for (int64_t i = 0; i < c * R; ++i) drop.apply_long(S + i * width, L, bh, n0 * R + i);
       }
       float* o = obuf.data();
-      gemm_nn(static_cast<int>(c * R), d, g, S, width, vg.data(), d, 0.0f, o, d);
+      mm(static_cast<int>(c * R), d, g, S, width, 1, vg.data(), D, o, D, false);
       for (int64_t j = 0; j < c; ++j) {
-        gemm_nn(r, d, w3, S + j * R * width + g, width, v_window + j * R * D, d, 1.0f, o + j * R * D, d);
+        mm(r, d, L.w3, S + j * R * width + L.gp, width, 1, v_window + j * R * D, D, o + j * R * D, D, true);
       }
       for (int64_t i = 0; i < c * R; ++i) {
         const int64_t slot = n0 * R + i, row_out = dp[bh * T + slot];
         if (slot < fr[b] || row_out < 0) continue;  // dense rows are dense_forward's; padding slots
-        float* target = op + row_out * D;
-        const float s = inv[i];
-        for (int64_t e = 0; e < D; ++e) target[e] = o[i * D + e] * s;
+        store_row(op + row_out * D, o + i * D, D, inv[i]);
       }
     }
+    store_fence();
   });
 }
 
@@ -338,19 +595,27 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const int d = static_cast<int>(D);
 
   at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qbuf, obuf, sbuf, mx, sum, kb(kBlock * D), vb(kBlock * D);
+    // scores transposed (keys x queries), so that the products broadcast k and v rows
+    // as they lie in memory and only the few query rows are transposed (qT [D, mp]);
+    // the softmax runs down the columns, kLanes queries at a time
+    std::vector<float> qbuf, qT, obuf, St, mx, sum, corr, kb(kBlock * D), vb(kBlock * D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads;
       const int m = fr[b];
       const int64_t n = std::max<int64_t>(rl[b], 1);
       if (m <= 0) continue;
+      const int mp = static_cast<int>(round_up(m)), nv = mp / kLanes;
       qbuf.resize(m * D);
+      qT.assign(D * mp, 0.0f);
       obuf.assign(m * D, 0.0f);
-      sbuf.resize(m * kBlock);
-      mx.assign(m, kMasked);
-      sum.assign(m, 0.0f);
-      Q.gather(bh, 0, m, qbuf.data());
-      for (auto& x : qbuf) x *= sc;
+      St.resize(kBlock * mp);
+      mx.assign(mp, kMasked);
+      sum.assign(mp, 0.0f);
+      corr.resize(mp);
+      Q.gather(bh, 0, m, qbuf.data(), sc);
+      for (int i = 0; i < m; ++i) {
+        for (int64_t e = 0; e < D; ++e) qT[e * mp + i] = qbuf[i * D + e];
+      }
       // the softmax over all real keys does not depend on their order: where they are the
       // example's first tokens (no padding inside), read them in token order straight
       // from k, v (rows base + t * stride), else gather sorted rows
@@ -359,54 +624,67 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
       for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
         const int kn = static_cast<int>(std::min(kBlock, n - j0));
         const float *kblock = kb.data(), *vblock = vb.data();
-        int ld = d;
+        int64_t ld = D;
         if (in_order) {
           kblock = kp + (base + j0 * stride) * D;
           vblock = vpt + (base + j0 * stride) * D;
-          ld = static_cast<int>(stride * D);
+          ld = stride * D;
         } else {
           K.gather(bh, j0, j0 + kn, kb.data());
           Vr.gather(bh, j0, j0 + kn, vb.data());
         }
-        float* S = sbuf.data();
-        gemm_nt(m, kn, d, qbuf.data(), d, kblock, ld, 0.0f, S, kn);
-        for (int i = 0; i < m; ++i) {
-          float* row = S + static_cast<int64_t>(i) * kn;
-          float bmax = kMasked;
-          for (int j = 0; j < kn; ++j) bmax = std::max(bmax, row[j]);
-          const float new_max = std::max(mx[i], bmax);
-          const float corr = exp_nonpositive(mx[i] - new_max);
-          sum[i] = sum[i] * corr + exp_row(row, kn, new_max);
-          mx[i] = new_max;
-          if (drop.on()) {
-            for (int j = 0; j < kn; ++j) {
-              const int64_t token = in_order ? j0 + j : (sp[bh * T + j0 + j] - base) / stride;
-              row[j] *= drop.factor(bh, i, kDenseKey + token);
+        if (in_order && j0 + kBlock < n) {  // the next block's rows (strided: no HW prefetch)
+          const int64_t next = std::min(kBlock, n - j0 - kBlock);
+          for (int64_t j = 0; j < next; ++j) {
+            for (int64_t e = 0; e < D; e += 16) {
+              __builtin_prefetch(kblock + (kBlock + j) * ld + e);
+              __builtin_prefetch(vblock + (kBlock + j) * ld + e);
             }
           }
-          float* orow = obuf.data() + static_cast<int64_t>(i) * D;
-          for (int64_t e = 0; e < D; ++e) orow[e] *= corr;
         }
-        gemm_nn(m, d, kn, S, kn, vblock, ld, 1.0f, obuf.data(), d);
+        float* S = St.data();
+        mm(kn, mp, d, kblock, ld, 1, qT.data(), mp, S, mp, false);
+        for (int v0 = 0; v0 < nv; ++v0) {  // online softmax, kLanes query columns at a time
+          const int c0 = v0 * kLanes;
+          Vec bmax = Vec{} + kMasked;
+          for (int j = 0; j < kn; ++j) {
+            const Vec x = vload(S + j * mp + c0);
+            bmax = bmax > x ? bmax : x;
+          }
+          const Vec old = vload(&mx[c0]), top = old > bmax ? old : bmax;
+          const Vec cr = exp_nonpositive(old - top);
+          Vec total{};
+          for (int j = 0; j < kn; ++j) {
+            const Vec e = exp_nonpositive(vload(S + j * mp + c0) - top);
+            vstore(S + j * mp + c0, e);
+            total += e;
+          }
+          vstore(&sum[c0], vload(&sum[c0]) * cr + total);
+          vstore(&mx[c0], top);
+          vstore(&corr[c0], cr);
+        }
+        if (drop.on()) {
+          for (int j = 0; j < kn; ++j) {
+            const int64_t token = in_order ? j0 + j : (sp[bh * T + j0 + j] - base) / stride;
+            for (int i = 0; i < m; ++i) S[j * mp + i] *= drop.factor(bh, i, kDenseKey + token);
+          }
+        }
+        for (int i = 0; i < m; ++i) {
+          float* orow = obuf.data() + static_cast<int64_t>(i) * D;
+          for (int64_t e = 0; e < D; ++e) orow[e] *= corr[i];
+        }
+        mm(m, d, kn, S, 1, mp, vblock, ld, obuf.data(), D, true);
       }
       for (int i = 0; i < m; ++i) {
         const int64_t row_out = dp[bh * T + i];
         if (row_out < 0) continue;
-        const float s = 1.0f / sum[i];
-        float* target = op + row_out * D;
-        for (int64_t e = 0; e < D; ++e) target[e] = obuf[static_cast<int64_t>(i) * D + e] * s;
+        store_row(op + row_out * D, obuf.data() + static_cast<int64_t>(i) * D, D, 1.0f / sum[i]);
       }
     }
+    store_fence();
   });
 }
 
-
-// Row-major C[m, n] = A[k, m]^T . B[k, n] (+ beta C).
-inline void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                    int ldc) {
-  const float one = 1.0f;
-  sgemm_("N", "T", &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
-}
 
 // dS = P * (dP - delta_i) in place over dP, row by row (rows of width w, stride ld).
 inline void softmax_grad_rows(int64_t rows, int w, int ld, const float* P, float* dP, const float* delta) {
@@ -459,25 +737,30 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   const int32_t* rl = real.data_ptr<int32_t>();
   float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  const int d = static_cast<int>(D), w3 = static_cast<int>(3 * R), r = static_cast<int>(R);
+  const int d = static_cast<int>(D), r = static_cast<int>(R);
 
   at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
     // sorted rows of one head; k, v and their gradients with one bucket of zeros on each
-    // side, so that every window (slots [(n-1)R, (n+2)R)) is a plain pointer
-    const int64_t padded = (T + 2 * R) * D;
+    // side, so that every window (slots [(n-1)R, (n+2)R)) is a plain pointer; k and v
+    // also as columns: the global keys once per head (kgT, vgT [D, Gp]) and a chunk's
+    // windows per chunk (kwT, vwT [D, ldw], small enough to stay in L2; kLanes spare
+    // columns for the padded score columns)
+    const int64_t padded = (T + 2 * R) * D, Gp = round_up(G), ldw = (kChunk + 2) * R + kLanes;
     std::vector<float> qs(T * D), go(T * D), dlt(T);
     std::vector<float> kp(padded), vpad(padded), dkp_s(padded), dvp_s(padded);
-    const int64_t chunk_rows = kChunk * R;
-    std::vector<float> P(chunk_rows * (G + 3 * R)), dP(chunk_rows * (G + 3 * R)), inv(chunk_rows);
+    std::vector<float> kgT(D * Gp), vgT(D * Gp), kwT(D * ldw), vwT(D * ldw);
+    const int64_t chunk_rows = kChunk * R, wmax = Layout(static_cast<int>(G), R).width();
+    std::vector<float> P(chunk_rows * wmax), dP(chunk_rows * wmax), inv(chunk_rows);
     std::vector<float> dob(chunk_rows * D), dqb(chunk_rows * D);
-    std::vector<float> Pd, dPd;
+    std::vector<float> Pd, dPd, qT, goT, dlm;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, view = hv[bh % H];
       const int fr_all = fr[b];
-      Q.gather(bh, 0, T, qs.data());
-      for (auto& x : qs) x *= sc;
+      Q.gather(bh, 0, T, qs.data(), sc);
       K.gather(bh, -R, T + R, kp.data());
       Vr.gather(bh, -R, T + R, vpad.data());
+      transpose_rows(kp.data() + R * D, G, D, kgT.data(), Gp);
+      transpose_rows(vpad.data() + R * D, G, D, vgT.data(), Gp);
       dO.gather(bh, 0, T, go.data());
       for (int64_t s = 0; s < T; ++s) dlt[s] = vp[bh * T + s] < 0 ? 0.0f : dl[vp[bh * T + s]];
       std::fill(dkp_s.begin(), dkp_s.end(), 0.0f);
@@ -490,10 +773,15 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       for (int64_t n0 = 0; n0 < nb; n0 += kChunk) {  // the forward's chunks
         const int64_t n1 = std::min(n0 + kChunk, nb), c = n1 - n0, s0 = n0 * R, rows = c * R;
         if (n1 * R <= fr_all || vp[bh * T + s0] < 0) continue;  // all dense rows, or all padding slots
-        const int g = chunk_keys(kk, bh, nb, n0, n1), width = g + w3, fr_b = std::min<int>(fr_all, g);
+        const Layout L(chunk_keys(kk, bh, nb, n0, n1), R);
+        const int g = L.g, gp = L.gp, width = L.width(), fr_b = std::min<int>(fr_all, g);
         const int m = static_cast<int>(rows);
         float* Pc = P.data();
-        chunk_numerators(R, c, g, w3, d, G, AW, fr_b, qs.data() + s0 * D, kg, kp.data() + s0 * D,
+        // the chunk's windows: slots [s0 - R, s0 + (c + 1) R), rows s0 .. of kp and vpad;
+        // bucket n0 + j's window from column j R
+        transpose_rows(kp.data() + s0 * D, (c + 2) * R, D, kwT.data(), ldw);
+        transpose_rows(vpad.data() + s0 * D, (c + 2) * R, D, vwT.data(), ldw);
+        chunk_numerators(R, c, L, d, G, AW, fr_b, qs.data() + s0 * D, kgT.data(), Gp, kwT.data(), ldw,
                          al + ((b * V + view) * T + s0) * AW, Pc, inv.data());
         // normalise; rows the long part does not answer (dense rows) get dO = 0
         for (int64_t i = 0; i < rows; ++i) {
@@ -505,19 +793,19 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
           inv[i] = mine ? dlt[s0 + i] : 0.0f;  // reused as the rows' delta
         }
         float* dPc = dP.data();
-        // dP = dO [Vg ; Vw]^T: the global part for the whole chunk at once, windows per bucket
-        gemm_nt(m, g, d, dob.data(), d, vg, d, 0.0f, dPc, width);
+        // dP = dO [Vg ; Vw]^T over the padded columns too (finite there, and P = 0): the
+        // global part for the whole chunk at once, windows per bucket
+        mm(m, gp, d, dob.data(), D, 1, vgT.data(), Gp, dPc, width, false);
         for (int64_t j = 0; j < c; ++j) {
-          const int64_t sj = s0 + j * R;  // bucket n0 + j: its window rows start at slot sj - R
-          gemm_nt(r, w3, d, dob.data() + j * R * D, d, vpad.data() + sj * D, d, 0.0f, dPc + j * R * width + g, width);
+          mm(r, L.wp, d, dob.data() + j * R * D, D, 1, vwT.data() + j * R, ldw, dPc + j * R * width + gp, width, false);
         }
         // dS = P * (dP M - delta) in place over dP, and P becomes P M (M: the dropout
-        // factors, the forward's mask; none without dropout)
+        // factors, the forward's mask; none without dropout). Padded columns: P = 0, so dS = 0.
         if (drop.on()) {
           for (int64_t i = 0; i < rows; ++i) {
             float *p = Pc + i * width, *dp = dPc + i * width;
             for (int j = 0; j < width; ++j) {
-              const float f = drop.factor(bh, s0 + i, j < g ? j : kWindowKey + (j - g));
+              const float f = j < gp ? drop.factor(bh, s0 + i, j) : drop.factor(bh, s0 + i, kWindowKey + (j - gp));
               dp[j] = p[j] * (dp[j] * f - inv[i]);
               p[j] *= f;
             }
@@ -526,72 +814,103 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
           softmax_grad_rows(rows, width, width, Pc, dPc, inv.data());
         }
         // dV += (P M)^T dO
-        gemm_tn(g, d, m, Pc, width, dob.data(), d, 1.0f, dvg, d);
+        mm(g, d, m, Pc, 1, width, dob.data(), D, dvg, D, true);
         for (int64_t j = 0; j < c; ++j) {
           const int64_t sj = s0 + j * R;
-          gemm_tn(w3, d, r, Pc + j * R * width + g, width, dob.data() + j * R * D, d, 1.0f, dvp_s.data() + sj * D, d);
+          mm(L.w3, d, r, Pc + j * R * width + gp, 1, width, dob.data() + j * R * D, D, dvp_s.data() + sj * D, D, true);
         }
         // dQ = dS [Kg ; Kw] and dK += dS^T Q (q pre-scaled)
-        gemm_nn(m, d, g, dPc, width, kg, d, 0.0f, dqb.data(), d);
-        gemm_tn(g, d, m, dPc, width, qs.data() + s0 * D, d, 1.0f, dkg, d);
+        mm(m, d, g, dPc, width, 1, kg, D, dqb.data(), D, false);
+        mm(g, d, m, dPc, 1, width, qs.data() + s0 * D, D, dkg, D, true);
         for (int64_t j = 0; j < c; ++j) {
           const int64_t sj = s0 + j * R;
-          const float* dsj = dPc + j * R * width + g;
-          gemm_nn(r, d, w3, dsj, width, kp.data() + sj * D, d, 1.0f, dqb.data() + j * R * D, d);
-          gemm_tn(w3, d, r, dsj, width, qs.data() + sj * D, d, 1.0f, dkp_s.data() + sj * D, d);
+          const float* dsj = dPc + j * R * width + gp;
+          mm(r, d, L.w3, dsj, width, 1, kp.data() + sj * D, D, dqb.data() + j * R * D, D, true);
+          mm(L.w3, d, r, dsj, 1, width, qs.data() + sj * D, D, dkp_s.data() + sj * D, D, true);
         }
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t slot = s0 + i;
           if (slot < fr_all || vp[bh * T + slot] < 0) continue;
-          float* target = dqp + sp[bh * T + slot] * D;
-          for (int64_t e = 0; e < D; ++e) target[e] = dqb[i * D + e] * sc;
+          store_row(dqp + sp[bh * T + slot] * D, dqb.data() + i * D, D, sc);
         }
       }
 
-      if (fr_all > 0) {  // dense rows over the real keys
-        const int m = fr_all, nk = static_cast<int>(std::max<int64_t>(rl[b], 1));
-        Pd.resize(static_cast<size_t>(m) * nk);
-        dPd.resize(static_cast<size_t>(m) * nk);
-        gemm_nt(m, nk, d, qs.data(), d, kg, d, 0.0f, Pd.data(), nk);
+      if (fr_all > 0) {  // dense rows over the real keys, transposed as in dense_forward: [keys, mp]
+        const int m = fr_all, mp = static_cast<int>(round_up(m)), nk = static_cast<int>(std::max<int64_t>(rl[b], 1));
+        Pd.resize(static_cast<size_t>(nk) * mp);
+        dPd.resize(static_cast<size_t>(kBlock) * mp);
+        qT.assign(D * mp, 0.0f);
+        goT.assign(D * mp, 0.0f);
+        dlm.assign(mp, 0.0f);
         for (int i = 0; i < m; ++i) {
-          float* row = Pd.data() + static_cast<int64_t>(i) * nk;
-          float mx = kMasked;
-          for (int j = 0; j < nk; ++j) mx = std::max(mx, row[j]);
-          const float s = 1.0f / exp_row(row, nk, mx);
-          for (int j = 0; j < nk; ++j) row[j] *= s;
+          for (int64_t e = 0; e < D; ++e) {
+            qT[e * mp + i] = qs[i * D + e];
+            goT[e * mp + i] = go[i * D + e];
+          }
+          dlm[i] = dlt[i];
         }
-        gemm_nt(m, nk, d, go.data(), d, vg, d, 0.0f, dPd.data(), nk);
-        if (drop.on()) {  // as in the long part; keys by their token position
-          const int64_t base = tr[3 * bh], stride = tr[3 * bh + 1];
-          for (int i = 0; i < m; ++i) {
-            float *p = Pd.data() + static_cast<int64_t>(i) * nk, *dp = dPd.data() + static_cast<int64_t>(i) * nk;
-            for (int j = 0; j < nk; ++j) {
-              const float f = drop.factor(bh, i, kDenseKey + (sp[bh * T + j] - base) / stride);
-              dp[j] = p[j] * (dp[j] * f - dlt[i]);
-              p[j] *= f;
+        // the softmax's statistics over all keys first: scores and their column maxima,
+        // then the numerators and their sums
+        float* Pt = Pd.data();
+        mm(nk, mp, d, kg, D, 1, qT.data(), mp, Pt, mp, false);
+        std::vector<Vec> top(mp / kLanes, Vec{} + kMasked), total(mp / kLanes, Vec{});
+        for (int j = 0; j < nk; ++j) {
+          for (int v0 = 0; v0 < mp / kLanes; ++v0) {
+            const Vec x = vload(Pt + static_cast<int64_t>(j) * mp + v0 * kLanes);
+            top[v0] = top[v0] > x ? top[v0] : x;
+          }
+        }
+        for (int j = 0; j < nk; ++j) {
+          for (int v0 = 0; v0 < mp / kLanes; ++v0) {
+            float* x = Pt + static_cast<int64_t>(j) * mp + v0 * kLanes;
+            const Vec e = exp_nonpositive(vload(x) - top[v0]);
+            vstore(x, e);
+            total[v0] += e;
+          }
+        }
+        for (auto& t : total) t = 1.0f / t;
+        // then key block by key block (the block's P and dP stay in L2): P, dP = dO V^T,
+        // dS = P (dP M - delta), dV += (P M)^T dO, dQ += dS K, dK += dS^T Q
+        const int64_t base = tr[3 * bh], stride = tr[3 * bh + 1];
+        if (dqb.size() < static_cast<size_t>(m) * D) dqb.resize(static_cast<size_t>(m) * D);
+        for (int j0 = 0; j0 < nk; j0 += kBlock) {
+          const int kn = static_cast<int>(std::min<int64_t>(kBlock, nk - j0));
+          float *Pb = Pt + static_cast<int64_t>(j0) * mp, *dPb = dPd.data();
+          mm(kn, mp, d, vg + static_cast<int64_t>(j0) * D, D, 1, goT.data(), mp, dPb, mp, false);
+          for (int j = 0; j < kn; ++j) {
+            float *p = Pb + static_cast<int64_t>(j) * mp, *dp = dPb + static_cast<int64_t>(j) * mp;
+            for (int v0 = 0; v0 < mp / kLanes; ++v0) {
+              const int c0 = v0 * kLanes;
+              vstore(p + c0, vload(p + c0) * total[v0]);
+            }
+            if (drop.on()) {  // as in the long part; keys by their token position
+              const uint64_t key = kDenseKey + (sp[bh * T + j0 + j] - base) / stride;
+              for (int i = 0; i < m; ++i) {
+                const float f = drop.factor(bh, i, key);
+                dp[i] = p[i] * (dp[i] * f - dlm[i]);
+                p[i] *= f;
+              }
+            } else {
+              for (int c0 = 0; c0 < mp; c0 += kLanes) vstore(dp + c0, vload(p + c0) * (vload(dp + c0) - vload(&dlm[c0])));
             }
           }
-        } else {
-          softmax_grad_rows(m, nk, nk, Pd.data(), dPd.data(), dlt.data());
+          mm(kn, d, m, Pb, mp, 1, go.data(), D, dvg + static_cast<int64_t>(j0) * D, D, true);
+          mm(m, d, kn, dPb, 1, mp, kg + static_cast<int64_t>(j0) * D, D, dqb.data(), D, j0 > 0);
+          mm(kn, d, m, dPb, mp, 1, qs.data(), D, dkg + static_cast<int64_t>(j0) * D, D, true);
         }
-        gemm_tn(nk, d, m, Pd.data(), nk, go.data(), d, 1.0f, dvg, d);
-        if (dqb.size() < static_cast<size_t>(m) * D) dqb.resize(static_cast<size_t>(m) * D);
-        gemm_nn(m, d, nk, dPd.data(), nk, kg, d, 0.0f, dqb.data(), d);
-        gemm_tn(nk, d, m, dPd.data(), nk, qs.data(), d, 1.0f, dkg, d);
         for (int i = 0; i < m; ++i) {
           if (vp[bh * T + i] < 0) continue;
-          float* target = dqp + sp[bh * T + i] * D;
-          for (int64_t e = 0; e < D; ++e) target[e] = dqb[i * D + e] * sc;
+          store_row(dqp + sp[bh * T + i] * D, dqb.data() + static_cast<int64_t>(i) * D, D, sc);
         }
       }
-
       for (int64_t s = 0; s < T; ++s) {  // every row of this head: one slot < N
         if (vp[bh * T + s] < 0) continue;
         const int64_t row = sp[bh * T + s];
-        std::memcpy(dkp + row * D, dkg + s * D, sizeof(float) * D);
-        std::memcpy(dvp + row * D, dvg + s * D, sizeof(float) * D);
+        store_row(dkp + row * D, dkg + s * D, D, 1.0f);
+        store_row(dvp + row * D, dvg + s * D, D, 1.0f);
       }
     }
+    store_fence();
   });
 }
 
@@ -599,7 +918,11 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 // Registered for the CPU key (not as a catch-all), so torch dispatch modes such as
 // FlopCounterMode see the call.
+// Lanes of the vector code this build runs (16: AVX-512, 8: AVX2/AVX, 4: SSE/NEON).
+int64_t vector_lanes() { return kLanes; }
+
 TORCH_LIBRARY(mate_cpu, m) {
+  m.def("vector_lanes() -> int", &vector_lanes);
   m.def(
       "bucketed_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor allowed, Tensor keys, "
       "Tensor free, Tensor head_view, Tensor(a!) out, int radius, float scale, float dropout, int seed) -> ()");
