@@ -234,13 +234,14 @@ def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan, dropout_p: flo
     forward's result (a view of a ``[B, N, H, D]`` buffer)."""
     B, H, N, D = q.shape
     qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
-    grad_rows = grad_out.transpose(1, 2).contiguous().view(-1, D)  # the output's [B, N, H, D] rows
-    delta = torch.linalg.vecdot(grad_rows, out.transpose(1, 2).reshape(-1, D))  # rowsum(dO * O)
+    grad_rows, grad_kind = _flat_rows(grad_out)  # read in its own layout: no copy for either
+    grad_src = plan.source_rows(grad_kind).view(B * H, plan.padded_len)
+    out_rows = out.transpose(1, 2).reshape(-1, D)  # the forward's [B, N, H, D] buffer (a view)
     grads = [torch.empty_like(qf) for _ in range(3)]
     allowed, keys, free, head_view, real = plan.kernel_args
     mate_cpu_kernel.bucketed_backward(
-        qf, kf, vf, grad_rows, delta, src, plan.dest_rows, allowed, keys, free, head_view, real, plan.token_rows(kind),
-        *grads, plan.radius, D**-0.5, dropout_p, seed,
+        qf, kf, vf, grad_rows, grad_src, out_rows, src, plan.dest_rows, allowed, keys, free, head_view, real,
+        plan.token_rows(kind), *grads, plan.radius, D**-0.5, dropout_p, seed,
     )  # fmt: skip
     if kind == "bnhd":
         return tuple(g.view(B, N, H, D).transpose(1, 2) for g in grads)

@@ -167,7 +167,7 @@ def _register_flops() -> None:
         return 4 * radius * q.shape[-1] * (int(keys.sum()) + 3 * radius * keys.numel())
 
     @register_flop_formula(torch.ops.mate_cpu.bucketed_backward, get_raw=True)
-    def _backward(q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, token_rows, dq, dk, dv,
+    def _backward(q, k, v, grad_out, grad_src, out, src, dst, allowed, keys, free, head_view, real, token_rows, dq, dk, dv,
                   radius, scale,
                   *args, out_val=None, **kwargs):  # fmt: skip
         D, heads = q.shape[-1], head_view.numel()
@@ -202,14 +202,13 @@ def dense_forward(q, k, v, src, dst, free, real, token_rows, heads: int, out, sc
     torch.ops.mate_cpu.dense_forward(q, k, v, src, dst, free, real, token_rows, heads, out, scale, dropout, seed)
 
 
-def bucketed_backward(q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, token_rows, dq, dk, dv,
-                      radius: int, scale: float, dropout: float = 0.0, seed: int = 0) -> None:
+def bucketed_backward(q, k, v, grad_out, grad_src, out, src, dst, allowed, keys, free, head_view, real, token_rows, dq,
+                      dk, dv, radius: int, scale: float, dropout: float = 0.0, seed: int = 0) -> None:
     """dq, dk, dv of both forwards into ``dq, dk, dv`` (see the C++ source for the arguments)."""
     torch.ops.mate_cpu.bucketed_backward(
-        q, k, v, grad_out, delta, src, dst, allowed, keys, free, head_view, real, token_rows, dq, dk, dv, radius, scale,
-        dropout,
-        seed,
-    )
+        q, k, v, grad_out, grad_src, out, src, dst, allowed, keys, free, head_view, real, token_rows, dq, dk, dv,
+        radius, scale, dropout, seed,
+    )  # fmt: skip
 
 
 def vector_lanes() -> int:

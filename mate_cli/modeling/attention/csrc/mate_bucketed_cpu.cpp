@@ -193,6 +193,15 @@ inline Vec exp_nonpositive(Vec x) {
 #endif
 }
 
+// The lane-wise partial sums of dot(x, y) over [0, D) (hsum them for the dot product).
+inline Vec dot_lanes(const float* x, const float* y, int64_t D) {
+  Vec acc{};
+  int64_t e = 0;
+  for (; e + kLanes <= D; e += kLanes) acc += vload(x + e) * vload(y + e);
+  for (; e < D; ++e) acc[0] += x[e] * y[e];
+  return acc;
+}
+
 inline float hsum(Vec v) {
   float s = 0.0f;
   for (int j = 0; j < kLanes; ++j) s += v[j];
@@ -230,6 +239,13 @@ inline void transpose_block(Vec* r) {
   transpose_stage<2>(r);
   if constexpr (kLanes > 4) transpose_stage<4>(r);
   if constexpr (kLanes > 8) transpose_stage<8>(r);
+}
+
+// dst[0, D) = src[0, D) * mul
+inline void copy_scaled(float* dst, const float* src, int64_t D, float mul) {
+  int64_t e = 0;
+  for (; e + kLanes <= D; e += kLanes) vstore(dst + e, vload(src + e) * mul);
+  for (; e < D; ++e) dst[e] = src[e] * mul;
 }
 
 // kLanes rows (src[i]; nullptr: zeros) of D features as kLanes columns of dst: row i's
@@ -304,10 +320,8 @@ struct Rows {
       const float* src = row(bh, s);
       if (src == nullptr) {
         std::memset(dst, 0, sizeof(float) * D);
-      } else if (D % kLanes == 0) {
-        for (int64_t e = 0; e < D; e += kLanes) vstore(dst + e, vload(src + e) * mul);
       } else {
-        for (int64_t e = 0; e < D; ++e) dst[e] = src[e] * mul;
+        copy_scaled(dst, src, D, mul);
       }
     }
   }
@@ -686,13 +700,14 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 }
 
 
-// dS = P * (dP - delta_i) in place over dP, row by row (rows of width w, stride ld).
+// dS = P * (dP - delta_i) in place over dP, row by row (rows of w columns, a multiple
+// of kLanes, stride ld).
 inline void softmax_grad_rows(int64_t rows, int w, int ld, const float* P, float* dP, const float* delta) {
   for (int64_t i = 0; i < rows; ++i) {
     const float* p = P + i * ld;
     float* dp = dP + i * ld;
     const float di = delta[i];
-    for (int j = 0; j < w; ++j) dp[j] = p[j] * (dp[j] - di);
+    for (int j = 0; j < w; j += kLanes) vstore(dp + j, vload(p + j) * (vload(dp + j) - di));
   }
 }
 
@@ -708,30 +723,32 @@ inline void softmax_grad_rows(int64_t rows, int w, int ld, const float* P, float
 // The dense rows [0, free[b]) do the same over the real keys [0, real[b]); the long
 // part skips them (their gradient comes from the dense part only, as in the forward).
 // Heads own disjoint rows, so tasks never write the same memory.
-// Extra inputs: grad_out [rows, D] and delta [rows] = rowsum(grad_out * out), in the
-// output row layout (dst);
+// Extra inputs: grad_out [rows, D] in its own row layout (grad_src [BH, T]: sorted slot
+// -> its row, as src is for q), and out [rows, D], the forward's result in the output
+// row layout (dst), read only for rowsum(dO * O) of each row;
 // dq, dk, dv [rows, D] in the input row layout (src), every row written.
 void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& grad_out,
-                       const at::Tensor& delta, const at::Tensor& src, const at::Tensor& dst,
+                       const at::Tensor& grad_src, const at::Tensor& out, const at::Tensor& src, const at::Tensor& dst,
                        const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
                        const at::Tensor& head_view, const at::Tensor& real, const at::Tensor& token_rows,
                        at::Tensor dq, at::Tensor dk, at::Tensor dv,
                        int64_t radius, double scale, double dropout, int64_t seed) {
   const Dropout drop(dropout, seed);
   check("mate bucketed_backward",
-        {&q, &k, &v, &grad_out, &delta, &dq, &dk, &dv, &src, &dst, &allowed, &keys, &free, &head_view, &real,
-         &token_rows}, 8);
+        {&q, &k, &v, &grad_out, &out, &dq, &dk, &dv, &grad_src, &src, &dst, &allowed, &keys, &free, &head_view,
+         &real, &token_rows}, 8);
   const LongArgs a("mate bucketed_backward", q, k, v, src, dst, allowed, keys, free, head_view, radius);
   const int64_t BH = a.BH, T = a.T, D = a.D, R = a.R, nb = a.nb, H = a.H, V = a.V, AW = a.AW, G = a.G;
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k, &v, &grad_out, &dq, &dk, &dv}) {
-    TORCH_CHECK(t->sizes() == q.sizes(), "mate bucketed_backward: q, k, v, grad_out and gradients must have one shape");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k, &v, &grad_out, &out, &dq, &dk, &dv}) {
+    TORCH_CHECK(t->sizes() == q.sizes(), "mate bucketed_backward: q, k, v, grad_out, out and gradients must have one shape");
   }
-  TORCH_CHECK(delta.numel() == q.size(0) && token_rows.numel() == 3 * BH, "mate bucketed_backward: inconsistent shapes");
+  TORCH_CHECK(grad_src.sizes() == src.sizes() && token_rows.numel() == 3 * BH,
+              "mate bucketed_backward: inconsistent shapes");
   const int64_t* tr = token_rows.data_ptr<int64_t>();
   const int64_t *sp = a.sp, *vp = a.vp;
   const Rows &Q = a.Q, &K = a.K, &Vr = a.Vr;
-  const Rows dO{grad_out.data_ptr<float>(), vp, vp, D, T};
-  const float* dl = delta.data_ptr<float>();
+  const Rows dO{grad_out.data_ptr<float>(), grad_src.data_ptr<int64_t>(), vp, D, T};
+  const Rows O{out.data_ptr<float>(), vp, vp, D, T};
   const bool* al = a.al;
   const int32_t *kk = a.kk, *fr = a.fr, *hv = a.hv;
   const int32_t* rl = real.data_ptr<int32_t>();
@@ -746,7 +763,7 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     // windows per chunk (kwT, vwT [D, ldw], small enough to stay in L2; kLanes spare
     // columns for the padded score columns)
     const int64_t padded = (T + 2 * R) * D, Gp = round_up(G), ldw = (kChunk + 2) * R + kLanes;
-    std::vector<float> qs(T * D), go(T * D), dlt(T);
+    std::vector<float> qs(T * D), go(T * D), dlt(T), orow(D);
     std::vector<float> kp(padded), vpad(padded), dkp_s(padded), dvp_s(padded);
     std::vector<float> kgT(D * Gp), vgT(D * Gp), kwT(D * ldw), vwT(D * ldw);
     const int64_t chunk_rows = kChunk * R, wmax = Layout(static_cast<int>(G), R).width();
@@ -762,7 +779,10 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       transpose_rows(kp.data() + R * D, G, D, kgT.data(), Gp);
       transpose_rows(vpad.data() + R * D, G, D, vgT.data(), Gp);
       dO.gather(bh, 0, T, go.data());
-      for (int64_t s = 0; s < T; ++s) dlt[s] = vp[bh * T + s] < 0 ? 0.0f : dl[vp[bh * T + s]];
+      for (int64_t s = 0; s < T; ++s) {  // delta = rowsum(dO * O)
+        O.gather(bh, s, s + 1, orow.data());
+        dlt[s] = hsum(dot_lanes(go.data() + s * D, orow.data(), D));
+      }
       std::fill(dkp_s.begin(), dkp_s.end(), 0.0f);
       std::fill(dvp_s.begin(), dvp_s.end(), 0.0f);
       const float* kg = kp.data() + R * D;  // slot 0
@@ -783,24 +803,29 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
         transpose_rows(vpad.data() + s0 * D, (c + 2) * R, D, vwT.data(), ldw);
         chunk_numerators(R, c, L, d, G, AW, fr_b, qs.data() + s0 * D, kgT.data(), Gp, kwT.data(), ldw,
                          al + ((b * V + view) * T + s0) * AW, Pc, inv.data());
-        // normalise; rows the long part does not answer (dense rows) get dO = 0
+        // Pc holds the numerators E (P = E / sum). Rather than normalising them, each
+        // row's dO is scaled by its 1 / sum: with dO' = dO / sum, dP' = dO' V^T = dP / sum,
+        // dS = P * (dP M - delta) = E * (dP' M - delta / sum) and dV += (P M)^T dO =
+        // (E M)^T dO'. Rows the long part does not answer (dense rows) get dO = 0.
         for (int64_t i = 0; i < rows; ++i) {
-          float* row = Pc + i * width;
-          for (int j = 0; j < width; ++j) row[j] *= inv[i];
-          const bool mine = s0 + i >= fr_all;
-          std::memcpy(dob.data() + i * D, go.data() + (s0 + i) * D, sizeof(float) * D);
-          if (!mine) std::memset(dob.data() + i * D, 0, sizeof(float) * D);
-          inv[i] = mine ? dlt[s0 + i] : 0.0f;  // reused as the rows' delta
+          float* row = dob.data() + i * D;
+          if (s0 + i >= fr_all) {
+            copy_scaled(row, go.data() + (s0 + i) * D, D, inv[i]);
+            inv[i] *= dlt[s0 + i];  // reused as the rows' delta / sum
+          } else {
+            std::memset(row, 0, sizeof(float) * D);
+            inv[i] = 0.0f;
+          }
         }
         float* dPc = dP.data();
-        // dP = dO [Vg ; Vw]^T over the padded columns too (finite there, and P = 0): the
+        // dP' = dO' [Vg ; Vw]^T over the padded columns too (finite there, and E = 0): the
         // global part for the whole chunk at once, windows per bucket
         mm(m, gp, d, dob.data(), D, 1, vgT.data(), Gp, dPc, width, false);
         for (int64_t j = 0; j < c; ++j) {
           mm(r, L.wp, d, dob.data() + j * R * D, D, 1, vwT.data() + j * R, ldw, dPc + j * R * width + gp, width, false);
         }
-        // dS = P * (dP M - delta) in place over dP, and P becomes P M (M: the dropout
-        // factors, the forward's mask; none without dropout). Padded columns: P = 0, so dS = 0.
+        // dS = E * (dP' M - delta / sum) in place over dP, and E becomes E M (M: the
+        // dropout factors, the forward's mask; none without dropout). Padded columns: E = 0, so dS = 0.
         if (drop.on()) {
           for (int64_t i = 0; i < rows; ++i) {
             float *p = Pc + i * width, *dp = dPc + i * width;
@@ -813,7 +838,7 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
         } else {
           softmax_grad_rows(rows, width, width, Pc, dPc, inv.data());
         }
-        // dV += (P M)^T dO
+        // dV += (E M)^T dO'
         mm(g, d, m, Pc, 1, width, dob.data(), D, dvg, D, true);
         for (int64_t j = 0; j < c; ++j) {
           const int64_t sj = s0 + j * R;
@@ -930,7 +955,8 @@ TORCH_LIBRARY(mate_cpu, m) {
       "dense_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor free, Tensor real, "
       "Tensor token_rows, int heads, Tensor(a!) out, float scale, float dropout, int seed) -> ()");
   m.def(
-      "bucketed_backward(Tensor q, Tensor k, Tensor v, Tensor grad_out, Tensor delta, Tensor src, Tensor dst, "
+      "bucketed_backward(Tensor q, Tensor k, Tensor v, Tensor grad_out, Tensor grad_src, Tensor out, Tensor src, "
+      "Tensor dst, "
       "Tensor allowed, Tensor keys, Tensor free, Tensor head_view, Tensor real, Tensor token_rows, Tensor(a!) dq, Tensor(b!) dk, "
       "Tensor(c!) dv, int radius, float scale, float dropout, int seed) -> ()");
 }
