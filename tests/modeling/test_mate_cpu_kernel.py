@@ -73,9 +73,10 @@ CASES = [
 ]
 
 
-#: head dims: whole vectors of every build (16), and whole vectors plus a narrow tail
-#: where the build has 16 lanes (24: the scalar edges of the products and transposes)
-DIMS = [16, 24]
+#: head dims: whole vectors of every build (16); a narrow tail after whole vectors with 16
+#: lanes (24); and narrower than one vector with 16 lanes, a tail with 8 (12): the scalar
+#: edges of the products and transposes in each build
+DIMS = [16, 24, 12]
 
 
 @needs_kernel
@@ -256,7 +257,7 @@ def test_narrower_vector_builds_agree_with_the_torch_path(flags, lanes, tmp_path
     assert built.returncode == 0, built.stderr[-2000:]
     assert int(built.stdout.split()[-1]) == lanes
     tests = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-k", "equals or builds_where_required", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", __file__, "-k", "equals or dropout or builds_where_required", "-p", "no:cacheprovider",
          "--basetemp", str(tmp_path / "inner")],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
