@@ -263,3 +263,14 @@ def test_narrower_vector_builds_agree_with_the_torch_path(flags, lanes, tmp_path
     )  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-3000:]
     assert " passed" in tests.stdout and " skipped" not in tests.stdout.split("slowest")[0], tests.stdout[-1500:]
+
+
+def test_malformed_extra_flags_give_one_line_naming_the_variable(monkeypatch, caplog):
+    monkeypatch.setattr(mate_cpu_kernel, "_state", {})
+    monkeypatch.setenv(mate_cpu_kernel.EXTRA_FLAGS_ENV, '"-O2')  # unbalanced quote
+    with caplog.at_level(logging.WARNING):
+        assert mate_cpu_kernel.load() is False
+    reason = mate_cpu_kernel.unavailable_reason()
+    assert mate_cpu_kernel.EXTRA_FLAGS_ENV in reason and "fix or unset it" in reason
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()

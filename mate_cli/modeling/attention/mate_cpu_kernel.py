@@ -56,7 +56,12 @@ EXTRA_FLAGS_ENV = "MATE_CPU_KERNEL_CFLAGS"
 
 
 def build_flags() -> list[str]:
-    return FLAGS + shlex.split(os.environ.get(EXTRA_FLAGS_ENV, ""))
+    value = os.environ.get(EXTRA_FLAGS_ENV, "")
+    try:
+        return FLAGS + shlex.split(value)
+    except ValueError as err:  # load() turns this into its one warning line
+        raise ValueError(f"{EXTRA_FLAGS_ENV}={value!r} is not a list of compiler flags ({err}); fix or unset it") from None
+
 
 #: Load state of the library. Process-wide on purpose: ``torch.ops.mate_cpu`` is
 #: registered once per process (a shared library cannot be unloaded), so whether it
@@ -219,5 +224,5 @@ def vector_lanes() -> int:
 def main() -> None:
     """``make install``: build ahead of time and say what happened (never fails)."""
     ok = load(verbose="-v" in sys.argv)
-    state = f"ready, {vector_lanes()}-lane vectors" if ok else f"unavailable ({unavailable_reason()})"
-    print(f"MATE fused CPU kernel: {state} [{build_dir()}]")
+    state = f"ready, {vector_lanes()}-lane vectors [{build_dir()}]" if ok else f"unavailable ({unavailable_reason()})"
+    print(f"MATE fused CPU kernel: {state}")
