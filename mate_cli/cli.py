@@ -31,6 +31,7 @@ COMMANDS = {
     "pointr": ("mate_cli.commands.pointr", "PointR end to end: cell selection, then the reader (conf/pointr.yaml)"),
     "predict": ("mate_cli.commands.predict", "answer one question about one table (conf/predict.yaml)"),
     "bench": ("mate_cli.commands.bench", "time/memory/FLOPs of attention backends (conf/bench.yaml)"),
+    "baseline": ("mate_cli.commands.baseline", "trivial baselines of SQA, WikiTQ, TabFact: no model (conf/baseline.yaml)"),
     "report": ("mate_cli.commands.report", "median/half-IQR over seeds per configuration from run dirs (conf/report.yaml)"),
 }
 

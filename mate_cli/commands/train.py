@@ -6,7 +6,8 @@ The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config
 (every interpolation resolved; what ``mate eval`` re-builds from), ``checkpoints/``
 (``last.ckpt``: the newest state, every ``callbacks.model_checkpoint.every_n_train_steps``
 steps and at the end; ``best-*.ckpt``: the best by the validation metric), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json`` (with ``validate_start=true`` also
-``start/val/*``: the starting checkpoint's validation metrics, measured before the first step);
+``start/val/*``: the starting checkpoint's validation metrics, measured before the first step;
+``train/*``: the loss and the task's metric on the last logged training batch);
 with ``export_encoder=true`` also ``encoder/``: the best checkpoint's encoder as a
 ``transformers.TapasModel`` directory, so results travel to other tools.
 
@@ -90,6 +91,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
     start = dict(getattr(model, "recorded_metrics", {}))  # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}  # the last epoch's
+    # the task's metric (and loss) on the last logged training batch: under debug=overfit, the fixed batch
+    trained = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final state is the newest
     best = trainer.strategy.broadcast(_best_checkpoint(trainer, out / "checkpoints" / "last.ckpt"))
     metrics = {}
@@ -98,6 +101,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics.update(perf)
+    metrics.update(trained)
     metrics.update(start)
     metrics["best_checkpoint"] = best
     if resume:
@@ -124,6 +128,9 @@ def print_summary(metrics: dict, out: Path) -> None:
     shown = sorted(k for k, v in metrics.items() if k.startswith(("start/val/", "val/")) and isinstance(v, float))
     title = "final validation (best checkpoint; start/*: the starting checkpoint)" if any(
         k.startswith("start/") for k in shown) else "final validation (best checkpoint)"
+    if not shown:  # no final validation (validate_best=false, debug=overfit): the last training batch
+        shown = sorted(k for k, v in metrics.items() if k.startswith("train/") and isinstance(v, float))
+        title = "last training batch (no final validation)"
     if shown:
         print_table(title, shown, [[f"{metrics[k]:.4f}" for k in shown]])
     print(f"best checkpoint: {metrics['best_checkpoint']}\nmetrics:         {out / 'metrics.json'}")  # never wrapped

@@ -2,7 +2,10 @@
 
 - WikiTQ: ``predictions.tsv``, one line per question: ``id<TAB>answer<TAB>answer...``
   (the input of the official ``evaluator.py``, which reads predictions unescaped: tabs and
-  line breaks inside an answer become spaces);
+  line breaks inside an answer become spaces, :func:`mate_cli.metrics.wtq.prediction_field`,
+  the form the in-run denotation accuracy scores too); the official score is
+  ``python2 evaluator.py -t <root>/tagged/data predictions.tsv``, for the questions of
+  the tagged files;
 - SQA: ``predictions.tsv`` with a header ``id annotator position answer_coordinates``,
   coordinates as the release writes them (``['(0, 4)', ...]``), the input of its ``eval.py``;
 - TabFact: ``predictions.json``, ``{table_id: [verdict per statement, in file order]}``
@@ -16,17 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from mate_cli.io import atomic_write_json, atomic_write_text
-
-
-def tsv_field(text: str) -> str:
-    """An answer as one TSV field: tabs and line breaks become spaces (the evaluator collapses whitespace)."""
-    return " ".join(text.replace("\t", " ").splitlines()) if text else text
+from mate_cli.metrics.wtq import prediction_field
 
 
 def write_predictions(task: str, rows: list[dict], directory: Path) -> Path:
     """Write ``rows`` (a task module's decoded predictions) for ``task``; returns the file."""
     if task == "wtq":
-        lines = ["\t".join([row["question_id"], *(tsv_field(a) for a in row["answer"])]) for row in rows]
+        lines = ["\t".join([row["question_id"], *(prediction_field(a) for a in row["answer"])]) for row in rows]
         return atomic_write_text(directory / "predictions.tsv", "".join(f"{line}\n" for line in lines))
     if task == "sqa":
         lines = ["id\tannotator\tposition\tanswer_coordinates"]

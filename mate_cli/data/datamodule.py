@@ -20,7 +20,6 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Callable, Mapping
 
-import datasets
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
@@ -28,6 +27,7 @@ from torch.utils.data import DataLoader
 from mate_cli.data.cache import fingerprint, load_or_build
 from mate_cli.data.expand import expand_table
 from mate_cli.data.hybridqa import HybridQAReader
+from mate_cli.data.preprocess import encode_records, worker_counts
 from mate_cli.data.split import SplitSettings
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.data.schema import AnswerNode, Batch, Question, Table
@@ -62,12 +62,13 @@ class SplitDataModule(L.LightningDataModule):
         split: SplitSettings | Mapping | None = None,
         batch_size: int = 4,
         eval_batch_size: int = 8,
-        num_workers: int = 0,
-        num_proc: int = 1,
+        num_workers: int | str = "auto",
+        num_proc: int | str = "auto",
         cache_dir: str | None = None,
         limit_questions: int | None = None,
         shuffle_seed: int = 0,
         eval_file: str | None = None,
+        same_order_every_epoch: bool = False,
     ) -> None:
         super().__init__()
         self.reader = self.make_reader(root)  # raises MateError naming dataset.root if missing
@@ -76,10 +77,11 @@ class SplitDataModule(L.LightningDataModule):
         self.max_length, self.max_question_tokens = max_length, max_question_tokens
         self.split = split if isinstance(split, SplitSettings) else SplitSettings(**dict(split or {}))
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.num_workers, self.num_proc = num_workers, num_proc
+        self.num_proc, self.num_workers = worker_counts(num_proc, num_workers)
         self.cache_dir = Path(cache_dir or Path(root) / ".mate_cache")
         self.limit_questions = limit_questions
         self.shuffle_seed = int(shuffle_seed)
+        self.same_order_every_epoch = bool(same_order_every_epoch)
         self.datasets: dict = {}
         self.stats: dict[str, dict] = {}
         self._pad_id: int | None = None
@@ -140,18 +142,11 @@ class SplitDataModule(L.LightningDataModule):
         log.info("%s split: %s", name, json.dumps(self.stats[split]))
         return ds
 
-    def _map(self, questions: list[Question], function, desc: str, **kwargs):
-        """``datasets.map`` of ``function`` over the question records (``num_proc`` workers)."""
-        rows = [asdict(q) for q in questions]
-        ds = datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"question_id": []})
-        return ds.map(
-            function,
-            remove_columns=ds.column_names,
-            num_proc=self.num_proc if self.num_proc > 1 and len(ds) > 1 else None,
-            desc=desc,
-            load_from_cache_file=False,
-            **kwargs,
-        )
+    def _map(self, questions: list[Question], function, split: str):
+        """``function`` over the question records in ``num_proc`` processes, with progress lines
+        (:func:`~mate_cli.data.preprocess.encode_records`)."""
+        what = " ".join(filter(None, (self.kind, split)))
+        return encode_records(function, [asdict(q) for q in questions], self.num_proc, what)
 
     # ------------------------------------------------------------- lightning
     def after_load(self, split: str, ds):
@@ -178,7 +173,8 @@ class SplitDataModule(L.LightningDataModule):
             ds = ds.select(keep)
         return DataLoader(
             ds.with_format(None), batch_size=batch_size,
-            sampler=EpochShuffle(len(ds), self.shuffle_seed) if shuffle else None,
+            sampler=EpochShuffle(len(ds), self.shuffle_seed, same_every_epoch=self.same_order_every_epoch)
+            if shuffle else None,
             num_workers=self.num_workers, collate_fn=self.collator(),
         )
 
@@ -210,12 +206,15 @@ class HybridQADataModule(SplitDataModule):
             max_length: token budget of query + expanded table (paper: 2048);
             max_question_tokens: the question is cut to this many word pieces first;
             split: :class:`~mate_cli.data.split.SplitSettings` (or its dict);
-            batch_size, eval_batch_size, num_workers: loader settings;
-            num_proc: processes for preprocessing (``datasets.map``); 1 = in process;
+            batch_size, eval_batch_size: loader settings;
+            num_proc: processes for preprocessing; 1 = in process; ``auto`` = the available cores;
+            num_workers: loader worker processes; ``auto``: :func:`~mate_cli.data.preprocess.worker_counts`;
             cache_dir: where preprocessed Arrow datasets live;
             limit_questions: keep only the first N questions of each split (smoke runs);
             shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`);
-            eval_file: an upstream question file evaluated whole as the validation/test split.
+            eval_file: an upstream question file evaluated whole as the validation/test split;
+            same_order_every_epoch: every epoch visits the training examples in epoch 0's order
+                (``debug=overfit``: with ``trainer.limit_train_batches=1``, one fixed batch).
     """
 
     #: the settings that size an example, named in errors
@@ -231,7 +230,7 @@ class HybridQADataModule(SplitDataModule):
 
     def encode(self, questions: list[Question], split: str):
         encoder = _ExampleEncoder(self.root, self.pretrained, self.max_length, self.expansion, self.max_question_tokens)
-        return self._map(questions, encoder, "expand + tokenize")
+        return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
         return split_stats(ds)
@@ -269,7 +268,7 @@ def encode_question(
 
 
 class _ExampleEncoder:
-    """Picklable ``datasets.map`` function: one question record -> one encoded example.
+    """Picklable one-record function: a question record -> its encoded example.
 
     ``encode`` (a module-level function, or a ``functools.partial`` of one, so it pickles) is
     :func:`encode_question`'s signature: ``(tokenizer, question, table, passages, expansion) -> dict``.

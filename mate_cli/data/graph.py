@@ -191,7 +191,7 @@ class HybridQAGraphDataModule(HybridQADataModule):
         encoder = _ExampleEncoder(self.root, self.pretrained, self.max_length, self.expansion, self.max_question_tokens,
                                   encode=functools.partial(encode_graph, max_nodes=self.max_nodes),
                                   length_key="dataset.node_length")
-        return self._map(questions, encoder, "graph + tokenize")
+        return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
         n = len(ds)

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 from mate_cli.data.cache import fingerprint, load_or_build
 from mate_cli.data.corpus import Corpus, TableText
 from mate_cli.data.masking import IGNORE, continuation_table, mask_words, word_spans
+from mate_cli.data.preprocess import worker_counts
 from mate_cli.data.sampler import EpochTagged
 from mate_cli.data.schema import MaskedBatch, Question, Table
 from mate_cli.data.split import split_by_table
@@ -74,9 +75,11 @@ class PretrainDataModule(L.LightningDataModule):
         mask_rate, max_predictions: whole-word masking (15% of words, at most 20 pieces).
         mask_seed: seeds the masks with the epoch and the example's index.
         eval_masks: how many fixed maskings of each held-out example are scored.
-        batch_size, eval_batch_size, num_workers: loader settings.
+        batch_size, eval_batch_size: loader settings.
+        num_workers: loader worker processes; ``auto``: :func:`~mate_cli.data.preprocess.worker_counts`.
         cache_dir: where the tokenized corpus is cached.
         shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`).
+        same_order_every_epoch: every epoch repeats epoch 0's order and masks (``debug=overfit``).
     """
 
     def __init__(
@@ -95,9 +98,10 @@ class PretrainDataModule(L.LightningDataModule):
         eval_masks: int = 4,
         batch_size: int = 16,
         eval_batch_size: int = 32,
-        num_workers: int = 0,
+        num_workers: int | str = "auto",
         cache_dir: str | None = None,
         shuffle_seed: int = 0,
+        same_order_every_epoch: bool = False,
     ) -> None:
         super().__init__()
         self.sources = {k: v if v is None or isinstance(v, (str, os.PathLike)) else [str(x) for x in v]
@@ -108,9 +112,11 @@ class PretrainDataModule(L.LightningDataModule):
         self.val_fraction, self.split_seed = float(val_fraction), int(split_seed)
         self.mask_rate, self.max_predictions = float(mask_rate), int(max_predictions)
         self.mask_seed, self.eval_masks = int(mask_seed), max(1, int(eval_masks))
-        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers = worker_counts(1, num_workers)[1]
         self.cache_dir = Path(cache_dir or default_cache_dir() / "pretrain")
         self.shuffle_seed = int(shuffle_seed)
+        self.same_order_every_epoch = bool(same_order_every_epoch)
         self.corpus = Corpus(self.sources, self.hybridqa_passages)  # checks the sources now
         self.encoded: dict[str, datasets.Dataset] = {}
         self.stats: dict[str, dict] = {}
@@ -195,7 +201,7 @@ class PretrainDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         data = self.masked("train")
-        return DataLoader(data, batch_size=self.batch_size, sampler=EpochTagged(len(data), self.shuffle_seed),
+        return DataLoader(data, batch_size=self.batch_size, sampler=EpochTagged(len(data), self.shuffle_seed, same_every_epoch=self.same_order_every_epoch),
                           num_workers=self.num_workers, collate_fn=MaskedCollator(self.pad_id))
 
     def val_dataloader(self) -> DataLoader:

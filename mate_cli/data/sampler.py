@@ -28,9 +28,11 @@ class EpochShuffle(DistributedSampler):
     rank's full share even when a pass is shortened by :meth:`skip_next`.
     """
 
-    def __init__(self, size: int, seed: int = 0, num_replicas: int | None = None, rank: int | None = None) -> None:
+    def __init__(self, size: int, seed: int = 0, num_replicas: int | None = None, rank: int | None = None,
+                 same_every_epoch: bool = False) -> None:
         self.size, self.seed, self.epoch = int(size), int(seed), 0
         self._replicas, self._rank, self._skip = num_replicas, rank, 0
+        self.same_every_epoch = bool(same_every_epoch)
 
     def _world(self) -> tuple[int, int]:
         if self._replicas is not None:
@@ -40,7 +42,9 @@ class EpochShuffle(DistributedSampler):
         return 1, 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        """The epoch whose order (and, :class:`EpochTagged`, randomness) comes next; with
+        ``same_every_epoch`` always epoch 0's (``debug=overfit``'s one fixed batch)."""
+        self.epoch = 0 if self.same_every_epoch else int(epoch)
 
     def skip_next(self, count: int) -> None:
         """Start the next pass after the first ``count`` examples of the epoch, over all ranks."""

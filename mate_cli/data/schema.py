@@ -61,6 +61,9 @@ class Question:
 
     - ``answers``: the gold answer texts (WikiTQ ``targetValue`` split on ``|``; SQA
       ``answer_text``), already unescaped;
+    - ``canonical_answers``: WikiTQ, the canonical form of each of ``answers`` (the tagged
+      file's ``targetCanon``, which the official evaluator reads gold answers through);
+      empty when not known (:mod:`mate_cli.metrics.wtq` then emulates them);
     - ``answer_coordinates``: gold answer cells as ``[data row, column]``, 0-based (SQA);
     - ``label``: TabFact's verdict, 1 entailed / 0 refuted;
     - ``sequence_id`` / ``position``: SQA's question sequence (``<id>/<annotator>``) and
@@ -74,6 +77,7 @@ class Question:
     answer_text: Optional[str] = None
     answer_nodes: list[AnswerNode] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
+    canonical_answers: list[str] = field(default_factory=list)
     answer_coordinates: list[list[int]] = field(default_factory=list)
     label: Optional[int] = None
     sequence_id: Optional[str] = None
@@ -170,6 +174,7 @@ class TaskBatch(Batch):
         float_answer: ``[batch]`` the scalar answer (WikiTQ), NaN when the answer is not one number.
         cell_values: ``[batch, max_cells + 1]`` each cell's number (NaN: none; index 0 unused).
         answers: per example, the gold answer texts; answer_coordinates: the gold cells (SQA).
+        canonical_answers: per example, the answers' canonical forms (WikiTQ; empty: not known).
         cell_texts: per example, the text of each cell id (WikiTQ: the denotation of a selection).
         sequence_ids / positions: SQA sequences (``None`` / 0 elsewhere).
         channels: TabFact's ``simple``/``complex`` or ``None``.
@@ -179,6 +184,7 @@ class TaskBatch(Batch):
     float_answer: Optional[torch.Tensor] = None
     cell_values: Optional[torch.Tensor] = None
     answers: list = field(default_factory=list)
+    canonical_answers: list = field(default_factory=list)
     answer_coordinates: list = field(default_factory=list)
     cell_texts: list = field(default_factory=list)
     sequence_ids: list = field(default_factory=list)

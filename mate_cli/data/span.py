@@ -235,7 +235,7 @@ class SpanCollator:
 
 # ------------------------------------------------------------------ datamodule
 class _SpanEncoder:
-    """Picklable batched ``datasets.map`` function: question records -> reader examples."""
+    """Picklable one-record function: a question record -> its reader examples (a list of dicts)."""
 
     def __init__(self, root: str, pretrained: str, max_length: int, max_question_tokens: int, cells: str):
         self.args = (root, pretrained, max_length, max_question_tokens, cells)
@@ -244,15 +244,10 @@ class _SpanEncoder:
     def __getstate__(self):
         return {"args": self.args, "_state": None}
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, record: dict) -> list[dict]:
         if self._state is None:
             self._state = (HybridQAReader(self.args[0]), load_tokenizer(self.args[1]))
-        rows: list[dict] = []
-        for i in range(len(batch["question_id"])):
-            record = {k: batch[k][i] for k in batch}
-            rows.extend(self.encode(question_from_record(record)))
-        names = [f.name for f in SpanExample.__dataclass_fields__.values()]
-        return {name: [row[name] for row in rows] for name in names}
+        return self.encode(question_from_record(record))
 
     def encode(self, question: Question) -> list[dict]:
         files, tokenizer = self._state
@@ -330,7 +325,7 @@ class SpanDataModule(SplitDataModule):
 
     def encode(self, questions: list[Question], split: str):
         encoder = _SpanEncoder(self.root, self.pretrained, self.max_length, self.max_question_tokens, self.cells_mode(split))
-        return self._map(questions, encoder, f"span {split}", batched=True, batch_size=32)
+        return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
         return span_stats(ds, self.max_span_length) if len(ds) else {"questions": 0}

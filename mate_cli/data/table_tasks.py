@@ -10,20 +10,26 @@ Supervision, as TAPAS builds it:
   previous question's answer cells of the same sequence: the gold ones in training (and in
   the cached examples); at evaluation the model's own previous prediction replaces them
   (:mod:`mate_cli.lit_modules.table_qa`), so evaluation visits a split position by position.
-- **WikiTQ** (weak supervision): the answer cells are the cells whose value matches an
-  answer text under the official evaluator's matching (every answer must be found, else
-  none are used); ``float_answer`` is the answer when it is one number (else NaN), and
-  every cell carries its number (TAPAS's numeric values, NaN when none) for the expected
-  aggregation result.
+- **WikiTQ** (weak supervision): the answer cells are the cells that, selected alone,
+  would be scored a match for a gold answer: each gold value as the metric builds it
+  (through the tagged canonical forms, else their emulation:
+  :func:`mate_cli.metrics.wtq.target_values`) against each cell's text read as a
+  prediction (:func:`mate_cli.metrics.wtq.predicted_values`); every gold value must be
+  found, else none are used. ``float_answer`` is the answer when it is one number (read
+  from the raw text, as TAPAS does; else NaN), and every cell carries its number (TAPAS's
+  numeric values, NaN when none) for the expected aggregation result.
 - **TabFact**: the statement is the question; the label is the verdict.
 
-Empty cells get one token (``empty_cell_token``, TAPAS's ``[EMPTY]``), so they can be
-selected: SQA's gold cell sets include them (2 of the 68 sample questions).
+Empty cells get one token (``empty_cell_token``: the vocabulary's ``[EMPTY]``, else its
+``[UNK]``), so they can be selected: SQA's gold cell sets include them (2 of the 68
+sample questions). ``transformers.TapasTokenizer`` writes no token for an empty cell.
 
 Length heuristics: ``pruning`` = ``none`` | ``cc`` | ``hem`` (:mod:`mate_cli.data.pruning`),
 applied by the one tokenizer (:mod:`mate_cli.data.tokenize`). The split statistics log
-what survived (``answer_cells_kept``: share of questions with answer cells whose every
-answer cell kept a token).
+what survived that length cut (``answer_cells_kept``: share of questions with answer
+cells whose every answer cell kept a token in the encoded input). DoT's top-K selection
+comes later, in the model; DoT runs log its own ``<stage>/answer_cells_kept``
+(:mod:`mate_cli.lit_modules.table_qa`).
 
 Training skips examples that cannot supervise anything (SQA/WikiTQ: no answer cell left
 and, for WikiTQ, no scalar answer), counted in the log.
@@ -78,13 +84,13 @@ def answer_cells(task: str, question: Question, table: Table) -> list[Coord]:
         return sorted({(int(r), int(c)) for r, c in question.answer_coordinates})
     if task != "wtq" or not question.answers:
         return []
-    from mate_cli.metrics.wtq import to_value
+    from mate_cli.metrics.wtq import predicted_values, target_values
 
+    cells = {(r, c): predicted_values([cell.text])[0] for r, row in enumerate(table.rows)
+             for c, cell in enumerate(row) if cell.text.strip()}
     found: set[Coord] = set()
-    for answer in question.answers:
-        target = to_value(answer)
-        hits = {(r, c) for r, row in enumerate(table.rows) for c, cell in enumerate(row)
-                if cell.text.strip() and target.match(to_value(cell.text))}
+    for target in target_values(question.answers, question.canonical_answers):
+        hits = {coord for coord, value in cells.items() if target.match(value)}
         if not hits:
             return []
         found |= hits
@@ -156,6 +162,7 @@ def encode_task_question(tokenizer: TableTokenizer, task: str, question: Questio
         float_answer=scalar_answer(task, question),
         cell_values=cell_numbers(table, example["cell_coords"]) if task == "wtq" else [],
         answers=list(question.answers),
+        canonical_answers=list(question.canonical_answers),
         cell_texts=[table.rows[r][c].text for r, c in example["cell_coords"]] if task == "wtq" else [],
         answer_coordinates=[list(map(int, c)) for c in question.answer_coordinates],
         has_answer_cells=bool(cells),
@@ -167,7 +174,7 @@ def encode_task_question(tokenizer: TableTokenizer, task: str, question: Questio
 
 
 class _TaskEncoder:
-    """Picklable ``datasets.map`` function: one question record -> one encoded example."""
+    """Picklable one-record function: a question record -> its encoded example."""
 
     def __init__(self, task: str, root: str, tokenizer_args: dict, prev: dict[str, list[Coord]]):
         self.args = (task, root, tokenizer_args, prev)
@@ -194,8 +201,8 @@ class TableTaskDataModule(SplitDataModule):
     Args:
         task: ``sqa`` | ``wtq`` | ``tabfact`` (which reader and which supervision).
         pruning: ``none`` | ``cc`` | ``hem``: how a table is cut to ``max_length``.
-        empty_cell_token: empty cells get one token (TAPAS's ``[EMPTY]``), so they can be
-            selected: SQA's gold answers include empty cells.
+        empty_cell_token: empty cells get one token (the vocabulary's ``[EMPTY]``, else
+            ``[UNK]``), so they can be selected: SQA's gold answers include empty cells.
         common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (root,
             pretrained, max_length, max_question_tokens, split, batch sizes, eval_file, ...).
     """
@@ -213,7 +220,12 @@ class TableTaskDataModule(SplitDataModule):
         return make_reader(self.task, root)
 
     def cache_payload(self, split: str) -> dict:
-        return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token, "format": 1}
+        from mate_cli.metrics.wtq import CANON_EMULATION
+
+        # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
+        canon = CANON_EMULATION if self.task == "wtq" else None
+        return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token, "format": 2,
+                "canon_emulation": canon}
 
     def tokenizer_args(self) -> dict:
         return {"pretrained": self.pretrained, "max_length": self.max_length,
@@ -222,7 +234,7 @@ class TableTaskDataModule(SplitDataModule):
 
     def encode(self, questions: list[Question], split: str):
         encoder = _TaskEncoder(self.task, self.root, self.tokenizer_args(), previous_answers(questions))
-        return self._map(questions, encoder, f"{self.task}: tokenize")
+        return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
         return task_split_stats(ds)
@@ -249,7 +261,8 @@ class TableTaskDataModule(SplitDataModule):
 
 
 def task_split_stats(ds) -> dict:
-    """What the run log needs of a split: questions, what the length heuristic kept."""
+    """What the run log needs of a split: questions, what the length cut kept (before any DoT
+    selection, which the model measures)."""
     n = len(ds)
     if n == 0:
         return {"questions": 0}
@@ -289,6 +302,7 @@ class TaskCollator:
             float_answer=torch.tensor([math.nan if ex["float_answer"] is None else ex["float_answer"]
                                        for ex in examples], dtype=torch.float),
             cell_values=values, answers=[list(ex["answers"]) for ex in examples],
+            canonical_answers=[list(ex["canonical_answers"] or []) for ex in examples],
             answer_coordinates=[list(ex["answer_coordinates"]) for ex in examples],
             cell_texts=[list(ex["cell_texts"]) for ex in examples],
             sequence_ids=[ex["sequence_id"] or None for ex in examples],

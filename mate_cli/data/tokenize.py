@@ -13,11 +13,13 @@ included); ``row`` 0 for query and header, 1..R for data rows; ``column`` 0 for 
 1..C; ``cell`` 0 for query/specials/header, k >= 1 for the k-th data cell that has
 tokens (row-major). **Empty cells have no tokens**, so they get no cell id and cannot
 be selected; ``cell_coords[k - 1]`` = (data row, column) of cell k, listing only
-cells with >= 1 token. (TAPAS writes one ``[EMPTY]`` token for an empty cell, and for
-one holding only punctuation or ``n/a``/``?``/``nan``; here the first has no token and
-the others keep their word pieces: this project's vocabularies have no ``[EMPTY]``.
-``empty_cell_token=True`` gives each empty cell one token, as TAPAS does: the table tasks
-use it, since SQA's gold answers include empty cells.)
+cells with >= 1 token. (``transformers.TapasTokenizer`` writes no token for an empty
+cell either, and one ``[EMPTY]``, a special token it adds when the vocabulary lacks it,
+for a cell holding only punctuation or ``n/a``/``?``/``nan``; here such a cell keeps its
+word pieces. ``empty_cell_token=True`` gives each empty cell one token, the
+vocabulary's ``[EMPTY]``, else its ``[UNK]`` (this project's vocabularies have no
+``[EMPTY]``), so that it has a cell id and can be selected: the table tasks use it,
+since SQA's gold answers include empty cells.)
 Nothing is padded here (the collator pads).
 
 Numeric ids, exactly as ``transformers.TapasTokenizer`` computes them (see
@@ -154,10 +156,10 @@ class TableTokenizer:
         pruning: how a table too long for the budget is cut: ``"none"`` (per-cell cap,
             then trailing rows; :func:`fit_budget`), ``"cc"`` or ``"hem"``
             (:mod:`mate_cli.data.pruning`).
-        empty_cell_token: give every empty cell one token, as TAPAS writes ``[EMPTY]``
-            (the vocabulary's ``[EMPTY]``, else its ``[UNK]``), so an empty cell has a cell
-            id and can be selected (SQA's gold cell sets include empty cells). Off: empty
-            cells have no token (the default; module docstring).
+        empty_cell_token: give every empty cell one token (the vocabulary's ``[EMPTY]``,
+            else its ``[UNK]``), so an empty cell has a cell id and can be selected (SQA's
+            gold cell sets include empty cells). Off: empty cells have no token, as with
+            ``TapasTokenizer`` (the default; module docstring).
         length_key: the setting ``max_length`` comes from, named in errors (Transformer-XH's
             graphs: ``dataset.node_length``).
     """

@@ -9,6 +9,17 @@ Expected layout under ``root`` (the upstream repository)::
         columns id, utterance, context (the table's csv path), targetValue
     csv/<20x>-csv/<n>.tsv   the table, tab-separated, first line = header (read)
     csv/<20x>-csv/<n>.csv   the same table as CSV (read only when the .tsv is missing)
+    tagged/data/<stem>.tagged   optional: the CoreNLP-tagged twin of data/<stem>.tsv
+        (columns id, targetValue, targetCanon, ...), read for its canonical answers
+
+Gold canonical forms: when the question file has a tagged twin, each question's
+``targetCanon`` (split like ``targetValue``) becomes :attr:`Question.canonical_answers`,
+looked up by question id: the forms the official evaluator reads the gold answers
+through (:mod:`mate_cli.metrics.wtq`). A question the tagged file lacks, or a question
+file without a twin (``random-split-1-dev.tsv`` has none), gets none, and the metric
+emulates them (one log line says so). A tagged row whose ``targetValue`` differs from the question file's, or
+whose ``targetCanon`` has another number of answers, is an error: the two files come
+from different releases.
 
 Both kinds of TSV are read without quote handling (a ``"`` is text); their fields escape
 ``\\n`` (newline), ``\\p`` (``|``) and ``\\\\`` (backslash), undone here. ``targetValue``
@@ -20,12 +31,16 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import re
 from pathlib import Path
 from typing import Iterator
 
 from mate_cli.data.readers import Record, TableQAReader, columns, fields, given_file, read_text, rows_to_table, split_lines
 from mate_cli.data.schema import Question, Table
+from mate_cli.errors import MateError
+
+log = logging.getLogger(__name__)
 
 _ESCAPES = {"n": "\n", "p": "|", "\\": "\\"}
 _ESCAPE = re.compile(r"\\(.)", re.DOTALL)
@@ -50,22 +65,63 @@ class WTQReader(TableQAReader):
     REQUIRED_DIRS = ("data", "csv")
     TABLE_GLOBS = ("csv/*/*.tsv", "csv/*/*.csv")
     TABLES_DIR = "csv"
+    TAGGED_DIR = "tagged/data"
     LAYOUT = "data/*.tsv and csv/<20x>-csv/<n>.tsv (WikiTableQuestions layout)"
+
+    def tagged_file(self, path: Path) -> Path:
+        """The CoreNLP-tagged twin of a question file (it may not exist)."""
+        return self.root / self.TAGGED_DIR / f"{path.stem}.tagged"
+
+    def input_files(self) -> list[Path]:
+        """The question files, tables and tagged files (their canonical answers are encoded)."""
+        tagged = (p for p in (self.root / self.TAGGED_DIR).glob("*.tagged") if p.is_file())
+        return sorted({*super().input_files(), *tagged})
+
+    def canonical_targets(self, path: Path) -> dict[str, tuple[str, list[str]]]:
+        """Question id -> (raw ``targetValue``, its ``targetCanon`` answers) of the tagged twin
+        of ``path``; empty without one."""
+        tagged = self.tagged_file(path)
+        if not tagged.is_file():
+            return {}
+        lines = split_lines(read_text(tagged, "tagged question file"))
+        header = lines[0].split("\t") if lines else []
+        col = columns(header, tagged, ("id", "targetValue", "targetCanon"))
+        out = {}
+        for number, line in enumerate(lines[1:], start=2):
+            values = fields(line.split("\t"), len(header), tagged, f"line {number}")
+            target, canon = values[col["targetValue"]], split_answers(values[col["targetCanon"]])
+            if len(canon) != len(split_answers(target)):
+                raise MateError(f"{tagged}: line {number} has {len(split_answers(target))} answers in targetValue "
+                                f"but {len(canon)} in targetCanon; re-download the tagged file")
+            out[values[col["id"]]] = (target, canon)
+        return out
 
     def _read_questions(self, path: Path) -> Iterator[Record]:
         lines = split_lines(read_text(path, "question file"))
         header = lines[0].split("\t") if lines else []
         col = columns(header, path, ("id", "utterance", "context"), ("targetValue",))
+        canon = self.canonical_targets(path) if "targetValue" in col else {}
+        missing = 0
         for number, line in enumerate(lines[1:], start=2):
             where = f"line {number}"
             values = fields(line.split("\t"), len(header), path, where)
+            qid, target = values[col["id"]], values[col["targetValue"]] if "targetValue" in col else ""
+            tagged_target, canonical = canon.get(qid, (target, []))
+            if tagged_target != target:
+                raise MateError(f"{self.tagged_file(path)}: question {qid!r} has targetValue {tagged_target!r}, "
+                                f"{path} {target!r}; use the tagged file of the same release")
+            missing += "targetValue" in col and not canonical
             question = Question(
-                question_id=values[col["id"]],
+                question_id=qid,
                 question=unescape(values[col["utterance"]]),
                 table_id=values[col["context"]],
-                answers=split_answers(values[col["targetValue"]]) if "targetValue" in col else [],
+                answers=split_answers(target),
+                canonical_answers=canonical,
             )
             yield where, line, question
+        if missing:
+            log.info("%s: %d question(s) without canonical answers from %s; the metric emulates them "
+                     "(mate_cli.metrics.wtq)", path.name, missing, self.tagged_file(path).relative_to(self.root))
 
     def table_file(self, table_id: str) -> Path:
         """The ``.tsv`` twin of a ``csv/<20x>-csv/<n>.csv`` context, else the context itself."""

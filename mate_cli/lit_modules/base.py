@@ -114,6 +114,14 @@ class EncoderTaskModule(L.LightningModule):
         cells (:class:`~mate_cli.lit_modules.table_qa.TableQAModule`); others train DoT jointly only."""
         raise NotImplementedError
 
+    def log_train_metric(self, name: str, values: torch.Tensor, batch_size: int) -> None:
+        """``train/<name>``: the task's own metric on this training batch (the mean of ``values``),
+        logged every ``trainer.log_every_n_steps`` steps like the loss, so overfitting shows in the
+        metric the task is judged by. Computed in training mode (dropout on) on the batch as
+        trained; ``mate train`` writes its last value into ``metrics.json``."""
+        self.log(f"train/{name}", values.detach().float().mean(), on_step=True, on_epoch=False,
+                 batch_size=batch_size, sync_dist=True)
+
     def on_fit_start(self) -> None:
         if self.extra is not None and self.extra.needs_mu:
             self._dt_fixup()

@@ -16,7 +16,7 @@ from torchmetrics import MeanMetric
 
 from mate_cli.data.schema import Batch
 from mate_cli.lit_modules.base import EncoderTaskModule
-from mate_cli.metrics.retrieval import HitsAtK
+from mate_cli.metrics.retrieval import HitsAtK, hits_at_k
 from mate_cli.modeling.heads import CellSelectionHead, first_candidate_loss, mml_loss
 
 HITS_K = (1, 3, 5)
@@ -53,8 +53,10 @@ class CellSelectionModule(EncoderTaskModule):
         return logits, self.loss_fn(logits, batch.cell_mask, batch.candidate_mask)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        _, loss = self._step(batch)
+        logits, loss = self._step(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        self.log_train_metric("hits@1", hits_at_k(logits.detach(), batch.cell_mask, batch.candidate_mask, 1),
+                              len(batch))
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:

@@ -59,8 +59,10 @@ class EntailmentModule(EncoderTaskModule):
 
     def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:
         kept, pruned = self.prune(batch)
-        loss = nn.functional.cross_entropy(self.logits(kept), batch.labels)
+        logits = self.logits(kept)
+        loss = nn.functional.cross_entropy(logits, batch.labels)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        self.log_train_metric("accuracy", logits.argmax(-1) == batch.labels, len(batch))
         return self.with_pruning_loss(loss, batch, pruned)
 
     def on_validation_epoch_start(self) -> None:

@@ -61,6 +61,9 @@ class SpanModule(EncoderTaskModule):
         loss, used = span_loss(scores, valid, batch.gold_start, batch.gold_end)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
         self.log("train/gold_used", used.float().mean(), batch_size=len(batch), sync_dist=True)
+        em, f1 = self.scores(batch, scores, valid)
+        self.log_train_metric("em", em, len(batch))
+        self.log_train_metric("f1", f1, len(batch))
         return loss
 
     def validation_step(self, batch: SpanBatch, batch_idx: int) -> None:
@@ -77,12 +80,19 @@ class SpanModule(EncoderTaskModule):
         # under DDP every rank must log the same keys
         mean_loss.update(loss.detach(), weight=used.sum())
         self.log(f"{stage}/loss", mean_loss, batch_size=len(batch))
-        start, end, _ = self.head.decode(scores, valid)
-        preds = batch.texts(start, end)
-        em.update(torch.tensor([100.0 * exact_match(a, p) for a, p in zip(batch.answers, preds)]))
-        f1.update(torch.tensor([100.0 * f1_score(a, p) for a, p in zip(batch.answers, preds)]))
+        em_values, f1_values = self.scores(batch, scores, valid)
+        em.update(em_values)
+        f1.update(f1_values)
         self.log(f"{stage}/em", em, batch_size=len(batch))
         self.log(f"{stage}/f1", f1, prog_bar=True, batch_size=len(batch))
+
+    @torch.no_grad()
+    def scores(self, batch: SpanBatch, scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per example, EM and F1 (0-100, the official HybridQA normalisation) of the decoded span."""
+        start, end, _ = self.head.decode(scores.detach(), valid)
+        preds = batch.texts(start, end)
+        return (torch.tensor([100.0 * exact_match(a, p) for a, p in zip(batch.answers, preds)]),
+                torch.tensor([100.0 * f1_score(a, p) for a, p in zip(batch.answers, preds)]))
 
     @torch.no_grad()
     def predict_batch(self, batch: SpanBatch) -> list[dict]:

@@ -6,7 +6,14 @@ metrics in :mod:`mate_cli.metrics.sqa` / :mod:`mate_cli.metrics.wtq`.
 Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something),
 ``<stage>/accuracy`` (SQA: ALL, the share of questions whose predicted cell set equals
 the gold set; WikiTQ: denotation accuracy with the official value matching) and, for
-SQA, ``<stage>/seq`` (the share of sequences with every question right).
+SQA, ``<stage>/seq`` (the share of sequences with every question right). WikiTQ's gold
+answers are read through their canonical forms (``canonical_answers``, else emulated),
+the predictions as the official evaluator reads ``predictions.tsv``.
+
+With DoT, ``train/answer_cells_kept`` and ``<stage>/answer_cells_kept`` are the share of
+the questions with answer cells in the input whose every answer cell keeps at least one
+token after the pruning transformer's top-K selection (:func:`~mate_cli.modeling.dot.answer_cells_kept`);
+the data statistics' ``answer_cells_kept`` is about the length cut before it.
 
 SQA at evaluation feeds each question the model's own prediction for the previous
 question of its sequence as ``prev_labels`` (TAPAS's evaluation): a batch is run
@@ -31,6 +38,7 @@ from mate_cli.data.schema import TaskBatch
 from mate_cli.lit_modules.base import EncoderTaskModule
 from mate_cli.metrics.sqa import SequenceAccuracy, sequence_key
 from mate_cli.metrics.wtq import denotation_correct
+from mate_cli.modeling.dot import answer_cells_kept
 from mate_cli.modeling.heads import pool_cells
 from mate_cli.modeling.tapas_heads import (
     AGGREGATIONS, QAOutput, TapasHeadConfig, TapasQAHead, checkpoint_head_settings, load_head_weights,
@@ -72,7 +80,8 @@ class TableQAModule(EncoderTaskModule):
             load_head_weights(self.head, pretrained)
         self.metrics = nn.ModuleDict({
             f"{stage}_{name}": metric() for stage in ("val", "test")
-            for name, metric in (("loss", MeanMetric), ("accuracy", MeanMetric), ("seq", SequenceAccuracy))
+            for name, metric in (("loss", MeanMetric), ("accuracy", MeanMetric), ("seq", SequenceAccuracy),
+                                 ("answer_cells_kept", MeanMetric))
         })
         self.predictions: list[dict] = []
         self._predicted: dict[tuple[str, int], set[tuple[int, int]]] = {}
@@ -99,9 +108,30 @@ class TableQAModule(EncoderTaskModule):
 
     def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:
         kept, pruned = self.prune(batch)
-        loss = self(kept, with_loss=True).loss.mean()
+        if pruned is not None:
+            self._log_answer_cells_kept(kept, "train")
+        out = self(kept, with_loss=True)
+        loss = out.loss.mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        # SQA: ALL with the gold previous answers the batch trains on (teacher forcing)
+        self.log_train_metric("accuracy", torch.tensor([row["correct"] for row in self.decode(kept, out)]), len(batch))
         return self.with_pruning_loss(loss, batch, pruned)
+
+    def _log_answer_cells_kept(self, kept: TaskBatch, stage: str) -> None:
+        """DoT: log ``<stage>/answer_cells_kept`` over the questions of ``kept`` (the batch of the
+        kept tokens) that have answer cells; nothing when none has."""
+        answer = kept.candidate_mask & kept.cell_mask
+        has = answer.any(dim=1)
+        if not bool(has.any()):
+            return
+        share = answer_cells_kept(answer, kept.layout)[has].float()
+        if stage == "train":
+            self.log("train/answer_cells_kept", share.mean(), on_step=False, on_epoch=True,
+                     batch_size=int(has.sum()), sync_dist=True)
+            return
+        metric = self.metrics[f"{stage}_answer_cells_kept"]
+        metric.update(share)
+        self.log(f"{stage}/answer_cells_kept", metric, batch_size=int(has.sum()))
 
     def pruning_loss(self, batch: TaskBatch, pruned) -> torch.Tensor:
         """P-DoT / PJ-DoT (App. C.2): binary cross-entropy of the pruning transformer's token logits
@@ -132,13 +162,15 @@ class TableQAModule(EncoderTaskModule):
 
     def _eval_step(self, batch: TaskBatch, stage: str) -> None:
         for part in self._in_position_order(batch):
-            part, _ = self.prune(self._with_predicted_previous(part))
+            part, pruned = self.prune(self._with_predicted_previous(part))
+            if pruned is not None:
+                self._log_answer_cells_kept(part, stage)
             out = self(part, with_loss=True)
             keep = self.supervised(part)
             if bool(keep.any()):
                 self.metrics[f"{stage}_loss"].update(out.loss[keep].mean().detach(), weight=keep.sum())
                 self.log(f"{stage}/loss", self.metrics[f"{stage}_loss"], batch_size=len(part))
-            rows = self.decode(part, out)
+            rows = self.remember(self.decode(part, out))
             correct = torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
             self.metrics[f"{stage}_accuracy"].update(correct)
             self.log(f"{stage}/accuracy", self.metrics[f"{stage}_accuracy"], prog_bar=True, batch_size=len(part))
@@ -179,6 +211,7 @@ class TableQAModule(EncoderTaskModule):
         prev_labels = (marks.gather(1, cell_ids) & (cell_ids > 0)).long()
         return replace(batch, layout=batch.layout.with_fields(prev_labels=prev_labels))
 
+    @torch.no_grad()
     def decode(self, batch: TaskBatch, out: QAOutput) -> list[dict]:
         """Per example: the selected cells, the aggregation, the answer, and whether it is right."""
         probs = pool_cells(torch.sigmoid(out.logits.float()), batch.layout.cell_ids * batch.layout.attention_mask,
@@ -198,12 +231,19 @@ class TableQAModule(EncoderTaskModule):
                 texts = [batch.cell_texts[i][k - 1] for k in cells] if batch.cell_texts else []
                 values = [float(batch.cell_values[i, k]) for k in cells]
                 row["answer"] = aggregate_answer(operator, texts, values)
-                row["correct"] = bool(batch.answers[i]) and denotation_correct(batch.answers[i], row["answer"])
+                canon = batch.canonical_answers[i] if batch.canonical_answers else None
+                row["correct"] = bool(batch.answers[i]) and denotation_correct(batch.answers[i], row["answer"], canon)
             else:
                 gold = {tuple(map(int, c)) for c in batch.answer_coordinates[i]} if batch.answer_coordinates else set()
                 row["correct"] = set(coords) == gold
-                self._predicted[(batch.sequence_ids[i], batch.positions[i])] = set(coords)
             rows.append(row)
+        return rows
+
+    def remember(self, rows: list[dict]) -> list[dict]:
+        """SQA: keep each decoded answer for the next question of its sequence (evaluation only)."""
+        if self.task == "sqa":
+            for row in rows:
+                self._predicted[(row["sequence_id"], row["position"])] = {tuple(c) for c in row["coordinates"]}
         return rows
 
     def on_predict_epoch_start(self) -> None:
@@ -214,7 +254,7 @@ class TableQAModule(EncoderTaskModule):
         rows = []
         for part in self._in_position_order(batch):
             part, _ = self.prune(self._with_predicted_previous(part))
-            rows.extend(self.decode(part, self(part)))
+            rows.extend(self.remember(self.decode(part, self(part))))
         return rows
 
 

@@ -12,6 +12,13 @@ import torch
 from torchmetrics import Metric
 
 
+def hits_at_k(cell_logits: torch.Tensor, cell_mask: torch.Tensor, candidate_mask: torch.Tensor, k: int) -> torch.Tensor:
+    """``[batch]`` bool: whether a candidate is among the top-``k`` valid cells of each question."""
+    logits = cell_logits.masked_fill(~cell_mask, float("-inf"))
+    top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices  # [batch, k]
+    return (candidate_mask.gather(1, top) & cell_mask.gather(1, top)).any(dim=-1)
+
+
 class HitsAtK(Metric):
     """Hits@k over a stream of ``[batch, cells + 1]`` cell logits.
 
@@ -30,11 +37,7 @@ class HitsAtK(Metric):
 
     def update(self, cell_logits: torch.Tensor, cell_mask: torch.Tensor, candidate_mask: torch.Tensor) -> None:
         """Args: logits, cell mask and candidate mask, each ``[batch, cells + 1]``."""
-        logits = cell_logits.masked_fill(~cell_mask, float("-inf"))
-        k = min(self.k, logits.shape[-1])
-        top = logits.topk(k, dim=-1).indices  # [batch, k]
-        picked_valid = cell_mask.gather(1, top)
-        hit = (candidate_mask.gather(1, top) & picked_valid).any(dim=-1)
+        hit = hits_at_k(cell_logits, cell_mask, candidate_mask, self.k)
         self.hits += hit.sum()
         self.total += hit.numel()
 

@@ -27,6 +27,10 @@ top-K tokens, and its scores bias the task transformer's attention.
   for TabFact, which has no answer cells: TabFact runs J-DoT only (a one-line refusal).
 
 The paper's notation for a run (``CC-1024 DoT(s-256-l)``) is :func:`paper_name`.
+
+What the selection costs the answer: :func:`answer_cells_kept` says whether every answer
+cell keeps at least one token among the kept ones (the task model cannot select a cell
+it does not read); the table tasks log its share per split (``<stage>/answer_cells_kept``).
 """
 
 from __future__ import annotations
@@ -200,6 +204,24 @@ class DoubleTransformer(nn.Module):
         pruned_layout = gather_layout(layout, index, kept, positions, bias)
         kept_ids = torch.where(kept, input_ids.gather(1, index), self.pruner.config.pad_token_id)
         return Pruned(kept_ids, pruned_layout, index, scores, logits, hidden)
+
+
+def cells_with_tokens(layout: TableLayout, num_cells: int) -> torch.Tensor:
+    """``[batch, num_cells + 1]`` bool: the cell ids that have at least one real token in
+    ``layout`` (index 0, no cell, is False)."""
+    ids = torch.where(layout.attention_mask, layout.cell_ids, 0)
+    kept = torch.zeros(ids.shape[0], num_cells + 1, dtype=torch.bool, device=ids.device)
+    kept.scatter_(1, ids, True)
+    kept[:, 0] = False
+    return kept
+
+
+def answer_cells_kept(answer_cells: torch.Tensor, layout: TableLayout) -> torch.Tensor:
+    """``[batch]`` bool: whether every cell marked in ``answer_cells`` (``[batch, cells + 1]``,
+    by cell id) has a token in ``layout`` (the kept tokens' layout, :attr:`Pruned.layout`).
+    True for an example without answer cells."""
+    kept = cells_with_tokens(layout, answer_cells.shape[1] - 1)
+    return (kept | ~answer_cells).all(dim=1)
 
 
 def size_letter(pretrained: str | None) -> str:

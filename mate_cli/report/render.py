@@ -4,7 +4,10 @@
 - ``report_<metric>.png``: per configuration, each seed's value (grey points), the
   median (diamond) and the half-IQR (bar);
 - ``report_accuracy_vs_throughput.png``: the main metric against examples/s, one
-  labelled point per configuration, half-IQR bars both ways (as DoT's Fig. 4).
+  labelled point per configuration, half-IQR bars both ways (as DoT's Fig. 4);
+- ``report_curve_<metric>.png``: the learning curve, the main metric against the training
+  step at every validation of each run (its ``csv/metrics.csv``; ``start/<metric>``, the
+  starting checkpoint's, at step 0), one line per run, one colour per configuration.
 """
 
 from __future__ import annotations
@@ -187,10 +190,47 @@ def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: s
     return _save(fig, path, dpi)
 
 
+def learning_curve(run: Run, metric: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of ``metric`` at every validation the run logged (``csv/metrics.csv``),
+    with the starting checkpoint's value (``start/<metric>`` in ``metrics.json``) at step 0."""
+    points = {}
+    if f"start/{metric}" in run.metrics:
+        points[0] = float(run.metrics[f"start/{metric}"])
+    log = run.path / "csv" / "metrics.csv"
+    if log.is_file():
+        with open(log, newline="") as handle:
+            for row in csv.DictReader(handle):
+                if row.get(metric) not in (None, "") and row.get("step") not in (None, ""):
+                    points[int(float(row["step"]))] = float(row[metric])
+    return sorted(points.items())
+
+
+def plot_learning_curves(configurations: Sequence[Configuration], metric: str, path: Path, dpi: int = 90) -> Path | None:
+    """``metric`` against the training step, a line per run, a colour per configuration."""
+    curves = [(label, [learning_curve(run, metric) for run in conf.runs])
+              for conf, label in zip(configurations, labels(configurations))]
+    if not any(len(points) > 1 for _, runs in curves for points in runs):
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for i, (label, runs) in enumerate(curves):
+        for j, points in enumerate(p for p in runs if p):
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="o", markersize=3, color=f"C{i}", alpha=0.85, label=None if j else label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} during training (a line per run)", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path, dpi)
+
+
 def plot(configurations: Sequence[Configuration], metrics: Sequence[str], main: str | None, out_dir: Path) -> list[Path]:
-    """``report_<metric>.png`` for every metric any run has, and accuracy vs throughput when
-    the runs measured it."""
+    """``report_<metric>.png`` for every metric any run has, accuracy vs throughput when the
+    runs measured it, and the main metric's learning curves when the runs logged them."""
     paths = [plot_metric(configurations, m, out_dir / f"report_{slug(m)}.png") for m in metrics]
     if main and main != THROUGHPUT and THROUGHPUT in metrics:
         paths.append(plot_accuracy_vs_throughput(configurations, main, out_dir / "report_accuracy_vs_throughput.png"))
+    if main:
+        paths.append(plot_learning_curves(configurations, main, out_dir / f"report_curve_{slug(main)}.png"))
     return [p for p in paths if p is not None]

@@ -21,12 +21,13 @@ EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
 
 
-def compose_train(overrides: list[str], tmp_path: Path):
-    """``mate train <overrides>``'s config, with the Hydra runtime set as in a real run."""
+def compose_train(overrides: list[str], tmp_path: Path, command: str = "train"):
+    """``mate <command> <overrides>``'s config (``train`` or ``pretrain``), with the Hydra runtime set
+    as in a real run."""
     register_resolvers()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, f"hydra.run.dir={tmp_path}"], return_hydra_config=True)
+        cfg = compose(command, overrides=[*overrides, f"hydra.run.dir={tmp_path}"], return_hydra_config=True)
     cfg.hydra.runtime.output_dir = str(tmp_path)
     HydraConfig.instance().set_config(cfg)
     return cfg
@@ -142,3 +143,37 @@ def test_transformer_xh_is_in_the_baselines_sweep_and_keeps_its_graph_under_the_
     assert paper.dataset._target_.endswith("HybridQAGraphDataModule") and paper.dataset.node_length == 128
     assert paper.model.encoder.max_length == 128  # the encoder reads 128-token nodes, not 2048-token sequences
     assert paper.dataset.root == compose_train(["experiment=hybridqa_tapas", "profile=paper"], tmp_path).dataset.root
+
+
+DEBUG_MODES = ("overfit", "fdr", "limit")
+
+
+@pytest.mark.parametrize("debug", DEBUG_MODES)
+def test_every_debug_mode_composes_on_every_experiment_and_pretraining(debug, tmp_path):
+    """debug=<mode> overrides the experiment (it comes last), its trainer keys are Lightning's,
+    and its loggers and checkpoint selection are the ones it documents."""
+    from mate_cli.commands.train import TRAINER_RESERVED
+    from mate_cli.trainer_args import check_trainer_args
+
+    configs = [compose_train([f"experiment={e}", f"debug={debug}"], tmp_path) for e in EXPERIMENTS]
+    configs.append(compose_train([f"debug={debug}"], tmp_path, "pretrain"))
+    for cfg in configs:
+        trainer = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
+        L.Trainer(**trainer, logger=False, enable_progress_bar=False)
+        if debug == "overfit":
+            assert cfg.dataset.same_order_every_epoch is True and cfg.trainer.limit_train_batches == 1
+            assert cfg.callbacks.best_checkpoint is None and cfg.validate_best is False
+            assert cfg.trainer.log_every_n_steps == 1
+        if debug in ("overfit", "fdr"):
+            assert list(cfg.logger) == ["csv"], cfg.experiment_name  # no W&B run
+        else:
+            assert "wandb" in cfg.logger and cfg.callbacks.best_checkpoint.monitor.startswith("val/")
+            assert cfg.trainer.limit_train_batches == 3 and cfg.trainer.max_epochs == 3
+
+
+def test_debug_modes_keep_the_experiment_settings_they_do_not_name(tmp_path):
+    plain = OmegaConf.to_container(compose_train(["experiment=wtq_mate"], tmp_path))
+    overfit = OmegaConf.to_container(compose_train(["experiment=wtq_mate", "debug=overfit"], tmp_path))
+    assert overfit["model"] == plain["model"] and overfit["attention"] == plain["attention"]
+    assert {k: v for k, v in overfit["dataset"].items() if k != "same_order_every_epoch"} == \
+        {k: v for k, v in plain["dataset"].items() if k != "same_order_every_epoch"}

@@ -10,9 +10,10 @@ cells in row-major order) from each tokenizer's own word pieces of that unit, ne
 the ids under test. Units whose word pieces differ are left out of the per-token
 comparison and counted, with their reason. Known, documented reasons:
 
-- ``empty``: TAPAS writes one ``[EMPTY]`` token for an empty cell, or one whose text is
-  only punctuation or ``n/a``/``?``/``nan``; this project gives such a cell no token (it
-  cannot be selected; see :mod:`mate_cli.data.tokenize`), or its plain word pieces.
+- ``empty``: ``TapasTokenizer`` writes one ``[EMPTY]`` token for a cell whose text is only
+  white space, punctuation or ``n/a``/``?``/``nan`` (an empty cell gets no token from
+  either tokenizer); this project gives such a cell its plain word pieces, or no token
+  (see :mod:`mate_cli.data.tokenize`).
 - ``wordpiece``: ``TapasTokenizer`` is a slow BasicTokenizer; the bundled fast tokenizer
   splits some rare characters differently.
 

@@ -290,7 +290,7 @@ def test_candidates_prefer_trace_and_skip_out_of_range(caplog):
 
 
 def test_empty_cell_token_makes_empty_cells_selectable(tokenizer):
-    """TAPAS writes one [EMPTY] token per empty cell; with ``empty_cell_token`` the cell gets
+    """An empty cell has no token (as with ``TapasTokenizer``); with ``empty_cell_token`` it gets
     the vocabulary's [EMPTY] (else [UNK]) and a cell id, so an answer in it survives."""
     table = _table(["name", "note"], [["ann", ""], ["bob", "tall"]])
     question = Question("q", "who has no note?", "hand")

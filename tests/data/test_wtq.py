@@ -1,4 +1,5 @@
-"""WTQReader on the bundled WikiTableQuestions sample and on broken copies of it."""
+"""WTQReader on the bundled WikiTableQuestions sample, on rows with their tagged twin
+(``tests/data/wtq_tagged``, see its README) and on broken copies of them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from mate_cli.data.wtq import WTQReader, read_table_file, split_answers, unescap
 from mate_cli.errors import MateError
 
 WTQ_ROOT = Path(__file__).resolve().parents[2] / "data" / "wtq_sample"
+TAGGED_ROOT = Path(__file__).resolve().parent / "wtq_tagged"
+SEEN = "pristine-seen-tables.tsv"
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +119,50 @@ def test_input_files_and_cache(wtq):
     assert WTQ_ROOT / "data" / "training.tsv" in files
     assert sum(p.suffix == ".tsv" and p.parent.parent.name == "csv" for p in files) == 30
     assert wtq.table("csv/204-csv/833.csv") is wtq.table("csv/204-csv/833.csv")
+
+
+# ------------------------------------------------------------------ canonical answers
+def test_canonical_answers_come_from_the_tagged_twin_by_question_id():
+    reader = WTQReader(TAGGED_ROOT)
+    got = {q.question_id: (q.answers, q.canonical_answers) for q in reader.questions(SEEN)}
+    assert got == {
+        "ns-0": (["10 years"], ["10.0"]),
+        "ns-320": (["34,273"], ["34273.0"]),
+        "ns-531": (["September 30"], ["xxxx-09-30"]),
+        "ns-552": (["15 June 1942"], ["1942-06-15"]),
+        "ns-723": (["May"], ["May"]),
+        "ns-1908": (["Stage 3"], ["3.0"]),
+        "ns-2558": (["6 November 2007", "Away"], ["2007-11-06", "Away"]),
+    }
+    assert TAGGED_ROOT / "tagged" / "data" / "pristine-seen-tables.tagged" in reader.input_files()
+
+
+def test_without_a_tagged_twin_there_are_no_canonical_answers(wtq, questions, tmp_path, caplog):
+    """The fallback: the metric emulates the canonical forms (the sample has no tagged/ folder)."""
+    assert not (WTQ_ROOT / "tagged").exists()
+    assert all(q.canonical_answers == [] for q in questions)
+    root = tmp_path / "seen"
+    shutil.copytree(TAGGED_ROOT, root)
+    lines = (root / "tagged" / "data" / "pristine-seen-tables.tagged").read_text(encoding="utf-8").split("\n")
+    (root / "tagged" / "data" / "pristine-seen-tables.tagged").write_text(
+        "\n".join(line for line in lines if not line.startswith("ns-1908\t")), encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="mate_cli.data.wtq"):
+        got = {q.question_id: q.canonical_answers for q in WTQReader(root).questions(SEEN)}
+    assert got["ns-1908"] == [] and got["ns-552"] == ["1942-06-15"]
+    assert "1 question(s) without canonical answers" in caplog.text
+
+
+def test_a_tagged_twin_of_another_release_is_refused(tmp_path):
+    root = tmp_path / "seen"
+    shutil.copytree(TAGGED_ROOT, root)
+    tagged = root / "tagged" / "data" / "pristine-seen-tables.tagged"
+    text = tagged.read_text(encoding="utf-8")
+    tagged.write_text(text.replace("\tSeptember 30\t", "\tSeptember 29\t", 1), encoding="utf-8")
+    with pytest.raises(MateError, match="'ns-531' has targetValue 'September 29'.*same release"):
+        list(WTQReader(root).questions(SEEN))
+    tagged.write_text(text.replace("\txxxx-09-30\t", "\txxxx-09-30|x\t", 1), encoding="utf-8")
+    with pytest.raises(MateError, match="1 answers in targetValue but 2 in targetCanon"):
+        list(WTQReader(root).questions(SEEN))
 
 
 # ------------------------------------------------------------------ errors

@@ -1,7 +1,8 @@
 """DoT (Krichene et al. 2021) against its definitions: the selection keeps the query and the
 top-K tokens (or whole columns by mean score), the task model on the kept tokens equals the
 task model on every token with the others at ``s_t = -inf`` (App. A.3), J-DoT trains the
-pruner through the attention and P-DoT does not, and runs are named in the paper's notation.
+pruner through the attention and P-DoT does not, runs are named in the paper's notation, and
+the answer cells lost to the selection are counted (not only those lost to the length cut).
 
 The equivalence runs the real MiniLM on real CC-1024 TabFact batches of the bundled sample,
 in float64 (in float32 the two computations differ by summation order, about 1e-5).
@@ -13,7 +14,10 @@ import pytest
 import torch
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.dot import DoubleTransformer, column_scores, keep_rank, paper_name, select
+from mate_cli.modeling.dot import (
+    DoubleTransformer, answer_cells_kept, cells_with_tokens, column_scores, gather_layout, keep_rank, paper_name,
+    select,
+)
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import TableLayout
 from tests.conf.test_compose import build, compose_train
@@ -155,3 +159,46 @@ def test_a_task_model_that_cannot_take_the_scores_is_refused_in_one_line():
     assert "\n" not in str(error.value)
     with pytest.raises(MateError, match="model.dot.selection"):
         DoubleTransformer(pruner, selection="rows")
+
+
+def test_an_answer_cell_whose_tokens_were_all_pruned_is_lost():
+    # cell ids per token (0: query/header); the selection below keeps the query, cell 1's first token and cell 3
+    cells = [[0, 0, 1, 1, 2, 2, 3], [0, 0, 1, 2, 2, 3, 3]]
+    layout = TableLayout.from_lists([{"segment_ids": [int(c > 0) for c in ids], "cell_ids": ids} for ids in cells])
+    rank = torch.tensor([[9.0, 9.0, 1.0, -5.0, -4.0, -6.0, 0.0], [9.0, 9.0, 1.0, 2.0, 3.0, -9.0, -9.0]])
+    index = select(rank, 4)
+    kept = gather_layout(layout, index, torch.ones_like(index, dtype=torch.bool), torch.arange(7).expand(2, 7), None)
+    assert kept.cell_ids.tolist() == [[0, 0, 1, 3], [0, 0, 2, 2]]
+    assert cells_with_tokens(kept, 3).tolist() == [[False, True, False, True], [False, False, True, False]]
+    answers = torch.tensor([[False, True, False, True], [False, False, True, True]])
+    assert answer_cells_kept(answers, kept).tolist() == [True, False]  # example 2 lost cell 3 entirely
+    assert answer_cells_kept(torch.zeros_like(answers), kept).tolist() == [True, True]  # no answer cell
+    padded = kept.with_fields(attention_mask=torch.tensor([[True, True, True, False]] * 2))
+    assert answer_cells_kept(answers, padded).tolist() == [False, False]  # a padding slot holds no token
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")  # the eval step without a Trainer
+def test_the_model_counts_the_answer_cells_its_selection_loses(tmp_path):
+    """On the WikiTQ sample's validation split the length cut keeps every answer cell, DoT's selection
+    (C-DoT, K = 256 of CC-1024) does not: ``val/answer_cells_kept`` says how many questions keep them all."""
+    torch.manual_seed(0)
+    cfg = compose_train(["experiment=wtq_dot", "dataset.batch_size=64"], tmp_path)
+    datamodule, model, _ = build(cfg, tmp_path)
+    datamodule.setup("fit")
+    assert datamodule.stats["validation"]["answer_cells_kept"] == 1.0  # the length cut lost none
+    model.eval()
+    lost = asked = 0
+    for batch in datamodule.val_dataloader():
+        with torch.no_grad():
+            model._eval_step(batch, "val")
+            pruned = model.dot(batch.input_ids, batch.layout,
+                               model.encoder.embeddings.position_ids(batch.layout))
+        # recount from the full input: the cell ids of the tokens the selection kept
+        read = torch.where(pruned.layout.attention_mask, batch.layout.cell_ids.gather(1, pruned.index), 0)
+        for i, answer in enumerate(batch.candidate_mask & batch.cell_mask):
+            wanted = set(answer.nonzero().flatten().tolist())
+            if wanted:
+                asked += 1
+                lost += not wanted <= set(read[i].tolist())
+    assert asked == datamodule.stats["validation"]["questions_with_answer_cells"] and lost > 0
+    assert float(model.metrics["val_answer_cells_kept"].compute()) == pytest.approx((asked - lost) / asked)

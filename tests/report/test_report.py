@@ -296,3 +296,23 @@ def test_a_bare_first_argument_is_the_path(tmp_path):
     assert path_argument(["path=x", "plots=false"]) == ["path=x", "plots=false"]
     with pytest.raises(MateError, match="takes one folder"):
         path_argument(["a", "b"])
+
+
+def test_learning_curves_read_every_validation_of_a_run_and_its_start(tmp_path):
+    from mate_cli.report.collect import Run
+    from mate_cli.report.aggregate import Configuration
+    from mate_cli.report.render import learning_curve, plot_learning_curves
+
+    runs = []
+    for seed, values in ((1, ("0.2", "0.4")), (2, ("0.25", "0.5"))):
+        path = tmp_path / f"run{seed}"
+        (path / "csv").mkdir(parents=True)
+        (path / "csv" / "metrics.csv").write_text(
+            "epoch,step,train/loss,val/accuracy\n0,9,1.0,\n0,99,,%s\n0,149,0.5,\n0,199,,%s\n" % values)
+        runs.append(Run(path=path, name=path.name, metrics={"start/val/accuracy": 0.05, "val/accuracy": 0.5}))
+    assert learning_curve(runs[0], "val/accuracy") == [(0, 0.05), (99, 0.2), (199, 0.4)]
+    assert learning_curve(runs[0], "val/seq") == []
+    key = {"experiment": "sqa_mate", "attention": "mate", "impl": "bucketed/auto", "dataset": "sqa"}
+    png = plot_learning_curves([Configuration(key=key, runs=runs)], "val/accuracy", tmp_path / "curve.png")
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert plot_learning_curves([Configuration(key=key, runs=runs)], "val/seq", tmp_path / "none.png") is None

@@ -1,0 +1,44 @@
+"""`mate baseline dataset=<table task>`: the trivial baselines of SQA, WikiTQ or TabFact on the
+validation split, chosen on the training split (:mod:`mate_cli.metrics.trivial`); prints them
+and writes ``metrics.json`` into this run's directory. No model, no tokens: the dataset's reader
+and split only."""
+
+from __future__ import annotations
+
+import hydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
+from mate_cli.errors import MateError
+from mate_cli.io import atomic_write_json
+from mate_cli.metrics import trivial
+from mate_cli.paths import CONF_DIR, register_resolvers
+
+register_resolvers()
+
+
+def baseline(cfg: DictConfig) -> dict:
+    quiet_third_party_logs()
+    task = cfg.dataset.get("task")
+    if task not in ("sqa", "wtq", "tabfact"):
+        raise MateError(f"mate baseline scores the table tasks; dataset={cfg.dataset.get('_target_')} is not one: "
+                        "use dataset=sqa|wtq|tabfact or their _sample")
+    datamodule = instantiate(cfg.dataset)
+    train, validation = datamodule.questions("train"), datamodule.questions("validation")
+    if task == "wtq":
+        metrics = trivial.wtq_most_frequent(train, validation)
+    elif task == "sqa":
+        metrics = trivial.sqa_fixed_cells(train, validation, datamodule.reader.table)
+    else:
+        metrics = trivial.tabfact_majority(train, validation)
+    metrics.update({"data/train/questions": len(train), "data/validation/questions": len(validation)})
+    shown = [k for k in metrics if k.startswith("val/")]
+    print_table(f"{task}: {metrics['rule']}", shown, [[f"{metrics[k]:.4f}" for k in shown]])
+    atomic_write_json(run_dir() / "metrics.json", metrics)
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="baseline")
+def main(cfg: DictConfig) -> None:
+    run_task(baseline, cfg)

@@ -1,0 +1,142 @@
+"""Preprocessing in worker processes, with progress: question records -> an Arrow dataset.
+
+:func:`encode_records` runs a one-record function over the question records of a split:
+
+- in ``num_proc`` processes (``dataset.num_proc``; ``auto``: the cores this process may run
+  on), results taken in record order, so the examples never depend on ``num_proc``; a split
+  too small to repay starting processes (under ``MIN_RECORDS_PER_PROCESS`` records each) runs
+  on fewer, down to in process;
+- with a progress line about every ``PROGRESS_EVERY_S`` seconds (count, rate, ETA) and a
+  closing line with the questions per second, in the run's log;
+- collected into Arrow a chunk at a time, so memory holds one chunk of Python objects,
+  not the whole split's.
+
+:func:`worker_counts` turns ``auto`` (the default of every dataset) into numbers for this
+machine: preprocessing processes = the available cores; loader workers = a quarter of them,
+at most 4, and none on a machine with fewer than 4 cores, where a worker would take a core
+from the training step it is meant to feed (collating a batch costs far less than a step).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from typing import Callable, Iterator, Sequence
+
+import datasets
+
+from mate_cli.errors import MateError
+
+log = logging.getLogger(__name__)
+
+#: seconds between two progress lines
+PROGRESS_EVERY_S = 10.0
+#: records per process below which fewer processes are started (each loads a tokenizer and tables)
+MIN_RECORDS_PER_PROCESS = 64
+#: examples converted to Arrow at a time
+CHUNK = 1000
+
+_function: Callable | None = None  # the worker processes' function (set by the pool initializer)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity; ``os.cpu_count()`` where unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def worker_counts(num_proc: int | str, num_workers: int | str) -> tuple[int, int]:
+    """``(preprocessing processes, loader workers)`` from ``dataset.num_proc`` / ``dataset.num_workers``
+    (a number, or ``auto``: see the module docstring)."""
+    cores = available_cores()
+    return (_count("dataset.num_proc", num_proc, cores, minimum=1),
+            _count("dataset.num_workers", num_workers, 0 if cores < 4 else min(4, cores // 4), minimum=0))
+
+
+def _count(key: str, value: int | str, auto: int, minimum: int) -> int:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return auto
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < minimum or isinstance(value, float) and value != number:
+        raise MateError(f"{key}={value!r} is not a count; use a whole number >= {minimum}, or auto "
+                        "(what this machine has)")
+    return number
+
+
+def encode_records(function: Callable[[dict], dict | list[dict]], records: Sequence[dict], num_proc: int,
+                   what: str, *, min_per_process: int = MIN_RECORDS_PER_PROCESS,
+                   progress_every_s: float = PROGRESS_EVERY_S) -> datasets.Dataset:
+    """The examples ``function`` makes of ``records`` (one dict, or a list of them, per record), as
+    one dataset in record order. ``function`` must pickle when ``num_proc > 1`` (see the module
+    docstring for the processes, progress lines and chunking)."""
+    processes = max(1, min(int(num_proc), len(records) // max(1, min_per_process)))
+    progress = _Progress(len(records), what, processes, progress_every_s)
+    parts: list[datasets.Dataset] = []
+    buffer: list[dict] = []
+    for examples in _results(function, records, processes):
+        buffer.extend([examples] if isinstance(examples, dict) else examples)
+        progress.step()
+        if len(buffer) >= CHUNK:
+            parts.append(datasets.Dataset.from_list(buffer))
+            buffer = []
+    if buffer or not parts:
+        parts.append(datasets.Dataset.from_list(buffer) if buffer else datasets.Dataset.from_dict({"question_id": []}))
+    progress.done()
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _results(function: Callable, records: Sequence[dict], processes: int) -> Iterator:
+    if processes == 1:
+        yield from map(function, records)
+        return
+    context = multiprocessing.get_context("fork")  # the workers inherit the function and the loaded modules
+    with context.Pool(processes, initializer=_set_function, initargs=(function,)) as pool:
+        yield from pool.imap(_call, records, chunksize=8)
+
+
+def _set_function(function: Callable) -> None:
+    global _function
+    _function = function
+
+
+def _call(record: dict):
+    return _function(record)
+
+
+class _Progress:
+    """The log lines of one preprocessing pass."""
+
+    def __init__(self, total: int, what: str, processes: int, every_s: float) -> None:
+        self.total, self.what, self.processes, self.every_s = total, what, processes, every_s
+        self.count, self.start = 0, time.perf_counter()
+        self.last = self.start
+        log.info("%s: preprocessing %s questions in %d process%s", what, f"{total:,}", processes,
+                 "" if processes == 1 else "es")
+
+    def step(self) -> None:
+        self.count += 1
+        now = time.perf_counter()
+        if now - self.last >= self.every_s and self.count < self.total:
+            self.last = now
+            rate = self.count / (now - self.start)
+            log.info("%s: %s/%s questions (%.1f/s, ETA %s)", self.what, f"{self.count:,}", f"{self.total:,}", rate,
+                     _duration((self.total - self.count) / rate))
+
+    def done(self) -> None:
+        elapsed = time.perf_counter() - self.start
+        log.info("%s: %s questions preprocessed in %s (%.1f questions/s, %d process%s)", self.what,
+                 f"{self.count:,}", _duration(elapsed), self.count / max(elapsed, 1e-9), self.processes,
+                 "" if self.processes == 1 else "es")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"

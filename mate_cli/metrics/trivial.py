@@ -1,0 +1,73 @@
+"""Trivial baselines: answers that need no model, scored with the tasks' own metrics.
+
+What "learned" means on a dev side is read against these. Each rule is chosen on the
+training side only, then scored on the validation side:
+
+- **WikiTQ**: the training side's most frequent answer (its gold answer list, compared
+  by normalised text), given to every question; denotation accuracy with the gold
+  targets the models are scored against (:func:`mate_cli.metrics.wtq.denotation_correct`).
+- **SQA**: the best fixed cell rule: "every cell of column c" or "the one cell at
+  (row r, column c)", for the first ``FIXED_COLUMNS`` columns and ``FIXED_ROWS`` rows,
+  the one with the highest ALL on the training side; ALL and SEQ
+  (:func:`mate_cli.metrics.sqa.sqa_scores`).
+- **TabFact**: the training side's majority verdict; accuracy.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Sequence
+
+from mate_cli.data.schema import Question, Table
+from mate_cli.metrics.sqa import question_correct, sqa_scores
+from mate_cli.metrics.wtq import denotation_correct, normalize
+
+FIXED_COLUMNS = 5
+FIXED_ROWS = 3
+
+
+def wtq_most_frequent(train: Sequence[Question], validation: Sequence[Question]) -> dict:
+    """The training side's most frequent answer, for every validation question."""
+    counts = Counter(tuple(sorted(normalize(a) for a in q.answers)) for q in train if q.answers)
+    (key, _), = counts.most_common(1)
+    # the answer as written in its most frequent spelling
+    answer = Counter(tuple(q.answers) for q in train if tuple(sorted(normalize(a) for a in q.answers)) == key)
+    (written, _), = answer.most_common(1)
+    correct = [denotation_correct(q.answers, list(written), q.canonical_answers or None) for q in validation]
+    return {"rule": f"always answer {list(written)}", "val/accuracy": _mean(correct)}
+
+
+def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question],
+                    table: Callable[[str], Table]) -> dict:
+    """The fixed cell rule with the best ALL on the training side, scored on validation."""
+    rules = [(f"every cell of column {c}", _column(c)) for c in range(FIXED_COLUMNS)]
+    rules += [(f"the cell at row {r}, column {c}", _cell(r, c)) for r in range(FIXED_ROWS) for c in range(FIXED_COLUMNS)]
+
+    def scores(questions: Sequence[Question], rule) -> dict:
+        records = [(q.sequence_id or q.question_id, q.position,
+                    question_correct(rule(table(q.table_id)), q.answer_coordinates)) for q in questions]
+        return sqa_scores(records)
+
+    name, best = max(rules, key=lambda item: scores(train, item[1])["all"])
+    val = scores(validation, best)
+    return {"rule": name, "train/accuracy": scores(train, best)["all"], "val/accuracy": val["all"],
+            "val/seq": val["seq"]}
+
+
+def tabfact_majority(train: Sequence[Question], validation: Sequence[Question]) -> dict:
+    """The training side's majority verdict, for every validation statement."""
+    (label, _), = Counter(int(q.label) for q in train if q.label is not None).most_common(1)
+    correct = [int(q.label) == label for q in validation if q.label is not None]
+    return {"rule": f"always {('refuted', 'entailed')[label]}", "val/accuracy": _mean(correct)}
+
+
+def _column(c: int):
+    return lambda table: [(r, c) for r in range(len(table.rows)) if c < len(table.rows[r])]
+
+
+def _cell(r: int, c: int):
+    return lambda table: [(r, c)] if r < len(table.rows) and c < len(table.rows[r]) else []
+
+
+def _mean(values: Sequence[bool]) -> float:
+    return sum(values) / len(values) if values else 0.0

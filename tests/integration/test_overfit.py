@@ -1,0 +1,76 @@
+"""``debug=overfit`` through the real `mate` CLI: every head memorises one fixed batch.
+
+A head, loss or supervision with a bug cannot fit ``dataset.batch_size`` examples. Each case
+trains the bundled MiniLM on the first batch of its bundled sample and asserts that the
+task's own metric on that batch, as ``mate train`` writes it into ``metrics.json``
+(``train/<metric>``), reaches 0.95 within a fixed number of steps, and that the run was
+the debug mode it says: no best checkpoint, no final validation, no W&B run. The cases
+that take longest are marked slow (``make test-slow``); WikiTQ's weak supervision is a
+known gap (``KNOWN_GAPS``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from tests.helpers import mate_env, new_run, run_dirs, run_mate
+
+#: name -> (command, overrides, metric, its value for "memorised", steps)
+CASES = {
+    "cell selection": ("train", ["experiment=hybridqa_mate", "dataset.max_length=256"], "train/hits@1", 0.95, 12),
+    "TabFact": ("train", ["experiment=tabfact_mate", "dataset.max_length=128", "dataset.batch_size=8"],
+                "train/accuracy", 0.95, 15),
+    "span reader": ("train", ["experiment=hybridqa_reader", "dataset.max_length=256", "dataset.batch_size=4"],
+                    "train/em", 95.0, 20),
+    "SQA": ("train", ["experiment=sqa_mate", "dataset.max_length=256"], "train/accuracy", 0.95, 60),
+    # absolute positions: with TAPAS's per-cell reset, masked one-word cells differ only by the row and
+    # column embeddings, which a BERT checkpoint lacks (README, "Debugging a model")
+    "masked LM": ("pretrain", ["model.encoder.reset_position_index_per_cell=false"], "train/mlm_accuracy", 0.95, 60),
+    "DoT": ("train", ["experiment=tabfact_dot", "dataset.max_length=512", "dataset.batch_size=8"],
+            "train/accuracy", 0.95, 12),
+    "Transformer-XH": ("train", ["experiment=hybridqa_xh"], "train/hits@1", 0.95, 12),
+    "WikiTQ with aggregation": ("train", ["experiment=wtq_mate", "dataset.max_length=256"], "train/accuracy", 0.95, 60),
+}
+#: the cheap ones run in `make test`; the others take 1-5 minutes each (`make test-slow`)
+CHEAP = {"cell selection", "TabFact"}
+#: TAPAS's weak supervision fits the expected aggregation result with soft cell probabilities, so the
+#: loss reaches ~0.01 while the answer decoded from the cells above the threshold stays wrong (README,
+#: "Debugging a model"); strict: this fails once the head memorises its batch, to be moved up then
+KNOWN_GAPS = {"WikiTQ with aggregation"}
+
+
+def overfit(name: str, tmp_path, lr: float = 5e-4) -> tuple[dict, list[dict], object]:
+    command, overrides, _, _, steps = CASES[name]
+    env = mate_env(tmp_path / "out", tmp_path / "cache")
+    before = run_dirs(tmp_path / "out", command)
+    done = run_mate([command, *overrides, "debug=overfit", f"trainer.max_steps={steps}",
+                     f"model.optimizer.lr={lr}"], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = new_run(tmp_path / "out", command, before)
+    with open(run / "csv" / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return json.loads((run / "metrics.json").read_text()), rows, run
+
+
+def marks(name: str) -> list:
+    out = [] if name in CHEAP else [pytest.mark.slow]
+    if name in KNOWN_GAPS:
+        out.append(pytest.mark.xfail(strict=True, reason="the soft expected result fits the answer, the decoded one does not"))
+    return out
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n)) for n in CASES])
+def test_every_head_memorises_one_fixed_batch(name, tmp_path):
+    _, _, metric, target, steps = CASES[name]
+    metrics, rows, run = overfit(name, tmp_path)
+    assert metrics[metric] >= target, (name, metrics)
+    logged = {int(r["step"]): float(r[metric]) for r in rows if r.get(metric)}
+    assert set(range(steps)) <= set(logged)  # the task's metric on the training batch, every step
+    assert logged[0] < target  # it was learned here, not known from the start
+    # the debug mode it says: no checkpoint selection, no final validation, no W&B
+    assert not any(k.startswith("val/") for k in metrics)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["last.ckpt"]
+    assert not (run / "wandb").exists()

@@ -1,0 +1,56 @@
+"""The trivial baselines: rules chosen on the training side, scored with the tasks' metrics;
+and `mate baseline` on a bundled sample through the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+from mate_cli.data.schema import Cell, Question, Table
+from mate_cli.metrics import trivial
+from tests.helpers import mate_env, new_run, run_dirs, run_mate
+
+
+def q(qid: str, answers=(), **kw) -> Question:
+    return Question(question_id=qid, question="?", table_id="t", answers=list(answers), **kw)
+
+
+def test_wtq_most_frequent_answer_is_chosen_on_train_and_scored_with_the_gold_targets():
+    train = [q("a", ["3"]), q("b", ["3.0"]), q("c", ["Paris"])]
+    validation = [q("d", ["3"]), q("e", ["three"]), q("f", ["1,484,900"])]
+    out = trivial.wtq_most_frequent(train, validation)
+    assert out["rule"] == "always answer ['3']"
+    assert out["val/accuracy"] == 1 / 3
+
+
+def table(rows: list[list[str]]) -> Table:
+    return Table(table_id="t", header=[Cell("a"), Cell("b")], rows=[[Cell(text=t) for t in row] for row in rows])
+
+
+def test_sqa_fixed_rule_is_the_best_on_train_and_gives_all_and_seq():
+    t = table([["x", "1"], ["y", "2"]])
+    train = [q("s/0/0", answer_coordinates=[[0, 1], [1, 1]], sequence_id="s/0", position=0),
+             q("s/0/1", answer_coordinates=[[0, 1], [1, 1]], sequence_id="s/0", position=1),
+             q("u/0/0", answer_coordinates=[[0, 0]], sequence_id="u/0", position=0)]
+    validation = [q("v/0/0", answer_coordinates=[[0, 1], [1, 1]], sequence_id="v/0", position=0),
+                  q("v/0/1", answer_coordinates=[[1, 0]], sequence_id="v/0", position=1)]
+    out = trivial.sqa_fixed_cells(train, validation, lambda _: t)
+    assert out["rule"] == "every cell of column 1" and out["train/accuracy"] == 2 / 3
+    assert out["val/accuracy"] == 0.5 and out["val/seq"] == 0.0
+
+
+def test_tabfact_majority():
+    train = [q(str(i), label=int(i < 3)) for i in range(5)]
+    out = trivial.tabfact_majority(train, [q("x", label=1), q("y", label=0)])
+    assert out == {"rule": "always entailed", "val/accuracy": 0.5}
+
+
+def test_mate_baseline_on_the_bundled_tabfact_sample(tmp_path):
+    env = mate_env(tmp_path / "out", tmp_path / "cache")
+    done = run_mate(["baseline", "dataset=tabfact_sample"], env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run,) = run_dirs(tmp_path / "out", "baseline")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["rule"] in ("always entailed", "always refuted")
+    assert metrics["data/validation/questions"] > 0 and 0.3 < metrics["val/accuracy"] < 0.7
+    wrong = run_mate(["baseline", "experiment=hybridqa_mate"], env)
+    assert wrong.returncode != 0
