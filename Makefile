@@ -41,7 +41,7 @@ clean:
 	rm -rf outputs .cache .pytest_cache
 
 # ---------------------------------------------------------------------------------------
-# PointR end to end on the bundled HybridQA sample (paper §4; issue 5):
+# PointR end to end on the bundled HybridQA sample (paper §4):
 #   stage 1  MATE cell selection          mate train experiment=hybridqa_mate
 #   stage 2  passage reader (dense BERT)   mate train experiment=hybridqa_reader
 #   eval     top cell -> reader -> official EM/F1 (in-table / in-passage / total) + Hits@1/3/5

@@ -1,5 +1,5 @@
 """PointR stage-2 data: reader context, gold span at the first normalised occurrence,
-encoding, the datamodule's split/cache, and the robustness cases of issue 5."""
+encoding, the datamodule's split/cache, and its robustness cases."""
 
 from __future__ import annotations
 

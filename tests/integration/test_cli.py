@@ -135,7 +135,7 @@ def test_eval_reproduces_validation_metrics(trained_run: Path, tmp_path: Path):
 
 
 def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
-    """One sweep: mate and dense (issue 2's check) plus every other trainable backend."""
+    """One sweep: mate and dense (the first check) plus every other trainable backend."""
     backends = ["mate", "dense", "sat", "linformer", "table_etc"]
     # Linformer's paper k=256 needs max_length >= 256.
     args = ["-m", *SMOKE, "dataset.max_length=256", "trainer.max_steps=2", f"attention={','.join(backends)}", "logger=csv"]
