@@ -7,7 +7,8 @@ The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config
 (``last.ckpt``: the newest state, every ``callbacks.model_checkpoint.every_n_train_steps``
 steps and at the end; ``best-*.ckpt``: the best by the validation metric), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json`` (with ``validate_start=true`` also
 ``start/val/*``: the starting checkpoint's validation metrics, measured before the first step;
-``train/*``: the loss and the task's metric on the last logged training batch);
+``train/*``: the loss and the task's metric on the last logged training batch; with
+``validate_best=false``, ``val/*`` are the last validation inside fit, if any ran);
 with ``export_encoder=true`` also ``encoder/``: the best checkpoint's encoder as a
 ``transformers.TapasModel`` directory, so results travel to other tools.
 
@@ -99,6 +100,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("validate_best", True):
         results = trainer.validate(model, **_validation_data(trainer, datamodule), ckpt_path=best, verbose=False)
         metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+    else:  # the last validation inside fit (val_check_interval), when one ran
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics.update(perf)
     metrics.update(trained)
@@ -119,18 +122,26 @@ def train(cfg: DictConfig) -> dict[str, float]:
     _finish_wandb()
     if trainer.is_global_zero:
         log.info("run dir: %s", out)
-        print_summary(metrics, out)
+        print_summary(metrics, out, bool(cfg.get("validate_best", True)))
     return metrics
 
 
-def print_summary(metrics: dict, out: Path) -> None:
-    """The last thing on screen: the final validated metrics and where the results are."""
-    shown = sorted(k for k, v in metrics.items() if k.startswith(("start/val/", "val/")) and isinstance(v, float))
-    title = "final validation (best checkpoint; start/*: the starting checkpoint)" if any(
-        k.startswith("start/") for k in shown) else "final validation (best checkpoint)"
-    if not shown:  # no final validation (validate_best=false, debug=overfit): the last training batch
-        shown = sorted(k for k, v in metrics.items() if k.startswith("train/") and isinstance(v, float))
-        title = "last training batch (no final validation)"
+def print_summary(metrics: dict, out: Path, validated_best: bool = True) -> None:
+    """The last thing on screen: the final validated metrics and where the results are.
+
+    With ``validate_best=false`` (``debug=overfit`` among others) there is no final
+    validation: the last validation inside fit, if any, and the last training batch are shown.
+    """
+    def floats(*prefixes: str) -> list[str]:
+        return sorted(k for k, v in metrics.items() if k.startswith(prefixes) and isinstance(v, float))
+
+    if validated_best:
+        shown = floats("start/val/", "val/")
+        title = ("final validation (best checkpoint; start/*: the starting checkpoint)"
+                 if any(k.startswith("start/") for k in shown) else "final validation (best checkpoint)")
+    else:
+        shown = floats("val/", "train/")
+        title = "no final validation: the last validation during training (val/*) and training batch (train/*)"
     if shown:
         print_table(title, shown, [[f"{metrics[k]:.4f}" for k in shown]])
     print(f"best checkpoint: {metrics['best_checkpoint']}\nmetrics:         {out / 'metrics.json'}")  # never wrapped

@@ -5,7 +5,8 @@ writes; see :mod:`mate_cli.commands.train`). Its status:
 
 - ``failed``: it holds ``FAILED`` (the one-line reason `mate` wrote), or a file that
   cannot be read;
-- ``ok``: it holds ``metrics.json``;
+- ``ok``: it holds ``metrics.json`` (a run without ``val/*`` there, trained with
+  ``validate_best=false`` by an older version, reports its CSV log's last validation);
 - ``incomplete``: neither (killed, or still running).
 
 The configuration comes from ``resolved_config.yaml`` (or, when the run died before
@@ -16,6 +17,7 @@ writing it, ``.hydra/config.yaml``), the config group choices from
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -30,6 +32,7 @@ from mate_cli.errors import MateError
 
 RESOLVED = "resolved_config.yaml"
 METRICS = "metrics.json"
+CSV_LOG = Path("csv") / "metrics.csv"
 HYDRA_DIR = ".hydra"
 #: the marker `mate` leaves in the run dir of a failed run (mate_cli.commands.common.FAILED_MARKER)
 FAILED = "FAILED"
@@ -117,6 +120,26 @@ def numeric_metrics(data: dict) -> dict[str, float]:
     }  # fmt: skip
 
 
+def logged_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a run dir's ``csv/metrics.csv`` (none when it has no CSV log)."""
+    log = path / CSV_LOG
+    if not log.is_file():
+        return []
+    with open(log, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def last_validation(path: Path) -> dict[str, float]:
+    """The ``val/*`` values of the last validation in the run's CSV log (``{}`` when none):
+    what a run without a final validation (``validate_best=false``) measured last."""
+    last: dict[str, float] = {}
+    for row in logged_rows(path):
+        values = {k: v for k, v in row.items() if k and k.startswith("val/") and v not in (None, "")}
+        if values:
+            last.update(numeric_metrics({k: float(v) for k, v in values.items()}))
+    return last
+
+
 def _first_line(path: Path) -> str:
     lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     return lines[0] if lines else "(FAILED is empty)"
@@ -146,6 +169,8 @@ def load_run(path: Path, root: Path) -> Run:
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
             run.status, run.metrics = OK, numeric_metrics(data)
+            if not any(k.startswith("val/") for k in run.metrics):  # validate_best=false, before it wrote them
+                run.metrics.update(last_validation(path))
     except Exception as err:  # noqa: BLE001 - an unreadable run is listed as failed, not fatal
         where = current.relative_to(path).as_posix() if current is not None else "run dir"
         run.status, run.error = FAILED_STATUS, " ".join(f"unreadable {where}: {type(err).__name__}: {err}".split())

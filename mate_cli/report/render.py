@@ -23,7 +23,7 @@ import numpy as np
 from mate_cli.bench.report import format_mb
 from mate_cli.io import atomic_open, atomic_write_text
 from mate_cli.report.aggregate import MISSING, THROUGHPUT, Configuration, Summary
-from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run
+from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, logged_rows
 
 PLUS_MINUS = "±"
 
@@ -196,12 +196,9 @@ def learning_curve(run: Run, metric: str) -> list[tuple[int, float]]:
     points = {}
     if f"start/{metric}" in run.metrics:
         points[0] = float(run.metrics[f"start/{metric}"])
-    log = run.path / "csv" / "metrics.csv"
-    if log.is_file():
-        with open(log, newline="") as handle:
-            for row in csv.DictReader(handle):
-                if row.get(metric) not in (None, "") and row.get("step") not in (None, ""):
-                    points[int(float(row["step"]))] = float(row[metric])
+    for row in logged_rows(run.path):
+        if row.get(metric) not in (None, "") and row.get("step") not in (None, ""):
+            points[int(float(row["step"]))] = float(row[metric])
     return sorted(points.items())
 
 

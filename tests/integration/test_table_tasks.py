@@ -158,3 +158,20 @@ def test_a_saved_tapas_wtq_checkpoint_evaluates_through_mate(tmp_path):
     log = (run / "train.log").read_text(encoding="utf-8")
     assert "(task head): 6 tensors; missing (freshly initialised): none" in log
     assert 0.0 <= json.loads((run / "metrics.json").read_text())["val/accuracy"] <= 1.0
+
+
+def test_without_final_validation_metrics_json_keeps_the_last_validation_inside_fit(tmp_path):
+    """validate_best=false: no final validation, but the validations that ran inside fit are
+    measured results: metrics.json holds the last one (what `mate report` reads)."""
+    env = mate_env(tmp_path / "out", tmp_path / "cache")
+    done = run_mate(["train", "experiment=tabfact_mate", "dataset.max_length=128", "trainer.max_steps=4",
+                     "trainer.val_check_interval=2", "trainer.limit_val_batches=2", "validate_best=false",
+                     "logger=csv"], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = new_run(tmp_path / "out", "train", set())
+    metrics = json.loads((run / "metrics.json").read_text())
+    with open(run / "csv" / "metrics.csv", newline="") as handle:
+        validations = [r for r in csv.DictReader(handle) if r.get("val/accuracy")]
+    assert len(validations) >= 2 and validations[0]["val/accuracy"]  # every 2 steps (and at the end)
+    assert metrics["val/accuracy"] == pytest.approx(float(validations[-1]["val/accuracy"]))
+    assert "no final validation" in done.stdout

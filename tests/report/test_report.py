@@ -316,3 +316,18 @@ def test_learning_curves_read_every_validation_of_a_run_and_its_start(tmp_path):
     png = plot_learning_curves([Configuration(key=key, runs=runs)], "val/accuracy", tmp_path / "curve.png")
     assert png.read_bytes().startswith(b"\x89PNG")
     assert plot_learning_curves([Configuration(key=key, runs=runs)], "val/seq", tmp_path / "none.png") is None
+
+
+def test_a_run_without_final_validation_reports_its_last_logged_validation(tmp_path):
+    """validate_best=false runs of older versions wrote no val/* into metrics.json: the report
+    takes the last validation of their CSV log; metrics.json's own val/* win when present."""
+    path = tmp_path / "run"
+    (path / "csv").mkdir(parents=True)
+    (path / "csv" / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/accuracy,val/seq\n0,99,,0.10,0.01\n0,149,0.5,,\n0,199,,0.30,0.02\n0,200,0.4,,\n")
+    (path / "metrics.json").write_text(json.dumps({"train/loss": 0.4, "best_checkpoint": "x"}))
+    run = collect.load_run(path, tmp_path)
+    assert run.status == collect.OK
+    assert run.metrics == {"train/loss": 0.4, "val/accuracy": 0.30, "val/seq": 0.02}
+    (path / "metrics.json").write_text(json.dumps({"val/accuracy": 0.5}))
+    assert collect.load_run(path, tmp_path).metrics == {"val/accuracy": 0.5}
