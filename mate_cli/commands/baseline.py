@@ -32,6 +32,7 @@ def baseline(cfg: DictConfig) -> dict:
         metrics = trivial.sqa_fixed_cells(train, validation, datamodule.reader.table)
     else:
         metrics = trivial.tabfact_majority(train, validation)
+        metrics.update(trivial.tabfact_statement_only(train, validation))
     metrics.update({"data/train/questions": len(train), "data/validation/questions": len(validation)})
     shown = [k for k in metrics if k.startswith("val/")]
     print_table(f"{task}: {metrics['rule']}", shown, [[f"{metrics[k]:.4f}" for k in shown]])

@@ -44,6 +44,23 @@ def test_tabfact_majority():
     assert out == {"rule": "always entailed", "val/accuracy": 0.5}
 
 
+def test_tabfact_statement_only_learns_the_statements_bias_and_never_sees_the_table():
+    """A word that decides the label on the training side decides it on validation; the tables
+    (one per statement here) play no part."""
+    def statement(i: int, word: str, label: int) -> Question:
+        return Question(question_id=str(i), question=f"the team {word} game {i % 7}", table_id=f"t{i % 10}", label=label)
+
+    train = [statement(i, ("won", "lost")[i % 2], 1 - i % 2) for i in range(60)]
+    validation = [statement(100 + i, ("won", "lost")[i % 2], 1 - i % 2) for i in range(20)]
+    out = trivial.tabfact_statement_only(train, validation)
+    assert out["val/accuracy_statement_only"] == 1.0
+    assert out["statement_only_rule"].startswith("bag-of-words logistic regression on the statement alone (C=")
+    flipped = [Question(question_id=v.question_id, question=v.question, table_id=v.table_id, label=1 - v.label)
+               for v in validation]
+    assert trivial.tabfact_statement_only(train, flipped)["val/accuracy_statement_only"] == 0.0
+    assert trivial.tabfact_statement_only(train[:1], validation) == {}  # one table, one label: nothing to fit
+
+
 def test_mate_baseline_on_the_bundled_tabfact_sample(tmp_path):
     env = mate_env(tmp_path / "out", tmp_path / "cache")
     done = run_mate(["baseline", "dataset=tabfact_sample"], env)
@@ -52,5 +69,6 @@ def test_mate_baseline_on_the_bundled_tabfact_sample(tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["rule"] in ("always entailed", "always refuted")
     assert metrics["data/validation/questions"] > 0 and 0.3 < metrics["val/accuracy"] < 0.7
+    assert 0.0 <= metrics["val/accuracy_statement_only"] <= 1.0 and "val/accuracy_statement_only" in done.stdout
     wrong = run_mate(["baseline", "experiment=hybridqa_mate"], env)
     assert wrong.returncode != 0
