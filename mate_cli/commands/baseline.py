@@ -9,7 +9,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import print_metrics, quiet_third_party_logs, run_dir, run_task
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.metrics import trivial
@@ -35,7 +35,7 @@ def baseline(cfg: DictConfig) -> dict:
         metrics.update(trivial.tabfact_statement_only(train, validation))
     metrics.update({"data/train/questions": len(train), "data/validation/questions": len(validation)})
     shown = [k for k in metrics if k.startswith("val/")]
-    print_table(f"{task}: {metrics['rule']}", shown, [[f"{metrics[k]:.4f}" for k in shown]])
+    print_metrics(f"{task}: {metrics['rule']}", metrics, shown)
     atomic_write_json(run_dir() / "metrics.json", metrics)
     return metrics
 

@@ -139,6 +139,11 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]
     rich.print(table)
 
 
+def print_metrics(title: str, metrics: dict, names: Sequence[str], prefix: str = "") -> None:
+    """One row of metrics, 4 decimals: the column ``name`` shows ``metrics[prefix + name]``."""
+    print_table(title, names, [[f"{metrics[prefix + name]:.4f}" for name in names]])
+
+
 def instantiate_dict(section: DictConfig | None) -> list:
     """Instantiate every ``_target_`` entry of a group like ``callbacks`` or ``logger``."""
     from hydra.utils import instantiate

@@ -14,7 +14,7 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import print_metrics, quiet_third_party_logs, run_dir, run_task
 from mate_cli.data.answer_files import write_predictions
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
@@ -53,7 +53,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         metrics["predictions"] = str(write_predictions(task, model.predictions, run_dir()))
     prefix = SPLIT_PREFIX[cfg.split] + "/"
     names = sorted(k[len(prefix):] for k in metrics if k.startswith(prefix))
-    print_table(f"{cfg.split}: {Path(cfg.ckpt_path).name}", names, [[f"{metrics[prefix + n]:.4f}" for n in names]])
+    print_metrics(f"{cfg.split}: {Path(cfg.ckpt_path).name}", metrics, names, prefix)
     atomic_write_json(run_dir() / "metrics.json", metrics)
     return metrics
 

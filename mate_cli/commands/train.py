@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchmetrics import Metric
 
 from mate_cli.commands.common import (
-    instantiate_dict, log, print_config_tree, print_table, quiet_third_party_logs, run_dir, run_task,
+    instantiate_dict, log, print_config_tree, print_metrics, quiet_third_party_logs, run_dir, run_task,
 )
 from mate_cli.data.sampler import each_example_once
 from mate_cli.errors import MateError
@@ -143,7 +143,7 @@ def print_summary(metrics: dict, out: Path, validated_best: bool = True) -> None
         shown = floats("val/", "train/")
         title = "no final validation: the last validation during training (val/*) and training batch (train/*)"
     if shown:
-        print_table(title, shown, [[f"{metrics[k]:.4f}" for k in shown]])
+        print_metrics(title, metrics, shown)
     print(f"best checkpoint: {metrics['best_checkpoint']}\nmetrics:         {out / 'metrics.json'}")  # never wrapped
 
 

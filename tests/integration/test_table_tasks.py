@@ -163,7 +163,7 @@ def test_a_saved_tapas_wtq_checkpoint_evaluates_through_mate(tmp_path):
 def test_without_final_validation_metrics_json_keeps_the_last_validation_inside_fit(tmp_path):
     """validate_best=false: no final validation, but the validations that ran inside fit are
     measured results: metrics.json holds the last one (what `mate report` reads)."""
-    env = mate_env(tmp_path / "out", tmp_path / "cache")
+    env = mate_env(tmp_path / "out", tmp_path / "cache", COLUMNS="200")  # metric names never elided
     done = run_mate(["train", "experiment=tabfact_mate", "dataset.max_length=128", "trainer.max_steps=4",
                      "trainer.val_check_interval=2", "trainer.limit_val_batches=2", "validate_best=false",
                      "logger=csv"], env)
@@ -174,4 +174,6 @@ def test_without_final_validation_metrics_json_keeps_the_last_validation_inside_
         validations = [r for r in csv.DictReader(handle) if r.get("val/accuracy")]
     assert len(validations) >= 2 and validations[0]["val/accuracy"]  # every 2 steps (and at the end)
     assert metrics["val/accuracy"] == pytest.approx(float(validations[-1]["val/accuracy"]))
-    assert "no final validation" in done.stdout
+    shown = " ".join(done.stdout.split())  # rich wraps a title to its table's width
+    assert "no final validation: the last validation during training (val/*) and training batch (train/*)" in shown
+    assert "val/accuracy" in shown and "train/loss" in shown

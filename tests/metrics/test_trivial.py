@@ -62,7 +62,7 @@ def test_tabfact_statement_only_learns_the_statements_bias_and_never_sees_the_ta
 
 
 def test_mate_baseline_on_the_bundled_tabfact_sample(tmp_path):
-    env = mate_env(tmp_path / "out", tmp_path / "cache")
+    env = mate_env(tmp_path / "out", tmp_path / "cache", COLUMNS="200")  # the table's headers unelided
     done = run_mate(["baseline", "dataset=tabfact_sample"], env)
     assert done.returncode == 0, done.stderr[-2000:]
     (run,) = run_dirs(tmp_path / "out", "baseline")
