@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric
 from mate_cli.data.schema import TaskBatch
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.base import EncoderTaskModule
+from mate_cli.modeling.heads import mean_over_tokens
 from mate_cli.modeling.tapas_heads import TapasClassificationHead, load_head_weights
 
 CHANNELS = ("simple", "complex")
@@ -68,8 +69,7 @@ class EntailmentModule(EncoderTaskModule):
         hidden = self.encode(batch.input_ids, batch.layout)
         if self.pooling == "cls":
             return self.head(self.encoder.pooled(hidden))
-        real = batch.layout.attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return self.head((hidden * real).sum(1) / real.sum(1).clamp(min=1))
+        return self.head(mean_over_tokens(hidden, batch.layout.attention_mask))
 
     def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:
         kept, pruned = self.prune(batch)

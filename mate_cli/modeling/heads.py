@@ -9,6 +9,7 @@
 - :func:`first_candidate_loss`: cross-entropy to the first candidate (the
   ``model.mml=false`` ablation).
 - :class:`SpanHead` (PointR stage 2, §4.2) lives in :mod:`mate_cli.modeling.span`.
+- :func:`mean_over_tokens`: a sentence encoder's pooling (TabFact's ``model.pooling=mean``).
 
 Cell ids follow :class:`~mate_cli.modeling.layout.TableLayout`: 0 is "not a cell",
 1..num_cells are the example's data cells. Cell tensors are ``[batch, num_cells + 1]``
@@ -66,6 +67,13 @@ def pool_cells(token_logits: torch.Tensor, cell_ids: torch.Tensor, num_cells: in
     valid = counts > 0
     valid[:, 0] = False
     return masked_fill_invalid(sums / counts.clamp(min=1), valid)
+
+
+def mean_over_tokens(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[batch, seq, hidden]`` -> ``[batch, hidden]``: the mean over the real tokens (padding
+    left out, so a batch-mate's length changes nothing); a sentence encoder's pooling."""
+    real = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * real).sum(1) / real.sum(1).clamp(min=1)
 
 
 def cell_log_probs(cell_logits: torch.Tensor, cell_mask: torch.Tensor) -> torch.Tensor:
