@@ -94,7 +94,7 @@ class TableEmbeddings(nn.Module):
             raise MateError(
                 f"sequence of {seq_len} tokens exceeds the model's max_position_embeddings="
                 f"{self.max_position_embeddings}; set dataset.max_length<={self.max_position_embeddings} "
-                "or model.reset_position_index_per_cell=true"
+                "or model.encoder.reset_position_index_per_cell=true"
             )
         positions = torch.arange(seq_len, device=layout.device)
         return positions.unsqueeze(0).expand(batch, seq_len)

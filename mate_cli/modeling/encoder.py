@@ -213,7 +213,7 @@ class TableEncoder(nn.Module):
             raise MateError(
                 f"dataset.max_length={self.max_length} exceeds the checkpoint's max_position_embeddings="
                 f"{config.max_position_embeddings}; set dataset.max_length<={config.max_position_embeddings} "
-                "or model.reset_position_index_per_cell=true"
+                "or model.encoder.reset_position_index_per_cell=true"
             )
         factory = backend_factory(attention)
         self.embeddings = TableEmbeddings(config)

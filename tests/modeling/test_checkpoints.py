@@ -115,7 +115,7 @@ def test_default_reset_follows_max_length_for_bert(tmp_path):
     long = TableEncoder.from_pretrained(tmp_path, "dense", max_length=128)
     assert long.config.reset_position_index_per_cell is True and long.max_length == 128
     assert long.config.type_vocab_sizes[0] == 2  # BERT's segment table, loaded as token_type_embeddings_0
-    with pytest.raises(MateError, match="model.reset_position_index_per_cell"):
+    with pytest.raises(MateError, match="model.encoder.reset_position_index_per_cell=true"):
         TableEncoder.from_pretrained(tmp_path, "dense", max_length=128, reset_position_index_per_cell=False)
 
 
