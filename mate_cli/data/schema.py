@@ -98,7 +98,10 @@ class EncodedExample:
     ``ranks_clipped`` cells whose (inverse) rank was clipped to the rank-id limit,
     ``candidates_dropped`` candidate cells without tokens, ``columns_pruned`` columns removed
     by the HEM length heuristic, ``tokens_pruned`` table word pieces cut to fit the length
-    budget (by whichever heuristic, the default fit included).
+    budget (by whichever heuristic, the default fit included). ``full_length``: the tokens
+    the input would take with nothing cut by the length budget ([CLS], the question as
+    encoded, [SEP], every header and cell word piece within the id limits), the same for
+    every ``max_length``: the long-table slice of an evaluation is read from it.
     """
 
     question_id: str
@@ -114,6 +117,7 @@ class EncodedExample:
     ranks_clipped: int = 0
     columns_pruned: int = 0
     tokens_pruned: int = 0
+    full_length: int = 0
 
 
 def moved_to(record, device):
@@ -178,6 +182,7 @@ class TaskBatch(Batch):
         cell_texts: per example, the text of each cell id (WikiTQ: the denotation of a selection).
         sequence_ids / positions: SQA sequences (``None`` / 0 elsewhere).
         channels: TabFact's ``simple``/``complex`` or ``None``.
+        full_lengths: per example, its length with nothing cut (``EncodedExample.full_length``).
     """
 
     labels: Optional[torch.Tensor] = None
@@ -190,6 +195,7 @@ class TaskBatch(Batch):
     sequence_ids: list = field(default_factory=list)
     positions: list = field(default_factory=list)
     channels: list = field(default_factory=list)
+    full_lengths: list = field(default_factory=list)
 
 
 @dataclass

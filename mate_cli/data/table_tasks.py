@@ -224,7 +224,7 @@ class TableTaskDataModule(SplitDataModule):
 
         # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
         canon = CANON_EMULATION if self.task == "wtq" else None
-        return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token, "format": 2,
+        return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token, "format": 3,
                 "canon_emulation": canon}
 
     def tokenizer_args(self) -> dict:
@@ -308,4 +308,5 @@ class TaskCollator:
             sequence_ids=[ex["sequence_id"] or None for ex in examples],
             positions=[int(ex["position"]) for ex in examples],
             channels=[ex["channel"] or None for ex in examples],
+            full_lengths=[int(ex["full_length"]) for ex in examples],
         )

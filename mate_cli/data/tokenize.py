@@ -58,7 +58,8 @@ set when anything was cut (question, cells, rows or columns), and the example re
 ``rows_dropped``, ``columns_pruned`` (removed by HEM), ``tokens_pruned`` (table word
 pieces cut by the length budget, whichever heuristic; not those of rows/columns over the
 id limits) and ``candidates_dropped`` (a candidate cell left with no token; the
-datamodule's split statistics sum them).
+datamodule's split statistics sum them), and ``full_length``: its length with no cell,
+row or column cut by the budget (the long-table slice of an evaluation).
 """
 
 from __future__ import annotations
@@ -258,6 +259,7 @@ class TableTokenizer:
         example.columns_pruned = num_cols - len(selection.columns)
         total = sum(map(len, header)) + sum(len(ids) for row in cells for ids in row)
         example.tokens_pruned = total - selection.tokens
+        example.full_length = 2 + len(q_ids) + total
         example.truncated = bool(q_cut or example.tokens_pruned or example.rows_dropped or example.columns_dropped
                                  or example.columns_pruned)
         if table.num_rows > num_rows or example.columns_dropped:

@@ -6,7 +6,12 @@ metrics in :mod:`mate_cli.metrics.sqa` / :mod:`mate_cli.metrics.wtq`.
 Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something),
 ``<stage>/accuracy`` (SQA: ALL, the share of questions whose predicted cell set equals
 the gold set; WikiTQ: denotation accuracy with the official value matching) and, for
-SQA, ``<stage>/seq`` (the share of sequences with every question right). WikiTQ's gold
+SQA, ``<stage>/seq`` (the share of sequences with every question right). The long-table
+slice: ``<stage>/accuracy_long`` is the accuracy over the questions whose whole input
+(question and every cell, nothing cut) is longer than ``long_table_tokens`` word pieces,
+and ``<stage>/long_questions`` how many there were; the slice does not depend on the
+run's ``max_length``, so runs at different lengths are scored on the same questions.
+WikiTQ's gold
 answers are read through their canonical forms (``canonical_answers``, else emulated),
 the predictions as the official evaluator reads ``predictions.tsv``.
 
@@ -32,7 +37,7 @@ from typing import Callable, Mapping
 
 import torch
 from torch import nn
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, SumMetric
 
 from mate_cli.data.schema import TaskBatch
 from mate_cli.lit_modules.base import EncoderTaskModule
@@ -59,17 +64,21 @@ class TableQAModule(EncoderTaskModule):
             ones come from the checkpoint when it is a TAPAS one, else TAPAS's defaults.
         pretrained: the checkpoint the encoder came from: a TAPAS QA checkpoint's head
             weights and settings load from it.
+        long_table_tokens: the long-table slice's threshold (null: no slice metric).
     """
 
     uses_pooler = True
     supports_dot = True
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
-                 task: str = "sqa", head: Mapping | None = None, pretrained: str | None = None, **extra) -> None:
+                 task: str = "sqa", head: Mapping | None = None, pretrained: str | None = None,
+                 long_table_tokens: int | None = None, **extra) -> None:
         super().__init__(encoder, optimizer, scheduler, **extra)
         head = {str(k): v for k, v in dict(head or {}).items()}  # plain values: checkpoints load weights_only
-        self.save_hyperparameters({"task": task, "head": head, "pretrained": pretrained})
+        self.save_hyperparameters({"task": task, "head": head, "pretrained": pretrained,
+                                   "long_table_tokens": long_table_tokens})
         self.task = task
+        self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
         settings = checkpoint_head_settings(pretrained) if pretrained else {}
         self.head_config = TapasHeadConfig.from_checkpoint(head, settings)
         config = encoder.config
@@ -81,7 +90,8 @@ class TableQAModule(EncoderTaskModule):
         self.metrics = nn.ModuleDict({
             f"{stage}_{name}": metric() for stage in ("val", "test")
             for name, metric in (("loss", MeanMetric), ("accuracy", MeanMetric), ("seq", SequenceAccuracy),
-                                 ("answer_cells_kept", MeanMetric))
+                                 ("answer_cells_kept", MeanMetric), ("accuracy_long", MeanMetric),
+                                 ("long_questions", SumMetric))
         })
         self.predictions: list[dict] = []
         self._predicted: dict[tuple[str, int], set[tuple[int, int]]] = {}
@@ -179,7 +189,20 @@ class TableQAModule(EncoderTaskModule):
                                     device=self.device)
                 self.metrics[f"{stage}_seq"].update(keys, correct.bool())
                 self.log(f"{stage}/seq", self.metrics[f"{stage}_seq"], batch_size=len(part))
+            self._log_long_tables(part, correct, stage)
             self.predictions.extend(rows)
+
+    def _log_long_tables(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
+        """The long-table slice: accuracy over the questions longer than ``long_table_tokens`` whole."""
+        if self.long_table_tokens is None or not part.full_lengths:
+            return
+        long = torch.tensor([n > self.long_table_tokens for n in part.full_lengths], device=self.device)
+        if not bool(long.any()):
+            return
+        self.metrics[f"{stage}_accuracy_long"].update(correct[long])
+        self.metrics[f"{stage}_long_questions"].update(long.sum())
+        self.log(f"{stage}/accuracy_long", self.metrics[f"{stage}_accuracy_long"], batch_size=int(long.sum()))
+        self.log(f"{stage}/long_questions", self.metrics[f"{stage}_long_questions"], batch_size=int(long.sum()))
 
     def _in_position_order(self, batch: TaskBatch) -> list[TaskBatch]:
         """SQA: the batch split by sequence position, ascending; otherwise the batch itself."""

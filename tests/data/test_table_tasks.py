@@ -355,6 +355,40 @@ def test_pruning_heuristics_fit_the_budget_and_change_what_is_kept(datamodule, t
     assert stats["hem"]["tokens_pruned"] > stats["cc"]["tokens_pruned"]
 
 
+@pytest.mark.parametrize("task", ["wtq", "sqa"])
+def test_full_length_is_the_uncut_length_whatever_the_pruning(datamodule, task):
+    """The long-table slice reads ``full_length``: an input cut to fit is longer whole, an uncut one is
+    its own length, and the number is the same under every length heuristic."""
+    lengths = {}
+    for pruning in ("none", "cc", "hem"):
+        ds = datamodule(task, pruning).datasets["validation"]
+        lengths[pruning] = _column(ds, "full_length")
+        for full, ids, cut in zip(lengths[pruning], _column(ds, "input_ids"), _column(ds, "truncated")):
+            assert full > len(ids) if cut else full == len(ids)
+    assert lengths["none"] == lengths["cc"] == lengths["hem"]
+    if task == "wtq":  # the sample's long tables
+        assert max(lengths["none"]) > 2 * MAX_LENGTH
+
+
+def test_long_table_slice_scores_only_the_long_questions(module, datamodule):
+    ds = datamodule("wtq").datasets["validation"]
+    batch = TaskCollator()([ds[i] for i in range(len(ds))])
+    threshold = sorted(batch.full_lengths)[len(ds) // 2]
+    long = [n > threshold for n in batch.full_lengths]
+    assert 0 < sum(long) < len(ds)
+    correct = torch.tensor([float(i % 2) for i in range(len(ds))])
+    module.metrics["val_accuracy_long"].reset()
+    module.metrics["val_long_questions"].reset()
+    module.long_table_tokens = threshold
+    try:
+        module._log_long_tables(batch, correct, "val")
+    finally:
+        module.long_table_tokens = None
+    expected = sum(c for c, is_long in zip(correct.tolist(), long) if is_long) / sum(long)
+    assert float(module.metrics["val_accuracy_long"].compute()) == pytest.approx(expected)
+    assert int(module.metrics["val_long_questions"].compute()) == sum(long)
+
+
 def test_bad_task_or_pruning_is_a_mate_error(tmp_path):
     root, source = SAMPLES["wtq"]
     common = dict(root=str(root), pretrained="minilm", split={"source": source}, cache_dir=str(tmp_path))

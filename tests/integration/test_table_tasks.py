@@ -73,6 +73,8 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, tmp_path
         assert 0.0 <= metrics["data/train/answer_cells_kept"] <= 1.0
     if task == "sqa":
         assert 0.0 <= metrics["val/seq"] <= metrics["val/accuracy"] or metrics["val/accuracy"] == 0.0
+    if task == "wtq":  # the long-table slice: 4 of the sample's 6 validation questions are over 512 whole
+        assert metrics["val/long_questions"] == 4 and 0.0 <= metrics["val/accuracy_long"] <= 1.0
 
     root, eval_file, expected = another_root(task, tmp_path)
     ckpt = run / "checkpoints" / "last.ckpt"
