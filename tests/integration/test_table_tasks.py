@@ -57,15 +57,23 @@ def a_table_and_question(task: str) -> tuple[Path, str]:
     return data / "data" / "all_csv" / "2-18178534-1.html.csv", "the team win 3 game"
 
 
+#: TabFact trains with no final validation (validate_best=false) and validates inside fit
+NO_FINAL_VALIDATION = ["trainer.val_check_interval=1", "trainer.limit_val_batches=2", "validate_best=false",
+                       "logger=csv"]
+
+
 @pytest.mark.parametrize("task", ["sqa", "wtq", "tabfact"])
 def test_task_trains_evaluates_on_another_split_file_and_predicts(task, tmp_path):
     outputs = tmp_path / "outputs"
-    env = mate_env(outputs, tmp_path / "cache", HOME=str(tmp_path / "home"))
+    env = mate_env(outputs, tmp_path / "cache", HOME=str(tmp_path / "home"), COLUMNS="200")
     before = run_dirs(outputs, "train")
-    trained = run_mate(["train", f"experiment={task}_mate", *TRAIN], env)
+    trained = run_mate(["train", f"experiment={task}_mate", *TRAIN,
+                        *(NO_FINAL_VALIDATION if task == "tabfact" else [])], env)
     assert trained.returncode == 0, trained.stderr[-3000:]
     run = new_run(outputs, "train", before)
     metrics = json.loads((run / "metrics.json").read_text())
+    if task == "tabfact":
+        last_validation_inside_fit_is_kept(run, metrics, trained.stdout)
     assert 0.0 <= metrics["val/accuracy"] <= 1.0
     assert metrics["perf/tokens_per_s"] > 0 and metrics["data/train/questions"] > 0
     assert "data/train/fit_without_truncation" in metrics
@@ -162,20 +170,15 @@ def test_a_saved_tapas_wtq_checkpoint_evaluates_through_mate(tmp_path):
     assert 0.0 <= json.loads((run / "metrics.json").read_text())["val/accuracy"] <= 1.0
 
 
-def test_without_final_validation_metrics_json_keeps_the_last_validation_inside_fit(tmp_path):
+def last_validation_inside_fit_is_kept(run: Path, metrics: dict, stdout: str) -> None:
     """validate_best=false: no final validation, but the validations that ran inside fit are
     measured results: metrics.json holds the last one (what `mate report` reads)."""
-    env = mate_env(tmp_path / "out", tmp_path / "cache", COLUMNS="200")  # metric names never elided
-    done = run_mate(["train", "experiment=tabfact_mate", "dataset.max_length=128", "trainer.max_steps=4",
-                     "trainer.val_check_interval=2", "trainer.limit_val_batches=2", "validate_best=false",
-                     "logger=csv"], env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    run = new_run(tmp_path / "out", "train", set())
-    metrics = json.loads((run / "metrics.json").read_text())
-    with open(run / "csv" / "metrics.csv", newline="") as handle:
-        validations = [r for r in csv.DictReader(handle) if r.get("val/accuracy")]
-    assert len(validations) >= 2 and validations[0]["val/accuracy"]  # every 2 steps (and at the end)
-    assert metrics["val/accuracy"] == pytest.approx(float(validations[-1]["val/accuracy"]))
-    shown = " ".join(done.stdout.split())  # rich wraps a title to its table's width
+    with open(run / "csv" / "metrics.csv", newline="") as handle:  # Lightning's rows carry the epoch
+        inside_fit = [r for r in csv.DictReader(handle) if r.get("val/loss") and r.get("epoch")]
+    assert len(inside_fit) == 3  # after every step
+    assert metrics["val/loss"] == pytest.approx(float(inside_fit[-1]["val/loss"]))
+    assert metrics["val/loss"] != pytest.approx(float(inside_fit[0]["val/loss"]))  # the last one, not the first
+    assert metrics["val/accuracy"] == pytest.approx(float(inside_fit[-1]["val/accuracy"]))
+    shown = " ".join(stdout.split())  # rich wraps a title to its table's width
     assert "no final validation: the last validation during training (val/*) and training batch (train/*)" in shown
     assert "val/accuracy" in shown and "train/loss" in shown
