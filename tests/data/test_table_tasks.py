@@ -370,6 +370,7 @@ def test_full_length_is_the_uncut_length_whatever_the_pruning(datamodule, task):
         assert max(lengths["none"]) > 2 * MAX_LENGTH
 
 
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
 def test_long_table_slice_scores_only_the_long_questions(module, datamodule):
     ds = datamodule("wtq").datasets["validation"]
     batch = TaskCollator()([ds[i] for i in range(len(ds))])

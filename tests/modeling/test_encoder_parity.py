@@ -234,11 +234,11 @@ def test_hydra_yaml_builds_the_backend():
 def test_too_long_without_reset_is_a_mate_error():
     config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                            max_position_embeddings=16)
-    with pytest.raises(MateError, match=r"dataset\.max_length.*model\.reset_position_index_per_cell"):
+    with pytest.raises(MateError, match=r"dataset\.max_length.*model\.encoder\.reset_position_index_per_cell=true"):
         TableEncoder(config, "dense", max_length=32)
     model = TableEncoder(config, "dense").eval()
     input_ids, layout = table_batch(seed=5, lengths=[24])
-    with pytest.raises(MateError, match=r"dataset\.max_length.*model\.reset_position_index_per_cell"):
+    with pytest.raises(MateError, match=r"dataset\.max_length.*model\.encoder\.reset_position_index_per_cell=true"):
         model(input_ids, layout)
 
 
