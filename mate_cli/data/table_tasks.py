@@ -27,7 +27,10 @@ sample questions). ``transformers.TapasTokenizer`` writes no token for an empty 
 Length heuristics: ``pruning`` = ``none`` | ``cc`` | ``hem`` (:mod:`mate_cli.data.pruning`),
 applied by the one tokenizer (:mod:`mate_cli.data.tokenize`). The split statistics log
 what survived that length cut (``answer_cells_kept``: share of questions with answer
-cells whose every answer cell kept a token in the encoded input). DoT's top-K selection
+cells whose every answer cell kept a token in the encoded input) and, with
+``long_table_tokens``, the same over the long-table slice (``long_questions``: questions whose
+whole input is longer than that; ``answer_cells_kept_long``): the share of the slice's
+answers a model at this length can reach at all. DoT's top-K selection
 comes later, in the model; DoT runs log its own ``<stage>/answer_cells_kept``
 (:mod:`mate_cli.lit_modules.table_qa`).
 
@@ -201,18 +204,22 @@ class TableTaskDataModule(SplitDataModule):
     Args:
         task: ``sqa`` | ``wtq`` | ``tabfact`` (which reader and which supervision).
         pruning: ``none`` | ``cc`` | ``hem``: how a table is cut to ``max_length``.
+        long_table_tokens: the long-table slice's threshold in the split statistics (the
+            model's ``long_table_tokens``; null: no slice statistics).
         empty_cell_token: empty cells get one token (the vocabulary's ``[EMPTY]``, else
             ``[UNK]``), so they can be selected: SQA's gold answers include empty cells.
         common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (root,
             pretrained, max_length, max_question_tokens, split, batch sizes, eval_file, ...).
     """
 
-    def __init__(self, *, task: str, pruning: str = "none", empty_cell_token: bool = True, **common) -> None:
+    def __init__(self, *, task: str, pruning: str = "none", empty_cell_token: bool = True,
+                 long_table_tokens: int | None = None, **common) -> None:
         if task not in TASKS:
             raise MateError(f"dataset.task={task!r} is invalid; use one of {', '.join(TASKS)}")
         if pruning not in PRUNING:
             raise MateError(f"dataset.pruning={pruning!r} is invalid; use one of {', '.join(PRUNING)}")
         self.task, self.pruning, self.empty_cell_token = task, pruning, bool(empty_cell_token)
+        self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
         super().__init__(**common)
         self.kind = task
 
@@ -237,7 +244,7 @@ class TableTaskDataModule(SplitDataModule):
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
-        return task_split_stats(ds)
+        return task_split_stats(ds, self.long_table_tokens)
 
     def usable_rows(self, split: str, ds) -> list[int] | None:
         """Training: examples that supervise something. SQA evaluation: position by position."""
@@ -260,26 +267,35 @@ class TableTaskDataModule(SplitDataModule):
         return TaskCollator(self.pad_id)
 
 
-def task_split_stats(ds) -> dict:
+def task_split_stats(ds, long_table_tokens: int | None = None) -> dict:
     """What the run log needs of a split: questions, what the length cut kept (before any DoT
-    selection, which the model measures)."""
+    selection, which the model measures) and, with ``long_table_tokens``, what it kept of the
+    questions longer than that whole (the model's ``<stage>/accuracy_long`` slice)."""
     n = len(ds)
     if n == 0:
         return {"questions": 0}
     with_cells = [i for i, has in enumerate(ds["has_answer_cells"]) if has]
     dropped = ds["candidates_dropped"]
-    kept = sum(1 for i in with_cells if int(dropped[i]) == 0)
+
+    def kept_share(questions: list[int]) -> float | None:
+        return round(sum(1 for i in questions if int(dropped[i]) == 0) / len(questions), 4) if questions else None
+
     stats = {
         "questions": n,
         "fit_without_truncation": round(1 - sum(bool(t) for t in ds["truncated"]) / n, 4),
         "questions_with_answer_cells": len(with_cells),
-        "answer_cells_kept": round(kept / len(with_cells), 4) if with_cells else None,
+        "answer_cells_kept": kept_share(with_cells),
         "rows_dropped": sum(int(r) for r in ds["rows_dropped"]),
         "columns_dropped": sum(int(c) for c in ds["columns_dropped"]),
     }
     for name in ("columns_pruned", "tokens_pruned"):
         if name in ds.column_names:
             stats[name] = sum(int(v) for v in ds[name])
+    if long_table_tokens is not None:
+        full = ds["full_length"]
+        long = {i for i in range(n) if int(full[i]) > long_table_tokens}
+        stats["long_questions"] = len(long)
+        stats["answer_cells_kept_long"] = kept_share([i for i in with_cells if i in long])
     return stats
 
 

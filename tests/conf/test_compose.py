@@ -118,6 +118,15 @@ def test_table_task_baselines_differ_from_mate_only_in_attention(task, tmp_path)
     assert mate["dataset"]["task"] == task and mate["callbacks"]["best_checkpoint"]["monitor"] == "val/accuracy"
 
 
+def test_the_split_statistics_slice_is_the_one_the_model_scores(tmp_path):
+    """dataset.long_table_tokens follows model.long_table_tokens (one threshold for the log's
+    long_questions and the model's accuracy_long); TabFact's model has none, so neither has it."""
+    wtq = compose_train(["experiment=wtq_mate", "model.long_table_tokens=300"], tmp_path)
+    assert wtq.dataset.long_table_tokens == wtq.model.long_table_tokens == 300
+    assert compose_train(["experiment=sqa_tapas"], tmp_path).dataset.long_table_tokens == 512
+    assert compose_train(["experiment=tabfact_mate"], tmp_path).dataset.long_table_tokens is None
+
+
 def test_both_stages_read_one_split_node(tmp_path):
     stage1 = compose_train(["experiment=hybridqa_mate", "dataset.split.seed=7"], tmp_path)
     stage2 = compose_train(["experiment=hybridqa_reader", "dataset.split.seed=7"], tmp_path)

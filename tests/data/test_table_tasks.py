@@ -370,6 +370,25 @@ def test_full_length_is_the_uncut_length_whatever_the_pruning(datamodule, task):
         assert max(lengths["none"]) > 2 * MAX_LENGTH
 
 
+def test_split_statistics_count_the_long_table_slice_and_what_its_answers_keep(datamodule):
+    """``long_questions`` / ``answer_cells_kept_long`` are read from each example's uncut length and
+    answer cells, so a reader sees how many slice answers the input can reach at all."""
+    threshold = MAX_LENGTH
+    dm = datamodule("wtq", long_table_tokens=threshold)
+    ds = dm.datasets["train"]
+    long = [n > threshold for n in _column(ds, "full_length")]
+    with_cells = [has and is_long for has, is_long in zip(_column(ds, "has_answer_cells"), long)]
+    kept = [w and d == 0 for w, d in zip(with_cells, _column(ds, "candidates_dropped"))]
+    stats = dm.stats["train"]
+    assert stats["long_questions"] == sum(long) > 0
+    assert stats["answer_cells_kept_long"] == pytest.approx(sum(kept) / sum(with_cells), abs=1e-4)
+    # the cut loses answers on the sample's long tables, more of them than over the whole split
+    assert stats["answer_cells_kept_long"] < stats["answer_cells_kept"] < 1.0
+    assert "long_questions" not in datamodule("wtq").stats["train"]  # no threshold, no slice
+    nothing_long = datamodule("wtq", long_table_tokens=10 ** 6).stats["train"]
+    assert nothing_long["long_questions"] == 0 and nothing_long["answer_cells_kept_long"] is None
+
+
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
 def test_long_table_slice_scores_only_the_long_questions(module, datamodule):
     ds = datamodule("wtq").datasets["validation"]
