@@ -29,8 +29,9 @@ applied by the one tokenizer (:mod:`mate_cli.data.tokenize`). The split statisti
 what survived that length cut (``answer_cells_kept``: share of questions with answer
 cells whose every answer cell kept a token in the encoded input) and, with
 ``long_table_tokens``, the same over the long-table slice (``long_questions``: questions whose
-whole input is longer than that; ``answer_cells_kept_long``): the share of the slice's
-answers a model at this length can reach at all. DoT's top-K selection
+whole input is longer than that; ``answer_cells_kept_long``): of the slice's questions
+answered by cells, the share a model at this length can still select (WikiTQ's scalar
+answers are not counted). DoT's top-K selection
 comes later, in the model; DoT runs log its own ``<stage>/answer_cells_kept``
 (:mod:`mate_cli.lit_modules.table_qa`).
 
