@@ -21,8 +21,10 @@ from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, iter_val
 #: the columns every configuration has
 BASE_COLUMNS = ("experiment", "attention", "impl", "dataset")
 #: overrides that never name a configuration: seeds repeat one, a resume continues one,
-#: base columns show these already, a sweep preset only sets other overrides
-NOT_CONFIGURATION = ("seed", "ckpt_path", "experiment", "attention", "dataset", "attention.variant", "attention.impl", "sweep")
+#: base columns show these already, a sweep preset only sets other overrides, and
+#: ``export_encoder`` writes one more file after training without changing what is trained
+NOT_CONFIGURATION = ("seed", "ckpt_path", "experiment", "attention", "dataset", "attention.variant", "attention.impl", "sweep",
+                     "export_encoder")  # fmt: skip
 #: neither do these groups or anything under them: where results go, not what they are
 NOT_CONFIGURATION_GROUPS = ("logger", "paths", "hydra")
 #: throughput and memory, shown after the validation metrics when runs have them

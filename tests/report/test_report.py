@@ -256,6 +256,19 @@ def test_collect_reads_status_configuration_and_task(tree):
                                                                  "perf/examples_per_s", "perf/peak_mem_mb", "data/validation/questions"}  # fmt: skip
 
 
+def test_seeds_that_differ_only_by_exporting_their_encoder_are_one_configuration(tmp_path):
+    for seed, extra in ((1, ["export_encoder=true"]), (2, [])):
+        write_run(tmp_path / f"seed{seed}", "mate", seed, ["experiment=hybridqa_mate", f"seed={seed}", *extra], cell_metrics(0.1 * seed))
+    write_run(tmp_path / "ratio", "mate", 3, ["experiment=hybridqa_mate", "seed=3", "attention.row_heads_ratio=1.0"],
+              cell_metrics(0.5), ratio=1.0)  # fmt: skip
+    runs, _ = collect.collect(tmp_path)
+    assert aggregate.swept_keys(runs) == ["attention.row_heads_ratio"]
+    confs = aggregate.configurations(runs)
+    assert sorted(len(c.runs) for c in confs) == [1, 2]
+    (pair,) = [c for c in confs if len(c.runs) == 2]
+    assert aggregate.summarize([r.metrics["val/hits@1"] for r in pair.runs]).median == pytest.approx(0.15)
+
+
 def test_an_unfilled_hydra_choice_is_filled_from_hydra_yaml(tmp_path):
     job = tmp_path / "0-attention=sat,seed=1"
     write_run(job, "sat", 1, ["attention=sat", "seed=1"], None, resolved=False)
