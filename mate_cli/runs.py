@@ -20,10 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
+from mate_cli.run_targets import checked_run_config
 
 
-def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None) -> DictConfig:
-    """The resolved training config of the run that wrote ``ckpt_path``, with dotlist ``overrides``."""
+def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
+    """The resolved training config of the run that wrote ``ckpt_path``, with dotlist
+    ``overrides``, checked by :func:`mate_cli.run_targets.checked_run_config` (``trust``:
+    the user's ``trust_run_config``)."""
     ckpt = check_checkpoint(ckpt_path)
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
@@ -31,7 +34,7 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
     cfg = OmegaConf.load(config)
     if overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    return cfg
+    return checked_run_config(cfg, config, trust)
 
 
 def check_checkpoint(ckpt_path: str | Path) -> Path:
@@ -90,7 +93,7 @@ class TrainedRun:
 
 def load_trained(
     ckpt_path: str, overrides: Sequence[str] | None, expected: type | tuple[type, ...], key: str,
-    device: torch.device,
+    device: torch.device, trust: bool = False,
 ) -> TrainedRun:
     """Rebuild the LightningModule of a ``mate train`` run and load ``ckpt_path`` into it.
 
@@ -100,8 +103,9 @@ def load_trained(
         expected: the LightningModule class (or classes) the run must have trained.
         key: the config key that named the checkpoint (for error messages).
         device: where the model goes.
+        trust: build the config even if it names targets mate_cli's configs do not.
     """
-    cfg = load_run_config(ckpt_path, overrides)
+    cfg = load_run_config(ckpt_path, overrides, trust)
     target = str(cfg.get("model", {}).get("_target_", ""))
     names = [cls.__name__ for cls in (expected if isinstance(expected, tuple) else (expected,))]
     if target.rsplit(".", 1)[-1] not in names:  # exactly: GraphCellSelectionModule is no CellSelectionModule run

@@ -34,7 +34,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if cfg.split not in SPLIT_PREFIX:
         raise MateError(f"split={cfg.split!r} is invalid; use split=validation or split=test")
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True))
-    train_cfg = load_run_config(cfg.ckpt_path, cfg.get("overrides"))
+    train_cfg = load_run_config(cfg.ckpt_path, cfg.get("overrides"), bool(cfg.get("trust_run_config")))
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(train_cfg.dataset)
     model = instantiate(train_cfg.model)

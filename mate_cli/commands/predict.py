@@ -25,7 +25,7 @@ from mate_cli.lit_modules.table_qa import TableQAModule
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, predict_question
 from mate_cli.pipelines.table_task import predict_table_question, read_task_table
-from mate_cli.runs import check_checkpoint, load_trained, pick_device
+from mate_cli.runs import check_checkpoint, load_run_config, load_trained, pick_device
 
 register_resolvers()
 
@@ -40,17 +40,18 @@ def predict(cfg: DictConfig) -> dict:
     if not cfg.stage1.get("ckpt_path"):
         raise MateError("no checkpoint given; pass ckpt_path=<sqa|wtq|tabfact run>/checkpoints/<name>.ckpt, or "
                         "stage1.ckpt_path=<HybridQA cell-selection run>/checkpoints/<name>.ckpt")
+    trust = bool(cfg.get("trust_run_config"))
     for stage in ("stage1", "stage2"):
-        if cfg[stage].get("ckpt_path"):
-            check_checkpoint(cfg[stage].ckpt_path)
+        if cfg[stage].get("ckpt_path"):  # both checkpoints and run configs checked before anything is built
+            load_run_config(cfg[stage].ckpt_path, cfg[stage].get("overrides"), trust)
     device = pick_device(cfg.trainer.get("accelerator"))
     precision = cfg.trainer.get("precision")
     table = read_table_file(cfg.table)
     passages = load_passages(cfg.get("passages"))
-    s1 = load_trained(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device)
+    s1 = load_trained(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device, trust)
     s2 = None
     if cfg.stage2.get("ckpt_path"):
-        s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device)
+        s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device, trust)
     ranker = CellRanker(s1, device, precision, batch_size=1, top_k=max(int(cfg.top_k), 1))
     spans = SpanPredictor(s2, device, precision, batch_size=1)
     result = predict_question(ranker, spans, str(cfg.question), table, passages, top_k=int(cfg.top_k))
@@ -74,7 +75,8 @@ def predict_table_task(cfg: DictConfig) -> dict:
     """SQA / WikiTQ / TabFact: one question (statement) about one table file."""
     check_checkpoint(cfg.ckpt_path)
     device = pick_device(cfg.trainer.get("accelerator"))
-    run = load_trained(cfg.ckpt_path, cfg.get("overrides"), (TableQAModule, EntailmentModule), "predict", device)
+    run = load_trained(cfg.ckpt_path, cfg.get("overrides"), (TableQAModule, EntailmentModule), "predict", device,
+                       bool(cfg.get("trust_run_config")))  # fmt: skip
     table = read_task_table(str(run.cfg.dataset.task), cfg.table)
     result = predict_table_question(run, table, str(cfg.question), device, cfg.trainer.get("precision"))
     rich.print(f"[bold]{'statement' if result['task'] == 'tabfact' else 'question'}:[/bold] {result['question']}")

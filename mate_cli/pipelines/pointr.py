@@ -46,7 +46,7 @@ from mate_cli.io import atomic_write_json
 from mate_cli.lit_modules.cell_selection import CellSelectionModule
 from mate_cli.lit_modules.span import SpanModule
 from mate_cli.metrics.hybridqa import evaluate_predictions, flat_metrics, subset_reference
-from mate_cli.runs import TrainedRun, autocast, check_checkpoint, load_trained, pick_device
+from mate_cli.runs import TrainedRun, autocast, load_run_config, load_trained, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -202,16 +202,17 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     split = str(cfg.split)
     if split not in ("validation", "test"):
         raise MateError(f"split={split!r} is invalid; use split=validation or split=test")
+    trust = bool(cfg.get("trust_run_config"))
     for stage in ("stage1", "stage2"):
-        if cfg[stage].get("ckpt_path"):
-            check_checkpoint(cfg[stage].ckpt_path)  # both named before anything is built
+        if cfg[stage].get("ckpt_path"):  # both checkpoints and run configs checked before anything is built
+            load_run_config(cfg[stage].ckpt_path, cfg[stage].get("overrides"), trust)
     device = pick_device(cfg.trainer.get("accelerator"))
     precision = cfg.trainer.get("precision")
-    s1 = load_trained(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device)
+    s1 = load_trained(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device, trust)
     ref_path = reference_for(cfg.get("reference"), s1.cfg.dataset, split)
     s2 = None
     if cfg.stage2.get("ckpt_path"):
-        s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device)
+        s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device, trust)
         check_same_split(s1.cfg, s2.cfg)
     else:
         log.info("pointr: no stage2.ckpt_path; answering with the top cell's text")

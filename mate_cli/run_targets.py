@@ -1,0 +1,88 @@
+"""What a run directory's config may instantiate.
+
+``mate eval``, ``mate predict`` and ``mate pointr`` rebuild a trained run from its
+``resolved_config.yaml``, and Hydra's ``instantiate`` calls whatever a ``_target_`` names.
+Run directories are shared like data, so a config next to a checkpoint must not be able
+to run code: rebuilding instantiates only the targets that mate_cli's own configs
+(``conf/``) name, which are the project's classes and the library classes those configs
+use (torch's AdamW, Lightning's callbacks and loggers). The whole config is resolved and
+checked before anything is built, and what is built is that resolved copy, so an
+interpolation cannot bring in a target after the check. ``trust_run_config=true`` lifts
+the check for a config the user wrote, with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from mate_cli.errors import MateError
+from mate_cli.paths import CONF_DIR
+
+log = logging.getLogger(__name__)
+
+TARGET = "_target_"
+
+
+def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf of a plain (container) config."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from walk(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from walk(value, f"{path}[{i}]")
+    else:
+        yield path, node
+
+
+def walk_targets(node: Any) -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` of every ``_target_`` in a plain config."""
+    return ((key, value) for key, value in walk(node) if key.rsplit(".", 1)[-1] == TARGET)
+
+
+@functools.lru_cache(maxsize=None)
+def allowed_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
+    """Every ``_target_`` string in the yaml files under ``conf_dir``."""
+    found = set()
+    for path in sorted(Path(conf_dir).rglob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            found.update(v for _, v in walk_targets(document) if isinstance(v, str))
+    return frozenset(found)
+
+
+def checked_run_config(cfg: DictConfig, source: Path, trust: bool = False) -> DictConfig:
+    """``cfg`` resolved, once every ``_target_`` in it is one of :func:`allowed_targets`
+    and no value is an interpolation; with ``trust``, ``cfg`` itself after a warning.
+
+    Raises:
+        MateError: one line naming ``source``, the first key refused and why (unless
+            ``trust``), or the interpolation that does not resolve.
+    """
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as err:  # an interpolation that does not resolve: the run dir's file is broken
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise MateError(f"{source} does not resolve ({first}); pass a checkpoint whose run dir `mate train` wrote") from None
+    allowed = allowed_targets()
+    refused = [(key, f"{value!r} is a target mate_cli's configs never name")
+               for key, value in walk_targets(plain) if not (isinstance(value, str) and value in allowed)]  # fmt: skip
+    # an escaped interpolation resolves to one, which building would resolve again
+    refused += [(key, f"{value!r} is an interpolation, which a resolved run config never holds")
+                for key, value in walk(plain) if isinstance(value, str) and "${" in value]  # fmt: skip
+    if not refused:
+        return OmegaConf.create(plain)
+    key, why = refused[0]
+    more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+    if trust:
+        log.warning("trust_run_config=true: building %s although %s=%s%s", source, key, why, more)
+        return cfg
+    raise MateError(
+        f"{source}: {key}={why}{more}; rebuilding a run instantiates only what mate_cli's configs name "
+        "(a run dir is data, not a program): if you wrote this config yourself, pass trust_run_config=true"
+    )

@@ -1,0 +1,136 @@
+"""A run dir is data, not a program: rebuilding a run (`mate eval`, `mate predict`,
+`mate pointr`) refuses a `resolved_config.yaml` whose `_target_` mate_cli's configs never
+name, in one line and before any target is called. The crafted run dir's payload writes a
+marker file; with `trust_run_config=true` it does run, which shows the payload is real and
+that the check is what stops it."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mate_cli.errors import MateError
+from mate_cli.run_targets import allowed_targets, checked_run_config
+from tests.helpers import mate_env, run_mate
+
+SAMPLE = Path(__file__).resolve().parents[2] / "data"
+MODULES = {
+    "table": "mate_cli.lit_modules.table_qa.TableQAModule",
+    "cells": "mate_cli.lit_modules.cell_selection.CellSelectionModule",
+    "span": "mate_cli.lit_modules.span.SpanModule",
+}
+
+
+class Payload:
+    """Unpickled, it creates ``path``: any code could stand there."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def crafted_run(root: Path, module: str, marker: Path) -> Path:
+    """A run dir whose model is the expected class, with a payload in a nested argument
+    (Hydra builds nested targets first): `torch.load` of a pickle beside it, weights_only
+    false, which Hydra's own target policy lets through. Returns its checkpoint."""
+    root.mkdir(parents=True)
+    torch.save(Payload(marker), root / "notes.pt")
+    payload = {"_target_": "torch.load", "f": str(root / "notes.pt"), "weights_only": False}
+    config = {
+        "task_name": "train", "seed": 1,
+        "dataset": {"_target_": "mate_cli.data.table_tasks.TableTaskDataModule", "task": "sqa",
+                    "pretrained": "minilm", "extra": payload},
+        "model": {"_target_": MODULES[module], "encoder": payload},
+    }  # fmt: skip
+    (root / "checkpoints").mkdir()
+    OmegaConf.save(OmegaConf.create(config), root / "resolved_config.yaml")
+    ckpt = root / "checkpoints" / "last.ckpt"
+    torch.save({"state_dict": {}}, ckpt)
+    return ckpt
+
+
+def mate(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    return run_mate(args, mate_env(tmp / "outputs", tmp / "cache"), timeout=300)
+
+
+def commands(tmp: Path, marker: Path) -> dict[str, list[str]]:
+    table = crafted_run(tmp / "table_run", "table", marker)
+    cells = crafted_run(tmp / "cells_run", "cells", marker)
+    span = crafted_run(tmp / "span_run", "span", marker)
+    sqa_table = next((SAMPLE / "sqa_sample" / "table_csv").glob("*.csv"))
+    hybrid_table = next((SAMPLE / "hybridqa_sample" / "WikiTables-WithLinks" / "tables_tok").glob("*.json"))
+    return {
+        "eval": ["eval", f"ckpt_path={table}"],
+        "predict": ["predict", f"ckpt_path={table}", f"table={sqa_table}", "question=who?"],
+        "predict-pointr": ["predict", f"stage1.ckpt_path={cells}", f"stage2.ckpt_path={span}",
+                           f"table={hybrid_table}", "question=who?"],  # fmt: skip
+        "pointr": ["pointr", f"stage1.ckpt_path={cells}", f"stage2.ckpt_path={span}"],
+    }
+
+
+@pytest.mark.parametrize("command", ["eval", "predict", "predict-pointr", "pointr"])
+def test_a_crafted_run_config_is_refused_in_one_line_before_any_target_is_called(tmp_path, command):
+    marker = tmp_path / "payload_ran"
+    proc = mate(commands(tmp_path, marker)[command], tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mate: error: "), proc.stderr[-2000:]
+    assert "resolved_config.yaml" in lines[0] and "_target_='torch.load'" in lines[0], lines[0]
+    assert "trust_run_config=true" in lines[0]
+    assert not marker.exists()
+
+
+def test_trusting_the_run_config_runs_what_it_names(tmp_path):
+    marker = tmp_path / "payload_ran"
+    proc = mate([*commands(tmp_path, marker)["eval"], "trust_run_config=true"], tmp_path)
+    assert proc.returncode != 0  # the crafted model cannot be built, but its payload ran first
+    assert marker.exists()
+    assert "trust_run_config=true: building" in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------ the check itself
+def test_the_allowed_targets_are_what_the_shipped_configs_name():
+    allowed = allowed_targets()
+    assert {"torch.optim.AdamW", "lightning.pytorch.callbacks.ModelCheckpoint", *MODULES.values(),
+            "mate_cli.modeling.encoder.TableEncoder.from_pretrained"} <= allowed  # fmt: skip
+    assert "builtins.exec" not in allowed and "torch.load" not in allowed
+    assert all(target.startswith(("mate_cli.", "torch.", "lightning.")) for target in allowed), sorted(allowed)
+
+
+def test_a_run_config_of_shipped_targets_is_built_from_its_resolved_copy(tmp_path):
+    cfg = OmegaConf.create({"a": 3, "model": {"_target_": MODULES["table"], "lr": "${a}"},
+                            "opts": [{"_target_": "torch.optim.AdamW"}]})  # fmt: skip
+    out = checked_run_config(cfg, tmp_path / "resolved_config.yaml")
+    assert OmegaConf.to_container(out, resolve=False) == {"a": 3, "model": {"_target_": MODULES["table"], "lr": 3},
+                                                         "opts": [{"_target_": "torch.optim.AdamW"}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "cfg, named",
+    [
+        ({"opts": [{"_target_": "os.system", "_args_": ["true"]}]}, "opts[0]._target_='os.system'"),
+        ({"m": {"_target_": "torch.load", "weights_only": False}}, "m._target_='torch.load'"),
+        ({"m": {"_target_": 3}}, "m._target_=3"),
+        # an escaped interpolation resolves to one, which building would resolve again
+        ({"m": {"x": "\\${oc.create:'{_target_: os.system}'}"}}, 'm.x="${oc.create'),
+        ({"m": {"_target_": "${oc.env:MATE_NOT_SET}"}}, "does not resolve"),
+    ],
+)
+def test_what_the_check_refuses(tmp_path, cfg, named):
+    with pytest.raises(MateError, match="resolved_config.yaml") as err:
+        checked_run_config(OmegaConf.create(cfg), tmp_path / "resolved_config.yaml")
+    assert named in str(err.value) and "\n" not in str(err.value)
+
+
+def test_trust_builds_the_config_as_it_is_with_a_warning(tmp_path, caplog):
+    cfg = OmegaConf.create({"m": {"_target_": "os.system"}, "n": {"_target_": "os.getcwd"}})
+    with caplog.at_level(logging.WARNING):
+        assert checked_run_config(cfg, tmp_path / "c.yaml", trust=True) is cfg
+    assert "m._target_='os.system'" in caplog.text and "(and 1 more)" in caplog.text
