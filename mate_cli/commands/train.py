@@ -89,7 +89,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         model.recorded_metrics.update({f"start/{k}": float(v) for k, v in (results[0] if results else {}).items()})
         for metric in (m for m in model.modules() if isinstance(m, Metric)):
             metric.reset()  # validate left inference-mode state tensors, which fit's validation cannot update
-    trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
+    except ValueError:
+        _check_validation_interval(trainer)
+        raise
     start = dict(getattr(model, "recorded_metrics", {}))  # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}  # the last epoch's
     # the task's metric (and loss) on the last logged training batch: under debug=overfit, the fixed batch
@@ -169,6 +173,18 @@ def _refuse_ddp_in_a_local_sweep(trainer) -> None:
         hardware = HydraConfig.get().runtime.choices.get("hardware")
         raise MateError(f"hardware={hardware} starts one process per device, which a local sweep (-m) cannot do; "
                         "run each job without -m, or sweep on a cluster with hydra/launcher=slurm")
+
+
+def _check_validation_interval(trainer) -> None:
+    """Lightning's refusal of a step-count ``val_check_interval`` longer than one epoch, as
+    one line naming the key, the epoch's batch count and the fixes (a traceback otherwise)."""
+    interval, batches = trainer.val_check_batch, trainer.fit_loop.max_batches
+    if isinstance(interval, int) and isinstance(batches, int) and interval > batches and trainer.check_val_every_n_epoch is not None:
+        raise MateError(
+            f"trainer.val_check_interval={trainer.val_check_interval} is more than the {batches} training batches of "
+            f"one epoch; use trainer.val_check_interval<={batches}, or add trainer.check_val_every_n_epoch=null to "
+            "count the interval across epochs"
+        )
 
 
 def _check_pairing(cfg: DictConfig) -> None:

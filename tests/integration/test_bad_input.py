@@ -69,3 +69,14 @@ def test_a_broken_checkpoint_is_named_before_data_and_model_are_built(tmp_path, 
     extra = {"eval": [], "predict": ["table=t.json", "question=q"], "pointr": ["stage2.ckpt_path=null"]}[command]
     line = one_error_line(mate([command, f"{key}={ckpt}", *extra], tmp_path))
     assert str(ckpt) in line and "checkpoint" in line
+
+
+def test_a_validation_interval_longer_than_an_epoch_is_one_line_and_its_fix_works(tmp_path):
+    args = ["train", "experiment=hybridqa_mate", "trainer.val_check_interval=50", "trainer.max_steps=2", "logger=csv"]
+    proc = mate(args, tmp_path / "a")  # after preprocessing: library warnings may precede the line
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("mate:")]
+    assert "trainer.val_check_interval=50" in line and "training batches of one epoch" in line, line
+    assert "trainer.check_val_every_n_epoch=null" in line
+    fixed = mate([*args, "trainer.check_val_every_n_epoch=null"], tmp_path / "b")
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
