@@ -30,19 +30,21 @@ TARGET = "_target_"
 
 
 def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """``(dotted key, value)`` of every leaf of a plain (container) config."""
+    """``(dotted key, value)`` of every node of a plain (container) config, containers
+    included, parents before their children."""
+    if path:
+        yield path, node
     if isinstance(node, dict):
         for key, value in node.items():
             yield from walk(value, f"{path}.{key}" if path else str(key))
     elif isinstance(node, list):
         for i, value in enumerate(node):
             yield from walk(value, f"{path}[{i}]")
-    else:
-        yield path, node
 
 
 def walk_targets(node: Any) -> Iterator[tuple[str, Any]]:
-    """``(dotted key, value)`` of every ``_target_`` in a plain config."""
+    """``(dotted key, value)`` of every ``_target_`` in a plain config, whatever its value
+    (a dict or list there is no class name either)."""
     return ((key, value) for key, value in walk(node) if key.rsplit(".", 1)[-1] == TARGET)
 
 

@@ -179,7 +179,8 @@ def _check_validation_interval(trainer) -> None:
     """Lightning's refusal of a step-count ``val_check_interval`` longer than one epoch, as
     one line naming the key, the epoch's batch count and the fixes (a traceback otherwise)."""
     interval, batches = trainer.val_check_batch, trainer.fit_loop.max_batches
-    if isinstance(interval, int) and isinstance(batches, int) and interval > batches and trainer.check_val_every_n_epoch is not None:
+    within_epochs = trainer.check_val_every_n_epoch is not None
+    if isinstance(interval, int) and isinstance(batches, int) and interval > batches and within_epochs:
         raise MateError(
             f"trainer.val_check_interval={trainer.val_check_interval} is more than the {batches} training batches of "
             f"one epoch; use trainer.val_check_interval<={batches}, or add trainer.check_val_every_n_epoch=null to "

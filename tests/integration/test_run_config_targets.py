@@ -118,6 +118,7 @@ def test_a_run_config_of_shipped_targets_is_built_from_its_resolved_copy(tmp_pat
         ({"opts": [{"_target_": "os.system", "_args_": ["true"]}]}, "opts[0]._target_='os.system'"),
         ({"m": {"_target_": "torch.load", "weights_only": False}}, "m._target_='torch.load'"),
         ({"m": {"_target_": 3}}, "m._target_=3"),
+        ({"m": {"_target_": {"x": "os.system"}}}, "m._target_={'x': 'os.system'}"),
         # an escaped interpolation resolves to one, which building would resolve again
         ({"m": {"x": "\\${oc.create:'{_target_: os.system}'}"}}, 'm.x="${oc.create'),
         ({"m": {"_target_": "${oc.env:MATE_NOT_SET}"}}, "does not resolve"),
