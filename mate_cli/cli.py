@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+from mate_cli.config_check import check_command_line, trainer_overrides
 from mate_cli.hydra_args import quote_free_text
 from mate_cli.paths import CONF_DIR
 
@@ -58,31 +59,6 @@ def usage() -> str:
     return USAGE.format(commands=lines)
 
 
-#: commands whose ``trainer.*`` goes to Lightning's Trainer
-TRAINER_COMMANDS = ("train", "pretrain", "eval", "pointr", "predict")
-
-
-def trainer_overrides(command: str, args: list[str]) -> tuple[list[str], str | None]:
-    """``trainer.<arg>=v`` -> ``++trainer.<arg>=v`` for any Lightning Trainer argument (set in
-    the yaml or not); a key that is no Trainer argument is the returned one-line error."""
-    if command not in TRAINER_COMMANDS:
-        return args, None
-    from mate_cli.trainer_args import trainer_parameters  # imports lightning: only for these commands
-
-    out = []
-    for arg in args:
-        key, sep, _ = arg.partition("=")
-        if sep and key.startswith("trainer.") and key.count(".") == 1:
-            name = key.split(".", 1)[1]
-            if name not in trainer_parameters():
-                close = [p for p in trainer_parameters() if p.startswith(name[:4])][:3]
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                return args, f"{key} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list"
-            arg = "++" + arg
-        out.append(arg)
-    return out, None
-
-
 def check_group_choices(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     """The one-line error for ``group=option`` naming an option that does not exist, else None."""
     for arg in args:
@@ -114,13 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if any(arg in COMPLETION_FLAGS for arg in rest):
         return shell_completion(rest, command, program)
-    rest, problem = trainer_overrides(command, rest)
-    problem = problem or check_group_choices(rest)
+    rest = quote_free_text(command, rest)
+    problem = check_group_choices(rest) or check_command_line(command, rest)
     if problem:
         print(f"mate: error: {problem}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
-    run_hydra_app(module.main, program, command, quote_free_text(command, rest))
+    run_hydra_app(module.main, program, command, trainer_overrides(command, rest))
     return 0
 
 

@@ -18,6 +18,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from mate_cli.config_check import check_dotlist
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.run_targets import checked_run_config
@@ -25,7 +26,7 @@ from mate_cli.run_targets import checked_run_config
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
     """The resolved training config of the run that wrote ``ckpt_path``, with dotlist
-    ``overrides``, checked by :func:`mate_cli.run_targets.checked_run_config` (``trust``:
+    ``overrides`` (each naming a key of that config, with a value of its type), checked by :func:`mate_cli.run_targets.checked_run_config` (``trust``:
     the user's ``trust_run_config``)."""
     ckpt = check_checkpoint(ckpt_path)
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
@@ -33,6 +34,7 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
         raise MateError(f"{config} is missing: ckpt_path must point inside a `mate train` run dir (…/checkpoints/*.ckpt)")
     cfg = OmegaConf.load(config)
     if overrides:
+        check_dotlist(OmegaConf.to_container(cfg, resolve=False), list(overrides), "overrides", config)
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     return checked_run_config(cfg, config, trust)
 

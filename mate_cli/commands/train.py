@@ -42,12 +42,10 @@ from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.resume import AtomicCheckpointIO, ResumeState, resolve_resume_path
-from mate_cli.trainer_args import check_trainer_args
+from mate_cli.trainer_args import TRAINER_RESERVED, check_trainer_args
 
 register_resolvers()
 
-#: Trainer arguments `mate train` builds from their own config groups
-TRAINER_RESERVED = ("callbacks", "logger", "plugins")
 #: a WANDB_CACHE_DIR the user set themselves is kept
 _USER_WANDB_CACHE = os.environ.get("WANDB_CACHE_DIR")
 

@@ -80,3 +80,46 @@ def test_a_validation_interval_longer_than_an_epoch_is_one_line_and_its_fix_work
     assert "trainer.check_val_every_n_epoch=null" in line
     fixed = mate([*args, "trainer.check_val_every_n_epoch=null"], tmp_path / "b")
     assert fixed.returncode == 0, fixed.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ checked before anything loads
+def nothing_touched(tmp: Path) -> bool:
+    """No run dir (outputs), no cache: the check ran before Hydra's app and any data."""
+    return not (tmp / "outputs").exists() and not (tmp / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["train", "experiment=hybridqa_mate", "dataset.max_length=abc"], ["dataset.max_length=abc", "int"]),
+        (["train", "model.optimizer.lr=fast"], ["model.optimizer.lr=fast", "float"]),
+        (["train", "--cfg", "job", "model.optimizer.lr=fast"], ["model.optimizer.lr=fast", "float"]),
+        (["train", "trainer.max_steps=three"], ["trainer.max_steps=three", "int"]),
+        (["train", "dataset.max_lenght=512"], ["dataset.max_lenght", "did you mean dataset.max_length"]),
+        (["train", "atention=mate"], ["atention", "did you mean attention"]),
+        (["train", "-m", "attention=mate,dense", "seed=1,two"], ["seed=two", "int"]),
+        (["pretrain", "dataset.mask_seed=x"], ["dataset.mask_seed=x", "int"]),
+        (["eval", "ckpt_path=x", "overrides=[dataset.root=/data]"], ["overrides=['dataset.root=/data']"]),
+    ],
+)
+def test_a_wrong_type_or_unknown_key_is_refused_before_anything_is_touched(tmp_path, args, names):
+    line = one_error_line(mate(args, tmp_path))
+    assert all(name in line for name in names), line
+    assert nothing_touched(tmp_path)
+
+
+@pytest.mark.parametrize("command", ["eval", "pointr"])
+def test_an_unknown_key_in_a_runs_overrides_is_refused_before_anything_is_touched(tmp_path, command):
+    """``overrides=[...]`` patch a trained run's config: their keys are that config's."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")  # never read: the check comes first
+    (run / "resolved_config.yaml").write_text("dataset:\n  eval_batch_size: 8\n  max_length: 512\nseed: 1\n")
+    ckpt = run / "checkpoints" / "last.ckpt"
+    prefix = {"eval": "", "pointr": "stage1."}[command]
+    extra = {"eval": [f"ckpt_path={ckpt}"], "pointr": [f"stage1.ckpt_path={ckpt}", "stage2.ckpt_path=null"]}[command]
+    line = one_error_line(mate([command, *extra, f"{prefix}overrides=['dataset.max_lenght=128']"], tmp_path))
+    assert f"{prefix}overrides" in line and "did you mean dataset.max_length" in line, line
+    line = one_error_line(mate([command, *extra, f"{prefix}overrides=['dataset.eval_batch_size=two']"], tmp_path))
+    assert "dataset.eval_batch_size=two" in line and "int" in line, line
+    assert nothing_touched(tmp_path)

@@ -1,0 +1,255 @@
+"""The command line checked before anything loads.
+
+``mate <command> <overrides>`` composes the command's config with Hydra's compose API
+(a fraction of a second: no Lightning, no torch, no data, no run dir) and checks every
+override against :mod:`mate_cli.config_schema`: the key exists (else the closest keys),
+its value has the key's type, and the dotlists that patch a trained run's config
+(``overrides=[...]``, ``stage1.overrides=[...]``) name keys of that run's
+``resolved_config.yaml`` with values of their types. In a multirun every value of a
+sweep is checked, and each option of a swept config group is composed.
+
+The first problem is returned as one line; ``mate`` prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from mate_cli.config_schema import (
+    ABSENT,
+    TRAINER_COMMANDS,
+    key_type,
+    lookup,
+    type_problem,
+    unknown_key,
+)
+from mate_cli.errors import MateError
+from mate_cli.paths import CONF_DIR
+from mate_cli.trainer_args import TRAINER_RESERVED, close_matches, trainer_parameters
+
+#: flags after which Hydra answers without running the task (help, completion, info)
+ANSWER_ONLY_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "-sc", "--shell-completion")
+
+#: flags that change which config is composed: the check leaves such a command line to Hydra
+OTHER_CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+
+#: the nodes of a command's config whose ``overrides`` patch the run of their ``ckpt_path``
+RUN_PATCHES = ("", "stage1", "stage2")
+
+
+def check_command_line(command: str, args: Sequence[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """The one-line problem with ``mate <command> <args>``'s overrides, else None."""
+    if any(arg.split("=")[0] in ANSWER_ONLY_FLAGS + OTHER_CONFIG_FLAGS for arg in args):
+        return None
+    if not (conf_dir / f"{command}.yaml").is_file():
+        return None
+    texts = [arg for arg in args if not arg.startswith("-") and ("=" in arg or arg.startswith("~"))]
+    try:
+        overrides = _parse(texts)
+        variants = list(_group_variants(overrides, conf_dir))
+        for i, variant in enumerate(variants):
+            context = "" if i == 0 else f"with {' '.join(set(variant) - set(variants[0]))}: "
+            try:
+                tree = _compose(command, variant, conf_dir)
+                for override in overrides:
+                    if not _is_group(override, conf_dir) and not override.key_or_group.startswith("hydra"):
+                        _check_value_override(command, override, tree, conf_dir)
+                check_run_patches(_compose(command, variant + _first_values(command, overrides, conf_dir), conf_dir))
+            except MateError as err:
+                raise MateError(f"{context}{err}") from None
+    except MateError as err:
+        return str(err)
+    return None
+
+
+# ------------------------------------------------------------------ parsing and composing
+def trainer_overrides(command: str, args: list[str]) -> list[str]:
+    """``trainer.<arg>=v`` -> ``++trainer.<arg>=v``: any Lightning Trainer argument can be set,
+    in the yaml or not (:func:`check_command_line` has checked its
+    name and type against Lightning's ``Trainer``)."""
+    if command not in TRAINER_COMMANDS:
+        return args
+    out = []
+    for arg in args:
+        key, sep, _ = arg.partition("=")
+        out.append("++" + arg if sep and key.startswith("trainer.") and key.count(".") == 1 else arg)
+    return out
+
+
+def _parse(texts: Sequence[str]) -> list:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in texts:
+        try:
+            parsed.extend(parser.parse_overrides([text]))
+        except OverrideParseException as err:
+            reason = str(err).splitlines()[0]
+            key, _, value = text.partition("=")
+            example = (f"{key}=['{value.strip('[]').split(',')[0]}']" if value.startswith("[") and "=" in value
+                       else f"{key}='{value}'")
+            raise MateError(f"cannot parse the override {text!r} ({reason}); quote a value holding spaces, "
+                            f"and list items holding = or , (e.g. {example}; Hydra's override grammar)") from None
+    return parsed
+
+
+def _is_group(override, conf_dir: Path) -> bool:
+    return (conf_dir / override.key_or_group).is_dir()
+
+
+def _options(group: str, conf_dir: Path) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def _values(override, conf_dir: Path | None = None) -> list[Any]:
+    """Every value an override gives: one, or each of its sweep."""
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, RangeSweep
+
+    value = override.value()
+    if isinstance(value, ChoiceSweep):
+        return list(value.list)
+    if isinstance(value, RangeSweep):
+        return list(override.sweep_iterator())
+    if isinstance(value, IntervalSweep):
+        return [value.start, value.end]
+    if isinstance(value, Glob):
+        options = _options(override.key_or_group, conf_dir) if conf_dir else []
+        return [o for o in options if any(fnmatch.fnmatch(o, p) for p in value.include)
+                and not any(fnmatch.fnmatch(o, p) for p in value.exclude)]
+    return [value]
+
+
+def _text(override, value: Any) -> str:
+    """``override`` with one ``value`` (a sweep's element) as an override string."""
+    if override.is_delete():
+        return override.get_key_element()
+    if value is None:
+        shown = "null"
+    elif isinstance(value, bool):
+        shown = str(value).lower()
+    elif isinstance(value, str):
+        from mate_cli.hydra_args import hydra_quote
+
+        shown = value if re.fullmatch(r"[\w./:+-]+", value) else hydra_quote(value)
+    else:
+        shown = repr(value)
+    return f"{override.get_key_element()}={shown}"
+
+
+def _group_variants(overrides: list, conf_dir: Path) -> Iterator[list[str]]:
+    """The group overrides to compose: every group (and ``hydra``) override at its first
+    value, then each further option of each swept group on its own."""
+    groups = [o for o in overrides if _is_group(o, conf_dir) or o.key_or_group.startswith("hydra")]
+    first = [_text(o, _values(o, conf_dir)[0]) if o.is_sweep_override() else o.input_line for o in groups]
+    yield first
+    for i, override in enumerate(groups):
+        if override.is_sweep_override():
+            for value in _values(override, conf_dir)[1:]:
+                yield first[:i] + [_text(override, value)] + first[i + 1:]
+
+
+def _first_values(command: str, overrides: list, conf_dir: Path) -> list[str]:
+    """The value overrides, each sweep at its first value, as Hydra gets them."""
+    out = []
+    for override in overrides:
+        if _is_group(override, conf_dir) or override.key_or_group.startswith("hydra"):
+            continue
+        out.append(_text(override, _values(override)[0]) if override.is_sweep_override() else override.input_line)
+    return trainer_overrides(command, out)
+
+
+def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
+    """The command's config with ``overrides``, as a plain unresolved container."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from mate_cli.paths import register_resolvers
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name=command):
+            cfg = compose(config_name=command, overrides=overrides)
+    except Exception as err:  # noqa: BLE001 - Hydra's composition errors, several kinds, several lines
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        raise MateError(f"{' '.join(lines[:2]) or type(err).__name__}; see `mate {command} --help` "
+                        f"for the config groups and `mate {command} --cfg job` for the keys") from None
+    finally:
+        GlobalHydra.instance().clear()
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+# ------------------------------------------------------------------ checking
+def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path) -> None:
+    key = override.key_or_group
+    default = lookup(tree, key)
+    trainer_key = command in TRAINER_COMMANDS and key.startswith("trainer.") and key.count(".") == 1
+    if trainer_key and command in ("train", "pretrain") and key.split(".", 1)[1] in TRAINER_RESERVED:
+        raise MateError(f"{key} is set by mate itself; use the `{key.split('.', 1)[1]}` config group instead")
+    if trainer_key and key.split(".", 1)[1] not in trainer_parameters():
+        close = close_matches(key.split(".", 1)[1], trainer_parameters())
+        hint = f" (did you mean {', '.join('trainer.' + c for c in close)}?)" if close else ""
+        raise MateError(f"{key} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list")
+    if default is ABSENT and not trainer_key:
+        if override.is_add() or override.is_force_add():  # +key= / ++key=: a key the user adds on purpose
+            return
+        groups = [p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"] if "." not in key else []
+        raise MateError(f"{override.input_line}: {unknown_key(key, tree, f'`mate {command}`', groups)} "
+                        f"(`mate {command} --cfg job` prints the keys)")
+    if override.is_add() and default is not ABSENT:
+        raise MateError(f"{override.input_line}: {key} is already set; change it with {key}=<value> (no +)")
+    if override.is_delete():
+        return
+    expected = key_type(tree, key, command)
+    for value in _values(override):
+        problem = type_problem(key, value, expected, default)
+        if problem:
+            raise MateError(problem)
+
+
+def check_run_patches(tree: Mapping) -> None:
+    """Each ``overrides`` list beside a ``ckpt_path`` checked against that run's config."""
+    for node_key in RUN_PATCHES:
+        node = lookup(tree, node_key) if node_key else tree
+        if not isinstance(node, Mapping) or not node.get("overrides"):
+            continue
+        ckpt = node.get("ckpt_path")
+        if not isinstance(ckpt, str) or ckpt == "???" or "${" in ckpt:
+            continue
+        config = Path(ckpt).resolve().parent.parent / "resolved_config.yaml"
+        if not config.is_file():
+            continue  # the command names the missing run config itself
+        from omegaconf import OmegaConf
+
+        try:
+            run = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
+        except Exception:  # noqa: BLE001 - an unreadable run config: the command names it itself
+            continue
+        check_dotlist(run, list(node["overrides"]), f"{node_key + '.' if node_key else ''}overrides", config)
+
+
+def check_dotlist(run: Mapping, dotlist: Sequence[str], where: str, config: Path) -> None:
+    """Each ``key=value`` of ``dotlist`` names a key of the run config ``run`` (read from
+    ``config``) and gives it a value of that key's type; else `MateError`."""
+    from omegaconf import OmegaConf
+
+    for entry in dotlist:
+        text = str(entry)
+        key, sep, _ = text.partition("=")
+        if not sep:
+            raise MateError(f"{where}: {text!r} is not key=value; write e.g. {where}=[dataset.eval_batch_size=2]")
+        try:
+            value = lookup(OmegaConf.to_container(OmegaConf.from_dotlist([text])), key)
+        except Exception as err:  # noqa: BLE001 - OmegaConf's parse errors
+            raise MateError(f"{where}: cannot parse {text!r} ({str(err).splitlines()[0]})") from None
+        if lookup(run, key) is ABSENT:
+            raise MateError(f"{where}: {text}: {unknown_key(key, run, f'the run config {config}')}")
+        problem = type_problem(key, value, key_type(run, key), lookup(run, key))
+        if problem:
+            raise MateError(f"{where}: {problem}")

@@ -1,0 +1,194 @@
+"""What each config key may hold: the schema every override is checked against.
+
+A key's type is, in this order:
+
+1. for ``trainer.<argument>``: the annotation of that argument of Lightning's
+   ``Trainer`` (:mod:`mate_cli.trainer_args`, read from its source);
+2. :data:`DECLARED`, for keys whose default says nothing (``null``, ``???``, an
+   interpolation through a resolver) and keys that take more than their default's type;
+3. the type of the key's default in the composed config: an ``int`` default takes
+   ints, a ``float`` default numbers, a ``bool`` default booleans, a mapping a mapping
+   (or ``null``, which drops a callback or logger), a list a list, and a string any
+   scalar (a number typed where a name is expected is still a name).
+   ``${other.key}`` defaults take ``other.key``'s type.
+
+``tests/conf/test_schema.py`` composes every option of every group and fails when a key
+has a default that says nothing and no :data:`DECLARED` entry, so no key is untyped.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import Any, Literal, Mapping, Optional, Union
+
+from mate_cli.trainer_args import accepts, close_matches, describe, trainer_parameters
+
+#: keys whose default does not say their type, or that take more than it
+DECLARED: dict[str, Any] = {
+    # every command
+    "ckpt_path": Optional[str],
+    "paper_name": Optional[str],
+    "experiment_name": str,
+    "run_name": str,
+    "limit_questions": Optional[int],
+    "reference": Optional[str],
+    # mate predict / mate pointr
+    "table": str,
+    "passages": Optional[str],
+    "question": str,
+    "stage1.ckpt_path": Optional[str],
+    "stage2.ckpt_path": Optional[str],
+    # mate report / mate bench
+    "path": Union[str, list],
+    "metrics": Optional[list],
+    "main_metric": Optional[str],
+    "bench.threads": Optional[int],
+    # dataset
+    "dataset.root": str,
+    "dataset.task": str,
+    "dataset.pretrained": str,
+    "dataset.cache_dir": str,
+    "dataset.eval_file": Optional[str],
+    "dataset.limit_questions": Optional[int],
+    "dataset.long_table_tokens": Optional[int],
+    "dataset.mask_seed": int,
+    "dataset.shuffle_seed": int,
+    "dataset.max_span_length": int,
+    "dataset.num_workers": Union[int, Literal["auto"]],
+    "dataset.num_proc": Union[int, Literal["auto"]],
+    "dataset.sources.hybridqa": Optional[str],
+    "dataset.sources.sqa": Optional[str],
+    "dataset.sources.tabfact": Optional[str],
+    "dataset.sources.wtq": Optional[str],
+    "dataset.sources.jsonl": Optional[str],
+    # model
+    "model.pretrained": str,
+    "model.encoder.pretrained": str,
+    "model.encoder.attention": Optional[dict],
+    "model.encoder.reset_position_index_per_cell": Optional[bool],
+    "model.head.max_num_rows": Optional[int],
+    "model.head.max_num_columns": Optional[int],
+    "model.hop_layers": Optional[int],
+    "model.mlp_hidden": Optional[int],
+    "model.dot": Optional[dict],
+    # loggers and callbacks: paths and names built from the run
+    "logger.wandb.name": str,
+    "logger.wandb.group": str,
+    "logger.wandb.job_type": str,
+    "logger.wandb.tags": Optional[list],
+    "logger.wandb.save_dir": str,
+    "logger.csv.save_dir": str,
+    "callbacks.best_checkpoint": Optional[dict],  # null under debug=overfit
+    "callbacks.model_checkpoint.dirpath": str,
+    "callbacks.best_checkpoint.dirpath": str,
+    "paths.root_dir": str,
+    "paths.data_dir": str,
+    "paths.cache_dir": str,
+    "paths.output_dir": str,
+}
+
+#: a default that is one interpolation of another key, ``${dataset.max_length}``
+_REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
+
+#: a value lookups did not find
+ABSENT = object()
+
+#: the type of a key whose default says nothing and that has no declaration
+UNTYPED = Any
+
+#: the commands whose ``trainer`` node goes to Lightning's Trainer
+TRAINER_COMMANDS = ("train", "pretrain", "eval", "pointr", "predict")
+
+
+def lookup(tree: Any, key: str) -> Any:
+    """The value at dotted ``key`` of a plain (unresolved) container, else `ABSENT`."""
+    node = tree
+    for part in key.split("."):
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return ABSENT
+    return node
+
+
+def dotted_keys(tree: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a plain container (mappings only), parents before children."""
+    keys = []
+    if isinstance(tree, Mapping):
+        for name, value in tree.items():
+            key = f"{prefix}{name}"
+            keys.append(key)
+            keys.extend(dotted_keys(value, key + "."))
+    return keys
+
+
+def says_nothing(default: Any) -> bool:
+    """A default that does not tell its key's type: null, ``???``, or an interpolation
+    through a resolver (``${oc.select:...}``, ``${hydra:...}``)."""
+    if default is None or default == "???":
+        return True
+    return isinstance(default, str) and default.startswith("${") and default.endswith("}") and not _REFERENCE.match(default)
+
+
+def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset = frozenset()) -> Any:
+    """The type ``key`` takes in the composed config ``tree`` (see the module docstring)."""
+    if command in TRAINER_COMMANDS and key.startswith("trainer.") and key.count(".") == 1:
+        return trainer_parameters().get(key.split(".", 1)[1], UNTYPED)
+    if key in DECLARED:
+        return DECLARED[key]
+    default = lookup(tree, key)
+    reference = _REFERENCE.match(default) if isinstance(default, str) else None
+    if reference and reference.group(1) not in _seen:
+        return key_type(tree, reference.group(1), command, _seen | {key})
+    if isinstance(default, str) and "${" in default and not says_nothing(default):
+        return str  # text around an interpolation: a path or a name
+    return type_of_default(default)
+
+
+def type_of_default(default: Any) -> Any:
+    if default is ABSENT or says_nothing(default):
+        return UNTYPED
+    if isinstance(default, bool):
+        return bool
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float):
+        return float
+    if isinstance(default, str):
+        return Union[str, int, float, bool]
+    if isinstance(default, Mapping):
+        return Optional[dict]
+    if isinstance(default, list):
+        return list
+    return UNTYPED
+
+
+def type_problem(key: str, value: Any, expected: Any, default: Any = ABSENT) -> str | None:
+    """The one-line reason ``key=value`` does not fit ``expected``, else None.
+
+    An interpolation (``${...}``) fits anything: it is resolved later.
+    """
+    if isinstance(value, str) and "${" in value:
+        return None
+    if accepts(expected, value) is not False:
+        return None
+    shown = "null" if value is None else value
+    wanted = describe(expected).replace("str | int | float | bool", "str")
+    plain = default is not ABSENT and not says_nothing(default) and not isinstance(default, (Mapping, list))
+    example = f"; its default is {key}={default}" if plain else ""
+    return f"{key}={shown} has the wrong type: {key} takes {wanted}{example}"
+
+
+def unknown_key(key: str, tree: Any, where: str, extra: typing.Iterable[str] = ()) -> str:
+    """The one-line message for ``key`` missing from ``tree``: the closest keys beside it
+    (the same parent first), or among every key."""
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    candidates = [k for k in dict.fromkeys([*dotted_keys(tree), *extra]) if not k.rsplit(".", 1)[-1].startswith("_")]
+    siblings = [k for k in candidates if (k.rsplit(".", 1)[0] if "." in k else "") == parent]
+    close = close_matches(key, siblings) or ([] if parent else close_matches(key, candidates))
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    owner = f"`{parent}`" if parent and lookup(tree, parent) is not ABSENT else where
+    return f"{key} is not a key of {owner}{hint}"

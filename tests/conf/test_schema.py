@@ -1,0 +1,191 @@
+"""The config schema against the shipped configs: every key of every option of every
+group has a type, every shipped value fits it, and the command-line check refuses
+wrong types and unknown keys with the closest key, in process (Hydra's compose API)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shlex
+from functools import lru_cache
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from mate_cli.config_check import check_command_line, check_dotlist
+from mate_cli.config_schema import (
+    DECLARED,
+    UNTYPED,
+    dotted_keys,
+    key_type,
+    lookup,
+    type_problem,
+)
+from mate_cli.errors import MateError
+from mate_cli.paths import CONF_DIR, REPO_ROOT, register_resolvers
+from mate_cli.trainer_args import trainer_parameters
+
+#: commands with config groups to choose from, and the groups each option of which is composed
+GROUPED = {"train": ("experiment", "attention", "dataset", "model", "hardware", "logger", "debug", "profile", "ambiguity"),
+           "pretrain": ("attention", "dataset", "hardware", "profile", "debug")}
+SINGLE = ("eval", "pointr", "predict", "bench", "baseline", "report")
+
+
+@lru_cache(maxsize=1)
+def every_composed_config() -> list[tuple[str, str, dict]]:
+    """``(command, override, plain config)`` for each command and each option of its groups."""
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    out = []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for command in SINGLE:
+            out.append((command, "", OmegaConf.to_container(compose(command), resolve=False)))
+        for command, groups in GROUPED.items():
+            for group in groups:
+                for option in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
+                    try:
+                        cfg = compose(command, overrides=[f"{group}={option}"])
+                    except Exception:  # noqa: BLE001 - an option of another command (pretrain's datasets)
+                        continue
+                    out.append((command, f"{group}={option}", OmegaConf.to_container(cfg, resolve=False)))
+    GlobalHydra.instance().clear()
+    return out
+
+
+def typed_keys(command: str, tree: dict):
+    for key in dotted_keys(tree):
+        if key.startswith("hydra") or key.rsplit(".", 1)[-1].startswith("_"):
+            continue
+        yield key, lookup(tree, key), key_type(tree, key, command)
+
+
+def test_enough_configs_are_composed():
+    commands = {command for command, _, _ in every_composed_config()}
+    assert commands == set(SINGLE) | set(GROUPED) and len(every_composed_config()) > 60
+
+
+def test_every_key_of_every_option_has_a_type():
+    untyped = sorted({f"{key} ({command} {override})" for command, override, tree in every_composed_config()
+                      for key, default, expected in typed_keys(command, tree) if expected is UNTYPED})
+    assert not untyped, f"declare these in mate_cli/config_schema.py DECLARED: {untyped}"
+
+
+def test_every_shipped_value_fits_its_type():
+    wrong = []
+    for command, override, tree in every_composed_config():
+        for key, default, expected in typed_keys(command, tree):
+            if default == "???":
+                continue
+            problem = type_problem(key, default, expected)
+            if problem:
+                wrong.append(f"{command} {override}: {problem}")
+    assert not wrong, wrong
+
+
+def test_every_declared_key_exists_somewhere():
+    keys = {key for _, _, tree in every_composed_config() for key in dotted_keys(tree)}
+    assert set(DECLARED) - keys == set()
+
+
+def test_trainer_arguments_read_from_source_match_lightnings_signature():
+    import lightning as L
+
+    names = [n for n in inspect.signature(L.Trainer.__init__).parameters if n != "self"]
+    assert list(trainer_parameters()) == names
+
+
+# ------------------------------------------------------------------ the command-line check
+@pytest.mark.parametrize(
+    "command, args, names",
+    [
+        ("train", ["dataset.max_length=abc"], ["dataset.max_length=abc", "int", "512"]),
+        ("train", ["model.optimizer.lr=fast"], ["model.optimizer.lr=fast", "float"]),
+        ("train", ["trainer.max_steps=three"], ["trainer.max_steps=three", "int"]),
+        ("train", ["dataset.max_lenght=512"], ["dataset.max_lenght", "did you mean dataset.max_length"]),
+        ("train", ["atention=mate"], ["atention", "did you mean attention"]),
+        ("train", ["trainer.max_stepz=3"], ["trainer.max_stepz", "trainer.max_steps"]),
+        ("train", ["experiment=sqa_mate", "dataset.long_table_tokens=1.5"], ["dataset.long_table_tokens=1.5", "int"]),
+        ("train", ["dataset.num_workers=lots"], ["dataset.num_workers=lots", "'auto'"]),
+        ("train", ["-m", "seed=1,2,x"], ["seed=x", "int"]),
+        ("train", ["-m", "attention=mate,dense", "attention.variant=exact"], ["attention=dense", "attention.variant"]),
+        ("train", ["+seed=3"], ["seed is already set"]),
+        ("train", ["~nope"], ["nope"]),
+        ("train", ["model.encoder=5"], ["model.encoder=5", "dict"]),
+        ("train", ["'a=[1,2'"], ["cannot parse"]),
+        ("pretrain", ["dataset.mask_seed=x"], ["dataset.mask_seed=x", "int"]),
+        ("bench", ["bench.threads=all"], ["bench.threads=all", "int | None"]),
+        ("report", ["outputs", "plot=false"], ["plot", "did you mean plots"]),
+        ("eval", ["attention=mate"], ["attention"]),
+    ],
+)
+def test_wrong_types_and_unknown_keys_are_one_line_naming_the_key(command, args, names):
+    args = [shlex.split(a)[0] for a in args]
+    problem = check_command_line(command, args)
+    assert problem is not None and "\n" not in problem
+    assert all(name in problem for name in names), problem
+
+
+@pytest.mark.parametrize(
+    "command, args",
+    [
+        ("train", ["dataset.num_workers=2", "trainer.val_check_interval=0.5", "callbacks.best_checkpoint=null"]),
+        ("train", ["-m", "attention=mate,dense,sat", "seed=1,2", "dataset.max_length=range(128,512,128)"]),
+        ("train", ["experiment=sqa_mate", "dataset.long_table_tokens=null", "trainer.limit_val_batches=2"]),
+        ("train", ["+trainer.limit_train_batches=3", "++model.new_key=1", "~callbacks.lr_monitor"]),
+        ("train", ["hparams_search=optuna"]),
+        ("train", ["--cfg", "job", "model.optimizer.lr=1e-4"]),
+        ("pointr", ["stage1.ckpt_path=x", "stage2.ckpt_path=null"]),
+        ("predict", ["question='What is 1,000?'", "table=x.csv", "ckpt_path=y"]),
+        ("report", ["outputs", "plots=false", "tasks=[train,pretrain]"]),
+    ],
+)
+def test_valid_command_lines_pass(command, args):
+    assert check_command_line(command, args) is None
+
+
+def test_help_and_other_config_names_are_left_to_hydra():
+    assert check_command_line("train", ["--help", "dataset.max_length=abc"]) is None
+    assert check_command_line("train", ["-cn", "other", "dataset.max_length=abc"]) is None
+
+
+def readme_commands() -> list[list[str]]:
+    """Every ``mate <command> ...`` line of the README's code blocks and tables
+    (continuations joined, comments cut, ``<placeholders>`` filled with a name)."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    found = re.findall(r"^(mate [a-z]+\b[^\n]*)", text, flags=re.M) + re.findall(r"\| `(mate [a-z]+\b[^`]*)` \|", text)
+    commands = [shlex.split(re.sub(r"<[^>]+>", "x", re.split(r"\s#", line)[0])) for line in found]
+    synopsis = ("…", "[_sample]")  # the command table's synopses: `mate predict table=… question=…`
+    return [c for c in commands if "--help" not in c and not any(s in a for a in c for s in synopsis)]
+
+
+def test_every_readme_command_passes_the_check():
+    commands = readme_commands()
+    assert len(commands) >= 20 and any(c[1] == "eval" for c in commands)
+    for command in commands:
+        assert check_command_line(command[1], command[2:]) is None, command
+
+
+# ------------------------------------------------------------------ a trained run's dotlists
+RUN = {"dataset": {"eval_batch_size": 8, "root": "/data", "limit_questions": None}, "seed": 1}
+
+
+@pytest.mark.parametrize(
+    "entry, names",
+    [
+        ("dataset.eval_batch_sise=2", ["dataset.eval_batch_sise", "did you mean dataset.eval_batch_size"]),
+        ("dataset.eval_batch_size=two", ["dataset.eval_batch_size=two", "int"]),
+        ("dataset.limit_questions=some", ["dataset.limit_questions=some", "int | None"]),
+        ("seed", ["not key=value"]),
+    ],
+)
+def test_a_run_dotlist_names_keys_of_that_run_with_values_of_their_type(entry, names, tmp_path):
+    with pytest.raises(MateError) as err:
+        check_dotlist(RUN, [entry], "stage1.overrides", tmp_path / "resolved_config.yaml")
+    assert str(err.value).startswith("stage1.overrides: ") and all(n in str(err.value) for n in names), err.value
+
+
+def test_a_run_dotlist_of_known_keys_passes(tmp_path):
+    check_dotlist(RUN, ["dataset.eval_batch_size=2", "dataset.root=/other", "dataset.limit_questions=5"], "overrides",
+                  tmp_path / "resolved_config.yaml")
