@@ -206,6 +206,10 @@ def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path)
         raise MateError(f"{override.input_line}: {key} is already set; change it with {key}=<value> (no +)")
     if override.is_delete():
         return
+    group = key.replace(".", "/")
+    if "." in key and (conf_dir / group).is_dir():
+        raise MateError(f"{override.input_line}: {key} is a config group; choose its option with "
+                        f"{group}=<{'|'.join(_options(group, conf_dir))}>")
     expected = key_type(tree, key, command)
     for value in _values(override):
         problem = type_problem(key, value, expected, default)

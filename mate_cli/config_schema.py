@@ -178,6 +178,7 @@ def type_problem(key: str, value: Any, expected: Any, default: Any = ABSENT) -> 
     shown = "null" if value is None else value
     wanted = describe(expected).replace("str | int | float | bool", "str")
     plain = default is not ABSENT and not says_nothing(default) and not isinstance(default, (Mapping, list))
+    plain = plain and not (isinstance(default, str) and "${" in default)
     example = f"; its default is {key}={default}" if plain else ""
     return f"{key}={shown} has the wrong type: {key} takes {wanted}{example}"
 

@@ -112,7 +112,9 @@ def test_trainer_arguments_read_from_source_match_lightnings_signature():
         ("train", ["-m", "attention=mate,dense", "attention.variant=exact"], ["attention=dense", "attention.variant"]),
         ("train", ["+seed=3"], ["seed is already set"]),
         ("train", ["~nope"], ["nope"]),
-        ("train", ["model.encoder=5"], ["model.encoder=5", "dict"]),
+        ("train", ["model.encoder=5"], ["model.encoder is a config group", "model/encoder="]),
+        ("train", ["callbacks.lr_monitor=5"], ["callbacks.lr_monitor=5", "dict"]),
+        ("train", ["dataset.split=files"], ["dataset/split=<by_table|files>"]),
         ("train", ["'a=[1,2'"], ["cannot parse"]),
         ("pretrain", ["dataset.mask_seed=x"], ["dataset.mask_seed=x", "int"]),
         ("bench", ["bench.threads=all"], ["bench.threads=all", "int | None"]),
@@ -139,6 +141,7 @@ def test_wrong_types_and_unknown_keys_are_one_line_naming_the_key(command, args,
         ("pointr", ["stage1.ckpt_path=x", "stage2.ckpt_path=null"]),
         ("predict", ["question='What is 1,000?'", "table=x.csv", "ckpt_path=y"]),
         ("report", ["outputs", "plots=false", "tasks=[train,pretrain]"]),
+        ("train", ["dataset/split=files"]),
     ],
 )
 def test_valid_command_lines_pass(command, args):
