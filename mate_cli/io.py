@@ -7,8 +7,10 @@ less the umask), not the 0600 of a temp file, so run dirs stay readable as a who
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,3 +59,56 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+#: errors that mean "this folder cannot be written" (not "the disk is full")
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def writable(directory: str | os.PathLike) -> bool:
+    """Whether a file can be created in ``directory`` (made if missing): tried, not guessed
+    from permission bits (root ignores those; a read-only mount does not)."""
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def os_error_in(err: BaseException | None) -> OSError | None:
+    """The first `OSError` with an errno in ``err``'s cause chain (torch wraps a failed write
+    in a RuntimeError such as ``unexpected pos 57152 vs 57046``)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError) and err.errno:
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def free_space(directory: str | os.PathLike) -> str:
+    """``"1.2 GB free"`` on the filesystem of ``directory`` (its nearest existing parent)."""
+    path = Path(directory)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return "free space unknown"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if free >= size:
+            return f"{free / size:.1f} {unit} free"
+    return f"{free} bytes free"
+
+
+def write_failure(path: str | os.PathLike, err: BaseException, fix: str) -> str:
+    """The one line for a failed write of ``path``: the OS's reason (a full disk named as
+    such), the folder and its free space, and ``fix``."""
+    cause = os_error_in(err)
+    folder = Path(path).parent
+    if cause is not None and cause.errno == errno.ENOSPC:
+        return f"no space left on the device of {folder} ({free_space(folder)}) while writing {Path(path).name}; {fix}"
+    reason = os.strerror(cause.errno) if cause is not None else f"{type(err).__name__}: {err}"
+    return f"writing {path} failed ({reason}; {free_space(folder)} in {folder}); {fix}"

@@ -26,7 +26,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
-from mate_cli.io import atomic_open
+from mate_cli.io import atomic_open, os_error_in, write_failure
 
 STATE_KEY = "mate_resume"
 
@@ -110,8 +110,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """``torch.save`` into a temp file beside the target, fsync, then one rename."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        with atomic_open(path, "wb") as handle:
-            torch.save(checkpoint, handle)
+        try:
+            with atomic_open(path, "wb") as handle:
+                torch.save(checkpoint, handle)
+        except (OSError, RuntimeError) as err:  # torch reports a failed write as "unexpected pos ..."
+            if os_error_in(err) is None:
+                raise
+            fix = ("free space there (the last whole checkpoint is kept), then resume with "
+                   f"ckpt_path={Path(path).parent.parent}")
+            raise MateError(write_failure(path, err, fix)) from err
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint to resume from, weights-only (:func:`load_weights_only`)."""
+        from mate_cli.modeling.checkpoints import load_weights_only
+
+        return load_weights_only(path, "resume from a checkpoint written by `mate train` or `mate pretrain`")
 
 
 def resolve_resume_path(value: str | None, output_root: Path, experiment_name: str) -> str | None:

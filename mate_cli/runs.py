@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.config_check import check_dotlist
 from mate_cli.errors import MateError
-from mate_cli.modeling.checkpoints import load_tokenizer
+from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
 from mate_cli.run_targets import checked_run_config
 
 
@@ -117,7 +117,7 @@ def load_trained(
             f"pass the checkpoint of a run that trained {wanted}"
         )
     model = instantiate(cfg.model)
-    state = torch.load(str(ckpt_path), map_location="cpu", weights_only=True).get("state_dict")
+    state = load_weights_only(ckpt_path, f"pass {key}.ckpt_path=<a checkpoint written by `mate train`>").get("state_dict")
     if state is None:
         raise MateError(f"{key}.ckpt_path={ckpt_path} has no state_dict; pass a Lightning checkpoint from `mate train`")
     try:

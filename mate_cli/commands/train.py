@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 
 import hydra
 import lightning as L
-import torch
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -39,15 +37,12 @@ from mate_cli.commands.common import (
 from mate_cli.data.sampler import each_example_once
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json, atomic_write_text
-from mate_cli.modeling.checkpoints import load_tokenizer
+from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.resume import AtomicCheckpointIO, ResumeState, resolve_resume_path
 from mate_cli.trainer_args import TRAINER_RESERVED, check_trainer_args
 
 register_resolvers()
-
-#: a WANDB_CACHE_DIR the user set themselves is kept
-_USER_WANDB_CACHE = os.environ.get("WANDB_CACHE_DIR")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -65,8 +60,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
     resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
-    # W&B's service writes its debug logs under WANDB_CACHE_DIR (default ~/.cache/wandb): keep them in the run
-    os.environ["WANDB_CACHE_DIR"] = _USER_WANDB_CACHE or str(out / "wandb" / "cache")
     _check_pairing(cfg)
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
@@ -152,7 +145,7 @@ def print_summary(metrics: dict, out: Path, validated_best: bool = True) -> None
 def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:
     """Save the checkpoint's encoder as a transformers directory (+ vocab): ``TapasModel``, or
     ``TapasForMaskedLM`` from ``mate pretrain`` (the module's ``export_pretrained``)."""
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
+    state = load_weights_only(ckpt_path, "export from a checkpoint this run wrote")["state_dict"]
     model.load_state_dict(state)
     tokenizer = load_tokenizer(cfg.model.encoder.pretrained)
     return model.export_pretrained(directory, tokenizer=tokenizer)

@@ -9,10 +9,13 @@
   host's (a cache shared by cluster nodes cannot see other hosts' processes).
 - An entry that does not load (truncated, corrupted) is reported in one warning line,
   removed and rebuilt.
+- A cache folder that cannot be written is read from, and what it lacks is built in
+  memory (one warning); a full disk is one error line with the folder's free space.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -22,6 +25,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import datasets
+
+from mate_cli.errors import MateError
+from mate_cli.io import write_failure, writable
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +89,26 @@ def save_atomically(ds: datasets.Dataset, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+#: read-only cache folders already warned about (one warning per folder and process)
+_READ_ONLY_WARNED: set[Path] = set()
+
+
 def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str) -> datasets.Dataset:
-    """The cached dataset at ``target``; built (and saved) when absent or unreadable."""
+    """The cached dataset at ``target``; built (and saved) when absent or unreadable.
+
+    A cache folder that cannot be written (read-only mount, no permission) still serves
+    what it holds; what it lacks is built in memory for this run, with one warning. A
+    full disk is one `MateError` line naming the folder and its free space.
+    """
+    if not writable(target.parent):
+        if target.parent not in _READ_ONLY_WARNED:
+            _READ_ONLY_WARNED.add(target.parent)
+            log.warning("cache: %s cannot be written; what it lacks is built in memory for this run only "
+                        "(set MATE_CACHE_DIR or dataset.cache_dir to a writable folder to keep it)", target.parent)
+        if target.is_dir():
+            with contextlib.suppress(Exception):
+                return datasets.load_from_disk(str(target))
+        return build()
     remove_stale_temps(target.parent)
     if target.is_dir():
         try:
@@ -95,5 +119,10 @@ def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str
             first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             log.warning("cache: %s is unreadable (%s: %s); rebuilding it", target, type(err).__name__, first)
             shutil.rmtree(target, ignore_errors=True)
-    save_atomically(build(), target)
+    built = build()
+    try:
+        save_atomically(built, target)
+    except OSError as err:
+        raise MateError(write_failure(target, err, "free space there, or set MATE_CACHE_DIR (dataset.cache_dir) "
+                                      "to a folder with room")) from None
     return datasets.load_from_disk(str(target))

@@ -54,10 +54,19 @@ def read_jsonl(path: str | Path) -> Iterator[TableText]:
     path = Path(path).expanduser()
     if not path.is_file():
         raise MateError(f"corpus file not found: {path}; pass an existing JSON-lines file ({FORMAT_HINT})")
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    found = 0
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise MateError(f"{path}:{number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not UTF-8; "
+                                "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
             if line.strip():
+                found += 1
                 yield parse_line(line, f"{path}:{number}", f"{path.stem}:{number}")
+    if not found:
+        raise MateError(f"{path} holds no examples (empty, or blank lines only); {FORMAT_HINT}")
 
 
 def parse_line(line: str, where: str, default_id: str) -> TableText:

@@ -103,6 +103,14 @@ class SplitDataModule(L.LightningDataModule):
             chosen = self.split.questions(split, self.reader.questions)
         return chosen[: self.limit_questions] if self.limit_questions else chosen
 
+    def nonempty_questions(self, split: str) -> list[Question]:
+        """:meth:`questions`, refused in one line when there are none (nothing is cached then)."""
+        chosen = self.questions(split)
+        if not chosen:
+            raise MateError(f"the {split} split of {self.root} has no questions with dataset.split={asdict(self.split)}; "
+                            "use a larger dataset.split.val_fraction, another dataset.split.mode, or check the files")
+        return chosen
+
     # ------------------------------------------------------------ preprocess
     def cache_payload(self, split: str) -> dict:
         """What, beyond the shared settings, changes the encoded examples of ``split``."""
@@ -137,7 +145,7 @@ class SplitDataModule(L.LightningDataModule):
         """Encoded examples of ``split`` as a ``datasets.Dataset`` (cached on disk)."""
         name = " ".join(filter(None, (self.kind, split)))
         target = self.cache_dir / "-".join(filter(None, (self.kind, split, self.cache_key(split))))
-        ds = load_or_build(target, lambda: self.encode(self.questions(split), split), f"{name} split")
+        ds = load_or_build(target, lambda: self.encode(self.nonempty_questions(split), split), f"{name} split")
         self.stats[split] = self.split_stats(ds)
         log.info("%s split: %s", name, json.dumps(self.stats[split]))
         return ds

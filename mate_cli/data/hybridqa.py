@@ -71,6 +71,12 @@ def _load_json(path: Path, what: str) -> Any:
         raise MateError(f"{path}: {what} is not UTF-8 text; re-download or repair the file") from None
 
 
+def no_questions(path: Path, skipped: Counter) -> str:
+    """The one line for a question file that gives no question (nothing is cached then)."""
+    why = f"every record was skipped ({', '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else "it is empty"
+    return f"{path} holds no questions: {why}; restore it from the release, or choose another split"
+
+
 class HybridQAReader:
     """Questions, tables and passages of one HybridQA root (upstream layout).
 
@@ -136,6 +142,7 @@ class HybridQAReader:
         answered = any(isinstance(r, dict) and ("answer-text" in r or "answer-node" in r) for r in records)
         seen: dict[str, tuple[int, Any]] = {}
         skipped = self.skipped.setdefault(split, Counter())
+        yielded = 0
         for index, record in enumerate(records):
             question = parse_question(record, path, index)
             if question.question_id in seen:
@@ -157,7 +164,10 @@ class HybridQAReader:
                 log.warning("%s: question %r has no answer-text and no answer-node; skipped", path, question.question_id)
                 skipped["no_answer_fields"] += 1
                 continue
+            yielded += 1
             yield question
+        if not yielded:
+            raise MateError(no_questions(path, skipped))
 
     # --------------------------------------------------------------- tables
     def table_file(self, table_id: str) -> Path:

@@ -178,12 +178,13 @@ class PretrainDataModule(L.LightningDataModule):
             def build(split=split):
                 if not corpus:
                     corpus.update(self.split_corpus())
-                return self.encode(corpus[split])
+                encoded = self.encode(corpus[split])
+                if not len(encoded):  # refused before it is cached: a rerun with more tables rebuilds
+                    raise MateError(f"the pre-training {split} split is empty (one table in the corpus?); "
+                                    "add tables to dataset.sources or change dataset.val_fraction")
+                return encoded
             self.encoded[split] = load_or_build(targets[split], build, f"pre-training {split} split")
             self.stats[split] = split_stats(self.encoded[split])
-            if not len(self.encoded[split]):
-                raise MateError(f"the pre-training {split} split is empty (one table in the corpus?); "
-                                "add tables to dataset.sources or change dataset.val_fraction")
             log.info("pre-training %s split: %s", split, json.dumps(self.stats[split]))
 
     # ------------------------------------------------------------- lightning

@@ -14,6 +14,7 @@ file, the record and how to fix it; skippable records are logged and counted in
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 from collections import Counter
@@ -21,12 +22,17 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterator, Sequence
 
 from mate_cli.data.hybridqa import _LRU as LRU
+from mate_cli.data.hybridqa import no_questions
 from mate_cli.data.schema import Cell, Question, Table
 from mate_cli.errors import MateError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LRU", "TableQAReader", "read_text", "split_lines", "load_json", "columns", "fields",
+# The csv module refuses a field over 128 kB; a table cell may hold a whole article (the
+# tokenizer keeps what fits). 256 MB still stops a file that is one unterminated quote.
+csv.field_size_limit(max(csv.field_size_limit(), 1 << 28))
+
+__all__ = ["LRU", "TableQAReader", "no_questions", "read_text", "split_lines", "load_json", "columns", "fields",
            "rows_to_table", "given_file"]
 
 #: ``(where, raw record, question)``: what a reader's ``_read_questions`` yields; ``where``
@@ -187,6 +193,7 @@ class TableQAReader:
         path = self.question_file(name)
         skipped = self.skipped.setdefault(name, Counter())
         seen: dict[str, tuple[str, Any]] = {}
+        yielded = 0
         for where, record, question in self._read_questions(path):
             qid = question.question_id
             if qid in seen:
@@ -204,7 +211,10 @@ class TableQAReader:
                 log.warning("%s: %s (question %r) has an empty question text; skipped", path, where, qid)
                 skipped["empty_question"] += 1
                 continue
+            yielded += 1
             yield question
+        if not yielded:
+            raise MateError(no_questions(path, skipped))
 
     def _read_questions(self, path: Path) -> Iterator[Record]:
         raise NotImplementedError

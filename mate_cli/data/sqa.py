@@ -53,13 +53,27 @@ class SQAReader(TableQAReader):
                 where = f"line {start}"
                 start = reader.line_num + 1
                 values = fields(row, len(header), path, where)
-                yield where, row, _question(values, col, path, where)
+                question = _question(values, col, path, where)
+                self._check_coordinates(question, path, where)
+                yield where, row, question
         except csv.Error as err:
             raise MateError(f"{path}: line {reader.line_num + 1}: not readable as tab-separated CSV ({err}); "
                             "fix or remove that line") from None
 
     def _parse_table(self, path: Path, table_id: str) -> Table:
         return parse_table_file(path, table_id)
+
+    def _check_coordinates(self, question: Question, path: Path, where: str) -> None:
+        """An answer cell outside its table is an error naming the line and the value (it
+        would otherwise supervise nothing, silently)."""
+        if not question.answer_coordinates:
+            return
+        table = self.table(question.table_id)
+        for row, column in question.answer_coordinates:
+            if row >= table.num_rows or column >= table.num_columns:
+                raise MateError(f"{path}: {where} (id {question.sequence_id}): answer coordinate ({row}, {column}) is "
+                                f"outside table {question.table_id} ({table.num_rows} rows x {table.num_columns} "
+                                "columns, counted from 0); fix the coordinate or remove that line")
 
 
 def _question(values, col: dict[str, int], path: Path, where: str) -> Question:

@@ -119,14 +119,15 @@ def _id_list(data: Any, path: Path) -> list[str]:
 def parse_table_file(path: Path, table_id: str) -> Table:
     """A ``#``-separated TabFact table (first line = header)."""
     lines = split_lines(read_text(path, "table file"))
-    return rows_to_table([line.split("#") for line in lines], table_id, path)
+    table = rows_to_table([line.split("#") for line in lines], table_id, path)
+    if table.num_columns == 1 and ("," in table.header[0].text or "\t" in table.header[0].text):
+        raise MateError(f"{path}: line 1: one column whose header {table.header[0].text[:60]!r} holds ',' or tabs: "
+                        "not a '#'-separated TabFact table; convert it (columns joined by '#', first line the "
+                        "header) or use a run of its own dataset")
+    return table
 
 
 def read_table_file(path: str | Path) -> Table:
     """A TabFact ``data/all_csv/<id>.html.csv`` file (``#``-separated) -> :class:`Table` (table id = file name)."""
     path = given_file(path, "a TabFact data/all_csv/<table_id>.html.csv ('#'-separated) file")
-    table = parse_table_file(path, path.name)
-    if table.num_columns == 1 and ("," in table.header[0].text or "\t" in table.header[0].text):
-        raise MateError(f"{path}: one column whose header holds ',' or tabs: not a '#'-separated TabFact table; "
-                        "convert it (columns joined by '#', first line the header) or use a run of its own dataset")
-    return table
+    return parse_table_file(path, path.name)

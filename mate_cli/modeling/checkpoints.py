@@ -26,6 +26,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -140,6 +141,21 @@ def weight_files(resolved: str) -> list[Path]:
 
 
 # ------------------------------------------------------------------ tensors
+def load_weights_only(path: str | Path, fix: str) -> Any:
+    """``torch.load(path, weights_only=True)`` on CPU; a file holding more than tensors and
+    plain values (a pickled class, a function: possibly a payload) is one `MateError` line
+    ending in ``fix``, not torch's many-line explanation."""
+    import pickle
+
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        detail = next((line.strip() for line in str(err).splitlines() if "Unsupported global" in line), "")
+        detail = f" ({detail.split('. ')[0]})" if detail else ""
+        raise MateError(f"{path} holds Python objects beyond tensors and plain values{detail}, which mate never "
+                        f"unpickles; {fix}") from None
+
+
 def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
     """All tensors of the given ``.safetensors`` / ``.bin`` files, on CPU."""
     state: dict[str, torch.Tensor] = {}
@@ -149,7 +165,8 @@ def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
 
             state.update(load_file(str(path), device="cpu"))
         else:
-            state.update(torch.load(path, map_location="cpu", weights_only=True))
+            state.update(load_weights_only(path, "save the weights as a state_dict (or .safetensors) and point "
+                                                  "model.encoder.pretrained at them"))
     return state
 
 
