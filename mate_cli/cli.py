@@ -21,9 +21,9 @@ import os
 import sys
 from pathlib import Path
 
-from mate_cli.config_check import check_command_line, trainer_overrides
+from mate_cli.config_check import ANSWER_ONLY_FLAGS, check_command_line, trainer_overrides
 from mate_cli.hydra_args import quote_free_text
-from mate_cli.paths import CONF_DIR
+from mate_cli.paths import CONF_DIR, keep_tool_caches
 
 COMMANDS = {
     "train": ("mate_cli.commands.train", "fit a model (Hydra app, conf/train.yaml)"),
@@ -95,9 +95,33 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"mate: error: {problem}", file=sys.stderr)
         return 2
+    problem = lock_given_run_dir(rest)
+    if problem:
+        print(f"mate: error: {problem}", file=sys.stderr)
+        return 2
+    keep_tool_caches()
     module = importlib.import_module(COMMANDS[command][0])
     run_hydra_app(module.main, program, command, trainer_overrides(command, rest))
     return 0
+
+
+def lock_given_run_dir(args: list[str]) -> str | None:
+    """Take the run dir a command line names (``hydra.run.dir=<dir>``) before Hydra writes
+    its ``.hydra/`` files there; the one-line problem when another process holds it.
+    Default run dirs are taken by the task itself (:func:`mate_cli.commands.common.run_task`)."""
+    from mate_cli import run_lock
+    from mate_cli.errors import MateError
+
+    if any(arg in args for arg in ("-m", "--multirun", "--cfg", "-c", *ANSWER_ONLY_FLAGS)):
+        return None
+    given = [arg.split("=", 1)[1] for arg in args if arg.startswith("hydra.run.dir=")]
+    if not given or "${" in given[-1]:
+        return None
+    try:
+        run_lock.take(given[-1].strip("'\""))
+    except MateError as err:
+        return str(err)
+    return None
 
 
 def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -75,12 +76,18 @@ def dot_name(pruning, max_length, selection, size, pretrained, top_k, task, loss
     return paper_name(pruning, max_length, selection, pretrained or size, top_k, task, loss)
 
 
+#: six hex digits drawn once per process: the end of default run dir names, so two runs
+#: started in the same second (a retried job) never share a directory
+PROCESS_TAG = secrets.token_hex(3)
+
+
 def register_resolvers() -> None:
     """Register the ``${mate.*:}`` resolvers (idempotent): ``repo_root``; ``join`` (the parts
     that say something, joined by ``-``: run names); ``tags`` (the same parts as a list);
     ``group`` (:func:`run_group`); ``pretrained`` (:func:`pretrained_run`); ``slug`` (:func:`slug`);
-    ``dot_name`` (:func:`dot_name`)."""
+    ``dot_name`` (:func:`dot_name`); ``unique`` (:data:`PROCESS_TAG`)."""
     resolvers = {
+        "mate.unique": lambda: PROCESS_TAG,
         "mate.repo_root": lambda: str(REPO_ROOT),
         "mate.join": lambda *parts: "-".join(name_parts(*parts)),
         "mate.tags": lambda *parts: name_parts(*parts),
@@ -97,3 +104,12 @@ def register_resolvers() -> None:
 def cache_dir() -> Path:
     """``MATE_CACHE_DIR`` or ``<repo>/.cache/mate`` (the same default as ``conf/paths/default.yaml``)."""
     return Path(os.environ.get("MATE_CACHE_DIR") or REPO_ROOT / ".cache" / "mate")
+
+
+def keep_tool_caches() -> None:
+    """Point matplotlib's config and font cache and torch's compiler cache at mate's cache
+    (``<cache>/matplotlib``, ``<cache>/torchinductor``) instead of ``~/.cache``,
+    ``~/.config`` and ``/tmp``; a variable the user set is kept. Called before the command
+    is imported: both read it once, on import."""
+    os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "torchinductor"))

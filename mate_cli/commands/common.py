@@ -3,7 +3,10 @@ printing the config tree, building loggers/callbacks, and the run directory."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -11,7 +14,7 @@ from typing import Callable, Iterable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.errors import MateError
-from mate_cli.io import atomic_write_text
+from mate_cli.io import atomic_write_text, os_error_in, write_failure
 
 log = logging.getLogger("mate_cli")
 
@@ -34,16 +37,51 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     if COMMAND_LINE:
         sys.argv = list(COMMAND_LINE)
     try:
+        lock_run_dir()
+    except MateError as err:  # another process's run dir: nothing is written into it
+        print(f"mate: error: {err}", file=sys.stderr)
+        sys.exit(MateError.exit_code)
+    with contextlib.suppress(ValueError):  # ValueError: Hydra is not running (tests call tasks directly)
+        keep_tool_files_in(run_dir())
+    try:
         check_accelerator(cfg)
         return task(cfg)
     except Exception as err:  # noqa: BLE001 - re-raised unless it is (or wraps) a MateError
-        user_error = find_mate_error(err)
+        user_error = find_mate_error(err) or full_disk(err)
         line = f"mate: error: {user_error}" if user_error else f"mate: failed: {type(err).__name__}: {err}"
         record_failure(" ".join(line.split()))
         if user_error is None:
             raise
         print(line, file=sys.stderr)
         sys.exit(MateError.exit_code)
+
+
+#: where third-party tools write, as the user set it before mate started (kept when set)
+_USER_TOOL_DIRS = {name: os.environ.get(name) for name in (
+    "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR")}
+
+
+def keep_tool_files_in(out: Path) -> None:
+    """Point W&B at the run dir instead of ``~``: its cache (its service's debug logs),
+    config, data (artifact staging) and artifact folders go under ``<run dir>/wandb/``.
+    A variable the user set themselves is kept. (Matplotlib and torch's compiler cache
+    are pointed at the cache before anything imports them: :func:`mate_cli.paths.keep_tool_caches`.)
+    """
+    chosen = {"WANDB_CACHE_DIR": out / "wandb" / "cache", "WANDB_CONFIG_DIR": out / "wandb" / "config",
+              "WANDB_DATA_DIR": out / "wandb" / "data", "WANDB_ARTIFACT_DIR": out / "wandb" / "artifacts"}
+    for name, path in chosen.items():
+        os.environ[name] = _USER_TOOL_DIRS[name] or str(path)
+
+
+def lock_run_dir() -> None:
+    """This process's hold on its run dir (:mod:`mate_cli.run_lock`); none outside Hydra."""
+    from mate_cli import run_lock
+
+    try:
+        directory = run_dir()
+    except ValueError:  # Hydra is not running (tests call tasks directly)
+        return
+    run_lock.take(directory)
 
 
 def record_failure(line: str) -> None:
@@ -90,6 +128,16 @@ def _hardware_choice() -> str | None:
         return HydraConfig.get().runtime.choices.get("hardware")
     except ValueError:  # Hydra is not running (tests call tasks directly)
         return None
+
+
+def full_disk(err: BaseException) -> MateError | None:
+    """A full disk anywhere in ``err``'s cause chain, as one line naming the file and the
+    free space of its folder (a log, a metrics file, W&B's files: whatever hit it first)."""
+    cause = os_error_in(err)
+    if cause is None or cause.errno != errno.ENOSPC:
+        return None
+    where = Path(cause.filename) if cause.filename else run_dir() / "?"
+    return MateError(write_failure(where, cause, "free space there, then resume the run with ckpt_path=<run dir>"))
 
 
 def find_mate_error(err: BaseException | None) -> MateError | None:

@@ -1,0 +1,393 @@
+"""Fault injection: each fault a careless user or a broken machine causes is one
+`mate: error:` line and exit status 2 (or a counted skip), nothing is cached from a bad
+input, and nothing is written outside the run dir and the cache.
+
+Real parts throughout: the bundled samples, the real readers and cache, the real CLI in
+subprocesses. A full disk and a read-only cache are real too: a size-limited tmpfs and a
+read-only bind mount in a private user and mount namespace (``unshare -rm``); those
+tests skip where the kernel does not allow such namespaces.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mate_cli.data.corpus import read_jsonl
+from mate_cli.data.sqa import SQAReader
+from mate_cli.data.tabfact import TabFactReader
+from mate_cli.errors import MateError
+from mate_cli.modeling.checkpoints import load_weights_only
+from mate_cli.resume import AtomicCheckpointIO
+from tests.helpers import MATE, REPO_ROOT, mate_env, run_mate
+
+SQA = REPO_ROOT / "data" / "sqa_sample"
+TABFACT = REPO_ROOT / "data" / "tabfact_sample"
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("mate:")]
+    assert len(lines) == 1 and lines[0].startswith("mate: error: "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+def cached_entries(cache: Path) -> list[Path]:
+    """Finished cache entries (not temp folders, not the kernel build)."""
+    return [p for p in cache.rglob("*") if p.is_dir() and not p.name.startswith(".") and (p / "state.json").is_file()]
+
+
+def namespaces_work() -> bool:
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+needs_namespaces = pytest.mark.skipif(not namespaces_work(), reason="unshare -rm (user + mount namespaces) unavailable")
+
+
+def in_namespace(setup: str, args: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``mate <args>`` after the shell lines ``setup`` (mounts), in a private namespace."""
+    script = f"{setup} && exec {shlex.quote(MATE)} {' '.join(shlex.quote(a) for a in args)}"
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+# ------------------------------------------------------------------ empty and broken inputs
+def copy_sqa(tmp_path: Path) -> Path:
+    root = tmp_path / "sqa"
+    shutil.copytree(SQA, root)
+    return root
+
+
+@pytest.mark.parametrize("content", ["", "id\tannotator\tposition\tquestion\ttable_file\tanswer_coordinates\tanswer_text\n"])
+def test_an_empty_question_file_is_one_line_and_nothing_is_cached(tmp_path, content):
+    root = copy_sqa(tmp_path)
+    (root / "train.tsv").write_text(content)
+    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
+    line = one_error_line(run_mate(["train", "experiment=sqa_mate", f"dataset.root={root}", "trainer.max_steps=1",
+                                    "logger=csv"], env))
+    assert str(root / "train.tsv") in line and ("no questions" in line or "header" in line), line
+    assert not cached_entries(tmp_path / "cache")
+
+
+def test_an_empty_hybridqa_question_file_is_refused_by_the_reader(tmp_path):
+    from mate_cli.data.hybridqa import HybridQAReader
+
+    root = tmp_path / "hybridqa"
+    shutil.copytree(REPO_ROOT / "data" / "hybridqa_sample", root)
+    target = next((root / "released_data").glob("dev*.json"))
+    target.write_text("[]")
+    with pytest.raises(MateError, match="holds no questions"):
+        list(HybridQAReader(root).questions(target.name.split(".")[0]))
+
+
+@pytest.mark.parametrize(
+    "content, names",
+    [
+        (b"", ["holds no examples"]),
+        (b"\n  \n\n", ["holds no examples"]),
+        (b'{"text": "caf\xe9", "table": {"header": ["a"], "rows": [["1"]]}}\n', [":1:", "0xe9", "UTF-8"]),
+        (b'{"text": "ok", "table": {"header": ["a"], "rows": [["1"]]}}\n{"text": \xff}\n', [":2:", "0xff"]),
+    ],
+)
+def test_a_corpus_that_is_empty_or_not_utf8_is_one_line_naming_file_and_line(tmp_path, content, names):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(content)
+    with pytest.raises(MateError) as err:
+        list(read_jsonl(corpus))
+    assert str(corpus) in str(err.value) and all(n in str(err.value) for n in names), err.value
+
+
+@pytest.mark.parametrize("content, names", [(b"", ["holds no examples"]),
+                                            (b'{"text": "caf\xe9", "table": {"header": ["a"], "rows": [["1"]]}}\n', [":1:", "UTF-8"])])
+def test_an_empty_or_non_utf8_corpus_through_mate_pretrain(tmp_path, content, names):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(content)
+    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
+    line = one_error_line(run_mate(["pretrain", "dataset=pretrain_jsonl", f"dataset.sources.jsonl={corpus}",
+                                    "trainer.max_steps=1", "logger=csv"], env))
+    assert str(corpus) in line and all(name in line for name in names), line
+    assert not cached_entries(tmp_path / "cache")
+
+
+def test_an_sqa_coordinate_outside_its_table_names_file_line_and_value(tmp_path):
+    root = copy_sqa(tmp_path)
+    lines = (root / "train.tsv").read_text().split("\n")
+    lines[2] = lines[2].replace("['(3, 3)']", "['(3, 99)']")
+    (root / "train.tsv").write_text("\n".join(lines))
+    with pytest.raises(MateError) as err:
+        list(SQAReader(root).questions("train.tsv"))
+    assert "train.tsv: line 3" in str(err.value) and "(3, 99)" in str(err.value) and "columns" in str(err.value)
+
+
+def test_a_comma_separated_tabfact_table_is_one_line(tmp_path):
+    root = tmp_path / "tabfact"
+    shutil.copytree(TABFACT, root)
+    table = next((root / "data" / "all_csv").glob("*.csv"))
+    table.write_text(table.read_text().replace("#", ","))
+    with pytest.raises(MateError) as err:
+        TabFactReader(root).table(table.name)
+    assert str(table) in str(err.value) and "line 1" in str(err.value) and "'#'-separated" in str(err.value)
+
+
+def test_a_file_that_is_not_weights_only_is_one_line(tmp_path):
+    import argparse
+
+    path = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {}, "extra": argparse.Namespace(a=1)}, path)
+    for load in (lambda: load_weights_only(path, "pass a checkpoint written by mate"),
+                 lambda: AtomicCheckpointIO().load_checkpoint(path)):
+        with pytest.raises(MateError) as err:
+            load()
+        message = str(err.value)
+        assert "\n" not in message and str(path) in message and "argparse.Namespace" in message, message
+
+
+def test_resuming_from_a_checkpoint_that_is_not_weights_only_is_one_line(tmp_path):
+    import argparse
+
+    ckpt = tmp_path / "crafted.ckpt"
+    torch.save({"state_dict": {}, "extra": argparse.Namespace(a=1)}, ckpt)
+    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
+    line = one_error_line(run_mate(["train", "experiment=sqa_mate", f"ckpt_path={ckpt}", "trainer.max_steps=1",
+                                    "logger=csv"], env))
+    assert str(ckpt) in line and "beyond tensors" in line, line
+
+
+# ------------------------------------------------------------------ the machine
+@needs_namespaces
+def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
+    proc = in_namespace(f"mount -t tmpfs -o size=8m tmpfs {shlex.quote(str(run))}",
+                        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", f"hydra.run.dir={run}"], env)
+    line = one_error_line(proc)
+    assert "no space left on the device of" in line and str(run) in line and "free" in line, line
+
+
+@needs_namespaces
+def test_a_read_only_cache_works_in_memory_with_one_warning(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = mate_env(tmp_path / "outputs", cache)
+    proc = in_namespace(f"mount --bind -o ro {shlex.quote(str(cache))} {shlex.quote(str(cache))}",
+                        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", "attention=dense"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "cannot be written" in line]
+    assert len(warnings) == 1, warnings
+    assert not any(cache.iterdir())
+
+
+@needs_namespaces
+def test_a_read_only_cache_with_a_built_kernel_loads_it(tmp_path):
+    from mate_cli.modeling.attention import mate_cpu_kernel
+
+    if not mate_cpu_kernel.load():
+        pytest.skip(f"fused CPU kernel unavailable: {mate_cpu_kernel.unavailable_reason()}")
+    cache = mate_cpu_kernel.build_dir().parent.parent  # the cache dir holding torch_extensions/
+    probe = ("from mate_cli.modeling.attention import mate_cpu_kernel as m; "
+             "assert m.load(), m.unavailable_reason(); print('loaded')")
+    script = (f"mount --bind -o ro {shlex.quote(str(cache))} {shlex.quote(str(cache))} && "
+              f"exec {shlex.quote(str(Path(MATE).parent / 'python'))} -c {shlex.quote(probe)}")
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300,
+                          env=mate_env(tmp_path / "outputs", cache))
+    assert proc.returncode == 0 and "loaded" in proc.stdout, proc.stderr[-3000:]
+    assert "unavailable" not in proc.stderr
+
+
+# ------------------------------------------------------------------ run directories
+def test_a_second_process_in_a_run_dir_is_refused_and_writes_nothing(tmp_path):
+    run = tmp_path / "run"
+    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
+    first = subprocess.Popen([MATE, "train", "experiment=sqa_mate", "trainer.max_steps=200", "logger=csv",
+                              f"hydra.run.dir={run}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        written = [run / ".hydra" / "overrides.yaml", run / "resolved_config.yaml"]  # Hydra's last file, then mate's
+        deadline = time.time() + 120
+        while not all(path.is_file() for path in written) and time.time() < deadline:
+            time.sleep(0.2)
+        assert all(path.is_file() for path in written)
+        before = {p: p.read_bytes() for p in (run / ".hydra").iterdir()}
+        line = one_error_line(run_mate(["train", "experiment=sqa_tapas", "logger=csv", f"hydra.run.dir={run}"], env))
+        assert str(run) in line and f"pid {first.pid}" in line and "in use" in line, line
+        assert {p: p.read_bytes() for p in (run / ".hydra").iterdir()} == before
+        assert not (run / "FAILED").exists()
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+
+
+def test_stale_temp_files_are_removed_when_a_run_dir_is_taken_again(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    stale = [run / "checkpoints" / ".last.ckpt.k3j2.tmp", run / ".metrics.json.x9.tmp"]
+    for path in stale:
+        path.write_bytes(b"half a checkpoint")
+    proc = run_mate(["baseline", "dataset=sqa_sample", f"hydra.run.dir={run}"], mate_env(tmp_path / "outputs"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not any(path.exists() for path in stale)
+
+
+def test_runs_started_in_the_same_second_get_their_own_dirs(tmp_path):
+    env = mate_env(tmp_path / "outputs")
+    procs = [subprocess.Popen([MATE, "baseline", "dataset=sqa_sample"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    runs = sorted((tmp_path / "outputs" / "baseline").iterdir())
+    assert len(runs) == 2 and all((run / "metrics.json").is_file() for run in runs), runs
+
+
+# ------------------------------------------------------------------ corrupted dataset files
+def _sqa_line(root: Path, index: int, old: str, new: str) -> None:
+    lines = (root / "train.tsv").read_text().split("\n")
+    lines[index] = lines[index].replace(old, new, 1)
+    (root / "train.tsv").write_text("\n".join(lines))
+
+
+def _sqa_truncate_last(root: Path) -> None:
+    text = (root / "train.tsv").read_text().rstrip("\n")
+    (root / "train.tsv").write_text(text[: text.rfind("\t")] + "\n")
+
+
+def _sqa_questions(root: Path) -> list:
+    return list(SQAReader(root).questions("train.tsv"))
+
+
+def _tabfact_questions(root: Path) -> list:
+    reader = TabFactReader(root)
+    return [q for name in reader.available_files() for q in reader.questions(name)]
+
+
+def _tabfact_edit(root: Path, edit) -> None:
+    import json
+
+    path = root / "tokenized_data" / "val_examples.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _hybridqa_question_file(root: Path) -> Path:
+    from mate_cli.data.hybridqa import HybridQAReader
+
+    return HybridQAReader(root).question_file("dev")
+
+
+def _hybridqa_questions(root: Path) -> list:
+    from mate_cli.data.hybridqa import HybridQAReader
+
+    reader = HybridQAReader(root)
+    return [reader.table(q.table_id) for q in reader.questions("dev")]
+
+
+def _first_key(data: dict) -> str:
+    return next(iter(data))
+
+
+CORRUPTIONS = {
+    "sqa: truncated line": ("sqa", _sqa_truncate_last, _sqa_questions, "train.tsv"),
+    "sqa: bad quoting": ("sqa", lambda r: _sqa_line(r, 1, "\twhat are", '\t"what are'), _sqa_questions, "train.tsv"),
+    "sqa: missing column": ("sqa", lambda r: _sqa_line(r, 0, "\tquestion\t", "\tquery\t"), _sqa_questions, "question"),
+    "sqa: non-UTF-8": ("sqa", lambda r: (r / "train.tsv").write_bytes((r / "train.tsv").read_bytes().replace(b"what", b"wh\xffat", 1)),
+                       _sqa_questions, "UTF-8"),
+    "sqa: conflicting duplicate id": ("sqa", lambda r: _sqa_line(r, 2, "\t1\t", "\t0\t"), _sqa_questions, "appears twice"),
+    "sqa: out-of-range coordinate": ("sqa", lambda r: _sqa_line(r, 2, "['(3, 3)']", "['(300, 3)']"), _sqa_questions, "(300, 3)"),
+    "sqa: bad coordinate": ("sqa", lambda r: _sqa_line(r, 2, "['(3, 3)']", "['(3, x)']"), _sqa_questions, "(row, column)"),
+    "sqa: empty table": ("sqa", lambda r: (r / "table_csv" / "204_195.csv").write_text(""), _sqa_questions, "204_195.csv"),
+    "sqa: missing table file": ("sqa", lambda r: (r / "table_csv" / "204_195.csv").unlink(), _sqa_questions, "204_195.csv"),
+    "tabfact: truncated JSON": ("tabfact", lambda r: (r / "tokenized_data" / "val_examples.json").write_text(
+        (r / "tokenized_data" / "val_examples.json").read_text()[:300]), _tabfact_questions, "val_examples.json"),
+    "tabfact: bad label": ("tabfact", lambda r: _tabfact_edit(r, lambda d: d[_first_key(d)][1].__setitem__(0, 2)),
+                           _tabfact_questions, "val_examples.json"),
+    "tabfact: one label too few": ("tabfact", lambda r: _tabfact_edit(r, lambda d: d[_first_key(d)][1].pop()),
+                                   _tabfact_questions, "one label per statement"),
+    "hybridqa: truncated JSON": ("hybridqa", lambda r: _hybridqa_question_file(r).write_text(
+        _hybridqa_question_file(r).read_text()[:500]), _hybridqa_questions, "dev"),
+    "hybridqa: missing key": ("hybridqa", lambda r: _hybridqa_question_file(r).write_text(
+        _hybridqa_question_file(r).read_text().replace('"question":', '"querstion":', 1)), _hybridqa_questions, "dev"),
+    "hybridqa: missing table file": ("hybridqa", lambda r: (r / "WikiTables-WithLinks" / "tables_tok" / "Marine_defense_battalions_0.json").unlink(),
+                                     _hybridqa_questions, "Marine_defense_battalions_0"),
+}
+
+SAMPLES = {"sqa": SQA, "tabfact": TABFACT, "hybridqa": REPO_ROOT / "data" / "hybridqa_sample"}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_a_corrupted_dataset_file_is_one_line_naming_it(tmp_path, case):
+    kind, corrupt, read, names = CORRUPTIONS[case]
+    root = tmp_path / kind
+    shutil.copytree(SAMPLES[kind], root)
+    corrupt(root)
+    with pytest.raises(MateError) as err:
+        read(root)
+    message = str(err.value)
+    assert "\n" not in message and names in message, message
+    assert str(root) in message or "dataset" in message, message
+
+
+def test_an_identical_duplicate_record_is_a_counted_skip(tmp_path):
+    root = tmp_path / "sqa"
+    shutil.copytree(SQA, root)
+    lines = (root / "train.tsv").read_text().split("\n")
+    (root / "train.tsv").write_text("\n".join([*lines[:2], lines[1], *lines[2:]]))
+    reader = SQAReader(root)
+    assert len(list(reader.questions("train.tsv"))) == len(list(SQAReader(SQA).questions("train.tsv")))
+    assert reader.skipped["train.tsv"]["duplicate_records"] == 1
+
+
+@pytest.mark.parametrize("shape", ["5000 rows", "300 columns", "1 MB cell"])
+def test_huge_tables_and_cells_are_read_and_truncated_to_the_budget(tmp_path, shape):
+    """Long tables and cells are read whole and truncated to the token budget; a header
+    that alone passes the budget is one line naming the table and the two settings."""
+    from mate_cli.data.schema import Question
+    from mate_cli.data.sqa import parse_table_file
+    from mate_cli.data.tokenize import TableTokenizer
+    from mate_cli.modeling.checkpoints import load_tokenizer
+
+    rows, columns, cell = {"5000 rows": (5000, 4, "x"), "300 columns": (3, 300, "y"),
+                           "1 MB cell": (2, 2, "word " * 200_000)}[shape]
+    path = tmp_path / "big.csv"
+    body = [",".join(f"h{c}" for c in range(columns))] + [",".join([cell] * columns) for _ in range(rows)]
+    path.write_text("\n".join(body) + "\n")
+    table = parse_table_file(path, "big.csv")
+    assert (table.num_rows, table.num_columns) == (rows, columns)
+    tokenizer = TableTokenizer(load_tokenizer("minilm"), max_length=256, max_question_tokens=32)
+    question = Question(question_id="q", question="how many?", table_id="big.csv")
+    if shape == "300 columns":
+        with pytest.raises(MateError) as err:
+            tokenizer.encode(question, table)
+        assert "big.csv" in str(err.value) and "dataset.max_length" in str(err.value)
+        return
+    encoded = tokenizer.encode(question, table)
+    assert len(encoded.input_ids) <= 256 and encoded.truncated
+
+
+def test_nothing_is_written_outside_the_run_dir_and_the_cache(tmp_path):
+    """A training run with W&B (offline), then `mate report` with its plots: ``$HOME`` and
+    ``$TMPDIR`` stay empty (W&B's files go to the run dir, matplotlib's and torch's
+    compiler cache to mate's cache)."""
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    env = mate_env(tmp_path / "outputs", tmp_path / "cache", HOME=str(home), TMPDIR=str(tmp))
+    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "MPLCONFIGDIR", "WANDB_DIR", "WANDB_CACHE_DIR",
+                 "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+        env.pop(name, None)
+    train = run_mate(["train", "experiment=sqa_mate", "trainer.max_steps=2"], env)
+    assert train.returncode == 0, train.stderr[-3000:]
+    report = run_mate(["report", str(tmp_path / "outputs" / "train")], env)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert list(home.rglob("*")) == [] and list(tmp.rglob("*")) == []
+    (run,) = (tmp_path / "outputs" / "train").iterdir()
+    assert (run / "wandb" / "cache").is_dir() and (tmp_path / "cache" / "matplotlib").is_dir()
