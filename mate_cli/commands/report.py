@@ -13,15 +13,16 @@ from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
 from rich.markup import escape
 
 from mate_cli.hydra_args import hydra_quote
-from mate_cli.commands.common import print_table, run_dir, run_task
+from mate_cli.commands.common import run_dir, run_task
 from mate_cli.errors import MateError
+from mate_cli.console import console as screen_console
+from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_text
 from mate_cli.paths import CONF_DIR, register_resolvers
-from mate_cli.report import aggregate, collect, render
+from mate_cli.report import aggregate, collect, render, screen
 
 register_resolvers()
 
@@ -29,6 +30,10 @@ register_resolvers()
 def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     if OmegaConf.is_missing(cfg, "path") or cfg.path is None:
         raise MateError("path is missing; pass `mate report <multirun dir | outputs dir>` (or path=<dir>)")
+    formats = [str(f) for f in cfg.get("formats") or ["png"]]
+    unknown = [f for f in formats if f not in render.FORMATS]
+    if unknown:
+        raise MateError(f"formats={formats}: {', '.join(unknown)} is not a plot format; choose from {', '.join(render.FORMATS)}")
     tasks = cfg.get("tasks")
     runs, skipped = collect.collect(str(cfg.path), None if tasks is None else list(tasks))
     configurations = aggregate.configurations(runs)
@@ -41,9 +46,11 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
 
     columns, rows = render.table(configurations, metrics)
     title = f"{cfg.path}: median {render.PLUS_MINUS} half-IQR over seeds (main metric: {main or '-'})"
-    print_table(escape(title), [escape(c) for c in columns], [[escape(v) for v in row] for row in rows])
-    console = Console()
-    for heading, lines in (("failed runs", render.failed_lines(failed)), ("incomplete runs", render.incomplete_lines(incomplete))):
+    console = screen_console()
+    screen.print_tables(title, columns, rows, columns.index("runs") + 1, console, screen.screen_width())
+    repeated = render.repeated_lines(configurations)
+    for heading, lines in (("repeated seeds, the newest finished run counted", repeated),
+                           ("failed runs", render.failed_lines(failed)), ("incomplete runs", render.incomplete_lines(incomplete))):
         if lines:
             console.print(f"[bold]{heading} ({len(lines)}):[/bold]")
             for line in lines:
@@ -52,11 +59,13 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
         console.print(f"[dim]left out {len(skipped)} run(s) of other tasks ({', '.join(sorted({str(r.task) for r in skipped}))})[/dim]")
 
     out = run_dir()
-    atomic_write_text(out / "report.md", render.markdown(str(cfg.path), columns, rows, main, failed, incomplete, skipped))
+    atomic_write_text(out / "report.md", render.markdown(str(cfg.path), columns, rows, main, failed, incomplete, skipped,
+                                                             render.repeated_lines(configurations, "`")))
     render.write_csv(configurations, metrics, out / "report.csv")
-    if cfg.get("plots", True):
-        render.plot(configurations, metrics, main, out)
-    print(f"report dir: {out}")  # never wrapped
+    plots = render.plot(configurations, metrics, main, out, formats) if cfg.get("plots", True) else []
+    pattern = f"report_*.{formats[0]}" if len(formats) == 1 else f"report_*.{{{','.join(formats)}}}"
+    print_outputs({"report dir": out, "table": out / "report.md", "numbers": out / "report.csv",
+                   **({"plots": f"{out / pattern} ({len(plots)} files)"} if plots else {})})  # fmt: skip
     return configurations
 
 

@@ -1,6 +1,8 @@
 """Runs -> configurations, and each metric summarised over seeds as the paper reports it:
 the median and half the interquartile range, ``(Q3 - Q1) / 2`` (numpy percentiles,
-linear interpolation), with n, the number of finished runs that have the metric.
+linear interpolation), with n, the number of finished runs that have the metric. Each seed counts once: when
+one configuration finished a seed more than once (a rerun, or a resumed run that had
+already finished), the newest to finish is counted and the others are listed.
 
 A configuration is: the experiment, the attention choice, MATE's ``variant/impl`` when
 the attention has them, the dataset choice, and every other override whose value differs
@@ -21,12 +23,13 @@ from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, iter_val
 #: the columns every configuration has
 BASE_COLUMNS = ("experiment", "attention", "impl", "dataset")
 #: overrides that never name a configuration: seeds repeat one, a resume continues one,
-#: base columns show these already, a sweep preset only sets other overrides, and
-#: ``export_encoder`` writes one more file after training without changing what is trained
+#: base columns show these already, a sweep preset only sets other overrides,
+#: ``export_encoder`` writes one more file after training without changing what is trained,
+#: and ``tags`` label a run for the dashboards
 NOT_CONFIGURATION = ("seed", "ckpt_path", "experiment", "attention", "dataset", "attention.variant", "attention.impl", "sweep",
-                     "export_encoder")  # fmt: skip
-#: neither do these groups or anything under them: where results go, not what they are
-NOT_CONFIGURATION_GROUPS = ("logger", "paths", "hydra")
+                     "export_encoder", "tags")  # fmt: skip
+#: neither do these groups or anything under them: where results go and what is printed, not what they are
+NOT_CONFIGURATION_GROUPS = ("logger", "paths", "hydra", "extras")
 #: throughput and memory, shown after the validation metrics when runs have them
 PERF_METRICS = ("perf/examples_per_s", "perf/peak_mem_mb")
 THROUGHPUT = "perf/examples_per_s"
@@ -61,15 +64,38 @@ class Configuration:
     key: dict[str, str]
     runs: list[Run] = field(default_factory=list)
 
+    def counted(self) -> list[Run]:
+        """The finished runs the summaries use: one per seed, the newest to finish (a seed
+        run again, or a run resumed after it had finished, is counted once)."""
+        newest: dict[object, Run] = {}
+        for run in runs_with(self.runs, OK):
+            seed = id(run) if run.seed is None else str(run.seed)
+            if seed not in newest or (run.finished, run.name) > (newest[seed].finished, newest[seed].name):
+                newest[seed] = run
+        return sorted(newest.values(), key=lambda run: run.name)
+
+    def repeated(self) -> list[tuple[Run, list[Run]]]:
+        """Each seed that finished more than once: the counted run and the others."""
+        counted = self.counted()
+        out = []
+        for run in counted:
+            others = [r for r in runs_with(self.runs, OK) if r is not run and str(r.seed) == str(run.seed)]
+            if others and run.seed is not None:
+                out.append((run, sorted(others, key=lambda r: r.name)))
+        return out
+
     def summary(self, metric: str) -> Summary | None:
-        return summarize(iter_values(self.runs, metric))
+        return summarize(iter_values(self.counted(), metric))
 
     def count(self, status: str) -> int:
-        return len(runs_with(self.runs, status))
+        """Runs with ``status``; for ``ok``, the counted ones (one per seed)."""
+        return len(self.counted()) if status == OK else len(runs_with(self.runs, status))
 
     def runs_text(self) -> str:
-        """``3`` finished runs, or ``2 (+1 failed, +1 incomplete)``."""
-        extra = [f"+{n} {status}" for status in (FAILED_STATUS, INCOMPLETE) if (n := self.count(status))]
+        """``3`` finished runs (one per seed), or ``2 (+1 repeated, +1 failed, +1 incomplete)``."""
+        repeats = sum(len(others) for _, others in self.repeated())
+        extra = [f"+{n} {status}" for status, n in (("repeated", repeats), (FAILED_STATUS, self.count(FAILED_STATUS)),
+                                                     (INCOMPLETE, self.count(INCOMPLETE))) if n]  # fmt: skip
         return f"{self.count(OK)}" + (f" ({', '.join(extra)})" if extra else "")
 
 

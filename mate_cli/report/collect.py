@@ -54,6 +54,7 @@ class Run:
     overrides: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     error: str = ""
+    finished: float = 0.0  # when metrics.json was written (seconds since the epoch)
 
     @property
     def task(self) -> str | None:
@@ -168,7 +169,7 @@ def load_run(path: Path, root: Path) -> Run:
             data = json.loads(current.read_text(encoding="utf-8"))
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
-            run.status, run.metrics = OK, numeric_metrics(data)
+            run.status, run.metrics, run.finished = OK, numeric_metrics(data), current.stat().st_mtime
             if not any(k.startswith("val/") for k in run.metrics):  # validate_best=false, before it wrote them
                 run.metrics.update(last_validation(path))
     except Exception as err:  # noqa: BLE001 - an unreadable run is listed as failed, not fatal

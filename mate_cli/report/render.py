@@ -38,10 +38,13 @@ def number(metric: str, value: float) -> str:
 
 
 def cell(metric: str, summary: Summary | None, finished: int) -> str:
-    """``median ± half-IQR``, with ``(n=k)`` when fewer finished runs than the row's have it."""
+    """``median ± half-IQR`` (one run: its value alone, there is no spread to show), with
+    ``(n=k)`` when fewer finished runs than the row's have it."""
     if summary is None:
         return MISSING
-    text = f"{number(metric, summary.median)} {PLUS_MINUS} {number(metric, summary.half_iqr)}"
+    text = number(metric, summary.median)
+    if summary.n > 1:
+        text += f" {PLUS_MINUS} {number(metric, summary.half_iqr)}"
     return text + (f" (n={summary.n})" if summary.n != finished else "")
 
 
@@ -63,9 +66,17 @@ def incomplete_lines(runs: Sequence[Run], quote: str = "") -> list[str]:
     return [f"{quote}{run.name}{quote} (no metrics.json, no FAILED: killed or still running)" for run in runs]
 
 
+def repeated_lines(configurations: Sequence[Configuration], quote: str = "") -> list[str]:
+    """A line per seed that finished more than once in one configuration."""
+    return [f"seed {run.seed}: counted {quote}{run.name}{quote}; not counted "
+            + ", ".join(f"{quote}{other.name}{quote}" for other in others)
+            for conf in configurations for run, others in conf.repeated()]  # fmt: skip
+
+
 def markdown(source: str, columns: Sequence[str], rows: Sequence[Sequence[str]], main: str | None,
-             failed: Sequence[Run], incomplete: Sequence[Run], skipped: Sequence[Run] = ()) -> str:  # fmt: skip
-    """``report.md``: the table, then the failed and the incomplete runs."""
+             failed: Sequence[Run], incomplete: Sequence[Run], skipped: Sequence[Run] = (),
+             repeated: Sequence[str] = ()) -> str:  # fmt: skip
+    """``report.md``: the table, then the repeated seeds, the failed and the incomplete runs."""
 
     def esc(text: str) -> str:
         return str(text).replace("|", "\\|")
@@ -74,12 +85,16 @@ def markdown(source: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
     out = [
         f"# mate report: `{source}`\n",
         f"One row per configuration; each metric is the median {PLUS_MINUS} half-IQR over seeds "
-        f"(runs: finished runs; `(n=k)` where fewer have the metric). Main metric: `{main or MISSING}`.\n",
+        f"(runs: finished runs, one per seed; `(n=k)` where fewer have the metric). Main metric: `{main or MISSING}`.\n",
         "| " + " | ".join(map(esc, columns)) + " |",
         "|" + "".join("---:|" if i >= first_number else "---|" for i in range(len(columns))),
         *("| " + " | ".join(map(esc, row)) + " |" for row in rows),
         "",
     ]
+    if repeated:
+        out.append(f"## Repeated seeds ({len(repeated)}): the newest finished run of each is counted\n")
+        out.extend(f"- {line}" for line in repeated)
+        out.append("")
     for title, lines in (("Failed runs", failed_lines(failed, "`")), ("Incomplete runs", incomplete_lines(incomplete, "`"))):
         out.append(f"## {title} ({len(lines)})\n")
         out.extend([f"- {line}" for line in lines] or ["none"])
@@ -110,13 +125,37 @@ def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], p
 
 
 # ------------------------------------------------------------------ plots
+#: how a plot names a metric (others: ``<name> (<split>)`` from ``<split>/<name>``)
+METRIC_LABELS = {
+    "val/hits@1": "Hits@1 (validation)", "val/hits@3": "Hits@3 (validation)", "val/hits@5": "Hits@5 (validation)",
+    "val/loss": "Loss (validation)", "val/em": "EM (validation)", "val/f1": "F1 (validation)",
+    "val/accuracy": "Accuracy (validation)", "val/mlm_loss": "Masked-LM loss (held-out tables)",
+    "val/mlm_accuracy": "Masked-LM accuracy (held-out tables)", "perf/examples_per_s": "Training throughput (examples/s)",
+    "perf/tokens_per_s": "Training throughput (tokens/s)", "perf/peak_mem_mb": "Peak memory (MB)",
+}  # fmt: skip
+SPLIT_WORDS = {"val": "validation", "test": "test", "train": "training", "start/val": "validation, at start"}
+#: the formats ``formats=[...]`` may name (matplotlib writes each)
+FORMATS = ("png", "pdf", "svg")
+
+
+def metric_label(metric: str) -> str:
+    """``val/hits@1`` -> ``Hits@1 (validation)``: :data:`METRIC_LABELS`, else from the key."""
+    if metric in METRIC_LABELS:
+        return METRIC_LABELS[metric]
+    split, _, name = metric.rpartition("/")
+    return f"{name} ({SPLIT_WORDS.get(split, split)})" if split else metric
+
+
 def labels(configurations: Sequence[Configuration]) -> list[str]:
     """Each configuration's name in a plot: the key columns that differ between them."""
+    from mate_cli.report.screen import short_value
+
     keys = list(configurations[0].key) if configurations else []
     varying = [k for k in keys if len({c.key[k] for c in configurations}) > 1] or ["experiment"]
     out = []
     for conf in configurations:
-        parts = [conf.key[k] if k in ("experiment", "attention", "impl", "dataset") else f"{k.rsplit('.', 1)[-1]}={conf.key[k]}"
+        parts = [conf.key[k] if k in ("experiment", "attention", "impl", "dataset")
+                 else f"{k.rsplit('.', 1)[-1]}={short_value(conf.key[k])}"
                  for k in varying if conf.key[k] != MISSING]  # fmt: skip
         out.append("\n".join(parts) or MISSING)
     return out
@@ -136,58 +175,106 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path, dpi: int) -> Path:
+def _title(ax, text: str, fig_width: float) -> None:
+    """A title wrapped to the figure's width (about 14 characters an inch at 9 pt)."""
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(text, max(30, int(fig_width * 14)))), fontsize=9)
+
+
+def _from_zero(ax, values: Sequence[float], axis: str = "y") -> None:
+    """Start the axis at 0 when every value is ≥ 0, so heights compare as they are; say in the
+    label where it starts otherwise."""
+    if values and min(values) >= 0:
+        top = max(max(values) * 1.08, (ax.get_ylim() if axis == "y" else ax.get_xlim())[1])  # room above the highest
+        if axis == "y":
+            ax.set_ylim(0, top)
+        else:
+            ax.set_xlim(0, top)
+    elif axis == "y":
+        ax.set_ylabel(f"{ax.get_ylabel()} (axis not from 0)")
+    else:
+        ax.set_xlabel(f"{ax.get_xlabel()} (axis not from 0)")
+
+
+def _say_where_it_starts(ax, axis: str) -> None:
+    """Add ``(axis from <its lower limit>)`` to the label of an axis that does not start at 0."""
+    low = (ax.get_xlim() if axis == "x" else ax.get_ylim())[0]
+    if low > 0:
+        label = ax.get_xlabel() if axis == "x" else ax.get_ylabel()
+        (ax.set_xlabel if axis == "x" else ax.set_ylabel)(f"{label} (axis from {low:.3g})")
+
+
+def _save(fig, path: Path, dpi: int, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """``path`` in each of ``formats`` (its suffix replaced), written atomically."""
     plt = _pyplot()
+    written = []
     try:
         fig.tight_layout()
-        with atomic_open(path, "wb") as handle:
-            fig.savefig(handle, format="png", dpi=dpi)
+        for fmt in formats:
+            target = path.with_suffix(f".{fmt}")
+            with atomic_open(target, "wb") as handle:
+                fig.savefig(handle, format=fmt, dpi=dpi, bbox_inches="tight")  # legends outside the axes included
+            written.append(target)
     finally:
         plt.close(fig)
-    return path
+    return written
 
 
-def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path, dpi: int = 90) -> Path | None:
-    """Per configuration: the seeds' values, the median and its half-IQR bar."""
+def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path, dpi: int = 90,
+                formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
+    """Per configuration: each seed's value, the median and its half-IQR bar (a single run:
+    its point alone)."""
     summaries = [conf.summary(metric) for conf in configurations]
     if not any(summaries):
-        return None
+        return []
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.4 * len(configurations) + 1.5), 4.2))
-    legend = {"seeds": "seed", "median": f"median {PLUS_MINUS} half-IQR"}
+    width = max(4.5, 1.4 * len(configurations) + 1.5)
+    fig, ax = plt.subplots(figsize=(width, 4.2))
+    legend = {"seeds": "a seed", "median": f"median {PLUS_MINUS} half-IQR over seeds", "one": "one run"}
     for i, summary in enumerate(summaries):
         if summary is None:
             continue
-        offsets = np.linspace(-0.15, 0.15, summary.n) if summary.n > 1 else np.zeros(1)
+        if summary.n == 1:
+            ax.scatter([i], summary.values, s=40, marker="o", color="tab:blue", zorder=3, label=legend.pop("one", None))
+            continue
+        offsets = np.linspace(-0.15, 0.15, summary.n)
         ax.scatter(i + offsets, summary.values, s=18, color="tab:gray", alpha=0.8, zorder=2, label=legend.pop("seeds", None))
         ax.errorbar(i, summary.median, yerr=summary.half_iqr, fmt="D", color="tab:blue", capsize=6, markersize=7,
                     zorder=3, label=legend.pop("median", None))  # fmt: skip
     ax.set_xticks(range(len(configurations)), labels(configurations), fontsize=7)
     ax.set_xlim(-0.6, len(configurations) - 0.4)
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric}: seeds, median {PLUS_MINUS} half-IQR per configuration", fontsize=9)
+    ax.set_ylabel(metric_label(metric))
+    _from_zero(ax, [v for s_ in summaries if s_ for v in (*s_.values, s_.median + s_.half_iqr)])
+    n = max(s_.n for s_ in summaries if s_)
+    _title(ax, f"{metric_label(metric)} per configuration" + (f" ({PLUS_MINUS} half the interquartile range over seeds)" if n > 1 else ""), width)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path, dpi)
+    return _save(fig, path, dpi, formats)
 
 
-def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: str, path: Path, dpi: int = 90) -> Path | None:
+def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: str, path: Path, dpi: int = 90,
+                                formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
     """``main`` (y) against examples/s (x), one labelled point per configuration."""
     points = [(label, conf.summary(THROUGHPUT), conf.summary(main)) for conf, label in zip(configurations, labels(configurations))]
     points = [(label, x, y) for label, x, y in points if x is not None and y is not None]
     if not points:
-        return None
+        return []
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.8))
-    for label, x, y in points:
-        ax.errorbar(x.median, y.median, xerr=x.half_iqr, yerr=y.half_iqr, fmt="o", capsize=3, markersize=6)
-        ax.annotate(label, (x.median, y.median), textcoords="offset points", xytext=(6, 4), fontsize=7, va="bottom")
-    ax.margins(x=0.25, y=0.15)
-    ax.set_xlabel("examples/s (median over seeds)")
-    ax.set_ylabel(f"{main} (median over seeds)")
-    ax.set_title("accuracy vs throughput (bars: half-IQR over seeds)", fontsize=9)
+    fig, ax = plt.subplots(figsize=(9.5, 4.8))
+    for i, (label, x, y) in enumerate(points):
+        spread = dict(xerr=x.half_iqr, yerr=y.half_iqr, capsize=3) if x.n > 1 or y.n > 1 else {}
+        ax.errorbar(x.median, y.median, fmt="o", markersize=6, color=f"C{i % 10}", label=label.replace("\n", ", "), **spread)
+    ax.margins(x=0.15, y=0.15)
+    several = any(x.n > 1 or y.n > 1 for _, x, y in points)
+    ax.set_xlabel(metric_label(THROUGHPUT) + (" (median over seeds)" if several else ""))
+    ax.set_ylabel(metric_label(main) + (" (median over seeds)" if several else ""))
+    _say_where_it_starts(ax, "x")  # throughput from 0 would squeeze the points into a corner
+    _from_zero(ax, [y.median for _, _, y in points])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    _title(ax, f"{metric_label(main)} against throughput" + (" (bars: half the interquartile range over seeds)" if several else ""), 5.5)
     ax.grid(True, alpha=0.3)
-    return _save(fig, path, dpi)
+    return _save(fig, path, dpi, formats)
 
 
 def learning_curve(run: Run, metric: str) -> list[tuple[int, float]]:
@@ -202,32 +289,36 @@ def learning_curve(run: Run, metric: str) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
-def plot_learning_curves(configurations: Sequence[Configuration], metric: str, path: Path, dpi: int = 90) -> Path | None:
+def plot_learning_curves(configurations: Sequence[Configuration], metric: str, path: Path, dpi: int = 90,
+                         formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
     """``metric`` against the training step, a line per run, a colour per configuration."""
     curves = [(label, [learning_curve(run, metric) for run in conf.runs])
               for conf, label in zip(configurations, labels(configurations))]
     if not any(len(points) > 1 for _, runs in curves for points in runs):
-        return None
+        return []
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for i, (label, runs) in enumerate(curves):
         for j, points in enumerate(p for p in runs if p):
             steps, values = zip(*points)
-            ax.plot(steps, values, marker="o", markersize=3, color=f"C{i}", alpha=0.85, label=None if j else label)
+            ax.plot(steps, values, marker="o", markersize=3, color=f"C{i}", alpha=0.85,
+                    label=None if j else label.replace("\n", ", "))  # fmt: skip
     ax.set_xlabel("training step")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} during training (a line per run)", fontsize=9)
+    ax.set_ylabel(metric_label(metric))
+    _from_zero(ax, [v for _, runs in curves for points in runs for _, v in points])
+    _title(ax, f"{metric_label(metric)} during training (a line per run)", 6.5)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path, dpi)
+    return _save(fig, path, dpi, formats)
 
 
-def plot(configurations: Sequence[Configuration], metrics: Sequence[str], main: str | None, out_dir: Path) -> list[Path]:
-    """``report_<metric>.png`` for every metric any run has, accuracy vs throughput when the
-    runs measured it, and the main metric's learning curves when the runs logged them."""
-    paths = [plot_metric(configurations, m, out_dir / f"report_{slug(m)}.png") for m in metrics]
+def plot(configurations: Sequence[Configuration], metrics: Sequence[str], main: str | None, out_dir: Path,
+         formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
+    """``report_<metric>.<format>`` for every metric any run has, accuracy vs throughput when
+    the runs measured it, and the main metric's learning curves when the runs logged them."""
+    paths = [p for m in metrics for p in plot_metric(configurations, m, out_dir / f"report_{slug(m)}.png", formats=formats)]
     if main and main != THROUGHPUT and THROUGHPUT in metrics:
-        paths.append(plot_accuracy_vs_throughput(configurations, main, out_dir / "report_accuracy_vs_throughput.png"))
+        paths += plot_accuracy_vs_throughput(configurations, main, out_dir / "report_accuracy_vs_throughput.png", formats=formats)
     if main:
-        paths.append(plot_learning_curves(configurations, main, out_dir / f"report_curve_{slug(main)}.png"))
-    return [p for p in paths if p is not None]
+        paths += plot_learning_curves(configurations, main, out_dir / f"report_curve_{slug(main)}.png", formats=formats)
+    return paths

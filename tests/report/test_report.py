@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,10 @@ INCOMPLETE_JOB = "4-attention=sat,seed=2"
 
 
 def write_run(folder: Path, attention: str, seed: int, overrides: list[str], metrics: dict | None,
-              ratio: float | None = None, failed: str | None = None, resolved: bool = True) -> None:  # fmt: skip
+              ratio: float | None = None, failed: str | None = None, resolved: bool = True,
+              attention_settings: dict | None = None) -> None:  # fmt: skip
     """One run dir as `mate train` leaves it (``metrics`` None: no metrics.json)."""
-    att = dict(ATTENTION[attention])
+    att = {**ATTENTION[attention], **(attention_settings or {})}
     if ratio is not None:
         att["row_heads_ratio"] = ratio
     config = {
@@ -137,9 +139,20 @@ def csv_rows(run: Path) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
+def screen_rows(stdout: str) -> list[str]:
+    """Each row of the screen's tables, its cells from every table joined by its ``#``:
+    ``"│ 1 │ mate │ bucketed/auto │ 3 │ 0.3500 ± 0.0250 │ ... │"``."""
+    rows: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        if line.startswith("│"):
+            cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
+            rows.setdefault(cells[0], [cells[0]]).extend(cells[1:])
+    return ["│ " + " │ ".join(cells) + " │" for cells in rows.values()]
+
+
 def table_line(stdout: str, *parts: str) -> str:
-    """The one table row of stdout holding every part."""
-    (line,) = [line for line in stdout.splitlines() if "hybridqa_mate" in line and all(p in line for p in parts)]
+    """The one screen row holding every part."""
+    (line,) = [line for line in screen_rows(stdout) if all(p in line for p in parts)]
     return line
 
 
@@ -154,8 +167,10 @@ def ablation_report(tree, tmp_path_factory):
 
 def test_the_table_has_one_row_per_configuration_with_median_and_half_iqr(ablation_report):
     proc, _ = ablation_report
-    rows = [line for line in proc.stdout.splitlines() if "hybridqa_mate" in line and "hybridqa_sample" in line]
-    assert len(rows) == 3
+    assert len(screen_rows(proc.stdout)) == 3
+    assert "every row: experiment=hybridqa_mate, dataset=hybridqa_sample" in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines() if line.startswith(("┃", "│", "┏", "└"))) <= 100
+    assert "…" not in proc.stdout
     assert "bucketed/auto" in table_line(proc.stdout, " mate ")
     assert "0.3500 ± 0.0250" in table_line(proc.stdout, " mate ")
     assert "100.0 ± 5.0" in table_line(proc.stdout, " mate ")
@@ -326,9 +341,9 @@ def test_learning_curves_read_every_validation_of_a_run_and_its_start(tmp_path):
     assert learning_curve(runs[0], "val/accuracy") == [(0, 0.05), (99, 0.2), (199, 0.4)]
     assert learning_curve(runs[0], "val/seq") == []
     key = {"experiment": "sqa_mate", "attention": "mate", "impl": "bucketed/auto", "dataset": "sqa"}
-    png = plot_learning_curves([Configuration(key=key, runs=runs)], "val/accuracy", tmp_path / "curve.png")
+    (png,) = plot_learning_curves([Configuration(key=key, runs=runs)], "val/accuracy", tmp_path / "curve.png")
     assert png.read_bytes().startswith(b"\x89PNG")
-    assert plot_learning_curves([Configuration(key=key, runs=runs)], "val/seq", tmp_path / "none.png") is None
+    assert plot_learning_curves([Configuration(key=key, runs=runs)], "val/seq", tmp_path / "none.png") == []
 
 
 def test_a_run_without_final_validation_reports_its_last_logged_validation(tmp_path):
@@ -344,3 +359,66 @@ def test_a_run_without_final_validation_reports_its_last_logged_validation(tmp_p
     assert run.metrics == {"train/loss": 0.4, "val/accuracy": 0.30, "val/seq": 0.02}
     (path / "metrics.json").write_text(json.dumps({"val/accuracy": 0.5}))
     assert collect.load_run(path, tmp_path).metrics == {"val/accuracy": 0.5}
+
+
+def test_a_seed_finished_twice_is_counted_once_the_newest_and_listed(tmp_path):
+    outputs = tmp_path / "outputs"
+    runs = {"first": (1, 0.10, 1_000), "rerun": (1, 0.30, 2_000), "resumed": (2, 0.50, 1_500), "other": (3, 0.20, 1_200)}
+    for name, (seed, hits, finished) in runs.items():
+        extra = ["ckpt_path=last", "tags=[dev]"] if name == "resumed" else []
+        write_run(outputs / name, "mate", seed, ["experiment=hybridqa_mate", f"seed={seed}", *extra], cell_metrics(hits))
+        os.utime(outputs / name / "metrics.json", (finished, finished))
+    collected, _ = collect.collect(outputs)
+    (conf,) = aggregate.configurations(collected)  # neither a resume nor a tag makes a configuration
+    assert [r.name for r in conf.counted()] == ["other", "rerun", "resumed"]
+    assert conf.summary("val/hits@1").values == (0.20, 0.30, 0.50) and conf.summary("val/hits@1").n == 3
+    assert [(r.name, [o.name for o in others]) for r, others in conf.repeated()] == [("rerun", ["first"])]
+    assert conf.runs_text() == "3 (+1 repeated)"
+
+    out = tmp_path / "report_out"
+    proc = mate_report([str(outputs)], out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "seed 1: counted rerun; not counted first" in proc.stdout
+    assert "seed 1: counted `rerun`; not counted `first`" in (report_dir(out) / "report.md").read_text()
+    (row,) = csv_rows(report_dir(out))
+    assert row["runs_ok"] == "3" and float(row["val/hits@1_median"]) == pytest.approx(0.30)
+
+
+def test_an_optuna_sweep_of_six_configurations_fits_100_columns_with_nothing_cut(tmp_path):
+    sweep = tmp_path / "multirun" / "train" / "2026-01-04_10-00-00"
+    trials = [(3.2e-05 * (i + 1), 0.01 * i, (21, 42, 84)[i % 3], (58, 116, 232)[i // 2]) for i in range(6)]
+    for i, (lr, warmup, radius, global_size) in enumerate(trials):
+        overrides = ["experiment=hybridqa_mate", "hparams_search=optuna", f"model.optimizer.lr={lr!r}",
+                     f"model.scheduler.warmup_ratio={warmup!r}", f"attention.radius={radius}",
+                     f"attention.global_size={global_size}"]  # fmt: skip
+        write_run(sweep / str(i), "mate", 42, overrides, cell_metrics(0.1 + 0.05 * i, 90.0 + i, 512.0 + i),
+                  attention_settings={"radius": radius, "global_size": global_size})  # fmt: skip
+    out = tmp_path / "report_out"
+    proc = mate_report([str(sweep)], out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = [line for line in proc.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= 100, "\n".join(table)
+    assert "…" not in proc.stdout
+    rows = screen_rows(proc.stdout)
+    assert len(rows) == 6
+    for i, (lr, _, radius, global_size) in enumerate(trials):
+        row = table_line(proc.stdout, f"│ {float(f'{lr:.4g}')!r} │")  # 4 significant digits on screen
+        assert f"│ {radius} │" in row and f"│ {global_size} │" in row
+        assert f"│ {0.1 + 0.05 * i:.4f} │" in row and f"│ {90.0 + i:.1f} │" in row  # one seed: no "± 0"
+    assert "±" not in "".join(rows)
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("┃ # "))
+    assert [c.strip() for c in header.strip("┃").split("┃")][:6] == ["#", "global_size", "radius", "lr", "warmup_ratio", "runs"]
+
+
+def test_plots_are_written_in_each_format_asked_for_with_readable_labels(tree, tmp_path):
+    from mate_cli.report.render import metric_label
+
+    proc = mate_report([str(tree["heads"]), "formats=[png,pdf]"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = report_dir(tmp_path)
+    assert (run / "report_val_hits_1.png").read_bytes().startswith(b"\x89PNG")
+    assert (run / "report_val_hits_1.pdf").read_bytes().startswith(b"%PDF")
+    assert proc.stdout.strip().splitlines()[-1].endswith("report_*.{png,pdf} (6 files)")
+    assert metric_label("val/hits@1") == "Hits@1 (validation)" and metric_label("test/denotation") == "denotation (test)"
+    bad = mate_report([str(tree["heads"]), "formats=[jpeg]"], tmp_path / "bad")
+    assert bad.returncode == 2 and "formats=['jpeg']: jpeg is not a plot format" in bad.stderr

@@ -1,0 +1,74 @@
+"""What mate prints, and how: a terminal gets rich's layout at its width; a file or a pipe
+(nohup, SLURM, ``| tee``) gets lines that are never wrapped or cut, so every path stays
+whole and greppable.
+
+- :func:`console`: the rich console for the screen;
+- :func:`print_config`: the start of a run: its overrides and run dir on screen (the
+  whole config with ``extras.print_config=true``), the whole config in the run's log file;
+- :func:`print_outputs`: the end of a command: where each of its outputs went.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+#: the width of output that is not a terminal: wide enough that nothing is wrapped or cut
+UNWRAPPED = 10_000
+
+
+def console(stream=None):
+    """A rich console on ``stream`` (stdout): the terminal's width on a terminal, else
+    :data:`UNWRAPPED` with soft wrapping (lines as long as they are)."""
+    from rich.console import Console
+
+    stream = stream or sys.stdout
+    if stream.isatty():
+        return Console(file=stream)
+    return Console(file=stream, width=UNWRAPPED, soft_wrap=True, no_color=True, force_terminal=False)
+
+
+def log_to_files(text: str) -> None:
+    """Write ``text`` into the run's log file(s) only (Hydra's ``<run dir>/<task>.log``), not the screen."""
+    record = logging.LogRecord("mate_cli", logging.INFO, __file__, 0, "%s", (text,), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def print_config(cfg: DictConfig, overrides: Iterable[str], out: Path, whole: bool = False) -> None:
+    """The start of a run. On screen: the overrides and the run dir, or, with ``whole``
+    (``extras.print_config=true``), the whole config as a tree. In the run's log file:
+    always the whole resolved config (it is also ``resolved_config.yaml``)."""
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    log_to_files("config (resolved):\n" + text)
+    screen = console()
+    if whole:
+        import rich.syntax
+        import rich.tree
+
+        tree = rich.tree.Tree("CONFIG", guide_style="dim")
+        order = ("dataset", "model", "attention", "hardware")
+        for key in [k for k in order if k in cfg] + [k for k in cfg if k not in order]:
+            value = cfg[key]
+            branch = tree.add(str(key), guide_style="dim")
+            shown = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
+            branch.add(rich.syntax.Syntax(shown, "yaml", theme="ansi_dark"))
+        screen.print(tree)
+    overrides = [str(o) for o in overrides]
+    screen.print(f"overrides: {' '.join(overrides) if overrides else '(none: the defaults)'}", markup=False, highlight=False)
+    screen.print(f"run dir:   {out}", markup=False, highlight=False)
+    if not whole:
+        screen.print("config:    resolved_config.yaml in the run dir (extras.print_config=true prints it here)",
+                     markup=False, highlight=False)
+
+
+def print_outputs(outputs: dict[str, object]) -> None:
+    """The last lines of a command: ``name: path`` for each output it wrote (never wrapped)."""
+    width = max((len(name) for name in outputs), default=0) + 1
+    for name, path in outputs.items():
+        print(f"{name + ':':<{width}} {path}")
