@@ -24,6 +24,7 @@ from pathlib import Path
 from mate_cli.config_check import ANSWER_ONLY_FLAGS, check_command_line, trainer_overrides
 from mate_cli.hydra_args import quote_free_text
 from mate_cli.paths import CONF_DIR, keep_tool_caches
+from mate_cli.silenced import silence
 
 COMMANDS = {
     "train": ("mate_cli.commands.train", "fit a model (Hydra app, conf/train.yaml)"),
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mate: error: {problem}", file=sys.stderr)
         return 2
     keep_tool_caches()
+    silence()
     module = importlib.import_module(COMMANDS[command][0])
     run_hydra_app(module.main, program, command, trainer_overrides(command, rest))
     return 0

@@ -178,6 +178,10 @@ def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
             cfg = compose(config_name=command, overrides=overrides)
     except Exception as err:  # noqa: BLE001 - Hydra's composition errors, several kinds, several lines
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        group = re.match(r"Multiple values for ([\w/.]+)\. To override a value use 'override \1: (\S+)'", lines[0] if lines else "")
+        if group:  # +debug=overfit where the command's defaults already hold a debug entry
+            raise MateError(f"+{group[1]}={group[2]}: {group[1]} is already in `mate {command}`'s defaults; "
+                            f"choose it with {group[1]}={group[2]} (no +)") from None
         raise MateError(f"{' '.join(lines[:2]) or type(err).__name__}; see `mate {command} --help` "
                         f"for the config groups and `mate {command} --cfg job` for the keys") from None
     finally:

@@ -29,6 +29,7 @@ DECLARED: dict[str, Any] = {
     # every command
     "ckpt_path": Optional[str],
     "paper_name": Optional[str],
+    "keep_best": Literal["checkpoint", "encoder"],
     "experiment_name": str,
     "run_name": str,
     "limit_questions": Optional[int],
@@ -78,6 +79,7 @@ DECLARED: dict[str, Any] = {
     "logger.wandb.job_type": str,
     "logger.wandb.tags": Optional[list],
     "logger.wandb.save_dir": str,
+    "logger.wandb.id": Optional[str],
     "logger.csv.save_dir": str,
     "callbacks.best_checkpoint": Optional[dict],  # null under debug=overfit
     "callbacks.model_checkpoint.dirpath": str,

@@ -22,6 +22,68 @@ def name_parts(*parts) -> list[str]:
     return [str(p) for p in parts if p is not None and str(p).strip() and str(p).lower() not in ("null", "none")]
 
 
+#: overrides a run name leaves out: those it already shows (experiment, attention, MATE's
+#: variant, dataset, seed), and those that say where or how a run goes, not what it is
+NOT_IN_NAME = ("experiment", "attention", "attention.variant", "dataset", "seed", "tags", "ckpt_path", "hardware",
+               "hparams_search", "sweep", "export_encoder", "validate_start", "validate_best")  # fmt: skip
+#: nor anything in these groups
+NOT_IN_NAME_GROUPS = ("hydra", "paths", "logger", "callbacks", "extras", "report")
+#: the most characters the overrides add to a run name (the rest is a hash of them)
+NAME_OVERRIDES_MAX = 96
+
+
+def override_parts(overrides) -> list[str]:
+    """What a job's overrides (``${hydra:overrides.task}``: the command line's, with a sweep's
+    value for each job) say about the run, as ``key=value`` parts of its name and tags.
+
+    The key is its last part (``model.optimizer.lr=3e-05`` -> ``lr=3e-05``), or the whole key
+    where two overrides share a last part; :data:`NOT_IN_NAME` and :data:`NOT_IN_NAME_GROUPS`
+    are left out, and so are values holding a path (``/``) or a list: they name a place or
+    a set, which a tag cannot show. So the jobs of a sweep get names and tags that differ
+    by what was swept, and a single run's name says what its command line changed.
+    """
+    pairs = []
+    for item in overrides or ():
+        key, sep, value = str(item).partition("=")
+        key = key.lstrip("+~")
+        if not sep or key in NOT_IN_NAME or any(key == g or key.startswith((g + ".", g + "/")) for g in NOT_IN_NAME_GROUPS):
+            continue
+        value = value.strip().strip("'\"")
+        if "/" in value or value.startswith(("[", "{")):
+            continue
+        pairs.append((key, slug(value) or "null"))
+    last = [key.rsplit(".", 1)[-1] for key, _ in pairs]
+    return [f"{short if last.count(short) == 1 else key}={value}" for (key, value), short in zip(pairs, last)]
+
+
+def overrides_name(overrides) -> str:
+    """:func:`override_parts` as one part of a run name: ``lr=3e-05,radius=84`` (Hydra's
+    ``override_dirname`` style); over :data:`NAME_OVERRIDES_MAX` characters, cut to that with
+    a hash of the whole at its end."""
+    text = ",".join(override_parts(overrides))
+    if len(text) > NAME_OVERRIDES_MAX:
+        import hashlib
+
+        text = f"{text[:NAME_OVERRIDES_MAX - 9]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"  # no ~: Hydra refuses it unquoted
+    return text
+
+
+def dir_name(run_name: str) -> str:
+    """A run name as a folder name that pastes into ``ckpt_path=`` unquoted (Hydra's
+    grammar refuses ``=`` and ``,`` in a value): ``seed42-lr=3e-05,radius=84`` ->
+    ``seed42-lr3e-05_radius84``, as ``seed42`` itself is written."""
+    return str(run_name).replace("=", "").replace(",", "_")
+
+
+def tag_list(*parts) -> list[str]:
+    """W&B tags: the parts that say something, lists flattened (the user's ``tags``, the
+    overrides' parts), each at most 64 characters (W&B's limit), duplicates dropped."""
+    flat = []
+    for part in parts:
+        flat.extend(part if isinstance(part, (list, tuple)) or OmegaConf.is_list(part) else [part])
+    return list(dict.fromkeys(tag[:64] for tag in name_parts(*flat)))
+
+
 def run_group(experiment: str) -> str:
     """The W&B group: the experiment, or ``<experiment>-<sweep dir name>`` for a multirun job."""
     from hydra.core.hydra_config import HydraConfig
@@ -85,12 +147,17 @@ def register_resolvers() -> None:
     """Register the ``${mate.*:}`` resolvers (idempotent): ``repo_root``; ``join`` (the parts
     that say something, joined by ``-``: run names); ``tags`` (the same parts as a list);
     ``group`` (:func:`run_group`); ``pretrained`` (:func:`pretrained_run`); ``slug`` (:func:`slug`);
-    ``dot_name`` (:func:`dot_name`); ``unique`` (:data:`PROCESS_TAG`)."""
+    ``dot_name`` (:func:`dot_name`); ``unique`` (:data:`PROCESS_TAG`); ``overrides``
+    (:func:`overrides_name`); ``override_tags`` (:func:`override_parts`); ``dir_name`` (:func:`dir_name`)."""
     resolvers = {
         "mate.unique": lambda: PROCESS_TAG,
         "mate.repo_root": lambda: str(REPO_ROOT),
         "mate.join": lambda *parts: "-".join(name_parts(*parts)),
-        "mate.tags": lambda *parts: name_parts(*parts),
+        # lists as ListConfig: `--cfg job --resolve` (OmegaConf.resolve) refuses a plain list
+        "mate.tags": lambda *parts: OmegaConf.create(tag_list(*parts)),
+        "mate.overrides": overrides_name,
+        "mate.dir_name": dir_name,
+        "mate.override_tags": lambda overrides: OmegaConf.create(override_parts(overrides)),
         "mate.group": run_group,
         "mate.pretrained": pretrained_run,
         "mate.slug": slug,

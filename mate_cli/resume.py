@@ -11,11 +11,19 @@
 - :func:`resolve_resume_path`: what ``mate train ckpt_path=`` means: a checkpoint
   file, a run dir (its ``checkpoints/last.ckpt``), or ``last`` (the newest run of the
   same experiment).
+- One run for the dashboards: a resumed run writes into a run dir of its own, but
+  :func:`continue_wandb_run` gives it the W&B run id of the run it resumes (one W&B run,
+  ``resume="allow"``), and :class:`ContinuousCSVLog` starts its ``csv/metrics.csv`` with the
+  earlier run's rows before the checkpoint's step, so the log reads as one run's.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import logging
 import random
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +34,18 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
-from mate_cli.io import atomic_open, os_error_in, write_failure
+from mate_cli.io import atomic_open, atomic_write_text, os_error_in, write_failure
+
+log = logging.getLogger(__name__)
 
 STATE_KEY = "mate_resume"
+#: the CSV log row of a checkpoint's own batch (see :meth:`ContinuousCSVLog._pending_row`)
+PENDING_ROW_KEY = "mate_csv_pending_row"
+
+#: what a resumed run says (Lightning's mid-epoch warning, which assumes the data order is
+#: lost, is silenced: mate_cli.silenced)
+RESTORED = ("weights, optimiser, scheduler, step, RNG states and the position in the epoch are restored, "
+            "so training continues exactly where the checkpoint left it")
 
 
 def rng_states() -> dict[str, Any]:
@@ -154,4 +171,130 @@ def resolve_resume_path(value: str | None, output_root: Path, experiment_name: s
         path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
     if not path.is_file():
         raise MateError(f"ckpt_path={value}: no checkpoint at {path}; pass a .ckpt file, a run dir or `last`")
+    if not holds_training_state(path):
+        raise MateError(f"ckpt_path={value}: {path.name} holds the weights only (a best checkpoint: no optimiser "
+                        f"state to continue from); resume from its run's last.ckpt: ckpt_path={run_dir_of(path)}")
     return str(path)
+
+
+def holds_training_state(path: Path) -> bool:
+    """Whether a checkpoint has the optimiser state a resume needs (``save_weights_only``
+    ones do not): read from the pickle's record of its keys, without loading tensors."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            index = next((n for n in archive.namelist() if n.endswith("/data.pkl")), None)
+            return index is None or b"optimizer_states" in archive.read(index)
+    except (zipfile.BadZipFile, OSError):
+        return True  # not a zip: loading it names the problem
+
+
+def run_dir_of(checkpoint: str | Path) -> Path:
+    """The run dir a checkpoint was written in (``<run dir>/checkpoints/<name>.ckpt``)."""
+    return Path(checkpoint).resolve().parent.parent
+
+
+def continue_wandb_run(cfg, resume: str | None) -> str | None:
+    """Fix ``logger.wandb.id`` before the loggers are built: a resumed run takes the id of
+    the run it resumes (read from that run's ``resolved_config.yaml``; Lightning passes
+    ``resume="allow"``), so W&B shows one run; a new run draws one, which its own
+    ``resolved_config.yaml`` records for a later resume. Returns the id (None without a
+    W&B logger)."""
+    from omegaconf import OmegaConf
+
+    wandb_cfg = OmegaConf.select(cfg, "logger.wandb", default=None)
+    if wandb_cfg is None:
+        return None
+    if wandb_cfg.get("id"):
+        return str(wandb_cfg.id)
+    earlier = None
+    if resume:
+        config = run_dir_of(resume) / "resolved_config.yaml"
+        if config.is_file():
+            earlier = OmegaConf.select(OmegaConf.load(config), "logger.wandb.id", default=None)
+        if earlier is None:
+            log.info("%s records no W&B run id: the resumed run is a new W&B run", config)
+    wandb_cfg.id = str(earlier) if earlier else secrets.token_hex(4)  # Lightning passes resume="allow"
+    return str(wandb_cfg.id)
+
+
+class ContinuousCSVLog(L.Callback):
+    """A CSV log that a resume continues: flushed to disk with every checkpoint (so the log
+    on disk covers the newest checkpoint; Lightning buffers 100 steps otherwise), and, on
+    resume, started with the resumed run's rows before the restored step (its own batch's
+    row is kept in the checkpoint; later rows are logged again by the resumed run)."""
+
+    def __init__(self, earlier_run_dir: str | Path | None = None) -> None:
+        self.earlier = None if earlier_run_dir is None else Path(earlier_run_dir)
+        self._pending: dict | None = None
+
+    @staticmethod
+    def _csv_loggers(trainer) -> list:
+        from lightning.pytorch.loggers import CSVLogger
+
+        return [logger for logger in trainer.loggers if isinstance(logger, CSVLogger)] if trainer.is_global_zero else []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        for logger in self._csv_loggers(trainer):
+            logger.save()
+        pending = self._pending_row(trainer)
+        if pending:
+            checkpoint[PENDING_ROW_KEY] = pending
+
+    @staticmethod
+    def _pending_row(trainer) -> dict | None:
+        """The row Lightning logs for this batch right after an every-n-steps checkpoint
+        (it logs after ``on_train_batch_end``, where that checkpoint is saved): kept in the
+        checkpoint, so the resumed log has it even when the kill came before it was written."""
+        connector = trainer._logger_connector  # Lightning's own: the values it is about to log
+        if not trainer.training or not connector.should_update_logs or trainer.fit_loop._should_accumulate():
+            return None
+        try:
+            values = {k: float(v) for k, v in connector.metrics["log"].items()}
+        except Exception:  # noqa: BLE001 - a Lightning internal changed: the row is only lost, never wrong
+            return None
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        return {**values, "epoch": trainer.current_epoch, "step": step} if values else None
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        self._pending = checkpoint.get(PENDING_ROW_KEY)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.earlier is not None:
+            for logger in self._csv_loggers(trainer):
+                self._continue(logger.experiment, Path(logger.save_dir), trainer.global_step)
+
+    def _continue(self, writer, save_dir: Path, step: int) -> None:
+        """Seed ``writer``'s (still empty: nothing is logged before the first step of a
+        resumed run) metrics file with the earlier log's rows up to ``step``."""
+        earlier = self.earlier / Path(writer.metrics_file_path).relative_to(save_dir)
+        if not earlier.is_file():
+            log.info("no CSV log at %s to continue; this run's starts at step %d", earlier, step)
+            return
+        with open(earlier, newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            fields = set(reader.fieldnames or [])
+            rows = [row for row in reader if _step(row) is not None and _step(row) < step]  # `step` is logged again
+        pending = self._pending
+        if pending and not any(_step(row) == pending["step"] and not set(pending) - {k for k, v in row.items() if v}
+                               for row in rows):  # fmt: skip
+            rows.append({k: repr(v) if isinstance(v, float) else str(v) for k, v in pending.items()})
+            fields |= set(pending)
+        header = sorted(fields)  # Lightning's order: it appends rows in sorted-key order
+        buffer = io.StringIO()
+        table = csv.DictWriter(buffer, fieldnames=header, lineterminator="\n")
+        table.writeheader()
+        table.writerows(rows)
+        atomic_write_text(writer.metrics_file_path, buffer.getvalue())
+        writer.metrics_keys = header
+        log.info("CSV log: continues %s (%d rows before step %d)", earlier, len(rows), step)
+
+
+def _step(row: dict) -> int | None:
+    """A CSV log row's step; None for a row a kill cut short."""
+    try:
+        whole = None not in row and None not in row.values()  # a cut line has fewer (or more) fields
+        return int(float(row.get("step") or "")) if whole else None
+    except ValueError:
+        return None

@@ -39,6 +39,25 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
     return checked_run_config(cfg, config, trust)
 
 
+def run_checkpoint(value: str | Path) -> Path:
+    """What ``ckpt_path=`` names for evaluating: a checkpoint file as it is; a run dir, its
+    best checkpoint (``best_checkpoint`` in its ``metrics.json``, the one `mate train`
+    validated), else its ``checkpoints/last.ckpt``."""
+    path = Path(str(value)).expanduser()
+    if not path.is_dir():
+        return path
+    import json
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        best = json.loads((path / "metrics.json").read_text(encoding="utf-8")).get("best_checkpoint")
+        if best and (path / "checkpoints" / Path(best).name).is_file():
+            return path / "checkpoints" / Path(best).name  # the run dir may have moved since
+    if (path / "checkpoints" / "last.ckpt").is_file():
+        return path / "checkpoints" / "last.ckpt"
+    raise MateError(f"ckpt_path={value}: a folder without checkpoints/last.ckpt or metrics.json's best checkpoint; "
+                    "pass a `mate train` run dir or one of its checkpoints/*.ckpt")
+
+
 def check_checkpoint(ckpt_path: str | Path) -> Path:
     """``ckpt_path`` as a path, after :func:`check_checkpoint_file` (`MateError` when missing or broken)."""
     ckpt = Path(str(ckpt_path))

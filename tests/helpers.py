@@ -123,6 +123,7 @@ def wandb_run_summary(path: Path) -> dict:
         if kind == "run":
             run = record.run
             out["run"] = (run.display_name, run.run_group, run.job_type, list(run.tags))
+            out["run_id"] = run.run_id
             items = run.config.update
         elif kind == "config":
             items = record.config.update

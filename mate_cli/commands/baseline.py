@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from mate_cli.commands.common import print_metrics, quiet_third_party_logs, run_dir, run_task
 from mate_cli.errors import MateError
+from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_json
 from mate_cli.metrics import trivial
 from mate_cli.paths import CONF_DIR, register_resolvers
@@ -37,6 +38,7 @@ def baseline(cfg: DictConfig) -> dict:
     shown = [k for k in metrics if k.startswith("val/")]
     print_metrics(f"{task}: {metrics['rule']}", metrics, shown)
     atomic_write_json(run_dir() / "metrics.json", metrics)
+    print_outputs({"run dir": run_dir(), "metrics": run_dir() / "metrics.json"})
     return metrics
 
 

@@ -18,7 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from mate_cli.bench import report, runner, targets
 from mate_cli.bench.layouts import TableShape
 from mate_cli.bench.runner import Settings
-from mate_cli.commands.common import log, quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import quiet_third_party_logs, run_dir, run_task
+from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.paths import CONF_DIR, register_resolvers
 
@@ -84,8 +85,8 @@ def bench(cfg: DictConfig) -> list[dict]:
     atomic_write_text(out / "bench.md", report.markdown(rows, checked, machine))
     if cfg.bench.get("plots", True):
         report.plot(rows, out)
-    log.info("run dir: %s", out)
-    console.print(f"run dir: {out}")
+    print_outputs({"run dir": out, "results": out / "bench.csv", "tables": out / "bench.md", "targets": out / "targets.json",
+                   **({"plots": out / "*.png"} if cfg.bench.get("plots", True) else {})})  # fmt: skip
     return rows
 
 

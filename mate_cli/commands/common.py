@@ -1,5 +1,5 @@
 """What every command shares: running a task under Hydra with one-line user errors,
-printing the config tree, building loggers/callbacks, and the run directory."""
+printing tables, building loggers/callbacks, and the run directory."""
 
 from __future__ import annotations
 
@@ -151,6 +151,16 @@ def find_mate_error(err: BaseException | None) -> MateError | None:
     return None
 
 
+def command_overrides() -> list[str]:
+    """This job's overrides (the command line's, with a sweep's values for this job), as
+    typed: without the ``++`` that mate puts before ``trainer.*`` keys for Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return [o[2:] if o.startswith("++trainer.") else o for o in HydraConfig.get().overrides.task]
+
+
 def run_dir() -> Path:
     """The Hydra run directory of the current job."""
     from hydra.core.hydra_config import HydraConfig
@@ -158,33 +168,18 @@ def run_dir() -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
-def print_config_tree(cfg: DictConfig, order: tuple[str, ...] = ("dataset", "model", "attention", "hardware")) -> None:
-    """Print the composed config as a rich tree, main groups first."""
-    import rich
-    import rich.syntax
-    import rich.tree
-
-    tree = rich.tree.Tree("CONFIG", guide_style="dim")
-    keys = [k for k in order if k in cfg] + [k for k in cfg if k not in order]
-    for key in keys:
-        branch = tree.add(str(key), guide_style="dim")
-        value = cfg[key]
-        text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
-        branch.add(rich.syntax.Syntax(text, "yaml", theme="ansi_dark"))
-    rich.print(tree)
-
-
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     """Print a rich table with ``columns`` headers and string ``rows``."""
-    import rich
     from rich.table import Table
+
+    from mate_cli.console import console
 
     table = Table(title=title)
     for name in columns:
         table.add_column(name)
     for row in rows:
         table.add_row(*row)
-    rich.print(table)
+    console().print(table)
 
 
 def print_metrics(title: str, metrics: dict, names: Sequence[str], prefix: str = "") -> None:
@@ -202,6 +197,11 @@ def instantiate_dict(section: DictConfig | None) -> list:
 
 
 def quiet_third_party_logs() -> None:
+    """Third-party progress bars and INFO logs off; the warnings mate understands silenced
+    (:mod:`mate_cli.silenced`); Lightning's own console handler dropped (Hydra's prints)."""
+    from mate_cli.silenced import silence
+
+    silence()
     try:
         import datasets
 

@@ -1,4 +1,4 @@
-"""`mate eval ckpt_path=<run dir>/checkpoints/<name>.ckpt`: rebuild that run's datamodule
+"""`mate eval ckpt_path=<run dir>[/checkpoints/<name>.ckpt]`: rebuild that run's datamodule
 and model from its ``resolved_config.yaml``, evaluate the chosen split, print the
 metrics and write ``metrics.json`` atomically into this eval run's directory; for the
 table tasks also the predictions in the dataset's upstream answer format
@@ -14,12 +14,13 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mate_cli.commands.common import print_metrics, quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import log, print_metrics, quiet_third_party_logs, run_dir, run_task
+from mate_cli.console import print_outputs
 from mate_cli.data.answer_files import write_predictions
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR, register_resolvers
-from mate_cli.runs import load_run_config
+from mate_cli.runs import load_run_config, run_checkpoint
 from mate_cli.trainer_args import check_trainer_args
 
 register_resolvers()
@@ -30,11 +31,14 @@ SPLIT_PREFIX = {"validation": "val", "test": "test"}
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     quiet_third_party_logs()
     if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path is None:
-        raise MateError("ckpt_path is missing; pass ckpt_path=<run dir>/checkpoints/<name>.ckpt")
+        raise MateError("ckpt_path is missing; pass ckpt_path=<run dir> (its best checkpoint) or <run dir>/checkpoints/<name>.ckpt")
     if cfg.split not in SPLIT_PREFIX:
         raise MateError(f"split={cfg.split!r} is invalid; use split=validation or split=test")
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True))
-    train_cfg = load_run_config(cfg.ckpt_path, cfg.get("overrides"), bool(cfg.get("trust_run_config")))
+    ckpt_path = str(run_checkpoint(cfg.ckpt_path))
+    if ckpt_path != str(cfg.ckpt_path):
+        log.info("ckpt_path=%s: evaluating %s", cfg.ckpt_path, ckpt_path)
+    train_cfg = load_run_config(ckpt_path, cfg.get("overrides"), bool(cfg.get("trust_run_config")))
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(train_cfg.dataset)
     model = instantiate(train_cfg.model)
@@ -43,18 +47,20 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise MateError(f"mate eval of a {datamodule.task} run writes one predictions file and (SQA) feeds each "
                         "question the previous prediction: run it on one device (hardware=cpu or hardware=gpu)")
     run = trainer.validate if cfg.split == "validation" else trainer.test
-    results = run(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path, verbose=False)
+    results = run(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
-    metrics["ckpt_path"] = str(cfg.ckpt_path)
+    metrics["ckpt_path"] = ckpt_path
 
     task = getattr(datamodule, "task", None)
     if task and getattr(model, "predictions", None):
         metrics["predictions"] = str(write_predictions(task, model.predictions, run_dir()))
     prefix = SPLIT_PREFIX[cfg.split] + "/"
     names = sorted(k[len(prefix):] for k in metrics if k.startswith(prefix))
-    print_metrics(f"{cfg.split}: {Path(cfg.ckpt_path).name}", metrics, names, prefix)
+    print_metrics(f"{cfg.split}: {Path(ckpt_path).name}", metrics, names, prefix)
     atomic_write_json(run_dir() / "metrics.json", metrics)
+    print_outputs({"run dir": run_dir(), "metrics": run_dir() / "metrics.json",
+                   **({"predictions": metrics["predictions"]} if "predictions" in metrics else {})})
     return metrics
 
 

@@ -6,10 +6,10 @@ written into the run dir."""
 from __future__ import annotations
 
 import hydra
-import rich
 from omegaconf import DictConfig
 
 from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
+from mate_cli.console import print_outputs
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.pipelines.pointr import evaluate_pointr
 
@@ -28,7 +28,9 @@ def pointr(cfg: DictConfig) -> dict:
          for group in ("in_table", "in_passage", "total") if f"{group}/em" in metrics],
     )
     hits = [f"hits@{k}={metrics[f'stage1/hits@{k}']:.4f}" for k in (1, 3, 5) if f"stage1/hits@{k}" in metrics]
-    rich.print("stage 1: " + (", ".join(hits) or "no answers to score") + f"; predictions: {run_dir() / 'predictions.json'}")
+    print("stage 1: " + (", ".join(hits) or "no answers to score"))
+    print_outputs({"run dir": run_dir(), "metrics": run_dir() / "metrics.json", "predictions": run_dir() / "predictions.json",
+                   "details": run_dir() / "pointr_details.json"})
     return metrics
 
 

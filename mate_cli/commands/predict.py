@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
 from mate_cli.data.hybridqa import read_table_file
+from mate_cli.console import print_outputs
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.lit_modules.cell_selection import CellSelectionModule
@@ -68,6 +69,7 @@ def predict(cfg: DictConfig) -> dict:
          for rank, c in enumerate(result["top_cells"], 1)],
     )
     atomic_write_json(run_dir() / "prediction.json", result)
+    print_outputs({"run dir": run_dir(), "prediction": run_dir() / "prediction.json"})
     return result
 
 
@@ -89,6 +91,7 @@ def predict_table_task(cfg: DictConfig) -> dict:
         print_table(f"selected cells of {table.table_id}", ("row", "column", "text"),
                     [(str(c["row"]), f"{c['column']} ({c['header']})", c["text"]) for c in result["cells"]])
     atomic_write_json(run_dir() / "prediction.json", result)
+    print_outputs({"run dir": run_dir(), "prediction": run_dir() / "prediction.json"})
     return result
 
 

@@ -5,12 +5,16 @@ checkpoint -> write metrics.json.
 The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config.yaml``
 (every interpolation resolved; what ``mate eval`` re-builds from), ``checkpoints/``
 (``last.ckpt``: the newest state, every ``callbacks.model_checkpoint.every_n_train_steps``
-steps and at the end; ``best-*.ckpt``: the best by the validation metric), ``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json`` (with ``validate_start=true`` also
+steps and at the end; ``best-*.ckpt``: the best by the validation metric, weights only),
+``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json`` (``tags``: the
+user's ``tags=[...]``; with ``test_after_training=true`` also ``test/*``: the best
+checkpoint on the test split, when it has answers; with ``validate_start=true`` also
 ``start/val/*``: the starting checkpoint's validation metrics, measured before the first step;
 ``train/*``: the loss and the task's metric on the last logged training batch; with
 ``validate_best=false``, ``val/*`` are the last validation inside fit, if any ran);
 with ``export_encoder=true`` also ``encoder/``: the best checkpoint's encoder as a
-``transformers.TapasModel`` directory, so results travel to other tools.
+``transformers.TapasModel`` directory, so results travel to other tools; ``keep_best=encoder``
+exports it and removes the best checkpoint file (``metrics.json``: ``best_kept_as``).
 
 Under DDP (``hardware=ddp``, ``hardware=ddp_cpu``) every rank runs this function; rank 0
 alone prints and writes files (Lightning's loggers and checkpointing already write on
@@ -32,14 +36,18 @@ from omegaconf import DictConfig, OmegaConf
 from torchmetrics import Metric
 
 from mate_cli.commands.common import (
-    instantiate_dict, log, print_config_tree, print_metrics, quiet_third_party_logs, run_dir, run_task,
+    command_overrides, instantiate_dict, log, print_metrics, quiet_third_party_logs, run_dir, run_task,
 )
+from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
 from mate_cli.paths import CONF_DIR, register_resolvers
-from mate_cli.resume import AtomicCheckpointIO, ResumeState, resolve_resume_path
+from mate_cli.resume import (
+    RESTORED, AtomicCheckpointIO, ContinuousCSVLog, ResumeState, continue_wandb_run,
+    resolve_resume_path, run_dir_of,
+)
 from mate_cli.trainer_args import TRAINER_RESERVED, check_trainer_args
 
 register_resolvers()
@@ -49,8 +57,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and validate; returns the final validation metrics."""
     quiet_third_party_logs()
     out = run_dir()
+    resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
+    continue_wandb_run(cfg, resume)  # before resolved_config.yaml records it
     if rank_zero_only.rank == 0:  # DDP ranks > 0 re-run this command into the same run dir
-        print_config_tree(cfg)
+        print_config(cfg, command_overrides(), out, whole=bool(OmegaConf.select(cfg, "extras.print_config", default=False)))
         atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     else:  # their log goes to <run dir>/train_ddp_process_<rank>.log only, not to the screen
         for handler in list(logging.getLogger().handlers):
@@ -59,11 +69,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
 
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
-    resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
     _check_pairing(cfg)
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
-    callbacks = [*instantiate_dict(cfg.get("callbacks")), ResumeState()]
+    callbacks = [*instantiate_dict(cfg.get("callbacks")), ResumeState(),
+                 ContinuousCSVLog(run_dir_of(resume) if resume else None)]
     loggers = instantiate_dict(cfg.get("logger"))
     trainer = L.Trainer(
         **trainer_args, callbacks=callbacks, logger=loggers,
@@ -74,7 +84,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
     if resume:
-        log.info("resuming from %s", resume)
+        log.info("resuming from %s: %s", resume, RESTORED)
     elif cfg.get("validate_start", False):  # the starting checkpoint's score, to compare the end with
         results = trainer.validate(model, **_validation_data(trainer, datamodule), verbose=False)
         model.recorded_metrics.update({f"start/{k}": float(v) for k, v in (results[0] if results else {}).items()})
@@ -97,15 +107,22 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     else:  # the last validation inside fit (val_check_interval), when one ran
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    if cfg.get("test_after_training", False):
+        metrics.update(_test_best(trainer, model, datamodule, best))
     metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics.update(perf)
     metrics.update(trained)
     metrics.update(start)
     metrics["best_checkpoint"] = best
+    metrics["tags"] = [str(tag) for tag in cfg.get("tags") or []]
     if resume:
         metrics["resumed_from"] = resume
-    if cfg.get("export_encoder") and trainer.is_global_zero:
+    keep_encoder_only = cfg.get("keep_best", "checkpoint") == "encoder"
+    if (cfg.get("export_encoder") or keep_encoder_only) and trainer.is_global_zero:
         metrics["exported_encoder"] = str(export_encoder(model, best, cfg, out / "encoder"))
+        if keep_encoder_only and Path(best) != out / "checkpoints" / "last.ckpt":
+            Path(best).unlink(missing_ok=True)  # the best now lives in encoder/ only
+            metrics["best_kept_as"] = metrics["exported_encoder"]
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         log.warning("non-finite metrics: %s", bad)
@@ -114,15 +131,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     for lg in loggers:
         lg.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=trainer.global_step)
         lg.finalize("success")
-    _finish_wandb()
+    wandb_run = _finish_wandb()
     if trainer.is_global_zero:
-        log.info("run dir: %s", out)
-        print_summary(metrics, out, bool(cfg.get("validate_best", True)))
+        print_summary(metrics, bool(cfg.get("validate_best", True)))
+        print_outputs(outputs(out, metrics, loggers, wandb_run))
     return metrics
 
 
-def print_summary(metrics: dict, out: Path, validated_best: bool = True) -> None:
-    """The last thing on screen: the final validated metrics and where the results are.
+def print_summary(metrics: dict, validated_best: bool = True) -> None:
+    """The final validated metrics, on screen.
 
     With ``validate_best=false`` (``debug=overfit`` among others) there is no final
     validation: the last validation inside fit, if any, and the last training batch are shown.
@@ -139,7 +156,25 @@ def print_summary(metrics: dict, out: Path, validated_best: bool = True) -> None
         title = "no final validation: the last validation during training (val/*) and training batch (train/*)"
     if shown:
         print_metrics(title, metrics, shown)
-    print(f"best checkpoint: {metrics['best_checkpoint']}\nmetrics:         {out / 'metrics.json'}")  # never wrapped
+
+
+def outputs(out: Path, metrics: dict, loggers, wandb_run: Path | None) -> dict[str, object]:
+    """What a training run wrote, for the last lines on screen."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    found = {"run dir": out, "metrics": out / "metrics.json", "best checkpoint": metrics["best_checkpoint"],
+             "last checkpoint": out / "checkpoints" / "last.ckpt"}  # fmt: skip
+    if not Path(metrics["best_checkpoint"]).exists():  # keep_best=encoder removed it
+        del found["best checkpoint"]
+    if metrics.get("exported_encoder"):
+        found["encoder"] = metrics["exported_encoder"]
+    for logger in loggers:
+        if isinstance(logger, CSVLogger) and Path(logger.experiment.metrics_file_path).is_file():
+            found["csv log"] = logger.experiment.metrics_file_path
+    if wandb_run is not None:
+        offline = "offline" in wandb_run.name
+        found["wandb run"] = f"{wandb_run} (offline: upload with `wandb sync {wandb_run}`)" if offline else wandb_run
+    return found
 
 
 def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:
@@ -192,6 +227,28 @@ def _check_pairing(cfg: DictConfig) -> None:
                         "`mate pretrain` reads dataset=pretrain_sample or pretrain_jsonl, `mate train` the task datasets")
 
 
+def _test_best(trainer, model, datamodule, best: str) -> dict[str, float]:
+    """``test/*``: the best checkpoint on the dataset's test split, when that split has
+    answers (the released test files of HybridQA, WikiTQ, SQA and TabFact hold none or are
+    held back: then one line says why nothing was tested)."""
+    from mate_cli.data.schema import has_answer
+
+    if not hasattr(datamodule, "questions") or trainer.world_size > 1:
+        why = "runs on one device" if trainer.world_size > 1 else f"needs a question dataset, not {type(datamodule).__name__}"
+        log.info("test_after_training: skipped (it %s; use `mate eval ckpt_path=<run dir> split=test`)", why)
+        return {}
+    try:
+        questions = datamodule.questions("test")
+    except MateError as err:
+        log.info("test_after_training: skipped, no test split (%s)", err)
+        return {}
+    if not any(has_answer(q) for q in questions):
+        log.info("test_after_training: skipped, the test split's %d questions have no answers", len(questions))
+        return {}
+    results = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
+    return {k: float(v) for k, v in (results[0] if results else {}).items()}
+
+
 def _validation_data(trainer, datamodule) -> dict:
     """``trainer.validate``'s data: under DDP every validation example on exactly one rank."""
     if trainer.world_size == 1:
@@ -209,12 +266,16 @@ def _best_checkpoint(trainer, last: Path) -> str:
     return str(last)
 
 
-def _finish_wandb() -> None:
-    """Close this job's W&B run now (its closing lines print here, before the summary)."""
+def _finish_wandb() -> Path | None:
+    """Close this job's W&B run now (its closing lines print here, before the summary);
+    returns its folder (``<run dir>/wandb/offline-run-<time>-<id>``), if one ran."""
     import wandb
 
-    if wandb.run is not None:
-        wandb.finish()
+    if wandb.run is None:
+        return None
+    folder = Path(wandb.run.dir).parent
+    wandb.finish()
+    return folder
 
 
 def objective(cfg: DictConfig, metrics) -> float | None:

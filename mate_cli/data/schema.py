@@ -216,3 +216,9 @@ class MaskedBatch:
 
     to = Batch.to  # the same generic field-wise move and length as Batch
     __len__ = Batch.__len__
+
+
+def has_answer(question: Question) -> bool:
+    """Whether a question carries any gold answer (a released test split carries none)."""
+    return bool(question.answer_text or question.answer_nodes or question.answers or question.answer_coordinates
+                or question.label is not None)

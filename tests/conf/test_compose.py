@@ -186,3 +186,36 @@ def test_debug_modes_keep_the_experiment_settings_they_do_not_name(tmp_path):
     assert overfit["model"] == plain["model"] and overfit["attention"] == plain["attention"]
     assert {k: v for k, v in overfit["dataset"].items() if k != "same_order_every_epoch"} == \
         {k: v for k, v in plain["dataset"].items() if k != "same_order_every_epoch"}
+
+
+def test_run_name_and_tags_carry_the_overrides_that_say_what_ran(tmp_path):
+    cfg = compose_train(["experiment=hybridqa_mate", "model.optimizer.lr=3e-05", "attention.radius=21", "seed=7",
+                         "dataset.root=/data/hybridqa", "hardware=cpu", "tags=[dev,ablation]", "trainer.max_steps=5"],
+                        tmp_path)  # fmt: skip
+    overrides = ["lr=3e-05", "radius=21", "max_steps=5"]  # not: the name's own parts, a path, where/how it runs
+    assert cfg.run_name == "hybridqa_mate-mate-bucketed-hybridqa_sample-seed7-" + ",".join(overrides)
+    assert cfg.logger.wandb.name == cfg.run_name
+    assert list(cfg.logger.wandb.tags) == ["hybridqa_mate", "mate", "bucketed", "hybridqa_sample", "seed7", *overrides,
+                                           "dev", "ablation"]  # fmt: skip
+
+
+def test_override_parts_keep_keys_apart_and_long_names_short():
+    from mate_cli.paths import NAME_OVERRIDES_MAX, override_parts, overrides_name
+
+    assert override_parts(["model.head.lr=1", "model.optimizer.lr=2", "+extra_layers.n=3", "ckpt_path=last"]) == [
+        "model.head.lr=1", "model.optimizer.lr=2", "n=3"]
+    long = [f"model.key{i}=value{i}" for i in range(40)]
+    name = overrides_name(long)
+    assert len(name) <= NAME_OVERRIDES_MAX and name != overrides_name(long[:-1])
+
+
+def test_early_stopping_watches_what_the_best_checkpoint_watches(tmp_path):
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    for experiment, monitor, mode in (("hybridqa_mate", "val/hits@1", "max"), ("sqa_mate", "val/accuracy", "max")):
+        cfg = compose_train([f"experiment={experiment}", "callbacks=early_stopping", "callbacks.early_stopping.patience=5"],
+                            tmp_path)  # fmt: skip
+        callbacks = {name: instantiate(c) for name, c in cfg.callbacks.items()}
+        stopper = callbacks["early_stopping"]
+        assert isinstance(stopper, EarlyStopping) and isinstance(callbacks["best_checkpoint"], ModelCheckpoint)
+        assert (stopper.monitor, stopper.mode, stopper.patience) == (monitor, mode, 5)

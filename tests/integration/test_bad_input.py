@@ -99,6 +99,9 @@ def nothing_touched(tmp: Path) -> bool:
         (["train", "atention=mate"], ["atention", "did you mean attention"]),
         (["train", "-m", "attention=mate,dense", "seed=1,two"], ["seed=two", "int"]),
         (["pretrain", "dataset.mask_seed=x"], ["dataset.mask_seed=x", "int"]),
+        (["train", "+debug=overfit"], ["+debug=overfit", "debug=overfit (no +)"]),  # was accepted and ignored
+        (["train", "+tags=[dev]"], ["+tags=[dev]", "tags=<value> (no +)"]),
+        (["train", "tags=dev"], ["tags=dev", "list"]),
         (["eval", "ckpt_path=x", "overrides=[dataset.root=/data]"], ["overrides=['dataset.root=/data']"]),
     ],
 )

@@ -23,6 +23,11 @@ SMOKE = [
 ]
 
 
+#: the smoke run also exports its encoder, validates once during fit (so it has a best
+#: checkpoint), and asks for a test (the sample's test.json has no answers: skipped, said once)
+SMOKE_EXTRA = ["export_encoder=true", "trainer.val_check_interval=2", "test_after_training=true"]
+
+
 def mate(args: list[str], tmp: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """`mate <args>` with outputs and caches under ``tmp``; a first arg that is not a command means `train`."""
     if not args or args[0] not in ("train", "eval", "pointr", "predict", "bench"):
@@ -41,7 +46,7 @@ def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One smoke run; its stdout holds stdout and stderr interleaved, as a terminal shows them."""
     tmp = tmp_path_factory.mktemp("train")
     env = mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home"))
-    proc = subprocess.run([MATE, "train", *SMOKE, "export_encoder=true"], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.run([MATE, "train", *SMOKE, *SMOKE_EXTRA], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:]
     return tmp, proc
@@ -60,12 +65,51 @@ def test_the_run_dir_holds_every_log_and_its_files_are_readable(smoke, trained_r
         assert (trained_run / name).stat().st_mode & 0o044 == 0o044, name
 
 
-def test_train_ends_with_the_final_metrics_and_where_they_are(smoke, trained_run):
+#: what a training run says it wrote, in its last lines (`wandb run` also names the sync command)
+OUTPUTS = ("run dir", "metrics", "best checkpoint", "last checkpoint", "encoder", "csv log", "wandb run")
+
+
+def outputs_printed(stdout: str) -> dict[str, str]:
+    """``name: path`` from the last lines of a command's output."""
+    found = {}
+    for line in reversed(stdout.strip().splitlines()):
+        name, sep, value = line.partition(":")
+        if not sep or name not in OUTPUTS:
+            break
+        found[name] = value.strip()
+    return found
+
+
+def progress_bar_line(line: str) -> bool:
+    return line.lstrip().startswith("Epoch ") or "━" in line or line.strip().startswith(("train/", "val/", "v_num", "0."))
+
+
+def test_train_ends_with_the_final_metrics_and_where_every_output_went(smoke, trained_run):
     lines = [line for line in smoke[1].stdout.strip().splitlines() if line.strip()]
-    assert lines[-1].split() == ["metrics:", str(trained_run / "metrics.json")]
-    assert lines[-2].startswith("best checkpoint: ") and lines[-2].split()[-1].startswith(str(trained_run))
-    assert any("final validation" in line for line in lines[-12:])
-    assert any("val/hits@1" in line for line in lines[-12:])
+    printed = outputs_printed(smoke[1].stdout)
+    assert list(printed) == list(reversed(OUTPUTS)), printed
+    assert printed["run dir"] == str(trained_run)
+    for name in ("metrics", "best checkpoint", "last checkpoint", "encoder", "csv log"):
+        assert Path(printed[name]).exists() and Path(printed[name]).is_relative_to(trained_run), (name, printed[name])
+    wandb_dir, sync = printed["wandb run"].split(" (offline: upload with ")
+    assert Path(wandb_dir).is_dir() and sync == f"`wandb sync {wandb_dir}`)"
+    assert any("final validation" in line for line in lines[-20:])
+    assert any("val/hits@1" in line for line in lines[-20:])
+
+
+def test_a_training_run_says_little_and_its_piped_output_is_never_cut(smoke, trained_run):
+    """Piped (as nohup or SLURM write it): at most 40 lines besides the progress bar, the
+    overrides and run dir at the start, every path whole, each log line once."""
+    lines = [line for line in smoke[1].stdout.splitlines() if line.strip() and not progress_bar_line(line)]
+    assert len(lines) <= 40, "\n".join(lines)
+    assert lines[0] == "overrides: " + " ".join([*SMOKE, *SMOKE_EXTRA])
+    assert lines[1] == f"run dir:   {trained_run}"
+    assert not any("…" in line for line in lines), "a line was cut"
+    logged = [line.split("] - ", 1)[1] for line in lines if "] - " in line]
+    assert len(logged) == len(set(logged)), "a log line printed twice"
+    assert not any("Warning" in line or "warn(" in line for line in lines), "a third-party warning reached the screen"
+    log = (trained_run / "train.log").read_text()
+    assert "config (resolved):" in log and "max_length: 128" in log, "the whole config goes into the run's log"
 
 
 def test_help_lists_commands():
@@ -122,16 +166,29 @@ def test_exported_encoder_loads_in_transformers(trained_run: Path):
     assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
 
 
-def test_eval_reproduces_validation_metrics(trained_run: Path, tmp_path: Path):
-    """`mate eval` of the checkpoint `mate train` validated gives the same numbers."""
+def test_eval_of_the_run_dir_reproduces_validation_metrics(trained_run: Path, tmp_path: Path):
+    """`mate eval ckpt_path=<run dir>` evaluates the checkpoint `mate train` validated and
+    gives the same numbers, then says where it wrote them."""
     train_metrics = json.loads((trained_run / "metrics.json").read_text())
-    proc = mate(["eval", f"ckpt_path={train_metrics['best_checkpoint']}"], tmp_path)
+    proc = mate(["eval", f"ckpt_path={trained_run}"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "hits@1" in proc.stdout
     eval_dir = only_run_dir(tmp_path / "outputs" / "eval")
+    assert proc.stdout.strip().splitlines()[-2:] == [f"run dir: {eval_dir}", f"metrics: {eval_dir / 'metrics.json'}"]
     metrics = json.loads((eval_dir / "metrics.json").read_text())
+    assert metrics["ckpt_path"] == train_metrics["best_checkpoint"]
     for key in ("val/hits@1", "val/hits@3", "val/hits@5", "val/loss"):
         assert metrics[key] == pytest.approx(train_metrics[key], abs=1e-6), key
+
+
+def test_the_best_checkpoint_keeps_weights_only_and_is_refused_for_resume(trained_run: Path, tmp_path: Path):
+    (best,) = trained_run.glob("checkpoints/best-*.ckpt")
+    last = trained_run / "checkpoints" / "last.ckpt"
+    assert best.stat().st_size < 0.5 * last.stat().st_size, "the best checkpoint holds no optimiser state"
+    proc = mate(["experiment=hybridqa_mate", f"ckpt_path={best}"], tmp_path)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "holds the weights only" in line and f"ckpt_path={trained_run}" in line
 
 
 def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
@@ -225,3 +282,20 @@ def test_tab_completion_of_a_command(tmp_path):
     shell = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert shell.returncode == 0, shell.stderr
     assert shell.stdout.splitlines() == ["train", "hardware=ddp hardware=ddp_cpu", "split="]
+
+
+def test_a_test_split_without_answers_is_skipped_in_one_line(smoke, trained_run: Path):
+    said = [line for line in smoke[1].stdout.splitlines() if "test_after_training:" in line]
+    assert len(said) == 1 and "skipped, the test split's 15 questions have no answers" in said[0]
+    assert not [k for k in json.loads((trained_run / "metrics.json").read_text()) if k.startswith("test/")]
+
+
+def test_keep_best_encoder_keeps_the_best_as_a_transformers_directory_only(tmp_path: Path):
+    proc = mate(["experiment=hybridqa_mate", "trainer.max_steps=1", "dataset.max_length=128", "logger=csv",
+                 "trainer.val_check_interval=1", "keep_best=encoder"], tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = only_run_dir(tmp_path / "outputs" / "train")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert "/best-" in metrics["best_checkpoint"] and not Path(metrics["best_checkpoint"]).exists()
+    assert metrics["best_kept_as"] == str(run / "encoder") and (run / "encoder" / "config.json").is_file()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]  # still resumable

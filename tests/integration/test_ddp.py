@@ -66,7 +66,8 @@ def test_rank_0_alone_prints_and_writes_logs(ddp_run):
     _, _, run, proc = ddp_run
     out = proc.stdout
     assert out.count("best checkpoint:") == 1 and out.count("final validation") == 1
-    assert out.count("CONFIG") == 1
+    assert out.count("overrides: ") == 1
+    assert sum(line.startswith("run dir:") for line in out.splitlines()) == 2, "once at the start, once at the end"
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1, "one W&B run"
     rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
     values = [tuple(sorted((k, v) for k, v in row.items() if v)) for row in rows]

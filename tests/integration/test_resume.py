@@ -4,6 +4,7 @@ uninterrupted run of the same seed ends: same step, same weights, same validatio
 
 from __future__ import annotations
 
+import csv
 import json
 import signal
 import subprocess
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import MATE, mate_env, run_mate
+from tests.helpers import MATE, mate_env, run_mate, wandb_run_summary
 
-ARGS = [
-    "train", "experiment=hybridqa_mate", "seed=3", "dataset.max_length=128", "logger=csv",
+ARGS = [  # both loggers: the resumed run continues the killed run's W&B run and CSV log
+    "train", "experiment=hybridqa_mate", "seed=3", "dataset.max_length=128", "trainer.log_every_n_steps=1",
     "trainer.max_steps=12", "callbacks.model_checkpoint.every_n_train_steps=3",
 ]
 STEPS = 12
@@ -63,12 +64,13 @@ def crash_and_resume(base: Path, args: list[str]) -> dict[str, Path]:
     assert position["epoch"] == 0 and position["examples_this_epoch"] > 0  # killed mid-epoch: the skip path runs
     assert not [p for p in killed.rglob("*.tmp")], "a temp file was left next to the checkpoint"
 
-    resumed = run_mate([*args, f"ckpt_path={killed}"], mate_env(base / "resumed", cache))
+    resumed = run_mate([*args, "ckpt_path=last"], mate_env(base / "killed", cache))  # the newest run of the experiment
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _, err = whole.communicate(timeout=600)
     assert whole.returncode == 0, err[-3000:]
-    return {"task": task, "whole": only_run(base / "whole", task), "resumed": only_run(base / "resumed", task),
-            "killed": killed}
+    (resumed_dir,) = set((base / "killed" / task).iterdir()) - {killed}
+    return {"task": task, "whole": only_run(base / "whole", task), "resumed": resumed_dir, "killed": killed,
+            "output": resumed.stdout + resumed.stderr}
 
 
 # the pre-training case is slow-marked (two more minutes on 2 cores); its own part, masks keyed by
@@ -102,9 +104,37 @@ def test_ckpt_path_last_finds_the_newest_run_of_the_experiment(runs, tmp_path):
     from mate_cli.errors import MateError
     from mate_cli.resume import resolve_resume_path
 
-    root = runs["killed"].parent
-    assert resolve_resume_path("last", root, "hybridqa_mate") == str(runs["killed"] / "checkpoints" / "last.ckpt")
+    root = runs["killed"].parent  # the killed run and its resumption (the resumption is the newest)
+    assert resolve_resume_path("last", root, "hybridqa_mate") == str(runs["resumed"] / "checkpoints" / "last.ckpt")
     with pytest.raises(MateError, match="ckpt_path=last"):
         resolve_resume_path("last", root, "hybridqa_tapas")
     with pytest.raises(MateError, match="no checkpoint"):
         resolve_resume_path(str(tmp_path / "absent.ckpt"), root, "hybridqa_mate")
+
+
+def test_resumed_run_continues_the_killed_runs_wandb_run(runs):
+    if runs["task"] != "train":
+        pytest.skip("the pre-training case logs to CSV only")
+    (killed,) = runs["killed"].glob("wandb/offline-run-*/run-*.wandb")
+    (resumed,) = runs["resumed"].glob("wandb/offline-run-*/run-*.wandb")
+    assert wandb_run_summary(killed)["run_id"] == wandb_run_summary(resumed)["run_id"]
+    assert killed.name == resumed.name  # run-<id>.wandb: `wandb sync` of both folders makes one W&B run
+    (whole,) = runs["whole"].glob("wandb/offline-run-*/run-*.wandb")
+    assert wandb_run_summary(whole)["run_id"] != wandb_run_summary(resumed)["run_id"]
+
+
+def test_resumed_runs_csv_log_reads_as_the_uninterrupted_runs(runs):
+    def rows(run: Path) -> list[tuple]:
+        with open(run / "csv" / "metrics.csv", newline="") as handle:
+            return [tuple(sorted((k, v) for k, v in row.items() if v and k.startswith(("train/", "val/", "start/", "step", "epoch"))))
+                    for row in csv.DictReader(handle)]  # fmt: skip
+
+    whole, resumed = rows(runs["whole"]), rows(runs["resumed"])
+    assert [r for r in whole if len(r) > 2] == [r for r in resumed if len(r) > 2]
+    steps = [int(dict(r)["step"]) for r in resumed if any(k == "train/loss" for k, _ in r)]
+    assert steps == sorted(steps) and steps[0] < 3, "the log starts before the checkpoint it resumed from"
+
+
+def test_resume_says_what_it_restores_instead_of_lightnings_warning(runs):
+    assert "position in the epoch are restored" in runs["output"]
+    assert "not resumable" not in runs["output"]

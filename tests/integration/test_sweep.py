@@ -3,6 +3,7 @@ with its own config, name and summary, named after what ran; `mate report` reads
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,10 @@ from tests.helpers import mate_env, run_mate, wandb_run_summary
 
 ARGS = [
     "train", "-m", "experiment=hybridqa_mate", "seed=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-    "trainer.max_steps=2", "dataset.max_length=128", "dataset.eval_batch_size=16",
+    "trainer.max_steps=2", "dataset.max_length=128", "dataset.eval_batch_size=16", "tags=[dev]",
 ]
+#: what each run's name and tags add for the command line's other overrides (tags and hydra.* say nothing)
+OVERRIDES = ["max_steps=2", "max_length=128", "eval_batch_size=16"]
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +35,17 @@ def test_each_job_is_one_wandb_run_with_its_own_config_and_summary(sweep):
         (run_file,) = job.glob("wandb/offline-run-*/run-*.wandb")
         runs.append(wandb_run_summary(run_file))
     names = {r["run"][0] for r in runs}
-    assert names == {"hybridqa_mate-mate-bucketed-hybridqa_sample-seed1", "hybridqa_mate-mate-bucketed-hybridqa_sample-seed2"}
+    assert names == {f"hybridqa_mate-mate-bucketed-hybridqa_sample-seed{seed}-{','.join(OVERRIDES)}" for seed in (1, 2)}
     groups = {r["run"][1] for r in runs}
     assert groups == {f"hybridqa_mate-{sweep.name}"}
     assert {r["run"][2] for r in runs} == {"cell_selector"}
     assert {r["config"]["seed"] for r in runs} == {1, 2}
+    assert sorted(tuple(r["run"][3]) for r in runs) == [
+        ("hybridqa_mate", "mate", "bucketed", "hybridqa_sample", f"seed{seed}", *OVERRIDES, "dev") for seed in (1, 2)
+    ]
+    for job in jobs:
+        assert json.loads((job / "metrics.json").read_text())["tags"] == ["dev"]
     for run in runs:
-        assert "mate" in run["run"][3] and "hybridqa_sample" in run["run"][3]
         for key in ("val/hits@1", "val/loss", "perf/examples_per_s", "perf/tokens_per_s", "perf/peak_mem_mb"):
             assert key in run["summary"], key
     assert runs[0]["summary"]["val/loss"] != runs[1]["summary"]["val/loss"]

@@ -67,7 +67,10 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, tmp_path
     outputs = tmp_path / "outputs"
     env = mate_env(outputs, tmp_path / "cache", HOME=str(tmp_path / "home"), COLUMNS="200")
     before = run_dirs(outputs, "train")
-    trained = run_mate(["train", f"experiment={task}_mate", *TRAIN,
+    root, eval_file, expected = another_root(task, tmp_path)
+    # WikiTQ trains on a copy of the sample with a test file (pristine-unseen-tables.tsv): test_after_training scores it
+    test = [f"dataset.root={root}", "test_after_training=true"] if task == "wtq" else []
+    trained = run_mate(["train", f"experiment={task}_mate", *TRAIN, *test,
                         *(NO_FINAL_VALIDATION if task == "tabfact" else [])], env)
     assert trained.returncode == 0, trained.stderr[-3000:]
     run = new_run(outputs, "train", before)
@@ -83,8 +86,8 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, tmp_path
         assert 0.0 <= metrics["val/seq"] <= metrics["val/accuracy"] or metrics["val/accuracy"] == 0.0
     if task == "wtq":  # the long-table slice: 4 of the sample's 6 validation questions are over 512 whole
         assert metrics["val/long_questions"] == 4 and 0.0 <= metrics["val/accuracy_long"] <= 1.0
+        assert metrics["data/test/questions"] == expected and 0.0 <= metrics["test/accuracy"] <= 1.0
 
-    root, eval_file, expected = another_root(task, tmp_path)
     ckpt = run / "checkpoints" / "last.ckpt"
     before = run_dirs(outputs, "eval")
     evaluated = run_mate(["eval", f"ckpt_path={ckpt}",

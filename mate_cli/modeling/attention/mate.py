@@ -120,6 +120,11 @@ def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
     return "masked" if seq_len <= limit else "block_sparse"
 
 
+#: (variant, impl, device, length bucket, grad, choice): the ``auto`` choices logged in this
+#: process (every layer's backend makes the same choice; the log says it once)
+LOGGED_CHOICES: set[tuple] = set()
+
+
 # --------------------------------------------------------------------- backend
 @register("mate")
 class MateAttention(AttentionBackend):
@@ -169,8 +174,6 @@ class MateAttention(AttentionBackend):
         self.row_heads_ratio = float(row_heads_ratio)
         self.global_size = int(global_size)
         self.radius = int(radius)
-        #: (device, length bucket, grad, choice) keys whose ``auto`` choice this backend has logged
-        self._auto_logged: set[tuple] = set()
         if variant == "bucketed" and impl != "eager":
             # build/load the fused CPU kernel now (once per process), not inside the first
             # forward: a FlopCounterMode opened before that call would miss its formula
@@ -206,12 +209,12 @@ class MateAttention(AttentionBackend):
         return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
 
     def _log_choice(self, choice: str, q: torch.Tensor, grad: bool) -> None:
-        key = (str(q.device), _length_bucket(q.shape[2]), grad, choice)
-        if key not in self._auto_logged:
-            self._auto_logged.add(key)
+        key = (self.variant, self.impl, str(q.device), _length_bucket(q.shape[2]), grad, choice)
+        if key not in LOGGED_CHOICES:  # once per process, not once per layer
+            LOGGED_CHOICES.add(key)
             logger.info(
                 "mate attention variant=%s impl=%s: using '%s' on %s for sequences of ~%d tokens (%s)",
-                self.variant, self.impl, choice, q.device, key[1], "training" if grad else "inference",
+                self.variant, self.impl, choice, q.device, key[3], "training" if grad else "inference",
             )  # fmt: skip
 
     def forward(

@@ -1,0 +1,41 @@
+"""Third-party warnings that mate understands, silenced where they are raised (a
+``warnings`` filter on their message and module), each with the reason; anything else
+still shows. ``docs/architecture.md`` lists them for users.
+
+Filters are installed by :func:`silence` before a command imports Lightning, W&B or
+torch's compiler (:func:`mate_cli.cli.main`), and again by every command's task, so a
+sweep's worker processes get them too.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Silenced:
+    message: str  # a regular expression matched at the start of the warning's text
+    module: str  # ... and of the module that raised it
+    why: str
+
+
+SILENCED = (
+    Silenced(
+        message=r"You're resuming from a checkpoint that ended before the epoch ended",
+        module="",  # raised through rank_zero_warn, which names the caller's module
+        why="Lightning cannot see that mate restores the position in the epoch (and the RNG states) itself: "
+            "resumed runs continue exactly, so mate says that in one line instead",
+    ),
+    Silenced(
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        module=r"lightning\.pytorch\.utilities\._pytree",
+        why="Lightning 2.6 calls a torch pytree API that torch 2.13 deprecates; it still works, nothing to change here",
+    ),
+)
+
+
+def silence() -> None:
+    """Install the filters of :data:`SILENCED` (idempotent: ``warnings`` drops duplicates)."""
+    for entry in SILENCED:
+        warnings.filterwarnings("ignore", message=entry.message, module=entry.module)
