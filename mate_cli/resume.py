@@ -171,23 +171,26 @@ def resolve_resume_path(value: str | None, output_root: Path, experiment_name: s
         path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
     if not path.is_file():
         raise MateError(f"ckpt_path={value}: no checkpoint at {path}; pass a .ckpt file, a run dir or `last`")
-    if not holds_training_state(path):
+    if is_weights_only_checkpoint(path):
+        run = f"ckpt_path={run_dir_of(path)}" if path.parent.name == "checkpoints" else "a last.ckpt"
         raise MateError(f"ckpt_path={value}: {path.name} holds the weights only (a best checkpoint: no optimiser "
-                        f"state to continue from); resume from its run's last.ckpt: ckpt_path={run_dir_of(path)}")
+                        f"state to continue from); resume from its run's last.ckpt: {run}")
     return str(path)
 
 
-def holds_training_state(path: Path) -> bool:
-    """Whether a checkpoint has the optimiser state a resume needs (``save_weights_only``
-    ones do not): read from the pickle's record of its keys, without loading tensors."""
+def is_weights_only_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a Lightning checkpoint saved with ``save_weights_only`` (no
+    optimiser state to resume from): read from the pickle's record of its keys, without
+    loading anything. Any other file is left to the loader, which names what is wrong."""
     import zipfile
 
     try:
         with zipfile.ZipFile(path) as archive:
             index = next((n for n in archive.namelist() if n.endswith("/data.pkl")), None)
-            return index is None or b"optimizer_states" in archive.read(index)
+            keys = archive.read(index) if index else b""
     except (zipfile.BadZipFile, OSError):
-        return True  # not a zip: loading it names the problem
+        return False
+    return b"pytorch-lightning_version" in keys and b"state_dict" in keys and b"optimizer_states" not in keys
 
 
 def run_dir_of(checkpoint: str | Path) -> Path:
