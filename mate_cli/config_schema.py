@@ -68,6 +68,8 @@ DECLARED: dict[str, Any] = {
     "model.encoder.pretrained": str,
     "model.encoder.attention": Optional[dict],
     "model.encoder.reset_position_index_per_cell": Optional[bool],
+    "model.encoder.hidden_dropout": Optional[float],
+    "model.encoder.attention_dropout": Optional[float],
     "model.head.max_num_rows": Optional[int],
     "model.head.max_num_columns": Optional[int],
     "model.hop_layers": Optional[int],

@@ -55,7 +55,7 @@ import mate_cli.modeling.attention as attention
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate_block_sparse as sparse
 from mate_cli.modeling.attention.base import AttentionBackend
-from mate_cli.modeling.attention.mate import VARIANTS
+from mate_cli.modeling.attention.mate import VARIANTS, MateAttention, choose_bucketed_impl
 from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES, EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder, backend_factory
 from mate_cli.modeling.encoder import build_backend as build_layer_backend
@@ -102,6 +102,10 @@ class Case:
     #: optimiser's state in an encoder training step), so the memory figure is the
     #: steady-state call at every length.
     min_warmup: int = 1
+    #: False where FlopCounterMode must not run the call: FlexAttention (``attention.impl=flex``,
+    #: MATE's bucketed ``auto`` on CUDA) cannot run under it, and a failed attempt leaves torch's
+    #: compiler refusing FlexAttention for the rest of the process. Its FLOPs are left empty.
+    countable: bool = True
 
 
 def dims_of(name: str) -> dict:
@@ -252,7 +256,7 @@ def kernel_case(
             with torch.no_grad():
                 fn(q, k, v)
 
-        return Case(call, flops, min_warmup=2)
+        return Case(call, flops, min_warmup=2, countable=not runs_flex(module, q, grad=False))
     leaves = [t.requires_grad_() for t in (q, k, v)]
     params = list(module.parameters()) if module is not None else []
     grad_out = torch.randn(shape, generator=generator).to(device, dtype)
@@ -263,7 +267,17 @@ def kernel_case(
         with torch.enable_grad():
             fn(*leaves).backward(grad_out)
 
-    return Case(train_call, None if flops is None else 3.5 * flops, min_warmup=2)
+    return Case(train_call, None if flops is None else 3.5 * flops, min_warmup=2, countable=not runs_flex(module, q, grad=True))
+
+
+def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> bool:
+    """Whether a MATE backend in ``model`` runs FlexAttention for inputs like ``q`` (no dropout)."""
+    if model is None:
+        return False
+    return any(
+        isinstance(m, MateAttention) and m.variant == "bucketed" and choose_bucketed_impl(m.impl, q, grad, 0.0) == "flex"
+        for m in model.modules()
+    )
 
 
 def layer_layout(
@@ -347,13 +361,14 @@ def encoder_case(
             return model(input_ids, layout.with_fields())  # fresh caches: structure cost is paid per call
 
     model = model.to(device=device, dtype=dtype).eval()
+    probe = torch.empty(1, 1, seq_len, 1, device=device, dtype=dtype)  # like the q every attention layer sees
     if mode == "inference":
 
         def call() -> None:
             with torch.no_grad():
                 forward()
 
-        return Case(call)
+        return Case(call, countable=not runs_flex(model, probe, grad=False))
     params = list(model.parameters())
     # a whole training step: the optimiser's update is part of what a user waits for
     optimizer = torch.optim.AdamW(params, lr=1e-5)
@@ -366,7 +381,7 @@ def encoder_case(
 
     # two warm-up calls: the first creates the optimiser's state (and counts FLOPs), so
     # the memory call is a steady-state step, as every step after a user's first is
-    return Case(train_call, min_warmup=2)
+    return Case(train_call, min_warmup=2, countable=not runs_flex(model, probe, grad=True))
 
 
 def dot_model(name: str, dims: dict, type_sizes: list[int], seq_len: int, input_ids, layout):

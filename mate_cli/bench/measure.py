@@ -253,9 +253,12 @@ class Measurement:
         return statistics.median(self.times)
 
 
-def measure(call: Callable[[], None], device: torch.device, warmup: int, repeats: int, flops: float | None) -> Measurement:
-    """Warm-up calls (FLOPs counted on the first unless given; peak memory on the last),
-    then ``repeats`` timed calls."""
+def measure(
+    call: Callable[[], None], device: torch.device, warmup: int, repeats: int, flops: float | None,
+    countable: bool = True,
+) -> Measurement:
+    """Warm-up calls (FLOPs counted on the first unless given or not ``countable``; peak
+    memory on the last), then ``repeats`` timed calls."""
     if device.type == "cpu":
         set_mmap_threshold(SPEED_MMAP_THRESHOLD)
     warmup = max(1, warmup)
@@ -263,7 +266,7 @@ def measure(call: Callable[[], None], device: torch.device, warmup: int, repeats
     for i in range(warmup):
         memory = PeakMemory(device) if i == warmup - 1 else contextlib.nullcontext()
         with memory:
-            if i == 0 and flops is None:
+            if i == 0 and flops is None and countable:
                 flops = count_flops(call)
             else:
                 call()

@@ -225,7 +225,7 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
             case = cases.kernel_case(backend, mode, layout, dims, settings.batch, dtype, device)
         else:
             case = cases.encoder_case(backend, mode, input_ids, layout, dims, dtype, device)
-        result = measure.measure(case.call, device, max(warmup, case.min_warmup), repeats, case.flops)
+        result = measure.measure(case.call, device, max(warmup, case.min_warmup), repeats, case.flops, case.countable)
     except cases.Unavailable as err:
         history.dead[key] = str(err)
         return base(status="skipped", note=str(err))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from pathlib import Path
 
 import hydra
@@ -269,9 +270,8 @@ def _best_checkpoint(trainer, last: Path) -> str:
 def _finish_wandb() -> Path | None:
     """Close this job's W&B run now (its closing lines print here, before the summary);
     returns its folder (``<run dir>/wandb/offline-run-<time>-<id>``), if one ran."""
-    import wandb
-
-    if wandb.run is None:
+    wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran (logger=csv)
+    if wandb is None or wandb.run is None:
         return None
     folder = Path(wandb.run.dir).parent
     wandb.finish()

@@ -328,7 +328,8 @@ class TableEncoder(nn.Module):
             reset_position_index_per_cell: per-cell positions; default: a TAPAS
                 checkpoint's own setting, else on iff ``max_length`` exceeds the position table.
             gradient_checkpointing: see the class.
-            config_overrides: any :class:`EncoderConfig` field (e.g. ``hidden_dropout=0.0``).
+            config_overrides: any :class:`EncoderConfig` field (e.g. ``hidden_dropout=0.0``);
+                None keeps the checkpoint's value.
         """
         resolved = checkpoints.resolve_pretrained(pretrained)
         hf = checkpoints.read_config(resolved)
@@ -343,7 +344,7 @@ class TableEncoder(nn.Module):
                 f"model.encoder.pretrained={pretrained!s} uses position_embedding_type={hf['position_embedding_type']!r}; "
                 "only absolute position embeddings are supported"
             )
-        config = apply_overrides(EncoderConfig.from_hf_dict(hf), config_overrides)
+        config = apply_overrides(EncoderConfig.from_hf_dict(hf), {k: v for k, v in config_overrides.items() if v is not None})
         length = int(max_length or config.max_position_embeddings)
         if reset_position_index_per_cell is not None:
             config.reset_position_index_per_cell = bool(reset_position_index_per_cell)

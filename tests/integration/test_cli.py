@@ -212,6 +212,20 @@ def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
     assert by_backend["mate"]["val/loss"] != by_backend["dense"]["val/loss"]
 
 
+def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path):
+    """`mate train attention.impl=flex`: FlexAttention in each head's sorted space (eager on
+    CPU, with the project's backward). Without attention dropout it runs every call itself
+    (with dropout, training calls take eager and say so)."""
+    args = [*SMOKE, "trainer.max_steps=2", "attention.impl=flex", "model.encoder.attention_dropout=0.0", "logger=csv"]
+    proc = mate(args, tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = only_run_dir(tmp_path / "outputs" / "train")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1")), metrics
+    assert "impl: flex" in (run / "resolved_config.yaml").read_text()
+    assert "using 'eager'" not in proc.stdout + proc.stderr
+
+
 # ------------------------------------------------------------------ bad input
 def test_unknown_experiment_lists_options(tmp_path):
     proc = mate(["experiment=nope"], tmp_path)

@@ -26,12 +26,17 @@ the sequence length, the grad mode or the batch-mates:
   ``block_sparse`` (:mod:`.mate_block_sparse`: FlexAttention where it runs (CUDA),
   otherwise each row/column segment packed into a dense block).
 - ``bucketed``: ``eager`` (:mod:`.mate_bucketed`'s torch path: any device, dtype,
-  dropout, forward and backward) or ``kernel`` (the fused C++ CPU kernels of
+  dropout, forward and backward), ``kernel`` (the fused C++ CPU kernels of
   :mod:`.mate_cpu_kernel`, forward and backward, attention dropout included, for
-  float32 where they build; the eager path everywhere else). With attention dropout
-  the two draw different (equally valid) masks.
-- ``auto``: the fastest of the variant's implementations for (device, length, grad
-  mode); never another function.
+  float32 where they build; the eager path everywhere else) or ``flex`` (one
+  FlexAttention call in each head's sorted space, :mod:`.mate_flex`: compiled on
+  CUDA; eager, quadratic and for checking on CPU; no attention dropout, so a
+  training call with attention dropout runs ``eager``). With attention dropout
+  ``eager`` and ``kernel`` draw different (equally valid) masks.
+- ``auto``: the fastest of the variant's implementations for (device, dtype, length,
+  grad mode, attention dropout), as measured: ``bucketed`` takes ``kernel`` on CPU;
+  on CUDA ``flex`` in bf16/fp16 up to 2048 tokens (inference) / 4096 (training)
+  without attention dropout, ``eager`` otherwise; never another function.
 
 A key bias (``layout.key_bias``, DoT's pruning scores) is supported by ``variant=exact``
 and always runs ``masked`` (the same function; DoT's task model reads few tokens);
@@ -54,17 +59,21 @@ from mate_cli.modeling.attention import mate_cpu_kernel
 from mate_cli.modeling.attention.base import AttentionBackend, check_range, register, with_key_bias
 from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention, flex_mate_attention
 from mate_cli.modeling.attention.mate_bucketed import Workspace, bucketed_attention, cpu_kernel_applies
+from mate_cli.modeling.attention.mate_flex import flex_available, flex_bucketed_attention
 from mate_cli.modeling.attention.mate_plan import bucket_plan, head_groups
 from mate_cli.modeling.layout import TableLayout
 
-__all__ = ["MateAttention", "VARIANTS", "head_masks", "masked_attention", "flex_mate_attention", "choose_exact_impl"]
+__all__ = [
+    "MateAttention", "VARIANTS", "head_masks", "masked_attention", "flex_mate_attention", "choose_exact_impl",
+    "choose_bucketed_impl",
+]
 
 logger = logging.getLogger(__name__)
 
 #: ``attention.variant`` -> its valid ``attention.impl`` values (``auto`` first).
 VARIANTS = {
     "exact": ("auto", "masked", "block_sparse"),
-    "bucketed": ("auto", "eager", "kernel"),
+    "bucketed": ("auto", "eager", "kernel", "flex"),
 }
 
 #: ``auto`` for ``variant=exact``: longest sequence for which ``masked`` (fused dense
@@ -120,6 +129,33 @@ def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
     return "masked" if seq_len <= limit else "block_sparse"
 
 
+#: ``auto`` for ``variant=bucketed`` on CUDA: longest sequence for which ``flex`` beats
+#: ``eager``, per (dtype, grad mode); float32 always takes ``eager``. Measured with
+#: ``mate bench bench.device=cuda`` at kernel level (H100, BERT-base heads, BENCHMARKS.md;
+#: bf16 ms flex vs eager, inference: 2048: 0.46 vs 0.90, 4096: 1.75 vs 0.94; fwd+bwd:
+#: 4096: 2.4 vs 3.7, 8192: 4.6 vs 3.5; float32 inference 2048: 1.9 vs 1.0).
+AUTO_FLEX_MAX_LEN = {
+    (torch.bfloat16, False): 2048, (torch.bfloat16, True): 4096,
+    (torch.float16, False): 2048, (torch.float16, True): 4096,
+}
+
+
+def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool, dropout_p: float) -> str:
+    """What ``variant=bucketed`` runs for ``attention.impl=impl`` on this call: ``kernel``
+    where the fused CPU kernel applies (asked for, or ``auto``); ``flex`` where
+    FlexAttention applies and the call has no attention dropout, when asked for or, on
+    CUDA, for ``auto`` up to :data:`AUTO_FLEX_MAX_LEN`; else ``eager``."""
+    if impl in ("auto", "kernel") and cpu_kernel_applies(q):
+        return "kernel"
+    if dropout_p or not flex_available():
+        return "eager"
+    if impl == "flex":
+        return "flex"
+    if impl == "auto" and q.is_cuda and q.shape[2] <= AUTO_FLEX_MAX_LEN.get((q.dtype, grad), 0):
+        return "flex"
+    return "eager"
+
+
 #: (variant, impl, device, length bucket, grad, choice): the ``auto`` choices logged in this
 #: process (every layer's backend makes the same choice; the log says it once)
 LOGGED_CHOICES: set[tuple] = set()
@@ -134,7 +170,7 @@ class MateAttention(AttentionBackend):
         variant: the function: ``exact`` (the §3 pattern) or ``bucketed`` (the paper's
             §3.1 approximation with ``global_size`` and ``radius``).
         impl: how it is computed: ``auto`` | ``masked`` | ``block_sparse`` for
-            ``exact``; ``auto`` | ``eager`` | ``kernel`` for ``bucketed``.
+            ``exact``; ``auto`` | ``eager`` | ``kernel`` | ``flex`` for ``bucketed``.
         row_heads_ratio: fraction of row heads; the first ``round(ratio * heads)``
             heads are row heads, the rest column heads (paper: 1:1, i.e. 0.5).
         global_size: ``G``, the global tokens of ``bucketed`` (paper: 116).
@@ -174,7 +210,7 @@ class MateAttention(AttentionBackend):
         self.row_heads_ratio = float(row_heads_ratio)
         self.global_size = int(global_size)
         self.radius = int(radius)
-        if variant == "bucketed" and impl != "eager":
+        if variant == "bucketed" and impl in ("auto", "kernel"):
             # build/load the fused CPU kernel now (once per process), not inside the first
             # forward: a FlopCounterMode opened before that call would miss its formula
             mate_cpu_kernel.available()
@@ -189,19 +225,21 @@ class MateAttention(AttentionBackend):
             text += f", global_size={self.global_size}, radius={self.radius}"
         return text
 
-    def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> str:
         """The implementation this call runs: ``masked`` | ``block_sparse`` (exact),
-        ``kernel`` | ``eager`` (bucketed; ``kernel`` only where the fused kernel applies).
-        Resolves ``auto`` within the variant, logging each choice once."""
+        ``kernel`` | ``flex`` | ``eager`` (bucketed; ``kernel`` only where the fused kernel
+        applies, ``flex`` only without attention dropout). Resolves ``auto`` within the
+        variant, logging each choice once; an asked-for implementation that cannot run
+        this call says so once too."""
+        grad = self._grad(q, k, v)
         if self.variant == "bucketed":
-            applies = cpu_kernel_applies(q)
-            choice = "kernel" if self.impl != "eager" and applies else "eager"
+            choice = choose_bucketed_impl(self.impl, q, grad, dropout_p)
         elif self.impl != "auto":
             return self.impl
         else:
-            choice = choose_exact_impl(q.device, q.shape[2], self._grad(q, k, v))
-        if self.impl in ("auto", "kernel"):  # an asked-for kernel that cannot run says so too
-            self._log_choice(choice, q, self._grad(q, k, v))
+            choice = choose_exact_impl(q.device, q.shape[2], grad)
+        if self.impl == "auto" or choice != self.impl:
+            self._log_choice(choice, q, grad)
         return choice
 
     @staticmethod
@@ -223,12 +261,14 @@ class MateAttention(AttentionBackend):
         """``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> same shape."""
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0
-        impl = "masked" if layout.key_bias is not None else self.resolve_impl(q, k, v)
+        impl = "masked" if layout.key_bias is not None else self.resolve_impl(q, k, v, dropout_p)
         if impl == "masked":
             return masked_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
         if impl == "block_sparse":
             return block_sparse_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
         plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
+        if impl == "flex":
+            return flex_bucketed_attention(q, k, v, layout, plan, self.row_heads_ratio)
         # scratch shared by every layer (and call) that sees this layout, like the plan
         workspace = layout.cached(("mate.workspace",), Workspace)
         return bucketed_attention(q, k, v, plan, dropout_p, use_cpu_kernel=impl == "kernel", workspace=workspace)

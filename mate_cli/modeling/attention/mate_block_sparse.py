@@ -26,12 +26,12 @@ Structure (packing indices, block masks) is cached on the ``TableLayout``.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from mate_cli.modeling.attention.mate_flex import blocks_of, flex_available, flex_call
 from mate_cli.modeling.attention.mate_plan import (
     PADDING_GROUP, group_of_heads, head_groups, mate_allowed, sorted_groups,
 )
@@ -184,30 +184,6 @@ def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropou
 
 
 # ------------------------------------------------------------------ FlexAttention
-def flex_available() -> bool:
-    """Whether ``torch.nn.attention.flex_attention`` can be imported."""
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except Exception:  # pragma: no cover - old torch
-        return False
-    return True
-
-
-@functools.cache
-def _compiled_flex():
-    """``torch.compile``d FlexAttention, compiled once per process (on first use)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def _flex_fn(compiled: bool):
-    """FlexAttention: compiled (once per process) or eager."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return _compiled_flex() if compiled else flex_attention
-
-
 def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float, block_size: int):
     """Sorted per-head props ``[B, H, Np]`` and the BlockMask, for a length ``Np`` padded to the block."""
 
@@ -243,8 +219,7 @@ def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float,
         group = torch.stack(props, 1)[:, index]  # [B, H, Np]
 
         def to_blocks(m):
-            m = torch.stack(m, 1)[:, index]  # [B, H, nq, nk]
-            return m.sum(-1).to(torch.int32), torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+            return blocks_of(torch.stack(m, 1)[:, index])  # [B, H, nq, nk]
 
         def mask_mod(b, h, q_idx, kv_idx):
             return mate_allowed(group[b, h, q_idx], group[b, h, kv_idx])
@@ -275,5 +250,5 @@ def flex_mate_attention(
     perm, inverse = layout.head_sort_order(H, row_heads_ratio)
     index = perm[..., None].expand(B, H, N, D)
     qs, ks, vs = (F.pad(x.gather(2, index), (0, 0, 0, Np - N)) for x in (q, k, v))
-    out = _flex_fn(compiled)(qs, ks, vs, block_mask=block_mask)
+    out = flex_call(qs, ks, vs, block_mask, D**-0.5, compiled)
     return out[:, :, :N].gather(2, inverse[..., None].expand(B, H, N, D))
