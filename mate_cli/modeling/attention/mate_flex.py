@@ -137,7 +137,7 @@ class _Structure:
 
 
 def _structure(layout: TableLayout, plan: BucketPlan, row_heads_ratio: float, block: int) -> _Structure:
-    return plan._memoized(("flex", block), lambda: _Structure(layout, plan, row_heads_ratio, block))
+    return plan.memoized(("flex", block), lambda: _Structure(layout, plan, row_heads_ratio, block))
 
 
 def _sorted(x: torch.Tensor, plan: BucketPlan, length: int) -> torch.Tensor:

@@ -117,7 +117,8 @@ class BucketPlan:
     def window(self) -> int:
         return 3 * self.radius
 
-    def _memoized(self, key: tuple, build: Callable[[], object]):
+    def memoized(self, key: tuple, build: Callable[[], object]):
+        """``build()``, once per plan under ``key`` (structure derived from the plan, for its users too)."""
         if key not in self._memo:
             self._memo[key] = build()
         return self._memo[key]
@@ -136,7 +137,7 @@ class BucketPlan:
             neg = torch.finfo(dtype).min / 2
             return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, neg)
 
-        return self._memoized(("bias", part, dtype), build)
+        return self.memoized(("bias", part, dtype), build)
 
     @cached_property
     def needs_table_globals(self) -> list[list[int]]:
@@ -165,11 +166,11 @@ class BucketPlan:
                 replace(c, keys=max(n, self.query_len[c.b], 1), free=self.query_len[c.b]) for c, n in zip(chunks, needed)
             ]
 
-        return self._memoized(("long_chunks", budget), build)
+        return self.memoized(("long_chunks", budget), build)
 
     def dense_chunks(self, budget: int) -> list[Chunk]:
         """Chunks of the dense (query-set) rows: one unit of ``P`` rows per head (cached)."""
-        return self._memoized(
+        return self.memoized(
             ("dense_chunks", budget), lambda: _chunks(self, self.dense_rows, 1, self.padded_len, budget)
         )
 
@@ -187,7 +188,7 @@ class BucketPlan:
             rows = (b * N + self.perm) * H + h if layout_kind == "bnhd" else (b * H + h) * N + self.perm
             return F.pad(rows, (0, T - N)).reshape(-1)
 
-        return self._memoized(("source_rows", layout_kind), build)
+        return self.memoized(("source_rows", layout_kind), build)
 
     def token_rows(self, layout_kind: str) -> torch.Tensor:
         """``[B*H, 3]`` int64: (row of token 0, row stride, in order) of each head in a flat
@@ -209,7 +210,7 @@ class BucketPlan:
             strides = torch.full((B, H), stride)
             return torch.stack([base.expand(B, H), strides, in_order], -1).reshape(B * H, 3).contiguous()
 
-        return self._memoized(("token_rows", layout_kind), build)
+        return self.memoized(("token_rows", layout_kind), build)
 
     @cached_property
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
