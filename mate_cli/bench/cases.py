@@ -267,7 +267,8 @@ def kernel_case(
         with torch.enable_grad():
             fn(*leaves).backward(grad_out)
 
-    return Case(train_call, None if flops is None else 3.5 * flops, min_warmup=2, countable=not runs_flex(module, q, grad=True))
+    train_flops = None if flops is None else 3.5 * flops
+    return Case(train_call, train_flops, min_warmup=2, countable=not runs_flex(module, q, grad=True))
 
 
 def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> bool:

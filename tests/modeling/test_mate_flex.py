@@ -131,6 +131,7 @@ def test_flex_backend_trains_through_the_module_with_attention_dropout_off():
     grads = []
     for module in (backend.train(), eager.train()):
         leaves = [t.clone().requires_grad_() for t in base]
+        assert module.resolve_impl(*leaves, module.dropout) == module.impl  # flex itself, no fallback
         module(*leaves, layout).square().sum().backward()
         grads.append([t.grad for t in leaves])
     assert max((a - b).abs().max().item() for a, b in zip(*grads)) <= TOL
