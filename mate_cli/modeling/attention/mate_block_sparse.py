@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from mate_cli.modeling.attention.mate_flex import blocks_of, flex_available, flex_call
 from mate_cli.modeling.attention.mate_plan import (
-    PADDING_GROUP, group_of_heads, head_groups, mate_allowed, sorted_groups,
+    PADDING_GROUP, group_of_heads, head_groups, mate_allowed, sort_heads, sorted_groups, unsort_heads,
 )
 from mate_cli.modeling.layout import TableLayout
 
@@ -245,10 +245,9 @@ def flex_mate_attention(
     tests). On CPU, torch 2.13's FlexAttention has no backward: call it without grad.
     Padding query rows attend to the query set only (finite; they are ignored).
     """
-    B, H, N, D = q.shape
+    H, D = q.shape[1], q.shape[-1]
     Np, block_mask = _flex_structure(layout, H, row_heads_ratio, block_size)
     perm, inverse = layout.head_sort_order(H, row_heads_ratio)
-    index = perm[..., None].expand(B, H, N, D)
-    qs, ks, vs = (F.pad(x.gather(2, index), (0, 0, 0, Np - N)) for x in (q, k, v))
+    qs, ks, vs = (sort_heads(x, perm, Np) for x in (q, k, v))
     out = flex_call(qs, ks, vs, block_mask, D**-0.5, compiled)
-    return out[:, :, :N].gather(2, inverse[..., None].expand(B, H, N, D))
+    return unsort_heads(out, inverse)

@@ -37,7 +37,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from mate_cli.modeling.attention.mate_plan import PADDING_GROUP, BucketPlan, head_groups, mate_allowed, sorted_groups
+from mate_cli.modeling.attention.mate_plan import (
+    BucketPlan, head_groups, mate_allowed, sort_heads, sorted_groups, unsort_heads,
+)
 from mate_cli.modeling.layout import TableLayout
 
 __all__ = ["BLOCK_SIZE", "blocks_of", "flex_available", "flex_bucketed_attention", "flex_call", "flex_fn"]
@@ -140,17 +142,6 @@ def _structure(layout: TableLayout, plan: BucketPlan, row_heads_ratio: float, bl
     return plan.memoized(("flex", block), lambda: _Structure(layout, plan, row_heads_ratio, block))
 
 
-def _sorted(x: torch.Tensor, plan: BucketPlan, length: int) -> torch.Tensor:
-    B, H, N, D = x.shape
-    return F.pad(x.gather(2, plan.perm[..., None].expand(B, H, N, D)), (0, 0, 0, length - N))
-
-
-def _unsorted(x: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
-    B, H, _, D = x.shape
-    N = plan.seq_len
-    return x.gather(2, plan.inverse[..., None].expand(B, H, N, D))
-
-
 class _SortedFlex(torch.autograd.Function):
     """FlexAttention in sorted space with a backward for devices where torch has none (CPU).
 
@@ -208,7 +199,7 @@ def flex_bucketed_attention(
     ``compiled``: None compiles on CUDA and runs eagerly elsewhere (see the module docstring).
     """
     structure = _structure(layout, plan, row_heads_ratio, block_size)
-    qs, ks, vs = (_sorted(x, plan, structure.padded_len) for x in (q, k, v))
+    qs, ks, vs = (sort_heads(x, plan.perm, structure.padded_len) for x in (q, k, v))
     scale = q.shape[-1] ** -0.5
     if compiled is None:
         compiled = q.is_cuda
@@ -217,4 +208,4 @@ def flex_bucketed_attention(
         out = _SortedFlex.apply(qs, ks, vs, structure, scale)
     else:
         out = flex_call(qs, ks, vs, structure.block_mask, scale, compiled)
-    return _unsorted(out, plan)
+    return unsort_heads(out, plan.inverse)

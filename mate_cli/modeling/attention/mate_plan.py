@@ -26,7 +26,7 @@ from mate_cli.modeling.layout import PADDING_GROUP, TableLayout, View
 
 __all__ = [
     "BucketPlan", "Chunk", "PADDING_GROUP", "bucket_plan", "group_of_heads", "head_groups", "mate_allowed",
-    "sorted_groups",
+    "sort_heads", "sorted_groups", "unsort_heads",
 ]
 
 
@@ -62,6 +62,18 @@ def sorted_groups(layout: TableLayout, view: View, length: int) -> torch.Tensor:
     with ``PADDING_GROUP`` from ``seq`` to ``length``."""
     perm, _ = layout.sort_order(view)
     return F.pad(layout.group_ids(view).gather(1, perm), (0, length - layout.seq_len), value=PADDING_GROUP)
+
+
+def sort_heads(x: torch.Tensor, perm: torch.Tensor, length: int) -> torch.Tensor:
+    """``x`` ``[B, H, N, D]`` in each head's sort order (``perm`` ``[B, H, N]``), zero-padded to ``length``."""
+    B, H, N, D = x.shape
+    return F.pad(x.gather(2, perm[..., None].expand(B, H, N, D)), (0, 0, 0, length - N))
+
+
+def unsort_heads(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """Sorted ``[B, H, >= N, D]`` back to token order (``inverse`` ``[B, H, N]``): ``[B, H, N, D]``."""
+    B, H, N = inverse.shape
+    return x.gather(2, inverse[..., None].expand(B, H, N, x.shape[-1]))
 
 
 # ------------------------------------------------------------------------ plan

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mate_cli.modeling.attention.mate_plan import BucketPlan
+from mate_cli.modeling.attention.mate_plan import BucketPlan, sort_heads, unsort_heads
 
 __all__ = ["MultiView", "bucketed_attention_reference"]
 
@@ -69,7 +69,7 @@ class MultiView:
         """Sort ``x`` ``[batch, heads, seq, head_dim]`` by the plan's per-head order and view it."""
         B, H, N, D = x.shape
         R, nb, G = plan.radius, plan.num_buckets, plan.global_len
-        full = F.pad(x.gather(2, plan.perm[..., None].expand(B, H, N, D)), (0, 0, 0, plan.padded_len - N))
+        full = sort_heads(x, plan.perm, plan.padded_len)
         long = full.view(B, H, nb, R, D)
         padded = F.pad(long, (0, 0, 0, 0, 1, 1))
         window = torch.cat([padded[:, :, :-2], padded[:, :, 1:-1], padded[:, :, 2:]], dim=3)
@@ -109,4 +109,4 @@ def bucketed_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         context_from_global = torch.einsum("BHFT,BHTE->BHFE", prob_from_global, V.full)
         take = plan.dense_take[:, None, :, None]
         context = torch.cat([torch.where(take, context_from_global, context[:, :, :P]), context[:, :, P:]], 2)
-    return context.gather(2, plan.inverse[..., None].expand(B, H, N, D))
+    return unsort_heads(context, plan.inverse)
