@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from tests.helpers import MATE, mate_env, run_mate, wandb_run_summary
 
@@ -117,8 +118,11 @@ def test_resumed_run_continues_the_killed_runs_wandb_run(runs):
         pytest.skip("the pre-training case logs to CSV only")
     (killed,) = runs["killed"].glob("wandb/offline-run-*/run-*.wandb")
     (resumed,) = runs["resumed"].glob("wandb/offline-run-*/run-*.wandb")
-    assert wandb_run_summary(killed)["run_id"] == wandb_run_summary(resumed)["run_id"]
-    assert killed.name == resumed.name  # run-<id>.wandb: `wandb sync` of both folders makes one W&B run
+    # the killed run's id as it was drawn at its start (kill -9 may come before W&B's own
+    # process has written its run record: what W&B had not flushed is lost with it)
+    killed_id = OmegaConf.load(runs["killed"] / "resolved_config.yaml").logger.wandb.id
+    assert killed.name == resumed.name == f"run-{killed_id}.wandb"  # `wandb sync` of both folders makes one W&B run
+    assert wandb_run_summary(resumed)["run_id"] == killed_id
     (whole,) = runs["whole"].glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_run_summary(whole)["run_id"] != wandb_run_summary(resumed)["run_id"]
 
