@@ -39,6 +39,7 @@ once-per-batch structure cost is paid inside the measured call.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import mate_cli.modeling.attention as attention
+from mate_cli.bench import measure
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate_block_sparse as sparse
 from mate_cli.modeling.attention.base import AttentionBackend
@@ -106,6 +108,9 @@ class Case:
     #: MATE's bucketed ``auto`` on CUDA) cannot run under it, and a failed attempt leaves torch's
     #: compiler refusing FlexAttention for the rest of the process. Its FLOPs are left empty.
     countable: bool = True
+    #: kernel level in bfloat16/float16: the relative error of one call against the same
+    #: call in float32 (:func:`~mate_cli.bench.measure.relative_error`; run once, untimed)
+    error: Callable[[], float] | None = None
 
 
 def dims_of(name: str) -> dict:
@@ -249,17 +254,20 @@ def kernel_case(
         seq_len = layout.seq_len
         fn = functools.partial(module, layout=layout)
     shape = (batch, heads, seq_len, head_dim)
-    q, k, v = (torch.randn(shape, generator=generator).to(device, dtype) for _ in range(3))
+    base = [torch.randn(shape, generator=generator) for _ in range(3)]
+    q, k, v = (t.to(device, dtype) for t in base)
     if mode == "inference":
 
         def call() -> None:
             with torch.no_grad():
                 fn(q, k, v)
 
-        return Case(call, flops, min_warmup=2, countable=not runs_flex(module, q, grad=False))
+        error = float32_comparison(fn, module, layout, base, None, dtype, device)
+        return Case(call, flops, min_warmup=2, countable=not runs_flex(module, q, grad=False), error=error)
     leaves = [t.requires_grad_() for t in (q, k, v)]
     params = list(module.parameters()) if module is not None else []
-    grad_out = torch.randn(shape, generator=generator).to(device, dtype)
+    cotangent = torch.randn(shape, generator=generator)
+    grad_out = cotangent.to(device, dtype)
 
     def train_call() -> None:
         for t in leaves + params:
@@ -268,7 +276,33 @@ def kernel_case(
             fn(*leaves).backward(grad_out)
 
     train_flops = None if flops is None else 3.5 * flops
-    return Case(train_call, train_flops, min_warmup=2, countable=not runs_flex(module, q, grad=True))
+    error = float32_comparison(fn, module, layout, base, cotangent, dtype, device)
+    return Case(train_call, train_flops, min_warmup=2, countable=not runs_flex(module, q, grad=True), error=error)
+
+
+def float32_comparison(fn, module, layout, base, cotangent, dtype, device) -> Callable[[], float] | None:
+    """``Case.error`` of a kernel cell: None in float32, else :func:`error_vs_float32` against
+    a float32 copy of ``module`` (``fn`` itself where there is no module: it follows its inputs' dtype)."""
+    if dtype == torch.float32:
+        return None
+    reference = fn if module is None else functools.partial(copy.deepcopy(module).float(), layout=layout)
+    real = layout.attention_mask[:, None, :, None]
+    return functools.partial(error_vs_float32, fn, reference, base, cotangent, dtype, device, real)
+
+
+def error_vs_float32(fn, reference, base, cotangent, dtype, device, real) -> float:
+    """:func:`~mate_cli.bench.measure.relative_error` of ``fn`` on ``base`` (float32 q, k, v) rounded to
+    ``dtype`` against ``reference`` (the same backend in float32) on ``base``: the output's and,
+    with a ``cotangent`` (training), the q, k, v gradients', the largest."""
+    results = []
+    for f, dt in ((fn, dtype), (reference, torch.float32)):
+        leaves = [t.to(device, dt).requires_grad_(cotangent is not None) for t in base]
+        with torch.set_grad_enabled(cotangent is not None):
+            out = f(*leaves)
+            if cotangent is not None:
+                out.backward(cotangent.to(device, dt))
+        results.append([out] + ([t.grad for t in leaves] if cotangent is not None else []))
+    return max(measure.relative_error(a, b, real) for a, b in zip(*results))
 
 
 def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> bool:

@@ -25,6 +25,12 @@ GPU: ``torch.cuda.max_memory_allocated`` minus ``memory_allocated`` before the c
 repeats, in cores (``/proc/stat`` minus this process). Times with ``other_cpu``
 well above 0 on a 2-core machine are contention, not the backend.
 
+**Error against float32** (``err_vs_fp32``, kernel level, cells run in bfloat16 or
+float16): the same backend and inputs once more in the cell's dtype and once in
+float32 (inputs drawn in float32, so the reduced run also rounds its inputs, as
+autocast does), after the timed calls; :func:`relative_error`, the largest over the
+output and, in training, the q, k, v gradients.
+
 **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` over the first warm-up call
 (matmul-class ops: mm/bmm/addmm/baddbmm/SDPA; elementwise ops, softmax, sorts and
 gathers are not counted). Torch does not map the CPU SDPA kernels
@@ -275,3 +281,15 @@ def measure(
     with OtherCpu() as other:
         times = [timed(call, device) for _ in range(max(1, repeats))]
     return Measurement(times, peak, high, flops, other.cores)
+
+
+def relative_error(reduced: torch.Tensor, reference: torch.Tensor, real: torch.Tensor | None = None) -> float:
+    """Largest ``|reduced - reference|`` over the largest ``|reference|``, in float32.
+
+    ``real``: a mask broadcastable to both (the layout's real tokens) outside which
+    nothing is compared (padding rows compute unused values).
+    """
+    a, b = reduced.detach().float(), reference.detach().float()
+    if real is not None:
+        a, b = a * real, b * real
+    return float((a - b).abs().max() / b.abs().max().clamp_min(torch.finfo(torch.float32).tiny))

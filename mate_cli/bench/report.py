@@ -183,7 +183,9 @@ def markdown(rows: list[dict], targets: list | None = None, machine: dict | None
     for level, mode in groups(rows):
         part = select(rows, level=level, mode=mode)
         lengths = sorted({r["seq_len"] for r in part})
-        out.append(f"**{level} / {mode}** - median time / peak memory (FLOPs)\n")
+        errors = any(r.get("err_vs_fp32") for r in part)
+        error_text = "; error vs float32" if errors else ""
+        out.append(f"**{level} / {mode}** - median time / peak memory (FLOPs{error_text})\n")
         out.append("| backend | " + " | ".join(map(str, lengths)) + " |")
         out.append("|---|" + "---:|" * len(lengths))
         for backend in backends_of(part):
@@ -198,7 +200,8 @@ def markdown(rows: list[dict], targets: list | None = None, machine: dict | None
                 else:
                     flops = _num(r["flops"])
                     gf = "" if not flops else f" ({flops / 1e9:,.1f} GF)"
-                    cells.append(f"{_fmt_time(_num(r['time_ms']))} / {format_mb(_num(r['peak_mem_mb']))}{gf}")
+                    err = f"; {r['err_vs_fp32']}" if r.get("err_vs_fp32") else ""
+                    cells.append(f"{_fmt_time(_num(r['time_ms']))} / {format_mb(_num(r['peak_mem_mb']))}{gf}{err}")
             out.append(f"| {backend} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out) + "\n"

@@ -34,7 +34,7 @@ QUADRATIC_MEMORY = ("mate.masked", "sat", "tapas_hf")
 COLUMNS = (
     "level", "mode", "backend", "seq_len", "batch", "dims", "dtype", "device", "threads",
     "status", "time_ms", "time_ms_min", "time_ms_max", "repeats",
-    "peak_mem_mb", "peak_rss_mb", "flops", "tokens_per_s", "other_cpu", "note",
+    "peak_mem_mb", "peak_rss_mb", "flops", "tokens_per_s", "other_cpu", "err_vs_fp32", "note",
 )  # fmt: skip
 
 
@@ -226,6 +226,7 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
         else:
             case = cases.encoder_case(backend, mode, input_ids, layout, dims, dtype, device)
         result = measure.measure(case.call, device, max(warmup, case.min_warmup), repeats, case.flops, case.countable)
+        error = None if case.error is None else case.error()
     except cases.Unavailable as err:
         history.dead[key] = str(err)
         return base(status="skipped", note=str(err))
@@ -251,6 +252,7 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
         flops="" if result.flops is None else int(result.flops),
         tokens_per_s=round(settings.batch * length / result.median, 1),
         other_cpu="" if result.other_cpu is None else result.other_cpu,
+        err_vs_fp32="" if error is None else f"{error:.2e}",
         note=layout_note(layout) if backend == "dense" else "",
     )
 
