@@ -86,13 +86,16 @@ def test_csv_has_every_cell_and_column(tiny_run):
 
 def test_reduced_precision_cells_state_their_error_against_float32(tmp_path):
     """A bfloat16 kernel grid: each cell's error against the same backend in float32 is in
-    bench.csv and bench.md; it is bf16's rounding (not 0, well under a wrong answer's O(1))."""
+    bench.csv and bench.md; it is bf16's rounding (not 0, well under a wrong answer's O(1)),
+    and MATE's fused kernel (float32 math) beats the torch path's bf16 math."""
     run = mate_bench({**TINY, "dtype": "bfloat16", "levels": "[kernel]", "lengths": "[256]",
                       "kernel.backends": "[dense,mate.bucketed,mate.eager]"}, tmp_path)  # fmt: skip
     rows = rows_of(run)
     assert len(rows) == 6 and all(r["status"] == "ok" and r["dtype"] == "bfloat16" for r in rows)
     errors = {(r["mode"], r["backend"]): float(r["err_vs_fp32"]) for r in rows}
     assert all(1e-4 < e < 3e-2 for e in errors.values()), errors
+    for mode in ("inference", "train"):
+        assert errors[(mode, "mate.bucketed")] < errors[(mode, "mate.eager")], errors
     table = (run / "bench.md").read_text()
     assert "error vs float32" in table and rows[0]["err_vs_fp32"] in table
 

@@ -324,6 +324,7 @@ def test_bucketed_auto_and_kernel_run_the_fused_kernel_only_where_it_applies():
         backend = MateAttention(num_heads=2, head_dim=4, variant="bucketed", impl=impl, dropout=0.1)
         assert backend.eval().resolve_impl(x, x, x) == ("kernel" if kernel else "eager")
         assert backend.resolve_impl(*(t.double() for t in (x, x, x))) == "eager"
+        assert backend.resolve_impl(*(t.bfloat16() for t in (x, x, x))) == ("kernel" if kernel else "eager")
         assert backend.train().resolve_impl(x, x, x) == ("kernel" if kernel else "eager")  # dropout too
     assert MateAttention(num_heads=2, head_dim=4, impl="eager").resolve_impl(x, x, x) == "eager"
 

@@ -18,7 +18,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from mate_cli.modeling.attention import mate_cpu_kernel
+from mate_cli.bench.measure import relative_error
+from mate_cli.modeling.attention import mate_bucketed, mate_cpu_kernel
 from mate_cli.modeling.attention.mate_bucketed import bucketed_attention
 from mate_cli.modeling.attention.mate_plan import bucket_plan
 from mate_cli.modeling.attention.mate_reference import bucketed_attention_reference
@@ -93,8 +94,51 @@ def test_kernel_runs_only_where_it_applies():
     assert ops(torch.float32)  # inference
     assert ops(torch.float32, grad=True)  # forward of a training step
     assert ops(torch.float32, grad=True, dropout=0.1)  # attention dropout too (its own masks)
+    assert ops(torch.bfloat16) and ops(torch.float16, grad=True)  # CPU autocast: widened to float32
     assert not ops(torch.float64)
     assert not ops(torch.float32, use_cpu_kernel=False)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("layout_kind", ["bnhd", "bhnd"])
+@pytest.mark.parametrize("case", [1, 4, 5])
+def test_reduced_precision_is_the_float32_kernel_on_widened_inputs_rounded_once(case, layout_kind, dtype):
+    """bf16/fp16 q, k, v (CPU autocast) run the float32 kernel: the output is the float32
+    kernel's on the widened inputs, rounded once, and each gradient is the float32 backward's
+    on the widened tensors (the rounded output among them), rounded once; bit for bit. Its
+    error against float32 inputs is below the torch path's in the same dtype."""
+    make, G, R = CASES[case]
+    layout = make()
+    heads, dim = 4, 24
+    plan = bucket_plan(layout, heads, 0.5, G, R)
+    g = torch.Generator().manual_seed(case)
+    shape = (layout.batch_size, layout.seq_len, heads, dim)
+    base = [torch.randn(shape, generator=g).transpose(1, 2) for _ in range(4)]
+    if layout_kind == "bhnd":
+        base = [t.contiguous() for t in base]
+    *qkv, cot = base
+    leaves = [t.to(dtype).requires_grad_() for t in qkv]
+    with OpCalls() as calls:
+        out = bucketed_attention(*leaves, plan)
+        out.backward(cot.to(dtype))
+    assert {"mate_cpu.bucketed_forward", "mate_cpu.bucketed_backward"} <= set(calls.names)
+    assert out.dtype == dtype and out.transpose(1, 2).is_contiguous()  # still a [B, N, H, D] buffer
+    with torch.no_grad():
+        widened = [t.detach().float() for t in leaves]
+        assert torch.equal(out, bucketed_attention(*widened, plan).to(dtype))
+    grads32 = mate_bucketed._fused_cpu_backward(*widened, out.detach().float(), cot.to(dtype).float(), plan, 0.0, 0)
+    for leaf, grad32 in zip(leaves, grads32):
+        assert leaf.grad.dtype == dtype and leaf.grad.stride() == leaf.stride()
+        assert torch.equal(leaf.grad, grad32.to(dtype))
+    # float32 math beats the torch path's reduced-precision math against float32 inputs
+    real = layout.attention_mask[:, None, :, None]
+    with torch.no_grad():
+        reference = bucketed_attention(*qkv, plan)
+        eager = bucketed_attention(*(t.to(dtype) for t in qkv), plan, use_cpu_kernel=False)
+    kernel_error, eager_error = (relative_error(x, reference, real) for x in (out, eager))
+    log.info("%s, case %d: error vs float32, kernel %.1e, torch path %.1e", dtype, case, kernel_error, eager_error)
+    assert 0 < kernel_error < eager_error
 
 
 @needs_kernel

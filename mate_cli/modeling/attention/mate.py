@@ -27,8 +27,9 @@ the sequence length, the grad mode or the batch-mates:
   otherwise each row/column segment packed into a dense block).
 - ``bucketed``: ``eager`` (:mod:`.mate_bucketed`'s torch path: any device, dtype,
   dropout, forward and backward), ``kernel`` (the fused C++ CPU kernels of
-  :mod:`.mate_cpu_kernel`, forward and backward, attention dropout included, for
-  float32 where they build; the eager path everywhere else) or ``flex`` (one
+  :mod:`.mate_cpu_kernel`, forward and backward, attention dropout included, where
+  they build, in float32 math: bfloat16/float16 inputs are widened and the output
+  rounded once; the eager path everywhere else) or ``flex`` (one
   FlexAttention call in each head's sorted space, :mod:`.mate_flex`: compiled on
   CUDA; eager, quadratic and for checking on CPU; no attention dropout, so a
   training call with attention dropout runs ``eager``). With attention dropout

@@ -17,13 +17,16 @@ computes the same function in one ``autograd.Function``:
   (flash-attention style): only q, k, v and the output are kept. Time and memory are
   linear in the sequence length, forward and backward.
 - **fused CPU kernel** (``impl=kernel``; :mod:`.mate_cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): on
-  CPU in float32 (attention dropout included, its masks drawn from a seeded hash),
+  CPU (attention dropout included, its masks drawn from a seeded hash),
   when the caller allows it (``use_cpu_kernel=True``) and the kernel builds, the
   forward and the backward run in compiled kernels instead: per bucket, scores to ``[globals ; window]``, mask, softmax and
   context while they sit in cache, chunks of buckets in parallel; per head, the dense
   query rows likewise; the backward recomputes the probabilities the same way, per
   head. Same function and gradients (tested against both paths above), faster than
-  the chunked torch ops. Other dtypes and CUDA use the torch path.
+  the chunked torch ops. Its math is float32: bfloat16 and float16 inputs (CPU
+  autocast) are widened on the way in (exactly) and the output and gradients are
+  rounded once on the way out, so products, softmax and sums all run in float32
+  (:func:`_widened`). CUDA uses the torch path.
 
 Call-internal scratch buffers of the torch path come from a :class:`Workspace` the
 caller passes in (the MATE backend keeps one per layout, so the encoder's layers and
@@ -198,6 +201,16 @@ def _fold_windows(
 
 
 
+#: Dtypes the fused CPU kernel takes: float32 natively, the others widened to it (exactly).
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _widened(*xs: torch.Tensor) -> list[torch.Tensor]:
+    """``xs`` in float32 for the kernel (no copy for float32; strides kept, so a
+    ``[B, N, H, D]``-buffer view stays one)."""
+    return [x.to(torch.float32) for x in xs]
+
+
 def _kernel_rows(q, k, v, plan: BucketPlan):
     """q, k, v as ``[rows, D]`` in one row layout, and each sorted slot's row: ``(qf, kf, vf, src, kind)``."""
     B, H, N, D = q.shape
@@ -216,6 +229,8 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int) -
     ``[B, H, N, D]``): long rows first, then the dense query rows (disjoint rows).
     """
     B, H, N, D = q.shape
+    dtype = q.dtype
+    q, k, v = _widened(q, k, v)
     qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
     allowed, keys, free, head_view, real = plan.kernel_args
     out = q.new_empty(B * N * H, D)
@@ -225,14 +240,17 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int) -
         token_rows = plan.token_rows(kind)
         mate_cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, token_rows, H, out, D**-0.5,
                                       dropout_p, seed)  # fmt: skip
-    return out.view(B, N, H, D).transpose(1, 2)
+    return out.view(B, N, H, D).transpose(1, 2).to(dtype)
 
 
 def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan, dropout_p: float, seed: int) -> tuple[torch.Tensor, ...]:
     """dq, dk, dv of :func:`_fused_cpu_forward` in the compiled CPU kernel (recomputes the
     probabilities bucket by bucket; nothing sorted is materialised). ``out`` is the
-    forward's result (a view of a ``[B, N, H, D]`` buffer)."""
+    forward's result (a view of a ``[B, N, H, D]`` buffer). Gradients come back in q, k
+    and v's dtypes (float32 math throughout, like the forward)."""
     B, H, N, D = q.shape
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    q, k, v, out, grad_out = _widened(q, k, v, out, grad_out)
     qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
     grad_rows, grad_kind = _flat_rows(grad_out)  # read in its own layout: no copy for either
     grad_src = plan.source_rows(grad_kind).view(B * H, plan.padded_len)
@@ -244,8 +262,8 @@ def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan, dropout_p: flo
         plan.token_rows(kind), *grads, plan.radius, D**-0.5, dropout_p, seed,
     )  # fmt: skip
     if kind == "bnhd":
-        return tuple(g.view(B, N, H, D).transpose(1, 2) for g in grads)
-    return tuple(g.view(B, H, N, D) for g in grads)
+        return tuple(g.view(B, N, H, D).transpose(1, 2).to(t) for g, t in zip(grads, dtypes))
+    return tuple(g.view(B, H, N, D).to(t) for g, t in zip(grads, dtypes))
 
 
 def _torch_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace) -> torch.Tensor:
@@ -311,7 +329,7 @@ class _BucketedAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out = ctx.saved_tensors
         plan, p, seed, workspace = ctx.plan, ctx.dropout_p, ctx.seed, ctx.workspace
-        if ctx.fused_cpu:  # the kernel ran the forward, so it applies (float32 CPU)
+        if ctx.fused_cpu:  # the kernel ran the forward, so it applies
             return (*_fused_cpu_backward(q, k, v, out, grad_out, plan, p, seed), None, None, None, None, None)
         B, H, N, D = ctx.shape
         R, P, T = plan.radius, plan.dense_rows, plan.padded_len
@@ -386,9 +404,10 @@ class _BucketedAttention(torch.autograd.Function):
 
 
 def cpu_kernel_applies(q: torch.Tensor) -> bool:
-    """Whether the fused CPU kernel can run this call: float32 on CPU, and the kernel
-    builds and loads here (attention dropout runs in it too)."""
-    return q.device.type == "cpu" and q.dtype == torch.float32 and mate_cpu_kernel.available()
+    """Whether the fused CPU kernel can run this call: on CPU, in float32, bfloat16 or
+    float16 (float32 math for all three), and the kernel builds and loads here
+    (attention dropout runs in it too)."""
+    return q.device.type == "cpu" and q.dtype in KERNEL_DTYPES and mate_cpu_kernel.available()
 
 
 def bucketed_attention(

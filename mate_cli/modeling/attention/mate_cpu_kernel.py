@@ -17,9 +17,9 @@ dims, 2 cores with AVX-512: 69 vs 38 ms, 257 vs 132 ms).
 Scope: float32 on CPU: the forward (long rows and dense query rows) and its backward
 (the probabilities recomputed bucket by bucket, dK and dV accumulated per head), with
 attention dropout (masks from a stateless hash of the seed, so the backward redraws
-them; a different random stream from the torch path's). Everything else (bf16, CUDA)
-stays in the torch path
-of ``mate_bucketed.py``, which also decides when to call this (``use_cpu_kernel``).
+them; a different random stream from the torch path's). ``mate_bucketed.py`` decides
+when to call this (``use_cpu_kernel``) and widens bfloat16/float16 inputs to float32
+for it (CPU autocast); CUDA stays in its torch path.
 """
 
 from __future__ import annotations
