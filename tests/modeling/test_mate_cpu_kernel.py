@@ -127,7 +127,8 @@ def test_reduced_precision_is_the_float32_kernel_on_widened_inputs_rounded_once(
     with torch.no_grad():
         widened = [t.detach().float() for t in leaves]
         assert torch.equal(out, bucketed_attention(*widened, plan).to(dtype))
-    grads32 = mate_bucketed._fused_cpu_backward(*widened, out.detach().float(), cot.to(dtype).float(), plan, 0.0, 0)
+    grads32 = mate_bucketed._fused_cpu_backward(*widened, out.detach().float(), cot.to(dtype).float(), plan, 0.0, 0,
+                                                mate_bucketed.Workspace())
     for leaf, grad32 in zip(leaves, grads32):
         assert leaf.grad.dtype == dtype and leaf.grad.stride() == leaf.stride()
         assert torch.equal(leaf.grad, grad32.to(dtype))

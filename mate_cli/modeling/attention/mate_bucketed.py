@@ -65,15 +65,16 @@ class Workspace:
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
 
-    def get(self, role: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """An uninitialised ``shape`` tensor of ``like``'s dtype and device for ``role``."""
+    def get(self, role: str, shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """An uninitialised ``shape`` tensor of ``like``'s device, and dtype unless ``dtype`` is given, for ``role``."""
+        dtype = like.dtype if dtype is None else dtype
         if like.device.type != "cpu":
-            return like.new_empty(shape)
-        key = (threading.get_ident(), role, like.dtype)
+            return like.new_empty(shape, dtype=dtype)
+        key = (threading.get_ident(), role, dtype)
         numel = math.prod(shape)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < numel:
-            buf = self._buffers[key] = like.new_empty(numel)
+            buf = self._buffers[key] = like.new_empty(numel, dtype=dtype)
         return buf[:numel].view(shape)
 
 
@@ -205,10 +206,26 @@ def _fold_windows(
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _widened(*xs: torch.Tensor) -> list[torch.Tensor]:
-    """``xs`` in float32 for the kernel (no copy for float32; strides kept, so a
-    ``[B, N, H, D]``-buffer view stays one)."""
-    return [x.to(torch.float32) for x in xs]
+def _widened(x: torch.Tensor, role: str, workspace: Workspace) -> torch.Tensor:
+    """``x`` ``[B, H, N, D]`` in float32 for the kernel: ``x`` itself in float32, else a copy
+    in ``workspace`` scratch (``role``), in ``x``'s row layout (a ``[B, N, H, D]``-buffer
+    view stays one; copying the buffer whole is several times faster than element by
+    element through the transposed view, and reused scratch costs no page faults)."""
+    if x.dtype == torch.float32:
+        return x
+    B, H, N, D = x.shape
+    if x.transpose(1, 2).is_contiguous():
+        return workspace.get(role, (B, N, H, D), x, torch.float32).copy_(x.transpose(1, 2)).transpose(1, 2)
+    return workspace.get(role, (B, H, N, D), x, torch.float32).copy_(x)
+
+
+def _narrowed(rows: torch.Tensor, shape: tuple[int, ...], kind: str, dtype: torch.dtype) -> torch.Tensor:
+    """Flat float32 result rows (layout ``kind``) as ``[B, H, N, D]`` in ``dtype`` (one
+    rounding, a contiguous copy; no copy in float32)."""
+    B, H, N, D = shape
+    if kind == "bnhd":
+        return rows.view(B, N, H, D).to(dtype).transpose(1, 2)
+    return rows.view(B, H, N, D).to(dtype)
 
 
 def _kernel_rows(q, k, v, plan: BucketPlan):
@@ -221,7 +238,7 @@ def _kernel_rows(q, k, v, plan: BucketPlan):
     return qf, kf, vf, plan.source_rows(kind).view(B * H, plan.padded_len), kind
 
 
-def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int) -> torch.Tensor:
+def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace) -> torch.Tensor:
     """The forward in the compiled CPU kernels (:mod:`.mate_cpu_kernel`): no sorted copies.
 
     The kernels read q, k, v rows through the per-head sort order and write each
@@ -230,40 +247,42 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int) -
     """
     B, H, N, D = q.shape
     dtype = q.dtype
-    q, k, v = _widened(q, k, v)
+    q, k, v = (_widened(x, f"kernel_{name}", workspace) for x, name in zip((q, k, v), "qkv"))
     qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
     allowed, keys, free, head_view, real = plan.kernel_args
-    out = q.new_empty(B * N * H, D)
+    # float32 results are returned as they are; others are rounded from scratch
+    out = q.new_empty(B * N * H, D) if dtype == torch.float32 else workspace.get("kernel_out", (B * N * H, D), q)
     mate_cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, plan.radius,
                                      D**-0.5, dropout_p, seed)  # fmt: skip
     if plan.dense_rows:
         token_rows = plan.token_rows(kind)
         mate_cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, token_rows, H, out, D**-0.5,
                                       dropout_p, seed)  # fmt: skip
-    return out.view(B, N, H, D).transpose(1, 2).to(dtype)
+    return _narrowed(out, (B, H, N, D), "bnhd", dtype)
 
 
-def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan, dropout_p: float, seed: int) -> tuple[torch.Tensor, ...]:
+def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan, dropout_p: float, seed: int,
+                        workspace: Workspace) -> tuple[torch.Tensor, ...]:
     """dq, dk, dv of :func:`_fused_cpu_forward` in the compiled CPU kernel (recomputes the
     probabilities bucket by bucket; nothing sorted is materialised). ``out`` is the
     forward's result (a view of a ``[B, N, H, D]`` buffer). Gradients come back in q, k
     and v's dtypes (float32 math throughout, like the forward)."""
     B, H, N, D = q.shape
     dtypes = (q.dtype, k.dtype, v.dtype)
-    q, k, v, out, grad_out = _widened(q, k, v, out, grad_out)
+    q, k, v, out, grad_out = (_widened(x, f"kernel_{name}", workspace)
+                              for x, name in zip((q, k, v, out, grad_out), ("q", "k", "v", "out", "grad_out")))
     qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
     grad_rows, grad_kind = _flat_rows(grad_out)  # read in its own layout: no copy for either
     grad_src = plan.source_rows(grad_kind).view(B * H, plan.padded_len)
     out_rows = out.transpose(1, 2).reshape(-1, D)  # the forward's [B, N, H, D] buffer (a view)
-    grads = [torch.empty_like(qf) for _ in range(3)]
+    grads = [torch.empty_like(qf) if t == torch.float32 else workspace.get(f"kernel_d{name}", qf.shape, qf)
+             for t, name in zip(dtypes, "qkv")]
     allowed, keys, free, head_view, real = plan.kernel_args
     mate_cpu_kernel.bucketed_backward(
         qf, kf, vf, grad_rows, grad_src, out_rows, src, plan.dest_rows, allowed, keys, free, head_view, real,
         plan.token_rows(kind), *grads, plan.radius, D**-0.5, dropout_p, seed,
     )  # fmt: skip
-    if kind == "bnhd":
-        return tuple(g.view(B, N, H, D).transpose(1, 2).to(t) for g, t in zip(grads, dtypes))
-    return tuple(g.view(B, H, N, D).to(t) for g, t in zip(grads, dtypes))
+    return tuple(_narrowed(g, (B, H, N, D), kind, t) for g, t in zip(grads, dtypes))
 
 
 def _torch_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace) -> torch.Tensor:
@@ -315,7 +334,7 @@ class _BucketedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace, fused_cpu: bool):
         B, H, N, D = q.shape
         if fused_cpu:
-            out = _fused_cpu_forward(q, k, v, plan, dropout_p, seed)
+            out = _fused_cpu_forward(q, k, v, plan, dropout_p, seed, workspace)
         else:
             out = _torch_forward(q, k, v, plan, dropout_p, seed, workspace)
         if any(ctx.needs_input_grad[:3]):
@@ -330,7 +349,7 @@ class _BucketedAttention(torch.autograd.Function):
         q, k, v, out = ctx.saved_tensors
         plan, p, seed, workspace = ctx.plan, ctx.dropout_p, ctx.seed, ctx.workspace
         if ctx.fused_cpu:  # the kernel ran the forward, so it applies
-            return (*_fused_cpu_backward(q, k, v, out, grad_out, plan, p, seed), None, None, None, None, None)
+            return (*_fused_cpu_backward(q, k, v, out, grad_out, plan, p, seed, workspace), None, None, None, None, None)
         B, H, N, D = ctx.shape
         R, P, T = plan.radius, plan.dense_rows, plan.padded_len
         BH = B * H
