@@ -226,6 +226,22 @@ def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path):
     assert "using 'eager'" not in proc.stdout + proc.stderr
 
 
+def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path):
+    """`mate train trainer.precision=bf16-mixed` on CPU: q, k, v reach MATE in bf16 (CPU
+    autocast) and `impl=auto` still takes the fused kernel (float32 math inside), not the
+    bf16 torch path; the run ends with finite metrics."""
+    from mate_cli.modeling.attention import mate_cpu_kernel
+
+    args = [*SMOKE, "trainer.max_steps=2", "trainer.precision=bf16-mixed", "logger=csv"]
+    proc = mate(args, tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((only_run_dir(tmp_path / "outputs" / "train") / "metrics.json").read_text())
+    assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1")), metrics
+    impl = "kernel" if mate_cpu_kernel.available() else "eager"
+    choices = [line for line in (proc.stdout + proc.stderr).splitlines() if "mate attention variant=bucketed" in line]
+    assert choices and all(f"using '{impl}' on cpu" in line for line in choices), choices
+
+
 # ------------------------------------------------------------------ bad input
 def test_unknown_experiment_lists_options(tmp_path):
     proc = mate(["experiment=nope"], tmp_path)
