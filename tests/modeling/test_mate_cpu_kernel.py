@@ -119,9 +119,15 @@ def test_reduced_precision_is_the_float32_kernel_on_widened_inputs_rounded_once(
         base = [t.contiguous() for t in base]
     *qkv, cot = base
     leaves = [t.to(dtype).requires_grad_() for t in qkv]
+    workspace = mate_bucketed.Workspace()  # the float32 copies' scratch, as the layers share it
     with OpCalls() as calls:
-        out = bucketed_attention(*leaves, plan)
+        out = bucketed_attention(*leaves, plan, workspace=workspace)
         out.backward(cot.to(dtype))
+    # results own their memory: another call through the same scratch leaves them as they were
+    kept = [t.clone() for t in (out.detach(), *(leaf.grad for leaf in leaves))]
+    others = [torch.randn_like(t).requires_grad_() for t in leaves]
+    bucketed_attention(*others, plan, workspace=workspace).sum().backward()
+    assert all(torch.equal(a, b) for a, b in zip(kept, (out.detach(), *(leaf.grad for leaf in leaves))))
     assert {"mate_cpu.bucketed_forward", "mate_cpu.bucketed_backward"} <= set(calls.names)
     assert out.dtype == dtype and out.transpose(1, 2).is_contiguous()  # still a [B, N, H, D] buffer
     with torch.no_grad():
