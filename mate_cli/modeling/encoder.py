@@ -344,6 +344,11 @@ class TableEncoder(nn.Module):
                 f"model.encoder.pretrained={pretrained!s} uses position_embedding_type={hf['position_embedding_type']!r}; "
                 "only absolute position embeddings are supported"
             )
+        for key in ("hidden_dropout", "attention_dropout"):  # a probability every layer (and kernel) takes
+            value = config_overrides.get(key)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise MateError(f"model.encoder.{key}={value} is invalid: it must be in [0, 1); "
+                                f"set model.encoder.{key}=<value> accordingly (null keeps the checkpoint's)")
         config = apply_overrides(EncoderConfig.from_hf_dict(hf), {k: v for k, v in config_overrides.items() if v is not None})
         length = int(max_length or config.max_position_embeddings)
         if reset_position_index_per_cell is not None:

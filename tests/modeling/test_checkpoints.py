@@ -127,6 +127,9 @@ def test_config_overrides_apply(tmp_path):
     assert model.config.reset_position_index_per_cell is False
     with pytest.raises(MateError, match="unknown model option"):
         TableEncoder.from_pretrained(tmp_path, "dense", hiden_size=3)
+    for key, value in (("attention_dropout", 1.5), ("hidden_dropout", -0.1), ("attention_dropout", 1.0)):
+        with pytest.raises(MateError, match=rf"^model\.encoder\.{key}={value} is invalid: it must be in \[0, 1\)"):
+            TableEncoder.from_pretrained(tmp_path, "mate", **{key: value})
 
 
 # ------------------------------------------------------------------- user errors
