@@ -226,7 +226,7 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
         else:
             case = cases.encoder_case(backend, mode, input_ids, layout, dims, dtype, device)
         result = measure.measure(case.call, device, max(warmup, case.min_warmup), repeats, case.flops, case.countable)
-        error = None if case.error is None else case.error()
+        error, error_note = float32_error(case)
     except cases.Unavailable as err:
         history.dead[key] = str(err)
         return base(status="skipped", note=str(err))
@@ -253,8 +253,19 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
         tokens_per_s=round(settings.batch * length / result.median, 1),
         other_cpu="" if result.other_cpu is None else result.other_cpu,
         err_vs_fp32="" if error is None else f"{error:.2e}",
-        note=layout_note(layout) if backend == "dense" else "",
+        note="; ".join(filter(None, [layout_note(layout) if backend == "dense" else "", error_note])),
     )
+
+
+def float32_error(case: cases.Case) -> tuple[float | None, str]:
+    """``(case.error(), "")``, or ``(None, why)`` when the float32 comparison cannot run
+    (say, out of memory where the reduced-precision call fits): the timing stands."""
+    if case.error is None:
+        return None, ""
+    try:
+        return case.error(), ""
+    except Exception as err:  # noqa: BLE001 - the measured cell is kept either way
+        return None, f"err_vs_fp32 not measured ({type(err).__name__}: {one_line(err)})"
 
 
 def available_now(device: torch.device) -> float:

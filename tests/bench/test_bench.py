@@ -84,6 +84,16 @@ def test_csv_has_every_cell_and_column(tiny_run):
         assert row["err_vs_fp32"] == ""  # float32 cells have nothing to compare with
 
 
+def test_a_failed_float32_comparison_keeps_the_measured_cell():
+    def comparison_out_of_memory() -> float:
+        raise torch.OutOfMemoryError("float32 reference: out of memory")
+
+    assert runner.float32_error(cases.Case(call=lambda: None)) == (None, "")
+    assert runner.float32_error(cases.Case(call=lambda: None, error=lambda: 0.004)) == (0.004, "")
+    error, note = runner.float32_error(cases.Case(call=lambda: None, error=comparison_out_of_memory))
+    assert error is None and note == "err_vs_fp32 not measured (OutOfMemoryError: float32 reference: out of memory)"
+
+
 def test_reduced_precision_cells_state_their_error_against_float32(tmp_path):
     """A bfloat16 kernel grid: each cell's error against the same backend in float32 is in
     bench.csv and bench.md; it is bf16's rounding (not 0, well under a wrong answer's O(1)),
