@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"mate: error: {problem}", file=sys.stderr)
         return 2
-    problem = lock_given_run_dir(rest)
+    rest, problem = claim_given_run_dir(command, rest)
     if problem:
         print(f"mate: error: {problem}", file=sys.stderr)
         return 2
@@ -107,23 +107,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def lock_given_run_dir(args: list[str]) -> str | None:
-    """Take the run dir a command line names (``hydra.run.dir=<dir>``) before Hydra writes
-    its ``.hydra/`` files there; the one-line problem when another process holds it.
-    Default run dirs are taken by the task itself (:func:`mate_cli.commands.common.run_task`)."""
+def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:
+    """Take the folder a command line names (``hydra.run.dir=<dir>``; ``-m``: ``hydra.sweep.dir=``)
+    before Hydra writes its ``.hydra/`` files there (:func:`mate_cli.run_lock.claim`): the
+    arguments to run (with ``paths.existing_run_dir=subdir``, pointing at a new folder inside
+    it) and the one-line problem, if any. Default run dirs are new and are taken by the task
+    itself (:func:`mate_cli.commands.common.run_task`)."""
     from mate_cli import run_lock
     from mate_cli.errors import MateError
 
-    if any(arg in args for arg in ("-m", "--multirun", "--cfg", "-c", *ANSWER_ONLY_FLAGS)):
-        return None
-    given = [arg.split("=", 1)[1] for arg in args if arg.startswith("hydra.run.dir=")]
+    if any(arg in args for arg in ("--cfg", "-c", *ANSWER_ONLY_FLAGS)):
+        return args, None
+    sweep = any(arg in args for arg in ("-m", "--multirun"))
+    key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="
+    given = [arg for arg in args if arg.startswith(key)]
     if not given or "${" in given[-1]:
-        return None
+        return args, None
+    settings = dict(arg.split("=", 1) for arg in args if "=" in arg and not arg.startswith("-"))
+    existing = settings.get(run_lock.EXISTING_KEY, "refuse")
+    if existing not in run_lock.EXISTING_CHOICES:
+        return args, f"{run_lock.EXISTING_KEY}={existing}: choose one of {', '.join(run_lock.EXISTING_CHOICES)}"
+    skipped = ("hydra.", "ckpt_path=", f"{run_lock.EXISTING_KEY}=")
+    own = [arg for arg in trainer_overrides(command, args) if not arg.startswith("-") and not arg.startswith(skipped)]
     try:
-        run_lock.take(given[-1].strip("'\""))
+        directory = run_lock.claim(given[-1][len(key):].strip("'\""), "multirun" if sweep else command, own, existing,
+                                   resuming=settings.get("ckpt_path", "null") not in ("", "null"))
     except MateError as err:
-        return str(err)
-    return None
+        return args, str(err)
+    return [arg for arg in args if arg not in given] + [f"{key}{directory}"], None
 
 
 def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:

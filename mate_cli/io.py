@@ -10,7 +10,9 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,16 +31,43 @@ def publish(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
+#: ``.<name>.mate~<host>~<pid>~<random>.tmp``: a temp file of mate's, with its writer
+_TEMP = re.compile(r"^\.(?P<name>.+)\.mate~(?P<host>[^~/]+)~(?P<pid>\d+)~[^~/]*\.tmp$")
+
+
+def temp_prefix(path: Path) -> str:
+    """The start of the temp file name for ``path``: who writes it (host and pid)."""
+    return f".{path.name}.mate~{socket.gethostname()}~{os.getpid()}~"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def is_stale_temp(path: Path) -> bool:
+    """Whether ``path`` is a temp file of mate's whose writer, a process of this host, is gone.
+    Any other name (a user's ``.notes.tmp``, another host's writer) is not."""
+    match = _TEMP.match(path.name)
+    return bool(match and match["host"] == socket.gethostname() and not pid_alive(int(match["pid"])))
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w"):
     """Open a temp file beside ``path`` for writing; on success it becomes ``path`` in one rename.
 
     Readers see the old file or the whole new one; on an error (or a kill) the temp file
-    is removed (or left as ``.<name>.*.tmp`` beside it, never elsewhere).
+    is removed (or left beside it as ``.<name>.mate~<host>~<pid>~<random>.tmp``, never
+    elsewhere: :func:`is_stale_temp` knows it once its writer is gone).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
             yield handle

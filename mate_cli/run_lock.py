@@ -1,15 +1,21 @@
-"""One process per run directory: an OS lock on ``<run dir>/.mate.lock``.
+"""Who owns a run directory: one process at a time, and never another run's files.
 
-Two runs writing one directory interleave their logs and metrics and leave both a
-``metrics.json`` and a ``FAILED``. The first ``mate`` process in a run dir takes an
-exclusive ``flock`` on its lock file and holds it until it exits (the OS releases it when
-the process dies, kill -9 included, so a lock file never goes stale); a second process is
-refused in one line. Default run dirs end in a per-process tag and never collide; the
-lock is what stops two runs given the same ``hydra.run.dir=``.
+- **One process**: the first ``mate`` process in a run dir takes an exclusive ``flock`` on
+  ``<run dir>/.mate.lock`` and holds it until it exits (the OS releases it when the process
+  dies, kill -9 included, so a lock file never goes stale); a second process is refused in
+  one line. Default run dirs end in a per-process tag and never collide; the lock is what
+  stops two runs given the same ``hydra.run.dir=``.
+- **Never another run's files** (:func:`claim`): a ``hydra.run.dir=`` that already holds
+  files is refused in one line, unless they are this same command's own unfinished run
+  (same command and overrides, no ``metrics.json``: it was interrupted, so running it again
+  there is what the user means). ``paths.existing_run_dir=subdir`` writes into a new folder
+  inside it instead, so nothing there is overwritten.
+- **Temp files**: on taking the lock, the temp files that a killed mate process left
+  half-written (:func:`mate_cli.io.is_stale_temp`: mate's own names, a writer of this host
+  that no longer runs) are removed; any other file is left alone.
 
-The ranks > 0 of a DDP run are started by rank 0 into its run dir: they do not lock it.
-On taking the lock, files a killed process left half-written (``.<name>.*.tmp`` beside
-checkpoints and results) are removed: no live writer can own them then.
+The ranks > 0 of a DDP run are started by rank 0 into its run dir: they neither lock it nor
+check what it holds.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 from pathlib import Path
 
 from mate_cli.errors import MateError
+from mate_cli.io import is_stale_temp
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +51,7 @@ def take(run_dir: str | os.PathLike) -> bool:
     if is_ddp_child():
         return False
     directory.mkdir(parents=True, exist_ok=True)
-    handle = open(directory / LOCK_NAME, "a+")  # noqa: SIM115 - held open for the process's life
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
-        raise MateError(f"run dir {directory} is in use by another mate process (pid {holder}); wait for it to "
-                        "finish, or drop hydra.run.dir= so this run gets a directory of its own") from None
+    handle = _locked(directory, "a+")  # held open for the process's life
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
@@ -62,15 +61,113 @@ def take(run_dir: str | os.PathLike) -> bool:
     return True
 
 
+def _locked(directory: Path, mode: str):
+    """``directory``'s lock file, open in ``mode`` and locked by this process; a `MateError`
+    naming the holder when another process has it."""
+    handle = open(directory / LOCK_NAME, mode)  # noqa: SIM115 - the caller keeps or closes it
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise MateError(f"run dir {directory} is in use by another mate process (pid {holder}); wait for it to "
+                        "finish, or drop hydra.run.dir= so this run gets a directory of its own") from None
+    return handle
+
+
+def release(run_dir: str | os.PathLike) -> None:
+    """Give up this process's lock on ``run_dir`` (kept: the lock file, for the next taker)."""
+    handle = _HELD.pop(Path(run_dir).resolve(), None)
+    if handle is not None:
+        handle.close()
+
+
 def remove_stale_temps(directory: Path) -> int:
-    """Remove ``.<name>.*.tmp`` files (an atomic write a killed process never finished)
-    in ``directory`` and its ``checkpoints/``; returns how many."""
+    """Remove the temp files (:func:`mate_cli.io.is_stale_temp`) that killed mate processes
+    left anywhere in ``directory``; returns how many."""
     removed = 0
-    for folder in (directory, directory / "checkpoints"):
-        for tmp in folder.glob(".*.tmp") if folder.is_dir() else ():
-            if tmp.is_file():
-                tmp.unlink(missing_ok=True)
-                removed += 1
+    for tmp in directory.rglob(".*.tmp") if directory.is_dir() else ():
+        if tmp.is_file() and is_stale_temp(tmp):
+            tmp.unlink(missing_ok=True)
+            removed += 1
     if removed:
         log.info("removed %d unfinished temp file(s) a killed run left in %s", removed, directory)
     return removed
+
+
+# ------------------------------------------------------------------ what a run dir holds
+#: the key that lets a command write into a folder holding other files: into a new subfolder
+EXISTING_KEY = "paths.existing_run_dir"
+EXISTING_CHOICES = ("refuse", "subdir")
+
+
+def existing_files(directory: Path) -> list[str]:
+    """The top-level names in ``directory`` that hold files, besides its lock file and the
+    temp files killed mate processes left (:func:`mate_cli.io.is_stale_temp`)."""
+    def holds_files(entry: Path) -> bool:
+        if entry.is_dir() and not entry.is_symlink():
+            return any(holds_files(child) for child in entry.iterdir())
+        return entry.name != LOCK_NAME and not is_stale_temp(entry)
+
+    return sorted(entry.name for entry in directory.iterdir() if holds_files(entry)) if directory.is_dir() else []
+
+
+def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
+    """``(command, overrides)`` of the run Hydra recorded in ``directory/.hydra`` (None: none,
+    or unreadable). Read as plain YAML data, at most 1 MB per file."""
+    import yaml
+
+    files = directory / ".hydra" / "hydra.yaml", directory / ".hydra" / "overrides.yaml"
+    try:
+        if not all(f.is_file() and f.stat().st_size < 1_000_000 for f in files):
+            return None
+        job = yaml.safe_load(files[0].read_text(encoding="utf-8"))["hydra"]["job"]["name"]
+        overrides = yaml.safe_load(files[1].read_text(encoding="utf-8")) or []
+    except (OSError, yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    return (str(job), [str(o) for o in overrides]) if isinstance(overrides, list) else None
+
+
+def claim(directory: str | os.PathLike, command: str, overrides: list[str], existing: str = "refuse",
+          resuming: bool = False) -> Path:
+    """Take ``directory`` (a ``hydra.run.dir=``) for ``mate <command> <overrides>``; returns the
+    folder the command writes into: ``directory``, or with ``existing=subdir`` and files
+    already there, a new ``<directory>/<command>-<time>-<hex>``.
+
+    ``overrides`` are the job's own (no ``hydra.*``, ``ckpt_path`` or ``paths.existing_run_dir``):
+    a folder whose recorded run is ``command`` with the same overrides and no ``metrics.json``
+    is this command's own interrupted run, taken again as it is (``mate train``/``pretrain``:
+    only to resume it, ``resuming``, once it has a ``last.ckpt``).
+
+    Raises:
+        MateError: another process holds it, or it holds files that are not this command's
+            own interrupted run (``existing=refuse``), or training would start over an
+            interrupted run's ``last.ckpt`` instead of resuming it.
+    """
+    directory = Path(directory).expanduser().resolve()
+    if is_ddp_child():
+        return directory
+    found = existing_files(directory)
+    if not found:
+        take(directory)
+        return directory
+    if (directory / LOCK_NAME).is_file():  # a mate run dir: a live holder is named (its lock file unchanged)
+        _locked(directory, "r").close()
+        if recorded_command(directory) == (command, overrides) and not (directory / "metrics.json").exists():
+            if resuming or command not in ("train", "pretrain") or not (directory / "checkpoints" / "last.ckpt").is_file():
+                take(directory)
+                return directory
+            raise MateError(f"{directory} holds this command's interrupted run and its checkpoints/last.ckpt; resume "
+                            f"it there with ckpt_path={directory}, or drop hydra.run.dir= to start a new run")
+    if existing == "subdir":
+        import secrets
+        import time
+
+        inner = directory / f"{command}-{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(3)}"
+        take(inner)
+        return inner
+    shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    raise MateError(f"hydra.run.dir={directory} already holds files ({shown}) that this command did not write; "
+                    f"drop hydra.run.dir= for a new run dir, or add {EXISTING_KEY}=subdir to write into a new "
+                    "folder inside it (nothing there is overwritten)")

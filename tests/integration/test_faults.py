@@ -228,9 +228,17 @@ def test_a_second_process_in_a_run_dir_is_refused_and_writes_nothing(tmp_path):
 
 
 def test_stale_temp_files_are_removed_when_a_run_dir_is_taken_again(tmp_path):
+    """The temp files a killed mate process left (its own names, its pid gone) do not make a
+    folder another run's: the run takes it and removes them."""
+    import socket
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    stale = [run / "checkpoints" / ".last.ckpt.k3j2.tmp", run / ".metrics.json.x9.tmp"]
+    host = socket.gethostname()
+    stale = [run / "checkpoints" / f".last.ckpt.mate~{host}~{gone.pid}~k3j2.tmp",
+             run / f".metrics.json.mate~{host}~{gone.pid}~x9.tmp"]
     for path in stale:
         path.write_bytes(b"half a checkpoint")
     proc = run_mate(["baseline", "dataset=sqa_sample", f"hydra.run.dir={run}"], mate_env(tmp_path / "outputs"))
