@@ -32,8 +32,11 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2.
 
     Any failure leaves ``FAILED`` in the run dir holding its one-line reason, and the
-    same line in the run's log file (not printed twice on screen).
+    same line in the run's log file (not printed twice on screen). SIGTERM and SIGINT end
+    the task with that line and exit status 143 / 130 (:mod:`mate_cli.interrupts`).
     """
+    from mate_cli import interrupts
+
     if COMMAND_LINE:
         sys.argv = list(COMMAND_LINE)
     try:
@@ -43,10 +46,20 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
         sys.exit(MateError.exit_code)
     with contextlib.suppress(ValueError):  # ValueError: Hydra is not running (tests call tasks directly)
         keep_tool_files_in(run_dir())
+    interrupts.install()
     try:
         check_accelerator(cfg)
         return task(cfg)
-    except Exception as err:  # noqa: BLE001 - re-raised unless it is (or wraps) a MateError
+    except (Exception, KeyboardInterrupt, SystemExit) as err:  # noqa: BLE001 - re-raised unless handled below
+        stopped = find_in_chain(err, interrupts.Interrupted)
+        if stopped is None and interrupts.received() is not None:  # Lightning's own SIGTERM exit, say
+            stopped = interrupts.interrupted()
+        if stopped is not None:
+            record_failure(f"mate: {stopped}")
+            print(f"mate: {stopped}", file=sys.stderr)
+            sys.exit(stopped.exit_code)
+        if not isinstance(err, Exception):
+            raise
         user_error = find_mate_error(err) or full_disk(err)
         line = f"mate: error: {user_error}" if user_error else f"mate: failed: {type(err).__name__}: {err}"
         record_failure(" ".join(line.split()))
@@ -142,9 +155,14 @@ def full_disk(err: BaseException) -> MateError | None:
 
 def find_mate_error(err: BaseException | None) -> MateError | None:
     """The `MateError` in ``err``'s cause chain (Hydra's instantiate and datasets wrap them)."""
+    return find_in_chain(err, MateError)
+
+
+def find_in_chain(err: BaseException | None, kind: type):
+    """The first exception of ``kind`` in ``err``'s cause chain, else None."""
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, MateError):
+        if isinstance(err, kind):
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__

@@ -1,6 +1,8 @@
 """Crash and resume, for real: a `mate train` (and a `mate pretrain`) subprocess is killed with SIGKILL right after
-it wrote a checkpoint, resumed with `ckpt_path=<its run dir>`, and must end where an
-uninterrupted run of the same seed ends: same step, same weights, same validation metrics."""
+it wrote a checkpoint, or stopped with SIGTERM (which saves its own last.ckpt at the step it
+reached and exits 143), resumed with `ckpt_path=last` / the `ckpt_path=<run dir>` its FAILED
+names, and must end where an uninterrupted run of the same seed ends: same step, same weights,
+same validation metrics."""
 
 from __future__ import annotations
 
@@ -42,44 +44,69 @@ def state(ckpt: Path) -> tuple[int, dict]:
     return data["global_step"], data["state_dict"]
 
 
-def crash_and_resume(base: Path, args: list[str]) -> dict[str, Path]:
-    """An uninterrupted run, and a run killed after its first checkpoint then resumed."""
+def crash_and_resume(base: Path, args: list[str], signum: int, whole_dir: Path | None) -> dict[str, Path]:
+    """An uninterrupted run (unless ``whole_dir`` holds one already), and a run stopped by
+    ``signum`` after its first checkpoint, then resumed."""
     task = args[0]
     cache = base / "cache"
-    whole_env = mate_env(base / "whole", cache)
-    whole = subprocess.Popen([MATE, *args], env=whole_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    whole = None
+    if whole_dir is None:
+        whole_dir = base / "whole"
+        whole = subprocess.Popen([MATE, *args], env=mate_env(whole_dir, cache), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
 
     killed_env = mate_env(base / "killed", cache)
-    victim = subprocess.Popen([MATE, *args], env=killed_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    victim = subprocess.Popen([MATE, *args], env=killed_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and victim.poll() is None:
         if list((base / "killed").glob(f"{task}/*/checkpoints/last.ckpt")):
-            victim.send_signal(signal.SIGKILL)
+            victim.send_signal(signum)
             break
         time.sleep(0.02)
-    assert victim.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
+    _, victim_err = victim.communicate(timeout=120)
     killed = only_run(base / "killed", task)
+    if signum == signal.SIGKILL:
+        assert victim.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+        resume_from = "last"  # the newest run of the experiment
+    else:  # SIGTERM: the run saves last.ckpt where it stopped, says how to resume, exits 128 + 15
+        assert victim.returncode == 143, victim_err[-3000:]
+        line = (killed / "FAILED").read_text().strip()
+        assert line.startswith("mate: interrupted by SIGTERM at step ") and line in victim_err, line
+        step = int(line.split(" at step ")[1].split(";")[0])
+        assert state(killed / "checkpoints" / "last.ckpt")[0] == step, "last.ckpt is not the step FAILED names"
+        resume_from = line.rsplit("ckpt_path=", 1)[1]
+        assert Path(resume_from) == killed
     step_at_kill, _ = state(killed / "checkpoints" / "last.ckpt")
     assert 0 < step_at_kill < STEPS
     position = torch.load(killed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["mate_resume"]
     assert position["epoch"] == 0 and position["examples_this_epoch"] > 0  # killed mid-epoch: the skip path runs
     assert not [p for p in killed.rglob("*.tmp")], "a temp file was left next to the checkpoint"
 
-    resumed = run_mate([*args, "ckpt_path=last"], mate_env(base / "killed", cache))  # the newest run of the experiment
+    resumed = run_mate([*args, f"ckpt_path={resume_from}"], mate_env(base / "killed", cache))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _, err = whole.communicate(timeout=600)
-    assert whole.returncode == 0, err[-3000:]
+    if whole is not None:
+        _, err = whole.communicate(timeout=600)
+        assert whole.returncode == 0, err[-3000:]
     (resumed_dir,) = set((base / "killed" / task).iterdir()) - {killed}
-    return {"task": task, "whole": only_run(base / "whole", task), "resumed": resumed_dir, "killed": killed,
-            "output": resumed.stdout + resumed.stderr}
+    return {"task": task, "whole": only_run(whole_dir, task), "resumed": resumed_dir, "killed": killed,
+            "output": resumed.stdout + resumed.stderr, "signal": signum}
+
+
+#: the uninterrupted run of each command, shared by its SIGKILL and SIGTERM cases
+_WHOLE: dict[str, Path] = {}
 
 
 # the pre-training case is slow-marked (two more minutes on 2 cores); its own part, masks keyed by
 # (seed, epoch, example) and the tagged sampler's skip, is tested fast in tests/data/test_pretraining.py
-@pytest.fixture(scope="module", params=[ARGS, pytest.param(PRETRAIN_ARGS, marks=pytest.mark.slow)],
-                ids=lambda args: args[0])
+@pytest.fixture(scope="module", params=[(ARGS, signal.SIGKILL), (ARGS, signal.SIGTERM),
+                                        pytest.param((PRETRAIN_ARGS, signal.SIGKILL), marks=pytest.mark.slow)],
+                ids=lambda p: f"{p[0][0]}-{signal.Signals(p[1]).name}")
 def runs(request, tmp_path_factory) -> dict[str, Path]:
-    return crash_and_resume(tmp_path_factory.mktemp(f"resume-{request.param[0]}"), request.param)
+    args, signum = request.param
+    base = tmp_path_factory.mktemp(f"resume-{args[0]}-{signum}")
+    found = crash_and_resume(base, args, signum, _WHOLE.get(args[0]))
+    _WHOLE.setdefault(args[0], found["whole"].parent.parent)
+    return found
 
 
 def test_resumed_run_ends_at_the_same_step_with_the_same_weights(runs):
@@ -100,8 +127,8 @@ def test_resumed_run_reports_the_same_validation_metrics(runs):
 
 
 def test_ckpt_path_last_finds_the_newest_run_of_the_experiment(runs, tmp_path):
-    if runs["task"] != "train":
-        pytest.skip("the train runs cover `last`; it is the same function for every command")
+    if runs["task"] != "train" or runs["signal"] != signal.SIGKILL:
+        pytest.skip("the SIGKILL train case resumes with `last`; it is the same function for every command")
     from mate_cli.errors import MateError
     from mate_cli.resume import resolve_resume_path
 

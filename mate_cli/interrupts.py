@@ -1,0 +1,117 @@
+"""Signals end a run honestly: SIGTERM (a cluster's time limit or preemption, ``timeout``,
+``kill``) and SIGINT (Ctrl-C) stop a command with ``FAILED`` saying what happened, that line
+on screen, and exit status 128 + the signal (143, 130), never 0.
+
+While ``mate train``/``mate pretrain`` trains, the first signal only asks to stop: the
+current batch finishes, a whole ``checkpoints/last.ckpt`` is saved at that step
+(:class:`StopOnSignal`), and ``FAILED`` reads "interrupted by SIGTERM at step N; resume
+with ckpt_path=<run dir>". Resuming from it continues exactly (the same state as any
+``last.ckpt``: :mod:`mate_cli.resume`). A signal during a validation inside training stops at the
+next validation batch without saving (the newest ``last.ckpt`` is named). Outside training
+(preprocessing, the final validation, other commands), and at a second signal, the command
+stops at once; checkpoints and results are written atomically, so what is on disk is whole.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import lightning as L
+
+#: the signals handled, with the exit status of a command they stop
+SIGNALS = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
+
+
+class Interrupted(Exception):
+    """A command stopped by a signal; ``str()`` is the one line for ``FAILED``."""
+
+    def __init__(self, signum: int, line: str):
+        super().__init__(line)
+        self.signum = signum
+        self.exit_code = SIGNALS.get(signum, 128 + signum)
+
+
+class _State:
+    received: int | None = None  # the first signal, until the command ends
+    training: StopOnSignal | None = None  # this command's training run, if one started
+    deferring = False  # inside trainer.fit: the first signal stops at the next batch end
+
+
+def install() -> None:
+    """Handle SIGTERM and SIGINT in this process (the main thread's command)."""
+    _State.received, _State.training, _State.deferring = None, None, False
+    for signum in SIGNALS:
+        signal.signal(signum, _handle)
+
+
+def received() -> int | None:
+    """The signal this command received, if any."""
+    return _State.received
+
+
+def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
+    first = _State.received is None
+    _State.received = _State.received or signum
+    if first and _State.deferring:
+        return  # training stops at the end of this batch, with last.ckpt saved
+    raise interrupted(signum)
+
+
+def interrupted(signum: int | None = None) -> Interrupted:
+    """The `Interrupted` for ``signum`` (default: the one received), saying where the run stands."""
+    signum = signum or _State.received or signal.SIGTERM
+    name = signal.Signals(signum).name
+    training = _State.training
+    if training is None or training.step is None:
+        return Interrupted(signum, f"interrupted by {name}; nothing to resume: run the command again")
+    if training.saved_step is None:
+        return Interrupted(signum, f"interrupted by {name} at step {training.step} before any checkpoint was "
+                                   "saved; run the command again")
+    held = "" if training.saved_step == training.step else f" (checkpoints/last.ckpt holds step {training.saved_step})"
+    return Interrupted(signum, f"interrupted by {name} at step {training.step}{held}; resume with "
+                               f"ckpt_path={training.run_dir}")
+
+
+class StopOnSignal(L.Callback):
+    """Turns a signal during ``trainer.fit`` into: finish the batch, save ``last.ckpt``, stop.
+
+    Listed after :class:`mate_cli.resume.ResumeState` (whose batch count the save records);
+    Lightning runs checkpoint callbacks last, so the save here is at the same point of the
+    step as an every-n-steps ``last.ckpt``.
+    """
+
+    def __init__(self, last_ckpt: str | Path) -> None:
+        self.last_ckpt = Path(last_ckpt)
+        self.run_dir = self.last_ckpt.parent.parent
+        self.step: int | None = None
+        self.saved_step: int | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.step = trainer.global_step
+        _State.training, _State.deferring = self, True
+        if _State.received is not None:  # it came while the data was being prepared
+            raise interrupted()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.step, _State.deferring = trainer.global_step, False
+        if _State.received is not None:  # it came after the last batch
+            trainer.save_checkpoint(self.last_ckpt)
+            raise interrupted()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self.step, _State.deferring = trainer.global_step, False
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if checkpoint.get("optimizer_states") is not None:  # a whole state (best-*.ckpt holds weights only)
+            self.saved_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.step = trainer.global_step
+        if _State.received is not None and not trainer.sanity_checking:
+            trainer.save_checkpoint(self.last_ckpt)  # every rank: saving is collective under DDP
+            raise interrupted()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if _State.received is not None and trainer.state.fn == "fit":
+            raise interrupted()
