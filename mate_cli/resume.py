@@ -112,6 +112,7 @@ class ResumeState(L.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         """After the loaders exist and before the first batch: restore RNG and position."""
+        forget_other_runs_checkpoints(trainer)
         state, self._resume = self._resume, None
         if state is None:
             return
@@ -123,8 +124,36 @@ class ResumeState(L.Callback):
         set_rng_states(state["rng"])
 
 
+def forget_other_runs_checkpoints(trainer: L.Trainer) -> None:
+    """Clear the checkpoint paths a resumed ``ModelCheckpoint`` restored from the run it resumes
+    when they lie outside its own folder: the resumed run's best and last are its own, and
+    Lightning would otherwise report, or rotate out (delete), the earlier run's files."""
+    for callback in trainer.checkpoint_callbacks:
+        folder = Path(callback.dirpath).resolve() if getattr(callback, "dirpath", None) else None
+
+        def own(path: str) -> bool:
+            return bool(path) and folder is not None and Path(path).resolve().parent == folder
+
+        if not own(callback.best_model_path):
+            callback.best_model_path, callback.best_model_score = "", None
+        callback.best_k_models = {path: value for path, value in callback.best_k_models.items() if own(path)}
+        if not own(callback.kth_best_model_path):
+            callback.kth_best_model_path = ""
+        if not own(callback.last_model_path):
+            callback.last_model_path = ""
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` into a temp file beside the target, fsync, then one rename."""
+    """``torch.save`` into a temp file beside the target, fsync, then one rename; loads
+    weights-only (a checkpoint already loaded and checked is handed over, not read again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._preloaded: tuple[str, dict] | None = None
+
+    def preload(self, path: str | Path, checkpoint: dict) -> None:
+        """``checkpoint``, as read from ``path``: what the next load of ``path`` returns."""
+        self._preloaded = (str(Path(path).resolve()), checkpoint)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         try:
@@ -141,6 +170,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """The checkpoint to resume from, weights-only (:func:`load_weights_only`)."""
         from mate_cli.modeling.checkpoints import load_weights_only
 
+        preloaded, self._preloaded = self._preloaded, None
+        if preloaded is not None and preloaded[0] == str(Path(path).resolve()):
+            return preloaded[1]
         return load_weights_only(path, "resume from a checkpoint written by `mate train` or `mate pretrain`")
 
 

@@ -83,6 +83,62 @@ def check_checkpoint_file(path: Path) -> None:
             raise MateError(f"{path} is a zip archive but not a PyTorch checkpoint; {fix}")
 
 
+def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: str, resume: bool = False) -> dict:
+    """The checkpoint at ``ckpt_path``, loaded weights-only, once it is whole, holds finite
+    weights of exactly ``model``'s names and shapes, and (``resume``) a state to continue
+    from; else one `MateError` line naming ``key`` (the config key that gave the path). The one
+    check before ``mate train`` resumes and before ``mate eval``/``predict``/``pointr`` load."""
+    from mate_cli.divergence import non_finite_tensors
+
+    path = check_checkpoint(ckpt_path)
+    fix = "pass a checkpoint written by `mate train` for this task"
+    data = load_weights_only(path, fix)
+    state = data.get("state_dict") if isinstance(data, dict) else None
+    if not isinstance(state, dict):
+        raise MateError(f"{key}={path} holds no state_dict; {fix}")
+    expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    found = {name: tuple(value.shape) for name, value in state.items() if isinstance(value, torch.Tensor)}
+    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
+    reshaped = sorted(name for name in expected.keys() & found.keys() if expected[name] != found[name])
+    if missing or unexpected or reshaped:
+        what = (f"lacks {missing[0]}" if missing else f"has {unexpected[0]}, which this model does not"
+                if unexpected else f"has {reshaped[0]} of shape {found[reshaped[0]]}, not {expected[reshaped[0]]}")
+        count = len(missing) + len(unexpected) + len(reshaped)
+        raise MateError(f"{key}={path} does not fit the model its config builds: it {what}"
+                        f"{f' (and {count - 1} more differences)' if count > 1 else ''}; it is a checkpoint of "
+                        f"another task or model: {fix}")
+    bad = non_finite_tensors(state)
+    if bad:
+        raise MateError(f"{key}={path} holds NaN or infinite weights ({bad[0]}"
+                        f"{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}): the run that wrote it "
+                        "diverged; use an earlier checkpoint of that run, or train again with a lower learning rate")
+    if resume:
+        check_resume_state(path, data)
+    return data
+
+
+def check_resume_state(path: Path, data: dict) -> None:
+    """A checkpoint to resume from holds an optimiser state and a well-formed resume state
+    (RNG states and the position in the epoch: :class:`mate_cli.resume.ResumeState`),
+    tried on this process's generators and put back."""
+    from mate_cli.resume import STATE_KEY, rng_states, set_rng_states
+
+    if not data.get("optimizer_states"):
+        raise MateError(f"ckpt_path={path} holds no optimiser state to continue from; resume from a run's "
+                        "checkpoints/last.ckpt")
+    saved, now = data.get(STATE_KEY), rng_states()
+    try:
+        if saved is not None:
+            int(saved["epoch"]), int(saved["examples_this_epoch"])
+            set_rng_states(saved["rng"])
+    except Exception as err:  # noqa: BLE001 - any damage to the entry
+        raise MateError(f"ckpt_path={path}: its resume state ({STATE_KEY}) is damaged ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else 'unreadable'}); resume from another "
+                        "checkpoint of that run, or start again without ckpt_path") from None
+    finally:
+        set_rng_states(now)
+
+
 def pick_device(accelerator: str | None) -> torch.device:
     """``cpu`` -> CPU; ``gpu``/``cuda`` -> CUDA (MateError if absent); anything else -> CUDA when available."""
     name = str(accelerator or "auto").lower()
@@ -136,13 +192,6 @@ def load_trained(
             f"pass the checkpoint of a run that trained {wanted}"
         )
     model = instantiate(cfg.model)
-    state = load_weights_only(ckpt_path, f"pass {key}.ckpt_path=<a checkpoint written by `mate train`>").get("state_dict")
-    if state is None:
-        raise MateError(f"{key}.ckpt_path={ckpt_path} has no state_dict; pass a Lightning checkpoint from `mate train`")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0]
-        raise MateError(f"{key}.ckpt_path={ckpt_path} does not match its run config ({first}); pass {key}.overrides only for data settings") from None
+    model.load_state_dict(check_checkpoint_fits(ckpt_path, model, f"{key}.ckpt_path")["state_dict"])
     model.eval().to(device)
     return TrainedRun(cfg=cfg, model=model, ckpt_path=str(ckpt_path), tokenizer=load_tokenizer(cfg.dataset.pretrained))

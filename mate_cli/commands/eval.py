@@ -17,10 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 from mate_cli.commands.common import log, print_metrics, quiet_third_party_logs, run_dir, run_task
 from mate_cli.console import print_outputs
 from mate_cli.data.answer_files import write_predictions
+from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR, register_resolvers
-from mate_cli.runs import load_run_config, run_checkpoint
+from mate_cli.runs import check_checkpoint_fits, load_run_config, run_checkpoint
 from mate_cli.trainer_args import check_trainer_args
 
 register_resolvers()
@@ -42,6 +43,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(train_cfg.dataset)
     model = instantiate(train_cfg.model)
+    check_checkpoint_fits(ckpt_path, model, "ckpt_path")
     trainer = L.Trainer(**trainer_args)
     if getattr(datamodule, "task", None) and trainer.world_size > 1:
         raise MateError(f"mate eval of a {datamodule.task} run writes one predictions file and (SQA) feeds each "
@@ -51,6 +53,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics["ckpt_path"] = ckpt_path
+    bad = non_finite_metrics(metrics)
+    if bad:
+        metrics["non_finite"] = bad
+        log.warning("non-finite metrics: %s (the checkpoint's weights are finite: an example's loss overflowed)",
+                    ", ".join(bad))
 
     task = getattr(datamodule, "task", None)
     if task and getattr(model, "predictions", None):

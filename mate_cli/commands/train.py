@@ -25,7 +25,6 @@ so its metrics equal a single-process ``mate eval`` of the same checkpoint.
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from pathlib import Path
 
@@ -41,7 +40,9 @@ from mate_cli.commands.common import (
 )
 from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
+from mate_cli.divergence import StopOnNonFiniteLoss, non_finite_metrics
 from mate_cli.errors import MateError
+from mate_cli.interrupts import StopOnSignal
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
 from mate_cli.paths import CONF_DIR, register_resolvers
@@ -49,6 +50,7 @@ from mate_cli.resume import (
     RESTORED, AtomicCheckpointIO, ContinuousCSVLog, ResumeState, continue_wandb_run,
     resolve_resume_path, run_dir_of,
 )
+from mate_cli.runs import check_checkpoint_fits
 from mate_cli.trainer_args import TRAINER_RESERVED, check_trainer_args
 
 register_resolvers()
@@ -73,12 +75,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     _check_pairing(cfg)
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
-    callbacks = [*instantiate_dict(cfg.get("callbacks")), ResumeState(),
+    checkpoint_io = AtomicCheckpointIO()
+    if resume:  # checked before any data is prepared; Lightning then loads the checked copy
+        checkpoint_io.preload(resume, check_checkpoint_fits(resume, model, "ckpt_path", resume=True))
+    callbacks = [*instantiate_dict(cfg.get("callbacks")), ResumeState(), StopOnSignal(out / "checkpoints" / "last.ckpt"), StopOnNonFiniteLoss(),
                  ContinuousCSVLog(run_dir_of(resume) if resume else None)]
     loggers = instantiate_dict(cfg.get("logger"))
     trainer = L.Trainer(
         **trainer_args, callbacks=callbacks, logger=loggers,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[checkpoint_io],
     )
     _refuse_ddp_in_a_local_sweep(trainer)
     for lg in loggers:
@@ -121,12 +126,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     keep_encoder_only = cfg.get("keep_best", "checkpoint") == "encoder"
     if (cfg.get("export_encoder") or keep_encoder_only) and trainer.is_global_zero:
         metrics["exported_encoder"] = str(export_encoder(model, best, cfg, out / "encoder"))
-        if keep_encoder_only and Path(best) != out / "checkpoints" / "last.ckpt":
+        if keep_encoder_only and Path(best) != out / "checkpoints" / "last.ckpt" and _own(best, out):
             Path(best).unlink(missing_ok=True)  # the best now lives in encoder/ only
             metrics["best_kept_as"] = metrics["exported_encoder"]
-    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    bad = non_finite_metrics(metrics)
     if bad:
-        log.warning("non-finite metrics: %s", bad)
+        metrics["non_finite"] = bad
+        log.warning("non-finite metrics: %s", ", ".join(bad))
     if trainer.is_global_zero:
         atomic_write_json(out / "metrics.json", metrics)
     for lg in loggers:
@@ -259,12 +265,17 @@ def _validation_data(trainer, datamodule) -> dict:
 
 
 def _best_checkpoint(trainer, last: Path) -> str:
-    """The monitored best checkpoint when one was written, else ``last``."""
+    """The monitored best checkpoint when this run wrote one, else ``last``."""
     for callback in trainer.checkpoint_callbacks:
         best = getattr(callback, "best_model_path", "")
-        if callback.monitor and best and Path(best).exists():
+        if callback.monitor and best and Path(best).exists() and _own(best, last.parent.parent):
             return best
     return str(last)
+
+
+def _own(path: str | Path, out: Path) -> bool:
+    """Whether ``path`` is one of this run's checkpoints (``<out>/checkpoints/*``)."""
+    return Path(path).resolve().parent == (out / "checkpoints").resolve()
 
 
 def _finish_wandb() -> Path | None:

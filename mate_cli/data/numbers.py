@@ -54,6 +54,9 @@ from typing import Callable, NamedTuple, Sequence
 
 #: A column's winning kind must be held by at least this share of its cells.
 MIN_CONSOLIDATION_FRACTION = 0.7
+
+#: the largest float32: models compute in it, so a larger number is no number to them
+FLOAT32_MAX = 3.4028234663852886e38
 #: Words joined into one date candidate, at most.
 MAX_DATE_WORDS = 5
 #: Years a date may carry (DynSP's range, as TAPAS).
@@ -122,8 +125,18 @@ def normalize_text(text: str) -> str:
     return " ".join(text.lower().split())
 
 
+def outside_float32(text: str) -> bool:
+    """Whether ``text`` is a finite number (``1e39``, ``-4,000,...``) too large for float32."""
+    try:
+        value = float(text.strip().replace(",", ""))
+    except ValueError:
+        return False
+    return math.isfinite(value) and abs(value) > FLOAT32_MAX
+
+
 def parse_number(text: str) -> float | None:
-    """One number as TAPAS reads a word: ``'1,234'`` -> 1234.0, ``'3rd'`` -> 3.0; NaN/inf -> None."""
+    """One number as TAPAS reads a word: ``'1,234'`` -> 1234.0, ``'3rd'`` -> 3.0; NaN, inf and
+    numbers too large for float32 -> None (the cell is text to the model)."""
     for suffix in ORDINAL_SUFFIXES:
         if text.endswith(suffix):
             text = text[: -len(suffix)]
@@ -132,7 +145,7 @@ def parse_number(text: str) -> float | None:
         value = float(text.replace(",", ""))
     except ValueError:
         return None
-    return value if math.isfinite(value) else None
+    return value if math.isfinite(value) and abs(value) <= FLOAT32_MAX else None
 
 
 def parse_date(text: str) -> Date | None:

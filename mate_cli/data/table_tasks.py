@@ -51,7 +51,7 @@ from typing import Mapping
 import torch
 
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
-from mate_cli.data.numbers import TableNumbers
+from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
 from mate_cli.data.schema import Batch, Question, Table, TaskBatch
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
@@ -121,7 +121,7 @@ def answer_float(text: str) -> float:
         value = float(text)
     except ValueError:
         return math.nan
-    return value if math.isfinite(value) else math.nan
+    return value if math.isfinite(value) and abs(value) <= FLOAT32_MAX else math.nan
 
 
 def scalar_answer(task: str, question: Question) -> float:

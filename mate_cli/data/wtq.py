@@ -36,6 +36,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from mate_cli.data.numbers import outside_float32
 from mate_cli.data.readers import Record, TableQAReader, columns, fields, given_file, read_text, rows_to_table, split_lines
 from mate_cli.data.schema import Question, Table
 from mate_cli.errors import MateError
@@ -111,6 +112,11 @@ class WTQReader(TableQAReader):
                 raise MateError(f"{self.tagged_file(path)}: question {qid!r} has targetValue {tagged_target!r}, "
                                 f"{path} {target!r}; use the tagged file of the same release")
             missing += "targetValue" in col and not canonical
+            too_large = [answer for answer in split_answers(target) if outside_float32(answer)]
+            if too_large:
+                raise MateError(f"{path}: {where}: question {qid!r} has the answer {too_large[0]}, a number beyond "
+                                "float32's range (3.4e38) that training cannot compute with; correct it or remove "
+                                "that line")
             question = Question(
                 question_id=qid,
                 question=unescape(values[col["utterance"]]),

@@ -3,8 +3,8 @@
 A run dir is a folder holding ``resolved_config.yaml`` or ``.hydra/`` (what `mate train`
 writes; see :mod:`mate_cli.commands.train`). Its status:
 
-- ``failed``: it holds ``FAILED`` (the one-line reason `mate` wrote), or a file that
-  cannot be read;
+- ``failed``: it holds ``FAILED`` (the one-line reason `mate` wrote), a file that
+  cannot be read, or a ``metrics.json`` with a NaN or infinite number (it diverged);
 - ``ok``: it holds ``metrics.json`` (a run without ``val/*`` there, trained with
   ``validate_best=false`` by an older version, reports its CSV log's last validation);
 - ``incomplete``: neither (killed, or still running).
@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator
 
 from omegaconf import OmegaConf
 
+from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
 
 RESOLVED = "resolved_config.yaml"
@@ -170,6 +171,8 @@ def load_run(path: Path, root: Path) -> Run:
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
             run.status, run.metrics, run.finished = OK, numeric_metrics(data), current.stat().st_mtime
+            if bad := non_finite_metrics(data):  # a diverged run: no result, whatever its accuracy reads
+                run.status, run.error = FAILED_STATUS, f"non-finite metrics ({', '.join(bad)}): the run diverged"
             if not any(k.startswith("val/") for k in run.metrics):  # validate_best=false, before it wrote them
                 run.metrics.update(last_validation(path))
     except Exception as err:  # noqa: BLE001 - an unreadable run is listed as failed, not fatal

@@ -1,0 +1,55 @@
+"""Non-finite numbers are never a silent result.
+
+- Training stops at the first non-finite loss, before its backward pass and optimiser step
+  (so the weights and every checkpoint stay finite): :class:`StopOnNonFiniteLoss` raises
+  one line naming the step and the batch's question ids, which ``FAILED`` keeps.
+- A checkpoint holding non-finite weights is refused wherever one is loaded
+  (:func:`non_finite_tensors`, used by :func:`mate_cli.runs.check_checkpoint_fits`).
+- Metrics: :func:`non_finite_metrics` names the NaN/inf values that ``mate train`` and
+  ``mate eval`` warn of (``non_finite`` in ``metrics.json``) and ``mate report`` lists as a
+  failed run (a diverged run is no result of 0).
+
+Inputs: a WikiTQ answer beyond float32's range is refused where it is read (file and
+line), and a cell number beyond it is text to the model (:mod:`mate_cli.data.numbers`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import lightning as L
+import torch
+
+from mate_cli.errors import MateError
+
+
+def non_finite_tensors(state: Mapping[str, object]) -> list[str]:
+    """The keys of floating-point tensors in ``state`` holding a NaN or an infinity."""
+    return [key for key, value in state.items()
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all())]
+
+
+def non_finite_metrics(metrics: Mapping[str, object]) -> list[str]:
+    """The keys of ``metrics`` whose number is NaN or infinite."""
+    return sorted(key for key, value in metrics.items()
+                  if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value))
+
+
+class StopOnNonFiniteLoss(L.Callback):
+    """Stops training at the first non-finite training loss, before its backward pass."""
+
+    def __init__(self) -> None:
+        self._ids: list[str] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._ids = [str(q) for q in getattr(batch, "question_ids", None) or []]
+
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        if bool(torch.isfinite(loss.detach()).all()):
+            return
+        shown = ", ".join(self._ids[:8]) + (f" and {len(self._ids) - 8} more" if len(self._ids) > 8 else "")
+        batch = f" on the batch of questions {shown}" if shown else ""
+        raise MateError(f"the training loss is {float(loss.detach().float().mean())} at step {trainer.global_step + 1}"
+                        f"{batch} (no weights were updated with it); check those examples' answers and table "
+                        "values, or lower model.optimizer.lr")

@@ -1,0 +1,240 @@
+"""Faults around runs: a command never touches what another run made, signals end a run
+with an honest status, non-finite numbers stop it, and every checkpoint is checked once
+before it is resumed, evaluated or predicted with.
+
+Real parts: one small TabFact training run (the real CLI, the bundled sample) shared by the
+module, real checkpoints edited as an attacker or a broken disk would, the real CLI in
+subprocesses where the exit status and the one line are the point, in-process calls of the
+same functions elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mate_cli import cli, run_lock
+from mate_cli.errors import MateError
+from tests.helpers import MATE, mate_env, run_mate
+
+TRAIN = ["train", "experiment=tabfact_mate", "logger=csv", "trainer.val_check_interval=2"]
+
+
+def one_error_line(proc: subprocess.CompletedProcess, code: int = 2, prefix: str = "mate: error: ") -> str:
+    assert proc.returncode == code, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("mate:")]
+    assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder``: (size, mtime in ns)."""
+    return {p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def finished(base) -> Path:
+    """A finished two-step TabFact run with a best checkpoint (validated at step 2)."""
+    run = base / "A"
+    proc = run_mate([*TRAIN, "trainer.max_steps=2", f"hydra.run.dir={run}"], mate_env(base / "outputs", base / "cache"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "checkpoints" / "best-epoch00-step2.ckpt").is_file()
+    return run
+
+
+def env(base: Path) -> dict:
+    return mate_env(base / "outputs", base / "cache")
+
+
+# ------------------------------------------------------------------ what another run made
+def test_a_resume_never_deletes_or_names_the_resumed_runs_checkpoints(finished, base):
+    before = snapshot(finished)
+    resumed = base / "B"
+    proc = run_mate([*TRAIN, "trainer.max_steps=3", "keep_best=encoder", f"ckpt_path={finished}",
+                     f"hydra.run.dir={resumed}"], env(base))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert snapshot(finished) == before
+    best = json.loads((resumed / "metrics.json").read_text())["best_checkpoint"]
+    assert Path(best).parent == resumed / "checkpoints", best
+
+
+def test_a_command_into_another_runs_dir_is_refused_and_changes_nothing(finished, capsys):
+    before = snapshot(finished)
+    for args in (["eval", f"ckpt_path={finished}"], ["train", "experiment=tabfact_mate"]):
+        assert cli.main([*args, f"hydra.run.dir={finished}"]) == 2
+        line = capsys.readouterr().err.strip()
+        assert line.startswith("mate: error: hydra.run.dir=") and "\n" not in line, line
+        assert "metrics.json" in line and "paths.existing_run_dir=subdir" in line, line
+    assert snapshot(finished) == before
+
+
+def test_a_folder_of_the_users_is_refused_and_subdir_writes_beside_its_files(finished, base, capsys):
+    folder = base / "notes"
+    (folder / "checkpoints").mkdir(parents=True)
+    for name, text in ((".notes.tmp", "mine"), ("checkpoints/.draft.tmp", "draft"), ("metrics.json", "{}")):
+        (folder / name).write_text(text)
+    before = snapshot(folder)
+    assert cli.main(["eval", f"ckpt_path={finished}", f"hydra.run.dir={folder}"]) == 2
+    assert "already holds files (.notes.tmp, checkpoints, metrics.json)" in capsys.readouterr().err
+    assert snapshot(folder) == before and not (folder / run_lock.LOCK_NAME).exists()
+
+    proc = run_mate(["eval", f"ckpt_path={finished}", f"hydra.run.dir={folder}", "paths.existing_run_dir=subdir"],
+                    env(base))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (inner,) = [p for p in folder.iterdir() if p.name.startswith("eval-")]
+    assert (inner / "metrics.json").is_file()
+    assert {k: v for k, v in snapshot(folder).items() if not k.startswith(inner.name)} == before
+
+
+def test_only_temp_files_of_gone_mate_processes_are_removed(tmp_path):
+    from mate_cli.io import temp_prefix
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = tmp_path / "checkpoints" / f"{temp_prefix(tmp_path / 'last.ckpt')}abc.tmp".replace(str(os.getpid()), str(gone.pid))
+    live = tmp_path / f"{temp_prefix(tmp_path / 'metrics.json')}xyz.tmp"
+    users = [tmp_path / ".notes.tmp", tmp_path / "checkpoints" / ".draft.tmp"]
+    for path in (stale, live, *users):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half")
+    assert run_lock.remove_stale_temps(tmp_path) == 1
+    assert not stale.exists() and live.exists() and all(p.exists() for p in users)
+
+
+def test_the_same_commands_interrupted_run_is_taken_again(tmp_path):
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  job:\n    name: train\n")
+    (run / ".hydra" / "overrides.yaml").write_text("- experiment=sqa_mate\n")
+    (run / "train.log").write_text("")
+    (run / run_lock.LOCK_NAME).write_text("")
+    assert run_lock.claim(run, "train", ["experiment=sqa_mate"]) == run.resolve()
+    run_lock.release(run)
+    with pytest.raises(MateError, match="already holds files"):
+        run_lock.claim(run, "train", ["experiment=sqa_tapas"])
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    with pytest.raises(MateError, match=f"resume it there with ckpt_path={run}"):
+        run_lock.claim(run, "train", ["experiment=sqa_mate"])
+    assert run_lock.claim(run, "train", ["experiment=sqa_mate"], resuming=True) == run.resolve()
+    run_lock.release(run)
+    (run / "metrics.json").write_text("{}")  # finished: no longer an interrupted run
+    with pytest.raises(MateError, match="already holds files"):
+        run_lock.claim(run, "train", ["experiment=sqa_mate"], resuming=True)
+
+
+# ------------------------------------------------------------------ signals
+def test_ctrl_c_saves_last_ckpt_at_the_step_reached_and_exits_130(base):
+    run = base / "interrupted"
+    proc = subprocess.Popen([MATE, *TRAIN, "trainer.max_steps=40", "callbacks.model_checkpoint.every_n_train_steps=2",
+                             f"hydra.run.dir={run}"], env=env(base), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "last.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), 130,
+                          "mate: interrupted by SIGINT at step ")
+    assert (run / "FAILED").read_text().strip() == line and line.endswith(f"resume with ckpt_path={run}")
+    step = int(line.split(" at step ")[1].split(";")[0])
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
+
+
+# ------------------------------------------------------------------ non-finite numbers
+def test_a_wikitq_answer_beyond_float32_is_refused_with_file_and_line(tmp_path):
+    from mate_cli.data.wtq import WTQReader
+    from tests.helpers import REPO_ROOT
+
+    root = tmp_path / "wtq"
+    shutil.copytree(REPO_ROOT / "data" / "wtq_sample", root)
+    question_file = next(p for p in (root / "data").glob("*.tsv") if p.read_text().count("\n") > 1)
+    lines = question_file.read_text().split("\n")
+    fields = lines[1].split("\t")
+    fields[-1] = "1e39"
+    lines[1] = "\t".join(fields)
+    question_file.write_text("\n".join(lines))
+    for tagged in (root / "tagged").rglob(question_file.name.replace(".tsv", ".tagged")):
+        tagged.unlink()
+    with pytest.raises(MateError) as err:
+        list(WTQReader(root).questions(question_file.name))
+    assert f"{question_file}: line 2" in str(err.value) and "1e39" in str(err.value) and "float32" in str(err.value)
+
+
+def test_a_cell_number_beyond_float32_is_text_to_the_model():
+    from mate_cli.data.numbers import parse_number
+
+    assert parse_number("1e38") == 1e38 and parse_number("1e39") is None and parse_number("-3e40") is None
+
+
+def test_training_stops_at_the_first_non_finite_loss_naming_step_and_questions(base):
+    run = base / "diverged"
+    proc = run_mate([*TRAIN, "trainer.max_steps=6", "model.optimizer.lr=1e30", "trainer.gradient_clip_val=null",
+                     f"hydra.run.dir={run}"], env(base))
+    line = one_error_line(proc)
+    assert "the training loss is nan at step 2 on the batch of questions " in line and ".html.csv#" in line, line
+    assert (run / "FAILED").read_text().strip() == line
+    assert not (run / "metrics.json").exists()
+
+
+def test_a_checkpoint_with_nan_weights_or_of_another_model_is_one_line(finished, tmp_path):
+    from hydra.utils import instantiate
+
+    from mate_cli.runs import check_checkpoint_fits, load_run_config
+
+    ckpt = finished / "checkpoints" / "last.ckpt"
+    model = instantiate(load_run_config(ckpt).model)
+    data = torch.load(ckpt, weights_only=True)
+    name = next(iter(data["state_dict"]))
+    broken = {"nan": ("NaN or infinite weights", lambda s: s[name].fill_(float("nan"))),
+              "other model": ("does not fit the model", lambda s: s.update(extra=torch.zeros(3))),
+              "other shape": ("of shape", lambda s: s.update({name: torch.zeros(2, 2)}))}
+    for case, (message, damage) in broken.items():
+        copy = {**data, "state_dict": dict(data["state_dict"])}
+        copy["state_dict"][name] = copy["state_dict"][name].clone()
+        damage(copy["state_dict"])
+        path = tmp_path / f"{case}.ckpt"
+        torch.save(copy, path)
+        with pytest.raises(MateError) as err:
+            check_checkpoint_fits(path, model, "ckpt_path")
+        assert message in str(err.value) and "\n" not in str(err.value) and str(path) in str(err.value), case
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    with pytest.raises(MateError, match="is empty"):
+        check_checkpoint_fits(tmp_path / "empty.ckpt", model, "ckpt_path", resume=True)
+    assert check_checkpoint_fits(ckpt, model, "ckpt_path", resume=True)["global_step"] == 2
+
+
+def test_resuming_from_a_garbled_resume_state_is_one_line_before_any_data_loads(finished, base):
+    data = torch.load(finished / "checkpoints" / "last.ckpt", weights_only=True)
+    data["mate_resume"]["rng"]["numpy"] = [1, 2]
+    garbled = base / "garbled.ckpt"
+    torch.save(data, garbled)
+    line = one_error_line(run_mate([*TRAIN, "trainer.max_steps=3", f"ckpt_path={garbled}"], env(base)))
+    assert str(garbled) in line and "resume state (mate_resume) is damaged" in line, line
+
+
+def test_report_lists_a_run_with_nan_metrics_as_failed(finished, tmp_path):
+    from mate_cli.report.collect import FAILED_STATUS, load_run
+
+    run = tmp_path / "nan-run"
+    shutil.copytree(finished, run, ignore=shutil.ignore_patterns("checkpoints", "*.lock"))
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["val/loss"] = float("nan")
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    loaded = load_run(run, tmp_path)
+    assert loaded.status == FAILED_STATUS and "val/loss" in loaded.error and "diverged" in loaded.error
