@@ -29,6 +29,7 @@ from mate_cli.config_schema import (
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
 from mate_cli.trainer_args import TRAINER_RESERVED, close_matches, trainer_parameters
+from mate_cli.yaml_data import read_yaml
 
 #: flags after which Hydra answers without running the task (help, completion, info)
 ANSWER_ONLY_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "-sc", "--shell-completion")
@@ -233,11 +234,9 @@ def check_run_patches(tree: Mapping) -> None:
         config = Path(ckpt).resolve().parent.parent / "resolved_config.yaml"
         if not config.is_file():
             continue  # the command names the missing run config itself
-        from omegaconf import OmegaConf
-
         try:
-            run = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
-        except Exception:  # noqa: BLE001 - an unreadable run config: the command names it itself
+            run = read_yaml(config, "", interpolations=True)
+        except MateError:  # an unreadable run config: the command names it itself
             continue
         check_dotlist(run, list(node["overrides"]), f"{node_key + '.' if node_key else ''}overrides", config)
 

@@ -35,6 +35,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_text, os_error_in, write_failure
+from mate_cli.yaml_data import read_run_config
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,8 @@ def continue_wandb_run(cfg, resume: str | None) -> str | None:
     if resume:
         config = run_dir_of(resume) / "resolved_config.yaml"
         if config.is_file():
-            earlier = OmegaConf.select(OmegaConf.load(config), "logger.wandb.id", default=None)
+            run = read_run_config(config, "resume from a run dir that `mate train` wrote")
+            earlier = OmegaConf.select(run, "logger.wandb.id", default=None)
         if earlier is None:
             log.info("%s records no W&B run id: the resumed run is a new W&B run", config)
     wandb_cfg.id = str(earlier) if earlier else secrets.token_hex(4)  # Lightning passes resume="allow"

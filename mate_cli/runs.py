@@ -22,17 +22,22 @@ from mate_cli.config_check import check_dotlist
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
 from mate_cli.run_targets import checked_run_config
+from mate_cli.yaml_data import read_run_config
 
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
     """The resolved training config of the run that wrote ``ckpt_path``, with dotlist
-    ``overrides`` (each naming a key of that config, with a value of its type), checked by :func:`mate_cli.run_targets.checked_run_config` (``trust``:
-    the user's ``trust_run_config``)."""
+    ``overrides`` (each naming a key of that config, with a value of its type), read by
+    :func:`mate_cli.yaml_data.read_run_config` and checked by
+    :func:`mate_cli.run_targets.checked_run_config` (``trust``: the user's
+    ``trust_run_config``, which lifts the interpolation and target refusals, never the
+    file's limits)."""
     ckpt = check_checkpoint(ckpt_path)
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
         raise MateError(f"{config} is missing: ckpt_path must point inside a `mate train` run dir (…/checkpoints/*.ckpt)")
-    cfg = OmegaConf.load(config)
+    cfg = read_run_config(config, "pass a checkpoint whose run dir `mate train` wrote", interpolations=trust,
+                          lift=" (if you wrote this config yourself, pass trust_run_config=true)")
     if overrides:
         check_dotlist(OmegaConf.to_container(cfg, resolve=False), list(overrides), "overrides", config)
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))

@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from omegaconf import OmegaConf
-
 from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
+from mate_cli.yaml_data import read_yaml
 
 RESOLVED = "resolved_config.yaml"
 METRICS = "metrics.json"
@@ -90,7 +89,7 @@ def find_run_dirs(root: Path) -> list[Path]:
 
 
 def _yaml(path: Path) -> Any:
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    return read_yaml(path, "it is not a run dir mate wrote", interpolations=True)
 
 
 def _fill_choices(value: Any, choices: dict) -> Any:

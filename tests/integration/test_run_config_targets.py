@@ -135,3 +135,53 @@ def test_trust_builds_the_config_as_it_is_with_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert checked_run_config(cfg, tmp_path / "c.yaml", trust=True) is cfg
     assert "m._target_='os.system'" in caplog.text and "(and 1 more)" in caplog.text
+
+
+# ------------------------------------------------------------------ the file itself: data with limits
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(9))
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        (ALIAS_BOMB, ":1:4: an anchor or alias"),
+        ("model: !!python/object:os.system {}\n", "the tag !!python/object:os.system"),
+        ("model: !!binary aGk=\n", "the tag !!binary"),
+        ("model: !mine 3\n", "the tag !mine"),
+        ("model: [1, 2\nseed: 3\n", "resolved_config.yaml:2:5: expected ',' or ']'"),
+        ("home: ${oc.env:MATE_TEST_MARKER}\n", "home holds an interpolation"),
+    ],
+    ids=["alias bomb", "python tag", "binary tag", "local tag", "malformed", "resolver"],
+)
+def test_a_run_config_file_is_read_as_data_with_limits(tmp_path, monkeypatch, text, named):
+    from mate_cli.yaml_data import read_yaml
+
+    monkeypatch.setenv("MATE_TEST_MARKER", "resolved-marker")
+    path = tmp_path / "resolved_config.yaml"
+    path.write_text(text)
+    with pytest.raises(MateError) as err:
+        read_yaml(path, "the fix")
+    message = str(err.value)
+    assert message.startswith(str(path)) and named in message and message.endswith("the fix"), message
+    assert "\n" not in message and "resolved-marker" not in message
+
+
+def test_an_oversized_run_config_is_refused_before_it_is_read(tmp_path):
+    from mate_cli.yaml_data import MAX_BYTES, read_yaml
+
+    path = tmp_path / "resolved_config.yaml"
+    with open(path, "wb") as handle:
+        handle.truncate(MAX_BYTES * 100)  # sparse: nothing to read, only a size
+    with pytest.raises(MateError, match=r"is 100,000,000 bytes, more than a run config's 1,000,000"):
+        read_yaml(path, "the fix")
+
+
+def test_mate_eval_of_an_alias_bomb_is_one_line_at_once(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "resolved_config.yaml").write_text(ALIAS_BOMB)
+    torch.save({"state_dict": {}}, run / "checkpoints" / "last.ckpt")
+    proc = mate(["eval", f"ckpt_path={run}"], tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "an anchor or alias" in lines[0], proc.stderr[-2000:]

@@ -1,0 +1,108 @@
+"""YAML from run dirs, read as data with limits.
+
+A run dir is shared like data, so its ``resolved_config.yaml`` and ``.hydra/*.yaml`` may
+be crafted or broken. :func:`read_yaml` reads one as ``OmegaConf.load`` would (the same
+number and duplicate-key rules), as plain data, and refuses, in one `MateError` line
+naming the file (and line:column where YAML knows it):
+
+- a file over :data:`MAX_BYTES` (a resolved config `mate train` writes is about 4 kB),
+  from its size, without reading it; at most that much is ever read;
+- any anchor or alias (``&a`` / ``*a``): refused while parsing, before anything is
+  expanded, so a few kB of nested aliases cannot grow into gigabytes;
+- any explicit tag (``!!python/object``, ``!!binary``, ``!foo``): YAML's plain scalars,
+  lists and mappings are all a config holds;
+- nesting deeper than :data:`MAX_DEPTH` (a config nests about 5 levels);
+- with ``interpolations=False`` (a resolved run config), any ``${...}`` string, before
+  anything is resolved, so no resolver (``oc.env``, ...) ever runs on a run dir's file;
+- malformed YAML.
+
+``trust_run_config=true`` lifts the interpolation refusal (:func:`read_run_config` with
+``interpolations=True``), as it lifts the target check: a config whose targets run
+anyway gains nothing from resolvers. It never lifts the other limits, which keep a
+command from hanging on the file, trusted or not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import get_yaml_loader
+
+from mate_cli.errors import MateError
+from mate_cli.run_targets import walk
+
+#: the largest run-dir YAML file read, in bytes
+MAX_BYTES = 1_000_000
+#: the deepest nesting of lists and mappings read
+MAX_DEPTH = 64
+
+
+class _DataLoader(get_yaml_loader()):  # OmegaConf.load's own rules: 1e-3 a float, no dates, no duplicate keys
+    """OmegaConf's YAML loader without anchors, aliases, explicit tags and deep nesting."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.composer.ComposerError(
+                None, None, "an anchor or alias (&name / *name), which a run config never holds", event.start_mark
+            )
+        if getattr(event, "tag", None) is not None:  # the parser sets a tag only where the file writes one
+            tag = event.tag.replace("tag:yaml.org,2002:", "!!", 1)
+            raise yaml.composer.ComposerError(None, None, f"the tag {tag}, which a run config never holds",
+                                              event.start_mark)  # fmt: skip
+        if self.depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"lists and mappings nested more than {MAX_DEPTH} deep",
+                                              event.start_mark)  # fmt: skip
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def read_yaml(path: str | Path, fix: str, interpolations: bool = False, lift: str = "") -> Any:
+    """The plain data of the YAML file ``path`` (see the module docstring); ``fix`` ends
+    every refusal's line, and ``lift`` (what lifts it) the interpolation refusal's."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise MateError(f"{path} is {size:,} bytes, more than a run config's {MAX_BYTES:,}; {fix}")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:  # grown since, or a file whose size says nothing
+            raise MateError(f"{path} is more than a run config's {MAX_BYTES:,} bytes; {fix}")
+        data = yaml.load(raw.decode("utf-8"), Loader=_DataLoader)  # noqa: S506 - a safe loader, see above
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        reason = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise MateError(f"{path}{where}: {reason}; {fix}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise MateError(f"{path} cannot be read ({type(err).__name__}: {err}); {fix}") from None
+    if not interpolations:
+        found = next((key for key, value in walk(data) if isinstance(value, str) and "${" in value), None)
+        if found is not None:
+            raise MateError(f"{path}: {found} holds an interpolation (${{...}}), which a resolved run config never "
+                            f"holds, so it is not resolved; {fix}{lift}")
+    return data
+
+
+def read_run_config(path: str | Path, fix: str, interpolations: bool = False, lift: str = "") -> DictConfig:
+    """The run config at ``path`` read by :func:`read_yaml`, as an unresolved DictConfig;
+    a file that is not a mapping of keys is one `MateError` line too."""
+    data = read_yaml(path, fix, interpolations, lift)
+    if not isinstance(data, dict):
+        raise MateError(f"{path} holds {type(data).__name__ if data is not None else 'nothing'}, not a "
+                        f"mapping of config keys; {fix}")
+    try:
+        return OmegaConf.create(data)
+    except Exception as err:  # noqa: BLE001 - a key or value OmegaConf refuses (a null or list key, ...)
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise MateError(f"{path} is not a config ({first}); {fix}") from None
+
