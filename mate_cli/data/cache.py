@@ -2,7 +2,11 @@
 
 - Keys hash every setting that changes the encoded examples AND the input files
   (:func:`fingerprint`: name, size and modification time of each file), so an edited
-  table is never served from the cache.
+  table is never served from the cache, AND the code that encodes them (:func:`code_digest`:
+  the source of every ``mate_cli`` module the data package imports, followed transitively,
+  and the versions of transformers, tokenizers and datasets), so an updated mate_cli never
+  serves examples its older code made. Any edit of those modules, a comment too, rebuilds
+  the cache: the price of never serving stale examples, paid once per change.
 - An entry is written into a temp folder beside it (named with the writer's host and pid) and
   renamed in one step; if another run finished the same entry first, its copy is kept.
 - Temp folders whose writer is gone (killed runs) are removed on the next use; only this
@@ -15,7 +19,9 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -41,6 +47,58 @@ def fingerprint(files: Iterable[Path], root: Path) -> str:
         stat = path.stat()
         digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
+
+
+#: the installed package, whose data modules' source keys the cache
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def code_digest(package_root: Path | None = None) -> str:
+    """Digest of the code that encodes examples: the bytes of every module under
+    ``<package_root>/data/`` and of each ``mate_cli`` module they import (statically, through
+    any depth), in path order, plus the versions of the third-party packages that tokenize
+    and store them. Computed again only when a source file of the package changed."""
+    root = Path(package_root or PACKAGE_ROOT).resolve()
+    stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*.py")))
+    return _code_digest(root, stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _code_digest(root: Path, stamp: tuple) -> str:  # noqa: ARG001 - ``stamp`` keys the memo
+    from importlib.metadata import PackageNotFoundError, version
+
+    todo, seen = sorted((root / "data").glob("*.py")), set()
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        todo.extend(_imported_modules(path, root))
+    digest = hashlib.sha256()
+    for path in sorted(seen):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for package in ("transformers", "tokenizers", "datasets"):
+        try:
+            digest.update(f"{package}=={version(package)}\n".encode())
+        except PackageNotFoundError:
+            digest.update(f"{package} absent\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _imported_modules(path: Path, root: Path) -> list[Path]:
+    """The files of the ``mate_cli`` modules (and packages) ``path`` imports, anywhere in it."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    found = []
+    for name in names:
+        if name == "mate_cli" or name.startswith("mate_cli."):
+            base = root.joinpath(*name.split(".")[1:])
+            found += [p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()]
+    return found
 
 
 def _pid_alive(pid: int) -> bool:

@@ -24,7 +24,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from mate_cli.data.cache import fingerprint, load_or_build
+from mate_cli.data.cache import code_digest, fingerprint, load_or_build
 from mate_cli.data.expand import expand_table
 from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.preprocess import encode_records, worker_counts
@@ -127,7 +127,7 @@ class SplitDataModule(L.LightningDataModule):
         """Hash of everything that changes the encoded examples of ``split``."""
         payload = {
             "kind": self.kind,
-            "version": 5,
+            "code": code_digest(),
             "split": split,
             "root": os.path.abspath(self.root),
             "inputs": fingerprint(self.reader.input_files(), self.reader.root),

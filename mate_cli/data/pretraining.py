@@ -35,7 +35,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from mate_cli.data.cache import fingerprint, load_or_build
+from mate_cli.data.cache import code_digest, fingerprint, load_or_build
 from mate_cli.data.corpus import Corpus, TableText
 from mate_cli.data.masking import IGNORE, continuation_table, mask_words, word_spans
 from mate_cli.data.preprocess import worker_counts
@@ -131,7 +131,7 @@ class PretrainDataModule(L.LightningDataModule):
 
     def cache_key(self) -> str:
         payload = {
-            "kind": "pretrain", "version": 1,
+            "kind": "pretrain", "code": code_digest(),
             "sources": [[k, str(v)] for k, v in self.sources.items()],  # their order is the examples' order
             "inputs": fingerprint([p.resolve() for p in self.corpus.input_files()], Path("/")),
             "pretrained": resolve_pretrained(self.pretrained),

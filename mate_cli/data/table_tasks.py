@@ -232,7 +232,7 @@ class TableTaskDataModule(SplitDataModule):
 
         # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
         canon = CANON_EMULATION if self.task == "wtq" else None
-        return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token, "format": 3,
+        return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token,
                 "canon_emulation": canon}
 
     def tokenizer_args(self) -> dict:

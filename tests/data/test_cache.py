@@ -69,3 +69,47 @@ def test_the_cache_key_follows_the_input_files(tiny_root, tmp_path, edit):
     path = sorted((tiny_root / sub).glob("*.json"))[0]
     path.write_text(path.read_text(encoding="utf-8") + " ", encoding="utf-8")
     assert dm.cache_key("train") != before
+
+
+# ------------------------------------------------------------------ the code that encodes
+def package_copy(tmp_path):
+    import shutil
+
+    from mate_cli.data.cache import PACKAGE_ROOT
+
+    copy = tmp_path / "mate_cli"
+    shutil.copytree(PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    return copy
+
+
+@pytest.mark.parametrize("module, changes", [("data/tokenize.py", True), ("metrics/wtq.py", True),
+                                             ("errors.py", True), ("commands/report.py", False),
+                                             ("report/render.py", False)])
+def test_the_code_digest_follows_the_modules_the_data_package_imports(tmp_path, module, changes):
+    from mate_cli.data.cache import code_digest
+
+    copy = package_copy(tmp_path)
+    before = code_digest(copy)
+    assert before == code_digest()  # the copy is the installed code
+    (copy / module).write_text((copy / module).read_text() + "\nCHANGED = 1\n")
+    assert (code_digest(copy) != before) is changes
+
+
+def test_a_change_of_the_encoding_code_rebuilds_the_cache(sample_root, tmp_path, monkeypatch, caplog):
+    """The same settings and inputs, the code changed: a new entry is built, not the old one served."""
+    from mate_cli.data import cache
+
+    cache_dir = tmp_path / "cache"
+    dm = HybridQADataModule(root=str(sample_root), cache_dir=str(cache_dir), limit_questions=3)
+    with caplog.at_level(logging.INFO):
+        dm.preprocess("train")
+        dm.preprocess("train")
+    assert caplog.text.count("loaded from cache") == 1
+    copy = package_copy(tmp_path)
+    (copy / "data" / "expand.py").write_text((copy / "data" / "expand.py").read_text() + "\n# a fix\n")
+    monkeypatch.setattr(cache, "PACKAGE_ROOT", copy)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        dm.preprocess("train")
+    assert "loaded from cache" not in caplog.text
+    assert len([p for p in cache_dir.iterdir() if p.name.startswith("train-")]) == 2
