@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mate: error: {problem}", file=sys.stderr)
         return 2
     rest, problem = claim_given_run_dir(command, rest)
+    problem = problem or check_output_root(rest)
     if problem:
         print(f"mate: error: {problem}", file=sys.stderr)
         return 2
@@ -134,7 +135,31 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
                                    resuming=settings.get("ckpt_path", "null") not in ("", "null"))
     except MateError as err:
         return args, str(err)
+    except OSError as err:
+        return args, unwritable(Path(given[-1][len(key):].strip("'\"")), err)
     return [arg for arg in args if arg not in given] + [f"{key}{directory}"], None
+
+
+def unwritable(folder: Path, err: OSError) -> str:
+    return (f"cannot write run dirs in {folder} ({err.strerror or err}); set MATE_OUTPUT_DIR to a writable folder, "
+            "or pass hydra.run.dir=<writable folder>")
+
+
+def check_output_root(args: list[str]) -> str | None:
+    """The one-line problem when the folder default run dirs go in (``$MATE_OUTPUT_DIR``, else
+    ``outputs``) cannot be made or written, before Hydra tries (a traceback otherwise)."""
+    import tempfile
+
+    if any(arg in args for arg in ("--cfg", "-c", *ANSWER_ONLY_FLAGS)) or any(
+            arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in args):
+        return None
+    root = Path(os.environ.get("MATE_OUTPUT_DIR") or "outputs")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            return None
+    except OSError as err:
+        return unwritable(root, err)
 
 
 def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:

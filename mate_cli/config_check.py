@@ -113,16 +113,21 @@ def _values(override, conf_dir: Path | None = None) -> list[Any]:
 
     value = override.value()
     if isinstance(value, ChoiceSweep):
-        return list(value.list)
-    if isinstance(value, RangeSweep):
-        return list(override.sweep_iterator())
-    if isinstance(value, IntervalSweep):
+        values = list(value.list)
+    elif isinstance(value, RangeSweep):
+        values = list(override.sweep_iterator())
+    elif isinstance(value, IntervalSweep):
         return [value.start, value.end]
-    if isinstance(value, Glob):
+    elif isinstance(value, Glob):
         options = _options(override.key_or_group, conf_dir) if conf_dir else []
-        return [o for o in options if any(fnmatch.fnmatch(o, p) for p in value.include)
-                and not any(fnmatch.fnmatch(o, p) for p in value.exclude)]
-    return [value]
+        values = [o for o in options if any(fnmatch.fnmatch(o, p) for p in value.include)
+                  and not any(fnmatch.fnmatch(o, p) for p in value.exclude)]
+    else:
+        return [value]
+    if not values:
+        raise MateError(f"{override.input_line} sweeps no value, so there would be no job to run; give it at least "
+                        "one (e.g. seed=range(0,3) runs 0, 1, 2)")
+    return values
 
 
 def _text(override, value: Any) -> str:

@@ -6,6 +6,7 @@ project is installed editable); ``MATE_CONF_DIR`` overrides the config location.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -68,11 +69,23 @@ def overrides_name(overrides) -> str:
     return text
 
 
+#: the longest run name in a run dir's name, in bytes: with the time before it and the
+#: six hex digits after it, the folder name stays under the 255 bytes file systems allow
+MAX_DIR_NAME_BYTES = 200
+
+
 def dir_name(run_name: str) -> str:
     """A run name as a folder name that pastes into ``ckpt_path=`` unquoted (Hydra's
     grammar refuses ``=`` and ``,`` in a value): ``seed42-lr=3e-05,radius=84`` ->
-    ``seed42-lr3e-05_radius84``, as ``seed42`` itself is written."""
-    return str(run_name).replace("=", "").replace(",", "_")
+    ``seed42-lr3e-05_radius84``, as ``seed42`` itself is written. A name longer than
+    :data:`MAX_DIR_NAME_BYTES` is cut and ends in 8 hex digits of its whole text, so two long
+    names stay two folders (the run name itself, in W&B and the logs, is kept whole)."""
+    name = str(run_name).replace("=", "").replace(",", "_")
+    encoded = name.encode()
+    if len(encoded) <= MAX_DIR_NAME_BYTES:
+        return name
+    head = encoded[: MAX_DIR_NAME_BYTES - 9].decode(errors="ignore")
+    return f"{head}-{hashlib.sha256(encoded).hexdigest()[:8]}"
 
 
 def tag_list(*parts) -> list[str]:

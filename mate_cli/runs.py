@@ -9,6 +9,7 @@ it never imports the commands.
 from __future__ import annotations
 
 import contextlib
+import logging
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
     :func:`mate_cli.run_targets.checked_run_config` (``trust``: the user's
     ``trust_run_config``, which lifts the interpolation and target refusals, never the
     file's limits)."""
-    ckpt = check_checkpoint(ckpt_path)
+    ckpt = check_checkpoint(run_checkpoint(ckpt_path))
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
         raise MateError(f"{config} is missing: ckpt_path must point inside a `mate train` run dir (…/checkpoints/*.ckpt)")
@@ -187,6 +188,10 @@ def load_trained(
         device: where the model goes.
         trust: build the config even if it names targets mate_cli's configs do not.
     """
+    chosen = str(run_checkpoint(ckpt_path))
+    if chosen != str(ckpt_path):
+        log.info("%s.ckpt_path=%s: loading %s", key, ckpt_path, chosen)
+    ckpt_path = chosen
     cfg = load_run_config(ckpt_path, overrides, trust)
     target = str(cfg.get("model", {}).get("_target_", ""))
     names = [cls.__name__ for cls in (expected if isinstance(expected, tuple) else (expected,))]

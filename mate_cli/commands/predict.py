@@ -26,7 +26,7 @@ from mate_cli.lit_modules.table_qa import TableQAModule
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, predict_question
 from mate_cli.pipelines.table_task import predict_table_question, read_task_table
-from mate_cli.runs import check_checkpoint, load_run_config, load_trained, pick_device
+from mate_cli.runs import check_checkpoint, load_run_config, load_trained, pick_device, run_checkpoint
 
 register_resolvers()
 
@@ -75,7 +75,7 @@ def predict(cfg: DictConfig) -> dict:
 
 def predict_table_task(cfg: DictConfig) -> dict:
     """SQA / WikiTQ / TabFact: one question (statement) about one table file."""
-    check_checkpoint(cfg.ckpt_path)
+    check_checkpoint(run_checkpoint(cfg.ckpt_path))
     device = pick_device(cfg.trainer.get("accelerator"))
     run = load_trained(cfg.ckpt_path, cfg.get("overrides"), (TableQAModule, EntailmentModule), "predict", device,
                        bool(cfg.get("trust_run_config")))  # fmt: skip

@@ -60,7 +60,7 @@ class _LRU:
 
 def _load_json(path: Path, what: str) -> Any:
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:
             return json.load(handle)
     except json.JSONDecodeError as err:
         raise MateError(
@@ -204,17 +204,17 @@ class HybridQAReader:
 # ------------------------------------------------------------ single files
 def read_table_file(path: str | Path) -> Table:
     """A ``tables_tok``-format JSON file -> :class:`Table` (table id = file stem)."""
-    path = Path(str(path)).expanduser()
-    if not path.is_file():
-        raise MateError(f"table={path} not found; pass a WikiTables-WithLinks tables_tok/<id>.json file")
+    from mate_cli.data.readers import given_file  # readers builds on this module
+
+    path = given_file(path, "a WikiTables-WithLinks tables_tok/<id>.json file")
     return parse_table(_load_json(path, "table file"), path.stem, path)
 
 
 def read_passages_file(path: str | Path) -> dict[str, str]:
     """A ``request_tok``-format JSON file -> ``{"/wiki/...": text}``."""
-    path = Path(str(path)).expanduser()
-    if not path.is_file():
-        raise MateError(f"passages={path} not found; pass the request_tok/<id>.json of the table, or passages=null")
+    from mate_cli.data.readers import given_file  # readers builds on this module
+
+    path = given_file(path, "the request_tok/<id>.json of the table, or passages=null", "passages")
     return parse_passages(_load_json(path, "passages file"), path)
 
 

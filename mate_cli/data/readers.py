@@ -43,9 +43,10 @@ Record = tuple[str, Any, Question]
 
 # ---------------------------------------------------------------- file helpers
 def read_text(path: Path, what: str) -> str:
-    """The file's UTF-8 text, line ends untouched (``\\r`` kept)."""
+    """The file's UTF-8 text, line ends untouched (``\\r`` kept); a leading byte-order mark
+    (spreadsheet programs write one) is dropped."""
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
             return handle.read()
     except UnicodeDecodeError:
         raise MateError(f"{path}: {what} is not UTF-8 text; re-download or repair the file") from None
@@ -110,11 +111,13 @@ def rows_to_table(cells: list[list[str]], table_id: str, path: Path | str, title
     return Table(table_id=table_id, header=[Cell(text) for text in cells[0]], rows=rows, title=title)
 
 
-def given_file(path: str | Path, what: str) -> Path:
-    """The path of a table passed on the command line (``mate predict table=...``)."""
+def given_file(path: str | Path, what: str, key: str = "table") -> Path:
+    """The path of a file passed on the command line as ``key=`` (``mate predict table=...``)."""
     path = Path(str(path)).expanduser()
+    if path.is_dir():
+        raise MateError(f"{key}={path} is a folder, not a file; pass {what}")
     if not path.is_file():
-        raise MateError(f"table={path} not found; pass {what}")
+        raise MateError(f"{key}={path} not found; pass {what}")
     return path
 
 

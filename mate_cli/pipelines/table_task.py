@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from mate_cli.data.readers import given_file
 from mate_cli.data.schema import Question, Table
 from mate_cli.data.table_tasks import TaskCollator, encode_task_question
 from mate_cli.data.tokenize import TableTokenizer
@@ -23,8 +24,7 @@ from mate_cli.runs import TrainedRun, autocast
 
 def read_task_table(task: str, path: str | Path) -> Table:
     """A table file in ``task``'s upstream format."""
-    if not Path(str(path)).expanduser().is_file():
-        raise MateError(f"table={path} not found; pass a table file of the run's dataset ({task})")
+    given_file(path, f"a table file of the run's dataset ({task})")
     if task == "wtq":
         from mate_cli.data.wtq import read_table_file
     elif task == "sqa":

@@ -238,3 +238,72 @@ def test_report_lists_a_run_with_nan_metrics_as_failed(finished, tmp_path):
     (run / "metrics.json").write_text(json.dumps(metrics))
     loaded = load_run(run, tmp_path)
     assert loaded.status == FAILED_STATUS and "val/loss" in loaded.error and "diverged" in loaded.error
+
+
+# ------------------------------------------------------------------ tracebacks that are one line now
+def test_an_empty_sweep_is_one_line():
+    from mate_cli.config_check import check_command_line
+
+    problem = check_command_line("train", ["-m", "seed=range(0,0)"])
+    assert problem.startswith("seed=range(0,0) sweeps no value") and "\n" not in problem, problem
+
+
+def test_a_300_character_experiment_name_gets_a_run_dir_every_file_system_takes(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from mate_cli.paths import CONF_DIR, dir_name, register_resolvers
+
+    register_resolvers()
+    long_a, long_b = "a" * 299 + "x", "a" * 299 + "y"
+    assert dir_name(long_a) != dir_name(long_b) and len(dir_name("é" * 300).encode()) <= 200
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment_name={long_a}"], return_hydra_config=True)
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(cfg)
+    try:
+        run_dir = Path(str(cfg.hydra.run.dir))
+    finally:
+        GlobalHydra.instance().clear()
+    assert all(len(part.encode()) <= 255 for part in run_dir.parts) and long_a[:150] in run_dir.name
+
+
+def test_an_unwritable_output_folder_is_one_line_before_hydra_writes(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    proc = run_mate(["baseline", "dataset=sqa_sample"], mate_env(blocker / "outputs"))
+    line = one_error_line(proc)
+    assert f"cannot write run dirs in {blocker / 'outputs'} (Not a directory)" in line and "MATE_OUTPUT_DIR" in line
+
+
+def test_a_question_file_and_tables_with_a_byte_order_mark_are_read(tmp_path):
+    from mate_cli.data.sqa import SQAReader
+    from tests.helpers import REPO_ROOT
+
+    root = tmp_path / "sqa"
+    shutil.copytree(REPO_ROOT / "data" / "sqa_sample", root)
+    for path in [root / "train.tsv", *(root / "table_csv").glob("*.csv")]:
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    with_bom = list(SQAReader(root).questions("train.tsv"))
+    plain = list(SQAReader(REPO_ROOT / "data" / "sqa_sample").questions("train.tsv"))
+    assert [q.question_id for q in with_bom] == [q.question_id for q in plain] and with_bom
+    reader, first = SQAReader(root), with_bom[0]
+    assert reader.table(first.table_id).header == SQAReader(REPO_ROOT / "data" / "sqa_sample").table(first.table_id).header
+
+
+def test_a_folder_given_as_a_table_is_named_as_a_folder(tmp_path):
+    from mate_cli.data.hybridqa import read_table_file
+    from mate_cli.pipelines.table_task import read_task_table
+
+    for read in (read_table_file, lambda path: read_task_table("sqa", path)):
+        with pytest.raises(MateError, match=f"table={tmp_path} is a folder, not a file; pass "):
+            read(tmp_path)
+
+
+def test_predict_takes_a_run_dir_as_eval_does(finished, tmp_path):
+    from mate_cli.runs import load_run_config, run_checkpoint
+
+    assert run_checkpoint(finished) == finished / "checkpoints" / "best-epoch00-step2.ckpt"
+    assert load_run_config(finished).experiment_name == "tabfact_mate"
