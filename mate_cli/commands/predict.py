@@ -14,7 +14,7 @@ import hydra
 import rich
 from omegaconf import DictConfig, OmegaConf
 
-from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import log, print_table, quiet_third_party_logs, run_dir, run_task
 from mate_cli.data.hybridqa import read_table_file
 from mate_cli.console import print_outputs
 from mate_cli.errors import MateError
@@ -55,9 +55,10 @@ def predict(cfg: DictConfig) -> dict:
         s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device, trust)
     ranker = CellRanker(s1, device, precision, batch_size=1, top_k=max(int(cfg.top_k), 1))
     spans = SpanPredictor(s2, device, precision, batch_size=1)
+    warn_if_cut(str(cfg.question), s1, "stage1.")
     result = predict_question(ranker, spans, str(cfg.question), table, passages, top_k=int(cfg.top_k))
 
-    rich.print(f"[bold]question:[/bold] {result['question']}")
+    rich.print(f"[bold]question:[/bold] {shown(result['question'])}")
     rich.print(f"[bold]answer:[/bold] {result['answer'] or '(none)'}")
     cell = result["cell"]
     if cell is not None:
@@ -80,8 +81,9 @@ def predict_table_task(cfg: DictConfig) -> dict:
     run = load_trained(cfg.ckpt_path, cfg.get("overrides"), (TableQAModule, EntailmentModule), "predict", device,
                        bool(cfg.get("trust_run_config")))  # fmt: skip
     table = read_task_table(str(run.cfg.dataset.task), cfg.table)
+    warn_if_cut(str(cfg.question), run, "")
     result = predict_table_question(run, table, str(cfg.question), device, cfg.trainer.get("precision"))
-    rich.print(f"[bold]{'statement' if result['task'] == 'tabfact' else 'question'}:[/bold] {result['question']}")
+    rich.print(f"[bold]{'statement' if result['task'] == 'tabfact' else 'question'}:[/bold] {shown(result['question'])}")
     if result["task"] == "tabfact":
         rich.print(f"[bold]verdict:[/bold] {result['verdict']} (probability {result['probability']:.4f})")
     else:
@@ -93,6 +95,21 @@ def predict_table_task(cfg: DictConfig) -> dict:
     atomic_write_json(run_dir() / "prediction.json", result)
     print_outputs({"run dir": run_dir(), "prediction": run_dir() / "prediction.json"})
     return result
+
+
+def shown(text: str, limit: int = 200) -> str:
+    """``text`` as the screen shows it: whole, or its start and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def warn_if_cut(question: str, run, prefix: str) -> None:
+    """One warning when the question is longer than the run reads (``dataset.max_question_tokens``)."""
+    limit = OmegaConf.select(run.cfg, "dataset.max_question_tokens", default=None)
+    pieces = len(run.tokenizer.tokenize(question))
+    if limit is not None and pieces > int(limit):
+        log.warning("the question has %d word pieces; the model reads only the first %d (the run's "
+                    "dataset.max_question_tokens; %soverrides=[dataset.max_question_tokens=N] reads more)",
+                    pieces, int(limit), prefix)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="predict")

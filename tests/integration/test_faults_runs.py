@@ -307,3 +307,21 @@ def test_predict_takes_a_run_dir_as_eval_does(finished, tmp_path):
 
     assert run_checkpoint(finished) == finished / "checkpoints" / "best-epoch00-step2.ckpt"
     assert load_run_config(finished).experiment_name == "tabfact_mate"
+
+
+def test_a_100k_character_question_is_shown_short_and_its_cut_is_said(finished, caplog):
+    import logging
+
+    from mate_cli.commands.predict import shown, warn_if_cut
+    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.runs import TrainedRun, load_run_config
+
+    question = "which team scored most " * 4500  # about 100,000 characters
+    assert shown(question).endswith(f"… ({len(question):,} characters)") and len(shown(question)) < 240
+    cfg = load_run_config(finished)
+    run = TrainedRun(cfg=cfg, model=None, ckpt_path="", tokenizer=load_tokenizer(cfg.dataset.pretrained))
+    with caplog.at_level(logging.WARNING):
+        warn_if_cut("which team scored most?", run, "")
+        assert caplog.text == ""
+        warn_if_cut(question, run, "")
+    assert "the model reads only the first 64" in caplog.text and "dataset.max_question_tokens" in caplog.text
