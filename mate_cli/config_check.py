@@ -92,6 +92,8 @@ def _parse(texts: Sequence[str]) -> list:
         except OverrideParseException as err:
             reason = str(err).splitlines()[0]
             key, _, value = text.partition("=")
+            if re.fullmatch(r"(?:\w+\()*\s*(?:choice|glob)\(\s*\)[\s)]*", value):  # Hydra's grammar wants an item
+                raise _sweeps_nothing(text) from None
             example = (f"{key}=['{value.strip('[]').split(',')[0]}']" if value.startswith("[") and "=" in value
                        else f"{key}='{value}'")
             raise MateError(f"cannot parse the override {text!r} ({reason}); quote a value holding spaces, "
@@ -125,9 +127,14 @@ def _values(override, conf_dir: Path | None = None) -> list[Any]:
     else:
         return [value]
     if not values:
-        raise MateError(f"{override.input_line} sweeps no value, so there would be no job to run; give it at least "
-                        "one (e.g. seed=range(0,3) runs 0, 1, 2)")
+        raise _sweeps_nothing(override.input_line)
     return values
+
+
+def _sweeps_nothing(text: str) -> MateError:
+    """The error for a sweep of no value (``seed=range(0,0)``, ``seed=choice()``): no job would run."""
+    return MateError(f"{text} sweeps no value, so there would be no job to run; give it at least one "
+                     "(e.g. seed=range(0,3) runs 0, 1, 2)")
 
 
 def _text(override, value: Any) -> str:
@@ -236,7 +243,8 @@ def check_run_patches(tree: Mapping) -> None:
         ckpt = node.get("ckpt_path")
         if not isinstance(ckpt, str) or ckpt == "???" or "${" in ckpt:
             continue
-        config = Path(ckpt).resolve().parent.parent / "resolved_config.yaml"
+        run_dir = Path(ckpt).expanduser()  # a run dir (its best checkpoint) or <run dir>/checkpoints/<name>.ckpt
+        config = (run_dir if run_dir.is_dir() else run_dir.resolve().parent.parent) / "resolved_config.yaml"
         if not config.is_file():
             continue  # the command names the missing run config itself
         try:

@@ -69,23 +69,32 @@ def overrides_name(overrides) -> str:
     return text
 
 
-#: the longest run name in a run dir's name, in bytes: with the time before it and the
-#: six hex digits after it, the folder name stays under the 255 bytes file systems allow
+#: the longest part of a folder name mate makes from a run name or from a sweep job's
+#: overrides, in bytes: with the time before it and the six hex digits after it (a job's
+#: number before it), the folder name stays under the 255 bytes file systems allow
 MAX_DIR_NAME_BYTES = 200
+
+
+def capped(text: str) -> str:
+    """``text`` as a part of a folder name: whole up to :data:`MAX_DIR_NAME_BYTES` bytes of
+    UTF-8; a longer text is cut (never inside a character) to leave room for ``-`` and 8 hex
+    digits of a hash of its whole, so two long texts that differ only at their ends stay two
+    folders: ``${mate.capped:${hydra.job.override_dirname}}`` names a sweep's job folders."""
+    text = str(text)
+    encoded = text.encode()
+    if len(encoded) <= MAX_DIR_NAME_BYTES:
+        return text
+    head = encoded[: MAX_DIR_NAME_BYTES - 9].decode(errors="ignore")
+    return f"{head}-{hashlib.sha256(encoded).hexdigest()[:8]}"
 
 
 def dir_name(run_name: str) -> str:
     """A run name as a folder name that pastes into ``ckpt_path=`` unquoted (Hydra's
     grammar refuses ``=`` and ``,`` in a value): ``seed42-lr=3e-05,radius=84`` ->
-    ``seed42-lr3e-05_radius84``, as ``seed42`` itself is written. A name longer than
-    :data:`MAX_DIR_NAME_BYTES` is cut and ends in 8 hex digits of its whole text, so two long
-    names stay two folders (the run name itself, in W&B and the logs, is kept whole)."""
-    name = str(run_name).replace("=", "").replace(",", "_")
-    encoded = name.encode()
-    if len(encoded) <= MAX_DIR_NAME_BYTES:
-        return name
-    head = encoded[: MAX_DIR_NAME_BYTES - 9].decode(errors="ignore")
-    return f"{head}-{hashlib.sha256(encoded).hexdigest()[:8]}"
+    ``seed42-lr3e-05_radius84``, as ``seed42`` itself is written; :func:`capped`, so a name
+    over :data:`MAX_DIR_NAME_BYTES` bytes is cut and ends in 8 hex digits of its whole text
+    (the run name itself, in W&B and the logs, is kept whole)."""
+    return capped(str(run_name).replace("=", "").replace(",", "_"))
 
 
 def tag_list(*parts) -> list[str]:
@@ -161,7 +170,8 @@ def register_resolvers() -> None:
     that say something, joined by ``-``: run names); ``tags`` (the same parts as a list);
     ``group`` (:func:`run_group`); ``pretrained`` (:func:`pretrained_run`); ``slug`` (:func:`slug`);
     ``dot_name`` (:func:`dot_name`); ``unique`` (:data:`PROCESS_TAG`); ``overrides``
-    (:func:`overrides_name`); ``override_tags`` (:func:`override_parts`); ``dir_name`` (:func:`dir_name`)."""
+    (:func:`overrides_name`); ``override_tags`` (:func:`override_parts`); ``dir_name`` (:func:`dir_name`);
+    ``capped`` (:func:`capped`)."""
     resolvers = {
         "mate.unique": lambda: PROCESS_TAG,
         "mate.repo_root": lambda: str(REPO_ROOT),
@@ -170,6 +180,7 @@ def register_resolvers() -> None:
         "mate.tags": lambda *parts: OmegaConf.create(tag_list(*parts)),
         "mate.overrides": overrides_name,
         "mate.dir_name": dir_name,
+        "mate.capped": capped,
         "mate.override_tags": lambda overrides: OmegaConf.create(override_parts(overrides)),
         "mate.group": run_group,
         "mate.pretrained": pretrained_run,

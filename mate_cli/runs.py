@@ -25,6 +25,8 @@ from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
 from mate_cli.run_targets import checked_run_config
 from mate_cli.yaml_data import read_run_config
 
+log = logging.getLogger(__name__)
+
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
     """The resolved training config of the run that wrote ``ckpt_path``, with dotlist

@@ -98,8 +98,8 @@ def read_run_config(path: str | Path, fix: str, interpolations: bool = False, li
     a file that is not a mapping of keys is one `MateError` line too."""
     data = read_yaml(path, fix, interpolations, lift)
     if not isinstance(data, dict):
-        raise MateError(f"{path} holds {type(data).__name__ if data is not None else 'nothing'}, not a "
-                        f"mapping of config keys; {fix}")
+        held = f"a YAML {type(data).__name__}" if data is not None else "nothing"
+        raise MateError(f"{path} holds {held}, not a mapping of config keys; {fix}")
     try:
         return OmegaConf.create(data)
     except Exception as err:  # noqa: BLE001 - a key or value OmegaConf refuses (a null or list key, ...)

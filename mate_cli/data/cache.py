@@ -86,18 +86,24 @@ def _code_digest(root: Path, stamp: tuple) -> str:  # noqa: ARG001 - ``stamp`` k
 
 
 def _imported_modules(path: Path, root: Path) -> list[Path]:
-    """The files of the ``mate_cli`` modules (and packages) ``path`` imports, anywhere in it."""
+    """The files of the ``mate_cli`` modules ``path`` imports, anywhere in it (relative
+    imports too), with the packages holding them, whose ``__init__`` an import runs."""
+    here = ["mate_cli", *path.parent.relative_to(root).parts]  # the package ``path`` is in
     names = []
     for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.ImportFrom) and node.level <= len(here):
+            package = here[: len(here) - node.level + 1] if node.level else []  # level 1: ``here``, 2: its parent
+            base = ".".join([*package, *([node.module] if node.module else [])])
+            names += [base, *(f"{base}.{alias.name}" for alias in node.names)]
     found = []
     for name in names:
-        if name == "mate_cli" or name.startswith("mate_cli."):
-            base = root.joinpath(*name.split(".")[1:])
-            found += [p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()]
+        parts = name.split(".")
+        if parts[0] == "mate_cli":
+            for depth in range(1, len(parts) + 1):  # mate_cli, mate_cli.a, mate_cli.a.b: each runs
+                base = root.joinpath(*parts[1:depth])
+                found += [p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()]
     return found
 
 

@@ -57,6 +57,8 @@ def read_jsonl(path: str | Path) -> Iterator[TableText]:
     found = 0
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
+            if number == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark (editors on Windows write one)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:

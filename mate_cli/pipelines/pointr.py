@@ -24,7 +24,6 @@ line, and predicted as well as possible; nothing crashes the run.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from dataclasses import asdict
@@ -37,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.data.datamodule import Collator, encode_question
 from mate_cli.data.hybridqa import HybridQAReader, read_passages_file
+from mate_cli.data.readers import given_file, load_json
 from mate_cli.data.span import SpanCollator, SpanExample, build_span_input, cell_context
 from mate_cli.data.schema import Question, Table
 from mate_cli.data.split import SplitSettings
@@ -166,10 +166,7 @@ class SpanPredictor:
 def reference_for(cfg_path: str | None, dataset: DictConfig, split: str) -> Path | None:
     """The reference file: ``reference=`` when given, else ``<root>/released_data/<dev>_reference.json``."""
     if cfg_path:
-        path = Path(str(cfg_path)).expanduser()
-        if not path.is_file():
-            raise MateError(f"reference={path} not found; pass the dev_reference.json of the evaluated split")
-        return path
+        return given_file(cfg_path, "the dev_reference.json of the evaluated split", "reference")
     if split == "test":
         return None
     name = SplitSettings(**dataset.split).reference_file()
@@ -198,7 +195,8 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     for stage in ("stage1", "stage2"):
         if OmegaConf.is_missing(cfg[stage], "ckpt_path"):
             fix = " (or null: answer with the top cell's text)" if stage == "stage2" else ""
-            raise MateError(f"{stage}.ckpt_path is missing; pass {stage}.ckpt_path=<run dir>/checkpoints/<name>.ckpt{fix}")
+            raise MateError(f"{stage}.ckpt_path is missing; pass {stage}.ckpt_path=<run dir> (its best checkpoint) "
+                            f"or <run dir>/checkpoints/<name>.ckpt{fix}")
     split = str(cfg.split)
     if split not in ("validation", "test"):
         raise MateError(f"split={split!r} is invalid; use split=validation or split=test")
@@ -249,7 +247,7 @@ def score(details: list[dict], questions: dict[str, Question], ref_path: Path | 
         for hk in HITS_K:
             metrics[f"stage1/hits@{hk}"] = sum(d[f"hits@{hk}"] for d in answered) / len(answered)
     if ref_path is not None:
-        full = json.loads(ref_path.read_text(encoding="utf-8"))
+        full = load_json(ref_path, "reference file")
         if not isinstance(full, dict) or not isinstance(full.get("reference"), dict):
             raise MateError(f"{ref_path}: not a dev_reference.json ({{'reference': {{qid: answer}}, 'table': [...], 'passage': [...]}}); pass reference=<file>")
         counts["not_in_reference"] = sum(d["question_id"] not in full["reference"] for d in details)

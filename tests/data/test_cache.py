@@ -95,12 +95,31 @@ def test_the_code_digest_follows_the_modules_the_data_package_imports(tmp_path, 
     assert (code_digest(copy) != before) is changes
 
 
-def test_a_change_of_the_encoding_code_rebuilds_the_cache(sample_root, tmp_path, monkeypatch, caplog):
+def test_the_code_digest_follows_relative_imports_and_the_packages_an_import_runs(tmp_path):
+    from mate_cli.data.cache import code_digest
+
+    copy = package_copy(tmp_path)
+    tokenize = copy / "data" / "tokenize.py"
+    tokenize.write_text(tokenize.read_text() + "\nfrom ..report import render  # noqa: E402,F401\n")
+    digests = [code_digest(copy)]
+    for module in ("report/render.py", "report/__init__.py", "__init__.py"):
+        (copy / module).write_text((copy / module).read_text() + "\n# edited\n")
+        digests.append(code_digest(copy))
+    assert len(set(digests)) == 4
+
+
+@pytest.mark.parametrize("task", ["hybridqa", "sqa"])
+def test_a_change_of_the_encoding_code_rebuilds_the_cache(sample_root, tmp_path, monkeypatch, caplog, task):
     """The same settings and inputs, the code changed: a new entry is built, not the old one served."""
     from mate_cli.data import cache
+    from mate_cli.data.table_tasks import TableTaskDataModule
 
     cache_dir = tmp_path / "cache"
-    dm = HybridQADataModule(root=str(sample_root), cache_dir=str(cache_dir), limit_questions=3)
+    if task == "hybridqa":
+        dm = HybridQADataModule(root=str(sample_root), cache_dir=str(cache_dir), limit_questions=3)
+    else:
+        dm = TableTaskDataModule(task="sqa", root=str(sample_root.parent / "sqa_sample"), pretrained="minilm",
+                                 split={"source": "train.tsv"}, cache_dir=str(cache_dir), limit_questions=3)
     with caplog.at_level(logging.INFO):
         dm.preprocess("train")
         dm.preprocess("train")
@@ -112,4 +131,4 @@ def test_a_change_of_the_encoding_code_rebuilds_the_cache(sample_root, tmp_path,
     with caplog.at_level(logging.INFO):
         dm.preprocess("train")
     assert "loaded from cache" not in caplog.text
-    assert len([p for p in cache_dir.iterdir() if p.name.startswith("train-")]) == 2
+    assert len([p for p in cache_dir.iterdir() if "train-" in p.name and not p.name.startswith(".")]) == 2

@@ -399,3 +399,79 @@ def test_nothing_is_written_outside_the_run_dir_and_the_cache(tmp_path):
     assert list(home.rglob("*")) == [] and list(tmp.rglob("*")) == []
     (run,) = (tmp_path / "outputs" / "train").iterdir()
     assert (run / "wandb" / "cache").is_dir() and (tmp_path / "cache" / "matplotlib").is_dir()
+
+
+# ------------------------------------------------------------------ one line, or read, where a traceback was
+@pytest.mark.parametrize("sweep", ["seed=choice()", "seed=shuffle()", "seed=range(3,0)", "attention=glob(nothing*)"])
+def test_a_sweep_of_no_value_is_one_line(sweep):
+    from mate_cli.config_check import check_command_line
+
+    problem = check_command_line("train", ["-m", sweep])
+    assert problem.startswith(f"{sweep} sweeps no value") and "\n" not in problem, problem
+
+
+def test_the_overrides_beside_a_run_dir_are_checked_against_its_config(tmp_path):
+    from mate_cli.config_check import check_run_patches
+
+    (tmp_path / "resolved_config.yaml").write_text("dataset:\n  eval_batch_size: 8\n")
+    check_run_patches({"ckpt_path": str(tmp_path), "overrides": ["dataset.eval_batch_size=2"]})
+    with pytest.raises(MateError, match=r"^stage1\.overrides: dataset\.eval_batchsize=2: .*did you mean dataset\.eval_batch_size"):
+        check_run_patches({"stage1": {"ckpt_path": str(tmp_path), "overrides": ["dataset.eval_batchsize=2"]}})
+
+
+def test_a_sweep_job_with_long_overrides_gets_a_folder_every_file_system_takes(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from mate_cli.paths import CONF_DIR, register_resolvers
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=["seed=1"], return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    folders = []
+    for end in "xy":
+        cfg.hydra.job.num, cfg.hydra.job.override_dirname = 12, f"experiment_name={'é' * 299}{end},seed=1"
+        folders.append(str(cfg.hydra.sweep.subdir))
+    assert all(len(folder.encode()) <= 255 and folder.startswith("12-experiment_name=é") for folder in folders)
+    assert folders[0] != folders[1], folders
+    cfg.hydra.job.override_dirname = "seed=1"
+    assert cfg.hydra.sweep.subdir == "12-seed=1"
+
+
+def test_a_corpus_with_a_byte_order_mark_is_read(tmp_path):
+    line = '{"text": "t", "table": {"header": ["a"], "rows": [["1"]]}}\n'
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(b"\xef\xbb\xbf" + (line * 2).encode())
+    assert [example.table.header[0].text for example in read_jsonl(corpus)] == ["a", "a"]
+
+
+def test_a_pointr_reference_folder_or_byte_order_mark(tmp_path):
+    from collections import Counter
+
+    from mate_cli.pipelines.pointr import reference_for, score
+
+    with pytest.raises(MateError, match=f"^reference={tmp_path} is a folder, not a file; pass the dev_reference"):
+        reference_for(str(tmp_path), None, "validation")
+    reference = tmp_path / "dev_reference.json"
+    reference.write_bytes(b"\xef\xbb\xbf" + b'{"reference": {}, "table": [], "passage": []}')
+    assert score([], {}, reference_for(str(reference), None, "validation"), Counter())["reference"] == str(reference)
+    reference.write_text('{"reference": ')
+    with pytest.raises(MateError, match=r"dev_reference\.json: reference file is not valid JSON \(line 1"):
+        score([], {}, reference, Counter())
+
+
+def test_a_run_dir_as_a_stage_checkpoint_loads_its_checkpoint_and_says_which(tmp_path, caplog):
+    import logging
+
+    from mate_cli.lit_modules.cell_selection import CellSelectionModule
+    from mate_cli.runs import load_trained
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")  # the run dir is resolved before the file is checked
+    with caplog.at_level(logging.INFO), pytest.raises(MateError, match=r"last\.ckpt is empty"):
+        load_trained(str(tmp_path), None, CellSelectionModule, "stage1", torch.device("cpu"))
+    assert f"stage1.ckpt_path={tmp_path}: loading {tmp_path / 'checkpoints' / 'last.ckpt'}" in caplog.text

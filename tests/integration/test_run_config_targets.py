@@ -138,33 +138,58 @@ def test_trust_builds_the_config_as_it_is_with_a_warning(tmp_path, caplog):
 
 
 # ------------------------------------------------------------------ the file itself: data with limits
+# ten levels of ten aliases each: 10**10 strings once expanded, under 500 bytes on disk
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(9))
+
+
+def tiny_run(root: Path, text: str) -> Path:
+    """A run dir holding ``text`` as its config and a checkpoint that passes the file check."""
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "resolved_config.yaml").write_text(text)
+    torch.save({"state_dict": {}}, root / "checkpoints" / "last.ckpt")
+    return root / "checkpoints" / "last.ckpt"
 
 
 @pytest.mark.parametrize(
     "text, named",
     [
-        (ALIAS_BOMB, ":1:4: an anchor or alias"),
-        ("model: !!python/object:os.system {}\n", "the tag !!python/object:os.system"),
+        (ALIAS_BOMB, "resolved_config.yaml:1:4: an anchor or alias"),
+        ("model: !!python/object:os.system {}\n", "resolved_config.yaml:1:8: the tag !!python/object:os.system"),
         ("model: !!binary aGk=\n", "the tag !!binary"),
         ("model: !mine 3\n", "the tag !mine"),
+        ("model: " + "[" * 100 + "]" * 100 + "\n", "nested more than 64 deep"),
         ("model: [1, 2\nseed: 3\n", "resolved_config.yaml:2:5: expected ',' or ']'"),
+        ("seed: 1\nseed: 2\n", "found duplicate key seed"),
         ("home: ${oc.env:MATE_TEST_MARKER}\n", "home holds an interpolation"),
+        ("m:\n  - {x: '${run_config_probe:}'}\n", "m[0].x holds an interpolation"),
+        ("- 1\n", "holds a YAML list, not a mapping of config keys"),
+        ("", "holds nothing, not a mapping of config keys"),
     ],
-    ids=["alias bomb", "python tag", "binary tag", "local tag", "malformed", "resolver"],
+    ids=["alias bomb", "python tag", "binary tag", "local tag", "deep", "malformed", "duplicate key", "env",
+         "resolver", "list", "empty"],
 )
 def test_a_run_config_file_is_read_as_data_with_limits(tmp_path, monkeypatch, text, named):
+    from mate_cli.runs import load_run_config
+
+    calls = []
+    OmegaConf.register_new_resolver("run_config_probe", lambda: calls.append(1) or "x", replace=True)
+    monkeypatch.setenv("MATE_TEST_MARKER", "resolved-marker")
+    with pytest.raises(MateError) as err:
+        load_run_config(tiny_run(tmp_path.resolve(), text))
+    message = str(err.value)
+    assert message.startswith(str(tmp_path.resolve() / "resolved_config.yaml")) and named in message, message
+    assert "pass a checkpoint whose run dir `mate train` wrote" in message
+    assert "\n" not in message and "resolved-marker" not in message and not calls
+
+
+def test_a_run_config_file_holds_what_omegaconf_reads_from_it(tmp_path):
     from mate_cli.yaml_data import read_yaml
 
-    monkeypatch.setenv("MATE_TEST_MARKER", "resolved-marker")
     path = tmp_path / "resolved_config.yaml"
-    path.write_text(text)
-    with pytest.raises(MateError) as err:
-        read_yaml(path, "the fix")
-    message = str(err.value)
-    assert message.startswith(str(path)) and named in message and message.endswith("the fix"), message
-    assert "\n" not in message and "resolved-marker" not in message
+    path.write_text("lr: 1e-3\nday: 2024-01-01\nname: '3'\nx: ${lr}\n")
+    assert read_yaml(path, "", interpolations=True) == OmegaConf.to_container(OmegaConf.load(path)) == {
+        "lr": 1e-3, "day": "2024-01-01", "name": "3", "x": "${lr}"}  # fmt: skip
 
 
 def test_an_oversized_run_config_is_refused_before_it_is_read(tmp_path):
@@ -177,11 +202,31 @@ def test_an_oversized_run_config_is_refused_before_it_is_read(tmp_path):
         read_yaml(path, "the fix")
 
 
+def test_trust_lifts_the_interpolation_refusal_but_never_the_file_limits(tmp_path):
+    from mate_cli.runs import load_run_config
+
+    text = f"a: 3\nmodel: {{_target_: {MODULES['table']}, lr: '${{a}}'}}\n"
+    with pytest.raises(MateError, match="model.lr holds an interpolation.*pass trust_run_config=true"):
+        load_run_config(tiny_run(tmp_path / "interpolated", text))
+    assert load_run_config(tiny_run(tmp_path / "trusted", text), trust=True).model.lr == 3
+    with pytest.raises(MateError, match="an anchor or alias"):
+        load_run_config(tiny_run(tmp_path / "bomb", ALIAS_BOMB), trust=True)
+
+
+def test_report_and_the_override_check_pass_over_an_alias_bomb_at_once(tmp_path):
+    """`mate report` lists the run as failed; the check of ``overrides`` leaves the file to the command."""
+    from mate_cli.config_check import check_run_patches
+    from mate_cli.report.collect import load_run
+
+    ckpt = tiny_run(tmp_path / "run", ALIAS_BOMB)
+    run = load_run(tmp_path / "run", tmp_path)
+    assert run.status == "failed" and "an anchor or alias" in run.error, run.error
+    assert check_run_patches({"ckpt_path": str(ckpt), "overrides": ["seed=2"]}) is None
+
+
 def test_mate_eval_of_an_alias_bomb_is_one_line_at_once(tmp_path):
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "resolved_config.yaml").write_text(ALIAS_BOMB)
-    torch.save({"state_dict": {}}, run / "checkpoints" / "last.ckpt")
-    proc = mate(["eval", f"ckpt_path={run}"], tmp_path)
+    tiny_run(tmp_path / "run", ALIAS_BOMB)
+    proc = run_mate(["eval", f"ckpt_path={tmp_path / 'run'}"], mate_env(tmp_path / "outputs", tmp_path / "cache"),
+                    timeout=60)  # fmt: skip
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "an anchor or alias" in lines[0], proc.stderr[-2000:]
