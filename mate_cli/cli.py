@@ -141,6 +141,7 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
 
 
 def unwritable(folder: Path, err: OSError) -> str:
+    """The one line for a folder run dirs cannot be written in."""
     return (f"cannot write run dirs in {folder} ({err.strerror or err}); set MATE_OUTPUT_DIR to a writable folder, "
             "or pass hydra.run.dir=<writable folder>")
 

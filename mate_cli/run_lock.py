@@ -115,16 +115,16 @@ def existing_files(directory: Path) -> list[str]:
 
 def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
     """``(command, overrides)`` of the run Hydra recorded in ``directory/.hydra`` (None: none,
-    or unreadable). Read as plain YAML data, at most 1 MB per file."""
-    import yaml
+    or unreadable), read as data with limits (:func:`mate_cli.yaml_data.read_yaml`)."""
+    from mate_cli.yaml_data import read_yaml
 
     files = directory / ".hydra" / "hydra.yaml", directory / ".hydra" / "overrides.yaml"
     try:
-        if not all(f.is_file() and f.stat().st_size < 1_000_000 for f in files):
+        if not all(f.is_file() for f in files):
             return None
-        job = yaml.safe_load(files[0].read_text(encoding="utf-8"))["hydra"]["job"]["name"]
-        overrides = yaml.safe_load(files[1].read_text(encoding="utf-8")) or []
-    except (OSError, yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
+        job = read_yaml(files[0], "", interpolations=True)["hydra"]["job"]["name"]
+        overrides = read_yaml(files[1], "", interpolations=True) or []
+    except (MateError, KeyError, TypeError):
         return None
     return (str(job), [str(o) for o in overrides]) if isinstance(overrides, list) else None
 

@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 import datasets
 
 from mate_cli.errors import MateError
-from mate_cli.io import write_failure, writable
+from mate_cli.io import pid_alive, write_failure, writable
 
 log = logging.getLogger(__name__)
 
@@ -107,16 +107,6 @@ def _imported_modules(path: Path, root: Path) -> list[Path]:
     return found
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def temp_name(target: Path) -> str:
     """``.<entry>.<host>.<pid>.tmp``: who is writing it."""
     return f".{target.name}.{socket.gethostname()}.{os.getpid()}{_TEMP_SUFFIX}"
@@ -128,7 +118,7 @@ def remove_stale_temps(directory: Path) -> int:
     host = socket.gethostname()
     for tmp in directory.glob(f".*{_TEMP_SUFFIX}") if directory.is_dir() else ():
         parts = tmp.name[: -len(_TEMP_SUFFIX)].rsplit(".", 2)
-        if len(parts) == 3 and parts[1] == host and parts[2].isdigit() and not _pid_alive(int(parts[2])):
+        if len(parts) == 3 and parts[1] == host and parts[2].isdigit() and not pid_alive(int(parts[2])):
             shutil.rmtree(tmp, ignore_errors=True)
             removed += 1
     if removed:
