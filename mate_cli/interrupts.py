@@ -14,6 +14,7 @@ stops at once; checkpoints and results are written atomically, so what is on dis
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -36,11 +37,12 @@ class _State:
     received: int | None = None  # the first signal, until the command ends
     training: StopOnSignal | None = None  # this command's training run, if one started
     deferring = False  # inside trainer.fit: the first signal stops at the next batch end
+    pid = 0  # the process whose command this is (forked workers inherit the handler, not the command)
 
 
 def install() -> None:
     """Handle SIGTERM and SIGINT in this process (the main thread's command)."""
-    _State.received, _State.training, _State.deferring = None, None, False
+    _State.received, _State.training, _State.deferring, _State.pid = None, None, False, os.getpid()
     for signum in SIGNALS:
         signal.signal(signum, _handle)
 
@@ -51,6 +53,10 @@ def received() -> int | None:
 
 
 def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
+    if os.getpid() != _State.pid:  # a forked worker (preprocessing, loading): it ends as it would without mate
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     first = _State.received is None
     _State.received = _State.received or signum
     if first and _State.deferring:
