@@ -32,10 +32,11 @@ SQA = REPO_ROOT / "data" / "sqa_sample"
 TABFACT = REPO_ROOT / "data" / "tabfact_sample"
 
 
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stderr[-3000:]
+def one_error_line(proc: subprocess.CompletedProcess, code: int = 2, prefix: str = "mate: error: ") -> str:
+    """The one ``mate:`` line of a process that exited with ``code``, no traceback."""
+    assert proc.returncode == code, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("mate:")]
-    assert len(lines) == 1 and lines[0].startswith("mate: error: "), proc.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return lines[0]
 
@@ -402,7 +403,8 @@ def test_nothing_is_written_outside_the_run_dir_and_the_cache(tmp_path):
 
 
 # ------------------------------------------------------------------ one line, or read, where a traceback was
-@pytest.mark.parametrize("sweep", ["seed=choice()", "seed=shuffle()", "seed=range(3,0)", "attention=glob(nothing*)"])
+@pytest.mark.parametrize("sweep", ["seed=range(0,0)", "seed=choice()", "seed=shuffle()", "seed=range(3,0)",
+                                   "attention=glob(nothing*)"])
 def test_a_sweep_of_no_value_is_one_line(sweep):
     from mate_cli.config_check import check_command_line
 
@@ -475,3 +477,61 @@ def test_a_run_dir_as_a_stage_checkpoint_loads_its_checkpoint_and_says_which(tmp
     with caplog.at_level(logging.INFO), pytest.raises(MateError, match=r"last\.ckpt is empty"):
         load_trained(str(tmp_path), None, CellSelectionModule, "stage1", torch.device("cpu"))
     assert f"stage1.ckpt_path={tmp_path}: loading {tmp_path / 'checkpoints' / 'last.ckpt'}" in caplog.text
+
+
+def test_a_300_character_experiment_name_gets_a_run_dir_every_file_system_takes(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from mate_cli.paths import CONF_DIR, dir_name, register_resolvers
+
+    register_resolvers()
+    long_a, long_b = "a" * 299 + "x", "a" * 299 + "y"
+    assert dir_name(long_a) != dir_name(long_b) and len(dir_name("é" * 300).encode()) <= 200
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment_name={long_a}"], return_hydra_config=True)
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(cfg)
+    try:
+        run_dir = Path(str(cfg.hydra.run.dir))
+    finally:
+        GlobalHydra.instance().clear()
+    assert all(len(part.encode()) <= 255 for part in run_dir.parts) and long_a[:150] in run_dir.name
+
+
+def test_an_unwritable_output_folder_is_one_line_before_hydra_writes(tmp_path, monkeypatch, capsys):
+    from mate_cli import cli
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("MATE_OUTPUT_DIR", str(blocker / "outputs"))
+    assert cli.main(["baseline", "dataset=sqa_sample"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == (f"mate: error: cannot write run dirs in {blocker / 'outputs'} (Not a directory); set "
+                    "MATE_OUTPUT_DIR to a writable folder, or pass hydra.run.dir=<writable folder>")
+    assert cli.main(["baseline", "dataset=sqa_sample", f"hydra.run.dir={blocker / 'run'}"]) == 2
+    assert f"cannot write run dirs in {blocker / 'run'} (Not a directory)" in capsys.readouterr().err
+
+
+def test_a_question_file_and_tables_with_a_byte_order_mark_are_read(tmp_path):
+    from mate_cli.data.sqa import SQAReader
+    root = tmp_path / "sqa"
+    shutil.copytree(REPO_ROOT / "data" / "sqa_sample", root)
+    for path in [root / "train.tsv", *(root / "table_csv").glob("*.csv")]:
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    with_bom = list(SQAReader(root).questions("train.tsv"))
+    plain = list(SQAReader(REPO_ROOT / "data" / "sqa_sample").questions("train.tsv"))
+    assert [q.question_id for q in with_bom] == [q.question_id for q in plain] and with_bom
+    reader, first = SQAReader(root), with_bom[0]
+    assert reader.table(first.table_id).header == SQAReader(REPO_ROOT / "data" / "sqa_sample").table(first.table_id).header
+
+
+def test_a_folder_given_as_a_table_is_named_as_a_folder(tmp_path):
+    from mate_cli.data.hybridqa import read_table_file
+    from mate_cli.pipelines.table_task import read_task_table
+
+    for read in (read_table_file, lambda path: read_task_table("sqa", path)):
+        with pytest.raises(MateError, match=f"table={tmp_path} is a folder, not a file; pass "):
+            read(tmp_path)

@@ -2,10 +2,10 @@
 with an honest status, non-finite numbers stop it, and every checkpoint is checked once
 before it is resumed, evaluated or predicted with.
 
-Real parts: one small TabFact training run (the real CLI, the bundled sample) shared by the
-module, real checkpoints edited as an attacker or a broken disk would, the real CLI in
-subprocesses where the exit status and the one line are the point, in-process calls of the
-same functions elsewhere.
+Real parts: one small TabFact training run (`mate train`'s own function on a config Hydra
+composes in process, the bundled sample) shared by the module, real checkpoints edited as an
+attacker or a broken disk would, and the real CLI in a subprocess only where a signal and
+the exit status are the point.
 """
 
 from __future__ import annotations
@@ -23,17 +23,25 @@ import torch
 
 from mate_cli import cli, run_lock
 from mate_cli.errors import MateError
-from tests.helpers import MATE, mate_env, run_mate
+from tests.conf.test_compose import compose_train
+from tests.helpers import MATE, REPO_ROOT, mate_env
+from tests.integration.test_faults import one_error_line
+from tests.integration.test_run_config_targets import ALIAS_BOMB
 
-TRAIN = ["train", "experiment=tabfact_mate", "logger=csv", "trainer.val_check_interval=2"]
+#: a TabFact MATE run that validates (and keeps a best checkpoint) every 2 steps
+TRAIN = ["experiment=tabfact_mate", "logger=csv", "trainer.val_check_interval=2", "~callbacks.progress_bar"]
 
 
-def one_error_line(proc: subprocess.CompletedProcess, code: int = 2, prefix: str = "mate: error: ") -> str:
-    assert proc.returncode == code, proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("mate:")]
-    assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return lines[0]
+def train_in_process(overrides: list[str], run: Path, cache: Path) -> dict:
+    """`mate train <overrides>`'s own task function, in this process, into ``run``."""
+    from mate_cli.commands.train import train
+
+    from omegaconf import open_dict
+
+    cfg = compose_train([*TRAIN, f"dataset.cache_dir={cache}", *overrides], run)
+    with open_dict(cfg):
+        del cfg["hydra"]  # Hydra hands a task its config without the hydra node (set in HydraConfig above)
+    return train(cfg)
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -51,23 +59,18 @@ def base(tmp_path_factory) -> Path:
 def finished(base) -> Path:
     """A finished two-step TabFact run with a best checkpoint (validated at step 2)."""
     run = base / "A"
-    proc = run_mate([*TRAIN, "trainer.max_steps=2", f"hydra.run.dir={run}"], mate_env(base / "outputs", base / "cache"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_in_process(["trainer.max_steps=2"], run, base / "cache")
     assert (run / "checkpoints" / "best-epoch00-step2.ckpt").is_file()
     return run
-
-
-def env(base: Path) -> dict:
-    return mate_env(base / "outputs", base / "cache")
 
 
 # ------------------------------------------------------------------ what another run made
 def test_a_resume_never_deletes_or_names_the_resumed_runs_checkpoints(finished, base):
     before = snapshot(finished)
     resumed = base / "B"
-    proc = run_mate([*TRAIN, "trainer.max_steps=3", "keep_best=encoder", f"ckpt_path={finished}",
-                     f"hydra.run.dir={resumed}"], env(base))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = train_in_process(["trainer.max_steps=3", "keep_best=encoder", f"ckpt_path={finished}"], resumed,
+                               base / "cache")
+    assert metrics["resumed_from"] == str(finished / "checkpoints" / "last.ckpt")
     assert snapshot(finished) == before
     best = json.loads((resumed / "metrics.json").read_text())["best_checkpoint"]
     assert Path(best).parent == resumed / "checkpoints", best
@@ -93,12 +96,16 @@ def test_a_folder_of_the_users_is_refused_and_subdir_writes_beside_its_files(fin
     assert "already holds files (.notes.tmp, checkpoints, metrics.json)" in capsys.readouterr().err
     assert snapshot(folder) == before and not (folder / run_lock.LOCK_NAME).exists()
 
-    proc = run_mate(["eval", f"ckpt_path={finished}", f"hydra.run.dir={folder}", "paths.existing_run_dir=subdir"],
-                    env(base))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (inner,) = [p for p in folder.iterdir() if p.name.startswith("eval-")]
-    assert (inner / "metrics.json").is_file()
-    assert {k: v for k, v in snapshot(folder).items() if not k.startswith(inner.name)} == before
+    args, problem = cli.claim_given_run_dir("eval", [f"ckpt_path={finished}", f"hydra.run.dir={folder}",
+                                                     "paths.existing_run_dir=subdir"])
+    assert problem is None
+    inner = Path(args[-1].removeprefix("hydra.run.dir="))  # where Hydra puts the eval run
+    try:
+        assert inner.parent == folder.resolve() and inner.name.startswith("eval-") and inner.is_dir()
+        assert snapshot(inner) == {run_lock.LOCK_NAME: snapshot(inner)[run_lock.LOCK_NAME]}  # taken, still empty
+        assert {k: v for k, v in snapshot(folder).items() if not k.startswith(inner.name)} == before
+    finally:
+        run_lock.release(inner)
 
 
 def test_only_temp_files_of_gone_mate_processes_are_removed(tmp_path):
@@ -136,14 +143,18 @@ def test_the_same_commands_interrupted_run_is_taken_again(tmp_path):
     (run / "metrics.json").write_text("{}")  # finished: no longer an interrupted run
     with pytest.raises(MateError, match="already holds files"):
         run_lock.claim(run, "train", ["experiment=sqa_mate"], resuming=True)
+    (run / "metrics.json").unlink()
+    (run / ".hydra" / "overrides.yaml").write_text(ALIAS_BOMB)  # read as data with limits: no run of this command
+    with pytest.raises(MateError, match="already holds files"):
+        run_lock.claim(run, "train", ["experiment=sqa_mate"], resuming=True)
 
 
 # ------------------------------------------------------------------ signals
 def test_ctrl_c_saves_last_ckpt_at_the_step_reached_and_exits_130(base):
     run = base / "interrupted"
-    proc = subprocess.Popen([MATE, *TRAIN, "trainer.max_steps=40", "callbacks.model_checkpoint.every_n_train_steps=2",
-                             f"hydra.run.dir={run}"], env=env(base), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([MATE, "train", *TRAIN, "trainer.max_steps=40", "callbacks.model_checkpoint.every_n_train_steps=2",
+                             f"hydra.run.dir={run}"], env=mate_env(base / "outputs", base / "cache"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not (run / "checkpoints" / "last.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -159,8 +170,6 @@ def test_ctrl_c_saves_last_ckpt_at_the_step_reached_and_exits_130(base):
 # ------------------------------------------------------------------ non-finite numbers
 def test_a_wikitq_answer_beyond_float32_is_refused_with_file_and_line(tmp_path):
     from mate_cli.data.wtq import WTQReader
-    from tests.helpers import REPO_ROOT
-
     root = tmp_path / "wtq"
     shutil.copytree(REPO_ROOT / "data" / "wtq_sample", root)
     question_file = next(p for p in (root / "data").glob("*.tsv") if p.read_text().count("\n") > 1)
@@ -184,12 +193,13 @@ def test_a_cell_number_beyond_float32_is_text_to_the_model():
 
 def test_training_stops_at_the_first_non_finite_loss_naming_step_and_questions(base):
     run = base / "diverged"
-    proc = run_mate([*TRAIN, "trainer.max_steps=6", "model.optimizer.lr=1e30", "trainer.gradient_clip_val=null",
-                     f"hydra.run.dir={run}"], env(base))
-    line = one_error_line(proc)
+    with pytest.raises(MateError) as err:  # the first step's update (lr 1e30) makes the second step's loss NaN
+        train_in_process(["trainer.max_steps=6", "model.optimizer.lr=1e30", "trainer.gradient_clip_val=null",
+                          "callbacks.model_checkpoint.every_n_train_steps=1"], run, base / "cache")
+    line = str(err.value)
     assert "the training loss is nan at step 2 on the batch of questions " in line and ".html.csv#" in line, line
-    assert (run / "FAILED").read_text().strip() == line
-    assert not (run / "metrics.json").exists()
+    assert "\n" not in line and not (run / "metrics.json").exists()
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1  # step 2 never saved
 
 
 def test_a_checkpoint_with_nan_weights_or_of_another_model_is_one_line(finished, tmp_path):
@@ -219,13 +229,15 @@ def test_a_checkpoint_with_nan_weights_or_of_another_model_is_one_line(finished,
     assert check_checkpoint_fits(ckpt, model, "ckpt_path", resume=True)["global_step"] == 2
 
 
-def test_resuming_from_a_garbled_resume_state_is_one_line_before_any_data_loads(finished, base):
+def test_resuming_from_a_garbled_resume_state_is_one_line_before_any_data_loads(finished, tmp_path):
     data = torch.load(finished / "checkpoints" / "last.ckpt", weights_only=True)
     data["mate_resume"]["rng"]["numpy"] = [1, 2]
-    garbled = base / "garbled.ckpt"
+    garbled = tmp_path / "garbled.ckpt"
     torch.save(data, garbled)
-    line = one_error_line(run_mate([*TRAIN, "trainer.max_steps=3", f"ckpt_path={garbled}"], env(base)))
-    assert str(garbled) in line and "resume state (mate_resume) is damaged" in line, line
+    with pytest.raises(MateError) as err:
+        train_in_process(["trainer.max_steps=3", f"ckpt_path={garbled}"], tmp_path / "run", tmp_path / "cache")
+    assert str(garbled) in str(err.value) and "resume state (mate_resume) is damaged" in str(err.value), err.value
+    assert not (tmp_path / "cache").exists()  # refused before any data was prepared
 
 
 def test_report_lists_a_run_with_nan_metrics_as_failed(finished, tmp_path):
@@ -240,75 +252,14 @@ def test_report_lists_a_run_with_nan_metrics_as_failed(finished, tmp_path):
     assert loaded.status == FAILED_STATUS and "val/loss" in loaded.error and "diverged" in loaded.error
 
 
-# ------------------------------------------------------------------ tracebacks that are one line now
-def test_an_empty_sweep_is_one_line():
-    from mate_cli.config_check import check_command_line
-
-    problem = check_command_line("train", ["-m", "seed=range(0,0)"])
-    assert problem.startswith("seed=range(0,0) sweeps no value") and "\n" not in problem, problem
-
-
-def test_a_300_character_experiment_name_gets_a_run_dir_every_file_system_takes(tmp_path):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from mate_cli.paths import CONF_DIR, dir_name, register_resolvers
-
-    register_resolvers()
-    long_a, long_b = "a" * 299 + "x", "a" * 299 + "y"
-    assert dir_name(long_a) != dir_name(long_b) and len(dir_name("é" * 300).encode()) <= 200
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment_name={long_a}"], return_hydra_config=True)
-    from hydra.core.hydra_config import HydraConfig
-
-    HydraConfig.instance().set_config(cfg)
-    try:
-        run_dir = Path(str(cfg.hydra.run.dir))
-    finally:
-        GlobalHydra.instance().clear()
-    assert all(len(part.encode()) <= 255 for part in run_dir.parts) and long_a[:150] in run_dir.name
-
-
-def test_an_unwritable_output_folder_is_one_line_before_hydra_writes(tmp_path):
-    blocker = tmp_path / "a_file"
-    blocker.write_text("")
-    proc = run_mate(["baseline", "dataset=sqa_sample"], mate_env(blocker / "outputs"))
-    line = one_error_line(proc)
-    assert f"cannot write run dirs in {blocker / 'outputs'} (Not a directory)" in line and "MATE_OUTPUT_DIR" in line
-
-
-def test_a_question_file_and_tables_with_a_byte_order_mark_are_read(tmp_path):
-    from mate_cli.data.sqa import SQAReader
-    from tests.helpers import REPO_ROOT
-
-    root = tmp_path / "sqa"
-    shutil.copytree(REPO_ROOT / "data" / "sqa_sample", root)
-    for path in [root / "train.tsv", *(root / "table_csv").glob("*.csv")]:
-        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
-    with_bom = list(SQAReader(root).questions("train.tsv"))
-    plain = list(SQAReader(REPO_ROOT / "data" / "sqa_sample").questions("train.tsv"))
-    assert [q.question_id for q in with_bom] == [q.question_id for q in plain] and with_bom
-    reader, first = SQAReader(root), with_bom[0]
-    assert reader.table(first.table_id).header == SQAReader(REPO_ROOT / "data" / "sqa_sample").table(first.table_id).header
-
-
-def test_a_folder_given_as_a_table_is_named_as_a_folder(tmp_path):
-    from mate_cli.data.hybridqa import read_table_file
-    from mate_cli.pipelines.table_task import read_task_table
-
-    for read in (read_table_file, lambda path: read_task_table("sqa", path)):
-        with pytest.raises(MateError, match=f"table={tmp_path} is a folder, not a file; pass "):
-            read(tmp_path)
-
-
-def test_predict_takes_a_run_dir_as_eval_does(finished, tmp_path):
+def test_predict_takes_a_run_dir_as_eval_does(finished):
     from mate_cli.runs import load_run_config, run_checkpoint
 
     assert run_checkpoint(finished) == finished / "checkpoints" / "best-epoch00-step2.ckpt"
     assert load_run_config(finished).experiment_name == "tabfact_mate"
 
 
+# ------------------------------------------------------------------ a question longer than the run reads
 def test_a_100k_character_question_is_shown_short_and_its_cut_is_said(finished, caplog):
     import logging
 
