@@ -202,18 +202,24 @@ class HybridQAReader:
 
 
 # ------------------------------------------------------------ single files
+def given_file(path: str | Path, what: str, key: str = "table") -> Path:
+    """The path of a file passed on the command line as ``key=`` (``mate predict table=...``)."""
+    path = Path(str(path)).expanduser()
+    if path.is_dir():
+        raise MateError(f"{key}={path} is a folder, not a file; pass {what}")
+    if not path.is_file():
+        raise MateError(f"{key}={path} not found; pass {what}")
+    return path
+
+
 def read_table_file(path: str | Path) -> Table:
     """A ``tables_tok``-format JSON file -> :class:`Table` (table id = file stem)."""
-    from mate_cli.data.readers import given_file  # readers builds on this module
-
     path = given_file(path, "a WikiTables-WithLinks tables_tok/<id>.json file")
     return parse_table(_load_json(path, "table file"), path.stem, path)
 
 
 def read_passages_file(path: str | Path) -> dict[str, str]:
     """A ``request_tok``-format JSON file -> ``{"/wiki/...": text}``."""
-    from mate_cli.data.readers import given_file  # readers builds on this module
-
     path = given_file(path, "the request_tok/<id>.json of the table, or passages=null", "passages")
     return parse_passages(_load_json(path, "passages file"), path)
 

@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterator, Sequence
 
 from mate_cli.data.hybridqa import _LRU as LRU
-from mate_cli.data.hybridqa import no_questions
+from mate_cli.data.hybridqa import given_file, no_questions
 from mate_cli.data.schema import Cell, Question, Table
 from mate_cli.errors import MateError
 
@@ -109,16 +109,6 @@ def rows_to_table(cells: list[list[str]], table_id: str, path: Path | str, title
             raw = (list(raw) + [""] * width)[:width]
         rows.append([Cell(text) for text in raw])
     return Table(table_id=table_id, header=[Cell(text) for text in cells[0]], rows=rows, title=title)
-
-
-def given_file(path: str | Path, what: str, key: str = "table") -> Path:
-    """The path of a file passed on the command line as ``key=`` (``mate predict table=...``)."""
-    path = Path(str(path)).expanduser()
-    if path.is_dir():
-        raise MateError(f"{key}={path} is a folder, not a file; pass {what}")
-    if not path.is_file():
-        raise MateError(f"{key}={path} not found; pass {what}")
-    return path
 
 
 def _safe_relative(table_id: str) -> bool:
