@@ -10,6 +10,11 @@ with ckpt_path=<run dir>". Resuming from it continues exactly (the same state as
 next validation batch without saving (the newest ``last.ckpt`` is named). Outside training
 (preprocessing, the final validation, other commands), and at a second signal, the command
 stops at once; checkpoints and results are written atomically, so what is on disk is whole.
+
+Ctrl-C in a terminal, ``timeout`` and a scheduler signal the whole process group: the
+``DataLoader`` workers leave stopping to the main process (:func:`loader_worker_start`),
+so a signal never ends a run as "worker killed by signal"; preprocessing's pool workers
+end at a signal as they would without mate (:mod:`mate_cli.data.preprocess`).
 """
 
 from __future__ import annotations
@@ -53,15 +58,27 @@ def received() -> int | None:
 
 
 def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
-    if os.getpid() != _State.pid:  # a forked worker (preprocessing, loading): it ends as it would without mate
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
+    if os.getpid() != _State.pid:  # a forked worker, signalled with its whole process group, before its own
+        return  # handlers are set (loader_worker_start, the preprocessing pool's): the main process decides
     first = _State.received is None
     _State.received = _State.received or signum
     if first and _State.deferring:
         return  # training stops at the end of this batch, with last.ckpt saved
     raise interrupted(signum)
+
+
+def loader_worker_start(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature
+    """The ``worker_init_fn`` of mate's ``DataLoader``s. Ctrl-C and SIGTERM sent to the whole
+    process group reach the workers too: a worker ignores SIGINT (the main process stops
+    the run at the end of its batch) and ends at SIGTERM with status 0. torch's own worker
+    handler would end it "killed by signal", which the main process reports as a failure of
+    its own; the main process also ends its workers with SIGTERM as it exits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _end_worker)
+
+
+def _end_worker(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
+    os._exit(0)
 
 
 def interrupted(signum: int | None = None) -> Interrupted:

@@ -55,14 +55,14 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
         if stopped is None and interrupts.received() is not None:  # Lightning's own SIGTERM exit, say
             stopped = interrupts.interrupted()
         if stopped is not None:
-            record_failure(f"mate: {stopped}")
+            record_failure(f"mate: {stopped}", stopped.exit_code)
             print(f"mate: {stopped}", file=sys.stderr)
             sys.exit(stopped.exit_code)
         if not isinstance(err, Exception):
             raise
         user_error = find_mate_error(err) or full_disk(err)
         line = f"mate: error: {user_error}" if user_error else f"mate: failed: {type(err).__name__}: {err}"
-        record_failure(" ".join(line.split()))
+        record_failure(" ".join(line.split()), MateError.exit_code if user_error else 1)
         if user_error is None:
             raise
         print(line, file=sys.stderr)
@@ -97,13 +97,15 @@ def lock_run_dir() -> None:
     run_lock.take(directory)
 
 
-def record_failure(line: str) -> None:
-    """Write ``FAILED`` into the run dir and ``line`` into the run's log file(s) only."""
+def record_failure(line: str, exit_code: int) -> None:
+    """Write ``FAILED`` (holding ``line``) into the run dir, and ``line`` with the process's
+    exit status into the run's log file(s) only: a wrapper such as ``timeout`` or a
+    scheduler reports its own status, the log keeps the run's."""
     try:
         atomic_write_text(run_dir() / FAILED_MARKER, line + "\n")
     except Exception:  # noqa: BLE001 - no run dir (Hydra not running): nothing to mark
         return
-    record = logging.LogRecord("mate_cli", logging.ERROR, __file__, 0, line, None, None)
+    record = logging.LogRecord("mate_cli", logging.ERROR, __file__, 0, f"{line} (exit status {exit_code})", None, None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)

@@ -33,6 +33,7 @@ from mate_cli.data.sampler import EpochShuffle
 from mate_cli.data.schema import AnswerNode, Batch, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
+from mate_cli.interrupts import loader_worker_start
 from mate_cli.modeling.checkpoints import load_tokenizer, resolve_pretrained
 from mate_cli.modeling.layout import TableLayout
 
@@ -183,7 +184,7 @@ class SplitDataModule(L.LightningDataModule):
             ds.with_format(None), batch_size=batch_size,
             sampler=EpochShuffle(len(ds), self.shuffle_seed, same_every_epoch=self.same_order_every_epoch)
             if shuffle else None,
-            num_workers=self.num_workers, collate_fn=self.collator(),
+            num_workers=self.num_workers, collate_fn=self.collator(), worker_init_fn=loader_worker_start,
         )
 
     def train_dataloader(self) -> DataLoader:

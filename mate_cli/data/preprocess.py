@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -102,8 +103,13 @@ def _results(function: Callable, records: Sequence[dict], processes: int) -> Ite
 
 
 def _set_function(function: Callable) -> None:
+    """A pool worker's start: the function it runs, and the signals' default actions (it
+    ends at SIGTERM or Ctrl-C, and when the pool is torn down), not the handler it was
+    forked with, which leaves stopping to the main process (:mod:`mate_cli.interrupts`)."""
     global _function
     _function = function
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _call(record: dict):

@@ -44,6 +44,7 @@ from mate_cli.data.schema import MaskedBatch, Question, Table
 from mate_cli.data.split import split_by_table
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
+from mate_cli.interrupts import loader_worker_start
 from mate_cli.modeling.checkpoints import load_tokenizer, resolve_pretrained
 from mate_cli.modeling.layout import TableLayout
 from mate_cli.paths import cache_dir as default_cache_dir
@@ -203,11 +204,12 @@ class PretrainDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         data = self.masked("train")
         return DataLoader(data, batch_size=self.batch_size, sampler=EpochTagged(len(data), self.shuffle_seed, same_every_epoch=self.same_order_every_epoch),
-                          num_workers=self.num_workers, collate_fn=MaskedCollator(self.pad_id))
+                          num_workers=self.num_workers, collate_fn=MaskedCollator(self.pad_id),
+                          worker_init_fn=loader_worker_start)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.masked("validation"), batch_size=self.eval_batch_size, num_workers=self.num_workers,
-                          collate_fn=MaskedCollator(self.pad_id))
+                          collate_fn=MaskedCollator(self.pad_id), worker_init_fn=loader_worker_start)
 
     @property
     def pad_id(self) -> int:

@@ -80,7 +80,7 @@ def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoa
         return loader
     sampler = UnrepeatedDistributedSamplerWrapper(loader.sampler, num_replicas=world_size, rank=rank, shuffle=False)
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
+                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn)
 
 
 class EpochTagged(EpochShuffle):
