@@ -97,6 +97,13 @@ def dir_name(run_name: str) -> str:
     return capped(str(run_name).replace("=", "").replace(",", "_"))
 
 
+def dir_name_start(start: str) -> str:
+    """What the :func:`dir_name` of every run name that begins with ``start`` begins with:
+    ``start`` written as a folder name, cut where :func:`capped` would cut a long name."""
+    text = str(start).replace("=", "").replace(",", "_")
+    return text.encode()[: MAX_DIR_NAME_BYTES - 9].decode(errors="ignore")
+
+
 def tag_list(*parts) -> list[str]:
     """W&B tags: the parts that say something, lists flattened (the user's ``tags``, the
     overrides' parts), each at most 64 characters (W&B's limit), duplicates dropped."""

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import logging
 import random
@@ -35,6 +36,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_text, os_error_in, write_failure
+from mate_cli.paths import dir_name_start
 from mate_cli.yaml_data import read_run_config
 
 log = logging.getLogger(__name__)
@@ -189,8 +191,9 @@ def resolve_resume_path(value: str | None, output_root: Path, experiment_name: s
     if value in (None, ""):
         return None
     if str(value) == "last":
+        start = glob.escape(dir_name_start(f"{experiment_name}-"))  # a long run name is cut in its dir name
         runs = sorted(
-            (p for p in output_root.glob(f"*-{experiment_name}-*") if (p / "checkpoints" / "last.ckpt").is_file()),
+            (p for p in output_root.glob(f"*-{start}*") if (p / "checkpoints" / "last.ckpt").is_file()),
             key=lambda p: p.name,
         )
         if not runs:
