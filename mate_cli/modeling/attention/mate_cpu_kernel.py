@@ -1,8 +1,10 @@
 """The fused CPU kernel of MATE's bucketed attention (``csrc/mate_bucketed_cpu.cpp``).
 
 Compiled on first use with ``torch.utils.cpp_extension`` (needs a C++ compiler; a
-few tens of seconds once, then cached under ``<MATE_CACHE_DIR>/torch_extensions``,
-keyed by torch version, CPU and source hash) and loaded as the ``torch.ops.mate_cpu``
+few tens of seconds once, then cached under ``<MATE_CACHE_DIR>/torch_extensions``, or
+under ``$TORCH_EXTENSIONS_DIR`` where that is set (torch's own variable for compiled
+extensions: one build for jobs that each keep their own data cache), keyed by torch
+version, CPU and source hash) and loaded as the ``torch.ops.mate_cpu``
 library. Its products and elementwise passes are its own (register-blocked, GCC vector
 extensions in the build target's lanes: 16 with AVX-512, 8 with AVX2, 4 with SSE or
 NEON; :func:`vector_lanes`); it needs no BLAS.
@@ -89,7 +91,10 @@ def _cpu_tag() -> str:
 
 
 def build_dir() -> Path:
-    return cache_dir() / "torch_extensions" / f"mate_bucketed_cpu_{_cpu_tag()}"
+    """``$TORCH_EXTENSIONS_DIR`` (when set) or ``<MATE_CACHE_DIR>/torch_extensions``, then
+    a folder named by torch version, CPU and source hash."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return (Path(root) if root else cache_dir() / "torch_extensions") / f"mate_bucketed_cpu_{_cpu_tag()}"
 
 
 @contextlib.contextmanager
