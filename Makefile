@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.mate-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install run test test-slow bench clean
+.PHONY: install run test test-slow coverage bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +27,23 @@ install: $(STAMP)
 run: install
 	$(BIN)/mate train experiment=hybridqa_mate
 
+# The suite on TEST_WORKERS processes (pytest-xdist; each module stays on one worker, so its
+# fixtures are built once; the shared trained runs are built once for all workers).
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+
 test: install
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 # Long paths (multi-epoch training, bigger grids) excluded from `make test`.
 test-slow: install
-	$(BIN)/python -m pytest -m slow
+	$(PYTEST) -m slow
+
+# Statement coverage of mate_cli/, `mate` subprocesses included (report: .cache/coverage/).
+coverage: install
+	rm -rf .cache/coverage && mkdir -p .cache/coverage
+	$(BIN)/coverage run -m pytest -n $(TEST_WORKERS) --dist loadfile; status=$$?; \
+		$(BIN)/coverage combine -q && $(BIN)/coverage report | tail -1; exit $$status
 
 bench: install
 	$(BIN)/mate bench

@@ -10,6 +10,9 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist: the cores are shared out among the workers
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))  # torch, here and in `mate`
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_ROOT = REPO_ROOT / "data" / "hybridqa_sample"
@@ -43,3 +46,23 @@ def pretrained_runs(tmp_path, monkeypatch):
         encoder.save_pretrained(run / "encoder", tokenizer=load_tokenizer("minilm"), extra_state=mlm_state_dict(head),
                                 prefix="tapas.")
     monkeypatch.setenv("MATE_OUTPUT_DIR", str(tmp_path / "outputs"))
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """``trained(name)``: the run dir of a shared trained run (:mod:`tests.shared_runs`),
+    read-only; at the session's end every file of it must be as it was."""
+    from tests.shared_runs import shared_root, shared_run, snapshot
+
+    root = shared_root(tmp_path_factory)
+    seen: dict[str, tuple[Path, dict]] = {}
+
+    def get(name: str) -> Path:
+        if name not in seen:
+            run = shared_run(root, name)
+            seen[name] = (run, snapshot(run))
+        return seen[name][0]
+
+    yield get
+    changed = [name for name, (run, files) in seen.items() if snapshot(run) != files]
+    assert not changed, f"tests changed the shared runs {changed}: copy a shared run (tests.shared_runs.copy_run) to change it"

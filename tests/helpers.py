@@ -17,9 +17,16 @@ MATE = str(Path(sys.executable).parent / "mate")
 
 
 def mate_env(output_dir: Path, cache_dir: Path | None = None, **extra: str) -> dict:
-    """The environment of a `mate` subprocess: outputs (and caches) under test folders, offline."""
+    """The environment of a `mate` subprocess: outputs (and caches) under test folders, offline.
+
+    The fused CPU kernel is loaded from this test process's build (``TORCH_EXTENSIONS_DIR``),
+    not compiled again in every fresh cache (tens of seconds each); the kernel's own build
+    tests set their cache without it."""
+    from mate_cli.modeling.attention import mate_cpu_kernel
+
     env = dict(os.environ, MATE_OUTPUT_DIR=str(output_dir), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               TORCH_EXTENSIONS_DIR=str(mate_cpu_kernel.build_dir().parent), **extra)
     if cache_dir is not None:
         env["MATE_CACHE_DIR"] = str(cache_dir)
     return env

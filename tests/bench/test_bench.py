@@ -1,4 +1,4 @@
-"""`mate bench` end to end on a tiny grid (real CLI, subprocess), plus the measuring parts.
+"""`mate bench` end to end on a tiny grid (its own function on a config Hydra composes, in process), plus the measuring parts.
 
 Never asserts wall time: only structure, and FLOP counts (which do not depend on
 the machine): MATE's bucketed attention grows linearly with the length at fixed
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import mate_env, run_mate
+from tests.inprocess import run_captured
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -44,10 +44,11 @@ TINY = {
 
 
 def mate_bench(overrides: dict, output_dir: Path) -> Path:
-    """Run the real `mate bench` CLI with ``bench.<key>=<value>`` overrides; its run directory."""
-    proc = run_mate(["bench", *(f"bench.{k}={v}" for k, v in overrides.items())], mate_env(output_dir), timeout=300)
+    """`mate bench` with ``bench.<key>=<value>`` overrides (its own function on a config Hydra
+    composes, in this process); its run directory."""
+    run = output_dir / "bench" / "run"
+    proc = run_captured("bench", [f"bench.{k}={v}" for k, v in overrides.items()], run)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (run,) = [p for p in (output_dir / "bench").iterdir() if p.is_dir()]
     return run
 
 

@@ -1,5 +1,10 @@
 """The real `mate` CLI end to end: Hydra composition, Lightning Trainer, W&B offline,
-the bundled sample and the bundled MiniLM. Runs as subprocesses, outputs in tmp dirs."""
+the bundled sample and the bundled MiniLM, outputs in tmp dirs.
+
+`mate` runs as a subprocess where the process is the point: what a terminal shows, Hydra's
+own help and ``--cfg``, a multirun, exit statuses and ``FAILED``, what the once-per-process
+log lines say, shell completion. Everything else calls the command's own function on a
+config Hydra composes, in this process (tests/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from mate_cli.errors import MateError
 from tests.helpers import MATE, mate_env, run_mate
+from tests.inprocess import main_before_hydra, run_command
 
 SMOKE = [
     "experiment=hybridqa_mate",
@@ -112,11 +119,11 @@ def test_a_training_run_says_little_and_its_piped_output_is_never_cut(smoke, tra
     assert "config (resolved):" in log and "max_length: 128" in log, "the whole config goes into the run's log"
 
 
-def test_help_lists_commands():
-    proc = subprocess.run([MATE, "--help"], capture_output=True, text=True)
-    assert proc.returncode == 0
+def test_help_lists_commands(capsys, monkeypatch):
+    code, out, _ = main_before_hydra(["--help"], capsys, monkeypatch)
+    assert code == 0
     for command in ("train", "eval", "pointr", "predict", "bench"):
-        assert command in proc.stdout
+        assert command in out
 
 
 def test_train_help_shows_config_groups(tmp_path):
@@ -166,16 +173,17 @@ def test_exported_encoder_loads_in_transformers(trained_run: Path):
     assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
 
 
-def test_eval_of_the_run_dir_reproduces_validation_metrics(trained_run: Path, tmp_path: Path):
-    """`mate eval ckpt_path=<run dir>` evaluates the checkpoint `mate train` validated and
-    gives the same numbers, then says where it wrote them."""
+def test_eval_of_the_run_dir_reproduces_validation_metrics(trained_run: Path, tmp_path: Path, capsys):
+    """`mate eval ckpt_path=<run dir>` (its own function, in process) evaluates the checkpoint
+    `mate train` validated and gives the same numbers, then says where it wrote them."""
     train_metrics = json.loads((trained_run / "metrics.json").read_text())
-    proc = mate(["eval", f"ckpt_path={trained_run}"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "hits@1" in proc.stdout
-    eval_dir = only_run_dir(tmp_path / "outputs" / "eval")
-    assert proc.stdout.strip().splitlines()[-2:] == [f"run dir: {eval_dir}", f"metrics: {eval_dir / 'metrics.json'}"]
-    metrics = json.loads((eval_dir / "metrics.json").read_text())
+    eval_dir = tmp_path / "eval"
+    capsys.readouterr()
+    metrics = run_command("eval", [f"ckpt_path={trained_run}"], eval_dir)
+    out = capsys.readouterr().out
+    assert "hits@1" in out
+    assert out.strip().splitlines()[-2:] == [f"run dir: {eval_dir}", f"metrics: {eval_dir / 'metrics.json'}"]
+    assert json.loads((eval_dir / "metrics.json").read_text()) == metrics
     assert metrics["ckpt_path"] == train_metrics["best_checkpoint"]
     for key in ("val/hits@1", "val/hits@3", "val/hits@5", "val/loss"):
         assert metrics[key] == pytest.approx(train_metrics[key], abs=1e-6), key
@@ -185,10 +193,10 @@ def test_the_best_checkpoint_keeps_weights_only_and_is_refused_for_resume(traine
     (best,) = trained_run.glob("checkpoints/best-*.ckpt")
     last = trained_run / "checkpoints" / "last.ckpt"
     assert best.stat().st_size < 0.5 * last.stat().st_size, "the best checkpoint holds no optimiser state"
-    proc = mate(["experiment=hybridqa_mate", f"ckpt_path={best}"], tmp_path)
-    assert proc.returncode == 2
-    (line,) = proc.stderr.strip().splitlines()
-    assert "holds the weights only" in line and f"ckpt_path={trained_run}" in line
+    with pytest.raises(MateError) as err:
+        run_command("train", ["experiment=hybridqa_mate", f"ckpt_path={best}"], tmp_path / "run")
+    line = str(err.value)
+    assert "holds the weights only" in line and f"ckpt_path={trained_run}" in line and "\n" not in line
 
 
 def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
@@ -243,19 +251,15 @@ def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path):
 
 
 # ------------------------------------------------------------------ bad input
-def test_unknown_experiment_lists_options(tmp_path):
-    proc = mate(["experiment=nope"], tmp_path)
-    assert proc.returncode != 0
-    assert "hybridqa_mate" in proc.stderr and "nope" in proc.stderr
-
-
-def test_unknown_attention_lists_options(tmp_path):
-    proc = mate(["attention=nope"], tmp_path)
-    assert proc.returncode != 0
-    assert "mate" in proc.stderr and "dense" in proc.stderr and "nope" in proc.stderr
+@pytest.mark.parametrize("choice, options", [("experiment=nope", ["hybridqa_mate"]), ("attention=nope", ["mate", "dense"])])
+def test_an_unknown_group_choice_lists_the_options(choice, options, capsys, monkeypatch):
+    code, _, err = main_before_hydra(["train", choice], capsys, monkeypatch)
+    assert code == 2 and err.startswith(f"mate: error: {choice}") and all(option in err for option in options), err
 
 
 def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
+    """The real process: a user error inside a command is one line on stderr, exit status
+    2, ``FAILED`` holding that line and the run's log the line with its exit status."""
     proc = mate([*SMOKE, f"dataset.root={tmp_path}/absent"], tmp_path)
     assert proc.returncode == 2
     lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("mate: error")]
@@ -263,13 +267,21 @@ def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
     assert "Traceback" not in proc.stderr
     run = only_run_dir(tmp_path / "outputs" / "train")  # the failed run says so, in its dir and its log
     assert (run / "FAILED").read_text().strip() == lines[0]
-    assert lines[0] in (run / "train.log").read_text()
+    assert f"{lines[0]} (exit status 2)" in (run / "train.log").read_text()
 
 
 def copy_sample(sample_root: Path, tmp: Path) -> Path:
     root = tmp / "sample"
     shutil.copytree(sample_root, root)
     return root
+
+
+def train_error(args: list[str], tmp: Path) -> str:
+    """The one-line user error of `mate train <args>` (its own function, in process)."""
+    with pytest.raises(MateError) as err:
+        run_command("train", [*args, f"dataset.cache_dir={tmp / 'cache'}"], tmp / "run")
+    assert "\n" not in str(err.value), str(err.value)
+    return str(err.value)
 
 
 def test_malformed_question_record_names_file_and_id(sample_root, tmp_path):
@@ -279,10 +291,8 @@ def test_malformed_question_record_names_file_and_id(sample_root, tmp_path):
     qid = records[3]["question_id"]
     del records[3]["table_id"]
     path.write_text(json.dumps(records))
-    proc = mate([*SMOKE, f"dataset.root={root}"], tmp_path)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "dev.traced.json" in proc.stderr and qid in proc.stderr
-    assert "Traceback" not in proc.stderr
+    line = train_error([*SMOKE, f"dataset.root={root}"], tmp_path)
+    assert "dev.traced.json" in line and qid in line, line
 
 
 def test_malformed_table_file_names_table(sample_root, tmp_path):
@@ -290,10 +300,8 @@ def test_malformed_table_file_names_table(sample_root, tmp_path):
     records = json.loads((root / "released_data" / "dev.traced.json").read_text())
     table_id = records[0]["table_id"]
     (root / "WikiTables-WithLinks" / "tables_tok" / f"{table_id}.json").write_text("{not json")
-    proc = mate([*SMOKE, f"dataset.root={root}"], tmp_path)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert table_id in proc.stderr
-    assert "Traceback" not in proc.stderr
+    line = train_error([*SMOKE, f"dataset.root={root}"], tmp_path)
+    assert table_id in line, line
 
 
 def test_tab_completion_of_a_command(tmp_path):
@@ -321,11 +329,10 @@ def test_a_test_split_without_answers_is_skipped_in_one_line(smoke, trained_run:
 
 
 def test_keep_best_encoder_keeps_the_best_as_a_transformers_directory_only(tmp_path: Path):
-    proc = mate(["experiment=hybridqa_mate", "trainer.max_steps=1", "dataset.max_length=128", "logger=csv",
-                 "trainer.val_check_interval=1", "keep_best=encoder"], tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    run = only_run_dir(tmp_path / "outputs" / "train")
-    metrics = json.loads((run / "metrics.json").read_text())
+    run = tmp_path / "run"
+    metrics = run_command("train", ["experiment=hybridqa_mate", "trainer.max_steps=1", "dataset.max_length=128",
+                                    "logger=csv", "trainer.val_check_interval=1", "keep_best=encoder",
+                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
     assert "/best-" in metrics["best_checkpoint"] and not Path(metrics["best_checkpoint"]).exists()
     assert metrics["best_kept_as"] == str(run / "encoder") and (run / "encoder" / "config.json").is_file()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]  # still resumable

@@ -1,4 +1,4 @@
-"""DT-Fixup for real: an init-only `mate train` run (no step) measures mu over the bundled
+"""DT-Fixup for real: an init-only `mate train` run (no step; in process) measures mu over the bundled
 training set with the real MiniLM, records it, scales the new layers, and keeps mu in the
 checkpoint; an independent pass of the same (untrained) encoder over the same data finds
 the same mu."""
@@ -11,15 +11,14 @@ import torch
 from hydra.utils import instantiate
 
 from mate_cli.runs import load_run_config
-from tests.helpers import mate_env, run_dirs, run_mate
+from tests.inprocess import run_command
 
 
 def test_an_init_only_run_records_mu_and_scales_the_new_layers(tmp_path):
-    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
-    result = run_mate(["train", "experiment=hybridqa_mate_dt_fixup", "model.extra_layers=2", "trainer.max_steps=0",
-                       "dataset.max_length=128", "logger=csv", "validate_best=false"], env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = run_dirs(tmp_path / "outputs", "train")
+    run = tmp_path / "run"
+    run_command("train", ["experiment=hybridqa_mate_dt_fixup", "model.extra_layers=2", "trainer.max_steps=0",
+                          "dataset.max_length=128", "logger=csv", "validate_best=false",
+                          f"dataset.cache_dir={tmp_path / 'cache'}"], run)
     metrics = json.loads((run / "metrics.json").read_text())
     mu = metrics["dt_fixup/mu"]
     assert metrics["dt_fixup/scale"] == 2**-0.5 / (2 * mu)

@@ -27,9 +27,20 @@ from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_weights_only
 from mate_cli.resume import AtomicCheckpointIO
 from tests.helpers import MATE, REPO_ROOT, mate_env, run_mate
+from tests.inprocess import run_command
 
 SQA = REPO_ROOT / "data" / "sqa_sample"
 TABFACT = REPO_ROOT / "data" / "tabfact_sample"
+
+
+def mate_error(call, *args) -> str:
+    """The one line of the `MateError` that ``call(*args)`` raises (what `mate` prints after
+    ``mate: error:`` and exits 2 with: tests/integration/test_cli.py checks that mapping)."""
+    with pytest.raises(MateError) as err:
+        call(*args)
+    line = str(err.value)
+    assert "\n" not in line, line
+    return line
 
 
 def one_error_line(proc: subprocess.CompletedProcess, code: int = 2, prefix: str = "mate: error: ") -> str:
@@ -73,9 +84,8 @@ def copy_sqa(tmp_path: Path) -> Path:
 def test_an_empty_question_file_is_one_line_and_nothing_is_cached(tmp_path, content):
     root = copy_sqa(tmp_path)
     (root / "train.tsv").write_text(content)
-    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
-    line = one_error_line(run_mate(["train", "experiment=sqa_mate", f"dataset.root={root}", "trainer.max_steps=1",
-                                    "logger=csv"], env))
+    line = mate_error(run_command, "train", ["experiment=sqa_mate", f"dataset.root={root}", "trainer.max_steps=1",
+                                             "logger=csv", f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
     assert str(root / "train.tsv") in line and ("no questions" in line or "header" in line), line
     assert not cached_entries(tmp_path / "cache")
 
@@ -113,9 +123,9 @@ def test_a_corpus_that_is_empty_or_not_utf8_is_one_line_naming_file_and_line(tmp
 def test_an_empty_or_non_utf8_corpus_through_mate_pretrain(tmp_path, content, names):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(content)
-    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
-    line = one_error_line(run_mate(["pretrain", "dataset=pretrain_jsonl", f"dataset.sources.jsonl={corpus}",
-                                    "trainer.max_steps=1", "logger=csv"], env))
+    line = mate_error(run_command, "pretrain", ["dataset=pretrain_jsonl", f"dataset.sources.jsonl={corpus}",
+                                                "trainer.max_steps=1", "logger=csv",
+                                                f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
     assert str(corpus) in line and all(name in line for name in names), line
     assert not cached_entries(tmp_path / "cache")
 
@@ -158,10 +168,10 @@ def test_resuming_from_a_checkpoint_that_is_not_weights_only_is_one_line(tmp_pat
 
     ckpt = tmp_path / "crafted.ckpt"
     torch.save({"state_dict": {}, "extra": argparse.Namespace(a=1)}, ckpt)
-    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
-    line = one_error_line(run_mate(["train", "experiment=sqa_mate", f"ckpt_path={ckpt}", "trainer.max_steps=1",
-                                    "logger=csv"], env))
+    line = mate_error(run_command, "train", ["experiment=sqa_mate", f"ckpt_path={ckpt}", "trainer.max_steps=1",
+                                             "logger=csv", f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
     assert str(ckpt) in line and "beyond tensors" in line, line
+    assert not cached_entries(tmp_path / "cache")  # refused before any data was prepared
 
 
 # ------------------------------------------------------------------ the machine
@@ -499,6 +509,21 @@ def test_a_300_character_experiment_name_gets_a_run_dir_every_file_system_takes(
     finally:
         GlobalHydra.instance().clear()
     assert all(len(part.encode()) <= 255 for part in run_dir.parts) and long_a[:150] in run_dir.name
+
+
+@pytest.mark.parametrize("length", [20, 190, 191, 192, 300])
+def test_ckpt_path_last_finds_the_run_of_an_experiment_whose_name_was_cut(tmp_path, length):
+    import torch
+
+    from mate_cli.paths import dir_name
+    from mate_cli.resume import resolve_resume_path
+
+    experiment = "e" * length
+    run = tmp_path / f"2026-01-02_00-00-00-{dir_name(experiment + '-mate-bucketed-sqa_sample-seed42')}-a1b2c3"
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"state_dict": {}, "optimizer_states": []}, run / "checkpoints" / "last.ckpt")
+    (tmp_path / f"2026-01-03_00-00-00-{dir_name('other-mate-bucketed-sqa_sample-seed42')}-d4e5f6").mkdir()
+    assert resolve_resume_path("last", tmp_path, experiment) == str(run / "checkpoints" / "last.ckpt")
 
 
 def test_an_unwritable_output_folder_is_one_line_before_hydra_writes(tmp_path, monkeypatch, capsys):

@@ -2,8 +2,8 @@
 with an honest status, non-finite numbers stop it, and every checkpoint is checked once
 before it is resumed, evaluated or predicted with.
 
-Real parts: one small TabFact training run (`mate train`'s own function on a config Hydra
-composes in process, the bundled sample) shared by the module, real checkpoints edited as an
+Real parts: the session's shared TabFact training run (`mate train`'s own function on a config
+Hydra composes in process, the bundled sample: tests/shared_runs.py), real checkpoints edited as an
 attacker or a broken disk would, and the real CLI in a subprocess only where a signal and
 the exit status are the point.
 """
@@ -23,31 +23,20 @@ import torch
 
 from mate_cli import cli, run_lock
 from mate_cli.errors import MateError
-from tests.conf.test_compose import compose_train
 from tests.helpers import MATE, REPO_ROOT, mate_env
+from tests.inprocess import run_command
 from tests.integration.test_faults import one_error_line
 from tests.integration.test_run_config_targets import ALIAS_BOMB
+from mate_cli.runs import run_checkpoint
+from tests.shared_runs import RUNS, copy_run, snapshot
 
-#: a TabFact MATE run that validates (and keeps a best checkpoint) every 2 steps
-TRAIN = ["experiment=tabfact_mate", "logger=csv", "trainer.val_check_interval=2", "~callbacks.progress_bar"]
+#: the shared TabFact MATE run's overrides: it validates (and keeps a best checkpoint) every 2 steps
+TRAIN = [o for o in RUNS["tabfact"][1] if not o.startswith("trainer.max_steps=")]
 
 
 def train_in_process(overrides: list[str], run: Path, cache: Path) -> dict:
-    """`mate train <overrides>`'s own task function, in this process, into ``run``."""
-    from mate_cli.commands.train import train
-
-    from omegaconf import open_dict
-
-    cfg = compose_train([*TRAIN, f"dataset.cache_dir={cache}", *overrides], run)
-    with open_dict(cfg):
-        del cfg["hydra"]  # Hydra hands a task its config without the hydra node (set in HydraConfig above)
-    return train(cfg)
-
-
-def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file under ``folder``: (size, mtime in ns)."""
-    return {p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    """`mate train <TRAIN> <overrides>`, in this process, into ``run``."""
+    return run_command("train", [*TRAIN, f"dataset.cache_dir={cache}", *overrides], run)
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +45,9 @@ def base(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def finished(base) -> Path:
-    """A finished two-step TabFact run with a best checkpoint (validated at step 2)."""
-    run = base / "A"
-    train_in_process(["trainer.max_steps=2"], run, base / "cache")
+def finished(trained) -> Path:
+    """The shared finished two-step TabFact run, with a best checkpoint (validated at step 2)."""
+    run = trained("tabfact")
     assert (run / "checkpoints" / "best-epoch00-step2.ckpt").is_file()
     return run
 
@@ -144,27 +132,39 @@ def test_the_same_commands_interrupted_run_is_taken_again(tmp_path):
     with pytest.raises(MateError, match="already holds files"):
         run_lock.claim(run, "train", ["experiment=sqa_mate"], resuming=True)
     (run / "metrics.json").unlink()
+    (run / ".hydra" / "overrides.yaml").write_text(f"- experiment=sqa_mate\n- ckpt_path={run}\n")  # resumed in place
+    assert run_lock.claim(run, "train", ["experiment=sqa_mate", f"ckpt_path={run}"], resuming=True) == run.resolve()
+    run_lock.release(run)
     (run / ".hydra" / "overrides.yaml").write_text(ALIAS_BOMB)  # read as data with limits: no run of this command
     with pytest.raises(MateError, match="already holds files"):
         run_lock.claim(run, "train", ["experiment=sqa_mate"], resuming=True)
 
 
 # ------------------------------------------------------------------ signals
-def test_ctrl_c_saves_last_ckpt_at_the_step_reached_and_exits_130(base):
-    run = base / "interrupted"
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_signal_to_the_whole_group_saves_last_ckpt_at_the_step_reached(trained, base, signum, code):
+    """Ctrl-C in a terminal, ``timeout`` and a cluster's time limit signal the whole process
+    group: the loader workers (two here) too. The run still finishes its batch, saves
+    last.ckpt at that step, says how to resume, and exits 128 + the signal, which its log
+    records (a wrapper like ``timeout`` reports its own status)."""
+    run = base / f"interrupted-{code}"
+    cache = trained("tabfact").parent / "cache"  # the shared run's: training starts without preprocessing
     proc = subprocess.Popen([MATE, "train", *TRAIN, "trainer.max_steps=40", "callbacks.model_checkpoint.every_n_train_steps=2",
-                             f"hydra.run.dir={run}"], env=mate_env(base / "outputs", base / "cache"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "dataset.num_workers=2", f"dataset.cache_dir={cache}", f"hydra.run.dir={run}"],
+                            env=mate_env(base / "outputs", base / "cache"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
     while not (run / "checkpoints" / "last.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=120)
-    line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), 130,
-                          "mate: interrupted by SIGINT at step ")
-    assert (run / "FAILED").read_text().strip() == line and line.endswith(f"resume with ckpt_path={run}")
+    name = signal.Signals(signum).name
+    line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), code,
+                          f"mate: interrupted by {name} at step ")
+    assert (run / "FAILED").read_text().strip() == line and line.endswith(f"resume with ckpt_path={run}"), line
     step = int(line.split(" at step ")[1].split(";")[0])
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
+    assert f"{line} (exit status {code})" in (run / "train.log").read_text()
 
 
 # ------------------------------------------------------------------ non-finite numbers
@@ -227,6 +227,66 @@ def test_a_checkpoint_with_nan_weights_or_of_another_model_is_one_line(finished,
     with pytest.raises(MateError, match="is empty"):
         check_checkpoint_fits(tmp_path / "empty.ckpt", model, "ckpt_path", resume=True)
     assert check_checkpoint_fits(ckpt, model, "ckpt_path", resume=True)["global_step"] == 2
+
+
+def damaged_copy(finished: Path, to: Path, damage) -> Path:
+    """A copy of the shared run whose best checkpoint ``damage(state_dict)`` changed (its
+    resolved_config.yaml still names the model the checkpoint no longer fits)."""
+    run = copy_run(finished, to)
+    ckpt = run_checkpoint(run)
+    data = torch.load(ckpt, weights_only=True)
+    damage(data["state_dict"])
+    torch.save(data, ckpt)
+    return ckpt
+
+
+TABFACT_TABLE = REPO_ROOT / "data" / "tabfact_sample" / "data" / "all_csv" / "2-18178534-1.html.csv"
+
+
+@pytest.mark.parametrize("case, message", [("nan", "NaN or infinite weights"), ("other task", "does not fit the model")])
+def test_eval_and_predict_refuse_a_nan_or_foreign_checkpoint_in_one_line_writing_no_result(finished, tmp_path, case,
+                                                                                            message):
+    def damage(state):
+        name = next(iter(state))
+        if case == "nan":
+            state[name] = torch.full_like(state[name], float("nan"))
+        else:  # a cell-selection head's weights, as a SQA or WikiTQ checkpoint has, in this TabFact run
+            state["model.column_output_weights"] = torch.zeros(384)
+
+    ckpt = damaged_copy(finished, tmp_path / "run", damage)
+    for command, args in (("eval", []), ("predict", [f"table={TABFACT_TABLE}", "question=the team win 3 game"])):
+        out = tmp_path / command
+        out.mkdir()
+        with pytest.raises(MateError) as err:
+            run_command(command, [f"ckpt_path={ckpt}", *args], out)
+        line = str(err.value)
+        assert message in line and str(ckpt) in line and "\n" not in line, (command, line)
+        assert not (out / "metrics.json").exists() and not (out / "prediction.json").exists(), command
+
+
+def test_resuming_from_a_zero_byte_last_ckpt_is_one_line_before_any_data_loads(finished, tmp_path):
+    run = copy_run(finished, tmp_path / "run")
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    with pytest.raises(MateError, match=f"{run / 'checkpoints' / 'last.ckpt'} is empty"):
+        train_in_process(["trainer.max_steps=3", f"ckpt_path={run}"], tmp_path / "resumed", tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_eval_of_finite_weights_whose_loss_overflows_flags_the_nan_metrics(finished, tmp_path, caplog):
+    """A classifier whose weights are all 3e38 is finite (the checkpoint check passes) but
+    overflows the logits: the metrics are NaN, and eval says so instead of reporting a number."""
+    import logging
+
+    def damage(state):
+        (name,) = [k for k in state if k.endswith("classifier.weight")]
+        state[name] = torch.full_like(state[name], 3e38)
+
+    ckpt = damaged_copy(finished, tmp_path / "run", damage)
+    with caplog.at_level(logging.WARNING):
+        metrics = run_command("eval", [f"ckpt_path={ckpt}"], tmp_path / "eval")
+    assert "val/loss" in metrics["non_finite"], metrics
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["non_finite"] == metrics["non_finite"]
+    assert "non-finite metrics: " in caplog.text and "an example's loss overflowed" in caplog.text
 
 
 def test_resuming_from_a_garbled_resume_state_is_one_line_before_any_data_loads(finished, tmp_path):

@@ -1,4 +1,5 @@
-"""``debug=overfit`` through the real `mate` CLI: every head memorises one fixed batch.
+"""``debug=overfit`` through `mate train`'s own function (in process, tests/inprocess.py):
+every head memorises one fixed batch.
 
 A head, loss or supervision with a bug cannot fit ``dataset.batch_size`` examples. Each case
 trains the bundled MiniLM on the first batch of its bundled sample and asserts that the
@@ -16,7 +17,7 @@ import json
 
 import pytest
 
-from tests.helpers import mate_env, new_run, run_dirs, run_mate
+from tests.inprocess import run_command
 
 #: name -> (command, overrides, metric, its value for "memorised", steps)
 CASES = {
@@ -44,15 +45,13 @@ KNOWN_GAPS = {"WikiTQ with aggregation"}
 
 def overfit(name: str, tmp_path, lr: float = 5e-4) -> tuple[dict, list[dict], object]:
     command, overrides, _, _, steps = CASES[name]
-    env = mate_env(tmp_path / "out", tmp_path / "cache")
-    before = run_dirs(tmp_path / "out", command)
-    done = run_mate([command, *overrides, "debug=overfit", f"trainer.max_steps={steps}",
-                     f"model.optimizer.lr={lr}"], env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    run = new_run(tmp_path / "out", command, before)
+    run = tmp_path / "run"
+    metrics = run_command(command, [*overrides, "debug=overfit", f"trainer.max_steps={steps}", f"model.optimizer.lr={lr}",
+                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
     with open(run / "csv" / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    return json.loads((run / "metrics.json").read_text()), rows, run
+    assert json.loads((run / "metrics.json").read_text()) == metrics
+    return metrics, rows, run
 
 
 def marks(name: str) -> list:

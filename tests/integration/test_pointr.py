@@ -1,66 +1,54 @@
-"""PointR end to end through the real CLI: `mate train` both stages (tiny), then
-`mate pointr` and `mate predict` on the bundled sample.
+"""PointR end to end: `mate train` both stages (tiny), then `mate pointr`, `mate predict`
+and `mate eval` on the bundled sample, each command's own function on a config Hydra
+composes in process (tests/inprocess.py).
 
-The two checkpoints are trained once per session (2 optimiser steps each, 128 tokens),
-as subprocesses of the real `mate` entry point, with outputs and caches under a temp dir.
+The two checkpoints are the session's shared runs (tests/shared_runs.py: 2 optimiser
+steps each, 128 tokens).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import subprocess
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
 
 from mate_cli.metrics.hybridqa import evaluate_predictions, subset_reference
-from tests.helpers import MATE, SAMPLE, build_edge_root, mate_env, new_run, run_dirs, run_mate
+from tests.helpers import SAMPLE, build_edge_root
+from tests.inprocess import run_command
 
 TABLES = SAMPLE / "WikiTables-WithLinks" / "tables_tok"
 PASSAGES = SAMPLE / "WikiTables-WithLinks" / "request_tok"
-TINY = ["trainer.max_steps=2", "dataset.max_length=128", "logger=csv", "validate_best=false"]
-
-
-@pytest.fixture(scope="session")
-def pointr_env(tmp_path_factory) -> dict:
-    base = tmp_path_factory.mktemp("pointr")
-    return mate_env(base / "outputs", base / "cache")
-
-
-@pytest.fixture(scope="session")
-def checkpoints(pointr_env) -> dict[str, Path]:
-    """Tiny stage-1 (dense TAPAS-style cell selector) and stage-2 (reader) checkpoints.
-
-    The two `mate train` runs start together (their start-up and preprocessing overlap)."""
-    out = Path(pointr_env["MATE_OUTPUT_DIR"])
-    runs = {"stage1": ["experiment=hybridqa_tapas"], "stage2": ["experiment=hybridqa_reader", "dataset.batch_size=4"]}
-    procs = {}
-    for name, args in runs.items():
-        env = {**pointr_env, "MATE_OUTPUT_DIR": str(out / name)}
-        cmd = [MATE, "train", *args, *TINY]
-        procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    found = {}
-    for name, proc in procs.items():
-        _, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stderr[-3000:]
-        (found[name],) = (out / name / "train").glob("*/checkpoints/last.ckpt")
-    return found
 
 
 @pytest.fixture(scope="module")
-def pointr_run(checkpoints, pointr_env) -> tuple[Path, subprocess.CompletedProcess]:
-    """One `mate pointr` run on the sample's validation tables."""
-    out = Path(pointr_env["MATE_OUTPUT_DIR"])
-    before = run_dirs(out, "pointr")
-    proc = run_mate(["pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
-                 f"stage2.ckpt_path={checkpoints['stage2']}"], pointr_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return new_run(out, "pointr", before), proc
+def checkpoints(trained) -> dict[str, Path]:
+    """Tiny stage-1 (dense TAPAS-style cell selector) and stage-2 (reader) checkpoints: the
+    session's shared runs (tests/shared_runs.py)."""
+    return {stage: trained(f"pointr_{stage}") / "checkpoints" / "last.ckpt" for stage in ("stage1", "stage2")}
+
+
+def run_printing(command: str, args: list[str], run: Path) -> str:
+    """``run_command``, returning what it printed."""
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        run_command(command, args, run)
+    return printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def pointr_run(checkpoints, tmp_path_factory) -> tuple[Path, str]:
+    """One `mate pointr` run on the sample's validation tables, and what it printed."""
+    run = tmp_path_factory.mktemp("pointr")
+    return run, run_printing("pointr", [f"stage1.ckpt_path={checkpoints['stage1']}",
+                                        f"stage2.ckpt_path={checkpoints['stage2']}"], run)
 
 
 def test_pointr_writes_official_predictions_and_finite_metrics(pointr_run):
-    run, proc = pointr_run
+    run, printed = pointr_run
     predictions = json.loads((run / "predictions.json").read_text())
     metrics = json.loads((run / "metrics.json").read_text())
 
@@ -89,19 +77,16 @@ def test_pointr_writes_official_predictions_and_finite_metrics(pointr_run):
         probs = [c["prob"] for c in d["top_cells"]]
         assert probs == sorted(probs, reverse=True) and sum(probs) <= 1.0 + 1e-5
         assert d["cell"] == d["top_cells"][0]
-    assert "EM (%)" in proc.stdout and "hits@1" in proc.stdout
+    assert "EM (%)" in printed and "hits@1" in printed
 
 
-def test_pointr_survives_the_edge_cases(checkpoints, pointr_env, tmp_path):
+def test_pointr_survives_the_edge_cases(checkpoints, tmp_path):
     root = tmp_path / "edge"
     build_edge_root(root)
-    out = Path(pointr_env["MATE_OUTPUT_DIR"])
-    before = run_dirs(out, "pointr")
     overrides = f'stage1.overrides=["dataset.root={root}","dataset.split.mode=files","dataset.cache_dir={tmp_path / "c"}"]'
-    proc = run_mate(["pointr", f"stage1.ckpt_path={checkpoints['stage1']}",
-                 f"stage2.ckpt_path={checkpoints['stage2']}", overrides], pointr_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = new_run(out, "pointr", before)
+    run = tmp_path / "run"
+    run_command("pointr", [f"stage1.ckpt_path={checkpoints['stage1']}", f"stage2.ckpt_path={checkpoints['stage2']}",
+                           overrides], run)
     predictions = {p["question_id"]: p["pred"] for p in json.loads((run / "predictions.json").read_text())}
     metrics = json.loads((run / "metrics.json").read_text())
     assert len(predictions) == 5 and predictions["edge-all-empty"] == ""
@@ -115,17 +100,14 @@ def test_pointr_survives_the_edge_cases(checkpoints, pointr_env, tmp_path):
     assert "pointr: 3 questions whose table has no passage file" in log
 
 
-def test_predict_prints_the_answer_cell_and_top3(checkpoints, pointr_env):
-    out = Path(pointr_env["MATE_OUTPUT_DIR"])
-    before = run_dirs(out, "predict")
+def test_predict_prints_the_answer_cell_and_top3(checkpoints, tmp_path):
     table = "1991_Monaco_Grand_Prix_0"
     question = "Which driver of Italy's team, the one with points = 4, finished third?"  # typed as is: no Hydra quoting
-    proc = run_mate(["predict", f"table={TABLES / (table + '.json')}", f"passages={PASSAGES / (table + '.json')}",
-                 f"question={question}",
-                 f"stage1.ckpt_path={checkpoints['stage1']}", f"stage2.ckpt_path={checkpoints['stage2']}"], pointr_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "answer:" in proc.stdout and "cell: row" in proc.stdout and "top 3 cells" in proc.stdout
-    result = json.loads((new_run(out, "predict", before) / "prediction.json").read_text())
+    printed = run_printing("predict", [f"table={TABLES / (table + '.json')}", f"passages={PASSAGES / (table + '.json')}",
+                                       f"question={question}", f"stage1.ckpt_path={checkpoints['stage1']}",
+                                       f"stage2.ckpt_path={checkpoints['stage2']}"], tmp_path)
+    assert "answer:" in printed and "cell: row" in printed and "top 3 cells" in printed
+    result = json.loads((tmp_path / "prediction.json").read_text())
     assert result["question"] == question
     rows = json.loads((TABLES / f"{table}.json").read_text())["data"]
     assert len(result["top_cells"]) == 3 and result["cell"] == result["top_cells"][0]
@@ -136,13 +118,10 @@ def test_predict_prints_the_answer_cell_and_top3(checkpoints, pointr_env):
     assert isinstance(result["answer"], str) and result["answer"] in result["context"]
 
 
-def test_single_checkpoint_eval_still_works_and_agrees_on_hits(checkpoints, pointr_env, pointr_run):
-    out = Path(pointr_env["MATE_OUTPUT_DIR"])
-    before = run_dirs(out, "eval")
-    proc = run_mate(["eval", f"ckpt_path={checkpoints['stage1']}"], pointr_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "hits@1" in proc.stdout
-    single = json.loads((new_run(out, "eval", before) / "metrics.json").read_text())
+def test_single_checkpoint_eval_still_works_and_agrees_on_hits(checkpoints, pointr_run, tmp_path):
+    printed = run_printing("eval", [f"ckpt_path={checkpoints['stage1']}"], tmp_path)
+    assert "hits@1" in printed
+    single = json.loads((tmp_path / "metrics.json").read_text())
     pointr = json.loads((pointr_run[0] / "metrics.json").read_text())
     for k in (1, 3, 5):  # the pipeline's stage 1 is the evaluated cell selector, question for question
         assert pointr[f"stage1/hits@{k}"] == pytest.approx(single[f"val/hits@{k}"], abs=1e-6)
@@ -166,10 +145,12 @@ def test_test_split_gets_predictions_without_scores(checkpoints, tmp_path):
     assert not any(k.endswith("/em") or k.startswith("stage1/hits") for k in metrics)  # hidden answers: nothing to score
 
 
-def test_user_errors_are_one_line(checkpoints, pointr_env, tmp_path):
-    proc = run_mate(["pointr", f"stage1.ckpt_path={tmp_path / 'nope.ckpt'}", "stage2.ckpt_path=null"], pointr_env)
-    assert proc.returncode == 2 and proc.stderr.strip().startswith("mate: error: checkpoint not found")
-    assert len(proc.stderr.strip().splitlines()) == 1
+def test_user_errors_are_one_line(tmp_path):
+    from mate_cli.errors import MateError
+
+    with pytest.raises(MateError) as err:
+        run_command("pointr", [f"stage1.ckpt_path={tmp_path / 'nope.ckpt'}", "stage2.ckpt_path=null"], tmp_path / "run")
+    assert str(err.value).startswith("checkpoint not found") and "\n" not in str(err.value)
 
 
 def test_wrong_or_missing_checkpoints_raise_mate_errors(checkpoints, tmp_path):

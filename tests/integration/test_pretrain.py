@@ -1,6 +1,7 @@
 """`mate pretrain` for real: a short masked-LM run on the bundled tables from the bundled MiniLM,
 its exported encoder (a TapasForMaskedLM directory with the trained weights and the same
-logits), and `mate train` fine-tuning from it, by path and through the ablation experiment."""
+logits), and `mate train` fine-tuning from it, by path and through the ablation experiment
+(each command's own function, in process: tests/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -16,22 +17,27 @@ from mate_cli.data.pretraining import MaskedCollator, PretrainDataModule
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.mlm import MaskedLMHead, load_mlm_head
 from tests.data.test_pretraining import SOURCES
-from tests.helpers import mate_env, new_run, run_dirs, run_mate
+from mate_cli.errors import MateError
+from tests.helpers import mate_env, run_dirs, run_mate
+from tests.inprocess import run_command
 
 transformers = pytest.importorskip("transformers")
 
-SHORT = ["pretrain", "seed=1", "logger=csv", "trainer.max_steps=6", "trainer.val_check_interval=3",
-         "dataset.batch_size=4", "dataset.eval_masks=1"]
+SHORT = ["seed=1", "logger=csv", "trainer.max_steps=6", "trainer.val_check_interval=3", "dataset.batch_size=4",
+         "dataset.eval_masks=1"]
+#: a fine-tuning run that only needs to start from the pre-trained encoder
+FINETUNE = ["logger=csv", "trainer.max_steps=1", "dataset.limit_questions=4", "dataset.max_length=128",
+            "validate_best=false"]
 
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> dict:
+    """A short `mate pretrain` run (in process), where `mate pretrain` would put it under ``outputs``."""
     base = tmp_path_factory.mktemp("pretrain")
-    env = mate_env(base / "outputs", base / "cache")
-    result = run_mate(SHORT, env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = run_dirs(base / "outputs", "pretrain")
-    return {"run": run, "env": env, "outputs": base / "outputs", "metrics": json.loads((run / "metrics.json").read_text())}
+    run = base / "outputs" / "pretrain" / "2026-01-01_00-00-00-pretrain_mate-bucketed-bundled_tables-seed1-a1b2c3"
+    metrics = run_command("pretrain", [*SHORT, f"dataset.cache_dir={base / 'cache'}"], run)
+    assert json.loads((run / "metrics.json").read_text()) == metrics
+    return {"run": run, "outputs": base / "outputs", "cache": base / "cache", "metrics": metrics}
 
 
 def test_held_out_loss_falls_from_the_starting_checkpoint(pretrained):
@@ -66,40 +72,34 @@ def test_the_exported_encoder_is_the_best_checkpoint_as_tapas_for_masked_lm(pret
     assert (logits - expected).abs()[batch.layout.attention_mask].max().item() <= 1e-5
 
 
-def test_mate_train_fine_tunes_from_the_pretrained_encoder(pretrained):
-    env, outputs = pretrained["env"], pretrained["outputs"]
-    finetune = ["logger=csv", "trainer.max_steps=1", "dataset.limit_questions=4", "dataset.max_length=128",
-                "validate_best=false"]
-    before = run_dirs(outputs, "train")
-    result = run_mate(["train", "experiment=hybridqa_mate", f"model.encoder.pretrained={pretrained['run']}/encoder",
-                       *finetune], env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    by_path = new_run(outputs, "train", before)
-    before = run_dirs(outputs, "train")
-    result = run_mate(["train", "experiment=hybridqa_mate_sparse_pretrained", *finetune], env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    by_experiment = new_run(outputs, "train", before)
+def test_mate_train_fine_tunes_from_the_pretrained_encoder(pretrained, monkeypatch, tmp_path):
+    monkeypatch.setenv("MATE_OUTPUT_DIR", str(pretrained["outputs"]))  # where the ablation arm finds its run
+    cache = f"dataset.cache_dir={pretrained['cache']}"
+    by_path, by_experiment = tmp_path / "by_path", tmp_path / "by_experiment"
+    run_command("train", ["experiment=hybridqa_mate", f"model.encoder.pretrained={pretrained['run']}/encoder",
+                          *FINETUNE, cache], by_path)
+    run_command("train", ["experiment=hybridqa_mate_sparse_pretrained", *FINETUNE, cache], by_experiment)
     for run in (by_path, by_experiment):  # the resolved config records the pre-trained directory
         assert f"pretrained: {pretrained['run']}/encoder" in (run / "resolved_config.yaml").read_text()
-    assert "hybridqa_mate_sparse_pretrained" in by_experiment.name
+    assert "experiment_name: hybridqa_mate_sparse_pretrained" in (by_experiment / "resolved_config.yaml").read_text()
 
 
-def test_the_ablation_arm_without_its_pretraining_run_is_one_line(pretrained):
-    result = run_mate(["train", "experiment=hybridqa_mate_dense_pretrained", "logger=csv"], pretrained["env"])
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "mate: error: no finished `mate pretrain` run of experiment 'pretrain_dense'")
-    assert "run `mate pretrain attention=dense` first" in result.stderr
+def test_the_ablation_arm_without_its_pretraining_run_is_one_line(pretrained, monkeypatch, tmp_path):
+    monkeypatch.setenv("MATE_OUTPUT_DIR", str(pretrained["outputs"]))
+    with pytest.raises(MateError) as err:
+        run_command("train", ["experiment=hybridqa_mate_dense_pretrained", "logger=csv"], tmp_path / "run")
+    assert str(err.value).startswith("no finished `mate pretrain` run of experiment 'pretrain_dense'"), err.value
+    assert "run `mate pretrain attention=dense` first" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_missing_corpus_file_is_one_line(tmp_path):
-    result = run_mate(["pretrain", "dataset=pretrain_jsonl", f"dataset.sources.jsonl={tmp_path}/absent.jsonl",
-                       "logger=csv"], mate_env(tmp_path / "outputs", tmp_path / "cache"))
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"mate: error: corpus file not found: {tmp_path}/absent.jsonl; pass an existing JSON-lines file "
+    with pytest.raises(MateError) as err:
+        run_command("pretrain", ["dataset=pretrain_jsonl", f"dataset.sources.jsonl={tmp_path}/absent.jsonl",
+                                 "logger=csv", f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
+    assert str(err.value) == (
+        f"corpus file not found: {tmp_path}/absent.jsonl; pass an existing JSON-lines file "
         '(each line: {"text": str, "table": {"header": [str, ...], "rows": [[str, ...], ...]}})')
-    assert not list(Path(tmp_path / "outputs").rglob("*.ckpt"))
+    assert not list(tmp_path.rglob("*.ckpt"))
 
 
 @pytest.mark.slow
@@ -144,8 +144,8 @@ def test_the_ablation_resolver_finds_the_newest_finished_run(pretrained, monkeyp
 
 
 def test_a_corpus_given_to_mate_train_is_one_line(tmp_path):
-    result = run_mate(["train", "dataset=pretrain_sample", "logger=csv"], mate_env(tmp_path / "out", tmp_path / "c"))
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
-        "mate: error: dataset=pretrain_sample does not go with model=cell_selector: `mate pretrain` reads "
+    with pytest.raises(MateError) as err:
+        run_command("train", ["dataset=pretrain_sample", "logger=csv"], tmp_path / "run")
+    assert str(err.value) == (
+        "dataset=pretrain_sample does not go with model=cell_selector: `mate pretrain` reads "
         "dataset=pretrain_sample or pretrain_jsonl, `mate train` the task datasets")

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from mate_cli.errors import MateError
 from mate_cli.run_targets import allowed_targets, checked_run_config
-from tests.helpers import mate_env, run_mate
+from tests.inprocess import run_captured
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data"
 MODULES = {
@@ -57,7 +57,8 @@ def crafted_run(root: Path, module: str, marker: Path) -> Path:
 
 
 def mate(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
-    return run_mate(args, mate_env(tmp / "outputs", tmp / "cache"), timeout=300)
+    """`mate <args>`: the command's own function on a config Hydra composes, in this process."""
+    return run_captured(args[0], args[1:], tmp / "out")
 
 
 def commands(tmp: Path, marker: Path) -> dict[str, list[str]]:
@@ -89,10 +90,10 @@ def test_a_crafted_run_config_is_refused_in_one_line_before_any_target_is_called
 
 def test_trusting_the_run_config_runs_what_it_names(tmp_path):
     marker = tmp_path / "payload_ran"
-    proc = mate([*commands(tmp_path, marker)["eval"], "trust_run_config=true"], tmp_path)
-    assert proc.returncode != 0  # the crafted model cannot be built, but its payload ran first
-    assert marker.exists()
-    assert "trust_run_config=true: building" in proc.stdout + proc.stderr
+    with pytest.raises(Exception) as failed:  # the crafted model cannot be built, but its payload ran first
+        mate([*commands(tmp_path, marker)["eval"], "trust_run_config=true"], tmp_path)
+    assert marker.exists(), failed.value
+    assert "trust_run_config=true: building" in (tmp_path / "out" / "eval.log").read_text()
 
 
 # ------------------------------------------------------------------ the check itself

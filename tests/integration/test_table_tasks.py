@@ -1,7 +1,8 @@
-"""SQA, WikiTQ and TabFact end to end through the real `mate` CLI (Table 4's tasks).
+"""SQA, WikiTQ and TabFact end to end (Table 4's tasks), each command's own function on a
+config Hydra composes in process (tests/inprocess.py).
 
-Each task's MATE experiment trains a few steps on its bundled sample; `mate eval` then
-scores that checkpoint on *another* dataset root through an upstream split file named by
+Each task's MATE experiment trains a few steps on its bundled sample (a shared run of the
+session: tests/shared_runs.py); `mate eval` then scores that checkpoint on *another* dataset root through an upstream split file named by
 ``dataset.eval_file`` and writes the predictions in the upstream answer format; `mate
 predict` answers one question about one table file. (The ``*_tapas`` experiments differ
 by ``attention=dense`` only; tests/conf composes and instantiates them, and the slow test
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT, mate_env, new_run, run_dirs, run_mate
+from tests.helpers import REPO_ROOT, mate_env, run_mate
+from tests.inprocess import run_command
+from tests.shared_runs import screen
 
 TRAIN = ["trainer.max_steps=3", "trainer.log_every_n_steps=1", "dataset.max_length=256"]
 
@@ -57,26 +60,12 @@ def a_table_and_question(task: str) -> tuple[Path, str]:
     return data / "data" / "all_csv" / "2-18178534-1.html.csv", "the team win 3 game"
 
 
-#: TabFact trains with no final validation (validate_best=false) and validates inside fit
-NO_FINAL_VALIDATION = ["trainer.val_check_interval=1", "trainer.limit_val_batches=2", "validate_best=false",
-                       "logger=csv"]
-
-
 @pytest.mark.parametrize("task", ["sqa", "wtq", "tabfact"])
-def test_task_trains_evaluates_on_another_split_file_and_predicts(task, tmp_path):
-    outputs = tmp_path / "outputs"
-    env = mate_env(outputs, tmp_path / "cache", HOME=str(tmp_path / "home"), COLUMNS="200")
-    before = run_dirs(outputs, "train")
-    root, eval_file, expected = another_root(task, tmp_path)
-    # WikiTQ trains on a copy of the sample with a test file (pristine-unseen-tables.tsv): test_after_training scores it
-    test = [f"dataset.root={root}", "test_after_training=true"] if task == "wtq" else []
-    trained = run_mate(["train", f"experiment={task}_mate", *TRAIN, *test,
-                        *(NO_FINAL_VALIDATION if task == "tabfact" else [])], env)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    run = new_run(outputs, "train", before)
+def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained, tmp_path, capsys):
+    run = trained(f"{task}_task")  # tests/shared_runs.py: 3 steps on the task's sample
     metrics = json.loads((run / "metrics.json").read_text())
     if task == "tabfact":
-        last_validation_inside_fit_is_kept(run, metrics, trained.stdout)
+        last_validation_inside_fit_is_kept(run, metrics, screen(run).read_text(encoding="utf-8"))
     assert 0.0 <= metrics["val/accuracy"] <= 1.0
     assert metrics["perf/tokens_per_s"] > 0 and metrics["data/train/questions"] > 0
     assert "data/train/fit_without_truncation" in metrics
@@ -84,17 +73,16 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, tmp_path
         assert 0.0 <= metrics["data/train/answer_cells_kept"] <= 1.0
     if task == "sqa":
         assert 0.0 <= metrics["val/seq"] <= metrics["val/accuracy"] or metrics["val/accuracy"] == 0.0
+    root, eval_file, expected = another_root(task, tmp_path)
     if task == "wtq":  # the long-table slice: 4 of the sample's 6 validation questions are over 512 whole
         assert metrics["val/long_questions"] == 4 and 0.0 <= metrics["val/accuracy_long"] <= 1.0
         assert metrics["data/test/questions"] == expected and 0.0 <= metrics["test/accuracy"] <= 1.0
 
     ckpt = run / "checkpoints" / "last.ckpt"
-    before = run_dirs(outputs, "eval")
-    evaluated = run_mate(["eval", f"ckpt_path={ckpt}",
-                          f"overrides=['dataset.root={root}','dataset.eval_file={eval_file}']"], env)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    eval_run = new_run(outputs, "eval", before)
-    scores = json.loads((eval_run / "metrics.json").read_text())
+    eval_run = tmp_path / "eval"
+    scores = run_command("eval", [f"ckpt_path={ckpt}",
+                                  f"overrides=['dataset.root={root}','dataset.eval_file={eval_file}']"], eval_run)
+    assert json.loads((eval_run / "metrics.json").read_text()) == scores
     assert scores["data/validation/questions"] == expected
     assert 0.0 <= scores["val/accuracy"] <= 1.0
     predictions = Path(scores["predictions"])
@@ -110,17 +98,17 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, tmp_path
             assert lines[0].split("\t") == ["id", "annotator", "position", "answer_coordinates"]
 
     table, question = a_table_and_question(task)
-    before = run_dirs(outputs, "predict")
-    predicted = run_mate(["predict", f"ckpt_path={ckpt}", f"table={table}", f"question={question}"], env)
-    assert predicted.returncode == 0, predicted.stderr[-3000:]
-    answer = json.loads((new_run(outputs, "predict", before) / "prediction.json").read_text())
+    capsys.readouterr()
+    run_command("predict", [f"ckpt_path={ckpt}", f"table={table}", f"question={question}"], tmp_path / "predict")
+    shown = capsys.readouterr().out
+    answer = json.loads((tmp_path / "predict" / "prediction.json").read_text())
     assert answer["task"] == task
     if task == "tabfact":
-        assert answer["verdict"] in ("entailed", "refuted") and "verdict:" in predicted.stdout
+        assert answer["verdict"] in ("entailed", "refuted") and "verdict:" in shown
     else:
-        assert isinstance(answer["cells"], list) and "selected cells" in predicted.stdout
+        assert isinstance(answer["cells"], list) and "selected cells" in shown
     if task == "wtq":
-        assert answer["aggregation"] in ("NONE", "SUM", "AVERAGE", "COUNT") and "answer:" in predicted.stdout
+        assert answer["aggregation"] in ("NONE", "SUM", "AVERAGE", "COUNT") and "answer:" in shown
 
 
 @pytest.mark.slow
@@ -133,14 +121,17 @@ def test_every_table_experiment_trains(experiment, tmp_path):
 
 
 def test_dot_trains_through_mate_train_named_in_the_papers_notation_with_its_npe_per_s(tmp_path):
-    """wtq_dot (column selection, the QA heads) on the bundled sample; tabfact_dot runs in the slow test above."""
-    env = mate_env(tmp_path / "outputs", tmp_path / "cache", HOME=str(tmp_path / "home"))
-    done = run_mate(["train", "experiment=wtq_dot", "trainer.max_steps=2", "dataset.limit_questions=4",
-                     "dataset.max_length=512", "model.dot.top_k=128", "logger=csv", "validate_best=false"], env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run,) = run_dirs(tmp_path / "outputs", "train")
-    assert "-wtq_dot-CC-512_C-DoT_minilm-128-minilm-" in run.name  # 512 and 128 keep the default run short
-    metrics = json.loads((run / "metrics.json").read_text())
+    """wtq_dot (column selection, the QA heads) on the bundled sample, in process; tabfact_dot runs in the slow test above."""
+    from omegaconf import OmegaConf
+
+    from mate_cli.paths import dir_name
+
+    run = tmp_path / "run"
+    metrics = run_command("train", ["experiment=wtq_dot", "trainer.max_steps=2", "dataset.limit_questions=4",
+                                    "dataset.max_length=512", "model.dot.top_k=128", "logger=csv", "validate_best=false",
+                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+    run_name = dir_name(OmegaConf.load(run / "resolved_config.yaml").run_name)  # the run dir's name, less time and tag
+    assert run_name.startswith("wtq_dot-CC-512_C-DoT_minilm-128-minilm-"), run_name  # 512 and 128 keep the default run short
     assert metrics["perf/examples_per_s"] > 0  # the paper's NPE/s
     assert metrics["data/train/tokens_pruned"] > 0  # CC did cut to 1024 before DoT
 
@@ -162,12 +153,9 @@ def test_a_saved_tapas_wtq_checkpoint_evaluates_through_mate(tmp_path):
     torch.manual_seed(0)
     transformers.TapasForQuestionAnswering(config).save_pretrained(checkpoint)
     shutil.copy(bundled_model_dir() / "vocab.txt", checkpoint)
-    outputs = tmp_path / "outputs"
-    env = mate_env(outputs, tmp_path / "cache", HOME=str(tmp_path / "home"))
-    done = run_mate(["train", "experiment=wtq_tapas", f"model.encoder.pretrained={checkpoint}",
-                     "trainer.max_steps=0"], env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    run = new_run(outputs, "train", set())
+    run = tmp_path / "run"
+    run_command("train", ["experiment=wtq_tapas", f"model.encoder.pretrained={checkpoint}", "trainer.max_steps=0",
+                          f"dataset.cache_dir={tmp_path / 'cache'}"], run)
     log = (run / "train.log").read_text(encoding="utf-8")
     assert "(task head): 6 tensors; missing (freshly initialised): none" in log
     assert 0.0 <= json.loads((run / "metrics.json").read_text())["val/accuracy"] <= 1.0

@@ -1,25 +1,28 @@
-"""Transformer-XH on HybridQA through `mate train`, on the bundled sample and the real MiniLM: a few
+"""Transformer-XH on HybridQA through `mate train`'s own function (in process), on the bundled sample and the real MiniLM: a few
 steps, the stage-1 metrics every other encoder reports, hop weights that trained, and PointR's
 pipeline refusing the run in one line (it ranks the cells of one sequence per question)."""
 
 from __future__ import annotations
 
 import json
-import re
 
+import pytest
 import torch
+from omegaconf import OmegaConf
 
-from tests.helpers import mate_env, run_dirs, run_mate
+from mate_cli.errors import MateError
+from mate_cli.paths import dir_name
+from tests.inprocess import run_command
 
 
 def test_hybridqa_xh_trains_through_mate_train_with_the_stage1_metrics(tmp_path):
-    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
-    done = run_mate(["train", "experiment=hybridqa_xh", "trainer.max_epochs=1", "dataset.max_nodes=12",
-                     "dataset.node_length=48", "dataset.limit_questions=4", "dataset.batch_size=2", "logger=csv"], env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run,) = run_dirs(tmp_path / "outputs", "train")
+    run = tmp_path / "run"
+    run_command("train", ["experiment=hybridqa_xh", "trainer.max_epochs=1", "dataset.max_nodes=12",
+                          "dataset.node_length=48", "dataset.limit_questions=4", "dataset.batch_size=2", "logger=csv",
+                          f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+    run_name = OmegaConf.load(run / "resolved_config.yaml").run_name  # the run dir's name, less time and tag
     overrides = "max_epochs1_max_nodes12_node_length48_limit_questions4_batch_size2"  # logger=csv: not in the name
-    assert re.search(rf"-hybridqa_xh-dense-hybridqa_sample-seed42-{overrides}-[0-9a-f]{{6}}$", run.name), run.name
+    assert dir_name(run_name) == f"hybridqa_xh-dense-hybridqa_sample-seed42-{overrides}", run_name
     metrics = json.loads((run / "metrics.json").read_text())
     assert all(0.0 <= metrics[f"val/hits@{k}"] <= 1.0 for k in (1, 3, 5))
     assert metrics["perf/examples_per_s"] > 0
@@ -33,6 +36,6 @@ def test_hybridqa_xh_trains_through_mate_train_with_the_stage1_metrics(tmp_path)
 
     # PointR's pipeline ranks cells of one sequence per question: an XH run is refused in one line
     ckpt = run / "checkpoints" / "last.ckpt"
-    refused = run_mate(["pointr", f"stage1.ckpt_path={ckpt}", f"stage2.ckpt_path={ckpt}"], env)
-    assert refused.returncode == 2 and refused.stderr.count("mate: error:") == 1
-    assert "is a run of mate_cli.lit_modules.xh.GraphCellSelectionModule, not CellSelectionModule" in refused.stderr
+    with pytest.raises(MateError) as refused:
+        run_command("pointr", [f"stage1.ckpt_path={ckpt}", f"stage2.ckpt_path={ckpt}"], tmp_path / "pointr")
+    assert "is a run of mate_cli.lit_modules.xh.GraphCellSelectionModule, not CellSelectionModule" in str(refused.value)

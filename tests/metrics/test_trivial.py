@@ -7,7 +7,7 @@ import json
 
 from mate_cli.data.schema import Cell, Question, Table
 from mate_cli.metrics import trivial
-from tests.helpers import mate_env, new_run, run_dirs, run_mate
+from tests.inprocess import run_captured
 
 
 def q(qid: str, answers=(), **kw) -> Question:
@@ -61,14 +61,14 @@ def test_tabfact_statement_only_learns_the_statements_bias_and_never_sees_the_ta
     assert trivial.tabfact_statement_only(train[:1], validation) == {}  # one table, one label: nothing to fit
 
 
-def test_mate_baseline_on_the_bundled_tabfact_sample(tmp_path):
-    env = mate_env(tmp_path / "out", tmp_path / "cache", COLUMNS="200")  # the table's headers unelided
-    done = run_mate(["baseline", "dataset=tabfact_sample"], env)
+def test_mate_baseline_on_the_bundled_tabfact_sample(tmp_path, monkeypatch):
+    """`mate baseline`'s own function on a config Hydra composes, in this process."""
+    monkeypatch.setenv("MATE_CACHE_DIR", str(tmp_path / "cache"))
+    done = run_captured("baseline", ["dataset=tabfact_sample"], tmp_path / "run")
     assert done.returncode == 0, done.stderr[-2000:]
-    (run,) = run_dirs(tmp_path / "out", "baseline")
-    metrics = json.loads((run / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["rule"] in ("always entailed", "always refuted")
     assert metrics["data/validation/questions"] > 0 and 0.3 < metrics["val/accuracy"] < 0.7
     assert 0.0 <= metrics["val/accuracy_statement_only"] <= 1.0 and "val/accuracy_statement_only" in done.stdout
-    wrong = run_mate(["baseline", "experiment=hybridqa_mate"], env)
-    assert wrong.returncode != 0
+    wrong = run_captured("baseline", ["experiment=hybridqa_mate"], tmp_path / "wrong")  # a HybridQA experiment
+    assert wrong.returncode == 2 and wrong.stderr.startswith("mate: error: "), wrong.stderr

@@ -1,5 +1,6 @@
-"""`mate report` on run dirs laid out as `mate train -m` leaves them (real CLI, subprocess),
-plus the aggregation on hand-made numbers.
+"""`mate report` on run dirs laid out as `mate train -m` leaves them (the command's own
+function on a config Hydra composes, in this process: what it prints and writes), plus the
+aggregation on hand-made numbers.
 
 The tree: an attention-ablation multirun (mate, sat, dense x seeds 1-3; dense seed 3
 FAILED, sat seed 2 killed before it wrote anything but ``.hydra/``), a heads-ablation
@@ -14,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from omegaconf import OmegaConf
 
 from mate_cli.errors import MateError
 from mate_cli.report import aggregate, collect
-from tests.helpers import mate_env, run_mate
+from tests.inprocess import run_captured
 
 ATTENTION = {
     "mate": {"_target_": "mate_cli.modeling.attention.mate.MateAttention", "_partial_": True, "variant": "bucketed",
@@ -125,8 +127,12 @@ def tree(tmp_path_factory) -> dict[str, Path]:
     return {"outputs": outputs, **build_tree(outputs)}
 
 
-def mate_report(args: list[str], out: Path):
-    return run_mate(["report", *args], mate_env(out, COLUMNS="250"), timeout=300)
+def mate_report(args: list[str], out: Path) -> subprocess.CompletedProcess:
+    """`mate report <args>` (its own function on a config Hydra composes, in this process)
+    into ``<out>/report/run``: its exit status, screen and stderr."""
+    from mate_cli.commands.report import path_argument
+
+    return run_captured("report", path_argument(args), out / "report" / "run")
 
 
 def report_dir(out: Path) -> Path:

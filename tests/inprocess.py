@@ -1,0 +1,144 @@
+"""`mate <command> <overrides>` in the test process: the checks `mate_cli.cli.main` makes of
+the command line, real Hydra composition of ``conf/<command>.yaml`` (its compose API), the
+run dir set up as Hydra's run sets it up (``.hydra/``, ``<command>.log``), then the very
+task function the command's Hydra app hands to ``run_task``.
+
+What stays with the real process (tests start `mate` for it): the exit status and the
+screen of the entry point, ``FAILED`` and the run-dir lock of ``run_task``, signals,
+multirun launchers, DDP ranks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from io import StringIO
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from mate_cli.errors import MateError
+from mate_cli.paths import CONF_DIR, register_resolvers
+
+#: command -> the task function its Hydra app passes to run_task (in the command's module,
+#: ``mate_cli.cli.COMMANDS``; `mate pretrain` runs train's, imported there)
+TASKS = {"train": "train", "pretrain": "train", "eval": "evaluate", "predict": "predict", "pointr": "pointr",
+         "baseline": "baseline", "report": "report", "bench": "bench"}
+
+#: Hydra's own job log format (hydra/job_logging/default.yaml)
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+
+
+def command_line(command: str, overrides: list[str]) -> list[str]:
+    """The overrides Hydra composes for ``mate <command> <overrides>``, after the checks and
+    rewrites `mate_cli.cli.main` makes; a problem it prints as one line raises `MateError`."""
+    from mate_cli.cli import check_group_choices
+    from mate_cli.config_check import check_command_line, trainer_overrides
+    from mate_cli.hydra_args import quote_free_text
+
+    args = quote_free_text(command, list(overrides))
+    problem = check_group_choices(args) or check_command_line(command, args)
+    if problem:
+        raise MateError(problem)
+    return trainer_overrides(command, args)
+
+
+def compose_command(command: str, overrides: list[str], run_dir: Path, checked: bool = False) -> DictConfig:
+    """``mate <command> <overrides>``'s config with its ``hydra`` node, the Hydra runtime set
+    as in a real run into ``run_dir`` (``checked``: through :func:`command_line` first)."""
+    args = command_line(command, overrides) if checked else list(overrides)
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(command, overrides=[*args, f"hydra.run.dir={run_dir}"], return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    cfg.hydra.runtime.output_dir = str(run_dir)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def run_command(command: str, overrides: list[str], run_dir: Path):
+    """Run ``mate <command> <overrides>`` in this process into ``run_dir``; returns what the
+    task returns (train: its metrics). A user error raises `MateError`, as the task raises it."""
+    cfg = compose_command(command, overrides, Path(run_dir), checked=True)
+    from mate_cli.cli import COMMANDS
+
+    task = getattr(importlib.import_module(COMMANDS[command][0]), TASKS[command])
+    run_dir = Path(run_dir)
+    save_hydra_files(cfg, run_dir)
+    with open_dict(cfg):
+        del cfg["hydra"]  # a task gets its config without the hydra node (HydraConfig holds it)
+    # Hydra's job logging: the run's log file, and the screen (stdout as it is now: capsys's or redirect_stdout's)
+    handlers = [logging.FileHandler(run_dir / f"{command}.log"), logging.StreamHandler(sys.stdout)]
+    root = logging.getLogger()
+    level = root.level
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        return task(cfg)
+    except Exception as err:  # the one line run_task prints: the MateError anywhere in the chain
+        from mate_cli.commands.common import find_mate_error
+
+        user_error = find_mate_error(err)
+        if user_error is None or user_error is err:
+            raise
+        raise user_error from err
+    finally:
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(level)
+        HydraConfig.instance().cfg = None
+
+
+def run_captured(command: str, overrides: list[str], run_dir: Path) -> subprocess.CompletedProcess:
+    """:func:`run_command` with what it shows: stdout (prints and log lines, as Hydra's job
+    logging puts them on the screen), stderr, and the exit status `mate` would give: 0, or 2
+    with the one ``mate: error:`` line of a user error (that `mate` does this as a process
+    is tested in tests/integration/test_cli.py)."""
+    out, err = StringIO(), StringIO()
+    code = 0
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            run_command(command, overrides, run_dir)
+        except MateError as error:
+            print(f"mate: error: {error}", file=sys.stderr)
+            code = MateError.exit_code
+    return subprocess.CompletedProcess([command, *overrides], code, out.getvalue(), err.getvalue())
+
+
+def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
+    """``<run dir>/.hydra/{config,hydra,overrides}.yaml`` as Hydra's run writes them."""
+    folder = run_dir / str(cfg.hydra.output_subdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    OmegaConf.save(task, folder / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": cfg.hydra}), folder / "hydra.yaml")
+    OmegaConf.save(OmegaConf.create(list(cfg.hydra.overrides.task)), folder / "overrides.yaml")
+
+
+def main_before_hydra(argv: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    """`mate <argv>`'s entry point (:func:`mate_cli.cli.main`) in this process, for what it
+    answers before Hydra's app starts (help, one-line checks of the command line): its
+    exit status, stdout and stderr. Reaching Hydra's app fails the test: these answers
+    come before anything is composed, built or written."""
+    from mate_cli import cli
+
+    def reached(app, program, command, args):
+        raise AssertionError(f"`mate {' '.join(argv)}` reached Hydra's app: its check did not answer first")
+
+    monkeypatch.setattr(cli, "run_hydra_app", reached)
+    capsys.readouterr()
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
