@@ -37,7 +37,7 @@ SMOKE_EXTRA = ["export_encoder=true", "trainer.val_check_interval=2", "test_afte
 
 def mate(args: list[str], tmp: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """`mate <args>` with outputs and caches under ``tmp``; a first arg that is not a command means `train`."""
-    if not args or args[0] not in ("train", "eval", "pointr", "predict", "bench"):
+    if not args or args[0] not in ("train", "pretrain", "eval", "pointr", "predict", "bench"):
         args = ["train", *args]
     return run_mate(args, mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home")), timeout)
 
@@ -268,6 +268,24 @@ def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
     run = only_run_dir(tmp_path / "outputs" / "train")  # the failed run says so, in its dir and its log
     assert (run / "FAILED").read_text().strip() == lines[0]
     assert f"{lines[0]} (exit status 2)" in (run / "train.log").read_text()
+
+
+@pytest.mark.parametrize("args, fix", [
+    (["pretrain", "dataset=pretrain_jsonl", "dataset.sources.jsonl={tmp}/none.jsonl"], "pass an existing JSON-lines file"),
+    (["pointr", "stage1.ckpt_path={tmp}/none.ckpt", "stage2.ckpt_path=null"], "pass ckpt_path="),
+    (["predict", "ckpt_path={tmp}/none.ckpt", "table={tmp}/t.csv", "question=q"], "pass ckpt_path="),
+    (["bench", "bench.targets=[{kind: faster}]"], "choose one of speedup"),
+], ids=["pretrain", "pointr", "predict", "bench"])
+def test_every_commands_entry_point_ends_a_user_error_in_one_line_and_failed(args, fix, tmp_path):
+    """The real process of each command besides train (above) and eval (its run-dir test):
+    its Hydra app hands the task to run_task, which turns an error found inside the command
+    into one line on stderr, exit status 2 and FAILED."""
+    proc = mate([arg.replace("{tmp}", str(tmp_path)) for arg in args], tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and lines[-1].startswith("mate: error: ") and fix in lines[-1], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    (run,) = (tmp_path / "outputs" / args[0]).iterdir()
+    assert (run / "FAILED").read_text().strip() == lines[-1]
 
 
 def copy_sample(sample_root: Path, tmp: Path) -> Path:

@@ -187,6 +187,27 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space(tmp_path):
 
 
 @needs_namespaces
+def test_a_full_disk_anywhere_in_an_errors_chain_is_named_with_its_free_space(tmp_path):
+    """torch reports a failed write as a RuntimeError ("unexpected pos ...") caused by the
+    OSError: the one line names the file and the free space of its folder; an error with
+    no full disk in its chain is none."""
+    import errno
+
+    from mate_cli.commands.common import full_disk
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "last.ckpt"))
+        except OSError as cause:
+            raise RuntimeError("unexpected pos 57152 vs 57046") from cause
+    except RuntimeError as err:
+        line = str(full_disk(err))
+    assert f"device of {tmp_path} (" in line and " free) while writing last.ckpt" in line, line
+    assert line.endswith("resume the run with ckpt_path=<run dir>"), line
+    assert full_disk(RuntimeError("no OSError in here")) is None
+    assert full_disk(OSError(errno.EACCES, "Permission denied")) is None
+
+
 def test_a_read_only_cache_works_in_memory_with_one_warning(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()

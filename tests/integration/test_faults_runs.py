@@ -167,6 +167,57 @@ def test_a_signal_to_the_whole_group_saves_last_ckpt_at_the_step_reached(trained
     assert f"{line} (exit status {code})" in (run / "train.log").read_text()
 
 
+@pytest.fixture
+def signal_handlers():
+    """This process's SIGINT/SIGTERM handlers, as they were, after the test."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):
+    """What a DataLoader worker (ignore Ctrl-C, end quietly at SIGTERM) and a preprocessing
+    pool worker (the default actions) set when they start; the whole-group test above shows
+    the effect on a real run."""
+    from mate_cli import interrupts
+    from mate_cli.data import preprocess
+
+    interrupts.loader_worker_start(0)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) is interrupts._end_worker
+    preprocess._set_function(len)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert preprocess._call([1, 2]) == 2
+
+
+def test_an_error_that_is_no_users_fault_is_recorded_with_exit_status_1_and_raised(tmp_path, signal_handlers):
+    """`run_task` with a bug inside the task: ``FAILED`` and the run's log say
+    ``mate: failed: <type>: <message>`` (the log with exit status 1), and the traceback is
+    not swallowed."""
+    import logging
+
+    from mate_cli.commands.common import run_task
+    from tests.inprocess import compose_command
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = compose_command("baseline", ["dataset=sqa_sample"], run)
+    handler = logging.FileHandler(run / "baseline.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            run_task(lambda cfg: 1 / 0, cfg)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().cfg = None
+    assert (run / "FAILED").read_text() == "mate: failed: ZeroDivisionError: division by zero\n"
+    assert "mate: failed: ZeroDivisionError: division by zero (exit status 1)" in (run / "baseline.log").read_text()
+
+
 # ------------------------------------------------------------------ non-finite numbers
 def test_a_wikitq_answer_beyond_float32_is_refused_with_file_and_line(tmp_path):
     from mate_cli.data.wtq import WTQReader
