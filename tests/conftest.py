@@ -51,7 +51,10 @@ def pretrained_runs(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """``trained(name)``: the run dir of a shared trained run (:mod:`tests.shared_runs`),
-    read-only; at the session's end every file of it must be as it was."""
+    read-only; at the session's end every file of it must be as it was.
+
+    The first test that asks for a run pays for training it (10-40 s, over 20 s for some),
+    once for the whole session and its workers."""
     from tests.shared_runs import shared_root, shared_run, snapshot
 
     root = shared_root(tmp_path_factory)

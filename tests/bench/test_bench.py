@@ -54,6 +54,7 @@ def mate_bench(overrides: dict, output_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
+    """Over 20 s: `mate bench` measures every backend on its tiny grid."""
     return mate_bench(TINY, tmp_path_factory.mktemp("bench"))
 
 

@@ -64,6 +64,7 @@ def sweep_jobs(name: str, tmp_path: Path) -> list[list[str]]:
 
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_every_sweep_job_composes_and_instantiates(sweep, tmp_path, request):
+    """Some presets take over 20 s: every job of the sweep is composed and its model and data module built."""
     if sweep == "sparse_pretrain":
         request.getfixturevalue("pretrained_runs")
     jobs = sweep_jobs(sweep, tmp_path)

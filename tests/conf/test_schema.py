@@ -62,6 +62,7 @@ def typed_keys(command: str, tree: dict):
 
 
 def test_enough_configs_are_composed():
+    """Over 20 s the first time: every option of every config group is composed once, for this module's tests."""
     commands = {command for command, _, _ in every_composed_config()}
     assert commands == set(SINGLE) | set(GROUPED) and len(every_composed_config()) > 60
 
@@ -164,6 +165,7 @@ def readme_commands() -> list[list[str]]:
 
 
 def test_every_readme_command_passes_the_check():
+    """Over 20 s: every command the README prints is composed and checked."""
     commands = readme_commands()
     assert len(commands) >= 20 and any(c[1] == "eval" for c in commands)
     for command in commands:

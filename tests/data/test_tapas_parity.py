@@ -246,6 +246,7 @@ def sequences(reader, dev_questions):
 
 @pytest.mark.parametrize("dataset", ["hybridqa", "wtq"])
 def test_token_types_match_tapas(tokenizer, tapas, sequences, dataset):
+    """WikiTQ takes over 20 s: every bundled question is encoded by both implementations."""
     tok = TableTokenizer(tokenizer, max_length=4096, max_question_tokens=512)
     encoded = []
 

@@ -50,7 +50,10 @@ def only_run_dir(base: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One smoke run; its stdout holds stdout and stderr interleaved, as a terminal shows them."""
+    """One smoke run; its stdout holds stdout and stderr interleaved, as a terminal shows them.
+
+    Over 20 s: a real `mate train` process, since what a terminal shows is the point.
+    """
     tmp = tmp_path_factory.mktemp("train")
     env = mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home"))
     proc = subprocess.run([MATE, "train", *SMOKE, *SMOKE_EXTRA], env=env, stdout=subprocess.PIPE,
@@ -127,6 +130,7 @@ def test_help_lists_commands(capsys, monkeypatch):
 
 
 def test_train_help_shows_config_groups(tmp_path):
+    """A real process: Hydra's own help."""
     proc = subprocess.run([MATE, "train", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0
     for group in ("dataset:", "model:", "attention:", "hardware:", "experiment:"):
@@ -200,7 +204,10 @@ def test_the_best_checkpoint_keeps_weights_only_and_is_refused_for_resume(traine
 
 
 def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
-    """One sweep: mate and dense (the first check) plus every other trainable backend."""
+    """One sweep: mate and dense (the first check) plus every other trainable backend.
+
+    Over 20 s: one real multirun (the launcher is the point) trains five backends, two steps each.
+    """
     backends = ["mate", "dense", "sat", "linformer", "table_etc"]
     # Linformer's paper k=256 needs max_length >= 256.
     args = ["-m", *SMOKE, "dataset.max_length=256", "trainer.max_steps=2", f"attention={','.join(backends)}", "logger=csv"]
@@ -223,7 +230,10 @@ def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
 def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path):
     """`mate train attention.impl=flex`: FlexAttention in each head's sorted space (eager on
     CPU, with the project's backward). Without attention dropout it runs every call itself
-    (with dropout, training calls take eager and say so)."""
+    (with dropout, training calls take eager and say so).
+
+    Over 20 s: a real process, since the absence of a once-per-process log line is asserted.
+    """
     args = [*SMOKE, "trainer.max_steps=2", "attention.impl=flex", "model.encoder.attention_dropout=0.0", "logger=csv"]
     proc = mate(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -237,7 +247,10 @@ def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path):
 def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path):
     """`mate train trainer.precision=bf16-mixed` on CPU: q, k, v reach MATE in bf16 (CPU
     autocast) and `impl=auto` still takes the fused kernel (float32 math inside), not the
-    bf16 torch path; the run ends with finite metrics."""
+    bf16 torch path; the run ends with finite metrics.
+
+    Over 20 s: a real process, since the kernel choice is logged once per process.
+    """
     from mate_cli.modeling.attention import mate_cpu_kernel
 
     args = [*SMOKE, "trainer.max_steps=2", "trainer.precision=bf16-mixed", "logger=csv"]

@@ -28,6 +28,7 @@ DDP_RUN = [
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
+    """Over 20 s: a real two-process DDP run, then a single-process eval."""
     tmp = tmp_path_factory.mktemp("ddp")
     env = mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home"))
     proc = run_mate(["train", *DDP_RUN], env, timeout=900)
@@ -94,7 +95,10 @@ def test_gpu_profile_without_gpu_is_one_line(profile, tmp_path):
 
 
 def test_ddp_in_a_local_sweep_is_one_line(tmp_path):
-    """Each rank would start the whole sweep again: refused before training."""
+    """Each rank would start the whole sweep again: refused before training.
+
+    A real process: the launcher's check of the whole command line.
+    """
     args = ["train", "-m", *DDP_RUN, "seed=1,2", "logger=csv"]
     proc = run_mate(args, mate_env(tmp_path / "outputs", tmp_path / "cache"), timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]

@@ -177,6 +177,7 @@ def test_resuming_from_a_checkpoint_that_is_not_weights_only_is_one_line(tmp_pat
 # ------------------------------------------------------------------ the machine
 @needs_namespaces
 def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space(tmp_path):
+    """Over 20 s: a real process on a size-limited tmpfs in its own namespace."""
     run = tmp_path / "run"
     run.mkdir()
     env = mate_env(tmp_path / "outputs", tmp_path / "cache")
@@ -209,6 +210,7 @@ def test_a_full_disk_anywhere_in_an_errors_chain_is_named_with_its_free_space(tm
 
 
 def test_a_read_only_cache_works_in_memory_with_one_warning(tmp_path):
+    """Over 20 s: a real run in a read-only mount namespace."""
     cache = tmp_path / "cache"
     cache.mkdir()
     env = mate_env(tmp_path / "outputs", cache)
@@ -279,6 +281,7 @@ def test_stale_temp_files_are_removed_when_a_run_dir_is_taken_again(tmp_path):
 
 
 def test_runs_started_in_the_same_second_get_their_own_dirs(tmp_path):
+    """Over 20 s: real processes started at once (the race is the point)."""
     env = mate_env(tmp_path / "outputs")
     procs = [subprocess.Popen([MATE, "baseline", "dataset=sqa_sample"], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -389,7 +392,10 @@ def test_an_identical_duplicate_record_is_a_counted_skip(tmp_path):
 @pytest.mark.parametrize("shape", ["5000 rows", "300 columns", "1 MB cell"])
 def test_huge_tables_and_cells_are_read_and_truncated_to_the_budget(tmp_path, shape):
     """Long tables and cells are read whole and truncated to the token budget; a header
-    that alone passes the budget is one line naming the table and the two settings."""
+    that alone passes the budget is one line naming the table and the two settings.
+
+    The 1 MB cell takes over 20 s: reading and cutting it is the point.
+    """
     from mate_cli.data.schema import Question
     from mate_cli.data.sqa import parse_table_file
     from mate_cli.data.tokenize import TableTokenizer
@@ -416,7 +422,10 @@ def test_huge_tables_and_cells_are_read_and_truncated_to_the_budget(tmp_path, sh
 def test_nothing_is_written_outside_the_run_dir_and_the_cache(tmp_path):
     """A training run with W&B (offline), then `mate report` with its plots: ``$HOME`` and
     ``$TMPDIR`` stay empty (W&B's files go to the run dir, matplotlib's and torch's
-    compiler cache to mate's cache)."""
+    compiler cache to mate's cache).
+
+    Over 20 s: a real `mate train` and `mate report`, whose own HOME and TMPDIR are the point.
+    """
     home, tmp = tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
     tmp.mkdir()

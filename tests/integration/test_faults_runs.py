@@ -146,7 +146,10 @@ def test_a_signal_to_the_whole_group_saves_last_ckpt_at_the_step_reached(trained
     """Ctrl-C in a terminal, ``timeout`` and a cluster's time limit signal the whole process
     group: the loader workers (two here) too. The run still finishes its batch, saves
     last.ckpt at that step, says how to resume, and exits 128 + the signal, which its log
-    records (a wrapper like ``timeout`` reports its own status)."""
+    records (a wrapper like ``timeout`` reports its own status).
+
+    Over 20 s: a real process and its loader workers, signalled as a group.
+    """
     run = base / f"interrupted-{code}"
     cache = trained("tabfact").parent / "cache"  # the shared run's: training starts without preprocessing
     proc = subprocess.Popen([MATE, "train", *TRAIN, "trainer.max_steps=40", "callbacks.model_checkpoint.every_n_train_steps=2",

@@ -63,6 +63,7 @@ def marks(name: str) -> list:
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n)) for n in CASES])
 def test_every_head_memorises_one_fixed_batch(name, tmp_path):
+    """Some heads take over 20 s: memorising a batch takes tens of optimiser steps."""
     _, _, metric, target, steps = CASES[name]
     metrics, rows, run = overfit(name, tmp_path)
     assert metrics[metric] >= target, (name, metrics)

@@ -102,6 +102,7 @@ _WHOLE: dict[str, Path] = {}
                                         pytest.param((PRETRAIN_ARGS, signal.SIGKILL), marks=pytest.mark.slow)],
                 ids=lambda p: f"{p[0][0]}-{signal.Signals(p[1]).name}")
 def runs(request, tmp_path_factory) -> dict[str, Path]:
+    """Over 20 s: real processes, killed and resumed, and an uninterrupted run beside them."""
     args, signum = request.param
     base = tmp_path_factory.mktemp(f"resume-{args[0]}-{signum}")
     found = crash_and_resume(base, args, signum, _WHOLE.get(args[0]))

@@ -20,6 +20,7 @@ OVERRIDES = ["max_steps=2", "max_length=128", "eval_batch_size=16"]
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
+    """Over 20 s: a real multirun (its launcher and W&B runs are the point)."""
     base = tmp_path_factory.mktemp("sweep")
     proc = run_mate(ARGS, mate_env(base / "out", base / "cache", HOME=str(base / "home")), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

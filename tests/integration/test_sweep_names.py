@@ -24,6 +24,7 @@ SWEPT = {"heads": ("row_heads_ratio",), "optuna": ("lr", "warmup_ratio", "radius
 
 @pytest.fixture(scope="module", params=list(SWEEPS))
 def sweep(request, tmp_path_factory) -> tuple[str, list[dict]]:
+    """Over 20 s: a real multirun (its launcher and W&B names are the point)."""
     base = tmp_path_factory.mktemp(request.param)
     proc = run_mate([*COMMON, *SWEEPS[request.param]], mate_env(base / "out", base / "cache", HOME=str(base / "home")),
                     timeout=900)  # fmt: skip
