@@ -43,7 +43,8 @@ test-slow: install
 coverage: install
 	rm -rf .cache/coverage && mkdir -p .cache/coverage
 	$(BIN)/coverage run -m pytest -n $(TEST_WORKERS) --dist loadfile; status=$$?; \
-		$(BIN)/coverage combine -q && $(BIN)/coverage report | tail -1; exit $$status
+		$(BIN)/coverage combine -q && $(BIN)/coverage report > .cache/coverage/report.txt; \
+		tail -1 .cache/coverage/report.txt; exit $$status
 
 bench: install
 	$(BIN)/mate bench
