@@ -223,3 +223,10 @@ def test_report_and_the_override_check_pass_over_an_alias_bomb_at_once(tmp_path)
     run = load_run(tmp_path / "run", tmp_path)
     assert run.status == "failed" and "an anchor or alias" in run.error, run.error
     assert check_run_patches({"ckpt_path": str(ckpt), "overrides": ["seed=2"]}) is None
+
+
+def test_mate_eval_of_an_alias_bomb_is_one_line_at_once(tmp_path):
+    tiny_run(tmp_path / "run", ALIAS_BOMB)
+    proc = mate(["eval", f"ckpt_path={tmp_path / 'run'}"], tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "an anchor or alias" in lines[0], proc.stderr[-2000:]
