@@ -203,63 +203,68 @@ def test_the_best_checkpoint_keeps_weights_only_and_is_refused_for_resume(traine
     assert "holds the weights only" in line and f"ckpt_path={trained_run}" in line and "\n" not in line
 
 
-def test_multirun_every_backend_trains_a_few_steps(tmp_path: Path):
-    """One sweep: mate and dense (the first check) plus every other trainable backend.
+def test_every_backend_trains_a_few_steps(tmp_path: Path):
+    """mate and dense (the first check) plus every other trainable backend, two steps each,
+    through `mate train`'s own function in process (the multirun launcher is tested in
+    test_sweep and test_sweep_names); the data is prepared once, for all of them.
 
-    Over 20 s: one real multirun (the launcher is the point) trains five backends, two steps each.
+    Over 20 s: five trainings, each building its encoder.
     """
     backends = ["mate", "dense", "sat", "linformer", "table_etc"]
-    # Linformer's paper k=256 needs max_length >= 256.
-    args = ["-m", *SMOKE, "dataset.max_length=256", "trainer.max_steps=2", f"attention={','.join(backends)}", "logger=csv"]
-    proc = mate(args, tmp_path, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    sweep = only_run_dir(tmp_path / "outputs" / "multirun" / "train")
-    runs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.json").exists())
-    assert len(runs) == len(backends), list(sweep.iterdir())
     by_backend = {}
-    for run in runs:
-        backend = run.name.split("attention=")[1].split(",")[0]
-        by_backend[backend] = json.loads((run / "metrics.json").read_text())
+    for backend in backends:
+        run = tmp_path / backend
+        # Linformer's paper k=256 needs max_length >= 256.
+        by_backend[backend] = run_command("train", [*SMOKE, "dataset.max_length=256", "trainer.max_steps=2",
+                                                    f"attention={backend}", "logger=csv",
+                                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
         assert not list(run.glob("wandb")), "logger=csv must run without W&B"
-    assert set(by_backend) == set(backends)
+        assert f"attention: {backend}" in (run / ".hydra" / "overrides.yaml").read_text().replace("=", ": ")
     for backend, metrics in by_backend.items():
         assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1", "val/hits@5")), backend
     assert by_backend["mate"]["val/loss"] != by_backend["dense"]["val/loss"]
 
 
-def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path):
-    """`mate train attention.impl=flex`: FlexAttention in each head's sorted space (eager on
-    CPU, with the project's backward). Without attention dropout it runs every call itself
-    (with dropout, training calls take eager and say so).
+@pytest.fixture
+def attention_choices(monkeypatch, caplog):
+    """The implementation choices MATE's attention logs from now on (it logs each once per
+    process: the record of those said before this test is set aside)."""
+    import logging
 
-    Over 20 s: a real process, since the absence of a once-per-process log line is asserted.
-    """
-    args = [*SMOKE, "trainer.max_steps=2", "attention.impl=flex", "model.encoder.attention_dropout=0.0", "logger=csv"]
-    proc = mate(args, tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = only_run_dir(tmp_path / "outputs" / "train")
-    metrics = json.loads((run / "metrics.json").read_text())
+    from mate_cli.modeling.attention import mate as mate_attention
+
+    monkeypatch.setattr(mate_attention, "LOGGED_CHOICES", set())
+    caplog.set_level(logging.INFO, logger=mate_attention.logger.name)
+    return lambda: [r.getMessage() for r in caplog.records if r.getMessage().startswith("mate attention variant=")]
+
+
+def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path, attention_choices):
+    """`mate train attention.impl=flex` (its own function, in process): FlexAttention in each
+    head's sorted space (eager on CPU, with the project's backward). Without attention
+    dropout it runs every call itself (with dropout, training calls take eager and say so)."""
+    run = tmp_path / "run"
+    metrics = run_command("train", [*SMOKE, "trainer.max_steps=2", "attention.impl=flex",
+                                    "model.encoder.attention_dropout=0.0", "logger=csv",
+                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
     assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1")), metrics
     assert "impl: flex" in (run / "resolved_config.yaml").read_text()
-    assert "using 'eager'" not in proc.stdout + proc.stderr
+    assert not [line for line in attention_choices() if "using 'eager'" in line]
 
 
-def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path):
-    """`mate train trainer.precision=bf16-mixed` on CPU: q, k, v reach MATE in bf16 (CPU
-    autocast) and `impl=auto` still takes the fused kernel (float32 math inside), not the
-    bf16 torch path; the run ends with finite metrics.
+def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path, attention_choices):
+    """`mate train trainer.precision=bf16-mixed` on CPU (its own function, in process): q, k,
+    v reach MATE in bf16 (CPU autocast) and `impl=auto` still takes the fused kernel (float32
+    math inside), not the bf16 torch path; the run ends with finite metrics.
 
-    Over 20 s: a real process, since the kernel choice is logged once per process.
+    Over 20 s: CPU autocast to bf16 costs time on a CPU without bf16 instructions.
     """
     from mate_cli.modeling.attention import mate_cpu_kernel
 
-    args = [*SMOKE, "trainer.max_steps=2", "trainer.precision=bf16-mixed", "logger=csv"]
-    proc = mate(args, tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads((only_run_dir(tmp_path / "outputs" / "train") / "metrics.json").read_text())
+    metrics = run_command("train", [*SMOKE, "trainer.max_steps=2", "trainer.precision=bf16-mixed", "logger=csv",
+                                    f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
     assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1")), metrics
     impl = "kernel" if mate_cpu_kernel.available() else "eager"
-    choices = [line for line in (proc.stdout + proc.stderr).splitlines() if "mate attention variant=bucketed" in line]
+    choices = [line for line in attention_choices() if "variant=bucketed" in line]
     assert choices and all(f"using '{impl}' on cpu" in line for line in choices), choices
 
 
