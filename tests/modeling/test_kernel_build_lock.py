@@ -49,19 +49,28 @@ def test_a_stale_lock_left_by_a_killed_build_is_removed_not_waited_on(cache_copy
 
 
 def test_a_live_builder_is_waited_for_and_said_once(cache_copy):
+    """The holder keeps the build lock until the loader has said it waits (not for a fixed
+    time, which a slow machine can outlast before the loader even starts)."""
     cache, build = cache_copy
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
-            import fcntl, sys, time
+            import fcntl, select, sys
             handle = open({str(build / '.mate-build.flock')!r}, "a+")
             fcntl.flock(handle, fcntl.LOCK_EX)
             print("held", flush=True)
-            time.sleep(3)
+            select.select([sys.stdin], [], [], 120)  # released when the test says so (at most 2 minutes)
         """)],
-        stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert holder.stdout.readline().strip() == "held"
-    proc = load_in_subprocess(cache)
-    holder.wait(timeout=30)
-    assert proc.stdout.strip() == "loaded", proc.stderr[-2000:]
-    assert proc.stderr.count("waiting for another process") == 1
+    env = dict(os.environ, MATE_CACHE_DIR=str(cache), MATE_CPU_KERNEL="1")
+    loader = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    said = [loader.stderr.readline()]
+    while "waiting for another process" not in said[-1] and said[-1] and loader.poll() is None:
+        said.append(loader.stderr.readline())
+    holder.communicate("release\n", timeout=30)
+    out, rest = loader.communicate(timeout=240)
+    stderr = "".join(said) + rest
+    assert out.strip() == "loaded", stderr[-2000:]
+    assert stderr.count("waiting for another process") == 1, stderr[-2000:]
