@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if any(arg in COMPLETION_FLAGS for arg in rest):
         return shell_completion(rest, command, program)
-    rest = quote_free_text(command, rest)
-    problem = check_group_choices(rest) or check_command_line(command, rest)
+    rest, problem = checked_command_line(command, rest)
     if problem:
         print(f"mate: error: {problem}", file=sys.stderr)
         return 2
@@ -106,6 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[command][0])
     run_hydra_app(module.main, program, command, trainer_overrides(command, rest))
     return 0
+
+
+def checked_command_line(command: str, args: list[str]) -> tuple[list[str], str | None]:
+    """``args`` with free text quoted for Hydra, and the one-line problem the command-line
+    checks find in them (group choices, keys, types), if any: what ``main`` checks before
+    Hydra's app starts."""
+    args = quote_free_text(command, list(args))
+    return args, check_group_choices(args) or check_command_line(command, args)
 
 
 def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:

@@ -38,12 +38,10 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 def command_line(command: str, overrides: list[str]) -> list[str]:
     """The overrides Hydra composes for ``mate <command> <overrides>``, after the checks and
     rewrites `mate_cli.cli.main` makes; a problem it prints as one line raises `MateError`."""
-    from mate_cli.cli import check_group_choices
-    from mate_cli.config_check import check_command_line, trainer_overrides
-    from mate_cli.hydra_args import quote_free_text
+    from mate_cli.cli import checked_command_line
+    from mate_cli.config_check import trainer_overrides
 
-    args = quote_free_text(command, list(overrides))
-    problem = check_group_choices(args) or check_command_line(command, args)
+    args, problem = checked_command_line(command, overrides)
     if problem:
         raise MateError(problem)
     return trainer_overrides(command, args)
