@@ -1,8 +1,12 @@
-"""Crash and resume, for real: a `mate train` (and a `mate pretrain`) subprocess is killed with SIGKILL right after
-it wrote a checkpoint, or stopped with SIGTERM (which saves its own last.ckpt at the step it
-reached and exits 143), resumed with `ckpt_path=last` / the `ckpt_path=<run dir>` its FAILED
-names, and must end where an uninterrupted run of the same seed ends: same step, same weights,
-same validation metrics."""
+"""Crash and resume, for real: one `mate train` (and one `mate pretrain`) chain of
+subprocesses. The first is stopped with SIGTERM right after it wrote a checkpoint (it saves
+its own last.ckpt at the step it reached and exits 143); it is resumed with the
+``ckpt_path=<run dir>`` its FAILED names, and that run is killed with SIGKILL right after
+its own first checkpoint; it is resumed with ``ckpt_path=last``. The chain must end where an
+uninterrupted run of the same seed ends: same step, same weights, same validation metrics,
+one W&B run, one CSV log. The epoch is 5 batches: the SIGTERM comes in epoch 0, the SIGKILL
+in epoch 1, so both resumptions start mid-epoch and the first crosses an epoch's end (and its
+validation). Neither stop falls on an epoch's last batch: see the README on resuming."""
 
 from __future__ import annotations
 
@@ -19,11 +23,14 @@ from omegaconf import OmegaConf
 
 from tests.helpers import MATE, mate_env, run_mate, wandb_run_summary
 
-ARGS = [  # both loggers: the resumed run continues the killed run's W&B run and CSV log
-    "train", "experiment=hybridqa_mate", "seed=3", "dataset.max_length=128", "trainer.log_every_n_steps=1",
-    "trainer.max_steps=12", "callbacks.model_checkpoint.every_n_train_steps=3",
+#: both loggers: the resumed runs continue the first run's W&B run and CSV log. The metrics
+#: compared are the validation at step 10 (the end of epoch 1), not the best checkpoint's: a
+#: resumed run chooses its best among its own validations (see the README on resuming).
+ARGS = [
+    "train", "experiment=hybridqa_mate", "seed=3", "dataset.max_length=128", "dataset.limit_questions=20",
+    "trainer.log_every_n_steps=1", "trainer.max_steps=10", "callbacks.model_checkpoint.every_n_train_steps=3",
+    "validate_best=false",
 ]
-STEPS = 12
 #: masked-LM pre-training: its masks are drawn per (seed, epoch, example), so they resume too
 PRETRAIN_ARGS = [
     "pretrain", "seed=3", "logger=csv", "dataset.batch_size=4", "dataset.max_length=64", "dataset.eval_masks=1", "trainer.max_steps=12",
@@ -34,9 +41,9 @@ METRICS = {"train": ("val/loss", "val/hits@1", "val/hits@3", "val/hits@5"),
            "pretrain": ("val/mlm_loss", "val/mlm_accuracy", "start/val/mlm_loss")}  # start/*: kept in the checkpoint
 
 
-def only_run(output_dir: Path, task: str = "train") -> Path:
-    (run,) = (output_dir / task).iterdir()
-    return run
+def max_steps(args: list[str]) -> int:
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith("trainer.max_steps=")]
+    return int(value)
 
 
 def state(ckpt: Path) -> tuple[int, dict]:
@@ -44,76 +51,81 @@ def state(ckpt: Path) -> tuple[int, dict]:
     return data["global_step"], data["state_dict"]
 
 
-def crash_and_resume(base: Path, args: list[str], signum: int, whole_dir: Path | None) -> dict[str, Path]:
-    """An uninterrupted run (unless ``whole_dir`` holds one already), and a run stopped by
-    ``signum`` after its first checkpoint, then resumed."""
-    task = args[0]
-    cache = base / "cache"
-    whole = None
-    if whole_dir is None:
-        whole_dir = base / "whole"
-        whole = subprocess.Popen([MATE, *args], env=mate_env(whole_dir, cache), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)
-
-    killed_env = mate_env(base / "killed", cache)
-    victim = subprocess.Popen([MATE, *args], env=killed_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def stop_after_first_checkpoint(args: list[str], env: dict, runs: Path, signum: int,
+                                known: set[Path]) -> tuple[Path, str, int]:
+    """Start ``mate <args>``, send ``signum`` once its run dir (the one under ``runs`` not in
+    ``known``) holds a checkpoint; its run dir, stderr and exit status."""
+    victim = subprocess.Popen([MATE, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and victim.poll() is None:
-        if list((base / "killed").glob(f"{task}/*/checkpoints/last.ckpt")):
+        if [p for p in runs.glob("*/checkpoints/last.ckpt") if p.parents[1] not in known]:
             victim.send_signal(signum)
             break
         time.sleep(0.02)
-    _, victim_err = victim.communicate(timeout=120)
-    killed = only_run(base / "killed", task)
-    if signum == signal.SIGKILL:
-        assert victim.returncode == -signal.SIGKILL, "the run ended before it could be killed"
-        resume_from = "last"  # the newest run of the experiment
-    else:  # SIGTERM: the run saves last.ckpt where it stopped, says how to resume, exits 128 + 15
-        assert victim.returncode == 143, victim_err[-3000:]
-        line = (killed / "FAILED").read_text().strip()
-        assert line.startswith("mate: interrupted by SIGTERM at step ") and line in victim_err, line
-        step = int(line.split(" at step ")[1].split(";")[0])
-        assert state(killed / "checkpoints" / "last.ckpt")[0] == step, "last.ckpt is not the step FAILED names"
-        resume_from = line.rsplit("ckpt_path=", 1)[1]
-        assert Path(resume_from) == killed
-    step_at_kill, _ = state(killed / "checkpoints" / "last.ckpt")
-    assert 0 < step_at_kill < STEPS
-    position = torch.load(killed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["mate_resume"]
-    assert position["epoch"] == 0 and position["examples_this_epoch"] > 0  # killed mid-epoch: the skip path runs
-    assert not [p for p in killed.rglob("*.tmp")], "a temp file was left next to the checkpoint"
+    _, err = victim.communicate(timeout=120)
+    (run,) = set(runs.iterdir()) - known
+    step, _ = state(run / "checkpoints" / "last.ckpt")
+    assert 0 < step < max_steps(args), f"the run ended before it could be stopped: {err[-3000:]}"
+    assert not [p for p in run.rglob("*.tmp")], "a temp file was left next to the checkpoint"
+    return run, err, victim.returncode
 
-    resumed = run_mate([*args, f"ckpt_path={resume_from}"], mate_env(base / "killed", cache))
+
+def crash_and_resume(base: Path, args: list[str]) -> dict:
+    """An uninterrupted run beside the chain: SIGTERM, resume from the run dir, SIGKILL,
+    resume with ``last``."""
+    task, cache, runs = args[0], base / "cache", base / "chain" / args[0]
+    whole = subprocess.Popen([MATE, *args], env=mate_env(base / "whole", cache), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    env = mate_env(base / "chain", cache)
+    runs.mkdir(parents=True)
+
+    # SIGTERM: the run saves last.ckpt where it stopped, says how to resume, exits 128 + 15
+    termed, err, status = stop_after_first_checkpoint(args, env, runs, signal.SIGTERM, set())
+    assert status == 143, err[-3000:]
+    line = (termed / "FAILED").read_text().strip()
+    assert line.startswith("mate: interrupted by SIGTERM at step ") and line in err, line
+    step = int(line.split(" at step ")[1].split(";")[0])
+    assert state(termed / "checkpoints" / "last.ckpt")[0] == step, "last.ckpt is not the step FAILED names"
+    resume_from = line.rsplit("ckpt_path=", 1)[1]
+    assert Path(resume_from) == termed
+
+    killed, err, status = stop_after_first_checkpoint([*args, f"ckpt_path={resume_from}"], env, runs, signal.SIGKILL,
+                                                      {termed})
+    assert status == -signal.SIGKILL, err[-3000:]
+    resumed = run_mate([*args, "ckpt_path=last"], env)  # the newest run of the experiment: the killed one
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    if whole is not None:
-        _, err = whole.communicate(timeout=600)
-        assert whole.returncode == 0, err[-3000:]
-    (resumed_dir,) = set((base / "killed" / task).iterdir()) - {killed}
-    return {"task": task, "whole": only_run(whole_dir, task), "resumed": resumed_dir, "killed": killed,
-            "output": resumed.stdout + resumed.stderr, "signal": signum}
+    _, err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, err[-3000:]
+    (final,) = set(runs.iterdir()) - {termed, killed}
+    (whole_run,) = (base / "whole" / task).iterdir()
+    return {"task": task, "whole": whole_run, "termed": termed, "killed": killed, "resumed": final,
+            "output": resumed.stdout + resumed.stderr, "steps": max_steps(args)}
 
 
-#: the uninterrupted run of each command, shared by its SIGKILL and SIGTERM cases
-_WHOLE: dict[str, Path] = {}
-
-
-# the pre-training case is slow-marked (two more minutes on 2 cores); its own part, masks keyed by
+# the pre-training chain is slow-marked (two more minutes on 2 cores); its own part, masks keyed by
 # (seed, epoch, example) and the tagged sampler's skip, is tested fast in tests/data/test_pretraining.py
-@pytest.fixture(scope="module", params=[(ARGS, signal.SIGKILL), (ARGS, signal.SIGTERM),
-                                        pytest.param((PRETRAIN_ARGS, signal.SIGKILL), marks=pytest.mark.slow)],
-                ids=lambda p: f"{p[0][0]}-{signal.Signals(p[1]).name}")
-def runs(request, tmp_path_factory) -> dict[str, Path]:
-    """Over 20 s: real processes, killed and resumed, and an uninterrupted run beside them."""
-    args, signum = request.param
-    base = tmp_path_factory.mktemp(f"resume-{args[0]}-{signum}")
-    found = crash_and_resume(base, args, signum, _WHOLE.get(args[0]))
-    _WHOLE.setdefault(args[0], found["whole"].parent.parent)
-    return found
+@pytest.fixture(scope="module", params=[ARGS, pytest.param(PRETRAIN_ARGS, marks=pytest.mark.slow)],
+                ids=lambda args: args[0])
+def runs(request, tmp_path_factory) -> dict:
+    """Over 20 s: real processes, stopped and resumed twice, and an uninterrupted run beside them."""
+    return crash_and_resume(tmp_path_factory.mktemp(f"resume-{request.param[0]}"), request.param)
+
+
+def test_each_stop_leaves_last_ckpt_mid_epoch(runs):
+    """Both resumptions start inside an epoch (the skip of the examples already seen runs),
+    the second one in a later epoch than the first."""
+    epochs = []
+    for run in (runs["termed"], runs["killed"]):
+        position = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["mate_resume"]
+        assert position["examples_this_epoch"] > 0
+        epochs.append(position["epoch"])
+    assert epochs[0] == 0 and (epochs[1] > 0 or runs["task"] == "pretrain"), epochs
 
 
 def test_resumed_run_ends_at_the_same_step_with_the_same_weights(runs):
     step_whole, weights_whole = state(runs["whole"] / "checkpoints" / "last.ckpt")
     step_resumed, weights_resumed = state(runs["resumed"] / "checkpoints" / "last.ckpt")
-    assert step_whole == step_resumed == STEPS
+    assert step_whole == step_resumed == runs["steps"]
     assert weights_whole.keys() == weights_resumed.keys()
     worst = max((weights_whole[k].float() - weights_resumed[k].float()).abs().max().item() for k in weights_whole)
     assert worst == 0.0, f"weights differ by up to {worst}"
@@ -123,17 +135,19 @@ def test_resumed_run_reports_the_same_validation_metrics(runs):
     whole = json.loads((runs["whole"] / "metrics.json").read_text())
     resumed = json.loads((runs["resumed"] / "metrics.json").read_text())
     assert resumed["resumed_from"] == str(runs["killed"] / "checkpoints" / "last.ckpt")
+    killed = OmegaConf.load(runs["killed"] / "resolved_config.yaml")
+    assert killed.ckpt_path == str(runs["termed"]), "the run dir the FAILED line names"
     for key in METRICS[runs["task"]]:
         assert resumed[key] == whole[key], key
 
 
 def test_ckpt_path_last_finds_the_newest_run_of_the_experiment(runs, tmp_path):
-    if runs["task"] != "train" or runs["signal"] != signal.SIGKILL:
-        pytest.skip("the SIGKILL train case resumes with `last`; it is the same function for every command")
+    if runs["task"] != "train":
+        pytest.skip("the train chain is enough: it is the same function for every command")
     from mate_cli.errors import MateError
     from mate_cli.resume import resolve_resume_path
 
-    root = runs["killed"].parent  # the killed run and its resumption (the resumption is the newest)
+    root = runs["killed"].parent  # the chain's three runs (the last resumption is the newest)
     assert resolve_resume_path("last", root, "hybridqa_mate") == str(runs["resumed"] / "checkpoints" / "last.ckpt")
     with pytest.raises(MateError, match="ckpt_path=last"):
         resolve_resume_path("last", root, "hybridqa_tapas")
@@ -141,16 +155,16 @@ def test_ckpt_path_last_finds_the_newest_run_of_the_experiment(runs, tmp_path):
         resolve_resume_path(str(tmp_path / "absent.ckpt"), root, "hybridqa_mate")
 
 
-def test_resumed_run_continues_the_killed_runs_wandb_run(runs):
+def test_resumed_runs_continue_the_first_runs_wandb_run(runs):
     if runs["task"] != "train":
         pytest.skip("the pre-training case logs to CSV only")
-    (killed,) = runs["killed"].glob("wandb/offline-run-*/run-*.wandb")
-    (resumed,) = runs["resumed"].glob("wandb/offline-run-*/run-*.wandb")
-    # the killed run's id as it was drawn at its start (kill -9 may come before W&B's own
+    # the first run's id as it was drawn at its start (kill -9 may come before W&B's own
     # process has written its run record: what W&B had not flushed is lost with it)
-    killed_id = OmegaConf.load(runs["killed"] / "resolved_config.yaml").logger.wandb.id
-    assert killed.name == resumed.name == f"run-{killed_id}.wandb"  # `wandb sync` of both folders makes one W&B run
-    assert wandb_run_summary(resumed)["run_id"] == killed_id
+    first_id = OmegaConf.load(runs["termed"] / "resolved_config.yaml").logger.wandb.id
+    files = [next(runs[name].glob("wandb/offline-run-*/run-*.wandb")) for name in ("termed", "killed", "resumed")]
+    assert {f.name for f in files} == {f"run-{first_id}.wandb"}  # `wandb sync` of the folders makes one W&B run
+    resumed = files[-1]
+    assert wandb_run_summary(resumed)["run_id"] == first_id
     (whole,) = runs["whole"].glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_run_summary(whole)["run_id"] != wandb_run_summary(resumed)["run_id"]
 
