@@ -87,11 +87,17 @@ def test_each_example_once_splits_an_odd_split_without_repeats():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
 @pytest.mark.parametrize("profile", ["gpu", "ddp"])
 def test_gpu_profile_without_gpu_is_one_line(profile, tmp_path):
-    proc = run_mate(["train", f"hardware={profile}"], mate_env(tmp_path / "outputs"), timeout=300)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"mate: error: hardware={profile} "), proc.stderr
-    assert "hardware=cpu" in lines[0] and "Traceback" not in proc.stdout + proc.stderr
+    """The check `run_task` makes before any task starts, on the composed config (the entry
+    point's one line and exit 2 for a `MateError` there: test_cli's entry point tests)."""
+    from mate_cli.commands.common import check_accelerator
+    from mate_cli.errors import MateError
+    from tests.inprocess import compose_command
+
+    cfg = compose_command("train", [f"hardware={profile}"], tmp_path / "run", checked=True)
+    with pytest.raises(MateError) as err:
+        check_accelerator(cfg)
+    line = str(err.value)
+    assert line.startswith(f"hardware={profile} ") and "\n" not in line and "hardware=cpu" in line, line
 
 
 def test_ddp_in_a_local_sweep_is_one_line(tmp_path):
