@@ -102,9 +102,35 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     keep_tool_caches()
     silence()
-    module = importlib.import_module(COMMANDS[command][0])
-    run_hydra_app(module.main, program, command, trainer_overrides(command, rest))
+    app = answer_only_app(command) if answers_only(rest) else importlib.import_module(COMMANDS[command][0]).main
+    run_hydra_app(app, program, command, trainer_overrides(command, rest))
     return 0
+
+
+#: Hydra's flags that print an answer (help, the composed config, its sources) and run no task
+NO_TASK_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i")
+
+
+def answers_only(args: list[str]) -> bool:
+    """Whether Hydra will only answer (``--help``, ``--cfg job``, ``--info``), running no task."""
+    return any(arg in NO_TASK_FLAGS for arg in args)
+
+
+def answer_only_app(command: str):
+    """``command``'s Hydra app (the same config, and the job named after the command's module)
+    for the flags that run no task: its module, which imports torch and Lightning, is not
+    imported, so ``mate train --help`` and ``--cfg job`` answer in about a second."""
+    import hydra
+
+    from mate_cli.paths import register_resolvers
+
+    register_resolvers()  # `--cfg job --resolve` resolves mate's interpolations
+
+    def no_task(cfg) -> None:  # Hydra calls no task for these flags
+        raise RuntimeError(f"mate {command}: a task ran for a flag that answers only")
+
+    no_task.__module__ = COMMANDS[command][0]  # Hydra names the job from the task's module
+    return hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=command)(no_task)
 
 
 def checked_command_line(command: str, args: list[str]) -> tuple[list[str], str | None]:
@@ -112,7 +138,15 @@ def checked_command_line(command: str, args: list[str]) -> tuple[list[str], str 
     checks find in them (group choices, keys, types), if any: what ``main`` checks before
     Hydra's app starts."""
     args = quote_free_text(command, list(args))
-    return args, check_group_choices(args) or check_command_line(command, args)
+    return args, check_group_choices(args) or check_command_line(command, args) or check_one_mode(args)
+
+
+def check_one_mode(args: list[str]) -> str | None:
+    """Hydra's modes exclude each other: ``-m`` with ``--cfg`` or ``--info`` (a traceback otherwise)."""
+    shown = [arg for arg in args if arg in ("--cfg", "-c", "--info", "-i")]
+    if shown and any(arg in ("-m", "--multirun") for arg in args):
+        return f"{shown[0]} shows the config of one run: drop -m and give each key one value"
+    return None
 
 
 def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:

@@ -69,3 +69,16 @@ def trained(tmp_path_factory):
     yield get
     changed = [name for name, (run, files) in seen.items() if snapshot(run) != files]
     assert not changed, f"tests changed the shared runs {changed}: copy a shared run (tests.shared_runs.copy_run) to change it"
+
+
+#: the folders whose modules take longest, collected first: pytest-xdist (``--dist loadfile``)
+#: hands each worker whole modules in collection order, so the long ones start early and the
+#: short ones fill in at the end, instead of one long module finishing alone on one core
+LONG_FIRST = ("tests/integration/", "tests/bench/", "tests/conf/")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        return next((i for i, folder in enumerate(LONG_FIRST) if item.nodeid.startswith(folder)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: each module keeps its own order

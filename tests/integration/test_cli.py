@@ -129,20 +129,37 @@ def test_help_lists_commands(capsys, monkeypatch):
         assert command in out
 
 
-def test_train_help_shows_config_groups(tmp_path):
-    """A real process: Hydra's own help."""
-    proc = subprocess.run([MATE, "train", "--help"], capture_output=True, text=True)
-    assert proc.returncode == 0
+#: `mate <args>` in a fresh interpreter through the entry point's function, then which of the
+#: heavy modules it imported (the flags that only answer import none of them)
+ANSWER_PROBE = ("import atexit, sys; from mate_cli.cli import main; atexit.register(lambda: print('imported:', "
+                "sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))); sys.exit(main(sys.argv[1:]))")
+
+
+def answer(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(MATE).parent / "python"), "-c", ANSWER_PROBE, *args], capture_output=True, text=True,
+                          env=mate_env(tmp_path / "outputs"), timeout=120)
+
+
+def test_train_help_shows_config_groups_without_importing_torch(tmp_path):
+    """A real process: Hydra's own help, answered without the command's module (torch, Lightning)."""
+    proc = answer(["train", "--help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
     for group in ("dataset:", "model:", "attention:", "hardware:", "experiment:"):
         assert group in proc.stdout
+    assert "imported: []" in proc.stdout
 
 
-def test_cfg_job_prints_the_overridden_config(tmp_path):
-    """The CLI hands overrides to Hydra (composition itself is tested in tests/conf)."""
-    proc = mate(["--cfg", "job", "experiment=hybridqa_tapas", "dataset.max_length=256"], tmp_path)
+def test_cfg_job_prints_the_overridden_config_without_importing_torch(tmp_path):
+    """The CLI hands overrides to Hydra (composition itself is tested in tests/conf); `--resolve`
+    resolves mate's own interpolations; with -m it is one line."""
+    proc = answer(["train", "--cfg", "job", "--resolve", "experiment=hybridqa_tapas", "dataset.max_length=256"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "experiment_name: hybridqa_tapas" in proc.stdout and "DenseAttention" in proc.stdout
-    assert "max_length: 256" in proc.stdout
+    assert "max_length: 256" in proc.stdout and "run_name: hybridqa_tapas-dense-hybridqa_sample-seed42" in proc.stdout
+    assert "imported: []" in proc.stdout
+    proc = mate(["--cfg", "job", "-m", "seed=1,2"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == ("mate: error: --cfg shows the config of one run: drop -m "
+                                                             "and give each key one value"), proc.stderr
 
 
 def test_train_smoke_writes_checkpoints_csv_wandb_and_finite_metrics(trained_run: Path):

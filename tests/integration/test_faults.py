@@ -67,6 +67,10 @@ def namespaces_work() -> bool:
 needs_namespaces = pytest.mark.skipif(not namespaces_work(), reason="unshare -rm (user + mount namespaces) unavailable")
 
 
+#: a training run as small as a process test needs: a few questions, short sequences
+SMALL = ["dataset.limit_questions=8", "dataset.max_length=128"]
+
+
 def in_namespace(setup: str, args: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
     """``mate <args>`` after the shell lines ``setup`` (mounts), in a private namespace."""
     script = f"{setup} && exec {shlex.quote(MATE)} {' '.join(shlex.quote(a) for a in args)}"
@@ -182,7 +186,7 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space(tmp_path):
     run.mkdir()
     env = mate_env(tmp_path / "outputs", tmp_path / "cache")
     proc = in_namespace(f"mount -t tmpfs -o size=8m tmpfs {shlex.quote(str(run))}",
-                        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", f"hydra.run.dir={run}"], env)
+                        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", *SMALL, f"hydra.run.dir={run}"], env)
     line = one_error_line(proc)
     assert "no space left on the device of" in line and str(run) in line and "free" in line, line
 
@@ -215,7 +219,7 @@ def test_a_read_only_cache_works_in_memory_with_one_warning(tmp_path):
     cache.mkdir()
     env = mate_env(tmp_path / "outputs", cache)
     proc = in_namespace(f"mount --bind -o ro {shlex.quote(str(cache))} {shlex.quote(str(cache))}",
-                        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", "attention=dense"], env)
+                        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", "attention=dense", *SMALL], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "cannot be written" in line]
     assert len(warnings) == 1, warnings

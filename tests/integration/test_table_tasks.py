@@ -127,7 +127,7 @@ def test_dot_trains_through_mate_train_named_in_the_papers_notation_with_its_npe
     from mate_cli.paths import dir_name
 
     run = tmp_path / "run"
-    metrics = run_command("train", ["experiment=wtq_dot", "trainer.max_steps=2", "dataset.limit_questions=4",
+    metrics = run_command("train", ["experiment=wtq_dot", "trainer.max_steps=1", "dataset.limit_questions=4",
                                     "dataset.max_length=512", "model.dot.top_k=128", "logger=csv", "validate_best=false",
                                     f"dataset.cache_dir={tmp_path / 'cache'}"], run)
     run_name = dir_name(OmegaConf.load(run / "resolved_config.yaml").run_name)  # the run dir's name, less time and tag
