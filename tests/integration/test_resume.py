@@ -1,6 +1,7 @@
 """Crash and resume, for real: one `mate train` (and one `mate pretrain`) chain of
-subprocesses. The first is stopped with SIGTERM right after it wrote a checkpoint (it saves
-its own last.ckpt at the step it reached and exits 143); it is resumed with the
+subprocesses. The first, with two loader workers, is stopped with SIGTERM to its process
+group right after it wrote a checkpoint (it saves its own last.ckpt at the step it reached
+and exits 143); it is resumed with the
 ``ckpt_path=<run dir>`` its FAILED names, and that run is killed with SIGKILL right after
 its own first checkpoint; it is resumed with ``ckpt_path=last``. The chain must end where an
 uninterrupted run of the same seed ends: same step, same weights, same validation metrics,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import time
@@ -52,14 +54,19 @@ def state(ckpt: Path) -> tuple[int, dict]:
 
 
 def stop_after_first_checkpoint(args: list[str], env: dict, runs: Path, signum: int,
-                                known: set[Path]) -> tuple[Path, str, int]:
+                                known: set[Path], group: bool = False) -> tuple[Path, str, int]:
     """Start ``mate <args>``, send ``signum`` once its run dir (the one under ``runs`` not in
-    ``known``) holds a checkpoint; its run dir, stderr and exit status."""
-    victim = subprocess.Popen([MATE, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ``known``) holds a checkpoint (``group``: to its whole process group, as Ctrl-C in a
+    terminal, ``timeout`` and a cluster's time limit do); its run dir, stderr and exit status."""
+    victim = subprocess.Popen([MATE, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              start_new_session=group)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and victim.poll() is None:
         if [p for p in runs.glob("*/checkpoints/last.ckpt") if p.parents[1] not in known]:
-            victim.send_signal(signum)
+            if group:
+                os.killpg(victim.pid, signum)
+            else:
+                victim.send_signal(signum)
             break
         time.sleep(0.02)
     _, err = victim.communicate(timeout=120)
@@ -79,11 +86,16 @@ def crash_and_resume(base: Path, args: list[str]) -> dict:
     env = mate_env(base / "chain", cache)
     runs.mkdir(parents=True)
 
-    # SIGTERM: the run saves last.ckpt where it stopped, says how to resume, exits 128 + 15
-    termed, err, status = stop_after_first_checkpoint(args, env, runs, signal.SIGTERM, set())
+    # SIGTERM to the process group, its two loader workers too: the run finishes its batch, saves
+    # last.ckpt at that step, says how to resume, exits 128 + 15, and its log records that status
+    termed, err, status = stop_after_first_checkpoint([*args, "dataset.num_workers=2"], env, runs, signal.SIGTERM,
+                                                      set(), group=True)
     assert status == 143, err[-3000:]
     line = (termed / "FAILED").read_text().strip()
     assert line.startswith("mate: interrupted by SIGTERM at step ") and line in err, line
+    assert [x for x in err.strip().splitlines() if x.startswith("mate:")] == [line], err[-3000:]
+    assert "Traceback" not in err and "exited unexpectedly" not in err, err[-3000:]
+    assert f"{line} (exit status 143)" in (termed / f"{task}.log").read_text()
     step = int(line.split(" at step ")[1].split(";")[0])
     assert state(termed / "checkpoints" / "last.ckpt")[0] == step, "last.ckpt is not the step FAILED names"
     resume_from = line.rsplit("ckpt_path=", 1)[1]
