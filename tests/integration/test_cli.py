@@ -67,6 +67,13 @@ def trained_run(smoke) -> Path:
     return only_run_dir(smoke[0] / "outputs" / "train")
 
 
+@pytest.fixture(scope="module")
+def sample_cache(tmp_path_factory) -> Path:
+    """One preprocessing cache for this module's in-process runs on the HybridQA sample (its
+    entries are keyed by what they were built from, so runs of other settings add their own)."""
+    return tmp_path_factory.mktemp("sample-cache")
+
+
 def test_the_run_dir_holds_every_log_and_its_files_are_readable(smoke, trained_run):
     home = smoke[0] / "home"
     assert not [p for p in home.rglob("*") if "wandb" in str(p)], "W&B wrote outside the run dir"
@@ -220,7 +227,7 @@ def test_the_best_checkpoint_keeps_weights_only_and_is_refused_for_resume(traine
     assert "holds the weights only" in line and f"ckpt_path={trained_run}" in line and "\n" not in line
 
 
-def test_every_backend_trains_a_few_steps(tmp_path: Path):
+def test_every_backend_trains_a_few_steps(tmp_path: Path, sample_cache: Path):
     """mate and dense (the first check) plus every other trainable backend, one step each,
     through `mate train`'s own function in process (the multirun launcher is tested in
     test_sweep); the data is prepared once, for all of them.
@@ -234,7 +241,7 @@ def test_every_backend_trains_a_few_steps(tmp_path: Path):
         run = tmp_path / backend
         by_backend[backend] = run_command("train", [*SMOKE, "trainer.max_steps=1", f"attention={backend}",
                                                     *own.get(backend, []), "logger=csv",
-                                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+                                                    f"dataset.cache_dir={sample_cache}"], run)
         assert not list(run.glob("wandb")), "logger=csv must run without W&B"
         assert f"attention: {backend}" in (run / ".hydra" / "overrides.yaml").read_text().replace("=", ": ")
     for backend, metrics in by_backend.items():
@@ -255,20 +262,20 @@ def attention_choices(monkeypatch, caplog):
     return lambda: [r.getMessage() for r in caplog.records if r.getMessage().startswith("mate attention variant=")]
 
 
-def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path, attention_choices):
+def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path, sample_cache: Path, attention_choices):
     """`mate train attention.impl=flex` (its own function, in process): FlexAttention in each
     head's sorted space (eager on CPU, with the project's backward). Without attention
     dropout it runs every call itself (with dropout, training calls take eager and say so)."""
     run = tmp_path / "run"
     metrics = run_command("train", [*SMOKE, "trainer.max_steps=2", "attention.impl=flex",
                                     "model.encoder.attention_dropout=0.0", "logger=csv",
-                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+                                    f"dataset.cache_dir={sample_cache}"], run)
     assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1")), metrics
     assert "impl: flex" in (run / "resolved_config.yaml").read_text()
     assert not [line for line in attention_choices() if "using 'eager'" in line]
 
 
-def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path, attention_choices):
+def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path, sample_cache: Path, attention_choices):
     """`mate train trainer.precision=bf16-mixed` on CPU (its own function, in process): q, k,
     v reach MATE in bf16 (CPU autocast) and `impl=auto` still takes the fused kernel (float32
     math inside), not the bf16 torch path; the run ends with finite metrics.
@@ -277,8 +284,8 @@ def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path, attention_
     """
     from mate_cli.modeling.attention import mate_cpu_kernel
 
-    metrics = run_command("train", [*SMOKE, "trainer.max_steps=2", "trainer.precision=bf16-mixed", "logger=csv",
-                                    f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
+    metrics = run_command("train", [*SMOKE, "trainer.max_steps=1", "trainer.precision=bf16-mixed", "logger=csv",
+                                    f"dataset.cache_dir={sample_cache}"], tmp_path / "run")
     assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1")), metrics
     impl = "kernel" if mate_cpu_kernel.available() else "eager"
     choices = [line for line in attention_choices() if "variant=bucketed" in line]
@@ -381,11 +388,11 @@ def test_a_test_split_without_answers_is_skipped_in_one_line(smoke, trained_run:
     assert not [k for k in json.loads((trained_run / "metrics.json").read_text()) if k.startswith("test/")]
 
 
-def test_keep_best_encoder_keeps_the_best_as_a_transformers_directory_only(tmp_path: Path):
+def test_keep_best_encoder_keeps_the_best_as_a_transformers_directory_only(tmp_path: Path, sample_cache: Path):
     run = tmp_path / "run"
     metrics = run_command("train", ["experiment=hybridqa_mate", "trainer.max_steps=1", "dataset.max_length=128",
                                     "logger=csv", "trainer.val_check_interval=1", "keep_best=encoder",
-                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+                                    f"dataset.cache_dir={sample_cache}"], run)
     assert "/best-" in metrics["best_checkpoint"] and not Path(metrics["best_checkpoint"]).exists()
     assert metrics["best_kept_as"] == str(run / "encoder") and (run / "encoder" / "config.json").is_file()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]  # still resumable
