@@ -14,7 +14,7 @@ import importlib
 import logging
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from io import StringIO
 from pathlib import Path
 
@@ -70,11 +70,61 @@ def run_command(command: str, overrides: list[str], run_dir: Path):
     from mate_cli.cli import COMMANDS
 
     task = getattr(importlib.import_module(COMMANDS[command][0]), TASKS[command])
-    run_dir = Path(run_dir)
+    with job(cfg, command, Path(run_dir)):
+        try:
+            return task(cfg)
+        except Exception as err:  # the one line run_task prints: the MateError anywhere in the chain
+            from mate_cli.commands.common import find_mate_error
+
+            user_error = find_mate_error(err)
+            if user_error is None or user_error is err:
+                raise
+            raise user_error from err
+
+
+def run_app(command: str, overrides: list[str], run_dir: Path) -> tuple[int, str]:
+    """The function of ``mate <command>``'s Hydra app (the one that hands the task to
+    ``run_task``, which takes the run-dir lock, writes ``FAILED`` and ends a user error with
+    one line and exit status 2) on the composed config, in this process: its exit status and
+    stderr. What ``run_task`` changes in the process (signal handlers, W&B's folders in the
+    environment, the run-dir lock) is put back."""
+    import os
+    import signal
+
+    from mate_cli import run_lock
+    from mate_cli.cli import COMMANDS
+
+    cfg = compose_command(command, overrides, Path(run_dir), checked=True)
+    app = getattr(importlib.import_module(COMMANDS[command][0]), APPS.get(command, "main")).__wrapped__
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    environ = dict(os.environ)
+    err, code = StringIO(), 0
+    try:
+        with job(cfg, command, Path(run_dir)), redirect_stderr(err):
+            app(cfg)
+    except SystemExit as end:
+        code = end.code
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        os.environ.clear()
+        os.environ.update(environ)
+        run_lock.release(run_dir)
+    return code, err.getvalue()
+
+
+#: the name of the Hydra app in a command's module, where it is not ``main``
+APPS = {"report": "hydra_main"}
+
+
+@contextmanager
+def job(cfg: DictConfig, command: str, run_dir: Path):
+    """What Hydra's run sets up around a job, for the task run inside: ``.hydra/``, the config
+    without its ``hydra`` node (HydraConfig holds it), and Hydra's job logging (the run's log
+    file, and the screen: stdout as it is now, capsys's or redirect_stdout's)."""
     save_hydra_files(cfg, run_dir)
     with open_dict(cfg):
-        del cfg["hydra"]  # a task gets its config without the hydra node (HydraConfig holds it)
-    # Hydra's job logging: the run's log file, and the screen (stdout as it is now: capsys's or redirect_stdout's)
+        del cfg["hydra"]
     handlers = [logging.FileHandler(run_dir / f"{command}.log"), logging.StreamHandler(sys.stdout)]
     root = logging.getLogger()
     level = root.level
@@ -83,14 +133,7 @@ def run_command(command: str, overrides: list[str], run_dir: Path):
         root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
-        return task(cfg)
-    except Exception as err:  # the one line run_task prints: the MateError anywhere in the chain
-        from mate_cli.commands.common import find_mate_error
-
-        user_error = find_mate_error(err)
-        if user_error is None or user_error is err:
-            raise
-        raise user_error from err
+        yield
     finally:
         for handler in handlers:
             root.removeHandler(handler)

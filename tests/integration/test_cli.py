@@ -318,16 +318,19 @@ def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
     (["predict", "ckpt_path={tmp}/none.ckpt", "table={tmp}/t.csv", "question=q"], "pass ckpt_path="),
     (["bench", "bench.targets=[{kind: faster}]"], "choose one of speedup"),
 ], ids=["pretrain", "pointr", "predict", "bench"])
-def test_every_commands_entry_point_ends_a_user_error_in_one_line_and_failed(args, fix, tmp_path):
-    """The real process of each command besides train (above) and eval (its run-dir test):
-    its Hydra app hands the task to run_task, which turns an error found inside the command
-    into one line on stderr, exit status 2 and FAILED."""
-    proc = mate([arg.replace("{tmp}", str(tmp_path)) for arg in args], tmp_path)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and lines[-1].startswith("mate: error: ") and fix in lines[-1], proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
-    (run,) = (tmp_path / "outputs" / args[0]).iterdir()
-    assert (run / "FAILED").read_text().strip() == lines[-1]
+def test_every_commands_app_ends_a_user_error_in_one_line_and_failed(args, fix, tmp_path):
+    """Each command's Hydra app besides train's (whose real process is above) and eval's (its
+    run-dir test), in process on the composed config: it hands the task to run_task, which
+    turns an error found inside the command into one line on stderr, exit status 2, FAILED
+    and the line with its exit status in the run's log."""
+    from tests.inprocess import run_app
+
+    run = tmp_path / "run"
+    code, err = run_app(args[0], [arg.replace("{tmp}", str(tmp_path)) for arg in args[1:]], run)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("mate: error: ") and fix in lines[0], err[-3000:]
+    assert (run / "FAILED").read_text().strip() == lines[0]
+    assert f"{lines[0]} (exit status 2)" in (run / f"{args[0]}.log").read_text()
 
 
 def copy_sample(sample_root: Path, tmp: Path) -> Path:
