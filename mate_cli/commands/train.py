@@ -279,21 +279,13 @@ def _own(path: str | Path, out: Path) -> bool:
 
 
 def _finish_wandb() -> Path | None:
-    """Close this job's W&B run now (its closing lines print here, before the summary); in a
-    sweep, W&B's service with it, so the next job in this process starts its own, whose files
-    go to that job's run dir (a running service keeps the first job's folders). A single run
-    leaves the service to end with the process (it writes its own log as it ends).
-    Returns the run's folder (``<run dir>/wandb/offline-run-<time>-<id>``), if one ran."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
+    """Close this job's W&B run now (its closing lines print here, before the summary);
+    returns its folder (``<run dir>/wandb/offline-run-<time>-<id>``), if one ran."""
     wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran (logger=csv)
     if wandb is None or wandb.run is None:
         return None
     folder = Path(wandb.run.dir).parent
     wandb.finish()
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        wandb.teardown()
     return folder
 
 

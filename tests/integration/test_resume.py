@@ -71,6 +71,7 @@ def stop_after_first_checkpoint(args: list[str], env: dict, runs: Path, signum: 
         time.sleep(0.02)
     _, err = victim.communicate(timeout=120)
     (run,) = set(runs.iterdir()) - known
+    assert (run / "checkpoints" / "last.ckpt").is_file(), f"exit status {victim.returncode}: {err[-3000:]}"
     step, _ = state(run / "checkpoints" / "last.ckpt")
     assert 0 < step < max_steps(args), f"the run ended before it could be stopped: {err[-3000:]}"
     assert not [p for p in run.rglob("*.tmp")], "a temp file was left next to the checkpoint"
