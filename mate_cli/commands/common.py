@@ -56,6 +56,7 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
             stopped = interrupts.interrupted()
         if stopped is not None:
             record_failure(f"mate: {stopped}", stopped.exit_code)
+            finish_wandb_run(stopped.exit_code)
             print(f"mate: {stopped}", file=sys.stderr)
             sys.exit(stopped.exit_code)
         if not isinstance(err, Exception):
@@ -67,6 +68,16 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
             raise
         print(line, file=sys.stderr)
         sys.exit(MateError.exit_code)
+
+
+def finish_wandb_run(exit_code: int) -> None:
+    """Close the W&B run of an interrupted task before the process exits, so W&B's service
+    has released its id when the run is resumed at once (a scheduler's requeue): otherwise
+    the resumed run can meet "run ID ... is in use" while the old service still finishes."""
+    wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran
+    if wandb is not None and wandb.run is not None:
+        with contextlib.suppress(Exception):  # the interruption is what the user must hear about
+            wandb.finish(exit_code=exit_code)
 
 
 #: where third-party tools write, as the user set it before mate started (kept when set)

@@ -109,7 +109,6 @@ def test_the_report_reads_the_sweep_and_nothing_is_written_outside_the_run_dirs_
     assert report.returncode == 0, report.stderr[-3000:]
     assert "row_heads_ratio" in report.stdout
     assert list((base / "home").rglob("*")) == [] and list((base / "tmp").rglob("*")) == []
-    # W&B's service starts once per process and keeps the folders of the job that started it:
-    # a later job of the same process writes its service logs into that job's wandb/cache
-    assert any((job / "wandb" / "cache").is_dir() for job in sweep["jobs"])
+    # where W&B's service logs go in a single run (<run dir>/wandb/cache): test_cli's smoke run; in a
+    # sweep the service starts once per process and keeps the folders of the job that started it
     assert (base / "cache" / "matplotlib").is_dir()
