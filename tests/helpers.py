@@ -21,12 +21,16 @@ def mate_env(output_dir: Path, cache_dir: Path | None = None, **extra: str) -> d
 
     The fused CPU kernel is loaded from this test process's build (``TORCH_EXTENSIONS_DIR``),
     not compiled again in every fresh cache (tens of seconds each); the kernel's own build
-    tests set their cache without it."""
+    tests set their cache without it. W&B's service address, which W&B puts in this test
+    process's environment once an in-process test has used it, is left out: each `mate`
+    process starts its own service, as from a user's shell (a shared service keeps a
+    killed process's run id, so the resume chain could not resume it)."""
     from mate_cli.modeling.attention import mate_cpu_kernel
 
     env = dict(os.environ, MATE_OUTPUT_DIR=str(output_dir), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                TORCH_EXTENSIONS_DIR=str(mate_cpu_kernel.build_dir().parent), **extra)
+    env.pop("WANDB_SERVICE", None)
     if cache_dir is not None:
         env["MATE_CACHE_DIR"] = str(cache_dir)
     return env

@@ -71,9 +71,10 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
 
 
 def finish_wandb_run(exit_code: int) -> None:
-    """Close the W&B run of an interrupted task before the process exits, so W&B's service
-    has released its id when the run is resumed at once (a scheduler's requeue): otherwise
-    the resumed run can meet "run ID ... is in use" while the old service still finishes."""
+    """Close the W&B run of an interrupted task before the process exits: W&B records the
+    exit status, and a W&B service shared through ``WANDB_SERVICE`` releases the run's id,
+    so the run can be resumed through it at once (a killed process cannot do this: see
+    :mod:`mate_cli.wandb_logger`)."""
     wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran
     if wandb is not None and wandb.run is not None:
         with contextlib.suppress(Exception):  # the interruption is what the user must hear about

@@ -178,6 +178,34 @@ def test_resuming_from_a_checkpoint_that_is_not_weights_only_is_one_line(tmp_pat
     assert not cached_entries(tmp_path / "cache")  # refused before any data was prepared
 
 
+
+def test_a_run_id_a_shared_wandb_service_still_holds_after_a_kill_is_one_line(tmp_path, monkeypatch):
+    """A W&B service shared through WANDB_SERVICE keeps the run id of a client killed with
+    SIGKILL; resuming that run through it is one line naming the id and the fix."""
+    import os
+    import sys
+
+    import wandb
+
+    from mate_cli.wandb_logger import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    wandb.setup().ensure_service()  # this process's service: W&B names it in WANDB_SERVICE for children
+    assert os.environ.get("WANDB_SERVICE")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, wandb; wandb.init(id='held0001', dir=sys.argv[1], "
+                               "settings=wandb.Settings(silent=True)); print('ready', flush=True); time.sleep(300)",
+         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+    finally:
+        holder.kill()
+        holder.wait()
+    logger = WandbLogger(id="held0001", offline=True, save_dir=str(tmp_path))
+    line = mate_error(lambda: logger.experiment)
+    assert "held0001" in line and "WANDB_SERVICE" in line and "wandb beta core stop" in line, line
+    assert wandb.run is None
 # ------------------------------------------------------------------ the machine
 @needs_namespaces
 def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space(tmp_path):

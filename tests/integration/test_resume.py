@@ -81,6 +81,11 @@ def stop_after_first_checkpoint(args: list[str], env: dict, runs: Path, signum: 
 def crash_and_resume(base: Path, args: list[str]) -> dict:
     """An uninterrupted run beside the chain: SIGTERM, resume from the run dir, SIGKILL,
     resume with ``last``."""
+    import wandb
+
+    # as after an in-process W&B test in this worker: this process's W&B service is named in its
+    # environment, and the chain's processes must not share it (helpers.mate_env leaves it out)
+    wandb.setup().ensure_service()
     task, cache, runs = args[0], base / "cache", base / "chain" / args[0]
     whole = subprocess.Popen([MATE, *args], env=mate_env(base / "whole", cache), stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
