@@ -21,9 +21,9 @@ from tests.inprocess import run_command
 
 #: name -> (command, overrides, metric, its value for "memorised", steps)
 CASES = {
-    "cell selection": ("train", ["experiment=hybridqa_mate", "dataset.max_length=256"], "train/hits@1", 0.95, 12),
+    "cell selection": ("train", ["experiment=hybridqa_mate", "dataset.max_length=256"], "train/hits@1", 0.95, 6),
     "TabFact": ("train", ["experiment=tabfact_mate", "dataset.max_length=128", "dataset.batch_size=8"],
-                "train/accuracy", 0.95, 15),
+                "train/accuracy", 0.95, 6),
     "span reader": ("train", ["experiment=hybridqa_reader", "dataset.max_length=256", "dataset.batch_size=4"],
                     "train/em", 95.0, 20),
     "SQA": ("train", ["experiment=sqa_mate", "dataset.max_length=256"], "train/accuracy", 0.95, 60),
