@@ -205,9 +205,11 @@ def cache_dir() -> Path:
 
 
 def keep_tool_caches() -> None:
-    """Point matplotlib's config and font cache and torch's compiler cache at mate's cache
-    (``<cache>/matplotlib``, ``<cache>/torchinductor``) instead of ``~/.cache``,
-    ``~/.config`` and ``/tmp``; a variable the user set is kept. Called before the command
-    is imported: both read it once, on import."""
+    """Point matplotlib's config and font cache, torch's compiler cache and Triton's kernel
+    cache at mate's cache (``<cache>/matplotlib``, ``<cache>/torchinductor``,
+    ``<cache>/triton``) instead of ``~/.cache``, ``~/.config``, ``~/.triton`` and ``/tmp``; a
+    variable the user set is kept. Called before the command is imported: they read it
+    once, on import."""
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "torchinductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir() / "triton"))
