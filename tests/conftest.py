@@ -14,6 +14,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist: the cores are shared 
     _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))  # torch, here and in `mate`
 
+# Triton fixes its mode when first imported (torch._dynamo imports it early): without a GPU,
+# the test processes and their `mate` subprocesses run its kernels in the interpreter
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_ROOT = REPO_ROOT / "data" / "hybridqa_sample"
 

@@ -275,6 +275,21 @@ def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path, sample_cac
     assert not [line for line in attention_choices() if "using 'eager'" in line]
 
 
+def test_train_takes_a_step_with_mate_in_the_triton_kernels(tmp_path: Path, sample_cache: Path):
+    """`mate train attention.impl=triton` (its own function, in process), attention dropout
+    on: without a GPU the kernels run in Triton's interpreter (this process was started
+    with TRITON_INTERPRET=1, tests/conftest.py), so the wiring from the config to the
+    kernels and their backward is exercised end to end; a tiny batch keeps it to seconds."""
+    pytest.importorskip("triton")
+    run = tmp_path / "run"
+    metrics = run_command("train", ["experiment=hybridqa_mate", "attention.impl=triton", "trainer.max_steps=1",
+                                    "dataset.max_length=64", "dataset.batch_size=2", "dataset.eval_batch_size=2",
+                                    "dataset.limit_questions=2", "trainer.limit_val_batches=1", "validate_best=false",
+                                    "logger=csv", f"dataset.cache_dir={sample_cache}"], run)  # fmt: skip
+    assert all(math.isfinite(metrics[k]) for k in ("train/loss", "val/loss", "val/hits@1")), metrics
+    assert "impl: triton" in (run / "resolved_config.yaml").read_text()
+
+
 def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path, sample_cache: Path, attention_choices):
     """`mate train trainer.precision=bf16-mixed` on CPU (its own function, in process): q, k,
     v reach MATE in bf16 (CPU autocast) and `impl=auto` still takes the fused kernel (float32

@@ -32,12 +32,15 @@ the sequence length, the grad mode or the batch-mates:
   rounded once; the eager path everywhere else) or ``flex`` (one
   FlexAttention call in each head's sorted space, :mod:`.mate_flex`: compiled on
   CUDA; eager, quadratic and for checking on CPU; no attention dropout, so a
-  training call with attention dropout runs ``eager``). With attention dropout
-  ``eager`` and ``kernel`` draw different (equally valid) masks.
+  training call with attention dropout runs ``eager``), or ``triton`` (the fused Triton
+  kernels of :mod:`.mate_triton`, forward and backward, attention dropout included:
+  compiled on CUDA; on CPU in Triton's interpreter, a check of the GPU code). With
+  attention dropout ``eager``, ``kernel`` and ``triton`` draw different (equally valid) masks.
 - ``auto``: the fastest of the variant's implementations for (device, dtype, length,
   grad mode, attention dropout), as measured: ``bucketed`` takes ``kernel`` on CPU;
   on CUDA ``flex`` in bf16/fp16 up to 2048 tokens (inference) / 4096 (training)
-  without attention dropout, ``eager`` otherwise; never another function.
+  without attention dropout, ``eager`` otherwise (``triton`` only when asked for: no
+  measured row yet); never another function.
 
 A key bias (``layout.key_bias``, DoT's pruning scores) is supported by ``variant=exact``
 and always runs ``masked`` (the same function; DoT's task model reads few tokens);
@@ -62,6 +65,7 @@ from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention
 from mate_cli.modeling.attention.mate_bucketed import Workspace, bucketed_attention, cpu_kernel_applies
 from mate_cli.modeling.attention.mate_flex import flex_available, flex_bucketed_attention
 from mate_cli.modeling.attention.mate_plan import bucket_plan, head_groups
+from mate_cli.modeling.attention.mate_triton import triton_available
 from mate_cli.modeling.layout import TableLayout
 
 __all__ = [
@@ -74,7 +78,7 @@ logger = logging.getLogger(__name__)
 #: ``attention.variant`` -> its valid ``attention.impl`` values (``auto`` first).
 VARIANTS = {
     "exact": ("auto", "masked", "block_sparse"),
-    "bucketed": ("auto", "eager", "kernel", "flex"),
+    "bucketed": ("auto", "eager", "kernel", "flex", "triton"),
 }
 
 #: ``auto`` for ``variant=exact``: longest sequence for which ``masked`` (fused dense
@@ -145,7 +149,10 @@ def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool, dropout_p: floa
     """What ``variant=bucketed`` runs for ``attention.impl=impl`` on this call: ``kernel``
     where the fused CPU kernel applies (asked for, or ``auto``); ``flex`` where
     FlexAttention applies and the call has no attention dropout, when asked for or, on
-    CUDA, for ``auto`` up to :data:`AUTO_FLEX_MAX_LEN`; else ``eager``."""
+    CUDA, for ``auto`` up to :data:`AUTO_FLEX_MAX_LEN`; ``triton`` when asked for (it
+    runs every call, attention dropout included); else ``eager``."""
+    if impl == "triton":
+        return "triton"
     if impl in ("auto", "kernel") and cpu_kernel_applies(q):
         return "kernel"
     if dropout_p or not flex_available():
@@ -171,7 +178,7 @@ class MateAttention(AttentionBackend):
         variant: the function: ``exact`` (the §3 pattern) or ``bucketed`` (the paper's
             §3.1 approximation with ``global_size`` and ``radius``).
         impl: how it is computed: ``auto`` | ``masked`` | ``block_sparse`` for
-            ``exact``; ``auto`` | ``eager`` | ``kernel`` | ``flex`` for ``bucketed``.
+            ``exact``; ``auto`` | ``eager`` | ``kernel`` | ``flex`` | ``triton`` for ``bucketed``.
         row_heads_ratio: fraction of row heads; the first ``round(ratio * heads)``
             heads are row heads, the rest column heads (paper: 1:1, i.e. 0.5).
         global_size: ``G``, the global tokens of ``bucketed`` (paper: 116).
@@ -211,6 +218,9 @@ class MateAttention(AttentionBackend):
         self.row_heads_ratio = float(row_heads_ratio)
         self.global_size = int(global_size)
         self.radius = int(radius)
+        if impl == "triton" and not triton_available():
+            raise MateError("attention.impl=triton needs Triton: GPU builds of PyTorch ship it, elsewhere "
+                            "pip install triton; or choose another attention.impl")
         if variant == "bucketed" and impl in ("auto", "kernel"):
             # build/load the fused CPU kernel now (once per process), not inside the first
             # forward: a FlopCounterMode opened before that call would miss its formula
@@ -228,8 +238,8 @@ class MateAttention(AttentionBackend):
 
     def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> str:
         """The implementation this call runs: ``masked`` | ``block_sparse`` (exact),
-        ``kernel`` | ``flex`` | ``eager`` (bucketed; ``kernel`` only where the fused kernel
-        applies, ``flex`` only without attention dropout). Resolves ``auto`` within the
+        ``kernel`` | ``flex`` | ``eager`` | ``triton`` (bucketed; ``kernel`` only where the
+        fused kernel applies, ``flex`` only without attention dropout). Resolves ``auto`` within the
         variant, logging each choice once; an asked-for implementation that cannot run
         this call says so once too."""
         grad = self._grad(q, k, v)
@@ -267,6 +277,11 @@ class MateAttention(AttentionBackend):
             return masked_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
         if impl == "block_sparse":
             return block_sparse_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
+        if impl == "triton":  # its own structure, built on the device without the plan's host reads
+            from mate_cli.modeling.attention.mate_triton import TritonStructure, triton_bucketed_attention
+
+            structure = TritonStructure.of(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
+            return triton_bucketed_attention(q, k, v, structure, dropout_p)
         plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
         if impl == "flex":
             return flex_bucketed_attention(q, k, v, layout, plan, self.row_heads_ratio)

@@ -1,0 +1,336 @@
+"""MATE's bucketed attention as fused Triton kernels (``variant=bucketed impl=triton``).
+
+The same function as :mod:`.mate_bucketed` and :mod:`.mate_flex` (explained in
+:mod:`.mate_reference`), computed FlashAttention-2 style in each head's sorted order:
+
+- **forward**: one program per (example x head, tile of ``BLOCK_M`` sorted rows). It reads
+  its queries through the head's permutation (no sorted copy) and visits only the key
+  tiles its rows may attend: every real key when the tile holds a dense (query-set)
+  row, otherwise the ``G`` globals and the union of its buckets' 3-bucket windows (two
+  contiguous intervals of the sorted order). Scores, MATE's mask, an online softmax and
+  the context stay on chip; the output row is written to its token's position and the
+  row's log-sum-exp is kept for the backward.
+- **backward**: a dK/dV pass (one program per key tile, visiting the query tiles that
+  attend it: all rows for a global tile, else the dense rows and the neighbouring
+  buckets) and a dQ pass over the forward's tiles; probabilities are recomputed from the
+  log-sum-exp, ``dS = P * (dP - rowsum(dO * O))``.
+- **attention dropout** inside the kernels: each kept-or-dropped decision is a Philox
+  draw keyed by (seed, example x head, query token, key token), so the forward and both
+  backward passes agree, and a mask does not depend on tiles or memory layout.
+
+Products and accumulations are float32 (``tl.dot`` accumulates in float32; float32
+inputs use IEEE products, not TF32), the softmax is float32, and outputs and gradients
+are rounded once to the inputs' dtype.
+
+Everything the kernels read about the batch's layout is a tensor on the device (per-head
+sort order and sorted group ids, per-example dense-row and real-token counts): the
+launch reads no tensor value on the host, and the forward and backward are one
+``torch.library`` custom op each, with its autograd registered.
+
+On CUDA the kernels are compiled. On a CPU tensor they run in Triton's interpreter (numpy;
+a check of the GPU code, slow), in a process started with ``TRITON_INTERPRET=1``
+(:func:`kernels`). Triton is optional: :func:`triton_available`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from mate_cli.errors import MateError
+
+#: products of float32 inputs: three TF32 tensor-core products (about float32's accuracy)
+FLOAT32_DOT = "tf32x3"
+
+#: warps per program of each kernel (more warps, fewer registers per thread: none spills at
+#: these tile sizes in bf16/fp16, sm_80 and sm_90, see :func:`resource_usage`)
+WARPS = {"forward_kernel": 4, "dq_kernel": 8, "dkdv_kernel": 8}
+
+#: the padding group in the kernels' int32 group ids (``PADDING_GROUP`` does not fit)
+PAD = 2**31 - 1
+
+__all__ = [
+    "BLOCK", "PAD", "TritonStructure", "interpreting", "kernel_visits", "kernels", "triton_available",
+    "triton_bucketed_attention", "visited_tiles",
+]
+
+#: tile sizes (query rows, key columns). A query tile reads the union of its rows' windows,
+#: so short tiles waste less: on 2,048-32,768-token tables at G=116, R=42 (12 heads) the
+#: work visited is 1.21x the G + 3R ideal at 32 x 64, 1.37x at 64 x 64, 1.69x at 128 x 64
+#: (:func:`visited_tiles`; tests/modeling/test_mate_triton.py)
+BLOCK = {"m": 32, "n": 64}
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether Triton imports here (GPU builds of PyTorch ship it; ``pip install triton`` elsewhere)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------ structure
+class TritonStructure:
+    """What the kernels read about a batch's layout, as device tensors (cached on the layout):
+    the same sort orders and groups as :func:`~.mate_plan.bucket_plan`'s, which it does not build.
+
+    ``perm`` ``[B*H, N]`` int32: sorted position -> token position; ``groups`` ``[B*H, N]``
+    int32: the sorted tokens' group ids (0: query set, row/column + 1, :data:`PAD`);
+    ``dense`` ``[B]`` int32: the dense rows (``min(|Q|, G)``, a sorted prefix); ``real``
+    ``[B]`` int32: the real tokens (a sorted prefix).
+    """
+
+    def __init__(self, layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> None:
+        from mate_cli.modeling.attention.mate_plan import sorted_groups
+
+        B, N = layout.batch_size, layout.seq_len
+        views = layout.head_views(num_heads, row_heads_ratio)
+        by_view = {view: sorted_groups(layout, view, N) for view in set(views)}
+        groups = torch.stack([by_view[view] for view in views], 1).reshape(B * num_heads, N)
+        self.groups = groups.clamp(max=PAD).to(torch.int32).contiguous()  # padding: PAD
+        perm, _ = layout.head_sort_order(num_heads, row_heads_ratio)
+        self.perm = perm.reshape(B * num_heads, N).to(torch.int32).contiguous()
+        self.global_len, self.radius, self.heads = min(int(global_size), N), int(radius), num_heads
+        self.dense = layout.is_query.sum(1).clamp(max=self.global_len).to(torch.int32).contiguous()
+        self.real = layout.attention_mask.sum(1).to(torch.int32).contiguous()
+
+    @staticmethod
+    def of(layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> "TritonStructure":
+        """The structure for these settings, built once per layout (the encoder's layers share
+        it) from device tensors only: no value is read on the host."""
+        key = ("mate.triton", num_heads, float(row_heads_ratio), int(global_size), int(radius))
+        return layout.cached(key, lambda: TritonStructure(layout, num_heads, row_heads_ratio, global_size, radius))
+
+
+# --------------------------------------------------------------------- kernels
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter in this process (fixed when Triton is
+    first imported: its own library functions are decorated for one mode)."""
+    import triton.language.standard as standard
+
+    return type(standard.zeros).__name__ == "InterpretedFunction"
+
+
+def kernels(device: torch.device):
+    """:mod:`.mate_triton_kernels` for tensors on ``device``: compiled on CUDA; elsewhere run
+    by Triton's interpreter, which the process must have been started with
+    (``TRITON_INTERPRET=1``: Triton fixes its mode when it is first imported, and
+    ``torch._dynamo`` imports it early). The wrong mode is a one-line error."""
+    from mate_cli.modeling.attention import mate_triton_kernels
+
+    want = device.type != "cuda"
+    if interpreting() != want:
+        problem = ("on a CPU tensor the kernels run in Triton's interpreter (a check of the GPU code, slow): "
+                   "start the process with TRITON_INTERPRET=1") if want else (
+                   "on a CUDA tensor the kernels are compiled: start the process without TRITON_INTERPRET=1")  # fmt: skip
+        raise MateError(f"attention.impl=triton: {problem}")
+    return mate_triton_kernels
+
+
+# ---------------------------------------------------------------------- launch
+def _strides(x: torch.Tensor) -> tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _last_dim_dense(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _launch_args(q: torch.Tensor, dropout_p: float) -> dict:
+    """The compile-time settings of a launch."""
+    D = q.shape[-1]
+    return {
+        "D": D, "BLOCK_D": max(16, 1 << (D - 1).bit_length()), "BLOCK_M": BLOCK["m"], "BLOCK_N": BLOCK["n"],
+        "PAD": PAD, "DROPOUT": dropout_p > 0, "PREC": "tf32" if q.dtype in (torch.float16, torch.bfloat16) else FLOAT32_DOT,
+    }  # fmt: skip
+
+
+def _bhnd_empty(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised ``[B, H, N, D]`` view of a ``[B, N, H, D]`` buffer (the encoder merges heads for free)."""
+    B, H, N, D = like.shape
+    return like.new_empty((B, N, H, D), dtype=dtype or like.dtype).transpose(1, 2)
+
+
+def _interpretable(x: torch.Tensor) -> torch.Tensor:
+    """``x``, widened to float32 if it is bfloat16 off CUDA: Triton's interpreter computes
+    bfloat16 wrongly (numpy has no bfloat16), so there its math runs in float32."""
+    return x.float() if x.dtype == torch.bfloat16 and x.device.type != "cuda" else x
+
+
+def _launch_forward(q, k, v, perm, groups, dense, real, seed, global_len: int, radius: int, dropout_p: float,
+                    visits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    dtype = q.dtype
+    q, k, v = (_last_dim_dense(_interpretable(x)) for x in (q, k, v))
+    B, H, N, D = q.shape
+    out = _bhnd_empty(q)
+    lse = torch.empty((B * H, N), dtype=torch.float32, device=q.device)
+    grid = (-(-N // BLOCK["m"]), B * H)
+    kernels(q.device).forward_kernel[grid](
+        q, k, v, out, lse, perm, groups, dense, real, seed, lse if visits is None else visits, *_strides(q),
+        *_strides(k), *_strides(v), *_strides(out), H, N, global_len, radius, D**-0.5, float(dropout_p),
+        COUNT=visits is not None, num_warps=WARPS["forward_kernel"], **_launch_args(q, dropout_p),
+    )  # fmt: skip
+    return out.to(dtype), lse
+
+
+@torch.library.custom_op("mate::bucketed_triton_forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perm: torch.Tensor, groups: torch.Tensor,
+    dense: torch.Tensor, real: torch.Tensor, seed: torch.Tensor, global_len: int, radius: int, dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Output ``[B, H, N, D]`` and each row's log-sum-exp ``[B*H, N]`` (float32, token order)."""
+    return _launch_forward(q, k, v, perm, groups, dense, real, seed, global_len, radius, dropout_p)
+
+
+@_forward_op.register_fake
+def _(q, k, v, perm, groups, dense, real, seed, global_len, radius, dropout_p):
+    B, H, N, D = q.shape
+    return _bhnd_empty(q), q.new_empty((B * H, N), dtype=torch.float32)
+
+
+@torch.library.custom_op("mate::bucketed_triton_backward", mutates_args=())
+def _backward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
+    perm: torch.Tensor, groups: torch.Tensor, dense: torch.Tensor, real: torch.Tensor, seed: torch.Tensor,
+    global_len: int, radius: int, dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """dq, dk, dv of :func:`_forward_op` (``[B, H, N, D]``, the inputs' dtypes)."""
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    q, k, v, grad_out = (_last_dim_dense(_interpretable(x)) for x in (q, k, v, grad_out))
+    B, H, N, D = q.shape
+    delta = (grad_out.float() * out.float()).sum(-1).reshape(B * H, N)  # rowsum(dO * O), token order
+    dq, dk, dv = _bhnd_empty(q), _bhnd_empty(k), _bhnd_empty(v)
+    module = kernels(q.device)
+    settings = _launch_args(q, dropout_p)
+    common = (H, N, global_len, radius, D**-0.5, float(dropout_p))
+    module.dkdv_kernel[(-(-N // BLOCK["n"]), B * H)](
+        q, k, v, grad_out, lse, delta, dk, dv, perm, groups, dense, real, seed, *_strides(q), *_strides(k),
+        *_strides(v), *_strides(grad_out), *_strides(dk), *_strides(dv), *common, num_warps=WARPS["dkdv_kernel"], **settings,
+    )  # fmt: skip
+    module.dq_kernel[(-(-N // BLOCK["m"]), B * H)](
+        q, k, v, grad_out, lse, delta, dq, perm, groups, dense, real, seed, *_strides(q), *_strides(k), *_strides(v),
+        *_strides(grad_out), *_strides(dq), *common, num_warps=WARPS["dq_kernel"], **settings,
+    )  # fmt: skip
+    return tuple(g.to(t) for g, t in zip((dq, dk, dv), dtypes))
+
+
+@_backward_op.register_fake
+def _(q, k, v, out, lse, grad_out, perm, groups, dense, real, seed, global_len, radius, dropout_p):
+    return _bhnd_empty(q), _bhnd_empty(k), _bhnd_empty(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, perm, groups, dense, real, seed, global_len, radius, dropout_p = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, perm, groups, dense, real, seed)
+    ctx.settings = (global_len, radius, dropout_p)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, perm, groups, dense, real, seed = ctx.saved_tensors
+    dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, perm, groups, dense, real, seed, *ctx.settings)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def triton_bucketed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, structure: TritonStructure, dropout_p: float = 0.0,
+    *, seed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Bucketed MATE in the Triton kernels. ``q, k, v``: ``[batch, heads, seq, head_dim]``
+    (q not pre-scaled); returns the same shape (a view of a ``[batch, seq, heads, head_dim]``
+    buffer).
+
+    Args:
+        structure: :class:`TritonStructure` of the batch's plan.
+        dropout_p: attention dropout, drawn in the kernels.
+        seed: int64 scalar tensor on q's device keying the dropout draws (default: drawn
+            on the device from torch's generator, without a host round trip).
+    """
+    if seed is None:
+        seed = torch.randint(0, 2**31 - 1, (), device=q.device, dtype=torch.int64)
+    out, _ = _forward_op(q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed,
+                         structure.global_len, structure.radius, float(dropout_p))  # fmt: skip
+    return out
+
+
+def kernel_visits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, structure: TritonStructure) -> int:
+    """(query tile, key tile) pairs the forward kernel visited on this call, counted by the kernel."""
+    visits = torch.zeros((), dtype=torch.int32, device=q.device)
+    seed = torch.zeros((), dtype=torch.int64, device=q.device)
+    _launch_forward(q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed,
+                    structure.global_len, structure.radius, 0.0, visits)  # fmt: skip
+    return int(visits)
+
+
+def visited_tiles(structure: TritonStructure, seq_len: int) -> int:
+    """(query tile, key tile) pairs the forward kernel visits, counted in torch from the same
+    bounds as the kernel (for the work the plan costs against the ``G + 3R`` ideal)."""
+    M, Nb = BLOCK["m"], BLOCK["n"]
+    N, G, R = seq_len, structure.global_len, structure.radius
+    m0 = torch.arange(0, N, M, device=structure.dense.device)[None, :]  # [1, tiles]
+    dense, real = structure.dense[:, None].long(), structure.real[:, None].long()
+    last = torch.clamp(m0 + M, max=N) - 1
+    dense_tile = m0 < dense
+    hi1 = torch.where(dense_tile, real, real.clamp(max=G))
+    lo2 = ((m0 // R - 1) * R).clamp(min=G)
+    hi2 = torch.where(dense_tile, torch.zeros_like(m0), torch.minimum(real, (last // R + 2) * R))
+    tiles = -(-hi1 // Nb) + (-(-(hi2 - lo2) // Nb)).clamp(min=0)
+    return int(tiles.sum()) * structure.heads
+
+
+
+# ------------------------------------------------------------ ahead of time
+#: the kernels' pointer arguments whose element type is not the inputs' dtype
+_POINTER_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "PERM": "*i32", "GROUPS": "*i32", "DENSE": "*i32", "REAL": "*i32",
+                  "SEED": "*i64", "VISITS": "*i32"}  # fmt: skip
+_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def resource_usage(arch: int, dtype: torch.dtype = torch.bfloat16, head_dim: int = 64, dropout: bool = True) -> dict:
+    """Compile the three kernels ahead of time for CUDA compute capability ``arch`` (90:
+    H100, 80: A100) without a GPU, and read each cubin's resources with the wheel's
+    ``cuobjdump``: ``{kernel: {"REG": .., "STACK": .., "LOCAL": ..}}`` (LOCAL > 0: spills).
+    Needs compiled-mode Triton (a process without ``TRITON_INTERPRET=1``)."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mate_cli.modeling.attention import mate_triton_kernels as module
+
+    like = torch.empty(1, 1, 1, head_dim, dtype=dtype)
+    constants = {**_launch_args(like, 0.5 if dropout else 0.0), "COUNT": False}
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    usage = {}
+    for name in ("forward_kernel", "dq_kernel", "dkdv_kernel"):
+        fn = getattr(module, name)
+        signature = {}
+        for arg in fn.arg_names:
+            if arg in constants:
+                signature[arg] = "constexpr"
+            elif arg in _POINTER_TYPES:
+                signature[arg] = _POINTER_TYPES[arg]
+            elif arg in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV"):
+                signature[arg] = "*" + _TRITON_TYPES[dtype]
+            else:
+                signature[arg] = "fp32" if arg in ("scale", "dropout_p") else "i32"
+        consts = {(fn.arg_names.index(k),): v for k, v in constants.items() if k in fn.arg_names}
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts), target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": WARPS[name]})  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = Path(tmp) / f"{name}.cubin"
+            cubin.write_bytes(kernel.asm["cubin"])
+            text = subprocess.run([str(cuobjdump), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                                  check=True).stdout  # fmt: skip
+        usage[name] = {key: int(value) for key, value in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", text)}
+    return usage

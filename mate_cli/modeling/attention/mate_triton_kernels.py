@@ -1,0 +1,234 @@
+"""The Triton kernels of :mod:`.mate_triton` (forward, dQ, dK/dV) and their device functions.
+
+Imported through :func:`.mate_triton.kernels`, which checks that Triton runs in the mode
+the tensors' device needs (compiled on CUDA, its interpreter elsewhere).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def allowed(rows, cols, g_row, g_col, dense, G, R, PAD: tl.constexpr):
+    """MATE's pattern within the globals and the 3-bucket window; dense rows reach every key."""
+    mate = (g_col[None, :] < PAD) & (
+        (g_row[:, None] == 0) | (g_col[None, :] == 0) | (g_row[:, None] == g_col[None, :])
+    )
+    near = tl.abs(rows[:, None] // R - cols[None, :] // R) <= 1
+    return mate & ((rows[:, None] < dense) | (cols[None, :] < G) | near)
+
+
+@triton.jit
+def keep_scale(seed, bh, tok_row, tok_col, dropout_p, DROPOUT: tl.constexpr):
+    """``1/(1-p)`` where the Philox draw for (bh, query token, key token) keeps the score, else 0."""
+    zero = (tok_row[:, None] * 0 + tok_col[None, :] * 0).to(tl.uint32)
+    if DROPOUT:
+        c0 = zero + tok_col[None, :].to(tl.uint32)
+        c1 = zero + tok_row[:, None].to(tl.uint32)
+        c2 = zero + bh.to(tl.uint32)
+        r, _, _, _ = tl.philox(seed, c0, c1, c2, zero)
+        u = tl.uint_to_uniform_float(r)
+        return tl.where(u >= dropout_p, 1.0 / (1.0 - dropout_p), 0.0)
+    else:
+        return zero.to(tl.float32) + 1.0
+
+
+@triton.jit
+def load_rows(X, base, tok, ok, stride, dcol, d_ok):
+    return tl.load(X + base + tok[:, None] * stride + dcol[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def store_rows(X, base, tok, ok, stride, dcol, d_ok, value):
+    tl.store(X + base + tok[:, None] * stride + dcol[None, :], value.to(X.dtype.element_ty),
+             mask=ok[:, None] & d_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def forward_tiles(acc, l_i, m_i, lo, hi, q, rows, g_row, tok_row, K, V, kbase, vbase, skn, svn,
+                  PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok, VISITS,
+                  BLOCK_N: tl.constexpr, PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+                  COUNT: tl.constexpr):  # fmt: skip
+    for start in range(lo, hi, BLOCK_N):
+        if COUNT:  # the (query tile, key tile) pairs visited, for checking the work
+            tl.atomic_add(VISITS, 1)
+        cols = start + tl.arange(0, BLOCK_N)
+        col_ok = cols < hi
+        tok_col = tl.load(PERM + bh * N + cols, mask=col_ok, other=0)
+        g_col = tl.load(GROUPS + bh * N + cols, mask=col_ok, other=PAD)
+        k = load_rows(K, kbase, tok_col, col_ok, skn, dcol, d_ok)
+        v = load_rows(V, vbase, tok_col, col_ok, svn, dcol, d_ok)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        ok = allowed(rows, cols, g_row, g_col, dense, G, R, PAD) & col_ok[None, :]
+        s = tl.where(ok, s, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.where(ok, tl.exp(s - m_new[:, None]), 0.0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = p * keep_scale(seed, bh, tok_row, tok_col, dropout_p, DROPOUT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def query_tile_bounds(m0, N, dense, real, G, R, BLOCK_M: tl.constexpr):
+    """The key intervals a query tile visits: ``[0, hi1)`` and ``[lo2, hi2)``."""
+    dense_tile = m0 < dense  # holds a dense row: every real key, in the first interval
+    last = tl.minimum(m0 + BLOCK_M, N) - 1
+    hi1 = tl.where(dense_tile, real, tl.minimum(G, real))
+    lo2 = tl.maximum(G, (m0 // R - 1) * R)
+    hi2 = tl.where(dense_tile, 0, tl.minimum(real, (last // R + 2) * R))
+    return hi1, lo2, hi2
+
+
+@triton.jit
+def forward_kernel(
+    Q, K, V, O, LSE, PERM, GROUPS, DENSE, REAL, SEED, VISITS,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+    H, N, G, R, scale, dropout_p,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, COUNT: tl.constexpr = False,
+):  # fmt: skip
+    m0 = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    dense, real, seed = tl.load(DENSE + b), tl.load(REAL + b), tl.load(SEED)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    dcol = tl.arange(0, BLOCK_D)
+    d_ok = dcol < D
+    tok_row = tl.load(PERM + bh * N + rows, mask=row_ok, other=0)
+    g_row = tl.load(GROUPS + bh * N + rows, mask=row_ok, other=PAD)
+    q = load_rows(Q, b * sqb + h * sqh, tok_row, row_ok, sqn, dcol, d_ok)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi1, lo2, hi2 = query_tile_bounds(m0, N, dense, real, G, R, BLOCK_M)
+    kbase, vbase = b * skb + h * skh, b * svb + h * svh
+    acc, l_i, m_i = forward_tiles(acc, l_i, m_i, 0, hi1, q, rows, g_row, tok_row, K, V, kbase, vbase, skn, svn,
+                                  PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok, VISITS,
+                                  BLOCK_N, PAD, DROPOUT, PREC, COUNT)  # fmt: skip
+    acc, l_i, m_i = forward_tiles(acc, l_i, m_i, lo2, hi2, q, rows, g_row, tok_row, K, V, kbase, vbase, skn, svn,
+                                  PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok, VISITS,
+                                  BLOCK_N, PAD, DROPOUT, PREC, COUNT)  # fmt: skip
+    store_rows(O, b * sob + h * soh, tok_row, row_ok, son, dcol, d_ok, acc / l_i[:, None])
+    tl.store(LSE + bh * N + tok_row, m_i + tl.log(l_i), mask=row_ok)
+
+
+@triton.jit
+def dq_tiles(dq, lo, hi, q, do, lse, delta, rows, g_row, tok_row, K, V, kbase, vbase, skn, svn,
+             PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok,
+             BLOCK_N: tl.constexpr, PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_ok = cols < hi
+        tok_col = tl.load(PERM + bh * N + cols, mask=col_ok, other=0)
+        g_col = tl.load(GROUPS + bh * N + cols, mask=col_ok, other=PAD)
+        k = load_rows(K, kbase, tok_col, col_ok, skn, dcol, d_ok)
+        v = load_rows(V, vbase, tok_col, col_ok, svn, dcol, d_ok)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        ok = allowed(rows, cols, g_row, g_col, dense, G, R, PAD) & col_ok[None, :]
+        p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        dp = dp * keep_scale(seed, bh, tok_row, tok_col, dropout_p, DROPOUT)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    return dq
+
+
+@triton.jit
+def dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, PERM, GROUPS, DENSE, REAL, SEED,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, sdqb, sdqh, sdqn,
+    H, N, G, R, scale, dropout_p,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    m0 = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    dense, real, seed = tl.load(DENSE + b), tl.load(REAL + b), tl.load(SEED)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    dcol = tl.arange(0, BLOCK_D)
+    d_ok = dcol < D
+    tok_row = tl.load(PERM + bh * N + rows, mask=row_ok, other=0)
+    g_row = tl.load(GROUPS + bh * N + rows, mask=row_ok, other=PAD)
+    q = load_rows(Q, b * sqb + h * sqh, tok_row, row_ok, sqn, dcol, d_ok)
+    do = load_rows(DO, b * sdob + h * sdoh, tok_row, row_ok, sdon, dcol, d_ok)
+    lse = tl.load(LSE + bh * N + tok_row, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + bh * N + tok_row, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi1, lo2, hi2 = query_tile_bounds(m0, N, dense, real, G, R, BLOCK_M)
+    kbase, vbase = b * skb + h * skh, b * svb + h * svh
+    dq = dq_tiles(dq, 0, hi1, q, do, lse, delta, rows, g_row, tok_row, K, V, kbase, vbase, skn, svn, PERM, GROUPS,
+                  bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok, BLOCK_N, PAD, DROPOUT, PREC)  # fmt: skip
+    dq = dq_tiles(dq, lo2, hi2, q, do, lse, delta, rows, g_row, tok_row, K, V, kbase, vbase, skn, svn, PERM, GROUPS,
+                  bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok, BLOCK_N, PAD, DROPOUT, PREC)  # fmt: skip
+    store_rows(DQ, b * sdqb + h * sdqh, tok_row, row_ok, sdqn, dcol, d_ok, dq * scale)
+
+
+@triton.jit
+def dkdv_tiles(dk, dv, lo, hi, k, v, cols, col_ok, g_col, tok_col, Q, DO, LSE, DELTA, qbase, dobase, sqn, sdon,
+               PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok,
+               BLOCK_M: tl.constexpr, PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    for start in range(lo, hi, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_ok = rows < N
+        tok_row = tl.load(PERM + bh * N + rows, mask=row_ok, other=0)
+        g_row = tl.load(GROUPS + bh * N + rows, mask=row_ok, other=PAD)
+        q = load_rows(Q, qbase, tok_row, row_ok, sqn, dcol, d_ok)
+        do = load_rows(DO, dobase, tok_row, row_ok, sdon, dcol, d_ok)
+        lse = tl.load(LSE + bh * N + tok_row, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + bh * N + tok_row, mask=row_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        ok = allowed(rows, cols, g_row, g_col, dense, G, R, PAD) & row_ok[:, None] & col_ok[None, :]
+        p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+        keep = keep_scale(seed, bh, tok_row, tok_col, dropout_p, DROPOUT)
+        dv += tl.dot(tl.trans((p * keep).to(do.dtype)), do, input_precision=PREC)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC) * keep
+        ds = p * (dp - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, PERM, GROUPS, DENSE, REAL, SEED,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
+    H, N, G, R, scale, dropout_p,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    n0 = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    dense, seed = tl.load(DENSE + b), tl.load(SEED)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dcol = tl.arange(0, BLOCK_D)
+    d_ok = dcol < D
+    tok_col = tl.load(PERM + bh * N + cols, mask=col_ok, other=0)
+    g_col = tl.load(GROUPS + bh * N + cols, mask=col_ok, other=PAD)
+    k = load_rows(K, b * skb + h * skh, tok_col, col_ok, skn, dcol, d_ok)
+    v = load_rows(V, b * svb + h * svh, tok_col, col_ok, svn, dcol, d_ok)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # the rows that may attend this tile: all of them for a global key; else the dense
+    # rows (whole tiles from 0) and the rows whose window reaches it, each tile once
+    global_tile = n0 < G
+    last = tl.minimum(n0 + BLOCK_N, N) - 1
+    hi1 = tl.where(global_tile, N, dense)
+    dense_end = tl.cdiv(dense, BLOCK_M) * BLOCK_M
+    lo2 = tl.maximum(dense_end, (n0 // R - 1) * R)
+    hi2 = tl.where(global_tile, 0, tl.minimum(N, (last // R + 2) * R))
+    qbase, dobase = b * sqb + h * sqh, b * sdob + h * sdoh
+    dk, dv = dkdv_tiles(dk, dv, 0, hi1, k, v, cols, col_ok, g_col, tok_col, Q, DO, LSE, DELTA, qbase, dobase, sqn,
+                        sdon, PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok, BLOCK_M, PAD,
+                        DROPOUT, PREC)  # fmt: skip
+    dk, dv = dkdv_tiles(dk, dv, lo2, hi2, k, v, cols, col_ok, g_col, tok_col, Q, DO, LSE, DELTA, qbase, dobase, sqn,
+                        sdon, PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok, BLOCK_M, PAD,
+                        DROPOUT, PREC)  # fmt: skip
+    store_rows(DK, b * sdkb + h * sdkh, tok_col, col_ok, sdkn, dcol, d_ok, dk * scale)
+    store_rows(DV, b * sdvb + h * sdvh, tok_col, col_ok, sdvn, dcol, d_ok, dv)

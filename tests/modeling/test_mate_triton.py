@@ -1,0 +1,256 @@
+"""The Triton kernels of bucketed MATE (``attention.impl=triton``, :mod:`mate_cli.modeling.attention.mate_triton`).
+
+Without a GPU the kernels run in Triton's interpreter (tests/conftest.py starts the test
+processes with ``TRITON_INTERPRET=1``), on CPU tensors; with one they are compiled and run
+on CUDA tensors. Either way they must compute bucketed MATE: the float64 App. D reference
+(and, where the bucketed function equals it, the exact mask), forward and backward, on
+synthetic layouts and on tokenized tables of all four datasets; attention dropout drawn
+in the kernels; the custom op as one op to autograd and ``torch.compile``; the visited
+work against the ``G + 3R`` ideal; and an ahead-of-time compile for sm_90 and sm_80 with no
+register spills.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from mate_cli.modeling.attention import mate_triton as mt  # noqa: E402
+from mate_cli.modeling.attention.mate import masked_attention  # noqa: E402
+from mate_cli.modeling.attention.mate_plan import bucket_plan  # noqa: E402
+from mate_cli.modeling.attention.mate_reference import bucketed_attention_reference  # noqa: E402
+from mate_cli.modeling.layout import TableLayout  # noqa: E402
+from mate_cli.modeling.synthetic import filled_layout  # noqa: E402
+from tests.helpers import REPO_ROOT  # noqa: E402
+from tests.modeling.bucketed_cases import CASES  # noqa: E402
+
+DEVICE = "cpu" if mt.interpreting() else "cuda"
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("Triton runs compiled in this process but there is no GPU: set TRITON_INTERPRET=1",
+                allow_module_level=True)  # fmt: skip
+
+HEADS, DIM = 4, 16
+#: float32 against the float64 reference
+TOL = 1e-5
+#: fp16 inputs against the float32 result (unit-normal q, k, v: products rounded to fp16)
+FP16_TOL = 1e-2
+
+
+def inputs(layout: TableLayout, seed: int, dtype=torch.float32, heads: int = HEADS) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """q, k, v as views of a ``[B, N, H, D]`` buffer (the encoder's layout) and a cotangent."""
+    g = torch.Generator().manual_seed(seed)
+    base = [torch.randn(layout.batch_size, layout.seq_len, heads, DIM, generator=g).transpose(1, 2) for _ in range(3)]
+    return [t.to(DEVICE, dtype) for t in base], torch.randn(base[0].shape, generator=g).to(DEVICE)
+
+
+def run(fn, leaves: list[torch.Tensor], cot: torch.Tensor, dtype=None) -> list[torch.Tensor]:
+    """``[output, dq, dk, dv]`` of ``fn(q, k, v)`` with the loss ``sum(output * cot)``."""
+    leaves = [(t if dtype is None else t.to(dtype)).detach().clone().requires_grad_() for t in leaves]
+    out = fn(*leaves)
+    (out * cot.to(out.dtype)).sum().backward()
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def triton_fn(layout: TableLayout, ratio: float, G: int, R: int, dropout_p: float = 0.0, seed: int = 0,
+              heads: int = HEADS):  # fmt: skip
+    structure = mt.TritonStructure.of(layout.to(DEVICE), heads, ratio, G, R)
+    key = torch.tensor(seed, dtype=torch.int64, device=DEVICE)
+    return lambda q, k, v: mt.triton_bucketed_attention(q, k, v, structure, dropout_p, seed=key)
+
+
+def biggest_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[float]:
+    return [(x.double() - y.double()).abs().max().item() for x, y in zip(a, b)]
+
+
+def equals_reference(layout: TableLayout, ratio: float, G: int, R: int, seed: int, heads: int = HEADS) -> None:
+    leaves, cot = inputs(layout, seed, heads=heads)
+    plan64 = bucket_plan(layout.to(DEVICE), heads, ratio, G, R)
+    reference = run(lambda q, k, v: bucketed_attention_reference(q, k, v, plan64), leaves, cot, torch.float64)
+    got = run(triton_fn(layout, ratio, G, R, heads=heads), leaves, cot)
+    diffs = biggest_diff(got, reference)
+    assert max(diffs) <= TOL, diffs  # output, dq, dk, dv
+    assert all(torch.isfinite(t).all() for t in got)
+
+
+# ------------------------------------------------------------------ the function
+@pytest.mark.parametrize("ratio", [0.5, 1.0])
+@pytest.mark.parametrize("case", range(len(CASES) - 1))  # the last case (2,048 tokens) is slow in the interpreter
+def test_equals_the_reference_forward_and_backward(case, ratio):
+    """Padding (also inside an example), batches of unequal examples, lengths that are not a
+    multiple of the tile, |Q| > G, tables shorter than G, one-token buckets."""
+    make, G, R = CASES[case]
+    equals_reference(make(), ratio, G, R, seed=case)
+
+
+def test_equals_the_exact_mask_where_the_bucketed_function_is_exact():
+    """Q inside the globals and every row/column within R: bucketed MATE is MATE's mask
+    (on real tokens: padding rows are ignored by contract, so their cotangent is zero)."""
+    make, G, R = CASES[0]
+    layout = make()
+    leaves, cot = inputs(layout, 3)
+    real = layout.attention_mask.to(DEVICE)[:, None, :, None]
+    cot = cot * real
+    exact = run(lambda q, k, v: masked_attention(q, k, v, layout.to(DEVICE), 0.5), leaves, cot)
+    got = run(triton_fn(layout, 0.5, G, R), leaves, cot)
+    got[0], exact[0] = got[0] * real, exact[0] * real
+    assert max(biggest_diff(got, exact)) <= TOL
+
+
+def tokenized_tables(max_length: int, per_dataset: int = 2) -> dict[str, TableLayout]:
+    """The largest tables of each bundled sample, tokenized with the bundled MiniLM's
+    vocabulary up to ``max_length`` tokens, as a batch of unequal padded examples."""
+    from mate_cli.data.hybridqa import HybridQAReader
+    from mate_cli.data.table_tasks import make_reader
+    from mate_cli.data.tokenize import TableTokenizer
+    from mate_cli.modeling.checkpoints import load_tokenizer
+
+    tokenizer = TableTokenizer(load_tokenizer("minilm"), max_length=max_length)
+    data = REPO_ROOT / "data"
+    sources = {
+        "hybridqa": (HybridQAReader(data / "hybridqa_sample"), "dev"),
+        "wtq": (make_reader("wtq", str(data / "wtq_sample")), "training.tsv"),
+        "sqa": (make_reader("sqa", str(data / "sqa_sample")), "train.tsv"),
+        "tabfact": (make_reader("tabfact", str(data / "tabfact_sample")), "val_examples.json"),
+    }
+    layouts = {}
+    for name, (reader, split) in sources.items():
+        seen, examples = set(), []
+        questions = sorted(reader.questions(split), key=lambda q: -len(reader.table(q.table_id).rows))
+        for question in questions:
+            if question.table_id in seen:
+                continue
+            seen.add(question.table_id)
+            examples.append(tokenizer.encode(question, reader.table(question.table_id)).layout)
+            if len(examples) == per_dataset:
+                break
+        layouts[name] = TableLayout.from_lists(examples)
+    return layouts
+
+
+@pytest.fixture(scope="module")
+def real_tables() -> dict[str, TableLayout]:
+    return tokenized_tables(256)
+
+
+@pytest.mark.parametrize("dataset", ["hybridqa", "wtq", "sqa", "tabfact"])
+def test_equals_the_reference_on_tokenized_tables_of_every_dataset(real_tables, dataset):
+    """The paper's G=116 with R=42 at up to 256 tokens: dense rows, globals holding table
+    tokens, windows; two tables of unequal length, so the shorter one is padded; a row head
+    and a column head."""
+    layout = real_tables[dataset]
+    assert layout.batch_size == 2 and bool((layout.attention_mask == 0).any())
+    equals_reference(layout, 0.5, 116, 42, seed=11, heads=2)
+
+
+def test_one_row_and_one_column_tables():
+    from mate_cli.modeling.synthetic import random_layout
+
+    for rows, cols in ((1, 4), (4, 1)):
+        layout = random_layout(2, query_len=(3, 6), rows=(rows, rows), cols=(cols, cols), cell_tokens=(1, 3),
+                               pad=(0, 4), seed=rows)  # fmt: skip
+        equals_reference(layout, 0.5, 8, 4, seed=rows)
+
+
+def test_fp16_is_within_its_tolerance_of_float32():
+    make, G, R = CASES[2]
+    layout = make()
+    leaves, cot = inputs(layout, 5)
+    full = run(triton_fn(layout, 0.5, G, R), leaves, cot)
+    half = run(triton_fn(layout, 0.5, G, R), [t.half() for t in leaves], cot)
+    assert all(t.dtype == torch.float16 for t in half)
+    assert max(biggest_diff(half, full)) <= FP16_TOL
+
+
+# --------------------------------------------------------------------- dropout
+def test_dropout_is_fixed_by_its_seed_and_keeps_the_expected_output():
+    make, G, R = CASES[0]
+    layout = make()
+    leaves, cot = inputs(layout, 1)
+    first, again = (run(triton_fn(layout, 0.5, G, R, 0.3, seed=7), leaves, cot) for _ in range(2))
+    other = run(triton_fn(layout, 0.5, G, R, 0.3, seed=8), leaves, cot)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # output and gradients
+    assert all(not torch.equal(a, b) for a, b in zip(first, other))
+    # E[dropout(P)] = P: the mean output over seeds approaches the no-dropout output
+    plain = run(triton_fn(layout, 0.5, G, R), leaves, cot)[0]
+    seeds = 16
+    with torch.no_grad():
+        mean = sum(triton_fn(layout, 0.5, G, R, 0.3, seed=s)(*leaves) for s in range(seeds)) / seeds
+    spread = (first[0] - plain).abs().mean()  # one draw's typical distance
+    assert (mean - plain).abs().mean() < 3 * spread / seeds**0.5
+
+
+def test_dropout_gradients_agree_with_finite_differences_at_a_fixed_seed():
+    from mate_cli.modeling.synthetic import random_layout
+
+    layout = random_layout(1, query_len=(2, 3), rows=(2, 2), cols=(2, 2), cell_tokens=(1, 2), pad=(0, 0), seed=4)
+    fn = triton_fn(layout, 0.5, 4, 2, 0.4, seed=3)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, layout.seq_len, DIM, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()
+               for _ in range(3))  # fmt: skip
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-5, fast_mode=True)
+
+
+# ---------------------------------------------------------------- as one op
+def test_one_custom_op_for_autograd_and_torch_compile():
+    make, G, R = CASES[1]
+    layout = make()
+    leaves, cot = inputs(layout, 2)
+    fn = triton_fn(layout, 0.5, G, R, 0.1, seed=5)
+    eager = run(fn, leaves, cot)
+    compiled = run(torch.compile(fn, backend="aot_eager", fullgraph=True), leaves, cot)  # one graph, no break
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    q, k, v = leaves
+    st = mt.TritonStructure.of(layout.to(DEVICE), HEADS, 0.5, G, R)
+    seed = torch.tensor(5, dtype=torch.int64, device=DEVICE)
+    torch.library.opcheck(torch.ops.mate.bucketed_triton_forward.default,
+                          (q, k, v, st.perm, st.groups, st.dense, st.real, seed, st.global_len, st.radius, 0.1),
+                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+
+
+# ------------------------------------------------------------------------ work
+def test_the_kernel_visits_the_tiles_counted_in_torch():
+    for make, G, R in CASES[:3]:
+        layout = make().to(DEVICE)
+        st = mt.TritonStructure.of(layout, HEADS, 0.5, G, R)
+        (q, k, v), _ = inputs(layout, 0)
+        assert mt.kernel_visits(q, k, v, st) == mt.visited_tiles(st, layout.seq_len)
+
+
+@pytest.mark.parametrize("source", ["filled", "wtq", "hybridqa"])
+def test_visited_work_at_8192_tokens_is_within_1_3x_of_the_ideal(source):
+    """Per row the ideal is G + 3R keys (every real key for a dense row); the kernel reads
+    whole tiles. Counted in torch (the same bounds as the kernel's, checked above)."""
+    if source == "filled":
+        layout = filled_layout(8192, query_tokens=60, columns=8, cell_tokens=15)
+    else:  # the sample's largest tables, whole: HybridQA's with their passages' links, up to 8192
+        layout = tokenized_tables(8192, per_dataset=1)[source]
+    st = mt.TritonStructure.of(layout, 12, 0.5, 116, 42)
+    ideal = sum(12 * (d * n + (n - d) * min(n, 116 + 126)) for d, n in zip(st.dense.tolist(), st.real.tolist()))
+    ratio = mt.visited_tiles(st, layout.seq_len) * mt.BLOCK["m"] * mt.BLOCK["n"] / ideal
+    assert ratio <= 1.3, (source, layout.seq_len, ratio)
+
+
+# ------------------------------------------------------------- ahead of time
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.slow)])
+def test_ahead_of_time_compile_for_sm90_and_sm80_has_no_register_spills(dtype, tmp_path):
+    """With attention dropout, BERT's head dim: no stack frame, no local memory (float32
+    spills at these tiles: train on a GPU in bf16). Compiled Triton runs in its own process
+    (this one may interpret)."""
+    script = ("import json, torch; from mate_cli.modeling.attention.mate_triton import resource_usage as u; "
+              f"print(json.dumps({{a: u(a, torch.{dtype}) for a in (90, 80)}}))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path / "triton"))  # compiled afresh
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    usage = json.loads(done.stdout.strip().splitlines()[-1])
+    spills = {f"{where} {kernel}": r for where, kernels in usage.items() for kernel, r in kernels.items()
+              if r["STACK"] or r["LOCAL"]}  # fmt: skip
+    assert not spills, spills
+    assert len(usage) == 2 and all(len(kernels) == 3 for kernels in usage.values())
