@@ -45,6 +45,42 @@ def store_rows(X, base, tok, ok, stride, dcol, d_ok, value):
 
 
 @triton.jit
+def own_tile(PERM, GROUPS, DENSE, REAL, SEED, H, N, D: tl.constexpr, BLOCK_D: tl.constexpr,
+             BLOCK: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
+    """This program's tile of ``BLOCK`` sorted positions (query rows, or key columns in the
+    dK/dV pass): its first position, (example x head, example, head), the example's
+    dense-row and real-token counts, the dropout seed, its positions, the head-dim columns,
+    and the positions' tokens and groups."""
+    m0 = tl.program_id(0) * BLOCK
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    dense, real, seed = tl.load(DENSE + b), tl.load(REAL + b), tl.load(SEED)
+    rows = m0 + tl.arange(0, BLOCK)
+    row_ok = rows < N
+    dcol = tl.arange(0, BLOCK_D)
+    d_ok = dcol < D
+    tok_row = tl.load(PERM + bh * N + rows, mask=row_ok, other=0)
+    g_row = tl.load(GROUPS + bh * N + rows, mask=row_ok, other=PAD)
+    return m0, bh, b, h, dense, real, seed, rows, row_ok, dcol, d_ok, tok_row, g_row
+
+
+@triton.jit
+def key_tile(start, hi, q, rows, g_row, K, V, kbase, vbase, skn, svn, PERM, GROUPS, bh, N, dense, G, R, scale,
+             dcol, d_ok, BLOCK_N: tl.constexpr, PAD: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """Key tile ``[start, start + BLOCK_N)`` of the interval ending at ``hi``: its tokens, k, v,
+    the scaled scores of the query tile and where MATE allows them."""
+    cols = start + tl.arange(0, BLOCK_N)
+    col_ok = cols < hi
+    tok_col = tl.load(PERM + bh * N + cols, mask=col_ok, other=0)
+    g_col = tl.load(GROUPS + bh * N + cols, mask=col_ok, other=PAD)
+    k = load_rows(K, kbase, tok_col, col_ok, skn, dcol, d_ok)
+    v = load_rows(V, vbase, tok_col, col_ok, svn, dcol, d_ok)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+    ok = allowed(rows, cols, g_row, g_col, dense, G, R, PAD) & col_ok[None, :]
+    return tok_col, k, v, s, ok
+
+
+@triton.jit
 def forward_tiles(acc, l_i, m_i, lo, hi, q, rows, g_row, tok_row, K, V, kbase, vbase, skn, svn,
                   PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok, VISITS,
                   BLOCK_N: tl.constexpr, PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
@@ -52,14 +88,8 @@ def forward_tiles(acc, l_i, m_i, lo, hi, q, rows, g_row, tok_row, K, V, kbase, v
     for start in range(lo, hi, BLOCK_N):
         if COUNT:  # the (query tile, key tile) pairs visited, for checking the work
             tl.atomic_add(VISITS, 1)
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < hi
-        tok_col = tl.load(PERM + bh * N + cols, mask=col_ok, other=0)
-        g_col = tl.load(GROUPS + bh * N + cols, mask=col_ok, other=PAD)
-        k = load_rows(K, kbase, tok_col, col_ok, skn, dcol, d_ok)
-        v = load_rows(V, vbase, tok_col, col_ok, svn, dcol, d_ok)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-        ok = allowed(rows, cols, g_row, g_col, dense, G, R, PAD) & col_ok[None, :]
+        tok_col, k, v, s, ok = key_tile(start, hi, q, rows, g_row, K, V, kbase, vbase, skn, svn, PERM, GROUPS, bh, N,
+                                        dense, G, R, scale, dcol, d_ok, BLOCK_N, PAD, PREC)  # fmt: skip
         s = tl.where(ok, s, -1.0e30)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -90,16 +120,8 @@ def forward_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, COUNT: tl.constexpr = False,
 ):  # fmt: skip
-    m0 = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
-    dense, real, seed = tl.load(DENSE + b), tl.load(REAL + b), tl.load(SEED)
-    rows = m0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < N
-    dcol = tl.arange(0, BLOCK_D)
-    d_ok = dcol < D
-    tok_row = tl.load(PERM + bh * N + rows, mask=row_ok, other=0)
-    g_row = tl.load(GROUPS + bh * N + rows, mask=row_ok, other=PAD)
+    m0, bh, b, h, dense, real, seed, rows, row_ok, dcol, d_ok, tok_row, g_row = own_tile(
+        PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_M, PAD)
     q = load_rows(Q, b * sqb + h * sqh, tok_row, row_ok, sqn, dcol, d_ok)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -121,14 +143,8 @@ def dq_tiles(dq, lo, hi, q, do, lse, delta, rows, g_row, tok_row, K, V, kbase, v
              PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok,
              BLOCK_N: tl.constexpr, PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     for start in range(lo, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < hi
-        tok_col = tl.load(PERM + bh * N + cols, mask=col_ok, other=0)
-        g_col = tl.load(GROUPS + bh * N + cols, mask=col_ok, other=PAD)
-        k = load_rows(K, kbase, tok_col, col_ok, skn, dcol, d_ok)
-        v = load_rows(V, vbase, tok_col, col_ok, svn, dcol, d_ok)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-        ok = allowed(rows, cols, g_row, g_col, dense, G, R, PAD) & col_ok[None, :]
+        tok_col, k, v, s, ok = key_tile(start, hi, q, rows, g_row, K, V, kbase, vbase, skn, svn, PERM, GROUPS, bh, N,
+                                        dense, G, R, scale, dcol, d_ok, BLOCK_N, PAD, PREC)  # fmt: skip
         p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         dp = dp * keep_scale(seed, bh, tok_row, tok_col, dropout_p, DROPOUT)
@@ -145,16 +161,8 @@ def dq_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    m0 = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
-    dense, real, seed = tl.load(DENSE + b), tl.load(REAL + b), tl.load(SEED)
-    rows = m0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < N
-    dcol = tl.arange(0, BLOCK_D)
-    d_ok = dcol < D
-    tok_row = tl.load(PERM + bh * N + rows, mask=row_ok, other=0)
-    g_row = tl.load(GROUPS + bh * N + rows, mask=row_ok, other=PAD)
+    m0, bh, b, h, dense, real, seed, rows, row_ok, dcol, d_ok, tok_row, g_row = own_tile(
+        PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_M, PAD)
     q = load_rows(Q, b * sqb + h * sqh, tok_row, row_ok, sqn, dcol, d_ok)
     do = load_rows(DO, b * sdob + h * sdoh, tok_row, row_ok, sdon, dcol, d_ok)
     lse = tl.load(LSE + bh * N + tok_row, mask=row_ok, other=0.0)
@@ -201,16 +209,8 @@ def dkdv_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    n0 = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
-    dense, seed = tl.load(DENSE + b), tl.load(SEED)
-    cols = n0 + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    dcol = tl.arange(0, BLOCK_D)
-    d_ok = dcol < D
-    tok_col = tl.load(PERM + bh * N + cols, mask=col_ok, other=0)
-    g_col = tl.load(GROUPS + bh * N + cols, mask=col_ok, other=PAD)
+    n0, bh, b, h, dense, _, seed, cols, col_ok, dcol, d_ok, tok_col, g_col = own_tile(
+        PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_N, PAD)
     k = load_rows(K, b * skb + h * skh, tok_col, col_ok, skn, dcol, d_ok)
     v = load_rows(V, b * svb + h * svh, tok_col, col_ok, svn, dcol, d_ok)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
