@@ -39,7 +39,10 @@ loss equal ``TapasForQuestionAnswering``'s (``tests/modeling/test_tapas_heads.py
 latter with ``allow_empty_column_selection=false`` (column 0, the query cell, is then
 excluded; otherwise its logit is the query cell's mean, which TAPAS takes over padding too).
 The head runs in float32 under mixed precision (label counts and answers exceed bf16's range).
-Gumbel sampling (``use_gumbel_for_cells`` / ``_for_aggregation``) is not supported.
+TAPAS's Gumbel options (``use_gumbel_for_cells``, ``use_gumbel_for_aggregation``) draw the
+expected result's cell selection and operator from relaxed distributions at training time
+(:func:`expected_result`); evaluation uses the probabilities, so a model's predictions and
+validation loss do not depend on a draw.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class TapasHeadConfig:
     max_num_columns: int = 32
     init_cell_selection_weights_to_zero: bool = False
     cell_classification_threshold: float = 0.5
+    use_gumbel_for_cells: bool = False
+    use_gumbel_for_aggregation: bool = False
 
     def __post_init__(self) -> None:
         self.average_approximation_function = str(self.average_approximation_function).lower()
@@ -121,10 +126,6 @@ class TapasHeadConfig:
             raise MateError(f"model.head has unknown setting(s) {unknown}; the TAPAS head settings are {sorted(names)}")
         values = {name: checkpoint[name] for name in names if checkpoint.get(name) is not None}
         values.update({k: v for k, v in settings.items() if v is not None})
-        for flag in ("use_gumbel_for_cells", "use_gumbel_for_aggregation"):
-            if checkpoint.get(flag):
-                log.warning("the checkpoint sets %s; Gumbel sampling is not supported, the plain "
-                            "probabilities are used", flag)
         return cls(**values)
 
 
@@ -311,8 +312,13 @@ class TapasQAHead(nn.Module):
 
     def _answer_loss(self, answer, aggregate, logits, values, scale, aggregation_logits, table_mask):
         cfg = self.config
-        expected = expected_result(torch.sigmoid(logits), values, scale, table_mask, aggregation_logits,
-                                   cfg.average_approximation_function, cfg.aggregation_temperature)
+        sample = self.training and (cfg.use_gumbel_for_cells or cfg.use_gumbel_for_aggregation)
+        probs = torch.sigmoid(logits)
+        if sample and cfg.use_gumbel_for_cells:
+            probs = relaxed_bernoulli(logits, cfg.temperature)
+        expected = expected_result(probs, values, scale, table_mask, aggregation_logits,
+                                   cfg.average_approximation_function, cfg.aggregation_temperature,
+                                   gumbel_aggregation=sample and cfg.use_gumbel_for_aggregation)
         answer = torch.nan_to_num(answer, nan=0.0)
         if cfg.use_normalized_answer_loss:
             norm = (torch.maximum(expected.abs(), answer.abs()) + EPSILON).detach()
@@ -374,13 +380,26 @@ def _aggregate_mask(answer, aggregation_logits, preference, labels) -> torch.Ten
     return torch.where(select, torch.zeros_like(scalar), scalar).detach()
 
 
+def relaxed_bernoulli(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """TAPAS's ``use_gumbel_for_cells``: a relaxed Bernoulli draw per token whose underlying
+    probability is ``sigmoid(raw logit)`` (the logit before dividing by ``temperature``), relaxed at
+    ``temperature``: ``sigmoid((raw + L) / T) = sigmoid(logits + L / T)`` with ``L`` logistic
+    noise. For TAPAS's small ``T`` a draw is nearly 0 or 1, so a soft selection that fits the
+    answer only on average is noisy, and the loss pushes each cell's logit to a side."""
+    u = torch.rand_like(logits).clamp(1e-6, 1 - 1e-6)
+    return torch.sigmoid(logits + torch.logit(u) / temperature)
+
+
 def expected_result(probs, values, scale, table_mask, aggregation_logits, approximation="ratio",
-                    aggregation_temperature=1.0) -> torch.Tensor:
+                    aggregation_temperature=1.0, gumbel_aggregation: bool = False) -> torch.Tensor:
     """The expected SUM / AVERAGE / COUNT of a soft cell selection, weighted by the operators' probabilities.
 
     ``probs``, ``values`` (NaN: not a number), ``scale`` (tokens of the token's cell) and
     ``table_mask`` (data rows) are ``[batch, seq]``; a cell's tokens share its probability,
-    so dividing by ``scale`` counts every cell once.
+    so dividing by ``scale`` counts every cell once (with :func:`relaxed_bernoulli` draws, a
+    cell counts the mean of its tokens' draws). ``gumbel_aggregation`` (TAPAS's
+    ``use_gumbel_for_aggregation``) draws the operators' weights from a relaxed one-hot
+    distribution at ``aggregation_temperature`` instead of taking their softmax.
     """
     p = probs / scale * table_mask
     count = p.sum(1)
@@ -396,7 +415,12 @@ def expected_result(probs, values, scale, table_mask, aggregation_logits, approx
             pointwise = p * (1 - p)
             variance = pointwise.sum(1, keepdim=True) - pointwise
             average = (values * p * (variance / others.square() + 1) / others).sum(1)
-    operators = torch.softmax(aggregation_logits[:, 1:] / aggregation_temperature, dim=-1)
+    if gumbel_aggregation:
+        operators = torch.distributions.RelaxedOneHotCategorical(
+            torch.tensor(aggregation_temperature, device=aggregation_logits.device), logits=aggregation_logits[:, 1:]
+        ).rsample()
+    else:
+        operators = torch.softmax(aggregation_logits[:, 1:] / aggregation_temperature, dim=-1)
     return (torch.stack([total, average, count], dim=1) * operators).sum(1)
 
 

@@ -224,3 +224,44 @@ def test_head_settings_that_cannot_train_are_one_line_errors(settings, fix):
 
     with pytest.raises(MateError, match=fix):
         TapasHeadConfig.from_checkpoint(settings, None)
+
+
+# ------------------------------------------------------------------ Gumbel options
+def test_relaxed_bernoulli_draws_are_near_0_or_1_with_the_raw_logits_odds():
+    """TAPAS's use_gumbel_for_cells at its WikiTQ temperature: draws are nearly hard, and a
+    cell is on with probability sigmoid(raw logit), where raw = temperature x the head's logit."""
+    from mate_cli.modeling.tapas_heads import relaxed_bernoulli
+
+    temperature = 0.0352513
+    raw = torch.tensor([-1.0, 0.0, 0.5, 2.0])
+    torch.manual_seed(0)
+    draws = relaxed_bernoulli((raw / temperature).expand(20000, 4), temperature)
+    assert ((draws < 0.01) | (draws > 0.99)).float().mean() > 0.9
+    assert torch.allclose((draws > 0.5).float().mean(0), torch.sigmoid(raw), atol=0.02)
+
+
+def test_gumbel_options_change_the_training_loss_only():
+    """With the options on, the head's loss in training mode comes from draws (two calls
+    differ); in evaluation mode it is the plain expected result, the same as with them off."""
+    from mate_cli.modeling.tapas_heads import TapasQAHead
+
+    settings = dict(num_aggregation_labels=4, use_answer_as_supervision=True, cell_selection_preference=0.207951,
+                    huber_loss_delta=0.121194, temperature=0.0352513, answer_loss_cutoff=1e9)
+    plain = TapasQAHead(16, TapasHeadConfig(**settings))
+    drawn = TapasQAHead(16, TapasHeadConfig(**settings, use_gumbel_for_cells=True, use_gumbel_for_aggregation=True))
+    drawn.load_state_dict(plain.state_dict())
+    layout = TableLayout.from_lists([{"segment_ids": [0] * 3 + [1] * 6, "row_ids": [0] * 3 + [1, 1, 2, 2, 3, 3],
+                                      "column_ids": [0] * 3 + [1, 2] * 3}])  # fmt: skip
+    torch.manual_seed(1)
+    hidden, pooled = torch.randn(1, 9, 16), torch.randn(1, 16)
+    labels = torch.zeros(1, 9, dtype=torch.long)
+    values = torch.tensor([[math.nan] * 3 + [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+    scale = torch.ones(1, 9)
+    args = (hidden, pooled, layout, labels, torch.tensor([7.0]), values, scale)
+    for head in (plain, drawn):
+        head.eval()
+    assert torch.equal(plain(*args).loss, drawn(*args).loss)
+    drawn.train()
+    drawn.dropout.p = 0.0
+    first, second = drawn(*args).loss, drawn(*args).loss
+    assert not torch.equal(first, second)
