@@ -70,6 +70,7 @@ DECLARED: dict[str, Any] = {
     "model.encoder.reset_position_index_per_cell": Optional[bool],
     "model.encoder.hidden_dropout": Optional[float],
     "model.encoder.attention_dropout": Optional[float],
+    "model.encoder.new_type_embeddings": str,
     "model.head.max_num_rows": Optional[int],
     "model.head.max_num_columns": Optional[int],
     "model.hop_layers": Optional[int],

@@ -317,6 +317,7 @@ class TableEncoder(nn.Module):
         max_length: int | None = None,
         reset_position_index_per_cell: bool | None = None,
         gradient_checkpointing: bool = False,
+        new_type_embeddings: str = "normal",
         **config_overrides: Any,
     ) -> "TableEncoder":
         """Build from a BERT or TAPAS checkpoint.
@@ -328,6 +329,11 @@ class TableEncoder(nn.Module):
             reset_position_index_per_cell: per-cell positions; default: a TAPAS
                 checkpoint's own setting, else on iff ``max_length`` exceeds the position table.
             gradient_checkpointing: see the class.
+            new_type_embeddings: how the token-type tables the checkpoint lacks start (a BERT
+                checkpoint has the segment table only): ``normal`` (0, 0.02), as TAPAS
+                initialises them, or ``zero``, so that they add nothing until trained and the
+                encoder starts as the checkpoint's function. Tables the checkpoint has (TAPAS's)
+                are loaded either way.
             config_overrides: any :class:`EncoderConfig` field (e.g. ``hidden_dropout=0.0``);
                 None keeps the checkpoint's value.
         """
@@ -355,9 +361,18 @@ class TableEncoder(nn.Module):
             config.reset_position_index_per_cell = bool(reset_position_index_per_cell)
         elif model_type != "tapas":
             config.reset_position_index_per_cell = length > config.max_position_embeddings
+        if new_type_embeddings not in ("normal", "zero"):
+            raise MateError(f"model.encoder.new_type_embeddings={new_type_embeddings!r} is invalid; "
+                            "use normal or zero")
         model = cls(config, attention, max_length=length, gradient_checkpointing=gradient_checkpointing)
         state = checkpoints.rename_state_dict(checkpoints.read_state_dict(checkpoints.weight_files(resolved)))
-        checkpoints.load_state_dict(model, state, source=str(pretrained))
+        missing, _ = checkpoints.load_state_dict(model, state, source=str(pretrained))
+        if new_type_embeddings == "zero":
+            parameters = dict(model.named_parameters())
+            with torch.no_grad():
+                for name in missing:
+                    if name.startswith("embeddings.token_type_embeddings"):
+                        parameters[name].zero_()
         return model
 
     def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None,

@@ -186,3 +186,26 @@ def test_a_checkpoint_directory_without_a_vocabulary_is_an_error(tmp_path, minil
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
     with pytest.raises(MateError, match=r"\[UNK\]"):
         load_tokenizer(str(tmp_path))
+
+
+# ------------------------------------------------------------- new token-type tables
+def test_zero_new_type_tables_start_a_bert_checkpoint_as_its_own_function(tmp_path):
+    """The bundled MiniLM has the segment table only: with new_type_embeddings=zero the six
+    table tables add nothing, so a table batch embeds as if its row, column and rank ids
+    were 0; with normal (TAPAS's initialisation) they do not. A TAPAS checkpoint keeps its
+    own tables either way."""
+    input_ids, layout = random_layout(0, [20, 14])
+    no_table = TableLayout.from_token_type_ids(
+        torch.stack([layout.segment_ids] + [torch.zeros_like(layout.segment_ids)] * 6, -1), layout.attention_mask)
+    embedded = {}
+    for choice in ("zero", "normal"):
+        model = TableEncoder.from_pretrained("minilm", "dense", new_type_embeddings=choice).eval()
+        with torch.no_grad():
+            embedded[choice] = [model(input_ids, x) for x in (layout, no_table)]
+    assert torch.equal(*embedded["zero"])
+    assert not torch.allclose(*embedded["normal"], atol=1e-3)
+    save_tiny_tapas(tmp_path / "tapas")
+    tapas = TableEncoder.from_pretrained(tmp_path / "tapas", "dense", new_type_embeddings="zero")
+    assert tapas.embeddings.token_type_embeddings_1.weight.abs().sum() > 0
+    with pytest.raises(MateError, match="new_type_embeddings='ones' is invalid"):
+        TableEncoder.from_pretrained("minilm", "dense", new_type_embeddings="ones")
