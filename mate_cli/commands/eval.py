@@ -7,6 +7,8 @@ table tasks also the predictions in the dataset's upstream answer format
 
 from __future__ import annotations
 
+import warnings
+
 from pathlib import Path
 
 import hydra
@@ -49,7 +51,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise MateError(f"mate eval of a {datamodule.task} run writes one predictions file and (SQA) feeds each "
                         "question the previous prediction: run it on one device (hardware=cpu or hardware=gpu)")
     run = trainer.validate if cfg.split == "validation" else trainer.test
-    results = run(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
+    with warnings.catch_warnings():
+        # the checkpoint's training callbacks (checkpointing, progress, throughput) keep state
+        # that only training needs: an evaluation has none of them, and loses nothing
+        warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used to create")
+        results = run(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics["ckpt_path"] = ckpt_path
