@@ -269,10 +269,15 @@ def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path, sample_cac
     run = tmp_path / "run"
     metrics = run_command("train", [*SMOKE, "trainer.max_steps=2", "attention.impl=flex",
                                     "model.encoder.attention_dropout=0.0", "logger=csv",
-                                    f"dataset.cache_dir={sample_cache}"], run)
+                                    "callbacks.progress_log.every_n_seconds=0",
+                                    f"dataset.cache_dir={sample_cache}"], run)  # fmt: skip
     assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1")), metrics
     assert "impl: flex" in (run / "resolved_config.yaml").read_text()
     assert not [line for line in attention_choices() if "using 'eager'" in line]
+    # stdout is not a terminal here (as under nohup): progress comes as log lines, one per step at interval 0
+    progress = [line.split("progress: ", 1)[1] for line in (run / "train.log").read_text().splitlines() if "progress: " in line]
+    assert [p.split(",")[0] for p in progress] == ["step 1/2", "step 2/2"], progress
+    assert all("train/loss" in p and "steps/s" in p for p in progress) and progress[0].endswith("left"), progress
 
 
 def test_train_takes_a_step_with_mate_in_the_triton_kernels(tmp_path: Path, sample_cache: Path):
