@@ -269,14 +269,20 @@ def test_ahead_of_time_compile_for_sm90_and_sm80_has_no_register_spills(dtype, t
 
 
 # ----------------------------------------------------------- the GPU command
-def test_the_gpu_command_and_its_host_sync_check_say_in_one_line_that_they_need_a_gpu(tmp_path):
-    """tools/gpu_run.sh (and the check of step 4) run where a CUDA GPU is; elsewhere one line
-    each, before anything is measured or written beyond its output folder."""
+def test_the_gpu_command_and_its_host_sync_check_say_in_one_line_that_they_need_a_gpu(tmp_path, monkeypatch):
+    """tools/gpu_run.sh (a real shell script: the process is the point) and the check of its
+    step 4 (in process) run where a CUDA GPU is; elsewhere one line each, before anything is
+    measured or written beyond the script's output folder."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: tools/gpu_run.sh runs for real")
     env = {**os.environ, "GPU_OUT": str(tmp_path / "gpu"), "PYTHON": sys.executable, "GPU_WHEELS_DIR": str(tmp_path)}
-    for command in (["bash", str(REPO_ROOT / "tools" / "gpu_run.sh")], [sys.executable, "-m", "mate_cli.bench.host_sync"]):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
-        lines = done.stderr.strip().splitlines()
-        assert done.returncode == 1 and lines and lines[-1].endswith("no CUDA GPU here; run it on a machine with one"), done
+    done = subprocess.run(["bash", str(REPO_ROOT / "tools" / "gpu_run.sh")], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=REPO_ROOT)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and lines == ["tools/gpu_run.sh: no CUDA GPU here; run it on a machine with one"], done
     assert [p.name for p in (tmp_path / "gpu").iterdir()] == []
+    from mate_cli.bench import host_sync
+
+    monkeypatch.setattr(sys, "argv", ["host_sync"])
+    with pytest.raises(SystemExit, match="^mate_cli.bench.host_sync: no CUDA GPU here; run it on a machine with one$"):
+        host_sync.main()
