@@ -28,6 +28,7 @@ from mate_cli.trainer_args import accepts, close_matches, describe, trainer_para
 DECLARED: dict[str, Any] = {
     # every command
     "ckpt_path": Optional[str],
+    "init_from": Optional[str],
     "paper_name": Optional[str],
     "keep_best": Literal["checkpoint", "encoder"],
     "experiment_name": str,
@@ -51,6 +52,7 @@ DECLARED: dict[str, Any] = {
     "dataset.pretrained": str,
     "dataset.cache_dir": str,
     "dataset.eval_file": Optional[str],
+    "dataset.ambiguous_answers": Literal["first", "all", "drop"],
     "dataset.limit_questions": Optional[int],
     "dataset.long_table_tokens": Optional[int],
     "dataset.mask_seed": int,
@@ -87,6 +89,7 @@ DECLARED: dict[str, Any] = {
     "callbacks.best_checkpoint": Optional[dict],  # null under debug=overfit
     "callbacks.model_checkpoint.dirpath": str,
     "callbacks.best_checkpoint.dirpath": str,
+    "callbacks.progress_log.every_n_steps": Optional[int],
     "paths.root_dir": str,
     "paths.data_dir": str,
     "paths.cache_dir": str,

@@ -15,7 +15,9 @@ Supervision, as TAPAS builds it:
   (through the tagged canonical forms, else their emulation:
   :func:`mate_cli.metrics.wtq.target_values`) against each cell's text read as a
   prediction (:func:`mate_cli.metrics.wtq.predicted_values`); every gold value must be
-  found, else none are used. ``float_answer`` is the answer when it is one number (read
+  found, else none are used. A value found in several cells keeps one of them, the first in
+  row order (``ambiguous_answers=first``: selecting every copy would answer it several
+  times, which the metric counts wrong). ``float_answer`` is the answer when it is one number (read
   from the raw text, as TAPAS does; else NaN), and every cell carries its number (TAPAS's
   numeric values, NaN when none) for the expected aggregation result.
 - **TabFact**: the statement is the question; the label is the verdict.
@@ -61,6 +63,7 @@ log = logging.getLogger(__name__)
 
 TASKS = ("sqa", "wtq", "tabfact")
 PRUNING = ("none", "cc", "hem")
+AMBIGUOUS_ANSWERS = ("first", "all", "drop")
 Coord = tuple[int, int]
 
 
@@ -82,23 +85,42 @@ def make_reader(task: str, root: str):
 
 
 # ---------------------------------------------------------------- supervision
-def answer_cells(task: str, question: Question, table: Table) -> list[Coord]:
-    """The (data row, column) cells that supervise cell selection (module docstring)."""
+def answer_matches(task: str, question: Question, table: Table) -> list[list[Coord]]:
+    """Per gold answer item, the (data row, column) cells that supervise it, in row order
+    (module docstring); ``[]`` when some item is found in no cell. SQA: one gold cell each."""
     if task == "sqa":
-        return sorted({(int(r), int(c)) for r, c in question.answer_coordinates})
+        return [[cell] for cell in sorted({(int(r), int(c)) for r, c in question.answer_coordinates})]
     if task != "wtq" or not question.answers:
         return []
     from mate_cli.metrics.wtq import predicted_values, target_values
 
     cells = {(r, c): predicted_values([cell.text])[0] for r, row in enumerate(table.rows)
              for c, cell in enumerate(row) if cell.text.strip()}
-    found: set[Coord] = set()
+    found = []
     for target in target_values(question.answers, question.canonical_answers):
-        hits = {coord for coord, value in cells.items() if target.match(value)}
+        hits = sorted(coord for coord, value in cells.items() if target.match(value))
         if not hits:
             return []
-        found |= hits
-    return sorted(found)
+        found.append(hits)
+    return found
+
+
+def answer_cells(task: str, question: Question, table: Table) -> list[Coord]:
+    """Every cell that matches a gold answer item (:func:`answer_matches`), sorted."""
+    return sorted({cell for hits in answer_matches(task, question, table) for cell in hits})
+
+
+def first_cell_per_answer(example: dict, matches: list[list[Coord]]) -> None:
+    """``ambiguous_answers=first``: keep one candidate per answer item, its first cell in row
+    order that kept a token and is not an earlier item's; an item without one counts as cut."""
+    cell_of = {tuple(xy): k + 1 for k, xy in enumerate(example["cell_coords"])}
+    chosen: list[int] = []
+    for hits in matches:
+        free = [cell_of[c] for c in hits if c in cell_of and cell_of[c] not in chosen]
+        if free:
+            chosen.append(free[0])
+    example["candidates"] = sorted(chosen)
+    example["candidates_dropped"] = len(matches) - len(chosen)
 
 
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
@@ -157,10 +179,14 @@ def previous_answers(questions: list[Question]) -> dict[str, list[Coord]]:
 
 
 def encode_task_question(tokenizer: TableTokenizer, task: str, question: Question, table: Table,
-                         prev: list[Coord] | None = None) -> dict:
+                         prev: list[Coord] | None = None, ambiguous_answers: str = "first") -> dict:
     """One question of a table task as a plain dict (an ``EncodedExample`` plus its supervision)."""
-    cells = answer_cells(task, question, table)
+    matches = answer_matches(task, question, table)
+    cells = sorted({cell for hits in matches for cell in hits})
     example = asdict(tokenizer.encode(question, table, candidates=cells, prev_answer_coords=prev))
+    ambiguous = any(len(hits) > 1 for hits in matches)
+    if ambiguous and ambiguous_answers == "first":
+        first_cell_per_answer(example, matches)
     example.update(
         label=-1 if question.label is None else int(question.label),
         float_answer=scalar_answer(task, question),
@@ -170,6 +196,7 @@ def encode_task_question(tokenizer: TableTokenizer, task: str, question: Questio
         cell_texts=[table.rows[r][c].text for r, c in example["cell_coords"]] if task == "wtq" else [],
         answer_coordinates=[list(map(int, c)) for c in question.answer_coordinates],
         has_answer_cells=bool(cells),
+        ambiguous_answer=ambiguous,
         sequence_id=question.sequence_id or "",
         position=int(question.position),
         channel=question.channel or "",
@@ -180,19 +207,20 @@ def encode_task_question(tokenizer: TableTokenizer, task: str, question: Questio
 class _TaskEncoder:
     """Picklable one-record function: a question record -> its encoded example."""
 
-    def __init__(self, task: str, root: str, tokenizer_args: dict, prev: dict[str, list[Coord]]):
-        self.args = (task, root, tokenizer_args, prev)
+    def __init__(self, task: str, root: str, tokenizer_args: dict, prev: dict[str, list[Coord]],
+                 ambiguous_answers: str = "first"):
+        self.args = (task, root, tokenizer_args, prev, ambiguous_answers)
         self._state = None
 
     def __call__(self, record: dict) -> dict:
-        task, root, tokenizer_args, prev = self.args
+        task, root, tokenizer_args, prev, ambiguous_answers = self.args
         if self._state is None:
             args = dict(tokenizer_args)
             self._state = (make_reader(task, root), TableTokenizer(load_tokenizer(args.pop("pretrained")), **args))
         reader, tokenizer = self._state
         question = question_from_record(record)
         return encode_task_question(tokenizer, task, question, reader.table(question.table_id),
-                                    prev.get(question.question_id))
+                                    prev.get(question.question_id), ambiguous_answers)
 
     def __getstate__(self):
         return {"args": self.args, "_state": None}
@@ -209,17 +237,27 @@ class TableTaskDataModule(SplitDataModule):
             model's ``long_table_tokens``; null: no slice statistics).
         empty_cell_token: empty cells get one token (the vocabulary's ``[EMPTY]``, else
             ``[UNK]``), so they can be selected: SQA's gold answers include empty cells.
+        ambiguous_answers: WikiTQ answer items found in several cells: ``first`` (one cell
+            per item), ``all`` (every such cell) or ``drop`` (every cell; the training
+            question is dropped).
+        drop_cut_answers: drop training questions whose answer cells the length cut removed
+            (some or all of them).
         common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (root,
             pretrained, max_length, max_question_tokens, split, batch sizes, eval_file, ...).
     """
 
     def __init__(self, *, task: str, pruning: str = "none", empty_cell_token: bool = True,
-                 long_table_tokens: int | None = None, **common) -> None:
+                 long_table_tokens: int | None = None, ambiguous_answers: str = "first",
+                 drop_cut_answers: bool = False, **common) -> None:
         if task not in TASKS:
             raise MateError(f"dataset.task={task!r} is invalid; use one of {', '.join(TASKS)}")
         if pruning not in PRUNING:
             raise MateError(f"dataset.pruning={pruning!r} is invalid; use one of {', '.join(PRUNING)}")
+        if ambiguous_answers not in AMBIGUOUS_ANSWERS:
+            raise MateError(f"dataset.ambiguous_answers={ambiguous_answers!r} is invalid; use one of "
+                            f"{', '.join(AMBIGUOUS_ANSWERS)}")
         self.task, self.pruning, self.empty_cell_token = task, pruning, bool(empty_cell_token)
+        self.ambiguous_answers, self.drop_cut_answers = ambiguous_answers, bool(drop_cut_answers)
         self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
         super().__init__(**common)
         self.kind = task
@@ -233,7 +271,7 @@ class TableTaskDataModule(SplitDataModule):
         # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
         canon = CANON_EMULATION if self.task == "wtq" else None
         return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token,
-                "canon_emulation": canon}
+                "canon_emulation": canon, "ambiguous_answers": self.ambiguous_answers if self.task == "wtq" else None}
 
     def tokenizer_args(self) -> dict:
         return {"pretrained": self.pretrained, "max_length": self.max_length,
@@ -241,20 +279,36 @@ class TableTaskDataModule(SplitDataModule):
                 "empty_cell_token": self.empty_cell_token}
 
     def encode(self, questions: list[Question], split: str):
-        encoder = _TaskEncoder(self.task, self.root, self.tokenizer_args(), previous_answers(questions))
+        encoder = _TaskEncoder(self.task, self.root, self.tokenizer_args(), previous_answers(questions),
+                               self.ambiguous_answers)
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
         return task_split_stats(ds, self.long_table_tokens)
 
     def usable_rows(self, split: str, ds) -> list[int] | None:
-        """Training: examples that supervise something. SQA evaluation: position by position."""
+        """Training: examples that supervise something (and, as configured, whose answer cells
+        all survived the length cut and are not ambiguous); the drops are counted in the
+        split statistics. SQA evaluation: position by position."""
         if split == "train" and self.task != "tabfact":
-            floats = ds["float_answer"]
-            keep = [i for i, c in enumerate(ds["candidates"]) if c or not math.isnan(floats[i])]
-            if len(keep) < len(ds):
-                log.info("%s train: %d of %d questions have no answer cell left and no scalar answer; skipped",
-                         self.task, len(ds) - len(keep), len(ds))
+            floats, cells, dropped = ds["float_answer"], ds["has_answer_cells"], ds["candidates_dropped"]
+            ambiguous = ds["ambiguous_answer"] if self.ambiguous_answers == "drop" else [False] * len(ds)
+            why = {}
+            for i, candidates in enumerate(ds["candidates"]):
+                if not candidates and math.isnan(floats[i]):
+                    why[i] = "dropped_no_supervision"
+                elif self.drop_cut_answers and cells[i] and int(dropped[i]):
+                    why[i] = "dropped_answer_cut"
+                elif ambiguous[i]:
+                    why[i] = "dropped_ambiguous"
+            counts = {name: sum(1 for w in why.values() if w == name)
+                      for name in ("dropped_no_supervision", "dropped_answer_cut", "dropped_ambiguous")}
+            self.stats.setdefault(split, {}).update(counts)
+            if why:
+                log.info("%s train: %d of %d questions dropped (%s)", self.task, len(why), len(ds),
+                         ", ".join(f"{name.removeprefix('dropped_').replace('_', ' ')}: {n}"
+                                   for name, n in counts.items() if n))
+            keep = [i for i in range(len(ds)) if i not in why]
             if not keep:
                 raise MateError(f"no {self.task} training question has an answer cell; check dataset.root and "
                                 "dataset.max_length")
@@ -288,6 +342,7 @@ def task_split_stats(ds, long_table_tokens: int | None = None) -> dict:
         "answer_cells_kept": kept_share(with_cells),
         "rows_dropped": sum(int(r) for r in ds["rows_dropped"]),
         "columns_dropped": sum(int(c) for c in ds["columns_dropped"]),
+        "ambiguous_answers": sum(bool(a) for a in ds["ambiguous_answer"]),
     }
     for name in ("columns_pruned", "tokens_pruned"):
         if name in ds.column_names:

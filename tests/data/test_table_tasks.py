@@ -21,8 +21,8 @@ import torch
 from mate_cli.data.schema import Question, TaskBatch
 from mate_cli.data.sqa import SQAReader
 from mate_cli.data.table_tasks import (
-    TableTaskDataModule, TaskCollator, answer_cells, cell_numbers, encode_task_question, previous_answers,
-    scalar_answer,
+    TableTaskDataModule, TaskCollator, answer_cells, answer_matches, cell_numbers, encode_task_question,
+    first_cell_per_answer, previous_answers, scalar_answer,
 )
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.data.wtq import WTQReader
@@ -227,6 +227,56 @@ def test_encoded_wtq_question_carries_its_supervision(wtq, wtq_questions, table_
     assert all(_same(a, b) for a, b in zip(ex["cell_values"], expected))
     assert ex["cell_texts"] == [table.rows[r][c].text for r, c in ex["cell_coords"]]
     assert ex["cell_values"][ex["cell_coords"].index([0, 11])] == 560195.0
+
+
+def test_an_answer_found_in_several_cells_supervises_one_cell_per_answer_item(wtq, wtq_questions, table_tokenizer):
+    """``ambiguous_answers``: first (one cell per item, the first in row order that kept a token), all, drop."""
+    q = wtq_questions["nt-12799"]  # "2-1" is in rows 0 and 1, "4-1" in row 2
+    table = wtq.table(q.table_id)
+    assert answer_matches("wtq", q, table) == [[(0, 5), (1, 5)], [(2, 5)]]
+
+    def chosen(mode: str) -> tuple[list, bool, int]:
+        ex = encode_task_question(table_tokenizer, "wtq", q, table, ambiguous_answers=mode)
+        return [ex["cell_coords"][k - 1] for k in ex["candidates"]], ex["ambiguous_answer"], ex["candidates_dropped"]
+
+    assert chosen("first") == ([[0, 5], [2, 5]], True, 0)
+    assert chosen("all") == chosen("drop") == ([[0, 5], [1, 5], [2, 5]], True, 0)
+    # one cell each: an unambiguous answer is left as it is
+    q = wtq_questions["nt-718"]
+    ex = encode_task_question(table_tokenizer, "wtq", q, wtq.table(q.table_id), ambiguous_answers="first")
+    assert not ex["ambiguous_answer"] and [ex["cell_coords"][k - 1] for k in ex["candidates"]] == [[12, 1]]
+    # the first cell that kept a token: nt-7387's four "Czech Republic" rows are all cut at this length
+    q = wtq_questions["nt-7387"]
+    ex = encode_task_question(table_tokenizer, "wtq", q, wtq.table(q.table_id), ambiguous_answers="first")
+    assert ex["ambiguous_answer"] and ex["candidates"] == [] and ex["candidates_dropped"] == 1
+
+
+def test_first_cell_per_answer_skips_cut_cells_and_cells_an_earlier_item_took():
+    example = {"cell_coords": [[0, 0], [1, 0], [3, 0]], "candidates": [1, 2, 3], "candidates_dropped": 1}
+    # item 1 matches (0,0) and (1,0); item 2 matches (0,0) (taken) and (3,0); item 3 only the cut (2,0)
+    first_cell_per_answer(example, [[(0, 0), (1, 0)], [(0, 0), (3, 0)], [(2, 0)]])
+    assert example["candidates"] == [1, 3] and example["candidates_dropped"] == 1
+
+
+@pytest.mark.parametrize("extra, dropped", [
+    ({}, {"dropped_no_supervision": 3, "dropped_answer_cut": 0, "dropped_ambiguous": 0}),
+    ({"drop_cut_answers": True}, {"dropped_no_supervision": 3, "dropped_answer_cut": 3, "dropped_ambiguous": 0}),
+    ({"ambiguous_answers": "drop"}, {"dropped_no_supervision": 3, "dropped_answer_cut": 0, "dropped_ambiguous": 8}),
+])
+def test_training_drops_cut_and_ambiguous_questions_as_configured_and_counts_them(datamodule, extra, dropped):
+    dm = datamodule("wtq", **extra)
+    train = dm.datasets["train"]
+    keep = set(dm.usable_rows("train", train))
+    assert {k: dm.stats["train"][k] for k in dropped} == dropped
+    assert len(train) - len(keep) == sum(dropped.values())
+    rows = [train[i] for i in range(len(train))]
+    assert dm.stats["train"]["ambiguous_answers"] == sum(r["ambiguous_answer"] for r in rows)
+    for i, r in enumerate(rows):
+        cut = r["has_answer_cells"] and r["candidates_dropped"] > 0
+        if extra.get("drop_cut_answers") and cut or extra.get("ambiguous_answers") == "drop" and r["ambiguous_answer"]:
+            assert i not in keep, r["question_id"]
+    if extra.get("ambiguous_answers") == "drop":  # it labels every copy: another cache than the default's
+        assert dm.cache_key("train") != datamodule("wtq").cache_key("train")
 
 
 # ================================================================ 2. SQA previous answers
