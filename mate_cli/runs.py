@@ -47,7 +47,7 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
     return checked_run_config(cfg, config, trust)
 
 
-def run_checkpoint(value: str | Path) -> Path:
+def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
     """What ``ckpt_path=`` names for evaluating: a checkpoint file as it is; a run dir, its
     best checkpoint (``best_checkpoint`` in its ``metrics.json``, the one `mate train`
     validated), else its ``checkpoints/last.ckpt``."""
@@ -62,7 +62,7 @@ def run_checkpoint(value: str | Path) -> Path:
             return path / "checkpoints" / Path(best).name  # the run dir may have moved since
     if (path / "checkpoints" / "last.ckpt").is_file():
         return path / "checkpoints" / "last.ckpt"
-    raise MateError(f"ckpt_path={value}: a folder without checkpoints/last.ckpt or metrics.json's best checkpoint; "
+    raise MateError(f"{key}={value}: a folder without checkpoints/last.ckpt or metrics.json's best checkpoint; "
                     "pass a `mate train` run dir or one of its checkpoints/*.ckpt")
 
 
@@ -207,3 +207,48 @@ def load_trained(
     model.load_state_dict(check_checkpoint_fits(ckpt_path, model, f"{key}.ckpt_path")["state_dict"])
     model.eval().to(device)
     return TrainedRun(cfg=cfg, model=model, ckpt_path=str(ckpt_path), tokenizer=load_tokenizer(cfg.dataset.pretrained))
+
+
+def init_weights_from(model: torch.nn.Module, value: str | Path, key: str = "init_from") -> str:
+    """``init_from=<run dir | checkpoint>``: a new run starts from another run's weights.
+
+    Every tensor of the checkpoint (a run dir: its best, as for ``mate eval``) whose name and
+    shape match ``model``'s is copied in: the encoder and every head that fits (an SQA run's
+    cell-selection head into a WikiTQ model); the rest keep their fresh initialisation. Only
+    weights: the optimiser, schedule and step start anew (``ckpt_path=`` resumes a run).
+    Returns the one line that says what was loaded and what starts fresh.
+    """
+    from mate_cli.divergence import non_finite_tensors
+
+    path = run_checkpoint(value, key)
+    if not path.is_file():
+        raise MateError(f"{key}={value}: no such checkpoint or run dir; pass a `mate train` run dir or one of its "
+                        "checkpoints/*.ckpt")
+    check_checkpoint_file(path)
+    fix = "pass a `mate train` run dir or one of its checkpoints/*.ckpt"
+    data = load_weights_only(path, fix)
+    state = data.get("state_dict") if isinstance(data, dict) else None
+    if not isinstance(state, dict):
+        raise MateError(f"{key}={path} holds no state_dict; {fix}")
+    own = model.state_dict()
+    fits = {name: tensor for name, tensor in state.items()
+            if name in own and isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == tuple(own[name].shape)}
+    if not any(name.startswith("encoder.") for name in fits):
+        raise MateError(f"{key}={path} holds no encoder weight of this model's names and shapes: it is a run of "
+                        "another encoder (model.encoder.pretrained); start from a run of the same encoder")
+    bad = non_finite_tensors(fits)
+    if bad:
+        raise MateError(f"{key}={path} holds NaN or infinite weights ({bad[0]}); use an earlier checkpoint of that run")
+    model.load_state_dict(fits, strict=False)
+    parts = []
+    for module in dict.fromkeys(name.split(".", 1)[0] for name in own):
+        names = [name for name in own if name.split(".", 1)[0] == module]
+        fresh = [name.split(".", 1)[1] for name in names if name not in fits]
+        loaded = len(names) - len(fresh)
+        part = f"{module} {loaded}/{len(names)} tensors"
+        if fresh and loaded:
+            part += f" (fresh: {', '.join(fresh[:4])}{f' and {len(fresh) - 4} more' if len(fresh) > 4 else ''})"
+        elif fresh:
+            part += " (fresh)"
+        parts.append(part)
+    return f"{key}={path}: loaded {'; '.join(parts)}"

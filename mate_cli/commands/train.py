@@ -1,5 +1,6 @@
 """`mate train`: compose -> instantiate datamodule, model, callbacks, loggers, trainer
--> fit (or resume: ``ckpt_path=<file | run dir | last>``) -> validate the best
+-> fit (or resume: ``ckpt_path=<file | run dir | last>``; or start from another run's
+weights: ``init_from=<run dir | checkpoint>``) -> validate the best
 checkpoint -> write metrics.json.
 
 The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config.yaml``
@@ -50,7 +51,7 @@ from mate_cli.resume import (
     RESTORED, AtomicCheckpointIO, ContinuousCSVLog, ResumeState, continue_wandb_run,
     resolve_resume_path, run_dir_of,
 )
-from mate_cli.runs import check_checkpoint_fits
+from mate_cli.runs import check_checkpoint_fits, init_weights_from
 from mate_cli.trainer_args import TRAINER_RESERVED, check_trainer_args
 
 register_resolvers()
@@ -75,6 +76,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     _check_pairing(cfg)
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
+    if cfg.get("init_from") and not resume:  # a resumed run has its weights from its own checkpoint
+        log.info(init_weights_from(model, cfg.init_from))
     checkpoint_io = AtomicCheckpointIO()
     if resume:  # checked before any data is prepared; Lightning then loads the checked copy
         checkpoint_io.preload(resume, check_checkpoint_fits(resume, model, "ckpt_path", resume=True))
