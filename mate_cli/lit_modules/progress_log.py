@@ -2,10 +2,13 @@
 
 Under ``nohup``, a cluster's job log or any stdout that is not a terminal, Rich's progress
 bar stays silent, so a long run printed nothing between its model summary and its final
-table. This callback then logs one line every ``every_n_seconds`` of training (and at the
-last step): the step reached of ``max_steps``, the epoch, the last ``train/loss``, the
-steps per second since the previous line and the time left at that rate. In a terminal
-it stays quiet (the bar shows the same), unless ``always`` is set.
+table. This callback then logs one line every ``every_n_seconds`` of training, or every
+``every_n_steps`` steps, whichever comes first (and at the last step): the step reached of
+``max_steps``, the epoch, the last ``train/loss``, examples and steps per second since the
+previous line, the time elapsed and the time left at that rate; and the same for each
+validation loop (batch reached of its batches). In a terminal it stays quiet (the bar shows
+the same), unless ``always`` is set. Preprocessing logs its own progress
+(:mod:`mate_cli.data.preprocess`).
 """
 
 from __future__ import annotations
@@ -26,33 +29,101 @@ def _duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {seconds:02d}s"
 
 
-class ProgressLog(L.Callback):
-    """One log line of training progress every ``every_n_seconds`` when stdout is not a terminal."""
+def _examples(batch) -> int:
+    """The number of examples in a batch (the batch classes have ``len``; a tensor or a dict: its first dimension)."""
+    try:
+        return len(batch)
+    except TypeError:
+        first = next(iter(batch.values())) if isinstance(batch, dict) else batch
+        return int(first.shape[0]) if hasattr(first, "shape") else 0
 
-    def __init__(self, every_n_seconds: float = 60.0, always: bool = False) -> None:
+
+class _Clock:
+    """When the last line was logged, and what was counted since."""
+
+    def __init__(self) -> None:
+        self.start = self.time = time.monotonic()
+        self.step = self.examples = 0
+
+    def due(self, every_s: float, every_steps: int | None, step: int) -> bool:
+        return time.monotonic() - self.time >= every_s or bool(every_steps and step - self.step >= every_steps)
+
+
+class ProgressLog(L.Callback):
+    """One log line of progress every ``every_n_seconds`` (or ``every_n_steps``) when stdout is not a terminal."""
+
+    def __init__(self, every_n_seconds: float = 60.0, every_n_steps: int | None = None, always: bool = False) -> None:
         self.every_n_seconds = float(every_n_seconds)
+        self.every_n_steps = int(every_n_steps) if every_n_steps else None
         self.always = bool(always)
         self._active = False
+        self._train = self._eval = _Clock()
 
+    def _on(self, trainer) -> bool:
+        return trainer.is_global_zero and (self.always or not sys.stdout.isatty())
+
+    # ---------------------------------------------------------------- training
     def on_train_start(self, trainer, pl_module) -> None:
-        self._active = trainer.is_global_zero and (self.always or not sys.stdout.isatty())
-        self._last_time, self._last_step = time.monotonic(), trainer.global_step
+        self._active = self._on(trainer)
+        self._train = _Clock()
+        self._train.step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self._active:
             return
-        now, step = time.monotonic(), trainer.global_step
+        clock, step = self._train, trainer.global_step
+        clock.examples += _examples(batch)
         last = trainer.max_steps is not None and 0 < trainer.max_steps <= step
-        if now - self._last_time < self.every_n_seconds and not last:
+        if not (clock.due(self.every_n_seconds, self.every_n_steps, step) or last):
             return
-        rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
+        now = time.monotonic()
+        seconds = max(now - clock.time, 1e-9)
+        rate = (step - clock.step) / seconds
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         loss = trainer.callback_metrics.get("train/loss")
         parts = [f"step {step}/{total}" if total else f"step {step}", f"epoch {trainer.current_epoch}"]
         if loss is not None:
             parts.append(f"train/loss {float(loss):.4f}")
-        parts.append(f"{rate:.2f} steps/s")
+        parts += [f"{clock.examples / seconds:.1f} examples/s", f"{rate:.2f} steps/s",
+                  f"elapsed {_duration(now - clock.start)}"]
         if total and rate > 0:
             parts.append(f"{_duration((total - step) / rate)} left")
         log.info("progress: %s", ", ".join(parts))
-        self._last_time, self._last_step = now, step
+        clock.time, clock.step, clock.examples = now, step, 0
+
+    # ---------------------------------------------------------------- evaluation
+    def _eval_start(self, trainer) -> None:
+        self._eval = _Clock()
+
+    def _eval_batch_end(self, trainer, batch, batch_idx: int, dataloader_idx: int, stage: str) -> None:
+        if not self._on(trainer) or trainer.sanity_checking:
+            return
+        clock, done = self._eval, batch_idx + 1
+        clock.examples += _examples(batch)
+        batches = trainer.num_val_batches if stage == "validation" else trainer.num_test_batches
+        total = batches[dataloader_idx] if dataloader_idx < len(batches) else None
+        total = int(total) if isinstance(total, (int, float)) and total != float("inf") else None
+        last = total is not None and done >= total
+        if not (clock.due(self.every_n_seconds, self.every_n_steps, done) or last):
+            return
+        now = time.monotonic()
+        seconds = max(now - clock.time, 1e-9)
+        rate = (done - clock.step) / seconds
+        parts = [f"{stage} batch {done}/{total}" if total else f"{stage} batch {done}",
+                 f"{clock.examples / seconds:.1f} examples/s", f"elapsed {_duration(now - clock.start)}"]
+        if total and rate > 0 and not last:
+            parts.append(f"{_duration((total - done) / rate)} left")
+        log.info("progress: %s", ", ".join(parts))
+        clock.time, clock.step, clock.examples = now, done, 0
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._eval_start(trainer)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._eval_start(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_batch_end(trainer, batch, batch_idx, dataloader_idx, "validation")
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_batch_end(trainer, batch, batch_idx, dataloader_idx, "test")

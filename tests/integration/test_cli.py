@@ -31,8 +31,10 @@ SMOKE = [
 
 
 #: the smoke run also exports its encoder, validates once during fit (so it has a best
-#: checkpoint), and asks for a test (the sample's test.json has no answers: skipped, said once)
-SMOKE_EXTRA = ["export_encoder=true", "trainer.val_check_interval=2", "test_after_training=true"]
+#: checkpoint), asks for a test (the sample's test.json has no answers: skipped, said once)
+#: and logs its progress at every step (by default: every minute)
+SMOKE_EXTRA = ["export_encoder=true", "trainer.val_check_interval=2", "test_after_training=true",
+               "callbacks.progress_log.every_n_steps=1"]
 
 
 def mate(args: list[str], tmp: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -50,14 +52,17 @@ def only_run_dir(base: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One smoke run; its stdout holds stdout and stderr interleaved, as a terminal shows them.
+    """One smoke run; its stdout holds stdout and stderr interleaved, as a terminal shows them,
+    written to a file as ``nohup mate train ... > log`` writes it.
 
     Over 20 s: a real `mate train` process, since what a terminal shows is the point.
     """
     tmp = tmp_path_factory.mktemp("train")
     env = mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home"))
-    proc = subprocess.run([MATE, "train", *SMOKE, *SMOKE_EXTRA], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=600)
+    with open(tmp / "log", "w", encoding="utf-8") as log:
+        proc = subprocess.run([MATE, "train", *SMOKE, *SMOKE_EXTRA], env=env, stdout=log, stderr=subprocess.STDOUT,
+                              text=True, timeout=600)
+    proc.stdout = (tmp / "log").read_text(encoding="utf-8")
     assert proc.returncode == 0, proc.stdout[-3000:]
     return tmp, proc
 
@@ -127,6 +132,24 @@ def test_a_training_run_says_little_and_its_piped_output_is_never_cut(smoke, tra
     assert not any("Warning" in line or "warn(" in line for line in lines), "a third-party warning reached the screen"
     log = (trained_run / "train.log").read_text()
     assert "config (resolved):" in log and "max_length: 128" in log, "the whole config goes into the run's log"
+
+
+def test_a_run_logged_to_a_file_says_how_far_preprocessing_training_and_validation_are(smoke):
+    """Under ``nohup mate train ... > log`` the bar draws nothing: progress comes as lines
+    (every step here, every minute by default; preprocessing every 10 s and at its end)."""
+    lines = smoke[1].stdout.splitlines()
+    for split in ("train", "validation"):
+        assert sum(f"] - {split}: preprocessing " in line for line in lines) == 1, split
+        assert sum(f"] - {split}: " in line and " questions preprocessed in " in line for line in lines) == 1, split
+    progress = [line.split("progress: ", 1)[1] for line in lines if "progress: " in line]
+    steps = [p for p in progress if p.startswith("step ")]
+    assert [p.split(",")[0] for p in steps] == ["step 1/3", "step 2/3", "step 3/3"], progress
+    assert all(all(k in p for k in ("epoch 0", "train/loss", "examples/s", "steps/s", "elapsed")) for p in steps), steps
+    assert steps[0].endswith(" left"), steps
+    validations = [p for p in progress if p.startswith("validation batch ")]
+    # two validations (step 2 and the final one), each line up to the last batch of the loop
+    ends = [p for p in validations if p.split(",")[0].split()[-1].split("/")[0] == p.split(",")[0].split("/")[-1]]
+    assert len(ends) == 2 and all("examples/s" in p and "elapsed" in p for p in validations), validations
 
 
 def test_help_lists_commands(capsys, monkeypatch):
@@ -275,7 +298,8 @@ def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path, sample_cac
     assert "impl: flex" in (run / "resolved_config.yaml").read_text()
     assert not [line for line in attention_choices() if "using 'eager'" in line]
     # stdout is not a terminal here (as under nohup): progress comes as log lines, one per step at interval 0
-    progress = [line.split("progress: ", 1)[1] for line in (run / "train.log").read_text().splitlines() if "progress: " in line]
+    progress = [line.split("progress: ", 1)[1] for line in (run / "train.log").read_text().splitlines()
+                if "progress: step" in line]
     assert [p.split(",")[0] for p in progress] == ["step 1/2", "step 2/2"], progress
     assert all("train/loss" in p and "steps/s" in p for p in progress) and progress[0].endswith("left"), progress
 
