@@ -15,8 +15,12 @@ from mate_cli.errors import MateError
 from mate_cli.lit_modules.optim import configure
 from mate_cli.modeling.dot import DoubleTransformer, Pruned
 from mate_cli.modeling.extra_layers import INITS, ExtraLayers
+from mate_cli.modeling.heads import mean_over_tokens
 
 log = logging.getLogger(__name__)
+
+#: what a head on the whole sequence reads (``model.pooling``)
+POOLINGS = ("cls", "mean")
 
 
 class EncoderTaskModule(L.LightningModule):
@@ -34,11 +38,16 @@ class EncoderTaskModule(L.LightningModule):
         extra_max_distance: the relative distances are clipped to this.
         dot: DoT's pruning transformer (:mod:`mate_cli.modeling.dot`): the encoder then reads
             only its top-K tokens, biased by their scores (``conf/model/dot``); None: no DoT.
+        pooling: what a head on the whole sequence reads (:meth:`pool`; TabFact's classifier,
+            WikiTQ's aggregation classifier): ``cls`` (TAPAS: the [CLS] state through the
+            checkpoint's pooler, ``tanh(W h_cls + b)``) or ``mean`` (the mean of the last states
+            over the real tokens, no pooler: how sentence encoders such as the bundled MiniLM
+            were trained; its pooler was never trained, see ``docs/results.md``).
 
     BERT's pooler takes no part in the token-level tasks (it only travels with an
     exported encoder), so it is frozen unless the task reads [CLS] through it
-    (``uses_pooler``: TAPAS's aggregation and entailment heads): DDP would otherwise wait
-    for its gradients.
+    (``uses_pooler`` with ``pooling=cls``: TAPAS's aggregation and entailment heads): DDP
+    would otherwise wait for its gradients.
     """
 
     #: whether the task's heads read the pooled [CLS] (then the pooler trains)
@@ -48,8 +57,11 @@ class EncoderTaskModule(L.LightningModule):
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
                  extra_layers: int = 0, extra_init: str = "default", extra_relative: bool = False,
-                 extra_max_distance: int = 16, dot: DoubleTransformer | None = None) -> None:
+                 extra_max_distance: int = 16, dot: DoubleTransformer | None = None, pooling: str = "cls") -> None:
         super().__init__()
+        if pooling not in POOLINGS:
+            raise MateError(f"model.pooling={pooling!r} is invalid; use one of {', '.join(POOLINGS)}")
+        self.pooling = pooling
         #: values measured once per run, for metrics.json: ``start/val/*`` (the starting
         #: checkpoint's validation, ``validate_start``) and ``dt_fixup/*``; kept in every
         #: checkpoint so a resumed run still reports them
@@ -81,13 +93,19 @@ class EncoderTaskModule(L.LightningModule):
         if self.extra is not None and self.extra.init == "dt_fixup" and warmup:
             raise MateError(f"model.extra_init=dt_fixup trains without learning-rate warm-up (Xu et al. 2021, §3.3), "
                             f"but model.scheduler.warmup_ratio={warmup}; set model.scheduler.warmup_ratio=0")
-        if hasattr(encoder, "pooler") and not self.uses_pooler:
+        if hasattr(encoder, "pooler") and not (self.uses_pooler and pooling == "cls"):
             encoder.pooler.requires_grad_(False)
 
     def encode(self, input_ids: torch.Tensor, layout) -> torch.Tensor:
         """Token states ``[batch, seq, hidden]``: the encoder, then the extra layers if any."""
         hidden = self.encoder(input_ids, layout)
         return hidden if self.extra is None else self.extra(hidden, layout.attention_mask)
+
+    def pool(self, hidden: torch.Tensor, layout) -> torch.Tensor:
+        """``[batch, hidden]``: what a head on the whole sequence reads (``pooling``)."""
+        if self.pooling == "cls":
+            return self.encoder.pooled(hidden)
+        return mean_over_tokens(hidden, layout.attention_mask)
 
     def prune(self, batch):
         """DoT: ``(the batch of the kept tokens, what the pruner computed)``; without DoT ``(batch, None)``.

@@ -14,13 +14,10 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from mate_cli.data.schema import TaskBatch
-from mate_cli.errors import MateError
 from mate_cli.lit_modules.base import EncoderTaskModule
-from mate_cli.modeling.heads import mean_over_tokens
 from mate_cli.modeling.tapas_heads import TapasClassificationHead, load_head_weights
 
 CHANNELS = ("simple", "complex")
-POOLINGS = ("cls", "mean")
 VERDICTS = ("refuted", "entailed")
 
 
@@ -32,23 +29,16 @@ class EntailmentModule(EncoderTaskModule):
         optimizer, scheduler: Hydra partials.
         num_labels: 2 (refuted, entailed), as TabFact and ``TapasForSequenceClassification``.
         pretrained: the encoder's checkpoint: a TAPAS TabFact checkpoint's ``classifier`` loads from it.
-        pooling: what the classifier reads: ``cls`` (TAPAS: the [CLS] state through the
-            checkpoint's pooler, ``tanh(W h_cls + b)``) or ``mean`` (the mean of the last states
-            over the real tokens, no pooler: how sentence encoders such as the bundled MiniLM
-            were trained; its pooler was never trained, see ``docs/results.md``).
+        extra: :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s keywords, ``pooling``
+            among them (what the classifier reads).
     """
 
     uses_pooler = True
     supports_dot = True
 
     def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
-                 num_labels: int = 2, pretrained: str | None = None, pooling: str = "cls", **extra) -> None:
-        if pooling not in POOLINGS:
-            raise MateError(f"model.pooling={pooling!r} is invalid; use one of {', '.join(POOLINGS)}")
+                 num_labels: int = 2, pretrained: str | None = None, **extra) -> None:
         super().__init__(encoder, optimizer, scheduler, **extra)
-        self.pooling = pooling
-        if pooling == "mean":  # nothing reads the pooler; DDP must not wait for its gradients
-            encoder.pooler.requires_grad_(False)
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler", "dot"])
         config = encoder.config
         self.head = TapasClassificationHead(config.hidden_size, num_labels, config.initializer_range,
@@ -66,10 +56,7 @@ class EntailmentModule(EncoderTaskModule):
         return self.logits(self.prune(batch)[0])
 
     def logits(self, batch: TaskBatch) -> torch.Tensor:
-        hidden = self.encode(batch.input_ids, batch.layout)
-        if self.pooling == "cls":
-            return self.head(self.encoder.pooled(hidden))
-        return self.head(mean_over_tokens(hidden, batch.layout.attention_mask))
+        return self.head(self.pool(self.encode(batch.input_ids, batch.layout), batch.layout))
 
     def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:
         kept, pruned = self.prune(batch)

@@ -65,6 +65,8 @@ class TableQAModule(EncoderTaskModule):
         pretrained: the checkpoint the encoder came from: a TAPAS QA checkpoint's head
             weights and settings load from it.
         long_table_tokens: the long-table slice's threshold (null: no slice metric).
+        extra: :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s keywords, ``pooling``
+            among them (what WikiTQ's aggregation classifier reads).
     """
 
     uses_pooler = True
@@ -101,7 +103,7 @@ class TableQAModule(EncoderTaskModule):
     def forward(self, batch: TaskBatch, with_loss: bool = False) -> QAOutput:
         """The heads' output on ``batch`` as given (with DoT, callers pass the kept tokens: ``self.prune``)."""
         hidden = self.encode(batch.input_ids, batch.layout)
-        pooled = self.encoder.pooled(hidden)
+        pooled = self.pool(hidden, batch.layout)  # the aggregation classifier's input (model.pooling)
         with torch.autocast(hidden.device.type, enabled=False):  # the head in float32 (tapas_heads docstring)
             hidden, pooled = hidden.float(), pooled.float()
             if not with_loss:
