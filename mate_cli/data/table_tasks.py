@@ -15,9 +15,9 @@ Supervision, as TAPAS builds it:
   (through the tagged canonical forms, else their emulation:
   :func:`mate_cli.metrics.wtq.target_values`) against each cell's text read as a
   prediction (:func:`mate_cli.metrics.wtq.predicted_values`); every gold value must be
-  found, else none are used. A value found in several cells keeps one of them, the first in
-  row order (``ambiguous_answers=first``: selecting every copy would answer it several
-  times, which the metric counts wrong). ``float_answer`` is the answer when it is one number (read
+  found, else none are used. A value found in several cells labels every copy
+  (``ambiguous_answers=all``; ``first`` keeps the first copy in row order, as TAPAS labels
+  one cell per answer text; ``drop`` leaves those questions out of training). ``float_answer`` is the answer when it is one number (read
   from the raw text, as TAPAS does; else NaN), and every cell carries its number (TAPAS's
   numeric values, NaN when none) for the expected aggregation result.
 - **TabFact**: the statement is the question; the label is the verdict.
@@ -179,7 +179,7 @@ def previous_answers(questions: list[Question]) -> dict[str, list[Coord]]:
 
 
 def encode_task_question(tokenizer: TableTokenizer, task: str, question: Question, table: Table,
-                         prev: list[Coord] | None = None, ambiguous_answers: str = "first") -> dict:
+                         prev: list[Coord] | None = None, ambiguous_answers: str = "all") -> dict:
     """One question of a table task as a plain dict (an ``EncodedExample`` plus its supervision)."""
     matches = answer_matches(task, question, table)
     cells = sorted({cell for hits in matches for cell in hits})
@@ -187,6 +187,7 @@ def encode_task_question(tokenizer: TableTokenizer, task: str, question: Questio
     ambiguous = any(len(hits) > 1 for hits in matches)
     if ambiguous and ambiguous_answers == "first":
         first_cell_per_answer(example, matches)
+    kept = {tuple(xy) for xy in example["cell_coords"]}
     example.update(
         label=-1 if question.label is None else int(question.label),
         float_answer=scalar_answer(task, question),
@@ -197,6 +198,8 @@ def encode_task_question(tokenizer: TableTokenizer, task: str, question: Questio
         answer_coordinates=[list(map(int, c)) for c in question.answer_coordinates],
         has_answer_cells=bool(cells),
         ambiguous_answer=ambiguous,
+        # answer items none of whose cells kept a token (a copy of an answer cut elsewhere is no loss)
+        answers_cut=sum(1 for hits in matches if not any(cell in kept for cell in hits)),
         sequence_id=question.sequence_id or "",
         position=int(question.position),
         channel=question.channel or "",
@@ -208,7 +211,7 @@ class _TaskEncoder:
     """Picklable one-record function: a question record -> its encoded example."""
 
     def __init__(self, task: str, root: str, tokenizer_args: dict, prev: dict[str, list[Coord]],
-                 ambiguous_answers: str = "first"):
+                 ambiguous_answers: str = "all"):
         self.args = (task, root, tokenizer_args, prev, ambiguous_answers)
         self._state = None
 
@@ -240,14 +243,14 @@ class TableTaskDataModule(SplitDataModule):
         ambiguous_answers: WikiTQ answer items found in several cells: ``first`` (one cell
             per item), ``all`` (every such cell) or ``drop`` (every cell; the training
             question is dropped).
-        drop_cut_answers: drop training questions whose answer cells the length cut removed
-            (some or all of them).
+        drop_cut_answers: drop training questions with an answer item none of whose cells
+            survived the length cut.
         common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (root,
             pretrained, max_length, max_question_tokens, split, batch sizes, eval_file, ...).
     """
 
     def __init__(self, *, task: str, pruning: str = "none", empty_cell_token: bool = True,
-                 long_table_tokens: int | None = None, ambiguous_answers: str = "first",
+                 long_table_tokens: int | None = None, ambiguous_answers: str = "all",
                  drop_cut_answers: bool = False, **common) -> None:
         if task not in TASKS:
             raise MateError(f"dataset.task={task!r} is invalid; use one of {', '.join(TASKS)}")
@@ -271,7 +274,9 @@ class TableTaskDataModule(SplitDataModule):
         # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
         canon = CANON_EMULATION if self.task == "wtq" else None
         return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token,
-                "canon_emulation": canon, "ambiguous_answers": self.ambiguous_answers if self.task == "wtq" else None}
+                "canon_emulation": canon,
+                # which copies of an answer are candidates (drop labels every copy, as all does)
+                "one_cell_per_answer": self.task == "wtq" and self.ambiguous_answers == "first"}
 
     def tokenizer_args(self) -> dict:
         return {"pretrained": self.pretrained, "max_length": self.max_length,
@@ -291,13 +296,13 @@ class TableTaskDataModule(SplitDataModule):
         all survived the length cut and are not ambiguous); the drops are counted in the
         split statistics. SQA evaluation: position by position."""
         if split == "train" and self.task != "tabfact":
-            floats, cells, dropped = ds["float_answer"], ds["has_answer_cells"], ds["candidates_dropped"]
+            floats, cells, cut = ds["float_answer"], ds["has_answer_cells"], ds["answers_cut"]
             ambiguous = ds["ambiguous_answer"] if self.ambiguous_answers == "drop" else [False] * len(ds)
             why = {}
             for i, candidates in enumerate(ds["candidates"]):
                 if not candidates and math.isnan(floats[i]):
                     why[i] = "dropped_no_supervision"
-                elif self.drop_cut_answers and cells[i] and int(dropped[i]):
+                elif self.drop_cut_answers and cells[i] and int(cut[i]):
                     why[i] = "dropped_answer_cut"
                 elif ambiguous[i]:
                     why[i] = "dropped_ambiguous"

@@ -240,6 +240,7 @@ def test_an_answer_found_in_several_cells_supervises_one_cell_per_answer_item(wt
         return [ex["cell_coords"][k - 1] for k in ex["candidates"]], ex["ambiguous_answer"], ex["candidates_dropped"]
 
     assert chosen("first") == ([[0, 5], [2, 5]], True, 0)
+    assert encode_task_question(table_tokenizer, "wtq", q, table)["answers_cut"] == 0
     assert chosen("all") == chosen("drop") == ([[0, 5], [1, 5], [2, 5]], True, 0)
     # one cell each: an unambiguous answer is left as it is
     q = wtq_questions["nt-718"]
@@ -248,7 +249,7 @@ def test_an_answer_found_in_several_cells_supervises_one_cell_per_answer_item(wt
     # the first cell that kept a token: nt-7387's four "Czech Republic" rows are all cut at this length
     q = wtq_questions["nt-7387"]
     ex = encode_task_question(table_tokenizer, "wtq", q, wtq.table(q.table_id), ambiguous_answers="first")
-    assert ex["ambiguous_answer"] and ex["candidates"] == [] and ex["candidates_dropped"] == 1
+    assert ex["ambiguous_answer"] and ex["candidates"] == [] and ex["candidates_dropped"] == ex["answers_cut"] == 1
 
 
 def test_first_cell_per_answer_skips_cut_cells_and_cells_an_earlier_item_took():
@@ -272,11 +273,12 @@ def test_training_drops_cut_and_ambiguous_questions_as_configured_and_counts_the
     rows = [train[i] for i in range(len(train))]
     assert dm.stats["train"]["ambiguous_answers"] == sum(r["ambiguous_answer"] for r in rows)
     for i, r in enumerate(rows):
-        cut = r["has_answer_cells"] and r["candidates_dropped"] > 0
+        cut = r["has_answer_cells"] and r["answers_cut"] > 0
         if extra.get("drop_cut_answers") and cut or extra.get("ambiguous_answers") == "drop" and r["ambiguous_answer"]:
             assert i not in keep, r["question_id"]
-    if extra.get("ambiguous_answers") == "drop":  # it labels every copy: another cache than the default's
-        assert dm.cache_key("train") != datamodule("wtq").cache_key("train")
+    if extra.get("ambiguous_answers") == "drop":  # it labels every copy, as the default (all) does: one cache
+        assert dm.cache_key("train") == datamodule("wtq").cache_key("train")
+        assert dm.cache_key("train") != datamodule("wtq", ambiguous_answers="first").cache_key("train")
 
 
 # ================================================================ 2. SQA previous answers
