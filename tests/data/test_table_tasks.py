@@ -468,6 +468,8 @@ def test_bad_task_or_pruning_is_a_mate_error(tmp_path):
         TableTaskDataModule(task="hybridqa", **common)
     with pytest.raises(MateError, match=r"dataset.pruning='longest' is invalid"):
         TableTaskDataModule(task="wtq", pruning="longest", **common)
+    with pytest.raises(MateError, match=r"^dataset.ambiguous_answers='any' is invalid; use one of first, all, drop$"):
+        TableTaskDataModule(task="wtq", ambiguous_answers="any", **common)
 
 
 # ================================================================ 4. collation

@@ -63,3 +63,21 @@ def test_init_from_a_folder_without_checkpoints_is_one_line(tmp_path):
         init_weights_from(instantiate(cfg.model), tmp_path)
     with pytest.raises(MateError, match=r"^init_from=.*nowhere: no such checkpoint or run dir"):
         init_weights_from(instantiate(cfg.model), tmp_path / "nowhere")
+
+
+def test_a_checkpoint_of_another_encoder_or_with_nan_weights_or_no_weights_is_one_line(trained, tmp_path):
+    cfg = compose_command("train", ["experiment=sqa_mate"], tmp_path / "run")
+    model = instantiate(cfg.model)
+    state = load_weights_only(run_checkpoint(trained("sqa_task")), "")["state_dict"]
+    cases = {
+        "other": ({"state_dict": {name: torch.zeros(3) for name in state}}, "holds no encoder weight of this model's"),
+        "nan": ({"state_dict": {**state, "encoder.embeddings.word_embeddings.weight":
+                                torch.full_like(state["encoder.embeddings.word_embeddings.weight"], float("nan"))}},
+                r"holds NaN or infinite weights \(encoder.embeddings.word_embeddings.weight\)"),
+        "bare": ({"weights": 1}, "holds no state_dict"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / f"{name}.ckpt"
+        torch.save(data, path)
+        with pytest.raises(MateError, match=rf"^init_from={path} {message}"):
+            init_weights_from(model, path)
