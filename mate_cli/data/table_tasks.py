@@ -17,9 +17,10 @@ Supervision, as TAPAS builds it:
   prediction (:func:`mate_cli.metrics.wtq.predicted_values`); every gold value must be
   found, else none are used. A value found in several cells labels every copy
   (``ambiguous_answers=all``; ``first`` keeps the first copy in row order, as TAPAS labels
-  one cell per answer text; ``drop`` leaves those questions out of training). ``float_answer`` is the answer when it is one number (read
-  from the raw text, as TAPAS does; else NaN), and every cell carries its number (TAPAS's
-  numeric values, NaN when none) for the expected aggregation result.
+  one cell per answer text; ``drop`` leaves those questions out of training).
+  ``float_answer`` is the answer when it is one number (read from the raw text, as TAPAS
+  does; else NaN), and every cell carries its number (TAPAS's numeric values, NaN when
+  none) for the expected aggregation result.
 - **TabFact**: the statement is the question; the label is the verdict.
 
 Empty cells get one token (``empty_cell_token``: the vocabulary's ``[EMPTY]``, else its
