@@ -96,14 +96,9 @@ def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: st
     weights of exactly ``model``'s names and shapes, and (``resume``) a state to continue
     from; else one `MateError` line naming ``key`` (the config key that gave the path). The one
     check before ``mate train`` resumes and before ``mate eval``/``predict``/``pointr`` load."""
-    from mate_cli.divergence import non_finite_tensors
-
     path = check_checkpoint(ckpt_path)
     fix = "pass a checkpoint written by `mate train` for this task"
-    data = load_weights_only(path, fix)
-    state = data.get("state_dict") if isinstance(data, dict) else None
-    if not isinstance(state, dict):
-        raise MateError(f"{key}={path} holds no state_dict; {fix}")
+    data, state = read_state(path, key, fix)
     expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
     found = {name: tuple(value.shape) for name, value in state.items() if isinstance(value, torch.Tensor)}
     missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
@@ -115,14 +110,30 @@ def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: st
         raise MateError(f"{key}={path} does not fit the model its config builds: it {what}"
                         f"{f' (and {count - 1} more differences)' if count > 1 else ''}; it is a checkpoint of "
                         f"another task or model: {fix}")
+    refuse_non_finite(state, path, key)
+    if resume:
+        check_resume_state(path, data)
+    return data
+
+
+def read_state(path: Path, key: str, fix: str) -> tuple[dict, dict]:
+    """``(the checkpoint, its state_dict)``, loaded weights-only; one `MateError` line naming ``key`` when it has none."""
+    data = load_weights_only(path, fix)
+    state = data.get("state_dict") if isinstance(data, dict) else None
+    if not isinstance(state, dict):
+        raise MateError(f"{key}={path} holds no state_dict; {fix}")
+    return data, state
+
+
+def refuse_non_finite(state: dict, path: Path, key: str) -> None:
+    """One `MateError` line naming ``key`` when ``state`` holds a NaN or infinite weight."""
+    from mate_cli.divergence import non_finite_tensors
+
     bad = non_finite_tensors(state)
     if bad:
         raise MateError(f"{key}={path} holds NaN or infinite weights ({bad[0]}"
                         f"{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}): the run that wrote it "
                         "diverged; use an earlier checkpoint of that run, or train again with a lower learning rate")
-    if resume:
-        check_resume_state(path, data)
-    return data
 
 
 def check_resume_state(path: Path, data: dict) -> None:
@@ -218,27 +229,19 @@ def init_weights_from(model: torch.nn.Module, value: str | Path, key: str = "ini
     weights: the optimiser, schedule and step start anew (``ckpt_path=`` resumes a run).
     Returns the one line that says what was loaded and what starts fresh.
     """
-    from mate_cli.divergence import non_finite_tensors
-
     path = run_checkpoint(value, key)
     if not path.is_file():
         raise MateError(f"{key}={value}: no such checkpoint or run dir; pass a `mate train` run dir or one of its "
                         "checkpoints/*.ckpt")
     check_checkpoint_file(path)
-    fix = "pass a `mate train` run dir or one of its checkpoints/*.ckpt"
-    data = load_weights_only(path, fix)
-    state = data.get("state_dict") if isinstance(data, dict) else None
-    if not isinstance(state, dict):
-        raise MateError(f"{key}={path} holds no state_dict; {fix}")
+    _, state = read_state(path, key, "pass a `mate train` run dir or one of its checkpoints/*.ckpt")
     own = model.state_dict()
     fits = {name: tensor for name, tensor in state.items()
             if name in own and isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == tuple(own[name].shape)}
     if not any(name.startswith("encoder.") for name in fits):
         raise MateError(f"{key}={path} holds no encoder weight of this model's names and shapes: it is a run of "
                         "another encoder (model.encoder.pretrained); start from a run of the same encoder")
-    bad = non_finite_tensors(fits)
-    if bad:
-        raise MateError(f"{key}={path} holds NaN or infinite weights ({bad[0]}); use an earlier checkpoint of that run")
+    refuse_non_finite(fits, path, key)
     model.load_state_dict(fits, strict=False)
     parts = []
     for module in dict.fromkeys(name.split(".", 1)[0] for name in own):

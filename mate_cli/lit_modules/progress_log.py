@@ -29,24 +29,23 @@ def _duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {seconds:02d}s"
 
 
-def _examples(batch) -> int:
-    """The number of examples in a batch (the batch classes have ``len``; a tensor or a dict: its first dimension)."""
-    try:
-        return len(batch)
-    except TypeError:
-        first = next(iter(batch.values())) if isinstance(batch, dict) else batch
-        return int(first.shape[0]) if hasattr(first, "shape") else 0
-
-
 class _Clock:
     """When the last line was logged, and what was counted since."""
 
-    def __init__(self) -> None:
+    def __init__(self, step: int = 0) -> None:
         self.start = self.time = time.monotonic()
-        self.step = self.examples = 0
+        self.step, self.examples = step, 0
 
     def due(self, every_s: float, every_steps: int | None, step: int) -> bool:
         return time.monotonic() - self.time >= every_s or bool(every_steps and step - self.step >= every_steps)
+
+    def lap(self, step: int) -> tuple[float, float, str]:
+        """``(steps/s, examples/s, elapsed)`` since the last line, which this one becomes."""
+        now = time.monotonic()
+        seconds = max(now - self.time, 1e-9)
+        rates = ((step - self.step) / seconds, self.examples / seconds, _duration(now - self.start))
+        self.time, self.step, self.examples = now, step, 0
+        return rates
 
 
 class ProgressLog(L.Callback):
@@ -65,31 +64,26 @@ class ProgressLog(L.Callback):
     # ---------------------------------------------------------------- training
     def on_train_start(self, trainer, pl_module) -> None:
         self._active = self._on(trainer)
-        self._train = _Clock()
-        self._train.step = trainer.global_step
+        self._train = _Clock(trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self._active:
             return
         clock, step = self._train, trainer.global_step
-        clock.examples += _examples(batch)
+        clock.examples += len(batch)
         last = trainer.max_steps is not None and 0 < trainer.max_steps <= step
         if not (clock.due(self.every_n_seconds, self.every_n_steps, step) or last):
             return
-        now = time.monotonic()
-        seconds = max(now - clock.time, 1e-9)
-        rate = (step - clock.step) / seconds
+        rate, examples, elapsed = clock.lap(step)
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         loss = trainer.callback_metrics.get("train/loss")
         parts = [f"step {step}/{total}" if total else f"step {step}", f"epoch {trainer.current_epoch}"]
         if loss is not None:
             parts.append(f"train/loss {float(loss):.4f}")
-        parts += [f"{clock.examples / seconds:.1f} examples/s", f"{rate:.2f} steps/s",
-                  f"elapsed {_duration(now - clock.start)}"]
+        parts += [f"{examples:.1f} examples/s", f"{rate:.2f} steps/s", f"elapsed {elapsed}"]
         if total and rate > 0:
             parts.append(f"{_duration((total - step) / rate)} left")
         log.info("progress: %s", ", ".join(parts))
-        clock.time, clock.step, clock.examples = now, step, 0
 
     # ---------------------------------------------------------------- evaluation
     def _eval_start(self, trainer) -> None:
@@ -99,22 +93,19 @@ class ProgressLog(L.Callback):
         if not self._on(trainer) or trainer.sanity_checking:
             return
         clock, done = self._eval, batch_idx + 1
-        clock.examples += _examples(batch)
+        clock.examples += len(batch)
         batches = trainer.num_val_batches if stage == "validation" else trainer.num_test_batches
         total = batches[dataloader_idx] if dataloader_idx < len(batches) else None
         total = int(total) if isinstance(total, (int, float)) and total != float("inf") else None
         last = total is not None and done >= total
         if not (clock.due(self.every_n_seconds, self.every_n_steps, done) or last):
             return
-        now = time.monotonic()
-        seconds = max(now - clock.time, 1e-9)
-        rate = (done - clock.step) / seconds
+        rate, examples, elapsed = clock.lap(done)
         parts = [f"{stage} batch {done}/{total}" if total else f"{stage} batch {done}",
-                 f"{clock.examples / seconds:.1f} examples/s", f"elapsed {_duration(now - clock.start)}"]
+                 f"{examples:.1f} examples/s", f"elapsed {elapsed}"]
         if total and rate > 0 and not last:
             parts.append(f"{_duration((total - done) / rate)} left")
         log.info("progress: %s", ", ".join(parts))
-        clock.time, clock.step, clock.examples = now, done, 0
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._eval_start(trainer)
