@@ -43,6 +43,15 @@ TAPAS's Gumbel options (``use_gumbel_for_cells``, ``use_gumbel_for_aggregation``
 expected result's cell selection and operator from relaxed distributions at training time
 (:func:`expected_result`); evaluation uses the probabilities, so a model's predictions and
 validation loss do not depend on a draw.
+
+``aggregation_supervision=hard_em`` (not TAPAS's; its default is ``expected``) replaces the
+answer loss of the aggregating examples by hard EM (:func:`consistent_selection`): the most
+probable selection the prediction could decode (one column, its k highest cells or one
+cell, one operator) whose result is the answer is trained on as labels, with TAPAS's
+column, cell and operator losses. TAPAS's expected result fits the answer with soft cell
+probabilities the prediction never uses: a COUNT fitted by eleven cells at 0.27 decodes to
+no cell at all, and the ratio approximation of AVERAGE gives a lone cell's value at any
+probability. Examples that no such selection answers keep TAPAS's loss.
 """
 
 from __future__ import annotations
@@ -65,6 +74,8 @@ AGGREGATIONS = ("NONE", "SUM", "AVERAGE", "COUNT")
 LOG_ZERO = -10000.0
 EPSILON = 1e-10
 APPROXIMATIONS = ("ratio", "first_order", "second_order")
+#: how a scalar answer supervises the aggregation examples (:func:`consistent_selection`)
+AGGREGATION_SUPERVISIONS = ("expected", "hard_em")
 
 
 @dataclass
@@ -97,12 +108,17 @@ class TapasHeadConfig:
     cell_classification_threshold: float = 0.5
     use_gumbel_for_cells: bool = False
     use_gumbel_for_aggregation: bool = False
+    aggregation_supervision: str = "expected"
 
     def __post_init__(self) -> None:
         self.average_approximation_function = str(self.average_approximation_function).lower()
         if self.average_approximation_function not in APPROXIMATIONS:
             raise MateError(f"model.head.average_approximation_function={self.average_approximation_function!r} "
                             f"is invalid; use one of {', '.join(APPROXIMATIONS)}")
+        self.aggregation_supervision = str(self.aggregation_supervision).lower()
+        if self.aggregation_supervision not in AGGREGATION_SUPERVISIONS:
+            raise MateError(f"model.head.aggregation_supervision={self.aggregation_supervision!r} is invalid; use one of "
+                            f"{', '.join(AGGREGATION_SUPERVISIONS)}")
         if self.num_aggregation_labels not in (0, len(AGGREGATIONS)):
             raise MateError(f"model.head.num_aggregation_labels={self.num_aggregation_labels} is invalid; use 0 "
                             f"(SQA) or {len(AGGREGATIONS)} ({', '.join(AGGREGATIONS)}: WikiTQ)")
@@ -290,11 +306,11 @@ class TapasQAHead(nn.Module):
             loss = loss + (selection if aggregate is None else selection * (1.0 - aggregate))
         if cfg.num_aggregation_labels > 0:
             loss = loss + self._aggregation_loss(aggregation_logits, aggregate, logits, float_answer, numeric_values,
-                                                 numeric_values_scale, layout)
+                                                 numeric_values_scale, layout, (token_logits, column_logits, index))
         return QAOutput(logits, aggregation_logits, loss)
 
     def _aggregation_loss(self, aggregation_logits, aggregate, logits, float_answer, numeric_values,
-                          numeric_values_scale, layout) -> torch.Tensor:
+                          numeric_values_scale, layout, selection) -> torch.Tensor:
         cfg = self.config
         log_probs = torch.log_softmax(aggregation_logits, dim=-1)
         if aggregate is None:
@@ -308,7 +324,22 @@ class TapasQAHead(nn.Module):
             raise ValueError("answer-supervised aggregation needs numeric_values and numeric_values_scale")
         answer_loss, keep = self._answer_loss(float_answer, aggregate, logits, numeric_values, numeric_values_scale,
                                               aggregation_logits, (layout.row_ids > 0).to(logits.dtype))
-        return (extra + answer_loss) * keep
+        loss = (extra + answer_loss) * keep
+        if cfg.aggregation_supervision == "hard_em":
+            token_logits, column_logits, index = selection
+            found, operator, column, cells, candidates, cell_logits = consistent_selection(
+                token_logits, column_logits, index, numeric_values, float_answer, log_probs)
+            # the consistent selection as labels, as TAPAS's selection loss takes gold cells: its
+            # column, its cells among the column's, and its operator
+            cell_loss = nn.functional.binary_cross_entropy_with_logits(
+                cell_logits, cells.to(cell_logits.dtype), reduction="none")
+            cell_loss = (cell_loss * candidates).sum(1) / candidates.sum(1).clamp(min=1)
+            if column_logits is not None:
+                cell_loss = cell_loss - torch.log_softmax(column_logits, dim=-1).gather(1, column[:, None]).squeeze(1)
+            operator_loss = -log_probs.gather(1, operator[:, None] + 1).squeeze(1)
+            em = cfg.aggregation_loss_weight * operator_loss + cfg.answer_loss_importance * cell_loss
+            loss = torch.where(found & (aggregate > 0), em, loss)
+        return loss
 
     def _answer_loss(self, answer, aggregate, logits, values, scale, aggregation_logits, table_mask):
         cfg = self.config
@@ -369,6 +400,82 @@ def _single_column_selection(token_logits, column_logits, labels, index: CellInd
     in_chosen = (index.column_of_cell[None, :] == chosen[:, None]) & (index.column_of_cell[None, :] != 0)
     masked = cell_logits + LOG_ZERO * (1.0 - cell_mask * in_chosen.to(cell_mask.dtype))
     return loss, index.gather(masked)
+
+
+def consistent_selection(token_logits, column_logits, index: CellIndex, values, answer, operator_log_probs,
+                         tolerance: float = 1e-6):
+    """Hard EM for answer-supervised aggregation: the most probable decodable (column, cells,
+    operator) whose result is the answer.
+
+    A prediction selects, in one column, the data cells above the threshold, and applies
+    one operator. The selections searched are those a decode can make in the model's own
+    order: in each column (every data cell in one group without ``column_logits``) its k
+    highest-scoring cells, k = 1, 2, ...; with SUM, AVERAGE or COUNT, those whose result
+    equals ``answer`` (within ``tolerance`` x max(1, |answer|); SUM and AVERAGE over the
+    selected cells that hold a number, as the prediction computes them) are scored by
+    ``log P(column) + sum log P(cell in or out of the selection) + log P(operator)`` and the
+    best is returned.
+
+    Returns ``(found [batch] bool, operator [batch] (0 SUM, 1 AVERAGE, 2 COUNT), column
+    [batch], cells [batch, cells] bool, candidates [batch, cells] bool: the column's data
+    cells, cell logits [batch, cells])``; an example without a scalar answer or without a
+    consistent selection has ``found`` false.
+    """
+    batch = token_logits.shape[0]
+    rows, columns = index.num_rows, index.num_columns
+    cell_logits = index.cell_mean(token_logits)
+    row_of_cell = torch.arange(index.num_cells, device=token_logits.device) // columns
+    present = (index.cell_mean(torch.ones_like(token_logits)) > 0) & (row_of_cell > 0)
+    numeric = index.cell_max((~torch.isnan(values)).to(token_logits.dtype)) > 0
+    cell_values = index.cell_mean(torch.nan_to_num(values, nan=0.0))
+    with torch.no_grad():
+        if column_logits is None:  # one group: every data cell
+            groups = lambda x: x[:, None, :]  # noqa: E731
+            column_scores = torch.zeros(batch, 1, dtype=torch.float64, device=token_logits.device)
+        else:  # segment row * C + column -> [batch, column, row]
+            groups = lambda x: x.reshape(batch, rows, columns).transpose(1, 2)  # noqa: E731
+            column_scores = torch.log_softmax(column_logits.double(), dim=-1)
+        logit, valid = groups(cell_logits).double(), groups(present)
+        order = logit.masked_fill(~valid, float("-inf")).argsort(dim=-1, descending=True, stable=True)
+        valid, logit = valid.gather(-1, order), logit.gather(-1, order)
+        is_number = groups(numeric).gather(-1, order) & valid
+        total = torch.where(is_number, groups(cell_values).double().gather(-1, order), 0.0).cumsum(-1)
+        numbers = is_number.double().cumsum(-1)
+        count = torch.arange(1, order.shape[-1] + 1, device=order.device, dtype=torch.float64).expand_as(total)
+        target = answer.double()[:, None, None]
+        close = lambda result: (result - target).abs() <= tolerance * target.abs().clamp(min=1.0)  # noqa: E731
+        ok = torch.stack([close(total), close(total / numbers.clamp(min=1.0)) & (numbers > 0), close(count)], dim=-1)
+        ok = ok & valid[..., None] & ~torch.isnan(target)[..., None]
+        inside = torch.where(valid, nn.functional.logsigmoid(logit), 0.0)
+        outside = torch.where(valid, nn.functional.logsigmoid(-logit), 0.0)
+        prefix = inside.cumsum(-1) + outside.sum(-1, keepdim=True) - outside.cumsum(-1)
+        # and each single cell holding the answer (SUM or AVERAGE of one cell), wherever the model ranks it
+        value = groups(cell_values).double().gather(-1, order)
+        single_ok = torch.stack([close(value) & is_number] * 2 + [close(torch.ones_like(value))], dim=-1)
+        single_ok = single_ok & valid[..., None] & ~torch.isnan(target)[..., None]
+        single = inside + outside.sum(-1, keepdim=True) - outside
+        ok, selections = torch.cat([ok, single_ok], dim=2), torch.cat([prefix, single], dim=2)
+        score = (selections[..., None] + column_scores[:, :, None, None]
+                 + operator_log_probs.double()[:, None, None, 1:])  # [batch, group, selection, operator]
+        best = score.masked_fill(~ok, float("-inf")).flatten(1).argmax(1)
+        found = ok.flatten(1).any(1)
+        size = order.shape[-1]
+        column, selection, operator = best // (2 * size * 3), best // 3 % (2 * size), best % 3
+        positions = torch.arange(size, device=order.device)[None, :]
+        chosen = torch.where((selection < size)[:, None], positions <= selection[:, None],
+                             positions == (selection - size)[:, None])
+        chosen = chosen & valid[torch.arange(batch), column]
+        picked = torch.zeros(batch, size, dtype=torch.bool, device=order.device).scatter(
+            1, order[torch.arange(batch), column], chosen)
+        if column_logits is None:
+            cells, candidates = picked, present
+        else:
+            in_column = row_of_cell.new_zeros(batch, rows, columns, dtype=torch.bool)
+            in_column[torch.arange(batch), :, column] = True
+            cells = torch.zeros_like(in_column)
+            cells[torch.arange(batch), :, column] = picked
+            cells, candidates = cells.flatten(1), present & in_column.flatten(1)
+    return found, operator, column, cells, candidates, cell_logits
 
 
 def _aggregate_mask(answer, aggregation_logits, preference, labels) -> torch.Tensor:

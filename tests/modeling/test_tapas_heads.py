@@ -218,6 +218,7 @@ def test_aggregate_answer(operator, expected):
     ({**WTQ, "cell_selection_preference": None}, "cell_selection_preference"),
     ({**WTQ, "huber_loss_delta": None}, "huber_loss_delta"),
     ({"average_approximation_function": "median"}, "ratio"),
+    ({"aggregation_supervision": "mml"}, "expected, hard_em"),
 ])
 def test_head_settings_that_cannot_train_are_one_line_errors(settings, fix):
     from mate_cli.errors import MateError
