@@ -22,19 +22,32 @@ each table once, with the text TAPAS would pair it with:
   the page text, so the text segment is empty (the table is masked alone);
 - ``tabfact``: every ``data/all_csv`` table with its caption (from the statement files).
 
-Questions and statements are never used (TabFact's statement files are parsed for the
-captions only): pre-training sees tables and their context.
+Questions and statements are never used as text (TabFact's statement files are parsed for
+the captions): pre-training sees tables and their context.
+
+``tables="train"`` keeps, of ``wtq``, ``sqa`` and ``tabfact``, only the tables their
+fine-tuning trains on: the tables of each source's training questions, split as the task
+splits them (``splits``: one :class:`~mate_cli.data.split.SplitSettings` per source), and
+never a table whose content (:func:`table_key`) is on a validation or test side of any
+source: SQA's tables are WikiTQ's under other names, so a WikiTQ dev table can be an SQA
+training table. A test file that is absent (held back) cannot be read; the log line says
+so. HybridQA and JSON lines have no split here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
 from mate_cli.data.schema import Cell, Table
+from mate_cli.data.split import SplitSettings
 from mate_cli.errors import MateError
+
+log = logging.getLogger(__name__)
 
 FORMAT_HINT = 'each line: {"text": str, "table": {"header": [str, ...], "rows": [[str, ...], ...]}}'
 
@@ -151,6 +164,16 @@ def _readers() -> dict:
 
 #: ``dataset.sources`` keys: a dataset root each, or ``jsonl``: one JSON-lines file or a list
 SOURCES = ("hybridqa", "wtq", "sqa", "tabfact", "jsonl")
+#: ``dataset.tables``: every table file, or only the fine-tuning training tables (module docstring)
+TABLE_CHOICES = ("all", "train")
+#: the sources ``dataset.tables=train`` can cut (their questions have a train / validation / test split)
+SPLIT_SOURCES = ("wtq", "sqa", "tabfact")
+
+
+def table_key(table: Table) -> str:
+    """A digest of the table's header and cell texts: the same table under two names is one table."""
+    cells = [[c.text for c in table.header], *[[c.text for c in row] for row in table.rows]]
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
 class Corpus:
@@ -162,7 +185,8 @@ class Corpus:
         hybridqa_passages: extra HybridQA examples per table, one per linked passage.
     """
 
-    def __init__(self, sources: Mapping[str, object], hybridqa_passages: int = 1) -> None:
+    def __init__(self, sources: Mapping[str, object], hybridqa_passages: int = 1, tables: str = "all",
+                 splits: Mapping[str, Mapping] | None = None) -> None:
         unknown = [kind for kind in sources if kind not in SOURCES]
         if unknown:
             raise MateError(f"dataset.sources.{unknown[0]} is not a corpus kind; use {', '.join(SOURCES)}")
@@ -188,6 +212,20 @@ class Corpus:
         if not self.readers and not self.files:
             raise MateError("the pre-training corpus is empty; set dataset.sources.<hybridqa|wtq|sqa|tabfact> to a "
                             "dataset root or dataset.sources.jsonl to JSON-lines files")
+        self.tables = str(tables)
+        if self.tables not in TABLE_CHOICES:
+            raise MateError(f"dataset.tables={tables!r} is invalid; use one of {', '.join(TABLE_CHOICES)}")
+        self.splits: dict[str, SplitSettings] = {}
+        if self.tables == "train":
+            for kind in [*self.readers, *(["jsonl"] if self.files else [])]:
+                if kind not in SPLIT_SOURCES:
+                    raise MateError(f"dataset.tables=train keeps the training tables of {', '.join(SPLIT_SOURCES)}; "
+                                    f"dataset.sources.{kind} has no split: set it to null or use dataset.tables=all")
+                if not (splits or {}).get(kind):
+                    raise MateError(f"dataset.tables=train needs dataset.splits.{kind}: how the {kind} task splits "
+                                    "its questions (its dataset yaml's split node)")
+                self.splits[kind] = SplitSettings(**dict(splits[kind]))
+        self._kept: tuple[dict[str, set[str]], set[str]] | None = None
 
     def input_files(self) -> list[Path]:
         """Every file the examples depend on, in a stable order."""
@@ -195,18 +233,52 @@ class Corpus:
         return [*files, *self.files]
 
     def examples(self) -> Iterator[TableText]:
-        """Every example of every source, in source order."""
+        """Every example of every source, in source order (with ``tables="train"``, the training tables')."""
         for kind, reader in self.readers.items():
             if kind == "hybridqa":
-                yield from hybridqa_tables(reader, self.hybridqa_passages)
+                found = hybridqa_tables(reader, self.hybridqa_passages)
             elif kind == "tabfact":
-                yield from tabfact_tables(reader)
+                found = tabfact_tables(reader)
             else:
-                yield from csv_tables(reader, kind)
+                found = csv_tables(reader, kind)
+            yield from (found if self.tables == "all" else self._training_tables(kind, found))
         for path in self.files:
             yield from read_jsonl(path)
 
+    def _training_tables(self, kind: str, examples: Iterator[TableText]) -> Iterator[TableText]:
+        train, held_out = self.kept_tables()
+        for example in examples:
+            if example.table.table_id in train[kind] and table_key(example.table) not in held_out:
+                yield example
 
-def read_corpus(sources: Mapping[str, object], hybridqa_passages: int = 1) -> list[TableText]:
+    def kept_tables(self) -> tuple[dict[str, set[str]], set[str]]:
+        """``tables="train"``: per source the table ids of its training questions, and the content
+        keys of every table on a validation or test side of any source (computed once)."""
+        if self._kept is None:
+            train: dict[str, set[str]] = {}
+            held_out: set[str] = set()
+            for kind, split in self.splits.items():
+                reader = self.readers[kind]
+                train[kind] = {q.table_id for q in split.questions("train", reader.questions)}
+                sides = {}
+                for side in ("validation", "test"):
+                    try:
+                        ids = {q.table_id for q in split.questions(side, reader.questions)}
+                    except MateError:
+                        if side == "validation":
+                            raise
+                        ids = None  # a held-back test file
+                    sides[side] = ids
+                    held_out |= {table_key(reader.table(t)) for t in ids or ()}
+                log.info("pre-training on %s's training tables: %d tables of its training questions; held out: %d "
+                         "validation tables, %s", kind, len(train[kind]), len(sides["validation"]),
+                         "no test file (held back: its tables cannot be excluded)" if sides["test"] is None
+                         else f"{len(sides['test'])} test tables")
+            self._kept = train, held_out
+        return self._kept
+
+
+def read_corpus(sources: Mapping[str, object], hybridqa_passages: int = 1, tables: str = "all",
+                splits: Mapping[str, Mapping] | None = None) -> list[TableText]:
     """Every example of ``sources`` (see :class:`Corpus`)."""
-    return list(Corpus(sources, hybridqa_passages).examples())
+    return list(Corpus(sources, hybridqa_passages, tables, splits).examples())

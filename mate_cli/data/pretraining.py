@@ -36,11 +36,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mate_cli.data.cache import code_digest, fingerprint, load_or_build
-from mate_cli.data.corpus import Corpus, TableText
+from mate_cli.data.corpus import Corpus, TableText, table_key
 from mate_cli.data.masking import IGNORE, continuation_table, mask_words, word_spans
 from mate_cli.data.preprocess import worker_counts
 from mate_cli.data.sampler import EpochTagged
-from mate_cli.data.schema import MaskedBatch, Question, Table
+from mate_cli.data.schema import MaskedBatch, Question
 from mate_cli.data.split import split_by_table
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
@@ -52,12 +52,6 @@ from mate_cli.paths import cache_dir as default_cache_dir
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
-
-
-def table_key(table: Table) -> str:
-    """A digest of the table's header and cell texts: the same table under two names is one table."""
-    cells = [[c.text for c in table.header], *[[c.text for c in row] for row in table.rows]]
-    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
 class PretrainDataModule(L.LightningDataModule):
@@ -72,6 +66,9 @@ class PretrainDataModule(L.LightningDataModule):
         max_text_tokens: the text segment is cut to this many word pieces first (and to half
             of ``max_length`` at most, so the table always has room).
         hybridqa_passages: extra HybridQA examples per table, one per linked passage.
+        tables: ``all`` (every table of the sources) or ``train`` (the fine-tuning training tables of
+            ``wtq``, ``sqa`` and ``tabfact`` only, split as ``splits`` says: :mod:`mate_cli.data.corpus`).
+        splits: ``{source: dataset.split settings}``, the tasks' own splits, for ``tables=train``.
         val_fraction, split_seed: the by-table held-out cut.
         mask_rate, max_predictions: whole-word masking (15% of words, at most 20 pieces).
         mask_seed: seeds the masks with the epoch and the example's index.
@@ -91,6 +88,8 @@ class PretrainDataModule(L.LightningDataModule):
         max_length: int = 128,
         max_text_tokens: int = 64,
         hybridqa_passages: int = 1,
+        tables: str = "all",
+        splits: Mapping[str, Mapping] | None = None,
         val_fraction: float = 0.2,
         split_seed: int = 0,
         mask_rate: float = 0.15,
@@ -118,7 +117,10 @@ class PretrainDataModule(L.LightningDataModule):
         self.cache_dir = Path(cache_dir or default_cache_dir() / "pretrain")
         self.shuffle_seed = int(shuffle_seed)
         self.same_order_every_epoch = bool(same_order_every_epoch)
-        self.corpus = Corpus(self.sources, self.hybridqa_passages)  # checks the sources now
+        self.tables = str(tables)
+        self.splits = {str(k): dict(v) for k, v in dict(splits or {}).items() if v is not None and k in self.sources
+                       and self.sources[k] is not None}
+        self.corpus = Corpus(self.sources, self.hybridqa_passages, self.tables, self.splits)  # checks the sources now
         self.encoded: dict[str, datasets.Dataset] = {}
         self.stats: dict[str, dict] = {}
         self._tokenizer = None
@@ -138,6 +140,7 @@ class PretrainDataModule(L.LightningDataModule):
             "pretrained": resolve_pretrained(self.pretrained),
             "max_length": self.max_length, "max_text_tokens": self.max_text_tokens,
             "hybridqa_passages": self.hybridqa_passages,
+            "tables": self.tables, "splits": self.splits if self.tables == "train" else None,
             "val_fraction": self.val_fraction, "split_seed": self.split_seed,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

@@ -164,3 +164,87 @@ def test_short_budgets_keep_room_for_the_table_and_skip_only_too_wide_headers(tm
     first = dm.tokenizer.convert_ids_to_tokens(encoded[0]["input_ids"])
     assert len(first) <= 32 and "ward" in first and "people" in first  # a 200-word text leaves the table its half
     assert "left out, their table header alone passes dataset.max_length=32" in caplog.text
+
+
+# ------------------------------------------------------------------ the fine-tuning training tables only
+def task_tables(task: str, split: str, tmp_path) -> set[str]:
+    """The content keys of the tables of ``split``'s questions, as `mate train experiment=<task>_mate`
+    composes and splits the bundled sample (real Hydra, the task's own datamodule)."""
+    from hydra.utils import instantiate
+
+    from tests.inprocess import compose_command
+
+    cfg = compose_command("train", [f"experiment={task}_mate"], tmp_path / task)
+    dm = instantiate(cfg.dataset)
+    return {table_key(dm.reader.table(q.table_id)) for q in dm.questions(split)}
+
+
+def pretrain_corpus(overrides: list[str], tmp_path) -> PretrainDataModule:
+    from hydra.utils import instantiate
+
+    from tests.inprocess import compose_command
+
+    cfg = compose_command("pretrain", ["dataset.sources.hybridqa=null", "dataset.tables=train", *overrides],
+                          tmp_path / "pretrain")
+    return instantiate(cfg.dataset)
+
+
+def test_training_tables_only_never_a_validation_table(tmp_path):
+    """`mate pretrain dataset.tables=train` reads, of each task, only tables its fine-tuning trains on."""
+    kept = list(pretrain_corpus([], tmp_path).corpus.examples())
+    everything = read_corpus({k: v for k, v in SOURCES.items() if k != "hybridqa"})
+    for task in ("wtq", "sqa", "tabfact"):
+        mine = {table_key(e.table) for e in kept if e.source.startswith(f"{task}:")}
+        train, validation = task_tables(task, "train", tmp_path), task_tables(task, "validation", tmp_path)
+        assert mine == train - validation and mine, task
+        assert len(mine) < sum(e.source.startswith(f"{task}:") for e in everything)  # some tables were left out
+    held_out = set().union(*(task_tables(task, "validation", tmp_path) for task in ("wtq", "sqa", "tabfact")))
+    assert not {table_key(e.table) for e in kept} & held_out
+
+
+def test_a_training_table_with_a_validation_tables_content_is_left_out(tmp_path):
+    """The same table under another name (as SQA's are WikiTQ's) is held out by its content."""
+    import shutil
+
+    root = tmp_path / "wtq"
+    shutil.copytree(DATA / "wtq_sample", root)
+    corpus = pretrain_corpus([f"dataset.sources.wtq={root}", "dataset.sources.sqa=null", "dataset.sources.tabfact=null"],
+                             tmp_path).corpus
+    train, _ = corpus.kept_tables()
+    before = {e.table.table_id for e in corpus.examples()}
+    validation = task_tables("wtq", "validation", tmp_path)
+    a_train_table = sorted(before)[0]
+    held = next(e for e in read_corpus({"wtq": str(root)}) if table_key(e.table) in validation)
+    for suffix in (".csv", ".tsv", ".table"):  # the reader prefers a .tsv twin
+        if (root / held.table.table_id).with_suffix(suffix).exists():
+            shutil.copy((root / held.table.table_id).with_suffix(suffix), (root / a_train_table).with_suffix(suffix))
+    after = {e.table.table_id for e in pretrain_corpus([f"dataset.sources.wtq={root}", "dataset.sources.sqa=null",
+                                                       "dataset.sources.tabfact=null"], tmp_path).corpus.examples()}
+    assert a_train_table in train["wtq"] and after == before - {a_train_table}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["dataset.sources.hybridqa=data/hybridqa_sample"], "dataset.sources.hybridqa has no split: set it to null"),
+    (["dataset.tables=some"], "dataset.tables='some' is invalid; use one of all, train"),
+    (["dataset.splits.sqa=null"], "dataset.tables=train needs dataset.splits.sqa"),
+])
+def test_training_tables_mistakes_are_one_line(overrides, message, tmp_path):
+    """As `mate pretrain` reports them (exit 2, nothing written: tests/integration/test_cli.py)."""
+    from tests.inprocess import run_command
+
+    with pytest.raises(MateError) as err:
+        run_command("pretrain", ["dataset.sources.hybridqa=null", "dataset.tables=train", *overrides], tmp_path / "run")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_full_releases_corpus_reads_their_own_split_files(tmp_path):
+    """`dataset=pretrain_tasks`: the full releases' train / dev files for WikiTQ and SQA (as
+    conf/dataset/{wtq,sqa}.yaml), TabFact's validation file cut by table, no HybridQA."""
+    from tests.inprocess import compose_command
+
+    dataset = compose_command("pretrain", ["dataset=pretrain_tasks"], tmp_path).dataset
+    train = compose_command("train", ["experiment=wtq_mate", "dataset=wtq"], tmp_path).dataset
+    assert dataset.tables == "train" and dataset.sources.hybridqa is None and dataset.sources.jsonl is None
+    assert dataset.splits.wtq.mode == dataset.splits.sqa.mode == train.split.mode == "files"
+    tabfact = compose_command("train", ["experiment=tabfact_mate"], tmp_path).dataset.split
+    assert dict(dataset.splits.tabfact) == dict(tabfact)
