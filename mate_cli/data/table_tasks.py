@@ -56,7 +56,7 @@ import torch
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
 from mate_cli.data.schema import Batch, Question, Table, TaskBatch
-from mate_cli.data.tokenize import TableTokenizer
+from mate_cli.data.tokenize import TableTokenizer, check_linearization
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
 
@@ -246,13 +246,15 @@ class TableTaskDataModule(SplitDataModule):
             question is dropped).
         drop_cut_answers: drop training questions with an answer item none of whose cells
             survived the length cut.
+        linearization: ``tapas`` or ``template`` (each data cell as ``<header> is <cell> ;``:
+            :mod:`mate_cli.data.tokenize`).
         common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (root,
             pretrained, max_length, max_question_tokens, split, batch sizes, eval_file, ...).
     """
 
     def __init__(self, *, task: str, pruning: str = "none", empty_cell_token: bool = True,
                  long_table_tokens: int | None = None, ambiguous_answers: str = "all",
-                 drop_cut_answers: bool = False, **common) -> None:
+                 drop_cut_answers: bool = False, linearization: str = "tapas", **common) -> None:
         if task not in TASKS:
             raise MateError(f"dataset.task={task!r} is invalid; use one of {', '.join(TASKS)}")
         if pruning not in PRUNING:
@@ -262,6 +264,8 @@ class TableTaskDataModule(SplitDataModule):
                             f"{', '.join(AMBIGUOUS_ANSWERS)}")
         self.task, self.pruning, self.empty_cell_token = task, pruning, bool(empty_cell_token)
         self.ambiguous_answers, self.drop_cut_answers = ambiguous_answers, bool(drop_cut_answers)
+        self.linearization = str(linearization)
+        check_linearization(self.linearization, pruning)
         self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
         super().__init__(**common)
         self.kind = task
@@ -275,14 +279,14 @@ class TableTaskDataModule(SplitDataModule):
         # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
         canon = CANON_EMULATION if self.task == "wtq" else None
         return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token,
-                "canon_emulation": canon,
+                "linearization": self.linearization, "canon_emulation": canon,
                 # which copies of an answer are candidates (drop labels every copy, as all does)
                 "one_cell_per_answer": self.task == "wtq" and self.ambiguous_answers == "first"}
 
     def tokenizer_args(self) -> dict:
         return {"pretrained": self.pretrained, "max_length": self.max_length,
                 "max_question_tokens": self.max_question_tokens, "pruning": self.pruning,
-                "empty_cell_token": self.empty_cell_token}
+                "empty_cell_token": self.empty_cell_token, "linearization": self.linearization}
 
     def encode(self, questions: list[Question], split: str):
         encoder = _TaskEncoder(self.task, self.root, self.tokenizer_args(), previous_answers(questions),

@@ -60,6 +60,14 @@ pieces cut by the length budget, whichever heuristic; not those of rows/columns 
 id limits) and ``candidates_dropped`` (a candidate cell left with no token; the
 datamodule's split statistics sum them), and ``full_length``: its length with no cell,
 row or column cut by the budget (the long-table slice of an evaluation).
+
+Linearisation (``dataset.linearization``): ``tapas`` writes each cell's own word pieces;
+``template`` writes each data cell as a phrase of a row sentence, ``<header> is <cell> ;``
+(the TabFact paper's templated rows, Chen et al. 2020: "game is 51 ; date is february
+26 ; ..."), every piece of the phrase with the cell's ids, so the row and column heads and
+the cell ids see the same cells. The header row stays. Under the length cap a phrase keeps
+its cell's pieces first, then the header's and the "is", then the ``;``. Only with
+``pruning="none"``.
 """
 
 from __future__ import annotations
@@ -81,6 +89,18 @@ Coord = tuple[int, int]
 
 #: ``TableTokenizer(pruning=...)`` choices (``dataset.pruning``).
 PRUNING_CHOICES = ("none", "cc", "hem")
+#: ``TableTokenizer(linearization=...)`` choices (``dataset.linearization``; module docstring).
+LINEARIZATIONS = ("tapas", "template")
+
+
+
+def check_linearization(linearization: str, pruning: str) -> None:
+    """One line when ``dataset.linearization`` is unknown or cannot go with ``dataset.pruning``."""
+    if linearization not in LINEARIZATIONS:
+        raise MateError(f"dataset.linearization={linearization!r} is invalid; use one of {', '.join(LINEARIZATIONS)}")
+    if linearization == "template" and pruning != "none":
+        raise MateError(f"dataset.linearization=template writes cells as phrases that dataset.pruning={pruning} "
+                        "cannot cut; use dataset.pruning=none with it")
 
 
 # ============================================================ candidates
@@ -163,6 +183,8 @@ class TableTokenizer:
             ``TapasTokenizer`` (the default; module docstring).
         length_key: the setting ``max_length`` comes from, named in errors (Transformer-XH's
             graphs: ``dataset.node_length``).
+        linearization: ``tapas`` (each cell's own pieces) or ``template`` (each data cell as
+            ``<header> is <cell> ;``; module docstring).
     """
 
     def __init__(
@@ -177,6 +199,7 @@ class TableTokenizer:
         pruning: str = "none",
         empty_cell_token: bool = False,
         length_key: str = "dataset.max_length",
+        linearization: str = "tapas",
     ):
         if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
             raise MateError(f"tokenizer {type(tokenizer).__name__} has no [CLS]/[SEP] token; use a BERT WordPiece tokenizer")
@@ -193,8 +216,11 @@ class TableTokenizer:
             )
         if pruning not in PRUNING_CHOICES:
             raise MateError(f"dataset.pruning={pruning!r} is not one of {', '.join(PRUNING_CHOICES)}")
+        check_linearization(linearization, pruning)
         self.tokenizer = tokenizer
         self.pruning = pruning
+        self.template = linearization == "template"
+        self._is, self._semicolon = (self._wordpieces(["is", ";"]) if self.template else ([], []))
         self.max_length = int(max_length)
         self.max_question_tokens = int(max_question_tokens)
         self.min_cell_tokens = int(min_cell_tokens)
@@ -250,6 +276,9 @@ class TableTokenizer:
             pieces = [ids or [self.empty_id] for ids in pieces]
         header, flat = pieces[:num_cols], pieces[num_cols:]
         cells = [flat[i * num_cols: (i + 1) * num_cols] for i in range(len(row_index))]
+        if self.template:  # (header + is, cell, ;) per non-empty data cell; its length is what the budget fits
+            cells = [[(header[c] + self._is, ids, self._semicolon) if ids else ((), (), ()) for c, ids in enumerate(row)]
+                     for row in cells]
         kept, selection = self._fit(question, table, q_ids, header, cells)
         example = self._assemble(question, table, q_ids, header, cells, selection, row_index)
         self._add_candidates(example, sorted(set(map(tuple, candidates or ()))))
@@ -257,7 +286,7 @@ class TableTokenizer:
         example.rows_dropped = (table.num_rows if rows is None else len(rows)) - kept
         example.columns_dropped = table.num_columns - num_cols
         example.columns_pruned = num_cols - len(selection.columns)
-        total = sum(map(len, header)) + sum(len(ids) for row in cells for ids in row)
+        total = sum(map(len, header)) + sum(self._length(ids) for row in cells for ids in row)
         example.tokens_pruned = total - selection.tokens
         example.full_length = 2 + len(q_ids) + total
         example.truncated = bool(q_cut or example.tokens_pruned or example.rows_dropped or example.columns_dropped
@@ -285,7 +314,7 @@ class TableTokenizer:
         """``(data rows kept, kept word pieces per cell)`` so the table fits the budget."""
         budget = self.max_length - 2 - len(q_ids)
         header_lengths = [len(ids) for ids in header]
-        lengths = [[len(ids) for ids in row] for row in cells]
+        lengths = [[self._length(ids) for ids in row] for row in cells]
         if self.pruning != "none":
             if budget < 1 and (sum(header_lengths) or any(map(sum, lengths))):
                 raise MateError(
@@ -308,6 +337,18 @@ class TableTokenizer:
         rows = lengths[:kept] + [[0] * len(header) for _ in lengths[kept:]]  # trailing rows dropped
         return kept, Selection(header=header_lengths, rows=rows, columns=list(range(len(header))))
 
+    def _length(self, cell) -> int:
+        return sum(map(len, cell)) if self.template else len(cell)
+
+    def _cut(self, cell, n: int) -> list[int]:
+        """A cell's first ``n`` pieces; a template phrase keeps the cell's, then the header's and "is", then the ``;``."""
+        if not self.template:
+            return cell[:n]
+        prefix, value, suffix = cell
+        kept = list(value[:n])
+        lead = list(prefix[: n - len(kept)])
+        return lead + kept + list(suffix[: n - len(kept) - len(lead)])
+
     def _match_tokens(self, q_ids: list[int]) -> list[int]:
         """The question word pieces HEM counts: all but those without a letter or digit (punctuation)."""
         pieces = self.tokenizer.convert_ids_to_tokens(q_ids)
@@ -325,7 +366,7 @@ class TableTokenizer:
         coords: list[list[int]] = []
         for i, (r, row) in enumerate(zip(row_index, cells)):
             for k, c in enumerate(selection.columns):
-                ids = row[c][: selection.rows[i][c]]
+                ids = self._cut(row[c], selection.rows[i][c])
                 if not ids:
                     continue
                 coords.append([r, c])

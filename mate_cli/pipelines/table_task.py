@@ -41,7 +41,8 @@ def predict_table_question(run: TrainedRun, table: Table, text: str, device: tor
     task = str(data.task)
     tokenizer = TableTokenizer(run.tokenizer, max_length=int(data.max_length),
                                max_question_tokens=int(data.max_question_tokens), pruning=str(data.pruning),
-                               empty_cell_token=bool(data.get("empty_cell_token", True)))
+                               empty_cell_token=bool(data.get("empty_cell_token", True)),
+                               linearization=str(data.get("linearization", "tapas")))
     question = Question("question", text, table.table_id)
     example = encode_task_question(tokenizer, task, question, table)
     batch = TaskCollator(int(run.tokenizer.pad_token_id or 0))([example]).to(device)

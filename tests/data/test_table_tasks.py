@@ -667,3 +667,20 @@ def test_wtq_decode_scores_against_the_canonical_answers(module, table_tokenizer
         module.task = "sqa"
     assert [row["answer"] for row in rows] == [["3"], ["3"]]
     assert [row["correct"] for row in rows] == [True, False]
+
+
+def test_tabfact_templated_rows_are_the_same_statements_over_phrased_cells(datamodule, hf_tokenizer):
+    """``dataset.linearization=template`` (its own cache): the same statements and labels, every
+    data cell written as "<header> is <cell> ;" with the cell's ids (mate_cli.data.tokenize)."""
+    plain, templated = datamodule("tabfact"), datamodule("tabfact", linearization="template")
+    assert plain.cache_key("train") != templated.cache_key("train")
+    a, b = plain.datasets["train"], templated.datasets["train"]
+    assert _column(a, "question_id") == _column(b, "question_id") and _column(a, "label") == _column(b, "label")
+    example = next(x for x in b if not x["truncated"])  # no phrase cut by the length cap
+    table = plain.reader.table(example["table_id"])
+    cells = example["layout"]["cell_ids"]
+    first = [t for t, k in zip(example["input_ids"], cells) if k == 1]
+    row, column = example["cell_coords"][0]
+    assert hf_tokenizer.decode(first) == hf_tokenizer.decode(hf_tokenizer(
+        f"{table.header[column].text} is {table.rows[row][column].text} ;", add_special_tokens=False)["input_ids"])
+    assert sum(len(x["input_ids"]) for x in b) > sum(len(x["input_ids"]) for x in a)

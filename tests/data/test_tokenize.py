@@ -303,3 +303,42 @@ def test_empty_cell_token_makes_empty_cells_selectable(tokenizer):
     cell = [t for t, k in zip(marked.input_ids, marked.layout["cell_ids"]) if k == 2]
     assert cell == [tokenizer.unk_token_id]
     assert len(marked.input_ids) == len(plain.input_ids) + 1
+
+
+# ---------------------------------------------------------------- templated rows
+def test_template_writes_each_cell_as_a_phrase_with_the_cells_ids(tokenizer):
+    """``linearization=template``: after the header row, each data cell is "<header> is <cell> ;",
+    every piece with that cell's row, column and cell id; an empty cell writes nothing."""
+    table = _table(["game", "date"], [["51", "february 26"], ["52", ""]])
+    question = Question("q", "what ?", "hand")
+    example = TableTokenizer(tokenizer, linearization="template").encode(question, table)
+    plain = TableTokenizer(tokenizer).encode(question, table)
+    start = 2 + len(_pieces(tokenizer, "what ?"))
+    runs = [(key, tokenizer.decode(ids)) for key, ids in _runs(example, start)]
+    assert runs == [((0, 1, 0), "game"), ((0, 2, 0), "date"), ((1, 1, 1), "game is 51 ;"),
+                    ((1, 2, 2), "date is february 26 ;"), ((2, 1, 3), "game is 52 ;")]
+    assert example.cell_coords == plain.cell_coords == [[0, 0], [0, 1], [1, 0]]
+    assert example.full_length == len(example.input_ids) and not example.truncated
+
+
+def test_template_cut_keeps_the_cell_before_its_header(tokenizer):
+    """Under the length cap a phrase keeps its cell's pieces, then the header's and "is", then the ";"."""
+    table = _table(["name of the player"], [["alpha beta gamma delta"], ["x"]])
+    question = Question("q", "what ?", "hand")
+    budget = 8  # with the header row's 4 pieces: every cell capped at 4 (phrases of 10 and 7 pieces)
+    tok = TableTokenizer(tokenizer, max_length=2 + len(_pieces(tokenizer, "what ?")) + 4 + budget,
+                         linearization="template")
+    example = tok.encode(question, table)
+    start = 2 + len(_pieces(tokenizer, "what ?"))
+    runs = [(key, tokenizer.decode(ids)) for key, ids in _runs(example, start)]
+    assert runs[1:] == [((1, 1, 1), "alpha beta gamma delta"), ((2, 1, 2), "name of the x")]
+    assert example.truncated and example.full_length > len(example.input_ids)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"linearization": "rows"}, "dataset.linearization='rows' is invalid; use one of tapas, template"),
+    ({"linearization": "template", "pruning": "cc"}, "use dataset.pruning=none with it"),
+])
+def test_linearization_mistakes_are_one_line(tokenizer, settings, message):
+    with pytest.raises(MateError, match=message.replace("(", r"\(")):
+        TableTokenizer(tokenizer, **settings)
