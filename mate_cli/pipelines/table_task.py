@@ -18,7 +18,6 @@ from mate_cli.data.readers import given_file
 from mate_cli.data.schema import Question, Table
 from mate_cli.data.table_tasks import TaskCollator, encode_task_question
 from mate_cli.data.tokenize import TableTokenizer
-from mate_cli.errors import MateError
 from mate_cli.runs import TrainedRun, autocast
 
 
