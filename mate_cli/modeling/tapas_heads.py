@@ -293,21 +293,24 @@ class TapasQAHead(nn.Module):
             aggregate = _aggregate_mask(float_answer, aggregation_logits, cfg.cell_selection_preference, labels)
         if cfg.average_logits_per_cell:
             token_logits = index.gather(index.cell_mean(token_logits))
-        if cfg.select_one_column:
-            selection, logits = _single_column_selection(token_logits, column_logits, labels, index, cell_mask)
-        else:
-            weight = torch.where(labels == 0, 1.0, cfg.positive_label_weight).to(token_logits.dtype)
-            per_token = nn.functional.binary_cross_entropy_with_logits(
-                token_logits, labels.to(token_logits.dtype), reduction="none") * weight
-            selection = (per_token * real).sum(1) / (real.sum(1) + EPSILON)
-            logits = token_logits
+        selection, logits = self._selection_loss(token_logits, column_logits, labels, index, cell_mask, real)
         loss = torch.zeros_like(selection)
         if not cfg.disable_per_token_loss:
             loss = loss + (selection if aggregate is None else selection * (1.0 - aggregate))
         if cfg.num_aggregation_labels > 0:
             loss = loss + self._aggregation_loss(aggregation_logits, aggregate, logits, float_answer, numeric_values,
-                                                 numeric_values_scale, layout, (token_logits, column_logits, index))
+                                                 numeric_values_scale, layout,
+                                                 (token_logits, column_logits, index, cell_mask, real))
         return QAOutput(logits, aggregation_logits, loss)
+
+    def _selection_loss(self, token_logits, column_logits, labels, index, cell_mask, real):
+        """TAPAS's cell-selection loss of ``labels`` (token level) and the token logits the prediction reads."""
+        if self.config.select_one_column:
+            return _single_column_selection(token_logits, column_logits, labels, index, cell_mask)
+        weight = torch.where(labels == 0, 1.0, self.config.positive_label_weight).to(token_logits.dtype)
+        per_token = nn.functional.binary_cross_entropy_with_logits(
+            token_logits, labels.to(token_logits.dtype), reduction="none") * weight
+        return (per_token * real).sum(1) / (real.sum(1) + EPSILON), token_logits
 
     def _aggregation_loss(self, aggregation_logits, aggregate, logits, float_answer, numeric_values,
                           numeric_values_scale, layout, selection) -> torch.Tensor:
@@ -326,16 +329,12 @@ class TapasQAHead(nn.Module):
                                               aggregation_logits, (layout.row_ids > 0).to(logits.dtype))
         loss = (extra + answer_loss) * keep
         if cfg.aggregation_supervision == "hard_em":
-            token_logits, column_logits, index = selection
-            found, operator, column, cells, candidates, cell_logits = consistent_selection(
+            token_logits, column_logits, index, cell_mask, real = selection
+            found, operator, _, cells, _, _ = consistent_selection(
                 token_logits, column_logits, index, numeric_values, float_answer, log_probs)
-            # the consistent selection as labels, as TAPAS's selection loss takes gold cells: its
-            # column, its cells among the column's, and its operator
-            cell_loss = nn.functional.binary_cross_entropy_with_logits(
-                cell_logits, cells.to(cell_logits.dtype), reduction="none")
-            cell_loss = (cell_loss * candidates).sum(1) / candidates.sum(1).clamp(min=1)
-            if column_logits is not None:
-                cell_loss = cell_loss - torch.log_softmax(column_logits, dim=-1).gather(1, column[:, None]).squeeze(1)
+            # the consistent selection as gold cells of TAPAS's own selection loss, and its operator
+            pseudo = index.gather(cells.to(token_logits.dtype)).long() * layout.attention_mask
+            cell_loss, _ = self._selection_loss(token_logits, column_logits, pseudo, index, cell_mask, real)
             operator_loss = -log_probs.gather(1, operator[:, None] + 1).squeeze(1)
             em = cfg.aggregation_loss_weight * operator_loss + cfg.answer_loss_importance * cell_loss
             loss = torch.where(found & (aggregate > 0), em, loss)
