@@ -9,11 +9,11 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from mate_cli import tasks
 from mate_cli.commands.common import print_metrics, quiet_third_party_logs, run_dir, run_task
 from mate_cli.errors import MateError
 from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_json
-from mate_cli.metrics import trivial
 from mate_cli.paths import CONF_DIR, register_resolvers
 
 register_resolvers()
@@ -21,22 +21,16 @@ register_resolvers()
 
 def baseline(cfg: DictConfig) -> dict:
     quiet_third_party_logs()
-    task = cfg.dataset.get("task")
-    if task not in ("sqa", "wtq", "tabfact"):
+    if cfg.dataset.get("task") is None:
         raise MateError(f"mate baseline scores the table tasks; dataset={cfg.dataset.get('_target_')} is not one: "
-                        "use dataset=sqa|wtq|tabfact or their _sample")
+                        f"use dataset=<task> or <task>_sample, a task among {', '.join(tasks.names())}")
+    task = tasks.get(cfg.dataset.task)
     datamodule = instantiate(cfg.dataset)
     train, validation = datamodule.questions("train"), datamodule.questions("validation")
-    if task == "wtq":
-        metrics = trivial.wtq_most_frequent(train, validation)
-    elif task == "sqa":
-        metrics = trivial.sqa_fixed_cells(train, validation, datamodule.reader.table)
-    else:
-        metrics = trivial.tabfact_majority(train, validation)
-        metrics.update(trivial.tabfact_statement_only(train, validation))
+    metrics = task.trivial_baselines(train, validation, datamodule.reader)
     metrics.update({"data/train/questions": len(train), "data/validation/questions": len(validation)})
     shown = [k for k in metrics if k.startswith("val/")]
-    print_metrics(f"{task}: {metrics['rule']}", metrics, shown)
+    print_metrics(f"{task.name}: {metrics['rule']}", metrics, shown)
     atomic_write_json(run_dir() / "metrics.json", metrics)
     print_outputs({"run dir": run_dir(), "metrics": run_dir() / "metrics.json"})
     return metrics

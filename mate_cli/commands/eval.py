@@ -18,7 +18,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.commands.common import log, print_metrics, quiet_third_party_logs, run_dir, run_task
 from mate_cli.console import print_outputs
-from mate_cli.data.answer_files import write_predictions
 from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
@@ -48,7 +47,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_checkpoint_fits(ckpt_path, model, "ckpt_path")
     trainer = L.Trainer(**trainer_args)
     if getattr(datamodule, "task", None) and trainer.world_size > 1:
-        raise MateError(f"mate eval of a {datamodule.task} run writes one predictions file and (SQA) feeds each "
+        raise MateError(f"mate eval of a {datamodule.task.name} run writes one predictions file and (SQA) feeds each "
                         "question the previous prediction: run it on one device (hardware=cpu or hardware=gpu)")
     run = trainer.validate if cfg.split == "validation" else trainer.test
     with warnings.catch_warnings():
@@ -67,7 +66,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     task = getattr(datamodule, "task", None)
     if task and getattr(model, "predictions", None):
-        metrics["predictions"] = str(write_predictions(task, model.predictions, run_dir()))
+        metrics["predictions"] = str(task.write_predictions(model.predictions, run_dir()))
     prefix = SPLIT_PREFIX[cfg.split] + "/"
     names = sorted(k[len(prefix):] for k in metrics if k.startswith(prefix))
     print_metrics(f"{cfg.split}: {Path(ckpt_path).name}", metrics, names, prefix)

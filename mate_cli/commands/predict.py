@@ -14,6 +14,7 @@ import hydra
 import rich
 from omegaconf import DictConfig, OmegaConf
 
+from mate_cli import tasks
 from mate_cli.commands.common import log, print_table, quiet_third_party_logs, run_dir, run_task
 from mate_cli.data.hybridqa import read_table_file
 from mate_cli.console import print_outputs
@@ -83,12 +84,14 @@ def predict_table_task(cfg: DictConfig) -> dict:
     table = read_task_table(str(run.cfg.dataset.task), cfg.table)
     warn_if_cut(str(cfg.question), run, "")
     result = predict_table_question(run, table, str(cfg.question), device, cfg.trainer.get("precision"))
-    rich.print(f"[bold]{'statement' if result['task'] == 'tabfact' else 'question'}:[/bold] {shown(result['question'])}")
-    if result["task"] == "tabfact":
+    task = tasks.get(result["task"])
+    rich.print(f"[bold]{task.noun}:[/bold] {shown(result['question'])}")
+    if not task.selects_cells:
         rich.print(f"[bold]verdict:[/bold] {result['verdict']} (probability {result['probability']:.4f})")
     else:
-        if result["task"] == "wtq":
+        if task.aggregates:
             rich.print(f"[bold]aggregation:[/bold] {result['aggregation']}")
+        if "answer" in result:
             rich.print(f"[bold]answer:[/bold] {' | '.join(result['answer']) or '(none)'}")
         print_table(f"selected cells of {table.table_id}", ("row", "column", "text"),
                     [(str(c["row"]), f"{c['column']} ({c['header']})", c["text"]) for c in result["cells"]])

@@ -11,7 +11,7 @@
 - TabFact: ``predictions.json``, ``{table_id: [verdict per statement, in file order]}``
   (1 entailed, 0 refuted), the shape of ``*_examples.json``'s label lists.
 
-Files are written atomically into the run dir.
+Files are written atomically into the run dir; :mod:`mate_cli.tasks` names the writer of each task.
 """
 
 from __future__ import annotations
@@ -22,23 +22,27 @@ from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.metrics.wtq import prediction_field
 
 
-def write_predictions(task: str, rows: list[dict], directory: Path) -> Path:
-    """Write ``rows`` (a task module's decoded predictions) for ``task``; returns the file."""
-    if task == "wtq":
-        lines = ["\t".join([row["question_id"], *(prediction_field(a) for a in row["answer"])]) for row in rows]
-        return atomic_write_text(directory / "predictions.tsv", "".join(f"{line}\n" for line in lines))
-    if task == "sqa":
-        lines = ["id\tannotator\tposition\tanswer_coordinates"]
-        for row in rows:
-            wtq_id, annotator, position = row["question_id"].rsplit("/", 2)
-            coords = [f"({r}, {c})" for r, c in sorted(map(tuple, row["coordinates"]))]
-            lines.append(f"{wtq_id}\t{annotator}\t{position}\t{coords!r}")
-        return atomic_write_text(directory / "predictions.tsv", "".join(f"{line}\n" for line in lines))
-    if task == "tabfact":
-        by_table: dict[str, dict[int, int]] = {}
-        for row in rows:
-            table_id, index = row["question_id"].rsplit("#", 1)
-            by_table.setdefault(table_id, {})[int(index)] = int(row["label"])
-        return atomic_write_json(directory / "predictions.json",
-                                 {t: [labels[i] for i in sorted(labels)] for t, labels in by_table.items()})
-    raise ValueError(f"no answer format for task {task!r}")
+def write_wtq(rows: list[dict], directory: Path) -> Path:
+    """``predictions.tsv`` of WikiTQ's official evaluator."""
+    lines = ["\t".join([row["question_id"], *(prediction_field(a) for a in row["answer"])]) for row in rows]
+    return atomic_write_text(directory / "predictions.tsv", "".join(f"{line}\n" for line in lines))
+
+
+def write_sqa(rows: list[dict], directory: Path) -> Path:
+    """``predictions.tsv`` of SQA's ``eval.py``."""
+    lines = ["id\tannotator\tposition\tanswer_coordinates"]
+    for row in rows:
+        wtq_id, annotator, position = row["question_id"].rsplit("/", 2)
+        coords = [f"({r}, {c})" for r, c in sorted(map(tuple, row["coordinates"]))]
+        lines.append(f"{wtq_id}\t{annotator}\t{position}\t{coords!r}")
+    return atomic_write_text(directory / "predictions.tsv", "".join(f"{line}\n" for line in lines))
+
+
+def write_tabfact(rows: list[dict], directory: Path) -> Path:
+    """``predictions.json`` in the shape of TabFact's label lists."""
+    by_table: dict[str, dict[int, int]] = {}
+    for row in rows:
+        table_id, index = row["question_id"].rsplit("#", 1)
+        by_table.setdefault(table_id, {})[int(index)] = int(row["label"])
+    return atomic_write_json(directory / "predictions.json",
+                             {t: [labels[i] for i in sorted(labels)] for t, labels in by_table.items()})

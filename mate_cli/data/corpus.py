@@ -154,12 +154,17 @@ def tabfact_tables(reader) -> Iterator[TableText]:
 
 
 def _readers() -> dict:
+    """The readers' registration: per dataset kind, its reader and the function listing its
+    tables (``(reader, kind, hybridqa_passages) -> TableText``s)."""
     from mate_cli.data.hybridqa import HybridQAReader
     from mate_cli.data.sqa import SQAReader
     from mate_cli.data.tabfact import TabFactReader
     from mate_cli.data.wtq import WTQReader
 
-    return {"hybridqa": HybridQAReader, "wtq": WTQReader, "sqa": SQAReader, "tabfact": TabFactReader}
+    return {"hybridqa": (HybridQAReader, lambda reader, kind, passages: hybridqa_tables(reader, passages)),
+            "wtq": (WTQReader, lambda reader, kind, passages: csv_tables(reader, kind)),
+            "sqa": (SQAReader, lambda reader, kind, passages: csv_tables(reader, kind)),
+            "tabfact": (TabFactReader, lambda reader, kind, passages: tabfact_tables(reader))}
 
 
 #: ``dataset.sources`` keys: a dataset root each, or ``jsonl``: one JSON-lines file or a list
@@ -201,7 +206,7 @@ class Corpus:
                     if not path.is_file():
                         raise MateError(f"corpus file not found: {path}; pass an existing JSON-lines file ({FORMAT_HINT})")
                 continue
-            reader_class = _readers()[kind]
+            reader_class = _readers()[kind][0]
             if not isinstance(where, (str, Path)) or not Path(str(where)).expanduser().is_dir():
                 raise MateError(f"dataset.sources.{kind}={where} is not a folder; set it to a {kind} dataset root "
                                 "in its upstream layout (or null to leave it out)")
@@ -235,12 +240,7 @@ class Corpus:
     def examples(self) -> Iterator[TableText]:
         """Every example of every source, in source order (with ``tables="train"``, the training tables')."""
         for kind, reader in self.readers.items():
-            if kind == "hybridqa":
-                found = hybridqa_tables(reader, self.hybridqa_passages)
-            elif kind == "tabfact":
-                found = tabfact_tables(reader)
-            else:
-                found = csv_tables(reader, kind)
+            found = _readers()[kind][1](reader, kind, self.hybridqa_passages)
             yield from (found if self.tables == "all" else self._training_tables(kind, found))
         for path in self.files:
             yield from read_jsonl(path)

@@ -53,45 +53,29 @@ from typing import Mapping
 
 import torch
 
+from mate_cli import tasks
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
 from mate_cli.data.schema import Batch, Question, Table, TaskBatch
 from mate_cli.data.tokenize import TableTokenizer, check_linearization
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
+from mate_cli.tasks import TableTask
 
 log = logging.getLogger(__name__)
 
-TASKS = ("sqa", "wtq", "tabfact")
 PRUNING = ("none", "cc", "hem")
 AMBIGUOUS_ANSWERS = ("first", "all", "drop")
 Coord = tuple[int, int]
 
 
-def make_reader(task: str, root: str):
-    """The reader of ``task``'s upstream layout under ``root``."""
-    if task == "sqa":
-        from mate_cli.data.sqa import SQAReader
-
-        return SQAReader(root)
-    if task == "wtq":
-        from mate_cli.data.wtq import WTQReader
-
-        return WTQReader(root)
-    if task == "tabfact":
-        from mate_cli.data.tabfact import TabFactReader
-
-        return TabFactReader(root)
-    raise MateError(f"dataset.task={task!r} is invalid; use one of {', '.join(TASKS)}")
-
-
 # ---------------------------------------------------------------- supervision
-def answer_matches(task: str, question: Question, table: Table) -> list[list[Coord]]:
+def answer_matches(task: TableTask, question: Question, table: Table) -> list[list[Coord]]:
     """Per gold answer item, the (data row, column) cells that supervise it, in row order
-    (module docstring); ``[]`` when some item is found in no cell. SQA: one gold cell each."""
-    if task == "sqa":
+    (module docstring); ``[]`` when some item is found in no cell. Gold cells (SQA): one each."""
+    if task.answer == "cells":
         return [[cell] for cell in sorted({(int(r), int(c)) for r, c in question.answer_coordinates})]
-    if task != "wtq" or not question.answers:
+    if task.answer != "texts" or not question.answers:
         return []
     from mate_cli.metrics.wtq import predicted_values, target_values
 
@@ -106,7 +90,7 @@ def answer_matches(task: str, question: Question, table: Table) -> list[list[Coo
     return found
 
 
-def answer_cells(task: str, question: Question, table: Table) -> list[Coord]:
+def answer_cells(task: TableTask, question: Question, table: Table) -> list[Coord]:
     """Every cell that matches a gold answer item (:func:`answer_matches`), sorted."""
     return sorted({cell for hits in answer_matches(task, question, table) for cell in hits})
 
@@ -147,9 +131,10 @@ def answer_float(text: str) -> float:
     return value if math.isfinite(value) and abs(value) <= FLOAT32_MAX else math.nan
 
 
-def scalar_answer(task: str, question: Question) -> float:
-    """WikiTQ's ``float_answer``: the answer when it is exactly one number (:func:`answer_float`), else NaN."""
-    if task != "wtq" or len(question.answers) != 1:
+def scalar_answer(task: TableTask, question: Question) -> float:
+    """WikiTQ's ``float_answer`` (an aggregating task's): the answer when it is exactly one number
+    (:func:`answer_float`), else NaN."""
+    if not task.aggregates or len(question.answers) != 1:
         return math.nan
     return answer_float(question.answers[0])
 
@@ -179,7 +164,7 @@ def previous_answers(questions: list[Question]) -> dict[str, list[Coord]]:
     return out
 
 
-def encode_task_question(tokenizer: TableTokenizer, task: str, question: Question, table: Table,
+def encode_task_question(tokenizer: TableTokenizer, task: TableTask, question: Question, table: Table,
                          prev: list[Coord] | None = None, ambiguous_answers: str = "all") -> dict:
     """One question of a table task as a plain dict (an ``EncodedExample`` plus its supervision)."""
     matches = answer_matches(task, question, table)
@@ -192,10 +177,10 @@ def encode_task_question(tokenizer: TableTokenizer, task: str, question: Questio
     example.update(
         label=-1 if question.label is None else int(question.label),
         float_answer=scalar_answer(task, question),
-        cell_values=cell_numbers(table, example["cell_coords"]) if task == "wtq" else [],
+        cell_values=cell_numbers(table, example["cell_coords"]) if task.aggregates else [],
         answers=list(question.answers),
         canonical_answers=list(question.canonical_answers),
-        cell_texts=[table.rows[r][c].text for r, c in example["cell_coords"]] if task == "wtq" else [],
+        cell_texts=[table.rows[r][c].text for r, c in example["cell_coords"]] if task.answer == "texts" else [],
         answer_coordinates=[list(map(int, c)) for c in question.answer_coordinates],
         has_answer_cells=bool(cells),
         ambiguous_answer=ambiguous,
@@ -211,7 +196,7 @@ def encode_task_question(tokenizer: TableTokenizer, task: str, question: Questio
 class _TaskEncoder:
     """Picklable one-record function: a question record -> its encoded example."""
 
-    def __init__(self, task: str, root: str, tokenizer_args: dict, prev: dict[str, list[Coord]],
+    def __init__(self, task: TableTask, root: str, tokenizer_args: dict, prev: dict[str, list[Coord]],
                  ambiguous_answers: str = "all"):
         self.args = (task, root, tokenizer_args, prev, ambiguous_answers)
         self._state = None
@@ -220,7 +205,7 @@ class _TaskEncoder:
         task, root, tokenizer_args, prev, ambiguous_answers = self.args
         if self._state is None:
             args = dict(tokenizer_args)
-            self._state = (make_reader(task, root), TableTokenizer(load_tokenizer(args.pop("pretrained")), **args))
+            self._state = (task.make_reader(root), TableTokenizer(load_tokenizer(args.pop("pretrained")), **args))
         reader, tokenizer = self._state
         question = question_from_record(record)
         return encode_task_question(tokenizer, task, question, reader.table(question.table_id),
@@ -235,7 +220,7 @@ class TableTaskDataModule(SplitDataModule):
     """SQA, WikiTQ or TabFact data for the TAPAS heads.
 
     Args:
-        task: ``sqa`` | ``wtq`` | ``tabfact`` (which reader and which supervision).
+        task: a task's name (:mod:`mate_cli.tasks`: which reader and which supervision).
         pruning: ``none`` | ``cc`` | ``hem``: how a table is cut to ``max_length``.
         long_table_tokens: the long-table slice's threshold in the split statistics (the
             model's ``long_table_tokens``; null: no slice statistics).
@@ -255,33 +240,32 @@ class TableTaskDataModule(SplitDataModule):
     def __init__(self, *, task: str, pruning: str = "none", empty_cell_token: bool = True,
                  long_table_tokens: int | None = None, ambiguous_answers: str = "all",
                  drop_cut_answers: bool = False, linearization: str = "tapas", **common) -> None:
-        if task not in TASKS:
-            raise MateError(f"dataset.task={task!r} is invalid; use one of {', '.join(TASKS)}")
+        self.task = tasks.get(task)
         if pruning not in PRUNING:
             raise MateError(f"dataset.pruning={pruning!r} is invalid; use one of {', '.join(PRUNING)}")
         if ambiguous_answers not in AMBIGUOUS_ANSWERS:
             raise MateError(f"dataset.ambiguous_answers={ambiguous_answers!r} is invalid; use one of "
                             f"{', '.join(AMBIGUOUS_ANSWERS)}")
-        self.task, self.pruning, self.empty_cell_token = task, pruning, bool(empty_cell_token)
+        self.pruning, self.empty_cell_token = pruning, bool(empty_cell_token)
         self.ambiguous_answers, self.drop_cut_answers = ambiguous_answers, bool(drop_cut_answers)
         self.linearization = str(linearization)
         check_linearization(self.linearization, pruning)
         self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
         super().__init__(**common)
-        self.kind = task
+        self.kind = self.task.name
 
     def make_reader(self, root: str):
-        return make_reader(self.task, root)
+        return self.task.make_reader(root)
 
     def cache_payload(self, split: str) -> dict:
         from mate_cli.metrics.wtq import CANON_EMULATION
 
         # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
-        canon = CANON_EMULATION if self.task == "wtq" else None
-        return {"task": self.task, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token,
+        canon = CANON_EMULATION if self.task.answer == "texts" else None
+        return {"task": self.task.name, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token,
                 "linearization": self.linearization, "canon_emulation": canon,
                 # which copies of an answer are candidates (drop labels every copy, as all does)
-                "one_cell_per_answer": self.task == "wtq" and self.ambiguous_answers == "first"}
+                "one_cell_per_answer": self.task.answer == "texts" and self.ambiguous_answers == "first"}
 
     def tokenizer_args(self) -> dict:
         return {"pretrained": self.pretrained, "max_length": self.max_length,
@@ -300,7 +284,7 @@ class TableTaskDataModule(SplitDataModule):
         """Training: examples that supervise something (and, as configured, whose answer cells
         all survived the length cut and are not ambiguous); the drops are counted in the
         split statistics. SQA evaluation: position by position."""
-        if split == "train" and self.task != "tabfact":
+        if split == "train" and self.task.selects_cells:
             floats, cells, cut = ds["float_answer"], ds["has_answer_cells"], ds["answers_cut"]
             ambiguous = ds["ambiguous_answer"] if self.ambiguous_answers == "drop" else [False] * len(ds)
             why = {}
@@ -315,15 +299,15 @@ class TableTaskDataModule(SplitDataModule):
                       for name in ("dropped_no_supervision", "dropped_answer_cut", "dropped_ambiguous")}
             self.stats.setdefault(split, {}).update(counts)
             if why:
-                log.info("%s train: %d of %d questions dropped (%s)", self.task, len(why), len(ds),
+                log.info("%s train: %d of %d questions dropped (%s)", self.task.name, len(why), len(ds),
                          ", ".join(f"{name.removeprefix('dropped_').replace('_', ' ')}: {n}"
                                    for name, n in counts.items() if n))
             keep = [i for i in range(len(ds)) if i not in why]
             if not keep:
-                raise MateError(f"no {self.task} training question has an answer cell; check dataset.root and "
+                raise MateError(f"no {self.task.name} training question has an answer cell; check dataset.root and "
                                 "dataset.max_length")
             return keep
-        if split != "train" and self.task == "sqa":
+        if split != "train" and self.task.sequential:
             positions = ds["position"]
             return sorted(range(len(ds)), key=lambda i: (positions[i], i))
         return None

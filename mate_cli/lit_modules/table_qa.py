@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric, SumMetric
 
+from mate_cli import tasks
 from mate_cli.data.schema import TaskBatch
 from mate_cli.lit_modules.base import EncoderTaskModule
 from mate_cli.metrics.sqa import SequenceAccuracy, sequence_key
@@ -59,7 +60,7 @@ class TableQAModule(EncoderTaskModule):
     Args:
         encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder`.
         optimizer, scheduler: Hydra partials (``conf/model/optimizer``, ``conf/model/scheduler``).
-        task: ``sqa`` or ``wtq`` (which metric, and SQA's sequential evaluation).
+        task: a cell-selecting task's name (:mod:`mate_cli.tasks`: which metric, aggregation, sequences).
         head: :class:`~mate_cli.modeling.tapas_heads.TapasHeadConfig` settings; ``null``
             ones come from the checkpoint when it is a TAPAS one, else TAPAS's defaults.
         pretrained: the checkpoint the encoder came from: a TAPAS QA checkpoint's head
@@ -79,7 +80,7 @@ class TableQAModule(EncoderTaskModule):
         head = {str(k): v for k, v in dict(head or {}).items()}  # plain values: checkpoints load weights_only
         self.save_hyperparameters({"task": task, "head": head, "pretrained": pretrained,
                                    "long_table_tokens": long_table_tokens})
-        self.task = task
+        self.task = tasks.get(task, "model.task")
         self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
         settings = checkpoint_head_settings(pretrained) if pretrained else {}
         self.head_config = TapasHeadConfig.from_checkpoint(head, settings)
@@ -116,7 +117,7 @@ class TableQAModule(EncoderTaskModule):
     def supervised(self, batch: TaskBatch) -> torch.Tensor:
         """``[batch]`` bool: examples with an answer cell, or (WikiTQ) a scalar answer."""
         has_cell = (batch.candidate_mask & batch.cell_mask).any(dim=-1)
-        return has_cell | ~torch.isnan(batch.float_answer) if self.task == "wtq" else has_cell
+        return has_cell | ~torch.isnan(batch.float_answer) if self.task.aggregates else has_cell
 
     def training_step(self, batch: TaskBatch, batch_idx: int) -> torch.Tensor:
         kept, pruned = self.prune(batch)
@@ -186,7 +187,7 @@ class TableQAModule(EncoderTaskModule):
             correct = torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
             self.metrics[f"{stage}_accuracy"].update(correct)
             self.log(f"{stage}/accuracy", self.metrics[f"{stage}_accuracy"], prog_bar=True, batch_size=len(part))
-            if self.task == "sqa":
+            if self.task.sequential:
                 keys = torch.tensor([sequence_key(r["sequence_id"] or r["question_id"]) for r in rows],
                                     device=self.device)
                 self.metrics[f"{stage}_seq"].update(keys, correct.bool())
@@ -209,13 +210,13 @@ class TableQAModule(EncoderTaskModule):
     def _in_position_order(self, batch: TaskBatch) -> list[TaskBatch]:
         """SQA: the batch split by sequence position, ascending; otherwise the batch itself."""
         positions = sorted(set(batch.positions))
-        if self.task != "sqa" or len(positions) <= 1:
+        if not self.task.sequential or len(positions) <= 1:
             return [batch]
         return [batch.select([i for i, p in enumerate(batch.positions) if p == position]) for position in positions]
 
     def _with_predicted_previous(self, batch: TaskBatch) -> TaskBatch:
         """SQA: ``prev_labels`` from this model's answers to the previous questions."""
-        if self.task != "sqa":
+        if not self.task.sequential:
             return batch
         marks = torch.zeros_like(batch.cell_mask)
         for i, (sequence, position) in enumerate(zip(batch.sequence_ids, batch.positions)):
@@ -248,13 +249,13 @@ class TableQAModule(EncoderTaskModule):
         for i in range(len(batch)):
             cells = selected[i].nonzero().flatten().tolist()
             coords = [tuple(batch.cell_coords[i, k].tolist()) for k in cells]
-            operator = AGGREGATIONS[operators[i]] if self.task == "wtq" else "NONE"
+            operator = AGGREGATIONS[operators[i]] if self.task.aggregates else "NONE"
             row = {"question_id": batch.question_ids[i], "table_id": batch.table_ids[i],
                    "sequence_id": batch.sequence_ids[i], "position": batch.positions[i],
                    "coordinates": [list(c) for c in coords], "aggregation": operator}
-            if self.task == "wtq":
+            if self.task.answer == "texts":
                 texts = [batch.cell_texts[i][k - 1] for k in cells] if batch.cell_texts else []
-                values = [float(batch.cell_values[i, k]) for k in cells]
+                values = [float(batch.cell_values[i, k]) for k in cells] if self.task.aggregates else []
                 row["answer"] = aggregate_answer(operator, texts, values)
                 canon = batch.canonical_answers[i] if batch.canonical_answers else None
                 row["correct"] = bool(batch.answers[i]) and denotation_correct(batch.answers[i], row["answer"], canon)
@@ -266,7 +267,7 @@ class TableQAModule(EncoderTaskModule):
 
     def remember(self, rows: list[dict]) -> list[dict]:
         """SQA: keep each decoded answer for the next question of its sequence (evaluation only)."""
-        if self.task == "sqa":
+        if self.task.sequential:
             for row in rows:
                 self._predicted[(row["sequence_id"], row["position"])] = {tuple(c) for c in row["coordinates"]}
         return rows

@@ -97,6 +97,18 @@ def tabfact_statement_only(train: Sequence[Question], validation: Sequence[Quest
             "val/accuracy_statement_only": _mean(correct)}
 
 
+def wtq_baselines(train: Sequence[Question], validation: Sequence[Question], reader) -> dict:
+    return wtq_most_frequent(train, validation)
+
+
+def sqa_baselines(train: Sequence[Question], validation: Sequence[Question], reader) -> dict:
+    return sqa_fixed_cells(train, validation, reader.table)
+
+
+def tabfact_baselines(train: Sequence[Question], validation: Sequence[Question], reader) -> dict:
+    return {**tabfact_majority(train, validation), **tabfact_statement_only(train, validation)}
+
+
 def _column(c: int):
     return lambda table: [(r, c) for r in range(len(table.rows)) if c < len(table.rows[r])]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from mate_cli import tasks
 from mate_cli.data.readers import given_file
 from mate_cli.data.schema import Question, Table
 from mate_cli.data.table_tasks import TaskCollator, encode_task_question
@@ -24,20 +25,14 @@ from mate_cli.runs import TrainedRun, autocast
 def read_task_table(task: str, path: str | Path) -> Table:
     """A table file in ``task``'s upstream format."""
     given_file(path, f"a table file of the run's dataset ({task})")
-    if task == "wtq":
-        from mate_cli.data.wtq import read_table_file
-    elif task == "sqa":
-        from mate_cli.data.sqa import read_table_file
-    else:
-        from mate_cli.data.tabfact import read_table_file
-    return read_table_file(Path(str(path)).expanduser())
+    return tasks.get(task).read_table_file(Path(str(path)).expanduser())
 
 
 def predict_table_question(run: TrainedRun, table: Table, text: str, device: torch.device,
                            precision: str | None) -> dict:
     """The run's answer to ``text`` about ``table`` (module docstring), as a JSON-ready dict."""
     data = run.cfg.dataset
-    task = str(data.task)
+    task = tasks.get(data.task)
     tokenizer = TableTokenizer(run.tokenizer, max_length=int(data.max_length),
                                max_question_tokens=int(data.max_question_tokens), pruning=str(data.pruning),
                                empty_cell_token=bool(data.get("empty_cell_token", True)),
@@ -47,14 +42,13 @@ def predict_table_question(run: TrainedRun, table: Table, text: str, device: tor
     batch = TaskCollator(int(run.tokenizer.pad_token_id or 0))([example]).to(device)
     with torch.no_grad(), autocast(device, precision):
         out = run.model(batch)
-    result = {"task": task, "question": text, "table": table.table_id, "truncated": bool(example["truncated"])}
-    if task == "tabfact":
-        row = run.model.decode(batch, out)[0]
-        return {**result, "verdict": row["verdict"], "probability": row["probability"]}
+    result = {"task": task.name, "question": text, "table": table.table_id, "truncated": bool(example["truncated"])}
     row = run.model.decode(batch, out)[0]
+    if not task.selects_cells:
+        return {**result, "verdict": row["verdict"], "probability": row["probability"]}
     cells = [{"row": r, "column": c, "header": table.header[c].text, "text": table.rows[r][c].text}
              for r, c in row["coordinates"]]
     result.update(cells=cells, aggregation=row["aggregation"])
-    if task == "wtq":
+    if "answer" in row:
         result["answer"] = row["answer"]
     return result

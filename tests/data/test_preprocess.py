@@ -11,7 +11,8 @@ from dataclasses import asdict
 import pytest
 
 from mate_cli.data.preprocess import available_cores, encode_records, worker_counts
-from mate_cli.data.table_tasks import _TaskEncoder, make_reader
+from mate_cli import tasks
+from mate_cli.data.table_tasks import _TaskEncoder
 from mate_cli.errors import MateError
 from tests.helpers import REPO_ROOT
 
@@ -21,12 +22,12 @@ TOKENIZER = {"pretrained": "minilm", "max_length": 128, "max_question_tokens": 6
 
 
 def wtq_records() -> list[dict]:
-    return [asdict(q) for q in make_reader("wtq", WTQ).questions("training.tsv")]
+    return [asdict(q) for q in tasks.get("wtq").make_reader(WTQ).questions("training.tsv")]
 
 
 def test_processes_give_the_examples_of_one_process_in_record_order(caplog):
     records = wtq_records()
-    encoder = _TaskEncoder("wtq", WTQ, TOKENIZER, {})
+    encoder = _TaskEncoder(tasks.get("wtq"), WTQ, TOKENIZER, {})
     with caplog.at_level(logging.INFO, logger="mate_cli.data.preprocess"):
         alone = encode_records(encoder, records, 1, "wtq train")
         shared = encode_records(encoder, records, 2, "wtq train", min_per_process=8, progress_every_s=0.0)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mate_cli import tasks
 from mate_cli.data.schema import Question, TaskBatch
 from mate_cli.data.sqa import SQAReader
 from mate_cli.data.table_tasks import (
@@ -131,27 +132,27 @@ def _rows_by_id(ds) -> dict[str, dict]:
 def test_wtq_answer_cells_are_the_cells_holding_the_answer(wtq, wtq_questions):
     q = wtq_questions["nt-718"]  # which mayor ... was a bank manager? -> Inge Bjarne Storebø
     table = wtq.table(q.table_id)
-    assert answer_cells("wtq", q, table) == [(12, 1)]
+    assert answer_cells(tasks.get("wtq"), q, table) == [(12, 1)]
     assert table.rows[12][1].text == "Inge Bjarne Storebø"
     # a list answer: both mayors are found, each in the Name column
     q = wtq_questions["nt-4833"]
     assert q.answers == ["Peder Olai Kleppe", "Salomon O. Fagerbakke"]
-    assert answer_cells("wtq", q, wtq.table(q.table_id)) == [(1, 1), (5, 1)]
+    assert answer_cells(tasks.get("wtq"), q, wtq.table(q.table_id)) == [(1, 1), (5, 1)]
     # the official evaluator's matching: "2-1" matches the cells "2–1" (en dash), each occurrence
     q = wtq_questions["nt-12799"]
     table = wtq.table(q.table_id)
-    assert answer_cells("wtq", q, table) == [(0, 5), (1, 5), (2, 5)]
+    assert answer_cells(tasks.get("wtq"), q, table) == [(0, 5), (1, 5), (2, 5)]
     assert [table.rows[r][5].text for r in range(3)] == ["2–1", "2–1", "4–1"]
     # a formatted number is matched as the number it is
     q = wtq_questions["nt-1022"]
-    assert answer_cells("wtq", q, wtq.table(q.table_id)) == [(0, 11)]
+    assert answer_cells(tasks.get("wtq"), q, wtq.table(q.table_id)) == [(0, 11)]
 
 
 def test_wtq_answer_cells_need_every_answer_item(wtq, wtq_questions):
     table = wtq.table(wtq_questions["nt-4833"].table_id)
 
     def ask(*answers):
-        return answer_cells("wtq", Question("x", "which mayors?", table.table_id, answers=list(answers)), table)
+        return answer_cells(tasks.get("wtq"), Question("x", "which mayors?", table.table_id, answers=list(answers)), table)
 
     assert ask("Peder Olai Kleppe") == [(1, 1)]
     assert ask("Peder Olai Kleppe", "Nobody Kleppeson") == []
@@ -160,11 +161,11 @@ def test_wtq_answer_cells_need_every_answer_item(wtq, wtq_questions):
     # space, and the evaluator then drops " (...)": selecting them answers "South Kynouria"
     q = wtq_questions["nt-12888"]
     table = wtq.table(q.table_id)
-    assert answer_cells("wtq", q, table) == [(11, 0), (12, 0), (13, 0)]
+    assert answer_cells(tasks.get("wtq"), q, table) == [(11, 0), (12, 0), (13, 0)]
     assert table.rows[11][0].text == "South Kynouria\n(Notia Kynouria)"
     # answer texts do not supervise TabFact, and SQA uses its gold coordinates only
-    assert answer_cells("tabfact", Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"]), table) == []
-    assert answer_cells("sqa", Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"],
+    assert answer_cells(tasks.get("tabfact"), Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"]), table) == []
+    assert answer_cells(tasks.get("sqa"), Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"],
                                         answer_coordinates=[[4, 2], [1, 0], [4, 2]]), table) == [(1, 0), (4, 2)]
 
 
@@ -176,32 +177,32 @@ def test_wtq_answer_cells_read_gold_answers_through_their_canonical_forms(table_
     stage = by_id["ns-1908"]  # "Stage 3", canonically 3.0: the cells "3" of the Stage column
     table = reader.table(stage.table_id)
     assert stage.canonical_answers == ["3.0"]
-    assert answer_cells("wtq", stage, table) == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
+    assert answer_cells(tasks.get("wtq"), stage, table) == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
     assert {table.rows[r][1].text for r in range(1, 6)} == {"3"}
-    assert answer_cells("wtq", replace(stage, canonical_answers=[]), table) == []  # emulated: a word
+    assert answer_cells(tasks.get("wtq"), replace(stage, canonical_answers=[]), table) == []  # emulated: a word
     date = by_id["ns-552"]  # "15 June 1942" -> 1942-06-15, in cells written the same way
-    assert answer_cells("wtq", date, reader.table(date.table_id)) == [(13, 0), (14, 0), (15, 0)]
+    assert answer_cells(tasks.get("wtq"), date, reader.table(date.table_id)) == [(13, 0), (14, 0), (15, 0)]
     # the canonical forms travel with the encoded example into the batch
-    example = encode_task_question(table_tokenizer, "wtq", stage, table)
+    example = encode_task_question(table_tokenizer, tasks.get("wtq"), stage, table)
     assert example["canonical_answers"] == ["3.0"]
-    batch = TaskCollator()([example, encode_task_question(table_tokenizer, "wtq", replace(stage, canonical_answers=[]),
+    batch = TaskCollator()([example, encode_task_question(table_tokenizer, tasks.get("wtq"), replace(stage, canonical_answers=[]),
                                                           table)])
     assert batch.canonical_answers == [["3.0"], []]
 
 
 def test_scalar_answer(wtq_questions):
     def scalar(*answers, task="wtq"):
-        return scalar_answer(task, Question("x", "q", "t", answers=list(answers)))
+        return scalar_answer(tasks.get(task), Question("x", "q", "t", answers=list(answers)))
 
     assert scalar("1,484,900") == 1484900.0
     assert scalar("3") == 3.0
     assert scalar("2.5") == 2.5
     assert scalar("5,5") == 5.5 and scalar("-4") == -4.0  # a decimal comma; a sign
-    assert scalar_answer("wtq", wtq_questions["nt-1022"]) == 560195.0  # "560,195"
-    assert scalar_answer("wtq", wtq_questions["nt-2488"]) == 3.0
+    assert scalar_answer(tasks.get("wtq"), wtq_questions["nt-1022"]) == 560195.0  # "560,195"
+    assert scalar_answer(tasks.get("wtq"), wtq_questions["nt-2488"]) == 3.0
     for value in (scalar("Czech Republic"), scalar("2-1"), scalar("8 October 2010"), scalar("inf"), scalar("nan"), scalar("3rd"),
                   scalar("3", "4"), scalar(), scalar("3", task="sqa"), scalar("3", task="tabfact"),
-                  scalar_answer("wtq", wtq_questions["nt-718"]), scalar_answer("wtq", wtq_questions["nt-4833"])):
+                  scalar_answer(tasks.get("wtq"), wtq_questions["nt-718"]), scalar_answer(tasks.get("wtq"), wtq_questions["nt-4833"])):
         assert math.isnan(value)
 
 
@@ -219,7 +220,7 @@ def test_cell_numbers_of_a_numeric_column(wtq):
 def test_encoded_wtq_question_carries_its_supervision(wtq, wtq_questions, table_tokenizer):
     q = wtq_questions["nt-1022"]
     table = wtq.table(q.table_id)
-    ex = encode_task_question(table_tokenizer, "wtq", q, table)
+    ex = encode_task_question(table_tokenizer, tasks.get("wtq"), q, table)
     assert ex["float_answer"] == 560195.0 and ex["has_answer_cells"] and ex["label"] == -1
     assert [ex["cell_coords"][k - 1] for k in ex["candidates"]] == [[0, 11]]
     assert len(ex["cell_values"]) == len(ex["cell_texts"]) == len(ex["cell_coords"]) > 0
@@ -233,22 +234,22 @@ def test_an_answer_found_in_several_cells_supervises_one_cell_per_answer_item(wt
     """``ambiguous_answers``: first (one cell per item, the first in row order that kept a token), all, drop."""
     q = wtq_questions["nt-12799"]  # "2-1" is in rows 0 and 1, "4-1" in row 2
     table = wtq.table(q.table_id)
-    assert answer_matches("wtq", q, table) == [[(0, 5), (1, 5)], [(2, 5)]]
+    assert answer_matches(tasks.get("wtq"), q, table) == [[(0, 5), (1, 5)], [(2, 5)]]
 
     def chosen(mode: str) -> tuple[list, bool, int]:
-        ex = encode_task_question(table_tokenizer, "wtq", q, table, ambiguous_answers=mode)
+        ex = encode_task_question(table_tokenizer, tasks.get("wtq"), q, table, ambiguous_answers=mode)
         return [ex["cell_coords"][k - 1] for k in ex["candidates"]], ex["ambiguous_answer"], ex["candidates_dropped"]
 
     assert chosen("first") == ([[0, 5], [2, 5]], True, 0)
-    assert encode_task_question(table_tokenizer, "wtq", q, table)["answers_cut"] == 0
+    assert encode_task_question(table_tokenizer, tasks.get("wtq"), q, table)["answers_cut"] == 0
     assert chosen("all") == chosen("drop") == ([[0, 5], [1, 5], [2, 5]], True, 0)
     # one cell each: an unambiguous answer is left as it is
     q = wtq_questions["nt-718"]
-    ex = encode_task_question(table_tokenizer, "wtq", q, wtq.table(q.table_id), ambiguous_answers="first")
+    ex = encode_task_question(table_tokenizer, tasks.get("wtq"), q, wtq.table(q.table_id), ambiguous_answers="first")
     assert not ex["ambiguous_answer"] and [ex["cell_coords"][k - 1] for k in ex["candidates"]] == [[12, 1]]
     # the first cell that kept a token: nt-7387's four "Czech Republic" rows are all cut at this length
     q = wtq_questions["nt-7387"]
-    ex = encode_task_question(table_tokenizer, "wtq", q, wtq.table(q.table_id), ambiguous_answers="first")
+    ex = encode_task_question(table_tokenizer, tasks.get("wtq"), q, wtq.table(q.table_id), ambiguous_answers="first")
     assert ex["ambiguous_answer"] and ex["candidates"] == [] and ex["candidates_dropped"] == ex["answers_cut"] == 1
 
 
@@ -307,7 +308,7 @@ def test_prev_labels_are_one_exactly_on_the_previous_answer_cells(sqa, sqa_quest
     q = next(q for q in sqa_questions if q.question_id == "ns-2022/0/1")
     table = sqa.table(q.table_id)
     prev = previous_answers(sqa_questions)[q.question_id]
-    ex = encode_task_question(table_tokenizer, "sqa", q, table, prev)
+    ex = encode_task_question(table_tokenizer, tasks.get("sqa"), q, table, prev)
     cells, marks = ex["layout"]["cell_ids"], ex["layout"]["prev_labels"]
     expected = [int(k > 0 and tuple(ex["cell_coords"][k - 1]) in set(prev)) for k in cells]
     assert marks == expected
@@ -318,7 +319,7 @@ def test_prev_labels_are_one_exactly_on_the_previous_answer_cells(sqa, sqa_quest
     assert [tuple(ex["cell_coords"][k - 1]) for k in ex["candidates"]] == [(r, 3) for r in range(9)]
     assert ex["sequence_id"] == "ns-2022/0" and ex["position"] == 1
     # without a previous answer nothing is marked
-    first = encode_task_question(table_tokenizer, "sqa", q, table, None)
+    first = encode_task_question(table_tokenizer, tasks.get("sqa"), q, table, None)
     assert sum(first["layout"]["prev_labels"]) == 0
 
 
@@ -464,7 +465,7 @@ def test_long_table_slice_scores_only_the_long_questions(module, datamodule):
 def test_bad_task_or_pruning_is_a_mate_error(tmp_path):
     root, source = SAMPLES["wtq"]
     common = dict(root=str(root), pretrained="minilm", split={"source": source}, cache_dir=str(tmp_path))
-    with pytest.raises(MateError, match=r"dataset.task='hybridqa' is invalid"):
+    with pytest.raises(MateError, match=r"^dataset.task='hybridqa' is not a table task; use one of sqa, tabfact, wtq$"):
         TableTaskDataModule(task="hybridqa", **common)
     with pytest.raises(MateError, match=r"dataset.pruning='longest' is invalid"):
         TableTaskDataModule(task="wtq", pruning="longest", **common)
@@ -570,12 +571,12 @@ def test_in_position_order_splits_a_mixed_batch(module, datamodule):
 
 def test_in_position_order_leaves_other_tasks_alone(module, datamodule):
     batch = _sqa_batch(datamodule, "ns-129/1/2", "ns-129/1/0")
-    module.task = "wtq"
+    module.task = tasks.get("wtq")
     try:
         assert module._in_position_order(batch) == [batch]
         assert module._with_predicted_previous(batch) is batch
     finally:
-        module.task = "sqa"
+        module.task = tasks.get("sqa")
 
 
 def test_with_predicted_previous_marks_the_predicted_cell(module, datamodule):
@@ -655,16 +656,16 @@ def test_wtq_decode_scores_against_the_canonical_answers(module, table_tokenizer
     reader = WTQReader(Path(__file__).resolve().parent / "wtq_tagged")
     stage = next(q for q in reader.questions("pristine-seen-tables.tsv") if q.question_id == "ns-1908")
     table = reader.table(stage.table_id)
-    examples = [encode_task_question(table_tokenizer, "wtq", q, table)
+    examples = [encode_task_question(table_tokenizer, tasks.get("wtq"), q, table)
                 for q in (stage, replace(stage, canonical_answers=[]))]
     batch = TaskCollator()(examples)
     k = 1 + [tuple(c) for c in examples[0]["cell_coords"]].index((1, 1))
     logits = torch.where(batch.layout.cell_ids == k, 10.0, -10.0)
-    module.task = "wtq"
+    module.task = tasks.get("wtq")
     try:
         rows = module.decode(batch, QAOutput(logits=logits, aggregation_logits=None, loss=None))
     finally:
-        module.task = "sqa"
+        module.task = tasks.get("sqa")
     assert [row["answer"] for row in rows] == [["3"], ["3"]]
     assert [row["correct"] for row in rows] == [True, False]
 

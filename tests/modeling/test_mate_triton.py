@@ -107,7 +107,7 @@ def tokenized_tables(max_length: int, per_dataset: int = 2) -> dict[str, TableLa
     """The largest tables of each bundled sample, tokenized with the bundled MiniLM's
     vocabulary up to ``max_length`` tokens, as a batch of unequal padded examples."""
     from mate_cli.data.hybridqa import HybridQAReader
-    from mate_cli.data.table_tasks import make_reader
+    from mate_cli import tasks
     from mate_cli.data.tokenize import TableTokenizer
     from mate_cli.modeling.checkpoints import load_tokenizer
 
@@ -116,9 +116,9 @@ def tokenized_tables(max_length: int, per_dataset: int = 2) -> dict[str, TableLa
     data = REPO_ROOT / "data"
     sources = {
         "hybridqa": (HybridQAReader(data / "hybridqa_sample"), "dev"),
-        "wtq": (make_reader("wtq", str(data / "wtq_sample")), "training.tsv"),
-        "sqa": (make_reader("sqa", str(data / "sqa_sample")), "train.tsv"),
-        "tabfact": (make_reader("tabfact", str(data / "tabfact_sample")), "val_examples.json"),
+        "wtq": (tasks.get("wtq").make_reader(str(data / "wtq_sample")), "training.tsv"),
+        "sqa": (tasks.get("sqa").make_reader(str(data / "sqa_sample")), "train.tsv"),
+        "tabfact": (tasks.get("tabfact").make_reader(str(data / "tabfact_sample")), "val_examples.json"),
     }
     layouts = {}
     for name, (reader, split) in sources.items():
