@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.mate-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install run test test-slow coverage bench clean
+.PHONY: install run test test-slow lint format coverage bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,15 @@ PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: install
 	$(PYTEST)
+
+# ruff's lint and format checks (pyproject.toml [tool.ruff]); CI runs them before the tests.
+lint: install
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
+
+# Format the tree in place.
+format: install
+	$(BIN)/ruff format
 
 # Long paths (multi-epoch training, bigger grids) excluded from `make test`.
 test-slow: install

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_text, os_error_in, write_failure

@@ -348,7 +348,7 @@ def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
     2, ``FAILED`` holding that line and the run's log the line with its exit status."""
     proc = mate([*SMOKE, f"dataset.root={tmp_path}/absent"], tmp_path)
     assert proc.returncode == 2
-    lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("mate: error")]
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("mate: error")]
     assert len(lines) == 1 and "dataset.root=" in lines[0] and "absent" in lines[0]
     assert "Traceback" not in proc.stderr
     run = only_run_dir(tmp_path / "outputs" / "train")  # the failed run says so, in its dir and its log

@@ -100,7 +100,7 @@ class _Structure:
     def __init__(self, layout: TableLayout, plan: BucketPlan, row_heads_ratio: float, block: int) -> None:
         from torch.nn.attention.flex_attention import BlockMask
 
-        B, dev = plan.batch, plan.perm.device
+        dev = plan.perm.device
         G, R = plan.global_len, plan.radius
         # buckets are i // R in sorted space; keys past the sequence are padding (never
         # allowed), so the sorted length is only padded to whole blocks

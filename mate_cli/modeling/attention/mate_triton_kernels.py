@@ -114,7 +114,7 @@ def query_tile_bounds(m0, N, dense, real, G, R, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def forward_kernel(
-    Q, K, V, O, LSE, PERM, GROUPS, DENSE, REAL, SEED, VISITS,
+    Q, K, V, OUT, LSE, PERM, GROUPS, DENSE, REAL, SEED, VISITS,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
     H, N, G, R, scale, dropout_p,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -134,7 +134,7 @@ def forward_kernel(
     acc, l_i, m_i = forward_tiles(acc, l_i, m_i, lo2, hi2, q, rows, g_row, tok_row, K, V, kbase, vbase, skn, svn,
                                   PERM, GROUPS, bh, N, dense, G, R, scale, dropout_p, seed, dcol, d_ok, VISITS,
                                   BLOCK_N, PAD, DROPOUT, PREC, COUNT)  # fmt: skip
-    store_rows(O, b * sob + h * soh, tok_row, row_ok, son, dcol, d_ok, acc / l_i[:, None])
+    store_rows(OUT, b * sob + h * soh, tok_row, row_ok, son, dcol, d_ok, acc / l_i[:, None])
     tl.store(LSE + bh * N + tok_row, m_i + tl.log(l_i), mask=row_ok)
 
 
