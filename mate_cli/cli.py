@@ -33,8 +33,14 @@ COMMANDS = {
     "pointr": ("mate_cli.commands.pointr", "PointR end to end: cell selection, then the reader (conf/pointr.yaml)"),
     "predict": ("mate_cli.commands.predict", "answer one question about one table (conf/predict.yaml)"),
     "bench": ("mate_cli.commands.bench", "time/memory/FLOPs of attention backends (conf/bench.yaml)"),
-    "baseline": ("mate_cli.commands.baseline", "trivial baselines of SQA, WikiTQ, TabFact: no model (conf/baseline.yaml)"),
-    "report": ("mate_cli.commands.report", "median/half-IQR over seeds per configuration from run dirs (conf/report.yaml)"),
+    "baseline": (
+        "mate_cli.commands.baseline",
+        "trivial baselines of SQA, WikiTQ, TabFact: no model (conf/baseline.yaml)",
+    ),
+    "report": (
+        "mate_cli.commands.report",
+        "median/half-IQR over seeds per configuration from run dirs (conf/report.yaml)",
+    ),
 }
 
 USAGE = """usage: mate <command> [overrides...] [--help] [-m]
@@ -172,19 +178,26 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
     skipped = ("hydra.", "ckpt_path=", f"{run_lock.EXISTING_KEY}=")
     own = [arg for arg in trainer_overrides(command, args) if not arg.startswith("-") and not arg.startswith(skipped)]
     try:
-        directory = run_lock.claim(given[-1][len(key):].strip("'\""), "multirun" if sweep else command, own, existing,
-                                   resuming=settings.get("ckpt_path", "null") not in ("", "null"))
+        directory = run_lock.claim(
+            given[-1][len(key) :].strip("'\""),
+            "multirun" if sweep else command,
+            own,
+            existing,
+            resuming=settings.get("ckpt_path", "null") not in ("", "null"),
+        )
     except MateError as err:
         return args, str(err)
     except OSError as err:
-        return args, unwritable(Path(given[-1][len(key):].strip("'\"")), err)
+        return args, unwritable(Path(given[-1][len(key) :].strip("'\"")), err)
     return [arg for arg in args if arg not in given] + [f"{key}{directory}"], None
 
 
 def unwritable(folder: Path, err: OSError) -> str:
     """The one line for a folder run dirs cannot be written in."""
-    return (f"cannot write run dirs in {folder} ({err.strerror or err}); set MATE_OUTPUT_DIR to a writable folder, "
-            "or pass hydra.run.dir=<writable folder>")
+    return (
+        f"cannot write run dirs in {folder} ({err.strerror or err}); set MATE_OUTPUT_DIR to a writable folder, "
+        "or pass hydra.run.dir=<writable folder>"
+    )
 
 
 def check_output_root(args: list[str]) -> str | None:
@@ -193,7 +206,8 @@ def check_output_root(args: list[str]) -> str | None:
     import tempfile
 
     if any(arg in args for arg in ("--cfg", "-c", *ANSWER_ONLY_FLAGS)) or any(
-            arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in args):
+        arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in args
+    ):
         return None
     root = Path(os.environ.get("MATE_OUTPUT_DIR") or "outputs")
     try:
@@ -256,8 +270,11 @@ def shell_completion(args: list[str], command: str | None, program: str) -> int:
     action = next((key for key in ("install", "uninstall", "query") if key in settings), None)
     shell = settings.get(action, "")
     if action is None or shell != "bash":
-        print("mate: error: shell completion is for bash: use -sc install=bash, -sc uninstall=bash "
-              "or -sc query=bash (with COMP_LINE set)", file=sys.stderr)
+        print(
+            "mate: error: shell completion is for bash: use -sc install=bash, -sc uninstall=bash "
+            "or -sc query=bash (with COMP_LINE set)",
+            file=sys.stderr,
+        )
         return 2
     if action == "install":
         print(BASH_COMPLETION.replace("__COMMANDS__", " ".join(COMMANDS)), end="")
@@ -266,8 +283,11 @@ def shell_completion(args: list[str], command: str | None, program: str) -> int:
         print("complete -r mate 2> /dev/null\nunset -f _mate_completion")
         return 0
     if command is None or "COMP_LINE" not in os.environ:
-        print("mate: error: -sc query=bash needs a command and COMP_LINE, e.g. "
-              "COMP_LINE='mate train data' mate train -sc query=bash", file=sys.stderr)
+        print(
+            "mate: error: -sc query=bash needs a command and COMP_LINE, e.g. "
+            "COMP_LINE='mate train data' mate train -sc query=bash",
+            file=sys.stderr,
+        )
         return 2
     # Hydra strips the program name from COMP_LINE; the command word goes too
     words = os.environ["COMP_LINE"].split(None, 2)

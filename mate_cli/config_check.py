@@ -18,14 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from mate_cli.config_schema import (
-    ABSENT,
-    TRAINER_COMMANDS,
-    key_type,
-    lookup,
-    type_problem,
-    unknown_key,
-)
+from mate_cli.config_schema import ABSENT, TRAINER_COMMANDS, key_type, lookup, type_problem, unknown_key
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
 from mate_cli.trainer_args import TRAINER_RESERVED, close_matches, trainer_parameters
@@ -94,10 +87,15 @@ def _parse(texts: Sequence[str]) -> list:
             key, _, value = text.partition("=")
             if re.fullmatch(r"(?:\w+\()*\s*(?:choice|glob)\(\s*\)[\s)]*", value):  # Hydra's grammar wants an item
                 raise _sweeps_nothing(text) from None
-            example = (f"{key}=['{value.strip('[]').split(',')[0]}']" if value.startswith("[") and "=" in value
-                       else f"{key}='{value}'")
-            raise MateError(f"cannot parse the override {text!r} ({reason}); quote a value holding spaces, "
-                            f"and list items holding = or , (e.g. {example}; Hydra's override grammar)") from None
+            example = (
+                f"{key}=['{value.strip('[]').split(',')[0]}']"
+                if value.startswith("[") and "=" in value
+                else f"{key}='{value}'"
+            )
+            raise MateError(
+                f"cannot parse the override {text!r} ({reason}); quote a value holding spaces, "
+                f"and list items holding = or , (e.g. {example}; Hydra's override grammar)"
+            ) from None
     return parsed
 
 
@@ -122,8 +120,12 @@ def _values(override, conf_dir: Path | None = None) -> list[Any]:
         return [value.start, value.end]
     elif isinstance(value, Glob):
         options = _options(override.key_or_group, conf_dir) if conf_dir else []
-        values = [o for o in options if any(fnmatch.fnmatch(o, p) for p in value.include)
-                  and not any(fnmatch.fnmatch(o, p) for p in value.exclude)]
+        values = [
+            o
+            for o in options
+            if any(fnmatch.fnmatch(o, p) for p in value.include)
+            and not any(fnmatch.fnmatch(o, p) for p in value.exclude)
+        ]
     else:
         return [value]
     if not values:
@@ -133,8 +135,10 @@ def _values(override, conf_dir: Path | None = None) -> list[Any]:
 
 def _sweeps_nothing(text: str) -> MateError:
     """The error for a sweep of no value (``seed=range(0,0)``, ``seed=choice()``): no job would run."""
-    return MateError(f"{text} sweeps no value, so there would be no job to run; give it at least one "
-                     "(e.g. seed=range(0,3) runs 0, 1, 2)")
+    return MateError(
+        f"{text} sweeps no value, so there would be no job to run; give it at least one "
+        "(e.g. seed=range(0,3) runs 0, 1, 2)"
+    )
 
 
 def _text(override, value: Any) -> str:
@@ -163,7 +167,7 @@ def _group_variants(overrides: list, conf_dir: Path) -> Iterator[list[str]]:
     for i, override in enumerate(groups):
         if override.is_sweep_override():
             for value in _values(override, conf_dir)[1:]:
-                yield first[:i] + [_text(override, value)] + first[i + 1:]
+                yield first[:i] + [_text(override, value)] + first[i + 1 :]
 
 
 def _first_values(command: str, overrides: list, conf_dir: Path) -> list[str]:
@@ -191,12 +195,18 @@ def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
             cfg = compose(config_name=command, overrides=overrides)
     except Exception as err:  # noqa: BLE001 - Hydra's composition errors, several kinds, several lines
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        group = re.match(r"Multiple values for ([\w/.]+)\. To override a value use 'override \1: (\S+)'", lines[0] if lines else "")
+        group = re.match(
+            r"Multiple values for ([\w/.]+)\. To override a value use 'override \1: (\S+)'", lines[0] if lines else ""
+        )
         if group:  # +debug=overfit where the command's defaults already hold a debug entry
-            raise MateError(f"+{group[1]}={group[2]}: {group[1]} is already in `mate {command}`'s defaults; "
-                            f"choose it with {group[1]}={group[2]} (no +)") from None
-        raise MateError(f"{' '.join(lines[:2]) or type(err).__name__}; see `mate {command} --help` "
-                        f"for the config groups and `mate {command} --cfg job` for the keys") from None
+            raise MateError(
+                f"+{group[1]}={group[2]}: {group[1]} is already in `mate {command}`'s defaults; "
+                f"choose it with {group[1]}={group[2]} (no +)"
+            ) from None
+        raise MateError(
+            f"{' '.join(lines[:2]) or type(err).__name__}; see `mate {command} --help` "
+            f"for the config groups and `mate {command} --cfg job` for the keys"
+        ) from None
     finally:
         GlobalHydra.instance().clear()
     return OmegaConf.to_container(cfg, resolve=False)
@@ -217,16 +227,20 @@ def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path)
         if override.is_add() or override.is_force_add():  # +key= / ++key=: a key the user adds on purpose
             return
         groups = [p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"] if "." not in key else []
-        raise MateError(f"{override.input_line}: {unknown_key(key, tree, f'`mate {command}`', groups)} "
-                        f"(`mate {command} --cfg job` prints the keys)")
+        raise MateError(
+            f"{override.input_line}: {unknown_key(key, tree, f'`mate {command}`', groups)} "
+            f"(`mate {command} --cfg job` prints the keys)"
+        )
     if override.is_add() and default is not ABSENT:
         raise MateError(f"{override.input_line}: {key} is already set; change it with {key}=<value> (no +)")
     if override.is_delete():
         return
     group = key.replace(".", "/")
     if "." in key and (conf_dir / group).is_dir():
-        raise MateError(f"{override.input_line}: {key} is a config group; choose its option with "
-                        f"{group}=<{'|'.join(_options(group, conf_dir))}>")
+        raise MateError(
+            f"{override.input_line}: {key} is a config group; choose its option with "
+            f"{group}=<{'|'.join(_options(group, conf_dir))}>"
+        )
     expected = key_type(tree, key, command)
     for value in _values(override):
         problem = type_problem(key, value, expected, default)

@@ -138,7 +138,12 @@ def says_nothing(default: Any) -> bool:
     through a resolver (``${oc.select:...}``, ``${hydra:...}``)."""
     if default is None or default == "???":
         return True
-    return isinstance(default, str) and default.startswith("${") and default.endswith("}") and not _REFERENCE.match(default)
+    return (
+        isinstance(default, str)
+        and default.startswith("${")
+        and default.endswith("}")
+        and not _REFERENCE.match(default)
+    )
 
 
 def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset = frozenset()) -> Any:

@@ -60,11 +60,16 @@ def print_config(cfg: DictConfig, overrides: Iterable[str], out: Path, whole: bo
             branch.add(rich.syntax.Syntax(shown, "yaml", theme="ansi_dark"))
         screen.print(tree)
     overrides = [str(o) for o in overrides]
-    screen.print(f"overrides: {' '.join(overrides) if overrides else '(none: the defaults)'}", markup=False, highlight=False)
+    screen.print(
+        f"overrides: {' '.join(overrides) if overrides else '(none: the defaults)'}", markup=False, highlight=False
+    )
     screen.print(f"run dir:   {out}", markup=False, highlight=False)
     if not whole:
-        screen.print("config:    resolved_config.yaml in the run dir (extras.print_config=true prints it here)",
-                     markup=False, highlight=False)
+        screen.print(
+            "config:    resolved_config.yaml in the run dir (extras.print_config=true prints it here)",
+            markup=False,
+            highlight=False,
+        )
 
 
 def print_outputs(outputs: dict[str, object]) -> None:

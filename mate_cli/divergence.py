@@ -26,14 +26,20 @@ from mate_cli.errors import MateError
 
 def non_finite_tensors(state: Mapping[str, object]) -> list[str]:
     """The keys of floating-point tensors in ``state`` holding a NaN or an infinity."""
-    return [key for key, value in state.items()
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all())]
+    return [
+        key
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all())
+    ]
 
 
 def non_finite_metrics(metrics: Mapping[str, object]) -> list[str]:
     """The keys of ``metrics`` whose number is NaN or infinite."""
-    return sorted(key for key, value in metrics.items()
-                  if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value))
+    return sorted(
+        key
+        for key, value in metrics.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value)
+    )
 
 
 class StopOnNonFiniteLoss(L.Callback):
@@ -50,6 +56,8 @@ class StopOnNonFiniteLoss(L.Callback):
             return
         shown = ", ".join(self._ids[:8]) + (f" and {len(self._ids) - 8} more" if len(self._ids) > 8 else "")
         batch = f" on the batch of questions {shown}" if shown else ""
-        raise MateError(f"the training loss is {float(loss.detach().float().mean())} at step {trainer.global_step + 1}"
-                        f"{batch} (no weights were updated with it); check those examples' answers and table "
-                        "values, or lower model.optimizer.lr")
+        raise MateError(
+            f"the training loss is {float(loss.detach().float().mean())} at step {trainer.global_step + 1}"
+            f"{batch} (no weights were updated with it); check those examples' answers and table "
+            "values, or lower model.optimizer.lr"
+        )

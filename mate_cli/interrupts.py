@@ -89,11 +89,14 @@ def interrupted(signum: int | None = None) -> Interrupted:
     if training is None or training.step is None:
         return Interrupted(signum, f"interrupted by {name}; nothing to resume: run the command again")
     if training.saved_step is None:
-        return Interrupted(signum, f"interrupted by {name} at step {training.step} before any checkpoint was "
-                                   "saved; run the command again")
+        return Interrupted(
+            signum,
+            f"interrupted by {name} at step {training.step} before any checkpoint was saved; run the command again",
+        )
     held = "" if training.saved_step == training.step else f" (checkpoints/last.ckpt holds step {training.saved_step})"
-    return Interrupted(signum, f"interrupted by {name} at step {training.step}{held}; resume with "
-                               f"ckpt_path={training.run_dir}")
+    return Interrupted(
+        signum, f"interrupted by {name} at step {training.step}{held}; resume with ckpt_path={training.run_dir}"
+    )
 
 
 class StopOnSignal(L.Callback):

@@ -47,7 +47,11 @@ def override_parts(overrides) -> list[str]:
     for item in overrides or ():
         key, sep, value = str(item).partition("=")
         key = key.lstrip("+~")
-        if not sep or key in NOT_IN_NAME or any(key == g or key.startswith((g + ".", g + "/")) for g in NOT_IN_NAME_GROUPS):
+        if (
+            not sep
+            or key in NOT_IN_NAME
+            or any(key == g or key.startswith((g + ".", g + "/")) for g in NOT_IN_NAME_GROUPS)
+        ):
             continue
         value = value.strip().strip("'\"")
         if "/" in value or value.startswith(("[", "{")):
@@ -65,7 +69,7 @@ def overrides_name(overrides) -> str:
     if len(text) > NAME_OVERRIDES_MAX:
         import hashlib
 
-        text = f"{text[:NAME_OVERRIDES_MAX - 9]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"  # no ~: Hydra refuses it unquoted
+        text = f"{text[: NAME_OVERRIDES_MAX - 9]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"  # no ~: Hydra refuses it unquoted
     return text
 
 
@@ -148,8 +152,10 @@ def pretrained_run(experiment: str) -> str:
     finished = sorted((key, p) for key, p in found if (p / "encoder" / "config.json").is_file())
     if not finished:
         attention = str(experiment).removeprefix("pretrain_")
-        raise MateError(f"no finished `mate pretrain` run of experiment {experiment!r} (with encoder/) under {root}; "
-                        f"run `mate pretrain attention={attention}` first, or set model.encoder.pretrained=<dir>")
+        raise MateError(
+            f"no finished `mate pretrain` run of experiment {experiment!r} (with encoder/) under {root}; "
+            f"run `mate pretrain attention={attention}` first, or set model.encoder.pretrained=<dir>"
+        )
     return str(finished[-1][1].resolve() / "encoder")
 
 

@@ -47,8 +47,10 @@ PENDING_ROW_KEY = "mate_csv_pending_row"
 
 #: what a resumed run says (Lightning's mid-epoch warning, which assumes the data order is
 #: lost, is silenced: mate_cli.silenced)
-RESTORED = ("weights, optimiser, scheduler, step, RNG states and the position in the epoch are restored, "
-            "so training continues exactly where the checkpoint left it")
+RESTORED = (
+    "weights, optimiser, scheduler, step, RNG states and the position in the epoch are restored, "
+    "so training continues exactly where the checkpoint left it"
+)
 
 
 def rng_states() -> dict[str, Any]:
@@ -80,7 +82,10 @@ def epoch_shuffles(loaders) -> list[EpochShuffle]:
     uses it as it is under DDP, so it is the loader's own sampler)."""
     found = []
     for loader in loaders:
-        for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        for sampler in (
+            getattr(loader, "sampler", None),
+            getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+        ):
             if isinstance(sampler, EpochShuffle) and sampler not in found:
                 found.append(sampler)
     return found
@@ -106,7 +111,9 @@ class ResumeState(L.Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[STATE_KEY] = {
-            "rng": rng_states(), "epoch": trainer.current_epoch, "examples_this_epoch": self.examples_this_epoch,
+            "rng": rng_states(),
+            "epoch": trainer.current_epoch,
+            "examples_this_epoch": self.examples_this_epoch,
             "world_size": trainer.world_size,  # examples_this_epoch counts one rank's share
         }
 
@@ -165,8 +172,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except (OSError, RuntimeError) as err:  # torch reports a failed write as "unexpected pos ..."
             if os_error_in(err) is None:
                 raise
-            fix = ("free space there (the last whole checkpoint is kept), then resume with "
-                   f"ckpt_path={Path(path).parent.parent}")
+            fix = (
+                "free space there (the last whole checkpoint is kept), then resume with "
+                f"ckpt_path={Path(path).parent.parent}"
+            )
             raise MateError(write_failure(path, err, fix)) from err
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
@@ -209,8 +218,10 @@ def resolve_resume_path(value: str | None, output_root: Path, experiment_name: s
         raise MateError(f"ckpt_path={value}: no checkpoint at {path}; pass a .ckpt file, a run dir or `last`")
     if is_weights_only_checkpoint(path):
         run = f"ckpt_path={run_dir_of(path)}" if path.parent.name == "checkpoints" else "a last.ckpt"
-        raise MateError(f"ckpt_path={value}: {path.name} holds the weights only (a best checkpoint: no optimiser "
-                        f"state to continue from); resume from its run's last.ckpt: {run}")
+        raise MateError(
+            f"ckpt_path={value}: {path.name} holds the weights only (a best checkpoint: no optimiser "
+            f"state to continue from); resume from its run's last.ckpt: {run}"
+        )
     return str(path)
 
 

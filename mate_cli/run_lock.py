@@ -71,8 +71,10 @@ def _locked(directory: Path, mode: str):
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
         handle.close()
-        raise MateError(f"run dir {directory} is in use by another mate process (pid {holder}); wait for it to "
-                        "finish, or drop hydra.run.dir= so this run gets a directory of its own") from None
+        raise MateError(
+            f"run dir {directory} is in use by another mate process (pid {holder}); wait for it to "
+            "finish, or drop hydra.run.dir= so this run gets a directory of its own"
+        ) from None
     return handle
 
 
@@ -105,6 +107,7 @@ EXISTING_CHOICES = ("refuse", "subdir")
 def existing_files(directory: Path) -> list[str]:
     """The top-level names in ``directory`` that hold files, besides its lock file and the
     temp files killed mate processes left (:func:`mate_cli.io.is_stale_temp`)."""
+
     def holds_files(entry: Path) -> bool:
         if entry.is_dir() and not entry.is_symlink():
             return any(holds_files(child) for child in entry.iterdir())
@@ -129,8 +132,9 @@ def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
     return (str(job), [str(o) for o in overrides]) if isinstance(overrides, list) else None
 
 
-def claim(directory: str | os.PathLike, command: str, overrides: list[str], existing: str = "refuse",
-          resuming: bool = False) -> Path:
+def claim(
+    directory: str | os.PathLike, command: str, overrides: list[str], existing: str = "refuse", resuming: bool = False
+) -> Path:
     """Take ``directory`` (a ``hydra.run.dir=``) for ``mate <command> <overrides>``; returns the
     folder the command writes into: ``directory``, or with ``existing=subdir`` and files
     already there, a new ``<directory>/<command>-<time>-<hex>``.
@@ -155,11 +159,17 @@ def claim(directory: str | os.PathLike, command: str, overrides: list[str], exis
     if (directory / LOCK_NAME).is_file():  # a mate run dir: a live holder is named (its lock file unchanged)
         _locked(directory, "r").close()
         if recorded_command(directory) == (command, overrides) and not (directory / "metrics.json").exists():
-            if resuming or command not in ("train", "pretrain") or not (directory / "checkpoints" / "last.ckpt").is_file():
+            if (
+                resuming
+                or command not in ("train", "pretrain")
+                or not (directory / "checkpoints" / "last.ckpt").is_file()
+            ):
                 take(directory)
                 return directory
-            raise MateError(f"{directory} holds this command's interrupted run and its checkpoints/last.ckpt; resume "
-                            f"it there with ckpt_path={directory}, or drop hydra.run.dir= to start a new run")
+            raise MateError(
+                f"{directory} holds this command's interrupted run and its checkpoints/last.ckpt; resume "
+                f"it there with ckpt_path={directory}, or drop hydra.run.dir= to start a new run"
+            )
     if existing == "subdir":
         import secrets
         import time
@@ -168,6 +178,8 @@ def claim(directory: str | os.PathLike, command: str, overrides: list[str], exis
         take(inner)
         return inner
     shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-    raise MateError(f"hydra.run.dir={directory} already holds files ({shown}) that this command did not write; "
-                    f"drop hydra.run.dir= for a new run dir, or add {EXISTING_KEY}=subdir to write into a new "
-                    "folder inside it (nothing there is overwritten)")
+    raise MateError(
+        f"hydra.run.dir={directory} already holds files ({shown}) that this command did not write; "
+        f"drop hydra.run.dir= for a new run dir, or add {EXISTING_KEY}=subdir to write into a new "
+        "folder inside it (nothing there is overwritten)"
+    )

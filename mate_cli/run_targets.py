@@ -70,7 +70,9 @@ def checked_run_config(cfg: DictConfig, source: Path, trust: bool = False) -> Di
         plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as err:  # an interpolation that does not resolve: the run dir's file is broken
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise MateError(f"{source} does not resolve ({first}); pass a checkpoint whose run dir `mate train` wrote") from None
+        raise MateError(
+            f"{source} does not resolve ({first}); pass a checkpoint whose run dir `mate train` wrote"
+        ) from None
     allowed = allowed_targets()
     refused = [(key, f"{value!r} is a target mate_cli's configs never name")
                for key, value in walk_targets(plain) if not (isinstance(value, str) and value in allowed)]  # fmt: skip

@@ -38,9 +38,15 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
     ckpt = check_checkpoint(run_checkpoint(ckpt_path))
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
-        raise MateError(f"{config} is missing: ckpt_path must point inside a `mate train` run dir (…/checkpoints/*.ckpt)")
-    cfg = read_run_config(config, "pass a checkpoint whose run dir `mate train` wrote", interpolations=trust,
-                          lift=" (if you wrote this config yourself, pass trust_run_config=true)")
+        raise MateError(
+            f"{config} is missing: ckpt_path must point inside a `mate train` run dir (…/checkpoints/*.ckpt)"
+        )
+    cfg = read_run_config(
+        config,
+        "pass a checkpoint whose run dir `mate train` wrote",
+        interpolations=trust,
+        lift=" (if you wrote this config yourself, pass trust_run_config=true)",
+    )
     if overrides:
         check_dotlist(OmegaConf.to_container(cfg, resolve=False), list(overrides), "overrides", config)
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
@@ -62,8 +68,10 @@ def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
             return path / "checkpoints" / Path(best).name  # the run dir may have moved since
     if (path / "checkpoints" / "last.ckpt").is_file():
         return path / "checkpoints" / "last.ckpt"
-    raise MateError(f"{key}={value}: a folder without checkpoints/last.ckpt or metrics.json's best checkpoint; "
-                    "pass a `mate train` run dir or one of its checkpoints/*.ckpt")
+    raise MateError(
+        f"{key}={value}: a folder without checkpoints/last.ckpt or metrics.json's best checkpoint; "
+        "pass a `mate train` run dir or one of its checkpoints/*.ckpt"
+    )
 
 
 def check_checkpoint(ckpt_path: str | Path) -> Path:
@@ -104,12 +112,19 @@ def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: st
     missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
     reshaped = sorted(name for name in expected.keys() & found.keys() if expected[name] != found[name])
     if missing or unexpected or reshaped:
-        what = (f"lacks {missing[0]}" if missing else f"has {unexpected[0]}, which this model does not"
-                if unexpected else f"has {reshaped[0]} of shape {found[reshaped[0]]}, not {expected[reshaped[0]]}")
+        what = (
+            f"lacks {missing[0]}"
+            if missing
+            else f"has {unexpected[0]}, which this model does not"
+            if unexpected
+            else f"has {reshaped[0]} of shape {found[reshaped[0]]}, not {expected[reshaped[0]]}"
+        )
         count = len(missing) + len(unexpected) + len(reshaped)
-        raise MateError(f"{key}={path} does not fit the model its config builds: it {what}"
-                        f"{f' (and {count - 1} more differences)' if count > 1 else ''}; it is a checkpoint of "
-                        f"another task or model: {fix}")
+        raise MateError(
+            f"{key}={path} does not fit the model its config builds: it {what}"
+            f"{f' (and {count - 1} more differences)' if count > 1 else ''}; it is a checkpoint of "
+            f"another task or model: {fix}"
+        )
     refuse_non_finite(state, path, key)
     if resume:
         check_resume_state(path, data)
@@ -131,9 +146,11 @@ def refuse_non_finite(state: dict, path: Path, key: str) -> None:
 
     bad = non_finite_tensors(state)
     if bad:
-        raise MateError(f"{key}={path} holds NaN or infinite weights ({bad[0]}"
-                        f"{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}): the run that wrote it "
-                        "diverged; use an earlier checkpoint of that run, or train again with a lower learning rate")
+        raise MateError(
+            f"{key}={path} holds NaN or infinite weights ({bad[0]}"
+            f"{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}): the run that wrote it "
+            "diverged; use an earlier checkpoint of that run, or train again with a lower learning rate"
+        )
 
 
 def check_resume_state(path: Path, data: dict) -> None:
@@ -143,17 +160,20 @@ def check_resume_state(path: Path, data: dict) -> None:
     from mate_cli.resume import STATE_KEY, rng_states, set_rng_states
 
     if not data.get("optimizer_states"):
-        raise MateError(f"ckpt_path={path} holds no optimiser state to continue from; resume from a run's "
-                        "checkpoints/last.ckpt")
+        raise MateError(
+            f"ckpt_path={path} holds no optimiser state to continue from; resume from a run's checkpoints/last.ckpt"
+        )
     saved, now = data.get(STATE_KEY), rng_states()
     try:
         if saved is not None:
             int(saved["epoch"]), int(saved["examples_this_epoch"])
             set_rng_states(saved["rng"])
     except Exception as err:  # noqa: BLE001 - any damage to the entry
-        raise MateError(f"ckpt_path={path}: its resume state ({STATE_KEY}) is damaged ({type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else 'unreadable'}); resume from another "
-                        "checkpoint of that run, or start again without ckpt_path") from None
+        raise MateError(
+            f"ckpt_path={path}: its resume state ({STATE_KEY}) is damaged ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else 'unreadable'}); resume from another "
+            "checkpoint of that run, or start again without ckpt_path"
+        ) from None
     finally:
         set_rng_states(now)
 
@@ -188,8 +208,12 @@ class TrainedRun:
 
 
 def load_trained(
-    ckpt_path: str, overrides: Sequence[str] | None, expected: type | tuple[type, ...], key: str,
-    device: torch.device, trust: bool = False,
+    ckpt_path: str,
+    overrides: Sequence[str] | None,
+    expected: type | tuple[type, ...],
+    key: str,
+    device: torch.device,
+    trust: bool = False,
 ) -> TrainedRun:
     """Rebuild the LightningModule of a ``mate train`` run and load ``ckpt_path`` into it.
 
@@ -231,16 +255,23 @@ def init_weights_from(model: torch.nn.Module, value: str | Path, key: str = "ini
     """
     path = run_checkpoint(value, key)
     if not path.is_file():
-        raise MateError(f"{key}={value}: no such checkpoint or run dir; pass a `mate train` run dir or one of its "
-                        "checkpoints/*.ckpt")
+        raise MateError(
+            f"{key}={value}: no such checkpoint or run dir; pass a `mate train` run dir or one of its "
+            "checkpoints/*.ckpt"
+        )
     check_checkpoint_file(path)
     _, state = read_state(path, key, "pass a `mate train` run dir or one of its checkpoints/*.ckpt")
     own = model.state_dict()
-    fits = {name: tensor for name, tensor in state.items()
-            if name in own and isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == tuple(own[name].shape)}
+    fits = {
+        name: tensor
+        for name, tensor in state.items()
+        if name in own and isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == tuple(own[name].shape)
+    }
     if not any(name.startswith("encoder.") for name in fits):
-        raise MateError(f"{key}={path} holds no encoder weight of this model's names and shapes: it is a run of "
-                        "another encoder (model.encoder.pretrained); start from a run of the same encoder")
+        raise MateError(
+            f"{key}={path} holds no encoder weight of this model's names and shapes: it is a run of "
+            "another encoder (model.encoder.pretrained); start from a run of the same encoder"
+        )
     refuse_non_finite(fits, path, key)
     model.load_state_dict(fits, strict=False)
     parts = []

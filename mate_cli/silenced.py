@@ -25,7 +25,7 @@ SILENCED = (
         message=r"You're resuming from a checkpoint that ended before the epoch ended",
         module="",  # raised through rank_zero_warn, which names the caller's module
         why="Lightning cannot see that mate restores the position in the epoch (and the RNG states) itself: "
-            "resumed runs continue exactly, so mate says that in one line instead",
+        "resumed runs continue exactly, so mate says that in one line instead",
     ),
     Silenced(
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",

@@ -104,13 +104,35 @@ def _load(ref: str):
     return getattr(importlib.import_module(module), attribute)
 
 
-register(TableTask("sqa", reader="mate_cli.data.sqa:SQAReader", table_file="mate_cli.data.sqa:read_table_file",
-                   answer="cells", sequential=True, baselines="mate_cli.metrics.trivial:sqa_baselines",
-                   predictions="mate_cli.data.answer_files:write_sqa"))
-register(TableTask("wtq", reader="mate_cli.data.wtq:WTQReader", table_file="mate_cli.data.wtq:read_table_file",
-                   answer="texts", aggregates=True, baselines="mate_cli.metrics.trivial:wtq_baselines",
-                   predictions="mate_cli.data.answer_files:write_wtq"))
-register(TableTask("tabfact", reader="mate_cli.data.tabfact:TabFactReader",
-                   table_file="mate_cli.data.tabfact:read_table_file", answer="verdict",
-                   baselines="mate_cli.metrics.trivial:tabfact_baselines",
-                   predictions="mate_cli.data.answer_files:write_tabfact"))
+register(
+    TableTask(
+        "sqa",
+        reader="mate_cli.data.sqa:SQAReader",
+        table_file="mate_cli.data.sqa:read_table_file",
+        answer="cells",
+        sequential=True,
+        baselines="mate_cli.metrics.trivial:sqa_baselines",
+        predictions="mate_cli.data.answer_files:write_sqa",
+    )
+)
+register(
+    TableTask(
+        "wtq",
+        reader="mate_cli.data.wtq:WTQReader",
+        table_file="mate_cli.data.wtq:read_table_file",
+        answer="texts",
+        aggregates=True,
+        baselines="mate_cli.metrics.trivial:wtq_baselines",
+        predictions="mate_cli.data.answer_files:write_wtq",
+    )
+)
+register(
+    TableTask(
+        "tabfact",
+        reader="mate_cli.data.tabfact:TabFactReader",
+        table_file="mate_cli.data.tabfact:read_table_file",
+        answer="verdict",
+        baselines="mate_cli.metrics.trivial:tabfact_baselines",
+        predictions="mate_cli.data.answer_files:write_tabfact",
+    )
+)

@@ -30,8 +30,20 @@ class Unknown:
     """An annotation this check does not understand (a Lightning class, a private alias)."""
 
 
-_BUILTIN_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict,
-                  "tuple": tuple, "List": list, "Dict": dict, "Tuple": tuple, "Sequence": list, "Any": Any}
+_BUILTIN_TYPES = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list": list,
+    "dict": dict,
+    "tuple": tuple,
+    "List": list,
+    "Dict": dict,
+    "Tuple": tuple,
+    "Sequence": list,
+    "Any": Any,
+}
 
 
 def annotation_type(node: ast.expr | None) -> Any:
@@ -134,7 +146,9 @@ def check_trainer_args(args: Mapping[str, Any], reserved: tuple[str, ...] = ()) 
         if key not in params:
             close = close_matches(key, params)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise MateError(f"trainer.{key} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list")
+            raise MateError(
+                f"trainer.{key} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list"
+            )
         if accepts(params[key], value) is False:
             raise MateError(
                 f"trainer.{key}={value!r} has the wrong type: Lightning's Trainer expects {describe(params[key])}; "

@@ -39,9 +39,14 @@ class WandbLogger(LightningWandbLogger):
         try:
             return super().experiment
         except Exception as err:
-            if type(err).__name__ == "ServerResponseError" and "is in use" in str(err) and os.environ.get("WANDB_SERVICE"):
+            if (
+                type(err).__name__ == "ServerResponseError"
+                and "is in use" in str(err)
+                and os.environ.get("WANDB_SERVICE")
+            ):
                 raise MateError(
                     f"W&B run {self._wandb_init.get('id')} is still held by the W&B service named in WANDB_SERVICE "
                     f"(the process that used it was killed): stop that service (`wandb beta core stop`) or unset "
-                    f"WANDB_SERVICE, then resume again") from err
+                    f"WANDB_SERVICE, then resume again"
+                ) from err
             raise

@@ -88,8 +88,10 @@ def read_yaml(path: str | Path, fix: str, interpolations: bool = False, lift: st
     if not interpolations:
         found = next((key for key, value in walk(data) if isinstance(value, str) and "${" in value), None)
         if found is not None:
-            raise MateError(f"{path}: {found} holds an interpolation (${{...}}), which a resolved run config never "
-                            f"holds, so it is not resolved; {fix}{lift}")
+            raise MateError(
+                f"{path}: {found} holds an interpolation (${{...}}), which a resolved run config never "
+                f"holds, so it is not resolved; {fix}{lift}"
+            )
     return data
 
 
@@ -105,4 +107,3 @@ def read_run_config(path: str | Path, fix: str, interpolations: bool = False, li
     except Exception as err:  # noqa: BLE001 - a key or value OmegaConf refuses (a null or list key, ...)
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise MateError(f"{path} is not a config ({first}); {fix}") from None
-

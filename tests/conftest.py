@@ -12,7 +12,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist: the cores are shared out among the workers
     _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))  # torch, here and in `mate`
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers))
+    )  # torch, here and in `mate`
 
 # Triton fixes its mode when first imported (torch._dynamo imports it early): without a GPU,
 # the test processes and their `mate` subprocesses run its kernels in the interpreter
@@ -51,8 +53,9 @@ def pretrained_runs(tmp_path, monkeypatch):
     head = MaskedLMHead(encoder.config, encoder.embeddings.word_embeddings)
     for attention in ("dense", "mate"):
         run = tmp_path / "outputs" / "pretrain" / f"2026-01-01_00-00-00-pretrain_{attention}-x"
-        encoder.save_pretrained(run / "encoder", tokenizer=load_tokenizer("minilm"), extra_state=mlm_state_dict(head),
-                                prefix="tapas.")
+        encoder.save_pretrained(
+            run / "encoder", tokenizer=load_tokenizer("minilm"), extra_state=mlm_state_dict(head), prefix="tapas."
+        )
     monkeypatch.setenv("MATE_OUTPUT_DIR", str(tmp_path / "outputs"))
 
 
@@ -76,7 +79,9 @@ def trained(tmp_path_factory):
 
     yield get
     changed = [name for name, (run, files) in seen.items() if snapshot(run) != files]
-    assert not changed, f"tests changed the shared runs {changed}: copy a shared run (tests.shared_runs.copy_run) to change it"
+    assert not changed, (
+        f"tests changed the shared runs {changed}: copy a shared run (tests.shared_runs.copy_run) to change it"
+    )
 
 
 #: the folders whose modules take longest, collected first: pytest-xdist (``--dist loadfile``)

@@ -27,9 +27,16 @@ def mate_env(output_dir: Path, cache_dir: Path | None = None, **extra: str) -> d
     killed process's run id, so the resume chain could not resume it)."""
     from mate_cli.modeling.attention import mate_cpu_kernel
 
-    env = dict(os.environ, MATE_OUTPUT_DIR=str(output_dir), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               TORCH_EXTENSIONS_DIR=str(mate_cpu_kernel.build_dir().parent), **extra)
+    env = dict(
+        os.environ,
+        MATE_OUTPUT_DIR=str(output_dir),
+        WANDB_MODE="offline",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        TORCH_EXTENSIONS_DIR=str(mate_cpu_kernel.build_dir().parent),
+        **extra,
+    )
     env.pop("WANDB_SERVICE", None)
     if cache_dir is not None:
         env["MATE_CACHE_DIR"] = str(cache_dir)
@@ -71,20 +78,42 @@ def build_edge_root(root: Path) -> dict:
     shutil.copy(SAMPLE / WIKI / "tables_tok" / "Marine_defense_battalions_0.json", root / WIKI / "tables_tok")
     for sub in ("tables_tok", "request_tok"):
         shutil.copy(SAMPLE / WIKI / sub / "1991_Monaco_Grand_Prix_0.json", root / WIKI / sub)
-    empty = {"title": "Edge", "header": [["Name", []], ["Note", []]],
-             "data": [[["Alpha", []], ["", []]], [["Beta", ["/wiki/Beta"]], ["", []]]]}
+    empty = {
+        "title": "Edge",
+        "header": [["Name", []], ["Note", []]],
+        "data": [[["Alpha", []], ["", []]], [["Beta", ["/wiki/Beta"]], ["", []]]],
+    }
     (root / WIKI / "tables_tok" / "Edge_empty_0.json").write_text(json.dumps(empty))
-    (root / WIKI / "request_tok" / "Edge_empty_0.json").write_text(json.dumps({"/wiki/Beta": "Beta is a letter. It follows alpha."}))
+    (root / WIKI / "request_tok" / "Edge_empty_0.json").write_text(
+        json.dumps({"/wiki/Beta": "Beta is a letter. It follows alpha."})
+    )
     blank = {"title": "Blank", "header": [["Name", []], ["Note", []]], "data": [[["", []], ["", []]]]}
     (root / WIKI / "tables_tok" / "Edge_blank_0.json").write_text(json.dumps(blank))
     records = [
-        _question_record("edge-table-answer", "What is the battalion name for the battalion located at Guantanamo Bay ?",
-                         "Marine_defense_battalions_0", "4th Defense Battalion", [["4th Defense Battalion", [3, 0], None, "table"]]),
-        _question_record("edge-linked-missing", "Where was the 4th Defense Battalion located first ?",
-                         "Marine_defense_battalions_0", "Guantanamo Bay", [["Guantanamo Bay", [3, 1], "/wiki/Guantanamo_Bay,_Cuba", "passage"]]),
-        _question_record("edge-nowhere", "Which driver won the 1991 race ?", "1991_Monaco_Grand_Prix_0", "Zzyzx Quux", []),
-        _question_record("edge-empty-cell", "What is the note of Alpha ?", "Edge_empty_0", "unknown text",
-                         [["unknown text", [0, 1], None, "table"]]),
+        _question_record(
+            "edge-table-answer",
+            "What is the battalion name for the battalion located at Guantanamo Bay ?",
+            "Marine_defense_battalions_0",
+            "4th Defense Battalion",
+            [["4th Defense Battalion", [3, 0], None, "table"]],
+        ),
+        _question_record(
+            "edge-linked-missing",
+            "Where was the 4th Defense Battalion located first ?",
+            "Marine_defense_battalions_0",
+            "Guantanamo Bay",
+            [["Guantanamo Bay", [3, 1], "/wiki/Guantanamo_Bay,_Cuba", "passage"]],
+        ),
+        _question_record(
+            "edge-nowhere", "Which driver won the 1991 race ?", "1991_Monaco_Grand_Prix_0", "Zzyzx Quux", []
+        ),
+        _question_record(
+            "edge-empty-cell",
+            "What is the note of Alpha ?",
+            "Edge_empty_0",
+            "unknown text",
+            [["unknown text", [0, 1], None, "table"]],
+        ),
         _question_record("edge-all-empty", "What is the name ?", "Edge_blank_0", "Gamma", []),
     ]
     for name in ("train.traced.json", "dev.traced.json"):

@@ -28,8 +28,16 @@ from mate_cli.paths import CONF_DIR, register_resolvers
 
 #: command -> the task function its Hydra app passes to run_task (in the command's module,
 #: ``mate_cli.cli.COMMANDS``; `mate pretrain` runs train's, imported there)
-TASKS = {"train": "train", "pretrain": "train", "eval": "evaluate", "predict": "predict", "pointr": "pointr",
-         "baseline": "baseline", "report": "report", "bench": "bench"}
+TASKS = {
+    "train": "train",
+    "pretrain": "train",
+    "eval": "evaluate",
+    "predict": "predict",
+    "pointr": "pointr",
+    "baseline": "baseline",
+    "report": "report",
+    "bench": "bench",
+}
 
 #: Hydra's own job log format (hydra/job_logging/default.yaml)
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"

@@ -28,18 +28,53 @@ TINY = ["trainer.max_steps=2", "dataset.max_length=128", "logger=csv", "validate
 #: override is the shared folder, where :data:`PREPARE` makes what the run reads.
 RUNS: dict[str, tuple[str, list[str]]] = {
     # TabFact MATE, validated (and its best checkpoint kept) at step 2
-    "tabfact": ("train", ["experiment=tabfact_mate", "logger=csv", "trainer.max_steps=2",
-                          "trainer.val_check_interval=2", "~callbacks.progress_bar"]),
+    "tabfact": (
+        "train",
+        [
+            "experiment=tabfact_mate",
+            "logger=csv",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            "~callbacks.progress_bar",
+        ],
+    ),
     # Table 4's tasks, 3 steps each; TabFact with no final validation (its validations inside fit are kept)
-    "sqa_task": ("train", ["experiment=sqa_mate", "trainer.max_steps=3", "trainer.log_every_n_steps=1",
-                           "dataset.max_length=256", "logger=csv"]),
+    "sqa_task": (
+        "train",
+        [
+            "experiment=sqa_mate",
+            "trainer.max_steps=3",
+            "trainer.log_every_n_steps=1",
+            "dataset.max_length=256",
+            "logger=csv",
+        ],
+    ),
     # WikiTQ on a copy of its sample that has a test file: test_after_training scores it
-    "wtq_task": ("train", ["experiment=wtq_mate", "trainer.max_steps=3", "trainer.log_every_n_steps=1",
-                           "dataset.max_length=256", "logger=csv", "dataset.root={root}/wtq_root",
-                           "test_after_training=true"]),
-    "tabfact_task": ("train", ["experiment=tabfact_mate", "trainer.max_steps=3", "trainer.log_every_n_steps=1",
-                               "dataset.max_length=256", "logger=csv", "trainer.val_check_interval=1",
-                               "trainer.limit_val_batches=2", "validate_best=false"]),
+    "wtq_task": (
+        "train",
+        [
+            "experiment=wtq_mate",
+            "trainer.max_steps=3",
+            "trainer.log_every_n_steps=1",
+            "dataset.max_length=256",
+            "logger=csv",
+            "dataset.root={root}/wtq_root",
+            "test_after_training=true",
+        ],
+    ),
+    "tabfact_task": (
+        "train",
+        [
+            "experiment=tabfact_mate",
+            "trainer.max_steps=3",
+            "trainer.log_every_n_steps=1",
+            "dataset.max_length=256",
+            "logger=csv",
+            "trainer.val_check_interval=1",
+            "trainer.limit_val_batches=2",
+            "validate_best=false",
+        ],
+    ),
     # PointR's two stages, 2 steps of 128 tokens each
     "pointr_stage1": ("train", ["experiment=hybridqa_tapas", *TINY]),
     "pointr_stage2": ("train", ["experiment=hybridqa_reader", "dataset.batch_size=4", *TINY]),
@@ -104,5 +139,8 @@ def copy_run(run: Path, to: Path) -> Path:
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``folder``: (size, mtime in ns)."""
-    return {p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }

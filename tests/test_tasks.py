@@ -12,9 +12,14 @@ from mate_cli import tasks
 from mate_cli.errors import MateError
 from tests.inprocess import run_command
 
-TOY = tasks.TableTask("wtq_lookup", reader="mate_cli.data.wtq:WTQReader", table_file="mate_cli.data.wtq:read_table_file",
-                      answer="texts", baselines="mate_cli.metrics.trivial:wtq_baselines",
-                      predictions="mate_cli.data.answer_files:write_wtq")
+TOY = tasks.TableTask(
+    "wtq_lookup",
+    reader="mate_cli.data.wtq:WTQReader",
+    table_file="mate_cli.data.wtq:read_table_file",
+    answer="texts",
+    baselines="mate_cli.metrics.trivial:wtq_baselines",
+    predictions="mate_cli.data.answer_files:write_wtq",
+)
 
 
 def test_an_unknown_task_is_one_line_naming_the_known_ones():
@@ -28,8 +33,20 @@ def test_an_unknown_task_is_one_line_naming_the_known_ones():
 def test_a_fifth_task_is_one_registration(monkeypatch, tmp_path):
     monkeypatch.setitem(tasks._TASKS, TOY.name, TOY)
     data = ["dataset=wtq_sample", f"dataset.task={TOY.name}"]
-    train = run_command("train", ["experiment=sqa_mate", *data, f"model.task={TOY.name}", "dataset.max_length=128",
-                                  "trainer.max_steps=2", "trainer.val_check_interval=2", "logger=csv", "validate_best=false"], tmp_path / "train")
+    train = run_command(
+        "train",
+        [
+            "experiment=sqa_mate",
+            *data,
+            f"model.task={TOY.name}",
+            "dataset.max_length=128",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            "logger=csv",
+            "validate_best=false",
+        ],
+        tmp_path / "train",
+    )
     assert 0.0 <= train["val/accuracy"] <= 1.0 and "val/seq" not in train  # not a sequential task
     assert train["data/validation/questions_with_answer_cells"] > 0  # answer texts found in cells
 

@@ -221,8 +221,9 @@ def attention_factory(name: str) -> Callable[..., AttentionBackend]:
 def build_backend(name: str, num_heads: int, head_dim: int, max_length: int) -> AttentionBackend:
     """Layer 0's backend, called as ``TableEncoder._build_backend`` calls the factory (eval mode)."""
     factory = attention_factory(name)
-    return build_layer_backend(factory, num_heads=num_heads, head_dim=head_dim, max_length=max_length, dropout=0.0,
-                               layer_index=0).eval()
+    return build_layer_backend(
+        factory, num_heads=num_heads, head_dim=head_dim, max_length=max_length, dropout=0.0, layer_index=0
+    ).eval()
 
 
 # ------------------------------------------------------------------ kernel level
@@ -310,7 +311,9 @@ def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> boo
     if model is None:
         return False
     return any(
-        isinstance(m, MateAttention) and m.variant == "bucketed" and choose_bucketed_impl(m.impl, q, grad, 0.0) == "flex"
+        isinstance(m, MateAttention)
+        and m.variant == "bucketed"
+        and choose_bucketed_impl(m.impl, q, grad, 0.0) == "flex"
         for m in model.modules()
     )
 
@@ -329,7 +332,9 @@ def layer_layout(
     return layout
 
 
-def flex_kernel(layout: TableLayout, heads: int, head_dim: int, mode: str, device: torch.device) -> tuple[Callable, float]:
+def flex_kernel(
+    layout: TableLayout, heads: int, head_dim: int, mode: str, device: torch.device
+) -> tuple[Callable, float]:
     """FlexAttention on MATE's exact mask: ``(fn(q, k, v), flops_per_call)``.
 
     FlopCounterMode cannot trace compiled FlexAttention, so FLOPs are what the kernel
@@ -344,7 +349,9 @@ def flex_kernel(layout: TableLayout, heads: int, head_dim: int, mode: str, devic
         return sparse.flex_mate_attention(q, k, v, layout, **options)
 
     _, block_mask = sparse._flex_structure(layout, heads, float(options.get("row_heads_ratio", 0.5)), block)
-    blocks = block_mask.kv_num_blocks.sum() + (0 if block_mask.full_kv_num_blocks is None else block_mask.full_kv_num_blocks.sum())
+    blocks = block_mask.kv_num_blocks.sum() + (
+        0 if block_mask.full_kv_num_blocks is None else block_mask.full_kv_num_blocks.sum()
+    )
     return fn, float(4 * head_dim * block * block * int(blocks))
 
 
@@ -428,15 +435,23 @@ def dot_model(name: str, dims: dict, type_sizes: list[int], seq_len: int, input_
 
     size, _, top_k = (split_name(name)[1] or "small-256").partition("-")
     if size not in DIMS:
-        raise MateError(f"bench backend {name!r}: the pruner size must be one of {', '.join(DIMS)} (e.g. dot.small-256)")
+        raise MateError(
+            f"bench backend {name!r}: the pruner size must be one of {', '.join(DIMS)} (e.g. dot.small-256)"
+        )
 
     def encoder(sizes: dict) -> TableEncoder:
-        config = EncoderConfig(**sizes, hidden_dropout=0.0, attention_dropout=0.0, type_vocab_sizes=type_sizes,
-                               reset_position_index_per_cell=True)
+        config = EncoderConfig(
+            **sizes,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            type_vocab_sizes=type_sizes,
+            reset_position_index_per_cell=True,
+        )
         return TableEncoder(config, "dense", max_length=seq_len)
 
-    model = torch.nn.ModuleDict({"dot": DoubleTransformer(encoder(DIMS[size]), top_k=int(top_k or 256)),
-                                 "task": encoder(dims)})
+    model = torch.nn.ModuleDict(
+        {"dot": DoubleTransformer(encoder(DIMS[size]), top_k=int(top_k or 256)), "task": encoder(dims)}
+    )
 
     def forward() -> torch.Tensor:
         fresh = layout.with_fields()

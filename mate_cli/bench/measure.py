@@ -260,7 +260,11 @@ class Measurement:
 
 
 def measure(
-    call: Callable[[], None], device: torch.device, warmup: int, repeats: int, flops: float | None,
+    call: Callable[[], None],
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    flops: float | None,
     countable: bool = True,
 ) -> Measurement:
     """Warm-up calls (FLOPs counted on the first unless given or not ``countable``; peak

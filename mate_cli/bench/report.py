@@ -111,7 +111,9 @@ def print_tables(rows: list[dict], console: Console | None = None) -> None:
             key = (r["level"], r["mode"], r["backend"], r["note"])
             if key not in seen:
                 seen.add(key)
-                console.print(f"[dim]{r['level']}/{r['mode']} {r['backend']} @ {r['seq_len']}: {r['status']} - {r['note']}[/dim]")
+                console.print(
+                    f"[dim]{r['level']}/{r['mode']} {r['backend']} @ {r['seq_len']}: {r['status']} - {r['note']}[/dim]"
+                )
 
 
 def plot(rows: list[dict], out_dir: Path, dpi: int = 90) -> list[Path]:
@@ -139,9 +141,7 @@ def plot(rows: list[dict], out_dir: Path, dpi: int = 90) -> list[Path]:
                 mate_i += 1
         for ax, (column, label) in zip(axes, panels):
             for backend in backends_of(part):
-                pts = sorted(
-                    (r["seq_len"], _num(r[column])) for r in select(part, backend=backend) if _num(r[column])
-                )
+                pts = sorted((r["seq_len"], _num(r[column])) for r in select(part, backend=backend) if _num(r[column]))
                 if pts:
                     xs, ys = zip(*pts)
                     ax.plot(xs, ys, marker="o", markersize=3, label=backend, **styles[backend])

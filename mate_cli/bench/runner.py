@@ -60,7 +60,10 @@ class Settings:
     max_call_seconds: float = 120.0
 
     def check(self) -> None:
-        for key, values, allowed in (("bench.levels", self.levels, cases.LEVELS), ("bench.modes", self.modes, cases.MODES)):
+        for key, values, allowed in (
+            ("bench.levels", self.levels, cases.LEVELS),
+            ("bench.modes", self.modes, cases.MODES),
+        ):
             bad = [v for v in values if v not in allowed]
             if bad:
                 raise MateError(f"{key} has unknown entries {bad}; choose from {list(allowed)}")
@@ -209,7 +212,9 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
         return base(status="skipped", note=history.dead[key])
     input_ids, layout = inputs
     est_memory, est_seconds = history.estimate(key, length)
-    floor = analytic_memory(backend, level, mode, length, dims, settings.batch, torch.empty((), dtype=dtype).element_size())
+    floor = analytic_memory(
+        backend, level, mode, length, dims, settings.batch, torch.empty((), dtype=dtype).element_size()
+    )
     est_memory = max(est_memory or 0.0, floor)
     budget = settings.memory_fraction * available_now(device)
     if est_memory > budget:

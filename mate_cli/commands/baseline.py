@@ -22,8 +22,10 @@ register_resolvers()
 def baseline(cfg: DictConfig) -> dict:
     quiet_third_party_logs()
     if cfg.dataset.get("task") is None:
-        raise MateError(f"mate baseline scores the table tasks; dataset={cfg.dataset.get('_target_')} is not one: "
-                        f"use dataset=<task> or <task>_sample, a task among {', '.join(tasks.names())}")
+        raise MateError(
+            f"mate baseline scores the table tasks; dataset={cfg.dataset.get('_target_')} is not one: "
+            f"use dataset=<task> or <task>_sample, a task among {', '.join(tasks.names())}"
+        )
     task = tasks.get(cfg.dataset.task)
     datamodule = instantiate(cfg.dataset)
     train, validation = datamodule.questions("train"), datamodule.questions("validation")

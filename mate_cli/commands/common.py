@@ -82,8 +82,10 @@ def finish_wandb_run(exit_code: int) -> None:
 
 
 #: where third-party tools write, as the user set it before mate started (kept when set)
-_USER_TOOL_DIRS = {name: os.environ.get(name) for name in (
-    "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR")}
+_USER_TOOL_DIRS = {
+    name: os.environ.get(name)
+    for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR")
+}
 
 
 def keep_tool_files_in(out: Path) -> None:
@@ -92,8 +94,12 @@ def keep_tool_files_in(out: Path) -> None:
     A variable the user set themselves is kept. (Matplotlib and torch's compiler cache
     are pointed at the cache before anything imports them: :func:`mate_cli.paths.keep_tool_caches`.)
     """
-    chosen = {"WANDB_CACHE_DIR": out / "wandb" / "cache", "WANDB_CONFIG_DIR": out / "wandb" / "config",
-              "WANDB_DATA_DIR": out / "wandb" / "data", "WANDB_ARTIFACT_DIR": out / "wandb" / "artifacts"}
+    chosen = {
+        "WANDB_CACHE_DIR": out / "wandb" / "cache",
+        "WANDB_CONFIG_DIR": out / "wandb" / "config",
+        "WANDB_DATA_DIR": out / "wandb" / "data",
+        "WANDB_ARTIFACT_DIR": out / "wandb" / "artifacts",
+    }
     for name, path in chosen.items():
         os.environ[name] = _USER_TOOL_DIRS[name] or str(path)
 
@@ -136,16 +142,22 @@ def check_accelerator(cfg: DictConfig) -> None:
     what = f"trainer.accelerator={accelerator}"
     what = f"hardware={hardware} ({what})" if hardware else what
     if not torch.cuda.is_available():
-        raise MateError(f"{what} needs a CUDA GPU, but torch finds none on this machine; "
-                        "run with hardware=cpu (or hardware=ddp_cpu for 2 CPU processes)")
+        raise MateError(
+            f"{what} needs a CUDA GPU, but torch finds none on this machine; "
+            "run with hardware=cpu (or hardware=ddp_cpu for 2 CPU processes)"
+        )
     devices, count = trainer.get("devices"), torch.cuda.device_count()
     if isinstance(devices, int) and devices > count:
-        raise MateError(f"{what} with trainer.devices={devices}, but this machine has {count} GPU(s); "
-                        f"use trainer.devices={count} (or -1: all of them)")
+        raise MateError(
+            f"{what} with trainer.devices={devices}, but this machine has {count} GPU(s); "
+            f"use trainer.devices={count} (or -1: all of them)"
+        )
     precision = str(trainer.get("precision", ""))
     if precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
-        raise MateError(f"trainer.precision={precision}: {torch.cuda.get_device_name()} has no bfloat16; "
-                        "use trainer.precision=16-mixed (or 32-true)")
+        raise MateError(
+            f"trainer.precision={precision}: {torch.cuda.get_device_name()} has no bfloat16; "
+            "use trainer.precision=16-mixed (or 32-true)"
+        )
 
 
 def _hardware_choice() -> str | None:

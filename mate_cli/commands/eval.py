@@ -33,7 +33,9 @@ SPLIT_PREFIX = {"validation": "val", "test": "test"}
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     quiet_third_party_logs()
     if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path is None:
-        raise MateError("ckpt_path is missing; pass ckpt_path=<run dir> (its best checkpoint) or <run dir>/checkpoints/<name>.ckpt")
+        raise MateError(
+            "ckpt_path is missing; pass ckpt_path=<run dir> (its best checkpoint) or <run dir>/checkpoints/<name>.ckpt"
+        )
     if cfg.split not in SPLIT_PREFIX:
         raise MateError(f"split={cfg.split!r} is invalid; use split=validation or split=test")
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True))
@@ -47,8 +49,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_checkpoint_fits(ckpt_path, model, "ckpt_path")
     trainer = L.Trainer(**trainer_args)
     if getattr(datamodule, "task", None) and trainer.world_size > 1:
-        raise MateError(f"mate eval of a {datamodule.task.name} run writes one predictions file and (SQA) feeds each "
-                        "question the previous prediction: run it on one device (hardware=cpu or hardware=gpu)")
+        raise MateError(
+            f"mate eval of a {datamodule.task.name} run writes one predictions file and (SQA) feeds each "
+            "question the previous prediction: run it on one device (hardware=cpu or hardware=gpu)"
+        )
     run = trainer.validate if cfg.split == "validation" else trainer.test
     with warnings.catch_warnings():
         # the checkpoint's training callbacks (checkpointing, progress, throughput) keep state
@@ -61,18 +65,24 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     bad = non_finite_metrics(metrics)
     if bad:
         metrics["non_finite"] = bad
-        log.warning("non-finite metrics: %s (the checkpoint's weights are finite: an example's loss overflowed)",
-                    ", ".join(bad))
+        log.warning(
+            "non-finite metrics: %s (the checkpoint's weights are finite: an example's loss overflowed)", ", ".join(bad)
+        )
 
     task = getattr(datamodule, "task", None)
     if task and getattr(model, "predictions", None):
         metrics["predictions"] = str(task.write_predictions(model.predictions, run_dir()))
     prefix = SPLIT_PREFIX[cfg.split] + "/"
-    names = sorted(k[len(prefix):] for k in metrics if k.startswith(prefix))
+    names = sorted(k[len(prefix) :] for k in metrics if k.startswith(prefix))
     print_metrics(f"{cfg.split}: {Path(ckpt_path).name}", metrics, names, prefix)
     atomic_write_json(run_dir() / "metrics.json", metrics)
-    print_outputs({"run dir": run_dir(), "metrics": run_dir() / "metrics.json",
-                   **({"predictions": metrics["predictions"]} if "predictions" in metrics else {})})
+    print_outputs(
+        {
+            "run dir": run_dir(),
+            "metrics": run_dir() / "metrics.json",
+            **({"predictions": metrics["predictions"]} if "predictions" in metrics else {}),
+        }
+    )
     return metrics
 
 

@@ -24,13 +24,22 @@ def pointr(cfg: DictConfig) -> dict:
     print_table(
         f"PointR on {cfg.split} ({metrics['questions']} questions)",
         ("", "EM (%)", "F1 (%)", "count"),
-        [(group, fmt(metrics[f"{group}/em"]), fmt(metrics[f"{group}/f1"]), str(metrics[f"{group}/count"]))
-         for group in ("in_table", "in_passage", "total") if f"{group}/em" in metrics],
+        [
+            (group, fmt(metrics[f"{group}/em"]), fmt(metrics[f"{group}/f1"]), str(metrics[f"{group}/count"]))
+            for group in ("in_table", "in_passage", "total")
+            if f"{group}/em" in metrics
+        ],
     )
     hits = [f"hits@{k}={metrics[f'stage1/hits@{k}']:.4f}" for k in (1, 3, 5) if f"stage1/hits@{k}" in metrics]
     print("stage 1: " + (", ".join(hits) or "no answers to score"))
-    print_outputs({"run dir": run_dir(), "metrics": run_dir() / "metrics.json", "predictions": run_dir() / "predictions.json",
-                   "details": run_dir() / "pointr_details.json"})
+    print_outputs(
+        {
+            "run dir": run_dir(),
+            "metrics": run_dir() / "metrics.json",
+            "predictions": run_dir() / "predictions.json",
+            "details": run_dir() / "pointr_details.json",
+        }
+    )
     return metrics
 
 

@@ -40,8 +40,10 @@ def predict(cfg: DictConfig) -> dict:
     if cfg.get("ckpt_path"):
         return predict_table_task(cfg)
     if not cfg.stage1.get("ckpt_path"):
-        raise MateError("no checkpoint given; pass ckpt_path=<sqa|wtq|tabfact run>/checkpoints/<name>.ckpt, or "
-                        "stage1.ckpt_path=<HybridQA cell-selection run>/checkpoints/<name>.ckpt")
+        raise MateError(
+            "no checkpoint given; pass ckpt_path=<sqa|wtq|tabfact run>/checkpoints/<name>.ckpt, or "
+            "stage1.ckpt_path=<HybridQA cell-selection run>/checkpoints/<name>.ckpt"
+        )
     trust = bool(cfg.get("trust_run_config"))
     for stage in ("stage1", "stage2"):
         if cfg[stage].get("ckpt_path"):  # both checkpoints and run configs checked before anything is built
@@ -67,8 +69,10 @@ def predict(cfg: DictConfig) -> dict:
     print_table(
         f"top {len(result['top_cells'])} cells of {table.table_id}",
         ("rank", "row", "column", "text", "probability"),
-        [(str(rank), str(c["row"]), f"{c['column']} ({c['header']})", c["text"], f"{c['prob']:.4f}")
-         for rank, c in enumerate(result["top_cells"], 1)],
+        [
+            (str(rank), str(c["row"]), f"{c['column']} ({c['header']})", c["text"], f"{c['prob']:.4f}")
+            for rank, c in enumerate(result["top_cells"], 1)
+        ],
     )
     atomic_write_json(run_dir() / "prediction.json", result)
     print_outputs({"run dir": run_dir(), "prediction": run_dir() / "prediction.json"})
@@ -93,8 +97,11 @@ def predict_table_task(cfg: DictConfig) -> dict:
             rich.print(f"[bold]aggregation:[/bold] {result['aggregation']}")
         if "answer" in result:
             rich.print(f"[bold]answer:[/bold] {' | '.join(result['answer']) or '(none)'}")
-        print_table(f"selected cells of {table.table_id}", ("row", "column", "text"),
-                    [(str(c["row"]), f"{c['column']} ({c['header']})", c["text"]) for c in result["cells"]])
+        print_table(
+            f"selected cells of {table.table_id}",
+            ("row", "column", "text"),
+            [(str(c["row"]), f"{c['column']} ({c['header']})", c["text"]) for c in result["cells"]],
+        )
     atomic_write_json(run_dir() / "prediction.json", result)
     print_outputs({"run dir": run_dir(), "prediction": run_dir() / "prediction.json"})
     return result
@@ -110,9 +117,13 @@ def warn_if_cut(question: str, run, prefix: str) -> None:
     limit = OmegaConf.select(run.cfg, "dataset.max_question_tokens", default=None)
     pieces = len(run.tokenizer.tokenize(question))
     if limit is not None and pieces > int(limit):
-        log.warning("the question has %d word pieces; the model reads only the first %d (the run's "
-                    "dataset.max_question_tokens; %soverrides=[dataset.max_question_tokens=N] reads more)",
-                    pieces, int(limit), prefix)
+        log.warning(
+            "the question has %d word pieces; the model reads only the first %d (the run's "
+            "dataset.max_question_tokens; %soverrides=[dataset.max_question_tokens=N] reads more)",
+            pieces,
+            int(limit),
+            prefix,
+        )
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="predict")

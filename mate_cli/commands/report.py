@@ -33,7 +33,9 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     formats = [str(f) for f in cfg.get("formats") or ["png"]]
     unknown = [f for f in formats if f not in render.FORMATS]
     if unknown:
-        raise MateError(f"formats={formats}: {', '.join(unknown)} is not a plot format; choose from {', '.join(render.FORMATS)}")
+        raise MateError(
+            f"formats={formats}: {', '.join(unknown)} is not a plot format; choose from {', '.join(render.FORMATS)}"
+        )
     tasks = cfg.get("tasks")
     runs, skipped = collect.collect(str(cfg.path), None if tasks is None else list(tasks))
     configurations = aggregate.configurations(runs)
@@ -49,18 +51,27 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     console = screen_console()
     screen.print_tables(title, columns, rows, columns.index("runs") + 1, console, screen.screen_width())
     repeated = render.repeated_lines(configurations)
-    for heading, lines in (("repeated seeds, the newest finished run counted", repeated),
-                           ("failed runs", render.failed_lines(failed)), ("incomplete runs", render.incomplete_lines(incomplete))):
+    for heading, lines in (
+        ("repeated seeds, the newest finished run counted", repeated),
+        ("failed runs", render.failed_lines(failed)),
+        ("incomplete runs", render.incomplete_lines(incomplete)),
+    ):
         if lines:
             console.print(f"[bold]{heading} ({len(lines)}):[/bold]")
             for line in lines:
                 console.print(f"  {escape(line)}", soft_wrap=True)
     if skipped:
-        console.print(f"[dim]left out {len(skipped)} run(s) of other tasks ({', '.join(sorted({str(r.task) for r in skipped}))})[/dim]")
+        console.print(
+            f"[dim]left out {len(skipped)} run(s) of other tasks ({', '.join(sorted({str(r.task) for r in skipped}))})[/dim]"
+        )
 
     out = run_dir()
-    atomic_write_text(out / "report.md", render.markdown(str(cfg.path), columns, rows, main, failed, incomplete, skipped,
-                                                             render.repeated_lines(configurations, "`")))
+    atomic_write_text(
+        out / "report.md",
+        render.markdown(
+            str(cfg.path), columns, rows, main, failed, incomplete, skipped, render.repeated_lines(configurations, "`")
+        ),
+    )
     render.write_csv(configurations, metrics, out / "report.csv")
     plots = render.plot(configurations, metrics, main, out, formats) if cfg.get("plots", True) else []
     pattern = f"report_*.{formats[0]}" if len(formats) == 1 else f"report_*.{{{','.join(formats)}}}"
@@ -86,7 +97,9 @@ def path_argument(args: list[str]) -> list[str]:
         if not arg.startswith("-") and not flag_value and ("=" not in arg or Path(arg).exists()):
             bare.append(i)
     if len(bare) > 1:
-        raise MateError(f"mate report takes one folder, got {len(bare)}: {' '.join(args[i] for i in bare)}; pass one multirun or outputs dir")
+        raise MateError(
+            f"mate report takes one folder, got {len(bare)}: {' '.join(args[i] for i in bare)}; pass one multirun or outputs dir"
+        )
     return [f"path={hydra_quote(arg)}" if i in bare else arg for i, arg in enumerate(args)]
 
 

@@ -37,7 +37,13 @@ from omegaconf import DictConfig, OmegaConf
 from torchmetrics import Metric
 
 from mate_cli.commands.common import (
-    command_overrides, instantiate_dict, log, print_metrics, quiet_third_party_logs, run_dir, run_task,
+    command_overrides,
+    instantiate_dict,
+    log,
+    print_metrics,
+    quiet_third_party_logs,
+    run_dir,
+    run_task,
 )
 from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
@@ -48,8 +54,13 @@ from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.resume import (
-    RESTORED, AtomicCheckpointIO, ContinuousCSVLog, ResumeState, continue_wandb_run,
-    resolve_resume_path, run_dir_of,
+    RESTORED,
+    AtomicCheckpointIO,
+    ContinuousCSVLog,
+    ResumeState,
+    continue_wandb_run,
+    resolve_resume_path,
+    run_dir_of,
 )
 from mate_cli.runs import check_checkpoint_fits, init_weights_from
 from mate_cli.trainer_args import TRAINER_RESERVED, check_trainer_args
@@ -64,7 +75,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
     continue_wandb_run(cfg, resume)  # before resolved_config.yaml records it
     if rank_zero_only.rank == 0:  # DDP ranks > 0 re-run this command into the same run dir
-        print_config(cfg, command_overrides(), out, whole=bool(OmegaConf.select(cfg, "extras.print_config", default=False)))
+        print_config(
+            cfg, command_overrides(), out, whole=bool(OmegaConf.select(cfg, "extras.print_config", default=False))
+        )
         atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     else:  # their log goes to <run dir>/train_ddp_process_<rank>.log only, not to the screen
         for handler in list(logging.getLogger().handlers):
@@ -81,13 +94,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     checkpoint_io = AtomicCheckpointIO()
     if resume:  # checked before any data is prepared; Lightning then loads the checked copy
         checkpoint_io.preload(resume, check_checkpoint_fits(resume, model, "ckpt_path", resume=True))
-    callbacks = [*instantiate_dict(cfg.get("callbacks")), ResumeState(), StopOnSignal(out / "checkpoints" / "last.ckpt"), StopOnNonFiniteLoss(),
-                 ContinuousCSVLog(run_dir_of(resume) if resume else None)]
+    callbacks = [
+        *instantiate_dict(cfg.get("callbacks")),
+        ResumeState(),
+        StopOnSignal(out / "checkpoints" / "last.ckpt"),
+        StopOnNonFiniteLoss(),
+        ContinuousCSVLog(run_dir_of(resume) if resume else None),
+    ]
     loggers = instantiate_dict(cfg.get("logger"))
-    trainer = L.Trainer(
-        **trainer_args, callbacks=callbacks, logger=loggers,
-        plugins=[checkpoint_io],
-    )
+    trainer = L.Trainer(**trainer_args, callbacks=callbacks, logger=loggers, plugins=[checkpoint_io])
     _refuse_ddp_in_a_local_sweep(trainer)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -104,7 +119,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except ValueError:
         _check_validation_interval(trainer)
         raise
-    start = dict(getattr(model, "recorded_metrics", {}))  # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
+    start = dict(
+        getattr(model, "recorded_metrics", {})
+    )  # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}  # the last epoch's
     # the task's metric (and loss) on the last logged training batch: under debug=overfit, the fixed batch
     trained = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
@@ -154,13 +171,17 @@ def print_summary(metrics: dict, validated_best: bool = True) -> None:
     With ``validate_best=false`` (``debug=overfit`` among others) there is no final
     validation: the last validation inside fit, if any, and the last training batch are shown.
     """
+
     def floats(*prefixes: str) -> list[str]:
         return sorted(k for k, v in metrics.items() if k.startswith(prefixes) and isinstance(v, float))
 
     if validated_best:
         shown = floats("start/val/", "val/")
-        title = ("final validation (best checkpoint; start/*: the starting checkpoint)"
-                 if any(k.startswith("start/") for k in shown) else "final validation (best checkpoint)")
+        title = (
+            "final validation (best checkpoint; start/*: the starting checkpoint)"
+            if any(k.startswith("start/") for k in shown)
+            else "final validation (best checkpoint)"
+        )
     else:
         shown = floats("val/", "train/")
         title = "no final validation: the last validation during training (val/*) and training batch (train/*)"
@@ -204,11 +225,16 @@ def _refuse_ddp_in_a_local_sweep(trainer) -> None:
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
     launcher = getattr(trainer.strategy, "launcher", None)
-    if (HydraConfig.get().mode == RunMode.MULTIRUN and isinstance(launcher, _SubprocessScriptLauncher)
-            and not launcher.cluster_environment.creates_processes_externally):
+    if (
+        HydraConfig.get().mode == RunMode.MULTIRUN
+        and isinstance(launcher, _SubprocessScriptLauncher)
+        and not launcher.cluster_environment.creates_processes_externally
+    ):
         hardware = HydraConfig.get().runtime.choices.get("hardware")
-        raise MateError(f"hardware={hardware} starts one process per device, which a local sweep (-m) cannot do; "
-                        "run each job without -m, or sweep on a cluster with hydra/launcher=slurm")
+        raise MateError(
+            f"hardware={hardware} starts one process per device, which a local sweep (-m) cannot do; "
+            "run each job without -m, or sweep on a cluster with hydra/launcher=slurm"
+        )
 
 
 def _check_validation_interval(trainer) -> None:
@@ -233,8 +259,10 @@ def _check_pairing(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
 
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-        raise MateError(f"dataset={choices.get('dataset')} does not go with model={choices.get('model')}: "
-                        "`mate pretrain` reads dataset=pretrain_sample or pretrain_jsonl, `mate train` the task datasets")
+        raise MateError(
+            f"dataset={choices.get('dataset')} does not go with model={choices.get('model')}: "
+            "`mate pretrain` reads dataset=pretrain_sample or pretrain_jsonl, `mate train` the task datasets"
+        )
 
 
 def _test_best(trainer, model, datamodule, best: str) -> dict[str, float]:
@@ -244,7 +272,11 @@ def _test_best(trainer, model, datamodule, best: str) -> dict[str, float]:
     from mate_cli.data.schema import has_answer
 
     if not hasattr(datamodule, "questions") or trainer.world_size > 1:
-        why = "runs on one device" if trainer.world_size > 1 else f"needs a question dataset, not {type(datamodule).__name__}"
+        why = (
+            "runs on one device"
+            if trainer.world_size > 1
+            else f"needs a question dataset, not {type(datamodule).__name__}"
+        )
         log.info("test_after_training: skipped (it %s; use `mate eval ckpt_path=<run dir> split=test`)", why)
         return {}
     try:

@@ -44,5 +44,6 @@ def write_tabfact(rows: list[dict], directory: Path) -> Path:
     for row in rows:
         table_id, index = row["question_id"].rsplit("#", 1)
         by_table.setdefault(table_id, {})[int(index)] = int(row["label"])
-    return atomic_write_json(directory / "predictions.json",
-                             {t: [labels[i] for i in sorted(labels)] for t, labels in by_table.items()})
+    return atomic_write_json(
+        directory / "predictions.json", {t: [labels[i] for i in sorted(labels)] for t, labels in by_table.items()}
+    )

@@ -157,8 +157,11 @@ def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str
     if not writable(target.parent):
         if target.parent not in _READ_ONLY_WARNED:
             _READ_ONLY_WARNED.add(target.parent)
-            log.warning("cache: %s cannot be written; what it lacks is built in memory for this run only "
-                        "(set MATE_CACHE_DIR or dataset.cache_dir to a writable folder to keep it)", target.parent)
+            log.warning(
+                "cache: %s cannot be written; what it lacks is built in memory for this run only "
+                "(set MATE_CACHE_DIR or dataset.cache_dir to a writable folder to keep it)",
+                target.parent,
+            )
         if target.is_dir():
             with contextlib.suppress(Exception):
                 return datasets.load_from_disk(str(target))
@@ -177,6 +180,9 @@ def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str
     try:
         save_atomically(built, target)
     except OSError as err:
-        raise MateError(write_failure(target, err, "free space there, or set MATE_CACHE_DIR (dataset.cache_dir) "
-                                      "to a folder with room")) from None
+        raise MateError(
+            write_failure(
+                target, err, "free space there, or set MATE_CACHE_DIR (dataset.cache_dir) to a folder with room"
+            )
+        ) from None
     return datasets.load_from_disk(str(target))

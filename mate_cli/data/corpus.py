@@ -75,8 +75,10 @@ def read_jsonl(path: str | Path) -> Iterator[TableText]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise MateError(f"{path}:{number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not UTF-8; "
-                                "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+                raise MateError(
+                    f"{path}:{number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not UTF-8; "
+                    "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
             if line.strip():
                 found += 1
                 yield parse_line(line, f"{path}:{number}", f"{path.stem}:{number}")
@@ -105,13 +107,16 @@ def parse_line(line: str, where: str, default_id: str) -> TableText:
         raise MateError(f"{where}: key 'table.rows' must be a list of lists; {FORMAT_HINT}")
     for index, row in enumerate(rows):
         if len(row) != len(header):
-            raise MateError(f"{where}: table.rows[{index}] has {len(row)} cells, the header {len(header)}; "
-                            "give every row one cell per column (\"\" for an empty one)")
+            raise MateError(
+                f"{where}: table.rows[{index}] has {len(row)} cells, the header {len(header)}; "
+                'give every row one cell per column ("" for an empty one)'
+            )
         if not all(isinstance(cell, str) for cell in row):
             raise MateError(f"{where}: table.rows[{index}] holds a non-string cell; write every cell as a string")
     table_id = str(record.get("id") or default_id)
-    return TableText(Table(table_id, [Cell(h) for h in header], [[Cell(c) for c in row] for row in rows]),
-                     text, source=where)
+    return TableText(
+        Table(table_id, [Cell(h) for h in header], [[Cell(c) for c in row] for row in rows]), text, source=where
+    )
 
 
 # ----------------------------------------------------------- the bundled datasets
@@ -134,8 +139,12 @@ def hybridqa_tables(reader, passages: int = 1) -> Iterator[TableText]:
 def csv_tables(reader, kind: str) -> Iterator[TableText]:
     """Every table file of a WikiTableQuestions / SQA root (``.tsv`` twin preferred, as the
     WikiTQ reader does); neither release keeps the page text, so the text is empty."""
-    found = {path.relative_to(reader.root).with_suffix(".csv").as_posix()
-             for pattern in reader.TABLE_GLOBS for path in reader.root.glob(pattern) if path.is_file()}
+    found = {
+        path.relative_to(reader.root).with_suffix(".csv").as_posix()
+        for pattern in reader.TABLE_GLOBS
+        for path in reader.root.glob(pattern)
+        if path.is_file()
+    }
     for table_id in sorted(found):
         yield TableText(reader.table(table_id), "", f"{kind}:{table_id}")
 
@@ -161,10 +170,12 @@ def _readers() -> dict:
     from mate_cli.data.tabfact import TabFactReader
     from mate_cli.data.wtq import WTQReader
 
-    return {"hybridqa": (HybridQAReader, lambda reader, kind, passages: hybridqa_tables(reader, passages)),
-            "wtq": (WTQReader, lambda reader, kind, passages: csv_tables(reader, kind)),
-            "sqa": (SQAReader, lambda reader, kind, passages: csv_tables(reader, kind)),
-            "tabfact": (TabFactReader, lambda reader, kind, passages: tabfact_tables(reader))}
+    return {
+        "hybridqa": (HybridQAReader, lambda reader, kind, passages: hybridqa_tables(reader, passages)),
+        "wtq": (WTQReader, lambda reader, kind, passages: csv_tables(reader, kind)),
+        "sqa": (SQAReader, lambda reader, kind, passages: csv_tables(reader, kind)),
+        "tabfact": (TabFactReader, lambda reader, kind, passages: tabfact_tables(reader)),
+    }
 
 
 #: ``dataset.sources`` keys: a dataset root each, or ``jsonl``: one JSON-lines file or a list
@@ -190,8 +201,13 @@ class Corpus:
         hybridqa_passages: extra HybridQA examples per table, one per linked passage.
     """
 
-    def __init__(self, sources: Mapping[str, object], hybridqa_passages: int = 1, tables: str = "all",
-                 splits: Mapping[str, Mapping] | None = None) -> None:
+    def __init__(
+        self,
+        sources: Mapping[str, object],
+        hybridqa_passages: int = 1,
+        tables: str = "all",
+        splits: Mapping[str, Mapping] | None = None,
+    ) -> None:
         unknown = [kind for kind in sources if kind not in SOURCES]
         if unknown:
             raise MateError(f"dataset.sources.{unknown[0]} is not a corpus kind; use {', '.join(SOURCES)}")
@@ -204,19 +220,25 @@ class Corpus:
                 self.files = [Path(str(p)).expanduser() for p in ([where] if isinstance(where, (str, Path)) else where)]
                 for path in self.files:
                     if not path.is_file():
-                        raise MateError(f"corpus file not found: {path}; pass an existing JSON-lines file ({FORMAT_HINT})")
+                        raise MateError(
+                            f"corpus file not found: {path}; pass an existing JSON-lines file ({FORMAT_HINT})"
+                        )
                 continue
             reader_class = _readers()[kind][0]
             if not isinstance(where, (str, Path)) or not Path(str(where)).expanduser().is_dir():
-                raise MateError(f"dataset.sources.{kind}={where} is not a folder; set it to a {kind} dataset root "
-                                "in its upstream layout (or null to leave it out)")
+                raise MateError(
+                    f"dataset.sources.{kind}={where} is not a folder; set it to a {kind} dataset root "
+                    "in its upstream layout (or null to leave it out)"
+                )
             try:
                 self.readers[kind] = reader_class(where)
             except MateError as err:
                 raise MateError(f"dataset.sources.{kind}={where}: {err}") from None
         if not self.readers and not self.files:
-            raise MateError("the pre-training corpus is empty; set dataset.sources.<hybridqa|wtq|sqa|tabfact> to a "
-                            "dataset root or dataset.sources.jsonl to JSON-lines files")
+            raise MateError(
+                "the pre-training corpus is empty; set dataset.sources.<hybridqa|wtq|sqa|tabfact> to a "
+                "dataset root or dataset.sources.jsonl to JSON-lines files"
+            )
         self.tables = str(tables)
         if self.tables not in TABLE_CHOICES:
             raise MateError(f"dataset.tables={tables!r} is invalid; use one of {', '.join(TABLE_CHOICES)}")
@@ -224,11 +246,15 @@ class Corpus:
         if self.tables == "train":
             for kind in [*self.readers, *(["jsonl"] if self.files else [])]:
                 if kind not in SPLIT_SOURCES:
-                    raise MateError(f"dataset.tables=train keeps the training tables of {', '.join(SPLIT_SOURCES)}; "
-                                    f"dataset.sources.{kind} has no split: set it to null or use dataset.tables=all")
+                    raise MateError(
+                        f"dataset.tables=train keeps the training tables of {', '.join(SPLIT_SOURCES)}; "
+                        f"dataset.sources.{kind} has no split: set it to null or use dataset.tables=all"
+                    )
                 if not (splits or {}).get(kind):
-                    raise MateError(f"dataset.tables=train needs dataset.splits.{kind}: how the {kind} task splits "
-                                    "its questions (its dataset yaml's split node)")
+                    raise MateError(
+                        f"dataset.tables=train needs dataset.splits.{kind}: how the {kind} task splits "
+                        "its questions (its dataset yaml's split node)"
+                    )
                 self.splits[kind] = SplitSettings(**dict(splits[kind]))
         self._kept: tuple[dict[str, set[str]], set[str]] | None = None
 
@@ -270,15 +296,25 @@ class Corpus:
                         ids = None  # a held-back test file
                     sides[side] = ids
                     held_out |= {table_key(reader.table(t)) for t in ids or ()}
-                log.info("pre-training on %s's training tables: %d tables of its training questions; held out: %d "
-                         "validation tables, %s", kind, len(train[kind]), len(sides["validation"]),
-                         "no test file (held back: its tables cannot be excluded)" if sides["test"] is None
-                         else f"{len(sides['test'])} test tables")
+                log.info(
+                    "pre-training on %s's training tables: %d tables of its training questions; held out: %d "
+                    "validation tables, %s",
+                    kind,
+                    len(train[kind]),
+                    len(sides["validation"]),
+                    "no test file (held back: its tables cannot be excluded)"
+                    if sides["test"] is None
+                    else f"{len(sides['test'])} test tables",
+                )
             self._kept = train, held_out
         return self._kept
 
 
-def read_corpus(sources: Mapping[str, object], hybridqa_passages: int = 1, tables: str = "all",
-                splits: Mapping[str, Mapping] | None = None) -> list[TableText]:
+def read_corpus(
+    sources: Mapping[str, object],
+    hybridqa_passages: int = 1,
+    tables: str = "all",
+    splits: Mapping[str, Mapping] | None = None,
+) -> list[TableText]:
     """Every example of ``sources`` (see :class:`Corpus`)."""
     return list(Corpus(sources, hybridqa_passages, tables, splits).examples())

@@ -39,6 +39,7 @@ from mate_cli.modeling.layout import TableLayout
 
 log = logging.getLogger(__name__)
 
+
 class SplitDataModule(L.LightningDataModule):
     """What every HybridQA datamodule shares: the split, the Arrow cache, the loaders.
 
@@ -51,7 +52,12 @@ class SplitDataModule(L.LightningDataModule):
     #: prefix of cache entries and log lines (``""`` stage 1, ``"reader"`` stage 2)
     kind = ""
     #: Lightning stage -> the splits ``setup`` prepares
-    STAGES = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), None: ("train", "validation")}
+    STAGES = {
+        "fit": ("train", "validation"),
+        "validate": ("validation",),
+        "test": ("test",),
+        None: ("train", "validation"),
+    }
 
     def __init__(
         self,
@@ -108,8 +114,10 @@ class SplitDataModule(L.LightningDataModule):
         """:meth:`questions`, refused in one line when there are none (nothing is cached then)."""
         chosen = self.questions(split)
         if not chosen:
-            raise MateError(f"the {split} split of {self.root} has no questions with dataset.split={asdict(self.split)}; "
-                            "use a larger dataset.split.val_fraction, another dataset.split.mode, or check the files")
+            raise MateError(
+                f"the {split} split of {self.root} has no questions with dataset.split={asdict(self.split)}; "
+                "use a larger dataset.split.val_fraction, another dataset.split.mode, or check the files"
+            )
         return chosen
 
     # ------------------------------------------------------------ preprocess
@@ -181,10 +189,14 @@ class SplitDataModule(L.LightningDataModule):
         if keep is not None:
             ds = ds.select(keep)
         return DataLoader(
-            ds.with_format(None), batch_size=batch_size,
+            ds.with_format(None),
+            batch_size=batch_size,
             sampler=EpochShuffle(len(ds), self.shuffle_seed, same_every_epoch=self.same_order_every_epoch)
-            if shuffle else None,
-            num_workers=self.num_workers, collate_fn=self.collator(), worker_init_fn=loader_worker_start,
+            if shuffle
+            else None,
+            num_workers=self.num_workers,
+            collate_fn=self.collator(),
+            worker_init_fn=loader_worker_start,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -283,8 +295,16 @@ class _ExampleEncoder:
     :func:`encode_question`'s signature: ``(tokenizer, question, table, passages, expansion) -> dict``.
     """
 
-    def __init__(self, root: str, pretrained: str, max_length: int, expansion: dict, max_question_tokens: int,
-                 encode: Callable[..., dict] = encode_question, length_key: str = "dataset.max_length"):
+    def __init__(
+        self,
+        root: str,
+        pretrained: str,
+        max_length: int,
+        expansion: dict,
+        max_question_tokens: int,
+        encode: Callable[..., dict] = encode_question,
+        length_key: str = "dataset.max_length",
+    ):
         self.args = (root, pretrained, max_length, expansion, max_question_tokens)
         self.encode, self.length_key = encode, length_key
         self._state = None
@@ -292,12 +312,15 @@ class _ExampleEncoder:
     def __call__(self, record: dict) -> dict:
         root, pretrained, max_length, expansion, max_q = self.args
         if self._state is None:
-            tok = TableTokenizer(load_tokenizer(pretrained), max_length=max_length, max_question_tokens=max_q,
-                                 length_key=self.length_key)
+            tok = TableTokenizer(
+                load_tokenizer(pretrained), max_length=max_length, max_question_tokens=max_q, length_key=self.length_key
+            )
             self._state = (HybridQAReader(root), tok)
         reader, tok = self._state
         question = question_from_record(record)
-        return self.encode(tok, question, reader.table(question.table_id), reader.passages(question.table_id), expansion)
+        return self.encode(
+            tok, question, reader.table(question.table_id), reader.passages(question.table_id), expansion
+        )
 
     def __getstate__(self):
         return {"args": self.args, "encode": self.encode, "length_key": self.length_key, "_state": None}
@@ -339,8 +362,10 @@ class Collator:
         for i, ex in enumerate(examples):
             input_ids[i, : len(ex["input_ids"])] = torch.tensor(ex["input_ids"])
         return Batch(
-            input_ids=input_ids, layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq),
-            **cell_tensors(examples), question_ids=[ex["question_id"] for ex in examples],
+            input_ids=input_ids,
+            layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq),
+            **cell_tensors(examples),
+            question_ids=[ex["question_id"] for ex in examples],
             table_ids=[ex["table_id"] for ex in examples],
         )
 
@@ -366,7 +391,14 @@ def cell_tensors(examples: list[dict]) -> dict[str, torch.Tensor]:
 def question_from_record(record: dict) -> Question:
     """Inverse of ``dataclasses.asdict(question)`` (Arrow rows back to records)."""
     nodes = [AnswerNode(n["text"], tuple(n["coord"]), n["link"], n["source"]) for n in record.get("answer_nodes") or []]
-    extra = {f.name: record[f.name] for f in fields(Question)
-             if f.name not in ("answer_nodes", "answers", "answer_coordinates") and f.name in record}
-    return Question(**extra, answer_nodes=nodes, answers=list(record.get("answers") or []),
-                    answer_coordinates=[list(c) for c in record.get("answer_coordinates") or []])
+    extra = {
+        f.name: record[f.name]
+        for f in fields(Question)
+        if f.name not in ("answer_nodes", "answers", "answer_coordinates") and f.name in record
+    }
+    return Question(
+        **extra,
+        answer_nodes=nodes,
+        answers=list(record.get("answers") or []),
+        answer_coordinates=[list(c) for c in record.get("answer_coordinates") or []],
+    )

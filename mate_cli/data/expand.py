@@ -48,9 +48,46 @@ METHODS = ("tfidf", "first")
 
 _BOUNDARY = re.compile(r"[.!?]+[\"')\]]*\s+")
 _ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "no", "nos", "etc", "inc", "ltd", "co",
-    "corp", "mt", "ft", "gen", "col", "lt", "sgt", "capt", "rev", "prof", "gov", "sen", "rep",
-    "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "approx",
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "st",
+    "jr",
+    "sr",
+    "vs",
+    "no",
+    "nos",
+    "etc",
+    "inc",
+    "ltd",
+    "co",
+    "corp",
+    "mt",
+    "ft",
+    "gen",
+    "col",
+    "lt",
+    "sgt",
+    "capt",
+    "rev",
+    "prof",
+    "gov",
+    "sen",
+    "rep",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
+    "approx",
 }
 
 
@@ -74,14 +111,14 @@ def split_sentences(text: str) -> list[str]:
     for block in text.splitlines():
         start = 0
         for match in _BOUNDARY.finditer(block):
-            nxt = block[match.end(): match.end() + 1]
+            nxt = block[match.end() : match.end() + 1]
             if not nxt or not (nxt.isupper() or nxt.isdigit() or nxt in "\"'(["):
                 continue
-            before = block[start: match.start()].rsplit(None, 1)
+            before = block[start : match.start()].rsplit(None, 1)
             word = before[-1] if before and not block[match.start() - 1].isspace() else ""
             if block[match.start()] == "." and word and _is_abbreviation(word):
                 continue
-            sentences.append(block[start: match.end()].strip())
+            sentences.append(block[start : match.end()].strip())
             start = match.end()
         sentences.append(block[start:].strip())
     return [s for s in sentences if s]

@@ -44,7 +44,11 @@ from mate_cli.modeling.layout import ID_FIELDS, TableLayout
 
 
 def encode_graph(
-    tokenizer: TableTokenizer, question: Question, table: Table, passages: dict[str, str], expansion: Mapping,
+    tokenizer: TableTokenizer,
+    question: Question,
+    table: Table,
+    passages: dict[str, str],
+    expansion: Mapping,
     max_nodes: int = 64,
 ) -> dict:
     """One question's graph as a plain dict (the module docstring): per node its
@@ -72,14 +76,19 @@ def encode_graph(
     gold = candidate_cells(question, table, passages)
     candidates = sorted(cell_of[xy] for xy in gold if xy in cell_of)
     return {
-        "question_id": question.question_id, "table_id": table.table_id,
+        "question_id": question.question_id,
+        "table_id": table.table_id,
         "node_input_ids": [row.input_ids for row in rows] + [ids for ids, _, _ in passage_nodes],
         "node_layouts": [row.layout for row in rows] + [layout for _, layout, _ in passage_nodes],
-        "edges": edges, "cell_coords": coords, "candidates": candidates, "row_nodes": num_rows,
+        "edges": edges,
+        "cell_coords": coords,
+        "candidates": candidates,
+        "row_nodes": num_rows,
         "nodes": len(rows) + len(passage_nodes),
         # rows over the node or row-id limit, and rows whose header and one token per cell did not fit a node
         "rows_dropped": table.num_rows - num_rows + sum(row.rows_dropped for row in rows),
-        "passages_dropped": len(links) - len(kept), "candidates_dropped": len(gold) - len(candidates),
+        "passages_dropped": len(links) - len(kept),
+        "candidates_dropped": len(gold) - len(candidates),
         "truncated": bool(q_cut or any(row.truncated for row in rows) or any(cut for _, _, cut in passage_nodes)),
     }
 
@@ -157,9 +166,13 @@ class GraphCollator:
             node_graph += [g] * len(ex["node_input_ids"])
             offset += len(ex["node_input_ids"])
         return GraphBatch(
-            input_ids=input_ids, layout=TableLayout.from_lists([lay for ex in examples for lay in ex["node_layouts"]], seq),
-            edges=edges, node_graph=torch.tensor(node_graph, dtype=torch.long), **cell_tensors(examples),
-            question_ids=[ex["question_id"] for ex in examples], table_ids=[ex["table_id"] for ex in examples],
+            input_ids=input_ids,
+            layout=TableLayout.from_lists([lay for ex in examples for lay in ex["node_layouts"]], seq),
+            edges=edges,
+            node_graph=torch.tensor(node_graph, dtype=torch.long),
+            **cell_tensors(examples),
+            question_ids=[ex["question_id"] for ex in examples],
+            table_ids=[ex["table_id"] for ex in examples],
         )
 
 
@@ -188,9 +201,15 @@ class HybridQAGraphDataModule(HybridQADataModule):
         return {**super().cache_payload(split), "max_nodes": self.max_nodes}
 
     def encode(self, questions: list[Question], split: str):
-        encoder = _ExampleEncoder(self.root, self.pretrained, self.max_length, self.expansion, self.max_question_tokens,
-                                  encode=functools.partial(encode_graph, max_nodes=self.max_nodes),
-                                  length_key="dataset.node_length")
+        encoder = _ExampleEncoder(
+            self.root,
+            self.pretrained,
+            self.max_length,
+            self.expansion,
+            self.max_question_tokens,
+            encode=functools.partial(encode_graph, max_nodes=self.max_nodes),
+            length_key="dataset.node_length",
+        )
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
@@ -201,7 +220,8 @@ class HybridQAGraphDataModule(HybridQADataModule):
         return {
             "questions": n,
             "with_candidate": round(sum(1 for c in ds["candidates"] if c) / n, 4),
-            "nodes_mean": round(sum(nodes) / n, 2), "nodes_max": max(nodes),
+            "nodes_mean": round(sum(nodes) / n, 2),
+            "nodes_max": max(nodes),
             "row_nodes": sum(int(r) for r in ds["row_nodes"]),
             "rows_dropped": sum(int(r) for r in ds["rows_dropped"]),
             "passages_dropped": sum(int(p) for p in ds["passages_dropped"]),

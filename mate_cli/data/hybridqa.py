@@ -73,7 +73,9 @@ def _load_json(path: Path, what: str) -> Any:
 
 def no_questions(path: Path, skipped: Counter) -> str:
     """The one line for a question file that gives no question (nothing is cached then)."""
-    why = f"every record was skipped ({', '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else "it is empty"
+    why = (
+        f"every record was skipped ({', '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else "it is empty"
+    )
     return f"{path} holds no questions: {why}; restore it from the release, or choose another split"
 
 
@@ -100,7 +102,9 @@ class HybridQAReader:
     def input_files(self) -> list[Path]:
         """Every file the encoded examples depend on (question files, tables, passages)."""
         return [
-            path for sub in (QUESTIONS_DIR, TABLES_DIR, PASSAGES_DIR) if (self.root / sub).is_dir()
+            path
+            for sub in (QUESTIONS_DIR, TABLES_DIR, PASSAGES_DIR)
+            if (self.root / sub).is_dir()
             for path in (self.root / sub).glob("*.json")
         ]
 
@@ -161,7 +165,9 @@ class HybridQAReader:
                 skipped["empty_question"] += 1
                 continue
             if answered and "answer-text" not in record and "answer-node" not in record:
-                log.warning("%s: question %r has no answer-text and no answer-node; skipped", path, question.question_id)
+                log.warning(
+                    "%s: question %r has no answer-text and no answer-node; skipped", path, question.question_id
+                )
                 skipped["no_answer_fields"] += 1
                 continue
             yielded += 1
@@ -290,5 +296,9 @@ def parse_table(data: Any, table_id: str, path: Path | str) -> Table:
 def parse_passages(data: Any, path: Path | str) -> dict[str, str]:
     """A ``request_tok`` JSON object -> ``{"/wiki/...": text}`` (raises MateError naming the file)."""
     ok = isinstance(data, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in data.items())
-    _check(ok, str(path), "passages must be a JSON object mapping '/wiki/...' links to passage text; repair or delete the file")
+    _check(
+        ok,
+        str(path),
+        "passages must be a JSON object mapping '/wiki/...' links to passage text; repair or delete the file",
+    )
     return data

@@ -62,19 +62,60 @@ MAX_DATE_WORDS = 5
 #: Years a date may carry (DynSP's range, as TAPAS).
 YEARS = range(1700, 2017)
 
-NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-                "twelve")
-ORDINAL_WORDS = ("zeroth", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth",
-                 "tenth", "eleventh", "twelfth")
+NUMBER_WORDS = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+)
+ORDINAL_WORDS = (
+    "zeroth",
+    "first",
+    "second",
+    "third",
+    "fourth",
+    "fifth",
+    "sixth",
+    "seventh",
+    "eighth",
+    "ninth",
+    "tenth",
+    "eleventh",
+    "twelfth",
+)
 ORDINAL_SUFFIXES = ("st", "nd", "rd", "th")
 
 #: ``datetime.strptime`` formats tried in turn, each with the fields it really sets
 #: (y, m, d); a field it does not set stays None.
 DATE_FORMATS = (
-    ("%B", "m"), ("%Y", "y"), ("%Ys", "y"), ("%b %Y", "ym"), ("%B %Y", "ym"), ("%B %d", "md"), ("%b %d", "md"),
-    ("%d %b", "md"), ("%d %B", "md"), ("%B %d, %Y", "ymd"), ("%d %B %Y", "ymd"), ("%m-%d-%Y", "ymd"),
-    ("%Y-%m-%d", "ymd"), ("%Y-%m", "ym"), ("%d %b %Y", "ymd"), ("%b %d, %Y", "ymd"), ("%d.%m.%Y", "ymd"),
-    ("%A, %b %d", "md"), ("%A, %B %d", "md"),
+    ("%B", "m"),
+    ("%Y", "y"),
+    ("%Ys", "y"),
+    ("%b %Y", "ym"),
+    ("%B %Y", "ym"),
+    ("%B %d", "md"),
+    ("%b %d", "md"),
+    ("%d %b", "md"),
+    ("%d %B", "md"),
+    ("%B %d, %Y", "ymd"),
+    ("%d %B %Y", "ymd"),
+    ("%m-%d-%Y", "ymd"),
+    ("%Y-%m-%d", "ymd"),
+    ("%Y-%m", "ym"),
+    ("%d %b %Y", "ymd"),
+    ("%b %d, %Y", "ymd"),
+    ("%d.%m.%Y", "ymd"),
+    ("%A, %b %d", "md"),
+    ("%A, %B %d", "md"),
 )
 
 _NUMBER_RE = re.compile(r"(?:(?:^|\s)[+-])?(?:\.\d+|\d+(?:,\d{3})*(?:\.\d*)?)")
@@ -159,8 +200,11 @@ def parse_date(text: str) -> Date | None:
             continue
         if parsed.year not in YEARS:  # also the default year 1900 of formats without one
             continue
-        return Date(parsed.year if "y" in fields else None, parsed.month if "m" in fields else None,
-                    parsed.day if "d" in fields else None)
+        return Date(
+            parsed.year if "y" in fields else None,
+            parsed.month if "m" in fields else None,
+            parsed.day if "d" in fields else None,
+        )
     return None
 
 
@@ -184,7 +228,7 @@ def parse_values(text: str) -> tuple[ValueSpan, ...]:
     for last in range(len(words)):
         for first in range(max(0, last - MAX_DATE_WORDS + 1), last + 1):
             span = (words[first][0], words[last][1])
-            date = parse_date(text[span[0]: span[1]])
+            date = parse_date(text[span[0] : span[1]])
             if date is not None:
                 found.setdefault(span, []).append(date)
     chosen: list[tuple[int, int]] = []

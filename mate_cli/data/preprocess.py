@@ -54,8 +54,10 @@ def worker_counts(num_proc: int | str, num_workers: int | str) -> tuple[int, int
     """``(preprocessing processes, loader workers)`` from ``dataset.num_proc`` / ``dataset.num_workers``
     (a number, or ``auto``: see the module docstring)."""
     cores = available_cores()
-    return (_count("dataset.num_proc", num_proc, cores, minimum=1),
-            _count("dataset.num_workers", num_workers, 0 if cores < 4 else min(4, cores // 4), minimum=0))
+    return (
+        _count("dataset.num_proc", num_proc, cores, minimum=1),
+        _count("dataset.num_workers", num_workers, 0 if cores < 4 else min(4, cores // 4), minimum=0),
+    )
 
 
 def _count(key: str, value: int | str, auto: int, minimum: int) -> int:
@@ -66,14 +68,21 @@ def _count(key: str, value: int | str, auto: int, minimum: int) -> int:
     except (TypeError, ValueError):
         number = None
     if number is None or number < minimum or isinstance(value, float) and value != number:
-        raise MateError(f"{key}={value!r} is not a count; use a whole number >= {minimum}, or auto "
-                        "(what this machine has)")
+        raise MateError(
+            f"{key}={value!r} is not a count; use a whole number >= {minimum}, or auto (what this machine has)"
+        )
     return number
 
 
-def encode_records(function: Callable[[dict], dict | list[dict]], records: Sequence[dict], num_proc: int,
-                   what: str, *, min_per_process: int = MIN_RECORDS_PER_PROCESS,
-                   progress_every_s: float = PROGRESS_EVERY_S) -> datasets.Dataset:
+def encode_records(
+    function: Callable[[dict], dict | list[dict]],
+    records: Sequence[dict],
+    num_proc: int,
+    what: str,
+    *,
+    min_per_process: int = MIN_RECORDS_PER_PROCESS,
+    progress_every_s: float = PROGRESS_EVERY_S,
+) -> datasets.Dataset:
     """The examples ``function`` makes of ``records`` (one dict, or a list of them, per record), as
     one dataset in record order. ``function`` must pickle when ``num_proc > 1`` (see the module
     docstring for the processes, progress lines and chunking)."""
@@ -123,8 +132,13 @@ class _Progress:
         self.total, self.what, self.processes, self.every_s = total, what, processes, every_s
         self.count, self.start = 0, time.perf_counter()
         self.last = self.start
-        log.info("%s: preprocessing %s questions in %d process%s", what, f"{total:,}", processes,
-                 "" if processes == 1 else "es")
+        log.info(
+            "%s: preprocessing %s questions in %d process%s",
+            what,
+            f"{total:,}",
+            processes,
+            "" if processes == 1 else "es",
+        )
 
     def step(self) -> None:
         self.count += 1
@@ -132,14 +146,26 @@ class _Progress:
         if now - self.last >= self.every_s and self.count < self.total:
             self.last = now
             rate = self.count / (now - self.start)
-            log.info("%s: %s/%s questions (%.1f/s, ETA %s)", self.what, f"{self.count:,}", f"{self.total:,}", rate,
-                     _duration((self.total - self.count) / rate))
+            log.info(
+                "%s: %s/%s questions (%.1f/s, ETA %s)",
+                self.what,
+                f"{self.count:,}",
+                f"{self.total:,}",
+                rate,
+                _duration((self.total - self.count) / rate),
+            )
 
     def done(self) -> None:
         elapsed = time.perf_counter() - self.start
-        log.info("%s: %s questions preprocessed in %s (%.1f questions/s, %d process%s)", self.what,
-                 f"{self.count:,}", _duration(elapsed), self.count / max(elapsed, 1e-9), self.processes,
-                 "" if self.processes == 1 else "es")
+        log.info(
+            "%s: %s questions preprocessed in %s (%.1f questions/s, %d process%s)",
+            self.what,
+            f"{self.count:,}",
+            _duration(elapsed),
+            self.count / max(elapsed, 1e-9),
+            self.processes,
+            "" if self.processes == 1 else "es",
+        )
 
 
 def _duration(seconds: float) -> str:

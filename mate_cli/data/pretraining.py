@@ -104,8 +104,10 @@ class PretrainDataModule(L.LightningDataModule):
         same_order_every_epoch: bool = False,
     ) -> None:
         super().__init__()
-        self.sources = {k: v if v is None or isinstance(v, (str, os.PathLike)) else [str(x) for x in v]
-                        for k, v in dict(sources or {}).items()}
+        self.sources = {
+            k: v if v is None or isinstance(v, (str, os.PathLike)) else [str(x) for x in v]
+            for k, v in dict(sources or {}).items()
+        }
         self.pretrained = pretrained
         self.max_length, self.max_text_tokens = int(max_length), int(max_text_tokens)
         self.hybridqa_passages = int(hybridqa_passages)
@@ -118,8 +120,11 @@ class PretrainDataModule(L.LightningDataModule):
         self.shuffle_seed = int(shuffle_seed)
         self.same_order_every_epoch = bool(same_order_every_epoch)
         self.tables = str(tables)
-        self.splits = {str(k): dict(v) for k, v in dict(splits or {}).items() if v is not None and k in self.sources
-                       and self.sources[k] is not None}
+        self.splits = {
+            str(k): dict(v)
+            for k, v in dict(splits or {}).items()
+            if v is not None and k in self.sources and self.sources[k] is not None
+        }
         self.corpus = Corpus(self.sources, self.hybridqa_passages, self.tables, self.splits)  # checks the sources now
         self.encoded: dict[str, datasets.Dataset] = {}
         self.stats: dict[str, dict] = {}
@@ -134,21 +139,30 @@ class PretrainDataModule(L.LightningDataModule):
 
     def cache_key(self) -> str:
         payload = {
-            "kind": "pretrain", "code": code_digest(),
+            "kind": "pretrain",
+            "code": code_digest(),
             "sources": [[k, str(v)] for k, v in self.sources.items()],  # their order is the examples' order
             "inputs": fingerprint([p.resolve() for p in self.corpus.input_files()], Path("/")),
             "pretrained": resolve_pretrained(self.pretrained),
-            "max_length": self.max_length, "max_text_tokens": self.max_text_tokens,
+            "max_length": self.max_length,
+            "max_text_tokens": self.max_text_tokens,
             "hybridqa_passages": self.hybridqa_passages,
-            "tables": self.tables, "splits": self.splits if self.tables == "train" else None,
-            "val_fraction": self.val_fraction, "split_seed": self.split_seed,
+            "tables": self.tables,
+            "splits": self.splits if self.tables == "train" else None,
+            "val_fraction": self.val_fraction,
+            "split_seed": self.split_seed,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def split_corpus(self) -> dict[str, list[TableText]]:
         """The corpus cut by table content into ``train`` and ``validation``."""
-        train, held_out = split_by_table(list(self.corpus.examples()), self.val_fraction, self.split_seed,
-                                         key=lambda e: table_key(e.table), setting="dataset.val_fraction")
+        train, held_out = split_by_table(
+            list(self.corpus.examples()),
+            self.val_fraction,
+            self.split_seed,
+            key=lambda e: table_key(e.table),
+            setting="dataset.val_fraction",
+        )
         return {"train": train, "validation": held_out}
 
     def encode(self, examples: list[TableText]) -> datasets.Dataset:
@@ -163,12 +177,23 @@ class PretrainDataModule(L.LightningDataModule):
             except MateError:  # a header wider than the whole budget: nothing of the table would be seen
                 skipped.append(example.source)
                 continue
-            rows.append({"source": example.source, "table_key": table_key(example.table),
-                         "input_ids": encoded.input_ids, "layout": encoded.layout,
-                         "truncated": encoded.truncated, "rows_dropped": encoded.rows_dropped})
+            rows.append(
+                {
+                    "source": example.source,
+                    "table_key": table_key(example.table),
+                    "input_ids": encoded.input_ids,
+                    "layout": encoded.layout,
+                    "truncated": encoded.truncated,
+                    "rows_dropped": encoded.rows_dropped,
+                }
+            )
         if skipped:
-            log.warning("pre-training: %d examples left out, their table header alone passes dataset.max_length=%d "
-                        "(first: %s)", len(skipped), self.max_length, skipped[0])
+            log.warning(
+                "pre-training: %d examples left out, their table header alone passes dataset.max_length=%d (first: %s)",
+                len(skipped),
+                self.max_length,
+                skipped[0],
+            )
         return datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"source": []})
 
     def prepare(self) -> None:
@@ -179,14 +204,18 @@ class PretrainDataModule(L.LightningDataModule):
         targets = {split: self.cache_dir / f"pretrain-{split}-{key}" for split in SPLITS}
         corpus: dict[str, list[TableText]] = {}
         for split in SPLITS:
+
             def build(split=split):
                 if not corpus:
                     corpus.update(self.split_corpus())
                 encoded = self.encode(corpus[split])
                 if not len(encoded):  # refused before it is cached: a rerun with more tables rebuilds
-                    raise MateError(f"the pre-training {split} split is empty (one table in the corpus?); "
-                                    "add tables to dataset.sources or change dataset.val_fraction")
+                    raise MateError(
+                        f"the pre-training {split} split is empty (one table in the corpus?); "
+                        "add tables to dataset.sources or change dataset.val_fraction"
+                    )
                 return encoded
+
             self.encoded[split] = load_or_build(targets[split], build, f"pre-training {split} split")
             self.stats[split] = split_stats(self.encoded[split])
             log.info("pre-training %s split: %s", split, json.dumps(self.stats[split]))
@@ -199,20 +228,36 @@ class PretrainDataModule(L.LightningDataModule):
         tok = self.tokenizer  # BERT masks every piece but [CLS] and [SEP] ([UNK] included)
         special = {tok.cls_token_id, tok.sep_token_id, tok.pad_token_id}
         return MaskedTables(
-            self.encoded[split], continuation_table(tok), special, int(tok.mask_token_id),
-            int(tok.vocab_size), self.mask_rate, self.max_predictions, self.mask_seed,
+            self.encoded[split],
+            continuation_table(tok),
+            special,
+            int(tok.mask_token_id),
+            int(tok.vocab_size),
+            self.mask_rate,
+            self.max_predictions,
+            self.mask_seed,
             repeats=1 if split == "train" else self.eval_masks,
         )
 
     def train_dataloader(self) -> DataLoader:
         data = self.masked("train")
-        return DataLoader(data, batch_size=self.batch_size, sampler=EpochTagged(len(data), self.shuffle_seed, same_every_epoch=self.same_order_every_epoch),
-                          num_workers=self.num_workers, collate_fn=MaskedCollator(self.pad_id),
-                          worker_init_fn=loader_worker_start)
+        return DataLoader(
+            data,
+            batch_size=self.batch_size,
+            sampler=EpochTagged(len(data), self.shuffle_seed, same_every_epoch=self.same_order_every_epoch),
+            num_workers=self.num_workers,
+            collate_fn=MaskedCollator(self.pad_id),
+            worker_init_fn=loader_worker_start,
+        )
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.masked("validation"), batch_size=self.eval_batch_size, num_workers=self.num_workers,
-                          collate_fn=MaskedCollator(self.pad_id), worker_init_fn=loader_worker_start)
+        return DataLoader(
+            self.masked("validation"),
+            batch_size=self.eval_batch_size,
+            num_workers=self.num_workers,
+            collate_fn=MaskedCollator(self.pad_id),
+            worker_init_fn=loader_worker_start,
+        )
 
     @property
     def pad_id(self) -> int:
@@ -241,8 +286,9 @@ class MaskedTables(Dataset):
     masked with its own fixed seed (more held-out predictions from few tables).
     """
 
-    def __init__(self, encoded, continues, special_ids, mask_id, vocab_size, rate, max_predictions, seed,
-                 repeats: int = 1) -> None:
+    def __init__(
+        self, encoded, continues, special_ids, mask_id, vocab_size, rate, max_predictions, seed, repeats: int = 1
+    ) -> None:
         self.encoded = encoded.with_format(None)
         self.continues, self.special_ids = continues, special_ids
         self.mask_id, self.vocab_size = mask_id, vocab_size
@@ -257,8 +303,9 @@ class MaskedTables(Dataset):
         row = self.encoded[int(index) % len(self.encoded)]
         rng = random.Random(f"{self.seed}:{epoch}:{index}")
         words = word_spans(row["input_ids"], self.continues, self.special_ids)
-        ids, labels = mask_words(row["input_ids"], words, rng, self.mask_id, self.vocab_size, self.rate,
-                                 self.max_predictions)
+        ids, labels = mask_words(
+            row["input_ids"], words, rng, self.mask_id, self.vocab_size, self.rate, self.max_predictions
+        )
         return {"input_ids": ids, "labels": labels, "layout": row["layout"], "source": row["source"]}
 
 

@@ -91,7 +91,7 @@ def cell_concatenation(header_lengths: Sequence[int], row_lengths: Sequence[Sequ
     num_cols = len(header_lengths)
     flat = _round_robin(list(header_lengths) + [n for row in row_lengths for n in row], budget)
     header, rest = flat[:num_cols], flat[num_cols:]
-    rows = [rest[r * num_cols: (r + 1) * num_cols] for r in range(len(row_lengths))]
+    rows = [rest[r * num_cols : (r + 1) * num_cols] for r in range(len(row_lengths))]
     return Selection(header=header, rows=rows, columns=list(range(num_cols)))
 
 

@@ -32,8 +32,18 @@ log = logging.getLogger(__name__)
 # tokenizer keeps what fits). 256 MB still stops a file that is one unterminated quote.
 csv.field_size_limit(max(csv.field_size_limit(), 1 << 28))
 
-__all__ = ["LRU", "TableQAReader", "no_questions", "read_text", "split_lines", "load_json", "columns", "fields",
-           "rows_to_table", "given_file"]
+__all__ = [
+    "LRU",
+    "TableQAReader",
+    "no_questions",
+    "read_text",
+    "split_lines",
+    "load_json",
+    "columns",
+    "fields",
+    "rows_to_table",
+    "given_file",
+]
 
 #: ``(where, raw record, question)``: what a reader's ``_read_questions`` yields; ``where``
 #: names the record in messages (``line 12``), the raw record decides whether a repeated
@@ -88,8 +98,7 @@ def fields(values: Sequence[str], width: int, path: Path, where: str) -> Sequenc
     """The values of one record, checked against the header width."""
     if len(values) != width:
         raise MateError(
-            f"{path}: {where} has {len(values)} tab-separated fields, the header has {width}; "
-            "fix or remove that line"
+            f"{path}: {where} has {len(values)} tab-separated fields, the header has {width}; fix or remove that line"
         )
     return values
 
@@ -104,8 +113,14 @@ def rows_to_table(cells: list[list[str]], table_id: str, path: Path | str, title
     for r, raw in enumerate(cells[1:]):
         if len(raw) != width:
             dropped = [t for t in raw[width:] if t.strip()]
-            log.warning("%s: data row %d has %d cells, the header %d; %s", path, r, len(raw), width,
-                        "padded with empty cells" if len(raw) < width else f"extra cells dropped {dropped[:3]}")
+            log.warning(
+                "%s: data row %d has %d cells, the header %d; %s",
+                path,
+                r,
+                len(raw),
+                width,
+                "padded with empty cells" if len(raw) < width else f"extra cells dropped {dropped[:3]}",
+            )
             raw = (list(raw) + [""] * width)[:width]
         rows.append([Cell(text) for text in raw])
     return Table(table_id=table_id, header=[Cell(text) for text in cells[0]], rows=rows, title=title)

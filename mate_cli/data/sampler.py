@@ -28,8 +28,14 @@ class EpochShuffle(DistributedSampler):
     rank's full share even when a pass is shortened by :meth:`skip_next`.
     """
 
-    def __init__(self, size: int, seed: int = 0, num_replicas: int | None = None, rank: int | None = None,
-                 same_every_epoch: bool = False) -> None:
+    def __init__(
+        self,
+        size: int,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        same_every_epoch: bool = False,
+    ) -> None:
         self.size, self.seed, self.epoch = int(size), int(seed), 0
         self._replicas, self._rank, self._skip = num_replicas, rank, 0
         self.same_every_epoch = bool(same_every_epoch)
@@ -79,8 +85,15 @@ def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoa
     if world_size == 1 or isinstance(loader.sampler, DistributedSampler):
         return loader
     sampler = UnrepeatedDistributedSamplerWrapper(loader.sampler, num_replicas=world_size, rank=rank, shuffle=False)
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn)
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        worker_init_fn=loader.worker_init_fn,
+    )
 
 
 class EpochTagged(EpochShuffle):

@@ -220,5 +220,10 @@ class MaskedBatch:
 
 def has_answer(question: Question) -> bool:
     """Whether a question carries any gold answer (a released test split carries none)."""
-    return bool(question.answer_text or question.answer_nodes or question.answers or question.answer_coordinates
-                or question.label is not None)
+    return bool(
+        question.answer_text
+        or question.answer_nodes
+        or question.answers
+        or question.answer_coordinates
+        or question.label is not None
+    )

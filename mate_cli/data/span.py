@@ -136,11 +136,19 @@ def encode_span_example(
         end_ok[prefix + j] = int(j + 1 == len(ctx_ids) or word_ids[j] != word_ids[j + 1])
     offsets = [[0, 0]] * prefix + [list(o) for o in ctx_offsets[:keep]] + [[0, 0]]
     example = SpanExample(
-        question_id=question.question_id, table_id=question.table_id, coord=list(coord),
-        answer=question.answer_text or "", context=context, input_ids=input_ids,
+        question_id=question.question_id,
+        table_id=question.table_id,
+        coord=list(coord),
+        answer=question.answer_text or "",
+        context=context,
+        input_ids=input_ids,
         layout={"segment_ids": [0] * prefix + [1] * (n - prefix)},
-        context_mask=[0] * prefix + [1] * keep + [0], start_ok=start_ok, end_ok=end_ok, offsets=offsets,
-        context_truncated=keep < len(ctx_ids), missing_passages=missing_passages,
+        context_mask=[0] * prefix + [1] * keep + [0],
+        start_ok=start_ok,
+        end_ok=end_ok,
+        offsets=offsets,
+        context_truncated=keep < len(ctx_ids),
+        missing_passages=missing_passages,
     )
     span = find_answer_span(context, question.answer_text)
     example.answer_in_context = span is not None
@@ -154,7 +162,9 @@ def encode_span_example(
 def _char_span_to_tokens(offsets, start: int, end: int) -> tuple[int, int] | None:
     """First token ending after ``start`` .. last token starting before ``end`` (None if cut off)."""
     first = next((j for j, (s, e) in enumerate(offsets) if e > start and e > s), None)
-    last = next((j for j in range(len(offsets) - 1, -1, -1) if offsets[j][0] < end and offsets[j][1] > offsets[j][0]), None)
+    last = next(
+        (j for j in range(len(offsets) - 1, -1, -1) if offsets[j][0] < end and offsets[j][1] > offsets[j][0]), None
+    )
     if first is None or last is None or last < first or offsets[last][1] < end:
         return None
     return first, last
@@ -194,10 +204,18 @@ class SpanBatch:
     coords: list[list[int]]
 
     def to(self, device) -> "SpanBatch":
-        move = {k: getattr(self, k).to(device) for k in ("input_ids", "context_mask", "start_ok", "end_ok", "gold_start", "gold_end")}
+        move = {
+            k: getattr(self, k).to(device)
+            for k in ("input_ids", "context_mask", "start_ok", "end_ok", "gold_start", "gold_end")
+        }
         return SpanBatch(
-            layout=self.layout.to(device), question_ids=self.question_ids, answers=self.answers,
-            contexts=self.contexts, offsets=self.offsets, coords=self.coords, **move,
+            layout=self.layout.to(device),
+            question_ids=self.question_ids,
+            answers=self.answers,
+            contexts=self.contexts,
+            offsets=self.offsets,
+            coords=self.coords,
+            **move,
         )
 
     def __len__(self) -> int:
@@ -224,11 +242,15 @@ class SpanCollator:
             for k, t in flags.items():
                 t[i, :n] = torch.tensor(ex[k], dtype=torch.bool)
         return SpanBatch(
-            input_ids=ids, layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq), **flags,
+            input_ids=ids,
+            layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq),
+            **flags,
             gold_start=torch.tensor([int(ex["gold_start"]) for ex in examples]),
             gold_end=torch.tensor([int(ex["gold_end"]) for ex in examples]),
-            question_ids=[ex["question_id"] for ex in examples], answers=[ex["answer"] for ex in examples],
-            contexts=[ex["context"] for ex in examples], offsets=[ex["offsets"] for ex in examples],
+            question_ids=[ex["question_id"] for ex in examples],
+            answers=[ex["answer"] for ex in examples],
+            contexts=[ex["context"] for ex in examples],
+            offsets=[ex["offsets"] for ex in examples],
             coords=[list(ex["coord"]) for ex in examples],
         )
 
@@ -271,16 +293,33 @@ class _SpanEncoder:
 
 def _placeholder(question: Question) -> SpanExample:
     return SpanExample(
-        question_id=question.question_id, table_id=question.table_id, coord=[-1, -1],
-        answer=question.answer_text or "", context="", input_ids=[], layout={"segment_ids": []}, context_mask=[],
-        start_ok=[], end_ok=[], offsets=[], has_gold_cell=False,
+        question_id=question.question_id,
+        table_id=question.table_id,
+        coord=[-1, -1],
+        answer=question.answer_text or "",
+        context="",
+        input_ids=[],
+        layout={"segment_ids": []},
+        context_mask=[],
+        start_ok=[],
+        end_ok=[],
+        offsets=[],
+        has_gold_cell=False,
     )
 
 
 def span_stats(ds, max_span_length: int | None = None) -> dict:
     """Counts for the run log: questions, examples, answers found / kept, long gold spans."""
     rows = ds.select_columns(
-        ["question_id", "has_gold_cell", "answer_in_context", "gold_start", "gold_end", "context_truncated", "missing_passages"]
+        [
+            "question_id",
+            "has_gold_cell",
+            "answer_in_context",
+            "gold_start",
+            "gold_end",
+            "context_truncated",
+            "missing_passages",
+        ]
     ).to_list()
     real = [r for r in rows if r["has_gold_cell"]]
     stats = {
@@ -324,7 +363,9 @@ class SpanDataModule(SplitDataModule):
         return {"cells": self.cells_mode(split)}
 
     def encode(self, questions: list[Question], split: str):
-        encoder = _SpanEncoder(self.root, self.pretrained, self.max_length, self.max_question_tokens, self.cells_mode(split))
+        encoder = _SpanEncoder(
+            self.root, self.pretrained, self.max_length, self.max_question_tokens, self.cells_mode(split)
+        )
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
@@ -339,9 +380,14 @@ class SpanDataModule(SplitDataModule):
             return [i for i, r in enumerate(flags) if r["has_gold_cell"]]
         keep = [i for i, r in enumerate(flags) if r["has_gold_cell"] and r["gold_start"] >= 0]
         if len(keep) < len(ds):
-            log.info("span train: %d examples skipped (no gold cell, or answer not in the context window)", len(ds) - len(keep))
+            log.info(
+                "span train: %d examples skipped (no gold cell, or answer not in the context window)",
+                len(ds) - len(keep),
+            )
         if not keep:
-            raise MateError("no span training example has the answer in its context; check dataset.root and dataset.max_length")
+            raise MateError(
+                "no span training example has the answer in its context; check dataset.root and dataset.max_length"
+            )
         return keep
 
     def collator(self) -> SpanCollator:
@@ -349,8 +395,13 @@ class SpanDataModule(SplitDataModule):
 
 
 def build_span_input(
-    tokenizer, question: Question, table: Table, passages: dict[str, str], coord: tuple[int, int],
-    max_length: int = 512, max_question_tokens: int = 64,
+    tokenizer,
+    question: Question,
+    table: Table,
+    passages: dict[str, str],
+    coord: tuple[int, int],
+    max_length: int = 512,
+    max_question_tokens: int = 64,
 ) -> SpanExample:
     """The stage-2 input for ``coord`` of ``table`` (what PointR feeds the reader at inference)."""
     r, c = coord

@@ -69,7 +69,10 @@ Item = TypeVar("Item")
 
 
 def split_by_table(
-    questions: Iterable[Item], val_fraction: float, seed: int = 0, key: Callable[[Item], str] | None = None,
+    questions: Iterable[Item],
+    val_fraction: float,
+    seed: int = 0,
+    key: Callable[[Item], str] | None = None,
     setting: str = "dataset.split.val_fraction",
 ) -> tuple[list[Item], list[Item]]:
     """Split questions into (train, val) by table: no table on both sides.

@@ -57,8 +57,10 @@ class SQAReader(TableQAReader):
                 self._check_coordinates(question, path, where)
                 yield where, row, question
         except csv.Error as err:
-            raise MateError(f"{path}: line {reader.line_num + 1}: not readable as tab-separated CSV ({err}); "
-                            "fix or remove that line") from None
+            raise MateError(
+                f"{path}: line {reader.line_num + 1}: not readable as tab-separated CSV ({err}); "
+                "fix or remove that line"
+            ) from None
 
     def _parse_table(self, path: Path, table_id: str) -> Table:
         return parse_table_file(path, table_id)
@@ -71,9 +73,11 @@ class SQAReader(TableQAReader):
         table = self.table(question.table_id)
         for row, column in question.answer_coordinates:
             if row >= table.num_rows or column >= table.num_columns:
-                raise MateError(f"{path}: {where} (id {question.sequence_id}): answer coordinate ({row}, {column}) is "
-                                f"outside table {question.table_id} ({table.num_rows} rows x {table.num_columns} "
-                                "columns, counted from 0); fix the coordinate or remove that line")
+                raise MateError(
+                    f"{path}: {where} (id {question.sequence_id}): answer coordinate ({row}, {column}) is "
+                    f"outside table {question.table_id} ({table.num_rows} rows x {table.num_columns} "
+                    "columns, counted from 0); fix the coordinate or remove that line"
+                )
 
 
 def _question(values, col: dict[str, int], path: Path, where: str) -> Question:
@@ -81,12 +85,16 @@ def _question(values, col: dict[str, int], path: Path, where: str) -> Question:
     where = f"{where} (id {sqa_id!r}, annotator {annotator!r})"
     position = values[col["position"]].strip()
     if not (position.isascii() and position.isdigit()):
-        raise MateError(f"{path}: {where}: position {position!r} is not a non-negative integer; fix or remove that line")
+        raise MateError(
+            f"{path}: {where}: position {position!r} is not a non-negative integer; fix or remove that line"
+        )
     coords = _literal_list(values[col["answer_coordinates"]], path, where) if "answer_coordinates" in col else []
     texts = _literal_list(values[col["answer_text"]], path, where) if "answer_text" in col else []
     if not all(isinstance(text, str) for text in texts):
-        raise MateError(f"{path}: {where}: answer_text {values[col['answer_text']][:60]!r} is not a list of strings; "
-                        "fix or remove that line")
+        raise MateError(
+            f"{path}: {where}: answer_text {values[col['answer_text']][:60]!r} is not a list of strings; "
+            "fix or remove that line"
+        )
     return Question(
         question_id=f"{sqa_id}/{annotator}/{int(position)}",
         question=values[col["question"]],
@@ -122,8 +130,10 @@ def _coordinate(raw: Any, path: Path, where: str) -> list[int]:
     ok = isinstance(value, (list, tuple)) and len(value) == 2
     ok = ok and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
     if not ok:
-        raise MateError(f"{path}: {where}: answer coordinate {raw!r} is not '(row, column)' with two "
-                        "non-negative integers; fix or remove that line")
+        raise MateError(
+            f"{path}: {where}: answer coordinate {raw!r} is not '(row, column)' with two "
+            "non-negative integers; fix or remove that line"
+        )
     return [value[0], value[1]]
 
 

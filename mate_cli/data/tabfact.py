@@ -65,8 +65,10 @@ class TabFactReader(TableQAReader):
     def _read_questions(self, path: Path) -> Iterator[Record]:
         data = load_json(path, "examples file", object_pairs_hook=_Pairs)
         if not isinstance(data, _Pairs):
-            raise MateError(f"{path}: expected a JSON object {{table_id: {_ENTRY}}}, got {type(data).__name__}; "
-                            "use the upstream tokenized_data/*_examples.json")
+            raise MateError(
+                f"{path}: expected a JSON object {{table_id: {_ENTRY}}}, got {type(data).__name__}; "
+                "use the upstream tokenized_data/*_examples.json"
+            )
         for entry, (table_id, value) in enumerate(data.pairs):
             statements, labels, caption = _entry(value, path, table_id)
             self._captions[table_id] = caption
@@ -78,8 +80,13 @@ class TabFactReader(TableQAReader):
                         f"{path}: {where}: statement {str(statement)[:60]!r} with label {label!r} is not "
                         "(text, 0 refuted / 1 entailed); fix or remove that statement"
                     )
-                question = Question(question_id=f"{table_id}#{i}", question=statement, table_id=table_id,
-                                    label=int(label), channel=channel)
+                question = Question(
+                    question_id=f"{table_id}#{i}",
+                    question=statement,
+                    table_id=table_id,
+                    label=int(label),
+                    channel=channel,
+                )
                 yield where, (statement, label, caption), question
 
     def table_file(self, table_id: str) -> Path:
@@ -102,8 +109,10 @@ def _entry(value: Any, path: Path, table_id: str) -> tuple[list, list, str]:
     ok = ok and isinstance(value[0], list) and isinstance(value[1], list) and len(value[0]) == len(value[1])
     ok = ok and (len(value) == 2 or isinstance(value[2], str))
     if not ok:
-        raise MateError(f"{path}: table {table_id!r}: value {str(value)[:80]!r} is not {_ENTRY} with one label "
-                        "per statement; fix or remove that table's entry")
+        raise MateError(
+            f"{path}: table {table_id!r}: value {str(value)[:80]!r} is not {_ENTRY} with one label "
+            "per statement; fix or remove that table's entry"
+        )
     return value[0], value[1], value[2] if len(value) == 3 else ""
 
 
@@ -111,8 +120,10 @@ def _id_list(data: Any, path: Path) -> list[str]:
     """A table-id list file: a JSON list of ids (upstream), or an object keyed by id."""
     ids = list(data) if isinstance(data, dict) else data
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        raise MateError(f"{path}: expected a JSON list of table ids like [\"2-1859269-1.html.csv\", ...]; "
-                        "re-download the file or delete it")
+        raise MateError(
+            f'{path}: expected a JSON list of table ids like ["2-1859269-1.html.csv", ...]; '
+            "re-download the file or delete it"
+        )
     return ids
 
 
@@ -121,9 +132,11 @@ def parse_table_file(path: Path, table_id: str) -> Table:
     lines = split_lines(read_text(path, "table file"))
     table = rows_to_table([line.split("#") for line in lines], table_id, path)
     if table.num_columns == 1 and ("," in table.header[0].text or "\t" in table.header[0].text):
-        raise MateError(f"{path}: line 1: one column whose header {table.header[0].text[:60]!r} holds ',' or tabs: "
-                        "not a '#'-separated TabFact table; convert it (columns joined by '#', first line the "
-                        "header) or use a run of its own dataset")
+        raise MateError(
+            f"{path}: line 1: one column whose header {table.header[0].text[:60]!r} holds ',' or tabs: "
+            "not a '#'-separated TabFact table; convert it (columns joined by '#', first line the "
+            "header) or use a run of its own dataset"
+        )
     return table
 
 

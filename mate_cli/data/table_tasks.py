@@ -79,8 +79,12 @@ def answer_matches(task: TableTask, question: Question, table: Table) -> list[li
         return []
     from mate_cli.metrics.wtq import predicted_values, target_values
 
-    cells = {(r, c): predicted_values([cell.text])[0] for r, row in enumerate(table.rows)
-             for c, cell in enumerate(row) if cell.text.strip()}
+    cells = {
+        (r, c): predicted_values([cell.text])[0]
+        for r, row in enumerate(table.rows)
+        for c, cell in enumerate(row)
+        if cell.text.strip()
+    }
     found = []
     for target in target_values(question.answers, question.canonical_answers):
         hits = sorted(coord for coord, value in cells.items() if target.match(value))
@@ -164,8 +168,14 @@ def previous_answers(questions: list[Question]) -> dict[str, list[Coord]]:
     return out
 
 
-def encode_task_question(tokenizer: TableTokenizer, task: TableTask, question: Question, table: Table,
-                         prev: list[Coord] | None = None, ambiguous_answers: str = "all") -> dict:
+def encode_task_question(
+    tokenizer: TableTokenizer,
+    task: TableTask,
+    question: Question,
+    table: Table,
+    prev: list[Coord] | None = None,
+    ambiguous_answers: str = "all",
+) -> dict:
     """One question of a table task as a plain dict (an ``EncodedExample`` plus its supervision)."""
     matches = answer_matches(task, question, table)
     cells = sorted({cell for hits in matches for cell in hits})
@@ -196,8 +206,14 @@ def encode_task_question(tokenizer: TableTokenizer, task: TableTask, question: Q
 class _TaskEncoder:
     """Picklable one-record function: a question record -> its encoded example."""
 
-    def __init__(self, task: TableTask, root: str, tokenizer_args: dict, prev: dict[str, list[Coord]],
-                 ambiguous_answers: str = "all"):
+    def __init__(
+        self,
+        task: TableTask,
+        root: str,
+        tokenizer_args: dict,
+        prev: dict[str, list[Coord]],
+        ambiguous_answers: str = "all",
+    ):
         self.args = (task, root, tokenizer_args, prev, ambiguous_answers)
         self._state = None
 
@@ -208,8 +224,14 @@ class _TaskEncoder:
             self._state = (task.make_reader(root), TableTokenizer(load_tokenizer(args.pop("pretrained")), **args))
         reader, tokenizer = self._state
         question = question_from_record(record)
-        return encode_task_question(tokenizer, task, question, reader.table(question.table_id),
-                                    prev.get(question.question_id), ambiguous_answers)
+        return encode_task_question(
+            tokenizer,
+            task,
+            question,
+            reader.table(question.table_id),
+            prev.get(question.question_id),
+            ambiguous_answers,
+        )
 
     def __getstate__(self):
         return {"args": self.args, "_state": None}
@@ -237,15 +259,25 @@ class TableTaskDataModule(SplitDataModule):
             pretrained, max_length, max_question_tokens, split, batch sizes, eval_file, ...).
     """
 
-    def __init__(self, *, task: str, pruning: str = "none", empty_cell_token: bool = True,
-                 long_table_tokens: int | None = None, ambiguous_answers: str = "all",
-                 drop_cut_answers: bool = False, linearization: str = "tapas", **common) -> None:
+    def __init__(
+        self,
+        *,
+        task: str,
+        pruning: str = "none",
+        empty_cell_token: bool = True,
+        long_table_tokens: int | None = None,
+        ambiguous_answers: str = "all",
+        drop_cut_answers: bool = False,
+        linearization: str = "tapas",
+        **common,
+    ) -> None:
         self.task = tasks.get(task)
         if pruning not in PRUNING:
             raise MateError(f"dataset.pruning={pruning!r} is invalid; use one of {', '.join(PRUNING)}")
         if ambiguous_answers not in AMBIGUOUS_ANSWERS:
-            raise MateError(f"dataset.ambiguous_answers={ambiguous_answers!r} is invalid; use one of "
-                            f"{', '.join(AMBIGUOUS_ANSWERS)}")
+            raise MateError(
+                f"dataset.ambiguous_answers={ambiguous_answers!r} is invalid; use one of {', '.join(AMBIGUOUS_ANSWERS)}"
+            )
         self.pruning, self.empty_cell_token = pruning, bool(empty_cell_token)
         self.ambiguous_answers, self.drop_cut_answers = ambiguous_answers, bool(drop_cut_answers)
         self.linearization = str(linearization)
@@ -262,19 +294,30 @@ class TableTaskDataModule(SplitDataModule):
 
         # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
         canon = CANON_EMULATION if self.task.answer == "texts" else None
-        return {"task": self.task.name, "pruning": self.pruning, "empty_cell_token": self.empty_cell_token,
-                "linearization": self.linearization, "canon_emulation": canon,
-                # which copies of an answer are candidates (drop labels every copy, as all does)
-                "one_cell_per_answer": self.task.answer == "texts" and self.ambiguous_answers == "first"}
+        return {
+            "task": self.task.name,
+            "pruning": self.pruning,
+            "empty_cell_token": self.empty_cell_token,
+            "linearization": self.linearization,
+            "canon_emulation": canon,
+            # which copies of an answer are candidates (drop labels every copy, as all does)
+            "one_cell_per_answer": self.task.answer == "texts" and self.ambiguous_answers == "first",
+        }
 
     def tokenizer_args(self) -> dict:
-        return {"pretrained": self.pretrained, "max_length": self.max_length,
-                "max_question_tokens": self.max_question_tokens, "pruning": self.pruning,
-                "empty_cell_token": self.empty_cell_token, "linearization": self.linearization}
+        return {
+            "pretrained": self.pretrained,
+            "max_length": self.max_length,
+            "max_question_tokens": self.max_question_tokens,
+            "pruning": self.pruning,
+            "empty_cell_token": self.empty_cell_token,
+            "linearization": self.linearization,
+        }
 
     def encode(self, questions: list[Question], split: str):
-        encoder = _TaskEncoder(self.task, self.root, self.tokenizer_args(), previous_answers(questions),
-                               self.ambiguous_answers)
+        encoder = _TaskEncoder(
+            self.task, self.root, self.tokenizer_args(), previous_answers(questions), self.ambiguous_answers
+        )
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
@@ -295,17 +338,27 @@ class TableTaskDataModule(SplitDataModule):
                     why[i] = "dropped_answer_cut"
                 elif ambiguous[i]:
                     why[i] = "dropped_ambiguous"
-            counts = {name: sum(1 for w in why.values() if w == name)
-                      for name in ("dropped_no_supervision", "dropped_answer_cut", "dropped_ambiguous")}
+            counts = {
+                name: sum(1 for w in why.values() if w == name)
+                for name in ("dropped_no_supervision", "dropped_answer_cut", "dropped_ambiguous")
+            }
             self.stats.setdefault(split, {}).update(counts)
             if why:
-                log.info("%s train: %d of %d questions dropped (%s)", self.task.name, len(why), len(ds),
-                         ", ".join(f"{name.removeprefix('dropped_').replace('_', ' ')}: {n}"
-                                   for name, n in counts.items() if n))
+                log.info(
+                    "%s train: %d of %d questions dropped (%s)",
+                    self.task.name,
+                    len(why),
+                    len(ds),
+                    ", ".join(
+                        f"{name.removeprefix('dropped_').replace('_', ' ')}: {n}" for name, n in counts.items() if n
+                    ),
+                )
             keep = [i for i in range(len(ds)) if i not in why]
             if not keep:
-                raise MateError(f"no {self.task.name} training question has an answer cell; check dataset.root and "
-                                "dataset.max_length")
+                raise MateError(
+                    f"no {self.task.name} training question has an answer cell; check dataset.root and "
+                    "dataset.max_length"
+                )
             return keep
         if split != "train" and self.task.sequential:
             positions = ds["position"]
@@ -360,14 +413,17 @@ class TaskCollator:
         values = torch.full(base.cell_mask.shape, math.nan)
         for i, ex in enumerate(examples):
             if ex["cell_values"]:
-                values[i, 1: len(ex["cell_values"]) + 1] = torch.tensor(
-                    [math.nan if v is None else v for v in ex["cell_values"]])
+                values[i, 1 : len(ex["cell_values"]) + 1] = torch.tensor(
+                    [math.nan if v is None else v for v in ex["cell_values"]]
+                )
         return TaskBatch(
             **{f.name: getattr(base, f.name) for f in fields(Batch)},
             labels=torch.tensor([int(ex["label"]) for ex in examples]),
-            float_answer=torch.tensor([math.nan if ex["float_answer"] is None else ex["float_answer"]
-                                       for ex in examples], dtype=torch.float),
-            cell_values=values, answers=[list(ex["answers"]) for ex in examples],
+            float_answer=torch.tensor(
+                [math.nan if ex["float_answer"] is None else ex["float_answer"] for ex in examples], dtype=torch.float
+            ),
+            cell_values=values,
+            answers=[list(ex["answers"]) for ex in examples],
             canonical_answers=[list(ex["canonical_answers"] or []) for ex in examples],
             answer_coordinates=[list(ex["answer_coordinates"]) for ex in examples],
             cell_texts=[list(ex["cell_texts"]) for ex in examples],

@@ -93,14 +93,15 @@ PRUNING_CHOICES = ("none", "cc", "hem")
 LINEARIZATIONS = ("tapas", "template")
 
 
-
 def check_linearization(linearization: str, pruning: str) -> None:
     """One line when ``dataset.linearization`` is unknown or cannot go with ``dataset.pruning``."""
     if linearization not in LINEARIZATIONS:
         raise MateError(f"dataset.linearization={linearization!r} is invalid; use one of {', '.join(LINEARIZATIONS)}")
     if linearization == "template" and pruning != "none":
-        raise MateError(f"dataset.linearization=template writes cells as phrases that dataset.pruning={pruning} "
-                        "cannot cut; use dataset.pruning=none with it")
+        raise MateError(
+            f"dataset.linearization=template writes cells as phrases that dataset.pruning={pruning} "
+            "cannot cut; use dataset.pruning=none with it"
+        )
 
 
 # ============================================================ candidates
@@ -118,8 +119,12 @@ def candidate_cells(question: Question, table: Table, passages: dict[str, str] |
             if r < table.num_rows and c < table.num_columns:
                 coords.append((r, c))
             else:
-                log.warning("question %s: answer node %s outside table %s; skipped",
-                            question.question_id, node.coord, table.table_id)
+                log.warning(
+                    "question %s: answer node %s outside table %s; skipped",
+                    question.question_id,
+                    node.coord,
+                    table.table_id,
+                )
         return sorted(set(coords))
     answer = normalize_answer(question.answer_text or "")
     if not answer:
@@ -202,7 +207,9 @@ class TableTokenizer:
         linearization: str = "tapas",
     ):
         if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
-            raise MateError(f"tokenizer {type(tokenizer).__name__} has no [CLS]/[SEP] token; use a BERT WordPiece tokenizer")
+            raise MateError(
+                f"tokenizer {type(tokenizer).__name__} has no [CLS]/[SEP] token; use a BERT WordPiece tokenizer"
+            )
         if max_length < 3 or max_question_tokens < 0 or min_cell_tokens < 1:
             raise MateError(
                 f"bad tokenizer limits {length_key}={max_length}, max_question_tokens={max_question_tokens}, "
@@ -220,7 +227,7 @@ class TableTokenizer:
         self.tokenizer = tokenizer
         self.pruning = pruning
         self.template = linearization == "template"
-        self._is, self._semicolon = (self._wordpieces(["is", ";"]) if self.template else ([], []))
+        self._is, self._semicolon = self._wordpieces(["is", ";"]) if self.template else ([], [])
         self.max_length = int(max_length)
         self.max_question_tokens = int(max_question_tokens)
         self.min_cell_tokens = int(min_cell_tokens)
@@ -270,15 +277,18 @@ class TableTokenizer:
         num_cols = min(table.num_columns, self.max_column_id - 1)
         row_index = list(range(num_rows)) if rows is None else [r for r in rows if 0 <= r < num_rows]
         q_ids, q_cut = self.question_pieces(question.question)
-        pieces = self._wordpieces([c.text for c in table.header[:num_cols]]
-                                  + [t for r in row_index for t in texts[r][:num_cols]])
+        pieces = self._wordpieces(
+            [c.text for c in table.header[:num_cols]] + [t for r in row_index for t in texts[r][:num_cols]]
+        )
         if self.empty_id is not None:
             pieces = [ids or [self.empty_id] for ids in pieces]
         header, flat = pieces[:num_cols], pieces[num_cols:]
-        cells = [flat[i * num_cols: (i + 1) * num_cols] for i in range(len(row_index))]
+        cells = [flat[i * num_cols : (i + 1) * num_cols] for i in range(len(row_index))]
         if self.template:  # (header + is, cell, ;) per non-empty data cell; its length is what the budget fits
-            cells = [[(header[c] + self._is, ids, self._semicolon) if ids else ((), (), ()) for c, ids in enumerate(row)]
-                     for row in cells]
+            cells = [
+                [(header[c] + self._is, ids, self._semicolon) if ids else ((), (), ()) for c, ids in enumerate(row)]
+                for row in cells
+            ]
         kept, selection = self._fit(question, table, q_ids, header, cells)
         example = self._assemble(question, table, q_ids, header, cells, selection, row_index)
         self._add_candidates(example, sorted(set(map(tuple, candidates or ()))))
@@ -289,15 +299,28 @@ class TableTokenizer:
         total = sum(map(len, header)) + sum(self._length(ids) for row in cells for ids in row)
         example.tokens_pruned = total - selection.tokens
         example.full_length = 2 + len(q_ids) + total
-        example.truncated = bool(q_cut or example.tokens_pruned or example.rows_dropped or example.columns_dropped
-                                 or example.columns_pruned)
+        example.truncated = bool(
+            q_cut or example.tokens_pruned or example.rows_dropped or example.columns_dropped or example.columns_pruned
+        )
         if table.num_rows > num_rows or example.columns_dropped:
-            log.debug("question %s: table %s has %d rows x %d columns; ids stop at %d x %d, dropped %d rows, "
-                      "%d columns", example.question_id, table.table_id, table.num_rows, table.num_columns,
-                      num_rows, num_cols, table.num_rows - num_rows, example.columns_dropped)
+            log.debug(
+                "question %s: table %s has %d rows x %d columns; ids stop at %d x %d, dropped %d rows, %d columns",
+                example.question_id,
+                table.table_id,
+                table.num_rows,
+                table.num_columns,
+                num_rows,
+                num_cols,
+                table.num_rows - num_rows,
+                example.columns_dropped,
+            )
         if kept < len(row_index):
-            log.debug("question %s: dropped %d trailing rows of %s", example.question_id, len(row_index) - kept,
-                      table.table_id)
+            log.debug(
+                "question %s: dropped %d trailing rows of %s",
+                example.question_id,
+                len(row_index) - kept,
+                table.table_id,
+            )
         return example
 
     # ------------------------------------------------------------ steps
@@ -374,14 +397,32 @@ class TableTokenizer:
                 if max(rank, inverse) > top:
                     clipped += 1
                     rank, inverse = min(rank, top), min(inverse, top)
-                seq.add(ids, segment_ids=1, row_ids=r + 1, column_ids=k + 1, cell_ids=len(coords),
-                        column_ranks=rank, inv_column_ranks=inverse, numeric_relations=relations.get((r, c), 0))
+                seq.add(
+                    ids,
+                    segment_ids=1,
+                    row_ids=r + 1,
+                    column_ids=k + 1,
+                    cell_ids=len(coords),
+                    column_ranks=rank,
+                    inv_column_ranks=inverse,
+                    numeric_relations=relations.get((r, c), 0),
+                )
         if clipped:
-            log.debug("question %s: %d cells of %s have ranks clipped to %d", question.question_id, clipped,
-                      table.table_id, top)
+            log.debug(
+                "question %s: %d cells of %s have ranks clipped to %d",
+                question.question_id,
+                clipped,
+                table.table_id,
+                top,
+            )
         return EncodedExample(
-            question_id=question.question_id, table_id=table.table_id, input_ids=seq.input_ids, layout=seq.layout,
-            cell_coords=coords, candidates=[], ranks_clipped=clipped,
+            question_id=question.question_id,
+            table_id=table.table_id,
+            input_ids=seq.input_ids,
+            layout=seq.layout,
+            cell_coords=coords,
+            candidates=[],
+            ranks_clipped=clipped,
         )
 
     @staticmethod
@@ -390,8 +431,12 @@ class TableTokenizer:
         example.candidates = sorted(cell_of[xy] for xy in coords if xy in cell_of)
         example.candidates_dropped = len(coords) - len(example.candidates)
         if example.candidates_dropped:
-            log.debug("question %s: %d of %d candidate cells have no tokens",
-                      example.question_id, example.candidates_dropped, len(coords))
+            log.debug(
+                "question %s: %d of %d candidate cells have no tokens",
+                example.question_id,
+                example.candidates_dropped,
+                len(coords),
+            )
 
     @staticmethod
     def _add_prev_labels(example: EncodedExample, coords: set[Coord]) -> None:
@@ -400,8 +445,12 @@ class TableTokenizer:
         cells = {k + 1 for k, xy in enumerate(example.cell_coords) if tuple(xy) in coords}
         example.layout["prev_labels"] = [int(k in cells) for k in example.layout["cell_ids"]]
         if len(cells) < len(coords):
-            log.debug("question %s: %d of %d previous-answer cells have no tokens",
-                      example.question_id, len(coords) - len(cells), len(coords))
+            log.debug(
+                "question %s: %d of %d previous-answer cells have no tokens",
+                example.question_id,
+                len(coords) - len(cells),
+                len(coords),
+            )
 
 
 class _Sequence:

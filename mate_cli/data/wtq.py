@@ -37,7 +37,16 @@ from pathlib import Path
 from typing import Iterator
 
 from mate_cli.data.numbers import outside_float32
-from mate_cli.data.readers import Record, TableQAReader, columns, fields, given_file, read_text, rows_to_table, split_lines
+from mate_cli.data.readers import (
+    Record,
+    TableQAReader,
+    columns,
+    fields,
+    given_file,
+    read_text,
+    rows_to_table,
+    split_lines,
+)
 from mate_cli.data.schema import Question, Table
 from mate_cli.errors import MateError
 
@@ -92,8 +101,10 @@ class WTQReader(TableQAReader):
             values = fields(line.split("\t"), len(header), tagged, f"line {number}")
             target, canon = values[col["targetValue"]], split_answers(values[col["targetCanon"]])
             if len(canon) != len(split_answers(target)):
-                raise MateError(f"{tagged}: line {number} has {len(split_answers(target))} answers in targetValue "
-                                f"but {len(canon)} in targetCanon; re-download the tagged file")
+                raise MateError(
+                    f"{tagged}: line {number} has {len(split_answers(target))} answers in targetValue "
+                    f"but {len(canon)} in targetCanon; re-download the tagged file"
+                )
             out[values[col["id"]]] = (target, canon)
         return out
 
@@ -109,14 +120,18 @@ class WTQReader(TableQAReader):
             qid, target = values[col["id"]], values[col["targetValue"]] if "targetValue" in col else ""
             tagged_target, canonical = canon.get(qid, (target, []))
             if tagged_target != target:
-                raise MateError(f"{self.tagged_file(path)}: question {qid!r} has targetValue {tagged_target!r}, "
-                                f"{path} {target!r}; use the tagged file of the same release")
+                raise MateError(
+                    f"{self.tagged_file(path)}: question {qid!r} has targetValue {tagged_target!r}, "
+                    f"{path} {target!r}; use the tagged file of the same release"
+                )
             missing += "targetValue" in col and not canonical
             too_large = [answer for answer in split_answers(target) if outside_float32(answer)]
             if too_large:
-                raise MateError(f"{path}: {where}: question {qid!r} has the answer {too_large[0]}, a number beyond "
-                                "float32's range (3.4e38) that training cannot compute with; correct it or remove "
-                                "that line")
+                raise MateError(
+                    f"{path}: {where}: question {qid!r} has the answer {too_large[0]}, a number beyond "
+                    "float32's range (3.4e38) that training cannot compute with; correct it or remove "
+                    "that line"
+                )
             question = Question(
                 question_id=qid,
                 question=unescape(values[col["utterance"]]),
@@ -126,8 +141,12 @@ class WTQReader(TableQAReader):
             )
             yield where, line, question
         if missing:
-            log.info("%s: %d question(s) without canonical answers from %s; the metric emulates them "
-                     "(mate_cli.metrics.wtq)", path.name, missing, self.tagged_file(path).relative_to(self.root))
+            log.info(
+                "%s: %d question(s) without canonical answers from %s; the metric emulates them (mate_cli.metrics.wtq)",
+                path.name,
+                missing,
+                self.tagged_file(path).relative_to(self.root),
+            )
 
     def table_file(self, table_id: str) -> Path:
         """The ``.tsv`` twin of a ``csv/<20x>-csv/<n>.csv`` context, else the context itself."""

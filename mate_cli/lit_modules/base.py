@@ -55,9 +55,18 @@ class EncoderTaskModule(L.LightningModule):
     #: whether the task's steps run DoT's pruning (:meth:`prune`) when given one
     supports_dot = False
 
-    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
-                 extra_layers: int = 0, extra_init: str = "default", extra_relative: bool = False,
-                 extra_max_distance: int = 16, dot: DoubleTransformer | None = None, pooling: str = "cls") -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        optimizer: Callable,
+        scheduler: Callable | None = None,
+        extra_layers: int = 0,
+        extra_init: str = "default",
+        extra_relative: bool = False,
+        extra_max_distance: int = 16,
+        dot: DoubleTransformer | None = None,
+        pooling: str = "cls",
+    ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
             raise MateError(f"model.pooling={pooling!r} is invalid; use one of {', '.join(POOLINGS)}")
@@ -69,30 +78,43 @@ class EncoderTaskModule(L.LightningModule):
         self.encoder = encoder
         if extra_init not in INITS:  # checked with no extra layers too: a typo is never ignored
             raise MateError(f"model.extra_init={extra_init!r} is not one of {', '.join(INITS)}")
-        self.extra = ExtraLayers(encoder.config, extra_layers, extra_init, extra_relative, extra_max_distance) \
-            if extra_layers else None
+        self.extra = (
+            ExtraLayers(encoder.config, extra_layers, extra_init, extra_relative, extra_max_distance)
+            if extra_layers
+            else None
+        )
         self.dot = dot
         if dot is not None:
             if not self.supports_dot:
-                raise MateError(f"model.dot: {type(self).__name__} does not run DoT (TabFact, WikiTQ and SQA do); "
-                                "set model.dot=null")
+                raise MateError(
+                    f"model.dot: {type(self).__name__} does not run DoT (TabFact, WikiTQ and SQA do); "
+                    "set model.dot=null"
+                )
             if dot.loss != "joint" and type(self).pruning_loss is EncoderTaskModule.pruning_loss:
-                raise MateError(f"model.dot.loss={dot.loss} trains the pruner by a pruning loss on answer cells, which "
-                                f"{type(self).__name__} has none of; use model.dot.loss=joint (J-DoT)")
+                raise MateError(
+                    f"model.dot.loss={dot.loss} trains the pruner by a pruning loss on answer cells, which "
+                    f"{type(self).__name__} has none of; use model.dot.loss=joint (J-DoT)"
+                )
             if extra_layers:
-                raise MateError(f"model.extra_layers={extra_layers} with DoT: the extra layers cannot take the pruning "
-                                "scores in their attention; set model.extra_layers=0 or model.dot=null")
+                raise MateError(
+                    f"model.extra_layers={extra_layers} with DoT: the extra layers cannot take the pruning "
+                    "scores in their attention; set model.extra_layers=0 or model.dot=null"
+                )
             if dot.biased:
                 encoder.check_key_bias()
             if dot.pruner.config.vocab_size != encoder.config.vocab_size:
-                raise MateError(f"model.dot: the pruning transformer has a {dot.pruner.config.vocab_size}-piece "
-                                f"vocabulary, the task model {encoder.config.vocab_size}; both read the same word "
-                                "pieces, so pick a pruner checkpoint with the task model's vocabulary")
+                raise MateError(
+                    f"model.dot: the pruning transformer has a {dot.pruner.config.vocab_size}-piece "
+                    f"vocabulary, the task model {encoder.config.vocab_size}; both read the same word "
+                    "pieces, so pick a pruner checkpoint with the task model's vocabulary"
+                )
         self.optimizer, self.scheduler = optimizer, scheduler
         warmup = getattr(scheduler, "keywords", {}).get("warmup_ratio", 0) if scheduler is not None else 0
         if self.extra is not None and self.extra.init == "dt_fixup" and warmup:
-            raise MateError(f"model.extra_init=dt_fixup trains without learning-rate warm-up (Xu et al. 2021, §3.3), "
-                            f"but model.scheduler.warmup_ratio={warmup}; set model.scheduler.warmup_ratio=0")
+            raise MateError(
+                f"model.extra_init=dt_fixup trains without learning-rate warm-up (Xu et al. 2021, §3.3), "
+                f"but model.scheduler.warmup_ratio={warmup}; set model.scheduler.warmup_ratio=0"
+            )
         if hasattr(encoder, "pooler") and not (self.uses_pooler and pooling == "cls"):
             encoder.pooler.requires_grad_(False)
 
@@ -137,8 +159,14 @@ class EncoderTaskModule(L.LightningModule):
         logged every ``trainer.log_every_n_steps`` steps like the loss, so overfitting shows in the
         metric the task is judged by. Computed in training mode (dropout on) on the batch as
         trained; ``mate train`` writes its last value into ``metrics.json``."""
-        self.log(f"train/{name}", values.detach().float().mean(), on_step=True, on_epoch=False,
-                 batch_size=batch_size, sync_dist=True)
+        self.log(
+            f"train/{name}",
+            values.detach().float().mean(),
+            on_step=True,
+            on_epoch=False,
+            batch_size=batch_size,
+            sync_dist=True,
+        )
 
     def on_fit_start(self) -> None:
         if self.extra is not None and self.extra.needs_mu:
@@ -160,8 +188,12 @@ class EncoderTaskModule(L.LightningModule):
         self.train(was_training)
         scale = self.extra.apply_dt_fixup(float(mu))
         self.recorded_metrics.update({"dt_fixup/mu": float(mu), "dt_fixup/scale": scale})
-        log.info("DT-Fixup: mu = max ||x_j|| over the training set = %.4f; %d new layers scaled by %.6g",
-                 float(mu), len(self.extra.layers), scale)
+        log.info(
+            "DT-Fixup: mu = max ||x_j|| over the training set = %.4f; %d new layers scaled by %.6g",
+            float(mu),
+            len(self.extra.layers),
+            scale,
+        )
 
     def configure_optimizers(self):
         return configure(self, self.optimizer, self.scheduler)
@@ -176,6 +208,8 @@ class EncoderTaskModule(L.LightningModule):
         """Write the encoder as a ``transformers.TapasModel`` directory (``export_encoder=true``);
         a module whose head travels with it (masked-LM pre-training) writes that too."""
         if self.dot is not None:
-            log.warning("export_encoder: this is DoT's task model alone; without the pruning transformer it reads "
-                        "every token with no scores, which is not the model that was trained")
+            log.warning(
+                "export_encoder: this is DoT's task model alone; without the pruning transformer it reads "
+                "every token with no scores, which is not the model that was trained"
+            )
         return self.encoder.save_pretrained(directory, tokenizer=tokenizer)

@@ -55,8 +55,9 @@ class CellSelectionModule(EncoderTaskModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         logits, loss = self._step(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
-        self.log_train_metric("hits@1", hits_at_k(logits.detach(), batch.cell_mask, batch.candidate_mask, 1),
-                              len(batch))
+        self.log_train_metric(
+            "hits@1", hits_at_k(logits.detach(), batch.cell_mask, batch.candidate_mask, 1), len(batch)
+        )
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -81,4 +82,3 @@ class CellSelectionModule(EncoderTaskModule):
         logits = self(batch)
         probs = torch.softmax(logits.masked_fill(~batch.cell_mask, float("-inf")), dim=-1)
         return {"question_ids": batch.question_ids, "probs": probs, "cell_coords": batch.cell_coords}
-

@@ -36,19 +36,30 @@ class EntailmentModule(EncoderTaskModule):
     uses_pooler = True
     supports_dot = True
 
-    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
-                 num_labels: int = 2, pretrained: str | None = None, **extra) -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        optimizer: Callable,
+        scheduler: Callable | None = None,
+        num_labels: int = 2,
+        pretrained: str | None = None,
+        **extra,
+    ) -> None:
         super().__init__(encoder, optimizer, scheduler, **extra)
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler", "dot"])
         config = encoder.config
-        self.head = TapasClassificationHead(config.hidden_size, num_labels, config.initializer_range,
-                                            config.hidden_dropout)
+        self.head = TapasClassificationHead(
+            config.hidden_size, num_labels, config.initializer_range, config.hidden_dropout
+        )
         if pretrained:
             load_head_weights(self.head, pretrained)
-        self.metrics = nn.ModuleDict({
-            f"{stage}_{name}": MeanMetric() for stage in ("val", "test")
-            for name in ("loss", "accuracy", *(f"accuracy_{c}" for c in CHANNELS))
-        })
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_{name}": MeanMetric()
+                for stage in ("val", "test")
+                for name in ("loss", "accuracy", *(f"accuracy_{c}" for c in CHANNELS))
+            }
+        )
         self.predictions: list[dict] = []
 
     def forward(self, batch: TaskBatch) -> torch.Tensor:
@@ -99,9 +110,17 @@ class EntailmentModule(EncoderTaskModule):
 
     def decode(self, batch: TaskBatch, logits: torch.Tensor) -> list[dict]:
         probs = torch.softmax(logits.float(), dim=-1)
-        return [{"question_id": q, "table_id": t, "label": int(p.argmax()), "verdict": VERDICTS[int(p.argmax())],
-                 "probability": float(p.max()), "gold": int(g)}
-                for q, t, p, g in zip(batch.question_ids, batch.table_ids, probs, batch.labels.tolist())]
+        return [
+            {
+                "question_id": q,
+                "table_id": t,
+                "label": int(p.argmax()),
+                "verdict": VERDICTS[int(p.argmax())],
+                "probability": float(p.max()),
+                "gold": int(g),
+            }
+            for q, t, p, g in zip(batch.question_ids, batch.table_ids, probs, batch.labels.tolist())
+        ]
 
     def predict_step(self, batch: TaskBatch, batch_idx: int) -> list[dict]:
         return self.decode(batch, self(batch))

@@ -38,14 +38,24 @@ class MaskedLMModule(EncoderTaskModule):
             (a BERT or TAPAS masked-LM checkpoint) start the head, else BERT's initialisation.
     """
 
-    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
-                 pretrained: str | None = None, **extra) -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        optimizer: Callable,
+        scheduler: Callable | None = None,
+        pretrained: str | None = None,
+        **extra,
+    ) -> None:
         super().__init__(encoder, optimizer, scheduler, **extra)
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.head = MaskedLMHead(encoder.config, encoder.embeddings.word_embeddings)
         loaded = load_mlm_head(self.head, pretrained) if pretrained else []
-        log.info("masked-LM head: %s", f"loaded {len(loaded)} tensors from {pretrained}" if loaded
-                 else "no cls.predictions in the checkpoint; BERT initialisation, decoder tied to the word embeddings")
+        log.info(
+            "masked-LM head: %s",
+            f"loaded {len(loaded)} tensors from {pretrained}"
+            if loaded
+            else "no cls.predictions in the checkpoint; BERT initialisation, decoder tied to the word embeddings",
+        )
         self.val_loss, self.val_accuracy = MeanMetric(), MeanMetric()
 
     def forward(self, batch: MaskedBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,5 +85,6 @@ class MaskedLMModule(EncoderTaskModule):
     def export_pretrained(self, directory, tokenizer=None):
         """Encoder + MLM head as a ``transformers.TapasForMaskedLM`` directory (``tapas.*`` and
         ``cls.predictions.*``), which ``model.encoder.pretrained=<dir>`` also fine-tunes from."""
-        return self.encoder.save_pretrained(directory, tokenizer=tokenizer, extra_state=mlm_state_dict(self.head),
-                                            prefix="tapas.")
+        return self.encoder.save_pretrained(
+            directory, tokenizer=tokenizer, extra_state=mlm_state_dict(self.head), prefix="tapas."
+        )

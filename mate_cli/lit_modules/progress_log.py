@@ -101,8 +101,11 @@ class ProgressLog(L.Callback):
         if not (clock.due(self.every_n_seconds, self.every_n_steps, done) or last):
             return
         rate, examples, elapsed = clock.lap(done)
-        parts = [f"{stage} batch {done}/{total}" if total else f"{stage} batch {done}",
-                 f"{examples:.1f} examples/s", f"elapsed {elapsed}"]
+        parts = [
+            f"{stage} batch {done}/{total}" if total else f"{stage} batch {done}",
+            f"{examples:.1f} examples/s",
+            f"elapsed {elapsed}",
+        ]
         if total and rate > 0 and not last:
             parts.append(f"{_duration((total - done) / rate)} left")
         log.info("progress: %s", ", ".join(parts))

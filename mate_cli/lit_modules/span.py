@@ -91,8 +91,10 @@ class SpanModule(EncoderTaskModule):
         """Per example, EM and F1 (0-100, the official HybridQA normalisation) of the decoded span."""
         start, end, _ = self.head.decode(scores.detach(), valid)
         preds = batch.texts(start, end)
-        return (torch.tensor([100.0 * exact_match(a, p) for a, p in zip(batch.answers, preds)]),
-                torch.tensor([100.0 * f1_score(a, p) for a, p in zip(batch.answers, preds)]))
+        return (
+            torch.tensor([100.0 * exact_match(a, p) for a, p in zip(batch.answers, preds)]),
+            torch.tensor([100.0 * f1_score(a, p) for a, p in zip(batch.answers, preds)]),
+        )
 
     @torch.no_grad()
     def predict_batch(self, batch: SpanBatch) -> list[dict]:
@@ -107,4 +109,3 @@ class SpanModule(EncoderTaskModule):
 
     def predict_step(self, batch: SpanBatch, batch_idx: int) -> list[dict]:
         return self.predict_batch(batch)
-

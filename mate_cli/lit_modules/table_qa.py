@@ -47,7 +47,12 @@ from mate_cli.metrics.wtq import denotation_correct
 from mate_cli.modeling.dot import answer_cells_kept
 from mate_cli.modeling.heads import pool_cells
 from mate_cli.modeling.tapas_heads import (
-    AGGREGATIONS, QAOutput, TapasHeadConfig, TapasQAHead, checkpoint_head_settings, load_head_weights,
+    AGGREGATIONS,
+    QAOutput,
+    TapasHeadConfig,
+    TapasQAHead,
+    checkpoint_head_settings,
+    load_head_weights,
     token_numeric_values,
 )
 
@@ -73,13 +78,22 @@ class TableQAModule(EncoderTaskModule):
     uses_pooler = True
     supports_dot = True
 
-    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None,
-                 task: str = "sqa", head: Mapping | None = None, pretrained: str | None = None,
-                 long_table_tokens: int | None = None, **extra) -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        optimizer: Callable,
+        scheduler: Callable | None = None,
+        task: str = "sqa",
+        head: Mapping | None = None,
+        pretrained: str | None = None,
+        long_table_tokens: int | None = None,
+        **extra,
+    ) -> None:
         super().__init__(encoder, optimizer, scheduler, **extra)
         head = {str(k): v for k, v in dict(head or {}).items()}  # plain values: checkpoints load weights_only
-        self.save_hyperparameters({"task": task, "head": head, "pretrained": pretrained,
-                                   "long_table_tokens": long_table_tokens})
+        self.save_hyperparameters(
+            {"task": task, "head": head, "pretrained": pretrained, "long_table_tokens": long_table_tokens}
+        )
         self.task = tasks.get(task, "model.task")
         self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
         settings = checkpoint_head_settings(pretrained) if pretrained else {}
@@ -90,12 +104,20 @@ class TableQAModule(EncoderTaskModule):
             encoder.pooler.requires_grad_(False)
         if pretrained:
             load_head_weights(self.head, pretrained)
-        self.metrics = nn.ModuleDict({
-            f"{stage}_{name}": metric() for stage in ("val", "test")
-            for name, metric in (("loss", MeanMetric), ("accuracy", MeanMetric), ("seq", SequenceAccuracy),
-                                 ("answer_cells_kept", MeanMetric), ("accuracy_long", MeanMetric),
-                                 ("long_questions", SumMetric))
-        })
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_{name}": metric()
+                for stage in ("val", "test")
+                for name, metric in (
+                    ("loss", MeanMetric),
+                    ("accuracy", MeanMetric),
+                    ("seq", SequenceAccuracy),
+                    ("answer_cells_kept", MeanMetric),
+                    ("accuracy_long", MeanMetric),
+                    ("long_questions", SumMetric),
+                )
+            }
+        )
         self.predictions: list[dict] = []
         self._predicted: dict[tuple[str, int], set[tuple[int, int]]] = {}
         self._warned_missing = False
@@ -139,8 +161,14 @@ class TableQAModule(EncoderTaskModule):
             return
         share = answer_cells_kept(answer, kept.layout)[has].float()
         if stage == "train":
-            self.log("train/answer_cells_kept", share.mean(), on_step=False, on_epoch=True,
-                     batch_size=int(has.sum()), sync_dist=True)
+            self.log(
+                "train/answer_cells_kept",
+                share.mean(),
+                on_step=False,
+                on_epoch=True,
+                batch_size=int(has.sum()),
+                sync_dist=True,
+            )
             return
         metric = self.metrics[f"{stage}_answer_cells_kept"]
         metric.update(share)
@@ -188,8 +216,9 @@ class TableQAModule(EncoderTaskModule):
             self.metrics[f"{stage}_accuracy"].update(correct)
             self.log(f"{stage}/accuracy", self.metrics[f"{stage}_accuracy"], prog_bar=True, batch_size=len(part))
             if self.task.sequential:
-                keys = torch.tensor([sequence_key(r["sequence_id"] or r["question_id"]) for r in rows],
-                                    device=self.device)
+                keys = torch.tensor(
+                    [sequence_key(r["sequence_id"] or r["question_id"]) for r in rows], device=self.device
+                )
                 self.metrics[f"{stage}_seq"].update(keys, correct.bool())
                 self.log(f"{stage}/seq", self.metrics[f"{stage}_seq"], batch_size=len(part))
             self._log_long_tables(part, correct, stage)
@@ -225,9 +254,12 @@ class TableQAModule(EncoderTaskModule):
             previous = self._predicted.get((sequence, position - 1))
             if previous is None:
                 if not self._warned_missing:
-                    log.warning("SQA: no prediction for the question before %s (position %d); its prev_labels "
-                                "are zeros. Evaluate in position order on one process.", batch.question_ids[i],
-                                position)
+                    log.warning(
+                        "SQA: no prediction for the question before %s (position %d); its prev_labels "
+                        "are zeros. Evaluate in position order on one process.",
+                        batch.question_ids[i],
+                        position,
+                    )
                     self._warned_missing = True
                 continue
             for k, (r, c) in enumerate(batch.cell_coords[i].tolist()):
@@ -240,19 +272,28 @@ class TableQAModule(EncoderTaskModule):
     @torch.no_grad()
     def decode(self, batch: TaskBatch, out: QAOutput) -> list[dict]:
         """Per example: the selected cells, the aggregation, the answer, and whether it is right."""
-        probs = pool_cells(torch.sigmoid(out.logits.float()), batch.layout.cell_ids * batch.layout.attention_mask,
-                           batch.cell_mask.shape[1] - 1)
+        probs = pool_cells(
+            torch.sigmoid(out.logits.float()),
+            batch.layout.cell_ids * batch.layout.attention_mask,
+            batch.cell_mask.shape[1] - 1,
+        )
         selected = (probs > self.head_config.cell_classification_threshold) & batch.cell_mask
-        operators = (out.aggregation_logits.argmax(-1).tolist() if out.aggregation_logits is not None
-                     else [0] * len(batch))
+        operators = (
+            out.aggregation_logits.argmax(-1).tolist() if out.aggregation_logits is not None else [0] * len(batch)
+        )
         rows = []
         for i in range(len(batch)):
             cells = selected[i].nonzero().flatten().tolist()
             coords = [tuple(batch.cell_coords[i, k].tolist()) for k in cells]
             operator = AGGREGATIONS[operators[i]] if self.task.aggregates else "NONE"
-            row = {"question_id": batch.question_ids[i], "table_id": batch.table_ids[i],
-                   "sequence_id": batch.sequence_ids[i], "position": batch.positions[i],
-                   "coordinates": [list(c) for c in coords], "aggregation": operator}
+            row = {
+                "question_id": batch.question_ids[i],
+                "table_id": batch.table_ids[i],
+                "sequence_id": batch.sequence_ids[i],
+                "position": batch.positions[i],
+                "coordinates": [list(c) for c in coords],
+                "aggregation": operator,
+            }
             if self.task.answer == "texts":
                 texts = [batch.cell_texts[i][k - 1] for k in cells] if batch.cell_texts else []
                 values = [float(batch.cell_values[i, k]) for k in cells] if self.task.aggregates else []

@@ -41,8 +41,15 @@ class GraphCellSelectionModule(CellSelectionModule):
         hop_layers: how many of the encoder's last layers get hop attention; ``None``: all (the paper's).
     """
 
-    def __init__(self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None, mml: bool = True,
-                 hop_layers: int | None = None, **extra) -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        optimizer: Callable,
+        scheduler: Callable | None = None,
+        mml: bool = True,
+        hop_layers: int | None = None,
+        **extra,
+    ) -> None:
         super().__init__(encoder, optimizer, scheduler, mml=mml, **extra)
         self.hop = HopLayers(encoder.config, hop_layers)
         if self.hop.hops and self.extra is None:
@@ -65,6 +72,8 @@ class GraphCellSelectionModule(CellSelectionModule):
         return masked_fill_invalid(pooled.view(questions, width), ~not_a_cell)
 
     def export_pretrained(self, directory, tokenizer=None):
-        log.warning("export_encoder: the encoder alone, without its hop layers: it reads each node on its own, which "
-                    "is not the Transformer-XH model that was trained")
+        log.warning(
+            "export_encoder: the encoder alone, without its hop layers: it reads each node on its own, which "
+            "is not the Transformer-XH model that was trained"
+        )
         return super().export_pretrained(directory, tokenizer=tokenizer)

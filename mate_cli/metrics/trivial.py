@@ -32,34 +32,45 @@ FIXED_ROWS = 3
 def wtq_most_frequent(train: Sequence[Question], validation: Sequence[Question]) -> dict:
     """The training side's most frequent answer, for every validation question."""
     counts = Counter(tuple(sorted(normalize(a) for a in q.answers)) for q in train if q.answers)
-    (key, _), = counts.most_common(1)
+    ((key, _),) = counts.most_common(1)
     # the answer as written in its most frequent spelling
     answer = Counter(tuple(q.answers) for q in train if tuple(sorted(normalize(a) for a in q.answers)) == key)
-    (written, _), = answer.most_common(1)
+    ((written, _),) = answer.most_common(1)
     correct = [denotation_correct(q.answers, list(written), q.canonical_answers or None) for q in validation]
     return {"rule": f"always answer {list(written)}", "val/accuracy": _mean(correct)}
 
 
-def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question],
-                    table: Callable[[str], Table]) -> dict:
+def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question], table: Callable[[str], Table]) -> dict:
     """The fixed cell rule with the best ALL on the training side, scored on validation."""
     rules = [(f"every cell of column {c}", _column(c)) for c in range(FIXED_COLUMNS)]
-    rules += [(f"the cell at row {r}, column {c}", _cell(r, c)) for r in range(FIXED_ROWS) for c in range(FIXED_COLUMNS)]
+    rules += [
+        (f"the cell at row {r}, column {c}", _cell(r, c)) for r in range(FIXED_ROWS) for c in range(FIXED_COLUMNS)
+    ]
 
     def scores(questions: Sequence[Question], rule) -> dict:
-        records = [(q.sequence_id or q.question_id, q.position,
-                    question_correct(rule(table(q.table_id)), q.answer_coordinates)) for q in questions]
+        records = [
+            (
+                q.sequence_id or q.question_id,
+                q.position,
+                question_correct(rule(table(q.table_id)), q.answer_coordinates),
+            )
+            for q in questions
+        ]
         return sqa_scores(records)
 
     name, best = max(rules, key=lambda item: scores(train, item[1])["all"])
     val = scores(validation, best)
-    return {"rule": name, "train/accuracy": scores(train, best)["all"], "val/accuracy": val["all"],
-            "val/seq": val["seq"]}
+    return {
+        "rule": name,
+        "train/accuracy": scores(train, best)["all"],
+        "val/accuracy": val["all"],
+        "val/seq": val["seq"],
+    }
 
 
 def tabfact_majority(train: Sequence[Question], validation: Sequence[Question]) -> dict:
     """The training side's majority verdict, for every validation statement."""
-    (label, _), = Counter(int(q.label) for q in train if q.label is not None).most_common(1)
+    ((label, _),) = Counter(int(q.label) for q in train if q.label is not None).most_common(1)
     correct = [int(q.label) == label for q in validation if q.label is not None]
     return {"rule": f"always {('refuted', 'entailed')[label]}", "val/accuracy": _mean(correct)}
 
@@ -87,14 +98,18 @@ def tabfact_statement_only(train: Sequence[Question], validation: Sequence[Quest
     if folds < 2 or len(set(labels)) < 2:
         return {}
     groups = [q.table_id for q in train]
-    score = {c: cross_val_score(model(c), texts, labels, groups=groups, cv=GroupKFold(folds)).mean()
-             for c in STATEMENT_ONLY_C}
+    score = {
+        c: cross_val_score(model(c), texts, labels, groups=groups, cv=GroupKFold(folds)).mean()
+        for c in STATEMENT_ONLY_C
+    }
     best = max(STATEMENT_ONLY_C, key=lambda c: (score[c], -c))
     fitted = model(best).fit(texts, labels)
     predicted = fitted.predict([q.question for q in validation])
     correct = [int(p) == int(q.label) for p, q in zip(predicted, validation)]
-    return {"statement_only_rule": f"bag-of-words logistic regression on the statement alone (C={best})",
-            "val/accuracy_statement_only": _mean(correct)}
+    return {
+        "statement_only_rule": f"bag-of-words logistic regression on the statement alone (C={best})",
+        "val/accuracy_statement_only": _mean(correct),
+    }
 
 
 def wtq_baselines(train: Sequence[Question], validation: Sequence[Question], reader) -> dict:

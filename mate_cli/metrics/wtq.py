@@ -284,7 +284,9 @@ def to_value(text: str | Value, corenlp_value: Optional[str] = None) -> Value:
     return StringValue(text)
 
 
-def to_value_list(texts: Iterable[str | Value], corenlp_values: Optional[Sequence[Optional[str]]] = None) -> list[Value]:
+def to_value_list(
+    texts: Iterable[str | Value], corenlp_values: Optional[Sequence[Optional[str]]] = None
+) -> list[Value]:
     """The distinct values of ``texts`` (the first of equal values kept, in order)."""
     texts = list(texts)
     if corenlp_values is None:
@@ -307,27 +309,47 @@ def check_denotation(target_values: Sequence[Value], predicted_values: Sequence[
 #: version of :func:`emulated_canon`'s rules: raise it when they change (WikiTQ's cached
 #: answer cells depend on them, and the preprocessing cache key includes it)
 CANON_EMULATION = 1
-_MONTHS = {name: number for number, names in enumerate(
-    [("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"), ("may",), ("june", "jun"),
-     ("july", "jul"), ("august", "aug"), ("september", "sep", "sept"), ("october", "oct"),
-     ("november", "nov"), ("december", "dec")], start=1) for name in names}
+_MONTHS = {
+    name: number
+    for number, names in enumerate(
+        [
+            ("january", "jan"),
+            ("february", "feb"),
+            ("march", "mar"),
+            ("april", "apr"),
+            ("may",),
+            ("june", "jun"),
+            ("july", "jul"),
+            ("august", "aug"),
+            ("september", "sep", "sept"),
+            ("october", "oct"),
+            ("november", "nov"),
+            ("december", "dec"),
+        ],
+        start=1,
+    )
+    for name in names
+}
 _MONTH = r"(?P<month>[A-Za-z]+)\.?"
 _DAY = r"(?P<day>\d{1,2})"
 _YEAR = r"(?P<year>\d{3,4})"
-_DATES = [re.compile(p) for p in (
-    rf"{_MONTH} {_DAY},? {_YEAR}",  # October 16, 1920
-    rf"{_DAY} {_MONTH},? {_YEAR}",  # 16 Oct 1920
-    rf"{_MONTH} {_DAY}",  # October 16
-    rf"{_DAY} {_MONTH}",  # 16 October
-    rf"{_MONTH},? {_YEAR}",  # October 1920
-    _MONTH,  # October
-    r"(?P<nmonth>\d{1,2})/(?P<day>\d{1,2})/(?P<year>\d{4})",  # 10/16/1920
-)]
+_DATES = [
+    re.compile(p)
+    for p in (
+        rf"{_MONTH} {_DAY},? {_YEAR}",  # October 16, 1920
+        rf"{_DAY} {_MONTH},? {_YEAR}",  # 16 Oct 1920
+        rf"{_MONTH} {_DAY}",  # October 16
+        rf"{_DAY} {_MONTH}",  # 16 October
+        rf"{_MONTH},? {_YEAR}",  # October 1920
+        _MONTH,  # October
+        r"(?P<nmonth>\d{1,2})/(?P<day>\d{1,2})/(?P<year>\d{4})",  # 10/16/1920
+    )
+]
 _NUMBER = re.compile(
     r"[+-]?[$£€#]?(?P<number>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
     r"(?:%|st|nd|rd|th| (?P<word>[a-z]+))?"
 )
-_MULTIPLIERS = {"thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9}
+_MULTIPLIERS = {"thousand": 10**3, "million": 10**6, "billion": 10**9}
 
 
 def emulated_canon(text: str) -> Optional[str]:
@@ -386,8 +408,9 @@ def _texts(answers: str | Iterable[str]) -> list[str]:
     return [answers] if isinstance(answers, str) else [str(a) for a in answers]
 
 
-def denotation_correct(targets: str | Sequence[str], predicted: str | Sequence[str],
-                       canon: Optional[Sequence[str]] = None) -> bool:
+def denotation_correct(
+    targets: str | Sequence[str], predicted: str | Sequence[str], canon: Optional[Sequence[str]] = None
+) -> bool:
     """Whether the predicted answers denote the gold answers ``targets`` (a single str is a
     one-item list); ``canon``: the gold answers' tagged canonical forms, when known."""
     return check_denotation(target_values(_texts(targets), canon), predicted_values(_texts(predicted)))

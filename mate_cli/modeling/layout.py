@@ -118,8 +118,9 @@ class TableLayout:
     def plain(cls, input_ids: torch.Tensor) -> "TableLayout":
         """No table and no padding: every token a query token, every id 0."""
         zeros = torch.zeros_like(input_ids, dtype=torch.long)
-        return cls(attention_mask=torch.ones_like(zeros, dtype=torch.bool), segment_ids=zeros, row_ids=zeros,
-                   column_ids=zeros)
+        return cls(
+            attention_mask=torch.ones_like(zeros, dtype=torch.bool), segment_ids=zeros, row_ids=zeros, column_ids=zeros
+        )
 
     @classmethod
     def from_token_type_ids(

@@ -88,14 +88,15 @@ def load_mlm_head(head: MaskedLMHead, pretrained: str) -> list[str]:
     found = {}
     for key, value in state.items():
         if key.startswith(PREFIX):
-            name = key[len(PREFIX):]
+            name = key[len(PREFIX) :]
             for pattern, replacement in checkpoints.RENAMES:  # LayerNorm.gamma/beta of TF ports
                 name = re.sub(pattern, replacement, name)
             if name in own:
                 found[name] = value
     if found and len(found) < len(own):
-        log.warning("%s: the masked-LM head loads only %s; the rest keeps its initialisation",
-                    pretrained, sorted(found))
+        log.warning(
+            "%s: the masked-LM head loads only %s; the rest keeps its initialisation", pretrained, sorted(found)
+        )
     if found:
         checkpoints.load_state_dict(head, found, source=f"{pretrained} (masked-LM head)")
     return sorted(found)

@@ -76,7 +76,10 @@ class SpanHead(nn.Module):
     """
 
     def __init__(
-        self, hidden_size: int, max_span_length: int = 30, mlp_hidden: int | None = None,
+        self,
+        hidden_size: int,
+        max_span_length: int = 30,
+        mlp_hidden: int | None = None,
         initializer_range: float = 0.02,
     ) -> None:
         super().__init__()

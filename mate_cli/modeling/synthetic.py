@@ -153,7 +153,9 @@ def filled_layout(
     ``seed + b``. The defaults give ~2 rows at 512 tokens, ~34 at 8192, ~136 at 32768.
     """
     if query_tokens < 2 or seq_len <= query_tokens or columns < 1 or cell_tokens < 1:
-        raise ValueError(f"no table fits: seq_len={seq_len}, query_tokens={query_tokens}, "
-                         f"columns={columns}, cell_tokens={cell_tokens}")
+        raise ValueError(
+            f"no table fits: seq_len={seq_len}, query_tokens={query_tokens}, "
+            f"columns={columns}, cell_tokens={cell_tokens}"
+        )
     cells = [_fill_cells(seq_len - query_tokens, columns, cell_tokens, random.Random(seed + b)) for b in range(batch)]
     return layout_from_cells([query_tokens - 2] * batch, cells, seq_len=seq_len)

@@ -113,24 +113,36 @@ class TapasHeadConfig:
     def __post_init__(self) -> None:
         self.average_approximation_function = str(self.average_approximation_function).lower()
         if self.average_approximation_function not in APPROXIMATIONS:
-            raise MateError(f"model.head.average_approximation_function={self.average_approximation_function!r} "
-                            f"is invalid; use one of {', '.join(APPROXIMATIONS)}")
+            raise MateError(
+                f"model.head.average_approximation_function={self.average_approximation_function!r} "
+                f"is invalid; use one of {', '.join(APPROXIMATIONS)}"
+            )
         self.aggregation_supervision = str(self.aggregation_supervision).lower()
         if self.aggregation_supervision not in AGGREGATION_SUPERVISIONS:
-            raise MateError(f"model.head.aggregation_supervision={self.aggregation_supervision!r} is invalid; use one of "
-                            f"{', '.join(AGGREGATION_SUPERVISIONS)}")
+            raise MateError(
+                f"model.head.aggregation_supervision={self.aggregation_supervision!r} is invalid; use one of "
+                f"{', '.join(AGGREGATION_SUPERVISIONS)}"
+            )
         if self.num_aggregation_labels not in (0, len(AGGREGATIONS)):
-            raise MateError(f"model.head.num_aggregation_labels={self.num_aggregation_labels} is invalid; use 0 "
-                            f"(SQA) or {len(AGGREGATIONS)} ({', '.join(AGGREGATIONS)}: WikiTQ)")
+            raise MateError(
+                f"model.head.num_aggregation_labels={self.num_aggregation_labels} is invalid; use 0 "
+                f"(SQA) or {len(AGGREGATIONS)} ({', '.join(AGGREGATIONS)}: WikiTQ)"
+            )
         if self.num_aggregation_labels and not self.use_answer_as_supervision:
-            raise MateError("model.head.num_aggregation_labels>0 needs model.head.use_answer_as_supervision=true "
-                            "(supervised aggregation labels are not supported)")
+            raise MateError(
+                "model.head.num_aggregation_labels>0 needs model.head.use_answer_as_supervision=true "
+                "(supervised aggregation labels are not supported)"
+            )
         if self.num_aggregation_labels and self.cell_selection_preference is None:
-            raise MateError("model.head.use_answer_as_supervision=true needs model.head.cell_selection_preference "
-                            "(TAPAS's WikiTQ value: 0.207951)")
+            raise MateError(
+                "model.head.use_answer_as_supervision=true needs model.head.cell_selection_preference "
+                "(TAPAS's WikiTQ value: 0.207951)"
+            )
         if self.num_aggregation_labels and not self.use_normalized_answer_loss and self.huber_loss_delta is None:
-            raise MateError("model.head.use_answer_as_supervision=true needs model.head.huber_loss_delta "
-                            "(TAPAS's WikiTQ value: 0.121194)")
+            raise MateError(
+                "model.head.use_answer_as_supervision=true needs model.head.huber_loss_delta "
+                "(TAPAS's WikiTQ value: 0.121194)"
+            )
 
     @classmethod
     def from_checkpoint(cls, settings: Mapping[str, Any], checkpoint: Mapping[str, Any] | None) -> "TapasHeadConfig":
@@ -215,8 +227,9 @@ class TapasQAHead(nn.Module):
         dropout: applied to the last hidden states before the cell logits (training only).
     """
 
-    def __init__(self, hidden_size: int, config: TapasHeadConfig, initializer_range: float = 0.02,
-                 dropout: float = 0.1) -> None:
+    def __init__(
+        self, hidden_size: int, config: TapasHeadConfig, initializer_range: float = 0.02, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.config = config
         self.dropout = nn.Dropout(dropout)
@@ -263,11 +276,24 @@ class TapasQAHead(nn.Module):
         column_logits = self._column_logits(hidden, index, cell_mask) if cfg.select_one_column else None
         aggregation_logits = self.aggregation_classifier(pooled) if cfg.num_aggregation_labels > 0 else None
         if labels is None:
-            _, logits = _single_column_selection(token_logits, column_logits, torch.zeros_like(token_logits),
-                                                 index, cell_mask)
+            _, logits = _single_column_selection(
+                token_logits, column_logits, torch.zeros_like(token_logits), index, cell_mask
+            )
             return QAOutput(logits, aggregation_logits, None)
-        return self._loss(token_logits, column_logits, aggregation_logits, pooled, labels, float_answer,
-                          numeric_values, numeric_values_scale, index, cell_mask, real, layout)
+        return self._loss(
+            token_logits,
+            column_logits,
+            aggregation_logits,
+            pooled,
+            labels,
+            float_answer,
+            numeric_values,
+            numeric_values_scale,
+            index,
+            cell_mask,
+            real,
+            layout,
+        )
 
     def _column_logits(self, hidden: torch.Tensor, index: CellIndex, cell_mask: torch.Tensor) -> torch.Tensor:
         token = hidden @ self.column_output_weights + self.column_output_bias
@@ -281,8 +307,21 @@ class TapasQAHead(nn.Module):
             logits = logits + LOG_ZERO * (columns == 0).to(logits.dtype)
         return logits
 
-    def _loss(self, token_logits, column_logits, aggregation_logits, pooled, labels, float_answer, numeric_values,
-              numeric_values_scale, index, cell_mask, real, layout) -> QAOutput:
+    def _loss(
+        self,
+        token_logits,
+        column_logits,
+        aggregation_logits,
+        pooled,
+        labels,
+        float_answer,
+        numeric_values,
+        numeric_values_scale,
+        index,
+        cell_mask,
+        real,
+        layout,
+    ) -> QAOutput:
         cfg = self.config
         labels = labels.long() * layout.attention_mask
         weakly = cfg.num_aggregation_labels > 0 and bool(cfg.use_answer_as_supervision)
@@ -298,9 +337,16 @@ class TapasQAHead(nn.Module):
         if not cfg.disable_per_token_loss:
             loss = loss + (selection if aggregate is None else selection * (1.0 - aggregate))
         if cfg.num_aggregation_labels > 0:
-            loss = loss + self._aggregation_loss(aggregation_logits, aggregate, logits, float_answer, numeric_values,
-                                                 numeric_values_scale, layout,
-                                                 (token_logits, column_logits, index, cell_mask, real))
+            loss = loss + self._aggregation_loss(
+                aggregation_logits,
+                aggregate,
+                logits,
+                float_answer,
+                numeric_values,
+                numeric_values_scale,
+                layout,
+                (token_logits, column_logits, index, cell_mask, real),
+            )
         return QAOutput(logits, aggregation_logits, loss)
 
     def _selection_loss(self, token_logits, column_logits, labels, index, cell_mask, real):
@@ -308,30 +354,53 @@ class TapasQAHead(nn.Module):
         if self.config.select_one_column:
             return _single_column_selection(token_logits, column_logits, labels, index, cell_mask)
         weight = torch.where(labels == 0, 1.0, self.config.positive_label_weight).to(token_logits.dtype)
-        per_token = nn.functional.binary_cross_entropy_with_logits(
-            token_logits, labels.to(token_logits.dtype), reduction="none") * weight
+        per_token = (
+            nn.functional.binary_cross_entropy_with_logits(
+                token_logits, labels.to(token_logits.dtype), reduction="none"
+            )
+            * weight
+        )
         return (per_token * real).sum(1) / (real.sum(1) + EPSILON), token_logits
 
-    def _aggregation_loss(self, aggregation_logits, aggregate, logits, float_answer, numeric_values,
-                          numeric_values_scale, layout, selection) -> torch.Tensor:
+    def _aggregation_loss(
+        self,
+        aggregation_logits,
+        aggregate,
+        logits,
+        float_answer,
+        numeric_values,
+        numeric_values_scale,
+        layout,
+        selection,
+    ) -> torch.Tensor:
         cfg = self.config
         log_probs = torch.log_softmax(aggregation_logits, dim=-1)
         if aggregate is None:
-            raise MateError("supervised aggregation labels are not supported; set "
-                            "model.head.use_answer_as_supervision=true (TAPAS's WikiTQ setting)")
+            raise MateError(
+                "supervised aggregation labels are not supported; set "
+                "model.head.use_answer_as_supervision=true (TAPAS's WikiTQ setting)"
+            )
         # weak supervision: NONE for cell-selection examples, "some operator" for the others
         extra = -log_probs[:, 0] * (1.0 - aggregate)
         extra = extra - torch.log(torch.softmax(aggregation_logits, dim=-1)[:, 1:].sum(1)) * aggregate
         extra = cfg.aggregation_loss_weight * extra
         if numeric_values is None or numeric_values_scale is None:
             raise ValueError("answer-supervised aggregation needs numeric_values and numeric_values_scale")
-        answer_loss, keep = self._answer_loss(float_answer, aggregate, logits, numeric_values, numeric_values_scale,
-                                              aggregation_logits, (layout.row_ids > 0).to(logits.dtype))
+        answer_loss, keep = self._answer_loss(
+            float_answer,
+            aggregate,
+            logits,
+            numeric_values,
+            numeric_values_scale,
+            aggregation_logits,
+            (layout.row_ids > 0).to(logits.dtype),
+        )
         loss = (extra + answer_loss) * keep
         if cfg.aggregation_supervision == "hard_em":
             token_logits, column_logits, index, cell_mask, real = selection
             found, operator, _, cells, _, _ = consistent_selection(
-                token_logits, column_logits, index, numeric_values, float_answer, log_probs)
+                token_logits, column_logits, index, numeric_values, float_answer, log_probs
+            )
             # the consistent selection as gold cells of TAPAS's own selection loss, and its operator
             pseudo = index.gather(cells.to(token_logits.dtype)).long() * layout.attention_mask
             cell_loss, _ = self._selection_loss(token_logits, column_logits, pseudo, index, cell_mask, real)
@@ -346,24 +415,34 @@ class TapasQAHead(nn.Module):
         probs = torch.sigmoid(logits)
         if sample and cfg.use_gumbel_for_cells:
             probs = relaxed_bernoulli(logits, cfg.temperature)
-        expected = expected_result(probs, values, scale, table_mask, aggregation_logits,
-                                   cfg.average_approximation_function, cfg.aggregation_temperature,
-                                   gumbel_aggregation=sample and cfg.use_gumbel_for_aggregation)
+        expected = expected_result(
+            probs,
+            values,
+            scale,
+            table_mask,
+            aggregation_logits,
+            cfg.average_approximation_function,
+            cfg.aggregation_temperature,
+            gumbel_aggregation=sample and cfg.use_gumbel_for_aggregation,
+        )
         answer = torch.nan_to_num(answer, nan=0.0)
         if cfg.use_normalized_answer_loss:
             norm = (torch.maximum(expected.abs(), answer.abs()) + EPSILON).detach()
             loss = huber(expected / norm * aggregate, answer / norm * aggregate, 1.0)
         else:
             loss = huber(expected * aggregate, answer * aggregate, cfg.huber_loss_delta)
-        keep = torch.ones_like(loss) if cfg.answer_loss_cutoff is None else (loss <= cfg.answer_loss_cutoff).to(loss.dtype)
+        keep = (
+            torch.ones_like(loss) if cfg.answer_loss_cutoff is None else (loss <= cfg.answer_loss_cutoff).to(loss.dtype)
+        )
         return cfg.answer_loss_importance * loss * aggregate, keep
 
 
 class TapasClassificationHead(nn.Module):
     """TabFact's entailment classifier: ``classifier(dropout(pooled [CLS]))`` (0 refuted, 1 entailed)."""
 
-    def __init__(self, hidden_size: int, num_labels: int = 2, initializer_range: float = 0.02,
-                 dropout: float = 0.1) -> None:
+    def __init__(
+        self, hidden_size: int, num_labels: int = 2, initializer_range: float = 0.02, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, num_labels)
@@ -401,8 +480,9 @@ def _single_column_selection(token_logits, column_logits, labels, index: CellInd
     return loss, index.gather(masked)
 
 
-def consistent_selection(token_logits, column_logits, index: CellIndex, values, answer, operator_log_probs,
-                         tolerance: float = 1e-6):
+def consistent_selection(
+    token_logits, column_logits, index: CellIndex, values, answer, operator_log_probs, tolerance: float = 1e-6
+):
     """Hard EM for answer-supervised aggregation: the most probable decodable (column, cells,
     operator) whose result is the answer.
 
@@ -454,18 +534,21 @@ def consistent_selection(token_logits, column_logits, index: CellIndex, values, 
         single_ok = single_ok & valid[..., None] & ~torch.isnan(target)[..., None]
         single = inside + outside.sum(-1, keepdim=True) - outside
         ok, selections = torch.cat([ok, single_ok], dim=2), torch.cat([prefix, single], dim=2)
-        score = (selections[..., None] + column_scores[:, :, None, None]
-                 + operator_log_probs.double()[:, None, None, 1:])  # [batch, group, selection, operator]
+        score = (
+            selections[..., None] + column_scores[:, :, None, None] + operator_log_probs.double()[:, None, None, 1:]
+        )  # [batch, group, selection, operator]
         best = score.masked_fill(~ok, float("-inf")).flatten(1).argmax(1)
         found = ok.flatten(1).any(1)
         size = order.shape[-1]
         column, selection, operator = best // (2 * size * 3), best // 3 % (2 * size), best % 3
         positions = torch.arange(size, device=order.device)[None, :]
-        chosen = torch.where((selection < size)[:, None], positions <= selection[:, None],
-                             positions == (selection - size)[:, None])
+        chosen = torch.where(
+            (selection < size)[:, None], positions <= selection[:, None], positions == (selection - size)[:, None]
+        )
         chosen = chosen & valid[torch.arange(batch), column]
         picked = torch.zeros(batch, size, dtype=torch.bool, device=order.device).scatter(
-            1, order[torch.arange(batch), column], chosen)
+            1, order[torch.arange(batch), column], chosen
+        )
         if column_logits is None:
             cells, candidates = picked, present
         else:
@@ -496,8 +579,16 @@ def relaxed_bernoulli(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.sigmoid(logits + torch.logit(u) / temperature)
 
 
-def expected_result(probs, values, scale, table_mask, aggregation_logits, approximation="ratio",
-                    aggregation_temperature=1.0, gumbel_aggregation: bool = False) -> torch.Tensor:
+def expected_result(
+    probs,
+    values,
+    scale,
+    table_mask,
+    aggregation_logits,
+    approximation="ratio",
+    aggregation_temperature=1.0,
+    gumbel_aggregation: bool = False,
+) -> torch.Tensor:
     """The expected SUM / AVERAGE / COUNT of a soft cell selection, weighted by the operators' probabilities.
 
     ``probs``, ``values`` (NaN: not a number), ``scale`` (tokens of the token's cell) and

@@ -54,8 +54,10 @@ class HopAttention(nn.Module):
     def hop_context(self, hubs: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
         """``hubs`` ``[nodes, hidden]`` (the layer's input at position 0), ``edges`` ``[nodes, nodes]``
         bool -> ``[nodes, hidden]`` each hub's attention over its neighbours' hubs (0 without any)."""
-        q, k, v = (proj(hubs).unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
-                   for proj in (self.query, self.key, self.value))  # [heads, nodes, head_dim]
+        q, k, v = (
+            proj(hubs).unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
+            for proj in (self.query, self.key, self.value)
+        )  # [heads, nodes, head_dim]
         scores = (q @ k.transpose(1, 2)) * self.head_dim**-0.5
         has_neighbour = edges.any(dim=-1)[None, :, None]
         # a hub with no neighbour: scores 0 (no NaN, forward or backward), then its weights zeroed
@@ -83,24 +85,32 @@ class HopLayers(nn.Module):
         super().__init__()
         count = config.num_layers if hop_layers is None else int(hop_layers)
         if not 0 <= count <= config.num_layers:
-            raise MateError(f"model.hop_layers={hop_layers} is invalid: the encoder has {config.num_layers} layers; "
-                            f"set model.hop_layers to 0..{config.num_layers} (null: all)")
+            raise MateError(
+                f"model.hop_layers={hop_layers} is invalid: the encoder has {config.num_layers} layers; "
+                f"set model.hop_layers to 0..{config.num_layers} (null: all)"
+            )
         self.first_hop = config.num_layers - count
-        self.hops = nn.ModuleList(HopAttention(config.hidden_size, config.num_heads, config.initializer_range)
-                                  for _ in range(count))
+        self.hops = nn.ModuleList(
+            HopAttention(config.hidden_size, config.num_heads, config.initializer_range) for _ in range(count)
+        )
 
-    def forward(self, encoder: nn.Module, input_ids: torch.Tensor, layout: TableLayout | None,
-                edges: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, encoder: nn.Module, input_ids: torch.Tensor, layout: TableLayout | None, edges: torch.Tensor
+    ) -> torch.Tensor:
         """``encoder`` (a :class:`~mate_cli.modeling.encoder.TableEncoder`) with hop attention:
         ``input_ids`` ``[nodes, seq]`` (every node's [CLS] at 0), ``edges`` ``[nodes, nodes]`` bool
         -> last hidden state ``[nodes, seq, hidden]``."""
         if edges.shape != (input_ids.shape[0],) * 2:
-            raise MateError(f"Transformer-XH: edges has shape {tuple(edges.shape)} for {input_ids.shape[0]} nodes; "
-                            "it must be [nodes, nodes]")
+            raise MateError(
+                f"Transformer-XH: edges has shape {tuple(edges.shape)} for {input_ids.shape[0]} nodes; "
+                "it must be [nodes, nodes]"
+            )
         hidden, layout, num_prefix = encoder.embed(input_ids, layout)
         if num_prefix:
-            raise MateError("Transformer-XH needs each node's [CLS] at position 0, but this attention backend puts "
-                            "tokens in front; use attention=dense, mate, sat or linformer")
+            raise MateError(
+                "Transformer-XH needs each node's [CLS] at position 0, but this attention backend puts "
+                "tokens in front; use attention=dense, mate, sat or linformer"
+            )
         edges = edges.to(hidden.device).bool()
         for i, layer in enumerate(encoder.encoder.layer):
             hop = self.hops[i - self.first_hop] if i >= self.first_hop else None

@@ -69,7 +69,10 @@ def check_same_split(stage1: DictConfig, stage2: DictConfig) -> None:
     a, b = stage1.dataset, stage2.dataset
     differ = [k for k in SPLIT_KEYS if str(a.get(k)) != str(b.get(k))]
     if differ:
-        log.warning("pointr: stage-2 data differs from stage-1 on %s; the reader's training tables may overlap the evaluated ones", differ)
+        log.warning(
+            "pointr: stage-2 data differs from stage-1 on %s; the reader's training tables may overlap the evaluated ones",
+            differ,
+        )
 
 
 # ------------------------------------------------------------------ stage 1
@@ -83,7 +86,9 @@ class CellRanker:
         top_k: cells kept per question (>= max(HITS_K) for Hits@5).
     """
 
-    def __init__(self, stage: TrainedRun, device: torch.device, precision: str | None = None, batch_size: int = 8, top_k: int = 5):
+    def __init__(
+        self, stage: TrainedRun, device: torch.device, precision: str | None = None, batch_size: int = 8, top_k: int = 5
+    ):
         self.stage, self.device, self.precision = stage, device, precision
         self.batch_size, self.top_k = int(batch_size), max(int(top_k), 1)
         self.collate = Collator(int(stage.tokenizer.pad_token_id or 0))
@@ -92,7 +97,9 @@ class CellRanker:
         """The stage-1 input of one question, exactly as the training run encoded its data."""
         data = self.stage.cfg.dataset
         expansion = OmegaConf.to_container(data.expansion, resolve=True) if data.get("expansion") else {}
-        tok = TableTokenizer(self.stage.tokenizer, max_length=int(data.max_length), max_question_tokens=int(data.max_question_tokens))
+        tok = TableTokenizer(
+            self.stage.tokenizer, max_length=int(data.max_length), max_question_tokens=int(data.max_question_tokens)
+        )
         return encode_question(tok, question, table, passages, expansion)
 
     @torch.no_grad()
@@ -119,7 +126,10 @@ class CellRanker:
         for i, example in enumerate(examples):
             valid = batch.cell_mask[i, top_id[i]]
             ids = [int(c) for c, ok in zip(top_id[i], valid) if ok]
-            cells = [{"cell_id": c, "coord": list(example["cell_coords"][c - 1]), "prob": float(p)} for c, p in zip(ids, top_p[i])]
+            cells = [
+                {"cell_id": c, "coord": list(example["cell_coords"][c - 1]), "prob": float(p)}
+                for c, p in zip(ids, top_p[i])
+            ]
             candidates = set(example["candidates"] or [])
             record = {"question_id": example["question_id"], "cells": cells, "has_candidate": bool(candidates)}
             for hk in HITS_K:
@@ -132,7 +142,9 @@ class CellRanker:
 class SpanPredictor:
     """Stage 2: read the answer span from one cell's context (or the cell text without a reader)."""
 
-    def __init__(self, stage: TrainedRun | None, device: torch.device, precision: str | None = None, batch_size: int = 16):
+    def __init__(
+        self, stage: TrainedRun | None, device: torch.device, precision: str | None = None, batch_size: int = 16
+    ):
         self.stage, self.device, self.precision, self.batch_size = stage, device, precision, int(batch_size)
         self.collate = SpanCollator(int(stage.tokenizer.pad_token_id or 0)) if stage else None
 
@@ -140,12 +152,29 @@ class SpanPredictor:
         """The :class:`~mate_cli.data.span.SpanExample` of ``coord``, as in training."""
         if self.stage is None:
             context, missing = cell_context(table.rows[coord[0]][coord[1]], passages)
-            return SpanExample(question.question_id, question.table_id, list(coord), question.answer_text or "",
-                                 context, [], {"segment_ids": []}, [], [], [], [], missing_passages=missing)
+            return SpanExample(
+                question.question_id,
+                question.table_id,
+                list(coord),
+                question.answer_text or "",
+                context,
+                [],
+                {"segment_ids": []},
+                [],
+                [],
+                [],
+                [],
+                missing_passages=missing,
+            )
         data = self.stage.cfg.dataset
         return build_span_input(
-            self.stage.tokenizer, question, table, passages, tuple(coord),
-            int(data.max_length), int(data.get("max_question_tokens", 64)),
+            self.stage.tokenizer,
+            question,
+            table,
+            passages,
+            tuple(coord),
+            int(data.max_length),
+            int(data.get("max_question_tokens", 64)),
         )
 
     @torch.no_grad()
@@ -195,8 +224,10 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     for stage in ("stage1", "stage2"):
         if OmegaConf.is_missing(cfg[stage], "ckpt_path"):
             fix = " (or null: answer with the top cell's text)" if stage == "stage2" else ""
-            raise MateError(f"{stage}.ckpt_path is missing; pass {stage}.ckpt_path=<run dir> (its best checkpoint) "
-                            f"or <run dir>/checkpoints/<name>.ckpt{fix}")
+            raise MateError(
+                f"{stage}.ckpt_path is missing; pass {stage}.ckpt_path=<run dir> (its best checkpoint) "
+                f"or <run dir>/checkpoints/<name>.ckpt{fix}"
+            )
     split = str(cfg.split)
     if split not in ("validation", "test"):
         raise MateError(f"split={split!r} is invalid; use split=validation or split=test")
@@ -226,7 +257,9 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
 
     counts: Counter = Counter()
     details = _run(datamodule, dataset.with_format(None), questions, ranker, spans, counts)
-    atomic_write_json(out_dir / "predictions.json", [{"question_id": d["question_id"], "pred": d["pred"]} for d in details])
+    atomic_write_json(
+        out_dir / "predictions.json", [{"question_id": d["question_id"], "pred": d["pred"]} for d in details]
+    )
     atomic_write_json(out_dir / "pointr_details.json", details)
 
     metrics = score(details, questions, ref_path, counts)
@@ -249,9 +282,13 @@ def score(details: list[dict], questions: dict[str, Question], ref_path: Path | 
     if ref_path is not None:
         full = load_json(ref_path, "reference file")
         if not isinstance(full, dict) or not isinstance(full.get("reference"), dict):
-            raise MateError(f"{ref_path}: not a dev_reference.json ({{'reference': {{qid: answer}}, 'table': [...], 'passage': [...]}}); pass reference=<file>")
+            raise MateError(
+                f"{ref_path}: not a dev_reference.json ({{'reference': {{qid: answer}}, 'table': [...], 'passage': [...]}}); pass reference=<file>"
+            )
         counts["not_in_reference"] = sum(d["question_id"] not in full["reference"] for d in details)
-        metrics.update(flat_metrics(evaluate_predictions(predictions, subset_reference(full, [d["question_id"] for d in details]))))
+        metrics.update(
+            flat_metrics(evaluate_predictions(predictions, subset_reference(full, [d["question_id"] for d in details])))
+        )
         metrics["reference"] = str(ref_path)
     elif answered:
         log.info("pointr: no reference file; EM/F1 over all answered questions only (no in-table/in-passage split)")
@@ -260,7 +297,9 @@ def score(details: list[dict], questions: dict[str, Question], ref_path: Path | 
     return metrics
 
 
-def _run(datamodule, dataset, questions: dict[str, Question], ranker: CellRanker, spans: SpanPredictor, counts: Counter) -> list[dict]:
+def _run(
+    datamodule, dataset, questions: dict[str, Question], ranker: CellRanker, spans: SpanPredictor, counts: Counter
+) -> list[dict]:
     """Stage 1 over ``dataset`` (encoded examples), stage 2 on each top cell, in chunks."""
     details: list[dict] = []
     pending: list[tuple[dict, Any, str]] = []
@@ -282,7 +321,9 @@ def _run(datamodule, dataset, questions: dict[str, Question], ranker: CellRanker
         passages = _passages(datamodule.reader, question.table_id, counts)
         counts["questions_without_candidate"] += question.answer_text is not None and not ranked["has_candidate"]
         record = {
-            "question_id": question.question_id, "question": question.question, "answer": question.answer_text,
+            "question_id": question.question_id,
+            "question": question.question,
+            "answer": question.answer_text,
             "top_cells": [_cell_info(table, c["coord"], c["prob"]) for c in ranked["cells"]],
             **{f"hits@{k}": ranked[f"hits@{k}"] for k in HITS_K},
         }
@@ -323,20 +364,33 @@ def load_passages(path: str | Path | None) -> dict[str, str]:
     return read_passages_file(path)
 
 
-def predict_question(ranker: CellRanker, spans: SpanPredictor, question_text: str, table: Table,
-                     passages: dict[str, str], top_k: int = 3) -> dict:
+def predict_question(
+    ranker: CellRanker, spans: SpanPredictor, question_text: str, table: Table, passages: dict[str, str], top_k: int = 3
+) -> dict:
     """Answer one question about one table: ``{"answer", "cell", "top_cells", "reader_prob", ...}``."""
     if not str(question_text).strip():
-        raise MateError("question is empty; pass question=\"...\"")
+        raise MateError('question is empty; pass question="..."')
     question = Question(question_id="predict", question=str(question_text), table_id=table.table_id)
     ranked = next(iter(ranker.rank([ranker.encode(question, table, passages)])))
     top = [_cell_info(table, c["coord"], c["prob"]) for c in ranked["cells"][: max(top_k, 1)]]
     if not top:
         log.info("predict: table %s has no selectable (non-empty) cell; no answer", table.table_id)
-        return {"question": question.question, "table_id": table.table_id, "answer": "", "cell": None, "top_cells": [], "reader_prob": None}
+        return {
+            "question": question.question,
+            "table_id": table.table_id,
+            "answer": "",
+            "cell": None,
+            "top_cells": [],
+            "reader_prob": None,
+        }
     item = spans.build(question, table, passages, (top[0]["row"], top[0]["column"]))
     result = spans.read([item], [top[0]["text"]])[0] if item.context.strip() else {"pred": "", "prob": None}
     return {
-        "question": question.question, "table_id": table.table_id, "answer": result["pred"],
-        "reader_prob": result["prob"], "cell": top[0], "top_cells": top, "context": item.context,
+        "question": question.question,
+        "table_id": table.table_id,
+        "answer": result["pred"],
+        "reader_prob": result["prob"],
+        "cell": top[0],
+        "top_cells": top,
+        "context": item.context,
     }

@@ -28,15 +28,20 @@ def read_task_table(task: str, path: str | Path) -> Table:
     return tasks.get(task).read_table_file(Path(str(path)).expanduser())
 
 
-def predict_table_question(run: TrainedRun, table: Table, text: str, device: torch.device,
-                           precision: str | None) -> dict:
+def predict_table_question(
+    run: TrainedRun, table: Table, text: str, device: torch.device, precision: str | None
+) -> dict:
     """The run's answer to ``text`` about ``table`` (module docstring), as a JSON-ready dict."""
     data = run.cfg.dataset
     task = tasks.get(data.task)
-    tokenizer = TableTokenizer(run.tokenizer, max_length=int(data.max_length),
-                               max_question_tokens=int(data.max_question_tokens), pruning=str(data.pruning),
-                               empty_cell_token=bool(data.get("empty_cell_token", True)),
-                               linearization=str(data.get("linearization", "tapas")))
+    tokenizer = TableTokenizer(
+        run.tokenizer,
+        max_length=int(data.max_length),
+        max_question_tokens=int(data.max_question_tokens),
+        pruning=str(data.pruning),
+        empty_cell_token=bool(data.get("empty_cell_token", True)),
+        linearization=str(data.get("linearization", "tapas")),
+    )
     question = Question("question", text, table.table_id)
     example = encode_task_question(tokenizer, task, question, table)
     batch = TaskCollator(int(run.tokenizer.pad_token_id or 0))([example]).to(device)
@@ -46,8 +51,10 @@ def predict_table_question(run: TrainedRun, table: Table, text: str, device: tor
     row = run.model.decode(batch, out)[0]
     if not task.selects_cells:
         return {**result, "verdict": row["verdict"], "probability": row["probability"]}
-    cells = [{"row": r, "column": c, "header": table.header[c].text, "text": table.rows[r][c].text}
-             for r, c in row["coordinates"]]
+    cells = [
+        {"row": r, "column": c, "header": table.header[c].text, "text": table.rows[r][c].text}
+        for r, c in row["coordinates"]
+    ]
     result.update(cells=cells, aggregation=row["aggregation"])
     if "answer" in row:
         result["answer"] = row["answer"]

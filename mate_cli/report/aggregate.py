@@ -161,7 +161,9 @@ def choose_metrics(runs: Sequence[Run], requested: Sequence[str] | None = None) 
         unknown = [m for m in requested if m not in present]
         if unknown:
             shown = ", ".join(sorted(k for k in present if not k.startswith("data/"))) or "none"
-            raise MateError(f"metrics={list(requested)}: {', '.join(unknown)} is in no run's metrics.json; metrics present: {shown}")
+            raise MateError(
+                f"metrics={list(requested)}: {', '.join(unknown)} is in no run's metrics.json; metrics present: {shown}"
+            )
         return list(dict.fromkeys(requested))
     return sorted(k for k in present if k.startswith("val/")) + [k for k in PERF_METRICS if k in present]
 
@@ -170,7 +172,9 @@ def main_metric(metrics: Sequence[str], requested: str | None = None) -> str | N
     """``requested``, else ``val/hits@1``, ``val/f1``, the first ``val/*`` metric, the first metric."""
     if requested:
         if requested not in metrics:
-            raise MateError(f"main_metric={requested} is not among the metrics shown ({', '.join(metrics) or 'none'}); choose one of them")
+            raise MateError(
+                f"main_metric={requested} is not among the metrics shown ({', '.join(metrics) or 'none'}); choose one of them"
+            )
         return requested
     for name in (*MAIN_METRICS, *(m for m in metrics if m.startswith("val/")), *metrics):
         if name in metrics:

@@ -95,12 +95,17 @@ def markdown(source: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
         out.append(f"## Repeated seeds ({len(repeated)}): the newest finished run of each is counted\n")
         out.extend(f"- {line}" for line in repeated)
         out.append("")
-    for title, lines in (("Failed runs", failed_lines(failed, "`")), ("Incomplete runs", incomplete_lines(incomplete, "`"))):
+    for title, lines in (
+        ("Failed runs", failed_lines(failed, "`")),
+        ("Incomplete runs", incomplete_lines(incomplete, "`")),
+    ):
         out.append(f"## {title} ({len(lines)})\n")
         out.extend([f"- {line}" for line in lines] or ["none"])
         out.append("")
     if skipped:
-        out.append(f"Left out: {len(skipped)} run(s) of other tasks ({', '.join(sorted({str(r.task) for r in skipped}))}).\n")
+        out.append(
+            f"Left out: {len(skipped)} run(s) of other tasks ({', '.join(sorted({str(r.task) for r in skipped}))}).\n"
+        )
     return "\n".join(out)
 
 
@@ -239,7 +244,9 @@ def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path
             ax.scatter([i], summary.values, s=40, marker="o", color="tab:blue", zorder=3, label=legend.pop("one", None))
             continue
         offsets = np.linspace(-0.15, 0.15, summary.n)
-        ax.scatter(i + offsets, summary.values, s=18, color="tab:gray", alpha=0.8, zorder=2, label=legend.pop("seeds", None))
+        ax.scatter(
+            i + offsets, summary.values, s=18, color="tab:gray", alpha=0.8, zorder=2, label=legend.pop("seeds", None)
+        )
         ax.errorbar(i, summary.median, yerr=summary.half_iqr, fmt="D", color="tab:blue", capsize=6, markersize=7,
                     zorder=3, label=legend.pop("median", None))  # fmt: skip
     ax.set_xticks(range(len(configurations)), labels(configurations), fontsize=7)
@@ -247,7 +254,12 @@ def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path
     ax.set_ylabel(metric_label(metric))
     _from_zero(ax, [v for s_ in summaries if s_ for v in (*s_.values, s_.median + s_.half_iqr)])
     n = max(s_.n for s_ in summaries if s_)
-    _title(ax, f"{metric_label(metric)} per configuration" + (f" ({PLUS_MINUS} half the interquartile range over seeds)" if n > 1 else ""), width)
+    _title(
+        ax,
+        f"{metric_label(metric)} per configuration"
+        + (f" ({PLUS_MINUS} half the interquartile range over seeds)" if n > 1 else ""),
+        width,
+    )
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path, dpi, formats)
@@ -256,7 +268,10 @@ def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path
 def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: str, path: Path, dpi: int = 90,
                                 formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
     """``main`` (y) against examples/s (x), one labelled point per configuration."""
-    points = [(label, conf.summary(THROUGHPUT), conf.summary(main)) for conf, label in zip(configurations, labels(configurations))]
+    points = [
+        (label, conf.summary(THROUGHPUT), conf.summary(main))
+        for conf, label in zip(configurations, labels(configurations))
+    ]
     points = [(label, x, y) for label, x, y in points if x is not None and y is not None]
     if not points:
         return []
@@ -264,7 +279,9 @@ def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: s
     fig, ax = plt.subplots(figsize=(9.5, 4.8))
     for i, (label, x, y) in enumerate(points):
         spread = dict(xerr=x.half_iqr, yerr=y.half_iqr, capsize=3) if x.n > 1 or y.n > 1 else {}
-        ax.errorbar(x.median, y.median, fmt="o", markersize=6, color=f"C{i % 10}", label=label.replace("\n", ", "), **spread)
+        ax.errorbar(
+            x.median, y.median, fmt="o", markersize=6, color=f"C{i % 10}", label=label.replace("\n", ", "), **spread
+        )
     ax.margins(x=0.15, y=0.15)
     several = any(x.n > 1 or y.n > 1 for _, x, y in points)
     ax.set_xlabel(metric_label(THROUGHPUT) + (" (median over seeds)" if several else ""))
@@ -272,7 +289,12 @@ def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: s
     _say_where_it_starts(ax, "x")  # throughput from 0 would squeeze the points into a corner
     _from_zero(ax, [y.median for _, _, y in points])
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    _title(ax, f"{metric_label(main)} against throughput" + (" (bars: half the interquartile range over seeds)" if several else ""), 5.5)
+    _title(
+        ax,
+        f"{metric_label(main)} against throughput"
+        + (" (bars: half the interquartile range over seeds)" if several else ""),
+        5.5,
+    )
     ax.grid(True, alpha=0.3)
     return _save(fig, path, dpi, formats)
 
@@ -292,8 +314,10 @@ def learning_curve(run: Run, metric: str) -> list[tuple[int, float]]:
 def plot_learning_curves(configurations: Sequence[Configuration], metric: str, path: Path, dpi: int = 90,
                          formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
     """``metric`` against the training step, a line per run, a colour per configuration."""
-    curves = [(label, [learning_curve(run, metric) for run in conf.runs])
-              for conf, label in zip(configurations, labels(configurations))]
+    curves = [
+        (label, [learning_curve(run, metric) for run in conf.runs])
+        for conf, label in zip(configurations, labels(configurations))
+    ]
     if not any(len(points) > 1 for _, runs in curves for points in runs):
         return []
     plt = _pyplot()
@@ -316,9 +340,13 @@ def plot(configurations: Sequence[Configuration], metrics: Sequence[str], main: 
          formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
     """``report_<metric>.<format>`` for every metric any run has, accuracy vs throughput when
     the runs measured it, and the main metric's learning curves when the runs logged them."""
-    paths = [p for m in metrics for p in plot_metric(configurations, m, out_dir / f"report_{slug(m)}.png", formats=formats)]
+    paths = [
+        p for m in metrics for p in plot_metric(configurations, m, out_dir / f"report_{slug(m)}.png", formats=formats)
+    ]
     if main and main != THROUGHPUT and THROUGHPUT in metrics:
-        paths += plot_accuracy_vs_throughput(configurations, main, out_dir / "report_accuracy_vs_throughput.png", formats=formats)
+        paths += plot_accuracy_vs_throughput(
+            configurations, main, out_dir / "report_accuracy_vs_throughput.png", formats=formats
+        )
     if main:
         paths += plot_learning_curves(configurations, main, out_dir / f"report_curve_{slug(main)}.png", formats=formats)
     return paths

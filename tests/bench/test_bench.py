@@ -134,7 +134,9 @@ def test_mate_bucketed_flops_grow_linearly_dense_quadratically(tiny_run, mode):
     assert mate <= 2.1, mate
     assert 3.9 <= dense <= 4.1, dense
     # Encoder level: attention's share (MATE minus the none floor) is linear too.
-    extra = [flops(rows, "encoder", mode, "mate.bucketed", n) - flops(rows, "encoder", mode, "none", n) for n in (512, 1024)]
+    extra = [
+        flops(rows, "encoder", mode, "mate.bucketed", n) - flops(rows, "encoder", mode, "none", n) for n in (512, 1024)
+    ]
     assert 0 < extra[1] / extra[0] <= 2.1, extra
 
 
@@ -188,7 +190,10 @@ def test_backends_are_built_from_the_attention_group_as_training_builds_them():
     assert (backend.variant, backend.impl) == ("bucketed", "auto") and not backend.training
     # mate.<impl> runs that impl of its variant; mate.auto names no function
     assert [(c.variant, c.impl) for c in map(cases.attention_config, ("mate.masked", "mate.exact", "mate.kernel"))] == [
-        ("exact", "masked"), ("exact", "auto"), ("bucketed", "kernel")]
+        ("exact", "masked"),
+        ("exact", "auto"),
+        ("bucketed", "kernel"),
+    ]
     with pytest.raises(MateError, match="mate.exact"):
         cases.attention_factory("mate.auto")
     with pytest.raises(MateError, match="no 'impl' option"):
@@ -248,8 +253,10 @@ def target_rows(slower: bool = False) -> list[dict]:
         row("kernel", "train", 8192, "mate.bucketed", t(100.0, 125.0)),
         row("encoder", "inference", 4096, "tapas_hf", 900.0),
         row("encoder", "inference", 4096, "bert_hf", 500.0),
-        *(row("encoder", "inference", n, "none", base) for n, base in
-          [(1024, 100.0), (2048, 150.0), (4096, 280.0), (16384, 2200.0)]),  # fmt: skip
+        *(
+            row("encoder", "inference", n, "none", base)
+            for n, base in [(1024, 100.0), (2048, 150.0), (4096, 280.0), (16384, 2200.0)]
+        ),  # fmt: skip
         row("encoder", "inference", 1024, "mate.bucketed", t(105.0, 120.0)),
         row("encoder", "inference", 2048, "mate.bucketed", t(160.0, 170.0)),
         row("encoder", "inference", 4096, "mate.bucketed", t(300.0, 320.0)),
@@ -301,7 +308,9 @@ EXPECTED = [
 
 @pytest.mark.parametrize("slower", [False, True], ids=["met", "missed"])
 def test_yaml_targets_on_hand_made_rows(slower):
-    assert checked(target_rows(slower)) == [(req, missed if slower else met, not slower) for req, met, missed in EXPECTED]
+    assert checked(target_rows(slower)) == [
+        (req, missed if slower else met, not slower) for req, met, missed in EXPECTED
+    ]
 
 
 def test_targets_without_their_rows_are_not_measured():
@@ -327,7 +336,9 @@ def test_targets_are_data():
     stricter = [dataclasses.replace(specs[0], threshold=20, seq_len=4096, level="encoder", baseline="tapas_hf")]
     (target,) = targets.evaluate(target_rows(), stricter)
     assert (target.name, target.requirement, target.met) == (
-        "kernel inference 4096: MATE vs dense SDPA", ">= 20x faster", False
+        "kernel inference 4096: MATE vs dense SDPA",
+        ">= 20x faster",
+        False,
     )  # the name follows seq_len; level/baseline are free text there
     with pytest.raises(MateError, match=r"bench.targets\[0\].kind='faster'"):
         targets.parse([{"kind": "faster"}])
@@ -360,18 +371,21 @@ def test_ckpt_option_row_trains_with_gradient_checkpointing_and_is_encoder_only(
 def test_the_dot_row_runs_the_pruner_on_every_token_and_the_task_model_on_k():
     input_ids, layout = table_layout(128)
     seen = []
-    case = cases.encoder_case("dot.mini-32", "train", input_ids, layout, cases.DIMS["tiny"], torch.float32,
-                              torch.device("cpu"))
+    case = cases.encoder_case(
+        "dot.mini-32", "train", input_ids, layout, cases.DIMS["tiny"], torch.float32, torch.device("cpu")
+    )
     hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, args, out: seen.append(args[0].shape[1]) if type(module).__name__ == "TableEncoder" else None)
+        lambda module, args, out: seen.append(args[0].shape[1]) if type(module).__name__ == "TableEncoder" else None
+    )
     try:
         case.call()
     finally:
         hook.remove()
     assert seen == [128, 32]  # the pruner reads the whole input, the task model the K kept tokens
     with pytest.raises(MateError, match="dot.small-256"):
-        cases.encoder_case("dot.huge-8", "inference", input_ids, layout, cases.DIMS["tiny"], torch.float32,
-                           torch.device("cpu"))
+        cases.encoder_case(
+            "dot.huge-8", "inference", input_ids, layout, cases.DIMS["tiny"], torch.float32, torch.device("cpu")
+        )
 
 
 def test_the_none_floor_runs_every_projection_backward_in_a_training_step():

@@ -74,7 +74,9 @@ def test_every_sweep_job_composes_and_instantiates(sweep, tmp_path, request):
     for job in jobs:
         default = [] if any(o.startswith("experiment=") for o in job) else ["experiment=hybridqa_mate"]
         cfg = compose_train([*default, *job], tmp_path)
-        what = repr({k: OmegaConf.to_container(cfg[k]) for k in ("attention", "dataset", "model", "trainer", "callbacks")})
+        what = repr(
+            {k: OmegaConf.to_container(cfg[k]) for k in ("attention", "dataset", "model", "trainer", "callbacks")}
+        )
         if what not in seen:
             build(cfg, tmp_path)
             seen.add(what)
@@ -103,7 +105,9 @@ def test_experiments_change_only_what_they_name(tmp_path):
     strip = lambda c: {k: v for k, v in OmegaConf.to_container(c).items() if k not in ("hydra", "experiment_name")}  # noqa: E731
     assert strip(mate) == strip(default)
     assert strip(tapas)["attention"]["_target_"].endswith("DenseAttention")
-    assert {k: v for k, v in strip(tapas).items() if k != "attention"} == {k: v for k, v in strip(default).items() if k != "attention"}
+    assert {k: v for k, v in strip(tapas).items() if k != "attention"} == {
+        k: v for k, v in strip(default).items() if k != "attention"
+    }
     assert reader.model.optimizer.lr == 5e-5 and reader.model.scheduler.warmup_ratio == 0.01
     assert reader.callbacks.best_checkpoint.monitor == "val/f1"
     assert default.model.optimizer.lr == 1e-5 and default.model.scheduler.warmup_ratio == 0.05
@@ -143,9 +147,18 @@ def test_transformer_xh_is_in_the_baselines_sweep_and_keeps_its_graph_under_the_
     profile=paper's 2048-token sequence length does not reach its nodes."""
     sweep = compose_train(["+sweep=baselines"], tmp_path)
     assert "hybridqa_xh" in sweep.hydra.sweeper.params.experiment.split(",")
-    strip = lambda c: {k: v for k, v in OmegaConf.to_container(c).items()  # noqa: E731
-                       if k not in ("hydra", "experiment_name", "model", "dataset")}
-    xh, tapas = compose_train(["experiment=hybridqa_xh"], tmp_path), compose_train(["experiment=hybridqa_tapas"], tmp_path)
+
+    def strip(c):
+        return {
+            k: v
+            for k, v in OmegaConf.to_container(c).items()
+            if k not in ("hydra", "experiment_name", "model", "dataset")
+        }
+
+    xh, tapas = (
+        compose_train(["experiment=hybridqa_xh"], tmp_path),
+        compose_train(["experiment=hybridqa_tapas"], tmp_path),
+    )
     assert strip(xh) == strip(tapas)
     same = lambda model: {k: v for k, v in model.items() if k not in ("_target_", "hop_layers", "encoder")}  # noqa: E731
     assert same(xh.model) == same(tapas.model)
@@ -187,8 +200,9 @@ def test_debug_modes_keep_the_experiment_settings_they_do_not_name(tmp_path):
     plain = OmegaConf.to_container(compose_train(["experiment=wtq_mate"], tmp_path))
     overfit = OmegaConf.to_container(compose_train(["experiment=wtq_mate", "debug=overfit"], tmp_path))
     assert overfit["model"] == plain["model"] and overfit["attention"] == plain["attention"]
-    assert {k: v for k, v in overfit["dataset"].items() if k != "same_order_every_epoch"} == \
-        {k: v for k, v in plain["dataset"].items() if k != "same_order_every_epoch"}
+    assert {k: v for k, v in overfit["dataset"].items() if k != "same_order_every_epoch"} == {
+        k: v for k, v in plain["dataset"].items() if k != "same_order_every_epoch"
+    }
 
 
 def test_run_name_and_tags_carry_the_overrides_that_say_what_ran(tmp_path):
@@ -206,7 +220,10 @@ def test_override_parts_keep_keys_apart_and_long_names_short():
     from mate_cli.paths import NAME_OVERRIDES_MAX, override_parts, overrides_name
 
     assert override_parts(["model.head.lr=1", "model.optimizer.lr=2", "+extra_layers.n=3", "ckpt_path=last"]) == [
-        "model.head.lr=1", "model.optimizer.lr=2", "n=3"]
+        "model.head.lr=1",
+        "model.optimizer.lr=2",
+        "n=3",
+    ]
     long = [f"model.key{i}=value{i}" for i in range(40)]
     name = overrides_name(long)
     assert len(name) <= NAME_OVERRIDES_MAX and name != overrides_name(long[:-1])

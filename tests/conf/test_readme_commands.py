@@ -26,8 +26,10 @@ def paper_commands() -> list[list[str]]:
     return commands
 
 
-CORPUS = ('{"text": "Kent wards", "table": {"header": ["ward", "people"], "rows": [["Beaver", "5,512"]]}}\n'
-          '{"text": "Rivers", "table": {"header": ["river", "km"], "rows": [["Stour", "96"], ["Medway", "113"]]}}\n')
+CORPUS = (
+    '{"text": "Kent wards", "table": {"header": ["ward", "people"], "rows": [["Beaver", "5,512"]]}}\n'
+    '{"text": "Rivers", "table": {"header": ["river", "km"], "rows": [["Stour", "96"], ["Medway", "113"]]}}\n'
+)
 
 
 def fill(args: list[str], tmp_path=None) -> list[str]:
@@ -65,8 +67,9 @@ def test_each_pretraining_command_composes_and_builds(command, tmp_path):
     register_resolvers()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("pretrain", overrides=[*fill(command[2:], tmp_path), f"hydra.run.dir={tmp_path}"],
-                      return_hydra_config=True)
+        cfg = compose(
+            "pretrain", overrides=[*fill(command[2:], tmp_path), f"hydra.run.dir={tmp_path}"], return_hydra_config=True
+        )
     HydraConfig.instance().set_config(cfg)
     datamodule = instantiate(cfg.dataset, cache_dir=str(tmp_path / "cache"))
     datamodule.setup("fit")

@@ -15,21 +15,16 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from mate_cli.config_check import check_command_line, check_dotlist
-from mate_cli.config_schema import (
-    DECLARED,
-    UNTYPED,
-    dotted_keys,
-    key_type,
-    lookup,
-    type_problem,
-)
+from mate_cli.config_schema import DECLARED, UNTYPED, dotted_keys, key_type, lookup, type_problem
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR, REPO_ROOT, register_resolvers
 from mate_cli.trainer_args import trainer_parameters
 
 #: commands with config groups to choose from, and the groups each option of which is composed
-GROUPED = {"train": ("experiment", "attention", "dataset", "model", "hardware", "logger", "debug", "profile", "ambiguity"),
-           "pretrain": ("attention", "dataset", "hardware", "profile", "debug")}
+GROUPED = {
+    "train": ("experiment", "attention", "dataset", "model", "hardware", "logger", "debug", "profile", "ambiguity"),
+    "pretrain": ("attention", "dataset", "hardware", "profile", "debug"),
+}
 SINGLE = ("eval", "pointr", "predict", "bench", "baseline", "report")
 
 
@@ -68,8 +63,14 @@ def test_enough_configs_are_composed():
 
 
 def test_every_key_of_every_option_has_a_type():
-    untyped = sorted({f"{key} ({command} {override})" for command, override, tree in every_composed_config()
-                      for key, default, expected in typed_keys(command, tree) if expected is UNTYPED})
+    untyped = sorted(
+        {
+            f"{key} ({command} {override})"
+            for command, override, tree in every_composed_config()
+            for key, default, expected in typed_keys(command, tree)
+            if expected is UNTYPED
+        }
+    )
     assert not untyped, f"declare these in mate_cli/config_schema.py DECLARED: {untyped}"
 
 
@@ -192,5 +193,9 @@ def test_a_run_dotlist_names_keys_of_that_run_with_values_of_their_type(entry, n
 
 
 def test_a_run_dotlist_of_known_keys_passes(tmp_path):
-    check_dotlist(RUN, ["dataset.eval_batch_size=2", "dataset.root=/other", "dataset.limit_questions=5"], "overrides",
-                  tmp_path / "resolved_config.yaml")
+    check_dotlist(
+        RUN,
+        ["dataset.eval_batch_size=2", "dataset.root=/other", "dataset.limit_questions=5"],
+        "overrides",
+        tmp_path / "resolved_config.yaml",
+    )

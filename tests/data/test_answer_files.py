@@ -16,7 +16,10 @@ def test_wtq_lines_are_id_then_raw_answers(tmp_path):
 
 
 def test_sqa_file_has_the_release_columns(tmp_path):
-    rows = [{"question_id": "nt-7/1/0", "coordinates": [[3, 1], [0, 2]]}, {"question_id": "nt-7/1/1", "coordinates": []}]
+    rows = [
+        {"question_id": "nt-7/1/0", "coordinates": [[3, 1], [0, 2]]},
+        {"question_id": "nt-7/1/1", "coordinates": []},
+    ]
     path = tasks.get("sqa").write_predictions(rows, tmp_path)
     with open(path, encoding="utf-8", newline="") as handle:
         got = list(csv.DictReader(handle, delimiter="\t"))
@@ -26,7 +29,10 @@ def test_sqa_file_has_the_release_columns(tmp_path):
 
 
 def test_tabfact_verdicts_in_statement_order(tmp_path):
-    rows = [{"question_id": "t.html.csv#1", "label": 0}, {"question_id": "t.html.csv#0", "label": 1},
-            {"question_id": "u.html.csv#0", "label": 1}]
+    rows = [
+        {"question_id": "t.html.csv#1", "label": 0},
+        {"question_id": "t.html.csv#0", "label": 1},
+        {"question_id": "u.html.csv#0", "label": 1},
+    ]
     path = tasks.get("tabfact").write_predictions(rows, tmp_path)
     assert json.loads(path.read_text()) == {"t.html.csv": [1, 0], "u.html.csv": [1]}

@@ -64,8 +64,11 @@ def test_a_truncated_entry_is_reported_in_one_line_and_rebuilt(tmp_path, caplog)
 def test_the_cache_key_follows_the_input_files(tiny_root, tmp_path, edit):
     dm = HybridQADataModule(root=str(tiny_root), cache_dir=str(tmp_path))
     before = dm.cache_key("train")
-    sub = {"table": "WikiTables-WithLinks/tables_tok", "passages": "WikiTables-WithLinks/request_tok",
-           "questions": "released_data"}[edit]
+    sub = {
+        "table": "WikiTables-WithLinks/tables_tok",
+        "passages": "WikiTables-WithLinks/request_tok",
+        "questions": "released_data",
+    }[edit]
     path = sorted((tiny_root / sub).glob("*.json"))[0]
     path.write_text(path.read_text(encoding="utf-8") + " ", encoding="utf-8")
     assert dm.cache_key("train") != before
@@ -82,9 +85,16 @@ def package_copy(tmp_path):
     return copy
 
 
-@pytest.mark.parametrize("module, changes", [("data/tokenize.py", True), ("metrics/wtq.py", True),
-                                             ("errors.py", True), ("commands/report.py", False),
-                                             ("report/render.py", False)])
+@pytest.mark.parametrize(
+    "module, changes",
+    [
+        ("data/tokenize.py", True),
+        ("metrics/wtq.py", True),
+        ("errors.py", True),
+        ("commands/report.py", False),
+        ("report/render.py", False),
+    ],
+)
 def test_the_code_digest_follows_the_modules_the_data_package_imports(tmp_path, module, changes):
     from mate_cli.data.cache import code_digest
 
@@ -118,8 +128,14 @@ def test_a_change_of_the_encoding_code_rebuilds_the_cache(sample_root, tmp_path,
     if task == "hybridqa":
         dm = HybridQADataModule(root=str(sample_root), cache_dir=str(cache_dir), limit_questions=3)
     else:
-        dm = TableTaskDataModule(task="sqa", root=str(sample_root.parent / "sqa_sample"), pretrained="minilm",
-                                 split={"source": "train.tsv"}, cache_dir=str(cache_dir), limit_questions=3)
+        dm = TableTaskDataModule(
+            task="sqa",
+            root=str(sample_root.parent / "sqa_sample"),
+            pretrained="minilm",
+            split={"source": "train.tsv"},
+            cache_dir=str(cache_dir),
+            limit_questions=3,
+        )
     with caplog.at_level(logging.INFO):
         dm.preprocess("train")
         dm.preprocess("train")

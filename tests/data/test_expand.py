@@ -16,11 +16,7 @@ PASSAGES = {
         "Its capital , Velmora , lies on the river Quell , which flows through the capital . "
         "Zorvania joined the league in 1990 ."
     ),
-    "/wiki/Brask": (
-        "Brask is a mountain town . "
-        "The town has a famous cheese market . "
-        "Brask hosts a yearly festival ."
-    ),
+    "/wiki/Brask": ("Brask is a mountain town . The town has a famous cheese market . Brask hosts a yearly festival ."),
     "/wiki/Oltan": "Oltan is a river port . Fishing is the main trade .",
 }
 
@@ -80,7 +76,10 @@ def test_table_scope_keeps_rank_order_within_cell():
     # sentences, tied at 0.18 (tie -> document order); Brask's share no word: 0
     out = expand_table(QUESTION, _table(), PASSAGES, k=3, scope="table")
     assert out[0][0] == f"Zorvania ( {CAPITAL} Zorvania is a small landlocked country . )"  # rank, not doc order
-    assert out[2] == ["Oltan ( Oltan is a river port . )", f"see Zorvania ( {CAPITAL} Zorvania is a small landlocked country . )"]
+    assert out[2] == [
+        "Oltan ( Oltan is a river port . )",
+        f"see Zorvania ( {CAPITAL} Zorvania is a small landlocked country . )",
+    ]
     assert out[1] == ["Brask", "town"]
     out = expand_table(QUESTION, _table(), PASSAGES, k=4, scope="table")
     assert out[0][0].endswith("Zorvania is a small landlocked country . Zorvania joined the league in 1990 . )")
@@ -124,5 +123,5 @@ def test_sample_table_scope_adds_at_most_k_sentences(reader, dev_questions):
                 assert text.startswith(cell.text)
                 if text != cell.text:
                     assert cell.links and text.endswith(" )")
-                    added.add(text[len(cell.text):])
+                    added.add(text[len(cell.text) :])
         assert 0 < len(added) <= 5 * max(len(c.links) for r in table.rows for c in r)

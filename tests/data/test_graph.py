@@ -40,7 +40,8 @@ def test_row_nodes_are_the_question_and_one_row_with_the_questions_cell_ids(grap
         assert seen == list(range(1, len(graph["cell_coords"]) + 1))  # every cell once, row-major
         gold = {tuple(xy) for xy in candidate_cells(question, table, passages)}
         assert {tuple(graph["cell_coords"][k - 1]) for k in graph["candidates"]} == gold - {
-            xy for xy in gold if xy[0] >= graph["row_nodes"]}
+            xy for xy in gold if xy[0] >= graph["row_nodes"]
+        }
         assert graph["candidates"] and graph["row_nodes"] == min(table.num_rows, 40)
 
 
@@ -51,17 +52,25 @@ def test_edges_join_rows_to_each_other_and_to_their_linked_passages_only(graphs)
         assert edges == {(b, a) for a, b in edges} and not any(a == b for a, b in edges)
         assert all((a, b) in edges for a in range(rows) for b in range(rows) if a != b)
         assert not any(a >= rows and b >= rows for a, b in edges)  # passages only meet rows
-        kept = closest_passages(question.question, list(dict.fromkeys(
-            link for row in table.rows[:rows] for cell in row for link in cell.links if link in passages)),
-            passages, 40 - rows)
+        kept = closest_passages(
+            question.question,
+            list(
+                dict.fromkeys(
+                    link for row in table.rows[:rows] for cell in row for link in cell.links if link in passages
+                )
+            ),
+            passages,
+            40 - rows,
+        )
         assert nodes == rows + len(kept)
         for j, link in enumerate(kept):
             linked = {r for r in range(rows) if any(link in cell.links for cell in table.rows[r])}
             assert {a for a, b in edges if b == rows + j} == linked and linked
             body = graph["node_input_ids"][rows + j]
             start = graph["node_layouts"][rows + j]["segment_ids"].index(1)
-            assert body[start:] == graphs[0].tokenizer(passages[link], add_special_tokens=False)["input_ids"][
-                : 96 - start]  # the passage's first word pieces
+            assert (
+                body[start:] == graphs[0].tokenizer(passages[link], add_special_tokens=False)["input_ids"][: 96 - start]
+            )  # the passage's first word pieces
             assert set(graph["node_layouts"][rows + j]["cell_ids"]) == {0}
 
 
@@ -75,8 +84,10 @@ def test_with_room_for_every_node_nothing_is_dropped_and_expansion_stays_inside_
     whole = encode_question(TableTokenizer(tokenizer, max_length=100_000), question, table, passages, NO_EXPANSION)
     assert graph["cell_coords"] == whole["cell_coords"] and graph["candidates"] == whole["candidates"]
     expanded = encode_graph(tok, question, table, passages, {**NO_EXPANSION, "k": 2}, max_nodes=1000)
-    assert sum(map(len, expanded["node_input_ids"][:table.num_rows])) > sum(map(len, graph["node_input_ids"][:table.num_rows]))
-    assert expanded["node_input_ids"][table.num_rows:] == graph["node_input_ids"][table.num_rows:]
+    assert sum(map(len, expanded["node_input_ids"][: table.num_rows])) > sum(
+        map(len, graph["node_input_ids"][: table.num_rows])
+    )
+    assert expanded["node_input_ids"][table.num_rows :] == graph["node_input_ids"][table.num_rows :]
 
 
 def test_closest_passages_keep_the_best_tfidf_matches_in_link_order():
@@ -96,11 +107,12 @@ def test_the_collator_joins_graphs_block_diagonally(graphs):
     same = batch.node_graph[:, None] == batch.node_graph[None, :]
     assert not bool((batch.edges & ~same).any())  # no hop between questions
     start = sizes[0]
-    block = batch.edges[start: start + sizes[1], start: start + sizes[1]]
+    block = batch.edges[start : start + sizes[1], start : start + sizes[1]]
     assert {tuple(e) for e in block.nonzero().tolist()} == {tuple(e) for e in examples[1]["edges"]}
     assert batch.cell_mask.shape[1] == max(len(ex["cell_coords"]) for ex in examples) + 1
-    assert torch.equal(batch.layout.attention_mask.sum(-1), torch.tensor(
-        [len(ids) for ex in examples for ids in ex["node_input_ids"]]))
+    assert torch.equal(
+        batch.layout.attention_mask.sum(-1), torch.tensor([len(ids) for ex in examples for ids in ex["node_input_ids"]])
+    )
 
 
 def test_a_table_without_rows_is_one_node_and_a_node_too_short_names_its_setting(tokenizer):

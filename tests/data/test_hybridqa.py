@@ -209,10 +209,16 @@ def test_split_by_table_deterministic_and_process_independent(dev_questions):
     assert _tables(first[1]) == _tables(again[1])
     # pinned: sha256-based, so the same in every process (Python's hash() is salted)
     assert sorted(_tables(first[1])) == [
-        "2006_in_video_gaming_1", "2011_Kazakhstan_Premier_League_1", "Amanda_Bynes_1",
-        "Copa_Sudamericana_records_and_statistics_0", "Education_in_Northern_Cyprus_0", "Laurence_Fox_1",
-        "List_of_Canadian_writers_17", "List_of_Japanese_films_of_1980_1",
-        "List_of_United_States_Military_Academy_alumni_2", "List_of_ships_of_the_Royal_Australian_Navy_20",
+        "2006_in_video_gaming_1",
+        "2011_Kazakhstan_Premier_League_1",
+        "Amanda_Bynes_1",
+        "Copa_Sudamericana_records_and_statistics_0",
+        "Education_in_Northern_Cyprus_0",
+        "Laurence_Fox_1",
+        "List_of_Canadian_writers_17",
+        "List_of_Japanese_films_of_1980_1",
+        "List_of_United_States_Military_Academy_alumni_2",
+        "List_of_ships_of_the_Royal_Australian_Navy_20",
         "National_Register_of_Historic_Places_listings_in_Matanuska-Susitna_Borough,_Alaska_0",
     ]
     assert _tables(split_by_table(dev_questions, 0.2, seed=1)[1]) != _tables(first[1])
@@ -252,7 +258,10 @@ def test_a_question_id_used_twice_for_different_records_names_both(tiny_root):
         records.append({**records[5], "question": "something else entirely ?"})
 
     path, records = _rewrite_dev(tiny_root, change)
-    with pytest.raises(MateError, match=rf"dev.traced.json: question '{records[5]['question_id']}' appears twice \(records #5 and #{len(records) - 1}\)"):
+    with pytest.raises(
+        MateError,
+        match=rf"dev.traced.json: question '{records[5]['question_id']}' appears twice \(records #5 and #{len(records) - 1}\)",
+    ):
         list(HybridQAReader(tiny_root).questions("dev"))
 
 

@@ -17,8 +17,11 @@ def test_words_group_continuation_pieces_and_skip_specials(tokenizer):
     pieces = tokenizer.convert_ids_to_tokens(ids)
     words = word_spans(ids, continuation_table(tokenizer), set(tokenizer.all_special_ids))
     assert [[pieces[p] for p in word] for word in words] == [
-        ["the"], ["ki", "##lb", "##ran", "##nan"], ["un", "##bel", "##ie", "##va", "##bly"],
-        ["x", "##yl", "##op", "##hon", "##ist"]]
+        ["the"],
+        ["ki", "##lb", "##ran", "##nan"],
+        ["un", "##bel", "##ie", "##va", "##bly"],
+        ["x", "##yl", "##op", "##hon", "##ist"],
+    ]
     assert words[0] == [1]  # [CLS] at 0 and [SEP] at the end are in no word
 
 
@@ -26,8 +29,9 @@ def test_whole_words_are_masked_together_at_the_rate(tokenizer):
     text = " ".join(["embankments of the ashford unbelievably long river"] * 20)
     ids = encode(tokenizer, text)
     words = word_spans(ids, continuation_table(tokenizer), set(tokenizer.all_special_ids))
-    masked, labels = mask_words(ids, words, random.Random(0), tokenizer.mask_token_id, tokenizer.vocab_size,
-                                rate=0.15, max_predictions=10_000)
+    masked, labels = mask_words(
+        ids, words, random.Random(0), tokenizer.mask_token_id, tokenizer.vocab_size, rate=0.15, max_predictions=10_000
+    )
     picked = [w for w in words if labels[w[0]] != IGNORE]
     assert len(picked) == round(0.15 * len(words))
     for word in words:  # all of a word's pieces are predicted, or none

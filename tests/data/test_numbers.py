@@ -22,7 +22,13 @@ from mate_cli.data.numbers import (
 
 def test_parse_number_reads_one_word():
     assert [parse_number(t) for t in ["1,234", "3rd", "21st", "+0.278", "-2", "1e3", "7."]] == [
-        1234.0, 3.0, 21.0, 0.278, -2.0, 1000.0, 7.0,
+        1234.0,
+        3.0,
+        21.0,
+        0.278,
+        -2.0,
+        1000.0,
+        7.0,
     ]
     assert [parse_number(t) for t in ["x", "nan", "inf", "th", "1:23"]] == [None] * 5
 
@@ -41,20 +47,23 @@ def test_parse_date_formats_and_year_range():
     assert parse_date("2015-13-01") is None and parse_date("foo 5") is None
 
 
-@pytest.mark.parametrize("text, spans", [
-    ("1,234.5 Apples", [ValueSpan(0, 7, (1234.5,))]),
-    ("abc12", [ValueSpan(3, 5, (12.0,))]),  # inside a word
-    ("2001", [ValueSpan(0, 4, (2001.0, Date(2001)))]),  # a year is a number and a date
-    ("1990–1995", [ValueSpan(0, 4, (1990.0, Date(1990))), ValueSpan(5, 9, (1995.0, Date(1995)))]),
-    ("May 3, 2001", [ValueSpan(0, 11, (Date(2001, 5, 3),))]),  # the longest span wins
-    ("the 3rd of May", [ValueSpan(4, 7, (3.0,)), ValueSpan(11, 14, (Date(None, 5, None),))]),
-    ("-5 and  +3", [ValueSpan(0, 2, (-5.0,)), ValueSpan(6, 9, (3.0,))]),  # sign after a space, which joins
-    ("one of Twelve", [ValueSpan(0, 3, (1.0,)), ValueSpan(7, 13, (12.0,))]),
-    ("february 29", [ValueSpan(0, 8, (Date(None, 2, None),)), ValueSpan(9, 11, (29.0,))]),
-    ("1990s", [ValueSpan(0, 5, (Date(1990),))]),
-    ("1650", [ValueSpan(0, 4, (1650.0,))]),
-    ("n/a", []),
-])
+@pytest.mark.parametrize(
+    "text, spans",
+    [
+        ("1,234.5 Apples", [ValueSpan(0, 7, (1234.5,))]),
+        ("abc12", [ValueSpan(3, 5, (12.0,))]),  # inside a word
+        ("2001", [ValueSpan(0, 4, (2001.0, Date(2001)))]),  # a year is a number and a date
+        ("1990–1995", [ValueSpan(0, 4, (1990.0, Date(1990))), ValueSpan(5, 9, (1995.0, Date(1995)))]),
+        ("May 3, 2001", [ValueSpan(0, 11, (Date(2001, 5, 3),))]),  # the longest span wins
+        ("the 3rd of May", [ValueSpan(4, 7, (3.0,)), ValueSpan(11, 14, (Date(None, 5, None),))]),
+        ("-5 and  +3", [ValueSpan(0, 2, (-5.0,)), ValueSpan(6, 9, (3.0,))]),  # sign after a space, which joins
+        ("one of Twelve", [ValueSpan(0, 3, (1.0,)), ValueSpan(7, 13, (12.0,))]),
+        ("february 29", [ValueSpan(0, 8, (Date(None, 2, None),)), ValueSpan(9, 11, (29.0,))]),
+        ("1990s", [ValueSpan(0, 5, (Date(1990),))]),
+        ("1650", [ValueSpan(0, 4, (1650.0,))]),
+        ("n/a", []),
+    ],
+)
 def test_parse_values_longest_spans(text, spans):
     assert list(parse_values(text)) == spans
     assert text_values(text) == [v for span in spans for v in span.values]
@@ -112,8 +121,12 @@ def test_relations_bits_per_cell():
     # 2000 is a number and a date: the date meets the year column, the number the other;
     # 'five' is 5, compared with the number column only.
     assert bits == {
-        (0, 0): Relation.GT, (1, 0): Relation.EQ, (2, 0): Relation.LT,
-        (0, 1): Relation.GT, (1, 1): Relation.GT | Relation.EQ, (2, 1): Relation.GT | Relation.LT,
+        (0, 0): Relation.GT,
+        (1, 0): Relation.EQ,
+        (2, 0): Relation.LT,
+        (0, 1): Relation.GT,
+        (1, 1): Relation.GT | Relation.EQ,
+        (2, 1): Relation.GT | Relation.LT,
     }
     assert [int(b) for b in (Relation.EQ, Relation.LT, Relation.GT)] == [1, 2, 4]
     assert numbers.relations("which one?") == {(r, 1): Relation.LT for r in range(3)}  # 1 < every cell

@@ -17,8 +17,13 @@ from mate_cli.errors import MateError
 from tests.helpers import REPO_ROOT
 
 WTQ = str(REPO_ROOT / "data" / "wtq_sample")
-TOKENIZER = {"pretrained": "minilm", "max_length": 128, "max_question_tokens": 64, "pruning": "none",
-             "empty_cell_token": True}
+TOKENIZER = {
+    "pretrained": "minilm",
+    "max_length": 128,
+    "max_question_tokens": 64,
+    "pruning": "none",
+    "empty_cell_token": True,
+}
 
 
 def wtq_records() -> list[dict]:
@@ -39,8 +44,19 @@ def test_processes_give_the_examples_of_one_process_in_record_order(caplog):
     assert "wtq train: preprocessing 60 questions in 2 processes" in lines
     # progress lines (count, rate, ETA) while it runs, then the rate at the end
     assert any(re.fullmatch(r"wtq train: \d+/60 questions \([\d.]+/s, ETA \d+s\)", line) for line in lines)
-    assert sum(bool(re.fullmatch(r"wtq train: 60 questions preprocessed in \d+s \([\d.]+ questions/s, "
-                                 r"[12] process(es)?\)", line)) for line in lines) == 2
+    assert (
+        sum(
+            bool(
+                re.fullmatch(
+                    r"wtq train: 60 questions preprocessed in \d+s \([\d.]+ questions/s, "
+                    r"[12] process(es)?\)",
+                    line,
+                )
+            )
+            for line in lines
+        )
+        == 2
+    )
 
 
 def test_a_record_with_many_examples_and_an_empty_split():
@@ -57,8 +73,15 @@ def test_auto_worker_counts_follow_the_machine():
     assert worker_counts(3, 0) == (3, 0) and worker_counts("2", "1") == (2, 1)
 
 
-@pytest.mark.parametrize("num_proc, num_workers, key", [(0, 0, "dataset.num_proc"), ("many", 0, "dataset.num_proc"),
-                                                        (1, -1, "dataset.num_workers"), (1, 1.5, "dataset.num_workers")])
+@pytest.mark.parametrize(
+    "num_proc, num_workers, key",
+    [
+        (0, 0, "dataset.num_proc"),
+        ("many", 0, "dataset.num_proc"),
+        (1, -1, "dataset.num_workers"),
+        (1, 1.5, "dataset.num_workers"),
+    ],
+)
 def test_a_count_that_is_not_a_count_is_one_line_naming_its_key(num_proc, num_workers, key):
     with pytest.raises(MateError, match=rf"^{re.escape(key)}=.* is not a count; use a whole number >= [01], or auto"):
         worker_counts(num_proc, num_workers)

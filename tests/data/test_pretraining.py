@@ -16,8 +16,12 @@ from mate_cli.errors import MateError
 from tests.helpers import REPO_ROOT
 
 DATA = REPO_ROOT / "data"
-SOURCES = {"hybridqa": str(DATA / "hybridqa_sample"), "wtq": str(DATA / "wtq_sample"),
-           "sqa": str(DATA / "sqa_sample"), "tabfact": str(DATA / "tabfact_sample")}
+SOURCES = {
+    "hybridqa": str(DATA / "hybridqa_sample"),
+    "wtq": str(DATA / "wtq_sample"),
+    "sqa": str(DATA / "sqa_sample"),
+    "tabfact": str(DATA / "tabfact_sample"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +56,18 @@ def test_held_out_tables_are_split_by_content(datamodule, corpus, tmp_path):
     copies = []
     for example in corpus[::20]:
         table = example.table
-        copies.append(json.dumps({"id": "copy-" + table.table_id, "text": "another text", "table": {
-            "header": [c.text for c in table.header], "rows": [[c.text for c in row] for row in table.rows]}}))
+        copies.append(
+            json.dumps(
+                {
+                    "id": "copy-" + table.table_id,
+                    "text": "another text",
+                    "table": {
+                        "header": [c.text for c in table.header],
+                        "rows": [[c.text for c in row] for row in table.rows],
+                    },
+                }
+            )
+        )
     (tmp_path / "copies.jsonl").write_text("\n".join(copies) + "\n", encoding="utf-8")
     dm = PretrainDataModule(sources={**SOURCES, "jsonl": str(tmp_path / "copies.jsonl")}, cache_dir=str(tmp_path))
     sides = dm.split_corpus()
@@ -108,8 +122,9 @@ def test_worker_processes_mask_as_the_main_process_does(datamodule):
     sampler = EpochTagged(len(data), seed=5)
     sampler.set_epoch(3)
     here = [b.labels for b in DataLoader(data, batch_size=16, sampler=sampler, collate_fn=MaskedCollator())]
-    there = [b.labels for b in DataLoader(data, batch_size=16, sampler=sampler, collate_fn=MaskedCollator(),
-                                          num_workers=2)]
+    there = [
+        b.labels for b in DataLoader(data, batch_size=16, sampler=sampler, collate_fn=MaskedCollator(), num_workers=2)
+    ]
     assert len(here) == len(there) and all(a.equal(b) for a, b in zip(here, there))
 
 
@@ -184,8 +199,9 @@ def pretrain_corpus(overrides: list[str], tmp_path) -> PretrainDataModule:
 
     from tests.inprocess import compose_command
 
-    cfg = compose_command("pretrain", ["dataset.sources.hybridqa=null", "dataset.tables=train", *overrides],
-                          tmp_path / "pretrain")
+    cfg = compose_command(
+        "pretrain", ["dataset.sources.hybridqa=null", "dataset.tables=train", *overrides], tmp_path / "pretrain"
+    )
     return instantiate(cfg.dataset)
 
 
@@ -208,8 +224,9 @@ def test_a_training_table_with_a_validation_tables_content_is_left_out(tmp_path)
 
     root = tmp_path / "wtq"
     shutil.copytree(DATA / "wtq_sample", root)
-    corpus = pretrain_corpus([f"dataset.sources.wtq={root}", "dataset.sources.sqa=null", "dataset.sources.tabfact=null"],
-                             tmp_path).corpus
+    corpus = pretrain_corpus(
+        [f"dataset.sources.wtq={root}", "dataset.sources.sqa=null", "dataset.sources.tabfact=null"], tmp_path
+    ).corpus
     train, _ = corpus.kept_tables()
     before = {e.table.table_id for e in corpus.examples()}
     validation = task_tables("wtq", "validation", tmp_path)
@@ -218,16 +235,23 @@ def test_a_training_table_with_a_validation_tables_content_is_left_out(tmp_path)
     for suffix in (".csv", ".tsv", ".table"):  # the reader prefers a .tsv twin
         if (root / held.table.table_id).with_suffix(suffix).exists():
             shutil.copy((root / held.table.table_id).with_suffix(suffix), (root / a_train_table).with_suffix(suffix))
-    after = {e.table.table_id for e in pretrain_corpus([f"dataset.sources.wtq={root}", "dataset.sources.sqa=null",
-                                                       "dataset.sources.tabfact=null"], tmp_path).corpus.examples()}
+    after = {
+        e.table.table_id
+        for e in pretrain_corpus(
+            [f"dataset.sources.wtq={root}", "dataset.sources.sqa=null", "dataset.sources.tabfact=null"], tmp_path
+        ).corpus.examples()
+    }
     assert a_train_table in train["wtq"] and after == before - {a_train_table}
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["dataset.sources.hybridqa=data/hybridqa_sample"], "dataset.sources.hybridqa has no split: set it to null"),
-    (["dataset.tables=some"], "dataset.tables='some' is invalid; use one of all, train"),
-    (["dataset.splits.sqa=null"], "dataset.tables=train needs dataset.splits.sqa"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["dataset.sources.hybridqa=data/hybridqa_sample"], "dataset.sources.hybridqa has no split: set it to null"),
+        (["dataset.tables=some"], "dataset.tables='some' is invalid; use one of all, train"),
+        (["dataset.splits.sqa=null"], "dataset.tables=train needs dataset.splits.sqa"),
+    ],
+)
 def test_training_tables_mistakes_are_one_line(overrides, message, tmp_path):
     """As `mate pretrain` reports them (exit 2, nothing written: tests/integration/test_cli.py)."""
     from tests.inprocess import run_command

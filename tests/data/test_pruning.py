@@ -25,8 +25,9 @@ def _literal_cc(header, rows, budget):
                 kept[i] += 1
                 left -= 1
         depth += 1
-    return kept[: len(header)], [kept[len(header) + r * len(header): len(header) + (r + 1) * len(header)]
-                                 for r in range(len(rows))]
+    return kept[: len(header)], [
+        kept[len(header) + r * len(header) : len(header) + (r + 1) * len(header)] for r in range(len(rows))
+    ]
 
 
 def test_cc_round_robin_header_first_then_row_major():
@@ -139,9 +140,11 @@ def _table(header, rows):
 
 CITIES = _table(
     ["city", "country", "population", "notes"],
-    [["Paris", "France", "2.1 million", "capital of the country since 508"],
-     ["Lyon", "France", "0.5 million", "on the Rhone river , a silk trade town"],
-     ["Marseille", "", "0.9 million", "old port on the Mediterranean sea coast"]],
+    [
+        ["Paris", "France", "2.1 million", "capital of the country since 508"],
+        ["Lyon", "France", "0.5 million", "on the Rhone river , a silk trade town"],
+        ["Marseille", "", "0.9 million", "old port on the Mediterranean sea coast"],
+    ],
 )
 QUESTION = Question("q", "which population is above 2 million ?", "hand")
 
@@ -152,8 +155,10 @@ def _pieces(tokenizer, text):
 
 def _sizes(tokenizer, table):
     """Word pieces per column (header + cells) and in all."""
-    sizes = [len(_pieces(tokenizer, h.text)) + sum(len(_pieces(tokenizer, row[c].text)) for row in table.rows)
-             for c, h in enumerate(table.header)]
+    sizes = [
+        len(_pieces(tokenizer, h.text)) + sum(len(_pieces(tokenizer, row[c].text)) for row in table.rows)
+        for c, h in enumerate(table.header)
+    ]
     return sizes, sum(sizes)
 
 
@@ -223,7 +228,11 @@ def test_hem_keeps_the_matching_column_with_original_coords(minilm):
     # candidates: (0, 2) kept, (0, 3) in a pruned column; prev_labels on the original cell (1, 2)
     assert [example.cell_coords[k - 1] for k in example.candidates] == [[0, 2]]
     assert example.candidates_dropped == 1
-    prev = {tuple(example.cell_coords[k - 1]) for k, p in zip(example.layout["cell_ids"], example.layout["prev_labels"]) if p}
+    prev = {
+        tuple(example.cell_coords[k - 1])
+        for k, p in zip(example.layout["cell_ids"], example.layout["prev_labels"])
+        if p
+    }
     assert prev == {(1, 2)}
     # numeric ids come from the whole table, by original coordinates
     ranks, _ = column_ranks([[c.text for c in row] for row in CITIES.rows])

@@ -6,16 +6,9 @@ from __future__ import annotations
 import logging
 
 
-from mate_cli.data.span import (
-    SpanDataModule,
-    cell_context,
-    encode_span_example,
-    find_answer_span,
-    span_text,
-)
+from mate_cli.data.span import SpanDataModule, cell_context, encode_span_example, find_answer_span, span_text
 from mate_cli.data.schema import Cell, Question
 from tests.helpers import build_edge_root
-
 
 
 def test_find_answer_span_is_the_first_normalised_occurrence():

@@ -66,7 +66,9 @@ def test_tables_parse_with_hash_separator(tabfact, statements):
         table = tabfact.table(table_id)
         assert table.num_columns > 1 and 5 <= table.num_rows <= 43
         assert all(len(row) == table.num_columns for row in table.rows)
-        assert not any("\r" in c.text or "#" in c.text for row in [table.header, *table.rows] for c in row)  # CRLF files
+        assert not any(
+            "\r" in c.text or "#" in c.text for row in [table.header, *table.rows] for c in row
+        )  # CRLF files
     assert tabfact.table("2-17835872-2.html.csv").num_rows == 43
 
 

@@ -22,8 +22,15 @@ from mate_cli import tasks
 from mate_cli.data.schema import Question, TaskBatch
 from mate_cli.data.sqa import SQAReader
 from mate_cli.data.table_tasks import (
-    TableTaskDataModule, TaskCollator, answer_cells, answer_matches, cell_numbers, encode_task_question,
-    first_cell_per_answer, previous_answers, scalar_answer,
+    TableTaskDataModule,
+    TaskCollator,
+    answer_cells,
+    answer_matches,
+    cell_numbers,
+    encode_task_question,
+    first_cell_per_answer,
+    previous_answers,
+    scalar_answer,
 )
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.data.wtq import WTQReader
@@ -91,8 +98,16 @@ def datamodule(tmp_path_factory):
         key = (task, pruning, tuple(sorted(extra.items())))
         if key not in built:
             root, source = SAMPLES[task]
-            dm = TableTaskDataModule(task=task, root=str(root), pretrained="minilm", max_length=MAX_LENGTH,
-                                     split={"source": source}, cache_dir=str(cache_dir), pruning=pruning, **extra)
+            dm = TableTaskDataModule(
+                task=task,
+                root=str(root),
+                pretrained="minilm",
+                max_length=MAX_LENGTH,
+                split={"source": source},
+                cache_dir=str(cache_dir),
+                pruning=pruning,
+                **extra,
+            )
             dm.setup("fit")
             built[key] = dm
         return built[key]
@@ -103,20 +118,32 @@ def datamodule(tmp_path_factory):
 @pytest.fixture(scope="module")
 def module(hf_tokenizer) -> TableQAModule:
     torch.manual_seed(0)
-    config = EncoderConfig(vocab_size=len(hf_tokenizer), hidden_size=32, num_layers=1, num_heads=2,
-                           intermediate_size=64, max_position_embeddings=512)
-    return TableQAModule(TableEncoder(config, "dense"), optimizer=functools.partial(torch.optim.AdamW),
-                         task="sqa", head={})
+    config = EncoderConfig(
+        vocab_size=len(hf_tokenizer),
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    return TableQAModule(
+        TableEncoder(config, "dense"), optimizer=functools.partial(torch.optim.AdamW), task="sqa", head={}
+    )
 
 
 def _sqa_file_records() -> list[dict]:
     """The sample's train.tsv read independently of SQAReader (csv + ast, as the README says)."""
     with open(SAMPLES["sqa"][0] / "train.tsv", encoding="utf-8", newline="") as handle:
         rows = list(csv.DictReader(handle, delimiter="\t"))
-    return [{"qid": f"{r['id']}/{r['annotator']}/{int(r['position'])}", "seq": f"{r['id']}/{r['annotator']}",
-             "position": int(r["position"]),
-             "coords": sorted({tuple(ast.literal_eval(c)) for c in ast.literal_eval(r["answer_coordinates"])})}
-            for r in rows]
+    return [
+        {
+            "qid": f"{r['id']}/{r['annotator']}/{int(r['position'])}",
+            "seq": f"{r['id']}/{r['annotator']}",
+            "position": int(r["position"]),
+            "coords": sorted({tuple(ast.literal_eval(c)) for c in ast.literal_eval(r["answer_coordinates"])}),
+        }
+        for r in rows
+    ]
 
 
 def _column(ds, name: str) -> list:
@@ -152,7 +179,9 @@ def test_wtq_answer_cells_need_every_answer_item(wtq, wtq_questions):
     table = wtq.table(wtq_questions["nt-4833"].table_id)
 
     def ask(*answers):
-        return answer_cells(tasks.get("wtq"), Question("x", "which mayors?", table.table_id, answers=list(answers)), table)
+        return answer_cells(
+            tasks.get("wtq"), Question("x", "which mayors?", table.table_id, answers=list(answers)), table
+        )
 
     assert ask("Peder Olai Kleppe") == [(1, 1)]
     assert ask("Peder Olai Kleppe", "Nobody Kleppeson") == []
@@ -164,9 +193,15 @@ def test_wtq_answer_cells_need_every_answer_item(wtq, wtq_questions):
     assert answer_cells(tasks.get("wtq"), q, table) == [(11, 0), (12, 0), (13, 0)]
     assert table.rows[11][0].text == "South Kynouria\n(Notia Kynouria)"
     # answer texts do not supervise TabFact, and SQA uses its gold coordinates only
-    assert answer_cells(tasks.get("tabfact"), Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"]), table) == []
-    assert answer_cells(tasks.get("sqa"), Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"],
-                                        answer_coordinates=[[4, 2], [1, 0], [4, 2]]), table) == [(1, 0), (4, 2)]
+    assert (
+        answer_cells(tasks.get("tabfact"), Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"]), table)
+        == []
+    )
+    assert answer_cells(
+        tasks.get("sqa"),
+        Question("x", "q", table.table_id, answers=["Peder Olai Kleppe"], answer_coordinates=[[4, 2], [1, 0], [4, 2]]),
+        table,
+    ) == [(1, 0), (4, 2)]
 
 
 def test_wtq_answer_cells_read_gold_answers_through_their_canonical_forms(table_tokenizer):
@@ -185,8 +220,9 @@ def test_wtq_answer_cells_read_gold_answers_through_their_canonical_forms(table_
     # the canonical forms travel with the encoded example into the batch
     example = encode_task_question(table_tokenizer, tasks.get("wtq"), stage, table)
     assert example["canonical_answers"] == ["3.0"]
-    batch = TaskCollator()([example, encode_task_question(table_tokenizer, tasks.get("wtq"), replace(stage, canonical_answers=[]),
-                                                          table)])
+    batch = TaskCollator()(
+        [example, encode_task_question(table_tokenizer, tasks.get("wtq"), replace(stage, canonical_answers=[]), table)]
+    )
     assert batch.canonical_answers == [["3.0"], []]
 
 
@@ -200,9 +236,20 @@ def test_scalar_answer(wtq_questions):
     assert scalar("5,5") == 5.5 and scalar("-4") == -4.0  # a decimal comma; a sign
     assert scalar_answer(tasks.get("wtq"), wtq_questions["nt-1022"]) == 560195.0  # "560,195"
     assert scalar_answer(tasks.get("wtq"), wtq_questions["nt-2488"]) == 3.0
-    for value in (scalar("Czech Republic"), scalar("2-1"), scalar("8 October 2010"), scalar("inf"), scalar("nan"), scalar("3rd"),
-                  scalar("3", "4"), scalar(), scalar("3", task="sqa"), scalar("3", task="tabfact"),
-                  scalar_answer(tasks.get("wtq"), wtq_questions["nt-718"]), scalar_answer(tasks.get("wtq"), wtq_questions["nt-4833"])):
+    for value in (
+        scalar("Czech Republic"),
+        scalar("2-1"),
+        scalar("8 October 2010"),
+        scalar("inf"),
+        scalar("nan"),
+        scalar("3rd"),
+        scalar("3", "4"),
+        scalar(),
+        scalar("3", task="sqa"),
+        scalar("3", task="tabfact"),
+        scalar_answer(tasks.get("wtq"), wtq_questions["nt-718"]),
+        scalar_answer(tasks.get("wtq"), wtq_questions["nt-4833"]),
+    ):
         assert math.isnan(value)
 
 
@@ -260,11 +307,14 @@ def test_first_cell_per_answer_skips_cut_cells_and_cells_an_earlier_item_took():
     assert example["candidates"] == [1, 3] and example["candidates_dropped"] == 1
 
 
-@pytest.mark.parametrize("extra, dropped", [
-    ({}, {"dropped_no_supervision": 3, "dropped_answer_cut": 0, "dropped_ambiguous": 0}),
-    ({"drop_cut_answers": True}, {"dropped_no_supervision": 3, "dropped_answer_cut": 3, "dropped_ambiguous": 0}),
-    ({"ambiguous_answers": "drop"}, {"dropped_no_supervision": 3, "dropped_answer_cut": 0, "dropped_ambiguous": 8}),
-])
+@pytest.mark.parametrize(
+    "extra, dropped",
+    [
+        ({}, {"dropped_no_supervision": 3, "dropped_answer_cut": 0, "dropped_ambiguous": 0}),
+        ({"drop_cut_answers": True}, {"dropped_no_supervision": 3, "dropped_answer_cut": 3, "dropped_ambiguous": 0}),
+        ({"ambiguous_answers": "drop"}, {"dropped_no_supervision": 3, "dropped_answer_cut": 0, "dropped_ambiguous": 8}),
+    ],
+)
 def test_training_drops_cut_and_ambiguous_questions_as_configured_and_counts_them(datamodule, extra, dropped):
     dm = datamodule("wtq", **extra)
     train = dm.datasets["train"]
@@ -286,8 +336,11 @@ def test_training_drops_cut_and_ambiguous_questions_as_configured_and_counts_the
 def test_previous_answers_map_to_the_previous_gold_cells(sqa_questions):
     records = _sqa_file_records()
     by_step = {(r["seq"], r["position"]): r for r in records}
-    expected = {r["qid"]: by_step[(r["seq"], r["position"] - 1)]["coords"]
-                for r in records if (r["seq"], r["position"] - 1) in by_step}
+    expected = {
+        r["qid"]: by_step[(r["seq"], r["position"] - 1)]["coords"]
+        for r in records
+        if (r["seq"], r["position"] - 1) in by_step
+    }
     got = previous_answers(sqa_questions)
     assert len(sqa_questions) == 68 and len(got) == 48  # 20 sequences: every question but their first
     assert got == expected
@@ -347,8 +400,17 @@ def test_sqa_validation_is_served_in_position_order(datamodule):
     assert [positions[i] for i in order] == sorted(positions)
     served = [(qid, p) for batch in dm.val_dataloader() for qid, p in zip(batch.question_ids, batch.positions)]
     assert [p for _, p in served] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-    assert [qid for qid, _ in served] == ["ns-129/1/0", "ns-129/2/0", "nt-8495/1/0", "ns-129/1/1", "ns-129/2/1",
-                                          "nt-8495/1/1", "ns-129/1/2", "ns-129/2/2", "nt-8495/1/2"]
+    assert [qid for qid, _ in served] == [
+        "ns-129/1/0",
+        "ns-129/2/0",
+        "nt-8495/1/0",
+        "ns-129/1/1",
+        "ns-129/2/1",
+        "nt-8495/1/1",
+        "ns-129/1/2",
+        "ns-129/2/2",
+        "nt-8495/1/2",
+    ]
     # training order is the sampler's business: every SQA training question has an answer cell
     assert dm.usable_rows("train", dm.datasets["train"]) == list(range(59))
 
@@ -438,7 +500,7 @@ def test_split_statistics_count_the_long_table_slice_and_what_its_answers_keep(d
     # the cut loses answers on the sample's long tables, more of them than over the whole split
     assert stats["answer_cells_kept_long"] < stats["answer_cells_kept"] < 1.0
     assert "long_questions" not in datamodule("wtq").stats["train"]  # no threshold, no slice
-    nothing_long = datamodule("wtq", long_table_tokens=10 ** 6).stats["train"]
+    nothing_long = datamodule("wtq", long_table_tokens=10**6).stats["train"]
     assert nothing_long["long_questions"] == 0 and nothing_long["answer_cells_kept_long"] is None
 
 
@@ -488,9 +550,9 @@ def test_task_collator_carries_supervision_aligned_with_cells(datamodule):
     assert batch.cell_values.shape == (3, width) and width == 1 + max(len(ex["cell_coords"]) for ex in examples)
     for i, ex in enumerate(examples):
         n = len(ex["cell_coords"])
-        assert batch.cell_coords[i, 1: n + 1].tolist() == ex["cell_coords"]
+        assert batch.cell_coords[i, 1 : n + 1].tolist() == ex["cell_coords"]
         assert all(_same(batch.cell_values[i, k].item(), ex["cell_values"][k - 1]) for k in range(1, n + 1))
-        assert torch.isnan(batch.cell_values[i, 0]) and torch.isnan(batch.cell_values[i, n + 1:]).all()
+        assert torch.isnan(batch.cell_values[i, 0]) and torch.isnan(batch.cell_values[i, n + 1 :]).all()
         assert batch.candidate_mask[i].nonzero().flatten().tolist() == ex["candidates"]
         assert batch.cell_texts[i] == ex["cell_texts"] and batch.answers[i] == ex["answers"]
     k = examples[0]["cell_coords"].index([0, 11]) + 1  # the "560,195" cell
@@ -525,8 +587,16 @@ def test_batch_select_reorders_every_per_example_field(datamodule):
         torch.testing.assert_close(getattr(swapped, name), getattr(batch, name)[[1, 0]], equal_nan=True)
     for name in ("attention_mask", *ID_FIELDS):
         assert torch.equal(getattr(swapped.layout, name), getattr(batch.layout, name)[[1, 0]]), name
-    for name in ("question_ids", "table_ids", "answers", "answer_coordinates", "cell_texts", "sequence_ids",
-                 "positions", "channels"):
+    for name in (
+        "question_ids",
+        "table_ids",
+        "answers",
+        "answer_coordinates",
+        "cell_texts",
+        "sequence_ids",
+        "positions",
+        "channels",
+    ):
         assert getattr(swapped, name) == getattr(batch, name)[::-1], name
     assert swapped.question_ids == ["nt-8495/1/2", "ns-129/1/0"] and swapped.positions == [2, 0]
     assert swapped.sequence_ids == ["nt-8495/1", "ns-129/1"]
@@ -558,8 +628,11 @@ def test_in_position_order_splits_a_mixed_batch(module, datamodule):
     batch = _sqa_batch(datamodule, "ns-129/1/2", "ns-129/1/0", "nt-8495/1/1", "ns-129/2/0", "ns-129/2/2")
     parts = module._in_position_order(batch)
     assert [p.positions for p in parts] == [[0, 0], [1], [2, 2]]
-    assert [p.question_ids for p in parts] == [["ns-129/1/0", "ns-129/2/0"], ["nt-8495/1/1"],
-                                               ["ns-129/1/2", "ns-129/2/2"]]
+    assert [p.question_ids for p in parts] == [
+        ["ns-129/1/0", "ns-129/2/0"],
+        ["nt-8495/1/1"],
+        ["ns-129/1/2", "ns-129/2/2"],
+    ]
     for part in parts:  # each part is the sub-batch of its examples, tensors included
         index = [batch.question_ids.index(q) for q in part.question_ids]
         assert torch.equal(part.input_ids, batch.input_ids[index])
@@ -656,8 +729,10 @@ def test_wtq_decode_scores_against_the_canonical_answers(module, table_tokenizer
     reader = WTQReader(Path(__file__).resolve().parent / "wtq_tagged")
     stage = next(q for q in reader.questions("pristine-seen-tables.tsv") if q.question_id == "ns-1908")
     table = reader.table(stage.table_id)
-    examples = [encode_task_question(table_tokenizer, tasks.get("wtq"), q, table)
-                for q in (stage, replace(stage, canonical_answers=[]))]
+    examples = [
+        encode_task_question(table_tokenizer, tasks.get("wtq"), q, table)
+        for q in (stage, replace(stage, canonical_answers=[]))
+    ]
     batch = TaskCollator()(examples)
     k = 1 + [tuple(c) for c in examples[0]["cell_coords"]].index((1, 1))
     logits = torch.where(batch.layout.cell_ids == k, 10.0, -10.0)
@@ -682,6 +757,9 @@ def test_tabfact_templated_rows_are_the_same_statements_over_phrased_cells(datam
     cells = example["layout"]["cell_ids"]
     first = [t for t, k in zip(example["input_ids"], cells) if k == 1]
     row, column = example["cell_coords"][0]
-    assert hf_tokenizer.decode(first) == hf_tokenizer.decode(hf_tokenizer(
-        f"{table.header[column].text} is {table.rows[row][column].text} ;", add_special_tokens=False)["input_ids"])
+    assert hf_tokenizer.decode(first) == hf_tokenizer.decode(
+        hf_tokenizer(f"{table.header[column].text} is {table.rows[row][column].text} ;", add_special_tokens=False)[
+            "input_ids"
+        ]
+    )
     assert sum(len(x["input_ids"]) for x in b) > sum(len(x["input_ids"]) for x in a)

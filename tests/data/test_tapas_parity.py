@@ -63,8 +63,9 @@ def wtq_table(context: str) -> Table:
 
 def _answer_cells(table: Table, answers: Iterable[str]) -> list[tuple[int, int]]:
     wanted = {a.strip().lower() for a in answers if a.strip()}
-    return [(r, c) for r, row in enumerate(table.rows) for c, cell in enumerate(row)
-            if cell.text.strip().lower() in wanted]
+    return [
+        (r, c) for r, row in enumerate(table.rows) for c, cell in enumerate(row) if cell.text.strip().lower() in wanted
+    ]
 
 
 def wtq_sequences() -> list[tuple[Table, list[Asked]]]:
@@ -107,13 +108,15 @@ def hybridqa_sequences(reader, questions: list[Question]) -> list[tuple[Table, l
 # ---------------------------------------------------------------- TAPAS side
 def tapas_encode(tapas, table: Table, asked: list[Asked]) -> list[tuple[list[int], list[list[int]]]]:
     """``(input_ids, token_type_ids)`` per question, one sequential TAPAS batch per table."""
-    frame = pd.DataFrame([[c.text for c in row] for row in table.rows], columns=[c.text for c in table.header],
-                         dtype=str)
+    frame = pd.DataFrame(
+        [[c.text for c in row] for row in table.rows], columns=[c.text for c in table.header], dtype=str
+    )
     queries = [q.question for q, _, _ in asked]
     coords = [list(cells) for _, _, cells in asked]
     texts = [[table.rows[r][c].text for r, c in cells] for cells in coords]
-    out = tapas(table=frame, queries=queries, answer_coordinates=coords, answer_text=texts, truncation=False,
-                padding=False)
+    out = tapas(
+        table=frame, queries=queries, answer_coordinates=coords, answer_text=texts, truncation=False, padding=False
+    )
     return list(zip(out["input_ids"], out["token_type_ids"]))
 
 
@@ -141,8 +144,9 @@ class Tally:
         shares = " ".join(f"{name}={self.share(name):.4f}" for name in TOKEN_TYPE_FIELDS)
         compared = " ".join(f"{name}={self.equal[name] / max(self.compared, 1):.4f}" for name in TOKEN_TYPE_FIELDS)
         nonzero = " ".join(f"{name}={self.nonzero[name]}" for name in TOKEN_TYPE_FIELDS)
-        left = ", ".join(f"{k}: {v} units / {self.left_out_tokens[k]} TAPAS tokens"
-                         for k, v in sorted(self.left_out.items()))
+        left = ", ".join(
+            f"{k}: {v} units / {self.left_out_tokens[k]} TAPAS tokens" for k, v in sorted(self.left_out.items())
+        )
         return (
             f"{label}: identical share of all TAPAS tokens: {shares}\n"
             f"  on the {self.compared} aligned tokens: {compared}\n"
@@ -169,15 +173,16 @@ def _split(input_ids: list[int], units) -> dict:
     """``key -> (start, ids)``, checking the units tile ``input_ids`` exactly."""
     out, start = {}, 0
     for key, ids in units:
-        assert input_ids[start: start + len(ids)] == ids, f"unit {key} does not align"
+        assert input_ids[start : start + len(ids)] == ids, f"unit {key} does not align"
         out[key] = (start, ids)
         start += len(ids)
     assert start == len(input_ids), "sequence longer than its units"
     return out
 
 
-def compare(tally: Tally, table: Table, question: str, ours, theirs, pieces: tuple, specials: tuple,
-            count_cells: bool) -> None:
+def compare(
+    tally: Tally, table: Table, question: str, ours, theirs, pieces: tuple, specials: tuple, count_cells: bool
+) -> None:
     """Add one question's comparison.
 
     Args:
@@ -235,8 +240,13 @@ def measure(sequences, encode: Callable, tapas, our_tokenizer) -> Tally:
 @pytest.fixture(scope="module")
 def tapas(minilm_dir):
     transformers = pytest.importorskip("transformers")
-    return transformers.TapasTokenizer(vocab_file=str(minilm_dir / "vocab.txt"), do_lower_case=True,
-                                       model_max_length=4096, max_row_id=256, max_column_id=256)
+    return transformers.TapasTokenizer(
+        vocab_file=str(minilm_dir / "vocab.txt"),
+        do_lower_case=True,
+        model_max_length=4096,
+        max_row_id=256,
+        max_column_id=256,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -266,9 +276,32 @@ def test_token_types_match_tapas(tokenizer, tapas, sequences, dataset):
 
 
 TRICKY_TEXTS = [
-    "1,234.5 Apples", "abc12", "2001", "1990–1995", "May 3, 2001", "May 3 , 2001", "the 3rd of May", "-5 and +3",
-    "one of twelve", "february 29", "1990s", "1650", "n/a", "5.", ".5", "1e3 m", "21st century", "sept 2001",
-    "monday, may 3", "05-03-2001", "3.5.2001", "2015-05", "$1,000,000 (est.)", "12:30", "1,23", "second to last",
+    "1,234.5 Apples",
+    "abc12",
+    "2001",
+    "1990–1995",
+    "May 3, 2001",
+    "May 3 , 2001",
+    "the 3rd of May",
+    "-5 and +3",
+    "one of twelve",
+    "february 29",
+    "1990s",
+    "1650",
+    "n/a",
+    "5.",
+    ".5",
+    "1e3 m",
+    "21st century",
+    "sept 2001",
+    "monday, may 3",
+    "05-03-2001",
+    "3.5.2001",
+    "2015-05",
+    "$1,000,000 (est.)",
+    "12:30",
+    "1,23",
+    "second to last",
 ]
 
 
@@ -282,8 +315,10 @@ def test_value_spans_match_tapas_parse_text():
         return Date(value.date.year, value.date.month, value.date.day)
 
     for text in TRICKY_TEXTS:
-        expected = [(s.begin_index, s.end_index, tuple(theirs(v) for v in s.values))
-                    for s in tapas_numbers.parse_text(normalize_text(text))]
+        expected = [
+            (s.begin_index, s.end_index, tuple(theirs(v) for v in s.values))
+            for s in tapas_numbers.parse_text(normalize_text(text))
+        ]
         assert [tuple(span) for span in parse_values(text)] == expected, text
 
 

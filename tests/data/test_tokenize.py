@@ -50,9 +50,14 @@ def check_invariants(example, tok, question, table, texts, max_length, max_q=64)
     assert example.input_ids[0] == tok.tokenizer.cls_token_id
     assert example.input_ids[1:sep] == _pieces(tok.tokenizer, question.question)[:max_q]
     for i in range(sep + 1):  # query set: [CLS] question [SEP]
-        assert (example.layout["segment_ids"][i], example.layout["row_ids"][i], example.layout["column_ids"][i], example.layout["cell_ids"][i]) == (0, 0, 0, 0)
+        assert (
+            example.layout["segment_ids"][i],
+            example.layout["row_ids"][i],
+            example.layout["column_ids"][i],
+            example.layout["cell_ids"][i],
+        ) == (0, 0, 0, 0)
         assert example.layout["column_ranks"][i] == example.layout["inv_column_ranks"][i] == 0
-    assert all(s == 1 for s in example.layout["segment_ids"][sep + 1:])
+    assert all(s == 1 for s in example.layout["segment_ids"][sep + 1 :])
     ranks, inverse = column_ranks([[c.text for c in row] for row in table.rows])
     seen_cells = []
     for (row, col, cell), ids in _runs(example, sep + 1):
@@ -68,7 +73,10 @@ def check_invariants(example, tok, question, table, texts, max_length, max_q=64)
     for i in range(sep + 1, n):
         if example.layout["cell_ids"][i]:
             r, c = example.cell_coords[example.layout["cell_ids"][i] - 1]
-            assert (example.layout["column_ranks"][i], example.layout["inv_column_ranks"][i]) == (ranks[r][c], inverse[r][c])
+            assert (example.layout["column_ranks"][i], example.layout["inv_column_ranks"][i]) == (
+                ranks[r][c],
+                inverse[r][c],
+            )
     assert all(1 <= k <= len(example.cell_coords) for k in example.candidates)
 
 
@@ -207,9 +215,10 @@ def _ids_by_cell(example, name):
 
 
 def test_ranks_relations_and_prev_labels_on_every_token_of_their_cell(tokenizer):
-    table = _table(["year", "team", "goals", "points"], [["1999", "Red Lions", "3", "10"],
-                                                         ["2001", "Blue Whales", "5", "7"],
-                                                         ["2000", "Green Geese", "5", ""]])
+    table = _table(
+        ["year", "team", "goals", "points"],
+        [["1999", "Red Lions", "3", "10"], ["2001", "Blue Whales", "5", "7"], ["2000", "Green Geese", "5", ""]],
+    )
     question = Question("q", "who scored more than 5 goals after 2000 ?", "hand")
     tok = TableTokenizer(tokenizer, max_length=64)
     example = tok.encode(question, table, prev_answer_coords=[(1, 1), (2, 3)])  # (2, 3) is empty: no tokens
@@ -234,8 +243,10 @@ def test_ranks_relations_and_prev_labels_on_every_token_of_their_cell(tokenizer)
 def test_one_row_keeps_the_whole_tables_row_ids_coordinates_and_numeric_ids(tokenizer):
     """``rows=[r]`` (Transformer-XH's row nodes): the header and row r only, every id of that row as in
     the whole table's encoding; candidates elsewhere count as dropped."""
-    table = _table(["year", "team", "goals"], [["1999", "Red Lions", "3"], ["2001", "Blue Whales", "5"],
-                                               ["2000", "Green Geese", "5"]])
+    table = _table(
+        ["year", "team", "goals"],
+        [["1999", "Red Lions", "3"], ["2001", "Blue Whales", "5"], ["2000", "Green Geese", "5"]],
+    )
     question = Question("q", "who scored more than 5 goals after 2000 ?", "hand")
     tok = TableTokenizer(tokenizer, max_length=64)
     whole = tok.encode(question, table, candidates=[(1, 1), (2, 1)])
@@ -281,8 +292,11 @@ def test_candidates_fallback_without_trace():
 
 def test_candidates_prefer_trace_and_skip_out_of_range(caplog):
     table = _table(["a", "b"], [["x", "y"], ["z", "w"]])
-    nodes = [AnswerNode("w", (1, 1), None, "table"), AnswerNode("?", (5, 0), None, "table"),
-             AnswerNode("x", (0, 0), "/wiki/X", "passage")]
+    nodes = [
+        AnswerNode("w", (1, 1), None, "table"),
+        AnswerNode("?", (5, 0), None, "table"),
+        AnswerNode("x", (0, 0), "/wiki/X", "passage"),
+    ]
     q = Question("q", "?", "hand", answer_text="y", answer_nodes=nodes)
     with caplog.at_level(logging.WARNING, logger="mate_cli.data.tokenize"):
         assert candidate_cells(q, table, {}) == [(0, 0), (1, 1)]
@@ -296,7 +310,8 @@ def test_empty_cell_token_makes_empty_cells_selectable(tokenizer):
     question = Question("q", "who has no note?", "hand")
     plain = TableTokenizer(tokenizer, max_length=64).encode(question, table, candidates=[(0, 1)])
     marked = TableTokenizer(tokenizer, max_length=64, empty_cell_token=True).encode(
-        question, table, candidates=[(0, 1)])
+        question, table, candidates=[(0, 1)]
+    )
     assert [0, 1] not in plain.cell_coords and plain.candidates == [] and plain.candidates_dropped == 1
     assert marked.cell_coords == [[0, 0], [0, 1], [1, 0], [1, 1]] and marked.candidates == [2]
     assert "[EMPTY]" not in tokenizer.get_vocab()  # MiniLM has none: its [UNK] stands in
@@ -315,8 +330,13 @@ def test_template_writes_each_cell_as_a_phrase_with_the_cells_ids(tokenizer):
     plain = TableTokenizer(tokenizer).encode(question, table)
     start = 2 + len(_pieces(tokenizer, "what ?"))
     runs = [(key, tokenizer.decode(ids)) for key, ids in _runs(example, start)]
-    assert runs == [((0, 1, 0), "game"), ((0, 2, 0), "date"), ((1, 1, 1), "game is 51 ;"),
-                    ((1, 2, 2), "date is february 26 ;"), ((2, 1, 3), "game is 52 ;")]
+    assert runs == [
+        ((0, 1, 0), "game"),
+        ((0, 2, 0), "date"),
+        ((1, 1, 1), "game is 51 ;"),
+        ((1, 2, 2), "date is february 26 ;"),
+        ((2, 1, 3), "game is 52 ;"),
+    ]
     assert example.cell_coords == plain.cell_coords == [[0, 0], [0, 1], [1, 0]]
     assert example.full_length == len(example.input_ids) and not example.truncated
 
@@ -326,8 +346,9 @@ def test_template_cut_keeps_the_cell_before_its_header(tokenizer):
     table = _table(["name of the player"], [["alpha beta gamma delta"], ["x"]])
     question = Question("q", "what ?", "hand")
     budget = 8  # with the header row's 4 pieces: every cell capped at 4 (phrases of 10 and 7 pieces)
-    tok = TableTokenizer(tokenizer, max_length=2 + len(_pieces(tokenizer, "what ?")) + 4 + budget,
-                         linearization="template")
+    tok = TableTokenizer(
+        tokenizer, max_length=2 + len(_pieces(tokenizer, "what ?")) + 4 + budget, linearization="template"
+    )
     example = tok.encode(question, table)
     start = 2 + len(_pieces(tokenizer, "what ?"))
     runs = [(key, tokenizer.decode(ids)) for key, ids in _runs(example, start)]
@@ -335,10 +356,13 @@ def test_template_cut_keeps_the_cell_before_its_header(tokenizer):
     assert example.truncated and example.full_length > len(example.input_ids)
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"linearization": "rows"}, "dataset.linearization='rows' is invalid; use one of tapas, template"),
-    ({"linearization": "template", "pruning": "cc"}, "use dataset.pruning=none with it"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"linearization": "rows"}, "dataset.linearization='rows' is invalid; use one of tapas, template"),
+        ({"linearization": "template", "pruning": "cc"}, "use dataset.pruning=none with it"),
+    ],
+)
 def test_linearization_mistakes_are_one_line(tokenizer, settings, message):
     with pytest.raises(MateError, match=message.replace("(", r"\(")):
         TableTokenizer(tokenizer, **settings)

@@ -108,7 +108,9 @@ def test_split_names_and_file_names(wtq, wtq_copy):
     shutil.copy(wtq_copy / "data" / "training.tsv", wtq_copy / "data" / "pristine-unseen-tables.tsv")
     reader = WTQReader(wtq_copy)
     assert reader.question_file("test").name == "pristine-unseen-tables.tsv"
-    assert [q.question_id for q in reader.questions("test")] == [q.question_id for q in reader.questions("training.tsv")]
+    assert [q.question_id for q in reader.questions("test")] == [
+        q.question_id for q in reader.questions("training.tsv")
+    ]
     with pytest.raises(MateError, match="random-split-1-train.tsv.*available files: .*training.tsv") as err:
         wtq.question_file("train")
     assert str(WTQ_ROOT / "data") in str(err.value)
@@ -145,7 +147,8 @@ def test_without_a_tagged_twin_there_are_no_canonical_answers(wtq, questions, tm
     shutil.copytree(TAGGED_ROOT, root)
     lines = (root / "tagged" / "data" / "pristine-seen-tables.tagged").read_text(encoding="utf-8").split("\n")
     (root / "tagged" / "data" / "pristine-seen-tables.tagged").write_text(
-        "\n".join(line for line in lines if not line.startswith("ns-1908\t")), encoding="utf-8")
+        "\n".join(line for line in lines if not line.startswith("ns-1908\t")), encoding="utf-8"
+    )
     with caplog.at_level(logging.INFO, logger="mate_cli.data.wtq"):
         got = {q.question_id: q.canonical_answers for q in WTQReader(root).questions(SEEN)}
     assert got["ns-1908"] == [] and got["ns-552"] == ["1942-06-15"]

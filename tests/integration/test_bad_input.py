@@ -95,13 +95,24 @@ def test_a_broken_checkpoint_is_named_before_data_and_model_are_built(tmp_path, 
 
 
 def test_a_validation_interval_longer_than_an_epoch_is_one_line_and_its_fix_works(tmp_path):
-    args = ["experiment=hybridqa_mate", "trainer.val_check_interval=50", "trainer.max_steps=2", "logger=csv",
-            "validate_best=false", "dataset.max_length=128"]
-    line = task_error("train", [*args, f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "a")  # known once the data is read
+    args = [
+        "experiment=hybridqa_mate",
+        "trainer.val_check_interval=50",
+        "trainer.max_steps=2",
+        "logger=csv",
+        "validate_best=false",
+        "dataset.max_length=128",
+    ]
+    line = task_error(
+        "train", [*args, f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "a"
+    )  # known once the data is read
     assert "trainer.val_check_interval=50" in line and "training batches of one epoch" in line, line
     assert "trainer.check_val_every_n_epoch=null" in line
-    run_command("train", [*args, "trainer.check_val_every_n_epoch=null", f"dataset.cache_dir={tmp_path / 'cache'}"],
-                tmp_path / "b")  # the fix it names: the run trains and finishes
+    run_command(
+        "train",
+        [*args, "trainer.check_val_every_n_epoch=null", f"dataset.cache_dir={tmp_path / 'cache'}"],
+        tmp_path / "b",
+    )  # the fix it names: the run trains and finishes
     assert (tmp_path / "b" / "metrics.json").is_file() and (tmp_path / "b" / "checkpoints" / "last.ckpt").is_file()
 
 

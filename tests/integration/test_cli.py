@@ -33,8 +33,12 @@ SMOKE = [
 #: the smoke run also exports its encoder, validates once during fit (so it has a best
 #: checkpoint), asks for a test (the sample's test.json has no answers: skipped, said once)
 #: and logs its progress at every step (by default: every minute)
-SMOKE_EXTRA = ["export_encoder=true", "trainer.val_check_interval=2", "test_after_training=true",
-               "callbacks.progress_log.every_n_steps=1"]
+SMOKE_EXTRA = [
+    "export_encoder=true",
+    "trainer.val_check_interval=2",
+    "test_after_training=true",
+    "callbacks.progress_log.every_n_steps=1",
+]
 
 
 def mate(args: list[str], tmp: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -60,8 +64,9 @@ def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     tmp = tmp_path_factory.mktemp("train")
     env = mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home"))
     with open(tmp / "log", "w", encoding="utf-8") as log:
-        proc = subprocess.run([MATE, "train", *SMOKE, *SMOKE_EXTRA], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              text=True, timeout=600)
+        proc = subprocess.run(
+            [MATE, "train", *SMOKE, *SMOKE_EXTRA], env=env, stdout=log, stderr=subprocess.STDOUT, text=True, timeout=600
+        )
     proc.stdout = (tmp / "log").read_text(encoding="utf-8")
     assert proc.returncode == 0, proc.stdout[-3000:]
     return tmp, proc
@@ -103,7 +108,9 @@ def outputs_printed(stdout: str) -> dict[str, str]:
 
 
 def progress_bar_line(line: str) -> bool:
-    return line.lstrip().startswith("Epoch ") or "━" in line or line.strip().startswith(("train/", "val/", "v_num", "0."))
+    return (
+        line.lstrip().startswith("Epoch ") or "━" in line or line.strip().startswith(("train/", "val/", "v_num", "0."))
+    )
 
 
 def test_train_ends_with_the_final_metrics_and_where_every_output_went(smoke, trained_run):
@@ -161,13 +168,20 @@ def test_help_lists_commands(capsys, monkeypatch):
 
 #: `mate <args>` in a fresh interpreter through the entry point's function, then which of the
 #: heavy modules it imported (the flags that only answer import none of them)
-ANSWER_PROBE = ("import atexit, sys; from mate_cli.cli import main; atexit.register(lambda: print('imported:', "
-                "sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))); sys.exit(main(sys.argv[1:]))")
+ANSWER_PROBE = (
+    "import atexit, sys; from mate_cli.cli import main; atexit.register(lambda: print('imported:', "
+    "sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))); sys.exit(main(sys.argv[1:]))"
+)
 
 
 def answer(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(MATE).parent / "python"), "-c", ANSWER_PROBE, *args], capture_output=True, text=True,
-                          env=mate_env(tmp_path / "outputs"), timeout=120)
+    return subprocess.run(
+        [str(Path(MATE).parent / "python"), "-c", ANSWER_PROBE, *args],
+        capture_output=True,
+        text=True,
+        env=mate_env(tmp_path / "outputs"),
+        timeout=120,
+    )
 
 
 def test_train_help_shows_config_groups_without_importing_torch(tmp_path):
@@ -182,14 +196,17 @@ def test_train_help_shows_config_groups_without_importing_torch(tmp_path):
 def test_cfg_job_prints_the_overridden_config_without_importing_torch(tmp_path):
     """The CLI hands overrides to Hydra (composition itself is tested in tests/conf); `--resolve`
     resolves mate's own interpolations; with -m it is one line."""
-    proc = answer(["train", "--cfg", "job", "--resolve", "experiment=hybridqa_tapas", "dataset.max_length=256"], tmp_path)
+    proc = answer(
+        ["train", "--cfg", "job", "--resolve", "experiment=hybridqa_tapas", "dataset.max_length=256"], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "experiment_name: hybridqa_tapas" in proc.stdout and "DenseAttention" in proc.stdout
     assert "max_length: 256" in proc.stdout and "run_name: hybridqa_tapas-dense-hybridqa_sample-seed42" in proc.stdout
     assert "imported: []" in proc.stdout
     proc = mate(["--cfg", "job", "-m", "seed=1,2"], tmp_path)
-    assert proc.returncode == 2 and proc.stderr.strip() == ("mate: error: --cfg shows the config of one run: drop -m "
-                                                             "and give each key one value"), proc.stderr
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "mate: error: --cfg shows the config of one run: drop -m and give each key one value"
+    ), proc.stderr
 
 
 def test_train_smoke_writes_checkpoints_csv_wandb_and_finite_metrics(trained_run: Path):
@@ -262,9 +279,18 @@ def test_every_backend_trains_a_few_steps(tmp_path: Path, sample_cache: Path):
     by_backend = {}
     for backend in backends:
         run = tmp_path / backend
-        by_backend[backend] = run_command("train", [*SMOKE, "trainer.max_steps=1", f"attention={backend}",
-                                                    *own.get(backend, []), "logger=csv",
-                                                    f"dataset.cache_dir={sample_cache}"], run)
+        by_backend[backend] = run_command(
+            "train",
+            [
+                *SMOKE,
+                "trainer.max_steps=1",
+                f"attention={backend}",
+                *own.get(backend, []),
+                "logger=csv",
+                f"dataset.cache_dir={sample_cache}",
+            ],
+            run,
+        )
         assert not list(run.glob("wandb")), "logger=csv must run without W&B"
         assert f"attention: {backend}" in (run / ".hydra" / "overrides.yaml").read_text().replace("=", ": ")
     for backend, metrics in by_backend.items():
@@ -298,8 +324,11 @@ def test_train_takes_steps_with_mate_as_flexattention(tmp_path: Path, sample_cac
     assert "impl: flex" in (run / "resolved_config.yaml").read_text()
     assert not [line for line in attention_choices() if "using 'eager'" in line]
     # stdout is not a terminal here (as under nohup): progress comes as log lines, one per step at interval 0
-    progress = [line.split("progress: ", 1)[1] for line in (run / "train.log").read_text().splitlines()
-                if "progress: step" in line]
+    progress = [
+        line.split("progress: ", 1)[1]
+        for line in (run / "train.log").read_text().splitlines()
+        if "progress: step" in line
+    ]
     assert [p.split(",")[0] for p in progress] == ["step 1/2", "step 2/2"], progress
     assert all("train/loss" in p and "steps/s" in p for p in progress) and progress[0].endswith("left"), progress
 
@@ -328,8 +357,17 @@ def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path, sample_cac
     """
     from mate_cli.modeling.attention import mate_cpu_kernel
 
-    metrics = run_command("train", [*SMOKE, "trainer.max_steps=1", "trainer.precision=bf16-mixed", "logger=csv",
-                                    f"dataset.cache_dir={sample_cache}"], tmp_path / "run")
+    metrics = run_command(
+        "train",
+        [
+            *SMOKE,
+            "trainer.max_steps=1",
+            "trainer.precision=bf16-mixed",
+            "logger=csv",
+            f"dataset.cache_dir={sample_cache}",
+        ],
+        tmp_path / "run",
+    )
     assert all(math.isfinite(metrics[k]) for k in ("val/loss", "val/hits@1")), metrics
     impl = "kernel" if mate_cpu_kernel.available() else "eager"
     choices = [line for line in attention_choices() if "variant=bucketed" in line]
@@ -337,7 +375,9 @@ def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path, sample_cac
 
 
 # ------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("choice, options", [("experiment=nope", ["hybridqa_mate"]), ("attention=nope", ["mate", "dense"])])
+@pytest.mark.parametrize(
+    "choice, options", [("experiment=nope", ["hybridqa_mate"]), ("attention=nope", ["mate", "dense"])]
+)
 def test_an_unknown_group_choice_lists_the_options(choice, options, capsys, monkeypatch):
     code, _, err = main_before_hydra(["train", choice], capsys, monkeypatch)
     assert code == 2 and err.startswith(f"mate: error: {choice}") and all(option in err for option in options), err
@@ -356,12 +396,19 @@ def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
     assert f"{lines[0]} (exit status 2)" in (run / "train.log").read_text()
 
 
-@pytest.mark.parametrize("args, fix", [
-    (["pretrain", "dataset=pretrain_jsonl", "dataset.sources.jsonl={tmp}/none.jsonl"], "pass an existing JSON-lines file"),
-    (["pointr", "stage1.ckpt_path={tmp}/none.ckpt", "stage2.ckpt_path=null"], "pass ckpt_path="),
-    (["predict", "ckpt_path={tmp}/none.ckpt", "table={tmp}/t.csv", "question=q"], "pass ckpt_path="),
-    (["bench", "bench.targets=[{kind: faster}]"], "choose one of speedup"),
-], ids=["pretrain", "pointr", "predict", "bench"])
+@pytest.mark.parametrize(
+    "args, fix",
+    [
+        (
+            ["pretrain", "dataset=pretrain_jsonl", "dataset.sources.jsonl={tmp}/none.jsonl"],
+            "pass an existing JSON-lines file",
+        ),
+        (["pointr", "stage1.ckpt_path={tmp}/none.ckpt", "stage2.ckpt_path=null"], "pass ckpt_path="),
+        (["predict", "ckpt_path={tmp}/none.ckpt", "table={tmp}/t.csv", "question=q"], "pass ckpt_path="),
+        (["bench", "bench.targets=[{kind: faster}]"], "choose one of speedup"),
+    ],
+    ids=["pretrain", "pointr", "predict", "bench"],
+)
 def test_every_commands_app_ends_a_user_error_in_one_line_and_failed(args, fix, tmp_path):
     """Each command's Hydra app besides train's (whose real process is above) and eval's (its
     run-dir test), in process on the composed config: it hands the task to run_task, which
@@ -437,9 +484,19 @@ def test_a_test_split_without_answers_is_skipped_in_one_line(smoke, trained_run:
 
 def test_keep_best_encoder_keeps_the_best_as_a_transformers_directory_only(tmp_path: Path, sample_cache: Path):
     run = tmp_path / "run"
-    metrics = run_command("train", ["experiment=hybridqa_mate", "trainer.max_steps=1", "dataset.max_length=128",
-                                    "logger=csv", "trainer.val_check_interval=1", "keep_best=encoder",
-                                    f"dataset.cache_dir={sample_cache}"], run)
+    metrics = run_command(
+        "train",
+        [
+            "experiment=hybridqa_mate",
+            "trainer.max_steps=1",
+            "dataset.max_length=128",
+            "logger=csv",
+            "trainer.val_check_interval=1",
+            "keep_best=encoder",
+            f"dataset.cache_dir={sample_cache}",
+        ],
+        run,
+    )
     assert "/best-" in metrics["best_checkpoint"] and not Path(metrics["best_checkpoint"]).exists()
     assert metrics["best_kept_as"] == str(run / "encoder") and (run / "encoder" / "config.json").is_file()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]  # still resumable

@@ -22,8 +22,12 @@ from tests.inprocess import run_command
 #: 11 questions per split: an odd validation split, which a padding DistributedSampler
 #: would fill up with a repeated example (and so change Hits@k)
 DDP_RUN = [
-    "experiment=hybridqa_mate", "hardware=ddp_cpu", "dataset.max_length=128", "dataset.limit_questions=11",
-    "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+    "experiment=hybridqa_mate",
+    "hardware=ddp_cpu",
+    "dataset.max_length=128",
+    "dataset.limit_questions=11",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
 ]
 
 

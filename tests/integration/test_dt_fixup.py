@@ -16,9 +16,19 @@ from tests.inprocess import run_command
 
 def test_an_init_only_run_records_mu_and_scales_the_new_layers(tmp_path):
     run = tmp_path / "run"
-    run_command("train", ["experiment=hybridqa_mate_dt_fixup", "model.extra_layers=2", "trainer.max_steps=0",
-                          "dataset.max_length=128", "logger=csv", "validate_best=false",
-                          f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+    run_command(
+        "train",
+        [
+            "experiment=hybridqa_mate_dt_fixup",
+            "model.extra_layers=2",
+            "trainer.max_steps=0",
+            "dataset.max_length=128",
+            "logger=csv",
+            "validate_best=false",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ],
+        run,
+    )
     metrics = json.loads((run / "metrics.json").read_text())
     mu = metrics["dt_fixup/mu"]
     assert metrics["dt_fixup/scale"] == 2**-0.5 / (2 * mu)
@@ -29,7 +39,9 @@ def test_an_init_only_run_records_mu_and_scales_the_new_layers(tmp_path):
     cfg = load_run_config(str(run / "checkpoints" / "last.ckpt"), None)  # the same data and encoder, measured again
     datamodule = instantiate(cfg.dataset, cache_dir=str(tmp_path / "cache2"))
     encoder = instantiate(cfg.model.encoder).eval()  # MiniLM has no TAPAS type tables: the run's own start
-    encoder.load_state_dict({k[len("encoder."):]: v for k, v in state["state_dict"].items() if k.startswith("encoder.")})
+    encoder.load_state_dict(
+        {k[len("encoder.") :]: v for k, v in state["state_dict"].items() if k.startswith("encoder.")}
+    )
     datamodule.setup("fit")
     expected = 0.0
     with torch.no_grad():

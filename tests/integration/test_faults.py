@@ -74,7 +74,9 @@ SMALL = ["dataset.limit_questions=8", "dataset.max_length=128"]
 def in_namespace(setup: str, args: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
     """``mate <args>`` after the shell lines ``setup`` (mounts), in a private namespace."""
     script = f"{setup} && exec {shlex.quote(MATE)} {' '.join(shlex.quote(a) for a in args)}"
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 # ------------------------------------------------------------------ empty and broken inputs
@@ -84,12 +86,24 @@ def copy_sqa(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("content", ["", "id\tannotator\tposition\tquestion\ttable_file\tanswer_coordinates\tanswer_text\n"])
+@pytest.mark.parametrize(
+    "content", ["", "id\tannotator\tposition\tquestion\ttable_file\tanswer_coordinates\tanswer_text\n"]
+)
 def test_an_empty_question_file_is_one_line_and_nothing_is_cached(tmp_path, content):
     root = copy_sqa(tmp_path)
     (root / "train.tsv").write_text(content)
-    line = mate_error(run_command, "train", ["experiment=sqa_mate", f"dataset.root={root}", "trainer.max_steps=1",
-                                             "logger=csv", f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
+    line = mate_error(
+        run_command,
+        "train",
+        [
+            "experiment=sqa_mate",
+            f"dataset.root={root}",
+            "trainer.max_steps=1",
+            "logger=csv",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ],
+        tmp_path / "run",
+    )
     assert str(root / "train.tsv") in line and ("no questions" in line or "header" in line), line
     assert not cached_entries(tmp_path / "cache")
 
@@ -122,14 +136,28 @@ def test_a_corpus_that_is_empty_or_not_utf8_is_one_line_naming_file_and_line(tmp
     assert str(corpus) in str(err.value) and all(n in str(err.value) for n in names), err.value
 
 
-@pytest.mark.parametrize("content, names", [(b"", ["holds no examples"]),
-                                            (b'{"text": "caf\xe9", "table": {"header": ["a"], "rows": [["1"]]}}\n', [":1:", "UTF-8"])])
+@pytest.mark.parametrize(
+    "content, names",
+    [
+        (b"", ["holds no examples"]),
+        (b'{"text": "caf\xe9", "table": {"header": ["a"], "rows": [["1"]]}}\n', [":1:", "UTF-8"]),
+    ],
+)
 def test_an_empty_or_non_utf8_corpus_through_mate_pretrain(tmp_path, content, names):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(content)
-    line = mate_error(run_command, "pretrain", ["dataset=pretrain_jsonl", f"dataset.sources.jsonl={corpus}",
-                                                "trainer.max_steps=1", "logger=csv",
-                                                f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
+    line = mate_error(
+        run_command,
+        "pretrain",
+        [
+            "dataset=pretrain_jsonl",
+            f"dataset.sources.jsonl={corpus}",
+            "trainer.max_steps=1",
+            "logger=csv",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ],
+        tmp_path / "run",
+    )
     assert str(corpus) in line and all(name in line for name in names), line
     assert not cached_entries(tmp_path / "cache")
 
@@ -159,8 +187,10 @@ def test_a_file_that_is_not_weights_only_is_one_line(tmp_path):
 
     path = tmp_path / "last.ckpt"
     torch.save({"state_dict": {}, "extra": argparse.Namespace(a=1)}, path)
-    for load in (lambda: load_weights_only(path, "pass a checkpoint written by mate"),
-                 lambda: AtomicCheckpointIO().load_checkpoint(path)):
+    for load in (
+        lambda: load_weights_only(path, "pass a checkpoint written by mate"),
+        lambda: AtomicCheckpointIO().load_checkpoint(path),
+    ):
         with pytest.raises(MateError) as err:
             load()
         message = str(err.value)
@@ -172,11 +202,20 @@ def test_resuming_from_a_checkpoint_that_is_not_weights_only_is_one_line(tmp_pat
 
     ckpt = tmp_path / "crafted.ckpt"
     torch.save({"state_dict": {}, "extra": argparse.Namespace(a=1)}, ckpt)
-    line = mate_error(run_command, "train", ["experiment=sqa_mate", f"ckpt_path={ckpt}", "trainer.max_steps=1",
-                                             "logger=csv", f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
+    line = mate_error(
+        run_command,
+        "train",
+        [
+            "experiment=sqa_mate",
+            f"ckpt_path={ckpt}",
+            "trainer.max_steps=1",
+            "logger=csv",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ],
+        tmp_path / "run",
+    )
     assert str(ckpt) in line and "beyond tensors" in line, line
     assert not cached_entries(tmp_path / "cache")  # refused before any data was prepared
-
 
 
 def test_a_run_id_a_shared_wandb_service_still_holds_after_a_kill_is_one_line(tmp_path, monkeypatch):
@@ -194,9 +233,16 @@ def test_a_run_id_a_shared_wandb_service_still_holds_after_a_kill_is_one_line(tm
     wandb.setup().ensure_service()  # this process's service: W&B names it in WANDB_SERVICE for children
     assert os.environ.get("WANDB_SERVICE")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time, wandb; wandb.init(id='held0001', dir=sys.argv[1], "
-                               "settings=wandb.Settings(silent=True)); print('ready', flush=True); time.sleep(300)",
-         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time, wandb; wandb.init(id='held0001', dir=sys.argv[1], "
+            "settings=wandb.Settings(silent=True)); print('ready', flush=True); time.sleep(300)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
     finally:
@@ -206,6 +252,8 @@ def test_a_run_id_a_shared_wandb_service_still_holds_after_a_kill_is_one_line(tm
     line = mate_error(lambda: logger.experiment)
     assert "held0001" in line and "WANDB_SERVICE" in line and "wandb beta core stop" in line, line
     assert wandb.run is None
+
+
 # ------------------------------------------------------------------ the machine
 @needs_namespaces
 def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space(tmp_path):
@@ -213,8 +261,11 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     env = mate_env(tmp_path / "outputs", tmp_path / "cache")
-    proc = in_namespace(f"mount -t tmpfs -o size=8m tmpfs {shlex.quote(str(run))}",
-                        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", *SMALL, f"hydra.run.dir={run}"], env)
+    proc = in_namespace(
+        f"mount -t tmpfs -o size=8m tmpfs {shlex.quote(str(run))}",
+        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", *SMALL, f"hydra.run.dir={run}"],
+        env,
+    )
     line = one_error_line(proc)
     assert "no space left on the device of" in line and str(run) in line and "free" in line, line
 
@@ -246,8 +297,11 @@ def test_a_read_only_cache_works_in_memory_with_one_warning(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     env = mate_env(tmp_path / "outputs", cache)
-    proc = in_namespace(f"mount --bind -o ro {shlex.quote(str(cache))} {shlex.quote(str(cache))}",
-                        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", "attention=dense", *SMALL], env)
+    proc = in_namespace(
+        f"mount --bind -o ro {shlex.quote(str(cache))} {shlex.quote(str(cache))}",
+        ["train", "experiment=sqa_mate", "trainer.max_steps=1", "logger=csv", "attention=dense", *SMALL],
+        env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "cannot be written" in line]
     assert len(warnings) == 1, warnings
@@ -261,12 +315,21 @@ def test_a_read_only_cache_with_a_built_kernel_loads_it(tmp_path):
     if not mate_cpu_kernel.load():
         pytest.skip(f"fused CPU kernel unavailable: {mate_cpu_kernel.unavailable_reason()}")
     cache = mate_cpu_kernel.build_dir().parent.parent  # the cache dir holding torch_extensions/
-    probe = ("from mate_cli.modeling.attention import mate_cpu_kernel as m; "
-             "assert m.load(), m.unavailable_reason(); print('loaded')")
-    script = (f"mount --bind -o ro {shlex.quote(str(cache))} {shlex.quote(str(cache))} && "
-              f"exec {shlex.quote(str(Path(MATE).parent / 'python'))} -c {shlex.quote(probe)}")
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300,
-                          env=mate_env(tmp_path / "outputs", cache))
+    probe = (
+        "from mate_cli.modeling.attention import mate_cpu_kernel as m; "
+        "assert m.load(), m.unavailable_reason(); print('loaded')"
+    )
+    script = (
+        f"mount --bind -o ro {shlex.quote(str(cache))} {shlex.quote(str(cache))} && "
+        f"exec {shlex.quote(str(Path(MATE).parent / 'python'))} -c {shlex.quote(probe)}"
+    )
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=mate_env(tmp_path / "outputs", cache),
+    )
     assert proc.returncode == 0 and "loaded" in proc.stdout, proc.stderr[-3000:]
     assert "unavailable" not in proc.stderr
 
@@ -275,8 +338,13 @@ def test_a_read_only_cache_with_a_built_kernel_loads_it(tmp_path):
 def test_a_second_process_in_a_run_dir_is_refused_and_writes_nothing(tmp_path):
     run = tmp_path / "run"
     env = mate_env(tmp_path / "outputs", tmp_path / "cache")
-    first = subprocess.Popen([MATE, "train", "experiment=sqa_mate", "trainer.max_steps=200", "logger=csv",
-                              f"hydra.run.dir={run}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [MATE, "train", "experiment=sqa_mate", "trainer.max_steps=200", "logger=csv", f"hydra.run.dir={run}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         written = [run / ".hydra" / "overrides.yaml", run / "resolved_config.yaml"]  # Hydra's last file, then mate's
         deadline = time.time() + 120
@@ -303,8 +371,10 @@ def test_stale_temp_files_are_removed_when_a_run_dir_is_taken_again(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     host = socket.gethostname()
-    stale = [run / "checkpoints" / f".last.ckpt.mate~{host}~{gone.pid}~k3j2.tmp",
-             run / f".metrics.json.mate~{host}~{gone.pid}~x9.tmp"]
+    stale = [
+        run / "checkpoints" / f".last.ckpt.mate~{host}~{gone.pid}~k3j2.tmp",
+        run / f".metrics.json.mate~{host}~{gone.pid}~x9.tmp",
+    ]
     for path in stale:
         path.write_bytes(b"half a checkpoint")
     proc = run_mate(["baseline", "dataset=sqa_sample", f"hydra.run.dir={run}"], mate_env(tmp_path / "outputs"))
@@ -315,8 +385,16 @@ def test_stale_temp_files_are_removed_when_a_run_dir_is_taken_again(tmp_path):
 def test_runs_started_in_the_same_second_get_their_own_dirs(tmp_path):
     """Over 20 s: real processes started at once (the race is the point)."""
     env = mate_env(tmp_path / "outputs")
-    procs = [subprocess.Popen([MATE, "baseline", "dataset=sqa_sample"], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [MATE, "baseline", "dataset=sqa_sample"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     for proc in procs:
         assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
     runs = sorted((tmp_path / "outputs" / "baseline").iterdir())
@@ -374,25 +452,82 @@ CORRUPTIONS = {
     "sqa: truncated line": ("sqa", _sqa_truncate_last, _sqa_questions, "train.tsv"),
     "sqa: bad quoting": ("sqa", lambda r: _sqa_line(r, 1, "\twhat are", '\t"what are'), _sqa_questions, "train.tsv"),
     "sqa: missing column": ("sqa", lambda r: _sqa_line(r, 0, "\tquestion\t", "\tquery\t"), _sqa_questions, "question"),
-    "sqa: non-UTF-8": ("sqa", lambda r: (r / "train.tsv").write_bytes((r / "train.tsv").read_bytes().replace(b"what", b"wh\xffat", 1)),
-                       _sqa_questions, "UTF-8"),
-    "sqa: conflicting duplicate id": ("sqa", lambda r: _sqa_line(r, 2, "\t1\t", "\t0\t"), _sqa_questions, "appears twice"),
-    "sqa: out-of-range coordinate": ("sqa", lambda r: _sqa_line(r, 2, "['(3, 3)']", "['(300, 3)']"), _sqa_questions, "(300, 3)"),
-    "sqa: bad coordinate": ("sqa", lambda r: _sqa_line(r, 2, "['(3, 3)']", "['(3, x)']"), _sqa_questions, "(row, column)"),
-    "sqa: empty table": ("sqa", lambda r: (r / "table_csv" / "204_195.csv").write_text(""), _sqa_questions, "204_195.csv"),
-    "sqa: missing table file": ("sqa", lambda r: (r / "table_csv" / "204_195.csv").unlink(), _sqa_questions, "204_195.csv"),
-    "tabfact: truncated JSON": ("tabfact", lambda r: (r / "tokenized_data" / "val_examples.json").write_text(
-        (r / "tokenized_data" / "val_examples.json").read_text()[:300]), _tabfact_questions, "val_examples.json"),
-    "tabfact: bad label": ("tabfact", lambda r: _tabfact_edit(r, lambda d: d[_first_key(d)][1].__setitem__(0, 2)),
-                           _tabfact_questions, "val_examples.json"),
-    "tabfact: one label too few": ("tabfact", lambda r: _tabfact_edit(r, lambda d: d[_first_key(d)][1].pop()),
-                                   _tabfact_questions, "one label per statement"),
-    "hybridqa: truncated JSON": ("hybridqa", lambda r: _hybridqa_question_file(r).write_text(
-        _hybridqa_question_file(r).read_text()[:500]), _hybridqa_questions, "dev"),
-    "hybridqa: missing key": ("hybridqa", lambda r: _hybridqa_question_file(r).write_text(
-        _hybridqa_question_file(r).read_text().replace('"question":', '"querstion":', 1)), _hybridqa_questions, "dev"),
-    "hybridqa: missing table file": ("hybridqa", lambda r: (r / "WikiTables-WithLinks" / "tables_tok" / "Marine_defense_battalions_0.json").unlink(),
-                                     _hybridqa_questions, "Marine_defense_battalions_0"),
+    "sqa: non-UTF-8": (
+        "sqa",
+        lambda r: (r / "train.tsv").write_bytes((r / "train.tsv").read_bytes().replace(b"what", b"wh\xffat", 1)),
+        _sqa_questions,
+        "UTF-8",
+    ),
+    "sqa: conflicting duplicate id": (
+        "sqa",
+        lambda r: _sqa_line(r, 2, "\t1\t", "\t0\t"),
+        _sqa_questions,
+        "appears twice",
+    ),
+    "sqa: out-of-range coordinate": (
+        "sqa",
+        lambda r: _sqa_line(r, 2, "['(3, 3)']", "['(300, 3)']"),
+        _sqa_questions,
+        "(300, 3)",
+    ),
+    "sqa: bad coordinate": (
+        "sqa",
+        lambda r: _sqa_line(r, 2, "['(3, 3)']", "['(3, x)']"),
+        _sqa_questions,
+        "(row, column)",
+    ),
+    "sqa: empty table": (
+        "sqa",
+        lambda r: (r / "table_csv" / "204_195.csv").write_text(""),
+        _sqa_questions,
+        "204_195.csv",
+    ),
+    "sqa: missing table file": (
+        "sqa",
+        lambda r: (r / "table_csv" / "204_195.csv").unlink(),
+        _sqa_questions,
+        "204_195.csv",
+    ),
+    "tabfact: truncated JSON": (
+        "tabfact",
+        lambda r: (r / "tokenized_data" / "val_examples.json").write_text(
+            (r / "tokenized_data" / "val_examples.json").read_text()[:300]
+        ),
+        _tabfact_questions,
+        "val_examples.json",
+    ),
+    "tabfact: bad label": (
+        "tabfact",
+        lambda r: _tabfact_edit(r, lambda d: d[_first_key(d)][1].__setitem__(0, 2)),
+        _tabfact_questions,
+        "val_examples.json",
+    ),
+    "tabfact: one label too few": (
+        "tabfact",
+        lambda r: _tabfact_edit(r, lambda d: d[_first_key(d)][1].pop()),
+        _tabfact_questions,
+        "one label per statement",
+    ),
+    "hybridqa: truncated JSON": (
+        "hybridqa",
+        lambda r: _hybridqa_question_file(r).write_text(_hybridqa_question_file(r).read_text()[:500]),
+        _hybridqa_questions,
+        "dev",
+    ),
+    "hybridqa: missing key": (
+        "hybridqa",
+        lambda r: _hybridqa_question_file(r).write_text(
+            _hybridqa_question_file(r).read_text().replace('"question":', '"querstion":', 1)
+        ),
+        _hybridqa_questions,
+        "dev",
+    ),
+    "hybridqa: missing table file": (
+        "hybridqa",
+        lambda r: (r / "WikiTables-WithLinks" / "tables_tok" / "Marine_defense_battalions_0.json").unlink(),
+        _hybridqa_questions,
+        "Marine_defense_battalions_0",
+    ),
 }
 
 SAMPLES = {"sqa": SQA, "tabfact": TABFACT, "hybridqa": REPO_ROOT / "data" / "hybridqa_sample"}
@@ -433,8 +568,11 @@ def test_huge_tables_and_cells_are_read_and_truncated_to_the_budget(tmp_path, sh
     from mate_cli.data.tokenize import TableTokenizer
     from mate_cli.modeling.checkpoints import load_tokenizer
 
-    rows, columns, cell = {"5000 rows": (5000, 4, "x"), "300 columns": (3, 300, "y"),
-                           "1 MB cell": (2, 2, "word " * 200_000)}[shape]
+    rows, columns, cell = {
+        "5000 rows": (5000, 4, "x"),
+        "300 columns": (3, 300, "y"),
+        "1 MB cell": (2, 2, "word " * 200_000),
+    }[shape]
     path = tmp_path / "big.csv"
     body = [",".join(f"h{c}" for c in range(columns))] + [",".join([cell] * columns) for _ in range(rows)]
     path.write_text("\n".join(body) + "\n")
@@ -452,8 +590,9 @@ def test_huge_tables_and_cells_are_read_and_truncated_to_the_budget(tmp_path, sh
 
 
 # ------------------------------------------------------------------ one line, or read, where a traceback was
-@pytest.mark.parametrize("sweep", ["seed=range(0,0)", "seed=choice()", "seed=shuffle()", "seed=range(3,0)",
-                                   "attention=glob(nothing*)"])
+@pytest.mark.parametrize(
+    "sweep", ["seed=range(0,0)", "seed=choice()", "seed=shuffle()", "seed=range(3,0)", "attention=glob(nothing*)"]
+)
 def test_a_sweep_of_no_value_is_one_line(sweep):
     from mate_cli.config_check import check_command_line
 
@@ -466,7 +605,9 @@ def test_the_overrides_beside_a_run_dir_are_checked_against_its_config(tmp_path)
 
     (tmp_path / "resolved_config.yaml").write_text("dataset:\n  eval_batch_size: 8\n")
     check_run_patches({"ckpt_path": str(tmp_path), "overrides": ["dataset.eval_batch_size=2"]})
-    with pytest.raises(MateError, match=r"^stage1\.overrides: dataset\.eval_batchsize=2: .*did you mean dataset\.eval_batch_size"):
+    with pytest.raises(
+        MateError, match=r"^stage1\.overrides: dataset\.eval_batchsize=2: .*did you mean dataset\.eval_batch_size"
+    ):
         check_run_patches({"stage1": {"ckpt_path": str(tmp_path), "overrides": ["dataset.eval_batchsize=2"]}})
 
 
@@ -573,14 +714,17 @@ def test_an_unwritable_output_folder_is_one_line_before_hydra_writes(tmp_path, m
     monkeypatch.setenv("MATE_OUTPUT_DIR", str(blocker / "outputs"))
     assert cli.main(["baseline", "dataset=sqa_sample"]) == 2
     line = capsys.readouterr().err.strip()
-    assert line == (f"mate: error: cannot write run dirs in {blocker / 'outputs'} (Not a directory); set "
-                    "MATE_OUTPUT_DIR to a writable folder, or pass hydra.run.dir=<writable folder>")
+    assert line == (
+        f"mate: error: cannot write run dirs in {blocker / 'outputs'} (Not a directory); set "
+        "MATE_OUTPUT_DIR to a writable folder, or pass hydra.run.dir=<writable folder>"
+    )
     assert cli.main(["baseline", "dataset=sqa_sample", f"hydra.run.dir={blocker / 'run'}"]) == 2
     assert f"cannot write run dirs in {blocker / 'run'} (Not a directory)" in capsys.readouterr().err
 
 
 def test_a_question_file_and_tables_with_a_byte_order_mark_are_read(tmp_path):
     from mate_cli.data.sqa import SQAReader
+
     root = tmp_path / "sqa"
     shutil.copytree(REPO_ROOT / "data" / "sqa_sample", root)
     for path in [root / "train.tsv", *(root / "table_csv").glob("*.csv")]:
@@ -589,7 +733,9 @@ def test_a_question_file_and_tables_with_a_byte_order_mark_are_read(tmp_path):
     plain = list(SQAReader(REPO_ROOT / "data" / "sqa_sample").questions("train.tsv"))
     assert [q.question_id for q in with_bom] == [q.question_id for q in plain] and with_bom
     reader, first = SQAReader(root), with_bom[0]
-    assert reader.table(first.table_id).header == SQAReader(REPO_ROOT / "data" / "sqa_sample").table(first.table_id).header
+    assert (
+        reader.table(first.table_id).header == SQAReader(REPO_ROOT / "data" / "sqa_sample").table(first.table_id).header
+    )
 
 
 def test_a_folder_given_as_a_table_is_named_as_a_folder(tmp_path):

@@ -56,8 +56,9 @@ def finished(trained) -> Path:
 def test_a_resume_never_deletes_or_names_the_resumed_runs_checkpoints(finished, base):
     before = snapshot(finished)
     resumed = base / "B"
-    metrics = train_in_process(["trainer.max_steps=3", "keep_best=encoder", f"ckpt_path={finished}"], resumed,
-                               base / "cache")
+    metrics = train_in_process(
+        ["trainer.max_steps=3", "keep_best=encoder", f"ckpt_path={finished}"], resumed, base / "cache"
+    )
     assert metrics["resumed_from"] == str(finished / "checkpoints" / "last.ckpt")
     assert snapshot(finished) == before
     best = json.loads((resumed / "metrics.json").read_text())["best_checkpoint"]
@@ -84,8 +85,9 @@ def test_a_folder_of_the_users_is_refused_and_subdir_writes_beside_its_files(fin
     assert "already holds files (.notes.tmp, checkpoints, metrics.json)" in capsys.readouterr().err
     assert snapshot(folder) == before and not (folder / run_lock.LOCK_NAME).exists()
 
-    args, problem = cli.claim_given_run_dir("eval", [f"ckpt_path={finished}", f"hydra.run.dir={folder}",
-                                                     "paths.existing_run_dir=subdir"])
+    args, problem = cli.claim_given_run_dir(
+        "eval", [f"ckpt_path={finished}", f"hydra.run.dir={folder}", "paths.existing_run_dir=subdir"]
+    )
     assert problem is None
     inner = Path(args[-1].removeprefix("hydra.run.dir="))  # where Hydra puts the eval run
     try:
@@ -101,7 +103,11 @@ def test_only_temp_files_of_gone_mate_processes_are_removed(tmp_path):
 
     gone = subprocess.Popen(["true"])
     gone.wait()
-    stale = tmp_path / "checkpoints" / f"{temp_prefix(tmp_path / 'last.ckpt')}abc.tmp".replace(str(os.getpid()), str(gone.pid))
+    stale = (
+        tmp_path
+        / "checkpoints"
+        / f"{temp_prefix(tmp_path / 'last.ckpt')}abc.tmp".replace(str(os.getpid()), str(gone.pid))
+    )
     live = tmp_path / f"{temp_prefix(tmp_path / 'metrics.json')}xyz.tmp"
     users = [tmp_path / ".notes.tmp", tmp_path / "checkpoints" / ".draft.tmp"]
     for path in (stale, live, *users):
@@ -153,18 +159,32 @@ def test_a_signal_to_the_whole_group_saves_last_ckpt_at_the_step_reached(trained
     """
     run = base / f"interrupted-{code}"
     cache = trained("tabfact").parent / "cache"  # the shared run's: training starts without preprocessing
-    proc = subprocess.Popen([MATE, "train", *TRAIN, "trainer.max_steps=40", "callbacks.model_checkpoint.every_n_train_steps=2",
-                             "dataset.num_workers=2", f"dataset.cache_dir={cache}", f"hydra.run.dir={run}"],
-                            env=mate_env(base / "outputs", base / "cache"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            MATE,
+            "train",
+            *TRAIN,
+            "trainer.max_steps=40",
+            "callbacks.model_checkpoint.every_n_train_steps=2",
+            "dataset.num_workers=2",
+            f"dataset.cache_dir={cache}",
+            f"hydra.run.dir={run}",
+        ],
+        env=mate_env(base / "outputs", base / "cache"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while not (run / "checkpoints" / "last.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=120)
     name = signal.Signals(signum).name
-    line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), code,
-                          f"mate: interrupted by {name} at step ")
+    line = one_error_line(
+        subprocess.CompletedProcess(proc.args, proc.returncode, "", err), code, f"mate: interrupted by {name} at step "
+    )
     assert (run / "FAILED").read_text().strip() == line and line.endswith(f"resume with ckpt_path={run}"), line
     step = int(line.split(" at step ")[1].split(";")[0])
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
@@ -225,6 +245,7 @@ def test_an_error_that_is_no_users_fault_is_recorded_with_exit_status_1_and_rais
 # ------------------------------------------------------------------ non-finite numbers
 def test_a_wikitq_answer_beyond_float32_is_refused_with_file_and_line(tmp_path):
     from mate_cli.data.wtq import WTQReader
+
     root = tmp_path / "wtq"
     shutil.copytree(REPO_ROOT / "data" / "wtq_sample", root)
     question_file = next(p for p in (root / "data").glob("*.tsv") if p.read_text().count("\n") > 1)
@@ -249,8 +270,16 @@ def test_a_cell_number_beyond_float32_is_text_to_the_model():
 def test_training_stops_at_the_first_non_finite_loss_naming_step_and_questions(base):
     run = base / "diverged"
     with pytest.raises(MateError) as err:  # the first step's update (lr 1e30) makes the second step's loss NaN
-        train_in_process(["trainer.max_steps=6", "model.optimizer.lr=1e30", "trainer.gradient_clip_val=null",
-                          "callbacks.model_checkpoint.every_n_train_steps=1"], run, base / "cache")
+        train_in_process(
+            [
+                "trainer.max_steps=6",
+                "model.optimizer.lr=1e30",
+                "trainer.gradient_clip_val=null",
+                "callbacks.model_checkpoint.every_n_train_steps=1",
+            ],
+            run,
+            base / "cache",
+        )
     line = str(err.value)
     assert "the training loss is nan at step 2 on the batch of questions " in line and ".html.csv#" in line, line
     assert "\n" not in line and not (run / "metrics.json").exists()
@@ -266,9 +295,11 @@ def test_a_checkpoint_with_nan_weights_or_of_another_model_is_one_line(finished,
     model = instantiate(load_run_config(ckpt).model)
     data = torch.load(ckpt, weights_only=True)
     name = next(iter(data["state_dict"]))
-    broken = {"nan": ("NaN or infinite weights", lambda s: s[name].fill_(float("nan"))),
-              "other model": ("does not fit the model", lambda s: s.update(extra=torch.zeros(3))),
-              "other shape": ("of shape", lambda s: s.update({name: torch.zeros(2, 2)}))}
+    broken = {
+        "nan": ("NaN or infinite weights", lambda s: s[name].fill_(float("nan"))),
+        "other model": ("does not fit the model", lambda s: s.update(extra=torch.zeros(3))),
+        "other shape": ("of shape", lambda s: s.update({name: torch.zeros(2, 2)})),
+    }
     for case, (message, damage) in broken.items():
         copy = {**data, "state_dict": dict(data["state_dict"])}
         copy["state_dict"][name] = copy["state_dict"][name].clone()
@@ -298,9 +329,12 @@ def damaged_copy(finished: Path, to: Path, damage) -> Path:
 TABFACT_TABLE = REPO_ROOT / "data" / "tabfact_sample" / "data" / "all_csv" / "2-18178534-1.html.csv"
 
 
-@pytest.mark.parametrize("case, message", [("nan", "NaN or infinite weights"), ("other task", "does not fit the model")])
-def test_eval_and_predict_refuse_a_nan_or_foreign_checkpoint_in_one_line_writing_no_result(finished, tmp_path, case,
-                                                                                            message):
+@pytest.mark.parametrize(
+    "case, message", [("nan", "NaN or infinite weights"), ("other task", "does not fit the model")]
+)
+def test_eval_and_predict_refuse_a_nan_or_foreign_checkpoint_in_one_line_writing_no_result(
+    finished, tmp_path, case, message
+):
     def damage(state):
         name = next(iter(state))
         if case == "nan":

@@ -27,9 +27,19 @@ def test_a_run_started_from_another_predicts_what_the_other_predicts(trained, tm
     source = trained("sqa_task")  # tests/shared_runs.py: SQA, 3 steps
     run = tmp_path / "run"
     # one step at learning rate 0: the weights are the loaded ones
-    run_command("train", [*SQA, f"init_from={source}", "trainer.max_steps=1", "model.optimizer.lr=0.0",
-                          "validate_best=false", "callbacks.best_checkpoint=null",
-                          f"dataset.cache_dir={source.parent / 'cache'}"], run)
+    run_command(
+        "train",
+        [
+            *SQA,
+            f"init_from={source}",
+            "trainer.max_steps=1",
+            "model.optimizer.lr=0.0",
+            "validate_best=false",
+            "callbacks.best_checkpoint=null",
+            f"dataset.cache_dir={source.parent / 'cache'}",
+        ],
+        run,
+    )
     log = (run / "train.log").read_text(encoding="utf-8")
     assert f"init_from={run_checkpoint(source)}: loaded encoder" in log and "head 4/4 tensors" in log
     cpu = torch.device("cpu")
@@ -53,7 +63,9 @@ def test_wikitq_from_an_sqa_run_takes_the_cell_head_and_starts_aggregation_fresh
     state = load_weights_only(run_checkpoint(source), "")["state_dict"]
     for name in ("output_weights", "output_bias", "column_output_weights", "column_output_bias"):
         assert torch.equal(getattr(model.head, name), state[f"head.{name}"]), name
-    assert torch.equal(model.encoder.embeddings.word_embeddings.weight, state["encoder.embeddings.word_embeddings.weight"])
+    assert torch.equal(
+        model.encoder.embeddings.word_embeddings.weight, state["encoder.embeddings.word_embeddings.weight"]
+    )
     assert torch.equal(model.head.aggregation_classifier.weight, fresh)
 
 
@@ -71,9 +83,17 @@ def test_a_checkpoint_of_another_encoder_or_with_nan_weights_or_no_weights_is_on
     state = load_weights_only(run_checkpoint(trained("sqa_task")), "")["state_dict"]
     cases = {
         "other": ({"state_dict": {name: torch.zeros(3) for name in state}}, "holds no encoder weight of this model's"),
-        "nan": ({"state_dict": {**state, "encoder.embeddings.word_embeddings.weight":
-                                torch.full_like(state["encoder.embeddings.word_embeddings.weight"], float("nan"))}},
-                r"holds NaN or infinite weights \(encoder.embeddings.word_embeddings.weight\)"),
+        "nan": (
+            {
+                "state_dict": {
+                    **state,
+                    "encoder.embeddings.word_embeddings.weight": torch.full_like(
+                        state["encoder.embeddings.word_embeddings.weight"], float("nan")
+                    ),
+                }
+            },
+            r"holds NaN or infinite weights \(encoder.embeddings.word_embeddings.weight\)",
+        ),
         "bare": ({"weights": 1}, "holds no state_dict"),
     }
     for name, (data, message) in cases.items():

@@ -22,23 +22,53 @@ from tests.inprocess import run_command
 #: name -> (command, overrides, metric, its value for "memorised", steps)
 CASES = {
     "cell selection": ("train", ["experiment=hybridqa_mate", "dataset.max_length=256"], "train/hits@1", 0.95, 6),
-    "TabFact": ("train", ["experiment=tabfact_mate", "dataset.max_length=128", "dataset.batch_size=8"],
-                "train/accuracy", 0.95, 6),
-    "span reader": ("train", ["experiment=hybridqa_reader", "dataset.max_length=256", "dataset.batch_size=4"],
-                    "train/em", 95.0, 20),
+    "TabFact": (
+        "train",
+        ["experiment=tabfact_mate", "dataset.max_length=128", "dataset.batch_size=8"],
+        "train/accuracy",
+        0.95,
+        6,
+    ),
+    "span reader": (
+        "train",
+        ["experiment=hybridqa_reader", "dataset.max_length=256", "dataset.batch_size=4"],
+        "train/em",
+        95.0,
+        20,
+    ),
     "SQA": ("train", ["experiment=sqa_mate", "dataset.max_length=256"], "train/accuracy", 0.95, 60),
     # absolute positions: with TAPAS's per-cell reset, masked one-word cells differ only by the row and
     # column embeddings, which a BERT checkpoint lacks (README, "Debugging a model")
     "masked LM": ("pretrain", ["model.encoder.reset_position_index_per_cell=false"], "train/mlm_accuracy", 0.95, 60),
-    "DoT": ("train", ["experiment=tabfact_dot", "dataset.max_length=512", "dataset.batch_size=8"],
-            "train/accuracy", 0.95, 12),
+    "DoT": (
+        "train",
+        ["experiment=tabfact_dot", "dataset.max_length=512", "dataset.batch_size=8"],
+        "train/accuracy",
+        0.95,
+        12,
+    ),
     "Transformer-XH": ("train", ["experiment=hybridqa_xh"], "train/hits@1", 0.95, 12),
     # hard EM trains the selection the prediction decodes; questions whose answer the 256-token cut removed
     # cannot be answered (README, "Debugging a model")
-    "WikiTQ, hard EM": ("train", ["experiment=wtq_mate", "dataset.max_length=256", "dataset.drop_cut_answers=true",
-                                  "model.head.aggregation_supervision=hard_em"], "train/accuracy", 0.95, 50),
-    "WikiTQ, TAPAS's expected result": ("train", ["experiment=wtq_mate", "dataset.max_length=256",
-                                                  "dataset.drop_cut_answers=true"], "train/accuracy", 0.95, 100),
+    "WikiTQ, hard EM": (
+        "train",
+        [
+            "experiment=wtq_mate",
+            "dataset.max_length=256",
+            "dataset.drop_cut_answers=true",
+            "model.head.aggregation_supervision=hard_em",
+        ],
+        "train/accuracy",
+        0.95,
+        50,
+    ),
+    "WikiTQ, TAPAS's expected result": (
+        "train",
+        ["experiment=wtq_mate", "dataset.max_length=256", "dataset.drop_cut_answers=true"],
+        "train/accuracy",
+        0.95,
+        100,
+    ),
 }
 #: the cheap ones run in `make test`; the others take 1-5 minutes each (`make test-slow`)
 CHEAP = {"cell selection", "TabFact"}
@@ -51,8 +81,17 @@ KNOWN_GAPS = {"WikiTQ, TAPAS's expected result"}
 def overfit(name: str, tmp_path, lr: float = 5e-4) -> tuple[dict, list[dict], object]:
     command, overrides, _, _, steps = CASES[name]
     run = tmp_path / "run"
-    metrics = run_command(command, [*overrides, "debug=overfit", f"trainer.max_steps={steps}", f"model.optimizer.lr={lr}",
-                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+    metrics = run_command(
+        command,
+        [
+            *overrides,
+            "debug=overfit",
+            f"trainer.max_steps={steps}",
+            f"model.optimizer.lr={lr}",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ],
+        run,
+    )
     with open(run / "csv" / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert json.loads((run / "metrics.json").read_text()) == metrics
@@ -62,7 +101,9 @@ def overfit(name: str, tmp_path, lr: float = 5e-4) -> tuple[dict, list[dict], ob
 def marks(name: str) -> list:
     out = [] if name in CHEAP else [pytest.mark.slow]
     if name in KNOWN_GAPS:
-        out.append(pytest.mark.xfail(strict=True, reason="the expected result fits the answer, the decoded one does not"))
+        out.append(
+            pytest.mark.xfail(strict=True, reason="the expected result fits the answer, the decoded one does not")
+        )
     return out
 
 

@@ -46,8 +46,9 @@ def pointr_run(checkpoints, tmp_path_factory) -> tuple[Path, str]:
     Over 20 s: PointR end to end on the sample's validation tables.
     """
     run = tmp_path_factory.mktemp("pointr")
-    return run, run_printing("pointr", [f"stage1.ckpt_path={checkpoints['stage1']}",
-                                        f"stage2.ckpt_path={checkpoints['stage2']}"], run)
+    return run, run_printing(
+        "pointr", [f"stage1.ckpt_path={checkpoints['stage1']}", f"stage2.ckpt_path={checkpoints['stage2']}"], run
+    )
 
 
 def test_pointr_writes_official_predictions_and_finite_metrics(pointr_run):
@@ -86,10 +87,15 @@ def test_pointr_writes_official_predictions_and_finite_metrics(pointr_run):
 def test_pointr_survives_the_edge_cases(checkpoints, tmp_path):
     root = tmp_path / "edge"
     build_edge_root(root)
-    overrides = f'stage1.overrides=["dataset.root={root}","dataset.split.mode=files","dataset.cache_dir={tmp_path / "c"}"]'
+    overrides = (
+        f'stage1.overrides=["dataset.root={root}","dataset.split.mode=files","dataset.cache_dir={tmp_path / "c"}"]'
+    )
     run = tmp_path / "run"
-    run_command("pointr", [f"stage1.ckpt_path={checkpoints['stage1']}", f"stage2.ckpt_path={checkpoints['stage2']}",
-                           overrides], run)
+    run_command(
+        "pointr",
+        [f"stage1.ckpt_path={checkpoints['stage1']}", f"stage2.ckpt_path={checkpoints['stage2']}", overrides],
+        run,
+    )
     predictions = {p["question_id"]: p["pred"] for p in json.loads((run / "predictions.json").read_text())}
     metrics = json.loads((run / "metrics.json").read_text())
     assert len(predictions) == 5 and predictions["edge-all-empty"] == ""
@@ -106,9 +112,17 @@ def test_pointr_survives_the_edge_cases(checkpoints, tmp_path):
 def test_predict_prints_the_answer_cell_and_top3(checkpoints, tmp_path):
     table = "1991_Monaco_Grand_Prix_0"
     question = "Which driver of Italy's team, the one with points = 4, finished third?"  # typed as is: no Hydra quoting
-    printed = run_printing("predict", [f"table={TABLES / (table + '.json')}", f"passages={PASSAGES / (table + '.json')}",
-                                       f"question={question}", f"stage1.ckpt_path={checkpoints['stage1']}",
-                                       f"stage2.ckpt_path={checkpoints['stage2']}"], tmp_path)
+    printed = run_printing(
+        "predict",
+        [
+            f"table={TABLES / (table + '.json')}",
+            f"passages={PASSAGES / (table + '.json')}",
+            f"question={question}",
+            f"stage1.ckpt_path={checkpoints['stage1']}",
+            f"stage2.ckpt_path={checkpoints['stage2']}",
+        ],
+        tmp_path,
+    )
     assert "answer:" in printed and "cell: row" in printed and "top 3 cells" in printed
     result = json.loads((tmp_path / "prediction.json").read_text())
     assert result["question"] == question
@@ -135,17 +149,24 @@ def test_test_split_gets_predictions_without_scores(checkpoints, tmp_path):
 
     from mate_cli.pipelines.pointr import evaluate_pointr
 
-    cfg = OmegaConf.create({
-        "split": "test", "reference": None, "limit_questions": None, "trainer": {"accelerator": "cpu"},
-        "stage1": {"ckpt_path": str(checkpoints["stage1"]), "overrides": [], "batch_size": 8, "top_k": 5},
-        "stage2": {"ckpt_path": str(checkpoints["stage2"]), "overrides": [], "batch_size": 16},
-    })
+    cfg = OmegaConf.create(
+        {
+            "split": "test",
+            "reference": None,
+            "limit_questions": None,
+            "trainer": {"accelerator": "cpu"},
+            "stage1": {"ckpt_path": str(checkpoints["stage1"]), "overrides": [], "batch_size": 8, "top_k": 5},
+            "stage2": {"ckpt_path": str(checkpoints["stage2"]), "overrides": [], "batch_size": 16},
+        }
+    )
     metrics = evaluate_pointr(cfg, tmp_path)
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     test_ids = [r["question_id"] for r in json.loads((SAMPLE / "released_data" / "test.json").read_text())]
     assert [p["question_id"] for p in predictions] == test_ids and metrics["questions"] == 15
     assert all(isinstance(p["pred"], str) for p in predictions)
-    assert not any(k.endswith("/em") or k.startswith("stage1/hits") for k in metrics)  # hidden answers: nothing to score
+    assert not any(
+        k.endswith("/em") or k.startswith("stage1/hits") for k in metrics
+    )  # hidden answers: nothing to score
 
 
 def test_user_errors_are_one_line(tmp_path):
@@ -163,8 +184,14 @@ def test_wrong_or_missing_checkpoints_raise_mate_errors(checkpoints, tmp_path):
     from mate_cli.pipelines.pointr import evaluate_pointr
 
     def cfg(stage1, stage2):
-        return OmegaConf.create({"split": "validation", "trainer": {"accelerator": "cpu"},
-                                 "stage1": {"ckpt_path": stage1}, "stage2": {"ckpt_path": stage2}})
+        return OmegaConf.create(
+            {
+                "split": "validation",
+                "trainer": {"accelerator": "cpu"},
+                "stage1": {"ckpt_path": stage1},
+                "stage2": {"ckpt_path": stage2},
+            }
+        )
 
     with pytest.raises(MateError, match="not SpanModule"):
         evaluate_pointr(cfg(str(checkpoints["stage1"]), str(checkpoints["stage1"])), tmp_path)

@@ -22,11 +22,22 @@ from tests.inprocess import run_command
 
 transformers = pytest.importorskip("transformers")
 
-SHORT = ["seed=1", "logger=csv", "trainer.max_steps=6", "trainer.val_check_interval=3", "dataset.batch_size=4",
-         "dataset.eval_masks=1"]
+SHORT = [
+    "seed=1",
+    "logger=csv",
+    "trainer.max_steps=6",
+    "trainer.val_check_interval=3",
+    "dataset.batch_size=4",
+    "dataset.eval_masks=1",
+]
 #: a fine-tuning run that only needs to start from the pre-trained encoder
-FINETUNE = ["logger=csv", "trainer.max_steps=1", "dataset.limit_questions=4", "dataset.max_length=128",
-            "validate_best=false"]
+FINETUNE = [
+    "logger=csv",
+    "trainer.max_steps=1",
+    "dataset.limit_questions=4",
+    "dataset.max_length=128",
+    "validate_best=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +66,9 @@ def test_the_exported_encoder_is_the_best_checkpoint_as_tapas_for_masked_lm(pret
     directory = pretrained["run"] / "encoder"
     best = torch.load(pretrained["metrics"]["best_checkpoint"], map_location="cpu", weights_only=True)["state_dict"]
     saved = load_file(str(directory / "model.safetensors"))
-    assert torch.equal(saved["tapas.embeddings.word_embeddings.weight"], best["encoder.embeddings.word_embeddings.weight"])
+    assert torch.equal(
+        saved["tapas.embeddings.word_embeddings.weight"], best["encoder.embeddings.word_embeddings.weight"]
+    )
     assert torch.equal(saved["cls.predictions.bias"], best["head.bias"])
     assert torch.equal(saved["cls.predictions.transform.dense.weight"], best["head.transform.dense.weight"])
 
@@ -68,8 +81,11 @@ def test_the_exported_encoder_is_the_best_checkpoint_as_tapas_for_masked_lm(pret
     data = dm.masked("validation")
     batch = MaskedCollator(dm.pad_id)([data[i] for i in range(6)])
     with torch.no_grad():
-        expected = reference(input_ids=batch.input_ids, attention_mask=batch.layout.attention_mask.long(),
-                             token_type_ids=batch.layout.token_type_ids).logits
+        expected = reference(
+            input_ids=batch.input_ids,
+            attention_mask=batch.layout.attention_mask.long(),
+            token_type_ids=batch.layout.token_type_ids,
+        ).logits
         logits = head(encoder(batch.input_ids, batch.layout))
     assert (logits - expected).abs()[batch.layout.attention_mask].max().item() <= 1e-5
 
@@ -78,8 +94,11 @@ def test_mate_train_fine_tunes_from_the_pretrained_encoder(pretrained, monkeypat
     monkeypatch.setenv("MATE_OUTPUT_DIR", str(pretrained["outputs"]))  # where the ablation arm finds its run
     cache = f"dataset.cache_dir={pretrained['cache']}"
     by_path, by_experiment = tmp_path / "by_path", tmp_path / "by_experiment"
-    run_command("train", ["experiment=hybridqa_mate", f"model.encoder.pretrained={pretrained['run']}/encoder",
-                          *FINETUNE, cache], by_path)
+    run_command(
+        "train",
+        ["experiment=hybridqa_mate", f"model.encoder.pretrained={pretrained['run']}/encoder", *FINETUNE, cache],
+        by_path,
+    )
     run_command("train", ["experiment=hybridqa_mate_sparse_pretrained", *FINETUNE, cache], by_experiment)
     for run in (by_path, by_experiment):  # the resolved config records the pre-trained directory
         assert f"pretrained: {pretrained['run']}/encoder" in (run / "resolved_config.yaml").read_text()
@@ -96,11 +115,20 @@ def test_the_ablation_arm_without_its_pretraining_run_is_one_line(pretrained, mo
 
 def test_a_missing_corpus_file_is_one_line(tmp_path):
     with pytest.raises(MateError) as err:
-        run_command("pretrain", ["dataset=pretrain_jsonl", f"dataset.sources.jsonl={tmp_path}/absent.jsonl",
-                                 "logger=csv", f"dataset.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
+        run_command(
+            "pretrain",
+            [
+                "dataset=pretrain_jsonl",
+                f"dataset.sources.jsonl={tmp_path}/absent.jsonl",
+                "logger=csv",
+                f"dataset.cache_dir={tmp_path / 'cache'}",
+            ],
+            tmp_path / "run",
+        )
     assert str(err.value) == (
         f"corpus file not found: {tmp_path}/absent.jsonl; pass an existing JSON-lines file "
-        '(each line: {"text": str, "table": {"header": [str, ...], "rows": [[str, ...], ...]}})')
+        '(each line: {"text": str, "table": {"header": [str, ...], "rows": [[str, ...], ...]}})'
+    )
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
@@ -110,13 +138,24 @@ def test_a_few_hundred_steps_lower_the_held_out_loss_and_raise_accuracy(attentio
     """The acceptance run: 200 steps of 8 examples from the bundled MiniLM (whose MLM head starts
     fresh), scored on the held-out tables before and after; the numbers go to the test report."""
     env = mate_env(tmp_path / "outputs", tmp_path / "cache")
-    result = run_mate(["pretrain", f"attention={attention}", "logger=csv", "trainer.max_steps=200",
-                       "dataset.batch_size=8"], env, timeout=1800)
+    result = run_mate(
+        ["pretrain", f"attention={attention}", "logger=csv", "trainer.max_steps=200", "dataset.batch_size=8"],
+        env,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = run_dirs(tmp_path / "outputs", "pretrain")
     metrics = json.loads((run / "metrics.json").read_text())
-    shown = {k: round(metrics[k], 4) for k in ("start/val/mlm_loss", "val/mlm_loss", "start/val/mlm_accuracy",
-                                                "val/mlm_accuracy", "perf/tokens_per_s")}
+    shown = {
+        k: round(metrics[k], 4)
+        for k in (
+            "start/val/mlm_loss",
+            "val/mlm_loss",
+            "start/val/mlm_accuracy",
+            "val/mlm_accuracy",
+            "perf/tokens_per_s",
+        )
+    }
     record_property(f"pretrain[{attention}]", json.dumps(shown))
     print(f"pretrain attention={attention}: {json.dumps(shown)}")
     assert metrics["val/mlm_loss"] < metrics["start/val/mlm_loss"] - 1.0
@@ -150,4 +189,5 @@ def test_a_corpus_given_to_mate_train_is_one_line(tmp_path):
         run_command("train", ["dataset=pretrain_sample", "logger=csv"], tmp_path / "run")
     assert str(err.value) == (
         "dataset=pretrain_sample does not go with model=cell_selector: `mate pretrain` reads "
-        "dataset=pretrain_sample or pretrain_jsonl, `mate train` the task datasets")
+        "dataset=pretrain_sample or pretrain_jsonl, `mate train` the task datasets"
+    )

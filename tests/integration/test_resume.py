@@ -29,18 +29,33 @@ from tests.helpers import MATE, mate_env, run_mate, wandb_run_summary
 #: compared are the validation at step 10 (the end of epoch 1), not the best checkpoint's: a
 #: resumed run chooses its best among its own validations (see the README on resuming).
 ARGS = [
-    "train", "experiment=hybridqa_mate", "seed=3", "dataset.max_length=128", "dataset.limit_questions=20",
-    "trainer.log_every_n_steps=1", "trainer.max_steps=10", "callbacks.model_checkpoint.every_n_train_steps=3",
+    "train",
+    "experiment=hybridqa_mate",
+    "seed=3",
+    "dataset.max_length=128",
+    "dataset.limit_questions=20",
+    "trainer.log_every_n_steps=1",
+    "trainer.max_steps=10",
+    "callbacks.model_checkpoint.every_n_train_steps=3",
     "validate_best=false",
 ]
 #: masked-LM pre-training: its masks are drawn per (seed, epoch, example), so they resume too
 PRETRAIN_ARGS = [
-    "pretrain", "seed=3", "logger=csv", "dataset.batch_size=4", "dataset.max_length=64", "dataset.eval_masks=1", "trainer.max_steps=12",
-    "trainer.val_check_interval=6", "callbacks.model_checkpoint.every_n_train_steps=3",
+    "pretrain",
+    "seed=3",
+    "logger=csv",
+    "dataset.batch_size=4",
+    "dataset.max_length=64",
+    "dataset.eval_masks=1",
+    "trainer.max_steps=12",
+    "trainer.val_check_interval=6",
+    "callbacks.model_checkpoint.every_n_train_steps=3",
 ]
 #: the validation metrics each command's resumed run must reproduce exactly
-METRICS = {"train": ("val/loss", "val/hits@1", "val/hits@3", "val/hits@5"),
-           "pretrain": ("val/mlm_loss", "val/mlm_accuracy", "start/val/mlm_loss")}  # start/*: kept in the checkpoint
+METRICS = {
+    "train": ("val/loss", "val/hits@1", "val/hits@3", "val/hits@5"),
+    "pretrain": ("val/mlm_loss", "val/mlm_accuracy", "start/val/mlm_loss"),
+}  # start/*: kept in the checkpoint
 
 
 def max_steps(args: list[str]) -> int:
@@ -53,13 +68,15 @@ def state(ckpt: Path) -> tuple[int, dict]:
     return data["global_step"], data["state_dict"]
 
 
-def stop_after_first_checkpoint(args: list[str], env: dict, runs: Path, signum: int,
-                                known: set[Path], group: bool = False) -> tuple[Path, str, int]:
+def stop_after_first_checkpoint(
+    args: list[str], env: dict, runs: Path, signum: int, known: set[Path], group: bool = False
+) -> tuple[Path, str, int]:
     """Start ``mate <args>``, send ``signum`` once its run dir (the one under ``runs`` not in
     ``known``) holds a checkpoint (``group``: to its whole process group, as Ctrl-C in a
     terminal, ``timeout`` and a cluster's time limit do); its run dir, stderr and exit status."""
-    victim = subprocess.Popen([MATE, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              start_new_session=group)
+    victim = subprocess.Popen(
+        [MATE, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=group
+    )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and victim.poll() is None:
         if [p for p in runs.glob("*/checkpoints/last.ckpt") if p.parents[1] not in known]:
@@ -87,15 +104,17 @@ def crash_and_resume(base: Path, args: list[str]) -> dict:
     # environment, and the chain's processes must not share it (helpers.mate_env leaves it out)
     wandb.setup().ensure_service()
     task, cache, runs = args[0], base / "cache", base / "chain" / args[0]
-    whole = subprocess.Popen([MATE, *args], env=mate_env(base / "whole", cache), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+    whole = subprocess.Popen(
+        [MATE, *args], env=mate_env(base / "whole", cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     env = mate_env(base / "chain", cache)
     runs.mkdir(parents=True)
 
     # SIGTERM to the process group, its two loader workers too: the run finishes its batch, saves
     # last.ckpt at that step, says how to resume, exits 128 + 15, and its log records that status
-    termed, err, status = stop_after_first_checkpoint([*args, "dataset.num_workers=2"], env, runs, signal.SIGTERM,
-                                                      set(), group=True)
+    termed, err, status = stop_after_first_checkpoint(
+        [*args, "dataset.num_workers=2"], env, runs, signal.SIGTERM, set(), group=True
+    )
     assert status == 143, err[-3000:]
     line = (termed / "FAILED").read_text().strip()
     assert line.startswith("mate: interrupted by SIGTERM at step ") and line in err, line
@@ -107,8 +126,9 @@ def crash_and_resume(base: Path, args: list[str]) -> dict:
     resume_from = line.rsplit("ckpt_path=", 1)[1]
     assert Path(resume_from) == termed
 
-    killed, err, status = stop_after_first_checkpoint([*args, f"ckpt_path={resume_from}"], env, runs, signal.SIGKILL,
-                                                      {termed})
+    killed, err, status = stop_after_first_checkpoint(
+        [*args, f"ckpt_path={resume_from}"], env, runs, signal.SIGKILL, {termed}
+    )
     assert status == -signal.SIGKILL, err[-3000:]
     resumed = run_mate([*args, "ckpt_path=last"], env)  # the newest run of the experiment: the killed one
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -116,14 +136,22 @@ def crash_and_resume(base: Path, args: list[str]) -> dict:
     assert whole.returncode == 0, err[-3000:]
     (final,) = set(runs.iterdir()) - {termed, killed}
     (whole_run,) = (base / "whole" / task).iterdir()
-    return {"task": task, "whole": whole_run, "termed": termed, "killed": killed, "resumed": final,
-            "output": resumed.stdout + resumed.stderr, "steps": max_steps(args)}
+    return {
+        "task": task,
+        "whole": whole_run,
+        "termed": termed,
+        "killed": killed,
+        "resumed": final,
+        "output": resumed.stdout + resumed.stderr,
+        "steps": max_steps(args),
+    }
 
 
 # the pre-training chain is slow-marked (two more minutes on 2 cores); its own part, masks keyed by
 # (seed, epoch, example) and the tagged sampler's skip, is tested fast in tests/data/test_pretraining.py
-@pytest.fixture(scope="module", params=[ARGS, pytest.param(PRETRAIN_ARGS, marks=pytest.mark.slow)],
-                ids=lambda args: args[0])
+@pytest.fixture(
+    scope="module", params=[ARGS, pytest.param(PRETRAIN_ARGS, marks=pytest.mark.slow)], ids=lambda args: args[0]
+)
 def runs(request, tmp_path_factory) -> dict:
     """Over 20 s: real processes, stopped and resumed twice, and an uninterrupted run beside them."""
     return crash_and_resume(tmp_path_factory.mktemp(f"resume-{request.param[0]}"), request.param)

@@ -70,8 +70,13 @@ def commands(tmp: Path, marker: Path) -> dict[str, list[str]]:
     return {
         "eval": ["eval", f"ckpt_path={table}"],
         "predict": ["predict", f"ckpt_path={table}", f"table={sqa_table}", "question=who?"],
-        "predict-pointr": ["predict", f"stage1.ckpt_path={cells}", f"stage2.ckpt_path={span}",
-                           f"table={hybrid_table}", "question=who?"],  # fmt: skip
+        "predict-pointr": [
+            "predict",
+            f"stage1.ckpt_path={cells}",
+            f"stage2.ckpt_path={span}",
+            f"table={hybrid_table}",
+            "question=who?",
+        ],  # fmt: skip
         "pointr": ["pointr", f"stage1.ckpt_path={cells}", f"stage2.ckpt_path={span}"],
     }
 
@@ -141,7 +146,8 @@ def test_trust_builds_the_config_as_it_is_with_a_warning(tmp_path, caplog):
 # ------------------------------------------------------------------ the file itself: data with limits
 # ten levels of ten aliases each: 10**10 strings once expanded, under 500 bytes on disk
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(9))
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(9)
+)
 
 
 def tiny_run(root: Path, text: str) -> Path:
@@ -167,8 +173,19 @@ def tiny_run(root: Path, text: str) -> Path:
         ("- 1\n", "holds a YAML list, not a mapping of config keys"),
         ("", "holds nothing, not a mapping of config keys"),
     ],
-    ids=["alias bomb", "python tag", "binary tag", "local tag", "deep", "malformed", "duplicate key", "env",
-         "resolver", "list", "empty"],
+    ids=[
+        "alias bomb",
+        "python tag",
+        "binary tag",
+        "local tag",
+        "deep",
+        "malformed",
+        "duplicate key",
+        "env",
+        "resolver",
+        "list",
+        "empty",
+    ],
 )
 def test_a_run_config_file_is_read_as_data_with_limits(tmp_path, monkeypatch, text, named):
     from mate_cli.runs import load_run_config

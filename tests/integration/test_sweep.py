@@ -22,7 +22,12 @@ from tests.helpers import mate_env, run_mate, wandb_run_summary
 COMMON = ["train", "-m", "experiment=hybridqa_mate", "trainer.max_steps=2", "dataset.max_length=128",
           "dataset.eval_batch_size=16", "trainer.limit_val_batches=1", "tags=[dev]"]  # fmt: skip
 SWEEPS = {
-    "heads": ["+sweep=heads_ablation", "hydra.sweeper.params.seed=1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+    "heads": [
+        "+sweep=heads_ablation",
+        "hydra.sweeper.params.seed=1",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+    ],
     "optuna": ["hparams_search=optuna", "hydra.sweeper.n_trials=2"],
 }
 #: the keys each sweep varies, as names and tags show them
@@ -30,8 +35,17 @@ SWEPT = {"heads": ("row_heads_ratio",), "optuna": ("lr", "warmup_ratio", "radius
 #: what each run's name and tags add for the command line's other overrides (tags and hydra.* say nothing)
 OVERRIDES = ["max_steps=2", "max_length=128", "eval_batch_size=16", "limit_val_batches=1"]
 #: where tools write unless told otherwise; the sweep runs without any of them set
-TOOL_DIRS = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "MPLCONFIGDIR", "WANDB_DIR", "WANDB_CACHE_DIR",
-             "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "TORCHINDUCTOR_CACHE_DIR")
+TOOL_DIRS = (
+    "XDG_CACHE_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "MPLCONFIGDIR",
+    "WANDB_DIR",
+    "WANDB_CACHE_DIR",
+    "WANDB_CONFIG_DIR",
+    "WANDB_DATA_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+)
 
 
 def run_sweep(base: Path, kind: str) -> tuple[Path, list[Path], dict]:

@@ -83,8 +83,11 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
     eval_run = tmp_path / "eval"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        scores = run_command("eval", [f"ckpt_path={ckpt}",
-                                      f"overrides=['dataset.root={root}','dataset.eval_file={eval_file}']"], eval_run)
+        scores = run_command(
+            "eval",
+            [f"ckpt_path={ckpt}", f"overrides=['dataset.root={root}','dataset.eval_file={eval_file}']"],
+            eval_run,
+        )
     # Lightning's note that the training run's callbacks are missing does not apply to an evaluation
     assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
     assert json.loads((eval_run / "metrics.json").read_text()) == scores
@@ -117,8 +120,9 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", [f"{t}_{a}" for t in ("sqa", "wtq", "tabfact") for a in ("mate", "tapas")]
-                         + ["tabfact_dot"])
+@pytest.mark.parametrize(
+    "experiment", [f"{t}_{a}" for t in ("sqa", "wtq", "tabfact") for a in ("mate", "tapas")] + ["tabfact_dot"]
+)
 def test_every_table_experiment_trains(experiment, tmp_path):
     env = mate_env(tmp_path / "outputs", tmp_path / "cache", HOME=str(tmp_path / "home"))
     done = run_mate(["train", f"experiment={experiment}", *TRAIN], env)
@@ -132,11 +136,24 @@ def test_dot_trains_through_mate_train_named_in_the_papers_notation_with_its_npe
     from mate_cli.paths import dir_name
 
     run = tmp_path / "run"
-    metrics = run_command("train", ["experiment=wtq_dot", "trainer.max_steps=1", "dataset.limit_questions=4",
-                                    "dataset.max_length=512", "model.dot.top_k=128", "logger=csv", "validate_best=false",
-                                    f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+    metrics = run_command(
+        "train",
+        [
+            "experiment=wtq_dot",
+            "trainer.max_steps=1",
+            "dataset.limit_questions=4",
+            "dataset.max_length=512",
+            "model.dot.top_k=128",
+            "logger=csv",
+            "validate_best=false",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ],
+        run,
+    )
     run_name = dir_name(OmegaConf.load(run / "resolved_config.yaml").run_name)  # the run dir's name, less time and tag
-    assert run_name.startswith("wtq_dot-CC-512_C-DoT_minilm-128-minilm-"), run_name  # 512 and 128 keep the default run short
+    assert run_name.startswith("wtq_dot-CC-512_C-DoT_minilm-128-minilm-"), (
+        run_name
+    )  # 512 and 128 keep the default run short
     assert metrics["perf/examples_per_s"] > 0  # the paper's NPE/s
     assert metrics["data/train/tokens_pruned"] > 0  # CC did cut to 1024 before DoT
 
@@ -151,16 +168,33 @@ def test_a_saved_tapas_wtq_checkpoint_evaluates_through_mate(tmp_path):
 
     checkpoint = tmp_path / "tapas_wtq"
     config = transformers.TapasConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=512, num_aggregation_labels=4, use_answer_as_supervision=True,
-        answer_loss_cutoff=0.664694, cell_selection_preference=0.207951, huber_loss_delta=0.121194,
-        temperature=0.0352513)
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_aggregation_labels=4,
+        use_answer_as_supervision=True,
+        answer_loss_cutoff=0.664694,
+        cell_selection_preference=0.207951,
+        huber_loss_delta=0.121194,
+        temperature=0.0352513,
+    )
     torch.manual_seed(0)
     transformers.TapasForQuestionAnswering(config).save_pretrained(checkpoint)
     shutil.copy(bundled_model_dir() / "vocab.txt", checkpoint)
     run = tmp_path / "run"
-    run_command("train", ["experiment=wtq_tapas", f"model.encoder.pretrained={checkpoint}", "trainer.max_steps=0",
-                          f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+    run_command(
+        "train",
+        [
+            "experiment=wtq_tapas",
+            f"model.encoder.pretrained={checkpoint}",
+            "trainer.max_steps=0",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ],
+        run,
+    )
     log = (run / "train.log").read_text(encoding="utf-8")
     assert "(task head): 6 tensors; missing (freshly initialised): none" in log
     assert 0.0 <= json.loads((run / "metrics.json").read_text())["val/accuracy"] <= 1.0

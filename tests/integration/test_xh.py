@@ -17,9 +17,20 @@ from tests.inprocess import run_command
 
 def test_hybridqa_xh_trains_through_mate_train_with_the_stage1_metrics(tmp_path):
     run = tmp_path / "run"
-    run_command("train", ["experiment=hybridqa_xh", "trainer.max_epochs=1", "dataset.max_nodes=12",
-                          "dataset.node_length=48", "dataset.limit_questions=4", "dataset.batch_size=2", "logger=csv",
-                          f"dataset.cache_dir={tmp_path / 'cache'}"], run)
+    run_command(
+        "train",
+        [
+            "experiment=hybridqa_xh",
+            "trainer.max_epochs=1",
+            "dataset.max_nodes=12",
+            "dataset.node_length=48",
+            "dataset.limit_questions=4",
+            "dataset.batch_size=2",
+            "logger=csv",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ],
+        run,
+    )
     run_name = OmegaConf.load(run / "resolved_config.yaml").run_name  # the run dir's name, less time and tag
     overrides = "max_epochs1_max_nodes12_node_length48_limit_questions4_batch_size2"  # logger=csv: not in the name
     assert dir_name(run_name) == f"hybridqa_xh-dense-hybridqa_sample-seed42-{overrides}", run_name

@@ -48,10 +48,13 @@ def test_evaluate_predictions_hand_computed_groups_in_percent():
         "passage": ["p1", "p2"],
     }
     predictions = [
-        {"question_id": "t1", "pred": "ferrari."},             # EM 1, F1 1
-        {"question_id": "t2", "pred": "1990"},                 # EM 0, F1 0
-        {"question_id": "p1", "pred": "British racing driver"},  # gold [british, driver] pred [british, racing, driver]: F1 0.8
-        {"question_id": "p2", "pred": "Tokyo"},                # gold [tokyo, japan] pred [tokyo]: P 1, R 1/2 -> F1 2/3
+        {"question_id": "t1", "pred": "ferrari."},  # EM 1, F1 1
+        {"question_id": "t2", "pred": "1990"},  # EM 0, F1 0
+        {
+            "question_id": "p1",
+            "pred": "British racing driver",
+        },  # gold [british, driver] pred [british, racing, driver]: F1 0.8
+        {"question_id": "p2", "pred": "Tokyo"},  # gold [tokyo, japan] pred [tokyo]: P 1, R 1/2 -> F1 2/3
         # m1 has no prediction: scored as "" (EM 0, F1 0) and counted as missing
     ]
     out = evaluate_predictions(predictions, reference)
@@ -67,7 +70,11 @@ def test_evaluate_predictions_hand_computed_groups_in_percent():
 
 def test_last_prediction_of_a_repeated_id_wins_and_unknown_ids_are_ignored():
     reference = {"reference": {"q": "Kyoto"}, "table": ["q"], "passage": []}
-    preds = [{"question_id": "q", "pred": "Osaka"}, {"question_id": "q", "pred": "Kyoto"}, {"question_id": "zz", "pred": "x"}]
+    preds = [
+        {"question_id": "q", "pred": "Osaka"},
+        {"question_id": "q", "pred": "Kyoto"},
+        {"question_id": "zz", "pred": "x"},
+    ]
     out = evaluate_predictions(preds, reference)
     assert out["total"]["em"] == 100.0
     assert out["in_passage"] == {"em": None, "f1": None, "count": 0}

@@ -8,8 +8,8 @@ def test_hits_at_k_counts_candidates_in_top_k_and_missing_as_miss():
     cell_mask = torch.ones(3, 5, dtype=torch.bool)
     cell_mask[:, 0] = False
     cand = torch.zeros(3, 5, dtype=torch.bool)
-    cand[0, 1] = True   # rank 1
-    cand[1, 4] = True   # rank 3
+    cand[0, 1] = True  # rank 1
+    cand[1, 4] = True  # rank 3
     # example 2 has no candidate: a miss at every k
     expected = {1: 1 / 3, 3: 2 / 3, 5: 2 / 3}
     for k, value in expected.items():

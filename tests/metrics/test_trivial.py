@@ -28,11 +28,15 @@ def table(rows: list[list[str]]) -> Table:
 
 def test_sqa_fixed_rule_is_the_best_on_train_and_gives_all_and_seq():
     t = table([["x", "1"], ["y", "2"]])
-    train = [q("s/0/0", answer_coordinates=[[0, 1], [1, 1]], sequence_id="s/0", position=0),
-             q("s/0/1", answer_coordinates=[[0, 1], [1, 1]], sequence_id="s/0", position=1),
-             q("u/0/0", answer_coordinates=[[0, 0]], sequence_id="u/0", position=0)]
-    validation = [q("v/0/0", answer_coordinates=[[0, 1], [1, 1]], sequence_id="v/0", position=0),
-                  q("v/0/1", answer_coordinates=[[1, 0]], sequence_id="v/0", position=1)]
+    train = [
+        q("s/0/0", answer_coordinates=[[0, 1], [1, 1]], sequence_id="s/0", position=0),
+        q("s/0/1", answer_coordinates=[[0, 1], [1, 1]], sequence_id="s/0", position=1),
+        q("u/0/0", answer_coordinates=[[0, 0]], sequence_id="u/0", position=0),
+    ]
+    validation = [
+        q("v/0/0", answer_coordinates=[[0, 1], [1, 1]], sequence_id="v/0", position=0),
+        q("v/0/1", answer_coordinates=[[1, 0]], sequence_id="v/0", position=1),
+    ]
     out = trivial.sqa_fixed_cells(train, validation, lambda _: t)
     assert out["rule"] == "every cell of column 1" and out["train/accuracy"] == 2 / 3
     assert out["val/accuracy"] == 0.5 and out["val/seq"] == 0.0
@@ -47,16 +51,21 @@ def test_tabfact_majority():
 def test_tabfact_statement_only_learns_the_statements_bias_and_never_sees_the_table():
     """A word that decides the label on the training side decides it on validation; the tables
     (one per statement here) play no part."""
+
     def statement(i: int, word: str, label: int) -> Question:
-        return Question(question_id=str(i), question=f"the team {word} game {i % 7}", table_id=f"t{i % 10}", label=label)
+        return Question(
+            question_id=str(i), question=f"the team {word} game {i % 7}", table_id=f"t{i % 10}", label=label
+        )
 
     train = [statement(i, ("won", "lost")[i % 2], 1 - i % 2) for i in range(60)]
     validation = [statement(100 + i, ("won", "lost")[i % 2], 1 - i % 2) for i in range(20)]
     out = trivial.tabfact_statement_only(train, validation)
     assert out["val/accuracy_statement_only"] == 1.0
     assert out["statement_only_rule"].startswith("bag-of-words logistic regression on the statement alone (C=")
-    flipped = [Question(question_id=v.question_id, question=v.question, table_id=v.table_id, label=1 - v.label)
-               for v in validation]
+    flipped = [
+        Question(question_id=v.question_id, question=v.question, table_id=v.table_id, label=1 - v.label)
+        for v in validation
+    ]
     assert trivial.tabfact_statement_only(train, flipped)["val/accuracy_statement_only"] == 0.0
     assert trivial.tabfact_statement_only(train[:1], validation) == {}  # one table, one label: nothing to fit
 

@@ -262,8 +262,11 @@ def test_the_official_verdict_with_the_tagged_canonical_forms(gold, canon, predi
     assert denotation_correct(gold.split("|"), predicted, canon.split("|")) is verdict
 
 
-@pytest.mark.parametrize("gold, canon, predicted, verdict", [c for c in OFFICIAL if c[0] not in ("three",)],
-                         ids=[f"{c[0]}:{c[2]}" for c in OFFICIAL if c[0] not in ("three",)])
+@pytest.mark.parametrize(
+    "gold, canon, predicted, verdict",
+    [c for c in OFFICIAL if c[0] not in ("three",)],
+    ids=[f"{c[0]}:{c[2]}" for c in OFFICIAL if c[0] not in ("three",)],
+)
 def test_the_emulated_canonical_forms_give_the_official_verdict(gold, canon, predicted, verdict):
     """Without a tagged file (every case but "three" -> 3.0, which only CoreNLP knows)."""
     assert denotation_correct(gold.split("|"), predicted) is verdict
@@ -279,17 +282,45 @@ def test_the_emulation_is_for_gold_answers_only():
 
 def test_emulated_canonical_forms():
     cases = {
-        "16 Oct 1920": "1920-10-16", "October 16, 1920": "1920-10-16", "Sept. 3 1920": "1920-09-03",
-        "October 24": "xxxx-10-24", "24 October": "xxxx-10-24", "December 1985": "1985-12-xx",
-        "October": "xxxx-10-xx", "Jan": "xxxx-01-xx", "11/21/2012": "2012-11-21",
-        "1,484,900": "1484900", "-12,000.5": "-12000.5", "+480,000": "480000", "$26,000": "26000",
-        "#4": "4", "4%": "4", "18th": "18", "10 years": "10", "3.75 miles": "3.75", "4.0 million": "4000000.0",
+        "16 Oct 1920": "1920-10-16",
+        "October 16, 1920": "1920-10-16",
+        "Sept. 3 1920": "1920-09-03",
+        "October 24": "xxxx-10-24",
+        "24 October": "xxxx-10-24",
+        "December 1985": "1985-12-xx",
+        "October": "xxxx-10-xx",
+        "Jan": "xxxx-01-xx",
+        "11/21/2012": "2012-11-21",
+        "1,484,900": "1484900",
+        "-12,000.5": "-12000.5",
+        "+480,000": "480000",
+        "$26,000": "26000",
+        "#4": "4",
+        "4%": "4",
+        "18th": "18",
+        "10 years": "10",
+        "3.75 miles": "3.75",
+        "4.0 million": "4000000.0",
         "1920": "1920",  # already a number as it is
     }
     for text, canon in cases.items():
         assert emulated_canon(text) == canon, text
-    for text in ("May", "Stage 3", "2012 Olympics", "1st match", "1990s", "2:47", "1959-60", "12,3456",
-                 "Mark 3", "13/21/2012", "Paris", "", "3 (approx.)", "10 Years"):
+    for text in (
+        "May",
+        "Stage 3",
+        "2012 Olympics",
+        "1st match",
+        "1990s",
+        "2:47",
+        "1959-60",
+        "12,3456",
+        "Mark 3",
+        "13/21/2012",
+        "Paris",
+        "",
+        "3 (approx.)",
+        "10 Years",
+    ):
         assert emulated_canon(text) is None, text
 
 

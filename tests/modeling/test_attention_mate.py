@@ -93,8 +93,11 @@ def max_segment_lengths(layout) -> dict[str, int]:
     for view in ("row", "column"):
         ids = layout.view_ids(view)
         out[view] = max(
-            (int(torch.bincount(ids[b][layout.is_table[b]]).max()) for b in range(layout.batch_size)
-             if layout.is_table[b].any()),
+            (
+                int(torch.bincount(ids[b][layout.is_table[b]]).max())
+                for b in range(layout.batch_size)
+                if layout.is_table[b].any()
+            ),
             default=0,
         )
     return out
@@ -123,7 +126,7 @@ def test_masked_attention_equals_token_by_token_softmax(ratio):
     layout = random_layout(2, query_len=(1, 5), rows=(1, 3), cols=(1, 3), cell_tokens=(1, 2), pad=(0, 3), seed=2)
     q, k, v = inputs(layout, grad=False)
     real = layout.attention_mask[:, None, :, None]
-    diff = ((masked_attention(q, k, v, layout, ratio) - loop_attention(q, k, v, paper_sets(layout, 4, ratio))) * real)
+    diff = (masked_attention(q, k, v, layout, ratio) - loop_attention(q, k, v, paper_sets(layout, 4, ratio))) * real
     log.info("max|diff| masked vs token-by-token (ratio=%s): %.2e", ratio, diff.abs().max())
     assert diff.abs().max() <= 1e-12
 
@@ -144,8 +147,9 @@ def test_bucketed_equals_masked_when_globals_cover_q_and_segments_fit(ratio, dty
         plan = bucket_plan(layout, 4, ratio, 16, 16)
         got = run(lambda q, k, v: bucketed_attention(q, k, v, plan), layout, q, k, v)
         diff = max_diff(got, ref)
-        log.info("max|diff| bucketed vs masked, exact regime (ratio=%s, %s, budget=%s): %.2e",
-                 ratio, dtype, budget, diff)
+        log.info(
+            "max|diff| bucketed vs masked, exact regime (ratio=%s, %s, budget=%s): %.2e", ratio, dtype, budget, diff
+        )
         assert diff <= tol
 
 
@@ -200,7 +204,14 @@ def test_bucketed_approximation_is_exact_where_the_window_covers_and_bounded_els
     exact, approx = err[covered].max().item(), err[~covered & layout.attention_mask[:, None]]
     log.info(
         "bucketed G=%d R=%d ratio=%s: covered %d/%d tokens, max|diff| there %.2e; elsewhere max %.2e, mean %.2e",
-        G, R, ratio, int(covered.sum()), int(layout.attention_mask.sum()) * 4, exact, approx.max(), approx.mean(),
+        G,
+        R,
+        ratio,
+        int(covered.sum()),
+        int(layout.attention_mask.sum()) * 4,
+        exact,
+        approx.max(),
+        approx.mean(),
     )
     assert exact <= 1e-12
     assert approx.numel() > 0 and approx.max() > 1e-3  # the approximation is real here
@@ -216,8 +227,13 @@ def test_fused_bucketed_matches_reference_with_bnhd_inputs_and_gradcheck_with_dr
     q, k, v = (
         torch.randn(b, n, h, d, generator=g, dtype=torch.float64).transpose(1, 2).requires_grad_() for _ in range(3)
     )
-    assert max_diff(run(lambda *x: bucketed_attention(*x, plan), layout, q, k, v),
-                    run(lambda *x: bucketed_attention_reference(*x, plan), layout, q, k, v)) <= 1e-12
+    assert (
+        max_diff(
+            run(lambda *x: bucketed_attention(*x, plan), layout, q, k, v),
+            run(lambda *x: bucketed_attention_reference(*x, plan), layout, q, k, v),
+        )
+        <= 1e-12
+    )
     fn = lambda q, k, v: bucketed_attention(q, k, v, plan, 0.3, seed=1234)  # noqa: E731
     assert torch.equal(fn(q, k, v), fn(q, k, v))  # the seed fixes the dropout mask
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
@@ -226,10 +242,7 @@ def test_fused_bucketed_matches_reference_with_bnhd_inputs_and_gradcheck_with_dr
 # ----------------------------------------------------------- (c) block sparse
 def long_segment_layout():
     """Rows and columns of very different lengths (some far longer than a 16-token bin)."""
-    cells = [
-        [[3, 1, 30], [2, 2, 1], [40, 1, 2], [1, 1, 1]],
-        [[1, 2], [5, 70], [2, 3]],
-    ]
+    cells = [[[3, 1, 30], [2, 2, 1], [40, 1, 2], [1, 1, 1]], [[1, 2], [5, 70], [2, 3]]]
     return layout_from_cells([5, 2], cells, pad=[3, 0])
 
 
@@ -314,7 +327,10 @@ def test_exact_auto_picks_masked_or_block_sparse_by_length_and_grad_mode_and_log
         "mate attention variant=exact impl=auto: using 'block_sparse' on cpu for sequences of ~1024 tokens (inference)"
     ]
     # an explicit impl is never switched
-    assert MateAttention(num_heads=2, head_dim=4, variant="exact", impl="masked").resolve_impl(past, past, past) == "masked"
+    assert (
+        MateAttention(num_heads=2, head_dim=4, variant="exact", impl="masked").resolve_impl(past, past, past)
+        == "masked"
+    )
 
 
 def test_bucketed_auto_and_kernel_run_the_fused_kernel_only_where_it_applies():
@@ -382,7 +398,12 @@ def test_bucketed_cost_grows_linearly_with_length():
     for grad in (False, True):
         small, large = cost(2048, grad), cost(4096, grad)
         flops, largest = large.flops / small.flops, large.largest / small.largest
-        log.info("bucketed, length x2 (%s): matmul FLOPs x%.3f, largest tensor x%.3f (%d elements at 4096)",
-                 "fwd+bwd" if grad else "fwd", flops, largest, large.largest)
+        log.info(
+            "bucketed, length x2 (%s): matmul FLOPs x%.3f, largest tensor x%.3f (%d elements at 4096)",
+            "fwd+bwd" if grad else "fwd",
+            flops,
+            largest,
+            large.largest,
+        )
         assert flops <= 2.1 and largest <= 2.1
         assert large.largest < 4096 * 4096 / 4  # never anything near N x N

@@ -27,7 +27,9 @@ def test_sat_equals_reference_softmax_with_set_definition():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for _ in range(3))
     out = SatAttention(num_heads=h, head_dim=d)(q, k, v, layout)
-    allowed = torch.tensor([[[reference_allowed(layout, e, i, j) for j in range(n)] for i in range(n)] for e in range(b)])
+    allowed = torch.tensor(
+        [[[reference_allowed(layout, e, i, j) for j in range(n)] for i in range(n)] for e in range(b)]
+    )
     scores = (q @ k.transpose(-1, -2)) / d**0.5
     ref = torch.softmax(scores.masked_fill(~allowed[:, None], float("-inf")), -1) @ v
     real = layout.attention_mask[:, None, :, None]
@@ -57,7 +59,11 @@ def test_text_only_drops_structure_embeddings_only():
     ids = torch.randint(1, 50, (layout.batch_size, layout.seq_len))
     flat = layout.with_fields(row_ids=torch.zeros_like(layout.row_ids), column_ids=torch.zeros_like(layout.column_ids))
     emb_text = text_only.embeddings(ids, text_only.backends[0].embedding_layout(layout))
-    emb_flat = structured.embeddings(ids, flat.with_fields(column_ranks=torch.zeros_like(layout.row_ids),
-                                                           inv_column_ranks=torch.zeros_like(layout.row_ids)))
+    emb_flat = structured.embeddings(
+        ids,
+        flat.with_fields(
+            column_ranks=torch.zeros_like(layout.row_ids), inv_column_ranks=torch.zeros_like(layout.row_ids)
+        ),
+    )
     torch.testing.assert_close(emb_text, emb_flat)
     assert not torch.allclose(text_only(ids, layout), structured(ids, layout))

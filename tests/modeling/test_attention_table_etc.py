@@ -125,7 +125,9 @@ def test_matches_dense_reference_with_python_masks():
         attn.relative_embeddings.normal_()  # make the relative bias matter
     _, ext, q, k, v = extended(attn, layout)
     out = attn(q, k, v, ext)
-    ref = reference(q, k, v, ext, attn.num_global, attn.local_radius, attn.max_relative_distance, attn.relative_embeddings)
+    ref = reference(
+        q, k, v, ext, attn.num_global, attn.local_radius, attn.max_relative_distance, attn.relative_embeddings
+    )
     real = real_positions(ext, out)
     assert out.shape == q.shape
     torch.testing.assert_close(out[real], ref[real])

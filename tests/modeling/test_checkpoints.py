@@ -35,8 +35,16 @@ def random_layout(seed: int, lengths: list[int]) -> tuple[torch.Tensor, TableLay
 
 def small_encoder(attention="dense", **changes) -> TableEncoder:
     torch.manual_seed(0)
-    config = EncoderConfig(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=4, intermediate_size=96,
-                           max_position_embeddings=40, reset_position_index_per_cell=True, **changes)
+    config = EncoderConfig(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=40,
+        reset_position_index_per_cell=True,
+        **changes,
+    )
     model = TableEncoder(config, attention)
     with torch.no_grad():  # non-trivial LayerNorm/bias values so the round trip checks them too
         for name, param in model.named_parameters():
@@ -47,8 +55,15 @@ def small_encoder(attention="dense", **changes) -> TableEncoder:
 
 def save_tiny_tapas(directory, **config) -> None:
     torch.manual_seed(0)
-    tapas = transformers.TapasConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=40, **config)
+    tapas = transformers.TapasConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        **config,
+    )
     transformers.TapasModel(tapas).save_pretrained(directory)
 
 
@@ -63,8 +78,9 @@ def test_save_pretrained_round_trips_through_tapas_model(tmp_path, record_proper
     assert reference.config.reset_position_index_per_cell is True
     input_ids, layout = random_layout(seed=1, lengths=[36, 22, 9])
     with torch.no_grad():
-        expected = reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
-                             token_type_ids=layout.token_type_ids)
+        expected = reference(
+            input_ids=input_ids, attention_mask=layout.attention_mask.long(), token_type_ids=layout.token_type_ids
+        )
         hidden = model(input_ids, layout)
         reloaded = TableEncoder.from_pretrained(target, "dense").eval()(input_ids, layout)
     diff = (hidden - expected.last_hidden_state).abs().max().item()
@@ -108,8 +124,14 @@ def test_missing_bundled_package_names_the_fix(monkeypatch):
 
 def test_default_reset_follows_max_length_for_bert(tmp_path):
     torch.manual_seed(0)
-    bert = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                   intermediate_size=64, max_position_embeddings=32)
+    bert = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     transformers.BertModel(bert).save_pretrained(tmp_path)
     assert TableEncoder.from_pretrained(tmp_path, "dense").config.reset_position_index_per_cell is False
     long = TableEncoder.from_pretrained(tmp_path, "dense", max_length=128)
@@ -121,8 +143,9 @@ def test_default_reset_follows_max_length_for_bert(tmp_path):
 
 def test_config_overrides_apply(tmp_path):
     save_tiny_tapas(tmp_path)
-    model = TableEncoder.from_pretrained(tmp_path, "dense", hidden_dropout=0.0, attention_dropout=0.0,
-                                         reset_position_index_per_cell=False)
+    model = TableEncoder.from_pretrained(
+        tmp_path, "dense", hidden_dropout=0.0, attention_dropout=0.0, reset_position_index_per_cell=False
+    )
     assert model.config.hidden_dropout == 0.0 and model.backends[0].dropout == 0.0
     assert model.config.reset_position_index_per_cell is False
     with pytest.raises(MateError, match="unknown model option"):
@@ -196,7 +219,8 @@ def test_zero_new_type_tables_start_a_bert_checkpoint_as_its_own_function(tmp_pa
     own tables either way."""
     input_ids, layout = random_layout(0, [20, 14])
     no_table = TableLayout.from_token_type_ids(
-        torch.stack([layout.segment_ids] + [torch.zeros_like(layout.segment_ids)] * 6, -1), layout.attention_mask)
+        torch.stack([layout.segment_ids] + [torch.zeros_like(layout.segment_ids)] * 6, -1), layout.attention_mask
+    )
     embedded = {}
     for choice in ("zero", "normal"):
         model = TableEncoder.from_pretrained("minilm", "dense", new_type_embeddings=choice).eval()

@@ -15,7 +15,13 @@ import torch
 
 from mate_cli.errors import MateError
 from mate_cli.modeling.dot import (
-    DoubleTransformer, answer_cells_kept, cells_with_tokens, column_scores, gather_layout, keep_rank, paper_name,
+    DoubleTransformer,
+    answer_cells_kept,
+    cells_with_tokens,
+    column_scores,
+    gather_layout,
+    keep_rank,
+    paper_name,
     select,
 )
 from mate_cli.modeling.encoder import TableEncoder
@@ -26,17 +32,27 @@ TOLERANCE = 1e-5
 
 
 def dot_model(tmp_path, *overrides: str):
-    cfg = compose_train(["experiment=tabfact_dot", "dataset.limit_questions=12", "dataset.batch_size=3",
-                         "model.dot.top_k=96", *overrides], tmp_path)
+    cfg = compose_train(
+        [
+            "experiment=tabfact_dot",
+            "dataset.limit_questions=12",
+            "dataset.batch_size=3",
+            "model.dot.top_k=96",
+            *overrides,
+        ],
+        tmp_path,
+    )
     datamodule, model, _ = build(cfg, tmp_path)
     datamodule.setup("fit")
     return model.eval(), next(iter(datamodule.train_dataloader()))
 
 
-@pytest.mark.parametrize("attention", ["attention=dense", "attention=mate attention.variant=exact"],
-                         ids=["dense", "mate_exact"])
+@pytest.mark.parametrize(
+    "attention", ["attention=dense", "attention=mate attention.variant=exact"], ids=["dense", "mate_exact"]
+)
 def test_the_task_model_on_the_kept_tokens_equals_it_on_every_token_with_the_others_at_minus_inf(
-        attention, tmp_path, record_property):
+    attention, tmp_path, record_property
+):
     model, batch = dot_model(tmp_path, *attention.split())
     model.double()  # the identity is exact; float64 keeps float32's summation-order noise (~1e-5 at 1024) out
     layout = batch.layout
@@ -63,8 +79,10 @@ def test_the_task_model_on_the_kept_tokens_equals_it_on_every_token_with_the_oth
 def layout_of(columns: list[list[int]]) -> TableLayout:
     """One example per list: column id per token; 0 = query-set token (segment 0)."""
     width = max(len(c) for c in columns)
-    examples = [{"segment_ids": [int(c > 0) for c in cols], "column_ids": cols, "row_ids": [int(c > 0) for c in cols]}
-                for cols in columns]
+    examples = [
+        {"segment_ids": [int(c > 0) for c in cols], "column_ids": cols, "row_ids": [int(c > 0) for c in cols]}
+        for cols in columns
+    ]
     return TableLayout.from_lists(examples, seq_len=width)
 
 
@@ -94,8 +112,9 @@ def test_column_selection_keeps_whole_columns_by_mean_score_while_they_fit():
 def test_column_mode_fills_the_slots_left_over_with_padding_only(tmp_path):
     """A dropped column's tokens may fill slots up to K; they must be padding in every field,
     or the heads count them (WikiTQ's expected COUNT/SUM reads row and cell ids)."""
-    cfg = compose_train(["experiment=wtq_dot", "dataset.limit_questions=12", "dataset.batch_size=4",
-                         "model.dot.top_k=96"], tmp_path)
+    cfg = compose_train(
+        ["experiment=wtq_dot", "dataset.limit_questions=12", "dataset.batch_size=4", "model.dot.top_k=96"], tmp_path
+    )
     datamodule, model, _ = build(cfg, tmp_path)
     datamodule.setup("fit")
     batch = next(iter(datamodule.train_dataloader()))
@@ -114,8 +133,16 @@ def test_column_mode_fills_the_slots_left_over_with_padding_only(tmp_path):
 
 def test_j_dot_trains_the_pruner_through_the_attention_and_p_dot_by_its_own_loss(tmp_path):
     for loss, through_attention in (("joint", True), ("pruning", False)):
-        cfg = compose_train(["experiment=wtq_dot", "dataset.limit_questions=12", "dataset.batch_size=4",
-                             "model.dot.top_k=96", f"model.dot.loss={loss}"], tmp_path / loss)
+        cfg = compose_train(
+            [
+                "experiment=wtq_dot",
+                "dataset.limit_questions=12",
+                "dataset.batch_size=4",
+                "model.dot.top_k=96",
+                f"model.dot.loss={loss}",
+            ],
+            tmp_path / loss,
+        )
         datamodule, model, _ = build(cfg, tmp_path / loss)
         datamodule.setup("fit")
         batch = next(iter(datamodule.train_dataloader()))
@@ -138,11 +165,14 @@ def test_tabfact_has_no_answer_cells_for_a_pruning_loss_and_says_so(tmp_path):
 
 def test_the_run_is_named_in_the_papers_notation(tmp_path):
     assert paper_name("cc", 1024, "token", "small", 256, "google/tapas-large", "joint") == "CC-1024 DoT(s-256-l)"
-    assert paper_name("hem", 1024, "column", "medium", 256, "google/tapas-large-finetuned-wtq",
-                      "both") == "HEM-1024 C-PJ-DoT(m-256-l)"
+    assert (
+        paper_name("hem", 1024, "column", "medium", 256, "google/tapas-large-finetuned-wtq", "both")
+        == "HEM-1024 C-PJ-DoT(m-256-l)"
+    )
     assert paper_name("none", 512, "token", "minilm", 128, "minilm", "pruning") == "512 P-DoT(minilm-128-minilm)"
-    cfg = compose_train(["experiment=wtq_dot", "model.dot.pretrained=null", "model.encoder.pretrained=google/tapas-large"],
-                        tmp_path)
+    cfg = compose_train(
+        ["experiment=wtq_dot", "model.dot.pretrained=null", "model.encoder.pretrained=google/tapas-large"], tmp_path
+    )
     assert cfg.paper_name == "CC-1024 C-DoT(m-256-l)"
     assert "CC-1024_C-DoT_m-256-l" in cfg.run_name
     assert "CC-1024 C-DoT(m-256-l)" in cfg.logger.wandb.tags
@@ -191,8 +221,7 @@ def test_the_model_counts_the_answer_cells_its_selection_loses(tmp_path):
     for batch in datamodule.val_dataloader():
         with torch.no_grad():
             model._eval_step(batch, "val")
-            pruned = model.dot(batch.input_ids, batch.layout,
-                               model.encoder.embeddings.position_ids(batch.layout))
+            pruned = model.dot(batch.input_ids, batch.layout, model.encoder.embeddings.position_ids(batch.layout))
         # recount from the full input: the cell ids of the tokens the selection kept
         read = torch.where(pruned.layout.attention_mask, batch.layout.cell_ids.gather(1, pruned.index), 0)
         for i, answer in enumerate(batch.candidate_mask & batch.cell_mask):

@@ -36,6 +36,7 @@ def table_example(generator: torch.Generator, length: int, seq_len: int) -> tupl
 
     Returns ``input_ids [seq]`` and ``token_type_ids [seq, 7]``.
     """
+
     def rand(high: int, size=()) -> torch.Tensor:
         return torch.randint(0, high, size, generator=generator)
 
@@ -80,8 +81,13 @@ def report(record_property, name: str, value: float) -> None:
 
 def tiny_tapas_config(reset: bool):
     return transformers.TapasConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        max_position_embeddings=64, reset_position_index_per_cell=reset,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        reset_position_index_per_cell=reset,
     )
 
 
@@ -120,8 +126,9 @@ def test_reset_positions_restart_per_cell():
 def test_reset_changes_the_output():
     input_ids, layout = table_batch(seed=2, lengths=[40])
     torch.manual_seed(0)
-    config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                           max_position_embeddings=64)
+    config = EncoderConfig(
+        vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=64
+    )
     model = TableEncoder(config, "dense").eval()
     with torch.no_grad():
         absolute = model(input_ids, layout)
@@ -143,13 +150,18 @@ def test_dense_matches_bert_model_on_bundled_minilm(record_property):
     batch = tokenizer(
         ["which county is the town of ashford in?", "year?"],
         ["ashford | kent | england | 1 | 2 | 3 | borough", "1999"],
-        padding=True, return_tensors="pt",
+        padding=True,
+        return_tensors="pt",
     )
     mask = batch["attention_mask"].bool()
     assert not mask.all()  # the batch has padding
     segments = batch["token_type_ids"]
-    layout = TableLayout(attention_mask=mask, segment_ids=segments, row_ids=torch.zeros_like(segments),
-                         column_ids=torch.zeros_like(segments))
+    layout = TableLayout(
+        attention_mask=mask,
+        segment_ids=segments,
+        row_ids=torch.zeros_like(segments),
+        column_ids=torch.zeros_like(segments),
+    )
     with torch.no_grad():
         expected = reference(**batch)
         hidden = ours(batch["input_ids"], layout)
@@ -163,8 +175,14 @@ def test_dense_matches_bert_model_on_bundled_minilm(record_property):
 def test_bert_task_checkpoint_with_prefix_loads(tmp_path, record_property, caplog):
     """A ``BertForSequenceClassification`` save (``bert.`` keys + a head) loads into the encoder."""
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     transformers.BertForSequenceClassification(config).save_pretrained(tmp_path)
     reference = transformers.BertModel.from_pretrained(tmp_path).eval()
     with caplog.at_level(logging.INFO, logger="mate_cli.modeling.checkpoints"):
@@ -175,10 +193,12 @@ def test_bert_task_checkpoint_with_prefix_loads(tmp_path, record_property, caplo
         for table in ours.embeddings.token_type_tables()[1:]:
             table.weight.zero_()
         input_ids, layout = table_batch(seed=3, lengths=[30, 20])
-        layout = layout.with_fields(row_ids=torch.zeros_like(layout.row_ids),
-                                    column_ids=torch.zeros_like(layout.column_ids))
-        expected = reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
-                             token_type_ids=layout.segment_ids).last_hidden_state
+        layout = layout.with_fields(
+            row_ids=torch.zeros_like(layout.row_ids), column_ids=torch.zeros_like(layout.column_ids)
+        )
+        expected = reference(
+            input_ids=input_ids, attention_mask=layout.attention_mask.long(), token_type_ids=layout.segment_ids
+        ).last_hidden_state
         hidden = ours(input_ids, layout)
     diff = (hidden - expected).abs()[layout.attention_mask].max().item()
     report(record_property, "bert_prefixed", diff)
@@ -202,8 +222,9 @@ class PrefixDense(DenseAttention):
 
 def test_extend_inputs_prefix_is_dropped():
     input_ids, layout = table_batch(seed=4, lengths=[20, 16])
-    config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                           max_position_embeddings=64)
+    config = EncoderConfig(
+        vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64
+    )
     model = TableEncoder(config, PrefixDense).eval()
     with torch.no_grad():
         hidden = model(input_ids, layout)
@@ -217,8 +238,16 @@ def test_backend_factory_receives_layer_keywords():
         seen.append(kwargs)
         return DenseAttention(**kwargs)
 
-    config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                           max_position_embeddings=64, attention_dropout=0.25, reset_position_index_per_cell=True)
+    config = EncoderConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        attention_dropout=0.25,
+        reset_position_index_per_cell=True,
+    )
     TableEncoder(config, factory, max_length=256)
     assert seen == [dict(num_heads=4, head_dim=8, max_length=256, dropout=0.25, layer_index=i) for i in range(2)]
 
@@ -232,8 +261,9 @@ def test_hydra_yaml_builds_the_backend():
 
 
 def test_too_long_without_reset_is_a_mate_error():
-    config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                           max_position_embeddings=16)
+    config = EncoderConfig(
+        vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=16
+    )
     with pytest.raises(MateError, match=r"dataset\.max_length.*model\.encoder\.reset_position_index_per_cell=true"):
         TableEncoder(config, "dense", max_length=32)
     model = TableEncoder(config, "dense").eval()
@@ -243,8 +273,15 @@ def test_too_long_without_reset_is_a_mate_error():
 
 
 def test_token_type_overflow_is_a_mate_error():
-    config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                           max_position_embeddings=64, type_vocab_sizes=[3, 256, 4, 2, 256, 256, 10])
+    config = EncoderConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        type_vocab_sizes=[3, 256, 4, 2, 256, 256, 10],
+    )
     input_ids, layout = table_batch(seed=6, lengths=[60])
     with pytest.raises(MateError, match=r"layout\.row_ids .*type_vocab_sizes\[2\]"):
         TableEncoder(config, "dense")(input_ids, layout)
@@ -252,8 +289,9 @@ def test_token_type_overflow_is_a_mate_error():
 
 def test_none_backend_refuses_training():
     input_ids, layout = table_batch(seed=7, lengths=[20])
-    config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                           max_position_embeddings=64)
+    config = EncoderConfig(
+        vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64
+    )
     model = TableEncoder(config, "none")
     with pytest.raises(MateError, match=r"attention=none.*benchmark floor.*attention=dense"):
         model.train()(input_ids, layout)

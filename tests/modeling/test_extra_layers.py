@@ -13,8 +13,15 @@ from mate_cli.errors import MateError
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.extra_layers import ExtraLayers, dt_fixup_scale
 
-CONFIG = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
-                       hidden_dropout=0.0, attention_dropout=0.0)
+CONFIG = EncoderConfig(
+    vocab_size=50,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=4,
+    intermediate_size=64,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
 
 
 def layers(init="dt_fixup", relative=False, n=4, seed=0) -> ExtraLayers:
@@ -30,7 +37,9 @@ def test_dt_fixup_scales_v_w_and_the_mlp_by_the_papers_factor(relative, expected
     assert model.needs_mu
     assert model.apply_dt_fixup(10.0) == pytest.approx(expected, rel=1e-12)
     assert not model.needs_mu and float(model.mu) == 10.0
-    scaled = ("value.weight", "output.weight", "fc1.weight", "fc2.weight") + (("relative_value.weight",) if relative else ())
+    scaled = ("value.weight", "output.weight", "fc1.weight", "fc2.weight") + (
+        ("relative_value.weight",) if relative else ()
+    )
     for name, parameter in model.named_parameters():
         factor = expected if name.endswith(scaled) else 1.0
         assert torch.allclose(parameter, before[name] * factor, rtol=1e-6, atol=0), name
@@ -45,7 +54,9 @@ def test_dt_fixup_layers_have_xavier_weights_and_no_layer_norm():
     assert all(float(p.detach().abs().max()) == 0.0 for n, p in model.named_parameters() if n.endswith("bias"))
     for init in ("default", "xavier"):
         assert isinstance(layers(init).layers[0].norm1, torch.nn.LayerNorm)
-    assert float(layers("default").layers[0].fc1.weight.detach().std()) == pytest.approx(CONFIG.initializer_range, rel=0.1)
+    assert float(layers("default").layers[0].fc1.weight.detach().std()) == pytest.approx(
+        CONFIG.initializer_range, rel=0.1
+    )
 
 
 @pytest.mark.parametrize("relative", [False, True])
@@ -88,10 +99,12 @@ def test_dt_fixup_refuses_a_warm_up():
 
     encoder = TableEncoder(CONFIG, "dense", max_length=16)
     with pytest.raises(MateError, match="set model.scheduler.warmup_ratio=0"):
-        CellSelectionModule(encoder, torch.optim.AdamW, partial(linear_warmup, warmup_ratio=0.05),
-                            extra_layers=2, extra_init="dt_fixup")
-    module = CellSelectionModule(encoder, torch.optim.AdamW, partial(linear_warmup, warmup_ratio=0.0),
-                                 extra_layers=2, extra_init="dt_fixup")
+        CellSelectionModule(
+            encoder, torch.optim.AdamW, partial(linear_warmup, warmup_ratio=0.05), extra_layers=2, extra_init="dt_fixup"
+        )
+    module = CellSelectionModule(
+        encoder, torch.optim.AdamW, partial(linear_warmup, warmup_ratio=0.0), extra_layers=2, extra_init="dt_fixup"
+    )
     assert module.extra is not None and module.extra.needs_mu
     with pytest.raises(MateError, match="model.extra_init='dtfixup' is not one of"):  # a typo, even with no layers
         CellSelectionModule(encoder, torch.optim.AdamW, None, extra_layers=0, extra_init="dtfixup")

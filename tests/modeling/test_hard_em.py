@@ -15,9 +15,7 @@ import pytest
 import torch
 
 from mate_cli.modeling.layout import TableLayout
-from mate_cli.modeling.tapas_heads import (
-    LOG_ZERO, CellIndex, TapasHeadConfig, TapasQAHead, consistent_selection,
-)
+from mate_cli.modeling.tapas_heads import LOG_ZERO, CellIndex, TapasHeadConfig, TapasQAHead, consistent_selection
 
 ROWS, COLUMNS = 8, 4
 NUMBERS = [10.0, 20.0, 30.0, 40.0]
@@ -49,26 +47,30 @@ def select(answer: float, token_logits, column_logits, operator_log_probs):
     layout, values = table()
     index = CellIndex(layout, ROWS, COLUMNS)
     found, operator, column, cells, candidates, _ = consistent_selection(
-        token_logits, column_logits, index, values, torch.tensor([answer]), operator_log_probs)
+        token_logits, column_logits, index, values, torch.tensor([answer]), operator_log_probs
+    )
     picked = sorted(int(c) // COLUMNS for c in cells[0].nonzero().flatten())  # the rows of the chosen cells
     if found:  # the cells and the candidates are the chosen column's
         assert all(int(c) % COLUMNS == int(column) for c in cells[0].nonzero().flatten())
-        assert sorted(int(c) for c in candidates[0].nonzero().flatten()) == [r * COLUMNS + int(column)
-                                                                              for r in range(1, 5)]
+        assert sorted(int(c) for c in candidates[0].nonzero().flatten()) == [
+            r * COLUMNS + int(column) for r in range(1, 5)
+        ]
     return bool(found), int(operator), int(column), picked
 
 
 def test_count_takes_the_models_own_top_cells():
     """COUNT 2 in the text column (where the model's column is): its two highest cells, not any two."""
-    found, operator, column, rows = select(2.0, logits_for([5.0, -1.0, 3.0, -2.0], [-3.0] * 4),
-                                           columns_for(2.0, -2.0), operators(count=1.0))
+    found, operator, column, rows = select(
+        2.0, logits_for([5.0, -1.0, 3.0, -2.0], [-3.0] * 4), columns_for(2.0, -2.0), operators(count=1.0)
+    )
     assert (found, operator, column, rows) == (True, 2, 1, [1, 3])
 
 
 def test_a_sum_over_the_models_order():
     """SUM 50 = 40 + 10, the model's two highest numbers; AVERAGE of them is 25, COUNT 2."""
-    found, operator, column, rows = select(50.0, logits_for([-3.0] * 4, [4.0, -2.0, -1.0, 6.0]),
-                                           columns_for(-2.0, 2.0), operators(sum_=1.0))
+    found, operator, column, rows = select(
+        50.0, logits_for([-3.0] * 4, [4.0, -2.0, -1.0, 6.0]), columns_for(-2.0, 2.0), operators(sum_=1.0)
+    )
     assert (found, operator, column, rows) == (True, 0, 2, [1, 4])
 
 
@@ -76,8 +78,9 @@ def test_a_single_cell_holding_the_answer_wherever_the_model_ranks_it():
     """30 is no sum or average of a prefix of the model's order (40, 10, 20, 30) but one
     cell holds it: its SUM and AVERAGE both give it; the operator the model prefers wins."""
     for preferred, expected in (({"average": 2.0}, 1), ({"sum_": 2.0}, 0)):
-        found, operator, column, rows = select(30.0, logits_for([-3.0] * 4, [2.0, 1.0, -4.0, 3.0]),
-                                               columns_for(-2.0, 2.0), operators(**preferred))
+        found, operator, column, rows = select(
+            30.0, logits_for([-3.0] * 4, [2.0, 1.0, -4.0, 3.0]), columns_for(-2.0, 2.0), operators(**preferred)
+        )
         assert (found, operator, column, rows) == (True, expected, 2, [3])
 
 
@@ -92,16 +95,25 @@ def test_the_most_probable_column_wins_when_both_give_the_answer():
 @pytest.mark.parametrize("answer", [7.0, 5.0, math.nan])
 def test_no_consistent_selection(answer):
     """7 and 5 are no count (4 rows), no single number, no sum or average of a prefix; NaN is no scalar answer."""
-    found, *_ = select(answer, logits_for([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]), columns_for(0.0, 0.0),
-                       operators())
+    found, *_ = select(
+        answer, logits_for([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]), columns_for(0.0, 0.0), operators()
+    )
     assert not found
 
 
 def head_loss(supervision: str, answer: float, seed: int = 0) -> torch.Tensor:
     """The WikiTQ head's per-example loss on the table above for a random encoder state."""
-    config = TapasHeadConfig(num_aggregation_labels=4, use_answer_as_supervision=True, cell_selection_preference=0.2,
-                             huber_loss_delta=0.121194, temperature=0.0352513, answer_loss_cutoff=1e9,
-                             max_num_rows=ROWS, max_num_columns=COLUMNS, aggregation_supervision=supervision)
+    config = TapasHeadConfig(
+        num_aggregation_labels=4,
+        use_answer_as_supervision=True,
+        cell_selection_preference=0.2,
+        huber_loss_delta=0.121194,
+        temperature=0.0352513,
+        answer_loss_cutoff=1e9,
+        max_num_rows=ROWS,
+        max_num_columns=COLUMNS,
+        aggregation_supervision=supervision,
+    )
     torch.manual_seed(seed)
     head = TapasQAHead(16, config).eval()
     layout, values = table()
@@ -118,9 +130,17 @@ def test_hard_em_keeps_tapas_loss_where_no_selection_gives_the_answer():
 def test_hard_em_trains_the_decode_onto_the_answer():
     """A few steps on the hard EM loss alone move the head's decode (arg-max column, cells above
     0.5, arg-max operator) to a selection whose result is the answer, 30: one cell of the numbers."""
-    config = TapasHeadConfig(num_aggregation_labels=4, use_answer_as_supervision=True, cell_selection_preference=0.2,
-                             huber_loss_delta=0.121194, temperature=0.0352513, answer_loss_cutoff=0.664694,
-                             max_num_rows=ROWS, max_num_columns=COLUMNS, aggregation_supervision="hard_em")
+    config = TapasHeadConfig(
+        num_aggregation_labels=4,
+        use_answer_as_supervision=True,
+        cell_selection_preference=0.2,
+        huber_loss_delta=0.121194,
+        temperature=0.0352513,
+        answer_loss_cutoff=0.664694,
+        max_num_rows=ROWS,
+        max_num_columns=COLUMNS,
+        aggregation_supervision="hard_em",
+    )
     torch.manual_seed(0)
     head = TapasQAHead(16, config, dropout=0.0)
     layout, values = table()

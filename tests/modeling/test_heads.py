@@ -20,7 +20,9 @@ def test_head_ignores_padding_tokens():
     hidden = torch.randn(1, 5, 8)
     mask = torch.tensor([[1, 1, 1, 1, 0]], dtype=torch.bool)
     cells = torch.tensor([[0, 1, 1, 2, 2]])  # padding token carries cell id 2 by mistake
-    layout = TableLayout(attention_mask=mask, segment_ids=(cells > 0).long(), row_ids=cells, column_ids=cells, cell_ids=cells)
+    layout = TableLayout(
+        attention_mask=mask, segment_ids=(cells > 0).long(), row_ids=cells, column_ids=cells, cell_ids=cells
+    )
     logits = head(hidden, layout, 2)
     expected = head.token_scorer(hidden[0, 3]).squeeze()
     torch.testing.assert_close(logits[0, 2], expected)

@@ -53,19 +53,26 @@ def test_a_live_builder_is_waited_for_and_said_once(cache_copy):
     time, which a slow machine can outlast before the loader even starts)."""
     cache, build = cache_copy
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import fcntl, select, sys
-            handle = open({str(build / '.mate-build.flock')!r}, "a+")
+            handle = open({str(build / ".mate-build.flock")!r}, "a+")
             fcntl.flock(handle, fcntl.LOCK_EX)
             print("held", flush=True)
             select.select([sys.stdin], [], [], 120)  # released when the test says so (at most 2 minutes)
-        """)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert holder.stdout.readline().strip() == "held"
     env = dict(os.environ, MATE_CACHE_DIR=str(cache), MATE_CPU_KERNEL="1")
-    loader = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+    loader = subprocess.Popen(
+        [sys.executable, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     said = [loader.stderr.readline()]
     while "waiting for another process" not in said[-1] and said[-1] and loader.poll() is None:
         said.append(loader.stderr.readline())

@@ -71,8 +71,10 @@ def test_group_ids_are_zero_for_query_id_plus_one_for_table_and_largest_for_padd
 
 def test_from_lists_pads_masks_and_zero_fills_missing_fields():
     layout = TableLayout.from_lists(
-        [{"segment_ids": [0, 1, 1], "row_ids": [0, 1, 2], "column_ids": [0, 1, 1], "cell_ids": [0, 1, 2]},
-         {"segment_ids": [0, 0], "column_ranks": [3, 4]}]
+        [
+            {"segment_ids": [0, 1, 1], "row_ids": [0, 1, 2], "column_ids": [0, 1, 1], "cell_ids": [0, 1, 2]},
+            {"segment_ids": [0, 0], "column_ranks": [3, 4]},
+        ]
     )
     assert layout.seq_len == 3
     assert layout.attention_mask.tolist() == [[True, True, True], [True, True, False]]

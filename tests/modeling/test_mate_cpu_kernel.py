@@ -67,7 +67,9 @@ def test_kernel_equals_torch_path_and_reference(case, ratio, dim):
     plan = bucket_plan(layout, heads, ratio, G, R)
     g = torch.Generator().manual_seed(case)
     # the encoder's layout: a [B, N, H, D] buffer seen as [B, H, N, D]
-    q, k, v = (torch.randn(layout.batch_size, layout.seq_len, heads, dim, generator=g).transpose(1, 2) for _ in range(3))
+    q, k, v = (
+        torch.randn(layout.batch_size, layout.seq_len, heads, dim, generator=g).transpose(1, 2) for _ in range(3)
+    )
     fused, torch_path = both_paths(q, k, v, plan)
     reference = bucketed_attention_reference(q, k, v, plan)
     real = layout.attention_mask[:, None, :, None]
@@ -133,8 +135,9 @@ def test_reduced_precision_is_the_float32_kernel_on_widened_inputs_rounded_once(
     with torch.no_grad():
         widened = [t.detach().float() for t in leaves]
         assert torch.equal(out, bucketed_attention(*widened, plan).to(dtype))
-    grads32 = mate_bucketed._fused_cpu_backward(*widened, out.detach().float(), cot.to(dtype).float(), plan, 0.0, 0,
-                                                mate_bucketed.Workspace())
+    grads32 = mate_bucketed._fused_cpu_backward(
+        *widened, out.detach().float(), cot.to(dtype).float(), plan, 0.0, 0, mate_bucketed.Workspace()
+    )
     for leaf, grad32 in zip(leaves, grads32):
         assert leaf.grad.dtype == dtype and leaf.grad.stride() == leaf.stride()
         assert torch.equal(leaf.grad, grad32.to(dtype))
@@ -251,7 +254,9 @@ def test_flop_counter_sees_the_kernel_and_cost_is_linear():
     assert flops(4096) / flops(2048) <= 2.1
 
 
-@pytest.mark.skipif(os.environ.get("MATE_REQUIRE_CPU_KERNEL") != "1", reason="MATE_REQUIRE_CPU_KERNEL=1 (set by .ci/run) not set")
+@pytest.mark.skipif(
+    os.environ.get("MATE_REQUIRE_CPU_KERNEL") != "1", reason="MATE_REQUIRE_CPU_KERNEL=1 (set by .ci/run) not set"
+)
 def test_kernel_builds_where_required():
     """CI has a compiler: there a missing kernel is a failure, not a row of skips."""
     assert mate_cpu_kernel.available(), mate_cpu_kernel.unavailable_reason()

@@ -43,7 +43,9 @@ TOL = 1e-5
 FP16_TOL = 1e-2
 
 
-def inputs(layout: TableLayout, seed: int, dtype=torch.float32, heads: int = HEADS) -> tuple[list[torch.Tensor], torch.Tensor]:
+def inputs(
+    layout: TableLayout, seed: int, dtype=torch.float32, heads: int = HEADS
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """q, k, v as views of a ``[B, N, H, D]`` buffer (the encoder's layout) and a cotangent."""
     g = torch.Generator().manual_seed(seed)
     base = [torch.randn(layout.batch_size, layout.seq_len, heads, DIM, generator=g).transpose(1, 2) for _ in range(3)]

@@ -19,8 +19,14 @@ TOLERANCE = 1e-5
 
 def tiny_tapas_mlm(seed: int = 0):
     torch.manual_seed(seed)
-    config = transformers.TapasConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=64, max_position_embeddings=64)
+    config = transformers.TapasConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     model = transformers.TapasForMaskedLM(config)
     with torch.no_grad():  # non-zero bias and LayerNorm so loading them is checked
         model.cls.predictions.bias.normal_()
@@ -38,8 +44,9 @@ def assert_same_logits(record_property, name, reference, encoder, head, seed, le
     """Our encoder + head and a ``TapasForMaskedLM`` give the same logits on a TAPAS-style batch."""
     input_ids, layout = table_batch(seed=seed, lengths=lengths)
     with torch.no_grad():
-        expected = reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
-                             token_type_ids=layout.token_type_ids).logits
+        expected = reference(
+            input_ids=input_ids, attention_mask=layout.attention_mask.long(), token_type_ids=layout.token_type_ids
+        ).logits
         logits = head(encoder(input_ids, layout))
     diff = (logits - expected).abs()[layout.attention_mask].max().item()
     record_property(f"max_abs_diff[{name}]", f"{diff:.3e}")
@@ -86,5 +93,9 @@ def test_bundled_minilm_has_no_mlm_head_and_starts_tied():
     assert load_mlm_head(head, "minilm") == []  # a sentence encoder: no cls.predictions tensors
     assert head.decoder_weight is encoder.embeddings.word_embeddings.weight
     assert "decoder_weight" not in head.state_dict() and set(head.state_dict()) == {
-        "bias", "transform.dense.weight", "transform.dense.bias", "transform.LayerNorm.weight",
-        "transform.LayerNorm.bias"}
+        "bias",
+        "transform.dense.weight",
+        "transform.dense.bias",
+        "transform.LayerNorm.weight",
+        "transform.LayerNorm.bias",
+    }

@@ -199,8 +199,15 @@ ENCODER_CONFIGS = [
 def tiny_encoder(name: str, options: dict) -> TableEncoder:
     torch.manual_seed(0)
     config = EncoderConfig(
-        vocab_size=64, hidden_size=HEADS * HEAD_DIM, num_layers=2, num_heads=HEADS, intermediate_size=64,
-        max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0, reset_position_index_per_cell=True,
+        vocab_size=64,
+        hidden_size=HEADS * HEAD_DIM,
+        num_layers=2,
+        num_heads=HEADS,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        reset_position_index_per_cell=True,
     )
     factory = functools.partial(REGISTRY[name], **OPTIONS.get(name, {}), **options)
     return TableEncoder(config, factory, max_length=layouts()[1].seq_len)
@@ -238,19 +245,30 @@ def test_encoder_computes_one_function(name, options):
     assert max(diffs.values()) <= TOL, diffs
 
 
-@pytest.mark.parametrize("name,options", [("dense", {}), *ENCODER_CONFIGS[:2]],
-                         ids=["dense", *(case_id(*config) for config in ENCODER_CONFIGS[:2])])
+@pytest.mark.parametrize(
+    "name,options",
+    [("dense", {}), *ENCODER_CONFIGS[:2]],
+    ids=["dense", *(case_id(*config) for config in ENCODER_CONFIGS[:2])],
+)
 def test_gradient_checkpointing_keeps_the_function_and_its_gradients_with_dropout_on(name, options):
     """``model.encoder.gradient_checkpointing=true`` recomputes each layer in the backward pass: the same
     outputs and parameter gradients in training (dropout replays its masks), and nothing saved per layer."""
     short, _ = layouts()
     torch.manual_seed(0)
     config = EncoderConfig(
-        vocab_size=64, hidden_size=HEADS * HEAD_DIM, num_layers=2, num_heads=HEADS, intermediate_size=64,
-        max_position_embeddings=64, hidden_dropout=0.1, attention_dropout=0.1, reset_position_index_per_cell=True,
+        vocab_size=64,
+        hidden_size=HEADS * HEAD_DIM,
+        num_layers=2,
+        num_heads=HEADS,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout=0.1,
+        attention_dropout=0.1,
+        reset_position_index_per_cell=True,
     )
-    model = TableEncoder(config, functools.partial(REGISTRY[name], **OPTIONS.get(name, {}), **options),
-                         max_length=short.seq_len).train()
+    model = TableEncoder(
+        config, functools.partial(REGISTRY[name], **OPTIONS.get(name, {}), **options), max_length=short.seq_len
+    ).train()
     ids = torch.randint(1, 64, (1, short.seq_len), generator=torch.Generator().manual_seed(5))
     runs = {}
     for on in (False, True):
@@ -261,8 +279,11 @@ def test_gradient_checkpointing_keeps_the_function_and_its_gradients_with_dropou
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
             out = model(ids, short.with_fields())
         out.square().mean().backward()
-        runs[on] = (out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
-                    sum(saved))
+        runs[on] = (
+            out.detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+            sum(saved),
+        )
     (plain, plain_grads, plain_saved), (ckpt, ckpt_grads, ckpt_saved) = runs[False], runs[True]
     model.eval()
     with torch.no_grad():

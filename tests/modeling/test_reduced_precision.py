@@ -28,7 +28,17 @@ from mate_cli.modeling.attention import REGISTRY
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.synthetic import filled_layout
-from tests.modeling.test_one_function import CONFIGS, HEAD_DIM, HEADS, IDS, OPTIONS, case_id, layer_layout, make_backend, stack
+from tests.modeling.test_one_function import (
+    CONFIGS,
+    HEAD_DIM,
+    HEADS,
+    IDS,
+    OPTIONS,
+    case_id,
+    layer_layout,
+    make_backend,
+    stack,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,15 +110,24 @@ ENCODER_CONFIGS = [
 def test_training_steps_under_autocast_track_float32(name, options, device, dtype):
     layout = batch_layout().to(device)
     g = torch.Generator().manual_seed(1)
-    ids = (torch.randint(1, 64, (layout.batch_size, layout.seq_len), generator=g) * layout.attention_mask.cpu()).to(device)
+    ids = (torch.randint(1, 64, (layout.batch_size, layout.seq_len), generator=g) * layout.attention_mask.cpu()).to(
+        device
+    )
     labels = torch.randint(0, 64, (layout.batch_size, layout.seq_len), generator=g).to(device)
     real = layout.attention_mask
     losses = {}
     for run_dtype in (torch.float32, dtype):
         torch.manual_seed(0)
         config = EncoderConfig(
-            vocab_size=64, hidden_size=HEADS * HEAD_DIM, num_layers=2, num_heads=HEADS, intermediate_size=64,
-            max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0, reset_position_index_per_cell=True,
+            vocab_size=64,
+            hidden_size=HEADS * HEAD_DIM,
+            num_layers=2,
+            num_heads=HEADS,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            reset_position_index_per_cell=True,
         )
         model = TableEncoder(config, functools.partial(REGISTRY[name], **OPTIONS.get(name, {}), **options),
                              max_length=512).to(device).train()  # fmt: skip

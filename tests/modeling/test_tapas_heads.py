@@ -28,16 +28,32 @@ transformers = pytest.importorskip("transformers")
 log = logging.getLogger(__name__)
 TOLERANCE = 1e-5
 
-WTQ = dict(num_aggregation_labels=4, use_answer_as_supervision=True, answer_loss_cutoff=0.664694,
-           cell_selection_preference=0.207951, huber_loss_delta=0.121194, temperature=0.0352513,
-           select_one_column=True, allow_empty_column_selection=False, aggregation_loss_weight=1.0)
+WTQ = dict(
+    num_aggregation_labels=4,
+    use_answer_as_supervision=True,
+    answer_loss_cutoff=0.664694,
+    cell_selection_preference=0.207951,
+    huber_loss_delta=0.121194,
+    temperature=0.0352513,
+    select_one_column=True,
+    allow_empty_column_selection=False,
+    aggregation_loss_weight=1.0,
+)
 SQA = dict(num_aggregation_labels=0, select_one_column=True, allow_empty_column_selection=False, temperature=1.0)
 
 
 def tiny_config(**head) -> "transformers.TapasConfig":
-    return transformers.TapasConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                    intermediate_size=64, max_position_embeddings=64, max_num_rows=8,
-                                    max_num_columns=6, **head)
+    return transformers.TapasConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        max_num_rows=8,
+        max_num_columns=6,
+        **head,
+    )
 
 
 def randomise(model) -> None:
@@ -89,8 +105,9 @@ def load_pair(tmp_path, reference_class, module_factory, **head):
     randomise(reference)
     reference.eval().save_pretrained(tmp_path)
     encoder = TableEncoder.from_pretrained(tmp_path, "dense")
-    module = module_factory(encoder=encoder, optimizer=functools.partial(torch.optim.AdamW),
-                            pretrained=str(tmp_path)).eval()
+    module = module_factory(
+        encoder=encoder, optimizer=functools.partial(torch.optim.AdamW), pretrained=str(tmp_path)
+    ).eval()
     return reference, module
 
 
@@ -102,9 +119,15 @@ def run_ours(module, input_ids, layout, labels, float_answer, values, scale):
 
 def run_reference(reference, input_ids, layout, labels, float_answer, values, scale):
     with torch.no_grad():
-        return reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
-                         token_type_ids=layout.token_type_ids, labels=labels, float_answer=float_answer,
-                         numeric_values=values, numeric_values_scale=scale)
+        return reference(
+            input_ids=input_ids,
+            attention_mask=layout.attention_mask.long(),
+            token_type_ids=layout.token_type_ids,
+            labels=labels,
+            float_answer=float_answer,
+            numeric_values=values,
+            numeric_values_scale=scale,
+        )
 
 
 def scaled_diff(ours: torch.Tensor, expected: torch.Tensor) -> float:
@@ -116,8 +139,10 @@ def scaled_diff(ours: torch.Tensor, expected: torch.Tensor) -> float:
 
 def compare(record_property, name, ours, expected, mask):
     log.info("%s: loss %.4f", name, float(expected.loss))
-    diffs = {"logits": scaled_diff(ours.logits[mask], expected.logits[mask]),
-             "loss": scaled_diff(ours.loss.mean(), expected.loss)}
+    diffs = {
+        "logits": scaled_diff(ours.logits[mask], expected.logits[mask]),
+        "loss": scaled_diff(ours.loss.mean(), expected.loss),
+    }
     if expected.logits_aggregation is not None:
         diffs["aggregation"] = scaled_diff(ours.aggregation_logits, expected.logits_aggregation)
     for key, value in diffs.items():
@@ -132,16 +157,24 @@ WTQ_CASES = {
     # TAPAS's WTQ settings: scalar answers aggregate (Huber loss, cutoff), text answers select
     "wtq": ({}, 4, [True, True, False, False, True, False], [math.nan, 2.0, 3.5, 0.4, 1.0, 1.5]),
     # a preference of 1.0 turns every scalar answer with an answer cell into cell selection
-    "wtq_preference": ({"cell_selection_preference": 1.0, "answer_loss_cutoff": None}, 7,
-                       [True, True, False, True], [1.0, 2.0, 3.0, math.nan]),
+    "wtq_preference": (
+        {"cell_selection_preference": 1.0, "answer_loss_cutoff": None},
+        7,
+        [True, True, False, True],
+        [1.0, 2.0, 3.0, math.nan],
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(WTQ_CASES))
 def test_wtq_head_matches_tapas_for_question_answering(case, tmp_path, record_property):
     changes, seed, answered, answers = WTQ_CASES[case]
-    reference, module = load_pair(tmp_path, transformers.TapasForQuestionAnswering,
-                                  functools.partial(TableQAModule, task="wtq"), **{**WTQ, **changes})
+    reference, module = load_pair(
+        tmp_path,
+        transformers.TapasForQuestionAnswering,
+        functools.partial(TableQAModule, task="wtq"),
+        **{**WTQ, **changes},
+    )
     assert module.head_config.temperature == pytest.approx(WTQ["temperature"])  # from the checkpoint's config
     input_ids, layout = table_batch(seed=seed, lengths=[40] * len(answered))  # unpadded (see the module docstring)
     labels = cell_labels(layout, seed=seed + 1, answered=answered)
@@ -154,8 +187,9 @@ def test_wtq_head_matches_tapas_for_question_answering(case, tmp_path, record_pr
 
 # ------------------------------------------------------------------ SQA: selection only, padded batch
 def test_sqa_head_matches_tapas_for_question_answering(tmp_path, record_property):
-    reference, module = load_pair(tmp_path, transformers.TapasForQuestionAnswering,
-                                  functools.partial(TableQAModule, task="sqa"), **SQA)
+    reference, module = load_pair(
+        tmp_path, transformers.TapasForQuestionAnswering, functools.partial(TableQAModule, task="sqa"), **SQA
+    )
     assert not hasattr(module.head, "aggregation_classifier")
     input_ids, layout = table_batch(seed=10, lengths=[44, 30, 21, 38])  # padded; every example has an answer
     labels = cell_labels(layout, seed=11, answered=[True] * 4)
@@ -167,8 +201,9 @@ def test_sqa_head_matches_tapas_for_question_answering(tmp_path, record_property
     with torch.no_grad():  # without labels: the logits TAPAS predicts from
         hidden = module.encoder(input_ids, layout)
         plain = module.head(hidden, module.encoder.pooled(hidden), layout)
-        reference_plain = reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
-                                    token_type_ids=layout.token_type_ids)
+        reference_plain = reference(
+            input_ids=input_ids, attention_mask=layout.attention_mask.long(), token_type_ids=layout.token_type_ids
+        )
     mask = table_tokens
     assert (plain.logits - reference_plain.logits).abs()[mask].max().item() <= TOLERANCE
 
@@ -179,8 +214,12 @@ def test_entailment_head_matches_tapas_for_sequence_classification(tmp_path, rec
     input_ids, layout = table_batch(seed=12, lengths=[40, 33, 25])
     gold = torch.tensor([1, 0, 1])
     with torch.no_grad():
-        expected = reference(input_ids=input_ids, attention_mask=layout.attention_mask.long(),
-                             token_type_ids=layout.token_type_ids, labels=gold)
+        expected = reference(
+            input_ids=input_ids,
+            attention_mask=layout.attention_mask.long(),
+            token_type_ids=layout.token_type_ids,
+            labels=gold,
+        )
         hidden = module.encoder(input_ids, layout)
         logits = module.head(module.encoder.pooled(hidden))
         loss = torch.nn.functional.cross_entropy(logits, gold)
@@ -193,8 +232,9 @@ def test_entailment_head_matches_tapas_for_sequence_classification(tmp_path, rec
 
 # ------------------------------------------------------------------ pieces
 def test_head_settings_yaml_over_checkpoint_over_defaults():
-    config = TapasHeadConfig.from_checkpoint({"temperature": 2.0, "huber_loss_delta": None},
-                                             {"temperature": 0.5, "huber_loss_delta": 0.1, "max_num_rows": 9})
+    config = TapasHeadConfig.from_checkpoint(
+        {"temperature": 2.0, "huber_loss_delta": None}, {"temperature": 0.5, "huber_loss_delta": 0.1, "max_num_rows": 9}
+    )
     assert (config.temperature, config.huber_loss_delta, config.max_num_rows) == (2.0, 0.1, 9)
     assert config.max_num_columns == 32  # TAPAS's default
 
@@ -206,20 +246,24 @@ def test_token_numeric_values_scale_is_the_cell_token_count():
     assert values[0, 1:3].tolist() == [4.0, 4.0] and math.isnan(values[0, 3]) and math.isnan(values[0, 0])
 
 
-@pytest.mark.parametrize("operator, expected", [("NONE", ["a", "b"]), ("COUNT", ["2"]), ("SUM", ["5"]),
-                                                ("AVERAGE", ["2.5"])])
+@pytest.mark.parametrize(
+    "operator, expected", [("NONE", ["a", "b"]), ("COUNT", ["2"]), ("SUM", ["5"]), ("AVERAGE", ["2.5"])]
+)
 def test_aggregate_answer(operator, expected):
     assert aggregate_answer(operator, ["a", "b"], [2.0, 3.0]) == expected
 
 
-@pytest.mark.parametrize("settings, fix", [
-    ({"num_aggregation_labels": 3}, "use 0"),
-    ({"num_aggregation_labels": 4, "use_answer_as_supervision": False}, "use_answer_as_supervision=true"),
-    ({**WTQ, "cell_selection_preference": None}, "cell_selection_preference"),
-    ({**WTQ, "huber_loss_delta": None}, "huber_loss_delta"),
-    ({"average_approximation_function": "median"}, "ratio"),
-    ({"aggregation_supervision": "mml"}, "expected, hard_em"),
-])
+@pytest.mark.parametrize(
+    "settings, fix",
+    [
+        ({"num_aggregation_labels": 3}, "use 0"),
+        ({"num_aggregation_labels": 4, "use_answer_as_supervision": False}, "use_answer_as_supervision=true"),
+        ({**WTQ, "cell_selection_preference": None}, "cell_selection_preference"),
+        ({**WTQ, "huber_loss_delta": None}, "huber_loss_delta"),
+        ({"average_approximation_function": "median"}, "ratio"),
+        ({"aggregation_supervision": "mml"}, "expected, hard_em"),
+    ],
+)
 def test_head_settings_that_cannot_train_are_one_line_errors(settings, fix):
     from mate_cli.errors import MateError
 
@@ -246,8 +290,14 @@ def test_gumbel_options_change_the_training_loss_only():
     differ); in evaluation mode it is the plain expected result, the same as with them off."""
     from mate_cli.modeling.tapas_heads import TapasQAHead
 
-    settings = dict(num_aggregation_labels=4, use_answer_as_supervision=True, cell_selection_preference=0.207951,
-                    huber_loss_delta=0.121194, temperature=0.0352513, answer_loss_cutoff=1e9)
+    settings = dict(
+        num_aggregation_labels=4,
+        use_answer_as_supervision=True,
+        cell_selection_preference=0.207951,
+        huber_loss_delta=0.121194,
+        temperature=0.0352513,
+        answer_loss_cutoff=1e9,
+    )
     plain = TapasQAHead(16, TapasHeadConfig(**settings))
     drawn = TapasQAHead(16, TapasHeadConfig(**settings, use_gumbel_for_cells=True, use_gumbel_for_aggregation=True))
     drawn.load_state_dict(plain.state_dict())

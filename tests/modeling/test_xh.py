@@ -24,8 +24,17 @@ def nodes(seed: int, count: int = 4, length: int = 12):
     ids = torch.randint(1000, 20000, (count, length), generator=generator)
     ids[:, 0], ids[:, 5] = 101, 102
     lengths = [length - (i % 3) for i in range(count)]
-    layout = TableLayout.from_lists([{"segment_ids": [0] * 6 + [1] * (n - 6), "row_ids": [0] * 6 + [1] * (n - 6),
-                                      "column_ids": [0] * 6 + [1] * (n - 6)} for n in lengths], seq_len=length)
+    layout = TableLayout.from_lists(
+        [
+            {
+                "segment_ids": [0] * 6 + [1] * (n - 6),
+                "row_ids": [0] * 6 + [1] * (n - 6),
+                "column_ids": [0] * 6 + [1] * (n - 6),
+            }
+            for n in lengths
+        ],
+        seq_len=length,
+    )
     return ids, layout
 
 
@@ -102,8 +111,17 @@ def hybridqa_graphs(sample_root):
     reader = HybridQAReader(sample_root)
     tok = TableTokenizer(load_tokenizer("minilm"), max_length=48)
     questions = [q for q in reader.questions("dev") if reader.table(q.table_id).num_rows <= 10][:3]
-    return [encode_graph(tok, q, reader.table(q.table_id), reader.passages(q.table_id),
-                         {"k": 0, "scope": "table", "method": "tfidf"}, max_nodes=12) for q in questions]
+    return [
+        encode_graph(
+            tok,
+            q,
+            reader.table(q.table_id),
+            reader.passages(q.table_id),
+            {"k": 0, "scope": "table", "method": "tfidf"},
+            max_nodes=12,
+        )
+        for q in questions
+    ]
 
 
 def xh_module(minilm, hop_layers):

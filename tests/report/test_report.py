@@ -26,8 +26,15 @@ from mate_cli.report import aggregate, collect
 from tests.inprocess import run_captured
 
 ATTENTION = {
-    "mate": {"_target_": "mate_cli.modeling.attention.mate.MateAttention", "_partial_": True, "variant": "bucketed",
-             "impl": "auto", "row_heads_ratio": 0.5, "global_size": 116, "radius": 42},
+    "mate": {
+        "_target_": "mate_cli.modeling.attention.mate.MateAttention",
+        "_partial_": True,
+        "variant": "bucketed",
+        "impl": "auto",
+        "row_heads_ratio": 0.5,
+        "global_size": 116,
+        "radius": 42,
+    },
     "sat": {"_target_": "mate_cli.modeling.attention.sat.SatAttention", "_partial_": True, "text_only": False},
     "dense": {"_target_": "mate_cli.modeling.attention.dense.DenseAttention", "_partial_": True},
 }
@@ -77,7 +84,11 @@ def write_run(folder: Path, attention: str, seed: int, overrides: list[str], met
     if failed:
         (folder / "FAILED").write_text(failed + "\n")
     if metrics is not None:
-        full = {**metrics, "best_checkpoint": str(folder / "checkpoints" / "best.ckpt"), "data/validation/questions": 12}
+        full = {
+            **metrics,
+            "best_checkpoint": str(folder / "checkpoints" / "best.ckpt"),
+            "data/validation/questions": 12,
+        }
         (folder / "metrics.json").write_text(json.dumps(full))
 
 
@@ -97,7 +108,12 @@ def build_tree(outputs: Path) -> dict[str, Path]:
     for attention, seeds in ABLATION.items():
         for seed, values in seeds.items():
             job = ablation / f"{num}-attention={attention},seed={seed}"
-            overrides = ["experiment=hybridqa_mate", "+sweep=attention_ablation", f"attention={attention}", f"seed={seed}"]
+            overrides = [
+                "experiment=hybridqa_mate",
+                "+sweep=attention_ablation",
+                f"attention={attention}",
+                f"seed={seed}",
+            ]
             if values is not None:
                 write_run(job, attention, seed, overrides, cell_metrics(values[0], values[1], 500.0 + 10 * seed))
             elif attention == "dense":
@@ -110,13 +126,20 @@ def build_tree(outputs: Path) -> dict[str, Path]:
     num = 0
     for ratio, values in HEADS.items():
         for seed, value in enumerate(values, start=1):
-            overrides = ["experiment=hybridqa_mate", "+sweep=heads_ablation", f"attention.row_heads_ratio={ratio}", f"seed={seed}"]
+            overrides = [
+                "experiment=hybridqa_mate",
+                "+sweep=heads_ablation",
+                f"attention.row_heads_ratio={ratio}",
+                f"seed={seed}",
+            ]
             write_run(heads / f"{num}-attention.row_heads_ratio={ratio},seed={seed}", "mate", seed, overrides,
                       cell_metrics(value), ratio=float(ratio))  # fmt: skip
             num += 1
     evaluation = outputs / "eval" / "2026-01-03_10-00-00-eval"
     (evaluation / ".hydra").mkdir(parents=True)
-    OmegaConf.save(OmegaConf.create({"task_name": "eval", "experiment_name": "eval"}), evaluation / ".hydra" / "config.yaml")
+    OmegaConf.save(
+        OmegaConf.create({"task_name": "eval", "experiment_name": "eval"}), evaluation / ".hydra" / "config.yaml"
+    )
     (evaluation / "metrics.json").write_text(json.dumps({"val/hits@1": 0.99}))
     return {"ablation": ablation, "heads": heads}
 
@@ -225,7 +248,12 @@ def test_an_outputs_dir_gets_one_row_per_swept_override(tree, tmp_path):
     run = report_dir(tmp_path)
     rows = csv_rows(run)
     assert [(r["attention"], r["attention.row_heads_ratio"]) for r in rows] == [
-        ("dense", "-"), ("mate", "0.0"), ("mate", "0.5"), ("mate", "1.0"), ("sat", "-")]
+        ("dense", "-"),
+        ("mate", "0.0"),
+        ("mate", "0.5"),
+        ("mate", "1.0"),
+        ("sat", "-"),
+    ]
     by_ratio = {r["attention.row_heads_ratio"]: r for r in rows if r["attention"] == "mate"}
     for ratio, (median, half_iqr) in EXPECTED_HEADS.items():
         assert float(by_ratio[ratio]["val/hits@1_median"]) == pytest.approx(median, abs=1e-12)
@@ -271,7 +299,12 @@ def test_collect_reads_status_configuration_and_task(tree):
     assert by_name[FAILED_JOB].status == "failed" and by_name[FAILED_JOB].error == OOM
     killed = by_name[INCOMPLETE_JOB]
     assert killed.status == "incomplete" and not (killed.path / "resolved_config.yaml").exists()
-    assert aggregate.base_key(killed) == {"experiment": "hybridqa_mate", "attention": "sat", "impl": "-", "dataset": "hybridqa_sample"}
+    assert aggregate.base_key(killed) == {
+        "experiment": "hybridqa_mate",
+        "attention": "sat",
+        "impl": "-",
+        "dataset": "hybridqa_sample",
+    }
     assert aggregate.swept_keys(runs) == ["attention.row_heads_ratio"]
     assert set(by_name["0-attention=mate,seed=1"].metrics) == {"val/hits@1", "val/hits@3", "val/loss",
                                                                  "perf/examples_per_s", "perf/peak_mem_mb", "data/validation/questions"}  # fmt: skip
@@ -279,7 +312,13 @@ def test_collect_reads_status_configuration_and_task(tree):
 
 def test_seeds_that_differ_only_by_exporting_their_encoder_are_one_configuration(tmp_path):
     for seed, extra in ((1, ["export_encoder=true"]), (2, [])):
-        write_run(tmp_path / f"seed{seed}", "mate", seed, ["experiment=hybridqa_mate", f"seed={seed}", *extra], cell_metrics(0.1 * seed))
+        write_run(
+            tmp_path / f"seed{seed}",
+            "mate",
+            seed,
+            ["experiment=hybridqa_mate", f"seed={seed}", *extra],
+            cell_metrics(0.1 * seed),
+        )
     write_run(tmp_path / "ratio", "mate", 3, ["experiment=hybridqa_mate", "seed=3", "attention.row_heads_ratio=1.0"],
               cell_metrics(0.5), ratio=1.0)  # fmt: skip
     runs, _ = collect.collect(tmp_path)
@@ -324,8 +363,15 @@ def test_a_bare_first_argument_is_the_path(tmp_path):
 
     job = tmp_path / "0-attention=sat,seed=1"
     job.mkdir()
-    assert path_argument(["outputs/multirun/train/t", "main_metric=val/f1"]) == ["path='outputs/multirun/train/t'", "main_metric=val/f1"]
-    assert path_argument([str(job), "--cfg", "job"]) == [f"path='{job}'", "--cfg", "job"]  # '=' and ',' in a job dir's name
+    assert path_argument(["outputs/multirun/train/t", "main_metric=val/f1"]) == [
+        "path='outputs/multirun/train/t'",
+        "main_metric=val/f1",
+    ]
+    assert path_argument([str(job), "--cfg", "job"]) == [
+        f"path='{job}'",
+        "--cfg",
+        "job",
+    ]  # '=' and ',' in a job dir's name
     assert path_argument(["--info", "defaults", "runs"]) == ["--info", "defaults", "path='runs'"]
     assert path_argument(["path=x", "plots=false"]) == ["path=x", "plots=false"]
     with pytest.raises(MateError, match="takes one folder"):
@@ -342,7 +388,8 @@ def test_learning_curves_read_every_validation_of_a_run_and_its_start(tmp_path):
         path = tmp_path / f"run{seed}"
         (path / "csv").mkdir(parents=True)
         (path / "csv" / "metrics.csv").write_text(
-            "epoch,step,train/loss,val/accuracy\n0,9,1.0,\n0,99,,%s\n0,149,0.5,\n0,199,,%s\n" % values)
+            "epoch,step,train/loss,val/accuracy\n0,9,1.0,\n0,99,,%s\n0,149,0.5,\n0,199,,%s\n" % values
+        )
         runs.append(Run(path=path, name=path.name, metrics={"start/val/accuracy": 0.05, "val/accuracy": 0.5}))
     assert learning_curve(runs[0], "val/accuracy") == [(0, 0.05), (99, 0.2), (199, 0.4)]
     assert learning_curve(runs[0], "val/seq") == []
@@ -358,7 +405,8 @@ def test_a_run_without_final_validation_reports_its_last_logged_validation(tmp_p
     path = tmp_path / "run"
     (path / "csv").mkdir(parents=True)
     (path / "csv" / "metrics.csv").write_text(
-        "epoch,step,train/loss,val/accuracy,val/seq\n0,99,,0.10,0.01\n0,149,0.5,,\n0,199,,0.30,0.02\n0,200,0.4,,\n")
+        "epoch,step,train/loss,val/accuracy,val/seq\n0,99,,0.10,0.01\n0,149,0.5,,\n0,199,,0.30,0.02\n0,200,0.4,,\n"
+    )
     (path / "metrics.json").write_text(json.dumps({"train/loss": 0.4, "best_checkpoint": "x"}))
     run = collect.load_run(path, tmp_path)
     assert run.status == collect.OK
@@ -369,10 +417,17 @@ def test_a_run_without_final_validation_reports_its_last_logged_validation(tmp_p
 
 def test_a_seed_finished_twice_is_counted_once_the_newest_and_listed(tmp_path):
     outputs = tmp_path / "outputs"
-    runs = {"first": (1, 0.10, 1_000), "rerun": (1, 0.30, 2_000), "resumed": (2, 0.50, 1_500), "other": (3, 0.20, 1_200)}
+    runs = {
+        "first": (1, 0.10, 1_000),
+        "rerun": (1, 0.30, 2_000),
+        "resumed": (2, 0.50, 1_500),
+        "other": (3, 0.20, 1_200),
+    }
     for name, (seed, hits, finished) in runs.items():
         extra = ["ckpt_path=last", "tags=[dev]"] if name == "resumed" else []
-        write_run(outputs / name, "mate", seed, ["experiment=hybridqa_mate", f"seed={seed}", *extra], cell_metrics(hits))
+        write_run(
+            outputs / name, "mate", seed, ["experiment=hybridqa_mate", f"seed={seed}", *extra], cell_metrics(hits)
+        )
         os.utime(outputs / name / "metrics.json", (finished, finished))
     collected, _ = collect.collect(outputs)
     (conf,) = aggregate.configurations(collected)  # neither a resume nor a tag makes a configuration
@@ -413,7 +468,14 @@ def test_an_optuna_sweep_of_six_configurations_fits_100_columns_with_nothing_cut
         assert f"│ {0.1 + 0.05 * i:.4f} │" in row and f"│ {90.0 + i:.1f} │" in row  # one seed: no "± 0"
     assert "±" not in "".join(rows)
     header = next(line for line in proc.stdout.splitlines() if line.startswith("┃ # "))
-    assert [c.strip() for c in header.strip("┃").split("┃")][:6] == ["#", "global_size", "radius", "lr", "warmup_ratio", "runs"]
+    assert [c.strip() for c in header.strip("┃").split("┃")][:6] == [
+        "#",
+        "global_size",
+        "radius",
+        "lr",
+        "warmup_ratio",
+        "runs",
+    ]
 
 
 def test_plots_are_written_in_each_format_asked_for_with_readable_labels(tree, tmp_path):
@@ -425,6 +487,8 @@ def test_plots_are_written_in_each_format_asked_for_with_readable_labels(tree, t
     assert (run / "report_val_hits_1.png").read_bytes().startswith(b"\x89PNG")
     assert (run / "report_val_hits_1.pdf").read_bytes().startswith(b"%PDF")
     assert proc.stdout.strip().splitlines()[-1].endswith("report_*.{png,pdf} (6 files)")
-    assert metric_label("val/hits@1") == "Hits@1 (validation)" and metric_label("test/denotation") == "denotation (test)"
+    assert (
+        metric_label("val/hits@1") == "Hits@1 (validation)" and metric_label("test/denotation") == "denotation (test)"
+    )
     bad = mate_report([str(tree["heads"]), "formats=[jpeg]"], tmp_path / "bad")
     assert bad.returncode == 2 and "formats=['jpeg']: jpeg is not a plot format" in bad.stderr

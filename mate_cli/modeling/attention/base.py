@@ -74,13 +74,7 @@ class AttentionBackend(nn.Module):
     supports_key_bias = False
 
     def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        max_length: int = 512,
-        dropout: float = 0.0,
-        layer_index: int = 0,
+        self, *, num_heads: int, head_dim: int, max_length: int = 512, dropout: float = 0.0, layer_index: int = 0
     ) -> None:
         super().__init__()
         self.num_heads = num_heads

@@ -20,9 +20,7 @@ class DenseAttention(AttentionBackend):
 
     supports_key_bias = True
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         """``q, k, v``: ``[batch, heads, seq, head_dim]`` -> context ``[batch, heads, seq, head_dim]``."""
         mask = None
         if layout is not None:

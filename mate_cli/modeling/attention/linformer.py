@@ -66,7 +66,9 @@ class LinformerAttention(AttentionBackend):
         super().__init__(**shared)
         check_range("attention.k", k, 1, self.max_length)
         if init not in INITS:
-            raise MateError(f"attention.init={init!r} is invalid: choose one of {', '.join(INITS)}; set attention.init=normal")
+            raise MateError(
+                f"attention.init={init!r} is invalid: choose one of {', '.join(INITS)}; set attention.init=normal"
+            )
         check_range("attention.init_std", init_std, 0.0)
         self.k = int(k)
         self.share_kv = bool(share_kv)
@@ -87,9 +89,7 @@ class LinformerAttention(AttentionBackend):
     def extra_repr(self) -> str:
         return f"k={self.k}, max_length={self.max_length}, share_kv={self.share_kv}"
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         """Low-rank attention.
 
         Args:

@@ -69,17 +69,19 @@ from mate_cli.modeling.attention.mate_triton import triton_available
 from mate_cli.modeling.layout import TableLayout
 
 __all__ = [
-    "MateAttention", "VARIANTS", "head_masks", "masked_attention", "flex_mate_attention", "choose_exact_impl",
+    "MateAttention",
+    "VARIANTS",
+    "head_masks",
+    "masked_attention",
+    "flex_mate_attention",
+    "choose_exact_impl",
     "choose_bucketed_impl",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: ``attention.variant`` -> its valid ``attention.impl`` values (``auto`` first).
-VARIANTS = {
-    "exact": ("auto", "masked", "block_sparse"),
-    "bucketed": ("auto", "eager", "kernel", "flex", "triton"),
-}
+VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "eager", "kernel", "flex", "triton")}
 
 #: ``auto`` for ``variant=exact``: longest sequence for which ``masked`` (fused dense
 #: SDPA with a mask) is still faster than ``block_sparse``, per (device type, grad mode).
@@ -102,7 +104,11 @@ def head_masks(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> t
 
 
 def masked_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout, row_heads_ratio: float = 0.5,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: TableLayout,
+    row_heads_ratio: float = 0.5,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Exact MATE by masking dense attention. ``q, k, v``: ``[batch, heads, seq, head_dim]``.
@@ -113,7 +119,9 @@ def masked_attention(
     """
     parts = [
         F.scaled_dot_product_attention(
-            q[:, heads], k[:, heads], v[:, heads],
+            q[:, heads],
+            k[:, heads],
+            v[:, heads],
             attn_mask=with_key_bias(layout.allowed(view)[:, None], layout, q.dtype),
             dropout_p=dropout_p,
         )
@@ -140,8 +148,10 @@ def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
 #: bf16 ms flex vs eager, inference: 2048: 0.46 vs 0.90, 4096: 1.75 vs 0.94; fwd+bwd:
 #: 4096: 2.4 vs 3.7, 8192: 4.6 vs 3.5; float32 inference 2048: 1.9 vs 1.0).
 AUTO_FLEX_MAX_LEN = {
-    (torch.bfloat16, False): 2048, (torch.bfloat16, True): 4096,
-    (torch.float16, False): 2048, (torch.float16, True): 4096,
+    (torch.bfloat16, False): 2048,
+    (torch.bfloat16, True): 4096,
+    (torch.float16, False): 2048,
+    (torch.float16, True): 4096,
 }
 
 
@@ -219,8 +229,10 @@ class MateAttention(AttentionBackend):
         self.global_size = int(global_size)
         self.radius = int(radius)
         if impl == "triton" and not triton_available():
-            raise MateError("attention.impl=triton needs Triton: GPU builds of PyTorch ship it, elsewhere "
-                            "pip install triton; or choose another attention.impl")
+            raise MateError(
+                "attention.impl=triton needs Triton: GPU builds of PyTorch ship it, elsewhere "
+                "pip install triton; or choose another attention.impl"
+            )
         if variant == "bucketed" and impl in ("auto", "kernel"):
             # build/load the fused CPU kernel now (once per process), not inside the first
             # forward: a FlopCounterMode opened before that call would miss its formula
@@ -266,9 +278,7 @@ class MateAttention(AttentionBackend):
                 self.variant, self.impl, choice, q.device, key[3], "training" if grad else "inference",
             )  # fmt: skip
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         """``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> same shape."""
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0

@@ -33,11 +33,18 @@ import torch.nn.functional as F
 
 from mate_cli.modeling.attention.mate_flex import blocks_of, flex_available, flex_call
 from mate_cli.modeling.attention.mate_plan import (
-    PADDING_GROUP, group_of_heads, head_groups, mate_allowed, sort_heads, sorted_groups, unsort_heads,
+    PADDING_GROUP,
+    group_of_heads,
+    head_groups,
+    mate_allowed,
+    sort_heads,
+    sorted_groups,
+    unsort_heads,
 )
 from mate_cli.modeling.layout import TableLayout
 
 __all__ = ["block_sparse_attention", "flex_mate_attention", "flex_available", "segment_plan"]
+
 
 # ------------------------------------------------------------------ packing plan
 def _bin_size(length: int) -> int:
@@ -135,8 +142,13 @@ def _pack_view(layout: TableLayout, view: str, P: int, query_tokens, query_valid
 
 # ------------------------------------------------------------------- pure path
 def block_sparse_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout, row_heads_ratio: float = 0.5,
-    dropout_p: float = 0.0, use_flex: bool | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: TableLayout,
+    row_heads_ratio: float = 0.5,
+    dropout_p: float = 0.0,
+    use_flex: bool | None = None,
 ) -> torch.Tensor:
     """Exact MATE attention, skipping every empty block. ``[batch, heads, seq, head_dim]``.
 
@@ -160,7 +172,9 @@ def block_sparse_attention(
         sources = [dense[:, heads].transpose(1, 2).reshape(-1, heads.stop - heads.start, D)]
         for bin_ in bins:
             view_qkv = (qt[:, :, heads], kt[:, :, heads], vt[:, :, heads])
-            sources.append(_segment_block(bin_, *view_qkv, k_rows[:, heads], v_rows[:, heads], plan.query_valid, dropout_p))
+            sources.append(
+                _segment_block(bin_, *view_qkv, k_rows[:, heads], v_rows[:, heads], plan.query_valid, dropout_p)
+            )
         sources.append(q.new_zeros(1, heads.stop - heads.start, D))
         outs.append(torch.cat(sources)[out_rows])  # [B, N, heads, D]
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
@@ -235,8 +249,14 @@ def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float,
 
 
 def flex_mate_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout, row_heads_ratio: float = 0.5, *,
-    block_size: int = 128, compiled: bool = True,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: TableLayout,
+    row_heads_ratio: float = 0.5,
+    *,
+    block_size: int = 128,
+    compiled: bool = True,
 ) -> torch.Tensor:
     """Exact MATE attention with FlexAttention on the per-head sorted sequence.
 

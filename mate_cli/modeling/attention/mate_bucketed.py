@@ -65,7 +65,9 @@ class Workspace:
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
 
-    def get(self, role: str, shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def get(
+        self, role: str, shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         """An uninitialised ``shape`` tensor of ``like``'s device, and dtype unless ``dtype`` is given, for ``role``."""
         dtype = like.dtype if dtype is None else dtype
         if like.device.type != "cpu":
@@ -201,7 +203,6 @@ def _fold_windows(
         buckets[first_window + p : first_window + p + w].add_(parts[:, p], alpha=alpha)
 
 
-
 #: Dtypes the fused CPU kernel takes: float32 natively, the others widened to it (exactly).
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -261,22 +262,27 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, w
     return _narrowed(out, (B, H, N, D), "bnhd", dtype)
 
 
-def _fused_cpu_backward(q, k, v, out, grad_out, plan: BucketPlan, dropout_p: float, seed: int,
-                        workspace: Workspace) -> tuple[torch.Tensor, ...]:
+def _fused_cpu_backward(
+    q, k, v, out, grad_out, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace
+) -> tuple[torch.Tensor, ...]:
     """dq, dk, dv of :func:`_fused_cpu_forward` in the compiled CPU kernel (recomputes the
     probabilities bucket by bucket; nothing sorted is materialised). ``out`` is the
     forward's result (a view of a ``[B, N, H, D]`` buffer). Gradients come back in q, k
     and v's dtypes (float32 math throughout, like the forward)."""
     B, H, N, D = q.shape
     dtypes = (q.dtype, k.dtype, v.dtype)
-    q, k, v, out, grad_out = (_widened(x, f"kernel_{name}", workspace)
-                              for x, name in zip((q, k, v, out, grad_out), ("q", "k", "v", "out", "grad_out")))
+    q, k, v, out, grad_out = (
+        _widened(x, f"kernel_{name}", workspace)
+        for x, name in zip((q, k, v, out, grad_out), ("q", "k", "v", "out", "grad_out"))
+    )
     qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
     grad_rows, grad_kind = _flat_rows(grad_out)  # read in its own layout: no copy for either
     grad_src = plan.source_rows(grad_kind).view(B * H, plan.padded_len)
     out_rows = out.transpose(1, 2).reshape(-1, D)  # the forward's [B, N, H, D] buffer (a view)
-    grads = [torch.empty_like(qf) if t == torch.float32 else workspace.get(f"kernel_d{name}", qf.shape, qf)
-             for t, name in zip(dtypes, "qkv")]
+    grads = [
+        torch.empty_like(qf) if t == torch.float32 else workspace.get(f"kernel_d{name}", qf.shape, qf)
+        for t, name in zip(dtypes, "qkv")
+    ]
     allowed, keys, free, head_view, real = plan.kernel_args
     mate_cpu_kernel.bucketed_backward(
         qf, kf, vf, grad_rows, grad_src, out_rows, src, plan.dest_rows, allowed, keys, free, head_view, real,
@@ -349,7 +355,14 @@ class _BucketedAttention(torch.autograd.Function):
         q, k, v, out = ctx.saved_tensors
         plan, p, seed, workspace = ctx.plan, ctx.dropout_p, ctx.seed, ctx.workspace
         if ctx.fused_cpu:  # the kernel ran the forward, so it applies
-            return (*_fused_cpu_backward(q, k, v, out, grad_out, plan, p, seed, workspace), None, None, None, None, None)
+            return (
+                *_fused_cpu_backward(q, k, v, out, grad_out, plan, p, seed, workspace),
+                None,
+                None,
+                None,
+                None,
+                None,
+            )
         B, H, N, D = ctx.shape
         R, P, T = plan.radius, plan.dense_rows, plan.padded_len
         BH = B * H

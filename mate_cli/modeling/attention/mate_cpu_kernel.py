@@ -63,7 +63,9 @@ def build_flags() -> list[str]:
     try:
         return FLAGS + shlex.split(value)
     except ValueError as err:  # load() turns this into its one warning line
-        raise ValueError(f"{EXTRA_FLAGS_ENV}={value!r} is not a list of compiler flags ({err}); fix or unset it") from None
+        raise ValueError(
+            f"{EXTRA_FLAGS_ENV}={value!r} is not a list of compiler flags ({err}); fix or unset it"
+        ) from None
 
 
 #: Load state of the library. Process-wide on purpose: ``torch.ops.mate_cpu`` is
@@ -205,22 +207,58 @@ def unavailable_reason() -> str | None:
     return _state.get("why")
 
 
-def bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius: int, scale: float,
-                     dropout: float = 0.0, seed: int = 0) -> None:
+def bucketed_forward(
+    q,
+    k,
+    v,
+    src,
+    dst,
+    allowed,
+    keys,
+    free,
+    head_view,
+    out,
+    radius: int,
+    scale: float,
+    dropout: float = 0.0,
+    seed: int = 0,
+) -> None:
     """Long rows into ``out`` (see the C++ source for the arguments); attention dropout
     ``dropout`` with masks drawn from ``seed`` (a hash: the backward redraws them)."""
     torch.ops.mate_cpu.bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale,
                                         dropout, seed)  # fmt: skip
 
 
-def dense_forward(q, k, v, src, dst, free, real, token_rows, heads: int, out, scale: float, dropout: float = 0.0,
-                  seed: int = 0) -> None:
+def dense_forward(
+    q, k, v, src, dst, free, real, token_rows, heads: int, out, scale: float, dropout: float = 0.0, seed: int = 0
+) -> None:
     """Dense (query-set) rows ``[0, free[b])`` of each head into ``out``."""
     torch.ops.mate_cpu.dense_forward(q, k, v, src, dst, free, real, token_rows, heads, out, scale, dropout, seed)
 
 
-def bucketed_backward(q, k, v, grad_out, grad_src, out, src, dst, allowed, keys, free, head_view, real, token_rows, dq,
-                      dk, dv, radius: int, scale: float, dropout: float = 0.0, seed: int = 0) -> None:
+def bucketed_backward(
+    q,
+    k,
+    v,
+    grad_out,
+    grad_src,
+    out,
+    src,
+    dst,
+    allowed,
+    keys,
+    free,
+    head_view,
+    real,
+    token_rows,
+    dq,
+    dk,
+    dv,
+    radius: int,
+    scale: float,
+    dropout: float = 0.0,
+    seed: int = 0,
+) -> None:
     """dq, dk, dv of both forwards into ``dq, dk, dv`` (see the C++ source for the arguments)."""
     torch.ops.mate_cpu.bucketed_backward(
         q, k, v, grad_out, grad_src, out, src, dst, allowed, keys, free, head_view, real, token_rows, dq, dk, dv,

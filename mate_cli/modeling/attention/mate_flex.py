@@ -38,7 +38,12 @@ import torch
 import torch.nn.functional as F
 
 from mate_cli.modeling.attention.mate_plan import (
-    BucketPlan, head_groups, mate_allowed, sort_heads, sorted_groups, unsort_heads,
+    BucketPlan,
+    head_groups,
+    mate_allowed,
+    sort_heads,
+    sorted_groups,
+    unsort_heads,
 )
 from mate_cli.modeling.layout import TableLayout
 
@@ -90,7 +95,9 @@ def flex_call(qs, ks, vs, block_mask, scale: float, compiled: bool) -> torch.Ten
 
 def blocks_of(allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, H, nq, nk]`` bool block matrix -> FlexAttention's ``(num_blocks, indices)`` (int32)."""
-    return allowed.sum(-1).to(torch.int32), torch.argsort((~allowed).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return allowed.sum(-1).to(torch.int32), torch.argsort((~allowed).to(torch.int8), dim=-1, stable=True).to(
+        torch.int32
+    )
 
 
 class _Structure:
@@ -189,8 +196,15 @@ class _SortedFlex(torch.autograd.Function):
 
 
 def flex_bucketed_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout, plan: BucketPlan,
-    row_heads_ratio: float, *, compiled: bool | None = None, block_size: int = BLOCK_SIZE,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: TableLayout,
+    plan: BucketPlan,
+    row_heads_ratio: float,
+    *,
+    compiled: bool | None = None,
+    block_size: int = BLOCK_SIZE,
 ) -> torch.Tensor:
     """Bucketed MATE (the function of :func:`.mate_bucketed.bucketed_attention`, no
     dropout) as one FlexAttention call. ``q, k, v``: ``[batch, heads, seq, head_dim]``

@@ -25,8 +25,16 @@ import torch.nn.functional as F
 from mate_cli.modeling.layout import PADDING_GROUP, TableLayout, View
 
 __all__ = [
-    "BucketPlan", "Chunk", "PADDING_GROUP", "bucket_plan", "group_of_heads", "head_groups", "mate_allowed",
-    "sort_heads", "sorted_groups", "unsort_heads",
+    "BucketPlan",
+    "Chunk",
+    "PADDING_GROUP",
+    "bucket_plan",
+    "group_of_heads",
+    "head_groups",
+    "mate_allowed",
+    "sort_heads",
+    "sorted_groups",
+    "unsort_heads",
 ]
 
 
@@ -175,7 +183,8 @@ class BucketPlan:
             bounds = torch.tensor([[c.b, c.view, c.n0 * R, c.n1 * R] for c in chunks])
             needed = [int(self.global_needed[b, v, lo:hi].max()) for b, v, lo, hi in bounds.tolist()]
             return [
-                replace(c, keys=max(n, self.query_len[c.b], 1), free=self.query_len[c.b]) for c, n in zip(chunks, needed)
+                replace(c, keys=max(n, self.query_len[c.b], 1), free=self.query_len[c.b])
+                for c, n in zip(chunks, needed)
             ]
 
         return self.memoized(("long_chunks", budget), build)
@@ -217,7 +226,9 @@ class BucketPlan:
             base, stride = (b * N * H + h, H) if layout_kind == "bnhd" else ((b * H + h) * N, 1)
             # the real tokens (the sorted prefix [0, n), all distinct) are tokens 0..n-1 iff
             # the largest of them is n - 1
-            prefix = torch.tensor([n == 0 or int(self.perm[i, 0, :n].max()) == n - 1 for i, n in enumerate(self.real_len)])
+            prefix = torch.tensor(
+                [n == 0 or int(self.perm[i, 0, :n].max()) == n - 1 for i, n in enumerate(self.real_len)]
+            )
             in_order = prefix[:, None].long().expand(B, H)
             strides = torch.full((B, H), stride)
             return torch.stack([base.expand(B, H), strides, in_order], -1).reshape(B * H, 3).contiguous()

@@ -51,8 +51,15 @@ WARPS = {"forward_kernel": 4, "dq_kernel": 8, "dkdv_kernel": 8}
 PAD = 2**31 - 1
 
 __all__ = [
-    "BLOCK", "PAD", "TritonStructure", "interpreting", "kernel_visits", "kernels", "triton_available",
-    "triton_bucketed_attention", "visited_tiles",
+    "BLOCK",
+    "PAD",
+    "TritonStructure",
+    "interpreting",
+    "kernel_visits",
+    "kernels",
+    "triton_available",
+    "triton_bucketed_attention",
+    "visited_tiles",
 ]
 
 #: tile sizes (query rows, key columns). A query tile reads the union of its rows' windows,
@@ -239,8 +246,13 @@ _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def triton_bucketed_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, structure: TritonStructure, dropout_p: float = 0.0,
-    *, seed: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    structure: TritonStructure,
+    dropout_p: float = 0.0,
+    *,
+    seed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bucketed MATE in the Triton kernels. ``q, k, v``: ``[batch, heads, seq, head_dim]``
     (q not pre-scaled); returns the same shape (a view of a ``[batch, seq, heads, head_dim]``
@@ -282,7 +294,6 @@ def visited_tiles(structure: TritonStructure, seq_len: int) -> int:
     hi2 = torch.where(dense_tile, torch.zeros_like(m0), torch.minimum(real, (last // R + 2) * R))
     tiles = -(-hi1 // Nb) + (-(-(hi2 - lo2) // Nb)).clamp(min=0)
     return int(tiles.sum()) * structure.heads
-
 
 
 # ------------------------------------------------------------ ahead of time

@@ -11,9 +11,7 @@ import triton.language as tl
 @triton.jit
 def allowed(rows, cols, g_row, g_col, dense, G, R, PAD: tl.constexpr):
     """MATE's pattern within the globals and the 3-bucket window; dense rows reach every key."""
-    mate = (g_col[None, :] < PAD) & (
-        (g_row[:, None] == 0) | (g_col[None, :] == 0) | (g_row[:, None] == g_col[None, :])
-    )
+    mate = (g_col[None, :] < PAD) & ((g_row[:, None] == 0) | (g_col[None, :] == 0) | (g_row[:, None] == g_col[None, :]))
     near = tl.abs(rows[:, None] // R - cols[None, :] // R) <= 1
     return mate & ((rows[:, None] < dense) | (cols[None, :] < G) | near)
 
@@ -121,7 +119,8 @@ def forward_kernel(
     PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, COUNT: tl.constexpr = False,
 ):  # fmt: skip
     m0, bh, b, h, dense, real, seed, rows, row_ok, dcol, d_ok, tok_row, g_row = own_tile(
-        PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_M, PAD)
+        PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_M, PAD
+    )
     q = load_rows(Q, b * sqb + h * sqh, tok_row, row_ok, sqn, dcol, d_ok)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -162,7 +161,8 @@ def dq_kernel(
     PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     m0, bh, b, h, dense, real, seed, rows, row_ok, dcol, d_ok, tok_row, g_row = own_tile(
-        PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_M, PAD)
+        PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_M, PAD
+    )
     q = load_rows(Q, b * sqb + h * sqh, tok_row, row_ok, sqn, dcol, d_ok)
     do = load_rows(DO, b * sdob + h * sdoh, tok_row, row_ok, sdon, dcol, d_ok)
     lse = tl.load(LSE + bh * N + tok_row, mask=row_ok, other=0.0)
@@ -210,7 +210,8 @@ def dkdv_kernel(
     PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     n0, bh, b, h, dense, _, seed, cols, col_ok, dcol, d_ok, tok_col, g_col = own_tile(
-        PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_N, PAD)
+        PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_N, PAD
+    )
     k = load_rows(K, b * skb + h * skh, tok_col, col_ok, skn, dcol, d_ok)
     v = load_rows(V, b * svb + h * svh, tok_col, col_ok, svn, dcol, d_ok)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)

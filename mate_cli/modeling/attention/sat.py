@@ -44,13 +44,18 @@ class SatAttention(AttentionBackend):
             return layout
         zeros = torch.zeros_like(layout.segment_ids)
         return layout.with_fields(
-            row_ids=zeros, column_ids=zeros, column_ranks=zeros, inv_column_ranks=zeros,
-            numeric_relations=zeros, prev_labels=zeros,
+            row_ids=zeros,
+            column_ids=zeros,
+            column_ranks=zeros,
+            inv_column_ranks=zeros,
+            numeric_relations=zeros,
+            prev_labels=zeros,
         )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         """``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> same shape."""
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=with_key_bias(sat_mask(layout)[:, None], layout, q.dtype),
-                                              dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=with_key_bias(sat_mask(layout)[:, None], layout, q.dtype), dropout_p=dropout_p
+        )

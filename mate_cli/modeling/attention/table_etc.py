@@ -201,9 +201,7 @@ class TableETCAttention(AttentionBackend):
         )
 
     # ------------------------------------------------------------ memory
-    def extend_inputs(
-        self, hidden: torch.Tensor, layout: TableLayout | None
-    ) -> tuple[torch.Tensor, TableLayout, int]:
+    def extend_inputs(self, hidden: torch.Tensor, layout: TableLayout | None) -> tuple[torch.Tensor, TableLayout, int]:
         """Prepend the row/column memory.
 
         Args:
@@ -304,9 +302,7 @@ class TableETCAttention(AttentionBackend):
         scores = scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
         return self.attention_dropout(torch.softmax(scores, dim=-1).to(q.dtype))
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         """Global-local attention over ``[memory | long]``.
 
         Args:
