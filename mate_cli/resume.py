@@ -36,6 +36,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_text, os_error_in, write_failure
+from mate_cli.lightning_internals import pending_log_row, training_loaders
 from mate_cli.paths import dir_name_start
 from mate_cli.yaml_data import read_run_config
 
@@ -92,8 +93,7 @@ def epoch_shuffles(loaders) -> list[EpochShuffle]:
 
 
 def training_samplers(trainer: L.Trainer) -> list[EpochShuffle]:
-    combined = trainer.fit_loop._combined_loader
-    return epoch_shuffles(combined.flattened if combined is not None else [])
+    return epoch_shuffles(training_loaders(trainer))
 
 
 class ResumeState(L.Callback):
@@ -298,15 +298,10 @@ class ContinuousCSVLog(L.Callback):
         """The row Lightning logs for this batch right after an every-n-steps checkpoint
         (it logs after ``on_train_batch_end``, where that checkpoint is saved): kept in the
         checkpoint, so the resumed log has it even when the kill came before it was written."""
-        connector = trainer._logger_connector  # Lightning's own: the values it is about to log
-        if not trainer.training or not connector.should_update_logs or trainer.fit_loop._should_accumulate():
-            return None
         try:
-            values = {k: float(v) for k, v in connector.metrics["log"].items()}
-        except Exception:  # noqa: BLE001 - a Lightning internal changed: the row is only lost, never wrong
+            return pending_log_row(trainer)
+        except Exception:  # noqa: BLE001 - a Lightning internal moved (its test says which): the row is lost, never wrong
             return None
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped
-        return {**values, "epoch": trainer.current_epoch, "step": step} if values else None
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         self._pending = checkpoint.get(PENDING_ROW_KEY)
