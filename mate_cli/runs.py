@@ -54,9 +54,10 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
 
 
 def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
-    """What ``ckpt_path=`` names for evaluating: a checkpoint file as it is; a run dir, its
-    best checkpoint (``best_checkpoint`` in its ``metrics.json``, the one `mate train`
-    validated), else its ``checkpoints/last.ckpt``."""
+    """The weights ``ckpt_path=`` names (README, "What ``ckpt_path=<run dir>`` means"): a
+    checkpoint file as it is; a run dir, its best checkpoint (``best_checkpoint`` in its
+    ``metrics.json``, the one `mate train` validated), else its ``checkpoints/last.ckpt``.
+    Resuming reads ``last.ckpt`` instead (:func:`mate_cli.resume.resolve_resume_path`)."""
     path = Path(str(value)).expanduser()
     if not path.is_dir():
         return path
