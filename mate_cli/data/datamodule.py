@@ -1,6 +1,7 @@
-"""LightningDataModule for HybridQA cell selection: read -> expand -> tokenize -> cache -> collate.
+"""The datamodules' shared base (:class:`SplitDataModule`: read -> encode -> cache -> collate)
+and HybridQA's cell-selection datamodule (:class:`HybridQADataModule`).
 
-Preprocessing (expansion + tokenization) runs once per preprocessing config and is
+Preprocessing (for HybridQA: expansion + tokenization) runs once per preprocessing config and is
 cached on disk as an HF ``datasets`` Arrow dataset under ``cache_dir/<key>``, where
 ``key`` hashes everything that changes the tokens (the input files, checkpoint vocab,
 max_length, expansion settings); :mod:`mate_cli.data.cache` writes it atomically and
@@ -41,7 +42,8 @@ log = logging.getLogger(__name__)
 
 
 class SplitDataModule(L.LightningDataModule):
-    """What every HybridQA datamodule shares: the split, the Arrow cache, the loaders.
+    """What every datamodule shares (HybridQA's two stages, the table tasks, Transformer-XH's
+    graphs): the split, the Arrow cache, the loaders.
 
     A subclass says how a split's questions become examples (:meth:`encode`), what
     else its cache key depends on (:meth:`cache_payload`), what it logs about a split
