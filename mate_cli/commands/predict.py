@@ -20,14 +20,12 @@ from mate_cli.data.hybridqa import read_table_file
 from mate_cli.console import print_outputs
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
-from mate_cli.lit_modules.cell_selection import CellSelectionModule
 from mate_cli.lit_modules.entailment import EntailmentModule
-from mate_cli.lit_modules.span import SpanModule
 from mate_cli.lit_modules.table_qa import TableQAModule
 from mate_cli.paths import CONF_DIR, register_resolvers
-from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, predict_question
+from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, load_stages, predict_question
 from mate_cli.pipelines.table_task import predict_table_question, read_task_table
-from mate_cli.runs import check_checkpoint, load_run_config, load_trained, pick_device, run_checkpoint
+from mate_cli.runs import check_checkpoint, load_trained, pick_device, run_checkpoint
 
 register_resolvers()
 
@@ -44,18 +42,10 @@ def predict(cfg: DictConfig) -> dict:
             "no checkpoint given; pass ckpt_path=<sqa|wtq|tabfact run>/checkpoints/<name>.ckpt, or "
             "stage1.ckpt_path=<HybridQA cell-selection run>/checkpoints/<name>.ckpt"
         )
-    trust = bool(cfg.get("trust_run_config"))
-    for stage in ("stage1", "stage2"):
-        if cfg[stage].get("ckpt_path"):  # both checkpoints and run configs checked before anything is built
-            load_run_config(cfg[stage].ckpt_path, cfg[stage].get("overrides"), trust)
-    device = pick_device(cfg.trainer.get("accelerator"))
-    precision = cfg.trainer.get("precision")
     table = read_table_file(cfg.table)
     passages = load_passages(cfg.get("passages"))
-    s1 = load_trained(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device, trust)
-    s2 = None
-    if cfg.stage2.get("ckpt_path"):
-        s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device, trust)
+    s1, s2, device = load_stages(cfg)
+    precision = cfg.trainer.get("precision")
     ranker = CellRanker(s1, device, precision, batch_size=1, top_k=max(int(cfg.top_k), 1))
     spans = SpanPredictor(s2, device, precision, batch_size=1)
     warn_if_cut(str(cfg.question), s1, "stage1.")

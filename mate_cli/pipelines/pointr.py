@@ -214,6 +214,21 @@ def _log_counts(counts: Counter) -> None:
             log.info("pointr: %d %s", counts[key], line)
 
 
+def load_stages(cfg: DictConfig) -> tuple[TrainedRun, TrainedRun | None, torch.device]:
+    """The trained runs of ``stage1.ckpt_path`` and ``stage2.ckpt_path`` (None when not given)
+    and the device they are on; both run configs are checked before either model is built."""
+    trust = bool(cfg.get("trust_run_config"))
+    for stage in ("stage1", "stage2"):
+        if cfg[stage].get("ckpt_path"):
+            load_run_config(cfg[stage].ckpt_path, cfg[stage].get("overrides"), trust)
+    device = pick_device(cfg.trainer.get("accelerator"))
+    s1 = load_trained(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device, trust)
+    s2 = None
+    if cfg.stage2.get("ckpt_path"):
+        s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device, trust)
+    return s1, s2, device
+
+
 def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     """Run PointR on ``cfg.split`` and write predictions.json / metrics.json / pointr_details.json.
 
@@ -231,17 +246,10 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     split = str(cfg.split)
     if split not in ("validation", "test"):
         raise MateError(f"split={split!r} is invalid; use split=validation or split=test")
-    trust = bool(cfg.get("trust_run_config"))
-    for stage in ("stage1", "stage2"):
-        if cfg[stage].get("ckpt_path"):  # both checkpoints and run configs checked before anything is built
-            load_run_config(cfg[stage].ckpt_path, cfg[stage].get("overrides"), trust)
-    device = pick_device(cfg.trainer.get("accelerator"))
+    s1, s2, device = load_stages(cfg)
     precision = cfg.trainer.get("precision")
-    s1 = load_trained(cfg.stage1.ckpt_path, cfg.stage1.get("overrides"), CellSelectionModule, "stage1", device, trust)
     ref_path = reference_for(cfg.get("reference"), s1.cfg.dataset, split)
-    s2 = None
-    if cfg.stage2.get("ckpt_path"):
-        s2 = load_trained(cfg.stage2.ckpt_path, cfg.stage2.get("overrides"), SpanModule, "stage2", device, trust)
+    if s2 is not None:
         check_same_split(s1.cfg, s2.cfg)
     else:
         log.info("pointr: no stage2.ckpt_path; answering with the top cell's text")
