@@ -104,35 +104,22 @@ def _load(ref: str):
     return getattr(importlib.import_module(module), attribute)
 
 
-register(
-    TableTask(
-        "sqa",
-        reader="mate_cli.data.sqa:SQAReader",
-        table_file="mate_cli.data.sqa:read_table_file",
-        answer="cells",
-        sequential=True,
-        baselines="mate_cli.metrics.trivial:sqa_baselines",
-        predictions="mate_cli.data.answer_files:write_sqa",
+def _bundled(name: str, reader: str, answer: str, **flags: bool) -> TableTask:
+    """A task whose reader is ``mate_cli.data.<name>``'s and whose baselines and answer
+    writer are named after it."""
+    return register(
+        TableTask(
+            name,
+            reader=f"mate_cli.data.{name}:{reader}",
+            table_file=f"mate_cli.data.{name}:read_table_file",
+            answer=answer,
+            baselines=f"mate_cli.metrics.trivial:{name}_baselines",
+            predictions=f"mate_cli.data.answer_files:write_{name}",
+            **flags,
+        )
     )
-)
-register(
-    TableTask(
-        "wtq",
-        reader="mate_cli.data.wtq:WTQReader",
-        table_file="mate_cli.data.wtq:read_table_file",
-        answer="texts",
-        aggregates=True,
-        baselines="mate_cli.metrics.trivial:wtq_baselines",
-        predictions="mate_cli.data.answer_files:write_wtq",
-    )
-)
-register(
-    TableTask(
-        "tabfact",
-        reader="mate_cli.data.tabfact:TabFactReader",
-        table_file="mate_cli.data.tabfact:read_table_file",
-        answer="verdict",
-        baselines="mate_cli.metrics.trivial:tabfact_baselines",
-        predictions="mate_cli.data.answer_files:write_tabfact",
-    )
-)
+
+
+_bundled("sqa", "SQAReader", "cells", sequential=True)
+_bundled("wtq", "WTQReader", "texts", aggregates=True)
+_bundled("tabfact", "TabFactReader", "verdict")

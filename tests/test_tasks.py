@@ -30,6 +30,13 @@ def test_an_unknown_task_is_one_line_naming_the_known_ones():
         tasks.TableTask("x", reader="", table_file="", answer="spans", baselines="", predictions="")
 
 
+@pytest.mark.parametrize("name", tasks.names())
+def test_every_bundled_task_names_objects_that_exist(name):
+    task = tasks.get(name)
+    for ref in (task.reader, task.table_file, task.baselines, task.predictions):
+        assert callable(tasks._load(ref)), ref
+
+
 def test_a_fifth_task_is_one_registration(monkeypatch, tmp_path):
     monkeypatch.setitem(tasks._TASKS, TOY.name, TOY)
     data = ["dataset=wtq_sample", f"dataset.task={TOY.name}"]
