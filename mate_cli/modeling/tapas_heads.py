@@ -217,6 +217,19 @@ class CellIndex:
 
 
 # ---------------------------------------------------------------- heads
+@dataclass
+class _Cells:
+    """What the selection losses read of a batch: token logits (after the temperature),
+    column logits (None without one-column selection), the cell index, each cell's share
+    of real tokens, and the real-token mask."""
+
+    token_logits: torch.Tensor
+    column_logits: torch.Tensor | None
+    index: CellIndex
+    cell_mask: torch.Tensor
+    real: torch.Tensor
+
+
 class TapasQAHead(nn.Module):
     """Cell selection (+ aggregation) on the encoder's states: SQA and WikiTQ.
 
@@ -276,24 +289,27 @@ class TapasQAHead(nn.Module):
         column_logits = self._column_logits(hidden, index, cell_mask) if cfg.select_one_column else None
         aggregation_logits = self.aggregation_classifier(pooled) if cfg.num_aggregation_labels > 0 else None
         if labels is None:
-            _, logits = _single_column_selection(
-                token_logits, column_logits, torch.zeros_like(token_logits), index, cell_mask
-            )
+            _, logits = _single_column_selection(token_logits, column_logits, torch.zeros_like(token_logits), index,
+                                                 cell_mask)  # fmt: skip
             return QAOutput(logits, aggregation_logits, None)
-        return self._loss(
-            token_logits,
-            column_logits,
-            aggregation_logits,
-            pooled,
-            labels,
-            float_answer,
-            numeric_values,
-            numeric_values_scale,
-            index,
-            cell_mask,
-            real,
-            layout,
-        )
+        labels = labels.long() * layout.attention_mask
+        weakly = cfg.num_aggregation_labels > 0 and bool(cfg.use_answer_as_supervision)
+        aggregate = None
+        if weakly:
+            if float_answer is None:
+                raise ValueError("answer-supervised aggregation needs float_answer (NaN where none)")
+            aggregate = _aggregate_mask(float_answer, aggregation_logits, cfg.cell_selection_preference, labels)
+        if cfg.average_logits_per_cell:
+            token_logits = index.gather(index.cell_mean(token_logits))
+        cells = _Cells(token_logits, column_logits, index, cell_mask, real)
+        selection, logits = self._selection_loss(cells, labels)
+        loss = torch.zeros_like(selection)
+        if not cfg.disable_per_token_loss:
+            loss = loss + (selection if aggregate is None else selection * (1.0 - aggregate))
+        if cfg.num_aggregation_labels > 0:
+            answer = (float_answer, numeric_values, numeric_values_scale)
+            loss = loss + self._aggregation_loss(aggregation_logits, aggregate, logits, answer, layout, cells)
+        return QAOutput(logits, aggregation_logits, loss)
 
     def _column_logits(self, hidden: torch.Tensor, index: CellIndex, cell_mask: torch.Tensor) -> torch.Tensor:
         token = hidden @ self.column_output_weights + self.column_output_bias
@@ -307,73 +323,20 @@ class TapasQAHead(nn.Module):
             logits = logits + LOG_ZERO * (columns == 0).to(logits.dtype)
         return logits
 
-    def _loss(
-        self,
-        token_logits,
-        column_logits,
-        aggregation_logits,
-        pooled,
-        labels,
-        float_answer,
-        numeric_values,
-        numeric_values_scale,
-        index,
-        cell_mask,
-        real,
-        layout,
-    ) -> QAOutput:
-        cfg = self.config
-        labels = labels.long() * layout.attention_mask
-        weakly = cfg.num_aggregation_labels > 0 and bool(cfg.use_answer_as_supervision)
-        aggregate = None
-        if weakly:
-            if float_answer is None:
-                raise ValueError("answer-supervised aggregation needs float_answer (NaN where none)")
-            aggregate = _aggregate_mask(float_answer, aggregation_logits, cfg.cell_selection_preference, labels)
-        if cfg.average_logits_per_cell:
-            token_logits = index.gather(index.cell_mean(token_logits))
-        selection, logits = self._selection_loss(token_logits, column_logits, labels, index, cell_mask, real)
-        loss = torch.zeros_like(selection)
-        if not cfg.disable_per_token_loss:
-            loss = loss + (selection if aggregate is None else selection * (1.0 - aggregate))
-        if cfg.num_aggregation_labels > 0:
-            loss = loss + self._aggregation_loss(
-                aggregation_logits,
-                aggregate,
-                logits,
-                float_answer,
-                numeric_values,
-                numeric_values_scale,
-                layout,
-                (token_logits, column_logits, index, cell_mask, real),
-            )
-        return QAOutput(logits, aggregation_logits, loss)
-
-    def _selection_loss(self, token_logits, column_logits, labels, index, cell_mask, real):
+    def _selection_loss(self, cells: _Cells, labels: torch.Tensor):
         """TAPAS's cell-selection loss of ``labels`` (token level) and the token logits the prediction reads."""
         if self.config.select_one_column:
-            return _single_column_selection(token_logits, column_logits, labels, index, cell_mask)
-        weight = torch.where(labels == 0, 1.0, self.config.positive_label_weight).to(token_logits.dtype)
-        per_token = (
-            nn.functional.binary_cross_entropy_with_logits(
-                token_logits, labels.to(token_logits.dtype), reduction="none"
-            )
-            * weight
-        )
-        return (per_token * real).sum(1) / (real.sum(1) + EPSILON), token_logits
+            return _single_column_selection(cells.token_logits, cells.column_logits, labels, cells.index,
+                                            cells.cell_mask)  # fmt: skip
+        logits = cells.token_logits
+        weight = torch.where(labels == 0, 1.0, self.config.positive_label_weight).to(logits.dtype)
+        per_token = nn.functional.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
+        return (per_token * weight * cells.real).sum(1) / (cells.real.sum(1) + EPSILON), logits
 
-    def _aggregation_loss(
-        self,
-        aggregation_logits,
-        aggregate,
-        logits,
-        float_answer,
-        numeric_values,
-        numeric_values_scale,
-        layout,
-        selection,
-    ) -> torch.Tensor:
+    def _aggregation_loss(self, aggregation_logits, aggregate, logits, answer, layout, cells: _Cells):
+        """The aggregation examples' loss; ``answer``: (float answer, token values, their scale)."""
         cfg = self.config
+        float_answer, numeric_values, numeric_values_scale = answer
         log_probs = torch.log_softmax(aggregation_logits, dim=-1)
         if aggregate is None:
             raise MateError(
@@ -386,24 +349,17 @@ class TapasQAHead(nn.Module):
         extra = cfg.aggregation_loss_weight * extra
         if numeric_values is None or numeric_values_scale is None:
             raise ValueError("answer-supervised aggregation needs numeric_values and numeric_values_scale")
-        answer_loss, keep = self._answer_loss(
-            float_answer,
-            aggregate,
-            logits,
-            numeric_values,
-            numeric_values_scale,
-            aggregation_logits,
-            (layout.row_ids > 0).to(logits.dtype),
-        )
+        table_mask = (layout.row_ids > 0).to(logits.dtype)
+        answer_loss, keep = self._answer_loss(float_answer, aggregate, logits, numeric_values, numeric_values_scale,
+                                              aggregation_logits, table_mask)  # fmt: skip
         loss = (extra + answer_loss) * keep
         if cfg.aggregation_supervision == "hard_em":
-            token_logits, column_logits, index, cell_mask, real = selection
-            found, operator, _, cells, _, _ = consistent_selection(
-                token_logits, column_logits, index, numeric_values, float_answer, log_probs
+            found, operator, _, chosen, _, _ = consistent_selection(
+                cells.token_logits, cells.column_logits, cells.index, numeric_values, float_answer, log_probs
             )
             # the consistent selection as gold cells of TAPAS's own selection loss, and its operator
-            pseudo = index.gather(cells.to(token_logits.dtype)).long() * layout.attention_mask
-            cell_loss, _ = self._selection_loss(token_logits, column_logits, pseudo, index, cell_mask, real)
+            pseudo = cells.index.gather(chosen.to(cells.token_logits.dtype)).long() * layout.attention_mask
+            cell_loss, _ = self._selection_loss(cells, pseudo)
             operator_loss = -log_probs.gather(1, operator[:, None] + 1).squeeze(1)
             em = cfg.aggregation_loss_weight * operator_loss + cfg.answer_loss_importance * cell_loss
             loss = torch.where(found & (aggregate > 0), em, loss)
