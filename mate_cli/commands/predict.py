@@ -42,9 +42,9 @@ def predict(cfg: DictConfig) -> dict:
             "no checkpoint given; pass ckpt_path=<sqa|wtq|tabfact run>/checkpoints/<name>.ckpt, or "
             "stage1.ckpt_path=<HybridQA cell-selection run>/checkpoints/<name>.ckpt"
         )
+    s1, s2, device = load_stages(cfg)  # the checkpoints first: they are what a user most often gets wrong
     table = read_table_file(cfg.table)
     passages = load_passages(cfg.get("passages"))
-    s1, s2, device = load_stages(cfg)
     precision = cfg.trainer.get("precision")
     ranker = CellRanker(s1, device, precision, batch_size=1, top_k=max(int(cfg.top_k), 1))
     spans = SpanPredictor(s2, device, precision, batch_size=1)

@@ -331,7 +331,7 @@ def resource_usage(arch: int, dtype: torch.dtype = torch.bfloat16, head_dim: int
                 signature[arg] = "constexpr"
             elif arg in _POINTER_TYPES:
                 signature[arg] = _POINTER_TYPES[arg]
-            elif arg in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV"):
+            elif arg in ("Q", "K", "V", "OUT", "DO", "DQ", "DK", "DV"):
                 signature[arg] = "*" + _TRITON_TYPES[dtype]
             else:
                 signature[arg] = "fp32" if arg in ("scale", "dropout_p") else "i32"
