@@ -1,21 +1,10 @@
 """Input-length heuristics CC and HEM: which word pieces of a table fit a token budget.
 
-Pure functions on word-piece lengths (CC) or word-piece ids (HEM); no tokenizer here.
-:class:`~mate_cli.data.tokenize.TableTokenizer` applies them with ``pruning="cc"`` /
-``"hem"`` (its default, ``"none"``, is :func:`~mate_cli.data.tokenize.fit_budget`).
-
-- **CC**, cell concatenation (Eisenschlos et al. 2020, "Understanding tables with
-  intermediate pre-training", §3.3; Krichene et al. 2021, DoT): the first word piece of
-  every cell, then the second word piece of every cell that has one, and so on, while the
-  budget lasts. Cells are visited row-major, header row first (header cells included):
-  a last, partial round keeps the earlier cells. With full rounds only this is the
-  per-cell cap of ``fit_budget``; CC also spends the remainder and never drops a row.
-- **HEM**, heuristic exact match (same papers): columns are ranked by their overlap with
-  the question, then whole columns are kept in that rank order while they fit.
-
-Both return a :class:`Selection`: how many word pieces of each cell are kept (always a
-prefix of the cell) and which columns are kept. Row and column indices are those of the
-input table; a removed column keeps its slots, with 0 kept word pieces.
+Pure functions on word-piece lengths (CC) or ids (HEM), applied by
+:class:`~mate_cli.data.tokenize.TableTokenizer` with ``pruning="cc"`` / ``"hem"``. Both are from
+Eisenschlos et al. 2020 ("Understanding tables with intermediate pre-training", §3.3) and
+Krichene et al. 2021 (DoT). With full rounds only, CC is the per-cell cap of
+:func:`~mate_cli.data.tokenize.fit_budget`; CC also spends the remainder and never drops a row.
 """
 
 from __future__ import annotations
@@ -26,15 +15,13 @@ from typing import Hashable, Iterable, Sequence
 
 @dataclass(frozen=True)
 class Selection:
-    """What a heuristic keeps of a table.
+    """What a heuristic keeps: a prefix of each cell, by the input table's row and column indices.
 
     Attributes:
-        header: kept word pieces of each header cell, ``[num_columns]``, every column of
-            the input (0 for a removed column).
-        rows: kept word pieces of each data cell, ``[num_rows][num_columns]`` (0 for a
-            removed column).
-        columns: original indices of the kept columns, ascending (the input's order). A
-            kept column may keep 0 word pieces (CC with a tiny budget).
+        header: kept word pieces per header cell, ``[num_columns]`` (0 for a removed column).
+        rows: kept word pieces per data cell, ``[num_rows][num_columns]`` (0 for a removed column).
+        columns: original indices of the kept columns, ascending; one may keep 0 word pieces (CC
+            with a tiny budget).
     """
 
     header: list[int]
@@ -77,16 +64,11 @@ def _round_robin(lengths: Sequence[int], budget: int) -> list[int]:
 
 
 def cell_concatenation(header_lengths: Sequence[int], row_lengths: Sequence[Sequence[int]], budget: int) -> Selection:
-    """CC: round-robin over all cells (header row first, row-major), one word piece per cell a round.
+    """CC: round-robin over all cells, header row first, then row-major, one word piece per cell a
+    round; a last, partial round keeps the earlier cells. A negative ``budget`` counts as 0.
 
-    Args:
-        header_lengths: word pieces of each header cell.
-        row_lengths: ``[num_rows][num_columns]`` word pieces of each data cell.
-        budget: table word pieces allowed (a negative budget counts as 0).
-    Returns:
-        every column kept; ``sum(kept) == min(budget, total)``. When everything fits
-        nothing is cut; when ``budget`` >= the number of non-empty cells, every
-        non-empty cell keeps at least one word piece.
+    Returns every column; ``sum(kept) == min(budget, total)``, and when ``budget`` >= the number of
+    non-empty cells, each of them keeps at least one word piece.
     """
     num_cols = len(header_lengths)
     flat = _round_robin(list(header_lengths) + [n for row in row_lengths for n in row], budget)
@@ -100,11 +82,8 @@ def column_scores(
     header_tokens: Sequence[Sequence[Hashable]],
     row_tokens: Sequence[Sequence[Sequence[Hashable]]],
 ) -> list[int]:
-    """Per column: how many DISTINCT question tokens occur anywhere in it (header or cells).
-
-    Tokens are compared by equality (the tokenizer passes word-piece ids). A question
-    token counts once per column however often it occurs in the question or the column.
-    """
+    """Per column: how many DISTINCT question tokens occur anywhere in it (header or cells),
+    compared by equality (the tokenizer passes word-piece ids)."""
     wanted = set(question_tokens)
     scores = []
     for c, head in enumerate(header_tokens):
@@ -121,24 +100,14 @@ def heuristic_exact_match(
     row_tokens: Sequence[Sequence[Sequence[Hashable]]],
     budget: int,
 ) -> Selection:
-    """HEM: keep whole columns, best overlap with the question first, while they fit.
+    """HEM: whole columns, best :func:`column_scores` first (ties: original order), while they fit.
 
-    Columns are ranked by :func:`column_scores` (higher first; ties: original column
-    order) and taken whole (header cell + every data cell) in that order until the next
-    one does not fit; it and every lower-ranked column are removed, so every kept column
-    ranks above every removed one. The kept columns keep their ORIGINAL table order.
-    When everything fits, nothing is removed.
-
-    Fallback: when not even the best column fits whole, only it is kept, cut by CC
-    inside it (its header cell first, then its data cells top to bottom, one word piece
-    each a round) - no row is removed, so row indices never change.
-
-    Args:
-        question_tokens: the question's tokens (the tokenizer passes its word-piece ids
-            without pure-punctuation pieces).
-        header_tokens: ``[num_columns]`` tokens of each header cell.
-        row_tokens: ``[num_rows][num_columns]`` tokens of each data cell.
-        budget: table word pieces allowed (a negative budget counts as 0).
+    The first column that does not fit and every lower-ranked one are removed, so every kept column
+    ranks above every removed one; kept columns keep their original order. When not even the best
+    column fits, only it is kept, cut by CC inside it (header cell first, then its data cells top to
+    bottom), so no row is ever removed. ``question_tokens``: the tokenizer passes the question's
+    word-piece ids without pure-punctuation pieces; ``header_tokens`` is ``[num_columns]``,
+    ``row_tokens`` ``[num_rows][num_columns]``; a negative ``budget`` counts as 0.
     """
     budget = max(int(budget), 0)
     num_cols = len(header_tokens)

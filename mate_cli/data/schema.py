@@ -1,9 +1,4 @@
-"""Plain records the data pipeline passes around (before tensors).
-
-``Question``/``Table``/``Cell`` mirror the upstream HybridQA files; ``EncodedExample``
-is what tokenization produces (one question, plain Python lists, Arrow-friendly);
-``Batch`` is what the collator hands the Lightning modules.
-"""
+"""Plain records the data pipeline passes around: questions, tables, encoded examples and batches."""
 
 from __future__ import annotations
 
@@ -57,18 +52,12 @@ class AnswerNode:
 class Question:
     """One question (or TabFact statement) about one table.
 
-    HybridQA fills ``answer_text`` / ``answer_nodes``. The table tasks use:
-
-    - ``answers``: the gold answer texts (WikiTQ ``targetValue`` split on ``|``; SQA
-      ``answer_text``), already unescaped;
-    - ``canonical_answers``: WikiTQ, the canonical form of each of ``answers`` (the tagged
-      file's ``targetCanon``, which the official evaluator reads gold answers through);
-      empty when not known (:mod:`mate_cli.metrics.wtq` then emulates them);
-    - ``answer_coordinates``: gold answer cells as ``[data row, column]``, 0-based (SQA);
-    - ``label``: TabFact's verdict, 1 entailed / 0 refuted;
-    - ``sequence_id`` / ``position``: SQA's question sequence (``<id>/<annotator>``) and
-      the 0-based position in it;
-    - ``channel``: TabFact's ``simple`` / ``complex`` when the upstream id lists are present.
+    HybridQA fills ``answer_text`` / ``answer_nodes``. Table tasks: ``answers`` are the gold texts,
+    unescaped (WikiTQ's ``targetValue`` split on ``|``; SQA's ``answer_text``); ``canonical_answers``
+    their ``targetCanon`` (WikiTQ; empty: unknown, see :mod:`mate_cli.metrics.wtq`);
+    ``answer_coordinates`` the gold cells (SQA; ``[data row, column]``, 0-based); ``label`` TabFact's
+    verdict (1 entailed, 0 refuted); ``sequence_id`` SQA's ``<id>/<annotator>`` and ``position`` the
+    0-based place in it; ``channel`` TabFact's ``simple`` / ``complex`` when the id lists are present.
     """
 
     question_id: str
@@ -87,21 +76,16 @@ class Question:
 
 @dataclass
 class EncodedExample:
-    """One tokenized question + table.
+    """One tokenized question + table, as plain lists (Arrow-friendly).
 
-    ``layout`` maps each :data:`~mate_cli.modeling.layout.ID_FIELDS` name to a per-token
-    list as long as ``input_ids`` (collators pad it with ``TableLayout.from_lists``).
-    ``cell_coords[k - 1]`` is the (data row, column) of cell id k; ``candidates`` are the
-    cell ids (1-based) whose cell contains or links to the answer and survived truncation.
-    Counts of what was left out: ``rows_dropped`` trailing data rows (over the row-id limit
-    or the length budget), ``columns_dropped`` trailing columns (over the column-id limit),
-    ``ranks_clipped`` cells whose (inverse) rank was clipped to the rank-id limit,
-    ``candidates_dropped`` candidate cells without tokens, ``columns_pruned`` columns removed
-    by the HEM length heuristic, ``tokens_pruned`` table word pieces cut to fit the length
-    budget (by whichever heuristic, the default fit included). ``full_length``: the tokens
-    the input would take with nothing cut by the length budget ([CLS], the question as
-    encoded, [SEP], every header and cell word piece within the id limits), the same for
-    every ``max_length``: the long-table slice of an evaluation is read from it.
+    ``layout`` maps each :data:`~mate_cli.modeling.layout.ID_FIELDS` name to a list as long as
+    ``input_ids``. ``cell_coords[k - 1]`` is the (data row, column) of cell id k; ``candidates`` are
+    the cell ids of answer cells that kept a token; ``truncated``: anything was cut. Counts:
+    ``rows_dropped`` trailing data rows (row-id limit or budget), ``columns_dropped`` (column-id
+    limit), ``ranks_clipped`` cells, ``candidates_dropped`` answer cells without a token,
+    ``columns_pruned`` (HEM), ``tokens_pruned`` table word pieces cut by the budget. ``full_length``:
+    the length with nothing cut by the budget (the question as cut, the table within the id limits),
+    the same for every ``max_length``; the long-table slice of an evaluation reads it.
     """
 
     question_id: str
@@ -128,16 +112,9 @@ def moved_to(record, device):
 
 @dataclass
 class Batch:
-    """A collated batch for cell selection.
-
-    Attributes:
-        input_ids: ``[batch, seq]`` WordPiece ids, padded with the pad id.
-        layout: the `TableLayout` of those tokens.
-        cell_mask: ``[batch, max_cells + 1]`` bool, True for cell ids that exist (index 0 unused).
-        candidate_mask: ``[batch, max_cells + 1]`` bool, True for candidate cells.
-        cell_coords: ``[batch, max_cells + 1, 2]`` (data row, column) of each cell id, -1 if none.
-        question_ids / table_ids: per example.
-    """
+    """A collated batch for cell selection: ``input_ids`` ``[batch, seq]`` padded with the pad id;
+    per cell id, ``[batch, max_cells + 1]`` (index 0 unused): ``cell_mask`` (the cell exists),
+    ``candidate_mask`` (a candidate cell), ``cell_coords`` ``[..., 2]`` (data row, column; -1: none)."""
 
     input_ids: torch.Tensor
     layout: TableLayout
@@ -171,18 +148,14 @@ class Batch:
 
 @dataclass
 class TaskBatch(Batch):
-    """A collated batch of a table task (SQA, WikiTQ, TabFact): :class:`Batch` plus its supervision.
+    """A table task's batch: :class:`Batch` plus its supervision.
 
-    Attributes:
-        labels: ``[batch]`` TabFact verdicts (1 entailed, 0 refuted; -1 unknown).
-        float_answer: ``[batch]`` the scalar answer (WikiTQ), NaN when the answer is not one number.
-        cell_values: ``[batch, max_cells + 1]`` each cell's number (NaN: none; index 0 unused).
-        answers: per example, the gold answer texts; answer_coordinates: the gold cells (SQA).
-        canonical_answers: per example, the answers' canonical forms (WikiTQ; empty: not known).
-        cell_texts: per example, the text of each cell id (WikiTQ: the denotation of a selection).
-        sequence_ids / positions: SQA sequences (``None`` / 0 elsewhere).
-        channels: TabFact's ``simple``/``complex`` or ``None``.
-        full_lengths: per example, its length with nothing cut (``EncodedExample.full_length``).
+    ``labels`` ``[batch]``: TabFact verdicts (-1 unknown); ``float_answer`` ``[batch]``: WikiTQ's
+    scalar answer (NaN: not one number); ``cell_values`` ``[batch, max_cells + 1]``: each cell's
+    number (NaN: none). Per example: ``answers``, ``canonical_answers`` (empty: unknown),
+    ``answer_coordinates`` and ``channels`` as on :class:`Question`; ``cell_texts`` each cell id's
+    text (WikiTQ's denotation); ``sequence_ids`` / ``positions`` (``None`` / 0 outside SQA);
+    ``full_lengths`` (:attr:`EncodedExample.full_length`).
     """
 
     labels: Optional[torch.Tensor] = None
@@ -200,14 +173,9 @@ class TaskBatch(Batch):
 
 @dataclass
 class MaskedBatch:
-    """A collated batch for masked-LM pre-training.
-
-    Attributes:
-        input_ids: ``[batch, seq]`` WordPiece ids after masking, padded with the pad id.
-        labels: ``[batch, seq]`` the original id at predicted positions, -100 elsewhere.
-        layout: the `TableLayout` of those tokens.
-        sources: per example, where it came from (``hybridqa:<table>#passage1``, ``<file>:<line>``).
-    """
+    """A collated batch for masked-LM pre-training: ``input_ids`` ``[batch, seq]`` after masking
+    (padded with the pad id), ``labels`` ``[batch, seq]`` the original id at predicted positions and
+    -100 elsewhere, and per example its ``sources`` (``hybridqa:<table>#passage1``, ``<file>:<line>``)."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor

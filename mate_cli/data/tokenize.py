@@ -1,73 +1,33 @@
-"""Tokenization: a question + table become WordPiece ids and layout ids, exactly once.
+"""Tokenization: a question and its table become word-piece ids and layout ids, exactly once.
 
-Owns: :class:`TableTokenizer` (ids, TAPAS layout ids, the id limits, the length
-budget) and :func:`candidate_cells` (which cells hold the answer). Numbers and dates are
-read by :mod:`mate_cli.data.numbers`.
+Owns :class:`TableTokenizer` and :func:`candidate_cells`. The sequence is ``[CLS] question [SEP]
+header row, data rows 1..R``, with the layout ids of :mod:`mate_cli.modeling.layout`, unpadded.
+Numeric ids (:mod:`mate_cli.data.numbers`) come from the original texts of the whole table (not
+the expanded texts, before any row is dropped). What was cut is counted on the
+:class:`~mate_cli.data.schema.EncodedExample`.
 
-Sequence (TAPAS conventions, see :mod:`mate_cli.modeling.layout`)::
+Empty cells: as with ``TapasTokenizer``, an empty cell has no token, hence no cell id, and
+``cell_coords`` lists only cells with tokens; unlike it, a cell of only punctuation or
+``n/a``/``?``/``nan`` keeps its word pieces (TAPAS writes ``[EMPTY]``). ``empty_cell_token``
+gives each empty cell one token, the vocabulary's ``[EMPTY]``, else its ``[UNK]`` (this
+project's vocabularies have none), so it can be selected: SQA's gold answers include empty cells.
 
-    [CLS] question [SEP] header cells (row 0) data row 1 ... data row R
+Id limits (the embedding-table sizes, TAPAS's 256): only the first ``max_row_id - 1`` data rows
+(TAPAS's ``drop_rows_to_fit``) and ``max_column_id - 1`` columns (TAPAS raises) are encoded, and
+ranks are clipped to ``max_rank_id - 1`` (TAPAS leaves them out of range), so an oversized table
+never fails at the embeddings.
 
-Per token: ``segment`` 0 for [CLS]/question/[SEP], 1 for table tokens (header
-included); ``row`` 0 for query and header, 1..R for data rows; ``column`` 0 for query,
-1..C; ``cell`` 0 for query/specials/header, k >= 1 for the k-th data cell that has
-tokens (row-major). **Empty cells have no tokens**, so they get no cell id and cannot
-be selected; ``cell_coords[k - 1]`` = (data row, column) of cell k, listing only
-cells with >= 1 token. (``transformers.TapasTokenizer`` writes no token for an empty
-cell either, and one ``[EMPTY]``, a special token it adds when the vocabulary lacks it,
-for a cell holding only punctuation or ``n/a``/``?``/``nan``; here such a cell keeps its
-word pieces. ``empty_cell_token=True`` gives each empty cell one token, the
-vocabulary's ``[EMPTY]``, else its ``[UNK]`` (this project's vocabularies have no
-``[EMPTY]``), so that it has a cell id and can be selected: the table tasks use it,
-since SQA's gold answers include empty cells.)
-Nothing is padded here (the collator pads).
+Length budget (paper §4.1): the question is cut to ``max_question_tokens`` first. Then
+``pruning="none"`` (:func:`fit_budget`) caps every table cell, header included, at the largest
+``c`` that fits, so long cells shrink first and short ones stay whole, and drops trailing data
+rows only when ``min_cell_tokens`` per cell does not fit; ``cc``/``hem`` use
+:mod:`mate_cli.data.pruning`. Column ids are positional over the kept columns; row ids and
+``cell_coords`` keep the original rows and columns.
 
-Numeric ids, exactly as ``transformers.TapasTokenizer`` computes them (see
-:mod:`mate_cli.data.numbers`), from the original cell texts of the whole table (never
-the expanded texts, and before any row is dropped): ``column_ranks`` /
-``inv_column_ranks`` on every token of a ranked data cell; ``numeric_relations`` = the
-EQ/LT/GT bits (1/2/4) of the question's values against the cell's value.
-``prev_labels`` is 1 on the tokens of the cells given as ``prev_answer_coords`` (the
-previous question's answer, SQA-style sequences; TAPAS's ``prev_answer_coordinates``).
-
-Id limits (the TAPAS embedding tables: 256 rows, columns and ranks; ids stay below
-``max_row_id``, ``max_column_id``, ``max_rank_id``): as ``TapasTokenizer`` with
-``drop_rows_to_fit``, data rows beyond ``max_row_id - 1`` are dropped; columns beyond
-``max_column_id - 1`` are dropped too (TAPAS raises instead); ranks above
-``max_rank_id - 1`` are clipped to it (a column with more distinct values than that;
-TAPAS leaves them out of range). The example counts them (``rows_dropped``,
-``columns_dropped``, ``ranks_clipped``) and a debug line is logged, so an oversized
-table never fails at the embeddings.
-
-Length budget (paper §4.1): the question is cut to ``max_question_tokens`` first.
-If the table still does not fit in ``max_length - 2 - len(question)``, every table cell
-(header included) is capped at ``c`` tokens, ``c`` the largest value with
-``sum(min(len(cell), c)) <= budget``: the longest cells shrink first and short cells
-stay whole. If even ``min_cell_tokens`` (default 1) per non-empty cell does not fit,
-trailing data rows are dropped until it does. That is ``pruning="none"``, the default.
-``pruning="cc"`` / ``"hem"`` (``dataset.pruning``) fit the table with the heuristics of
-Eisenschlos et al. 2020 / Krichene et al. 2021 instead (:mod:`mate_cli.data.pruning`):
-CC keeps the first word piece of every cell (header first, row-major), then the second,
-... while the budget lasts, and drops no row; HEM ranks columns by how many distinct
-question word pieces (punctuation-only pieces left out) occur in them and keeps whole
-columns in that order while they fit, in their original order (if not even the best one
-fits, only it is kept, cut by CC). Column ids are positional over the kept columns (the
-k-th kept column has id k), row ids stay data row + 1, ``cell_coords`` keep the original
-(data row, column); numeric ids are still computed on the whole table. ``truncated`` is
-set when anything was cut (question, cells, rows or columns), and the example records
-``rows_dropped``, ``columns_pruned`` (removed by HEM), ``tokens_pruned`` (table word
-pieces cut by the length budget, whichever heuristic; not those of rows/columns over the
-id limits) and ``candidates_dropped`` (a candidate cell left with no token; the
-datamodule's split statistics sum them), and ``full_length``: its length with no cell,
-row or column cut by the budget (the long-table slice of an evaluation).
-
-Linearisation (``dataset.linearization``): ``tapas`` writes each cell's own word pieces;
-``template`` writes each data cell as a phrase of a row sentence, ``<header> is <cell> ;``
-(the TabFact paper's templated rows, Chen et al. 2020: "game is 51 ; date is february
-26 ; ..."), every piece of the phrase with the cell's ids, so the row and column heads and
-the cell ids see the same cells. The header row stays. Under the length cap a phrase keeps
-its cell's pieces first, then the header's and the "is", then the ``;``. Only with
-``pruning="none"``.
+Linearisation (``dataset.linearization``, only with ``pruning="none"``): ``tapas`` writes each
+cell's own pieces; ``template`` writes each data cell as ``<header> is <cell> ;`` (TabFact's
+templated rows, Chen et al. 2020), every piece with the cell's ids, so the row and column heads
+and the cell ids see the same cells; the header row stays.
 """
 
 from __future__ import annotations
@@ -106,11 +66,11 @@ def check_linearization(linearization: str, pruning: str) -> None:
 
 # ============================================================ candidates
 def candidate_cells(question: Question, table: Table, passages: dict[str, str] | None = None) -> list[Coord]:
-    """Cells (data row, column), 0-based, that hold or link to the answer, row-major.
+    """Cells (data row, column), 0-based and row-major, that hold or link to the answer.
 
-    Traced questions: the ``answer-node`` coordinates (out-of-range ones are logged and
-    skipped). Untraced: cells whose text contains the normalised answer on word
-    boundaries, or one of whose linked passages does. No answer -> ``[]``.
+    Traced questions: the ``answer-node`` coordinates (out-of-range ones are logged and skipped).
+    Untraced: cells whose text, or one of whose linked passages, contains the normalised answer on
+    word boundaries. No answer: ``[]``.
     """
     if question.answer_nodes:
         coords = []
@@ -143,10 +103,8 @@ def candidate_cells(question: Question, table: Table, passages: dict[str, str] |
 def fit_budget(
     header_lengths: Sequence[int], row_lengths: Sequence[Sequence[int]], budget: int, min_cell_tokens: int = 1
 ) -> tuple[int, int | None]:
-    """``(rows kept, per-cell cap or None when no cell is cut)`` so the table fits ``budget``.
-
-    Raises ValueError when not even the header fits at ``min_cell_tokens`` per cell.
-    """
+    """``(rows kept, per-cell cap or None when no cell is cut)`` so the table fits ``budget``;
+    ValueError when not even the header fits at ``min_cell_tokens`` per cell."""
     flat = list(header_lengths) + [n for row in row_lengths for n in row]
     if sum(flat) <= budget:
         return len(row_lengths), None
@@ -170,26 +128,19 @@ def _table_size(field: str) -> int:
 
 
 class TableTokenizer:
-    """Question + table -> :class:`EncodedExample` (WordPiece ids + TAPAS layout ids).
+    """Question + table -> :class:`EncodedExample` (word-piece ids + layout ids).
 
     Args:
         tokenizer: a ``transformers`` BERT WordPiece tokenizer (fast preferred).
-        max_length: the whole sequence, specials included, is at most this long.
-        max_question_tokens: the question is cut to this many WordPieces first.
+        max_length: the longest sequence, specials included.
+        max_question_tokens: the question is cut to this many word pieces first.
         min_cell_tokens: rows are dropped rather than cap cells below this.
-        max_row_id, max_column_id, max_rank_id: row, column and (inverse) rank ids stay
-            below these: the sizes of the embedding tables (TAPAS's 256 by default).
-        pruning: how a table too long for the budget is cut: ``"none"`` (per-cell cap,
-            then trailing rows; :func:`fit_budget`), ``"cc"`` or ``"hem"``
-            (:mod:`mate_cli.data.pruning`).
-        empty_cell_token: give every empty cell one token (the vocabulary's ``[EMPTY]``,
-            else its ``[UNK]``), so an empty cell has a cell id and can be selected (SQA's
-            gold cell sets include empty cells). Off: empty cells have no token, as with
-            ``TapasTokenizer`` (the default; module docstring).
+        max_row_id, max_column_id, max_rank_id: ids stay below these (the embedding-table sizes).
+        pruning: ``none``, ``cc`` or ``hem`` (module docstring).
+        empty_cell_token: one token per empty cell, so it can be selected (module docstring).
         length_key: the setting ``max_length`` comes from, named in errors (Transformer-XH's
             graphs: ``dataset.node_length``).
-        linearization: ``tapas`` (each cell's own pieces) or ``template`` (each data cell as
-            ``<header> is <cell> ;``; module docstring).
+        linearization: ``tapas`` or ``template`` (module docstring).
     """
 
     def __init__(
@@ -256,21 +207,17 @@ class TableTokenizer:
         prev_answer_coords: Iterable[Coord] | None = None,
         rows: Sequence[int] | None = None,
     ) -> EncodedExample:
-        """Tokenize one example.
+        """Tokenize one example; ``len(input_ids) <= max_length``.
 
         Args:
-            question: its ``question`` text, ``question_id`` and ``table_id`` are used.
-            table: the table; its cell texts are used unless ``cell_texts`` is given.
-            cell_texts: ``[num_rows][num_columns]`` replacement data-cell texts (expansion).
-            candidates: (data row, column) answer cells, e.g. from :func:`candidate_cells`;
-                ``None`` means no candidates (nothing is inferred here).
-            prev_answer_coords: (data row, column) cells that answered the previous
-                question of a sequence; their tokens get ``prev_labels`` 1.
-            rows: encode only these data rows (0-based, in this order; None: all). Their row
-                ids, ``cell_coords`` and numeric ids stay the whole table's; cell ids count
-                the encoded cells (Transformer-XH's one-row nodes, :mod:`mate_cli.data.graph`).
-        Returns:
-            an :class:`EncodedExample` with ``len(input_ids) <= max_length``.
+            question: its ``question``, ``question_id`` and ``table_id`` are used.
+            cell_texts: ``[num_rows][num_columns]`` data-cell texts replacing the table's (expansion).
+            candidates: (data row, column) answer cells, e.g. :func:`candidate_cells`; None: none.
+            prev_answer_coords: (data row, column) cells that answered the previous question of a
+                sequence; their tokens get ``prev_labels`` 1.
+            rows: encode only these data rows (0-based, in this order; None: all). Row ids,
+                ``cell_coords`` and numeric ids stay the whole table's; cell ids count the encoded
+                cells (Transformer-XH's one-row nodes, :mod:`mate_cli.data.graph`).
         """
         texts = self._cell_texts(table, cell_texts)
         num_rows = min(table.num_rows, self.max_row_id - 1)

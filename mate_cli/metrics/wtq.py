@@ -1,70 +1,33 @@
 """WikiTableQuestions denotation accuracy, scored as the official evaluator scores it.
 
-Owns the answer-string normalisation, the typed answer values (string, number, date),
-the denotation check and the gold targets of Pasupat & Liang's official
-WikiTableQuestions ``evaluator.py`` (version 1.0.2, Python 2), re-implemented here:
+Re-implements Pasupat & Liang's ``evaluator.py`` (version 1.0.2, Python 2): answer strings become
+typed values (:func:`to_value`) that match by normalised text (:func:`normalize`), as numbers
+within ``1e-6`` or as equal dates; a predicted list is correct when, without duplicates, it has as
+many values as the gold list and every gold value matches one (:func:`check_denotation`). Python 2
+behaviours are kept: an amount within ``1e-6`` of an integer is stored truncated (``2.9999999`` is
+2); a date built without its text writes an unknown day as ``-1``; ``\\d`` in the citation rule is
+ASCII; ``1_000`` is not a number. Accuracies are fractions in [0, 1].
 
-- every answer string becomes a value with :func:`to_value`: a :class:`NumberValue`
-  when Python's ``int()`` or ``float()`` reads it (finite), else a :class:`DateValue`
-  when it reads as ``YYYY-MM-DD`` (``xx`` for an unknown part; a year-only date is the
-  number of its year), else a :class:`StringValue`. A gold answer is read through its
-  canonical form (below) and keeps its own text for the comparison by text;
-- a gold value matches a predicted one when their normalised texts (:func:`normalize`)
-  are equal, or both are numbers within ``1e-6``, or both are dates with the same
-  (year, month, day);
-- a predicted list is correct (:func:`check_denotation`) when, after removing
-  duplicates, it has as many values as the gold list and every gold value matches some
-  predicted value.
+Predictions are read as the evaluator reads the ``predictions.tsv`` of
+:mod:`mate_cli.data.answer_files`, with no canonical form: ``"1,484,900"`` is a string, matching a
+gold ``1484900`` only if the gold text is ``1,484,900``; ``"1920-10-16"`` and ``"xx-10-24"`` are dates.
 
-**Predictions** (:func:`predicted_values`) are read exactly as the evaluator reads the
-``predictions.tsv`` that :mod:`mate_cli.data.answer_files` writes: each answer as that
-file's field (:func:`prediction_field`: tabs and line breaks become spaces), then
-:func:`to_value` with no canonical form. ``"1,484,900"`` is therefore a string, which
-matches a gold ``1484900`` only if the gold text itself is ``1,484,900``; ``"1920-10-16"``
-and ``"xx-10-24"`` are dates.
+Gold answers are read through their CoreNLP canonical forms, the ``targetCanon`` of the release's
+``tagged/data/<split>.tagged`` (``16 Oct 1920`` -> ``1920-10-16``, ``1,484,900`` -> ``1484900.0``),
+which :class:`~mate_cli.data.wtq.WTQReader` passes on when the tagged file has the question.
+Otherwise (a question file without a tagged twin, as ``random-split-1-dev.tsv``)
+:func:`emulated_canon` stands in: a small subset of CoreNLP's forms for numbers (sign, currency,
+thousands separators, ``%``, ordinals, one unit word; ``thousand``/``million``/``billion``
+multiply) and dates (``_DATES``; ``May`` alone stays a word, as in CoreNLP).
 
-**Gold targets** (:func:`target_values`): the evaluator reads each gold answer through its
-CoreNLP canonical form, the ``targetCanon`` column of the release's
-``tagged/data/<split>.tagged`` (``16 Oct 1920`` -> ``1920-10-16``, ``October 24`` ->
-``xxxx-10-24``, ``1,484,900`` -> ``1484900.0``, ``10 years`` -> ``10.0``). The reader
-(:class:`~mate_cli.data.wtq.WTQReader`) passes those forms on when the tagged file has
-the question; they are then used as given, as the evaluator uses them. Without them
-(a release folder without the tagged twin of the question file, as
-``random-split-1-dev.tsv``, or a question it lacks), :func:`emulated_canon` stands in: a
-small, documented subset of CoreNLP's canonical forms, applied to gold answers only:
-
-- numbers: an optional sign, then ``$``/``£``/``€``/``#``, then digits with or without
-  thousands separators and a decimal part, then nothing, ``%``, an ordinal suffix
-  (``2nd``) or one space and one lower-case word (``10 years``, ``9 km``;
-  ``million``/``billion``/``thousand`` multiply);
-- dates: ``16 Oct 1920``, ``October 16, 1920``, ``October 16``, ``16 October``,
-  ``October 1920``, ``October`` (month names in full or abbreviated, ``Oct``, ``Sept``;
-  ``May`` alone stays a word, as CoreNLP leaves it) and ``10/16/1920`` (month first);
-- anything else is read as it is (a year such as ``1920`` is already a number).
-
-Measured against the real ``targetCanon`` of ``tagged/data/pristine-seen-tables.tagged``
-(3,537 questions, 3,826 gold answers; the rules were written from that file, so this is
-an in-sample figure): the emulated targets give the same value list (same types,
-numbers, dates and texts) for 3,532 questions (99.86%; the raw strings read as they are:
-3,303, 93.38%). Scoring each question's gold strings, and separately their canonical
-forms, as predictions (7,074 checks), 4 verdicts differ between emulated and real
-targets (0.06%; raw strings: 233, 3.29%). The 5 questions left are numbers or dates
-CoreNLP finds beyond these rules: ``Stage 3``, ``Since 1922``, ``2000 F``, ``12.21 (+0.7)``
-and ``New Year's Day`` (``xxxx-01-01``). On ``random-split-1-dev.tsv``
-the emulation changes a gold value's type or number for 170 of the 2,831 questions.
-
-Checked against ``evaluator.py`` itself (run under Python 2.7) on 24,759 predictions for
-those 3,537 questions (their gold strings, canonical forms, the same with thousands
-separators, ``xx-`` dates, lower case and a trailing period, a trailing ``" (x)"``, and
-random cells of their tables, written by :mod:`mate_cli.data.answer_files`): with the
-tagged canonical forms every verdict is the evaluator's; with the emulated ones, 8 are
-not (0.03%).
-
-Faithful to the official script, Python 2 behaviours included: an amount within ``1e-6``
-of an integer is stored as ``int(amount)`` (truncated, so ``2.9999999`` is 2); a date
-built without its text writes an unknown day as ``-1``; ``\\d`` in the citation rule is
-ASCII; Python 3's digit separators (``1_000``) are not numbers. Accuracies are
-fractions in [0, 1].
+The emulation was written from, and measured on, ``pristine-seen-tables.tagged`` (3,537 questions,
+so in-sample): the same value list as the real ``targetCanon`` for 99.86% of questions (raw
+strings: 93.38%), 4 of 7,074 verdicts different (raw: 233). CoreNLP finds numbers or dates beyond
+these rules in ``Stage 3``, ``Since 1922``, ``2000 F``, ``12.21 (+0.7)`` and ``New Year's Day``.
+Against ``evaluator.py`` itself (Python 2.7, 24,759 predictions on those questions) every verdict
+agrees with the tagged forms and all but 8 (0.03%) with the emulated ones. On
+``random-split-1-dev.tsv`` the emulation changes a gold value's type or number for 170 of 2,831
+questions.
 """
 
 from __future__ import annotations
@@ -264,12 +227,9 @@ class DateValue(Value):
 
 
 def to_value(text: str | Value, corenlp_value: Optional[str] = None) -> Value:
-    """The value of an answer string: a number, else a date, else a string.
-
-    ``corenlp_value`` (a gold answer's canonical form, when known; empty = none) is what
-    is parsed; ``text`` is what the value is normalised from. A date with only a year is
-    the number of that year. A :class:`Value` is returned unchanged.
-    """
+    """The value of an answer string: a number, else a date (a year alone is a number), else a
+    string. ``corenlp_value`` (a gold answer's canonical form; empty: none) is what is parsed, ``text``
+    what is normalised. A :class:`Value` is returned unchanged."""
     if isinstance(text, Value):
         return text
     parsed = corenlp_value or text
@@ -353,13 +313,9 @@ _MULTIPLIERS = {"thousand": 10**3, "million": 10**6, "billion": 10**9}
 
 
 def emulated_canon(text: str) -> Optional[str]:
-    """The canonical form CoreNLP would give the gold answer ``text`` (module docstring), or
-    None when the rules do not apply (the text is then read as it is).
-
-    Numbers become ``"1484900"``, dates ``"1920-10-16"`` / ``"xxxx-10-24"`` / ``"1920-10-xx"``,
-    the forms of the tagged files' ``targetCanon``. For gold answers only: predictions
-    are read as the evaluator reads them.
-    """
+    """The canonical form CoreNLP would give the gold answer ``text`` (module docstring), in the tagged
+    files' ``targetCanon`` forms (``"1484900"``, ``"1920-10-16"``, ``"xxxx-10-24"``, ``"1920-10-xx"``),
+    or None when no rule applies (the text is then read as it is). For gold answers only."""
     text = " ".join(text.split())
     for pattern in _DATES:
         date = pattern.fullmatch(text)

@@ -1,36 +1,21 @@
-"""DoT, the double transformer (Krichene et al. 2021): a shallow pruning transformer picks the
+"""DoT, the double transformer (Krichene et al. 2021): a shallow pruning transformer keeps the
 top-K tokens, and its scores bias the task transformer's attention.
 
-- The **pruning transformer** is an encoder of its own (:class:`~.encoder.TableEncoder`, any
-  BERT/TAPAS checkpoint: the Turc et al. sizes ``mini | small | medium | large`` as TAPAS
-  publishes them, or ``pretrained=<dir | hub id>``) with a TAPAS-style token head: one
-  linear logit per token, ``P(t | q, T) = sigmoid(logit_t)`` and the pruning score
+- Pruning transformer: a :class:`~.encoder.TableEncoder` of its own (:data:`PRUNER_SIZES` or any
+  checkpoint) with one linear logit per token: ``P(t | q, T) = sigmoid(logit_t)``, score
   ``s_t = log P(t | q, T)`` (§2).
-- **Selection** (``selection``): ``token`` keeps the K tokens with the highest ``s_t``;
-  ``column`` (C-DoT, App. D; the paper's WikiTQ setting) scores every column by the mean
-  ``s_t`` of its tokens (header included) and keeps whole columns in that order while
-  they fit in K, and every table token then carries its column's score. Either way the
-  query set (``[CLS]``, the question, ``[SEP]``) is always kept, since the task heads
-  read ``[CLS]`` (a choice: the paper does not say); ties go to the earlier token. The
-  kept tokens stay in input order.
-- The **task transformer** (the run's encoder, any backend that ``supports_key_bias``)
-  reads only the kept tokens, each with its layout, the position it had in the full
-  input (so that App. A.3 holds: the task model on the K kept tokens equals the task
-  model on all tokens with ``s_t = -inf`` for the others), and ``s_t`` added to the
-  attention logit of key ``t`` in every layer and head (eq. 2: ``layout.key_bias``).
-- **Losses** (``loss``; App. A.2 and C.2): ``joint`` (J-DoT) trains both transformers by
-  the task loss alone, through the scores in the task model's attention; ``pruning``
-  (P-DoT) gives the task model no scores (no gradient reaches the pruner through it)
-  and trains the pruner by a pruning loss of its own; ``both`` (PJ-DoT) does both. The
-  pruning loss is a per-token binary cross-entropy of the pruner's token logits against
-  "in an answer cell" (WikiTQ, SQA), in the spirit of TAPAS's cell-selection loss. The paper does not define it
-  for TabFact, which has no answer cells: TabFact runs J-DoT only (a one-line refusal).
-
-The paper's notation for a run (``CC-1024 DoT(s-256-l)``) is :func:`paper_name`.
-
-What the selection costs the answer: :func:`answer_cells_kept` says whether every answer
-cell keeps at least one token among the kept ones (the task model cannot select a cell
-it does not read); the table tasks log its share per split (``<stage>/answer_cells_kept``).
+- Selection: ``token`` keeps the K highest ``s_t``; ``column`` (C-DoT, App. D; the paper's WikiTQ
+  setting) ranks columns by the mean ``s_t`` of their tokens (header included), keeps whole ones
+  while they fit in K, and gives each table token its column's score. The query set is always kept,
+  since the task heads read ``[CLS]`` (a choice: the paper does not say); ties go to the earlier
+  token; input order is kept.
+- Task transformer (any backend that ``supports_key_bias``): reads the kept tokens with their
+  full-input positions and ``s_t`` as ``layout.key_bias`` (eq. 2), so App. A.3 holds: it equals the
+  task model on all tokens with ``s_t = -inf`` for the others.
+- Losses (App. A.2, C.2; :data:`LOSSES`): ``joint`` trains both by the task loss, through the bias;
+  ``pruning`` gives the task model no scores (no gradient reaches the pruner through it) and trains
+  the pruner by a per-token binary cross-entropy against "in an answer cell", after TAPAS's cell
+  selection; ``both`` does both. TabFact (no answer cells, no such loss in the paper): J-DoT only.
 """
 
 from __future__ import annotations
@@ -62,16 +47,13 @@ LOSSES = {"joint": "J-DoT", "pruning": "P-DoT", "both": "PJ-DoT"}
 
 @dataclass
 class Pruned:
-    """What the pruning transformer gives the task model.
+    """What the pruning transformer gives the task model; ``K' = min(K, seq)``.
 
-    Attributes:
-        input_ids: ``[batch, K']`` the kept word pieces (``K' = min(K, seq)``), in input order.
-        layout: their :class:`TableLayout`, with ``position_ids`` from the full input and
-            ``key_bias`` = the kept tokens' scores (``None`` for P-DoT).
-        index: ``[batch, K']`` the kept tokens' positions in the full input.
-        scores: ``[batch, seq]`` ``s_t`` of every input token (column scores in column mode).
-        logits: ``[batch, seq]`` the token head's logits (for a pruning loss).
-        hidden: ``[batch, seq, pruner hidden]`` the pruning transformer's last hidden state.
+    ``input_ids`` ``[batch, K']``: the kept word pieces, in input order; ``layout``: theirs, with
+    full-input ``position_ids`` and the kept scores as ``key_bias`` (``None`` for P-DoT); ``index``
+    ``[batch, K']``: their positions in the full input; ``scores`` ``[batch, seq]``: ``s_t`` of every
+    input token (column scores in column mode); ``logits`` ``[batch, seq]``: the token head's;
+    ``hidden`` ``[batch, seq, pruner hidden]``: the pruner's last hidden state.
     """
 
     input_ids: torch.Tensor
@@ -83,10 +65,8 @@ class Pruned:
 
 
 def column_scores(scores: torch.Tensor, layout: TableLayout) -> torch.Tensor:
-    """C-DoT: every table token gets the mean score of its column's tokens; others keep theirs.
-
-    ``scores`` ``[batch, seq]`` -> ``[batch, seq]`` (differentiable).
-    """
+    """C-DoT: ``scores`` ``[batch, seq]`` -> ``[batch, seq]``, each table token the mean score of its
+    column's tokens, other tokens their own (differentiable)."""
     table = layout.is_table
     columns = torch.where(table, layout.column_ids, 0)  # id 0 collects the other tokens and is never read
     means = pool_cells(scores, columns, int(columns.max()) if columns.numel() else 0)
@@ -94,12 +74,9 @@ def column_scores(scores: torch.Tensor, layout: TableLayout) -> torch.Tensor:
 
 
 def keep_rank(scores: torch.Tensor, layout: TableLayout, top_k: int, selection: str) -> torch.Tensor:
-    """``[batch, seq]`` float ranking key: kept-first order for :func:`select`.
-
-    Query-set tokens ``+inf``, padding ``-inf``; ``token``: table tokens by score;
-    ``column``: whole columns by score while they fit in ``top_k`` (tokens of a column
-    that does not fit, and of every later one, ``-inf``).
-    """
+    """``[batch, seq]`` float ranking key for :func:`select`: query set ``+inf``, padding ``-inf``; table
+    tokens by score (``token``), or whole columns by score while they fit in ``top_k``, the tokens of
+    the first column that does not fit and of every later one ``-inf`` (``column``)."""
     inf = torch.tensor(float("inf"), dtype=scores.dtype, device=scores.device)
     key = torch.where(layout.is_table, scores.detach(), -inf)
     if selection == "column":
@@ -147,14 +124,8 @@ def gather_layout(
 
 
 class DoubleTransformer(nn.Module):
-    """DoT's pruning transformer and selection (see the module docstring).
-
-    Args:
-        pruner: the pruning transformer (a :class:`~.encoder.TableEncoder`).
-        top_k: K, the tokens the task model reads (paper: 256).
-        selection: ``token`` or ``column``.
-        loss: ``joint`` (J-DoT), ``pruning`` (P-DoT) or ``both`` (PJ-DoT).
-    """
+    """DoT's pruning transformer and selection (module docstring). ``top_k``: K, the tokens the task
+    model reads (paper: 256); ``selection``: ``token`` or ``column``; ``loss``: a key of :data:`LOSSES`."""
 
     def __init__(self, pruner: nn.Module, top_k: int = 256, selection: str = "token", loss: str = "joint") -> None:
         super().__init__()
@@ -197,13 +168,8 @@ class DoubleTransformer(nn.Module):
         return self.loss != "pruning"
 
     def forward(self, input_ids: torch.Tensor, layout: TableLayout, positions: torch.Tensor) -> Pruned:
-        """Score, select and gather.
-
-        Args:
-            input_ids: ``[batch, seq]`` the full (CC/HEM-pre-selected) input.
-            layout: its :class:`TableLayout`.
-            positions: ``[batch, seq]`` the task model's position ids for the full input.
-        """
+        """Score, select and gather: ``input_ids`` ``[batch, seq]`` is the full (CC/HEM-pre-selected)
+        input, ``positions`` ``[batch, seq]`` the task model's position ids for it."""
         hidden = self.pruner(input_ids, layout)
         with torch.autocast(hidden.device.type, enabled=False):  # float32 scores: bf16 would tie many of them
             logits = self.token_head(hidden.to(self.token_head.weight.dtype)).squeeze(-1)
@@ -230,9 +196,8 @@ def cells_with_tokens(layout: TableLayout, num_cells: int) -> torch.Tensor:
 
 
 def answer_cells_kept(answer_cells: torch.Tensor, layout: TableLayout) -> torch.Tensor:
-    """``[batch]`` bool: whether every cell marked in ``answer_cells`` (``[batch, cells + 1]``,
-    by cell id) has a token in ``layout`` (the kept tokens' layout, :attr:`Pruned.layout`).
-    True for an example without answer cells."""
+    """``[batch]`` bool: whether every answer cell (``answer_cells`` ``[batch, cells + 1]``, by cell id)
+    keeps a token in ``layout`` (:attr:`Pruned.layout`); True for an example without answer cells."""
     kept = cells_with_tokens(layout, answer_cells.shape[1] - 1)
     return (kept | ~answer_cells).all(dim=1)
 

@@ -1,37 +1,20 @@
-"""`TableLayout`: the per-token record of where each token sits in the table.
+"""`TableLayout`: where each token sits in the table (docs/architecture.md, "The one idea").
 
-A table becomes tokens exactly once (``mate_cli.data.tokenize``); at that moment we
-record, for every token, its segment, row, column, cell and numeric ranks. This
-object carries that record through collation, embeddings, every encoder layer and
-every attention backend, and into the heads. Nobody downstream re-derives rows or
-columns.
+Ids follow TAPAS, so its checkpoints load unchanged; padding is 0 in every id. ``segment_ids``: 0
+for the query and the specials ([CLS], [SEP]), 1 for table tokens (header included). ``row_ids``:
+0 for query and header, 1..R for data rows. ``column_ids``: 0 for the query, 1..C. ``cell_ids``:
+k >= 1 for the k-th *data* cell (row-major), else 0; the heads pool cell scores by them.
+``prev_labels``, ``column_ranks``, ``inv_column_ranks``, ``numeric_relations``: the other TAPAS
+token types, zeros when unused.
 
-Conventions (TAPAS's, so TAPAS checkpoints load unchanged):
+Optional, set by a model: ``position_ids`` (``None``: the embeddings derive them; a token
+subsequence keeps its positions in the full input, as DoT's task model does) and ``key_bias``
+(float, added to every query's logit towards key ``t`` in every layer and head: DoT's
+``s_t = log P(t)``; ``-inf`` removes the key; only backends with ``supports_key_bias`` honour it).
 
-- ``segment_ids``: 0 for the query and the special tokens ([CLS], [SEP]) and for
-  padding, 1 for table tokens (header included).
-- ``row_ids``: 0 for query tokens and for header tokens, 1..R for data rows.
-- ``column_ids``: 0 for query tokens, 1..C for table columns.
-- ``cell_ids``: 0 for tokens that are not a selectable cell (query, specials,
-  header, padding); k >= 1 for the k-th *data* cell of the example (row-major).
-  Heads pool cell scores by these ids.
-- ``prev_labels``, ``column_ranks``, ``inv_column_ranks``, ``numeric_relations``:
-  the remaining TAPAS token types; zeros when unused.
-- ``attention_mask``: bool, True for real tokens, False for padding.
-- ``position_ids`` (optional): explicit position indices. ``None`` (the default): the
-  embeddings derive them (absolute, or per cell). A token subsequence taken from a longer
-  input keeps the positions it had there (DoT's task model, :mod:`mate_cli.modeling.dot`).
-- ``key_bias`` (optional, float): added to the attention logit of every query towards
-  key ``t``, in every layer and head (DoT's pruning scores ``s_t = log P(t)``); ``-inf``
-  removes the key. ``None``: no bias. Only backends with ``supports_key_bias`` honour it.
-
-The *query set* Q of the MATE paper (tokens that attend to and are attended by
-everything) is every real token with ``segment_ids == 0``. Header tokens are table
-tokens: a row head lets a header token see the header row, a column head its column.
-
-Per-head sort orders (row heads: query first, then by row, then position; column
-heads: query first, then by column, then position; padding last) are computed
-lazily once per layout and cached, so the 12+ encoder layers share one argsort.
+MATE's query set Q (attends to and is attended by everything) is every real token with
+``segment_ids == 0``. Header tokens are table tokens: a row head lets them see the header row, a
+column head their column.
 """
 
 from __future__ import annotations
@@ -64,12 +47,8 @@ PADDING_GROUP = 2**40
 
 @dataclass(eq=False)
 class TableLayout:
-    """Where every token sits. All tensors are ``[batch, seq]``.
-
-    Build it from per-example id lists (:meth:`from_lists`, what the collators call),
-    from a TAPAS-style ``token_type_ids`` tensor (:meth:`from_token_type_ids`), or as
-    plain text with no table (:meth:`plain`). Fields missing at construction are zeros.
-    """
+    """Where every token sits: ``[batch, seq]`` tensors (``attention_mask`` True for real tokens, missing
+    ids zeros), built by :meth:`from_lists` (the collators), :meth:`from_token_type_ids` or :meth:`plain`."""
 
     attention_mask: torch.Tensor
     segment_ids: torch.Tensor
@@ -94,14 +73,8 @@ class TableLayout:
     # ------------------------------------------------------------------ build
     @classmethod
     def from_lists(cls, examples: Sequence[Mapping[str, Sequence[int]]], seq_len: int | None = None) -> "TableLayout":
-        """Pad per-example id lists into a layout.
-
-        Args:
-            examples: per example, a mapping from :data:`ID_FIELDS` names to per-token
-                lists (``segment_ids`` is required and gives the example's length; a
-                missing field is zeros).
-            seq_len: padded length (default: the longest example).
-        """
+        """Pad per-example id lists (:data:`ID_FIELDS` name -> per-token list; ``segment_ids`` is required
+        and gives the length, a missing field is zeros) to ``seq_len`` (default: the longest example)."""
         lengths = [len(ex["segment_ids"]) for ex in examples]
         seq_len = max(lengths + [0]) if seq_len is None else seq_len
         mask = torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]
@@ -175,9 +148,8 @@ class TableLayout:
         raise ValueError(f"view must be 'row' or 'column', got {view!r}")
 
     def group_ids(self, view: View) -> torch.Tensor:
-        """``[batch, seq]`` long: 0 for the query set, row/column id + 1 for table tokens,
-        and a value above every id for padding: the groups a head of ``view`` sees,
-        in the order :meth:`sort_order` puts them."""
+        """``[batch, seq]`` long: 0 for the query set, row/column id + 1 for table tokens, padding above
+        every id: the groups a head of ``view`` sees, in :meth:`sort_order`'s order."""
         key = ("group", view)
         if key not in self._cache:
             group = torch.where(self.is_query, 0, self.view_ids(view).clamp(min=0) + 1)
@@ -186,12 +158,9 @@ class TableLayout:
 
     # ------------------------------------------------------------ structure
     def allowed(self, view: View) -> torch.Tensor:
-        """Exact MATE pattern of one head type, ``[batch, seq, seq]`` bool (from, to).
-
-        ``allowed[b, i, j]`` is True iff token i may attend to token j:
-        j is real and (i in Q, or j in Q, or i, j share the row/column). Cached.
-        Padding rows (i a padding token) attend to the real tokens, so they stay finite.
-        """
+        """Exact MATE pattern of one head type, ``[batch, seq, seq]`` bool (from, to), cached: i may
+        attend to j iff j is real and (i in Q, or j in Q, or i, j share the row/column). A padding
+        query attends to the real tokens, so its output stays finite."""
         key = ("allowed", view)
         if key not in self._cache:
             ids = self.view_ids(view)
@@ -202,12 +171,9 @@ class TableLayout:
         return self._cache[key]
 
     def sort_order(self, view: View) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(perm, inverse)``, each ``[batch, seq]`` long, cached.
-
-        ``x.gather(1, perm)`` puts the query set first (in position order), then table
-        tokens grouped by row (``view="row"``) or column, each group in position order,
-        then padding. ``inverse`` undoes it: ``sorted.gather(1, inverse) == x``.
-        """
+        """``(perm, inverse)``, each ``[batch, seq]`` long, cached. ``x.gather(1, perm)`` puts the query set
+        first, then table tokens grouped by row (``view="row"``) or column, then padding, each group in
+        position order; ``sorted.gather(1, inverse) == x``."""
         key = ("sort", view)
         if key not in self._cache:
             pos = torch.arange(self.seq_len, device=self.device).expand_as(self.segment_ids)

@@ -1,28 +1,7 @@
-"""Synthetic `TableLayout`s: the one builder behind the tests and the benchmark.
-
-Every example is laid out the way ``mate_cli.data.tokenize`` lays out TAPAS input::
-
-    [CLS] query tokens [SEP] | header row | data row 1 | ... | data row R | padding
-
-- query, [CLS], [SEP]: segment 0, row 0, column 0, cell 0 (the query set Q);
-- header cells: segment 1, row 0, column c (1-based), cell 0;
-- data cells: segment 1, row r (1-based), column c, cell k (row-major, 1-based);
-- every cell spans one or more tokens; padding comes last (``attention_mask`` False,
-  every id 0). The other TAPAS token types are zeros.
-
-Entry points, most explicit first:
-
-- :func:`layout_from_cells`: from per-example cell lengths, when a test needs an
-  exact shape (e.g. one row longer than the attention radius);
-- :func:`shaped_layout`: one ``(query_len, rows, columns)`` per example, random
-  1-3-token cells;
-- :func:`random_layout`: a batch of tables with random shapes and padding (every
-  range an inclusive ``(low, high)`` pair);
-- :func:`filled_layout`: a realistic table that fills ``seq_len`` exactly (the
-  benchmark's input, :mod:`mate_cli.bench.layouts`): fixed columns, multi-token cells,
-  as many rows as it takes.
-
-All are deterministic for a given ``seed`` (Python's ``random.Random``).
+"""Synthetic `TableLayout`s for the tests and the benchmark, laid out as :mod:`mate_cli.data.tokenize`
+lays out TAPAS input: ``[CLS] query [SEP]``, the header row, data rows (every cell at least one
+token), then padding; the other TAPAS token types are zeros. Every builder is deterministic for a
+given ``seed``; :func:`layout_from_cells` is the one to use when a test needs an exact shape.
 """
 
 from __future__ import annotations
@@ -57,17 +36,9 @@ def layout_from_cells(
     seq_len: int | None = None,
     pad: int | Sequence[int] = 0,
 ) -> TableLayout:
-    """A batch from explicit shapes.
-
-    Args:
-        query_lens: query tokens of each example, without [CLS] and [SEP].
-        cells: per example, ``cells[r][c]`` = token count of row r (0 = header), column c
-            (rows may be ragged).
-        seq_len: padded length (at least the longest example); default: the longest
-            example plus its ``pad``.
-        pad: padding after each example (int or one per example) when ``seq_len`` is
-            not given.
-    """
+    """A batch from explicit shapes: ``query_lens`` without [CLS]/[SEP]; ``cells[b][r][c]`` the tokens of
+    row r (0 = header), column c (rows may be ragged). Padded to ``seq_len`` (at least the longest
+    example), else to the longest example plus its ``pad`` (an int or one per example)."""
     examples = [_example_ids(q, c) for q, c in zip(query_lens, cells)]
     pads = [pad] * len(examples) if isinstance(pad, int) else list(pad)
     if seq_len is None:
@@ -101,18 +72,9 @@ def random_layout(
     pad: Range = (0, 5),
     seed: int = 0,
 ) -> TableLayout:
-    """A batch of random tables with different shapes and padding.
-
-    Args:
-        batch: number of examples.
-        query_len: query tokens per example (without [CLS]/[SEP]).
-        rows: data rows per example (a header row is always added).
-        cols: columns per example.
-        cell_tokens: tokens per cell, drawn per cell.
-        pad: padding after each example; the batch is padded to the longest
-            example-plus-padding.
-        seed: makes the draw reproducible.
-    """
+    """``batch`` random tables; each range is an inclusive ``(low, high)``, drawn per example
+    (``cell_tokens`` per cell; ``rows`` data rows, a header row added; ``query_len`` without
+    [CLS]/[SEP]); padded to the longest example plus its ``pad``."""
     rng = random.Random(seed)
     query_lens, cells, pads = [], [], []
     for _ in range(batch):
@@ -145,12 +107,10 @@ def filled_layout(
 ) -> TableLayout:
     """``batch`` realistic tables that each fill ``seq_len`` tokens exactly (no padding).
 
-    ``query_tokens`` tokens for ``[CLS] query [SEP]`` (>= 2), ``columns`` columns and as
-    many data rows as it takes; cells have a random number of tokens, uniform in
-    ``[0.25, 1.75] x cell_tokens`` (multi-token cells, like HybridQA cells expanded with
-    passage sentences), so rows and columns have ragged lengths; the last cell is
-    trimmed so the table ends exactly at ``seq_len``. Example b is drawn with seed
-    ``seed + b``. The defaults give ~2 rows at 512 tokens, ~34 at 8192, ~136 at 32768.
+    ``query_tokens`` include [CLS] and [SEP] (>= 2); ``columns`` columns and as many data rows as it
+    takes, each cell uniform in ``[0.25, 1.75] x cell_tokens`` tokens (like HybridQA cells expanded
+    with passage sentences), the last one trimmed. Example b is drawn with seed ``seed + b``. The
+    defaults give ~2 rows at 512 tokens, ~34 at 8192, ~136 at 32768.
     """
     if query_tokens < 2 or seq_len <= query_tokens or columns < 1 or cell_tokens < 1:
         raise ValueError(

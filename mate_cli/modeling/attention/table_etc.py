@@ -1,55 +1,29 @@
 """TABLEETC: ETC-style global-local attention with one memory token per row and column.
 
-The ETC baseline of MATE §5.1 (Ainslie et al., 2020): a 256-token *global memory*
-summarises the table, the first half one token per table row, the second half one
-per column; "tokens in the input use a special relative positional value to mark
-when they are interacting with their corresponding global row or column memory
-position". The paper leaves the rest open; this module fixes it as follows.
+MATE §5.1's ETC baseline (Ainslie et al., 2020): a 256-token global memory, half one token per table
+row, half one per column, with "a special relative positional value" between a token and its row or
+column memory. The paper leaves the rest open; this module fixes it:
 
-Memory (built by :meth:`TableETCAttention.extend_inputs`, once, after the
-embeddings; the encoder prepends it and strips it again before the heads):
-
-- ``num_global`` slots (default 256, even). Row slot ``s`` (``0 <= s < G/2``) serves
-  data rows ``r >= 1`` with ``(r - 1) % (G/2) == s``; column slot ``s`` serves columns
-  ``c >= 1`` likewise. Rows/columns beyond ``G/2`` are *folded modulo G/2* (so
-  row ``G/2 + 1`` shares slot 0 with row 1): the load spreads evenly, at most
-  ``ceil(R / (G/2))`` rows per slot. Header tokens (row 0) belong to their column's
-  slot only; query tokens and specials belong to no slot.
-- Initial state of a slot = mean of the embeddings of its member tokens + a learned
-  type embedding (``memory_type_embeddings[0]`` for row slots, ``[1]`` for columns).
-  A slot with no member in an example is *masked*: nobody attends to it.
-- In the extended :class:`TableLayout` memory tokens carry ``segment_ids == 2``
-  (:data:`MEMORY_SEGMENT`), row slots ``row_ids = s + 1, column_ids = 0``, column
-  slots ``row_ids = 0, column_ids = s + 1``, all other ids 0, and
-  ``attention_mask`` = "the slot has members". No new layout field is needed.
-
-Attention (positions ``[0, G)`` are global, ``[G, seq)`` are long):
-
-- global -> everything real (memory and long);
-- long -> every real memory slot, and long tokens within ``local_radius`` positions
-  (default 84, ETC's default). Computed blockwise: blocks of ``local_radius`` tokens
-  attend to the previous, own and next block (masked to the exact radius), so the
-  cost is ``O(seq * (G + 3 * local_radius))``, never ``seq x seq``.
-- Padding and member-less memory slots are never attended to.
-
-Relative attention (Shaw et al., 2018 style; the paper cites Dai et al., 2019): a
-score is ``q . (k + r[id]) / sqrt(head_dim)``, with ids
-
-- 1: long token -> its own row memory;      3: row memory -> a member token;
-- 2: long token -> its own column memory;   4: column memory -> a member token;
-- 5 + clip(j - i, -M, M) + M: long i -> long j inside the local window
-  (``M = max_relative_distance``, default 12 as in ETC);
-- 0: every other pair (memory <-> memory, long <-> other rows' memory, ...).
-
-What it owns (new parameters, not in BERT/TAPAS checkpoints):
-
-- ``relative_embeddings``: ``[num_relative_ids, head_dim]`` per layer, shared by all
-  heads, N(0, 0.02);
-- ``memory_type_embeddings``: ``[2, num_heads * head_dim]``, only on the layer-0
-  backend (the one whose :meth:`extend_inputs` the encoder calls), N(0, 0.02).
-
-What it approximates: dense attention over the table, with the table structure
-reaching distant tokens only through the row/column memories.
+- Memory (:meth:`TableETCAttention.extend_inputs`, on layer 0's backend after the embeddings; the
+  encoder strips it before the heads): ``G = num_global`` slots. Row slot ``s < G/2`` serves data
+  rows ``r >= 1`` with ``(r - 1) % (G/2) == s``, column slots likewise, so rows and columns beyond
+  ``G/2`` fold modulo ``G/2`` and the load spreads evenly. Header tokens belong to their column's
+  slot only; query tokens and specials to none. A slot starts as the mean embedding of its members
+  plus ``memory_type_embeddings[0]`` (row) or ``[1]`` (column); one without members is masked.
+- Extended layout: memory tokens have ``segment_ids == 2`` (:data:`MEMORY_SEGMENT`), row slots
+  ``row_ids = s + 1``, column slots ``column_ids = s + 1``, other ids 0, and ``attention_mask`` =
+  "the slot has members"; no new layout field.
+- Attention (positions ``[0, G)`` global, the rest long): global -> every real token; long -> every
+  real memory slot and the long tokens within ``local_radius`` (default 84, ETC's), computed in
+  blocks of ``local_radius`` that see the previous, own and next block (masked to the exact radius),
+  so the cost is ``O(seq * (G + 3 * local_radius))``, never ``seq x seq``.
+- Relative ids (Shaw et al., 2018 style; the paper cites Dai et al., 2019), score
+  ``q . (k + r[id]) / sqrt(head_dim)``: 1 / 2 long token -> its own row / column memory; 3 / 4 row /
+  column memory -> a member; ``5 + M + clip(j - i, -M, M)`` long i -> long j in the window
+  (``M = max_relative_distance``, default 12 as in ETC); 0 every other pair.
+- New parameters (not in BERT/TAPAS checkpoints), N(0, 0.02): ``relative_embeddings``
+  ``[num_relative_ids, head_dim]`` per layer, shared by the heads; ``memory_type_embeddings``
+  ``[2, num_heads * head_dim]`` on layer 0's backend only.
 """
 
 from __future__ import annotations
@@ -79,11 +53,8 @@ REL_LOCAL_OFFSET = 5
 
 
 def member_slots(layout: TableLayout, half: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Folded memory slot of each token's row and column, each ``[batch, seq]`` long.
-
-    ``-1`` where the token belongs to no slot (query, specials, padding, memory;
-    header tokens have no row slot).
-    """
+    """Folded memory slot of each token's row and column, each ``[batch, seq]`` long; ``-1`` for no
+    slot (query, specials, padding, memory; header tokens have no row slot)."""
     table = (layout.segment_ids == TABLE_SEGMENT) & layout.attention_mask
     row = torch.where(table & (layout.row_ids > 0), (layout.row_ids - 1) % half, -1)
     column = torch.where(table & (layout.column_ids > 0), (layout.column_ids - 1) % half, -1)
@@ -139,10 +110,8 @@ def _windows(blocks: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class EtcPlan:
-    """Masks and relative ids of one extended layout, shared by all layers (cached).
-
-    ``L`` = long length, ``nb`` = blocks of ``radius`` long tokens, ``G`` = memory.
-    """
+    """Masks and relative ids of one extended layout, cached for all layers: ``L`` long tokens in
+    ``nb`` blocks of ``radius``, ``G`` memory tokens."""
 
     global_key_mask: torch.Tensor  # [batch, seq] bool: keys of global queries
     global_rel: torch.Tensor  # [batch, G, seq] long
@@ -153,15 +122,11 @@ class EtcPlan:
 
 @register("table_etc")
 class TableETCAttention(AttentionBackend):
-    """Global row/column memory + local long attention with relative ids (see module doc).
+    """Global row/column memory + local long attention with relative ids (module docstring).
 
-    Args (beyond :class:`AttentionBackend`'s ``num_heads, head_dim, max_length,
-    dropout, layer_index``):
-        num_global: memory tokens ``G`` (``attention.num_global``), even, ``>= 2``.
-        local_radius: long -> long radius (``attention.local_radius``), ``>= 1``.
-        max_relative_distance: long <-> long distances are clipped to ``+-M``
-            (``attention.max_relative_distance``), ``>= 0``.
-        init_std: std of the normal initialiser of the new embeddings.
+    Options beyond :class:`AttentionBackend`'s, all under ``attention.``: ``num_global`` G (even,
+    >= 2), ``local_radius`` (>= 1), ``max_relative_distance`` M (>= 0; long <-> long distances are
+    clipped to ``+-M``); ``init_std``: the std of the new embeddings' normal initialiser.
     """
 
     def __init__(
@@ -202,15 +167,8 @@ class TableETCAttention(AttentionBackend):
 
     # ------------------------------------------------------------ memory
     def extend_inputs(self, hidden: torch.Tensor, layout: TableLayout | None) -> tuple[torch.Tensor, TableLayout, int]:
-        """Prepend the row/column memory.
-
-        Args:
-            hidden: embeddings ``[batch, seq, hidden]``.
-            layout: the tokenizer's layout ``[batch, seq]``.
-
-        Returns:
-            ``(hidden [batch, G + seq, hidden], layout [batch, G + seq], G)``.
-        """
+        """Prepend the row/column memory: ``hidden`` ``[batch, seq, hidden]`` and the tokenizer's layout
+        -> ``(hidden [batch, G + seq, hidden], layout [batch, G + seq], G)``."""
         layout = self.require_layout(layout)
         if self.memory_type_embeddings is None:
             raise MateError(
@@ -289,12 +247,9 @@ class TableETCAttention(AttentionBackend):
 
     # ------------------------------------------------------------ attention
     def _probs(self, q: torch.Tensor, keys: torch.Tensor, rel_ids: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        """Attention probabilities ``softmax(q . (k + r[id]))`` over the last axis.
-
-        ``q`` ``[..., queries, head_dim]`` is already scaled by ``1 / sqrt(head_dim)``;
-        ``keys`` ``[..., keys, head_dim]``; ``rel_ids`` and ``allowed`` broadcast to
-        ``[..., queries, keys]``. Softmax runs in at least float32.
-        """
+        """``softmax(q . (k + r[id]))`` over the last axis, in at least float32, then dropout. ``q``
+        ``[..., queries, head_dim]`` is already scaled; ``keys`` ``[..., keys, head_dim]``; ``rel_ids`` and
+        ``allowed`` broadcast to ``[..., queries, keys]``."""
         scores = torch.einsum("...id,...jd->...ij", q, keys)
         rel_dot = torch.einsum("...id,rd->...ir", q, self.relative_embeddings.to(q.dtype))
         scores = scores.add_(rel_dot.gather(-1, rel_ids.expand(*rel_dot.shape[:-1], rel_ids.shape[-1])))
@@ -303,15 +258,9 @@ class TableETCAttention(AttentionBackend):
         return self.attention_dropout(torch.softmax(scores, dim=-1).to(q.dtype))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """Global-local attention over ``[memory | long]``.
-
-        Args:
-            q, k, v: ``[batch, heads, G + long, head_dim]`` (memory first); ``q`` not pre-scaled.
-            layout: the extended layout returned by :meth:`extend_inputs`.
-
-        Returns:
-            context ``[batch, heads, G + long, head_dim]``; memory rows first.
-        """
+        """Global-local attention: ``q, k, v`` ``[batch, heads, G + long, head_dim]``, memory first, ``q``
+        not pre-scaled; ``layout`` the extended one from :meth:`extend_inputs`. Returns the context in the
+        same shape, memory rows first."""
         layout = self.require_layout(layout)
         if layout.seq_len != q.shape[-2]:
             raise MateError(f"table_etc: layout has {layout.seq_len} tokens but q has {q.shape[-2]}")
