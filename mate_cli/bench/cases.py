@@ -1,39 +1,18 @@
-"""What one benchmark cell runs: a backend name -> a callable doing one measured call.
+"""What one benchmark cell runs: a backend name -> a :class:`Case` doing one measured call.
 
-Backend names (``bench.kernel.backends``, ``bench.encoder.backends``):
+Backend names (``bench.kernel.backends``, ``bench.encoder.backends``; listed in conf/bench.yaml): a registered
+attention backend, built as training builds it (``attention=<name>`` composed and instantiated, so the bench
+measures the options users train with); ``mate.<variant>`` or ``mate.<impl>`` (:func:`name_overrides`); ``flex``
+(kernel level: FlexAttention on MATE's exact mask, with the options of ``attention=mate``); ``tapas_hf`` /
+``bert_hf`` (encoder level: :func:`hf_model`); ``<name>+ckpt`` (encoder level: ``<name>`` with gradient
+checkpointing, a row of its own); ``dot.<size>-<K>`` (encoder level: :func:`dot_model`).
 
-- a registered attention backend (``dense``, ``none``, ``sat``, ``linformer``,
-  ``table_etc``, ``mate``), built as training builds it: Hydra composes the
-  ``attention=<name>`` group (``conf/attention/<name>.yaml``), ``instantiate`` gives
-  the per-layer factory, called with the encoder's keywords; so the bench measures
-  the options users train with;
-- ``mate.<variant>`` (``mate.exact``, ``mate.bucketed``): the same with
-  ``attention.variant=<variant> attention.impl=auto``; ``mate.<impl>`` (``mate.masked``,
-  ``mate.block_sparse``: exact; ``mate.eager``, ``mate.kernel``: bucketed): that
-  implementation of its variant (``attention.variant=<its variant> attention.impl=<impl>``);
-- ``flex`` (kernel level): PyTorch FlexAttention on MATE's exact mask
-  (``mate_cli.modeling.attention.mate_block_sparse.flex_mate_attention``) with the
-  options of ``attention=mate``;
-- ``tapas_hf`` / ``bert_hf`` (encoder level): ``transformers.TapasModel`` (eager
-  attention) and ``BertModel`` (sdpa attention) at the same dims, random init;
-- ``<name>+ckpt`` (encoder level, our encoder): ``<name>`` with
-  ``model.encoder.gradient_checkpointing=true`` (each layer's activations recomputed in
-  backward), a row of its own so it sits next to ``<name>``.
-
-Levels: ``kernel`` = one attention call on ``q, k, v`` ``[batch, heads, seq,
-head_dim]``; ``encoder`` = the whole encoder (embeddings + N layers). Modes:
-``inference`` (``torch.no_grad``) and ``train``: forward + backward of a scalar
-loss, plus, at encoder level, an AdamW step over every parameter (a whole training
-step; kernel-level backends have no parameters to step). Every model runs in eval mode (dropout off) so the
-``none`` floor runs in both modes and all backends run the same non-attention ops.
-At kernel level every backend's ``extend_inputs`` hook runs first, as the encoder
-runs it before layer 0, so a backend that adds tokens (TableETC's row/column
-memory) is measured on the sequence its layers see.
-
-Per-batch structure: at kernel level the layout's caches (sort orders, masks,
-block lists) are built by the warm-up call and reused, as the 2nd..Nth layer of
-an encoder would; at encoder level every call gets a fresh layout copy, so the
-once-per-batch structure cost is paid inside the measured call.
+Levels: ``kernel`` is one attention call on ``q, k, v`` ``[batch, heads, seq, head_dim]``; ``encoder`` the whole
+encoder. Modes: ``inference`` (``torch.no_grad``) and ``train``: forward and backward of a scalar loss, and at
+encoder level an AdamW step (a whole training step). Every model runs in eval mode (dropout off), so the ``none``
+floor runs in both modes and all backends run the same non-attention ops. At kernel level the layout's per-batch
+structure (sort orders, masks, block lists) is built by the warm-up call and reused, as by an encoder's later
+layers; at encoder level each call gets a fresh layout copy and pays that cost.
 """
 
 from __future__ import annotations
@@ -91,11 +70,8 @@ class Unavailable(Exception):
 
 @dataclass
 class Case:
-    """One prepared cell. ``call()`` performs exactly one measured call.
-
-    ``flops`` is set when FlopCounterMode cannot see the work (FlexAttention): the
-    FLOPs of one call, computed from what the kernel actually evaluates.
-    """
+    """One prepared cell: ``call()`` performs exactly one measured call. ``flops``: set where FlopCounterMode
+    cannot see the work (FlexAttention), the FLOPs of one call as the kernel evaluates them."""
 
     call: Callable[[], None]
     flops: float | None = None
@@ -142,9 +118,8 @@ def split_name(name: str) -> tuple[str, str | None]:
 
 
 def name_overrides(name: str) -> list[str]:
-    """The Hydra overrides of a backend name: ``attention=<family>`` plus, for MATE, the
-    variant and impl its suffix names (module docstring); other families' suffix is
-    tried as ``attention.impl``."""
+    """The Hydra overrides of a backend name: ``+attention=<family>``, plus, for MATE, the variant and impl its
+    suffix names (``mate.<variant>``: impl ``auto``); another family's suffix is tried as ``attention.impl``."""
     family, choice = split_name(name)
     overrides = [f"+attention={family}"]
     if choice is None:
@@ -168,12 +143,8 @@ def name_overrides(name: str) -> list[str]:
 # ------------------------------------------------------------------ factories
 @contextlib.contextmanager
 def conf_hydra() -> Iterator[None]:
-    """Hydra initialised on ``conf/`` for the block, in plain Python and inside a Hydra app.
-
-    ``mate bench`` runs under ``@hydra.main``, whose GlobalHydra is already initialised
-    (and ``initialize_config_dir`` refuses to initialise twice): it is set aside for the
-    block and put back after it.
-    """
+    """Hydra initialised on ``conf/`` for the block; an outer app's GlobalHydra (``mate bench`` runs under
+    ``@hydra.main``) is set aside and put back after it."""
     outer = GlobalHydra.instance().hydra
     GlobalHydra.instance().clear()
     try:
@@ -201,17 +172,13 @@ def _composed(name: str) -> DictConfig:
 
 
 def attention_config(name: str) -> DictConfig:
-    """``conf/attention/<family>.yaml`` composed as training composes it (``attention=<family>``),
-    with the overrides of :func:`name_overrides` (``mate.<x>``). A copy: callers may change it."""
+    """``conf/attention/<family>.yaml`` composed as training composes it, with :func:`name_overrides`; a copy."""
     return _composed(name).copy()
 
 
 def attention_factory(name: str) -> Callable[..., AttentionBackend]:
-    """The per-layer backend factory for a registered backend name (``mate.<x>`` too):
-    the Hydra partial that ``hydra.utils.instantiate(cfg.attention)`` gives training.
-
-    Raises :class:`Unavailable` when the backend is not registered (module absent).
-    """
+    """The per-layer backend factory that ``instantiate(cfg.attention)`` gives training, for a backend name;
+    :class:`Unavailable` when the backend is not registered."""
     family, _ = split_name(name)
     if family not in attention.REGISTRY:
         raise Unavailable(f"attention backend '{family}' is not available (mate_cli.modeling.attention.{family})")
@@ -230,13 +197,9 @@ def build_backend(name: str, num_heads: int, head_dim: int, max_length: int) -> 
 def kernel_case(
     name: str, mode: str, layout: TableLayout, dims: dict, batch: int, dtype: torch.dtype, device: torch.device
 ) -> Case:
-    """One attention call on random ``q, k, v`` ``[batch, heads, seq, head_dim]``.
-
-    The layout is the one layer 0 sees in the encoder: every backend's
-    ``extend_inputs`` hook runs first (identity for most; TableETC prepends its
-    row/column memory, so its sequence is longer). ``embedding_layout`` is not
-    called: it only changes what the embeddings see, and there are none here.
-    """
+    """One attention call on random ``q, k, v`` ``[batch, heads, seq, head_dim]``, on the layout layer 0 sees: the
+    backend's ``extend_inputs`` runs first (TableETC prepends its row/column memory). ``embedding_layout`` is not
+    called: only embeddings see it, and there are none here."""
     if name in HF_BACKENDS:
         raise Unavailable(f"{name} is an encoder-level anchor")
     if split_options(name)[1]:
@@ -292,9 +255,8 @@ def float32_comparison(fn, module, layout, base, cotangent, dtype, device) -> Ca
 
 
 def error_vs_float32(fn, reference, base, cotangent, dtype, device, real) -> float:
-    """:func:`~mate_cli.bench.measure.relative_error` of ``fn`` on ``base`` (float32 q, k, v) rounded to
-    ``dtype`` against ``reference`` (the same backend in float32) on ``base``: the output's and,
-    with a ``cotangent`` (training), the q, k, v gradients', the largest."""
+    """:func:`~mate_cli.bench.measure.relative_error` of ``fn`` on ``base`` (float32 q, k, v) rounded to ``dtype``
+    against ``reference`` in float32: the largest over the output and, with a ``cotangent``, the q, k, v gradients."""
     results = []
     for f, dt in ((fn, dtype), (reference, torch.float32)):
         leaves = [t.to(device, dt).requires_grad_(cotangent is not None) for t in base]
@@ -321,11 +283,8 @@ def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> boo
 def layer_layout(
     backend: AttentionBackend, layout: TableLayout, batch: int, hidden_size: int, dtype: torch.dtype, device
 ) -> TableLayout:
-    """The layout after ``backend.extend_inputs`` (the encoder's hook before layer 0).
-
-    Only the layout is kept; the hook's hidden states are discarded, so the input
-    embeddings are zeros (their values do not change the layout).
-    """
+    """The layout after ``backend.extend_inputs`` (the encoder's hook before layer 0); the hook's hidden states,
+    from zero embeddings, are discarded."""
     hidden = torch.zeros(batch, layout.seq_len, hidden_size, dtype=dtype, device=device)
     with torch.no_grad():
         _, layout, _ = backend.extend_inputs(hidden, layout)
@@ -335,11 +294,8 @@ def layer_layout(
 def flex_kernel(
     layout: TableLayout, heads: int, head_dim: int, mode: str, device: torch.device
 ) -> tuple[Callable, float]:
-    """FlexAttention on MATE's exact mask: ``(fn(q, k, v), flops_per_call)``.
-
-    FlopCounterMode cannot trace compiled FlexAttention, so FLOPs are what the kernel
-    evaluates: ``4 * head_dim * block_size^2`` per computed (partial or full) block.
-    """
+    """FlexAttention on MATE's exact mask: ``(fn(q, k, v), flops_per_call)``. FlopCounterMode cannot trace it, so
+    the FLOPs are what the kernel evaluates: ``4 * head_dim * block_size^2`` per computed (partial or full) block."""
     if mode == "train" and device.type == "cpu":
         raise Unavailable(f"flex: FlexAttention has no CPU backward in torch {torch.__version__}")
     options = mate_options()

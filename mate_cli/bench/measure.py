@@ -1,42 +1,23 @@
-"""How one call is measured: wall time, peak memory, FLOPs.
+"""How one call is measured: wall time, peak memory, FLOPs, contention, error against float32.
 
-**Time**: ``time.perf_counter`` around one call (after ``torch.cuda.synchronize``
-on a GPU); a cell reports the median (and min/max) over its timed repeats, which
-run after the warm-up calls.
+**Time**: ``time.perf_counter`` around one call (synchronised on CUDA); a cell reports the median (and min/max) of
+its timed repeats, which run after the warm-up calls; ``other_cpu`` (:class:`OtherCpu`) is the contention during them.
 
-**Peak memory**, CPU: the resident-set high-water mark of this process during one
-call minus its resident set just before it (tracemalloc cannot see torch's
-allocations). Before that call we collect garbage, switch the C heap to serve
-every block of 64 KiB or more with its own ``mmap`` (``mallopt(M_MMAP_THRESHOLD)``)
-and give free heap memory back to the OS (``malloc_trim``), so freed tensor
-memory leaves the resident set at once and RSS tracks live tensor memory; then we
-reset the kernel's high-water mark (``echo 5 > /proc/self/clear_refs``) and read
-``VmHWM`` after the call. The figure counts everything the call allocates on top
-of what already exists: activations, attention scores, workspaces, gradients
-(train mode), per-batch structure; not the weights or the inputs.
-``peak_rss_mb`` is the absolute high-water mark (weights, inputs and the Python
-runtime included). Timed calls run with the threshold at 32 MiB, glibc's ceiling
-for its adaptive threshold, and the trim threshold at twice that, as glibc's
-adaptation sets it (the steady state of a long-running process), so timing sees
-the allocator users get. The memory call is the last warm-up call.
-GPU: ``torch.cuda.max_memory_allocated`` minus ``memory_allocated`` before the call.
+**Peak memory** (the last warm-up call), CPU: the resident-set high-water mark during the call minus the resident
+set just before it (tracemalloc cannot see torch's allocations). Before the call, garbage is collected, every block
+of 64 KiB or more gets its own ``mmap`` and free heap is trimmed (``malloc_trim``), so RSS tracks live tensor
+memory; then ``VmHWM`` is reset (``/proc/self/clear_refs``) and read after the call. So the figure is what the call
+allocates (activations, scores, workspaces, gradients, per-batch structure), not the weights or the inputs;
+``peak_rss_mb`` is the absolute mark (all included). Timed calls run with glibc's steady-state thresholds instead
+(:func:`set_mmap_threshold`), the allocator users get. CUDA: ``max_memory_allocated`` minus ``memory_allocated``
+before the call.
 
-**Contention**: ``other_cpu`` is the CPU time other processes used during the timed
-repeats, in cores (``/proc/stat`` minus this process). Times with ``other_cpu``
-well above 0 on a 2-core machine are contention, not the backend.
+**Error against float32** (``err_vs_fp32``, kernel cells in bfloat16 or float16): :func:`relative_error` of the
+cell's dtype against float32 on the same float32-drawn inputs (so the reduced run rounds its inputs, as autocast
+does), over the output and, in training, the q, k, v gradients; run once, after the timed calls.
 
-**Error against float32** (``err_vs_fp32``, kernel level, cells run in bfloat16 or
-float16): the same backend and inputs once more in the cell's dtype and once in
-float32 (inputs drawn in float32, so the reduced run also rounds its inputs, as
-autocast does), after the timed calls; :func:`relative_error`, the largest over the
-output and, in training, the q, k, v gradients.
-
-**FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` over the first warm-up call
-(matmul-class ops: mm/bmm/addmm/baddbmm/SDPA; elementwise ops, softmax, sorts and
-gathers are not counted). Torch does not map the CPU SDPA kernels
-(``_scaled_dot_product_flash_attention_for_cpu`` and its backward) nor the in-place
-GEMMs (``addmm_``, ``baddbmm_``, ``addbmm``), so we register them with the same
-formulas it uses for their out-of-place / GPU counterparts.
+**FLOPs**: ``FlopCounterMode`` over the first warm-up call (matmul-class ops; not elementwise ops, softmax, sorts
+or gathers), with the formulas torch lacks for the CPU SDPA kernels and in-place GEMMs (:func:`_extra_flop_mapping`).
 """
 
 from __future__ import annotations
@@ -76,13 +57,10 @@ _LIBC = _libc()
 
 
 def set_mmap_threshold(nbytes: int) -> bool:
-    """``mallopt(M_MMAP_THRESHOLD, nbytes)`` and ``M_TRIM_THRESHOLD`` = 2 x ``nbytes`` (glibc);
-    True on success.
+    """``mallopt(M_MMAP_THRESHOLD, nbytes)`` and ``M_TRIM_THRESHOLD`` = 2 x ``nbytes`` (glibc); True on success.
 
-    Setting the mmap threshold by hand turns off glibc's dynamic adjustment, which raises
-    the trim threshold with it (to twice the mmap threshold); left at its 128 KiB default,
-    every free at the top of the heap would hand the pages back to the OS and the next
-    large block would page-fault them in again, which a long-running process does not do.
+    A hand-set mmap threshold stops glibc's adaptation, which would raise the trim threshold with it: left at 128 KiB,
+    every free at the top of the heap would return pages the next large block faults in again.
     """
     if _LIBC is None or not hasattr(_LIBC, "mallopt"):
         return False
@@ -105,12 +83,9 @@ def rss_bytes() -> int:
 
 
 class OtherCpu:
-    """CPU used by *other* processes while a block runs, in cores (contention check).
-
-    ``(busy jiffies of the whole machine - jiffies of this process) / elapsed``, from
-    ``/proc/stat`` and ``/proc/self/stat``. ~0 on a quiet machine; 1.0 means another
-    process kept one core busy the whole time. ``cores`` is None where /proc is missing.
-    """
+    """CPU used by *other* processes while a block runs, in cores: (machine busy jiffies - this process's) / elapsed.
+    ~0 on a quiet machine; 1.0: another process kept a core busy (times then show contention, not the backend).
+    ``cores`` is None without /proc."""
 
     def __enter__(self) -> "OtherCpu":
         self.cores = None
@@ -288,11 +263,8 @@ def measure(
 
 
 def relative_error(reduced: torch.Tensor, reference: torch.Tensor, real: torch.Tensor | None = None) -> float:
-    """Largest ``|reduced - reference|`` over the largest ``|reference|``, in float32.
-
-    ``real``: a mask broadcastable to both (the layout's real tokens) outside which
-    nothing is compared (padding rows compute unused values).
-    """
+    """Largest ``|reduced - reference|`` over the largest ``|reference|``, in float32, inside ``real`` (a mask
+    broadcastable to both, the layout's real tokens: padding rows compute unused values)."""
     a, b = reduced.detach().float(), reference.detach().float()
     if real is not None:
         a, b = a * real, b * real

@@ -1,14 +1,5 @@
-"""The datamodules' shared base (:class:`SplitDataModule`: read -> encode -> cache -> collate)
-and HybridQA's cell-selection datamodule (:class:`HybridQADataModule`).
-
-Preprocessing (for HybridQA: expansion + tokenization) runs once per preprocessing config and is
-cached on disk as an HF ``datasets`` Arrow dataset under ``cache_dir/<key>``, where
-``key`` hashes everything that changes the tokens (the input files, checkpoint vocab,
-max_length, expansion settings); :mod:`mate_cli.data.cache` writes it atomically and
-rebuilds an unreadable entry.
-
-Splits: ``dataset.split`` (:class:`~mate_cli.data.split.SplitSettings`): by table
-from one released file (the bundled sample), or the released files as they are.
+"""The datamodules' shared base (:class:`SplitDataModule`: read -> encode -> Arrow cache -> collate) and
+HybridQA's cell-selection datamodule (:class:`HybridQADataModule`); docs/architecture.md, "Data flow".
 """
 
 from __future__ import annotations
@@ -42,14 +33,8 @@ log = logging.getLogger(__name__)
 
 
 class SplitDataModule(L.LightningDataModule):
-    """What every datamodule shares (HybridQA's two stages, the table tasks, Transformer-XH's
-    graphs): the split, the Arrow cache, the loaders.
-
-    A subclass says how a split's questions become examples (:meth:`encode`), what
-    else its cache key depends on (:meth:`cache_payload`), what it logs about a split
-    (:meth:`split_stats`) and how a split is loaded (:meth:`_loader`). Arguments are
-    documented on the subclasses; every one is a keyword.
-    """
+    """What every datamodule shares: the split, the Arrow cache, the loaders. A subclass implements :meth:`encode`
+    and :meth:`collator` and may override the hooks; its arguments are keywords (see :class:`HybridQADataModule`)."""
 
     #: prefix of cache entries and log lines (``""`` stage 1, ``"reader"`` stage 2)
     kind = ""
@@ -101,11 +86,8 @@ class SplitDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------- questions
     def questions(self, split: str) -> list[Question]:
-        """The questions of ``train``, ``validation`` or ``test`` (``dataset.split``).
-
-        With ``eval_file`` (``dataset.eval_file=<upstream file name>``) the validation and
-        test splits are that whole file instead.
-        """
+        """The questions of ``train``, ``validation`` or ``test`` (``dataset.split``); with ``eval_file``, validation
+        and test are that whole upstream file instead."""
         if self.eval_file and split in ("validation", "test"):
             chosen = list(self.reader.questions(self.eval_file))
         else:
@@ -153,7 +135,7 @@ class SplitDataModule(L.LightningDataModule):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def preprocess(self, split: str):
-        """Encoded examples of ``split`` as a ``datasets.Dataset`` (cached on disk)."""
+        """Encoded examples of ``split`` as a ``datasets.Dataset``, cached on disk (:mod:`mate_cli.data.cache`)."""
         name = " ".join(filter(None, (self.kind, split)))
         target = self.cache_dir / "-".join(filter(None, (self.kind, split, self.cache_key(split))))
         ds = load_or_build(target, lambda: self.encode(self.nonempty_questions(split), split), f"{name} split")
@@ -221,23 +203,16 @@ class HybridQADataModule(SplitDataModule):
     """HybridQA cell-selection data.
 
     Args:
-        expansion: dict of :func:`~mate_cli.data.expand.expand_table` options (k, scope, method).
+        expansion: :func:`~mate_cli.data.expand.expand_table` options (k, scope, method).
         drop_ambiguous: drop training questions with more than one candidate cell (paper ablation).
-        common: the :class:`SplitDataModule` keywords:
-            root: folder holding ``released_data/`` and ``WikiTables-WithLinks/``;
-            pretrained: checkpoint whose WordPiece vocabulary tokenizes (``minilm``, a dir, a hub id);
-            max_length: token budget of query + expanded table (paper: 2048);
-            max_question_tokens: the question is cut to this many word pieces first;
-            split: :class:`~mate_cli.data.split.SplitSettings` (or its dict);
-            batch_size, eval_batch_size: loader settings;
-            num_proc: processes for preprocessing; 1 = in process; ``auto`` = the available cores;
-            num_workers: loader worker processes; ``auto``: :func:`~mate_cli.data.preprocess.worker_counts`;
-            cache_dir: where preprocessed Arrow datasets live;
-            limit_questions: keep only the first N questions of each split (smoke runs);
-            shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`);
-            eval_file: an upstream question file evaluated whole as the validation/test split;
-            same_order_every_epoch: every epoch visits the training examples in epoch 0's order
-                (``debug=overfit``: with ``trainer.limit_train_batches=1``, one fixed batch).
+        common: the :class:`SplitDataModule` keywords: ``root`` (holding ``released_data/`` and
+            ``WikiTables-WithLinks/``); ``pretrained`` (whose vocabulary tokenizes); ``max_length`` (query and expanded
+            table, paper: 2048); ``max_question_tokens`` (the question is cut to it first); ``split`` (``SplitSettings``
+            or its dict); ``batch_size``, ``eval_batch_size``; ``num_proc`` (preprocessing processes, 1: in process) and
+            ``num_workers`` (loader workers), ``auto`` for either: :func:`~mate_cli.data.preprocess.worker_counts`;
+            ``cache_dir``; ``limit_questions`` (the first N of each split); ``shuffle_seed`` (the training order);
+            ``eval_file`` (an upstream question file evaluated whole); ``same_order_every_epoch`` (epoch 0's order every
+            epoch: ``debug=overfit``'s one fixed batch).
     """
 
     #: the settings that size an example, named in errors
@@ -291,11 +266,8 @@ def encode_question(
 
 
 class _ExampleEncoder:
-    """Picklable one-record function: a question record -> its encoded example.
-
-    ``encode`` (a module-level function, or a ``functools.partial`` of one, so it pickles) is
-    :func:`encode_question`'s signature: ``(tokenizer, question, table, passages, expansion) -> dict``.
-    """
+    """Picklable one-record function: a question record -> its encoded example. ``encode`` has
+    :func:`encode_question`'s signature and must pickle (a module-level function or a ``functools.partial`` of one)."""
 
     def __init__(
         self,

@@ -1,35 +1,18 @@
-"""PointR stage 2 data (MATE paper §4.2): one expanded cell + the question -> reader input.
+"""PointR stage 2 data (MATE paper §4.2): one expanded cell and the question -> the span reader's input.
 
-Owns: the reader context of a cell (:func:`cell_context`), the gold span
-(:func:`find_answer_span`), encoding one (question, cell) pair
-(:func:`encode_span_example`), the collated :class:`SpanBatch`, and
-:class:`SpanDataModule` (read -> encode -> Arrow cache -> collate).
+Input: ``[CLS] question [SEP] cell text ( all sentences of every linked passage ) [SEP]``: the cell's text, then
+every sentence of each passage it links to (link order, each passage once), formatted as the stage-1 expansion
+(:mod:`mate_cli.data.expand`). The question is cut to ``max_question_tokens`` word pieces, then the context to what
+is left of ``max_length`` (paper: the first 512).
 
-Input (paper §4.2)::
+Gold span: the **first** occurrence of the answer in the context, matched on
+:func:`~mate_cli.data.normalize.answer_words` (punctuation breaks words, so ``Ferrari`` is found in ``Ferrari's``)
+and mapped to word pieces through the tokenizer's offsets. Examples whose answer is not in the kept window are
+counted; they are skipped for training and kept for evaluation.
 
-    [CLS] question [SEP] cell text ( all sentences of every linked passage ) [SEP]
-
-The context is the cell text followed by every sentence of each passage the cell
-links to (link order, each passage once; sentences from
-:func:`~mate_cli.data.expand.split_sentences`, joined by spaces) in brackets, the
-same shape as the stage-1 expansion. The question is cut to ``max_question_tokens``
-word pieces, then the context to what is left of ``max_length`` (paper: first 512).
-
-Gold span: the **first** occurrence of the answer in the context, matched on words:
-both sides are lower-cased, split on whitespace and ASCII punctuation, and articles
-(a/an/the) are dropped (the official normalisation, with punctuation acting as a
-word break so ``Ferrari`` is found in ``Ferrari's``); the match is mapped to
-characters and then to word pieces through the tokenizer's offsets. Examples whose
-answer is not in the kept window are counted; they are skipped for training and kept
-for evaluation.
-
-Which cells (``train_cells``): training uses the gold cells = the traced answer nodes
-(:func:`~mate_cli.data.tokenize.candidate_cells`: ``answer-node`` coordinates, else
-cells holding or linking to the answer) — ``all`` of them (one example each, default)
-or only the ``first``. Validation uses one gold cell per question: the first (row-major)
-whose context contains the answer, else the first. The train/validation split is the
-stage-1 one (the same ``dataset.split`` node, :class:`~mate_cli.data.split.SplitSettings`),
-so no table is on both sides in either stage.
+Cells: training takes ``all`` gold cells (:func:`~mate_cli.data.tokenize.candidate_cells`), one example each, or
+the ``first`` (``train_cells``); validation one per question, the first (row-major) whose context contains the
+answer, else the first. The split is stage 1's (``dataset.split``), so no table is on both sides in either stage.
 """
 
 from __future__ import annotations
@@ -56,7 +39,7 @@ TRAIN_CELLS = ("all", "first")
 
 # ------------------------------------------------------------------ context
 def cell_context(cell: Cell, passages: dict[str, str]) -> tuple[str, int]:
-    """``(context text, links without a passage)`` of one cell (see module docstring)."""
+    """``(context text, links without a passage)`` of one cell."""
     sentences: list[str] = []
     missing = 0
     for link in dict.fromkeys(cell.links):
@@ -83,13 +66,10 @@ def find_answer_span(context: str, answer: str | None) -> tuple[int, int] | None
 # ------------------------------------------------------------------ encoding
 @dataclass
 class SpanExample:
-    """One encoded (question, cell) pair. Per-token lists share one length.
-
-    ``offsets[j]`` = char span of token j in ``context`` (``[0, 0]`` outside the context);
-    ``gold_start``/``gold_end`` = token indices of the gold span, ``-1`` when the answer is
-    not inside the kept window. ``has_gold_cell`` is False for a placeholder row of a
-    question that has no gold cell (counted, never batched).
-    """
+    """One encoded (question, cell) pair; per-token lists share one length. ``offsets[j]``: token j's char span in
+    ``context`` (``[0, 0]`` outside it). ``gold_start``/``gold_end``: token indices of the gold span, -1 when the answer
+    is not in the kept window. ``has_gold_cell`` False: a placeholder for a question without one (counted, never
+    batched)."""
 
     question_id: str
     table_id: str
@@ -180,15 +160,9 @@ def span_text(context: str, offsets: list[list[int]], start: int, end: int) -> s
 # ------------------------------------------------------------------ batching
 @dataclass
 class SpanBatch:
-    """A collated reader batch.
-
-    Attributes:
-        input_ids: ``[batch, seq]``; layout: its :class:`TableLayout` (segment 0 = query,
-            1 = context; rows/columns all 0: the reader sees no table structure).
-        context_mask, start_ok, end_ok: ``[batch, seq]`` bool.
-        gold_start, gold_end: ``[batch]`` long, -1 when no gold span.
-        question_ids, answers, contexts, offsets, coords: per example (Python lists).
-    """
+    """A collated reader batch: ``input_ids`` and the ``context_mask``/``start_ok``/``end_ok`` masks ``[batch, seq]``,
+    ``gold_start``/``gold_end`` ``[batch]`` (-1: none), per-example lists. The layout holds segment ids only (0 query,
+    1 context): the reader sees no table structure."""
 
     input_ids: torch.Tensor
     layout: TableLayout
@@ -341,11 +315,9 @@ def span_stats(ds, max_span_length: int | None = None) -> dict:
 class SpanDataModule(SplitDataModule):
     """HybridQA reader data: gold cells -> reader examples -> Arrow cache -> :class:`SpanBatch`.
 
-    Args:
-        max_span_length: only for the stats (gold spans longer than the head's band).
-        train_cells: ``all`` (every gold cell of a training question) or ``first``.
-        common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (``max_length``
-            here is the question + context budget in word pieces, paper: 512).
+    ``max_span_length`` is only for the stats (gold spans longer than the head's band); ``train_cells``: ``all`` or
+    ``first``. The other keywords are :class:`~mate_cli.data.datamodule.SplitDataModule`'s, ``max_length`` being the
+    question and context budget in word pieces (paper: 512).
     """
 
     kind = "span"

@@ -1,14 +1,9 @@
-"""`TableEncoder`: BERT/TAPAS embeddings, then N post-LN transformer layers whose
-attention is a pluggable :class:`~mate_cli.modeling.attention.base.AttentionBackend`.
+"""`TableEncoder`: BERT/TAPAS embeddings, then N post-LN transformer layers whose attention is a pluggable
+:class:`~mate_cli.modeling.attention.base.AttentionBackend`.
 
-Owns the layer modules, :meth:`TableEncoder.from_pretrained`
-(BERT and TAPAS checkpoints: the bundled ``minilm``, a local directory or a hub id)
-and :meth:`TableEncoder.save_pretrained` (a directory ``transformers.TapasModel``
-loads). Module names mirror ``BertModel``/``TapasModel`` (``embeddings.*``,
-``encoder.layer.{i}.attention.self.{query,key,value}``, ``attention.output.*``,
-``intermediate.dense``, ``output.*``, ``pooler.dense``), so loading is the rename
-table in :mod:`mate_cli.modeling.checkpoints`. A backend's own parameters, if any,
-live under ``encoder.layer.{i}.attention.self.backend``.
+Module names mirror ``BertModel``/``TapasModel``, so loading a checkpoint is the rename table of
+:mod:`mate_cli.modeling.checkpoints`; a backend's own parameters live under
+``encoder.layer.{i}.attention.self.backend``.
 """
 
 from __future__ import annotations
@@ -60,10 +55,7 @@ class SelfAttention(nn.Module):
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
 
     def forward(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``hidden``: ``[batch, seq, hidden]`` -> context ``[batch, seq, hidden]``.
-
-        The backend sees ``q, k, v`` as ``[batch, heads, seq, head_dim]`` (q not scaled).
-        """
+        """``hidden`` ``[batch, seq, hidden]`` -> context ``[batch, seq, hidden]``, through the backend."""
         q, k, v = (self.split_heads(proj(hidden)) for proj in (self.query, self.key, self.value))
         context = self.backend(q, k, v, layout)
         return context.transpose(1, 2).flatten(2)
@@ -186,16 +178,10 @@ def build_backend(
 class TableEncoder(nn.Module):
     """Transformer encoder over tables with a pluggable attention backend.
 
-    Args:
-        config: sizes and regularisation (:class:`EncoderConfig`).
-        attention: a factory called once per layer as
-            ``attention(num_heads=, head_dim=, max_length=, dropout=, layer_index=)``
-            (the Hydra partial of ``conf/attention/<name>.yaml``), or a registered name.
-        max_length: the longest sequence the model will see (passed to the backends);
-            default ``config.max_position_embeddings``.
-        gradient_checkpointing: keep only each layer's input while gradients are recorded and
-            recompute the layer in the backward pass (dropout replays the same masks), trading
-            one more forward for activation memory. The function and its gradients are the same.
+    ``attention`` is the per-layer backend factory (the Hydra partial of ``conf/attention/<name>.yaml``) or a
+    registered name; ``max_length`` (default ``config.max_position_embeddings``) is passed to the backends.
+    ``gradient_checkpointing`` recomputes each layer in the backward instead of keeping its activations (dropout replays
+    the same masks): the same function and gradients, for one more forward.
     """
 
     def __init__(
@@ -279,15 +265,8 @@ class TableEncoder(nn.Module):
             )
 
     def forward(self, input_ids: torch.Tensor, layout: TableLayout | None = None) -> torch.Tensor:
-        """Encode a batch.
-
-        Args:
-            input_ids: ``[batch, seq]`` WordPiece ids.
-            layout: the batch's :class:`TableLayout` (``None``: no structure, no padding).
-
-        Returns:
-            last hidden state ``[batch, seq, hidden]``.
-        """
+        """``input_ids`` ``[batch, seq]`` and their layout (``None``: no structure, no padding) -> the last hidden state
+        ``[batch, seq, hidden]``."""
         hidden, layout, num_prefix = self.embed(input_ids, layout)
         for layer in self.encoder.layer:
             hidden = self.run_layer(layer, hidden, layout)
@@ -304,8 +283,8 @@ class TableEncoder(nn.Module):
     def embed(
         self, input_ids: torch.Tensor, layout: TableLayout | None
     ) -> tuple[torch.Tensor, TableLayout | None, int]:
-        """The first layer's input: ``(hidden, layout, num_prefix)`` after the embeddings and the
-        backend's input hooks (``num_prefix`` tokens added in front; see :meth:`forward`)."""
+        """The first layer's input ``(hidden, layout, num_prefix)``: the embeddings, then the backend's input hooks
+        (``num_prefix`` tokens added in front, which :meth:`forward` drops)."""
         self.check_trainable()
         if layout is not None and layout.key_bias is not None:
             self.check_key_bias()
@@ -328,22 +307,13 @@ class TableEncoder(nn.Module):
         new_type_embeddings: str = "normal",
         **config_overrides: Any,
     ) -> "TableEncoder":
-        """Build from a BERT or TAPAS checkpoint.
+        """Build from a BERT or TAPAS checkpoint: ``pretrained`` is ``minilm`` (bundled), a local directory or a hub id.
 
-        Args:
-            pretrained: ``minilm`` (bundled), a local directory, or a hub id.
-            attention: backend factory (Hydra partial) or registered name.
-            max_length: longest sequence (default: the checkpoint's ``max_position_embeddings``).
-            reset_position_index_per_cell: per-cell positions; default: a TAPAS
-                checkpoint's own setting, else on iff ``max_length`` exceeds the position table.
-            gradient_checkpointing: see the class.
-            new_type_embeddings: how the token-type tables the checkpoint lacks start (a BERT
-                checkpoint has the segment table only): ``normal`` (0, 0.02), as TAPAS
-                initialises them, or ``zero``, so that they add nothing until trained and the
-                encoder starts as the checkpoint's function. Tables the checkpoint has (TAPAS's)
-                are loaded either way.
-            config_overrides: any :class:`EncoderConfig` field (e.g. ``hidden_dropout=0.0``);
-                None keeps the checkpoint's value.
+        ``reset_position_index_per_cell`` defaults to a TAPAS checkpoint's own setting, else on iff ``max_length``
+        exceeds the position table. ``new_type_embeddings``: how the token-type tables a BERT checkpoint lacks start:
+        ``normal`` (0, 0.02), as TAPAS initialises them, or ``zero``, so the encoder starts as the checkpoint's
+        function; tables the checkpoint has are loaded either way. ``config_overrides``: :class:`EncoderConfig` fields
+        (None keeps the checkpoint's value). The other arguments are the class's.
         """
         resolved = checkpoints.resolve_pretrained(pretrained)
         hf = checkpoints.read_config(resolved)
@@ -393,15 +363,10 @@ class TableEncoder(nn.Module):
         extra_state: dict[str, torch.Tensor] | None = None,
         prefix: str = "",
     ) -> Path:
-        """Write a ``transformers.TapasModel`` directory atomically (temp dir, then rename).
-
-        ``config.json`` (``model_type: tapas``) and ``model.safetensors`` with TapasModel
-        key names; a backend's own parameters (``...attention.self.backend.*``) are saved
-        too (transformers ignores them; :meth:`from_pretrained` restores them). With a
-        ``tokenizer``, its files are written alongside. ``prefix`` (e.g. ``"tapas."``) and
-        ``extra_state`` (e.g. a task head's tensors) make it a task-model directory, such as
-        one ``transformers.TapasForMaskedLM`` loads (:mod:`mate_cli.modeling.mlm`).
-        """
+        """Write a ``transformers.TapasModel`` directory atomically: ``config.json``, ``model.safetensors`` (with a
+        backend's own parameters, which transformers ignores and :meth:`from_pretrained` restores) and the
+        ``tokenizer``'s files if given. ``prefix`` (e.g. ``"tapas."``) and ``extra_state`` (a task head's tensors) make
+        a task-model directory, such as one ``transformers.TapasForMaskedLM`` loads (:mod:`mate_cli.modeling.mlm`)."""
         from safetensors.torch import save_file
 
         target = Path(directory).expanduser().resolve()

@@ -1,23 +1,10 @@
 """PointR stage 2 span head (MATE paper §4.2): score every short span of the context.
 
-Owns :class:`SpanHead` (span scores, the valid-span mask, decoding), :func:`span_loss`
-and :func:`valid_span_mask`.
-
-A span ``s = (start, end)`` is scored from the contextual vectors of its first and
-last token, ``S(s) = MLP([h_start; h_end])``, with a two-layer MLP
-``w2 · gelu(W1 [h_start; h_end] + b1) + b2``. Because ``W1 [h_s; h_e] = W_s h_s + W_e h_e``
-the first layer is applied once per token (two projections), and only the **band**
-of spans ``start <= end < start + max_span_length`` is materialised (a strided
-``unfold`` view of the end projections, no copy of the hidden states):
-scores are ``[batch, seq, max_span_length]`` with ``scores[b, i, d]`` the span
-``(i, i + d)``. Cost: ``O(seq * max_span_length * mlp_hidden)``, never ``seq^2``.
-
-Valid spans lie entirely inside the context segment (no query, special or padding
-token inside them) and, when word-boundary masks are given, start at the first
-word piece of a word and end at the last one (no ``##`` fragment at either edge).
-The softmax runs over valid spans only; the loss is the cross-entropy to the gold
-span (``gold_start``/``gold_end`` token indices, ``-1`` for "no gold span"), averaged
-over the examples that have one.
+A span ``(start, end)`` scores ``S = w2 · gelu(W1 [h_start; h_end] + b1) + b2``. As ``W1 [h_s; h_e] = W_s h_s +
+W_e h_e``, the first layer runs once per token, and only the band ``start <= end < start + max_span_length`` is
+materialised (an ``unfold`` view of the end projections): scores are ``[batch, seq, max_span_length]``,
+``scores[b, i, d]`` the span ``(i, i + d)``, at cost ``O(seq * max_span_length * mlp_hidden)``, never ``seq^2``.
+The softmax runs over the valid spans (:func:`valid_span_mask`); the loss is the cross-entropy to the gold span.
 """
 
 from __future__ import annotations
@@ -36,16 +23,9 @@ def valid_span_mask(
     start_ok: torch.Tensor | None = None,
     end_ok: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Which band spans are valid, ``[batch, seq, max_span_length]`` bool.
-
-    Args:
-        context_mask: ``[batch, seq]`` bool, True on context tokens (not query/specials/padding).
-        max_span_length: the band width L (spans of 1..L tokens).
-        start_ok / end_ok: optional ``[batch, seq]`` bool, tokens that may start / end a span.
-
-    ``mask[b, i, d]`` is True iff every token of ``i .. i + d`` is a context token,
-    ``i + d < seq``, and (when given) ``start_ok[b, i]`` and ``end_ok[b, i + d]``.
-    """
+    """Which band spans are valid, ``[batch, seq, max_span_length]`` bool: ``mask[b, i, d]`` iff every token of
+    ``i .. i + d`` is a context token (``context_mask``: not query, special or padding), ``i + d < seq``, and, when
+    given, ``start_ok[b, i]`` and ``end_ok[b, i + d]`` (``[batch, seq]`` bool: tokens that may start / end a span)."""
     batch, seq = context_mask.shape
     device = context_mask.device
     ctx = context_mask.bool()
@@ -66,14 +46,8 @@ def valid_span_mask(
 
 
 class SpanHead(nn.Module):
-    """``MLP([h_start; h_end])`` over the band of spans up to ``max_span_length`` tokens.
-
-    Args:
-        hidden_size: encoder hidden size H.
-        max_span_length: longest span, in word pieces (L).
-        mlp_hidden: width of the MLP's hidden layer (default: H).
-        initializer_range: std of the normal init of the linear layers (BERT's 0.02).
-    """
+    """``MLP([h_start; h_end])`` over the band of spans of up to ``max_span_length`` word pieces; ``mlp_hidden``
+    defaults to ``hidden_size``; ``initializer_range``: std of the linear layers' normal init (BERT's 0.02)."""
 
     def __init__(
         self,
@@ -103,16 +77,9 @@ class SpanHead(nn.Module):
         start_ok: torch.Tensor | None = None,
         end_ok: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Band span scores.
-
-        Args:
-            hidden: ``[batch, seq, hidden]`` last encoder states.
-            context_mask, start_ok, end_ok: ``[batch, seq]`` bool (see :func:`valid_span_mask`).
-
-        Returns:
-            ``(scores, valid)``, each ``[batch, seq, max_span_length]``; invalid scores
-            are set to the dtype's most negative finite value.
-        """
+        """Band span scores of ``hidden`` ``[batch, seq, hidden]`` (masks as in :func:`valid_span_mask`):
+        ``(scores, valid)``, each ``[batch, seq, max_span_length]``; invalid scores are the dtype's most negative finite
+        value."""
         width = self.max_span_length
         h_start = self.start_proj(hidden)  # [batch, seq, inner]
         h_end = nn.functional.pad(self.end_proj(hidden), (0, 0, 0, width - 1))  # [batch, seq + L - 1, inner]
@@ -123,12 +90,8 @@ class SpanHead(nn.Module):
         return scores.masked_fill(~valid, _neg(scores.dtype)), valid
 
     def decode(self, scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Best valid span per example.
-
-        Returns:
-            ``(start, end, prob)``, each ``[batch]``; ``start = end = -1`` and ``prob = 0``
-            for an example with no valid span. ``prob`` is the softmax over valid spans.
-        """
+        """Best valid span per example: ``(start, end, prob)``, each ``[batch]``, ``prob`` its softmax over valid spans;
+        ``-1, -1, 0`` where no span is valid."""
         batch, seq, width = scores.shape
         flat = scores.reshape(batch, -1)
         has = valid.reshape(batch, -1).any(dim=-1)
@@ -153,16 +116,9 @@ def gold_band_index(gold_start: torch.Tensor, gold_end: torch.Tensor, max_span_l
 def span_loss(
     scores: torch.Tensor, valid: torch.Tensor, gold_start: torch.Tensor, gold_end: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy to the gold span over valid spans.
-
-    Args:
-        scores, valid: ``[batch, seq, max_span_length]`` from :meth:`SpanHead.forward`.
-        gold_start, gold_end: ``[batch]`` token indices, ``-1`` when the example has no gold span.
-
-    Returns:
-        ``(loss, used)``: the mean over examples whose gold span is a valid band span
-        (0 with grad when none), and ``used`` ``[batch]`` bool marking those examples.
-    """
+    """Cross-entropy to the gold span over valid spans (``gold_start``/``gold_end`` ``[batch]``, -1: none):
+    ``(loss, used)``, the mean over examples whose gold span is a valid band span (0 with grad when none), and ``used``
+    ``[batch]`` bool marking those examples."""
     batch, seq, width = scores.shape
     target = gold_band_index(gold_start, gold_end, width)
     flat_valid = valid.reshape(batch, -1)

@@ -1,53 +1,31 @@
 """MATE attention (Eisenschlos et al., EMNLP 2021, §3): row heads and column heads.
 
-The first ``h_r = round(row_heads_ratio * heads)`` heads are *row heads*, the rest
-*column heads*. Token k of the query set Q (query, [CLS], [SEP]) attends to every
-real token; a table token attends to Q plus the tokens of its own row (row head) or
-column (column head). Padding keys are never attended (paper, eq. for A_k^i).
+The first ``round(row_heads_ratio * heads)`` heads are row heads, the rest column heads. A token of the query set
+(:mod:`mate_cli.modeling.layout`) attends to every real token; a table token attends to the query set and its own
+row (row head) or column (column head). Padding keys are never attended. No parameters: a MATE checkpoint is a
+BERT/TAPAS checkpoint (§3.2).
 
-Two config keys, one per question:
+``variant`` is *which function* the model computes, in training, evaluation, PointR and exported encoders alike:
 
-``variant``: *which function* the model computes. Training, evaluation, prediction,
-PointR and exported encoders all compute this one function, whatever the device,
-the sequence length, the grad mode or the batch-mates:
+- ``exact``: the pattern above.
+- ``bucketed``: the paper's linear-cost approximation (§3.1, App. D; :mod:`.mate_reference`): ``global_size`` (G)
+  global tokens per head, buckets of ``radius`` (R) tokens. It equals ``exact`` when the query set fits in G and
+  every row/column in R tokens; otherwise a table token loses the part of its row/column beyond its window (the
+  paper's fine-tuning setting: G=116, R=42 at 2048 tokens, App. A).
 
-- ``exact``: the pattern above, exactly.
-- ``bucketed``: the paper's efficient approximation (§3.1, App. D; explained in
-  :mod:`.mate_reference`): per head, sort by row/column, the first ``global_size``
-  (G) sorted tokens are global, the rest is cut into buckets of ``radius`` (R)
-  tokens attending to the globals and a 3-bucket window. Equals ``exact`` when Q
-  fits in G and every row/column in R tokens; otherwise a table token loses the
-  part of its row/column beyond its window (the paper's fine-tuning setting: G=116,
-  R=42 at 2048 tokens, App. A). Linear time and memory.
+``impl`` is *how* it is computed (the same output up to float rounding, whatever the device or the batch):
 
-``impl``: *how* that function is computed (same output up to float rounding):
+- ``exact``: ``masked`` (SDPA with the per-view mask; quadratic) or ``block_sparse`` (:mod:`.mate_block_sparse`).
+- ``bucketed``: ``eager`` (:mod:`.mate_bucketed`'s torch path), ``kernel`` (:mod:`.mate_cpu_kernel`; ``eager`` where
+  it does not apply), ``flex`` (:mod:`.mate_flex`; ``eager`` for a call with attention dropout) or ``triton``
+  (:mod:`.mate_triton`). ``eager``, ``kernel`` and ``triton`` draw different, equally valid dropout masks.
+- ``auto``: the variant's fastest implementation as measured, never another function: ``exact`` runs ``masked`` up
+  to :data:`AUTO_MASKED_MAX_LEN`, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, and on CUDA ``flex``
+  in bf16/fp16 up to :data:`AUTO_FLEX_MAX_LEN` without attention dropout, else ``eager`` (``triton`` only when
+  asked for: no measured row yet). The choice is logged once per (device, length bucket, grad mode, choice).
 
-- ``exact``: ``masked`` (SDPA with the per-view boolean mask; quadratic) or
-  ``block_sparse`` (:mod:`.mate_block_sparse`: FlexAttention where it runs (CUDA),
-  otherwise each row/column segment packed into a dense block).
-- ``bucketed``: ``eager`` (:mod:`.mate_bucketed`'s torch path: any device, dtype,
-  dropout, forward and backward), ``kernel`` (the fused C++ CPU kernels of
-  :mod:`.mate_cpu_kernel`, forward and backward, attention dropout included, where
-  they build, in float32 math: bfloat16/float16 inputs are widened and the output
-  rounded once; the eager path everywhere else) or ``flex`` (one
-  FlexAttention call in each head's sorted space, :mod:`.mate_flex`: compiled on
-  CUDA; eager, quadratic and for checking on CPU; no attention dropout, so a
-  training call with attention dropout runs ``eager``), or ``triton`` (the fused Triton
-  kernels of :mod:`.mate_triton`, forward and backward, attention dropout included:
-  compiled on CUDA; on CPU in Triton's interpreter, a check of the GPU code). With
-  attention dropout ``eager``, ``kernel`` and ``triton`` draw different (equally valid) masks.
-- ``auto``: the fastest of the variant's implementations for (device, dtype, length,
-  grad mode, attention dropout), as measured: ``bucketed`` takes ``kernel`` on CPU;
-  on CUDA ``flex`` in bf16/fp16 up to 2048 tokens (inference) / 4096 (training)
-  without attention dropout, ``eager`` otherwise (``triton`` only when asked for: no
-  measured row yet); never another function.
-
-A key bias (``layout.key_bias``, DoT's pruning scores) is supported by ``variant=exact``
-and always runs ``masked`` (the same function; DoT's task model reads few tokens);
-``bucketed`` refuses it. Each backend logs its choice once per (device,
-  length bucket, grad mode, choice).
-
-No parameters: a MATE checkpoint is a BERT/TAPAS checkpoint (§3.2).
+A key bias (``layout.key_bias``, DoT's pruning scores) always runs ``masked`` under ``variant=exact`` (DoT's task
+model reads few tokens); ``bucketed`` refuses it.
 """
 
 from __future__ import annotations
@@ -95,10 +73,8 @@ AUTO_MASKED_MAX_LEN = {("cpu", False): 576, ("cpu", True): 1024, ("cuda", False)
 
 # ------------------------------------------------------------------- reference
 def head_masks(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> torch.Tensor:
-    """The exact MATE pattern of every head, ``[batch, heads, seq, seq]`` bool (from, to).
-
-    Quadratic: for references, tests and short sequences only.
-    """
+    """The exact MATE pattern of every head, ``[batch, heads, seq, seq]`` bool (from, to); quadratic, for
+    references and tests."""
     views = layout.head_views(num_heads, row_heads_ratio)
     return torch.stack([layout.allowed(v) for v in views], dim=1)
 
@@ -111,12 +87,8 @@ def masked_attention(
     row_heads_ratio: float = 0.5,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """Exact MATE by masking dense attention. ``q, k, v``: ``[batch, heads, seq, head_dim]``.
-
-    Row heads and column heads run as two SDPA calls, each with one
-    ``[batch, 1, seq, seq]`` mask (``layout.allowed``, plus ``layout.key_bias`` when set)
-    broadcast over its heads.
-    """
+    """Exact MATE by masking dense attention: ``q, k, v`` ``[batch, heads, seq, head_dim]`` -> the same shape.
+    Row and column heads are one SDPA call each, with a ``[batch, 1, seq, seq]`` mask (plus ``layout.key_bias``)."""
     parts = [
         F.scaled_dot_product_attention(
             q[:, heads],
@@ -156,11 +128,8 @@ AUTO_FLEX_MAX_LEN = {
 
 
 def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool, dropout_p: float) -> str:
-    """What ``variant=bucketed`` runs for ``attention.impl=impl`` on this call: ``kernel``
-    where the fused CPU kernel applies (asked for, or ``auto``); ``flex`` where
-    FlexAttention applies and the call has no attention dropout, when asked for or, on
-    CUDA, for ``auto`` up to :data:`AUTO_FLEX_MAX_LEN`; ``triton`` when asked for (it
-    runs every call, attention dropout included); else ``eager``."""
+    """What ``variant=bucketed`` runs on this call for ``attention.impl=impl``: ``kernel``, ``flex``, ``triton``
+    or ``eager`` (the rules in the module docstring)."""
     if impl == "triton":
         return "triton"
     if impl in ("auto", "kernel") and cpu_kernel_applies(q):
@@ -182,18 +151,14 @@ LOGGED_CHOICES: set[tuple] = set()
 # --------------------------------------------------------------------- backend
 @register("mate")
 class MateAttention(AttentionBackend):
-    """MATE: row and column heads (no parameters). See the module docstring.
+    """MATE: row and column heads (module docstring).
 
     Args:
-        variant: the function: ``exact`` (the §3 pattern) or ``bucketed`` (the paper's
-            §3.1 approximation with ``global_size`` and ``radius``).
-        impl: how it is computed: ``auto`` | ``masked`` | ``block_sparse`` for
-            ``exact``; ``auto`` | ``eager`` | ``kernel`` | ``flex`` | ``triton`` for ``bucketed``.
-        row_heads_ratio: fraction of row heads; the first ``round(ratio * heads)``
-            heads are row heads, the rest column heads (paper: 1:1, i.e. 0.5).
+        variant: the function, ``exact`` or ``bucketed``.
+        impl: how it is computed: one of :data:`VARIANTS` of the variant.
+        row_heads_ratio: fraction of row heads (paper: 1:1, i.e. 0.5).
         global_size: ``G``, the global tokens of ``bucketed`` (paper: 116).
         radius: ``R``, the bucket size of ``bucketed`` (paper: 42).
-        (plus the shared ``num_heads, head_dim, max_length, dropout, layer_index``)
     """
 
     def __init__(
@@ -249,11 +214,8 @@ class MateAttention(AttentionBackend):
         return text
 
     def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> str:
-        """The implementation this call runs: ``masked`` | ``block_sparse`` (exact),
-        ``kernel`` | ``flex`` | ``eager`` | ``triton`` (bucketed; ``kernel`` only where the
-        fused kernel applies, ``flex`` only without attention dropout). Resolves ``auto`` within the
-        variant, logging each choice once; an asked-for implementation that cannot run
-        this call says so once too."""
+        """The implementation this call runs: ``auto`` resolved within the variant, each choice logged once; an
+        asked-for implementation that cannot run this call is replaced, and that is logged once too."""
         grad = self._grad(q, k, v)
         if self.variant == "bucketed":
             choice = choose_bucketed_impl(self.impl, q, grad, dropout_p)

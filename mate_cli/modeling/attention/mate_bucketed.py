@@ -1,36 +1,16 @@
-"""MATE's bucketed attention, fused: what the backend runs for ``variant=bucketed``.
+"""MATE's bucketed attention, fused in one ``autograd.Function``: what ``variant=bucketed`` runs.
 
-The algorithm (paper §3.1, App. D) and its exactness condition are explained, and
-written out with einsum strings, in :mod:`.mate_reference`; the per-layout structure
-(sort orders, masks, chunk lists) is the :class:`~.mate_plan.BucketPlan`. This module
-computes the same function in one ``autograd.Function``:
+The algorithm and its exactness condition are :mod:`.mate_reference`'s; the per-layout structure is the
+:class:`~.mate_plan.BucketPlan`. Two paths compute the same function:
 
-- **torch path** (``impl=eager``; any device, dtype, dropout; forward and backward). It sorts k and v
-  once into a bucket-aligned buffer (every 3-bucket window is a zero-copy ``unfold``
-  view of it), then walks the sorted rows in cache-sized chunks: gather the chunk's
-  queries, one GEMM to the globals and one batched GEMM to the windows, add the mask
-  bias (the query-set keys, allowed for every row, need none), one in-place softmax,
-  two GEMMs for the context, scattered straight back to token order. Global keys
-  that are masked for a whole chunk (table tokens of the first row/column, for every
-  chunk past that row/column) are skipped, and the dense query rows only read the
-  real keys (a sorted prefix). Backward recomputes each chunk's probabilities
-  (flash-attention style): only q, k, v and the output are kept. Time and memory are
-  linear in the sequence length, forward and backward.
-- **fused CPU kernel** (``impl=kernel``; :mod:`.mate_cpu_kernel`, ``csrc/mate_bucketed_cpu.cpp``): on
-  CPU (attention dropout included, its masks drawn from a seeded hash),
-  when the caller allows it (``use_cpu_kernel=True``) and the kernel builds, the
-  forward and the backward run in compiled kernels instead: per bucket, scores to ``[globals ; window]``, mask, softmax and
-  context while they sit in cache, chunks of buckets in parallel; per head, the dense
-  query rows likewise; the backward recomputes the probabilities the same way, per
-  head. Same function and gradients (tested against both paths above), faster than
-  the chunked torch ops. Its math is float32: bfloat16 and float16 inputs (CPU
-  autocast) are widened on the way in (exactly) and the output and gradients are
-  rounded once on the way out, so products, softmax and sums all run in float32
-  (:func:`_widened`). CUDA uses the torch path.
-
-Call-internal scratch buffers of the torch path come from a :class:`Workspace` the
-caller passes in (the MATE backend keeps one per layout, so the encoder's layers and
-repeated calls on one batch reuse the same memory).
+- **torch path** (``impl=eager``; any device, dtype, dropout). k and v are sorted once into a bucket-aligned buffer,
+  whose 3-bucket windows are zero-copy ``unfold`` views; the sorted rows are walked in cache-sized chunks (GEMMs to
+  the globals and the windows, mask bias, in-place softmax, context scattered to token order). Global keys masked
+  for a whole chunk are skipped, and dense rows read only the real keys (a sorted prefix). Backward recomputes each
+  chunk's probabilities from q, k, v and the output. Time and memory are linear in the length.
+- **fused CPU kernel** (``impl=kernel``; :mod:`.mate_cpu_kernel`): forward and backward compiled, where
+  ``use_cpu_kernel`` allows it and the kernel builds; the same function and gradients, faster. Its math is float32:
+  bfloat16 and float16 inputs are widened (exactly) and results rounded once (:func:`_widened`).
 """
 
 from __future__ import annotations
@@ -53,13 +33,11 @@ CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 25}
 
 
 class Workspace:
-    """Uninitialised scratch tensors of the torch path, reused across calls on CPU.
+    """Uninitialised scratch tensors, reused across calls on CPU (the MATE backend keeps one per layout).
 
-    Fresh multi-MB CPU allocations are ``mmap``-ed and page-faulted on every call (glibc
-    does so above 32 MiB), which costs as much as a GEMM pass here; the 12+ layers of an
-    encoder reuse one buffer per role instead. Only for buffers that do not outlive the
-    call (not outputs, not saved for backward). Kept per thread; CUDA's caching
-    allocator already reuses memory, so there :meth:`get` is a plain ``empty``.
+    Fresh multi-MB CPU allocations are ``mmap``-ed and page-faulted on every call (glibc, above 32 MiB), which costs
+    as much as a GEMM pass here. Only for buffers that do not outlive the call (not outputs, not saved for backward).
+    Kept per thread; on CUDA, whose caching allocator already reuses memory, :meth:`get` is a plain ``empty``.
     """
 
     def __init__(self) -> None:
@@ -90,11 +68,8 @@ def _flat_rows(x: torch.Tensor) -> tuple[torch.Tensor, str]:
 class _Buffers:
     """Sorted, bucket-aligned k/v buffers and their App. D views, plus the unsorted q.
 
-    ``data[i]`` (``i = 0`` keys, ``1`` values) is ``[R + B*H*T + R, D]``: one bucket of
-    zeros, the sorted rows of every head back to back (each padded with zeros to T),
-    one bucket of zeros. Hence the 3R-token window of flat bucket w is rows
-    ``[w*R, w*R + 3R)``: ``unfold`` gives every window as a view, with no copy.
-    Queries are gathered chunk by chunk (:meth:`query`), straight into cache.
+    ``data[i]`` (0 keys, 1 values) is ``[R + B*H*T + R, D]``: a zero bucket, each head's sorted rows zero-padded to T,
+    a zero bucket. So flat bucket w's 3R-token window is rows ``[w*R, w*R + 3R)``, an ``unfold`` view.
     """
 
     def __init__(self, plan: BucketPlan, data: torch.Tensor, q: torch.Tensor | None = None):
@@ -115,10 +90,7 @@ class _Buffers:
 
     @staticmethod
     def gather(plan: BucketPlan, xs: Sequence[torch.Tensor], role: str, workspace: Workspace) -> torch.Tensor:
-        """Sort ``xs`` (each ``[B, H, N, D]``) into one ``[len(xs), R + B*H*T + R, D]`` buffer.
-
-        The buffer is call-internal scratch (``role`` names it in ``workspace``).
-        """
+        """Sort ``xs`` (each ``[B, H, N, D]``) into one ``[len(xs), R + B*H*T + R, D]`` scratch buffer (``role``)."""
         BH, T, R, N = plan.batch * plan.heads, plan.padded_len, plan.radius, plan.seq_len
         D = xs[0].shape[-1]
         data = workspace.get(role, (len(xs), R + BH * T + R, D), xs[0])
@@ -133,15 +105,12 @@ class _Buffers:
 
 
 def _long_probs(plan: BucketPlan, bufs: _Buffers, c: Chunk, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention probabilities of one chunk of long rows: ``[hc, rows, G + 3R]``.
+    """Attention probabilities of one chunk of long rows over ``[globals ; window]``: ``[hc, rows, g + 3R]``.
 
-    App. D, one chunk at a time, into one ``[hc, rows, g + 3R]`` buffer:
-    ``attention_score_to_global = einsum('BHNFE,BHTE->BHNFT', Q.long, K.global)`` fills
-    ``[..., :g]``, ``attention_score_to_window = einsum('BHNFE,BHNTE->BHNFT', Q.long,
-    K.window)`` fills ``[..., g:]``, the mask bias is added, then one in-place softmax
-    (``attention_prob_from_long``). ``g = c.keys <= G``: global keys beyond are masked
-    for every row of the chunk, so skipping them changes nothing. Returns
-    ``(probs, q_long [hc, rows, D], q_buckets [hc * buckets, R, D])``.
+    App. D's ``attention_score_to_global`` fills ``[..., :g]`` and ``attention_score_to_window`` ``[..., g:]``; the
+    mask bias is added, then one in-place softmax (``attention_prob_from_long``). Only ``g = c.keys <= G`` global keys
+    are scored: those beyond are masked for every row of the chunk. Returns ``(probs, q_long [hc, rows, D],
+    q_buckets [hc * buckets, R, D])``.
     """
     R, g, free = plan.radius, c.keys, c.free
     hc, nbc = c.h1 - c.h0, c.n1 - c.n0
@@ -167,12 +136,10 @@ def _windows(plan: BucketPlan, c: Chunk) -> slice:
 
 
 def _dense_probs(plan: BucketPlan, bufs: _Buffers, c: Chunk, dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Probabilities of the dense (query-set) rows over every real key, ``[hc, P, n]``.
+    """App. D's ``attention_prob_from_global``: the dense (query-set) rows over every real key, ``[hc, P, n]``.
 
-    App. D: ``attention_prob_from_global = softmax(einsum('BHFE,BHTE->BHFT', Q.global, K.full))``.
-    The real keys of example b are exactly the sorted prefix ``[0, n)``, so no mask is
-    needed (dense rows that are not query tokens are computed but never used). Returns
-    ``(probs, q_dense [hc, P, D] unscaled, n)``.
+    The real keys are the sorted prefix ``[0, n)``, so no mask is needed (dense rows that are not query tokens are
+    computed but unused). Returns ``(probs, q_dense [hc, P, D] unscaled, n)``.
     """
     n = max(plan.real_len[c.b], 1)
     q_dense = bufs.query(c.h0, c.h1, slice(0, plan.dense_rows))
@@ -191,11 +158,8 @@ def _dropout_mask(like: torch.Tensor, p: float, seed: int, index: int) -> torch.
 def _fold_windows(
     target: torch.Tensor, grads: torch.Tensor, first_window: int, radius: int, alpha: float = 1.0
 ) -> None:
-    """Add window gradients ``[w, 3R, D]`` back onto the bucket-aligned rows of ``target``.
-
-    ``target`` is ``[R + B*H*T + R, D]``; window ``first_window + i`` covers its buckets
-    ``first_window + i + (0, 1, 2)``. Three non-overlapping shifted adds.
-    """
+    """Add window gradients ``[w, 3R, D]`` onto ``target`` ``[R + B*H*T + R, D]``: window ``first_window + i``
+    covers buckets ``first_window + i + (0, 1, 2)``."""
     buckets = target.view(-1, radius, target.shape[-1])
     parts = grads.view(grads.shape[0], 3, radius, grads.shape[-1])
     w = grads.shape[0]
@@ -208,10 +172,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _widened(x: torch.Tensor, role: str, workspace: Workspace) -> torch.Tensor:
-    """``x`` ``[B, H, N, D]`` in float32 for the kernel: ``x`` itself in float32, else a copy
-    in ``workspace`` scratch (``role``), in ``x``'s row layout (a ``[B, N, H, D]``-buffer
-    view stays one; copying the buffer whole is several times faster than element by
-    element through the transposed view, and reused scratch costs no page faults)."""
+    """``x`` ``[B, H, N, D]`` in float32 for the kernel: ``x`` itself, or a copy in ``workspace`` scratch that keeps
+    ``x``'s row layout (copying the buffer whole is several times faster than through the transposed view)."""
     if x.dtype == torch.float32:
         return x
     B, H, N, D = x.shape
@@ -221,8 +183,7 @@ def _widened(x: torch.Tensor, role: str, workspace: Workspace) -> torch.Tensor:
 
 
 def _narrowed(rows: torch.Tensor, shape: tuple[int, ...], kind: str, dtype: torch.dtype) -> torch.Tensor:
-    """Flat float32 result rows (layout ``kind``) as ``[B, H, N, D]`` in ``dtype`` (one
-    rounding, a contiguous copy; no copy in float32)."""
+    """Flat float32 result rows (layout ``kind``) as ``[B, H, N, D]`` in ``dtype``: one rounding."""
     B, H, N, D = shape
     if kind == "bnhd":
         return rows.view(B, N, H, D).to(dtype).transpose(1, 2)
@@ -240,12 +201,9 @@ def _kernel_rows(q, k, v, plan: BucketPlan):
 
 
 def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace) -> torch.Tensor:
-    """The forward in the compiled CPU kernels (:mod:`.mate_cpu_kernel`): no sorted copies.
-
-    The kernels read q, k, v rows through the per-head sort order and write each
-    result row to its token's row of a ``[B, N, H, D]`` buffer (returned as
-    ``[B, H, N, D]``): long rows first, then the dense query rows (disjoint rows).
-    """
+    """The forward in :mod:`.mate_cpu_kernel`: q, k, v rows read through the sort order (no sorted copies), each
+    result row written to its token's row of a ``[B, N, H, D]`` buffer (returned as ``[B, H, N, D]``); long rows,
+    then the dense rows (disjoint rows)."""
     B, H, N, D = q.shape
     dtype = q.dtype
     q, k, v = (_widened(x, f"kernel_{name}", workspace) for x, name in zip((q, k, v), "qkv"))
@@ -265,10 +223,8 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, w
 def _fused_cpu_backward(
     q, k, v, out, grad_out, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace
 ) -> tuple[torch.Tensor, ...]:
-    """dq, dk, dv of :func:`_fused_cpu_forward` in the compiled CPU kernel (recomputes the
-    probabilities bucket by bucket; nothing sorted is materialised). ``out`` is the
-    forward's result (a view of a ``[B, N, H, D]`` buffer). Gradients come back in q, k
-    and v's dtypes (float32 math throughout, like the forward)."""
+    """dq, dk, dv of :func:`_fused_cpu_forward` in the kernel (probabilities recomputed per bucket, float32 math),
+    in q, k and v's dtypes. ``out`` is the forward's result (a view of a ``[B, N, H, D]`` buffer)."""
     B, H, N, D = q.shape
     dtypes = (q.dtype, k.dtype, v.dtype)
     q, k, v, out, grad_out = (
@@ -292,7 +248,7 @@ def _fused_cpu_backward(
 
 
 def _torch_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace) -> torch.Tensor:
-    """The forward in torch ops, chunk by chunk (module docstring)."""
+    """The forward in torch ops, chunk by chunk."""
     B, H, N, D = q.shape
     R, P, T = plan.radius, plan.dense_rows, plan.padded_len
     bufs = _Buffers(plan, _Buffers.gather(plan, (k, v), "kv", workspace), q)
@@ -328,13 +284,7 @@ def _torch_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, works
 
 
 class _BucketedAttention(torch.autograd.Function):
-    """Fused bucketed MATE attention; see the module docstring.
-
-    Backward recomputes each chunk's probabilities (same ops as forward) instead of
-    storing them: it keeps only q, k, v and the output (the torch path sorts k, v
-    again; the CPU kernel reads them through the sort order). First-order gradients
-    only (``once_differentiable``).
-    """
+    """Fused bucketed MATE attention; backward recomputes the probabilities (first-order gradients only)."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace, fused_cpu: bool):
@@ -436,9 +386,8 @@ class _BucketedAttention(torch.autograd.Function):
 
 
 def cpu_kernel_applies(q: torch.Tensor) -> bool:
-    """Whether the fused CPU kernel can run this call: on CPU, in float32, bfloat16 or
-    float16 (float32 math for all three), and the kernel builds and loads here
-    (attention dropout runs in it too)."""
+    """Whether the fused CPU kernel can run this call: a CPU tensor of a :data:`KERNEL_DTYPES` dtype, and the
+    kernel builds and loads here."""
     return q.device.type == "cpu" and q.dtype in KERNEL_DTYPES and mate_cpu_kernel.available()
 
 
@@ -453,18 +402,15 @@ def bucketed_attention(
     workspace: Workspace | None = None,
     seed: int | None = None,
 ) -> torch.Tensor:
-    """MATE's bucketed attention, fused. ``q, k, v``: ``[batch, heads, seq, head_dim]``.
-
-    ``q`` is not pre-scaled. Returns ``[batch, heads, seq, head_dim]`` (a transposed view
-    of a ``[batch, seq, heads, head_dim]`` buffer, so the encoder's merge of heads is free).
+    """MATE's bucketed attention: ``q, k, v`` ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> the same
+    shape, a transposed view of a ``[batch, seq, heads, head_dim]`` buffer (so the encoder's merge of heads is free).
 
     Args:
         plan: :func:`~.mate_plan.bucket_plan` of the batch's layout.
-        dropout_p: dropout on the attention probabilities (reproducible in backward from
-            one seed; the kernel and the torch path draw different masks from it).
-        use_cpu_kernel: run the forward and its backward in the fused CPU kernel where
-            it applies (:func:`cpu_kernel_applies`); False always takes the torch path.
-        workspace: scratch buffers to reuse (default: fresh ones for this call).
+        dropout_p: attention dropout, reproducible in backward from ``seed`` (the kernel and the torch path draw
+            different masks from it).
+        use_cpu_kernel: run in the fused CPU kernel where :func:`cpu_kernel_applies`; False: the torch path.
+        workspace: scratch buffers to reuse (default: fresh ones).
         seed: seed of the dropout masks (default: drawn from torch's global generator).
     """
     if seed is None:

@@ -1,16 +1,9 @@
 """The per-layout structure of MATE's bucketed attention (the *bucket plan*).
 
-:func:`bucket_plan` builds, once per ``TableLayout`` and cached on it (the encoder's
-layers share it), everything the bucketed algorithm needs that does not depend on
-q, k, v: the per-head sort orders, the MATE mask of every long row towards the
-globals and its window, the dense (query-set) rows, and, derived lazily and memoised
-on the plan, the additive mask biases, the chunk lists of the fused torch path, the
-gather/scatter rows and the fused CPU kernel's arguments.
-
-Shared with the exact block-sparse path: :func:`head_groups` (which heads are row
-heads, which column heads), :func:`sorted_groups` and :func:`mate_allowed` (MATE's
-pattern on group ids: 0 for the query set, row/column id + 1 for table tokens,
-``PADDING_GROUP`` for padding; see ``TableLayout.group_ids``).
+:func:`bucket_plan` builds, once per layout and cached on it, what the bucketed algorithm needs that does not depend
+on q, k, v (sort orders, the masks of the long and dense rows); structure derived from it (mask biases, chunk lists,
+gather rows, the CPU kernel's arguments) is memoised on the plan. :func:`head_groups`, :func:`sorted_groups` and
+:func:`mate_allowed` are shared with the exact block-sparse path.
 """
 
 from __future__ import annotations
@@ -40,11 +33,8 @@ __all__ = [
 
 # ------------------------------------------------------------- shared structure
 def head_groups(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> list[tuple[View, slice]]:
-    """The non-empty head groups in head order: ``[("row", heads), ("column", heads)]``.
-
-    ``heads`` is the slice of the head axis of ``[batch, heads, seq, head_dim]``
-    (``layout.head_views``: the first ``round(ratio * heads)`` heads are row heads).
-    """
+    """The non-empty head groups in head order, ``[("row", heads), ("column", heads)]``, each a slice of the head
+    axis (``layout.head_views``)."""
     num_row = layout.head_views(num_heads, row_heads_ratio).count("row")
     groups = (("row", slice(0, num_row)), ("column", slice(num_row, num_heads)))
     return [(view, heads) for view, heads in groups if heads.start < heads.stop]
@@ -56,18 +46,14 @@ def group_of_heads(groups: list[tuple[View, slice]]) -> list[int]:
 
 
 def mate_allowed(q_group: torch.Tensor, k_group: torch.Tensor) -> torch.Tensor:
-    """MATE's pattern on broadcastable query/key group ids (``TableLayout.group_ids``).
-
-    Key j is allowed for query i iff j is real and (i is in Q, or j is in Q, or i and
-    j share the head's row/column). Padding query rows (ignored by contract) attend
-    to Q only: finite, and they never need more than the query-set globals.
-    """
+    """MATE's pattern on broadcastable query/key group ids (``TableLayout.group_ids``): key j is allowed for query i
+    iff j is real and (i or j is in the query set, or they share the head's row/column). Padding query rows (ignored by
+    contract) attend to the query set only: finite, and they never need more than the query-set globals."""
     return (k_group < PADDING_GROUP) & ((q_group == 0) | (k_group == 0) | (q_group == k_group))
 
 
 def sorted_groups(layout: TableLayout, view: View, length: int) -> torch.Tensor:
-    """``[batch, length]``: ``layout.group_ids(view)`` in the view's sort order, padded
-    with ``PADDING_GROUP`` from ``seq`` to ``length``."""
+    """``[batch, length]``: ``layout.group_ids(view)`` in the view's sort order, padded with ``PADDING_GROUP``."""
     perm, _ = layout.sort_order(view)
     return F.pad(layout.group_ids(view).gather(1, perm), (0, length - layout.seq_len), value=PADDING_GROUP)
 
@@ -87,11 +73,8 @@ def unsort_heads(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------ plan
 @dataclass(frozen=True)
 class Chunk:
-    """A block of sorted rows: heads ``[h0, h1)`` (flat b*H + h) x buckets ``[n0, n1)``.
-
-    Either one head or whole heads, and never across examples or head views, so that
-    bucket views stay plain strided tensors and one bias row-block serves all its heads.
-    """
+    """A block of sorted rows: heads ``[h0, h1)`` (flat b*H + h) x buckets ``[n0, n1)``. One head or whole heads,
+    never across examples or head views, so bucket views stay strided and one bias row-block serves all its heads."""
 
     h0: int
     h1: int
@@ -107,11 +90,8 @@ class Chunk:
 
 @dataclass(eq=False)
 class BucketPlan:
-    """Per-layout structure of the bucketed algorithm (cached on the layout).
-
-    Shapes use ``B`` batch, ``H`` heads, ``V`` distinct head views (1 or 2),
-    ``N`` sequence, ``T = nb * R`` padded sorted length, ``P`` dense (query) rows.
-    """
+    """Per-layout structure of the bucketed algorithm. Shapes: ``B`` batch, ``H`` heads, ``V`` distinct head views
+    (1 or 2), ``N`` sequence, ``T = nb * R`` padded sorted length, ``P`` dense (query) rows."""
 
     batch: int
     heads: int
@@ -145,11 +125,8 @@ class BucketPlan:
 
     # --- lazily derived, memoised on the plan -----------------------------------
     def bias(self, part: str, dtype: torch.dtype) -> torch.Tensor:
-        """Additive mask (0 allowed, a huge negative otherwise), contiguous, cached.
-
-        ``part``: ``"global"`` ``[B, V, T, G]`` or ``"window"`` ``[B, V, T, 3R]`` (long rows
-        to the globals / to their window). Finite, so a fully masked row stays finite.
-        """
+        """Additive mask of the long rows, cached: 0 where allowed, else a finite large negative (so a fully masked row
+        stays finite). ``part``: ``"global"`` ``[B, V, T, G]`` or ``"window"`` ``[B, V, T, 3R]``."""
 
         def build() -> torch.Tensor:
             G = self.global_len
@@ -196,11 +173,8 @@ class BucketPlan:
         )
 
     def source_rows(self, layout_kind: str) -> torch.Tensor:
-        """``[B*H*T]``: for every sorted slot, its row in the flat input (0 for slots >= N).
-
-        ``layout_kind`` is ``"bnhd"`` (a ``[B, N, H, D]`` buffer seen as ``[B, H, N, D]``,
-        what the encoder produces) or ``"bhnd"`` (contiguous ``[B, H, N, D]``).
-        """
+        """``[B*H*T]``: each sorted slot's row in the flat input (0 for slots >= N). ``layout_kind``: ``"bnhd"`` (a
+        ``[B, N, H, D]`` buffer seen as ``[B, H, N, D]``, what the encoder produces) or ``"bhnd"`` (contiguous)."""
 
         def build() -> torch.Tensor:
             B, H, N, T = self.batch, self.heads, self.seq_len, self.padded_len
@@ -212,12 +186,10 @@ class BucketPlan:
         return self.memoized(("source_rows", layout_kind), build)
 
     def token_rows(self, layout_kind: str) -> torch.Tensor:
-        """``[B*H, 3]`` int64: (row of token 0, row stride, in order) of each head in a flat
-        input of ``layout_kind`` (see :meth:`source_rows`); in order is 0 for an example whose
-        real tokens are not its first ``real_len`` tokens (padding inside). The CPU kernel
-        reads the dense rows' keys, all real tokens, in token order through it instead of
-        gathering, and names keys by token position (so dropout masks do not depend on the
-        memory layout)."""
+        """``[B*H, 3]`` int64: (row of token 0, row stride, in order) of each head in a flat input of
+        ``layout_kind``; in order is 0 where an example's real tokens are not its first ``real_len`` tokens. The CPU
+        kernel reads the dense rows' keys through it in token order, and names keys by token position (so dropout
+        masks ignore the memory layout)."""
 
         def build() -> torch.Tensor:
             B, H, N = self.batch, self.heads, self.seq_len
@@ -237,11 +209,8 @@ class BucketPlan:
 
     @cached_property
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
-        """Per-layout inputs of the fused CPU kernel: ``(allowed, keys, free, head_view, real)``.
-
-        ``keys[f]``: global keys flat bucket ``f`` (= head * nb + bucket) reads, as
-        :meth:`long_chunks` computes per chunk but per bucket.
-        """
+        """The fused CPU kernel's per-layout inputs ``(allowed, keys, free, head_view, real)``; ``keys[f]``: the global
+        keys flat bucket ``f`` (= head * nb + bucket) reads, :meth:`long_chunks`' count per bucket."""
         B, nb, R = self.batch, self.num_buckets, self.radius
         needed = self.global_needed.view(B, -1, nb, R).amax(-1)  # [B, V, nb]
         free = torch.tensor(self.query_len, dtype=torch.long, device=needed.device)
@@ -263,11 +232,8 @@ class BucketPlan:
 
     @cached_property
     def unsort_bnhd(self) -> torch.Tensor:
-        """``[B*N*H]``: for token (b, n, h) in ``[B, N, H]`` order, its row in ``[B*H*T, D]``.
-
-        One ``index_select`` with it turns the sorted output into the ``[B, N, H, D]``
-        buffer the encoder's head merge reads for free.
-        """
+        """``[B*N*H]``: each token's row in ``[B*H*T, D]``, in ``[B, N, H]`` order; one ``index_select`` gives the
+        ``[B, N, H, D]`` buffer the encoder's head merge reads for free."""
         return self.unsort_rows.view(self.batch, self.heads, self.seq_len).transpose(1, 2).reshape(-1)
 
     @cached_property
@@ -279,10 +245,8 @@ class BucketPlan:
 
 
 def _chunks(plan: BucketPlan, rows_per_unit: int, units: int, width: int, budget: int) -> list[Chunk]:
-    """Split every (example, view) head group into chunks of about ``budget`` scores.
-
-    A unit is a bucket (``rows_per_unit = R``) or the dense block (one unit of P rows).
-    """
+    """Split every (example, view) head group into chunks of about ``budget`` scores; a unit is a bucket
+    (``rows_per_unit = R``) or the dense block (one unit of P rows)."""
     out = []
     H = plan.heads
     per_head = rows_per_unit * units * width

@@ -1,35 +1,20 @@
 """MATE's bucketed attention as fused Triton kernels (``variant=bucketed impl=triton``).
 
-The same function as :mod:`.mate_bucketed` and :mod:`.mate_flex` (explained in
-:mod:`.mate_reference`), computed FlashAttention-2 style in each head's sorted order:
+The function of :mod:`.mate_reference`, computed FlashAttention-2 style in each head's sorted order, with q, k, v
+read through the head's permutation (no sorted copies):
 
-- **forward**: one program per (example x head, tile of ``BLOCK_M`` sorted rows). It reads
-  its queries through the head's permutation (no sorted copy) and visits only the key
-  tiles its rows may attend: every real key when the tile holds a dense (query-set)
-  row, otherwise the ``G`` globals and the union of its buckets' 3-bucket windows (two
-  contiguous intervals of the sorted order). Scores, MATE's mask, an online softmax and
-  the context stay on chip; the output row is written to its token's position and the
-  row's log-sum-exp is kept for the backward.
-- **backward**: a dK/dV pass (one program per key tile, visiting the query tiles that
-  attend it: all rows for a global tile, else the dense rows and the neighbouring
-  buckets) and a dQ pass over the forward's tiles; probabilities are recomputed from the
-  log-sum-exp, ``dS = P * (dP - rowsum(dO * O))``.
-- **attention dropout** inside the kernels: each kept-or-dropped decision is a Philox
-  draw keyed by (seed, example x head, query token, key token), so the forward and both
-  backward passes agree, and a mask does not depend on tiles or memory layout.
+- **forward**: one program per (example x head, ``BLOCK_M`` sorted rows) visits only the key tiles its rows may
+  attend: every real key when the tile holds a dense row, else the ``G`` globals and its buckets' windows (two
+  contiguous intervals). Scores, mask, online softmax and context stay on chip; each row's log-sum-exp is kept.
+- **backward**: a dK/dV pass (one program per key tile, over the query tiles that attend it) and a dQ pass over the
+  forward's tiles; probabilities are recomputed from the log-sum-exp, ``dS = P * (dP - rowsum(dO * O))``.
+- **attention dropout**: a Philox draw keyed by (seed, example x head, query token, key token), so the three passes
+  agree and no mask depends on tiles or memory layout.
 
-Products and accumulations are float32 (``tl.dot`` accumulates in float32; float32
-inputs use IEEE products, not TF32), the softmax is float32, and outputs and gradients
-are rounded once to the inputs' dtype.
-
-Everything the kernels read about the batch's layout is a tensor on the device (per-head
-sort order and sorted group ids, per-example dense-row and real-token counts): the
-launch reads no tensor value on the host, and the forward and backward are one
-``torch.library`` custom op each, with its autograd registered.
-
-On CUDA the kernels are compiled. On a CPU tensor they run in Triton's interpreter (numpy;
-a check of the GPU code, slow), in a process started with ``TRITON_INTERPRET=1``
-(:func:`kernels`). Triton is optional: :func:`triton_available`.
+Products and softmax are float32 (float32 inputs: :data:`FLOAT32_DOT`); outputs and gradients are rounded once to
+the inputs' dtype. The launch reads no tensor value on the host (:class:`TritonStructure`); forward and backward
+are one ``torch.library`` custom op each, with its autograd. On CUDA the kernels are compiled; CPU tensors run in
+Triton's interpreter, a slow check of the GPU code (:func:`kernels`). Triton is optional: :func:`triton_available`.
 """
 
 from __future__ import annotations
@@ -81,14 +66,10 @@ def triton_available() -> bool:
 
 # ------------------------------------------------------------------ structure
 class TritonStructure:
-    """What the kernels read about a batch's layout, as device tensors (cached on the layout):
-    the same sort orders and groups as :func:`~.mate_plan.bucket_plan`'s, which it does not build.
-
-    ``perm`` ``[B*H, N]`` int32: sorted position -> token position; ``groups`` ``[B*H, N]``
-    int32: the sorted tokens' group ids (0: query set, row/column + 1, :data:`PAD`);
-    ``dense`` ``[B]`` int32: the dense rows (``min(|Q|, G)``, a sorted prefix); ``real``
-    ``[B]`` int32: the real tokens (a sorted prefix).
-    """
+    """What the kernels read about a batch's layout, as device tensors cached on the layout: the sort orders and
+    groups of :func:`~.mate_plan.bucket_plan`, without building it. ``perm`` ``[B*H, N]`` int32: sorted position ->
+    token; ``groups`` ``[B*H, N]`` int32: sorted group ids (:data:`PAD` for padding); ``dense``, ``real`` ``[B]``
+    int32: the dense rows (``min(|Q|, G)``) and the real tokens, each a sorted prefix."""
 
     def __init__(self, layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> None:
         from mate_cli.modeling.attention.mate_plan import sorted_groups
@@ -106,26 +87,23 @@ class TritonStructure:
 
     @staticmethod
     def of(layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> "TritonStructure":
-        """The structure for these settings, built once per layout (the encoder's layers share
-        it) from device tensors only: no value is read on the host."""
+        """The structure for these settings, built once per layout from device tensors only."""
         key = ("mate.triton", num_heads, float(row_heads_ratio), int(global_size), int(radius))
         return layout.cached(key, lambda: TritonStructure(layout, num_heads, row_heads_ratio, global_size, radius))
 
 
 # --------------------------------------------------------------------- kernels
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its interpreter in this process (fixed when Triton is
-    first imported: its own library functions are decorated for one mode)."""
+    """Whether Triton runs kernels in its interpreter in this process (fixed when Triton is first imported)."""
     import triton.language.standard as standard
 
     return type(standard.zeros).__name__ == "InterpretedFunction"
 
 
 def kernels(device: torch.device):
-    """:mod:`.mate_triton_kernels` for tensors on ``device``: compiled on CUDA; elsewhere run
-    by Triton's interpreter, which the process must have been started with
-    (``TRITON_INTERPRET=1``: Triton fixes its mode when it is first imported, and
-    ``torch._dynamo`` imports it early). The wrong mode is a one-line error."""
+    """:mod:`.mate_triton_kernels` for ``device``: compiled on CUDA, else run by Triton's interpreter, which needs
+    ``TRITON_INTERPRET=1`` from the process's start (``torch._dynamo`` imports Triton early). The wrong mode is a
+    one-line error."""
     from mate_cli.modeling.attention import mate_triton_kernels
 
     want = device.type != "cuda"
@@ -254,16 +232,9 @@ def triton_bucketed_attention(
     *,
     seed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Bucketed MATE in the Triton kernels. ``q, k, v``: ``[batch, heads, seq, head_dim]``
-    (q not pre-scaled); returns the same shape (a view of a ``[batch, seq, heads, head_dim]``
-    buffer).
-
-    Args:
-        structure: :class:`TritonStructure` of the batch's plan.
-        dropout_p: attention dropout, drawn in the kernels.
-        seed: int64 scalar tensor on q's device keying the dropout draws (default: drawn
-            on the device from torch's generator, without a host round trip).
-    """
+    """Bucketed MATE in the Triton kernels: ``q, k, v`` ``[batch, heads, seq, head_dim]`` (q not pre-scaled) ->
+    the same shape, a view of a ``[batch, seq, heads, head_dim]`` buffer. ``seed``: an int64 scalar tensor on q's
+    device keying the dropout draws (default: drawn on the device, without a host round trip)."""
     if seed is None:
         seed = torch.randint(0, 2**31 - 1, (), device=q.device, dtype=torch.int64)
     out, _ = _forward_op(q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed,
@@ -304,10 +275,9 @@ _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "
 
 
 def resource_usage(arch: int, dtype: torch.dtype = torch.bfloat16, head_dim: int = 64, dropout: bool = True) -> dict:
-    """Compile the three kernels ahead of time for CUDA compute capability ``arch`` (90:
-    H100, 80: A100) without a GPU, and read each cubin's resources with the wheel's
-    ``cuobjdump``: ``{kernel: {"REG": .., "STACK": .., "LOCAL": ..}}`` (LOCAL > 0: spills).
-    Needs compiled-mode Triton (a process without ``TRITON_INTERPRET=1``)."""
+    """Compile the three kernels for CUDA compute capability ``arch`` (90: H100, 80: A100) without a GPU and read
+    each cubin's resources with the wheel's ``cuobjdump``: ``{kernel: {"REG", "STACK", "LOCAL"}}`` (LOCAL > 0:
+    spills). Needs compiled-mode Triton (no ``TRITON_INTERPRET=1``)."""
     import re
     import subprocess
     import tempfile
