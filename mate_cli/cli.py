@@ -1,17 +1,8 @@
-"""`mate <command> [hydra overrides]`: one Hydra app per command.
+"""`mate <command> [hydra overrides]`: one Hydra app per command; a `MateError` prints one line and exits with 2.
 
-``mate --help`` lists the commands; ``mate <command> --help`` shows Hydra's help
-with the config groups; ``mate <command> --cfg job`` prints the composed config.
-Errors users can cause (`MateError`) print one line and exit with status 2.
-
-``sys.argv`` stays the real command line, ``[<path of mate>, <command>, *overrides]``:
-Lightning's DDP launcher (``hardware=ddp``, ``hardware=ddp_cpu``) re-executes exactly that
-for ranks > 0, adding ``hydra.run.dir=<this run>``. Only while Hydra parses its
-arguments does it see ``[<path of mate>, *overrides]`` (see :func:`run_hydra_app`).
-
-Tab completion: ``eval "$(mate -sc install=bash)"`` (e.g. in ``~/.bashrc``) completes
-commands, then each command's config groups, options and keys through Hydra's own
-completion query (``mate <command> -sc query=bash``).
+``sys.argv`` stays the real command line, ``[<path of mate>, <command>, *overrides]``, which Lightning's DDP launcher
+re-executes for ranks > 0 (adding ``hydra.run.dir=<this run>``); only Hydra's argument parsing sees
+``[<path of mate>, *overrides]`` (:func:`run_hydra_app`). Bash completion: :func:`shell_completion`.
 """
 
 from __future__ import annotations
@@ -123,9 +114,8 @@ def answers_only(args: list[str]) -> bool:
 
 
 def answer_only_app(command: str):
-    """``command``'s Hydra app (the same config, and the job named after the command's module)
-    for the flags that run no task: its module, which imports torch and Lightning, is not
-    imported, so ``mate train --help`` and ``--cfg job`` answer in about a second."""
+    """``command``'s Hydra app for the flags that run no task, without importing its module (torch, Lightning), so
+    ``mate train --help`` and ``--cfg job`` answer in about a second; the job is named after that module."""
     import hydra
 
     from mate_cli.paths import register_resolvers
@@ -140,9 +130,8 @@ def answer_only_app(command: str):
 
 
 def checked_command_line(command: str, args: list[str]) -> tuple[list[str], str | None]:
-    """``args`` with free text quoted for Hydra, and the one-line problem the command-line
-    checks find in them (group choices, keys, types), if any: what ``main`` checks before
-    Hydra's app starts."""
+    """``args`` with free text quoted for Hydra, and the one-line problem the checks before Hydra's app find in
+    them (group choices, keys, types, modes), if any."""
     args = quote_free_text(command, list(args))
     return args, check_group_choices(args) or check_command_line(command, args) or check_one_mode(args)
 
@@ -156,11 +145,10 @@ def check_one_mode(args: list[str]) -> str | None:
 
 
 def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:
-    """Take the folder a command line names (``hydra.run.dir=<dir>``; ``-m``: ``hydra.sweep.dir=``)
-    before Hydra writes its ``.hydra/`` files there (:func:`mate_cli.run_lock.claim`): the
-    arguments to run (with ``paths.existing_run_dir=subdir``, pointing at a new folder inside
-    it) and the one-line problem, if any. Default run dirs are new and are taken by the task
-    itself (:func:`mate_cli.commands.common.run_task`)."""
+    """Claim the folder a command line names (``hydra.run.dir=``; with ``-m``, ``hydra.sweep.dir=``) by
+    :func:`mate_cli.run_lock.claim` before Hydra writes ``.hydra/`` there; returns the arguments to run (pointing at a
+    new subfolder under ``paths.existing_run_dir=subdir``) and the one-line problem, if any. Default run dirs are taken
+    by :func:`mate_cli.commands.common.run_task`."""
     from mate_cli import run_lock
     from mate_cli.errors import MateError
 
@@ -201,8 +189,8 @@ def unwritable(folder: Path, err: OSError) -> str:
 
 
 def check_output_root(args: list[str]) -> str | None:
-    """The one-line problem when the folder default run dirs go in (``$MATE_OUTPUT_DIR``, else
-    ``outputs``) cannot be made or written, before Hydra tries (a traceback otherwise)."""
+    """The one-line problem when the folder of default run dirs (``$MATE_OUTPUT_DIR``, else ``outputs``) cannot be
+    made or written, found before Hydra tries."""
     import tempfile
 
     if any(arg in args for arg in ("--cfg", "-c", *ANSWER_ONLY_FLAGS)) or any(
@@ -219,15 +207,9 @@ def check_output_root(args: list[str]) -> str | None:
 
 
 def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:
-    """Run the ``@hydra.main`` ``app`` of ``command`` on ``args``.
-
-    Hydra parses ``sys.argv[1:]``, so it runs with ``sys.argv = [program, *args]``; the
-    task itself (:func:`mate_cli.commands.common.run_task`) runs with the true command line
-    ``[program, command, *args]``. ``program`` is the real ``mate`` executable: never
-    renamed, since Lightning's DDP launcher re-executes ``sys.argv`` for ranks > 0 and
-    Hydra names the job (``hydra.job.name``, the ``<command>.log`` file) from the
-    command's module, not from ``sys.argv[0]``.
-    """
+    """Run ``command``'s ``@hydra.main`` ``app`` on ``args``: Hydra parses ``sys.argv = [program, *args]``, the
+    task sees the true command line ``[program, command, *args]``. ``program`` stays the real ``mate`` (the DDP
+    launcher re-executes ``sys.argv``); Hydra names the job, and its ``<command>.log``, from the command's module."""
     from mate_cli.commands import common
 
     common.COMMAND_LINE[:] = [program, command, *args]
@@ -263,9 +245,8 @@ complete -o nospace -o default -F _mate_completion mate
 
 
 def shell_completion(args: list[str], command: str | None, program: str) -> int:
-    """``mate [<command>] -sc install=bash|uninstall=bash`` prints the script for every
-    command; ``mate <command> -sc query=bash`` answers for ``COMP_LINE="mate <command> ..."``
-    through Hydra's completion of that command's config."""
+    """``-sc install=bash`` or ``-sc uninstall=bash`` prints the script for every command;
+    ``mate <command> -sc query=bash`` answers for ``COMP_LINE`` through Hydra's completion of that command's config."""
     settings = dict(arg.partition("=")[::2] for arg in args if "=" in arg)
     action = next((key for key in ("install", "uninstall", "query") if key in settings), None)
     shell = settings.get(action, "")
@@ -300,9 +281,8 @@ def shell_completion(args: list[str], command: str | None, program: str) -> int:
 
 
 def completion_app(command: str):
-    """A Hydra app over ``conf/<command>.yaml`` that only answers completion queries: it
-    composes what the command composes without importing the command (Lightning takes
-    seconds to import; a completion query answers in a fraction of one)."""
+    """A Hydra app over ``conf/<command>.yaml`` that only answers completion queries, composing what the command
+    composes without importing it (Lightning takes seconds to import)."""
     if not (CONF_DIR / f"{command}.yaml").is_file():  # a command with another config name
         return importlib.import_module(COMMANDS[command][0]).main
     import hydra

@@ -1,8 +1,5 @@
-"""Where the repository's config tree and bundled data live, and Hydra resolvers.
-
-``conf/`` and ``data/`` sit at the repository root next to the package (the
-project is installed editable); ``MATE_CONF_DIR`` overrides the config location.
-"""
+"""Where the config tree (``conf/``, or ``MATE_CONF_DIR``) and the bundled data live, at the repository root next
+to the package (installed editable); run and folder names, and the ``${mate.*:}`` Hydra resolvers."""
 
 from __future__ import annotations
 
@@ -34,15 +31,10 @@ NAME_OVERRIDES_MAX = 96
 
 
 def override_parts(overrides) -> list[str]:
-    """What a job's overrides (``${hydra:overrides.task}``: the command line's, with a sweep's
-    value for each job) say about the run, as ``key=value`` parts of its name and tags.
-
-    The key is its last part (``model.optimizer.lr=3e-05`` -> ``lr=3e-05``), or the whole key
-    where two overrides share a last part; :data:`NOT_IN_NAME` and :data:`NOT_IN_NAME_GROUPS`
-    are left out, and so are values holding a path (``/``) or a list: they name a place or
-    a set, which a tag cannot show. So the jobs of a sweep get names and tags that differ
-    by what was swept, and a single run's name says what its command line changed.
-    """
+    """What a job's overrides (``${hydra:overrides.task}``, a sweep's value included) say about the run, as the
+    ``key=value`` parts of its name and tags: the key's last part (``model.optimizer.lr=3e-05`` -> ``lr=3e-05``), or the
+    whole key where two share one. Left out: :data:`NOT_IN_NAME`, :data:`NOT_IN_NAME_GROUPS`, and values holding a path
+    (``/``) or a list, which a tag cannot show. So a sweep's jobs differ by what was swept."""
     pairs = []
     for item in overrides or ():
         key, sep, value = str(item).partition("=")
@@ -62,9 +54,8 @@ def override_parts(overrides) -> list[str]:
 
 
 def overrides_name(overrides) -> str:
-    """:func:`override_parts` as one part of a run name: ``lr=3e-05,radius=84`` (Hydra's
-    ``override_dirname`` style); over :data:`NAME_OVERRIDES_MAX` characters, cut to that with
-    a hash of the whole at its end."""
+    """:func:`override_parts` as one run-name part, ``lr=3e-05,radius=84``; over :data:`NAME_OVERRIDES_MAX`
+    characters, cut to that with a hash of the whole at its end."""
     text = ",".join(override_parts(overrides))
     if len(text) > NAME_OVERRIDES_MAX:
         import hashlib
@@ -80,10 +71,9 @@ MAX_DIR_NAME_BYTES = 200
 
 
 def capped(text: str) -> str:
-    """``text`` as a part of a folder name: whole up to :data:`MAX_DIR_NAME_BYTES` bytes of
-    UTF-8; a longer text is cut (never inside a character) to leave room for ``-`` and 8 hex
-    digits of a hash of its whole, so two long texts that differ only at their ends stay two
-    folders: ``${mate.capped:${hydra.job.override_dirname}}`` names a sweep's job folders."""
+    """``text`` as a folder-name part: whole up to :data:`MAX_DIR_NAME_BYTES` bytes of UTF-8, else cut (never inside a
+    character) and ended by ``-`` and 8 hex digits of a hash of the whole, so two long texts differing only at their
+    ends stay two folders (``${mate.capped:${hydra.job.override_dirname}}`` names a sweep's job folders)."""
     text = str(text)
     encoded = text.encode()
     if len(encoded) <= MAX_DIR_NAME_BYTES:
@@ -93,11 +83,9 @@ def capped(text: str) -> str:
 
 
 def dir_name(run_name: str) -> str:
-    """A run name as a folder name that pastes into ``ckpt_path=`` unquoted (Hydra's
-    grammar refuses ``=`` and ``,`` in a value): ``seed42-lr=3e-05,radius=84`` ->
-    ``seed42-lr3e-05_radius84``, as ``seed42`` itself is written; :func:`capped`, so a name
-    over :data:`MAX_DIR_NAME_BYTES` bytes is cut and ends in 8 hex digits of its whole text
-    (the run name itself, in W&B and the logs, is kept whole)."""
+    """A run name as a folder name that pastes into ``ckpt_path=`` unquoted (Hydra refuses ``=`` and ``,`` in a
+    value): ``seed42-lr=3e-05,radius=84`` -> ``seed42-lr3e-05_radius84``, then :func:`capped`. The run name itself,
+    in W&B and the logs, is kept whole."""
     return capped(str(run_name).replace("=", "").replace(",", "_"))
 
 
@@ -133,14 +121,10 @@ def output_root() -> Path:
 
 
 def pretrained_run(experiment: str) -> str:
-    """The ``encoder/`` of the newest finished ``mate pretrain`` run of ``experiment``
-    (``pretrain_mate``, ``pretrain_dense``, ...): ``${mate.pretrained:<experiment>}``.
-
-    Looks in ``<output root>/pretrain/<time>-<experiment>-...`` and in the jobs of
-    ``<output root>/multirun/pretrain/<time>/`` whose ``resolved_config.yaml`` names that
-    experiment; newest by start time. A run's ``resolved_config.yaml`` records the directory;
-    pass ``model.encoder.pretrained=<dir>`` to pin another.
-    """
+    """``${mate.pretrained:<experiment>}``: the ``encoder/`` of the newest finished ``mate pretrain`` run of
+    ``experiment``, by start time, among ``<output root>/pretrain/<time>-<experiment>-...`` and the jobs of
+    ``<output root>/multirun/pretrain/<time>/`` whose ``resolved_config.yaml`` names it. A run's
+    ``resolved_config.yaml`` records the directory; ``model.encoder.pretrained=<dir>`` pins another."""
     from mate_cli.errors import MateError
 
     root = output_root()
@@ -179,12 +163,8 @@ PROCESS_TAG = secrets.token_hex(3)
 
 
 def register_resolvers() -> None:
-    """Register the ``${mate.*:}`` resolvers (idempotent): ``repo_root``; ``join`` (the parts
-    that say something, joined by ``-``: run names); ``tags`` (the same parts as a list);
-    ``group`` (:func:`run_group`); ``pretrained`` (:func:`pretrained_run`); ``slug`` (:func:`slug`);
-    ``dot_name`` (:func:`dot_name`); ``unique`` (:data:`PROCESS_TAG`); ``overrides``
-    (:func:`overrides_name`); ``override_tags`` (:func:`override_parts`); ``dir_name`` (:func:`dir_name`);
-    ``capped`` (:func:`capped`)."""
+    """Register the ``${mate.*:}`` resolvers listed below (idempotent); ``mate.join`` joins
+    :func:`name_parts` with ``-`` (run names)."""
     resolvers = {
         "mate.unique": lambda: PROCESS_TAG,
         "mate.repo_root": lambda: str(REPO_ROOT),
@@ -211,11 +191,9 @@ def cache_dir() -> Path:
 
 
 def keep_tool_caches() -> None:
-    """Point matplotlib's config and font cache, torch's compiler cache and Triton's kernel
-    cache at mate's cache (``<cache>/matplotlib``, ``<cache>/torchinductor``,
-    ``<cache>/triton``) instead of ``~/.cache``, ``~/.config``, ``~/.triton`` and ``/tmp``; a
-    variable the user set is kept. Called before the command is imported: they read it
-    once, on import."""
+    """Point matplotlib's, torch compiler's and Triton's caches at ``<cache>/matplotlib``, ``<cache>/torchinductor``
+    and ``<cache>/triton`` instead of the home folder and ``/tmp``, unless the user set them. Called before the command
+    is imported, as they read the variables once, on import."""
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "torchinductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir() / "triton"))

@@ -1,20 +1,9 @@
 """Runs that resume exactly, and checkpoints that are whole after a kill.
 
-- :class:`ResumeState`: a callback that stores, in every checkpoint, the RNG states
-  (Python, NumPy, torch CPU and CUDA) and how many training batches of the current
-  epoch were consumed, and on resume restores the RNG and makes the training sampler
-  (:class:`~mate_cli.data.sampler.EpochShuffle`) skip those batches. Lightning itself
-  restores the weights, optimiser, scheduler, step and epoch.
-- :class:`AtomicCheckpointIO`: checkpoints are written to a temp file next to the
-  target (inside the run dir) and renamed, so a kill mid-write leaves the previous
-  checkpoint whole and no stray file elsewhere.
-- :func:`resolve_resume_path`: what ``mate train ckpt_path=`` means: a checkpoint
-  file, a run dir (its ``checkpoints/last.ckpt``), or ``last`` (the newest run of the
-  same experiment).
-- One run for the dashboards: a resumed run writes into a run dir of its own, but
-  :func:`continue_wandb_run` gives it the W&B run id of the run it resumes (one W&B run,
-  ``resume="allow"``), and :class:`ContinuousCSVLog` starts its ``csv/metrics.csv`` with the
-  earlier run's rows before the checkpoint's step, so the log reads as one run's.
+:class:`ResumeState` saves in every checkpoint, and restores, what Lightning does not: the RNG states and the
+training batches consumed this epoch, which the sampler then skips. :class:`AtomicCheckpointIO` writes checkpoints
+by temp file and rename, so a kill mid-write leaves the previous one whole. A resumed run writes into a run dir of
+its own but continues the earlier run's W&B run (:func:`continue_wandb_run`) and CSV log (:class:`ContinuousCSVLog`).
 """
 
 from __future__ import annotations
@@ -79,8 +68,7 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 
 def epoch_shuffles(loaders) -> list[EpochShuffle]:
-    """The :class:`EpochShuffle` samplers of ``loaders`` (a ``DistributedSampler``: Lightning
-    uses it as it is under DDP, so it is the loader's own sampler)."""
+    """The :class:`EpochShuffle` samplers of ``loaders`` (a ``DistributedSampler``, which Lightning keeps under DDP)."""
     found = []
     for loader in loaders:
         for sampler in (
@@ -135,9 +123,8 @@ class ResumeState(L.Callback):
 
 
 def forget_other_runs_checkpoints(trainer: L.Trainer) -> None:
-    """Clear the checkpoint paths a resumed ``ModelCheckpoint`` restored from the run it resumes
-    when they lie outside its own folder: the resumed run's best and last are its own, and
-    Lightning would otherwise report, or rotate out (delete), the earlier run's files."""
+    """Clear the best, top-k and last checkpoint paths a resumed ``ModelCheckpoint`` restored from outside its own
+    folder, which Lightning would otherwise report, or rotate out (delete), as this run's."""
     for callback in trainer.checkpoint_callbacks:
         folder = Path(callback.dirpath).resolve() if getattr(callback, "dirpath", None) else None
 
@@ -189,14 +176,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def resolve_resume_path(value: str | None, output_root: Path, experiment_name: str) -> str | None:
-    """The checkpoint ``ckpt_path=`` names (None: start fresh).
-
-    Args:
-        value: a ``.ckpt`` file, a run dir, or ``last``.
-        output_root: where ``mate train`` runs live (``$MATE_OUTPUT_DIR/train`` or ``outputs/train``).
-        experiment_name: for ``last``: the newest run dir of that experiment (named
-            ``<time>-<experiment_name>-<attention>-...``, see ``run_name`` in conf/train.yaml).
-    """
+    """The checkpoint ``ckpt_path=`` names (None: start fresh): a ``.ckpt`` file, a run dir (its
+    ``checkpoints/last.ckpt``), or ``last``: that of the newest run dir of ``experiment_name`` under ``output_root``
+    (named ``<time>-<experiment_name>-...``: ``run_name`` in conf/train.yaml). A weights-only checkpoint is refused."""
     if value in (None, ""):
         return None
     if str(value) == "last":
@@ -226,9 +208,8 @@ def resolve_resume_path(value: str | None, output_root: Path, experiment_name: s
 
 
 def is_weights_only_checkpoint(path: Path) -> bool:
-    """Whether ``path`` is a Lightning checkpoint saved with ``save_weights_only`` (no
-    optimiser state to resume from): read from the pickle's record of its keys, without
-    loading anything. Any other file is left to the loader, which names what is wrong."""
+    """Whether ``path`` is a Lightning checkpoint saved with ``save_weights_only`` (no optimiser state), read
+    from the pickle's record of its keys without loading it; any other file is left to the loader."""
     import zipfile
 
     try:
@@ -246,11 +227,8 @@ def run_dir_of(checkpoint: str | Path) -> Path:
 
 
 def continue_wandb_run(cfg, resume: str | None) -> str | None:
-    """Fix ``logger.wandb.id`` before the loggers are built: a resumed run takes the id of
-    the run it resumes (read from that run's ``resolved_config.yaml``; Lightning passes
-    ``resume="allow"``), so W&B shows one run; a new run draws one, which its own
-    ``resolved_config.yaml`` records for a later resume. Returns the id (None without a
-    W&B logger)."""
+    """Set ``logger.wandb.id`` before the loggers are built and return it (None without W&B): a resumed run takes
+    the id in the resumed run's ``resolved_config.yaml`` (Lightning passes ``resume="allow"``), a new run draws one."""
     from omegaconf import OmegaConf
 
     wandb_cfg = OmegaConf.select(cfg, "logger.wandb", default=None)
@@ -271,10 +249,8 @@ def continue_wandb_run(cfg, resume: str | None) -> str | None:
 
 
 class ContinuousCSVLog(L.Callback):
-    """A CSV log that a resume continues: flushed to disk with every checkpoint (so the log
-    on disk covers the newest checkpoint; Lightning buffers 100 steps otherwise), and, on
-    resume, started with the resumed run's rows before the restored step (its own batch's
-    row is kept in the checkpoint; later rows are logged again by the resumed run)."""
+    """A CSV log a resume continues: flushed with every checkpoint (Lightning buffers 100 steps otherwise);
+    on resume it starts with the earlier run's rows before the restored step, the checkpoint's batch row included."""
 
     def __init__(self, earlier_run_dir: str | Path | None = None) -> None:
         self.earlier = None if earlier_run_dir is None else Path(earlier_run_dir)
@@ -295,9 +271,8 @@ class ContinuousCSVLog(L.Callback):
 
     @staticmethod
     def _pending_row(trainer) -> dict | None:
-        """The row Lightning logs for this batch right after an every-n-steps checkpoint
-        (it logs after ``on_train_batch_end``, where that checkpoint is saved): kept in the
-        checkpoint, so the resumed log has it even when the kill came before it was written."""
+        """The row Lightning logs for this batch after an every-n-steps checkpoint is saved: kept in the checkpoint, so
+        the resumed log has it even when the kill came before it was written."""
         try:
             return pending_log_row(trainer)
         except Exception:  # noqa: BLE001 - a Lightning internal moved (its test says which): the row is lost, never wrong
@@ -312,8 +287,7 @@ class ContinuousCSVLog(L.Callback):
                 self._continue(logger.experiment, Path(logger.save_dir), trainer.global_step)
 
     def _continue(self, writer, save_dir: Path, step: int) -> None:
-        """Seed ``writer``'s (still empty: nothing is logged before the first step of a
-        resumed run) metrics file with the earlier log's rows up to ``step``."""
+        """Seed ``writer``'s still-empty metrics file with the earlier log's rows before ``step``."""
         earlier = self.earlier / Path(writer.metrics_file_path).relative_to(save_dir)
         if not earlier.is_file():
             log.info("no CSV log at %s to continue; this run's starts at step %d", earlier, step)

@@ -1,21 +1,14 @@
-"""Who owns a run directory: one process at a time, and never another run's files.
+"""Who owns a run dir: one process at a time, and never another run's files.
 
-- **One process**: the first ``mate`` process in a run dir takes an exclusive ``flock`` on
-  ``<run dir>/.mate.lock`` and holds it until it exits (the OS releases it when the process
-  dies, kill -9 included, so a lock file never goes stale); a second process is refused in
-  one line. Default run dirs end in a per-process tag and never collide; the lock is what
-  stops two runs given the same ``hydra.run.dir=``.
-- **Never another run's files** (:func:`claim`): a ``hydra.run.dir=`` that already holds
-  files is refused in one line, unless they are this same command's own unfinished run
-  (same command and overrides, no ``metrics.json``: it was interrupted, so running it again
-  there is what the user means). ``paths.existing_run_dir=subdir`` writes into a new folder
-  inside it instead, so nothing there is overwritten.
-- **Temp files**: on taking the lock, the temp files that a killed mate process left
-  half-written (:func:`mate_cli.io.is_stale_temp`: mate's own names, a writer of this host
-  that no longer runs) are removed; any other file is left alone.
+- One process: the first ``mate`` process in a run dir holds an exclusive ``flock`` on ``<run dir>/.mate.lock``
+  until it exits; the OS releases it when the process dies, kill -9 included, so a lock never goes stale. A second
+  process is refused in one line. Default run dirs never collide: the lock stops two runs given one run dir.
+- Never another run's files (:func:`claim`): a ``hydra.run.dir=`` that holds files is refused in one line unless
+  they are this command's own interrupted run; ``paths.existing_run_dir=subdir`` writes into a new folder inside it.
+- Taking the lock removes the temp files killed mate processes left half-written (:func:`mate_cli.io.is_stale_temp`)
+  and nothing else.
 
-The ranks > 0 of a DDP run are started by rank 0 into its run dir: they neither lock it nor
-check what it holds.
+The ranks > 0 of a DDP run work in rank 0's run dir: they neither lock it nor check what it holds.
 """
 
 from __future__ import annotations
@@ -37,8 +30,7 @@ _HELD: dict[Path, object] = {}
 
 
 def is_ddp_child() -> bool:
-    """A process that a launcher started as rank > 0 (Lightning sets ``LOCAL_RANK``;
-    torchrun and SLURM set ``RANK``/``NODE_RANK`` too)."""
+    """Whether a launcher started this process as rank > 0 (``LOCAL_RANK``, ``NODE_RANK`` or ``RANK`` set, not 0)."""
     return any(os.environ.get(name, "0").strip() not in ("", "0") for name in ("LOCAL_RANK", "NODE_RANK", "RANK"))
 
 
@@ -62,8 +54,7 @@ def take(run_dir: str | os.PathLike) -> bool:
 
 
 def _locked(directory: Path, mode: str):
-    """``directory``'s lock file, open in ``mode`` and locked by this process; a `MateError`
-    naming the holder when another process has it."""
+    """``directory``'s lock file, open in ``mode`` and locked by this process; a `MateError` naming the holder."""
     handle = open(directory / LOCK_NAME, mode)  # noqa: SIM115 - the caller keeps or closes it
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -86,8 +77,7 @@ def release(run_dir: str | os.PathLike) -> None:
 
 
 def remove_stale_temps(directory: Path) -> int:
-    """Remove the temp files (:func:`mate_cli.io.is_stale_temp`) that killed mate processes
-    left anywhere in ``directory``; returns how many."""
+    """Remove the stale temp files (:func:`mate_cli.io.is_stale_temp`) under ``directory``; returns how many."""
     removed = 0
     for tmp in directory.rglob(".*.tmp") if directory.is_dir() else ():
         if tmp.is_file() and is_stale_temp(tmp):
@@ -105,8 +95,7 @@ EXISTING_CHOICES = ("refuse", "subdir")
 
 
 def existing_files(directory: Path) -> list[str]:
-    """The top-level names in ``directory`` that hold files, besides its lock file and the
-    temp files killed mate processes left (:func:`mate_cli.io.is_stale_temp`)."""
+    """The top-level names in ``directory`` that hold files, besides its lock file and stale mate temp files."""
 
     def holds_files(entry: Path) -> bool:
         if entry.is_dir() and not entry.is_symlink():
@@ -117,8 +106,8 @@ def existing_files(directory: Path) -> list[str]:
 
 
 def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
-    """``(command, overrides)`` of the run Hydra recorded in ``directory/.hydra`` (None: none,
-    or unreadable), read as data with limits (:func:`mate_cli.yaml_data.read_yaml`)."""
+    """``(command, overrides)`` of the run Hydra recorded in ``directory/.hydra``, read as data with limits
+    (:func:`mate_cli.yaml_data.read_yaml`); None when absent or unreadable."""
     from mate_cli.yaml_data import read_yaml
 
     files = directory / ".hydra" / "hydra.yaml", directory / ".hydra" / "overrides.yaml"
@@ -135,20 +124,12 @@ def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
 def claim(
     directory: str | os.PathLike, command: str, overrides: list[str], existing: str = "refuse", resuming: bool = False
 ) -> Path:
-    """Take ``directory`` (a ``hydra.run.dir=``) for ``mate <command> <overrides>``; returns the
-    folder the command writes into: ``directory``, or with ``existing=subdir`` and files
-    already there, a new ``<directory>/<command>-<time>-<hex>``.
-
-    ``overrides`` are the job's own (no ``hydra.*``, ``ckpt_path`` or ``paths.existing_run_dir``):
-    a folder whose recorded run is ``command`` with the same overrides and no ``metrics.json``
-    is this command's own interrupted run, taken again as it is (``mate train``/``pretrain``:
-    only to resume it, ``resuming``, once it has a ``last.ckpt``).
-
-    Raises:
-        MateError: another process holds it, or it holds files that are not this command's
-            own interrupted run (``existing=refuse``), or training would start over an
-            interrupted run's ``last.ckpt`` instead of resuming it.
-    """
+    """Take ``directory`` (a ``hydra.run.dir=``) for ``mate <command> <overrides>``; returns the folder to write
+    into: ``directory``, or with ``existing="subdir"`` and files already there, a new
+    ``<directory>/<command>-<time>-<hex>``. A folder whose recorded run is ``command`` with the same ``overrides`` (the
+    job's own: no ``hydra.*``, ``ckpt_path`` or ``paths.existing_run_dir``) and no ``metrics.json`` is this command's
+    interrupted run, taken again (``mate train``/``pretrain`` with a ``last.ckpt``: only when ``resuming``). A folder
+    another process holds, other files (``existing="refuse"``) or training over that ``last.ckpt`` is a `MateError`."""
     directory = Path(directory).expanduser().resolve()
     if is_ddp_child():
         return directory

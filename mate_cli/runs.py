@@ -1,10 +1,5 @@
-"""Rebuilding a trained run: its resolved config, its checkpoint, the device to run on.
-
-``mate eval``, ``mate predict`` and the PointR pipeline all start from a checkpoint
-written by ``mate train`` (``<run dir>/checkpoints/<name>.ckpt``, with the run's
-``resolved_config.yaml`` two folders up). This module turns that into a ready model;
-it never imports the commands.
-"""
+"""A trained run rebuilt from its checkpoint (config, weights, device) for ``mate eval``, ``mate predict`` and
+PointR, and the one check of a checkpoint before it is resumed or loaded. Never imports the commands."""
 
 from __future__ import annotations
 
@@ -29,12 +24,10 @@ log = logging.getLogger(__name__)
 
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
-    """The resolved training config of the run that wrote ``ckpt_path``, with dotlist
-    ``overrides`` (each naming a key of that config, with a value of its type), read by
-    :func:`mate_cli.yaml_data.read_run_config` and checked by
-    :func:`mate_cli.run_targets.checked_run_config` (``trust``: the user's
-    ``trust_run_config``, which lifts the interpolation and target refusals, never the
-    file's limits)."""
+    """The resolved config of the run that wrote ``ckpt_path`` (``resolved_config.yaml`` two folders up), with
+    the dotlist ``overrides`` (keys of that config, values of their types) merged in, checked by
+    :func:`mate_cli.run_targets.checked_run_config`. ``trust`` (``trust_run_config``) lifts its interpolation and
+    target refusals, never the file's limits."""
     ckpt = check_checkpoint(run_checkpoint(ckpt_path))
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
@@ -54,10 +47,9 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
 
 
 def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
-    """The weights ``ckpt_path=`` names (README, "What ``ckpt_path=<run dir>`` means"): a
-    checkpoint file as it is; a run dir, its best checkpoint (``best_checkpoint`` in its
-    ``metrics.json``, the one `mate train` validated), else its ``checkpoints/last.ckpt``.
-    Resuming reads ``last.ckpt`` instead (:func:`mate_cli.resume.resolve_resume_path`)."""
+    """The weights ``ckpt_path=`` names (README, "What ``ckpt_path=<run dir>`` means"): a file as it is; a run dir,
+    its best checkpoint (``best_checkpoint`` in its ``metrics.json``), else its ``checkpoints/last.ckpt``. Resuming
+    reads ``last.ckpt`` instead (:func:`mate_cli.resume.resolve_resume_path`)."""
     path = Path(str(value)).expanduser()
     if not path.is_dir():
         return path
@@ -85,11 +77,8 @@ def check_checkpoint(ckpt_path: str | Path) -> Path:
 
 
 def check_checkpoint_file(path: Path) -> None:
-    """One `MateError` line when ``path`` is not a whole PyTorch checkpoint (empty, truncated, another file).
-
-    ``torch.save`` writes a zip archive whose directory sits at its end, so a truncated
-    file has none; reading the directory costs nothing next to loading the weights.
-    """
+    """One `MateError` line when ``path`` is not a whole PyTorch checkpoint: empty, truncated (a zip archive keeps
+    its directory at its end) or another kind of file."""
     fix = "pass a checkpoint written by `mate train` (<run dir>/checkpoints/*.ckpt)"
     if path.stat().st_size == 0:
         raise MateError(f"{path} is empty; {fix}")
@@ -101,10 +90,9 @@ def check_checkpoint_file(path: Path) -> None:
 
 
 def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: str, resume: bool = False) -> dict:
-    """The checkpoint at ``ckpt_path``, loaded weights-only, once it is whole, holds finite
-    weights of exactly ``model``'s names and shapes, and (``resume``) a state to continue
-    from; else one `MateError` line naming ``key`` (the config key that gave the path). The one
-    check before ``mate train`` resumes and before ``mate eval``/``predict``/``pointr`` load."""
+    """The checkpoint at ``ckpt_path``, loaded weights-only, once it is whole, has exactly ``model``'s names and
+    shapes, finite weights and (``resume``) a well-formed state to continue from; else one `MateError` line naming
+    ``key``. The one check before ``mate train`` resumes and before ``mate eval``/``predict``/``pointr`` load."""
     path = check_checkpoint(ckpt_path)
     fix = "pass a checkpoint written by `mate train` for this task"
     data, state = read_state(path, key, fix)
@@ -133,7 +121,7 @@ def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: st
 
 
 def read_state(path: Path, key: str, fix: str) -> tuple[dict, dict]:
-    """``(the checkpoint, its state_dict)``, loaded weights-only; one `MateError` line naming ``key`` when it has none."""
+    """``(checkpoint, its state_dict)``, loaded weights-only; one `MateError` line naming ``key`` when it has none."""
     data = load_weights_only(path, fix)
     state = data.get("state_dict") if isinstance(data, dict) else None
     if not isinstance(state, dict):
@@ -155,9 +143,8 @@ def refuse_non_finite(state: dict, path: Path, key: str) -> None:
 
 
 def check_resume_state(path: Path, data: dict) -> None:
-    """A checkpoint to resume from holds an optimiser state and a well-formed resume state
-    (RNG states and the position in the epoch: :class:`mate_cli.resume.ResumeState`),
-    tried on this process's generators and put back."""
+    """Refuse a checkpoint to resume from that lacks an optimiser state or holds a damaged
+    :class:`mate_cli.resume.ResumeState` (its RNG states are tried on this process's generators, then put back)."""
     from mate_cli.resume import STATE_KEY, rng_states, set_rng_states
 
     if not data.get("optimizer_states"):
@@ -216,16 +203,10 @@ def load_trained(
     device: torch.device,
     trust: bool = False,
 ) -> TrainedRun:
-    """Rebuild the LightningModule of a ``mate train`` run and load ``ckpt_path`` into it.
-
-    Args:
-        ckpt_path: the checkpoint; its run's ``resolved_config.yaml`` rebuilds the module.
-        overrides: dotlist overrides of that config (data settings).
-        expected: the LightningModule class (or classes) the run must have trained.
-        key: the config key that named the checkpoint (for error messages).
-        device: where the model goes.
-        trust: build the config even if it names targets mate_cli's configs do not.
-    """
+    """Rebuild the LightningModule of the ``mate train`` run behind ``ckpt_path`` (:func:`run_checkpoint`) from its
+    config with ``overrides``, load the checked weights, and put it in eval mode on ``device``. ``expected``: the
+    module class(es) the run must have trained; ``key``: the config key that named the checkpoint, for errors;
+    ``trust``: as in :func:`load_run_config`."""
     chosen = str(run_checkpoint(ckpt_path))
     if chosen != str(ckpt_path):
         log.info("%s.ckpt_path=%s: loading %s", key, ckpt_path, chosen)
@@ -246,14 +227,10 @@ def load_trained(
 
 
 def init_weights_from(model: torch.nn.Module, value: str | Path, key: str = "init_from") -> str:
-    """``init_from=<run dir | checkpoint>``: a new run starts from another run's weights.
-
-    Every tensor of the checkpoint (a run dir: its best, as for ``mate eval``) whose name and
-    shape match ``model``'s is copied in: the encoder and every head that fits (an SQA run's
-    cell-selection head into a WikiTQ model); the rest keep their fresh initialisation. Only
-    weights: the optimiser, schedule and step start anew (``ckpt_path=`` resumes a run).
-    Returns the one line that says what was loaded and what starts fresh.
-    """
+    """``init_from=<run dir | checkpoint>``: copy in every tensor of that checkpoint (a run dir: its best) whose
+    name and shape match ``model``'s, so the encoder and every head that fits start from it (an SQA run's
+    cell-selection head into a WikiTQ model) and the rest stay fresh. Weights only: the optimiser, schedule and step
+    start anew. Returns the one line that says what was loaded and what starts fresh."""
     path = run_checkpoint(value, key)
     if not path.is_file():
         raise MateError(

@@ -1,26 +1,15 @@
-"""`mate train`: compose -> instantiate datamodule, model, callbacks, loggers, trainer
--> fit (or resume: ``ckpt_path=<file | run dir | last>``; or start from another run's
-weights: ``init_from=<run dir | checkpoint>``) -> validate the best
-checkpoint -> write metrics.json.
+"""`mate train`: compose, instantiate, fit (or resume: ``ckpt_path=<file | run dir | last>``; or start from another
+run's weights: ``init_from=<run dir | checkpoint>``), validate the best checkpoint, write ``metrics.json``.
 
-The run directory gets: ``.hydra/`` (Hydra's composed config), ``resolved_config.yaml``
-(every interpolation resolved; what ``mate eval`` re-builds from), ``checkpoints/``
-(``last.ckpt``: the newest state, every ``callbacks.model_checkpoint.every_n_train_steps``
-steps and at the end; ``best-*.ckpt``: the best by the validation metric, weights only),
-``csv/metrics.csv``, ``wandb/`` (offline by default) and ``metrics.json`` (``tags``: the
-user's ``tags=[...]``; with ``test_after_training=true`` also ``test/*``: the best
-checkpoint on the test split, when it has answers; with ``validate_start=true`` also
-``start/val/*``: the starting checkpoint's validation metrics, measured before the first step;
-``train/*``: the loss and the task's metric on the last logged training batch; with
-``validate_best=false``, ``val/*`` are the last validation inside fit, if any ran);
-with ``export_encoder=true`` also ``encoder/``: the best checkpoint's encoder as a
-``transformers.TapasModel`` directory, so results travel to other tools; ``keep_best=encoder``
-exports it and removes the best checkpoint file (``metrics.json``: ``best_kept_as``).
+README lists the run dir's files. ``metrics.json`` holds ``val/*`` (the best checkpoint's; with
+``validate_best=false`` the last validation inside fit, if any), ``train/*`` (loss and metric on the last logged
+training batch), ``tags``, ``start/val/*`` (``validate_start=true``: before the first step) and ``test/*``
+(``test_after_training=true``: the best checkpoint on a test split with answers). ``export_encoder=true`` writes the
+best encoder to ``encoder/`` as a ``transformers.TapasModel`` directory; ``keep_best=encoder`` also removes the best
+checkpoint file, never ``last.ckpt`` (``metrics.json``: ``best_kept_as``).
 
-Under DDP (``hardware=ddp``, ``hardware=ddp_cpu``) every rank runs this function; rank 0
-alone prints and writes files (Lightning's loggers and checkpointing already write on
-rank 0 only). The final validation sees every example exactly once across the ranks,
-so its metrics equal a single-process ``mate eval`` of the same checkpoint.
+Under DDP every rank runs :func:`train` and rank 0 alone prints and writes files; the final validation sees every
+example exactly once across the ranks, so its metrics equal a single-process ``mate eval`` of the same checkpoint.
 """
 
 from __future__ import annotations
@@ -166,11 +155,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def print_summary(metrics: dict, validated_best: bool = True) -> None:
-    """The final validated metrics, on screen.
-
-    With ``validate_best=false`` (``debug=overfit`` among others) there is no final
-    validation: the last validation inside fit, if any, and the last training batch are shown.
-    """
+    """The final validated metrics on screen; with ``validate_best=false``, the last ``val/*`` and ``train/*``."""
 
     def floats(*prefixes: str) -> list[str]:
         return sorted(k for k, v in metrics.items() if k.startswith(prefixes) and isinstance(v, float))
@@ -209,8 +194,7 @@ def outputs(out: Path, metrics: dict, loggers, wandb_run: Path | None) -> dict[s
 
 
 def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:
-    """Save the checkpoint's encoder as a transformers directory (+ vocab): ``TapasModel``, or
-    ``TapasForMaskedLM`` from ``mate pretrain`` (the module's ``export_pretrained``)."""
+    """Save the checkpoint's encoder and vocab as a transformers directory (the module's ``export_pretrained``)."""
     state = load_weights_only(ckpt_path, "export from a checkpoint this run wrote")["state_dict"]
     model.load_state_dict(state)
     tokenizer = load_tokenizer(cfg.model.encoder.pretrained)
@@ -238,8 +222,7 @@ def _refuse_ddp_in_a_local_sweep(trainer) -> None:
 
 
 def _check_validation_interval(trainer) -> None:
-    """Lightning's refusal of a step-count ``val_check_interval`` longer than one epoch, as
-    one line naming the key, the epoch's batch count and the fixes (a traceback otherwise)."""
+    """Lightning's refusal of a step-count ``val_check_interval`` longer than an epoch, as one line with the fixes."""
     interval, batches = trainer.val_check_batch, trainer.fit_loop.max_batches
     within_epochs = trainer.check_val_every_n_epoch is not None
     if isinstance(interval, int) and isinstance(batches, int) and interval > batches and within_epochs:
@@ -251,8 +234,7 @@ def _check_validation_interval(trainer) -> None:
 
 
 def _check_pairing(cfg: DictConfig) -> None:
-    """Pre-training corpora go with the masked-LM module only, and the other way round
-    (checked on the config, before any data or weights load)."""
+    """Pre-training corpora go with the masked-LM module only, and the other way round (checked before data loads)."""
     corpus = str(OmegaConf.select(cfg, "dataset._target_", default="")).endswith(".PretrainDataModule")
     masked_lm = str(OmegaConf.select(cfg, "model._target_", default="")).endswith(".MaskedLMModule")
     if corpus != masked_lm:
@@ -266,9 +248,8 @@ def _check_pairing(cfg: DictConfig) -> None:
 
 
 def _test_best(trainer, model, datamodule, best: str) -> dict[str, float]:
-    """``test/*``: the best checkpoint on the dataset's test split, when that split has
-    answers (the released test files of HybridQA, WikiTQ, SQA and TabFact hold none or are
-    held back: then one line says why nothing was tested)."""
+    """``test/*``: the best checkpoint on the test split when it has answers (released test files hold none or are
+    held back); else one line says why nothing was tested."""
     from mate_cli.data.schema import has_answer
 
     if not hasattr(datamodule, "questions") or trainer.world_size > 1:
@@ -314,8 +295,7 @@ def _own(path: str | Path, out: Path) -> bool:
 
 
 def _finish_wandb() -> Path | None:
-    """Close this job's W&B run now (its closing lines print here, before the summary);
-    returns its folder (``<run dir>/wandb/offline-run-<time>-<id>``), if one ran."""
+    """Close this job's W&B run, so its closing lines print before the summary; returns its folder, if one ran."""
     wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran (logger=csv)
     if wandb is None or wandb.run is None:
         return None

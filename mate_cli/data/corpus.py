@@ -1,37 +1,18 @@
-"""Pre-training corpora: tables with their context text, as TAPAS pre-trains (the table plus
-a text segment: page title, section title, caption or nearby text).
+"""Pre-training corpora: tables with a text segment, as TAPAS pre-trains (:class:`TableText`).
 
-Owns :class:`TableText` (one pre-training example before tokenization) and the generic
-format for users' own corpora, JSON lines (:func:`read_jsonl`)::
+Users' corpora are JSON lines (:func:`read_jsonl`), one object per line, blank lines skipped::
 
     {"text": "Ashford, Kent. Population by ward.", "table": {"header": ["ward", "people"],
      "rows": [["Aylesford Green", "2,432"], ["Beaver", "5,512"]]}, "id": "optional"}
 
-one object per line; blank lines are skipped. ``text`` may be empty; ``header`` is a list
-of strings and ``rows`` a list of lists of strings (numbers are written as they read);
-a ragged row is an error, since a misaligned column would teach the wrong structure.
-Every problem is one ``MateError`` line naming the file, the line and the key.
+``text`` may be empty; every cell is a string (numbers as they read); a ragged row is an error, since a misaligned
+column would teach the wrong structure. The bundled datasets (:data:`SOURCES`) give each table with the text TAPAS
+would pair it with (the functions below); questions and statements are never used as text.
 
-And the readers of the datasets the project ships (:data:`SOURCES`, :func:`read_corpus`),
-each table once, with the text TAPAS would pair it with:
-
-- ``hybridqa``: every ``tables_tok`` table with its page title, section title and intro;
-  then up to ``passages`` more examples of it, each its title with one linked passage
-  (in the order of the table's passage file);
-- ``wtq`` / ``sqa``: every ``csv/<20x>-csv`` / ``table_csv`` table; neither release keeps
-  the page text, so the text segment is empty (the table is masked alone);
-- ``tabfact``: every ``data/all_csv`` table with its caption (from the statement files).
-
-Questions and statements are never used as text (TabFact's statement files are parsed for
-the captions): pre-training sees tables and their context.
-
-``tables="train"`` keeps, of ``wtq``, ``sqa`` and ``tabfact``, only the tables their
-fine-tuning trains on: the tables of each source's training questions, split as the task
-splits them (``splits``: one :class:`~mate_cli.data.split.SplitSettings` per source), and
-never a table whose content (:func:`table_key`) is on a validation or test side of any
-source: SQA's tables are WikiTQ's under other names, so a WikiTQ dev table can be an SQA
-training table. A test file that is absent (held back) cannot be read; the log line says
-so. HybridQA and JSON lines have no split here.
+``tables="train"`` keeps, of ``wtq``, ``sqa`` and ``tabfact``, only the tables of each source's training questions,
+split as its task splits them (``splits``), and never a table whose content (:func:`table_key`) is on a validation
+or test side of any source: SQA's tables are WikiTQ's under other names. The tables of a held-back (absent) test
+file cannot be excluded; the log says so.
 """
 
 from __future__ import annotations
@@ -137,8 +118,8 @@ def hybridqa_tables(reader, passages: int = 1) -> Iterator[TableText]:
 
 
 def csv_tables(reader, kind: str) -> Iterator[TableText]:
-    """Every table file of a WikiTableQuestions / SQA root (``.tsv`` twin preferred, as the
-    WikiTQ reader does); neither release keeps the page text, so the text is empty."""
+    """Every table file of a WikiTableQuestions or SQA root (``.tsv`` twin preferred), with empty text: neither
+    release keeps the page text."""
     found = {
         path.relative_to(reader.root).with_suffix(".csv").as_posix()
         for pattern in reader.TABLE_GLOBS
@@ -150,8 +131,7 @@ def csv_tables(reader, kind: str) -> Iterator[TableText]:
 
 
 def tabfact_tables(reader) -> Iterator[TableText]:
-    """TabFact's tables with their captions (the captions live in the statement files, which
-    are parsed for them; the statements themselves are not used)."""
+    """TabFact's tables with their captions (parsed from the statement files; the statements are not used)."""
     from mate_cli.data.tabfact import TabFactReader
 
     for name in reader.available_files():
@@ -163,8 +143,7 @@ def tabfact_tables(reader) -> Iterator[TableText]:
 
 
 def _readers() -> dict:
-    """The readers' registration: per dataset kind, its reader and the function listing its
-    tables (``(reader, kind, hybridqa_passages) -> TableText``s)."""
+    """Per dataset kind, its reader and the function listing its tables (``(reader, kind, hybridqa_passages)``)."""
     from mate_cli.data.hybridqa import HybridQAReader
     from mate_cli.data.sqa import SQAReader
     from mate_cli.data.tabfact import TabFactReader
@@ -193,13 +172,9 @@ def table_key(table: Table) -> str:
 
 
 class Corpus:
-    """The sources of a pre-training corpus (``dataset.sources``), checked when built.
-
-    Args:
-        sources: ``{kind: root}`` for the datasets, ``{"jsonl": file or [files]}``; a null
-            value leaves that kind out. Read in the order given.
-        hybridqa_passages: extra HybridQA examples per table, one per linked passage.
-    """
+    """The sources of a pre-training corpus (``dataset.sources``), checked when built: ``{kind: root}`` for the
+    datasets and ``{"jsonl": file or [files]}``, read in the order given (null: left out); ``hybridqa_passages``: extra
+    HybridQA examples per table, one per linked passage; ``tables`` and ``splits``: the module docstring."""
 
     def __init__(
         self,

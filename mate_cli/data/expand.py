@@ -1,33 +1,20 @@
-"""PointR cell expansion (MATE paper §4.1, Fig. 3): append linked-passage sentences to cells.
+"""PointR cell expansion (MATE paper §4.1, Fig. 3): append linked-passage sentences to data cells.
 
-Owns: sentence splitting of passages and the choice of which sentences each data cell
-carries. The header is never expanded. Output is the expanded text of every data cell,
-``[num_rows][num_columns]`` strings, which :class:`mate_cli.data.tokenize.TableTokenizer`
-takes as ``cell_texts``.
+:func:`expand_table` returns the text of every data cell (the header is never expanded), which
+:class:`mate_cli.data.tokenize.TableTokenizer` takes as ``cell_texts``: ``"<cell text> ( <s1> <s2> ... )"`` with the
+chosen sentences in rank order, or the text unchanged when none is chosen.
 
-How sentences are chosen (``method``):
+``method="tfidf"``: one scikit-learn ``TfidfVectorizer`` is fitted per (question, table) on the sentences of every
+passage linked from the table's data cells plus the question, so IDF measures how distinctive a word is within this
+table's passages (lowercased, English stop words removed, default token pattern of 2+ word characters, smooth IDF,
+L2-normalised rows). A sentence's score is its cosine similarity with the question; ties, all-zero scores included,
+go by document order (passages in order of first link in the table, row-major, then sentence index). Exactly
+``min(k, available)`` sentences are taken, zero-score ones included. ``scope="table"`` takes the top ``k`` over the
+whole table and appends each to every cell that links to its passage; ``scope="cell"`` takes each cell's top ``k``
+among its own linked passages.
 
-- ``"tfidf"``: one ``sklearn`` ``TfidfVectorizer`` is fitted **per (question, table)** on
-  the sentences of every passage linked from the table's data cells plus the question
-  itself (so IDF reflects how distinctive a word is *within this table's passages*).
-  Settings: lowercased, scikit-learn's English stop-word list removed, default word
-  pattern (2+ alphanumeric characters), smooth IDF, L2-normalised rows; a sentence's
-  score is its cosine similarity with the question. Ties (including the all-zero
-  scores of sentences sharing no word with the question) are broken by document
-  order: passages in order of first link in the table (row-major), then sentence index.
-  Exactly ``min(k, available)`` sentences are taken, zero-score ones included.
-- ``"first"``: the first ``k`` sentences of each linked passage (a cheap baseline);
-  ``scope`` is ignored.
-
-``scope`` (for ``"tfidf"``):
-
-- ``"table"``: the top-``k`` sentences over the whole table; each chosen sentence is
-  appended to every cell that links to its passage.
-- ``"cell"``: for each cell, the top-``k`` sentences among its own linked passages.
-
-Format: ``"<cell text> ( <s1> <s2> ... )"`` with the chosen sentences in rank order
-(``"first"``: link order, then sentence order); a cell with nothing chosen keeps its
-text unchanged.
+``method="first"``: the first ``k`` sentences of each linked passage, in link order (a cheap baseline; ``scope`` is
+ignored).
 """
 
 from __future__ import annotations
@@ -99,14 +86,10 @@ def _is_abbreviation(word: str) -> bool:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Split passage text into sentences (whitespace-stripped, empties dropped).
-
-    A boundary is ``.``/``!``/``?`` (plus closing quotes/brackets) followed by
-    whitespace and an upper-case letter, digit or opening quote/bracket, unless the
-    word before the period is an initial (``J.``), contains a period (``U.S.``) or is a
-    common abbreviation (``Dr.``, ``Ltd.``). Newlines always end a sentence. Works on
-    both raw text and the space-tokenised text of WikiTables-WithLinks (``driver . He``).
-    """
+    """Passage text as sentences (stripped, empties dropped). A boundary is ``.``/``!``/``?`` (and closing quotes or
+    brackets), whitespace, then an upper-case letter, digit or opening quote/bracket, unless the word before the period
+    is an initial (``J.``), holds a period (``U.S.``) or is a common abbreviation (``Dr.``); a newline always ends a
+    sentence. Works on raw text and on WikiTables-WithLinks' space-tokenised text (``driver . He``)."""
     sentences: list[str] = []
     for block in text.splitlines():
         start = 0
@@ -137,11 +120,8 @@ def linked_passages(table: Table, passages: dict[str, str]) -> list[str]:
 
 
 def tfidf_scores(query: str, sentences: list[str]) -> np.ndarray:
-    """``[len(sentences)]`` cosine similarity of each sentence with ``query``.
-
-    The vectorizer is fitted on ``sentences + [query]`` (see the module docstring);
-    all zeros when no sentence or query word survives stop-word removal.
-    """
+    """``[len(sentences)]``: each sentence's cosine similarity with ``query`` (the module docstring's vectoriser,
+    fitted on ``sentences + [query]``); all zeros when no word survives stop-word removal."""
     if not sentences:
         return np.zeros(0)
     vectorizer = TfidfVectorizer(lowercase=True, stop_words="english")

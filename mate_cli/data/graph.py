@@ -1,30 +1,19 @@
-"""HybridQA as Transformer-XH graphs (Zhao et al. 2020): one graph of linked sequences per question.
+"""HybridQA as Transformer-XH graphs (Zhao et al. 2020): per question, a graph of sequences whose hubs are their
+[CLS] tokens (position 0).
 
-Nodes (each its own sequence, its [CLS] at position 0 the node's hub):
+- A **row node** per data row: ``[CLS] question [SEP] header row`` (:class:`~mate_cli.data.tokenize.TableTokenizer`
+  with ``rows=[r]``, so its row, column and numeric ids are the whole table's). Cell ids run across the question's
+  row nodes, so the cell head pools every node into one softmax over the table's cells, as PointR stage 1 does.
+- A **passage node** per passage linked from the kept rows, in order of first link (row-major):
+  ``[CLS] question [SEP] passage``; when more are linked than nodes are left, those closest to the question are
+  kept (:func:`closest_passages`).
+- **Edges**, symmetric, no self-loops: a row and each passage its cells link to, and every two rows. The collator
+  builds a block-diagonal adjacency, so no hop crosses questions.
 
-- a **row node** per data row: ``[CLS] question [SEP] header row``, tokenized by
-  :class:`~mate_cli.data.tokenize.TableTokenizer` with ``rows=[r]``, so its row, column and
-  numeric ids are the whole table's. Its cell ids are renumbered across the question's
-  row nodes (the cells of row 0, then of row 1, ...), so the cell head pools the tokens of
-  every node into one softmax over the table's cells, as in PointR stage 1;
-- a **passage node** per passage linked from the kept rows, in order of first link
-  (row-major): ``[CLS] question [SEP] passage``, the passage's first word pieces (segment
-  1, no table ids, no cell), cut to the node length. When more are linked than nodes are
-  left, the ones kept are those closest to the question by TF-IDF cosine (the scorer of
-  PointR's expansion, :func:`~mate_cli.data.expand.tfidf_scores`, over whole passages;
-  ties: link order), still in link order.
-
-Edges, symmetric, no self-loops: a row and each passage one of its cells links to, and
-every two rows of the table. The edge pairs are stored per example; the collator builds
-a block-diagonal ``[nodes, nodes]`` adjacency, so no hop crosses questions.
-
-Sizes (``dataset.node_length``: tokens per node; ``dataset.max_nodes``: nodes per question;
-``dataset.max_length``, the other encoders' sequence length, is not used, so a profile that
-sets it, e.g. ``profile=paper``'s 2048, leaves the graph as it is):
-rows come first (beyond ``max_nodes``, or TAPAS's row-id limit, trailing rows are left out
-and counted), passages fill the nodes left (above). Row nodes hold the cells' own text unless
-``dataset.expansion.k`` > 0 (PointR's expansion inside the row; the XH experiment leaves
-the passages to their own nodes).
+Rows come first, up to ``dataset.max_nodes`` and TAPAS's row-id limit (trailing rows are left out and counted).
+``dataset.node_length`` is the tokens per node; ``dataset.max_length`` is not used, so a profile that sets it
+(``profile=paper``'s 2048) leaves the graph as it is. Row nodes hold the cells' own text unless
+``dataset.expansion.k > 0``.
 """
 
 from __future__ import annotations
@@ -116,16 +105,10 @@ def passage_node(tokenizer: TableTokenizer, q_ids: list[int], text: str) -> tupl
 
 @dataclass
 class GraphBatch:
-    """Collated graphs: the nodes of every question of the batch, one after the other.
-
-    Attributes:
-        input_ids: ``[nodes, seq]``; layout: their :class:`TableLayout`.
-        edges: ``[nodes, nodes]`` bool, ``edges[tau, eta]``: hub ``tau`` reads hub ``eta`` (no
-            edge between questions).
-        node_graph: ``[nodes]`` the question (batch index) of each node.
-        cell_mask, candidate_mask, cell_coords, question_ids, table_ids: per *question*, as
-            :class:`~mate_cli.data.schema.Batch`'s (the cell ids of the row nodes index them).
-    """
+    """Collated graphs: the nodes of every question of the batch, one after the other. ``input_ids``: ``[nodes, seq]``,
+    with its ``layout``; ``edges``: ``[nodes, nodes]`` bool, ``edges[tau, eta]`` when hub ``tau`` reads hub ``eta``;
+    ``node_graph``: ``[nodes]``, each node's question. The cell fields and ids are per question, as
+    :class:`~mate_cli.data.schema.Batch`'s (the row nodes' cell ids index them)."""
 
     input_ids: torch.Tensor
     layout: TableLayout
@@ -177,15 +160,9 @@ class GraphCollator:
 
 
 class HybridQAGraphDataModule(HybridQADataModule):
-    """HybridQA cell selection over Transformer-XH graphs (the module docstring).
-
-    Args:
-        node_length: tokens per node, specials included.
-        max_nodes: nodes per question (rows first, then linked passages).
-        common: :class:`~mate_cli.data.datamodule.HybridQADataModule`'s keywords but
-            ``max_length`` (not used: the module docstring); ``expansion`` applies inside the
-            row nodes (``k: 0``: none).
-    """
+    """HybridQA cell selection over Transformer-XH graphs (module docstring) with ``node_length`` tokens per node,
+    specials included, and ``max_nodes`` nodes per question; ``expansion`` applies inside the row nodes (``k: 0``:
+    none), and ``max_length`` of :class:`~mate_cli.data.datamodule.HybridQADataModule`'s keywords is ignored."""
 
     kind = "graph"
     length_keys = "dataset.node_length and dataset.max_nodes"

@@ -1,44 +1,23 @@
-"""Numbers and dates in table text, as TAPAS reads them: column ranks and numeric relations.
+"""Numbers and dates in table text as ``transformers.TapasTokenizer`` reads them (TAPAS's ``number_utils`` and
+``number_annotation_utils``), so a TAPAS checkpoint sees the ids it was trained on; lenient, and kept so.
 
-Owns: :func:`parse_values` (the numeric values of a text), :func:`column_values` (the one
-value per cell a column agrees on), :class:`TableNumbers` (a table's values and ranks,
-and its relations to a question) and :func:`column_ranks`.
+**Values of a text** (:func:`parse_values`), read from the lowercased, whitespace-collapsed text. Candidate spans:
+(1) every match of a number pattern (``12``, ``1,234.5``, ``.5``, ``7.``; a sign only at the start or after a
+space), even inside a word (``abc12`` holds 12); (2) every other word (a maximal run of letters and digits): a float
+after dropping one ordinal suffix (``3rd`` -> 3, ``1e3`` -> 1000), ``zero``..``twelve`` or ``zeroth``..``twelfth``;
+(3) every run of one to five words (with what lies between) that is a whole date of :data:`DATE_FORMATS`, any written
+year in 1700..2016. A span inside a longer chosen one is dropped (equal lengths: leftmost first); a kept span keeps
+all its values: ``2001`` is the number 2001 and the date (2001, -, -), ``May 3, 2001`` only the date.
 
-The semantics are those of ``transformers.TapasTokenizer`` (Google's TAPAS
-``number_utils`` / ``number_annotation_utils``), so a TAPAS checkpoint sees the ids it
-was trained on. They are deliberately lenient, and kept so:
+**A column's values** (:func:`column_values`): the kind (number or date) held by the most cells wins (dates on a
+tie) unless fewer than 70% of the cells hold it, and then the column has none; a cell keeps its first value of it.
+**Order** (:func:`sort_key`): numbers as floats; dates on the fields every compared date has; no common field, or
+numbers with dates: no order. **Ranks**: per column, dense from 1 over the distinct values in ascending order;
+inverse rank = number of distinct values - rank + 1; 0 for a cell without a value.
 
-**Values of a text** (:func:`parse_values`). The text is lowercased and its whitespace
-collapsed. Three kinds of candidate spans, each with its values:
-
-1. every match of a number pattern (``12``, ``1,234.5``, ``.5``, ``7.``, a sign only at
-   the start or after a space), anywhere, even inside a word (``abc12`` holds 12);
-2. every word (a maximal run of letters and digits) that is not already such a match:
-   a float after dropping one ordinal suffix (``3rd`` -> 3, ``1e3`` -> 1000), a number
-   word ``zero``..``twelve`` or an ordinal word ``zeroth``..``twelfth``;
-3. every run of one to five words (with what lies between them) that is a whole date
-   in one of :data:`DATE_FORMATS`; a written year must lie in 1700..2016.
-
-Longer spans win: a span inside an already chosen longer one is dropped (equal lengths:
-leftmost first). Each kept span keeps all its values, so ``2001`` is both the number
-2001 and the date (2001, -, -), and ``May 3, 2001`` only the date.
-
-**A column's values** (:func:`column_values`). Each cell may hold numbers and dates; the
-kind held by the most cells wins (dates on a tie) unless fewer than 70% of the column's
-cells hold it, and then the column has no values. A cell keeps its first value of the
-winning kind; cells without one have no value.
-
-**Comparing** (:func:`sort_key`): numbers as floats; dates on the fields (year, month,
-day) that every compared date has; no common field, or numbers with dates: no order.
-
-**Ranks**: per column, dense ranks from 1 over the distinct values in ascending order;
-inverse rank = number of distinct values - rank + 1; 0 for cells without a value.
-
-**Relations** (:meth:`TableNumbers.relations`): every value found in the question is
-compared with every cell value of every column it can be compared with. A cell's id is
-the OR of :class:`Relation` bits over all those comparisons: ``EQ`` = 1, ``LT`` = 2 (the
-question's value is less than the cell's), ``GT`` = 4; 0 if none (ids 0..7 of TAPAS's
-table of 10).
+**Relations** (:meth:`TableNumbers.relations`): every question value against every cell value of each column it
+can be ordered with; a cell's id is the OR of :class:`Relation` bits: ``EQ`` 1, ``LT`` 2 (the question's value is
+less than the cell's), ``GT`` 4; 0 if none (ids 0..7 of TAPAS's table of 10).
 """
 
 from __future__ import annotations
@@ -176,8 +155,7 @@ def outside_float32(text: str) -> bool:
 
 
 def parse_number(text: str) -> float | None:
-    """One number as TAPAS reads a word: ``'1,234'`` -> 1234.0, ``'3rd'`` -> 3.0; NaN, inf and
-    numbers too large for float32 -> None (the cell is text to the model)."""
+    """A word as TAPAS reads a number (``'1,234'`` -> 1234.0, ``'3rd'`` -> 3.0); None for NaN, inf, beyond float32."""
     for suffix in ORDINAL_SUFFIXES:
         if text.endswith(suffix):
             text = text[: -len(suffix)]
@@ -290,12 +268,8 @@ def _dense_ranks(keys: dict[int, object]) -> dict[int, tuple[int, int]]:
 
 @dataclass(frozen=True)
 class TableNumbers:
-    """The numeric reading of a table's data cells (``rows[r][c]`` texts, header excluded).
-
-    Attributes:
-        columns: per column, ``{data row: value}`` (:func:`column_values`).
-        ranks: per column, ``{data row: (rank, inverse rank)}``; cells without one are absent.
-    """
+    """The numeric reading of a table's data cells (``rows[r][c]`` texts, header excluded): per column,
+    ``columns`` ``{data row: value}`` and ``ranks`` ``{data row: (rank, inverse rank)}`` (cells without one absent)."""
 
     columns: tuple[dict[int, Value], ...]
     ranks: tuple[dict[int, tuple[int, int]], ...]

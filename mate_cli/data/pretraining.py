@@ -1,23 +1,14 @@
-"""LightningDataModule for masked-LM pre-training: corpus -> by-table split -> tokenize -> cache
--> whole-word masking per (seed, epoch, example) -> collate.
+"""Masked-LM pre-training data: corpus -> by-table split -> tokenize -> Arrow cache -> masking -> collate.
 
-The corpus (:mod:`mate_cli.data.corpus`) is tables with their text segment. It is cut into
-``train`` and ``validation`` (the held-out tables) by table *content*
-(:func:`~mate_cli.data.split.split_by_table` keyed by :func:`table_key`): SQA's tables are
-WikiTableQuestions tables under other names, and a table read from two sources must not be
-on both sides. Each example is ``[CLS] text [SEP] table`` as :class:`TableTokenizer` lays
-out a question and a table, the text cut to ``max_text_tokens`` first, the table fitted to
-what is left of ``max_length`` (TAPAS and MATE pre-train at 128). The unmasked encodings are
-cached as an Arrow dataset under ``cache_dir`` like the task datasets.
+The held-out split is by table content (:func:`~mate_cli.data.split.split_by_table` on :func:`table_key`): SQA's
+tables are WikiTableQuestions tables under other names, and a table read from two sources must be on one side.
+Each example is ``[CLS] text [SEP] table`` as :class:`TableTokenizer` lays out a question and a table (TAPAS and
+MATE pre-train at 128 tokens); the unmasked encodings are cached.
 
-Masking (:mod:`mate_cli.data.masking`) happens when an example is served, from a
-``random.Random`` seeded by ``(mask_seed, epoch, example)``: a training example is masked
-afresh each epoch (dynamic masking, RoBERTa-style; BERT duplicated its data ten times
-instead) and identically after a resume, since the training sampler
-(:class:`~mate_cli.data.sampler.EpochTagged`) hands the epoch to the dataset with each index.
-Held-out examples are masked ``eval_masks`` ways, fixed for the whole run, so the held-out
-loss and accuracy of the starting checkpoint and of every later one are measured on the
-same predictions.
+Masking (:mod:`mate_cli.data.masking`) happens when an example is served, seeded by ``(mask_seed, epoch, example)``:
+a training example is masked afresh each epoch (dynamic masking, as RoBERTa) and identically after a resume, as
+:class:`~mate_cli.data.sampler.EpochTagged` hands the epoch over with each index. Held-out examples are masked
+``eval_masks`` fixed ways, so every checkpoint of a run, the starting one included, is scored on the same predictions.
 """
 
 from __future__ import annotations
@@ -58,25 +49,15 @@ class PretrainDataModule(L.LightningDataModule):
     """Tables and their text, masked for masked-LM pre-training (module docstring).
 
     Args:
-        sources: ``{kind: dataset root}`` for ``hybridqa``, ``wtq``, ``sqa``, ``tabfact``, and
-            ``jsonl``: one JSON-lines file or a list (:mod:`mate_cli.data.corpus`); a null
-            value leaves that kind out.
-        pretrained: checkpoint whose WordPiece vocabulary tokenizes.
+        sources: ``{kind: dataset root}``, and ``jsonl`` files (:class:`~mate_cli.data.corpus.Corpus`).
+        pretrained: the checkpoint whose WordPiece vocabulary tokenizes.
         max_length: word pieces per example, text and table together (paper: 128).
-        max_text_tokens: the text segment is cut to this many word pieces first (and to half
-            of ``max_length`` at most, so the table always has room).
-        hybridqa_passages: extra HybridQA examples per table, one per linked passage.
-        tables: ``all`` (every table of the sources) or ``train`` (the fine-tuning training tables of
-            ``wtq``, ``sqa`` and ``tabfact`` only, split as ``splits`` says: :mod:`mate_cli.data.corpus`).
-        splits: ``{source: dataset.split settings}``, the tasks' own splits, for ``tables=train``.
-        val_fraction, split_seed: the by-table held-out cut.
+        max_text_tokens: the text is cut to this first, and to half of ``max_length`` at most.
+        tables, splits: ``all`` tables, or ``train``: the tasks' training tables only, split as ``splits`` says
+            (:mod:`mate_cli.data.corpus`).
         mask_rate, max_predictions: whole-word masking (15% of words, at most 20 pieces).
-        mask_seed: seeds the masks with the epoch and the example's index.
         eval_masks: how many fixed maskings of each held-out example are scored.
-        batch_size, eval_batch_size: loader settings.
-        num_workers: loader worker processes; ``auto``: :func:`~mate_cli.data.preprocess.worker_counts`.
-        cache_dir: where the tokenized corpus is cached.
-        shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`).
+        num_workers: loader processes; ``auto``: :func:`~mate_cli.data.preprocess.worker_counts`.
         same_order_every_epoch: every epoch repeats epoch 0's order and masks (``debug=overfit``).
     """
 
@@ -278,13 +259,8 @@ def split_stats(ds: datasets.Dataset) -> dict:
 
 
 class MaskedTables(Dataset):
-    """Encoded examples served masked; the mask of example ``i`` in epoch ``e`` depends on
-    ``(seed, e, i)`` only.
-
-    An index is ``(epoch, i)`` (the training sampler's) or ``i`` (held-out: the fixed
-    held-out masks). With ``repeats`` k the dataset is k copies of the examples, copy j
-    masked with its own fixed seed (more held-out predictions from few tables).
-    """
+    """Encoded examples served masked: index ``(epoch, i)`` (training) or ``i`` (held-out, fixed masks), masked
+    by ``(seed, epoch, i)`` only. ``repeats`` k serves k copies, each masked its own fixed way."""
 
     def __init__(
         self, encoded, continues, special_ids, mask_id, vocab_size, rate, max_predictions, seed, repeats: int = 1

@@ -1,45 +1,19 @@
-"""The table tasks of MATE's Table 4 (SQA, WikiTQ, TabFact): records -> TAPAS inputs -> batches.
+"""The table tasks of MATE's Table 4: records -> TAPAS inputs -> batches, supervised as TAPAS does:
 
-Owns :class:`TableTaskDataModule` (``dataset=sqa_sample|wtq_sample|tabfact_sample`` and
-the full releases), the supervision each task derives from its records, and
-:class:`TaskCollator`.
-
-Supervision, as TAPAS builds it:
-
-- **SQA**: the gold ``answer_coordinates`` are the answer cells; ``prev_labels`` mark the
-  previous question's answer cells of the same sequence: the gold ones in training (and in
-  the cached examples); at evaluation the model's own previous prediction replaces them
-  (:mod:`mate_cli.lit_modules.table_qa`), so evaluation visits a split position by position.
-- **WikiTQ** (weak supervision): the answer cells are the cells that, selected alone,
-  would be scored a match for a gold answer: each gold value as the metric builds it
-  (through the tagged canonical forms, else their emulation:
-  :func:`mate_cli.metrics.wtq.target_values`) against each cell's text read as a
-  prediction (:func:`mate_cli.metrics.wtq.predicted_values`); every gold value must be
-  found, else none are used. A value found in several cells labels every copy
-  (``ambiguous_answers=all``; ``first`` keeps the first copy in row order, as TAPAS labels
-  one cell per answer text; ``drop`` leaves those questions out of training).
-  ``float_answer`` is the answer when it is one number (read from the raw text, as TAPAS
-  does; else NaN), and every cell carries its number (TAPAS's numeric values, NaN when
-  none) for the expected aggregation result.
+- **SQA**: the gold ``answer_coordinates`` are the answer cells; ``prev_labels`` mark the previous question's gold
+  answer cells (at evaluation the model's own previous prediction replaces them: :mod:`mate_cli.lit_modules.table_qa`).
+- **WikiTQ** (weak supervision): the answer cells are those that, selected alone, the metric would score a match for
+  a gold answer (:func:`mate_cli.metrics.wtq.target_values` against each cell's text read by
+  :func:`mate_cli.metrics.wtq.predicted_values`); every gold value must be found, else none is used.
+  ``float_answer`` is the answer when it is one number (:func:`answer_float`; else NaN), and every cell carries
+  TAPAS's numeric value (:mod:`mate_cli.data.numbers`) for the expected aggregation result.
 - **TabFact**: the statement is the question; the label is the verdict.
 
-Empty cells get one token (``empty_cell_token``: the vocabulary's ``[EMPTY]``, else its
-``[UNK]``), so they can be selected: SQA's gold cell sets include them (2 of the 68
-sample questions). ``transformers.TapasTokenizer`` writes no token for an empty cell.
-
-Length heuristics: ``pruning`` = ``none`` | ``cc`` | ``hem`` (:mod:`mate_cli.data.pruning`),
-applied by the one tokenizer (:mod:`mate_cli.data.tokenize`). The split statistics log
-what survived that length cut (``answer_cells_kept``: share of questions with answer
-cells whose every answer cell kept a token in the encoded input) and, with
-``long_table_tokens``, the same over the long-table slice (``long_questions``: questions whose
-whole input is longer than that; ``answer_cells_kept_long``): of the slice's questions
-answered by cells, the share a model at this length can still select (WikiTQ's scalar
-answers are not counted). DoT's top-K selection
-comes later, in the model; DoT runs log its own ``<stage>/answer_cells_kept``
-(:mod:`mate_cli.lit_modules.table_qa`).
-
-Training skips examples that cannot supervise anything (SQA/WikiTQ: no answer cell left
-and, for WikiTQ, no scalar answer), counted in the log.
+The split statistics say what the length cut (``pruning``: :mod:`mate_cli.data.pruning`) kept:
+``answer_cells_kept`` is the share of the questions with answer cells whose every answer cell kept a token, and
+with ``long_table_tokens``, ``answer_cells_kept_long`` the same over the ``long_questions``, those whose whole input
+is longer (WikiTQ's scalar answers are not counted; DoT's own selection is measured in the model). SQA and WikiTQ
+training skips the examples that supervise nothing (no answer cell left and no scalar answer), counted in the log.
 """
 
 from __future__ import annotations
@@ -116,13 +90,9 @@ _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
 
 
 def answer_float(text: str) -> float:
-    """An answer text read as a number the way TAPAS reads WikiTQ answers, else NaN.
-
-    Plain ``float()`` after removing thousands separators (``1,484,900``); one comma that
-    is not a thousands separator is a decimal comma (``5,5``); ordinals, units and words
-    are not numbers (``3rd`` stays text, so the official evaluator's match is not promised
-    for a ``3``).
-    """
+    """An answer text read as a number the way TAPAS reads WikiTQ answers, else NaN (also beyond float32):
+    thousands separators removed (``1,484,900``), one other comma a decimal comma (``5,5``); ordinals, units and
+    words are not numbers (``3rd`` stays text)."""
     text = text.strip()
     if _THOUSANDS.match(text):
         text = text.replace(",", "")
@@ -242,21 +212,17 @@ class TableTaskDataModule(SplitDataModule):
     """SQA, WikiTQ or TabFact data for the TAPAS heads.
 
     Args:
-        task: a task's name (:mod:`mate_cli.tasks`: which reader and which supervision).
-        pruning: ``none`` | ``cc`` | ``hem``: how a table is cut to ``max_length``.
-        long_table_tokens: the long-table slice's threshold in the split statistics (the
-            model's ``long_table_tokens``; null: no slice statistics).
-        empty_cell_token: empty cells get one token (the vocabulary's ``[EMPTY]``, else
-            ``[UNK]``), so they can be selected: SQA's gold answers include empty cells.
-        ambiguous_answers: WikiTQ answer items found in several cells: ``first`` (one cell
-            per item), ``all`` (every such cell) or ``drop`` (every cell; the training
-            question is dropped).
-        drop_cut_answers: drop training questions with an answer item none of whose cells
-            survived the length cut.
-        linearization: ``tapas`` or ``template`` (each data cell as ``<header> is <cell> ;``:
-            :mod:`mate_cli.data.tokenize`).
-        common: the :class:`~mate_cli.data.datamodule.SplitDataModule` keywords (root,
-            pretrained, max_length, max_question_tokens, split, batch sizes, eval_file, ...).
+        task: a task's name (:mod:`mate_cli.tasks`).
+        pruning: ``none``, ``cc`` or ``hem``: how a table is cut to ``max_length``.
+        long_table_tokens: the long-table slice's threshold in the split statistics (null: no slice).
+        empty_cell_token: one token per empty cell, so that SQA's empty gold cells (2 of 68 sample questions) can be
+            selected (:mod:`mate_cli.data.tokenize`).
+        ambiguous_answers: WikiTQ answer items found in several cells: ``first`` labels the first copy in row order
+            (one cell per answer text, as TAPAS), ``all`` every copy, ``drop`` every copy and leaves the question out
+            of training.
+        drop_cut_answers: drop training questions with an answer item none of whose cells survived the length cut.
+        linearization: ``tapas`` or ``template`` (:mod:`mate_cli.data.tokenize`).
+        common: :class:`~mate_cli.data.datamodule.SplitDataModule`'s keywords.
     """
 
     def __init__(
@@ -324,9 +290,8 @@ class TableTaskDataModule(SplitDataModule):
         return task_split_stats(ds, self.long_table_tokens)
 
     def usable_rows(self, split: str, ds) -> list[int] | None:
-        """Training: examples that supervise something (and, as configured, whose answer cells
-        all survived the length cut and are not ambiguous); the drops are counted in the
-        split statistics. SQA evaluation: position by position."""
+        """Training: the examples that supervise something, less those ``drop_cut_answers`` and
+        ``ambiguous_answers=drop`` exclude (counted in the split statistics). SQA evaluation: position by position."""
         if split == "train" and self.task.selects_cells:
             floats, cells, cut = ds["float_answer"], ds["has_answer_cells"], ds["answers_cut"]
             ambiguous = ds["ambiguous_answer"] if self.ambiguous_answers == "drop" else [False] * len(ds)
@@ -370,9 +335,8 @@ class TableTaskDataModule(SplitDataModule):
 
 
 def task_split_stats(ds, long_table_tokens: int | None = None) -> dict:
-    """What the run log needs of a split: questions, what the length cut kept (before any DoT
-    selection, which the model measures) and, with ``long_table_tokens``, what it kept of the
-    questions longer than that whole (the model's ``<stage>/accuracy_long`` slice)."""
+    """The split's statistics for the run log (module docstring): questions, what the length cut kept and, with
+    ``long_table_tokens``, what it kept of the long-table slice (the model's ``<stage>/accuracy_long`` questions)."""
     n = len(ds)
     if n == 0:
         return {"questions": 0}

@@ -1,31 +1,16 @@
-"""SQA and WikiTQ as a LightningModule: encoder + TAPAS's cell selection (+ aggregation).
+"""SQA and WikiTQ as a LightningModule: the encoder and TAPAS's heads (:mod:`mate_cli.modeling.tapas_heads`).
 
-Thin wiring: the head and its loss live in :mod:`mate_cli.modeling.tapas_heads`, the
-metrics in :mod:`mate_cli.metrics.sqa` / :mod:`mate_cli.metrics.wtq`.
+Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something); ``<stage>/accuracy`` (SQA's
+ALL: the predicted cell set equals the gold one; WikiTQ's denotation accuracy: :mod:`mate_cli.metrics.wtq`); SQA's
+``<stage>/seq`` (sequences with every question right); ``<stage>/accuracy_long`` and ``<stage>/long_questions``
+over the questions whose whole input is longer than ``long_table_tokens`` word pieces, whatever ``max_length``, so
+runs at different lengths are scored on the same questions. With DoT, ``train/`` and ``<stage>/answer_cells_kept``:
+the share of questions with answer cells whose every answer cell keeps a token after the top-K selection (the data
+statistics' ``answer_cells_kept`` is the length cut's, before it).
 
-Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something),
-``<stage>/accuracy`` (SQA: ALL, the share of questions whose predicted cell set equals
-the gold set; WikiTQ: denotation accuracy with the official value matching) and, for
-SQA, ``<stage>/seq`` (the share of sequences with every question right). The long-table
-slice: ``<stage>/accuracy_long`` is the accuracy over the questions whose whole input
-(question and every cell, nothing cut) is longer than ``long_table_tokens`` word pieces,
-and ``<stage>/long_questions`` how many there were; the slice does not depend on the
-run's ``max_length``, so runs at different lengths are scored on the same questions.
-WikiTQ's gold
-answers are read through their canonical forms (``canonical_answers``, else emulated),
-the predictions as the official evaluator reads ``predictions.tsv``.
-
-With DoT, ``train/answer_cells_kept`` and ``<stage>/answer_cells_kept`` are the share of
-the questions with answer cells in the input whose every answer cell keeps at least one
-token after the pruning transformer's top-K selection (:func:`~mate_cli.modeling.dot.answer_cells_kept`);
-the data statistics' ``answer_cells_kept`` is about the length cut before it.
-
-SQA at evaluation feeds each question the model's own prediction for the previous
-question of its sequence as ``prev_labels`` (TAPAS's evaluation): a batch is run
-position by position, and the predictions are kept per (sequence, position) for the
-epoch. The split must be visited in position order (the datamodule does this), on one
-process: under DDP a sequence's questions can fall on different ranks, and a previous
-prediction made on another rank is not seen (a warning is logged, and zeros are used).
+SQA's evaluation feeds each question the model's own prediction for the previous one as ``prev_labels`` (TAPAS's
+evaluation), position by position, so the split must come in position order on one process: under DDP a previous
+prediction made on another rank is not seen (a warning, and zeros are used).
 """
 
 from __future__ import annotations
@@ -62,17 +47,10 @@ log = logging.getLogger(__name__)
 class TableQAModule(EncoderTaskModule):
     """Cell selection with TAPAS's heads: SQA (no aggregation) and WikiTQ (NONE/SUM/AVERAGE/COUNT).
 
-    Args:
-        encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder`.
-        optimizer, scheduler: Hydra partials (``conf/model/optimizer``, ``conf/model/scheduler``).
-        task: a cell-selecting task's name (:mod:`mate_cli.tasks`: which metric, aggregation, sequences).
-        head: :class:`~mate_cli.modeling.tapas_heads.TapasHeadConfig` settings; ``null``
-            ones come from the checkpoint when it is a TAPAS one, else TAPAS's defaults.
-        pretrained: the checkpoint the encoder came from: a TAPAS QA checkpoint's head
-            weights and settings load from it.
-        long_table_tokens: the long-table slice's threshold (null: no slice metric).
-        extra: :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s keywords, ``pooling``
-            among them (what WikiTQ's aggregation classifier reads).
+    ``head`` holds :class:`~mate_cli.modeling.tapas_heads.TapasHeadConfig` settings; ``null`` ones come from a TAPAS
+    ``pretrained`` checkpoint (whose head weights load too), else TAPAS's defaults. ``long_table_tokens`` is the
+    long-table slice's threshold (null: none); ``extra`` holds :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s
+    keywords, ``pooling`` (what WikiTQ's aggregation classifier reads) among them.
     """
 
     uses_pooler = True
@@ -153,8 +131,7 @@ class TableQAModule(EncoderTaskModule):
         return self.with_pruning_loss(loss, batch, pruned)
 
     def _log_answer_cells_kept(self, kept: TaskBatch, stage: str) -> None:
-        """DoT: log ``<stage>/answer_cells_kept`` over the questions of ``kept`` (the batch of the
-        kept tokens) that have answer cells; nothing when none has."""
+        """DoT: log ``<stage>/answer_cells_kept`` over the questions of ``kept`` that have answer cells."""
         answer = kept.candidate_mask & kept.cell_mask
         has = answer.any(dim=1)
         if not bool(has.any()):
@@ -175,9 +152,8 @@ class TableQAModule(EncoderTaskModule):
         self.log(f"{stage}/answer_cells_kept", metric, batch_size=int(has.sum()))
 
     def pruning_loss(self, batch: TaskBatch, pruned) -> torch.Tensor:
-        """P-DoT / PJ-DoT (App. C.2): binary cross-entropy of the pruning transformer's token logits
-        against "in an answer cell", averaged over the table tokens (header included) of the
-        examples with an answer cell (scalar answers give none). Plain per-token BCE, not TAPAS's
+        """P-DoT / PJ-DoT (App. C.2): per-token binary cross-entropy of the pruning transformer's logits against "in an
+        answer cell", over the table tokens (header included) of the examples with an answer cell. Not TAPAS's
         column-then-cell loss: the pruner only ranks tokens."""
         cell_ids = batch.layout.cell_ids
         labels = (batch.candidate_mask & batch.cell_mask).gather(1, cell_ids) & batch.layout.attention_mask

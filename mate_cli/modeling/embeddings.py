@@ -1,17 +1,11 @@
 """BERT/TAPAS input embeddings: word + position + the seven TAPAS token types.
 
-Owns :class:`TableEmbeddings` and :func:`cell_position_ids`. The token types come from
-the :class:`~mate_cli.modeling.layout.TableLayout`'s fields (order
-:data:`~mate_cli.modeling.layout.TOKEN_TYPE_FIELDS`: segment, column, row, previous
-label, column rank, inverse column rank, numeric relation); each has its own table
-``token_type_embeddings_{i}`` so TAPAS checkpoints load by name. A BERT checkpoint's
-single segment table becomes ``token_type_embeddings_0``; the other six start fresh.
-
-With ``reset_position_index_per_cell`` the position index restarts at the first token
-of every cell, exactly as ``transformers.TapasEmbeddings`` does it: a cell is a
-(column, row) pair read from the token types, so the query, the special tokens and
-the padding all share cell (0, 0) and keep their absolute positions; positions are
-clipped to ``max_position_embeddings - 1``.
+Each token type (order :data:`~mate_cli.modeling.layout.TOKEN_TYPE_FIELDS`) has its own table
+``token_type_embeddings_{i}``, so TAPAS checkpoints load by name; a BERT checkpoint's single segment table becomes
+``token_type_embeddings_0`` and the other six start fresh. With ``reset_position_index_per_cell`` the position index
+restarts at each cell's first token, as in ``transformers.TapasEmbeddings``: a cell is a (column, row) pair of the
+token types, so the query, the special tokens and the padding share cell (0, 0) and keep their absolute positions;
+positions are clipped to ``max_position_embeddings - 1``.
 """
 
 from __future__ import annotations
@@ -27,19 +21,9 @@ from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS, TableLayout
 def cell_position_ids(
     column_ids: torch.Tensor, row_ids: torch.Tensor, max_position: int, num_rows: int
 ) -> torch.Tensor:
-    """Position of every token inside its (column, row) cell, ``[batch, seq]`` long.
-
-    ``position - first_position_of_its_cell``, clipped to ``max_position - 1``. Cells
-    need not be contiguous: the first position is the smallest position carrying
-    the same (column, row) pair anywhere in the sequence.
-
-    Args:
-        column_ids: ``[batch, seq]`` column of each token (0 outside the table).
-        row_ids: ``[batch, seq]`` row of each token (0 for the query and the header).
-        max_position: the size of the position table.
-        num_rows: an upper bound on ``row_ids`` (the row table's size), so that
-            ``column * num_rows + row`` names each cell uniquely.
-    """
+    """``[batch, seq]`` long: each token's position minus the first position of its (column, row) cell anywhere in
+    the sequence (cells need not be contiguous), clipped to ``max_position - 1``. ``num_rows`` bounds ``row_ids`` (the
+    row table's size), so ``column * num_rows + row`` names each cell uniquely."""
     seq_len = column_ids.shape[1]
     positions = torch.arange(seq_len, device=column_ids.device).expand_as(column_ids)
     cell_key = column_ids.long() * num_rows + row_ids.long()
@@ -54,11 +38,8 @@ def cell_position_ids(
 
 
 class TableEmbeddings(nn.Module):
-    """Word + position + token-type embeddings, then LayerNorm and dropout.
-
-    Module names follow ``TapasEmbeddings`` (``word_embeddings``, ``position_embeddings``,
-    ``token_type_embeddings_0..6``, ``LayerNorm``) so checkpoints load by name.
-    """
+    """Word + position + token-type embeddings, then LayerNorm and dropout; module names follow ``TapasEmbeddings``
+    (``word_embeddings``, ``token_type_embeddings_0..6``, ``LayerNorm``, ...) so checkpoints load by name."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
@@ -114,15 +95,7 @@ class TableEmbeddings(nn.Module):
                 )
 
     def forward(self, input_ids: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """Embed tokens.
-
-        Args:
-            input_ids: ``[batch, seq]`` WordPiece ids.
-            layout: the batch's :class:`TableLayout`; ``None`` means all token types 0.
-
-        Returns:
-            ``[batch, seq, hidden]``.
-        """
+        """``[batch, seq]`` WordPiece ids -> ``[batch, seq, hidden]``; ``layout=None`` means all token types 0."""
         layout = TableLayout.plain(input_ids) if layout is None else layout.to(input_ids.device)
         self.check_token_types(layout)
         embeddings = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(layout))

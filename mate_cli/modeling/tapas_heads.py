@@ -1,57 +1,36 @@
-"""TAPAS's fine-tuning heads and losses (Herzig et al. 2020; Eisenschlos et al. 2020 for TabFact).
+"""TAPAS's fine-tuning heads and losses (Herzig et al. 2020; TabFact: Eisenschlos et al. 2020).
 
-Owns :class:`TapasHeadConfig` (TAPAS's own setting names, so a published fine-tuned
-checkpoint's ``config.json`` fills it), :class:`TapasQAHead` (cell selection, plus the
-aggregation classifier when ``num_aggregation_labels > 0``: SQA and WikiTQ) and
-:class:`TapasClassificationHead` (TabFact's entailment classifier on [CLS]).
+:class:`TapasQAHead` selects cells, with an aggregation classifier when ``num_aggregation_labels > 0`` (SQA, WikiTQ);
+:class:`TapasClassificationHead` is TabFact's. Setting and parameter names are ``transformers``' (``TapasConfig``,
+``TapasForQuestionAnswering``, ``TapasForSequenceClassification``), so a published checkpoint's ``config.json`` and
+head weights load by name (:func:`load_head_weights`).
 
-Parameter names are ``TapasForQuestionAnswering``'s (``output_weights``,
-``output_bias``, ``column_output_weights``, ``column_output_bias``,
-``aggregation_classifier``) and ``TapasForSequenceClassification``'s (``classifier``),
-so a published checkpoint's head loads by name (:func:`load_head_weights`).
+A cell here is TAPAS's (row id, column id) pair, ids clipped at ``max_num_rows - 1`` / ``max_num_columns - 1``: the
+header row and the query (0, 0) are cells of the loss too (PointR's :mod:`mate_cli.modeling.heads` pools data cells).
 
-**Cells are TAPAS's here**: a cell is a (row id, column id) pair of the layout (row ids
-clipped at ``max_num_rows - 1``, column ids at ``max_num_columns - 1``, as TAPAS does),
-so the header row (row 0) and the query ((0, 0)) are cells of the loss too. This differs
-from :mod:`mate_cli.modeling.heads` (PointR), which pools the data cells by cell id.
+Cell selection (TAPAS §3): token logits ``(w · h_t + b) / temperature``; a cell's logit is its tokens' mean; a
+column's logit is the mean over its cells of a second projection's cell means (column 0, the query, excluded unless
+``allow_empty_column_selection``). With ``select_one_column`` the loss is ``-log P(gold column)`` plus the mean
+Bernoulli log-likelihood of the cells in the gold column, and a prediction selects only in the arg-max column.
+Aggregation (WikiTQ) classifies the pooled [CLS] over NONE, SUM, AVERAGE, COUNT. With ``use_answer_as_supervision``
+an example whose answer is not a number, or is one found in the table while the operators get at most
+``cell_selection_preference`` of the mass, learns cell selection and NONE; the other scalar answers learn
+``-log P(any operator)`` plus a Huber loss between the expected result and the answer, both zeroed when that Huber
+loss exceeds ``answer_loss_cutoff``.
 
-The cell-selection model (TAPAS §3):
+One deliberate difference from ``transformers``: padding tokens belong to no cell here. TAPAS counts them in the
+query cell (0, 0), so its query-cell mean, and with it the loss of an example with no answer cell, depends on how
+far the batch was padded. On unpadded inputs, and on padded ones whose examples all have an answer cell, logits and
+loss equal ``TapasForQuestionAnswering``'s (``tests/modeling/test_tapas_heads.py``), the loss with
+``allow_empty_column_selection=false`` (otherwise column 0's logit is the query cell's mean, padding included in
+TAPAS). The head runs in float32 under mixed precision (label counts and answers exceed bf16's range). The Gumbel
+options draw only in training, so predictions and validation loss never depend on a draw.
 
-- token logits ``s_t = (w · h_t + b) / temperature``; a cell's logit is the mean over its
-  tokens; a column's logit is the mean over its cells of a second projection's cell means
-  (column 0, the query, is excluded unless ``allow_empty_column_selection``);
-- ``select_one_column``: the loss is ``-log P(gold column)`` plus the mean Bernoulli
-  log-likelihood of the gold cells inside the gold column; at prediction only the cells
-  of the arg-max column can be selected (the others get logit ``-10000``);
-- aggregation (WikiTQ): a classifier on the pooled [CLS] over NONE, SUM, AVERAGE, COUNT.
-  With ``use_answer_as_supervision`` the answer supervises it weakly: an example whose
-  answer is not a number, or is a number found in the table while the model puts at most
-  ``cell_selection_preference`` of its mass on the operators, learns cell selection and
-  NONE; the other scalar answers learn ``-log P(any operator)`` plus a Huber loss between
-  the expected result (each operator applied to the soft cell selection) and the answer,
-  both zeroed when that Huber loss exceeds ``answer_loss_cutoff``.
-
-One deliberate difference from ``transformers``: padding tokens belong to no cell here
-(TAPAS counts them in the query cell (0, 0), so its query-cell mean, and with it the loss
-of an example with no answer cell, depends on how far the batch was padded). On unpadded
-inputs, and on padded ones whose examples all have an answer cell, the logits and the
-loss equal ``TapasForQuestionAnswering``'s (``tests/modeling/test_tapas_heads.py``), the
-latter with ``allow_empty_column_selection=false`` (column 0, the query cell, is then
-excluded; otherwise its logit is the query cell's mean, which TAPAS takes over padding too).
-The head runs in float32 under mixed precision (label counts and answers exceed bf16's range).
-TAPAS's Gumbel options (``use_gumbel_for_cells``, ``use_gumbel_for_aggregation``) draw the
-expected result's cell selection and operator from relaxed distributions at training time
-(:func:`expected_result`); evaluation uses the probabilities, so a model's predictions and
-validation loss do not depend on a draw.
-
-``aggregation_supervision=hard_em`` (not TAPAS's; its default is ``expected``) replaces the
-answer loss of the aggregating examples by hard EM (:func:`consistent_selection`): the most
-probable selection the prediction could decode (one column, its k highest cells or one
-cell, one operator) whose result is the answer is trained on as labels, with TAPAS's
-column, cell and operator losses. TAPAS's expected result fits the answer with soft cell
-probabilities the prediction never uses: a COUNT fitted by eleven cells at 0.27 decodes to
-no cell at all, and the ratio approximation of AVERAGE gives a lone cell's value at any
-probability. Examples that no such selection answers keep TAPAS's loss.
+``aggregation_supervision=hard_em`` (not TAPAS's; its default is ``expected``) trains an aggregating example on the
+most probable selection a prediction could decode whose result is the answer (:func:`consistent_selection`), as
+labels of TAPAS's column, cell and operator losses; examples no such selection answers keep TAPAS's loss. The reason:
+TAPAS's expected result fits the answer with soft cell probabilities the prediction never uses (a COUNT fitted by
+eleven cells at 0.27 decodes to no cell; the ratio AVERAGE gives a lone cell's value at any probability).
 """
 
 from __future__ import annotations
@@ -80,11 +59,8 @@ AGGREGATION_SUPERVISIONS = ("expected", "hard_em")
 
 @dataclass
 class TapasHeadConfig:
-    """TAPAS's head settings (``transformers.TapasConfig`` names and defaults).
-
-    The task yamls (``conf/model/table_qa.yaml`` and friends) set TAPAS's published
-    values per task; :meth:`from_checkpoint` fills unset ones from a TAPAS checkpoint.
-    """
+    """TAPAS's head settings (``transformers.TapasConfig``'s names and defaults); the task yamls set TAPAS's
+    published values per task."""
 
     num_aggregation_labels: int = 0
     temperature: float = 1.0
@@ -158,12 +134,9 @@ class TapasHeadConfig:
 
 
 class QAOutput(NamedTuple):
-    """What :class:`TapasQAHead` returns.
-
-    ``logits``: ``[batch, seq]`` token logits after the single-column constraint (every
-    token of a cell carries the cell's logit); ``aggregation_logits``: ``[batch, ops]`` or
-    None; ``loss``: ``[batch]`` per-example loss (its mean is TAPAS's loss) or None.
-    """
+    """What :class:`TapasQAHead` returns: ``logits`` ``[batch, seq]`` after the single-column constraint (each
+    token carries its cell's logit), ``aggregation_logits`` ``[batch, ops]`` or None, and ``loss`` ``[batch]`` per
+    example (its mean is TAPAS's loss) or None."""
 
     logits: torch.Tensor
     aggregation_logits: torch.Tensor | None
@@ -172,11 +145,8 @@ class QAOutput(NamedTuple):
 
 # ---------------------------------------------------------------- segments
 class CellIndex:
-    """Tokens grouped into TAPAS cells (row, column), columns, and one extra group for padding.
-
-    Segment ``row * C + column`` for real tokens (``C = max_num_columns``), ``R * C`` for
-    padding; results are computed over ``R * C + 1`` segments and the padding one dropped.
-    """
+    """Tokens grouped into TAPAS cells and columns: segment ``row * C + column`` for real tokens
+    (``C = max_num_columns``), ``R * C`` for padding, which every reduction drops."""
 
     def __init__(self, layout: TableLayout, max_num_rows: int, max_num_columns: int) -> None:
         rows = layout.row_ids.clamp(max=max_num_rows - 1)
@@ -219,9 +189,8 @@ class CellIndex:
 # ---------------------------------------------------------------- heads
 @dataclass
 class _Cells:
-    """What the selection losses read of a batch: token logits (after the temperature),
-    column logits (None without one-column selection), the cell index, each cell's share
-    of real tokens, and the real-token mask."""
+    """What the selection losses read of a batch: token logits (after the temperature), column logits (None
+    without one-column selection), the cell index, each cell's share of real tokens, the real-token mask."""
 
     token_logits: torch.Tensor
     column_logits: torch.Tensor | None
@@ -231,14 +200,8 @@ class _Cells:
 
 
 class TapasQAHead(nn.Module):
-    """Cell selection (+ aggregation) on the encoder's states: SQA and WikiTQ.
-
-    Args:
-        hidden_size: the encoder's width.
-        config: :class:`TapasHeadConfig`.
-        initializer_range: std of the normal initialisation (BERT's 0.02).
-        dropout: applied to the last hidden states before the cell logits (training only).
-    """
+    """Cell selection (and aggregation) on the encoder's states: SQA and WikiTQ. ``dropout`` applies to the
+    last hidden states before the cell logits; ``initializer_range`` is the normal initialisation's std."""
 
     def __init__(
         self, hidden_size: int, config: TapasHeadConfig, initializer_range: float = 0.02, dropout: float = 0.1
@@ -270,16 +233,10 @@ class TapasQAHead(nn.Module):
         numeric_values: torch.Tensor | None = None,
         numeric_values_scale: torch.Tensor | None = None,
     ) -> QAOutput:
-        """Logits, and with ``labels`` the per-example loss.
-
-        Args:
-            hidden: ``[batch, seq, hidden]`` last encoder states; ``pooled``: ``[batch, hidden]``.
-            layout: the batch's layout (row, column ids and the padding mask).
-            labels: ``[batch, seq]`` 1 on the tokens of gold answer cells.
-            float_answer: ``[batch]`` the scalar answer, NaN when the answer is not one number.
-            numeric_values: ``[batch, seq]`` each token's cell value (NaN: none);
-                ``numeric_values_scale``: ``[batch, seq]`` the number of tokens of its cell.
-        """
+        """Logits, and with ``labels`` the per-example loss. ``hidden``: ``[batch, seq, hidden]``; ``pooled``:
+        ``[batch, hidden]``; ``labels``: ``[batch, seq]``, 1 on the tokens of gold answer cells; ``float_answer``:
+        ``[batch]`` the scalar answer (NaN: not one number); ``numeric_values``: ``[batch, seq]`` each token's cell
+        value (NaN: none); ``numeric_values_scale``: ``[batch, seq]`` the number of tokens of its cell."""
         cfg = self.config
         hidden = self.dropout(hidden)
         index = CellIndex(layout, cfg.max_num_rows, cfg.max_num_columns)
@@ -412,12 +369,9 @@ class TapasClassificationHead(nn.Module):
 
 # ---------------------------------------------------------------- pieces
 def _single_column_selection(token_logits, column_logits, labels, index: CellIndex, cell_mask):
-    """TAPAS's hierarchical loss: pick the gold column, then Bernoulli per cell inside it.
-
-    Returns ``(per-example loss [batch], token logits [batch, seq])``; the logits keep only
-    the cells of the arg-max column (others get ``LOG_ZERO``). Without ``column_logits``
-    (``select_one_column=false``) the loss is unused and the logits are the cell means.
-    """
+    """TAPAS's hierarchical loss (gold column, then Bernoulli per cell inside it): ``(per-example loss [batch],
+    token logits [batch, seq])``, the logits keeping only the cells of the arg-max column (the others ``LOG_ZERO``).
+    Without ``column_logits`` the loss is None and the logits are the cell means."""
     cell_logits = index.cell_mean(token_logits)
     if column_logits is None:
         return None, index.gather(cell_logits)
@@ -439,22 +393,18 @@ def _single_column_selection(token_logits, column_logits, labels, index: CellInd
 def consistent_selection(
     token_logits, column_logits, index: CellIndex, values, answer, operator_log_probs, tolerance: float = 1e-6
 ):
-    """Hard EM for answer-supervised aggregation: the most probable decodable (column, cells,
-    operator) whose result is the answer.
+    """Hard EM for answer-supervised aggregation: the most probable decodable (column, cells, operator) whose
+    result is ``answer``.
 
-    A prediction selects, in one column, the data cells above the threshold, and applies
-    one operator. The selections searched are those a decode can make in the model's own
-    order: in each column (every data cell in one group without ``column_logits``) its k
-    highest-scoring cells, k = 1, 2, ...; with SUM, AVERAGE or COUNT, those whose result
-    equals ``answer`` (within ``tolerance`` x max(1, |answer|); SUM and AVERAGE over the
-    selected cells that hold a number, as the prediction computes them) are scored by
-    ``log P(column) + sum log P(cell in or out of the selection) + log P(operator)`` and the
-    best is returned.
+    A decode selects cells of one column and applies one operator, so the selections searched are, in each column (all
+    data cells as one group without ``column_logits``), its k highest-scoring data cells for every k, and each single
+    data cell. A selection qualifies with SUM, AVERAGE or COUNT when the result (SUM and AVERAGE over its cells that
+    hold a number) is within ``tolerance`` x max(1, |answer|) of the answer; qualifiers are scored by
+    ``log P(column) + sum log P(cell in or out) + log P(operator)``.
 
-    Returns ``(found [batch] bool, operator [batch] (0 SUM, 1 AVERAGE, 2 COUNT), column
-    [batch], cells [batch, cells] bool, candidates [batch, cells] bool: the column's data
-    cells, cell logits [batch, cells])``; an example without a scalar answer or without a
-    consistent selection has ``found`` false.
+    Returns ``(found [batch] bool, operator [batch] (0 SUM, 1 AVERAGE, 2 COUNT), column [batch], cells [batch, cells]
+    bool, candidates [batch, cells] bool: the column's data cells, cell logits [batch, cells])``; ``found`` is false
+    without a scalar answer or a consistent selection.
     """
     batch = token_logits.shape[0]
     rows, columns = index.num_rows, index.num_columns
@@ -526,11 +476,9 @@ def _aggregate_mask(answer, aggregation_logits, preference, labels) -> torch.Ten
 
 
 def relaxed_bernoulli(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """TAPAS's ``use_gumbel_for_cells``: a relaxed Bernoulli draw per token whose underlying
-    probability is ``sigmoid(raw logit)`` (the logit before dividing by ``temperature``), relaxed at
-    ``temperature``: ``sigmoid((raw + L) / T) = sigmoid(logits + L / T)`` with ``L`` logistic
-    noise. For TAPAS's small ``T`` a draw is nearly 0 or 1, so a soft selection that fits the
-    answer only on average is noisy, and the loss pushes each cell's logit to a side."""
+    """TAPAS's ``use_gumbel_for_cells``: per token a relaxed Bernoulli draw of probability ``sigmoid(raw logit)``
+    at ``temperature`` T, i.e. ``sigmoid(logits + L / T)`` with logistic noise ``L`` (``logits`` are already
+    divided by T). At TAPAS's small T a draw is nearly 0 or 1, which pushes each cell's logit to a side."""
     u = torch.rand_like(logits).clamp(1e-6, 1 - 1e-6)
     return torch.sigmoid(logits + torch.logit(u) / temperature)
 
@@ -545,15 +493,10 @@ def expected_result(
     aggregation_temperature=1.0,
     gumbel_aggregation: bool = False,
 ) -> torch.Tensor:
-    """The expected SUM / AVERAGE / COUNT of a soft cell selection, weighted by the operators' probabilities.
-
-    ``probs``, ``values`` (NaN: not a number), ``scale`` (tokens of the token's cell) and
-    ``table_mask`` (data rows) are ``[batch, seq]``; a cell's tokens share its probability,
-    so dividing by ``scale`` counts every cell once (with :func:`relaxed_bernoulli` draws, a
-    cell counts the mean of its tokens' draws). ``gumbel_aggregation`` (TAPAS's
-    ``use_gumbel_for_aggregation``) draws the operators' weights from a relaxed one-hot
-    distribution at ``aggregation_temperature`` instead of taking their softmax.
-    """
+    """The expected SUM / AVERAGE / COUNT of a soft cell selection, weighted by the operators' probabilities:
+    ``probs``, ``values`` (NaN: not a number), ``scale`` (tokens of the token's cell; dividing by it counts each cell
+    once) and ``table_mask`` (data rows) are ``[batch, seq]``; ``gumbel_aggregation`` (TAPAS's
+    ``use_gumbel_for_aggregation``) draws the operator weights from a relaxed one-hot distribution."""
     p = probs / scale * table_mask
     count = p.sum(1)
     values = torch.nan_to_num(values, nan=0.0)
@@ -583,10 +526,8 @@ def huber(prediction: torch.Tensor, target: torch.Tensor, delta: float) -> torch
 
 
 def token_numeric_values(cell_values: torch.Tensor, cell_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token ``(numeric value, scale)`` from per-cell values ``[batch, cells + 1]`` (index 0 / NaN: none).
-
-    ``scale`` is the number of tokens of the token's cell (1 outside cells), as TAPAS's tokenizer writes it.
-    """
+    """Per-token ``(value, scale)`` from per-cell values ``[batch, cells + 1]`` (index 0 or NaN: none); ``scale``
+    is the token count of the token's cell (1 outside cells), as TAPAS's tokenizer writes it."""
     values = cell_values.gather(1, cell_ids)
     values = torch.where(cell_ids > 0, values, torch.full_like(values, float("nan")))
     counts = torch.zeros_like(cell_values).scatter_add(1, cell_ids, torch.ones_like(values))
@@ -596,11 +537,8 @@ def token_numeric_values(cell_values: torch.Tensor, cell_ids: torch.Tensor) -> t
 
 # ---------------------------------------------------------------- checkpoints
 def load_head_weights(head: nn.Module, pretrained: str) -> list[str]:
-    """Copy the head tensors a TAPAS task checkpoint holds (same names) into ``head``.
-
-    A BERT or TAPAS base checkpoint has none: the head keeps its fresh initialisation.
-    Returns the names loaded.
-    """
+    """Copy the head tensors a TAPAS task checkpoint holds into ``head`` and return their names (none from a
+    BERT or TAPAS base checkpoint: the head keeps its initialisation)."""
     from mate_cli.modeling import checkpoints
 
     resolved = checkpoints.resolve_pretrained(pretrained)

@@ -1,25 +1,12 @@
 """PointR end to end (MATE paper §4): point to the expanded cell, then read the answer from it.
 
-Owns the inference pipeline the ``mate pointr`` and ``mate predict`` commands call
-(each stage is a trained run rebuilt by :func:`mate_cli.runs.load_trained`):
-
-- :class:`CellRanker` (stage 1): cell probabilities for encoded tables, the top-k cells,
-  Hits@1/3/5 against the candidate cells;
-- :class:`SpanPredictor` (stage 2): the answer span read from one cell's context
-  (:func:`~mate_cli.data.span.build_span_input`, exactly the training input);
-- :func:`evaluate_pointr`: every question of a split -> stage 1 -> top cell -> stage 2,
-  then ``predictions.json`` (official format ``[{"question_id", "pred"}]``), official
-  EM/F1 (:mod:`mate_cli.metrics.hybridqa`), Hits@k and robustness counts, each written
-  atomically into the run dir;
-- :func:`predict_question`: one question about one table file (``mate predict``).
-
-Without a stage-2 checkpoint the answer is the top cell's own text (a table-only
-reader), so stage 1 can be evaluated end to end on its own.
-
-Robustness: a table with no linked passages or no passage file (the reader context is
-the cell text alone), an empty chosen cell, a table with no selectable cell (empty
-prediction), a question whose answer appears nowhere: each is counted, logged as one
-line, and predicted as well as possible; nothing crashes the run.
+Each stage is a trained run (:func:`mate_cli.runs.load_trained`): :class:`CellRanker` (stage 1, cell selection over the
+table as its training run encoded it, TF-IDF expansion included: :mod:`mate_cli.data.expand`) and
+:class:`SpanPredictor` (stage 2, the answer span in the chosen cell's context). :func:`evaluate_pointr` serves
+``mate pointr``, :func:`predict_question` ``mate predict``. Without a stage-2 checkpoint the answer is the top cell's
+own text, so stage 1 can be evaluated end to end on its own. A table without passages or passage file, an empty
+chosen cell, a table without a selectable cell or an answer found nowhere is counted (:data:`ROBUSTNESS_LINES`),
+logged as one line and predicted as well as possible; none of them stops the run.
 """
 
 from __future__ import annotations
@@ -77,14 +64,8 @@ def check_same_split(stage1: DictConfig, stage2: DictConfig) -> None:
 
 # ------------------------------------------------------------------ stage 1
 class CellRanker:
-    """Stage 1: cell probabilities of encoded examples and their top-k cells.
-
-    Args:
-        stage: a loaded :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule` run.
-        device, precision: where and how to run.
-        batch_size: examples per forward pass.
-        top_k: cells kept per question (>= max(HITS_K) for Hits@5).
-    """
+    """Stage 1, from a trained :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule` run: cell
+    probabilities of encoded examples and their ``top_k`` cells (at least 5 for Hits@5)."""
 
     def __init__(
         self, stage: TrainedRun, device: torch.device, precision: str | None = None, batch_size: int = 8, top_k: int = 5
@@ -104,7 +85,7 @@ class CellRanker:
 
     @torch.no_grad()
     def rank(self, examples: Iterable[dict]) -> Iterator[dict]:
-        """Per example, in order: ``{"question_id", "cells": [{"coord", "prob"}] (top-k), "hit@k": bool...}``."""
+        """Per example, in order: ``{question_id, cells: top-k {cell_id, coord, prob}, has_candidate, hits@k}``."""
         batch: list[dict] = []
         for example in examples:
             batch.append(example)
@@ -193,7 +174,8 @@ class SpanPredictor:
 
 # ------------------------------------------------------------------ evaluation
 def reference_for(cfg_path: str | None, dataset: DictConfig, split: str) -> Path | None:
-    """The reference file: ``reference=`` when given, else ``<root>/released_data/<dev>_reference.json``."""
+    """The reference file: ``reference=`` when given; else, except for the test split,
+    ``<root>/released_data/<dev>_reference.json`` when it exists; else None."""
     if cfg_path:
         return given_file(cfg_path, "the dev_reference.json of the evaluated split", "reference")
     if split == "test":
@@ -230,12 +212,9 @@ def load_stages(cfg: DictConfig) -> tuple[TrainedRun, TrainedRun | None, torch.d
 
 
 def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
-    """Run PointR on ``cfg.split`` and write predictions.json / metrics.json / pointr_details.json.
-
-    ``cfg`` (conf/pointr.yaml): ``stage1.{ckpt_path, overrides,
-    batch_size, top_k}``, ``stage2.{ckpt_path, overrides, batch_size}``, ``split``,
-    ``reference``, ``trainer.{accelerator, precision}``, ``limit_questions``.
-    """
+    """Run PointR on ``cfg.split`` (conf/pointr.yaml) and write, atomically, ``predictions.json`` (the official
+    ``[{"question_id", "pred"}]``), ``pointr_details.json`` and ``metrics.json`` (official EM/F1, Hits@k, robustness
+    counts); returns the metrics."""
     for stage in ("stage1", "stage2"):
         if OmegaConf.is_missing(cfg[stage], "ckpt_path"):
             fix = " (or null: answer with the top cell's text)" if stage == "stage2" else ""

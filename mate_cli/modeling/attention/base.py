@@ -1,34 +1,19 @@
 """The attention interface every backend implements, and the backend registry.
 
-The encoder layer owns the Q/K/V projections, the output dense, dropout, residual
-and LayerNorm (so BERT/TAPAS weights load unchanged into any backend). A backend
-only mixes values:
+The encoder layer owns the Q/K/V projections, output dense, dropout, residual and LayerNorm, so BERT/TAPAS weights
+load into any backend; a backend only mixes values, ``context = backend(q, k, v, layout)``, all
+``[batch, heads, seq, head_dim]``, with ``q`` not pre-scaled (backends apply ``1 / sqrt(head_dim)``). Hydra builds a
+partial from ``conf/attention/<name>.yaml``; the encoder calls it once per layer with ``num_heads``, ``head_dim``,
+``max_length``, ``dropout`` and ``layer_index``. A backend owns parameters only where its method needs them.
 
-    context = backend(q, k, v, layout)      # q, k, v, context: [batch, heads, seq, head_dim]
+Encoder hooks, called once on the first layer's backend (default: identity): ``embedding_layout(layout) -> layout``,
+before the embeddings, is the layout they see (SAT's ``text_only`` drops the row/column/rank ids);
+``extend_inputs(hidden, layout) -> (hidden, layout, num_prefix)``, after them, adds tokens (TableETC's global
+memory), and the encoder drops the first ``num_prefix`` positions of the last hidden state.
 
-``q`` is *not* pre-scaled: backends apply ``1 / sqrt(head_dim)`` themselves.
-
-Construction: every backend's ``__init__`` takes keyword arguments
-``num_heads, head_dim, max_length, dropout, layer_index`` (from the encoder) plus its
-own options (from ``conf/attention/<name>.yaml``). Hydra builds a *partial* from that
-yaml (``_partial_: true``); the encoder calls it once per layer with the shared
-keywords. A backend may own parameters only when the method needs them (say so in
-its docstring).
-
-Encoder-level hooks (default: identity), used by backends that add tokens, e.g.
-TableETC's global memory:
-
-- ``embedding_layout(layout) -> layout`` is called once on the first layer's backend
-  before the embeddings: the layout the *embeddings* see (SAT's ``text_only`` drops
-  the row/column/rank ids here, so the table is encoded as text only).
-- ``extend_inputs(hidden, layout) -> (hidden, layout, num_prefix)`` is called once on
-  the first layer's backend after the embeddings; the encoder drops the first
-  ``num_prefix`` positions of the last hidden state before returning it.
-
-Key bias (DoT, Krichene et al. 2021, eq. 2): when ``layout.key_bias`` is set, a backend
-adds ``key_bias[b, t]`` to the logit of every query towards key ``t`` before the softmax,
-in every head. Backends that can say so set ``supports_key_bias``; they build their mask
-with :func:`with_key_bias`. The encoder refuses a biased layout on any other backend.
+Key bias (DoT, Krichene et al. 2021, eq. 2): a backend with ``supports_key_bias`` adds ``layout.key_bias[b, t]`` to
+every query's logit towards key ``t``, in every head, before the softmax (:func:`with_key_bias`); the encoder
+refuses a biased layout on any other backend.
 """
 
 from __future__ import annotations
@@ -57,15 +42,9 @@ def register(name: str) -> Callable[[type], type]:
 
 
 class AttentionBackend(nn.Module):
-    """Base class. Subclasses implement :meth:`forward`.
-
-    Args:
-        num_heads: attention heads of the layer.
-        head_dim: size of each head.
-        max_length: the longest sequence the model will see (Linformer needs it).
-        dropout: dropout on attention probabilities (BERT's ``attention_probs_dropout_prob``).
-        layer_index: index of the layer that owns this backend.
-    """
+    """Base class: subclasses implement :meth:`forward`. The keywords are the encoder's (module docstring);
+    ``max_length`` is the longest sequence the model will see, ``dropout`` the dropout on attention probabilities
+    (BERT's ``attention_probs_dropout_prob``)."""
 
     name = "base"
     #: False for the cost-floor backend that must not be trained.

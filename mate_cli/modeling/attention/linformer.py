@@ -1,35 +1,12 @@
 """LINFORMER attention (Wang et al., 2020), the low-rank baseline of MATE §5.1.
 
-What it approximates: dense softmax attention. Keys and values are projected along
-the *sequence* axis to a fixed length ``k`` by learned matrices E and F, so every
-token attends to ``k`` mixed key slots instead of ``seq`` keys:
-
-    context = softmax(q (E k)^T / sqrt(head_dim)) (F v)
-
-Cost is ``O(seq * k)`` per head. The MATE paper keeps TAPAS's row/column/rank
-embeddings (they live in the embeddings, not here) and uses ``k = 256``, which beat
-128 and 512 in its tests.
-
-What it owns (new parameters, not in BERT/TAPAS checkpoints, so they start from
-their initialisation when a checkpoint is loaded):
-
-- ``E``: ``[k, max_length]``, the key projection of this layer;
-- ``F``: ``[k, max_length]``, the value projection (``None`` when ``share_kv=True``:
-  E then projects the values too).
-
-Choices:
-
-- One E and one F per layer, shared by all heads (the paper's "headwise sharing";
-  fewest parameters). ``share_kv=True`` also ties F to E ("key-value sharing").
-- Padding keys/values are zeroed *before* the projection, so padding never leaks
-  into real tokens and the result does not depend on how much padding follows.
-- A sequence shorter than ``max_length`` uses the first ``seq`` columns of E and F,
-  i.e. it behaves exactly like the same sequence padded to ``max_length``.
-- Initialisation: ``init="normal"`` draws from N(0, 0.02) like every BERT weight
-  (the default); ``init="xavier"`` uses Xavier-uniform on the ``[k, max_length]``
-  matrix.
-
-Only the padding mask is read from the layout; ``layout=None`` means no padding.
+Keys and values are projected along the sequence axis to ``k`` slots by learned matrices E and F
+``[k, max_length]``: ``context = softmax(q (E k)^T / sqrt(head_dim)) (F v)``, ``O(seq * k)`` per head. The paper keeps
+TAPAS's row/column/rank embeddings (:mod:`mate_cli.modeling.embeddings`) and uses ``k = 256``, which beat 128 and 512.
+One E and one F per layer, shared by all heads (the paper's headwise sharing); ``share_kv=True`` also ties F to E
+(key-value sharing). E and F are new parameters, absent from BERT/TAPAS checkpoints. Padding keys and values are
+zeroed before the projection, and a shorter sequence uses the first ``seq`` columns of E and F, so the result is the
+same however much padding follows.
 """
 
 from __future__ import annotations
@@ -48,17 +25,9 @@ INITS = ("normal", "xavier")
 
 @register("linformer")
 class LinformerAttention(AttentionBackend):
-    """Low-rank attention: keys and values projected to ``k`` slots along the sequence.
-
-    Args (beyond :class:`AttentionBackend`'s ``num_heads, head_dim, max_length,
-    dropout, layer_index``):
-        k: projected length (``attention.k``); ``1 <= k <= max_length``.
-        share_kv: tie the value projection F to the key projection E.
-        init: ``"normal"`` (N(0, 0.02), BERT's initialiser) or ``"xavier"``.
-        init_std: standard deviation for ``init="normal"``.
-
-    Only the padding mask is read from the layout: works with ``layout=None`` (no padding).
-    """
+    """Low-rank attention over ``k`` sequence slots (``attention.k``, ``1 <= k <= max_length``). ``share_kv``: E also
+    projects the values (F is None); ``init``: ``"normal"`` (N(0, ``init_std``), BERT's initialiser, the default) or
+    ``"xavier"`` (Xavier-uniform). Only the padding mask is read from the layout; ``layout=None`` means no padding."""
 
     def __init__(
         self, *, k: int = 256, share_kv: bool = False, init: str = "normal", init_std: float = 0.02, **shared
@@ -90,15 +59,7 @@ class LinformerAttention(AttentionBackend):
         return f"k={self.k}, max_length={self.max_length}, share_kv={self.share_kv}"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """Low-rank attention.
-
-        Args:
-            q, k, v: ``[batch, heads, seq, head_dim]``; ``q`` not pre-scaled.
-            layout: only ``attention_mask`` ``[batch, seq]`` is read; None = no padding.
-
-        Returns:
-            context ``[batch, heads, seq, head_dim]``.
-        """
+        """``q, k, v``: ``[batch, heads, seq <= max_length, head_dim]`` (q not pre-scaled); returns the same shape."""
         seq = k.shape[-2]
         if seq > self.max_length:
             raise MateError(

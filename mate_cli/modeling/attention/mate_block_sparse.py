@@ -1,27 +1,16 @@
-"""Exact MATE attention at block-sparse cost.
+"""Exact MATE attention at block-sparse cost (``impl=block_sparse``; :mod:`.mate`).
 
-After a head's sort (Q first, then row by row / column by column, padding last) the
-MATE pattern is block-diagonal plus a dense stripe: every row/column is one
-contiguous *segment*; a table token attends to Q and its own segment, a query-set
-token to everything. Two exact ways to skip the empty part:
+After a head's sort (query set, then row by row or column by column, padding last) each row or column is one
+contiguous segment: the pattern is block-diagonal plus a dense query-set stripe. Two exact ways to skip the rest,
+their structure cached on the layout:
 
-- :func:`block_sparse_attention` (pure PyTorch, any device, forward and backward).
-  Query-set rows are one dense SDPA against all keys (``|Q| x N``, linear). Table
-  tokens are packed segment by segment into dense blocks: segments are binned by
-  length into a few padded sizes ``S`` (1.5x ladder: 16, 24, 32, 48, 64, 96, ...), and
-  each bin is one batched SDPA of its segments (queries: the segment; keys: Q of its
-  example + the segment; padding slots masked). Work ~ sum over segments of
-  ``len * (|Q| + S)`` instead of ``N^2``; the only blocks computed are the ones with
-  allowed pairs, at token granularity. The blocks are the segments themselves
-  (variable size), rather than fixed 64/128-token tiles.
-- :func:`flex_mate_attention` (``torch.nn.attention.flex_attention``): the same exact
-  mask as a ``mask_mod`` on the sorted sequence, with a ``BlockMask`` built directly
-  from segment ranges (no N^2 evaluation). Compiled FlexAttention is fast on CUDA
-  (forward and backward); on CPU (torch 2.13) it has no backward, and measured
-  slower than the pure path, so the backend uses it on CUDA only. The benchmark
-  calls it directly.
-
-Structure (packing indices, block masks) is cached on the ``TableLayout``.
+- :func:`block_sparse_attention` (pure PyTorch, any device, with backward): the query-set rows are one dense SDPA;
+  table tokens are packed segment by segment, binned by length into padded sizes ``S`` on a 1.5x ladder (16, 24, 32,
+  48, ...), each bin one batched SDPA against its example's query set and itself. Work ~ sum over segments of
+  ``len * (|Q| + S)`` instead of ``N^2``, the blocks being the segments rather than fixed tiles.
+- :func:`flex_mate_attention`: the same mask in FlexAttention, its ``BlockMask`` built from segment ranges (no
+  ``N^2`` evaluation). The backend uses it on CUDA only: on CPU (torch 2.13) it has no backward, and it measured
+  slower than the pure path.
 """
 
 from __future__ import annotations
@@ -67,15 +56,10 @@ class _Bin:
 
 @dataclass(eq=False)
 class SegmentPlan:
-    """Packing of one layout for :func:`block_sparse_attention` (cached on the layout).
-
-    Attributes:
-        query_tokens: ``[B, P]`` positions of each example's query-set tokens (padded with 0).
-        query_valid: ``[B, P]`` bool.
-        views: per head view present (``"row"``, ``"column"``): its head slice and bins.
-        out_rows: per view, ``[B, N]`` row of the concatenated
-            ``[dense rows ; bin rows ... ; zero row]`` source that holds each token's output.
-    """
+    """Packing of one layout for :func:`block_sparse_attention` (cached on the layout): ``query_tokens`` ``[B, P]``,
+    the positions of each example's query-set tokens (padded with 0, ``query_valid`` marking the real ones); per head
+    view present, its head slice and bins (``views``) and ``out_rows`` ``[B, N]``, the row of the concatenated
+    ``[dense rows ; bin rows ... ; zero row]`` that holds each token's output."""
 
     query_tokens: torch.Tensor
     query_valid: torch.Tensor
@@ -150,11 +134,8 @@ def block_sparse_attention(
     dropout_p: float = 0.0,
     use_flex: bool | None = None,
 ) -> torch.Tensor:
-    """Exact MATE attention, skipping every empty block. ``[batch, heads, seq, head_dim]``.
-
-    ``use_flex``: None picks FlexAttention on CUDA (when no dropout), the pure path
-    elsewhere. Padding tokens get a zero output (pure path).
-    """
+    """Exact MATE attention, ``[batch, heads, seq, head_dim]`` in and out, padding tokens getting a zero output
+    (pure path). ``use_flex``: None picks FlexAttention on CUDA without dropout, the pure path elsewhere."""
     if use_flex is None:
         use_flex = q.is_cuda and dropout_p == 0.0 and flex_available()
     if use_flex:
@@ -182,11 +163,8 @@ def block_sparse_attention(
 
 
 def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropout_p):
-    """One bin: ``[n, size]`` segments attend to Q of their example + themselves.
-
-    ``qt, kt, vt``: ``[B, N, h, D]`` (this view's heads); ``k_query, v_query``:
-    ``[B, h, P, D]``. Returns the segments' outputs as ``[n * size, h, D]`` rows.
-    """
+    """One bin: its ``[n, size]`` segments attend to their example's query set and themselves. ``qt, kt, vt``:
+    ``[B, N, h, D]`` (this view's heads); ``k_query, v_query``: ``[B, h, P, D]``; returns ``[n * size, h, D]`` rows."""
     ex = bin_.example
     tokens = bin_.tokens
     seg_q, seg_k, seg_v = (x[ex[:, None], tokens].transpose(1, 2) for x in (qt, kt, vt))  # [n, h, S, D]
@@ -258,13 +236,10 @@ def flex_mate_attention(
     block_size: int = 128,
     compiled: bool = True,
 ) -> torch.Tensor:
-    """Exact MATE attention with FlexAttention on the per-head sorted sequence.
-
-    ``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled); returns the same
-    shape. ``compiled=False`` runs FlexAttention eagerly (materialises the scores; for
-    tests). On CPU, torch 2.13's FlexAttention has no backward: call it without grad.
-    Padding query rows attend to the query set only (finite; they are ignored).
-    """
+    """Exact MATE attention with FlexAttention on the per-head sorted sequence; ``q, k, v``
+    ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> the same shape. ``compiled=False`` runs it eagerly
+    (materialising the scores; for tests); on CPU (torch 2.13) call it without grad. Padding query rows attend to the
+    query set only (finite, and ignored)."""
     H, D = q.shape[1], q.shape[-1]
     Np, block_mask = _flex_structure(layout, H, row_heads_ratio, block_size)
     perm, inverse = layout.head_sort_order(H, row_heads_ratio)

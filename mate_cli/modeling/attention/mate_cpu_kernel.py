@@ -1,27 +1,15 @@
-"""The fused CPU kernel of MATE's bucketed attention (``csrc/mate_bucketed_cpu.cpp``).
+"""The fused CPU kernel of MATE's bucketed attention (``csrc/mate_bucketed_cpu.cpp``; ``impl=kernel``: :mod:`.mate`).
 
-Compiled on first use with ``torch.utils.cpp_extension`` (needs a C++ compiler; a
-few tens of seconds once, then cached under ``<MATE_CACHE_DIR>/torch_extensions``, or
-under ``$TORCH_EXTENSIONS_DIR`` where that is set (torch's own variable for compiled
-extensions: one build for jobs that each keep their own data cache), keyed by torch
-version, CPU and source hash) and loaded as the ``torch.ops.mate_cpu``
-library. Its products and elementwise passes are its own (register-blocked, GCC vector
-extensions in the build target's lanes: 16 with AVX-512, 8 with AVX2, 4 with SSE or
-NEON; :func:`vector_lanes`); it needs no BLAS.
+Built on first use with ``torch.utils.cpp_extension`` (a C++ compiler; tens of seconds, once), cached in
+:func:`build_dir` and loaded as ``torch.ops.mate_cpu``; ``make install`` builds it ahead of time (:func:`main`) and
+``MATE_CPU_KERNEL=0`` turns it off. Its products are its own (register-blocked GCC vector code,
+:func:`vector_lanes`; no BLAS), in float32: the forward, the backward (probabilities recomputed bucket by bucket),
+and attention dropout from a stateless hash of the seed, so the backward redraws the masks (a different stream from
+the torch path's). :mod:`.mate_bucketed` decides when to call it and widens bfloat16/float16 inputs for it.
 
-Where it cannot be built or loaded (no compiler), :func:`available` is False, one
-warning says why, and the bucketed backend runs its pure-torch path: same function,
-~1.8x slower at 8192 tokens, ~1.9x for forward + backward (plain timing loop, BERT-base
-dims, 2 cores with AVX-512: 69 vs 38 ms, 257 vs 132 ms).
-``MATE_CPU_KERNEL=0`` turns it off; ``make install`` builds it ahead of time
-(:func:`main`).
-
-Scope: float32 on CPU: the forward (long rows and dense query rows) and its backward
-(the probabilities recomputed bucket by bucket, dK and dV accumulated per head), with
-attention dropout (masks from a stateless hash of the seed, so the backward redraws
-them; a different random stream from the torch path's). ``mate_bucketed.py`` decides
-when to call this (``use_cpu_kernel``) and widens bfloat16/float16 inputs to float32
-for it (CPU autocast); CUDA stays in its torch path.
+Where it cannot be built or loaded, :func:`available` is False, one warning says why, and the torch path runs: the
+same function, ~1.8x slower forward and ~1.9x forward + backward at 8192 tokens (plain timing loop, BERT-base dims,
+2 cores with AVX-512: 69 vs 38 ms, 257 vs 132 ms).
 """
 
 from __future__ import annotations
@@ -93,22 +81,17 @@ def _cpu_tag() -> str:
 
 
 def build_dir() -> Path:
-    """``$TORCH_EXTENSIONS_DIR`` (when set) or ``<MATE_CACHE_DIR>/torch_extensions``, then
-    a folder named by torch version, CPU and source hash."""
+    """``$TORCH_EXTENSIONS_DIR`` (one build shared by jobs with their own data caches) or
+    ``<MATE_CACHE_DIR>/torch_extensions``, then a folder named by torch version, CPU, flags and source."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     return (Path(root) if root else cache_dir() / "torch_extensions") / f"mate_bucketed_cpu_{_cpu_tag()}"
 
 
 @contextlib.contextmanager
 def build_lock(directory: Path):
-    """Hold an OS file lock on the build directory while torch builds or loads there.
-
-    ``torch.utils.cpp_extension`` guards a build with a ``lock`` file and waits, forever
-    and silently, while one exists; a process killed mid-build leaves it behind. The
-    ``flock`` taken here is released by the OS when its holder dies, so while we hold
-    it no other live process is inside a build: a ``lock`` file found then is stale and
-    removed (one warning line). Waiting for a live builder is said once, never silent.
-    """
+    """Hold an ``flock`` on the build directory while torch builds or loads there. Torch's ``lock`` file makes it wait
+    forever, silently, after a killed build; the ``flock`` dies with its holder, so while it is held a ``lock`` file is
+    stale and removed (one warning). Waiting for a live builder is said once."""
     with open(directory / ".mate-build.flock", "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -167,16 +150,11 @@ def load(verbose: bool = False) -> bool:
 
 
 def _register_flops() -> None:
-    """Tell ``FlopCounterMode`` what the kernels compute (it cannot look inside).
-
-    Long rows, per bucket ``f``: ``R`` rows x ``D`` against ``keys[f]`` global + ``3R``
-    window keys, twice (scores, context): ``4 R D (keys[f] + 3R)``. Dense rows, per
-    head of example b: ``4 free[b] real[b] D``. The backward does five such GEMMs
-    (recomputed scores, dP, dV, dQ, dK): ``10 R D (keys[f] + 3R)`` and ``10 free[b] real[b] D``,
-    the GEMMs of the torch path's backward. These are the algorithm's FLOPs (each bucket's
-    own global keys), not the kernel's: it multiplies a chunk of buckets against the most
-    global keys any of them reads (masked products, exp = 0) and skips chunks with no row
-    to answer, so a rate from these counts is useful work per second.
+    """Tell ``FlopCounterMode`` what the kernels compute. Long rows, per bucket ``f`` (``R`` rows against ``keys[f]``
+    global and ``3R`` window keys, scores and context): ``4 R D (keys[f] + 3R)``; dense rows, per head of example b:
+    ``4 free[b] real[b] D``; the backward's five products (scores recomputed, dP, dV, dQ, dK): ``10 R D (keys[f] + 3R)``
+    and ``10 free[b] real[b] D``. These are the algorithm's FLOPs, not the kernel's (it multiplies a chunk of buckets
+    against the most global keys any of them reads, and skips chunks with no row), so a rate is useful work per second.
     """
     from torch.utils.flop_counter import register_flop_formula
 

@@ -1,33 +1,16 @@
-"""MATE's bucketed attention as one FlexAttention call (``variant=bucketed impl=flex``).
+"""MATE's bucketed attention as one FlexAttention call (``variant=bucketed impl=flex``; :mod:`.mate`): the function
+of :mod:`.mate_bucketed` (explained in :mod:`.mate_reference`), written in each head's sorted space.
 
-The same function as :mod:`.mate_bucketed` (and :mod:`.mate_reference`, which explains
-it), written in the sorted space of each head:
+Per head, tokens are sorted by the plan's order and padded to whole blocks; one ``flex_attention`` call masks
+``allowed(i, j) = mate(i, j) and (i is a dense row or j < G or |i // R - j // R| <= 1)``, the dense rows being the
+query-set tokens among the first G, which attend to every real key; outputs are scattered back to token order. The
+``BlockMask`` is built from the structure, never by evaluating the mask on ``T x T`` (a query block reads the global
+blocks, its rows' window blocks, and every block with a real key when it holds a dense row): linear work.
 
-- per head, tokens are sorted by the plan's order (query set first, then row by row
-  for row heads / column by column for column heads, padding last) and padded to a
-  multiple of the block size;
-- one ``flex_attention`` call runs over the sorted q, k, v with the mask
-  ``allowed(i, j) = mate(i, j) and (i is a dense row or j < G or |i // R - j // R| <= 1)``:
-  MATE's pattern (:func:`~.mate_plan.mate_allowed`) restricted to the globals and the
-  3-bucket window, except for the query-set tokens among the first G (the dense rows),
-  which attend to every real key;
-- outputs are scattered back to token order.
-
-The ``BlockMask`` is built from the structure, never by evaluating the mask on
-``T x T``: a query block reads the global blocks, the blocks its rows' windows
-touch, and every block with a real key when it holds a dense row. So the work is
-linear in the length.
-
-On CUDA FlexAttention is compiled (forward and backward fused, bf16/fp16/float32).
-On CPU it runs eagerly (the scores of a call are materialised: quadratic memory),
-and, since torch's CPU FlexAttention has no backward, the backward is computed here
-query block by query block over the keys the BlockMask lists (:class:`_SortedFlex`),
-recomputing the probabilities. On CPU it is a check of the GPU path, not a fast
-path: the fused CPU kernel (``impl=kernel``) is the one to train with.
-
-FlexAttention has no attention dropout: ``impl=flex`` runs the calls without it
-(inference, or ``model.attention_dropout=0``); the backend takes ``eager`` for a
-training call with attention dropout and says so once.
+On CUDA FlexAttention is compiled (forward and backward fused; bf16, fp16, float32). On CPU it runs eagerly, the
+scores materialised (quadratic memory), with its own backward (:class:`_SortedFlex`) as torch's CPU FlexAttention
+has none: a check of the GPU path, not a fast path (``impl=kernel`` is). FlexAttention has no attention dropout:
+the backend runs ``eager`` for a training call with attention dropout and says so once.
 """
 
 from __future__ import annotations
@@ -64,9 +47,8 @@ def flex_available() -> bool:
 
 @functools.cache
 def _compiled_flex():
-    """``torch.compile``d FlexAttention, compiled on first use. Batches padded to their
-    longest example change the sorted length: after the first change torch compiles a
-    kernel with the length dynamic instead of one per length."""
+    """``torch.compile``d FlexAttention, compiled on first use; after the first change of sorted length (batches are
+    padded to their longest example) torch compiles one kernel with the length dynamic, not one per length."""
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention)
@@ -84,9 +66,8 @@ MIN_COMPILED_HEAD_DIM = 16
 
 
 def flex_call(qs, ks, vs, block_mask, scale: float, compiled: bool) -> torch.Tensor:
-    """``flex_attention(qs, ks, vs, block_mask, scale)``; a head dim below what compiled
-    FlexAttention takes is zero-padded (same scores, as the scale is given; the padded
-    output columns are dropped)."""
+    """``flex_attention(qs, ks, vs, block_mask, scale)``, a head dim below compiled FlexAttention's minimum zero-padded
+    (the given scale keeps the scores; the padded output columns are dropped)."""
     D = qs.shape[-1]
     if compiled and D < MIN_COMPILED_HEAD_DIM:
         qs, ks, vs = (F.pad(x, (0, MIN_COMPILED_HEAD_DIM - D)) for x in (qs, ks, vs))
@@ -150,12 +131,9 @@ def _structure(layout: TableLayout, plan: BucketPlan, row_heads_ratio: float, bl
 
 
 class _SortedFlex(torch.autograd.Function):
-    """FlexAttention in sorted space with a backward for devices where torch has none (CPU).
-
-    Forward: eager ``flex_attention``. Backward: per query block, the keys its BlockMask
-    row lists (the union over batch and heads), the mask recomputed from ``mask_mod``, the
-    probabilities recomputed, then flash-attention's formulas (``dS = P * (dP - rowsum(dO * O))``).
-    """
+    """FlexAttention in sorted space with a backward where torch has none (CPU): an eager forward; backward per query
+    block over the keys its BlockMask row lists (union over batch and heads), mask and probabilities recomputed, then
+    flash-attention's formulas (``dS = P * (dP - rowsum(dO * O))``)."""
 
     @staticmethod
     def forward(ctx, qs, ks, vs, structure: _Structure, scale: float):
@@ -206,12 +184,9 @@ def flex_bucketed_attention(
     compiled: bool | None = None,
     block_size: int = BLOCK_SIZE,
 ) -> torch.Tensor:
-    """Bucketed MATE (the function of :func:`.mate_bucketed.bucketed_attention`, no
-    dropout) as one FlexAttention call. ``q, k, v``: ``[batch, heads, seq, head_dim]``
-    (q not pre-scaled); returns the same shape.
-
-    ``compiled``: None compiles on CUDA and runs eagerly elsewhere (see the module docstring).
-    """
+    """Bucketed MATE (:func:`.mate_bucketed.bucketed_attention`'s function, without dropout) as one FlexAttention call;
+    ``q, k, v`` ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> the same shape. ``compiled``: None compiles on
+    CUDA and runs eagerly elsewhere."""
     structure = _structure(layout, plan, row_heads_ratio, block_size)
     qs, ks, vs = (sort_heads(x, plan.perm, structure.padded_len) for x in (q, k, v))
     scale = q.shape[-1] ** -0.5

@@ -1,38 +1,28 @@
 """MATE's efficient implementation (paper §3.1, App. D), spelled out: sort per head, then bucket.
 
-Read this file first; :mod:`.mate_bucketed` computes the same function, fused.
+Read this file first; :mod:`.mate_bucketed` computes the same function, fused. Every head sorts its tokens by its own
+traversal (``layout.head_sort_order``: the query set Q first, then row by row for row heads or column by column for
+column heads, padding last). In that order:
 
-Every head sorts its tokens by its own traversal (``layout.head_sort_order``: the
-query set Q first, then row by row for row heads / column by column for column
-heads, padding last). In that order:
+- the first ``G`` tokens are the **global** part: every token may attend to them, and the query-set tokens among them
+  attend to every real token (a dense row each);
+- the sorted sequence is padded to ``T = nb * R`` and cut into ``nb`` buckets of ``R`` tokens (the **long** part); a
+  bucket attends to the globals plus a **window** of three buckets (previous, itself, next: ``3R`` keys). Window keys
+  inside the global part are masked out, so no key is counted twice.
 
-- the first ``G`` tokens are the **global** part: every token may attend to them
-  (subject to the row/column mask), and the query-set tokens among them attend to
-  every real token (their own row of the dense matrix);
-- the whole sorted sequence is padded to ``T = nb * R`` and cut into ``nb`` buckets of
-  ``R`` tokens (the **long** part); a bucket attends to the globals plus a **window**
-  of three buckets (previous, itself, next: ``3R`` keys). Window keys inside the
-  global part are masked out, so no key is counted twice.
+Towards the globals and inside the window, MATE's pattern (:func:`.mate_plan.mate_allowed`: key j is allowed for
+query i iff j is real and (i or j is in Q, or they share the head's row/column id)) is applied as a mask, and one
+softmax runs over ``[globals ; window]``. Hence the result equals the masked reference whenever every query-set
+token is among the first ``G`` sorted tokens and every row (row heads) or column (column heads) spans at most ``R``
+tokens; otherwise a table token loses the part of its row/column beyond its window, and query tokens beyond ``G``
+see only the globals and their window (the paper's approximation).
 
-Inside the window and towards the globals the exact MATE pattern is applied as a
-mask: key j is allowed for query i iff j is real and (i is in Q, or j is in Q, or i
-and j share the head's row/column id). One softmax runs over ``[globals ; window]``.
-Hence the result equals the masked reference whenever every query-set token is among
-the first ``G`` sorted tokens and every row (row heads) / column (column heads) spans
-at most ``R`` tokens; otherwise a table token loses the part of its row/column beyond
-its window, and query tokens beyond ``G`` see only the globals and their window (the
-paper's approximation). Padding query rows (ignored by contract) attend to Q only.
+Where App. D is silent: only query-set tokens among the first ``G`` get a dense row; a table token sorted into the
+global part is computed like every long token, since MATE never lets it see more than Q and its own row/column.
 
-Design choice where App. D is silent: only query-set tokens among the first ``G``
-get a dense row; a table token sorted into the global part is computed like every
-long token (globals + window, masked), because MATE never lets it see more than Q
-and its own row/column anyway. This keeps the exactness condition above simple.
-
-The masks and sort orders come from the :class:`~.mate_plan.BucketPlan` (built once
-per layout). :func:`bucketed_attention_reference` below follows App. D's einsum
-strings over a :class:`MultiView` of tensor views (full / global / long / window):
-readable, autograd-differentiable, O(N) memory, but several full passes over the
-scores. It documents and tests the fused path (:func:`.mate_bucketed.bucketed_attention`).
+:func:`bucketed_attention_reference` follows App. D's einsum strings over :class:`MultiView` tensors, with the masks
+and sort orders of the :class:`~.mate_plan.BucketPlan`: readable, differentiable, O(N) memory, but several full
+passes over the scores. The fused paths are tested against it.
 """
 
 from __future__ import annotations
@@ -49,15 +39,10 @@ __all__ = ["MultiView", "bucketed_attention_reference"]
 
 @dataclass
 class MultiView:
-    """Views of one per-head sorted tensor (App. D's ``MultiViewEmbedding``).
-
-    Attributes:
-        full: ``[batch, heads, T, head_dim]`` sorted and zero-padded to ``T = nb * R``.
-        global_: ``[batch, heads, G, head_dim]``, the first ``G`` sorted tokens.
-        long: ``[batch, heads, nb, R, head_dim]``, every bucket of ``R`` tokens.
-        window: ``[batch, heads, nb, 3R, head_dim]``, each bucket with its previous
-            and next bucket (zeros beyond the ends).
-    """
+    """Views of one per-head sorted tensor (App. D's ``MultiViewEmbedding``): ``full``
+    ``[batch, heads, T, head_dim]`` (zero-padded to ``T = nb * R``), ``global_`` its first ``G`` tokens, ``long``
+    ``[batch, heads, nb, R, head_dim]`` (the buckets), ``window`` ``[batch, heads, nb, 3R, head_dim]`` (each bucket
+    with its neighbours; zeros beyond the ends)."""
 
     full: torch.Tensor
     global_: torch.Tensor
@@ -82,11 +67,9 @@ def _per_head(x: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
 
 
 def bucketed_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
-    """App. D with einsum strings; same function as the fused ``bucketed_attention`` (no dropout).
-
-    ``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled); returns the same
-    shape. Materialises ``[batch, heads, T, G + 3R]`` scores.
-    """
+    """App. D with einsum strings: the fused ``bucketed_attention``'s function, without dropout. ``q, k, v``:
+    ``[batch, heads, seq, head_dim]`` (q not pre-scaled); returns the same shape. Materialises
+    ``[batch, heads, T, G + 3R]`` scores."""
     B, H, N, D = q.shape
     G, R, P = plan.global_len, plan.radius, plan.dense_rows
     Q, K, V = (MultiView.of(x, plan) for x in (q * D**-0.5, k, v))
