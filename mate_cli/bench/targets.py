@@ -1,33 +1,12 @@
-"""Performance targets (``bench.targets`` of ``conf/bench.yaml``), checked against the rows of one run.
+"""The performance targets of ``bench.targets``, checked against the rows of one run; ``conf/bench.yaml`` documents each
+``kind`` and key, and holds the thresholds.
 
-A target is data: ``kind`` names one of the checks below, the other keys say which
-cells it compares and the threshold. The published targets and thresholds change
-in the yaml, not here.
-
-- ``speedup``: baseline time / candidate time >= ``threshold``;
-- ``time_ratio``: candidate time <= ``threshold`` x baseline time;
-- ``overhead``: candidate time / baseline time - 1 <= ``threshold`` (0.15 = 15%);
-- ``memory_growth``: candidate ``peak_mem_mb`` at ``to_seq_len`` / at ``seq_len``
-  <= ``threshold``, for the candidate row measured at both lengths that grows least;
-- ``peak_rss``: the candidate's smallest ``peak_rss_mb`` <= ``threshold`` GiB;
-- ``throughput_ratio``: the candidate's achieved GFLOP/s (``flops`` / ``time_ms``) >=
-  ``threshold`` x the baseline's, in the same cell (how close MATE runs to the rate the
-  machine's fused dense attention reaches). Both rates are shown.
-
-``seq_len`` may be a list: the entry is then one target per length (``{seq_len}`` in
-its name tells them apart).
-
-Times are ``time_ms`` at ``level`` / ``mode`` / ``seq_len``. ``candidate`` and
-``baseline`` name a backend or a family: ``mate`` stands for ``mate`` and every
-``mate.<impl>`` (not rows with a ``+option`` such as ``mate.bucketed+ckpt``, which
-only their exact name selects), and the best matching row is used (the paper, §3.1: "the best of the
-two functionally equivalent implementations is chosen for each use case"); the row it
-came from is named in the output. A target whose rows are missing (not in the grid,
-skipped, failed) is ``not measured``, never silently met.
-
-``name`` and ``requirement`` are the text shown; ``{threshold}``, ``{seq_len}``,
-``{to_seq_len}``, ``{level}``, ``{mode}``, ``{baseline}`` and ``{candidate}`` in them
-are filled in from the target (format specs allowed: ``{threshold:g}``, ``{threshold:.0%}``).
+A ``candidate`` or ``baseline`` family (``mate``: ``mate`` and every ``mate.<impl>``, but a ``+option`` row such as
+``mate.bucketed+ckpt`` only by its exact name) is represented by its best row in the cell, as in the paper (§3.1: "the
+best of the two functionally equivalent implementations is chosen for each use case"); the output names that row.
+``memory_growth`` takes the candidate row measured at both lengths that grows least, ``peak_rss`` the smallest
+``peak_rss_mb``. A target whose rows are missing (not in the grid, skipped, failed) is ``not measured``, never silently
+met.
 """
 
 from __future__ import annotations
@@ -60,7 +39,7 @@ class Target:
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """One entry of ``bench.targets``."""
+    """One entry of ``bench.targets`` at one ``seq_len``."""
 
     name: str
     requirement: str

@@ -29,12 +29,9 @@ COMMAND_LINE: list[str] = []
 
 
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
-    """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2.
-
-    Any failure leaves ``FAILED`` in the run dir holding its one-line reason, and the
-    same line in the run's log file (not printed twice on screen). SIGTERM and SIGINT end
-    the task with that line and exit status 143 / 130 (:mod:`mate_cli.interrupts`).
-    """
+    """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2, SIGTERM and SIGINT with 143 / 130
+    (:mod:`mate_cli.interrupts`). Any failure leaves ``FAILED`` in the run dir holding its one-line reason, and the same
+    line in the run's log file (not printed twice on screen)."""
     from mate_cli import interrupts
 
     if COMMAND_LINE:
@@ -71,10 +68,8 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
 
 
 def finish_wandb_run(exit_code: int) -> None:
-    """Close the W&B run of an interrupted task before the process exits: W&B records the
-    exit status, and a W&B service shared through ``WANDB_SERVICE`` releases the run's id,
-    so the run can be resumed through it at once (a killed process cannot do this: see
-    :mod:`mate_cli.wandb_logger`)."""
+    """Close an interrupted task's W&B run: W&B records the exit status, and a service shared through ``WANDB_SERVICE``
+    releases the run's id so it can be resumed at once (:mod:`mate_cli.wandb_logger`)."""
     wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran
     if wandb is not None and wandb.run is not None:
         with contextlib.suppress(Exception):  # the interruption is what the user must hear about
@@ -89,11 +84,8 @@ _USER_TOOL_DIRS = {
 
 
 def keep_tool_files_in(out: Path) -> None:
-    """Point W&B at the run dir instead of ``~``: its cache (its service's debug logs),
-    config, data (artifact staging) and artifact folders go under ``<run dir>/wandb/``.
-    A variable the user set themselves is kept. (Matplotlib and torch's compiler cache
-    are pointed at the cache before anything imports them: :func:`mate_cli.paths.keep_tool_caches`.)
-    """
+    """Point W&B's cache, config, data and artifact folders at ``<run dir>/wandb/`` instead of ``~``, unless the user
+    set the variable (other tools: :func:`mate_cli.paths.keep_tool_caches`)."""
     chosen = {
         "WANDB_CACHE_DIR": out / "wandb" / "cache",
         "WANDB_CONFIG_DIR": out / "wandb" / "config",
@@ -116,9 +108,8 @@ def lock_run_dir() -> None:
 
 
 def record_failure(line: str, exit_code: int) -> None:
-    """Write ``FAILED`` (holding ``line``) into the run dir, and ``line`` with the process's
-    exit status into the run's log file(s) only: a wrapper such as ``timeout`` or a
-    scheduler reports its own status, the log keeps the run's."""
+    """Write ``FAILED`` (holding ``line``) into the run dir, and ``line`` with ``exit_code`` into the run's log files
+    only (a wrapper such as ``timeout`` reports its own status; the log keeps the run's)."""
     try:
         atomic_write_text(run_dir() / FAILED_MARKER, line + "\n")
     except Exception:  # noqa: BLE001 - no run dir (Hydra not running): nothing to mark
@@ -130,8 +121,7 @@ def record_failure(line: str, exit_code: int) -> None:
 
 
 def check_accelerator(cfg: DictConfig) -> None:
-    """A GPU profile (``hardware=gpu``/``ddp``) on a machine where torch finds no usable GPU
-    is one line naming the fix, before anything is built (not a Lightning traceback)."""
+    """A GPU profile on a machine without a usable GPU is one line naming the fix, before anything is built."""
     trainer = cfg.get("trainer") if isinstance(cfg, DictConfig) else None
     accelerator = str(trainer.get("accelerator", "auto")).lower() if isinstance(trainer, DictConfig) else ""
     if accelerator not in ("gpu", "cuda"):
@@ -170,8 +160,7 @@ def _hardware_choice() -> str | None:
 
 
 def full_disk(err: BaseException) -> MateError | None:
-    """A full disk anywhere in ``err``'s cause chain, as one line naming the file and the
-    free space of its folder (a log, a metrics file, W&B's files: whatever hit it first)."""
+    """A full disk in ``err``'s cause chain as one line naming the file and its folder's free space, else None."""
     cause = os_error_in(err)
     if cause is None or cause.errno != errno.ENOSPC:
         return None
@@ -196,8 +185,7 @@ def find_in_chain(err: BaseException | None, kind: type):
 
 
 def command_overrides() -> list[str]:
-    """This job's overrides (the command line's, with a sweep's values for this job), as
-    typed: without the ``++`` that mate puts before ``trainer.*`` keys for Hydra."""
+    """This job's overrides as typed (with a sweep's values), without the ``++`` mate puts before ``trainer.*`` keys."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():

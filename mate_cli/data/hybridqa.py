@@ -1,19 +1,11 @@
-"""Reading the upstream HybridQA layout into :mod:`mate_cli.data.schema` records.
+"""Reading the upstream HybridQA layout into :mod:`mate_cli.data.schema` records (single files too: ``mate predict``).
+Under ``root``, the two upstream repositories side by side; tables and passages are read a file at a time behind a small
+LRU cache, so the full dataset (~13k tables) is never in memory at once::
 
-Owns: ``HybridQAReader`` (questions, tables, passages of one dataset root) and the
-parsers of its files (also for single files, as ``mate predict`` reads them).
-
-Expected layout under ``root`` (the two upstream repositories side by side)::
-
-    released_data/{train,dev,test}.json        question records (JSON arrays)
-    released_data/{split}.traced.json          same records + ``answer-node`` (preferred)
+    released_data/{train,dev,test}.json               question records (JSON arrays)
+    released_data/{split}.traced.json                 the same with ``answer-node`` (preferred)
     WikiTables-WithLinks/tables_tok/<table_id>.json   url, title, header, data, ...
     WikiTables-WithLinks/request_tok/<table_id>.json  {"/wiki/...": passage text}
-
-Question files are read one split at a time; tables and passages are read one file at
-a time on demand, behind a small LRU cache, so the full dataset (~13k tables) is never
-held in memory at once. Every malformed input raises a one-line
-:class:`~mate_cli.errors.MateError` naming the file, the record and how to fix it.
 """
 
 from __future__ import annotations
@@ -80,12 +72,7 @@ def no_questions(path: Path, skipped: Counter) -> str:
 
 
 class HybridQAReader:
-    """Questions, tables and passages of one HybridQA root (upstream layout).
-
-    Args:
-        root: folder holding ``released_data/`` and ``WikiTables-WithLinks/``.
-        cache_size: how many parsed tables (and passage maps) to keep in memory.
-    """
+    """One HybridQA root's questions, tables and passages; it caches ``cache_size`` parsed tables and passage maps."""
 
     def __init__(self, root: str | Path, cache_size: int = 64):
         self.root = Path(root).expanduser()
@@ -131,14 +118,9 @@ class HybridQAReader:
         )
 
     def questions(self, split: str) -> Iterator[Question]:
-        """Yield the split's questions in file order (answer nodes parsed when traced).
-
-        A question id that appears twice is an error naming both records (it would count
-        twice in every metric), unless the two records are identical: then the copy is
-        skipped with a warning. A blank question, or (in a file with answers) a record
-        with neither ``answer-text`` nor ``answer-node``, is skipped with a warning.
-        ``self.skipped[split]`` counts the skips.
-        """
+        """The split's questions in file order (answer nodes parsed when traced). A question id repeated by a different
+        record is an error naming both; an identical copy, a blank question and (in a file with answers) a record
+        without ``answer-text`` or ``answer-node`` are skipped with a warning, counted in ``self.skipped[split]``."""
         path = self.question_file(split)
         records = _load_json(path, "question file")
         if not isinstance(records, list):

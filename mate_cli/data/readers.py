@@ -1,16 +1,6 @@
-"""What the table-QA dataset readers share (WikiTableQuestions, TabFact, SQA).
-
-Owns :class:`TableQAReader`, the base of :class:`~mate_cli.data.wtq.WTQReader`,
-:class:`~mate_cli.data.tabfact.TabFactReader` and :class:`~mate_cli.data.sqa.SQAReader`:
-the root check, question-file lookup (logical split or upstream file name), the
-duplicate-id / empty-question policy of :meth:`TableQAReader.questions`, the table LRU
-(HybridQA's, reused) and :meth:`TableQAReader.input_files`; plus the small parsing
-helpers the three modules use (text and JSON loading, header columns, rows -> `Table`).
-
-Every malformed input raises a one-line :class:`~mate_cli.errors.MateError` naming the
-file, the record and how to fix it; skippable records are logged and counted in
-``reader.skipped[name]``.
-"""
+"""What the table-task readers (:mod:`mate_cli.data.wtq`, :mod:`mate_cli.data.tabfact`, :mod:`mate_cli.data.sqa`) share:
+:class:`TableQAReader` (the root check, question files by split or upstream name, the duplicate-id and empty-question
+policy, the table LRU) and the parsing helpers."""
 
 from __future__ import annotations
 
@@ -133,12 +123,8 @@ def _safe_relative(table_id: str) -> bool:
 
 # ------------------------------------------------------------------- the base
 class TableQAReader:
-    """Questions and tables of one dataset root (see the subclasses for the layouts).
-
-    Args:
-        root: the dataset folder (upstream layout).
-        cache_size: how many parsed tables to keep in memory.
-    """
+    """Questions and tables of one dataset root (the subclasses give the layouts); ``cache_size`` parsed tables are
+    cached."""
 
     #: logical split (train/dev/test) -> upstream question file name of a full download
     FILES: dict[str, str] = {}
@@ -192,12 +178,8 @@ class TableQAReader:
 
     # ---------------------------------------------------------- questions
     def questions(self, name: str) -> Iterator[Question]:
-        """Yield the file's questions in file order.
-
-        A question id that appears twice is an error naming both records, unless the two
-        records are identical: then the copy is skipped with a warning. A blank question
-        is skipped with a warning. ``self.skipped[name]`` counts the skips.
-        """
+        """The file's questions in file order. A question id repeated by a different record is an error naming both; an
+        identical copy and a blank question are skipped with a warning, counted in ``self.skipped[name]``."""
         path = self.question_file(name)
         skipped = self.skipped.setdefault(name, Counter())
         seen: dict[str, tuple[str, Any]] = {}

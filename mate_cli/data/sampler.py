@@ -1,12 +1,6 @@
-"""The training order: a shuffle that depends only on (seed, epoch), and can start mid-epoch.
-
-A resumed run must see the same batches in the same order as an uninterrupted one.
-``torch``'s ``RandomSampler`` draws its permutation from the global generator when
-the epoch starts, and a plain ``DataLoader`` cannot start mid-epoch; this sampler
-derives each epoch's permutation from ``(seed, epoch)`` alone, and
-:meth:`EpochShuffle.skip_next` makes the next pass start after the examples a
-checkpointed run had already consumed (see :mod:`mate_cli.resume`).
-:func:`each_example_once` is the evaluation side under DDP: every example on one rank.
+"""The training order: a shuffle that depends only on ``(seed, epoch)`` and can start mid-epoch, so that a resumed run
+sees the same batches in the same order as an uninterrupted one (torch's ``RandomSampler`` draws from the global
+generator, and a ``DataLoader`` cannot start mid-epoch; resumption: :mod:`mate_cli.resume`).
 """
 
 from __future__ import annotations
@@ -18,15 +12,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 
 class EpochShuffle(DistributedSampler):
-    """Indices ``0..size-1`` in an order fixed by ``(seed, epoch)``, this rank's share of them.
-
-    Lightning calls :meth:`set_epoch` before every epoch. Under DDP each of the
-    ``num_replicas`` ranks takes every ``num_replicas``-th index of the epoch's order (the
-    order padded by repetition so every rank gets as many, as ``DistributedSampler`` does);
-    as a ``DistributedSampler`` it is used as it is, not wrapped by Lightning. ``num_replicas``
-    and ``rank`` default to the process group's (1 and 0 without one). ``len()`` is this
-    rank's full share even when a pass is shortened by :meth:`skip_next`.
-    """
+    """Indices ``0..size-1`` in an order fixed by ``(seed, epoch)``, this rank's share of them: every
+    ``num_replicas``-th index of the order, padded by repetition as ``DistributedSampler`` does (Lightning uses it as it
+    is, unwrapped). ``num_replicas`` and ``rank`` default to the process group's (1 and 0 without one); ``len()`` is the
+    rank's full share even when :meth:`skip_next` shortens a pass."""
 
     def __init__(
         self,
@@ -73,15 +62,11 @@ class EpochShuffle(DistributedSampler):
 
 
 def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
-    """``loader`` serving this rank's share of its examples, each example on exactly one rank.
-
-    For evaluation Lightning gives loaders a ``DistributedSampler``, which pads the split to
-    a multiple of the world size by repeating examples: Hits@k and the loss would count
-    those twice. ``UnrepeatedDistributedSamplerWrapper`` (what Lightning uses to predict)
-    leaves the ranks uneven instead, which is safe in ``trainer.validate``: the module
-    runs unwrapped (no DDP collectives per batch) and the metric states and logged sums
-    are reduced once, at the end.
-    """
+    """``loader`` serving this rank's share of its examples, each on exactly one rank: Lightning's evaluation
+    ``DistributedSampler`` pads the split by repeating examples, which Hits@k and the loss would count twice.
+    ``UnrepeatedDistributedSamplerWrapper`` leaves the ranks uneven instead, which is safe in ``trainer.validate``: the
+    module runs unwrapped (no DDP collectives per batch), and metric states and logged sums are reduced once, at the
+    end."""
     if world_size == 1 or isinstance(loader.sampler, DistributedSampler):
         return loader
     sampler = UnrepeatedDistributedSamplerWrapper(loader.sampler, num_replicas=world_size, rank=rank, shuffle=False)

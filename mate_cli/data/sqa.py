@@ -1,18 +1,14 @@
-"""Reading SQA (Iyyer et al. 2017, Microsoft's release 1.0) into :mod:`mate_cli.data.schema` records.
-
-Owns: ``SQAReader`` (questions and tables of one dataset root) and ``read_table_file``
-(one table, as ``mate predict`` reads it).
-
-Expected layout under ``root`` (the release folder)::
+"""Reading SQA (Iyyer et al. 2017, Microsoft's release 1.0) into :mod:`mate_cli.data.schema` records. Under ``root``,
+the release folder::
 
     {train,test,random-split-<k>-{train,dev}}.tsv
         columns id, annotator, position, question, table_file, answer_coordinates, answer_text
     table_csv/<20x>_<n>.csv   the table, ordinary CSV (double-quote quoting), header first
 
-The question files are tab-separated *with* CSV quoting (a quoted field may hold tabs or
-newlines). ``answer_coordinates`` and ``answer_text`` are Python literals: a list of
-``'(row, column)'`` strings (0-based, row 0 = first row after the header) and a list of
-cell texts. ``question_id = "<id>/<annotator>/<position>"``, ``sequence_id = "<id>/<annotator>"``.
+The question files are tab-separated *with* CSV quoting (a quoted field may hold tabs or newlines).
+``answer_coordinates`` and ``answer_text`` are Python literals: a list of ``'(row, column)'`` strings (0-based, row 0 =
+the first row after the header) and a list of cell texts. ``question_id = "<id>/<annotator>/<position>"``,
+``sequence_id = "<id>/<annotator>"``.
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
-"""Reading WikiTableQuestions (Pasupat & Liang 2015) into :mod:`mate_cli.data.schema` records.
-
-Owns: ``WTQReader`` (questions and tables of one dataset root) and ``read_table_file``
-(one table, as ``mate predict`` reads it).
-
-Expected layout under ``root`` (the upstream repository)::
+"""Reading WikiTableQuestions (Pasupat & Liang 2015) into :mod:`mate_cli.data.schema` records. Under ``root``, the
+upstream repository::
 
     data/{training,random-split-1-train,random-split-1-dev,pristine-unseen-tables}.tsv
-        columns id, utterance, context (the table's csv path), targetValue
-    csv/<20x>-csv/<n>.tsv   the table, tab-separated, first line = header (read)
-    csv/<20x>-csv/<n>.csv   the same table as CSV (read only when the .tsv is missing)
-    tagged/data/<stem>.tagged   optional: the CoreNLP-tagged twin of data/<stem>.tsv
-        (columns id, targetValue, targetCanon, ...), read for its canonical answers
+        columns id, utterance, context (the table's csv path), targetValue (answers joined by ``|``)
+    csv/<20x>-csv/<n>.tsv       the table, tab-separated, header first
+    csv/<20x>-csv/<n>.csv       the same table as CSV (read only when the .tsv is missing)
+    tagged/data/<stem>.tagged   optional: the CoreNLP-tagged twin of data/<stem>.tsv (id, targetValue, targetCanon, ...)
 
-Gold canonical forms: when the question file has a tagged twin, each question's
-``targetCanon`` (split like ``targetValue``) becomes :attr:`Question.canonical_answers`,
-looked up by question id: the forms the official evaluator reads the gold answers
-through (:mod:`mate_cli.metrics.wtq`). A question the tagged file lacks, or a question
-file without a twin (``random-split-1-dev.tsv`` has none), gets none, and the metric
-emulates them (one log line says so). A tagged row whose ``targetValue`` differs from the question file's, or
-whose ``targetCanon`` has another number of answers, is an error: the two files come
-from different releases.
+Each question's :attr:`Question.canonical_answers` are its ``targetCanon`` in the tagged twin (split like
+``targetValue``, matched by id): the forms the official evaluator reads gold answers through
+(:mod:`mate_cli.metrics.wtq`); without them (``random-split-1-dev.tsv`` has no twin) the metric emulates them. A tagged
+row whose ``targetValue`` differs from the question file's, or whose ``targetCanon`` has another number of answers, is
+an error: the files come from different releases.
 
-Both kinds of TSV are read without quote handling (a ``"`` is text); their fields escape
-``\\n`` (newline), ``\\p`` (``|``) and ``\\\\`` (backslash), undone here. ``targetValue``
-joins several answers with ``|`` (a literal pipe inside an answer is ``\\p``). The ``.tsv``
-tables keep the non-breaking spaces (U+00A0) that the ``.csv`` twins turn into spaces.
+Both kinds of TSV are read without quote handling (a ``"`` is text), their fields unescaped (:func:`unescape`); the
+``.tsv`` tables keep the non-breaking spaces (U+00A0) that the ``.csv`` twins turn into spaces.
 """
 
 from __future__ import annotations
@@ -88,8 +78,7 @@ class WTQReader(TableQAReader):
         return sorted({*super().input_files(), *tagged})
 
     def canonical_targets(self, path: Path) -> dict[str, tuple[str, list[str]]]:
-        """Question id -> (raw ``targetValue``, its ``targetCanon`` answers) of the tagged twin
-        of ``path``; empty without one."""
+        """Question id -> (raw ``targetValue``, ``targetCanon`` answers) of ``path``'s tagged twin (``{}`` if none)."""
         tagged = self.tagged_file(path)
         if not tagged.is_file():
             return {}

@@ -24,30 +24,15 @@ POOLINGS = ("cls", "mean")
 
 
 class EncoderTaskModule(L.LightningModule):
-    """A task on top of the :class:`~mate_cli.modeling.encoder.TableEncoder`.
+    """A task on top of the :class:`~mate_cli.modeling.encoder.TableEncoder`; ``optimizer(parameter_groups)`` and
+    ``scheduler(optimizer, total_steps=)`` are Hydra partials (no scheduler: None). ``extra_*`` set up N new layers
+    trained from scratch on the encoder's output (:mod:`mate_cli.modeling.extra_layers`; 0: none), ``dot`` DoT's pruning
+    transformer (:meth:`prune`). ``pooling`` is what a head on the whole sequence reads (:meth:`pool`): ``cls``, the
+    [CLS] state through the checkpoint's pooler (TAPAS), or ``mean`` over the real tokens without it (how sentence
+    encoders such as the bundled MiniLM were trained; its pooler never was: ``docs/results.md``).
 
-    Args:
-        encoder: the encoder (built by Hydra from ``conf/model/encoder``).
-        optimizer: ``optimizer(parameter_groups)`` (a Hydra partial, e.g. AdamW).
-        scheduler: ``scheduler(optimizer, total_steps=)`` (a Hydra partial) or None.
-        extra_layers: N new transformer layers on the encoder's output, trained from
-            scratch (:mod:`mate_cli.modeling.extra_layers`); 0: none.
-        extra_init: their initialisation: ``default``, ``xavier`` or ``dt_fixup`` (Xu et al.
-            2021: needs no warm-up; ``mu`` is measured over the training set before step 1).
-        extra_relative: relation-aware extra layers (relative-position keys and values).
-        extra_max_distance: the relative distances are clipped to this.
-        dot: DoT's pruning transformer (:mod:`mate_cli.modeling.dot`): the encoder then reads
-            only its top-K tokens, biased by their scores (``conf/model/dot``); None: no DoT.
-        pooling: what a head on the whole sequence reads (:meth:`pool`; TabFact's classifier,
-            WikiTQ's aggregation classifier): ``cls`` (TAPAS: the [CLS] state through the
-            checkpoint's pooler, ``tanh(W h_cls + b)``) or ``mean`` (the mean of the last states
-            over the real tokens, no pooler: how sentence encoders such as the bundled MiniLM
-            were trained; its pooler was never trained, see ``docs/results.md``).
-
-    BERT's pooler takes no part in the token-level tasks (it only travels with an
-    exported encoder), so it is frozen unless the task reads [CLS] through it
-    (``uses_pooler`` with ``pooling=cls``: TAPAS's aggregation and entailment heads): DDP
-    would otherwise wait for its gradients.
+    The pooler is frozen unless the task reads it (``uses_pooler`` with ``pooling=cls``): DDP would wait for its
+    gradients.
     """
 
     #: whether the task's heads read the pooled [CLS] (then the pooler trains)
@@ -130,11 +115,8 @@ class EncoderTaskModule(L.LightningModule):
         return mean_over_tokens(hidden, layout.attention_mask)
 
     def prune(self, batch):
-        """DoT: ``(the batch of the kept tokens, what the pruner computed)``; without DoT ``(batch, None)``.
-
-        Only the tokens change: per-cell tensors (answers, coordinates) are indexed by cell id,
-        so they stay as they are; a cell with no kept token is never selected.
-        """
+        """DoT: ``(the batch of the kept tokens, what the pruner computed)``; without DoT ``(batch, None)``. Per-cell
+        tensors are indexed by cell id, so they stay as they are; a cell with no kept token is never selected."""
         if self.dot is None:
             return batch, None
         positions = self.encoder.embeddings.position_ids(self.encoder.backends[0].embedding_layout(batch.layout))
@@ -155,10 +137,8 @@ class EncoderTaskModule(L.LightningModule):
         raise NotImplementedError
 
     def log_train_metric(self, name: str, values: torch.Tensor, batch_size: int) -> None:
-        """``train/<name>``: the task's own metric on this training batch (the mean of ``values``),
-        logged every ``trainer.log_every_n_steps`` steps like the loss, so overfitting shows in the
-        metric the task is judged by. Computed in training mode (dropout on) on the batch as
-        trained; ``mate train`` writes its last value into ``metrics.json``."""
+        """``train/<name>``: the mean of ``values``, the task's own metric on this batch as trained (dropout on), logged
+        like the loss (every ``trainer.log_every_n_steps`` steps); ``mate train`` puts the last in ``metrics.json``."""
         self.log(
             f"train/{name}",
             values.detach().float().mean(),

@@ -1,24 +1,15 @@
-"""HybridQA answer metrics with the official evaluation semantics (EM / token F1).
+"""HybridQA's EM and token F1 as the official ``evaluate_script.py`` computes them, on
+:func:`~mate_cli.data.normalize.normalize_answer` (SQuAD's: lower-case, every ``string.punctuation`` character dropped,
+the whole words ``a``/``an``/``the`` replaced by a space, whitespace collapsed).
 
-Owns per-answer exact match and token F1 (on :func:`~mate_cli.data.normalize.normalize_answer`), and
-:func:`evaluate_predictions`, which scores a predictions list against a
-``dev_reference.json`` dict the way the official HybridQA ``evaluate_script.py`` does:
+EM: the normalised strings are equal; F1: the bag-of-tokens overlap (1 when neither side has a token, 0 when one has
+none); with several gold answers, the best. Groups: ``in_table`` and ``in_passage`` are the reference's ``table`` and
+``passage`` lists, ``total`` every question of ``reference["reference"]`` (HybridQA's "missing" questions count in it
+only). Scores are percent (``100 * mean``), as the official script prints them.
 
-- normalisation (SQuAD's): lower-case, drop every ``string.punctuation`` character,
-  replace the articles ``a``/``an``/``the`` (whole words) by a space, collapse
-  whitespace;
-- EM: normalised strings equal; F1: bag-of-tokens overlap of the normalised strings
-  (if either side has no token, F1 is 1 when both are empty, else 0); with several gold
-  answers, the maximum over them;
-- groups: ``in_table`` = the reference's ``table`` list, ``in_passage`` = its
-  ``passage`` list, ``total`` = every question of ``reference["reference"]`` (so the
-  HybridQA "missing" questions count in the total only);
-- scale: **percent** (``100 * mean``), as the official script prints.
-
-Two cases where the official script would crash are defined here instead: a
-reference question with no prediction scores as the empty prediction ``""`` (and is
-counted in ``missing``), and a group with no question reports ``em``/``f1`` as
-``None`` with ``count`` 0. On complete predictions the numbers are the official ones.
+Two cases that crash the official script are defined here: a reference question with no prediction scores as ``""``
+(counted in ``missing``), and a group with no question reports ``em``/``f1`` as ``None`` with ``count`` 0. On complete
+predictions the numbers are the official ones.
 """
 
 from __future__ import annotations
@@ -77,18 +68,11 @@ def _group(ids: Iterable[str], em: Mapping[str, float], f1: Mapping[str, float])
 
 
 def evaluate_predictions(predictions: Sequence[Mapping[str, str]], reference: Mapping) -> dict:
-    """Official HybridQA EM/F1 (percent) of ``predictions`` against ``reference``.
-
-    Args:
-        predictions: ``[{"question_id": ..., "pred": ...}, ...]`` (the official format; a
-            repeated question id keeps its last prediction, as the official script).
-        reference: a ``dev_reference.json`` dict: ``{"reference": {qid: answer or [answers]},
-            "table": [qids], "passage": [qids]}``.
-
-    Returns:
-        ``{"in_table": {"em", "f1", "count"}, "in_passage": {...}, "total": {...},
-        "missing": n}``; ``missing`` counts reference questions without a prediction.
-    """
+    """Official HybridQA EM/F1 (percent) of ``predictions``, ``[{"question_id": ..., "pred": ...}, ...]`` (a repeated id
+    keeps its last prediction, as in the official script), against a ``dev_reference.json`` dict
+    ``{"reference": {qid: answer or [answers]}, "table": [qids], "passage": [qids]}``. Returns
+    ``{"in_table": {"em", "f1", "count"}, "in_passage": {...}, "total": {...}, "missing": n}``, ``missing`` counting the
+    questions without a prediction."""
     answers = dict(reference["reference"])
     preds = {str(p["question_id"]): str(p.get("pred") or "") for p in predictions}
     missing = [q for q in answers if q not in preds]
@@ -105,12 +89,8 @@ def evaluate_predictions(predictions: Sequence[Mapping[str, str]], reference: Ma
 
 
 def subset_reference(reference: Mapping, question_ids: Iterable[str]) -> dict:
-    """``reference`` restricted to ``question_ids`` (e.g. the held-out tables of the sample).
-
-    The official script scores every question of the reference file; when only part of
-    the split is predicted (the sample's by-table validation side), this restricts the
-    reference first so the same semantics apply to exactly that part.
-    """
+    """``reference`` restricted to ``question_ids``, so that scoring part of a split (the sample's held-out tables)
+    applies the official semantics to exactly that part (the official script scores every question of its reference)."""
     keep = set(question_ids)
     return {
         "reference": {q: a for q, a in reference["reference"].items() if q in keep},

