@@ -306,11 +306,11 @@ def test_padding_never_influences_real_outputs_and_gradients_are_finite(variant,
 
 def test_exact_auto_picks_masked_or_block_sparse_by_length_and_grad_mode_and_logs_once(caplog):
     backend = MateAttention(num_heads=2, head_dim=4, variant="exact")
-    limit = mate_mod.AUTO_MASKED_MAX_LEN[("cpu", False)]
+    limit = mate_mod.AUTO[("exact", "cpu", None, False)][0]
     at_limit, past = (torch.zeros(1, 2, n, 4) for n in (limit, limit + 1))
     assert backend.resolve_impl(at_limit, at_limit, at_limit) == "masked"
     assert backend.resolve_impl(past, past, past) == "block_sparse"
-    train_limit = mate_mod.AUTO_MASKED_MAX_LEN[("cpu", True)]
+    train_limit = mate_mod.AUTO[("exact", "cpu", None, True)][0]
     grad = torch.zeros(1, 2, train_limit, 4, requires_grad=True)
     assert backend.resolve_impl(grad, grad, grad) == "masked"
     with torch.no_grad():  # inputs that require grad, but no graph: inference
@@ -407,3 +407,14 @@ def test_bucketed_cost_grows_linearly_with_length():
         )
         assert flops <= 2.1 and largest <= 2.1
         assert large.largest < 4096 * 4096 / 4  # never anything near N x N
+
+
+def test_auto_is_one_table_with_the_measurement_behind_each_boundary():
+    choice, cuda = mate_mod.auto_choice, torch.device("cuda")
+    assert [choice("bucketed", cuda, torch.bfloat16, False, n) for n in (2048, 2049)] == ["flex", "eager"]
+    assert [choice("bucketed", cuda, torch.float16, True, n) for n in (4096, 4097)] == ["flex", "eager"]
+    assert choice("bucketed", cuda, torch.float32, False, 16) == "eager"
+    assert choice("bucketed", cuda, torch.float32, True, 16) is None  # no row: the caller runs eager
+    assert choice("exact", torch.device("mps"), torch.float32, False, 2048) == "masked"  # CUDA's row
+    assert choice("exact", torch.device("cpu"), torch.bfloat16, False, 577) == "block_sparse"  # any dtype
+    assert all(row[3] for row in mate_mod.AUTO.values())

@@ -20,8 +20,8 @@ BERT/TAPAS checkpoint (§3.2).
   it does not apply), ``flex`` (:mod:`.mate_flex`; ``eager`` for a call with attention dropout) or ``triton``
   (:mod:`.mate_triton`). ``eager``, ``kernel`` and ``triton`` draw different, equally valid dropout masks.
 - ``auto``: the variant's fastest implementation as measured, never another function: ``exact`` runs ``masked`` up
-  to :data:`AUTO_MASKED_MAX_LEN`, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, and on CUDA ``flex``
-  in bf16/fp16 up to :data:`AUTO_FLEX_MAX_LEN` without attention dropout, else ``eager`` (``triton`` only when
+  to :data:`AUTO`'s length, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, and on CUDA ``flex``
+  in bf16/fp16 up to :data:`AUTO`'s length without attention dropout, else ``eager`` (``triton`` only when
   asked for: no measured row yet). The choice is logged once per (device, length bucket, grad mode, choice).
 
 A key bias (``layout.key_bias``, DoT's pruning scores) always runs ``masked`` under ``variant=exact`` (DoT's task
@@ -61,14 +61,37 @@ logger = logging.getLogger(__name__)
 #: ``attention.variant`` -> its valid ``attention.impl`` values (``auto`` first).
 VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "eager", "kernel", "flex", "triton")}
 
-#: ``auto`` for ``variant=exact``: longest sequence for which ``masked`` (fused dense
-#: SDPA with a mask) is still faster than ``block_sparse``, per (device type, grad mode).
-#: CPU: BENCHMARKS.md kernel level, 2 cores, 12 heads x 64, the bench table (ms, masked vs
-#: block_sparse; inference: 512: 4.25 vs 4.77, 1024: 18.6 vs 9.9; fwd+bwd: 1024: 53.8
-#: vs 57.5, 2048: 208 vs 110). CUDA: not measured; a conservative guess that keeps the
-#: dense kernel longer. (``variant=bucketed``: ``auto`` runs the fused CPU kernel wherever
-#: it applies, faster than the eager path at every length measured, else eager.)
-AUTO_MASKED_MAX_LEN = {("cpu", False): 576, ("cpu", True): 1024, ("cuda", False): 2048, ("cuda", True): 2048}
+#: ``attention.impl=auto``'s table: (variant, device type, dtype (None: any), grad mode) ->
+#: (the longest sequence for the first implementation, it, the one beyond, the measurement
+#: behind the boundary: ms of the first vs the second at kernel level, forward and backward
+#: in grad mode). "first run": BENCHMARKS.md's first published run (`mate bench`, the
+#: default grid; Xeon, 2 cores, float32); "GPU": its 2026-11-24 GPU run (H100; `mate bench
+#: bench.device=cuda bench.dtype=<dtype> bench.levels=[kernel]`). No row: ``variant=bucketed``
+#: on CUDA runs ``eager``; on CPU it runs the fused kernel wherever it applies (faster than
+#: ``eager`` at every length of the CPU runs), before this table is read.
+# fmt: off
+AUTO: dict[tuple[str, str, torch.dtype | None, bool], tuple[int, str, str, str]] = {
+    ("exact", "cpu", None, False): (576, "masked", "block_sparse", "first run: 512: 4.25 vs 4.77; 1024: 18.6 vs 9.9"),
+    ("exact", "cpu", None, True): (1024, "masked", "block_sparse", "first run: 1024: 53.8 vs 57.5; 2048: 208 vs 110"),
+    ("exact", "cuda", None, False): (2048, "masked", "block_sparse", "not measured: keeps the dense kernel longer"),
+    ("exact", "cuda", None, True): (2048, "masked", "block_sparse", "not measured: keeps the dense kernel longer"),
+    ("bucketed", "cuda", torch.bfloat16, False): (2048, "flex", "eager", "GPU: 2048: 0.46 vs 0.90; 4096: 1.75 vs 0.94"),
+    ("bucketed", "cuda", torch.bfloat16, True): (4096, "flex", "eager", "GPU: 4096: 2.4 vs 3.7; 8192: 4.6 vs 3.5"),
+    ("bucketed", "cuda", torch.float16, False): (2048, "flex", "eager", "bfloat16's row; float16 not measured"),
+    ("bucketed", "cuda", torch.float16, True): (4096, "flex", "eager", "bfloat16's row; float16 not measured"),
+    ("bucketed", "cuda", torch.float32, False): (0, "flex", "eager", "GPU, float32: 2048: 1.9 vs 1.0"),
+}
+# fmt: on
+
+
+def auto_choice(variant: str, device: torch.device, dtype: torch.dtype, grad: bool, seq_len: int) -> str | None:
+    """:data:`AUTO`'s implementation for this call (a device type without rows reads CUDA's), else None."""
+    device_type = device.type if any(key[1] == device.type for key in AUTO) else "cuda"
+    row = AUTO.get((variant, device_type, dtype, grad)) or AUTO.get((variant, device_type, None, grad))
+    if row is None:
+        return None
+    limit, first, beyond, _ = row
+    return first if seq_len <= limit else beyond
 
 
 # ------------------------------------------------------------------- reference
@@ -109,22 +132,8 @@ def _length_bucket(n: int) -> int:
 
 
 def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
-    """``auto``'s choice for ``variant=exact``: ``masked`` or ``block_sparse`` (:data:`AUTO_MASKED_MAX_LEN`)."""
-    limit = AUTO_MASKED_MAX_LEN.get((device.type, grad), AUTO_MASKED_MAX_LEN[("cuda", grad)])
-    return "masked" if seq_len <= limit else "block_sparse"
-
-
-#: ``auto`` for ``variant=bucketed`` on CUDA: longest sequence for which ``flex`` beats
-#: ``eager``, per (dtype, grad mode); float32 always takes ``eager``. Measured with
-#: ``mate bench bench.device=cuda`` at kernel level (H100, BERT-base heads, BENCHMARKS.md;
-#: bf16 ms flex vs eager, inference: 2048: 0.46 vs 0.90, 4096: 1.75 vs 0.94; fwd+bwd:
-#: 4096: 2.4 vs 3.7, 8192: 4.6 vs 3.5; float32 inference 2048: 1.9 vs 1.0).
-AUTO_FLEX_MAX_LEN = {
-    (torch.bfloat16, False): 2048,
-    (torch.bfloat16, True): 4096,
-    (torch.float16, False): 2048,
-    (torch.float16, True): 4096,
-}
+    """``auto``'s choice for ``variant=exact``: ``masked`` or ``block_sparse`` (:data:`AUTO`)."""
+    return auto_choice("exact", device, None, grad, seq_len)
 
 
 def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool, dropout_p: float) -> str:
@@ -138,8 +147,8 @@ def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool, dropout_p: floa
         return "eager"
     if impl == "flex":
         return "flex"
-    if impl == "auto" and q.is_cuda and q.shape[2] <= AUTO_FLEX_MAX_LEN.get((q.dtype, grad), 0):
-        return "flex"
+    if impl == "auto" and q.is_cuda:
+        return auto_choice("bucketed", q.device, q.dtype, grad, q.shape[2]) or "eager"
     return "eager"
 
 
