@@ -1,20 +1,16 @@
-"""Signals end a run honestly: SIGTERM (a cluster's time limit or preemption, ``timeout``,
-``kill``) and SIGINT (Ctrl-C) stop a command with ``FAILED`` saying what happened, that line
-on screen, and exit status 128 + the signal (143, 130), never 0.
+"""SIGTERM (a cluster's time limit or preemption, ``timeout``, ``kill``) and SIGINT (Ctrl-C) stop a command with
+``FAILED`` saying what happened, that line on screen, and exit status 128 + the signal (143, 130), never 0.
 
-While ``mate train``/``mate pretrain`` trains, the first signal only asks to stop: the
-current batch finishes, a whole ``checkpoints/last.ckpt`` is saved at that step
-(:class:`StopOnSignal`), and ``FAILED`` reads "interrupted by SIGTERM at step N; resume
-with ckpt_path=<run dir>". Resuming from it continues exactly (the same state as any
-``last.ckpt``: :mod:`mate_cli.resume`). A signal during a validation inside training stops at the
-next validation batch without saving (the newest ``last.ckpt`` is named). Outside training
-(preprocessing, the final validation, other commands), and at a second signal, the command
-stops at once; checkpoints and results are written atomically, so what is on disk is whole.
+While ``mate train`` or ``mate pretrain`` trains, the first signal only asks to stop: the batch finishes, a whole
+``checkpoints/last.ckpt`` is saved at that step, and ``FAILED`` reads "interrupted by SIGTERM at step N; resume with
+ckpt_path=<run dir>" (resuming continues exactly: :mod:`mate_cli.resume`). During a validation inside training it stops
+at the next validation batch without saving, and ``FAILED`` names the step the newest ``last.ckpt`` holds. Elsewhere
+(preprocessing, the final validation, other commands), and at a second signal, the command stops at once; what is on
+disk is whole, as every write is atomic (:mod:`mate_cli.io`).
 
-Ctrl-C in a terminal, ``timeout`` and a scheduler signal the whole process group: the
-``DataLoader`` workers leave stopping to the main process (:func:`loader_worker_start`),
-so a signal never ends a run as "worker killed by signal"; preprocessing's pool workers
-end at a signal as they would without mate (:mod:`mate_cli.data.preprocess`).
+A signal to the whole process group (Ctrl-C in a terminal, ``timeout``, a scheduler) is left to the main process by the
+``DataLoader`` workers (:func:`loader_worker_start`), so it never ends a run as "worker killed by signal";
+preprocessing's workers end as they would without mate (:mod:`mate_cli.data.preprocess`).
 """
 
 from __future__ import annotations
@@ -68,11 +64,9 @@ def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signat
 
 
 def loader_worker_start(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature
-    """The ``worker_init_fn`` of mate's ``DataLoader``s. Ctrl-C and SIGTERM sent to the whole
-    process group reach the workers too: a worker ignores SIGINT (the main process stops
-    the run at the end of its batch) and ends at SIGTERM with status 0. torch's own worker
-    handler would end it "killed by signal", which the main process reports as a failure of
-    its own; the main process also ends its workers with SIGTERM as it exits."""
+    """The ``worker_init_fn`` of mate's ``DataLoader``s: a worker ignores SIGINT (the main process stops the run at the
+    end of its batch) and ends at SIGTERM with status 0, where torch's own handler would end it "killed by signal",
+    which the main process reports as a failure of its own."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _end_worker)
 
@@ -100,12 +94,9 @@ def interrupted(signum: int | None = None) -> Interrupted:
 
 
 class StopOnSignal(L.Callback):
-    """Turns a signal during ``trainer.fit`` into: finish the batch, save ``last.ckpt``, stop.
-
-    Listed after :class:`mate_cli.resume.ResumeState` (whose batch count the save records);
-    Lightning runs checkpoint callbacks last, so the save here is at the same point of the
-    step as an every-n-steps ``last.ckpt``.
-    """
+    """Turns a signal during ``trainer.fit`` into: finish the batch, save ``last.ckpt``, stop. Listed after
+    :class:`mate_cli.resume.ResumeState`, whose batch count the save records; Lightning runs checkpoint callbacks last,
+    so the save is at the same point of a step as an every-n-steps ``last.ckpt``."""
 
     def __init__(self, last_ckpt: str | Path) -> None:
         self.last_ckpt = Path(last_ckpt)

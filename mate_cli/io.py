@@ -1,7 +1,9 @@
-"""Atomic file writes: write to a temp file in the same folder, fsync, then rename.
+"""Atomic file writes: write a temp file in the same folder, fsync it, then rename it over the target.
 
-The result gets the permissions an ordinary ``open(path, "w")`` would give it (0666
-less the umask), not the 0600 of a temp file, so run dirs stay readable as a whole.
+Whole after a ``kill -9``: whenever the writer dies, the target holds the old content or all of the new, never a part,
+and a killed writer leaves at most its temp file beside it, which :func:`is_stale_temp` recognises once the writer is
+gone. The result gets the permissions an ordinary ``open(path, "w")`` gives (0666 less the umask), not a temp file's
+0600, so run dirs stay readable as a whole.
 """
 
 from __future__ import annotations
@@ -51,20 +53,16 @@ def pid_alive(pid: int) -> bool:
 
 
 def is_stale_temp(path: Path) -> bool:
-    """Whether ``path`` is a temp file of mate's whose writer, a process of this host, is gone.
-    Any other name (a user's ``.notes.tmp``, another host's writer) is not."""
+    """Whether ``path`` is mate's temp file of a writer on this host that is gone; any other name (a user's
+    ``.notes.tmp``, another host's writer) is not."""
     match = _TEMP.match(path.name)
     return bool(match and match["host"] == socket.gethostname() and not pid_alive(int(match["pid"])))
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w"):
-    """Open a temp file beside ``path`` for writing; on success it becomes ``path`` in one rename.
-
-    Readers see the old file or the whole new one; on an error (or a kill) the temp file
-    is removed (or left beside it as ``.<name>.mate~<host>~<pid>~<random>.tmp``, never
-    elsewhere: :func:`is_stale_temp` knows it once its writer is gone).
-    """
+    """Open a temp file (``.<name>.mate~<host>~<pid>~<random>.tmp``) beside ``path`` for writing; on success it becomes
+    ``path`` in one rename, on an error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
@@ -80,7 +78,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w"):
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` so readers see either the old file or the whole new one."""
+    """Write ``text`` to ``path`` atomically (:func:`atomic_open`); returns ``path``."""
     with atomic_open(path) as handle:
         handle.write(text)
     return Path(path)
@@ -95,8 +93,8 @@ NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def writable(directory: str | os.PathLike) -> bool:
-    """Whether a file can be created in ``directory`` (made if missing): tried, not guessed
-    from permission bits (root ignores those; a read-only mount does not)."""
+    """Whether a file can be created in ``directory`` (made if missing): tried, not guessed from permission bits (root
+    ignores those; a read-only mount does not)."""
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
@@ -106,8 +104,7 @@ def writable(directory: str | os.PathLike) -> bool:
 
 
 def os_error_in(err: BaseException | None) -> OSError | None:
-    """The first `OSError` with an errno in ``err``'s cause chain (torch wraps a failed write
-    in a RuntimeError such as ``unexpected pos 57152 vs 57046``)."""
+    """The first ``OSError`` with an errno in ``err``'s cause chain (torch wraps failed writes in ``RuntimeError``)."""
     seen = set()
     while err is not None and id(err) not in seen:
         if isinstance(err, OSError) and err.errno:
@@ -133,8 +130,8 @@ def free_space(directory: str | os.PathLike) -> str:
 
 
 def write_failure(path: str | os.PathLike, err: BaseException, fix: str) -> str:
-    """The one line for a failed write of ``path``: the OS's reason (a full disk named as
-    such), the folder and its free space, and ``fix``."""
+    """The one line for a failed write of ``path``: the OS's reason (a full disk named as such), the folder, its free
+    space, and ``fix``."""
     cause = os_error_in(err)
     folder = Path(path).parent
     if cause is not None and cause.errno == errno.ENOSPC:

@@ -1,14 +1,8 @@
-"""What a run directory's config may instantiate.
-
-``mate eval``, ``mate predict`` and ``mate pointr`` rebuild a trained run from its
-``resolved_config.yaml``, and Hydra's ``instantiate`` calls whatever a ``_target_`` names.
-Run directories are shared like data, so a config next to a checkpoint must not be able
-to run code: rebuilding instantiates only the targets that mate_cli's own configs
-(``conf/``) name, which are the project's classes and the library classes those configs
-use (torch's AdamW, Lightning's callbacks and loggers). The whole config is resolved and
-checked before anything is built, and what is built is that resolved copy, so an
-interpolation cannot bring in a target after the check. ``trust_run_config=true`` lifts
-the check for a config the user wrote, with a warning.
+"""What a run dir's config may instantiate. A config beside a checkpoint is shared like data and must not run code, so
+rebuilding a trained run (:mod:`mate_cli.runs`) instantiates only the ``_target_`` values that mate_cli's own configs
+(``conf/``) name. The whole config is resolved and checked before anything is built, and what is built is that resolved
+copy, so an interpolation cannot bring in a target after the check. ``trust_run_config=true`` lifts the check, with a
+warning.
 """
 
 from __future__ import annotations
@@ -30,8 +24,7 @@ TARGET = "_target_"
 
 
 def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """``(dotted key, value)`` of every node of a plain (container) config, containers
-    included, parents before their children."""
+    """``(dotted key, value)`` of every node of a plain config, containers included, parents before their children."""
     if path:
         yield path, node
     if isinstance(node, dict):
@@ -43,8 +36,8 @@ def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def walk_targets(node: Any) -> Iterator[tuple[str, Any]]:
-    """``(dotted key, value)`` of every ``_target_`` in a plain config, whatever its value
-    (a dict or list there is no class name either)."""
+    """``(dotted key, value)`` of every ``_target_`` in a plain config, whatever its value (a dict or list is no class
+    name either)."""
     return ((key, value) for key, value in walk(node) if key.rsplit(".", 1)[-1] == TARGET)
 
 
@@ -59,13 +52,9 @@ def allowed_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
 
 
 def checked_run_config(cfg: DictConfig, source: Path, trust: bool = False) -> DictConfig:
-    """``cfg`` resolved, once every ``_target_`` in it is one of :func:`allowed_targets`
-    and no value is an interpolation; with ``trust``, ``cfg`` itself after a warning.
-
-    Raises:
-        MateError: one line naming ``source``, the first key refused and why (unless
-            ``trust``), or the interpolation that does not resolve.
-    """
+    """``cfg`` resolved, once every ``_target_`` in it is one of :func:`allowed_targets` and no value is an
+    interpolation; with ``trust``, ``cfg`` itself after a warning. Otherwise one ``MateError`` line names ``source`` and
+    the first key refused and why; so does an interpolation that does not resolve, trusted or not."""
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as err:  # an interpolation that does not resolve: the run dir's file is broken

@@ -1,25 +1,13 @@
-"""YAML from run dirs, read as data with limits.
+"""YAML from run dirs, read as data with limits: a run dir is shared like data, so its ``resolved_config.yaml`` and
+``.hydra/*.yaml`` may be crafted or broken.
 
-A run dir is shared like data, so its ``resolved_config.yaml`` and ``.hydra/*.yaml`` may
-be crafted or broken. :func:`read_yaml` reads one as ``OmegaConf.load`` would (the same
-number and duplicate-key rules), as plain data, and refuses, in one `MateError` line
-naming the file (and line:column where YAML knows it):
-
-- a file over :data:`MAX_BYTES` (a resolved config `mate train` writes is about 4 kB),
-  from its size, without reading it; at most that much is ever read;
-- any anchor or alias (``&a`` / ``*a``): refused while parsing, before anything is
-  expanded, so a few kB of nested aliases cannot grow into gigabytes;
-- any explicit tag (``!!python/object``, ``!!binary``, ``!foo``): YAML's plain scalars,
-  lists and mappings are all a config holds;
-- nesting deeper than :data:`MAX_DEPTH` (a config nests about 5 levels);
-- with ``interpolations=False`` (a resolved run config), any ``${...}`` string, before
-  anything is resolved, so no resolver (``oc.env``, ...) ever runs on a run dir's file;
-- malformed YAML.
-
-``trust_run_config=true`` lifts the interpolation refusal (:func:`read_run_config` with
-``interpolations=True``), as it lifts the target check: a config whose targets run
-anyway gains nothing from resolvers. It never lifts the other limits, which keep a
-command from hanging on the file, trusted or not.
+:func:`read_yaml` reads a file as ``OmegaConf.load`` would (the same number and duplicate-key rules), as plain data, and
+refuses in one ``MateError`` line naming the file (and line:column where YAML knows it): a file over :data:`MAX_BYTES`
+(a resolved config is about 4 kB), from its size, and never reads more; any anchor or alias, while parsing, so a few kB
+of nested aliases cannot grow into gigabytes; any explicit tag (``!!python/object``, ``!!binary``, ``!foo``); nesting
+deeper than :data:`MAX_DEPTH`; malformed YAML; and, with ``interpolations=False``, any ``${...}`` string, so no resolver
+(``oc.env``, ...) ever runs on a run dir's file. ``trust_run_config=true`` lifts only that last refusal
+(:mod:`mate_cli.runs`): the other limits keep a command from hanging on the file, trusted or not.
 """
 
 from __future__ import annotations
@@ -66,8 +54,8 @@ class _DataLoader(get_yaml_loader()):  # OmegaConf.load's own rules: 1e-3 a floa
 
 
 def read_yaml(path: str | Path, fix: str, interpolations: bool = False, lift: str = "") -> Any:
-    """The plain data of the YAML file ``path`` (see the module docstring); ``fix`` ends
-    every refusal's line, and ``lift`` (what lifts it) the interpolation refusal's."""
+    """The plain data of the YAML file ``path`` (module docstring); ``fix`` ends every refusal's line, and ``lift``
+    (what lifts it) the interpolation refusal's."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -96,8 +84,8 @@ def read_yaml(path: str | Path, fix: str, interpolations: bool = False, lift: st
 
 
 def read_run_config(path: str | Path, fix: str, interpolations: bool = False, lift: str = "") -> DictConfig:
-    """The run config at ``path`` read by :func:`read_yaml`, as an unresolved DictConfig;
-    a file that is not a mapping of keys is one `MateError` line too."""
+    """The run config at ``path`` read by :func:`read_yaml`, as an unresolved DictConfig; a file that is not a mapping
+    of keys is one ``MateError`` line too."""
     data = read_yaml(path, fix, interpolations, lift)
     if not isinstance(data, dict):
         held = f"a YAML {type(data).__name__}" if data is not None else "nothing"

@@ -1,19 +1,7 @@
-"""Benchmark inputs: one realistic long table that fills the sequence.
-
-The table is :func:`mate_cli.modeling.synthetic.filled_layout` (the layout builder the
-tests use too)::
-
-    [CLS] query [SEP] | header row | data row 1 | ... | data row R
-
-with ``query_tokens`` tokens for ``[CLS] query [SEP]`` (the MATE query set Q),
-``columns`` columns and as many data rows as it takes to fill ``seq_len``; cells of
-``[0.25, 1.75] x cell_tokens`` tokens, the last one trimmed so the table ends exactly
-at ``seq_len`` (no padding, the worst case for every backend). This module adds the
-``bench.table.*`` settings (:class:`TableShape`), random input ids and a summary.
-
-The defaults (60-token query, 8 columns, ~30 tokens per cell) give ~2 rows at 512
-tokens, ~34 at 8192 and ~136 at 32768: the table grows in rows as it grows in
-length, the way longer tables do, and cells stay HybridQA-sized.
+"""Benchmark inputs: realistic long tables that fill the sequence exactly (no padding, the worst case for every
+backend), drawn by :func:`mate_cli.modeling.synthetic.filled_layout`, with random input ids. :class:`TableShape`'s
+defaults (a 60-token query, 8 columns, ~30 tokens a cell) give ~2 rows at 512 tokens, ~34 at 8192 and ~136 at 32768: the
+table grows in rows as it grows in length, the way longer tables do, and cells stay HybridQA-sized.
 """
 
 from __future__ import annotations
@@ -46,10 +34,8 @@ class TableShape:
 
 
 def table_layout(seq_len: int, batch: int = 1, shape: TableShape | None = None) -> tuple[torch.Tensor, TableLayout]:
-    """``(input_ids [batch, seq_len], layout)`` of ``batch`` random tables filling ``seq_len``.
-
-    Examples differ (seeded ``shape.seed + b``); ids are random non-special WordPiece ids.
-    """
+    """``(input_ids [batch, seq_len], layout)`` of ``batch`` different tables filling ``seq_len`` (example ``b`` drawn
+    with ``shape.seed + b``), with random non-special WordPiece ids."""
     shape = shape or TableShape()
     shape.check()
     if seq_len <= shape.query_tokens:

@@ -1,15 +1,11 @@
-"""The benchmark grid: level x mode x backend x length -> one row per cell.
+"""The benchmark grid: level x mode x backend x length -> one row per cell, lengths ascending so that a backend's
+earlier lengths predict its next.
 
-Cells run in that order, lengths ascending, so every backend's earlier lengths
-predict its next one. A cell is **skipped with a note** (not crashed) when
-- its backend is not available at that level (or not installed yet);
-- its estimated peak memory exceeds ``memory_fraction`` of the RAM available
-  right before it (the estimate is the larger of an analytic lower bound for
-  backends that materialise ``[batch, heads, seq, seq]`` scores and a power-law
-  extrapolation, exponent clamped to [1, 2], of the backend's two previous lengths);
-- its extrapolated time for one call exceeds ``max_call_seconds``;
-- the same backend already failed or was skipped for memory at a shorter length.
-A cell that raises is recorded as ``error`` with the one-line reason; the grid goes on.
+A cell is skipped with a note when its backend is not available (or not installed) at that level; when its estimated
+peak memory exceeds ``memory_fraction`` of the memory free right before it (the larger of :func:`analytic_memory` and a
+power-law extrapolation from the backend's two previous lengths, exponent clamped to [1, 2]); when its extrapolated time
+per call exceeds ``max_call_seconds``; or when the backend already failed, or was skipped for memory, at a shorter
+length. A cell that raises is an ``error`` row with the one-line reason, and the grid goes on.
 """
 
 from __future__ import annotations
@@ -75,8 +71,8 @@ class Settings:
         cases.dtype_of(self.dtype)
 
     def plan(self, level: str, length: int) -> tuple[int, int]:
-        """``(warmup, repeats)`` from ``bench.schedule``: the first entry whose ``level``
-        (if given) matches and whose ``max_length`` (null = any) is >= ``length``."""
+        """``(warmup, repeats)`` of the first ``bench.schedule`` entry whose ``level`` (if given) matches and whose
+        ``max_length`` (null: any) is >= ``length``."""
         for step in self.schedule:
             limit, only = step.get("max_length"), step.get("level")
             if (only is None or only == level) and (limit is None or length <= int(limit)):
@@ -263,8 +259,8 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
 
 
 def float32_error(case: cases.Case) -> tuple[float | None, str]:
-    """``(case.error(), "")``, or ``(None, why)`` when the float32 comparison cannot run
-    (say, out of memory where the reduced-precision call fits): the timing stands."""
+    """``(case.error(), "")``, or ``(None, why)`` when the float32 comparison cannot run (say, out of memory): the
+    timing stands."""
     if case.error is None:
         return None, ""
     try:

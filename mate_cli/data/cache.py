@@ -1,20 +1,11 @@
 """The preprocessing cache: one Arrow dataset per key, safe under kills and concurrent runs.
 
-- Keys hash every setting that changes the encoded examples AND the input files
-  (:func:`fingerprint`: name, size and modification time of each file), so an edited
-  table is never served from the cache, AND the code that encodes them (:func:`code_digest`:
-  the source of every ``mate_cli`` module the data package imports, followed transitively,
-  and the versions of transformers, tokenizers and datasets), so an updated mate_cli never
-  serves examples its older code made. Any edit of those modules, a comment too, rebuilds
-  the cache: the price of never serving stale examples, paid once per change.
-- An entry is written into a temp folder beside it (named with the writer's host and pid) and
-  renamed in one step; if another run finished the same entry first, its copy is kept.
-- Temp folders whose writer is gone (killed runs) are removed on the next use; only this
-  host's (a cache shared by cluster nodes cannot see other hosts' processes).
-- An entry that does not load (truncated, corrupted) is reported in one warning line,
-  removed and rebuilt.
-- A cache folder that cannot be written is read from, and what it lacks is built in
-  memory (one warning); a full disk is one error line with the folder's free space.
+A key (``cache_key`` in :mod:`mate_cli.data.datamodule` and :mod:`mate_cli.data.pretraining`) covers every setting that
+changes the encoded examples, the input files (:func:`fingerprint`) and the code that encodes them
+(:func:`code_digest`), so neither an edited table nor an updated mate_cli is served stale examples; any edit of that
+code, a comment too, rebuilds the cache once. An entry is written into a temp folder beside it and renamed in one step
+(a copy another run finished first is kept); this host's temp folders whose writer is gone are removed on the next use.
+An entry that does not load is named in one warning, removed and rebuilt.
 """
 
 from __future__ import annotations
@@ -54,10 +45,9 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def code_digest(package_root: Path | None = None) -> str:
-    """Digest of the code that encodes examples: the bytes of every module under
-    ``<package_root>/data/`` and of each ``mate_cli`` module they import (statically, through
-    any depth), in path order, plus the versions of the third-party packages that tokenize
-    and store them. Computed again only when a source file of the package changed."""
+    """Digest of the code that encodes examples: the bytes of every module under ``<package_root>/data/`` and of every
+    ``mate_cli`` module they import (statically, at any depth), and the versions of transformers, tokenizers and
+    datasets. Recomputed only when a source file of the package changed."""
     root = Path(package_root or PACKAGE_ROOT).resolve()
     stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*.py")))
     return _code_digest(root, stamp)
@@ -86,8 +76,8 @@ def _code_digest(root: Path, stamp: tuple) -> str:  # noqa: ARG001 - ``stamp`` k
 
 
 def _imported_modules(path: Path, root: Path) -> list[Path]:
-    """The files of the ``mate_cli`` modules ``path`` imports, anywhere in it (relative
-    imports too), with the packages holding them, whose ``__init__`` an import runs."""
+    """The files of the ``mate_cli`` modules ``path`` imports anywhere in it (relative imports too), with the packages
+    holding them, whose ``__init__`` an import runs."""
     here = ["mate_cli", *path.parent.relative_to(root).parts]  # the package ``path`` is in
     names = []
     for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
@@ -127,7 +117,8 @@ def remove_stale_temps(directory: Path) -> int:
 
 
 def save_atomically(ds: datasets.Dataset, target: Path) -> None:
-    """``ds.save_to_disk`` into ``.<name>.<pid>.tmp`` beside ``target``, then one rename."""
+    """``ds.save_to_disk`` into :func:`temp_name` beside ``target``, then one rename; an entry another run renamed there
+    first is kept."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / temp_name(target)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -148,12 +139,9 @@ _READ_ONLY_WARNED: set[Path] = set()
 
 
 def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str) -> datasets.Dataset:
-    """The cached dataset at ``target``; built (and saved) when absent or unreadable.
-
-    A cache folder that cannot be written (read-only mount, no permission) still serves
-    what it holds; what it lacks is built in memory for this run, with one warning. A
-    full disk is one `MateError` line naming the folder and its free space.
-    """
+    """The cached dataset at ``target``, built and saved when absent or unreadable. A folder that cannot be written
+    serves what it holds, and what it lacks is built in memory for this run (one warning); a full disk is one
+    ``MateError`` line naming the folder and its free space."""
     if not writable(target.parent):
         if target.parent not in _READ_ONLY_WARNED:
             _READ_ONLY_WARNED.add(target.parent)

@@ -1,20 +1,8 @@
-"""Preprocessing in worker processes, with progress: question records -> an Arrow dataset.
+"""Preprocessing in worker processes, with progress: question records -> an Arrow dataset (:func:`encode_records`).
 
-:func:`encode_records` runs a one-record function over the question records of a split:
-
-- in ``num_proc`` processes (``dataset.num_proc``; ``auto``: the cores this process may run
-  on), results taken in record order, so the examples never depend on ``num_proc``; a split
-  too small to repay starting processes (under ``MIN_RECORDS_PER_PROCESS`` records each) runs
-  on fewer, down to in process;
-- with a progress line about every ``PROGRESS_EVERY_S`` seconds (count, rate, ETA) and a
-  closing line with the questions per second, in the run's log;
-- collected into Arrow a chunk at a time, so memory holds one chunk of Python objects,
-  not the whole split's.
-
-:func:`worker_counts` turns ``auto`` (the default of every dataset) into numbers for this
-machine: preprocessing processes = the available cores; loader workers = a quarter of them,
-at most 4, and none on a machine with fewer than 4 cores, where a worker would take a core
-from the training step it is meant to feed (collating a batch costs far less than a step).
+``auto`` worker counts (every dataset's default; :func:`worker_counts`): preprocessing processes = the cores this
+process may run on; loader workers = a quarter of them, at most 4, and none on a machine with fewer than 4 cores, where
+a worker would take a core from the training step it feeds (collating a batch costs far less than a step).
 """
 
 from __future__ import annotations
@@ -51,8 +39,8 @@ def available_cores() -> int:
 
 
 def worker_counts(num_proc: int | str, num_workers: int | str) -> tuple[int, int]:
-    """``(preprocessing processes, loader workers)`` from ``dataset.num_proc`` / ``dataset.num_workers``
-    (a number, or ``auto``: see the module docstring)."""
+    """``(preprocessing processes, loader workers)`` from ``dataset.num_proc`` and ``dataset.num_workers``: a count, or
+    ``auto`` (module docstring)."""
     cores = available_cores()
     return (
         _count("dataset.num_proc", num_proc, cores, minimum=1),
@@ -83,9 +71,11 @@ def encode_records(
     min_per_process: int = MIN_RECORDS_PER_PROCESS,
     progress_every_s: float = PROGRESS_EVERY_S,
 ) -> datasets.Dataset:
-    """The examples ``function`` makes of ``records`` (one dict, or a list of them, per record), as
-    one dataset in record order. ``function`` must pickle when ``num_proc > 1`` (see the module
-    docstring for the processes, progress lines and chunking)."""
+    """The examples ``function`` makes of ``records`` (one dict, or a list of them, per record), as one dataset in
+    record order, so they never depend on ``num_proc``. ``num_proc`` forked processes inherit ``function`` (records and
+    examples are pickled); fewer where a split has under ``min_per_process`` records per process, down to running in
+    this process. A progress line (count, rate, ETA) comes about every ``progress_every_s`` seconds; examples become
+    Arrow :data:`CHUNK` at a time, so memory holds one chunk of Python objects."""
     processes = max(1, min(int(num_proc), len(records) // max(1, min_per_process)))
     progress = _Progress(len(records), what, processes, progress_every_s)
     parts: list[datasets.Dataset] = []
@@ -112,9 +102,8 @@ def _results(function: Callable, records: Sequence[dict], processes: int) -> Ite
 
 
 def _set_function(function: Callable) -> None:
-    """A pool worker's start: the function it runs, and the signals' default actions (it
-    ends at SIGTERM or Ctrl-C, and when the pool is torn down), not the handler it was
-    forked with, which leaves stopping to the main process (:mod:`mate_cli.interrupts`)."""
+    """A pool worker's start: the function it runs, and the signals' default actions (it ends at SIGTERM or Ctrl-C), not
+    the handler it was forked with, which leaves stopping to the main process (:mod:`mate_cli.interrupts`)."""
     global _function
     _function = function
     for signum in (signal.SIGTERM, signal.SIGINT):

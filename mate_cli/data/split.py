@@ -1,14 +1,8 @@
-"""Train / validation / test questions of a dataset: which upstream file, and the
-deterministic by-table split the bundled samples use.
+"""Train, validation and test questions: :class:`SplitSettings` (``dataset.split``) and :func:`split_by_table`.
 
-Owns :class:`SplitSettings` (the ``dataset.split`` config node, written once per
-dataset yaml) and :func:`split_by_table` (never one table on both sides).
-
-Modes:
-- ``by_table`` (the bundled samples: one released file): the ``source`` file's
-  questions are cut into train/validation by table; ``test`` reads the test file.
-- ``files`` (a full download): each split reads its own released file
-  (``validation`` -> ``dev``).
+Modes: ``by_table`` (the bundled samples, one released file) cuts the ``source`` file's questions into train and
+validation by table, and ``test`` reads the test file; ``files`` (a full download) reads each split's own released file
+(``validation``: ``dev``).
 """
 
 from __future__ import annotations
@@ -30,13 +24,8 @@ FILE_OF_SPLIT = {"train": "train", "validation": "dev", "test": "test"}
 
 @dataclass(frozen=True)
 class SplitSettings:
-    """``dataset.split``: how the train/validation/test questions are chosen.
-
-    Args:
-        mode: ``by_table`` or ``files`` (module docstring).
-        source: with ``by_table``, the released file that is cut (``dev`` for the samples).
-        val_fraction, seed: the by-table cut (:func:`split_by_table`).
-    """
+    """``dataset.split``: ``mode`` (module docstring) and, with ``by_table``, the ``source`` file's cut
+    (:func:`split_by_table`)."""
 
     mode: str = "by_table"
     source: str = "dev"
@@ -75,18 +64,11 @@ def split_by_table(
     key: Callable[[Item], str] | None = None,
     setting: str = "dataset.split.val_fraction",
 ) -> tuple[list[Item], list[Item]]:
-    """Split questions into (train, val) by table: no table on both sides.
-
-    ``key(item)`` names an item's table (default: ``item.table_id``); the pre-training
-    corpus splits tables with their text segments this way, keyed by table content.
-    ``setting`` is the config key of ``val_fraction`` that error messages name.
-
-    A table goes to val when ``sha256(seed, table_id) < val_fraction``, so each table's
-    side depends only on its id and the seed (stable as the dataset grows). With >= 2
-    tables both sides are made non-empty by moving the table nearest the threshold;
-    with a single table everything goes to train (and a warning is logged).
-    Question order is kept within each side.
-    """
+    """``(train, val)`` by table, no table on both sides, question order kept. A table goes to val when
+    ``sha256(seed, key) < val_fraction``, so its side depends only on its key and the seed (stable as the dataset
+    grows). With two tables or more, an empty side gets the table nearest the threshold; with one, everything goes to
+    train (with a warning). ``key(item)`` names an item's table (default ``item.table_id``; the pre-training corpus keys
+    tables by content); ``setting`` is the config key that error messages name for ``val_fraction``."""
     if not 0.0 < float(val_fraction) < 1.0:
         raise MateError(f"val_fraction must be in (0, 1), got {val_fraction}; set e.g. {setting}=0.1")
     questions = list(questions)

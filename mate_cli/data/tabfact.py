@@ -1,18 +1,12 @@
-"""Reading TabFact (Chen et al. 2020) into :mod:`mate_cli.data.schema` records.
-
-Owns: ``TabFactReader`` (statements and tables of one dataset root) and
-``read_table_file`` (one table, as ``mate predict`` reads it).
-
-Expected layout under ``root`` (the upstream repository)::
+"""Reading TabFact (Chen et al. 2020) into :mod:`mate_cli.data.schema` records; ``root`` is the upstream repository::
 
     tokenized_data/{train,val,test,...}_examples.json
         {"<table_id>": [[statement, ...], [label, ...], "caption"], ...}   label 1 entailed, 0 refuted
     data/all_csv/<table_id>          the table, '#'-separated, first line = header (CRLF line ends)
     data/simple_ids.json, data/complex_ids.json   optional: JSON lists of table ids (the channels)
 
-One :class:`Question` per statement: ``question_id = "<table_id>#<i>"`` (i = the statement's
-index in its table's list), ``label`` 0/1, ``channel`` ``simple``/``complex`` when the id
-lists are present. A table's ``title`` is its caption once a question file naming it was read.
+One :class:`Question` per statement: ``question_id = "<table_id>#<i>"`` (``i`` its index in its table's list), ``label``
+0/1, ``channel`` ``simple``/``complex`` when the id lists are present.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
-"""Transformer-XH (Zhao et al. 2020) as a PointR stage-1 baseline on HybridQA graphs.
+"""Transformer-XH (Zhao et al. 2020) as a PointR stage-1 baseline on HybridQA graphs (:mod:`mate_cli.data.graph`, hop
+attention: :mod:`mate_cli.modeling.xh`). Loss, metrics, predictions and logging are
+:class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule`'s, so its runs compare with the other stage-1 encoders
+in one sweep and one ``mate report``.
 
-The encoder reads every node of a question's graph (:mod:`mate_cli.data.graph`) with hop
-attention between the nodes' hubs (:mod:`mate_cli.modeling.xh`); the cell head scores the
-row nodes' tokens, and a cell's logit is the mean over its tokens, pooled across the
-question's nodes (its cell ids are the question's). Loss (MML), metrics (Hits@1/3/5),
-prediction output and logging are :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule`'s,
-so its runs compare with the other stage-1 encoders in one sweep and one ``mate report``.
-
-Cell scores read tokens, not hubs: a hop in layer ``l`` changes hub states that the tokens
-of layer ``l + 1`` read, so passage evidence reaches a row's cell scores through the hops
-of every layer but the last (which changes only the final hub states; it is frozen, see
-:class:`GraphCellSelectionModule`), one edge per layer: ``hop_layers=L`` carries it at most
-``L - 1`` edges (a passage's own rows need ``L >= 2``, rows linked to them ``L >= 3``). A hop
-in the first layer carries nothing: every hub there is the same [CLS] embedding (same id,
-position 0, segment 0), so with every layer hopping (``null``, the paper's) evidence
+A cell's logit is the mean of its tokens' scores, pooled across the question's nodes. Tokens read hub states that the
+previous layer's hop changed, so passage evidence reaches cell scores one edge per layer, through every hop layer but
+the last (which, without ``model.extra_layers``, no cell score reads: it is frozen): ``hop_layers=L`` carries it at most
+``L - 1`` edges (a passage's own rows need ``L >= 2``, rows linked to them ``L >= 3``). A first-layer hop carries
+nothing, as every hub there is the same [CLS] embedding, so with every layer hopping (``null``, the paper's) evidence
 travels ``num_layers - 2`` edges (4 for MiniLM's 6 layers).
 """
 
@@ -34,12 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class GraphCellSelectionModule(CellSelectionModule):
-    """Cell selection with Transformer-XH.
-
-    Args:
-        encoder, optimizer, scheduler, mml, extra: as :class:`CellSelectionModule`.
-        hop_layers: how many of the encoder's last layers get hop attention; ``None``: all (the paper's).
-    """
+    """Cell selection with Transformer-XH: ``hop_layers`` of the encoder's last layers hop (``None``: all, the paper's);
+    the other arguments are :class:`CellSelectionModule`'s."""
 
     def __init__(
         self,

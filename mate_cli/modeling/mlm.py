@@ -1,17 +1,11 @@
-"""BERT's masked-LM head, for TAPAS-style pre-training (MATE §3.2, App. A.1).
+"""BERT's masked-LM head, for TAPAS-style pre-training (MATE §3.2, App. A.1; the masking: :mod:`mate_cli.data.masking`).
 
-Owns :class:`MaskedLMHead` (``transform``: dense, activation, LayerNorm; then the decoder,
-whose weights ARE the encoder's word embeddings, plus an output bias) and its checkpoint
-names: BERT and TAPAS save it as ``cls.predictions.{transform.dense, transform.LayerNorm,
-bias}`` (``decoder.weight`` is the tied word-embedding table, ``decoder.bias`` the bias).
-
-:func:`load_mlm_head` copies those tensors from a checkpoint when it has them (a BERT
-pre-training or ``TapasForMaskedLM`` checkpoint). The bundled MiniLM
-(sentence-transformers/all-MiniLM-L6-v2, a sentence encoder) ships none: its head starts
-from BERT's initialisation, with the decoder tied to MiniLM's word embeddings.
-:func:`mlm_state_dict` gives the head's tensors under those names, so a saved directory
-(``TableEncoder.save_pretrained(..., extra_state=mlm_state_dict(head), prefix="tapas.")``)
-loads in ``transformers.TapasForMaskedLM``.
+BERT and TAPAS save it as ``cls.predictions.{transform.dense, transform.LayerNorm, bias}`` (``decoder.weight`` is the
+tied word-embedding table, ``decoder.bias`` the bias). A checkpoint without those tensors (the bundled MiniLM,
+sentence-transformers/all-MiniLM-L6-v2, a sentence encoder) leaves the head at BERT's initialisation, its decoder tied
+to the encoder's word embeddings. A directory saved with :func:`mlm_state_dict`
+(``TableEncoder.save_pretrained(..., extra_state=mlm_state_dict(head), prefix="tapas.")``) loads in
+``transformers.TapasForMaskedLM``.
 """
 
 from __future__ import annotations
@@ -45,13 +39,9 @@ class Transform(nn.Module):
 
 
 class MaskedLMHead(nn.Module):
-    """Token logits over the vocabulary: ``transform(h) @ E^T + b`` with ``E`` the word embeddings.
-
-    Args:
-        config: the encoder's config (sizes, activation, LayerNorm epsilon, init range).
-        word_embeddings: the encoder's input embedding table, shared (not copied): the
-            decoder is tied to it, as in BERT.
-    """
+    """Token logits over the vocabulary: ``transform(h) @ E^T + b``, with ``E`` the encoder's ``word_embeddings`` table,
+    shared, not copied (the decoder is tied to it, as in BERT); ``config`` gives the sizes, activation, LayerNorm
+    epsilon and init range."""
 
     def __init__(self, config: EncoderConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
@@ -71,9 +61,8 @@ class MaskedLMHead(nn.Module):
 
 
 def mlm_state_dict(head: MaskedLMHead) -> dict[str, torch.Tensor]:
-    """The head's own tensors under BERT/TAPAS names. The tied decoder is left out, as
-    transformers saves it: loading ties ``decoder.weight`` to the word embeddings and
-    ``decoder.bias`` to ``bias`` again."""
+    """The head's own tensors under BERT/TAPAS names, without the tied decoder, as transformers saves it (loading ties
+    ``decoder.weight`` to the word embeddings and ``decoder.bias`` to ``bias``)."""
     return {PREFIX + k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
 
 

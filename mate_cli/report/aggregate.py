@@ -1,13 +1,9 @@
-"""Runs -> configurations, and each metric summarised over seeds as the paper reports it:
-the median and half the interquartile range, ``(Q3 - Q1) / 2`` (numpy percentiles,
-linear interpolation), with n, the number of finished runs that have the metric. Each seed counts once: when
-one configuration finished a seed more than once (a rerun, or a resumed run that had
-already finished), the newest to finish is counted and the others are listed.
+"""Runs -> configurations, each metric summarised over seeds as the paper reports it: the median and half the
+interquartile range, ``(Q3 - Q1) / 2`` (numpy percentiles, linear interpolation), with ``n``, the number of finished
+runs that have the metric. A seed finished more than once counts once, by its newest run; the others are listed.
 
-A configuration is: the experiment, the attention choice, MATE's ``variant/impl`` when
-the attention has them, the dataset choice, and every other override whose value differs
-between the runs (a heads-ablation sweep gets one row per ``attention.row_heads_ratio``).
-The seed never names a configuration: it is what the summary runs over.
+A configuration is the experiment, attention, MATE's ``variant/impl``, dataset and every other override whose value
+differs between the runs (a heads-ablation sweep: a row per ``attention.row_heads_ratio``); never the seed.
 """
 
 from __future__ import annotations
@@ -65,8 +61,8 @@ class Configuration:
     runs: list[Run] = field(default_factory=list)
 
     def counted(self) -> list[Run]:
-        """The finished runs the summaries use: one per seed, the newest to finish (a seed
-        run again, or a run resumed after it had finished, is counted once)."""
+        """The finished runs the summaries use: one per seed, the newest to finish (a rerun, or a run resumed after it
+        had finished, counts once)."""
         newest: dict[object, Run] = {}
         for run in runs_with(self.runs, OK):
             seed = id(run) if run.seed is None else str(run.seed)
@@ -135,8 +131,8 @@ def effective(run: Run, key: str) -> str:
 
 
 def swept_keys(runs: Sequence[Run]) -> list[str]:
-    """The override keys (but :data:`NOT_CONFIGURATION` and :data:`NOT_CONFIGURATION_GROUPS`)
-    whose value differs between ``runs``."""
+    """The override keys whose value differs between ``runs``, but those :data:`NOT_CONFIGURATION` and
+    :data:`NOT_CONFIGURATION_GROUPS` exclude."""
     keys = sorted({k for run in runs for k in run.overrides})
     keys = [k for k in keys if k not in NOT_CONFIGURATION
             and not any(k == g or k.startswith((g + ".", g + "/")) for g in NOT_CONFIGURATION_GROUPS)]  # fmt: skip
@@ -154,8 +150,8 @@ def configurations(runs: Sequence[Run]) -> list[Configuration]:
 
 
 def choose_metrics(runs: Sequence[Run], requested: Sequence[str] | None = None) -> list[str]:
-    """``requested`` (each must be in some run's metrics), else every ``val/*`` metric the
-    finished runs have, then :data:`PERF_METRICS` that they have."""
+    """``requested`` (each in some run's metrics), else the finished runs' ``val/*`` metrics and
+    :data:`PERF_METRICS`."""
     present = {k for run in runs_with(runs, OK) for k in run.metrics}
     if requested:
         unknown = [m for m in requested if m not in present]

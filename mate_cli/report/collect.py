@@ -1,17 +1,9 @@
-"""Finding the runs under a folder and reading what each one left on disk.
+"""Finding the run dirs (folders holding ``resolved_config.yaml`` or ``.hydra/``) under a folder, and reading them.
 
-A run dir is a folder holding ``resolved_config.yaml`` or ``.hydra/`` (what `mate train`
-writes; see :mod:`mate_cli.commands.train`). Its status:
-
-- ``failed``: it holds ``FAILED`` (the one-line reason `mate` wrote), a file that
-  cannot be read, or a ``metrics.json`` with a NaN or infinite number (it diverged);
-- ``ok``: it holds ``metrics.json`` (a run without ``val/*`` there, trained with
-  ``validate_best=false`` by an older version, reports its CSV log's last validation);
-- ``incomplete``: neither (killed, or still running).
-
-The configuration comes from ``resolved_config.yaml`` (or, when the run died before
-writing it, ``.hydra/config.yaml``), the config group choices from
-``.hydra/hydra.yaml`` (``hydra.runtime.choices``) and the job's overrides from
+A run is ``failed`` when it holds ``FAILED`` (its first line is the reason), a file that cannot be read, or a
+``metrics.json`` with a NaN or infinite number (it diverged); ``ok`` when it holds ``metrics.json``; ``incomplete``
+otherwise (killed, or still running). Its configuration is read from ``resolved_config.yaml`` (else, for a run that died
+before writing it, ``.hydra/config.yaml``), its group choices from ``.hydra/hydra.yaml`` and its overrides from
 ``.hydra/overrides.yaml``.
 """
 
@@ -76,8 +68,7 @@ class Run:
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """Every folder under ``root`` (``root`` included) holding ``resolved_config.yaml`` or
-    ``.hydra/``; a run dir's own subfolders are not searched, hidden folders never."""
+    """The run dirs under ``root`` (``root`` included), not searching a run dir's subfolders or hidden folders."""
     found = []
     for folder, dirs, files in os.walk(root):
         if RESOLVED in files or HYDRA_DIR in dirs:
@@ -131,8 +122,8 @@ def logged_rows(path: Path) -> list[dict[str, str]]:
 
 
 def last_validation(path: Path) -> dict[str, float]:
-    """The ``val/*`` values of the last validation in the run's CSV log (``{}`` when none):
-    what a run without a final validation (``validate_best=false``) measured last."""
+    """The ``val/*`` values of the last validation in the run's CSV log (``{}`` when none): what a run whose
+    ``metrics.json`` has none (``validate_best=false`` in an older version) measured last."""
     last: dict[str, float] = {}
     for row in logged_rows(path):
         values = {k: v for k, v in row.items() if k and k.startswith("val/") and v not in (None, "")}
@@ -183,11 +174,8 @@ def load_run(path: Path, root: Path) -> Run:
 
 
 def collect(path: str | os.PathLike, tasks: Iterable[str] | None = ("train",)) -> tuple[list[Run], list[Run]]:
-    """The runs under ``path`` of the given ``tasks`` (None: all), and those of other tasks.
-
-    A run whose task cannot be read is kept. Raises a one-line `MateError` when ``path``
-    does not exist or holds no run of those tasks.
-    """
+    """The runs under ``path`` of ``tasks`` (None: all; a run whose task cannot be read is kept), and those of other
+    tasks. A ``path`` that does not exist or holds no such run is one ``MateError`` line."""
     hint = "pass a multirun dir (outputs/multirun/train/<time>) or an outputs dir"
     root = Path(path).expanduser()
     if not root.exists():

@@ -1,14 +1,5 @@
-"""Configurations -> what `mate report` shows and writes: the table's text (screen and
-``report.md``), ``report.csv`` (full precision) and the PNGs (matplotlib, Agg):
-
-- ``report_<metric>.png``: per configuration, each seed's value (grey points), the
-  median (diamond) and the half-IQR (bar);
-- ``report_accuracy_vs_throughput.png``: the main metric against examples/s, one
-  labelled point per configuration, half-IQR bars both ways (as DoT's Fig. 4);
-- ``report_curve_<metric>.png``: the learning curve, the main metric against the training
-  step at every validation of each run (its ``csv/metrics.csv``; ``start/<metric>``, the
-  starting checkpoint's, at step 0), one line per run, one colour per configuration.
-"""
+"""Configurations -> what ``mate report`` shows and writes: the table's text (screen and ``report.md``), ``report.csv``
+(full precision), and the plots (matplotlib, Agg) in each of ``formats`` (:func:`plot`)."""
 
 from __future__ import annotations
 
@@ -38,8 +29,7 @@ def number(metric: str, value: float) -> str:
 
 
 def cell(metric: str, summary: Summary | None, finished: int) -> str:
-    """``median ± half-IQR`` (one run: its value alone, there is no spread to show), with
-    ``(n=k)`` when fewer finished runs than the row's have it."""
+    """``median ± half-IQR`` (one run: its value), with ``(n=k)`` when fewer finished runs than the row's have it."""
     if summary is None:
         return MISSING
     text = number(metric, summary.median)
@@ -188,8 +178,7 @@ def _title(ax, text: str, fig_width: float) -> None:
 
 
 def _from_zero(ax, values: Sequence[float], axis: str = "y") -> None:
-    """Start the axis at 0 when every value is ≥ 0, so heights compare as they are; say in the
-    label where it starts otherwise."""
+    """Start the axis at 0 when every value is ≥ 0, so heights compare as they are; else say so in its label."""
     if values and min(values) >= 0:
         top = max(max(values) * 1.08, (ax.get_ylim() if axis == "y" else ax.get_xlim())[1])  # room above the highest
         if axis == "y":
@@ -228,8 +217,7 @@ def _save(fig, path: Path, dpi: int, formats: Sequence[str] = ("png",)) -> list[
 
 def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path, dpi: int = 90,
                 formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
-    """Per configuration: each seed's value, the median and its half-IQR bar (a single run:
-    its point alone)."""
+    """Per configuration: each seed's value, the median and its half-IQR bar (a single run: its point alone)."""
     summaries = [conf.summary(metric) for conf in configurations]
     if not any(summaries):
         return []
@@ -267,7 +255,7 @@ def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path
 
 def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: str, path: Path, dpi: int = 90,
                                 formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
-    """``main`` (y) against examples/s (x), one labelled point per configuration."""
+    """``main`` against examples/s, a labelled point per configuration, half-IQR bars both ways (as DoT's Fig. 4)."""
     points = [
         (label, conf.summary(THROUGHPUT), conf.summary(main))
         for conf, label in zip(configurations, labels(configurations))
@@ -300,8 +288,8 @@ def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: s
 
 
 def learning_curve(run: Run, metric: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of ``metric`` at every validation the run logged (``csv/metrics.csv``),
-    with the starting checkpoint's value (``start/<metric>`` in ``metrics.json``) at step 0."""
+    """``(step, value)`` at each validation in ``csv/metrics.csv``, and ``start/<metric>`` of ``metrics.json`` at step
+    0."""
     points = {}
     if f"start/{metric}" in run.metrics:
         points[0] = float(run.metrics[f"start/{metric}"])
@@ -338,8 +326,8 @@ def plot_learning_curves(configurations: Sequence[Configuration], metric: str, p
 
 def plot(configurations: Sequence[Configuration], metrics: Sequence[str], main: str | None, out_dir: Path,
          formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
-    """``report_<metric>.<format>`` for every metric any run has, accuracy vs throughput when
-    the runs measured it, and the main metric's learning curves when the runs logged them."""
+    """``report_<metric>`` per metric, ``report_accuracy_vs_throughput`` when the runs measured throughput, and the main
+    metric's learning curves (``report_curve_<metric>``) when the runs logged them."""
     paths = [
         p for m in metrics for p in plot_metric(configurations, m, out_dir / f"report_{slug(m)}.png", formats=formats)
     ]

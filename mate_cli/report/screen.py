@@ -1,15 +1,6 @@
-"""`mate report`'s table on screen, in at most :data:`WIDTH` columns with nothing cut.
-
-The full table (every column, full precision) is in ``report.md`` and ``report.csv``; on
-screen:
-
-- key columns whose value is the same in every row are said once, above the table
-  (``every row: experiment=hybridqa_mate, dataset=hybridqa_sample``); the others are
-  named by their key's last part (``lr`` for ``model.optimizer.lr``) and a long float
-  value shows 4 significant digits;
-- each row gets a number (``#``), and the metric columns that do not fit beside the key
-  columns go into further tables of ``#`` and metrics, so no value is ever abbreviated;
-- a key column too wide for the screen on its own wraps inside its cell.
+"""``mate report``'s table on screen, in at most :data:`WIDTH` columns with nothing cut (every column at full precision:
+``report.md`` and ``report.csv``): key columns every row shares said once above it, metric columns that do not fit in
+further tables of ``#`` and metrics (:func:`split`), and a key column too wide on its own wrapped in its cell.
 """
 
 from __future__ import annotations
@@ -29,8 +20,7 @@ def screen_width(stream=None) -> int:
 
 
 def short_value(text: str) -> str:
-    """A key column's value as the screen shows it: a long float in 4 significant digits
-    (``0.00015999999999999999`` -> ``0.00016``); anything else as it is."""
+    """A long float key value in 4 significant digits (``0.00015999999999999999`` -> ``0.00016``), else as it is."""
     try:
         return text if len(text) <= 8 else f"{float(text):.4g}"
     except ValueError:
@@ -38,8 +28,8 @@ def short_value(text: str) -> str:
 
 
 def short_names(columns: Sequence[str], keys: int) -> list[str]:
-    """The first ``keys`` column names by their last part (``model.optimizer.lr`` -> ``lr``)
-    where no other column has that last part; the other columns as they are."""
+    """The first ``keys`` column names by their last part (``model.optimizer.lr`` -> ``lr``) where no other has that
+    last part; the other columns as they are."""
     last = [name.rsplit(".", 1)[-1] for name in columns[:keys]]
     return [last[i] if i < keys and last.count(last[i]) == 1 else name for i, name in enumerate(columns)]
 
@@ -50,9 +40,9 @@ def table_width(widths: Sequence[int]) -> int:
 
 
 def split(columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: int, width: int = WIDTH):
-    """``(common, tables)``: the key columns every row shares as ``key=value`` strings, and the
-    tables to print, each ``(columns, rows)``: the first with ``#``, the differing key
-    columns, ``runs`` and the metrics that fit; the others ``#`` and the metrics left."""
+    """``(common, tables)``: the key columns every row shares as ``key=value`` strings, and the tables to print, each
+    ``(columns, rows)``: the first with ``#``, the differing key columns, ``runs`` and the metrics that fit; the others
+    ``#`` and the metrics left."""
     keys = range(first_metric - 1)  # the key columns; then "runs", then the metrics
     rows = [[short_value(v) if i in keys else v for i, v in enumerate(row)] for row in rows]
     columns = short_names(columns, first_metric - 1)
@@ -84,7 +74,7 @@ def split(columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: i
 
 def print_tables(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: int, console,
                  width: int = WIDTH) -> None:  # fmt: skip
-    """Print the report's table (see the module's text) on ``console``."""
+    """Print the report's table (module docstring) on ``console``."""
     from rich.markup import escape
     from rich.table import Table
 
