@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from mate_cli.config_schema import ABSENT, TRAINER_COMMANDS, key_type, lookup, type_problem, unknown_key
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
-from mate_cli.trainer_args import TRAINER_RESERVED, close_matches, trainer_parameters
+from mate_cli.trainer_args import TRAINER_RESERVED, trainer_name_problem
 from mate_cli.yaml_data import read_yaml
 
 #: flags after which Hydra answers without running the task (help, completion, info)
@@ -217,12 +217,11 @@ def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path)
     key = override.key_or_group
     default = lookup(tree, key)
     trainer_key = command in TRAINER_COMMANDS and key.startswith("trainer.") and key.count(".") == 1
-    if trainer_key and command in ("train", "pretrain") and key.split(".", 1)[1] in TRAINER_RESERVED:
-        raise MateError(f"{key} is set by mate itself; use the `{key.split('.', 1)[1]}` config group instead")
-    if trainer_key and key.split(".", 1)[1] not in trainer_parameters():
-        close = close_matches(key.split(".", 1)[1], trainer_parameters())
-        hint = f" (did you mean {', '.join('trainer.' + c for c in close)}?)" if close else ""
-        raise MateError(f"{key} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list")
+    if trainer_key:
+        reserved = TRAINER_RESERVED if command in ("train", "pretrain") else ()
+        problem = trainer_name_problem(key.split(".", 1)[1], reserved)
+        if problem:
+            raise MateError(problem)
     if default is ABSENT and not trainer_key:
         if override.is_add() or override.is_force_add():  # +key= / ++key=: a key the user adds on purpose
             return

@@ -133,22 +133,26 @@ def describe(annotation: Any) -> str:
     return str(annotation).replace("typing.", "")
 
 
-def check_trainer_args(args: Mapping[str, Any], reserved: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``args`` unchanged when every key is a ``Trainer`` argument of a fitting type, else `MateError`.
+def trainer_name_problem(name: str, reserved: tuple[str, ...] = ()) -> str | None:
+    """Why ``trainer.<name>`` cannot be set (mate sets it itself, or ``Trainer`` has no such argument), else None."""
+    if name in reserved:
+        return f"trainer.{name} is set by mate itself; use the `{name}` config group instead"
+    params = trainer_parameters()
+    if name not in params:
+        close = close_matches(name, params)
+        hint = f" (did you mean {', '.join('trainer.' + c for c in close)}?)" if close else ""
+        return f"trainer.{name} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list"
+    return None
 
-    ``reserved``: arguments the command passes itself (``mate train``: callbacks, logger,
-    plugins, which come from their config groups).
-    """
+
+def check_trainer_args(args: Mapping[str, Any], reserved: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``args`` unchanged when every key is a ``Trainer`` argument of a fitting type, else `MateError`;
+    ``reserved``: arguments the command passes itself (``mate train``: callbacks, logger, plugins)."""
     params = trainer_parameters()
     for key, value in args.items():
-        if key in reserved:
-            raise MateError(f"trainer.{key} is set by mate itself; use the `{key}` config group instead")
-        if key not in params:
-            close = close_matches(key, params)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise MateError(
-                f"trainer.{key} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list"
-            )
+        problem = trainer_name_problem(key, reserved)
+        if problem:
+            raise MateError(problem)
         if accepts(params[key], value) is False:
             raise MateError(
                 f"trainer.{key}={value!r} has the wrong type: Lightning's Trainer expects {describe(params[key])}; "
