@@ -7,10 +7,12 @@ from __future__ import annotations
 import csv
 
 import pytest
+from hydra.utils import instantiate
 
 from mate_cli import tasks
+from mate_cli.commands.common import find_mate_error
 from mate_cli.errors import MateError
-from tests.inprocess import run_command
+from tests.inprocess import compose_command, run_command
 
 TOY = tasks.TableTask(
     "wtq_lookup",
@@ -22,10 +24,14 @@ TOY = tasks.TableTask(
 )
 
 
-def test_an_unknown_task_is_one_line_naming_the_known_ones():
+def test_an_unknown_task_or_a_head_of_another_kind_is_one_line(tmp_path):
     with pytest.raises(MateError) as err:
         tasks.get("hybridqa", "model.task")
     assert str(err.value) == "model.task='hybridqa' is not a table task; use one of sqa, tabfact, wtq"
+    cfg = compose_command("train", ["experiment=sqa_mate", "model.task=tabfact"], tmp_path / "run")
+    with pytest.raises(Exception) as err:  # Hydra wraps it; `mate` prints the MateError of the chain
+        instantiate(cfg.model)
+    assert str(find_mate_error(err.value)).startswith("model.task='tabfact' answers with a verdict, not cells;")
     with pytest.raises(ValueError, match="answer='spans'"):
         tasks.TableTask("x", reader="", table_file="", answer="spans", baselines="", predictions="")
 

@@ -26,6 +26,7 @@ from torchmetrics import MeanMetric, SumMetric
 
 from mate_cli import tasks
 from mate_cli.data.schema import TaskBatch
+from mate_cli.errors import MateError
 from mate_cli.lit_modules.base import EncoderTaskModule
 from mate_cli.metrics.sqa import SequenceAccuracy, sequence_key
 from mate_cli.metrics.wtq import denotation_correct
@@ -67,12 +68,18 @@ class TableQAModule(EncoderTaskModule):
         long_table_tokens: int | None = None,
         **extra,
     ) -> None:
+        table_task = tasks.get(task, "model.task")
+        if not table_task.selects_cells:
+            raise MateError(
+                f"model.task={task!r} answers with a verdict, not cells; this head selects cells: use the "
+                "entailment module (EntailmentModule, e.g. model=tabfact)"
+            )
         super().__init__(encoder, optimizer, scheduler, **extra)
         head = {str(k): v for k, v in dict(head or {}).items()}  # plain values: checkpoints load weights_only
         self.save_hyperparameters(
             {"task": task, "head": head, "pretrained": pretrained, "long_table_tokens": long_table_tokens}
         )
-        self.task = tasks.get(task, "model.task")
+        self.task = table_task
         self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
         settings = checkpoint_head_settings(pretrained) if pretrained else {}
         self.head_config = TapasHeadConfig.from_checkpoint(head, settings)
