@@ -101,19 +101,24 @@ def test_no_consistent_selection(answer):
     assert not found
 
 
-def head_loss(supervision: str, answer: float, seed: int = 0) -> torch.Tensor:
-    """The WikiTQ head's per-example loss on the table above for a random encoder state."""
-    config = TapasHeadConfig(
+def wtq_config(supervision: str, answer_loss_cutoff: float) -> TapasHeadConfig:
+    """TAPAS's WikiTQ head settings on the table above, with the answer supervision to test."""
+    return TapasHeadConfig(
         num_aggregation_labels=4,
         use_answer_as_supervision=True,
         cell_selection_preference=0.2,
         huber_loss_delta=0.121194,
         temperature=0.0352513,
-        answer_loss_cutoff=1e9,
+        answer_loss_cutoff=answer_loss_cutoff,
         max_num_rows=ROWS,
         max_num_columns=COLUMNS,
         aggregation_supervision=supervision,
     )
+
+
+def head_loss(supervision: str, answer: float, seed: int = 0) -> torch.Tensor:
+    """The WikiTQ head's per-example loss on the table above for a random encoder state."""
+    config = wtq_config(supervision, answer_loss_cutoff=1e9)
     torch.manual_seed(seed)
     head = TapasQAHead(16, config).eval()
     layout, values = table()
@@ -130,17 +135,7 @@ def test_hard_em_keeps_tapas_loss_where_no_selection_gives_the_answer():
 def test_hard_em_trains_the_decode_onto_the_answer():
     """A few steps on the hard EM loss alone move the head's decode (arg-max column, cells above
     0.5, arg-max operator) to a selection whose result is the answer, 30: one cell of the numbers."""
-    config = TapasHeadConfig(
-        num_aggregation_labels=4,
-        use_answer_as_supervision=True,
-        cell_selection_preference=0.2,
-        huber_loss_delta=0.121194,
-        temperature=0.0352513,
-        answer_loss_cutoff=0.664694,
-        max_num_rows=ROWS,
-        max_num_columns=COLUMNS,
-        aggregation_supervision="hard_em",
-    )
+    config = wtq_config("hard_em", answer_loss_cutoff=0.664694)
     torch.manual_seed(0)
     head = TapasQAHead(16, config, dropout=0.0)
     layout, values = table()
