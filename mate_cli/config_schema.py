@@ -2,15 +2,19 @@
 
 A key's type is, in this order:
 
-1. for ``trainer.<argument>``: the annotation of that argument of Lightning's
-   ``Trainer`` (:mod:`mate_cli.trainer_args`, read from its source);
-2. :data:`DECLARED`, for keys whose default says nothing (``null``, ``???``, an
-   interpolation through a resolver) and keys that take more than their default's type;
-3. the type of the key's default in the composed config: an ``int`` default takes
+1. for ``trainer.<argument>``: that argument's annotation in Lightning's ``Trainer``;
+2. :data:`DECLARED`, for the keys no code signature types (a command's own keys, paths,
+   nested mappings) whose default says nothing (``null``, ``???``, a resolver);
+3. the annotation of the parameter it fills: a key of a node with a ``_target_`` takes
+   what that target's signature says (:mod:`mate_cli.signatures`, read from the source);
+4. the type of the key's default in the composed config: an ``int`` default takes
    ints, a ``float`` default numbers, a ``bool`` default booleans, a mapping a mapping
    (or ``null``, which drops a callback or logger), a list a list, and a string any
    scalar (a number typed where a name is expected is still a name).
    ``${other.key}`` defaults take ``other.key``'s type.
+
+So the code's own annotations are the config's types: a new keyword of a datamodule,
+module or encoder is typed where it is written.
 
 ``tests/conf/test_schema.py`` composes every option of every group and fails when a key
 has a default that says nothing and no :data:`DECLARED` entry, so no key is untyped.
@@ -22,7 +26,7 @@ import re
 import typing
 from typing import Any, Literal, Mapping, Optional, Union
 
-from mate_cli.trainer_args import accepts, close_matches, describe, trainer_parameters
+from mate_cli.signatures import accepts, close_matches, describe, parameters, trainer_parameters, understood
 
 #: keys whose default does not say their type, or that take more than it
 DECLARED: dict[str, Any] = {
@@ -47,49 +51,23 @@ DECLARED: dict[str, Any] = {
     "main_metric": Optional[str],
     "bench.threads": Optional[int],
     # dataset
-    "dataset.root": str,
-    "dataset.task": str,
-    "dataset.pretrained": str,
-    "dataset.cache_dir": str,
-    "dataset.eval_file": Optional[str],
-    "dataset.ambiguous_answers": Literal["first", "all", "drop"],
-    "dataset.limit_questions": Optional[int],
-    "dataset.long_table_tokens": Optional[int],
-    "dataset.mask_seed": int,
-    "dataset.shuffle_seed": int,
-    "dataset.max_span_length": int,
-    "dataset.num_workers": Union[int, Literal["auto"]],
-    "dataset.num_proc": Union[int, Literal["auto"]],
     "dataset.sources.hybridqa": Optional[str],
     "dataset.sources.sqa": Optional[str],
     "dataset.sources.tabfact": Optional[str],
     "dataset.sources.wtq": Optional[str],
     "dataset.sources.jsonl": Optional[str],
     # model
-    "model.pretrained": str,
     "model.encoder.pretrained": str,
-    "model.encoder.attention": Optional[dict],
-    "model.encoder.reset_position_index_per_cell": Optional[bool],
-    "model.encoder.hidden_dropout": Optional[float],
-    "model.encoder.attention_dropout": Optional[float],
-    "model.encoder.new_type_embeddings": str,
     "model.head.max_num_rows": Optional[int],
     "model.head.max_num_columns": Optional[int],
-    "model.hop_layers": Optional[int],
-    "model.mlp_hidden": Optional[int],
     "model.dot": Optional[dict],
     # loggers and callbacks: paths and names built from the run
-    "logger.wandb.name": str,
     "logger.wandb.group": str,
     "logger.wandb.job_type": str,
     "logger.wandb.tags": Optional[list],
     "logger.wandb.save_dir": str,
-    "logger.wandb.id": Optional[str],
     "logger.csv.save_dir": str,
     "callbacks.best_checkpoint": Optional[dict],  # null under debug=overfit
-    "callbacks.model_checkpoint.dirpath": str,
-    "callbacks.best_checkpoint.dirpath": str,
-    "callbacks.progress_log.every_n_steps": Optional[int],
     "paths.root_dir": str,
     "paths.data_dir": str,
     "paths.cache_dir": str,
@@ -152,6 +130,11 @@ def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset =
         return trainer_parameters().get(key.split(".", 1)[1], UNTYPED)
     if key in DECLARED:
         return DECLARED[key]
+    parent, _, name = key.rpartition(".")
+    target = lookup(tree, f"{parent}._target_" if parent else "_target_")
+    annotation = (parameters(target) or {}).get(name) if isinstance(target, str) else None
+    if annotation is not None and understood(annotation):
+        return annotation
     default = lookup(tree, key)
     reference = _REFERENCE.match(default) if isinstance(default, str) else None
     if reference and reference.group(1) not in _seen:

@@ -23,7 +23,7 @@ from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.runs import check_checkpoint_fits, load_run_config, run_checkpoint
-from mate_cli.trainer_args import check_trainer_args
+from mate_cli.signatures import check_trainer_args
 
 register_resolvers()
 

@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Literal, Mapping
 
 import lightning as L
 import torch
@@ -56,8 +56,8 @@ class SplitDataModule(L.LightningDataModule):
         split: SplitSettings | Mapping | None = None,
         batch_size: int = 4,
         eval_batch_size: int = 8,
-        num_workers: int | str = "auto",
-        num_proc: int | str = "auto",
+        num_workers: int | Literal["auto"] = "auto",
+        num_proc: int | Literal["auto"] = "auto",
         cache_dir: str | None = None,
         limit_questions: int | None = None,
         shuffle_seed: int = 0,

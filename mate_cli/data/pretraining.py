@@ -19,7 +19,7 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import Mapping
+from typing import Literal, Mapping
 
 import datasets
 import lightning as L
@@ -79,7 +79,7 @@ class PretrainDataModule(L.LightningDataModule):
         eval_masks: int = 4,
         batch_size: int = 16,
         eval_batch_size: int = 32,
-        num_workers: int | str = "auto",
+        num_workers: int | Literal["auto"] = "auto",
         cache_dir: str | None = None,
         shuffle_seed: int = 0,
         same_order_every_epoch: bool = False,

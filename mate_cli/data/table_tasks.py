@@ -23,7 +23,7 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import asdict, fields
-from typing import Mapping
+from typing import Literal, Mapping
 
 import torch
 
@@ -232,7 +232,7 @@ class TableTaskDataModule(SplitDataModule):
         pruning: str = "none",
         empty_cell_token: bool = True,
         long_table_tokens: int | None = None,
-        ambiguous_answers: str = "all",
+        ambiguous_answers: Literal["first", "all", "drop"] = "all",
         drop_cut_answers: bool = False,
         linearization: str = "tapas",
         **common,

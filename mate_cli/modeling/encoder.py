@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 import torch.utils.checkpoint
@@ -304,7 +304,9 @@ class TableEncoder(nn.Module):
         max_length: int | None = None,
         reset_position_index_per_cell: bool | None = None,
         gradient_checkpointing: bool = False,
-        new_type_embeddings: str = "normal",
+        new_type_embeddings: Literal["normal", "zero"] = "normal",
+        hidden_dropout: float | None = None,
+        attention_dropout: float | None = None,
         **config_overrides: Any,
     ) -> "TableEncoder":
         """Build from a BERT or TAPAS checkpoint: ``pretrained`` is ``minilm`` (bundled), a local directory or a hub id.
@@ -312,8 +314,8 @@ class TableEncoder(nn.Module):
         ``reset_position_index_per_cell`` defaults to a TAPAS checkpoint's own setting, else on iff ``max_length``
         exceeds the position table. ``new_type_embeddings``: how the token-type tables a BERT checkpoint lacks start:
         ``normal`` (0, 0.02), as TAPAS initialises them, or ``zero``, so the encoder starts as the checkpoint's
-        function; tables the checkpoint has are loaded either way. ``config_overrides``: :class:`EncoderConfig` fields
-        (None keeps the checkpoint's value). The other arguments are the class's.
+        function; tables the checkpoint has are loaded either way. The dropouts and ``config_overrides``:
+        :class:`EncoderConfig` fields (None keeps the checkpoint's value). The other arguments are the class's.
         """
         resolved = checkpoints.resolve_pretrained(pretrained)
         hf = checkpoints.read_config(resolved)
@@ -328,6 +330,7 @@ class TableEncoder(nn.Module):
                 f"model.encoder.pretrained={pretrained!s} uses position_embedding_type={hf['position_embedding_type']!r}; "
                 "only absolute position embeddings are supported"
             )
+        config_overrides.update(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
         for key in ("hidden_dropout", "attention_dropout"):  # a probability every layer (and kernel) takes
             value = config_overrides.get(key)
             if value is not None and not 0.0 <= value < 1.0:

@@ -18,7 +18,7 @@ from mate_cli.config_check import check_command_line, check_dotlist
 from mate_cli.config_schema import DECLARED, UNTYPED, dotted_keys, key_type, lookup, type_problem
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR, REPO_ROOT, register_resolvers
-from mate_cli.trainer_args import trainer_parameters
+from mate_cli.signatures import parameters, trainer_parameters
 
 #: commands with config groups to choose from, and the groups each option of which is composed
 GROUPED = {
@@ -98,6 +98,27 @@ def test_trainer_arguments_read_from_source_match_lightnings_signature():
     assert list(trainer_parameters()) == names
 
 
+def test_each_shipped_target_s_parameters_read_from_source_match_its_signature():
+    """The types of a target's keys come from its source, parsed: the parse finds every
+    named parameter the imported callable has (and its bases' where it passes **kwargs on)."""
+    from hydra.utils import get_object
+
+    targets = {
+        value
+        for _, _, tree in every_composed_config()
+        for key in dotted_keys(tree)
+        if key.rsplit(".", 1)[-1] == "_target_" and "${" not in str(value := lookup(tree, key))
+    }
+    assert len(targets) > 25
+    for target in sorted(targets):
+        named = {
+            name
+            for name, p in inspect.signature(get_object(target)).parameters.items()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and name not in ("self", "cls")
+        }
+        assert named <= set(parameters(target) or ()), target
+
+
 # ------------------------------------------------------------------ the command-line check
 @pytest.mark.parametrize(
     "command, args, names",
@@ -110,6 +131,7 @@ def test_trainer_arguments_read_from_source_match_lightnings_signature():
         ("train", ["trainer.max_stepz=3"], ["trainer.max_stepz", "trainer.max_steps"]),
         ("train", ["experiment=sqa_mate", "dataset.long_table_tokens=1.5"], ["dataset.long_table_tokens=1.5", "int"]),
         ("train", ["dataset.num_workers=lots"], ["dataset.num_workers=lots", "'auto'"]),
+        ("train", ["model.encoder.new_type_embeddings=zeros"], ["new_type_embeddings=zeros", "'normal' | 'zero'"]),
         ("train", ["-m", "seed=1,2,x"], ["seed=x", "int"]),
         ("train", ["-m", "attention=mate,dense", "attention.variant=exact"], ["attention=dense", "attention.variant"]),
         ("train", ["+seed=3"], ["seed is already set"]),
@@ -174,7 +196,15 @@ def test_every_readme_command_passes_the_check():
 
 
 # ------------------------------------------------------------------ a trained run's dotlists
-RUN = {"dataset": {"eval_batch_size": 8, "root": "/data", "limit_questions": None}, "seed": 1}
+RUN = {
+    "dataset": {
+        "_target_": "mate_cli.data.table_tasks.TableTaskDataModule",
+        "eval_batch_size": 8,
+        "root": "/data",
+        "limit_questions": None,
+    },
+    "seed": 1,
+}
 
 
 @pytest.mark.parametrize(

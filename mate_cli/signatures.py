@@ -1,11 +1,9 @@
-"""``trainer.*`` checked against Lightning's own ``Trainer`` signature, before anything is built.
+"""The parameters of a config node's ``_target_`` (and of Lightning's ``Trainer``), read
+from the installed source: parsed, not imported, so the command line is checked in a
+fraction of a second, before torch and Lightning load.
 
-A misspelt key or a value of the wrong type (``trainer.max_steps=abc``) is one
-`MateError` line naming the key, not a traceback after the data was preprocessed.
-Names and types are read from ``Trainer.__init__`` in Lightning's installed source,
-parsed, not imported (importing Lightning takes seconds; the command line is checked
-before that). An annotation this check does not understand accepts any value
-(Lightning then has the last word).
+An annotation this reader does not understand (a class, a private alias) is `Unknown`:
+it accepts any value and the target has the last word.
 """
 
 from __future__ import annotations
@@ -21,13 +19,15 @@ from typing import Any, Mapping
 
 from mate_cli.errors import MateError
 
+#: what `mate train`, `pretrain`, `eval`, `pointr` and `predict` build from their ``trainer`` node
+TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
 
 #: Trainer arguments `mate train` and `mate pretrain` build from their own config groups
 TRAINER_RESERVED = ("callbacks", "logger", "plugins")
 
 
 class Unknown:
-    """An annotation this check does not understand (a Lightning class, a private alias)."""
+    """An annotation this reader does not understand."""
 
 
 _BUILTIN_TYPES = {
@@ -42,6 +42,7 @@ _BUILTIN_TYPES = {
     "Dict": dict,
     "Tuple": tuple,
     "Sequence": list,
+    "Mapping": dict,
     "Any": Any,
 }
 
@@ -52,6 +53,8 @@ def annotation_type(node: ast.expr | None) -> Any:
     if node is None:
         return Any
     if isinstance(node, ast.Constant):
+        if isinstance(node.value, str):  # a quoted annotation
+            return annotation_type(ast.parse(node.value, mode="eval").body)
         return type(None) if node.value is None else Unknown
     if isinstance(node, ast.Name):
         return _BUILTIN_TYPES.get(node.id, Unknown)
@@ -69,23 +72,66 @@ def annotation_type(node: ast.expr | None) -> Any:
     return Unknown
 
 
-def _trainer_source() -> Path:
-    spec = importlib.util.find_spec("lightning")  # a top-level package: found, not imported
+def _module(dotted: str) -> list[ast.stmt] | None:
+    """The parsed body of the installed module ``dotted``, found without importing it."""
+    parts = dotted.split(".")
+    spec = importlib.util.find_spec(parts[0])  # a top-level package: found, not imported
     if spec is None or not spec.submodule_search_locations:
-        raise MateError("lightning is not installed; run `make install` (or pip install -e .)")
-    return Path(list(spec.submodule_search_locations)[0]) / "pytorch" / "trainer" / "trainer.py"
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts[1:])
+    for file in (path.with_suffix(".py"), path / "__init__.py"):
+        if file.is_file():
+            return ast.parse(file.read_text(encoding="utf-8")).body
+    return None
 
 
-@lru_cache(maxsize=1)
+def _definition(module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassDef | ast.FunctionDef | None]:
+    """The module defining ``name`` as seen from ``module`` (following ``from x import name``), and its definition."""
+    body = _module(module) if depth < 8 else None
+    for node in body or []:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
+            return module, node
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            original = next(a.name for a in node.names if (a.asname or a.name) == name)
+            package = module.split(".")
+            if node.level:  # relative: from the package holding `module` (an __init__ holds itself)
+                package = package[: len(package) - node.level + (1 if _module(module + ".__init__") else 0)]
+            source = ".".join(
+                [*package, node.module] if node.level and node.module else [*package] if node.level else [node.module]
+            )
+            return _definition(source, original, depth + 1)
+    return module, None
+
+
+@lru_cache(maxsize=None)
+def parameters(target: str) -> dict[str, Any] | None:
+    """``{argument: annotation}`` of the callable a ``_target_`` names (a class: its
+    ``__init__``, with its bases' where it passes ``**kwargs`` on), read from the installed
+    source; None where that cannot be read."""
+    module, _, name = target.rpartition(".")
+    module, node = _definition(module, name) if module else (module, None)
+    if node is None and "." in module:  # a method: module.Class.method
+        module, owner = _definition(*module.rsplit(".", 1))
+        node = next((n for n in getattr(owner, "body", []) if getattr(n, "name", None) == name), None)
+    found: dict[str, Any] = {}
+    if isinstance(node, ast.ClassDef):
+        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        for base in (b for b in node.bases if init is None or init.args.kwarg):
+            base_name = ast.unparse(base)
+            found.update(parameters(base_name if "." in base_name else f"{module}.{base_name}") or {})
+        node = init
+    if isinstance(node, ast.FunctionDef):
+        args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        skip = 1 if args and args[0].arg in ("self", "cls") else 0
+        found.update({arg.arg: annotation_type(arg.annotation) for arg in args[skip:]})
+    return found or None
+
+
 def trainer_parameters() -> dict[str, Any]:
-    """``{argument: annotation}`` of ``lightning.Trainer.__init__``, read from its source."""
-    tree = ast.parse(_trainer_source().read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Trainer":
-            init = next(f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
-            args = [*init.args.args[1:], *init.args.kwonlyargs]
-            return {arg.arg: annotation_type(arg.annotation) for arg in args}
-    raise MateError(f"{_trainer_source()} defines no Trainer class; reinstall lightning (pip install -e .)")
+    found = parameters(TRAINER)
+    if found is None:
+        raise MateError("lightning's Trainer was not found in its source; run `make install` (or pip install -e .)")
+    return found
 
 
 def close_matches(name: str, choices, n: int = 3) -> list[str]:
@@ -120,6 +166,15 @@ def accepts(annotation: Any, value: Any) -> bool | None:
     if origin in (dict, typing.Mapping) or annotation is dict:
         return isinstance(value, Mapping)
     return None
+
+
+def understood(annotation: Any) -> bool:
+    """Whether ``annotation`` says something this reader can check (not `Unknown`, not ``Any``)."""
+    if annotation in (Unknown, Any):
+        return False
+    return all(
+        understood(arg) for arg in typing.get_args(annotation) if typing.get_origin(annotation) is not typing.Literal
+    )
 
 
 def describe(annotation: Any) -> str:
