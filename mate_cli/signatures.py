@@ -72,34 +72,27 @@ def annotation_type(node: ast.expr | None) -> Any:
     return Unknown
 
 
-def _module(dotted: str) -> list[ast.stmt] | None:
-    """The parsed body of the installed module ``dotted``, found without importing it."""
-    parts = dotted.split(".")
+def _source(module: str) -> Path | None:
+    """The installed file of the dotted ``module`` (``.py`` or a package's ``__init__.py``), found without importing it."""
+    parts = module.split(".")
     spec = importlib.util.find_spec(parts[0])  # a top-level package: found, not imported
     if spec is None or not spec.submodule_search_locations:
         return None
     path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts[1:])
-    for file in (path.with_suffix(".py"), path / "__init__.py"):
-        if file.is_file():
-            return ast.parse(file.read_text(encoding="utf-8")).body
-    return None
+    return next((file for file in (path.with_suffix(".py"), path / "__init__.py") if file.is_file()), None)
 
 
 def _definition(module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassDef | ast.FunctionDef | None]:
     """The module defining ``name`` as seen from ``module`` (following ``from x import name``), and its definition."""
-    body = _module(module) if depth < 8 else None
-    for node in body or []:
+    file = _source(module) if depth < 8 else None
+    for node in ast.parse(file.read_text(encoding="utf-8")).body if file else []:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
             return module, node
         if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
             original = next(a.name for a in node.names if (a.asname or a.name) == name)
-            package = module.split(".")
-            if node.level:  # relative: from the package holding `module` (an __init__ holds itself)
-                package = package[: len(package) - node.level + (1 if _module(module + ".__init__") else 0)]
-            source = ".".join(
-                [*package, node.module] if node.level and node.module else [*package] if node.level else [node.module]
-            )
-            return _definition(source, original, depth + 1)
+            package = module.split(".")  # a relative import counts from the package: a package's __init__ is its own
+            package = package[: len(package) - node.level + (file.name == "__init__.py")] if node.level else []
+            return _definition(".".join([*package, *([node.module] if node.module else [])]), original, depth + 1)
     return module, None
 
 
