@@ -173,6 +173,20 @@ def encode_task_question(
     return example
 
 
+def table_tokenizer(tokenizer, settings: Mapping) -> TableTokenizer:
+    """The `TableTokenizer` a table task's ``dataset`` settings describe: training and
+    `mate predict` (from a run's config, older runs' missing keys at their defaults) both
+    build it here, so one run encodes one way."""
+    return TableTokenizer(
+        tokenizer,
+        max_length=int(settings["max_length"]),
+        max_question_tokens=int(settings["max_question_tokens"]),
+        pruning=str(settings.get("pruning", "none")),
+        empty_cell_token=bool(settings.get("empty_cell_token", True)),
+        linearization=str(settings.get("linearization", "tapas")),
+    )
+
+
 class _TaskEncoder:
     """Picklable one-record function: a question record -> its encoded example."""
 
@@ -190,8 +204,8 @@ class _TaskEncoder:
     def __call__(self, record: dict) -> dict:
         task, root, tokenizer_args, prev, ambiguous_answers = self.args
         if self._state is None:
-            args = dict(tokenizer_args)
-            self._state = (task.make_reader(root), TableTokenizer(load_tokenizer(args.pop("pretrained")), **args))
+            tokenizer = table_tokenizer(load_tokenizer(tokenizer_args["pretrained"]), tokenizer_args)
+            self._state = (task.make_reader(root), tokenizer)
         reader, tokenizer = self._state
         question = question_from_record(record)
         return encode_task_question(

@@ -17,8 +17,7 @@ import torch
 from mate_cli import tasks
 from mate_cli.data.readers import given_file
 from mate_cli.data.schema import Question, Table
-from mate_cli.data.table_tasks import TaskCollator, encode_task_question
-from mate_cli.data.tokenize import TableTokenizer
+from mate_cli.data.table_tasks import TaskCollator, encode_task_question, table_tokenizer
 from mate_cli.runs import TrainedRun, autocast
 
 
@@ -34,14 +33,7 @@ def predict_table_question(
     """The run's answer to ``text`` about ``table`` (module docstring), as a JSON-ready dict."""
     data = run.cfg.dataset
     task = tasks.get(data.task)
-    tokenizer = TableTokenizer(
-        run.tokenizer,
-        max_length=int(data.max_length),
-        max_question_tokens=int(data.max_question_tokens),
-        pruning=str(data.pruning),
-        empty_cell_token=bool(data.get("empty_cell_token", True)),
-        linearization=str(data.get("linearization", "tapas")),
-    )
+    tokenizer = table_tokenizer(run.tokenizer, data)
     question = Question("question", text, table.table_id)
     example = encode_task_question(tokenizer, task, question, table)
     batch = TaskCollator(int(run.tokenizer.pad_token_id or 0))([example]).to(device)
