@@ -75,7 +75,10 @@ def annotation_type(node: ast.expr | None) -> Any:
 def _source(module: str) -> Path | None:
     """The installed file of the dotted ``module`` (``.py`` or a package's ``__init__.py``), found without importing it."""
     parts = module.split(".")
-    spec = importlib.util.find_spec(parts[0])  # a top-level package: found, not imported
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level package: found, not imported
+    except (ImportError, ValueError):  # not a module name
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts[1:])
@@ -85,7 +88,11 @@ def _source(module: str) -> Path | None:
 def _definition(module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassDef | ast.FunctionDef | None]:
     """The module defining ``name`` as seen from ``module`` (following ``from x import name``), and its definition."""
     file = _source(module) if depth < 8 else None
-    for node in ast.parse(file.read_text(encoding="utf-8")).body if file else []:
+    try:
+        body = ast.parse(file.read_text(encoding="utf-8")).body if file else []
+    except (OSError, SyntaxError, UnicodeDecodeError):  # unreadable: its keys take their defaults' types
+        body = []
+    for node in body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
             return module, node
         if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):

@@ -229,3 +229,13 @@ def test_a_run_dotlist_of_known_keys_passes(tmp_path):
         "overrides",
         tmp_path / "resolved_config.yaml",
     )
+
+
+def test_a_target_whose_source_cannot_be_read_leaves_its_keys_to_their_defaults(tmp_path, monkeypatch):
+    """A user's own `_target_` with a syntax error (or not installed): no types from it, no crash."""
+    (tmp_path / "broken_target_pkg").mkdir()
+    (tmp_path / "broken_target_pkg" / "__init__.py").write_text("class Model(:\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert parameters("broken_target_pkg.Model") is None and parameters("not_installed_pkg.Model") is None
+    tree = {"model": {"_target_": "broken_target_pkg.Model", "width": 3}}
+    assert key_type(tree, "model.width") is int
