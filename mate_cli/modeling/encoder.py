@@ -311,8 +311,8 @@ class TableEncoder(nn.Module):
     ) -> "TableEncoder":
         """Build from a BERT or TAPAS checkpoint: ``pretrained`` is ``minilm`` (bundled), a local directory or a hub id.
 
-        ``reset_position_index_per_cell`` defaults to a TAPAS checkpoint's own setting, else on iff ``max_length``
-        exceeds the position table. ``new_type_embeddings``: how the token-type tables a BERT checkpoint lacks start:
+        ``reset_position_index_per_cell`` is on wherever ``max_length`` exceeds the position table, else a TAPAS
+        checkpoint's own setting (off for BERT). ``new_type_embeddings``: how the token-type tables a BERT checkpoint lacks start:
         ``normal`` (0, 0.02), as TAPAS initialises them, or ``zero``, so the encoder starts as the checkpoint's
         function; tables the checkpoint has are loaded either way. The dropouts and ``config_overrides``:
         :class:`EncoderConfig` fields (None keeps the checkpoint's value). The other arguments are the class's.
@@ -344,7 +344,7 @@ class TableEncoder(nn.Module):
         length = int(max_length or config.max_position_embeddings)
         if reset_position_index_per_cell is not None:
             config.reset_position_index_per_cell = bool(reset_position_index_per_cell)
-        elif model_type != "tapas":
+        elif model_type != "tapas" or length > config.max_position_embeddings:
             config.reset_position_index_per_cell = length > config.max_position_embeddings
         if new_type_embeddings not in ("normal", "zero"):
             raise MateError(f"model.encoder.new_type_embeddings={new_type_embeddings!r} is invalid; use normal or zero")

@@ -42,8 +42,7 @@ def small_encoder(attention="dense", **changes) -> TableEncoder:
         num_heads=4,
         intermediate_size=96,
         max_position_embeddings=40,
-        reset_position_index_per_cell=True,
-        **changes,
+        **{"reset_position_index_per_cell": True, **changes},
     )
     model = TableEncoder(config, attention)
     with torch.no_grad():  # non-trivial LayerNorm/bias values so the round trip checks them too
@@ -139,6 +138,15 @@ def test_default_reset_follows_max_length_for_bert(tmp_path):
     assert long.config.type_vocab_sizes[0] == 2  # BERT's segment table, loaded as token_type_embeddings_0
     with pytest.raises(MateError, match="model.encoder.reset_position_index_per_cell=true"):
         TableEncoder.from_pretrained(tmp_path, "dense", max_length=128, reset_position_index_per_cell=False)
+
+
+def test_default_reset_keeps_a_tapas_checkpoints_setting_until_max_length_outgrows_its_positions(tmp_path):
+    """A table pre-training run exports absolute positions (model=mlm at 128 tokens); fine-tuned at a
+    length beyond its position table, the per-cell reset turns on as it does for BERT."""
+    small_encoder(reset_position_index_per_cell=False).save_pretrained(tmp_path)
+    assert TableEncoder.from_pretrained(tmp_path, "dense").config.reset_position_index_per_cell is False
+    long = TableEncoder.from_pretrained(tmp_path, "dense", max_length=64)
+    assert long.config.reset_position_index_per_cell is True and long.max_length == 64
 
 
 def test_config_overrides_apply(tmp_path):
