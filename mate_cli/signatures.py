@@ -54,7 +54,10 @@ def annotation_type(node: ast.expr | None) -> Any:
         return Any
     if isinstance(node, ast.Constant):
         if isinstance(node.value, str):  # a quoted annotation
-            return annotation_type(ast.parse(node.value, mode="eval").body)
+            try:
+                return annotation_type(ast.parse(node.value, mode="eval").body)
+            except SyntaxError:
+                return Unknown
         return type(None) if node.value is None else Unknown
     if isinstance(node, ast.Name):
         return _BUILTIN_TYPES.get(node.id, Unknown)

@@ -18,7 +18,7 @@ from mate_cli.config_check import check_command_line, check_dotlist
 from mate_cli.config_schema import DECLARED, UNTYPED, dotted_keys, key_type, lookup, type_problem
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR, REPO_ROOT, register_resolvers
-from mate_cli.signatures import parameters, trainer_parameters
+from mate_cli.signatures import Unknown, parameters, trainer_parameters
 
 #: commands with config groups to choose from, and the groups each option of which is composed
 GROUPED = {
@@ -239,3 +239,7 @@ def test_a_target_whose_source_cannot_be_read_leaves_its_keys_to_their_defaults(
     assert parameters("broken_target_pkg.Model") is None and parameters("not_installed_pkg.Model") is None
     tree = {"model": {"_target_": "broken_target_pkg.Model", "width": 3}}
     assert key_type(tree, "model.width") is int
+    (tmp_path / "quoted_target_pkg").mkdir()
+    source = 'class Model:\n    def __init__(self, width: "int", depth: "list[") -> None: ...\n'
+    (tmp_path / "quoted_target_pkg" / "__init__.py").write_text(source, encoding="utf-8")
+    assert parameters("quoted_target_pkg.Model") == {"width": int, "depth": Unknown}
