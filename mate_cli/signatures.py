@@ -76,7 +76,7 @@ def annotation_type(node: ast.expr | None) -> Any:
 
 
 def _source(module: str) -> Path | None:
-    """The installed file of the dotted ``module`` (``.py`` or a package's ``__init__.py``), found without importing it."""
+    """The installed file of the dotted ``module`` (``.py`` or a package's ``__init__.py``), not imported."""
     parts = module.split(".")
     try:
         spec = importlib.util.find_spec(parts[0])  # a top-level package: found, not imported

@@ -312,8 +312,8 @@ class TableEncoder(nn.Module):
         """Build from a BERT or TAPAS checkpoint: ``pretrained`` is ``minilm`` (bundled), a local directory or a hub id.
 
         ``reset_position_index_per_cell`` is on wherever ``max_length`` exceeds the position table, else a TAPAS
-        checkpoint's own setting (off for BERT). ``new_type_embeddings``: how the token-type tables a BERT checkpoint lacks start:
-        ``normal`` (0, 0.02), as TAPAS initialises them, or ``zero``, so the encoder starts as the checkpoint's
+        checkpoint's own setting (off for BERT). ``new_type_embeddings``: how the token-type tables a BERT
+        checkpoint lacks start: ``normal`` (0, 0.02), as TAPAS initialises them, or ``zero``, so the encoder starts as the checkpoint's
         function; tables the checkpoint has are loaded either way. The dropouts and ``config_overrides``:
         :class:`EncoderConfig` fields (None keeps the checkpoint's value). The other arguments are the class's.
         """

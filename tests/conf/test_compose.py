@@ -239,3 +239,16 @@ def test_early_stopping_watches_what_the_best_checkpoint_watches(tmp_path):
         stopper = callbacks["early_stopping"]
         assert isinstance(stopper, EarlyStopping) and isinstance(callbacks["best_checkpoint"], ModelCheckpoint)
         assert (stopper.monitor, stopper.mode, stopper.patience) == (monitor, mode, 5)
+
+
+def test_pretraining_starts_from_the_checkpoints_own_function(tmp_path):
+    """model=mlm keeps MiniLM's absolute positions at 128 tokens and starts the six token-type tables
+    it lacks at zero (docs/results.md: TAPAS's per-cell start from MiniLM learned a third as much)."""
+    import torch
+
+    cfg = compose_train([], tmp_path, command="pretrain")
+    encoder = instantiate(cfg.model).encoder
+    assert encoder.config.reset_position_index_per_cell is False
+    tables = [p for n, p in encoder.named_parameters() if n.startswith("embeddings.token_type_embeddings_")]
+    assert len(tables) == 7 and torch.count_nonzero(tables[0]) > 0  # the segment table is MiniLM's
+    assert all(torch.count_nonzero(t) == 0 for t in tables[1:])
