@@ -13,7 +13,6 @@ The first problem is returned as one line; ``mate`` prints it and exits with sta
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -108,24 +107,16 @@ def _options(group: str, conf_dir: Path) -> list[str]:
 
 
 def _values(override, conf_dir: Path | None = None) -> list[Any]:
-    """Every value an override gives: one, or each of its sweep."""
-    from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, RangeSweep
+    """Every value an override gives: one, each of its sweep, or an interval's two ends."""
+    from hydra.core.override_parser.types import Glob
 
     value = override.value()
-    if isinstance(value, ChoiceSweep):
-        values = list(value.list)
-    elif isinstance(value, RangeSweep):
-        values = list(override.sweep_iterator())
-    elif isinstance(value, IntervalSweep):
+    if isinstance(value, Glob):
+        values = value.filter(_options(override.key_or_group, conf_dir) if conf_dir else [])
+    elif override.is_discrete_sweep():
+        values = [getattr(v, "text", v) for v in override.sweep_iterator()]  # a QuotedString 'a b' -> a b
+    elif override.is_sweep_override():
         return [value.start, value.end]
-    elif isinstance(value, Glob):
-        options = _options(override.key_or_group, conf_dir) if conf_dir else []
-        values = [
-            o
-            for o in options
-            if any(fnmatch.fnmatch(o, p) for p in value.include)
-            and not any(fnmatch.fnmatch(o, p) for p in value.exclude)
-        ]
     else:
         return [value]
     if not values:

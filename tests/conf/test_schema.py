@@ -166,6 +166,7 @@ def test_wrong_types_and_unknown_keys_are_one_line_naming_the_key(command, args,
         ("predict", ["question='What is 1,000?'", "table=x.csv", "ckpt_path=y"]),
         ("report", ["outputs", "plots=false", "tasks=[train,pretrain]"]),
         ("train", ["dataset/split=files"]),
+        ("train", ["-m", "run_name='a b',c", 'experiment_name="it\'s",x']),  # quoted sweep items are strings
     ],
 )
 def test_valid_command_lines_pass(command, args):
