@@ -1,18 +1,5 @@
-"""Predictions of the table tasks written in each dataset's upstream answer format.
-
-- WikiTQ: ``predictions.tsv``, one line per question: ``id<TAB>answer<TAB>answer...``
-  (the input of the official ``evaluator.py``, which reads predictions unescaped: tabs and
-  line breaks inside an answer become spaces, :func:`mate_cli.metrics.wtq.prediction_field`,
-  the form the in-run denotation accuracy scores too); the official score is
-  ``python2 evaluator.py -t <root>/tagged/data predictions.tsv``, for the questions of
-  the tagged files;
-- SQA: ``predictions.tsv`` with a header ``id annotator position answer_coordinates``,
-  coordinates as the release writes them (``['(0, 4)', ...]``), the input of its ``eval.py``;
-- TabFact: ``predictions.json``, ``{table_id: [verdict per statement, in file order]}``
-  (1 entailed, 0 refuted), the shape of ``*_examples.json``'s label lists.
-
-Files are written atomically into the run dir; :mod:`mate_cli.tasks` names the writer of each task.
-"""
+"""Table-task predictions in each dataset's upstream answer format, written atomically into the run dir
+(:mod:`mate_cli.tasks` names each task's writer)."""
 
 from __future__ import annotations
 
@@ -23,13 +10,16 @@ from mate_cli.metrics.wtq import prediction_field
 
 
 def write_wtq(rows: list[dict], directory: Path) -> Path:
-    """``predictions.tsv`` of WikiTQ's official evaluator."""
+    """``predictions.tsv``, ``id<TAB>answer<TAB>answer...`` per question (answers as
+    :func:`~mate_cli.metrics.wtq.prediction_field` writes them); the official score is
+    ``python2 evaluator.py -t <root>/tagged/data predictions.tsv``, over the tagged files' questions."""
     lines = ["\t".join([row["question_id"], *(prediction_field(a) for a in row["answer"])]) for row in rows]
     return atomic_write_text(directory / "predictions.tsv", "".join(f"{line}\n" for line in lines))
 
 
 def write_sqa(rows: list[dict], directory: Path) -> Path:
-    """``predictions.tsv`` of SQA's ``eval.py``."""
+    """``predictions.tsv`` of SQA's ``eval.py``: header ``id annotator position answer_coordinates``,
+    coordinates as the release writes them (``['(0, 4)', ...]``)."""
     lines = ["id\tannotator\tposition\tanswer_coordinates"]
     for row in rows:
         wtq_id, annotator, position = row["question_id"].rsplit("/", 2)
@@ -39,7 +29,8 @@ def write_sqa(rows: list[dict], directory: Path) -> Path:
 
 
 def write_tabfact(rows: list[dict], directory: Path) -> Path:
-    """``predictions.json`` in the shape of TabFact's label lists."""
+    """``predictions.json``, ``{table_id: [verdict per statement, in file order]}`` (1 entailed, 0 refuted):
+    the shape of ``*_examples.json``'s label lists."""
     by_table: dict[str, dict[int, int]] = {}
     for row in rows:
         table_id, index = row["question_id"].rsplit("#", 1)

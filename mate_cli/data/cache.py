@@ -3,9 +3,8 @@
 A key (``cache_key`` in :mod:`mate_cli.data.datamodule` and :mod:`mate_cli.data.pretraining`) covers every setting that
 changes the encoded examples, the input files (:func:`fingerprint`) and the code that encodes them
 (:func:`code_digest`), so neither an edited table nor an updated mate_cli is served stale examples; any edit of that
-code, a comment too, rebuilds the cache once. An entry is written into a temp folder beside it and renamed in one step
-(a copy another run finished first is kept); this host's temp folders whose writer is gone are removed on the next use.
-An entry that does not load is named in one warning, removed and rebuilt.
+code, a comment too, rebuilds the cache once. Entries are written by :func:`save_atomically`; temp folders of this
+host's gone writers are removed on the next use. An entry that does not load is named in one warning and rebuilt.
 """
 
 from __future__ import annotations

@@ -253,8 +253,8 @@ class Corpus:
                 yield example
 
     def kept_tables(self) -> tuple[dict[str, set[str]], set[str]]:
-        """``tables="train"``: per source the table ids of its training questions, and the content
-        keys of every table on a validation or test side of any source (computed once)."""
+        """``tables="train"``: per source its training tables' ids, and the held-out content keys (module
+        docstring; computed once)."""
         if self._kept is None:
             train: dict[str, set[str]] = {}
             held_out: set[str] = set()
@@ -291,5 +291,4 @@ def read_corpus(
     tables: str = "all",
     splits: Mapping[str, Mapping] | None = None,
 ) -> list[TableText]:
-    """Every example of ``sources`` (see :class:`Corpus`)."""
     return list(Corpus(sources, hybridqa_passages, tables, splits).examples())

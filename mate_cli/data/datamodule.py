@@ -1,6 +1,5 @@
 """The datamodules' shared base (:class:`SplitDataModule`: read -> encode -> Arrow cache -> collate) and
-HybridQA's cell-selection datamodule (:class:`HybridQADataModule`); docs/architecture.md, "Data flow".
-"""
+HybridQA's cell-selection datamodule (:class:`HybridQADataModule`)."""
 
 from __future__ import annotations
 
@@ -34,9 +33,19 @@ log = logging.getLogger(__name__)
 
 class SplitDataModule(L.LightningDataModule):
     """What every datamodule shares: the split, the Arrow cache, the loaders. A subclass implements :meth:`encode`
-    and :meth:`collator` and may override the hooks; its arguments are keywords (see :class:`HybridQADataModule`)."""
+    and :meth:`collator` and may override the hooks.
 
-    #: prefix of cache entries and log lines (``""`` stage 1, ``"reader"`` stage 2)
+    Args (keywords only; ``eval_file``: :meth:`questions`):
+        pretrained: the checkpoint whose vocabulary tokenizes.
+        max_length: word pieces per example, specials included.
+        num_proc, num_workers: preprocessing processes (1: in process) and loader workers, or ``auto``
+            (:func:`~mate_cli.data.preprocess.worker_counts`).
+        limit_questions: the first N of each split.
+        shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`).
+        same_order_every_epoch: epoch 0's order every epoch (``debug=overfit``'s one fixed batch).
+    """
+
+    #: prefix of cache entries and log lines (``""``: HybridQA stage 1; ``"span"``, ``"graph"``, a task's name)
     kind = ""
     #: Lightning stage -> the splits ``setup`` prepares
     STAGES = {
@@ -117,7 +126,6 @@ class SplitDataModule(L.LightningDataModule):
         return {"examples": len(ds)}
 
     def cache_key(self, split: str) -> str:
-        """Hash of everything that changes the encoded examples of ``split``."""
         payload = {
             "kind": self.kind,
             "code": code_digest(),
@@ -144,8 +152,7 @@ class SplitDataModule(L.LightningDataModule):
         return ds
 
     def _map(self, questions: list[Question], function, split: str):
-        """``function`` over the question records in ``num_proc`` processes, with progress lines
-        (:func:`~mate_cli.data.preprocess.encode_records`)."""
+        """``function`` over the question records (:func:`~mate_cli.data.preprocess.encode_records`)."""
         what = " ".join(filter(None, (self.kind, split)))
         return encode_records(function, [asdict(q) for q in questions], self.num_proc, what)
 
@@ -205,14 +212,7 @@ class HybridQADataModule(SplitDataModule):
     Args:
         expansion: :func:`~mate_cli.data.expand.expand_table` options (k, scope, method).
         drop_ambiguous: drop training questions with more than one candidate cell (paper ablation).
-        common: the :class:`SplitDataModule` keywords: ``root`` (holding ``released_data/`` and
-            ``WikiTables-WithLinks/``); ``pretrained`` (whose vocabulary tokenizes); ``max_length`` (query and expanded
-            table, paper: 2048); ``max_question_tokens`` (the question is cut to it first); ``split`` (``SplitSettings``
-            or its dict); ``batch_size``, ``eval_batch_size``; ``num_proc`` (preprocessing processes, 1: in process) and
-            ``num_workers`` (loader workers), ``auto`` for either: :func:`~mate_cli.data.preprocess.worker_counts`;
-            ``cache_dir``; ``limit_questions`` (the first N of each split); ``shuffle_seed`` (the training order);
-            ``eval_file`` (an upstream question file evaluated whole); ``same_order_every_epoch`` (epoch 0's order every
-            epoch: ``debug=overfit``'s one fixed batch).
+        common: :class:`SplitDataModule`'s keywords; ``max_length`` covers query and expanded table (paper: 2048).
     """
 
     #: the settings that size an example, named in errors
@@ -301,7 +301,6 @@ class _ExampleEncoder:
 
 
 def split_stats(ds) -> dict:
-    """Counts a run log needs: questions, truncation, candidates lost."""
     n = len(ds)
     if n == 0:
         return {"questions": 0}
@@ -325,8 +324,6 @@ def split_stats(ds) -> dict:
 
 
 class Collator:
-    """Pads encoded examples into a :class:`~mate_cli.data.schema.Batch`."""
-
     def __init__(self, pad_id: int = 0) -> None:
         self.pad_id = pad_id
 

@@ -1,8 +1,8 @@
 """PointR cell expansion (MATE paper §4.1, Fig. 3): append linked-passage sentences to data cells.
 
-:func:`expand_table` returns the text of every data cell (the header is never expanded), which
-:class:`mate_cli.data.tokenize.TableTokenizer` takes as ``cell_texts``: ``"<cell text> ( <s1> <s2> ... )"`` with the
-chosen sentences in rank order, or the text unchanged when none is chosen.
+:func:`expand_table` returns the text of every data cell (the header is never expanded) for
+:class:`~mate_cli.data.tokenize.TableTokenizer`'s ``cell_texts``, the chosen sentences in rank order
+(:func:`format_expanded`).
 
 ``method="tfidf"``: one scikit-learn ``TfidfVectorizer`` is fitted per (question, table) on the sentences of every
 passage linked from the table's data cells plus the question, so IDF measures how distinctive a word is within this
@@ -133,7 +133,6 @@ def tfidf_scores(query: str, sentences: list[str]) -> np.ndarray:
 
 
 def _rank(candidates: list[int], scores: np.ndarray, k: int) -> list[int]:
-    """The ``k`` best unit indices: by score descending, then index ascending."""
     return sorted(candidates, key=lambda i: (-scores[i], i))[:k]
 
 
@@ -161,7 +160,7 @@ def expand_table(
     scope: str = "table",
     method: str = "tfidf",
 ) -> list[list[str]]:
-    """Expanded data-cell texts, ``[num_rows][num_columns]`` (header unchanged, not returned)."""
+    """Expanded data-cell texts, ``[num_rows][num_columns]``."""
     _check_args(k, scope, method)
     query = question.question if isinstance(question, Question) else str(question)
     links = linked_passages(table, passages)
@@ -186,7 +185,6 @@ def expand_table(
 
 
 def _cell_units(links: list[str], owner: dict[str, list[int]]) -> list[int]:
-    """Sentence-unit indices of a cell's linked passages (each passage once)."""
     ids: list[int] = []
     for link in dict.fromkeys(links):
         ids.extend(owner.get(link, ()))

@@ -1,9 +1,10 @@
 """HybridQA as Transformer-XH graphs (Zhao et al. 2020): per question, a graph of sequences whose hubs are their
 [CLS] tokens (position 0).
 
-- A **row node** per data row: ``[CLS] question [SEP] header row`` (:class:`~mate_cli.data.tokenize.TableTokenizer`
-  with ``rows=[r]``, so its row, column and numeric ids are the whole table's). Cell ids run across the question's
-  row nodes, so the cell head pools every node into one softmax over the table's cells, as PointR stage 1 does.
+- A **row node** per data row ``r``: ``[CLS] question [SEP] header row, row r``, by
+  :class:`~mate_cli.data.tokenize.TableTokenizer` with ``rows=[r]`` (row, column and numeric ids are the whole table's).
+  Cell ids run across the question's row nodes, so the cell head pools every node into one softmax over the table's
+  cells, as PointR stage 1 does.
 - A **passage node** per passage linked from the kept rows, in order of first link (row-major):
   ``[CLS] question [SEP] passage``; when more are linked than nodes are left, those closest to the question are
   kept (:func:`closest_passages`).
@@ -11,8 +12,8 @@
   builds a block-diagonal adjacency, so no hop crosses questions.
 
 Rows come first, up to ``dataset.max_nodes`` and TAPAS's row-id limit (trailing rows are left out and counted).
-``dataset.node_length`` is the tokens per node; ``dataset.max_length`` is not used, so a profile that sets it
-(``profile=paper``'s 2048) leaves the graph as it is. Row nodes hold the cells' own text unless
+``dataset.node_length`` is the tokens per node, specials included; ``dataset.max_length`` is not used, so a profile
+that sets it (``profile=paper``'s 2048) leaves the graph as it is. Row nodes hold the cells' own text unless
 ``dataset.expansion.k > 0``.
 """
 
@@ -40,9 +41,8 @@ def encode_graph(
     expansion: Mapping,
     max_nodes: int = 64,
 ) -> dict:
-    """One question's graph as a plain dict (the module docstring): per node its
-    ``node_input_ids`` and ``node_layouts``; ``edges`` as ``[tau, eta]`` pairs; the question's
-    ``cell_coords`` and ``candidates`` (cell ids, as :func:`~mate_cli.data.datamodule.encode_question`)."""
+    """One question's graph as a plain dict: per node its ``node_input_ids`` and ``node_layouts``; ``edges`` as
+    ``[tau, eta]`` pairs; the question's ``cell_coords`` and ``candidates`` (cell ids)."""
     num_rows = min(table.num_rows, tokenizer.max_row_id - 1, max_nodes)
     cell_texts = expand_table(question, table, passages, **expansion)
     rows = [tokenizer.encode(question, table, cell_texts=cell_texts, rows=[r]) for r in range(num_rows)]
@@ -160,9 +160,7 @@ class GraphCollator:
 
 
 class HybridQAGraphDataModule(HybridQADataModule):
-    """HybridQA cell selection over Transformer-XH graphs (module docstring) with ``node_length`` tokens per node,
-    specials included, and ``max_nodes`` nodes per question; ``expansion`` applies inside the row nodes (``k: 0``:
-    none), and ``max_length`` of :class:`~mate_cli.data.datamodule.HybridQADataModule`'s keywords is ignored."""
+    """HybridQA cell selection over Transformer-XH graphs (module docstring)."""
 
     kind = "graph"
     length_keys = "dataset.node_length and dataset.max_nodes"

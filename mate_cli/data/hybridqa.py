@@ -29,7 +29,7 @@ _ROOT_HINT = "set dataset.root=<folder holding released_data/ and WikiTables-Wit
 
 
 class _LRU:
-    """A tiny least-recently-used cache keyed by string."""
+    """Least-recently-used, at most ``size`` entries (0: nothing kept)."""
 
     def __init__(self, size: int):
         self.size = max(0, int(size))
@@ -72,7 +72,7 @@ def no_questions(path: Path, skipped: Counter) -> str:
 
 
 class HybridQAReader:
-    """One HybridQA root's questions, tables and passages; it caches ``cache_size`` parsed tables and passage maps."""
+    """One HybridQA root; ``cache_size`` parsed tables and passage maps are cached."""
 
     def __init__(self, root: str | Path, cache_size: int = 64):
         self.root = Path(root).expanduser()
@@ -107,7 +107,6 @@ class HybridQAReader:
         return sorted(names, key=lambda s: (_SPLIT_ORDER.get(s, 99), s))
 
     def question_file(self, split: str) -> Path:
-        """``{split}.traced.json`` when present, else ``{split}.json``."""
         folder = self.root / QUESTIONS_DIR
         for name in (f"{split}.traced.json", f"{split}.json"):
             if (folder / name).is_file():
@@ -162,7 +161,6 @@ class HybridQAReader:
         return self.root / TABLES_DIR / f"{table_id}.json"
 
     def table(self, table_id: str) -> Table:
-        """The parsed table (cached, LRU)."""
         return self._tables.get(table_id, lambda: self._read_table(table_id))
 
     def _read_table(self, table_id: str) -> Table:
@@ -207,7 +205,6 @@ def read_table_file(path: str | Path) -> Table:
 
 
 def read_passages_file(path: str | Path) -> dict[str, str]:
-    """A ``request_tok``-format JSON file -> ``{"/wiki/...": text}``."""
     path = given_file(path, "the request_tok/<id>.json of the table, or passages=null", "passages")
     return parse_passages(_load_json(path, "passages file"), path)
 
@@ -219,7 +216,6 @@ def _check(ok: bool, where: str, problem: str) -> None:
 
 
 def parse_question(record: Any, path: Path | str, index: int) -> Question:
-    """One question record -> :class:`Question` (raises MateError naming file and id)."""
     qid = record.get("question_id") if isinstance(record, dict) else None
     where = f"{path}: question {qid!r}" if isinstance(qid, str) else f"{path}: record #{index}"
     fix = "fix or remove that record"
@@ -258,7 +254,6 @@ def _parse_cell(raw: Any, where: str) -> Cell:
 
 
 def parse_table(data: Any, table_id: str, path: Path | str) -> Table:
-    """A ``tables_tok`` JSON object -> :class:`Table` (raises MateError naming file and id)."""
     where = f"{path}: table {table_id!r}"
     _check(isinstance(data, dict), where, "expected a JSON object; repair the table file")
     for key in ("header", "data"):
@@ -276,7 +271,6 @@ def parse_table(data: Any, table_id: str, path: Path | str) -> Table:
 
 
 def parse_passages(data: Any, path: Path | str) -> dict[str, str]:
-    """A ``request_tok`` JSON object -> ``{"/wiki/...": text}`` (raises MateError naming the file)."""
     ok = isinstance(data, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in data.items())
     _check(
         ok,

@@ -1,14 +1,7 @@
 """Whole-word masking for masked-LM pre-training (BERT; TAPAS pre-trains tables this way, MATE App. A.1).
 
-Owns :func:`word_spans` (word pieces grouped into words: a piece starting with ``##``
-continues the word before it; special tokens are never part of a word) and
-:func:`mask_words` (pick ``rate`` of the words, at most ``max_predictions`` pieces in all;
-each picked piece becomes ``[MASK]`` with probability 0.8, a random vocabulary id with
-0.1, and stays itself with 0.1: the 80/10/10 draw is per piece, as BERT's whole-word
-masking does it). Text and table tokens are masked alike; the layout is untouched.
-
-Randomness comes only from the ``random.Random`` passed in, so a caller that seeds it from
-(seed, epoch, example) masks every example the same way on every run and after a resume.
+Text and table tokens are masked alike; the layout is untouched. Randomness comes only from the
+``random.Random`` passed in (seeding: :class:`~mate_cli.data.pretraining.MaskedTables`).
 """
 
 from __future__ import annotations
@@ -30,7 +23,8 @@ def continuation_table(tokenizer) -> list[bool]:
 
 
 def word_spans(input_ids: Sequence[int], continues: Sequence[bool], special_ids: set[int]) -> list[list[int]]:
-    """Positions grouped by word, in order; special tokens ([CLS], [SEP], [PAD], ...) are left out."""
+    """Positions grouped by word, in order: a piece starting with ``##`` continues the word before it; special
+    tokens ([CLS], [SEP], [PAD], ...) are left out."""
     words: list[list[int]] = []
     for position, token in enumerate(input_ids):
         if token in special_ids:
@@ -54,7 +48,9 @@ def mask_words(
     """``(masked ids, labels)``: labels hold the original id at predicted positions, ``IGNORE`` elsewhere.
 
     ``max(1, round(rate * words))`` words are picked at random (fewer if that would pass
-    ``max_predictions`` pieces; a word longer than the room left is skipped).
+    ``max_predictions`` pieces; a word longer than the room left is skipped). Each picked piece
+    becomes ``mask_id`` with probability 0.8, a random vocabulary id with 0.1, and stays itself
+    with 0.1: the 80/10/10 draw is per piece, as BERT's whole-word masking does it.
     """
     masked, labels = list(input_ids), [IGNORE] * len(input_ids)
     if not words:

@@ -1,13 +1,4 @@
-"""Answer normalisation, in one place.
-
-- :func:`normalize_answer`: the official HybridQA evaluation's (SQuAD's): lower-case,
-  drop every ``string.punctuation`` character, replace the whole-word articles
-  ``a``/``an``/``the`` by a space, collapse whitespace. Used by the metrics and to find
-  which cells hold an answer.
-- :func:`answer_words`: the deliberate variant for locating an answer *inside* a text
-  (the reader's gold span): punctuation acts as a word break instead of vanishing, so
-  ``Ferrari`` is found in ``Ferrari's``, and each word keeps its character span.
-"""
+"""Answer normalisation: HybridQA's official one, and a word-break variant for finding an answer inside a text."""
 
 from __future__ import annotations
 
@@ -21,7 +12,8 @@ _WORD = re.compile(rf"[^\s{re.escape(string.punctuation)}]+")
 
 
 def normalize_answer(text: str) -> str:
-    """Lower-case, strip punctuation, remove articles, collapse whitespace (in that order)."""
+    """The official HybridQA evaluation's (SQuAD's), also used to find answer cells: lower-case, drop every
+    ``string.punctuation`` character, whole-word articles ``a``/``an``/``the`` -> a space, collapse whitespace."""
     text = "".join(ch for ch in str(text).lower() if ch not in _PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
@@ -32,7 +24,8 @@ def contains_answer(text: str, normalized_answer: str) -> bool:
 
 
 def answer_words(text: str) -> list[tuple[str, int, int]]:
-    """``(lower-cased word, char start, char end)``; punctuation breaks words, articles dropped."""
+    """``(lower-cased word, char start, char end)``, articles dropped; punctuation breaks words instead of vanishing,
+    so ``Ferrari`` is found in ``Ferrari's`` (PointR's gold span, :mod:`mate_cli.data.span`)."""
     out = []
     for match in _WORD.finditer(text):
         word = match.group().lower()

@@ -188,7 +188,7 @@ def parse_date(text: str) -> Date | None:
 
 @lru_cache(maxsize=1 << 16)
 def parse_values(text: str) -> tuple[ValueSpan, ...]:
-    """The value spans of ``text`` (normalised first), in text order (see the module docstring)."""
+    """The value spans of ``text`` (normalised first), in text order (module docstring)."""
     text = normalize_text(text)
     found: dict[tuple[int, int], list[Value]] = {}
     for match in _NUMBER_RE.finditer(text):
@@ -221,7 +221,6 @@ def _index(words: tuple[str, ...], word: str) -> float | None:
 
 
 def text_values(text: str) -> list[Value]:
-    """Every value of every span of ``text``, in order."""
     return [value for span in parse_values(text) for value in span.values]
 
 
@@ -261,7 +260,6 @@ def sort_key(values: Sequence[Value]) -> Callable[[Value], float | tuple] | None
 
 
 def _dense_ranks(keys: dict[int, object]) -> dict[int, tuple[int, int]]:
-    """``{row: key}`` -> ``{row: (rank, inverse rank)}``, dense, ascending from 1."""
     order = {key: r + 1 for r, key in enumerate(sorted(set(keys.values())))}
     return {row: (order[key], len(order) - order[key] + 1) for row, key in keys.items()}
 

@@ -115,8 +115,6 @@ def _call(record: dict):
 
 
 class _Progress:
-    """The log lines of one preprocessing pass."""
-
     def __init__(self, total: int, what: str, processes: int, every_s: float) -> None:
         self.total, self.what, self.processes, self.every_s = total, what, processes, every_s
         self.count, self.start = 0, time.perf_counter()

@@ -2,8 +2,8 @@
 
 The held-out split is by table content (:func:`~mate_cli.data.split.split_by_table` on :func:`table_key`): SQA's
 tables are WikiTableQuestions tables under other names, and a table read from two sources must be on one side.
-Each example is ``[CLS] text [SEP] table`` as :class:`TableTokenizer` lays out a question and a table (TAPAS and
-MATE pre-train at 128 tokens); the unmasked encodings are cached.
+Each example is ``[CLS] text [SEP] table`` as :class:`TableTokenizer` lays out a question and a table; the unmasked
+encodings are cached.
 
 Masking (:mod:`mate_cli.data.masking`) happens when an example is served, seeded by ``(mask_seed, epoch, example)``:
 a training example is masked afresh each epoch (dynamic masking, as RoBERTa) and identically after a resume, as
@@ -49,14 +49,11 @@ class PretrainDataModule(L.LightningDataModule):
     """Tables and their text, masked for masked-LM pre-training (module docstring).
 
     Args:
-        sources: ``{kind: dataset root}``, and ``jsonl`` files (:class:`~mate_cli.data.corpus.Corpus`).
+        sources, hybridqa_passages, tables, splits: :class:`~mate_cli.data.corpus.Corpus`'s.
         pretrained: the checkpoint whose WordPiece vocabulary tokenizes.
-        max_length: word pieces per example, text and table together (paper: 128).
+        max_length: word pieces per example, text and table together (TAPAS and MATE pre-train at 128).
         max_text_tokens: the text is cut to this first, and to half of ``max_length`` at most.
-        tables, splits: ``all`` tables, or ``train``: the tasks' training tables only, split as ``splits`` says
-            (:mod:`mate_cli.data.corpus`).
         mask_rate, max_predictions: whole-word masking (15% of words, at most 20 pieces).
-        eval_masks: how many fixed maskings of each held-out example are scored.
         num_workers: loader processes; ``auto``: :func:`~mate_cli.data.preprocess.worker_counts`.
         same_order_every_epoch: every epoch repeats epoch 0's order and masks (``debug=overfit``).
     """
@@ -136,7 +133,6 @@ class PretrainDataModule(L.LightningDataModule):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def split_corpus(self) -> dict[str, list[TableText]]:
-        """The corpus cut by table content into ``train`` and ``validation``."""
         train, held_out = split_by_table(
             list(self.corpus.examples()),
             self.val_fraction,
@@ -246,7 +242,6 @@ class PretrainDataModule(L.LightningDataModule):
 
 
 def split_stats(ds: datasets.Dataset) -> dict:
-    """Counts a run log needs: examples, distinct tables, word pieces, tables cut to fit."""
     if len(ds) == 0:
         return {"examples": 0}
     return {
@@ -286,8 +281,6 @@ class MaskedTables(Dataset):
 
 
 class MaskedCollator:
-    """Pads masked examples into a :class:`~mate_cli.data.schema.MaskedBatch`."""
-
     def __init__(self, pad_id: int = 0) -> None:
         self.pad_id = pad_id
 

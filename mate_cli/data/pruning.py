@@ -30,7 +30,6 @@ class Selection:
 
     @property
     def tokens(self) -> int:
-        """Kept word pieces in all (header + data rows)."""
         return sum(self.header) + sum(sum(row) for row in self.rows)
 
 
@@ -83,7 +82,7 @@ def column_scores(
     row_tokens: Sequence[Sequence[Sequence[Hashable]]],
 ) -> list[int]:
     """Per column: how many DISTINCT question tokens occur anywhere in it (header or cells),
-    compared by equality (the tokenizer passes word-piece ids)."""
+    compared by equality (the tokenizer passes word-piece ids, pure-punctuation question pieces left out)."""
     wanted = set(question_tokens)
     scores = []
     for c, head in enumerate(header_tokens):
@@ -105,9 +104,8 @@ def heuristic_exact_match(
     The first column that does not fit and every lower-ranked one are removed, so every kept column
     ranks above every removed one; kept columns keep their original order. When not even the best
     column fits, only it is kept, cut by CC inside it (header cell first, then its data cells top to
-    bottom), so no row is ever removed. ``question_tokens``: the tokenizer passes the question's
-    word-piece ids without pure-punctuation pieces; ``header_tokens`` is ``[num_columns]``,
-    ``row_tokens`` ``[num_rows][num_columns]``; a negative ``budget`` counts as 0.
+    bottom), so no row is ever removed. ``header_tokens`` is ``[num_columns]``, ``row_tokens``
+    ``[num_rows][num_columns]``; a negative ``budget`` counts as 0.
     """
     budget = max(int(budget), 0)
     num_cols = len(header_tokens)

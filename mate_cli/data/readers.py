@@ -85,7 +85,6 @@ def columns(header: Sequence[str], path: Path, required: Sequence[str], optional
 
 
 def fields(values: Sequence[str], width: int, path: Path, where: str) -> Sequence[str]:
-    """The values of one record, checked against the header width."""
     if len(values) != width:
         raise MateError(
             f"{path}: {where} has {len(values)} tab-separated fields, the header has {width}; fix or remove that line"
@@ -211,7 +210,6 @@ class TableQAReader:
 
     # ------------------------------------------------------------- tables
     def table(self, table_id: str) -> Table:
-        """The parsed table (cached, LRU)."""
         return self._tables.get(table_id, lambda: self._read_table(table_id))
 
     def table_file(self, table_id: str) -> Path:

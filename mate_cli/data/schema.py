@@ -20,7 +20,8 @@ class Cell:
 
 @dataclass
 class Table:
-    """A WikiTables-WithLinks table. ``rows`` are the data rows (header excluded)."""
+    """A table of any dataset; ``rows`` are the data rows (header excluded). ``title``, ``section_title``, ``intro``:
+    HybridQA's page text (TabFact's caption is its ``title``)."""
 
     table_id: str
     header: list[Cell]
@@ -52,12 +53,11 @@ class AnswerNode:
 class Question:
     """One question (or TabFact statement) about one table.
 
-    HybridQA fills ``answer_text`` / ``answer_nodes``. Table tasks: ``answers`` are the gold texts,
-    unescaped (WikiTQ's ``targetValue`` split on ``|``; SQA's ``answer_text``); ``canonical_answers``
-    their ``targetCanon`` (WikiTQ; empty: unknown, see :mod:`mate_cli.metrics.wtq`);
-    ``answer_coordinates`` the gold cells (SQA; ``[data row, column]``, 0-based); ``label`` TabFact's
-    verdict (1 entailed, 0 refuted); ``sequence_id`` SQA's ``<id>/<annotator>`` and ``position`` the
-    0-based place in it; ``channel`` TabFact's ``simple`` / ``complex`` when the id lists are present.
+    HybridQA fills ``answer_text`` / ``answer_nodes``; the table tasks (sources: their readers' modules)
+    fill ``answers``, the gold texts, unescaped; ``canonical_answers`` WikiTQ's (empty: unknown);
+    ``answer_coordinates`` SQA's gold cells, ``[data row, column]``, 0-based; ``label`` TabFact's verdict
+    (1 entailed, 0 refuted); ``sequence_id`` / ``position`` SQA's sequence and 0-based place in it;
+    ``channel`` TabFact's ``simple`` / ``complex`` (None: unknown).
     """
 
     question_id: str
@@ -125,7 +125,6 @@ class Batch:
     table_ids: list[str]
 
     def to(self, device) -> "Batch":
-        """The same batch with every tensor (and the layout) on ``device``."""
         return moved_to(self, device)
 
     def select(self, index: list[int]) -> "Batch":
@@ -182,7 +181,7 @@ class MaskedBatch:
     layout: TableLayout
     sources: list[str]
 
-    to = Batch.to  # the same generic field-wise move and length as Batch
+    to = Batch.to
     __len__ = Batch.__len__
 
 

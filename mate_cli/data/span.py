@@ -1,4 +1,4 @@
-"""PointR stage 2 data (MATE paper §4.2): one expanded cell and the question -> the span reader's input.
+"""PointR stage 2 data (MATE paper §4.2): one expanded cell and the question -> the span model's input.
 
 Input: ``[CLS] question [SEP] cell text ( all sentences of every linked passage ) [SEP]``: the cell's text, then
 every sentence of each passage it links to (link order, each passage once), formatted as the stage-1 expansion
@@ -6,13 +6,12 @@ every sentence of each passage it links to (link order, each passage once), form
 is left of ``max_length`` (paper: the first 512).
 
 Gold span: the **first** occurrence of the answer in the context, matched on
-:func:`~mate_cli.data.normalize.answer_words` (punctuation breaks words, so ``Ferrari`` is found in ``Ferrari's``)
-and mapped to word pieces through the tokenizer's offsets. Examples whose answer is not in the kept window are
-counted; they are skipped for training and kept for evaluation.
+:func:`~mate_cli.data.normalize.answer_words` and mapped to word pieces through the tokenizer's offsets. Examples
+whose answer is not in the kept window are counted; they are skipped for training and kept for evaluation.
 
 Cells: training takes ``all`` gold cells (:func:`~mate_cli.data.tokenize.candidate_cells`), one example each, or
-the ``first`` (``train_cells``); validation one per question, the first (row-major) whose context contains the
-answer, else the first. The split is stage 1's (``dataset.split``), so no table is on both sides in either stage.
+the ``first`` (``train_cells``); validation and test one per question, the first (row-major) whose context contains
+the answer, else the first. The split is stage 1's (``dataset.split``), so no table is on both sides in either stage.
 """
 
 from __future__ import annotations
@@ -99,7 +98,6 @@ def encode_span_example(
     max_question_tokens: int = 64,
     missing_passages: int = 0,
 ) -> SpanExample:
-    """Tokenize ``[CLS] question [SEP] context [SEP]`` and locate the gold span."""
     if max_length < 4:
         raise MateError(f"dataset.max_length={max_length} leaves no room for the context; use >= 4 (paper: 512)")
     q_ids = tokenizer(question.question, add_special_tokens=False, verbose=False)["input_ids"][:max_question_tokens]
@@ -160,9 +158,9 @@ def span_text(context: str, offsets: list[list[int]], start: int, end: int) -> s
 # ------------------------------------------------------------------ batching
 @dataclass
 class SpanBatch:
-    """A collated reader batch: ``input_ids`` and the ``context_mask``/``start_ok``/``end_ok`` masks ``[batch, seq]``,
+    """``input_ids`` and the ``context_mask``/``start_ok``/``end_ok`` masks ``[batch, seq]``,
     ``gold_start``/``gold_end`` ``[batch]`` (-1: none), per-example lists. The layout holds segment ids only (0 query,
-    1 context): the reader sees no table structure."""
+    1 context): the span model sees no table structure."""
 
     input_ids: torch.Tensor
     layout: TableLayout
@@ -201,8 +199,6 @@ class SpanBatch:
 
 
 class SpanCollator:
-    """Pads :class:`SpanExample` dicts into a :class:`SpanBatch`."""
-
     def __init__(self, pad_id: int = 0) -> None:
         self.pad_id = pad_id
 
@@ -231,8 +227,6 @@ class SpanCollator:
 
 # ------------------------------------------------------------------ datamodule
 class _SpanEncoder:
-    """Picklable one-record function: a question record -> its reader examples (a list of dicts)."""
-
     def __init__(self, root: str, pretrained: str, max_length: int, max_question_tokens: int, cells: str):
         self.args = (root, pretrained, max_length, max_question_tokens, cells)
         self._state = None
@@ -283,7 +277,6 @@ def _placeholder(question: Question) -> SpanExample:
 
 
 def span_stats(ds, max_span_length: int | None = None) -> dict:
-    """Counts for the run log: questions, examples, answers found / kept, long gold spans."""
     rows = ds.select_columns(
         [
             "question_id",
@@ -313,12 +306,8 @@ def span_stats(ds, max_span_length: int | None = None) -> dict:
 
 
 class SpanDataModule(SplitDataModule):
-    """HybridQA reader data: gold cells -> reader examples -> Arrow cache -> :class:`SpanBatch`.
-
-    ``max_span_length`` is only for the stats (gold spans longer than the head's band); ``train_cells``: ``all`` or
-    ``first``. The other keywords are :class:`~mate_cli.data.datamodule.SplitDataModule`'s, ``max_length`` being the
-    question and context budget in word pieces (paper: 512).
-    """
+    """PointR stage-2 data (module docstring). ``max_span_length`` is only for the stats (gold spans longer than the
+    head's band); the other keywords are :class:`~mate_cli.data.datamodule.SplitDataModule`'s."""
 
     kind = "span"
 
@@ -375,7 +364,7 @@ def build_span_input(
     max_length: int = 512,
     max_question_tokens: int = 64,
 ) -> SpanExample:
-    """The stage-2 input for ``coord`` of ``table`` (what PointR feeds the reader at inference)."""
+    """The stage-2 input for ``coord`` of ``table`` (PointR's inference)."""
     r, c = coord
     context, missing = cell_context(table.rows[r][c], passages)
     return encode_span_example(tokenizer, question, (r, c), context, max_length, max_question_tokens, missing)

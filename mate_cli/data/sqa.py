@@ -103,7 +103,6 @@ def _question(values, col: dict[str, int], path: Path, where: str) -> Question:
 
 
 def _literal_list(text: str, path: Path, where: str) -> list:
-    """A Python-literal list column (``"['(0, 4)', ...]"``); an empty field is ``[]``."""
     if not text.strip():
         return []
     try:
@@ -134,7 +133,6 @@ def _coordinate(raw: Any, path: Path, where: str) -> list[int]:
 
 
 def parse_table_file(path: Path, table_id: str) -> Table:
-    """An SQA ``table_csv/*.csv`` table (standard CSV, first row = header)."""
     try:
         cells = list(csv.reader(io.StringIO(read_text(path, "table file"), newline="")))
     except csv.Error as err:

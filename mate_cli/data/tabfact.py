@@ -98,7 +98,6 @@ class TabFactReader(TableQAReader):
 
 
 def _entry(value: Any, path: Path, table_id: str) -> tuple[list, list, str]:
-    """One ``[statements, labels, caption]`` value, checked."""
     ok = isinstance(value, list) and len(value) in (2, 3)
     ok = ok and isinstance(value[0], list) and isinstance(value[1], list) and len(value[0]) == len(value[1])
     ok = ok and (len(value) == 2 or isinstance(value[2], str))
@@ -122,7 +121,6 @@ def _id_list(data: Any, path: Path) -> list[str]:
 
 
 def parse_table_file(path: Path, table_id: str) -> Table:
-    """A ``#``-separated TabFact table (first line = header)."""
     lines = split_lines(read_text(path, "table file"))
     table = rows_to_table([line.split("#") for line in lines], table_id, path)
     if table.num_columns == 1 and ("," in table.header[0].text or "\t" in table.header[0].text):

@@ -12,8 +12,7 @@
 The split statistics say what the length cut (``pruning``: :mod:`mate_cli.data.pruning`) kept:
 ``answer_cells_kept`` is the share of the questions with answer cells whose every answer cell kept a token, and
 with ``long_table_tokens``, ``answer_cells_kept_long`` the same over the ``long_questions``, those whose whole input
-is longer (WikiTQ's scalar answers are not counted; DoT's own selection is measured in the model). SQA and WikiTQ
-training skips the examples that supervise nothing (no answer cell left and no scalar answer), counted in the log.
+is longer (WikiTQ's scalar answers are not counted; DoT's own selection is measured in the model).
 """
 
 from __future__ import annotations
@@ -69,7 +68,6 @@ def answer_matches(task: TableTask, question: Question, table: Table) -> list[li
 
 
 def answer_cells(task: TableTask, question: Question, table: Table) -> list[Coord]:
-    """Every cell that matches a gold answer item (:func:`answer_matches`), sorted."""
     return sorted({cell for hits in answer_matches(task, question, table) for cell in hits})
 
 
@@ -106,8 +104,6 @@ def answer_float(text: str) -> float:
 
 
 def scalar_answer(task: TableTask, question: Question) -> float:
-    """WikiTQ's ``float_answer`` (an aggregating task's): the answer when it is exactly one number
-    (:func:`answer_float`), else NaN."""
     if not task.aggregates or len(question.answers) != 1:
         return math.nan
     return answer_float(question.answers[0])
@@ -188,8 +184,6 @@ def table_tokenizer(tokenizer, settings: Mapping) -> TableTokenizer:
 
 
 class _TaskEncoder:
-    """Picklable one-record function: a question record -> its encoded example."""
-
     def __init__(
         self,
         task: TableTask,
@@ -227,15 +221,13 @@ class TableTaskDataModule(SplitDataModule):
 
     Args:
         task: a task's name (:mod:`mate_cli.tasks`).
-        pruning: ``none``, ``cc`` or ``hem``: how a table is cut to ``max_length``.
+        pruning, empty_cell_token, linearization: :mod:`mate_cli.data.tokenize` (SQA's sample has empty gold cells
+            in 2 of 68 questions: ``empty_cell_token`` makes them selectable).
         long_table_tokens: the long-table slice's threshold in the split statistics (null: no slice).
-        empty_cell_token: one token per empty cell, so that SQA's empty gold cells (2 of 68 sample questions) can be
-            selected (:mod:`mate_cli.data.tokenize`).
         ambiguous_answers: WikiTQ answer items found in several cells: ``first`` labels the first copy in row order
             (one cell per answer text, as TAPAS), ``all`` every copy, ``drop`` every copy and leaves the question out
             of training.
         drop_cut_answers: drop training questions with an answer item none of whose cells survived the length cut.
-        linearization: ``tapas`` or ``template`` (:mod:`mate_cli.data.tokenize`).
         common: :class:`~mate_cli.data.datamodule.SplitDataModule`'s keywords.
     """
 
@@ -304,8 +296,9 @@ class TableTaskDataModule(SplitDataModule):
         return task_split_stats(ds, self.long_table_tokens)
 
     def usable_rows(self, split: str, ds) -> list[int] | None:
-        """Training: the examples that supervise something, less those ``drop_cut_answers`` and
-        ``ambiguous_answers=drop`` exclude (counted in the split statistics). SQA evaluation: position by position."""
+        """Training: the examples that supervise something (an answer cell left, or a scalar answer), less those
+        ``drop_cut_answers`` and ``ambiguous_answers=drop`` exclude (counted in the split statistics). SQA evaluation:
+        position by position."""
         if split == "train" and self.task.selects_cells:
             floats, cells, cut = ds["float_answer"], ds["has_answer_cells"], ds["answers_cut"]
             ambiguous = ds["ambiguous_answer"] if self.ambiguous_answers == "drop" else [False] * len(ds)
@@ -349,8 +342,8 @@ class TableTaskDataModule(SplitDataModule):
 
 
 def task_split_stats(ds, long_table_tokens: int | None = None) -> dict:
-    """The split's statistics for the run log (module docstring): questions, what the length cut kept and, with
-    ``long_table_tokens``, what it kept of the long-table slice (the model's ``<stage>/accuracy_long`` questions)."""
+    """The split's statistics for the run log (module docstring); the long-table slice is the model's
+    ``<stage>/accuracy_long`` questions."""
     n = len(ds)
     if n == 0:
         return {"questions": 0}
@@ -381,8 +374,6 @@ def task_split_stats(ds, long_table_tokens: int | None = None) -> dict:
 
 
 class TaskCollator:
-    """Pads encoded table-task examples into a :class:`~mate_cli.data.schema.TaskBatch`."""
-
     def __init__(self, pad_id: int = 0) -> None:
         self.pad_id = pad_id
 

@@ -1,9 +1,8 @@
-"""Tokenization: a question and its table become word-piece ids and layout ids, exactly once.
+"""The one place a question and its table become word-piece ids and layout ids (docs/architecture.md).
 
-Owns :class:`TableTokenizer` and :func:`candidate_cells`. The sequence is ``[CLS] question [SEP]
-header row, data rows 1..R``, with the layout ids of :mod:`mate_cli.modeling.layout`, unpadded.
-Numeric ids (:mod:`mate_cli.data.numbers`) come from the original texts of the whole table (not
-the expanded texts, before any row is dropped). What was cut is counted on the
+The sequence is ``[CLS] question [SEP] header row, data rows 1..R``, unpadded. Numeric ids
+(:mod:`mate_cli.data.numbers`) come from the original texts of the whole table (not the expanded
+texts, before any row is dropped). What was cut is counted on the
 :class:`~mate_cli.data.schema.EncodedExample`.
 
 Empty cells: as with ``TapasTokenizer``, an empty cell has no token, hence no cell id, and
@@ -54,7 +53,7 @@ LINEARIZATIONS = ("tapas", "template")
 
 
 def check_linearization(linearization: str, pruning: str) -> None:
-    """One line when ``dataset.linearization`` is unknown or cannot go with ``dataset.pruning``."""
+    """MateError when ``dataset.linearization`` is unknown or cannot go with ``dataset.pruning``."""
     if linearization not in LINEARIZATIONS:
         raise MateError(f"dataset.linearization={linearization!r} is invalid; use one of {', '.join(LINEARIZATIONS)}")
     if linearization == "template" and pruning != "none":
@@ -64,7 +63,6 @@ def check_linearization(linearization: str, pruning: str) -> None:
         )
 
 
-# ============================================================ candidates
 def candidate_cells(question: Question, table: Table, passages: dict[str, str] | None = None) -> list[Coord]:
     """Cells (data row, column), 0-based and row-major, that hold or link to the answer.
 
@@ -99,7 +97,6 @@ def candidate_cells(question: Question, table: Table, passages: dict[str, str] |
     ]
 
 
-# ============================================================ length budget
 def fit_budget(
     header_lengths: Sequence[int], row_lengths: Sequence[Sequence[int]], budget: int, min_cell_tokens: int = 1
 ) -> tuple[int, int | None]:
@@ -121,7 +118,6 @@ def fit_budget(
     return kept, (cap if cap < max(lengths, default=0) else None)
 
 
-# ============================================================ tokenizer
 def _table_size(field: str) -> int:
     """TAPAS's embedding-table size of one token type (the default id limit)."""
     return TAPAS_TYPE_VOCAB_SIZES[TOKEN_TYPE_FIELDS.index(field)]
@@ -133,14 +129,10 @@ class TableTokenizer:
     Args:
         tokenizer: a ``transformers`` BERT WordPiece tokenizer (fast preferred).
         max_length: the longest sequence, specials included.
-        max_question_tokens: the question is cut to this many word pieces first.
         min_cell_tokens: rows are dropped rather than cap cells below this.
-        max_row_id, max_column_id, max_rank_id: ids stay below these (the embedding-table sizes).
-        pruning: ``none``, ``cc`` or ``hem`` (module docstring).
-        empty_cell_token: one token per empty cell, so it can be selected (module docstring).
+        pruning, empty_cell_token, linearization: the module docstring.
         length_key: the setting ``max_length`` comes from, named in errors (Transformer-XH's
             graphs: ``dataset.node_length``).
-        linearization: ``tapas`` or ``template`` (module docstring).
     """
 
     def __init__(
@@ -210,7 +202,7 @@ class TableTokenizer:
         """Tokenize one example; ``len(input_ids) <= max_length``.
 
         Args:
-            question: its ``question``, ``question_id`` and ``table_id`` are used.
+            question: its ``question`` and ``question_id`` are used.
             cell_texts: ``[num_rows][num_columns]`` data-cell texts replacing the table's (expansion).
             candidates: (data row, column) answer cells, e.g. :func:`candidate_cells`; None: none.
             prev_answer_coords: (data row, column) cells that answered the previous question of a
@@ -331,7 +323,7 @@ class TableTokenizer:
         top, clipped = self.max_rank_id - 1, 0
         seq = _Sequence()
         seq.add([self.tokenizer.cls_token_id, *q_ids, self.tokenizer.sep_token_id])
-        for k, c in enumerate(selection.columns):  # column id k + 1: positional over the kept columns
+        for k, c in enumerate(selection.columns):
             seq.add(header[c][: selection.header[c]], segment_ids=1, column_ids=k + 1)
         coords: list[list[int]] = []
         for i, (r, row) in enumerate(zip(row_index, cells)):

@@ -8,10 +8,9 @@ upstream repository::
     tagged/data/<stem>.tagged   optional: the CoreNLP-tagged twin of data/<stem>.tsv (id, targetValue, targetCanon, ...)
 
 Each question's :attr:`Question.canonical_answers` are its ``targetCanon`` in the tagged twin (split like
-``targetValue``, matched by id): the forms the official evaluator reads gold answers through
-(:mod:`mate_cli.metrics.wtq`); without them (``random-split-1-dev.tsv`` has no twin) the metric emulates them. A tagged
-row whose ``targetValue`` differs from the question file's, or whose ``targetCanon`` has another number of answers, is
-an error: the files come from different releases.
+``targetValue``, matched by id; their use: :mod:`mate_cli.metrics.wtq`). A tagged row whose ``targetValue`` differs
+from the question file's, or whose ``targetCanon`` has another number of answers, is an error: the files come from
+different releases.
 
 Both kinds of TSV are read without quote handling (a ``"`` is text), their fields unescaped (:func:`unescape`); the
 ``.tsv`` tables keep the non-breaking spaces (U+00A0) that the ``.csv`` twins turn into spaces.
