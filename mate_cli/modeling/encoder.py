@@ -283,8 +283,8 @@ class TableEncoder(nn.Module):
     def embed(
         self, input_ids: torch.Tensor, layout: TableLayout | None
     ) -> tuple[torch.Tensor, TableLayout | None, int]:
-        """The first layer's input ``(hidden, layout, num_prefix)``: the embeddings, then the backend's input hooks
-        (``num_prefix`` tokens added in front, which :meth:`forward` drops)."""
+        """The first layer's input ``(hidden, layout, num_prefix)``: the embeddings between the first backend's two
+        hooks (:class:`AttentionBackend`)."""
         self.check_trainable()
         if layout is not None and layout.key_bias is not None:
             self.check_key_bias()
@@ -292,7 +292,7 @@ class TableEncoder(nn.Module):
         return self.backends[0].extend_inputs(hidden, layout)
 
     def pooled(self, hidden: torch.Tensor) -> torch.Tensor:
-        """BERT's pooler output from a last hidden state: ``[batch, seq, hidden]`` -> ``[batch, hidden]``."""
+        """:class:`Pooler`'s output for a last hidden state."""
         return self.pooler(hidden)
 
     # ------------------------------------------------------------ checkpoints
@@ -311,11 +311,12 @@ class TableEncoder(nn.Module):
     ) -> "TableEncoder":
         """Build from a BERT or TAPAS checkpoint: ``pretrained`` is ``minilm`` (bundled), a local directory or a hub id.
 
-        ``reset_position_index_per_cell`` is on wherever ``max_length`` exceeds the position table, else a TAPAS
-        checkpoint's own setting (off for BERT). ``new_type_embeddings``: how the token-type tables a BERT
-        checkpoint lacks start: ``normal`` (0, 0.02), as TAPAS initialises them, or ``zero``, so the encoder starts as the checkpoint's
-        function; tables the checkpoint has are loaded either way. The dropouts and ``config_overrides``:
-        :class:`EncoderConfig` fields (None keeps the checkpoint's value). The other arguments are the class's.
+        ``reset_position_index_per_cell``: None turns it on wherever ``max_length`` exceeds the position table, else
+        keeps a TAPAS checkpoint's own setting (off for BERT). ``new_type_embeddings``: how the token-type tables a BERT
+        checkpoint lacks start: ``normal`` (N(0, ``initializer_range``), as TAPAS initialises them) or ``zero``, so the
+        encoder starts as the checkpoint's function; tables the checkpoint has are loaded either way. The dropouts and
+        ``config_overrides``: :class:`EncoderConfig` fields (None keeps the checkpoint's value). The other arguments are
+        the class's.
         """
         resolved = checkpoints.resolve_pretrained(pretrained)
         hf = checkpoints.read_config(resolved)

@@ -29,7 +29,7 @@ INITS = ("default", "xavier", "dt_fixup")
 
 
 def dt_fixup_scale(mu: float, num_layers: int, relative: bool) -> float:
-    """The factor of Theorem 3.1 as §3.3 applies it to ``v``, ``w``, the MLP (and ``r^V``)."""
+    """The factor of Theorem 3.1, as §3.3 applies it (module docstring)."""
     if relative:
         return (num_layers * (4 * mu**2 + 2 * mu + 2)) ** -0.5
     return num_layers**-0.5 / (2 * mu)
@@ -56,7 +56,7 @@ class ExtraLayer(nn.Module):
             self.relative_value = nn.Embedding(2 * max_distance + 1, self.head_dim)
 
     def scaled_weights(self) -> list[torch.Tensor]:
-        """What DT-Fixup scales: ``v``, ``w``, the MLP weight matrices (and ``r^V``)."""
+        """The weights DT-Fixup scales (module docstring)."""
         weights = [self.value.weight, self.output.weight, self.fc1.weight, self.fc2.weight]
         return weights + ([self.relative_value.weight] if self.max_distance is not None else [])
 

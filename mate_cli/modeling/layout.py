@@ -7,10 +7,9 @@ k >= 1 for the k-th *data* cell (row-major), else 0; the heads pool cell scores 
 ``prev_labels``, ``column_ranks``, ``inv_column_ranks``, ``numeric_relations``: the other TAPAS
 token types, zeros when unused.
 
-Optional, set by a model: ``position_ids`` (``None``: the embeddings derive them; a token
-subsequence keeps its positions in the full input, as DoT's task model does) and ``key_bias``
-(float, added to every query's logit towards key ``t`` in every layer and head: DoT's
-``s_t = log P(t)``; ``-inf`` removes the key; only backends with ``supports_key_bias`` honour it).
+Optional, set by a model: ``position_ids`` (``None``: the embeddings derive them) and ``key_bias``
+(``[batch, seq]`` float, DoT's ``s_t = log P(t)``; ``-inf`` removes the key; see
+``AttentionBackend.supports_key_bias``).
 
 MATE's query set Q (attends to and is attended by everything) is every real token with
 ``segment_ids == 0``. Header tokens are table tokens: a row head lets them see the header row, a
@@ -37,8 +36,7 @@ TOKEN_TYPE_FIELDS = (
     "numeric_relations",
 )
 
-#: Every per-token id a tokenizer records: the TAPAS token types plus the cell id.
-#: The one list of layout fields: tokenizers fill it, collators pad it, Arrow stores it.
+#: Every per-token id a tokenizer records (the one list of them): the TAPAS token types plus the cell id.
 ID_FIELDS = TOKEN_TYPE_FIELDS + ("cell_ids",)
 
 #: Sort key of padding in :meth:`TableLayout.group_ids` (after every row/column id).

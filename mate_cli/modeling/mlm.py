@@ -40,8 +40,7 @@ class Transform(nn.Module):
 
 class MaskedLMHead(nn.Module):
     """Token logits over the vocabulary: ``transform(h) @ E^T + b``, with ``E`` the encoder's ``word_embeddings`` table,
-    shared, not copied (the decoder is tied to it, as in BERT); ``config`` gives the sizes, activation, LayerNorm
-    epsilon and init range."""
+    shared, not copied (the decoder is tied to it, as in BERT)."""
 
     def __init__(self, config: EncoderConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()

@@ -46,8 +46,8 @@ def valid_span_mask(
 
 
 class SpanHead(nn.Module):
-    """``MLP([h_start; h_end])`` over the band of spans of up to ``max_span_length`` word pieces; ``mlp_hidden``
-    defaults to ``hidden_size``; ``initializer_range``: std of the linear layers' normal init (BERT's 0.02)."""
+    """The span scorer (module docstring); ``max_span_length`` in word pieces; ``mlp_hidden`` defaults to
+    ``hidden_size``; ``initializer_range``: std of the linear layers' normal init (BERT's 0.02)."""
 
     def __init__(
         self,

@@ -6,12 +6,13 @@
 head weights load by name (:func:`load_head_weights`).
 
 A cell here is TAPAS's (row id, column id) pair, ids clipped at ``max_num_rows - 1`` / ``max_num_columns - 1``: the
-header row and the query (0, 0) are cells of the loss too (PointR's :mod:`mate_cli.modeling.heads` pools data cells).
+header row and the query (0, 0) are cells of the loss too.
 
 Cell selection (TAPAS §3): token logits ``(w · h_t + b) / temperature``; a cell's logit is its tokens' mean; a
 column's logit is the mean over its cells of a second projection's cell means (column 0, the query, excluded unless
 ``allow_empty_column_selection``). With ``select_one_column`` the loss is ``-log P(gold column)`` plus the mean
-Bernoulli log-likelihood of the cells in the gold column, and a prediction selects only in the arg-max column.
+Bernoulli negative log-likelihood of the cells in the gold column, and a prediction selects only in the arg-max
+column.
 Aggregation (WikiTQ) classifies the pooled [CLS] over NONE, SUM, AVERAGE, COUNT. With ``use_answer_as_supervision``
 an example whose answer is not a number, or is one found in the table while the operators get at most
 ``cell_selection_preference`` of the mass, learns cell selection and NONE; the other scalar answers learn
@@ -134,8 +135,9 @@ class TapasHeadConfig:
 
 
 class QAOutput(NamedTuple):
-    """What :class:`TapasQAHead` returns: ``logits`` ``[batch, seq]`` after the single-column constraint (each
-    token carries its cell's logit), ``aggregation_logits`` ``[batch, ops]`` or None, and ``loss`` ``[batch]`` per
+    """What :class:`TapasQAHead` returns: ``logits`` ``[batch, seq]`` after the single-column constraint, each token
+    carrying its cell's logit (token logits in a loss call with neither ``select_one_column`` nor
+    ``average_logits_per_cell``), ``aggregation_logits`` ``[batch, ops]`` or None, and ``loss`` ``[batch]`` per
     example (its mean is TAPAS's loss) or None."""
 
     logits: torch.Tensor
@@ -190,7 +192,8 @@ class CellIndex:
 @dataclass
 class _Cells:
     """What the selection losses read of a batch: token logits (after the temperature), column logits (None
-    without one-column selection), the cell index, each cell's share of real tokens, the real-token mask."""
+    without one-column selection), the cell index, the cell mask ``[batch, cells]`` (1 for a cell with real tokens,
+    else 0), the real-token mask."""
 
     token_logits: torch.Tensor
     column_logits: torch.Tensor | None
@@ -370,7 +373,8 @@ class TapasClassificationHead(nn.Module):
 # ---------------------------------------------------------------- pieces
 def _single_column_selection(token_logits, column_logits, labels, index: CellIndex, cell_mask):
     """TAPAS's hierarchical loss (gold column, then Bernoulli per cell inside it): ``(per-example loss [batch],
-    token logits [batch, seq])``, the logits keeping only the cells of the arg-max column (the others ``LOG_ZERO``).
+    token logits [batch, seq])``, the logits keeping only the cells of the arg-max column (the others lowered by
+    ``LOG_ZERO``).
     Without ``column_logits`` the loss is None and the logits are the cell means."""
     cell_logits = index.cell_mean(token_logits)
     if column_logits is None:

@@ -1,9 +1,5 @@
-"""Attention backends. Importing this package registers every backend module that exists.
-
-The interface and the registry live in :mod:`mate_cli.modeling.attention.base`; one
-module per backend (dense, none, mate, sat, linformer, table_etc). A backend module
-that is not present is skipped; one that is present but broken raises.
-"""
+"""Attention backends (interface and registry: :mod:`.base`). Importing this package registers every module of
+``BACKEND_MODULES`` that is present; a broken one raises."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """The attention interface every backend implements, and the backend registry.
 
 The encoder layer owns the Q/K/V projections, output dense, dropout, residual and LayerNorm, so BERT/TAPAS weights
-load into any backend; a backend only mixes values, ``context = backend(q, k, v, layout)``, all
-``[batch, heads, seq, head_dim]``, with ``q`` not pre-scaled (backends apply ``1 / sqrt(head_dim)``). Hydra builds a
-partial from ``conf/attention/<name>.yaml``; the encoder calls it once per layer with ``num_heads``, ``head_dim``,
-``max_length``, ``dropout`` and ``layer_index``. A backend owns parameters only where its method needs them.
-
-Encoder hooks, called once on the first layer's backend (default: identity): ``embedding_layout(layout) -> layout``,
-before the embeddings, is the layout they see (SAT's ``text_only`` drops the row/column/rank ids);
-``extend_inputs(hidden, layout) -> (hidden, layout, num_prefix)``, after them, adds tokens (TableETC's global
-memory), and the encoder drops the first ``num_prefix`` positions of the last hidden state.
-
-Key bias (DoT, Krichene et al. 2021, eq. 2): a backend with ``supports_key_bias`` adds ``layout.key_bias[b, t]`` to
-every query's logit towards key ``t``, in every head, before the softmax (:func:`with_key_bias`); the encoder
-refuses a biased layout on any other backend.
+load into any backend; a backend only mixes values (:meth:`AttentionBackend.forward`). Hydra builds a partial from
+``conf/attention/<name>.yaml``; the encoder calls it once per layer with ``num_heads``, ``head_dim``, ``max_length``,
+``dropout`` and ``layer_index``. A backend owns parameters only where its method needs them.
 """
 
 from __future__ import annotations
@@ -31,7 +21,7 @@ REGISTRY: dict[str, type["AttentionBackend"]] = {}
 
 
 def register(name: str) -> Callable[[type], type]:
-    """Class decorator: make a backend discoverable by name (bench, ``auto``)."""
+    """Class decorator: make a backend discoverable by name (``attention=<name>`` in the encoder, ``mate bench``)."""
 
     def wrap(cls: type) -> type:
         REGISTRY[name] = cls
@@ -42,14 +32,15 @@ def register(name: str) -> Callable[[type], type]:
 
 
 class AttentionBackend(nn.Module):
-    """Base class: subclasses implement :meth:`forward`. The keywords are the encoder's (module docstring);
-    ``max_length`` is the longest sequence the model will see, ``dropout`` the dropout on attention probabilities
+    """``max_length``: the longest sequence the model will see; ``dropout``: the dropout on attention probabilities
     (BERT's ``attention_probs_dropout_prob``)."""
 
     name = "base"
     #: False for the cost-floor backend that must not be trained.
     trainable = True
-    #: True when the backend adds ``layout.key_bias`` to its attention logits (see the module docstring)
+    #: True when the backend adds ``layout.key_bias[b, t]`` to every query's logit towards key ``t``, in every head,
+    #: before the softmax (:func:`with_key_bias`; DoT, Krichene et al. 2021, eq. 2); the encoder refuses a biased
+    #: layout on the others
     supports_key_bias = False
 
     def __init__(
@@ -65,17 +56,21 @@ class AttentionBackend(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None
     ) -> torch.Tensor:  # pragma: no cover - interface
-        """Mix values. ``q, k, v``: ``[batch, heads, seq, head_dim]``; returns the same shape."""
+        """``q, k, v``: ``[batch, heads, seq, head_dim]``, ``q`` not pre-scaled (backends apply ``1 / sqrt(head_dim)``)
+        -> the context, same shape."""
         raise NotImplementedError
 
     def embedding_layout(self, layout: TableLayout | None) -> TableLayout | None:
-        """Encoder hook: the layout the embeddings see. Default: unchanged."""
+        """Encoder hook, on the first layer's backend before the embeddings: the layout they see (SAT's ``text_only``
+        drops the row/column/rank ids). Default: unchanged."""
         return layout
 
     def extend_inputs(
         self, hidden: torch.Tensor, layout: TableLayout | None
     ) -> tuple[torch.Tensor, TableLayout | None, int]:
-        """Encoder hook: add tokens before the first layer. Default: none added."""
+        """Encoder hook, on the first layer's backend after the embeddings: ``(hidden, layout, num_prefix)`` with
+        ``num_prefix`` tokens added in front (TableETC's global memory), which the encoder drops from the last hidden
+        state. Default: none added."""
         return hidden, layout, 0
 
     # ---------------------------------------------------------------- helpers

@@ -1,8 +1,6 @@
-"""`dense`: full softmax attention (BERT's), the exact baseline every backend is checked against.
+"""`dense`: BERT's full softmax attention, the exact baseline every backend is checked against; no parameters.
 
-Owns no parameters. Uses ``torch.nn.functional.scaled_dot_product_attention`` (fused
-kernels where the device has them) with a key-padding mask from
-``layout.attention_mask`` (plus ``layout.key_bias`` when set); no layout means no mask.
+One SDPA call masked by ``layout.attention_mask`` on the keys (plus ``layout.key_bias``); no layout means no mask.
 """
 
 from __future__ import annotations
@@ -16,12 +14,11 @@ from mate_cli.modeling.layout import TableLayout
 
 @register("dense")
 class DenseAttention(AttentionBackend):
-    """Every token attends to every real token. Cost O(seq^2) time and memory."""
+    """Every token attends to every real token: O(seq^2) time and memory."""
 
     supports_key_bias = True
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``q, k, v``: ``[batch, heads, seq, head_dim]`` -> context ``[batch, heads, seq, head_dim]``."""
         mask = None
         if layout is not None:
             mask = layout.attention_mask[:, None, None, :].to(q.device)  # [batch, 1, 1, seq]: keys allowed

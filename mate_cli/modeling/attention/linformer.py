@@ -25,9 +25,9 @@ INITS = ("normal", "xavier")
 
 @register("linformer")
 class LinformerAttention(AttentionBackend):
-    """Low-rank attention over ``k`` sequence slots (``attention.k``, ``1 <= k <= max_length``). ``share_kv``: E also
-    projects the values (F is None); ``init``: ``"normal"`` (N(0, ``init_std``), BERT's initialiser, the default) or
-    ``"xavier"`` (Xavier-uniform). Only the padding mask is read from the layout; ``layout=None`` means no padding."""
+    """``k``: the sequence slots, ``1 <= k <= max_length``; with ``share_kv`` F is None; ``init``: ``"normal"``
+    (N(0, ``init_std``), BERT's initialiser) or ``"xavier"`` (Xavier-uniform). Only the padding mask is read from the
+    layout; ``layout=None`` means no padding."""
 
     def __init__(
         self, *, k: int = 256, share_kv: bool = False, init: str = "normal", init_std: float = 0.02, **shared
@@ -59,7 +59,7 @@ class LinformerAttention(AttentionBackend):
         return f"k={self.k}, max_length={self.max_length}, share_kv={self.share_kv}"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``q, k, v``: ``[batch, heads, seq <= max_length, head_dim]`` (q not pre-scaled); returns the same shape."""
+        """``seq <= max_length``, the length of E and F."""
         seq = k.shape[-2]
         if seq > self.max_length:
             raise MateError(

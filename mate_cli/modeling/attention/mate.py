@@ -24,8 +24,8 @@ BERT/TAPAS checkpoint (§3.2).
   in bf16/fp16 up to :data:`AUTO`'s length without attention dropout, else ``eager`` (``triton`` only when
   asked for: no measured row yet). The choice is logged once per (device, length bucket, grad mode, choice).
 
-A key bias (``layout.key_bias``, DoT's pruning scores) always runs ``masked`` under ``variant=exact`` (DoT's task
-model reads few tokens); ``bucketed`` refuses it.
+A key bias (``layout.key_bias``, DoT's pruning scores) always runs ``masked`` (DoT's task model reads few tokens);
+only ``variant=exact`` supports it, so the encoder refuses it under ``bucketed``.
 """
 
 from __future__ import annotations
@@ -132,7 +132,6 @@ def _length_bucket(n: int) -> int:
 
 
 def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
-    """``auto``'s choice for ``variant=exact``: ``masked`` or ``block_sparse`` (:data:`AUTO`)."""
     return auto_choice("exact", device, None, grad, seq_len)
 
 
@@ -163,11 +162,9 @@ class MateAttention(AttentionBackend):
     """MATE: row and column heads (module docstring).
 
     Args:
-        variant: the function, ``exact`` or ``bucketed``.
-        impl: how it is computed: one of :data:`VARIANTS` of the variant.
+        variant, impl: see the module docstring; ``impl`` is one of :data:`VARIANTS` of the variant.
         row_heads_ratio: fraction of row heads (paper: 1:1, i.e. 0.5).
-        global_size: ``G``, the global tokens of ``bucketed`` (paper: 116).
-        radius: ``R``, the bucket size of ``bucketed`` (paper: 42).
+        global_size, radius: ``G`` and ``R`` of ``bucketed`` (paper: 116 and 42).
     """
 
     def __init__(
@@ -250,7 +247,6 @@ class MateAttention(AttentionBackend):
             )  # fmt: skip
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> same shape."""
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0
         impl = "masked" if layout.key_bias is not None else self.resolve_impl(q, k, v, dropout_p)

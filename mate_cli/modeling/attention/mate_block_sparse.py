@@ -1,15 +1,14 @@
 """Exact MATE attention at block-sparse cost (``impl=block_sparse``; :mod:`.mate`).
 
-After a head's sort (query set, then row by row or column by column, padding last) each row or column is one
-contiguous segment: the pattern is block-diagonal plus a dense query-set stripe. Two exact ways to skip the rest,
-their structure cached on the layout:
+After a head's sort (``layout.sort_order``) each row or column is one contiguous segment: the pattern is
+block-diagonal plus a dense query-set stripe. Two exact ways to skip the rest, their structure cached on the layout:
 
 - :func:`block_sparse_attention` (pure PyTorch, any device, with backward): the query-set rows are one dense SDPA;
   table tokens are packed segment by segment, binned by length into padded sizes ``S`` on a 1.5x ladder (16, 24, 32,
   48, ...), each bin one batched SDPA against its example's query set and itself. Work ~ sum over segments of
   ``len * (|Q| + S)`` instead of ``N^2``, the blocks being the segments rather than fixed tiles.
 - :func:`flex_mate_attention`: the same mask in FlexAttention, its ``BlockMask`` built from segment ranges (no
-  ``N^2`` evaluation). The backend uses it on CUDA only: on CPU (torch 2.13) it has no backward, and it measured
+  ``N^2`` evaluation). Used on CUDA without dropout only: on CPU (torch 2.13) it has no backward, and it measured
   slower than the pure path.
 """
 
@@ -177,7 +176,8 @@ def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropou
 
 # ------------------------------------------------------------------ FlexAttention
 def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float, block_size: int):
-    """Sorted per-head props ``[B, H, Np]`` and the BlockMask, for a length ``Np`` padded to the block."""
+    """``(Np, block_mask)``, cached on the layout: the length padded to whole blocks, and the BlockMask over the
+    per-head sorted groups ``[B, H, Np]``."""
 
     def build():
         from torch.nn.attention.flex_attention import BlockMask

@@ -28,7 +28,7 @@ from mate_cli.modeling.attention.mate_plan import BucketPlan, Chunk
 
 __all__ = ["CHUNK_ELEMENTS", "Workspace", "bucketed_attention", "cpu_kernel_applies"]
 
-#: Score elements per chunk of the torch path (~4 MiB of float32: about L2-sized).
+#: Score elements per chunk of the torch path (CPU: 4 MiB of float32, about L2-sized).
 CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 25}
 
 
@@ -167,7 +167,7 @@ def _fold_windows(
         buckets[first_window + p : first_window + p + w].add_(parts[:, p], alpha=alpha)
 
 
-#: Dtypes the fused CPU kernel takes: float32 natively, the others widened to it (exactly).
+#: Dtypes the fused CPU kernel takes (:func:`_widened`).
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -248,7 +248,6 @@ def _fused_cpu_backward(
 
 
 def _torch_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace) -> torch.Tensor:
-    """The forward in torch ops, chunk by chunk."""
     B, H, N, D = q.shape
     R, P, T = plan.radius, plan.dense_rows, plan.padded_len
     bufs = _Buffers(plan, _Buffers.gather(plan, (k, v), "kv", workspace), q)
@@ -386,8 +385,6 @@ class _BucketedAttention(torch.autograd.Function):
 
 
 def cpu_kernel_applies(q: torch.Tensor) -> bool:
-    """Whether the fused CPU kernel can run this call: a CPU tensor of a :data:`KERNEL_DTYPES` dtype, and the
-    kernel builds and loads here."""
     return q.device.type == "cpu" and q.dtype in KERNEL_DTYPES and mate_cpu_kernel.available()
 
 
@@ -407,8 +404,7 @@ def bucketed_attention(
 
     Args:
         plan: :func:`~.mate_plan.bucket_plan` of the batch's layout.
-        dropout_p: attention dropout, reproducible in backward from ``seed`` (the kernel and the torch path draw
-            different masks from it).
+        dropout_p: attention dropout, reproducible in backward from ``seed``.
         use_cpu_kernel: run in the fused CPU kernel where :func:`cpu_kernel_applies`; False: the torch path.
         workspace: scratch buffers to reuse (default: fresh ones).
         seed: seed of the dropout masks (default: drawn from torch's global generator).

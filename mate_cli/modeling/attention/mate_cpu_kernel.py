@@ -4,8 +4,8 @@ Built on first use with ``torch.utils.cpp_extension`` (a C++ compiler; tens of s
 :func:`build_dir` and loaded as ``torch.ops.mate_cpu``; ``make install`` builds it ahead of time (:func:`main`) and
 ``MATE_CPU_KERNEL=0`` turns it off. Its products are its own (register-blocked GCC vector code,
 :func:`vector_lanes`; no BLAS), in float32: the forward, the backward (probabilities recomputed bucket by bucket),
-and attention dropout from a stateless hash of the seed, so the backward redraws the masks (a different stream from
-the torch path's). :mod:`.mate_bucketed` decides when to call it and widens bfloat16/float16 inputs for it.
+and attention dropout from a stateless hash of the seed, so the backward redraws the masks. :mod:`.mate_bucketed`
+decides when to call it and widens bfloat16/float16 inputs for it.
 
 Where it cannot be built or loaded, :func:`available` is False, one warning says why, and the torch path runs: the
 same function, ~1.8x slower forward and ~1.9x forward + backward at 8192 tokens (plain timing loop, BERT-base dims,
@@ -68,7 +68,8 @@ def enabled_by_env() -> bool:
 
 
 def _cpu_tag() -> str:
-    """Torch version + CPU model/flags + source: a build for this machine only (-march=native)."""
+    """Torch and Python versions, CPU model/flags, compiler flags and source: a build for this machine only
+    (-march=native)."""
     cpu = platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -201,8 +202,7 @@ def bucketed_forward(
     dropout: float = 0.0,
     seed: int = 0,
 ) -> None:
-    """Long rows into ``out`` (see the C++ source for the arguments); attention dropout
-    ``dropout`` with masks drawn from ``seed`` (a hash: the backward redraws them)."""
+    """Long rows into ``out`` (the arguments: the C++ source)."""
     torch.ops.mate_cpu.bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale,
                                         dropout, seed)  # fmt: skip
 
@@ -237,7 +237,7 @@ def bucketed_backward(
     dropout: float = 0.0,
     seed: int = 0,
 ) -> None:
-    """dq, dk, dv of both forwards into ``dq, dk, dv`` (see the C++ source for the arguments)."""
+    """dq, dk, dv of both forwards into ``dq, dk, dv`` (the arguments: the C++ source)."""
     torch.ops.mate_cpu.bucketed_backward(
         q, k, v, grad_out, grad_src, out, src, dst, allowed, keys, free, head_view, real, token_rows, dq, dk, dv,
         radius, scale, dropout, seed,

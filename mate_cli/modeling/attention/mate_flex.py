@@ -2,15 +2,15 @@
 of :mod:`.mate_bucketed` (explained in :mod:`.mate_reference`), written in each head's sorted space.
 
 Per head, tokens are sorted by the plan's order and padded to whole blocks; one ``flex_attention`` call masks
-``allowed(i, j) = mate(i, j) and (i is a dense row or j < G or |i // R - j // R| <= 1)``, the dense rows being the
-query-set tokens among the first G, which attend to every real key; outputs are scattered back to token order. The
-``BlockMask`` is built from the structure, never by evaluating the mask on ``T x T`` (a query block reads the global
-blocks, its rows' window blocks, and every block with a real key when it holds a dense row): linear work.
+``allowed(i, j) = mate(i, j) and (i is a dense row or j < G or |i // R - j // R| <= 1)``; outputs are scattered
+back to token order. The ``BlockMask`` is built from the structure, never by evaluating the mask on ``T x T`` (a
+query block reads the global blocks, its rows' window blocks, and every block with a real key when it holds a dense
+row): linear work.
 
 On CUDA FlexAttention is compiled (forward and backward fused; bf16, fp16, float32). On CPU it runs eagerly, the
 scores materialised (quadratic memory), with its own backward (:class:`_SortedFlex`) as torch's CPU FlexAttention
-has none: a check of the GPU path, not a fast path (``impl=kernel`` is). FlexAttention has no attention dropout:
-the backend runs ``eager`` for a training call with attention dropout and says so once.
+has none: a check of the GPU path, not a fast path (``impl=kernel`` is). FlexAttention has no attention dropout
+(:mod:`.mate` runs ``eager`` for a call with it).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ BLOCK_SIZE = 128
 
 
 def flex_available() -> bool:
-    """Whether ``torch.nn.attention.flex_attention`` can be imported."""
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
     except Exception:  # pragma: no cover - old torch

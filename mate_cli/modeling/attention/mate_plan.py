@@ -46,9 +46,9 @@ def group_of_heads(groups: list[tuple[View, slice]]) -> list[int]:
 
 
 def mate_allowed(q_group: torch.Tensor, k_group: torch.Tensor) -> torch.Tensor:
-    """MATE's pattern on broadcastable query/key group ids (``TableLayout.group_ids``): key j is allowed for query i
-    iff j is real and (i or j is in the query set, or they share the head's row/column). Padding query rows (ignored by
-    contract) attend to the query set only: finite, and they never need more than the query-set globals."""
+    """MATE's pattern (:meth:`TableLayout.allowed`) on broadcastable query/key group ids (``TableLayout.group_ids``),
+    except that padding query rows (ignored by contract) attend to the query set only: finite, and they never need more
+    than the query-set globals."""
     return (k_group < PADDING_GROUP) & ((q_group == 0) | (k_group == 0) | (q_group == k_group))
 
 
@@ -277,7 +277,7 @@ def _unfold_windows(x: torch.Tensor, radius: int, value) -> torch.Tensor:
 def bucket_plan(
     layout: TableLayout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int
 ) -> BucketPlan:
-    """Build (once per layout, cached) the sort orders and bucket masks."""
+    """The layout's :class:`BucketPlan` for these settings, cached on the layout."""
 
     def build() -> BucketPlan:
         B, N, R = layout.batch_size, layout.seq_len, radius

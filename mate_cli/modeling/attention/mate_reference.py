@@ -1,8 +1,8 @@
 """MATE's efficient implementation (paper §3.1, App. D), spelled out: sort per head, then bucket.
 
 Read this file first; :mod:`.mate_bucketed` computes the same function, fused. Every head sorts its tokens by its own
-traversal (``layout.head_sort_order``: the query set Q first, then row by row for row heads or column by column for
-column heads, padding last). In that order:
+traversal (``layout.head_sort_order``: the query set Q first, then row by row or column by column, padding last).
+In that order:
 
 - the first ``G`` tokens are the **global** part: every token may attend to them, and the query-set tokens among them
   attend to every real token (a dense row each);
@@ -10,12 +10,11 @@ column heads, padding last). In that order:
   bucket attends to the globals plus a **window** of three buckets (previous, itself, next: ``3R`` keys). Window keys
   inside the global part are masked out, so no key is counted twice.
 
-Towards the globals and inside the window, MATE's pattern (:func:`.mate_plan.mate_allowed`: key j is allowed for
-query i iff j is real and (i or j is in Q, or they share the head's row/column id)) is applied as a mask, and one
-softmax runs over ``[globals ; window]``. Hence the result equals the masked reference whenever every query-set
-token is among the first ``G`` sorted tokens and every row (row heads) or column (column heads) spans at most ``R``
-tokens; otherwise a table token loses the part of its row/column beyond its window, and query tokens beyond ``G``
-see only the globals and their window (the paper's approximation).
+Towards the globals and inside the window, MATE's pattern (:func:`.mate_plan.mate_allowed`) is applied as a mask,
+and one softmax runs over ``[globals ; window]``. Hence the result equals the masked reference whenever every
+query-set token is among the first ``G`` sorted tokens and every row (row heads) or column (column heads) spans at
+most ``R`` tokens; otherwise a table token loses the part of its row/column beyond its window, and query tokens
+beyond ``G`` see only the globals and their window (the paper's approximation).
 
 Where App. D is silent: only query-set tokens among the first ``G`` get a dense row; a table token sorted into the
 global part is computed like every long token, since MATE never lets it see more than Q and its own row/column.

@@ -87,7 +87,6 @@ class TritonStructure:
 
     @staticmethod
     def of(layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> "TritonStructure":
-        """The structure for these settings, built once per layout from device tensors only."""
         key = ("mate.triton", num_heads, float(row_heads_ratio), int(global_size), int(radius))
         return layout.cached(key, lambda: TritonStructure(layout, num_heads, row_heads_ratio, global_size, radius))
 

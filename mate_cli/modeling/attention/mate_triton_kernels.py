@@ -1,8 +1,5 @@
-"""The Triton kernels of :mod:`.mate_triton` (forward, dQ, dK/dV) and their device functions.
-
-Imported through :func:`.mate_triton.kernels`, which checks that Triton runs in the mode
-the tensors' device needs (compiled on CUDA, its interpreter elsewhere).
-"""
+"""The Triton kernels of :mod:`.mate_triton` (forward, dQ, dK/dV) and their device functions; imported only through
+:func:`.mate_triton.kernels`, which checks Triton's mode."""
 
 import triton
 import triton.language as tl

@@ -26,14 +26,13 @@ class NoAttention(AttentionBackend):
     trainable = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``q, k, v``: ``[batch, heads, seq, head_dim]`` -> ``v`` (same shape)."""
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             return _ValuesOnly.apply(q, k, v)
         return v
 
 
 class _ValuesOnly(torch.autograd.Function):
-    """``v``, with zero gradients for ``q`` and ``k`` so their producers' backward runs."""
+    """``v``, with zero gradients for ``q`` and ``k`` (module docstring)."""
 
     @staticmethod
     def forward(ctx, q, k, v):

@@ -1,13 +1,8 @@
-"""SAT (Zhang et al., EMNLP 2020): one structure-aware mask shared by every head.
+"""SAT (Zhang et al., EMNLP 2020): one structure-aware mask shared by every head, no parameters.
 
-A table token attends to the query set Q (query, [CLS], [SEP]) and to the tokens of
-its own row *or* its own column; Q attends to everything; padding is never attended.
-Unlike MATE the pattern does not depend on the head, so it has no efficient sorted
-form: this backend is exact and quadratic (``[batch, 1, seq, seq]`` mask + SDPA).
-
-``text_only=True`` encodes the table as text only, as SAT does: through the
-``embedding_layout`` hook the embeddings see no row/column/rank ids (the mask still
-uses them). No parameters.
+A table token attends to the query set and to its own row *or* column: the union of MATE's row and column patterns
+(:meth:`~mate_cli.modeling.layout.TableLayout.allowed`). Unlike MATE's, the pattern does not depend on the head, so
+it has no efficient sorted form: this backend is exact and quadratic (``[batch, 1, seq, seq]`` mask + SDPA).
 """
 
 from __future__ import annotations
@@ -20,18 +15,14 @@ from mate_cli.modeling.layout import TableLayout
 
 
 def sat_mask(layout: TableLayout) -> torch.Tensor:
-    """``[batch, seq, seq]`` bool (from, to): same row or same column, or Q involved."""
+    """``[batch, seq, seq]`` bool (from, to), cached on the layout."""
     return layout.cached("sat_mask", lambda: layout.allowed("row") | layout.allowed("column"))
 
 
 @register("sat")
 class SatAttention(AttentionBackend):
-    """Same-row-or-column attention on all heads.
-
-    Args:
-        text_only: drop row/column/rank embeddings (the table is read as text).
-        (plus the shared ``num_heads, head_dim, max_length, dropout, layer_index``)
-    """
+    """``text_only``: the table is read as text, as SAT does: the embeddings see no row/column/rank ids (the mask
+    still uses them)."""
 
     supports_key_bias = True
 
@@ -53,7 +44,6 @@ class SatAttention(AttentionBackend):
         )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``q, k, v``: ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> same shape."""
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0
         return F.scaled_dot_product_attention(

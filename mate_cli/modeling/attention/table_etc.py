@@ -4,8 +4,8 @@ MATE §5.1's ETC baseline (Ainslie et al., 2020): a 256-token global memory, hal
 row, half one per column, with "a special relative positional value" between a token and its row or
 column memory. The paper leaves the rest open; this module fixes it:
 
-- Memory (:meth:`TableETCAttention.extend_inputs`, on layer 0's backend after the embeddings; the
-  encoder strips it before the heads): ``G = num_global`` slots. Row slot ``s < G/2`` serves data
+- Memory (:meth:`TableETCAttention.extend_inputs`, on layer 0's backend; the encoder strips it
+  before the heads): ``G = num_global`` slots. Row slot ``s < G/2`` serves data
   rows ``r >= 1`` with ``(r - 1) % (G/2) == s``, column slots likewise, so rows and columns beyond
   ``G/2`` fold modulo ``G/2`` and the load spreads evenly. Header tokens belong to their column's
   slot only; query tokens and specials to none. A slot starts as the mean embedding of its members
@@ -191,7 +191,7 @@ class TableETCAttention(AttentionBackend):
 
     # ------------------------------------------------------------ structure
     def plan(self, layout: TableLayout) -> EtcPlan:
-        """Masks and relative ids for ``layout`` (extended), cached on it for all layers."""
+        """The :class:`EtcPlan` of ``layout`` (the extended one)."""
         key = ("table_etc", self.num_global, self.local_radius, self.max_relative_distance)
         return layout.cached(key, lambda: self._build_plan(layout))
 
