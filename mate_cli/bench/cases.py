@@ -84,8 +84,7 @@ class Case:
     #: MATE's bucketed ``auto`` on CUDA) cannot run under it, and a failed attempt leaves torch's
     #: compiler refusing FlexAttention for the rest of the process. Its FLOPs are left empty.
     countable: bool = True
-    #: kernel level in bfloat16/float16: the relative error of one call against the same
-    #: call in float32 (:func:`~mate_cli.bench.measure.relative_error`; run once, untimed)
+    #: ``err_vs_fp32`` of a kernel cell in bfloat16/float16 (:mod:`~mate_cli.bench.measure`)
     error: Callable[[], float] | None = None
 
 
@@ -197,9 +196,9 @@ def build_backend(name: str, num_heads: int, head_dim: int, max_length: int) -> 
 def kernel_case(
     name: str, mode: str, layout: TableLayout, dims: dict, batch: int, dtype: torch.dtype, device: torch.device
 ) -> Case:
-    """One attention call on random ``q, k, v`` ``[batch, heads, seq, head_dim]``, on the layout layer 0 sees: the
-    backend's ``extend_inputs`` runs first (TableETC prepends its row/column memory). ``embedding_layout`` is not
-    called: only embeddings see it, and there are none here."""
+    """One attention call on random ``q, k, v``, on the layout layer 0 sees: the backend's ``extend_inputs`` runs first
+    (TableETC prepends its row/column memory). ``embedding_layout`` is not called: only embeddings see it, and there
+    are none here."""
     if name in HF_BACKENDS:
         raise Unavailable(f"{name} is an encoder-level anchor")
     if split_options(name)[1]:
@@ -255,8 +254,8 @@ def float32_comparison(fn, module, layout, base, cotangent, dtype, device) -> Ca
 
 
 def error_vs_float32(fn, reference, base, cotangent, dtype, device, real) -> float:
-    """:func:`~mate_cli.bench.measure.relative_error` of ``fn`` on ``base`` (float32 q, k, v) rounded to ``dtype``
-    against ``reference`` in float32: the largest over the output and, with a ``cotangent``, the q, k, v gradients."""
+    """The largest :func:`~mate_cli.bench.measure.relative_error` over the output and, with a ``cotangent``, the q, k, v
+    gradients."""
     results = []
     for f, dt in ((fn, dtype), (reference, torch.float32)):
         leaves = [t.to(device, dt).requires_grad_(cotangent is not None) for t in base]
@@ -328,7 +327,7 @@ def encoder_case(
     dtype: torch.dtype,
     device: torch.device,
 ) -> Case:
-    """One forward (inference) or forward + backward (train) of a whole encoder."""
+    """One forward (inference) or training step (train: forward, backward and an AdamW step) of a whole encoder."""
     full_name, (name, options) = name, split_options(name)
     if name == "flex":
         raise Unavailable("flex is a kernel-level anchor")
@@ -377,8 +376,6 @@ def encoder_case(
             forward().float().square().mean().backward()
         optimizer.step()
 
-    # two warm-up calls: the first creates the optimiser's state (and counts FLOPs), so
-    # the memory call is a steady-state step, as every step after a user's first is
     return Case(train_call, min_warmup=2, countable=not runs_flex(model, probe, grad=True))
 
 

@@ -17,7 +17,7 @@ cell's dtype against float32 on the same float32-drawn inputs (so the reduced ru
 does), over the output and, in training, the q, k, v gradients; run once, after the timed calls.
 
 **FLOPs**: ``FlopCounterMode`` over the first warm-up call (matmul-class ops; not elementwise ops, softmax, sorts
-or gathers), with the formulas torch lacks for the CPU SDPA kernels and in-place GEMMs (:func:`_extra_flop_mapping`).
+or gathers), plus the formulas torch lacks (:func:`_extra_flop_mapping`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-#: mmap threshold while measuring memory (every block >= 64 KiB is returned on free).
+#: mmap threshold while measuring memory.
 MEMORY_MMAP_THRESHOLD = 64 * 1024
 #: mmap threshold while timing: glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit.
 SPEED_MMAP_THRESHOLD = 32 * 1024 * 1024
@@ -242,8 +242,8 @@ def measure(
     flops: float | None,
     countable: bool = True,
 ) -> Measurement:
-    """Warm-up calls (FLOPs counted on the first unless given or not ``countable``; peak
-    memory on the last), then ``repeats`` timed calls."""
+    """The protocol of the module docstring: ``warmup`` calls (at least 1; FLOPs counted on the first unless given
+    or not ``countable``), then ``repeats`` timed calls (at least 1)."""
     if device.type == "cpu":
         set_mmap_threshold(SPEED_MMAP_THRESHOLD)
     warmup = max(1, warmup)

@@ -1,4 +1,4 @@
-"""Turning bench rows into files and screens: ``bench.csv``, rich tables, log-log PNGs.
+"""A run's bench rows as ``bench.csv``, screen tables, ``bench.md`` and log-log PNGs.
 
 Plots follow the paper's Figures 4-6: one PNG per (level, mode), three panels
 (median time, peak memory, FLOPs vs sequence length), log-log axes, one line per
@@ -18,7 +18,8 @@ from rich.table import Table
 from mate_cli.bench.runner import COLUMNS, select
 from mate_cli.io import atomic_write_text
 
-#: Line styles: MATE variants solid, anchors dashed, the floor dotted.
+#: Line styles: anchors dashed, other baselines dash-dotted, the floor dotted; a backend not listed (MATE's)
+#: solid, in :data:`MATE_COLORS`.
 STYLE = {
     "none": dict(linestyle=":", color="black"),
     "dense": dict(linestyle="--", color="tab:red"),

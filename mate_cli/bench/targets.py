@@ -1,12 +1,12 @@
 """The performance targets of ``bench.targets``, checked against the rows of one run; ``conf/bench.yaml`` documents each
 ``kind`` and key, and holds the thresholds.
 
-A ``candidate`` or ``baseline`` family (``mate``: ``mate`` and every ``mate.<impl>``, but a ``+option`` row such as
-``mate.bucketed+ckpt`` only by its exact name) is represented by its best row in the cell, as in the paper (§3.1: "the
-best of the two functionally equivalent implementations is chosen for each use case"); the output names that row.
-``memory_growth`` takes the candidate row measured at both lengths that grows least, ``peak_rss`` the smallest
-``peak_rss_mb``. A target whose rows are missing (not in the grid, skipped, failed) is ``not measured``, never silently
-met.
+A ``candidate`` or ``baseline`` family (``mate``: ``mate`` and every ``mate.<variant or impl>``; a ``+option`` row such
+as ``mate.bucketed+ckpt``, another configuration, only by its exact name) is represented by its best row in the cell, as
+in the paper (§3.1: "the best of the two functionally equivalent implementations is chosen for each use case"); the
+output names that row. ``memory_growth`` takes the candidate row measured at both lengths that grows least,
+``peak_rss`` the smallest ``peak_rss_mb``. A target whose rows are missing (not in the grid, skipped, failed) is
+``not measured``, never silently met.
 """
 
 from __future__ import annotations
@@ -62,8 +62,7 @@ def _ok(rows, **where) -> list[dict]:
 
 
 def matches(backend: str, name: str) -> bool:
-    """``backend`` is ``name`` or one of its implementations (``mate`` matches ``mate.bucketed``,
-    not ``mate.bucketed+ckpt``: a row with options is another configuration)."""
+    """Whether a row of ``backend`` stands for ``name`` (a family: module docstring)."""
     return backend == name or ("+" not in backend and backend.split(".")[0] == name)
 
 

@@ -1,10 +1,5 @@
-"""PointR stage 1 as a LightningModule: encoder + cell head, MML loss, Hits@1/3/5.
-
-Thin wiring only: the encoder (any attention backend) and the head are built by
-Hydra and handed in; the loss lives in :mod:`mate_cli.modeling.heads`, the metric in
-:mod:`mate_cli.metrics.retrieval`, the optimiser and schedule in ``conf/model/optimizer``
-and ``conf/model/scheduler`` (:mod:`mate_cli.lit_modules.optim`).
-"""
+"""PointR stage 1 as a LightningModule: encoder + cell head and loss (:mod:`mate_cli.modeling.heads`), Hits@1/3/5
+(:mod:`mate_cli.metrics.retrieval`)."""
 
 from __future__ import annotations
 
@@ -23,14 +18,9 @@ HITS_K = (1, 3, 5)
 
 
 class CellSelectionModule(EncoderTaskModule):
-    """Cell selection: ``P(c) = softmax_c(mean_{t in c} w·h_t)``.
-
-    Args:
-        encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder`.
-        mml: train with MML over all candidates (paper) or CE to the first candidate.
-        optimizer: ``optimizer(parameter_groups)`` (a Hydra partial, e.g. AdamW).
-        scheduler: ``scheduler(optimizer, total_steps=)`` (a Hydra partial) or None.
-    """
+    """Cell selection: ``P(c) = softmax_c(mean_{t in c} w·h_t)``. ``mml``: train with MML over all candidate cells (the
+    paper's), else cross-entropy to the first candidate; the other arguments are
+    :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s."""
 
     def __init__(
         self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None, mml: bool = True, **extra

@@ -1,4 +1,4 @@
-"""TabFact as a LightningModule: encoder + TAPAS's entailment classifier on the pooled [CLS].
+"""TabFact as a LightningModule: encoder + TAPAS's entailment classifier on the pooled sequence (``model.pooling``).
 
 Logged per evaluation: ``<stage>/loss`` (cross-entropy), ``<stage>/accuracy`` and, when
 the upstream simple/complex id lists are present, ``<stage>/accuracy_simple`` and
@@ -25,8 +25,6 @@ class EntailmentModule(EncoderTaskModule):
     """Statement verification: ``P(entailed | statement, table) = softmax(W dropout(pooled))``.
 
     Args:
-        encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder`.
-        optimizer, scheduler: Hydra partials.
         num_labels: 2 (refuted, entailed), as TabFact and ``TapasForSequenceClassification``.
         pretrained: the encoder's checkpoint: a TAPAS TabFact checkpoint's ``classifier`` loads from it.
         extra: :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s keywords, ``pooling``

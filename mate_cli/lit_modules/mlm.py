@@ -1,12 +1,10 @@
-"""Masked-LM pre-training as a LightningModule: encoder (any attention backend) + BERT's MLM head.
+"""Masked-LM pre-training as a LightningModule: encoder + BERT's MLM head (:mod:`mate_cli.modeling.mlm`), on the masks
+of :mod:`mate_cli.data.pretraining`.
 
-Thin wiring only: the masks come from :mod:`mate_cli.data.pretraining`, the head from
-:mod:`mate_cli.modeling.mlm`. Logged: ``train/loss``; on the held-out tables
-``val/mlm_loss`` (cross-entropy per predicted word piece) and ``val/mlm_accuracy`` (the
-share of predicted word pieces whose top logit is the original), both means over every
-prediction of the split however it is batched (under DDP, the validation inside fit sees
-Lightning's padded split, a few examples twice; the final validation sees each once);
-tokens/s by the Throughput callback.
+Logged on the held-out tables: ``val/mlm_loss`` (cross-entropy per predicted word piece) and ``val/mlm_accuracy`` (the
+share of predicted word pieces whose top logit is the original), both means over every prediction of the split however
+it is batched (under DDP, the validation inside fit sees Lightning's padded split, a few examples twice; the final
+validation sees each once).
 """
 
 from __future__ import annotations
@@ -31,9 +29,6 @@ class MaskedLMModule(EncoderTaskModule):
     """TAPAS-style masked-LM pre-training (MATE §3.2, App. A.1).
 
     Args:
-        encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder`.
-        optimizer: ``optimizer(parameter_groups)`` (a Hydra partial, e.g. AdamW).
-        scheduler: ``scheduler(optimizer, total_steps=)`` (a Hydra partial) or None.
         pretrained: the checkpoint the encoder came from; its ``cls.predictions`` tensors
             (a BERT or TAPAS masked-LM checkpoint) start the head, else BERT's initialisation.
     """

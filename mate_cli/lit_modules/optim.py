@@ -1,9 +1,5 @@
-"""Optimiser and schedule pieces the task modules share; the choices come from yaml.
-
-``conf/model/optimizer/*.yaml`` and ``conf/model/scheduler/*.yaml`` are Hydra partials
-(``_partial_: true``); a module calls :func:`configure` with them in
-``configure_optimizers``, once the trainer knows the number of steps.
-"""
+"""What every task module's ``configure_optimizers`` shares; the optimiser and schedule themselves are Hydra partials
+(``conf/model/optimizer``, ``conf/model/scheduler``)."""
 
 from __future__ import annotations
 
@@ -32,7 +28,8 @@ def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_rat
 
 
 def configure(module: L.LightningModule, optimizer: Callable, scheduler: Callable | None) -> dict:
-    """Lightning's ``configure_optimizers`` answer: ``optimizer(groups)``, ``scheduler(opt, total_steps)`` per step."""
+    """Lightning's ``configure_optimizers`` answer: ``optimizer(groups)``, and ``scheduler(opt, total_steps=)`` stepped
+    every optimiser step, ``total_steps`` being the trainer's estimate of the run's steps."""
     opt = optimizer(parameter_groups(module))
     if scheduler is None:
         return {"optimizer": opt}

@@ -1,14 +1,9 @@
-"""Progress as log lines where the progress bar draws nothing.
+"""Progress as log lines where Rich's progress bar draws nothing (``nohup``, a cluster's job log, any stdout that is not
+a terminal), so a long run is not silent between its model summary and its final table.
 
-Under ``nohup``, a cluster's job log or any stdout that is not a terminal, Rich's progress
-bar stays silent, so a long run printed nothing between its model summary and its final
-table. This callback then logs one line every ``every_n_seconds`` of training, or every
-``every_n_steps`` steps, whichever comes first (and at the last step): the step reached of
-``max_steps``, the epoch, the last ``train/loss``, examples and steps per second since the
-previous line, the time elapsed and the time left at that rate; and the same for each
-validation loop (batch reached of its batches). In a terminal it stays quiet (the bar shows
-the same), unless ``always`` is set. Preprocessing logs its own progress
-(:mod:`mate_cli.data.preprocess`).
+One line every ``every_n_seconds``, or every ``every_n_steps`` steps (batches in evaluation), whichever comes first, and
+at ``max_steps`` or an evaluation loop's last batch; in a terminal none unless ``always``.
+Preprocessing logs its own progress (:mod:`mate_cli.data.preprocess`).
 """
 
 from __future__ import annotations
@@ -49,8 +44,6 @@ class _Clock:
 
 
 class ProgressLog(L.Callback):
-    """One log line of progress every ``every_n_seconds`` (or ``every_n_steps``) when stdout is not a terminal."""
-
     def __init__(self, every_n_seconds: float = 60.0, every_n_steps: int | None = None, always: bool = False) -> None:
         self.every_n_seconds = float(every_n_seconds)
         self.every_n_steps = int(every_n_steps) if every_n_steps else None

@@ -1,12 +1,7 @@
-"""PointR stage 2 as a LightningModule: encoder + span head, cross-entropy to the gold span.
+"""PointR stage 2 as a LightningModule: encoder + span head, loss and decoding (:mod:`mate_cli.modeling.span`).
 
-Thin wiring: the encoder (built by Hydra, ``attention: dense``) and the
-:class:`~mate_cli.modeling.span.SpanHead`; the loss and decoding live in
-:mod:`mate_cli.modeling.span`, EM/F1 in :mod:`mate_cli.metrics.hybridqa`.
-Validation reports ``val/em`` and ``val/f1`` (percent, the official script's scale) of
-the decoded span against the answer, on the gold cell of each question.
-Optimiser and schedule from yaml (``conf/model/span.yaml``: paper App. A, reader stage,
-AdamW lr 5e-5, linear warm-up over 1% of the steps then linear decay to 0).
+Evaluation reports ``<stage>/em`` and ``<stage>/f1`` (:mod:`mate_cli.metrics.hybridqa`, percent) of the decoded span
+against the answer, on the gold cell of each question.
 """
 
 from __future__ import annotations
@@ -27,10 +22,9 @@ class SpanModule(EncoderTaskModule):
     """Span reader: ``P(s) = softmax_{valid s} MLP([h_start(s); h_end(s)])``.
 
     Args:
-        encoder: a :class:`~mate_cli.modeling.encoder.TableEncoder` (dense attention).
         max_span_length: longest answer span, in word pieces.
-        mlp_hidden: width of the span MLP's hidden layer (default: the encoder's hidden size).
-        optimizer, scheduler: Hydra partials, as :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule`.
+        mlp_hidden: width of the span MLP's hidden layer (None: the encoder's hidden size).
+        extra: :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s keywords.
     """
 
     def __init__(

@@ -1,12 +1,12 @@
 """SQA and WikiTQ as a LightningModule: the encoder and TAPAS's heads (:mod:`mate_cli.modeling.tapas_heads`).
 
 Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something); ``<stage>/accuracy`` (SQA's
-ALL: the predicted cell set equals the gold one; WikiTQ's denotation accuracy: :mod:`mate_cli.metrics.wtq`); SQA's
-``<stage>/seq`` (sequences with every question right); ``<stage>/accuracy_long`` and ``<stage>/long_questions``
-over the questions whose whole input is longer than ``long_table_tokens`` word pieces, whatever ``max_length``, so
-runs at different lengths are scored on the same questions. With DoT, ``train/`` and ``<stage>/answer_cells_kept``:
-the share of questions with answer cells whose every answer cell keeps a token after the top-K selection (the data
-statistics' ``answer_cells_kept`` is the length cut's, before it).
+ALL, :mod:`mate_cli.metrics.sqa`; WikiTQ's denotation accuracy, :mod:`mate_cli.metrics.wtq`); SQA's SEQ as
+``<stage>/seq``; ``<stage>/accuracy_long`` and ``<stage>/long_questions`` over the questions whose whole input is
+longer than ``long_table_tokens`` word pieces, whatever ``max_length``, so runs at different lengths are scored on the
+same questions. With DoT, ``train/`` and ``<stage>/answer_cells_kept``: the share of questions with answer cells whose
+every answer cell keeps a token after the top-K selection (the data statistics' ``answer_cells_kept`` is the length
+cut's, before it).
 
 SQA's evaluation feeds each question the model's own prediction for the previous one as ``prev_labels`` (TAPAS's
 evaluation), position by position, so the split must come in position order on one process: under DDP a previous
@@ -208,7 +208,6 @@ class TableQAModule(EncoderTaskModule):
             self.predictions.extend(rows)
 
     def _log_long_tables(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
-        """The long-table slice: accuracy over the questions longer than ``long_table_tokens`` whole."""
         if self.long_table_tokens is None or not part.full_lengths:
             return
         long = torch.tensor([n > self.long_table_tokens for n in part.full_lengths], device=self.device)

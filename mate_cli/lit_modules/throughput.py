@@ -1,16 +1,15 @@
 """Training throughput and memory, per epoch, to every logger (and so to metrics.json).
 
-Logged at the end of each training epoch (wall time from its first to its last batch,
-data loading included, so it is what a user waits for; validation runs inside the epoch
-are not training and their time is left out):
+Logged at the end of each training epoch (wall time from the epoch's start to its end, data
+loading included, so it is what a user waits for; validation runs inside the epoch are not
+training and their time is left out):
 
 - ``perf/examples_per_s``: training examples per second (DoT's NPE/s);
 - ``perf/tokens_per_s``: real (non-padding) tokens per second;
 - ``perf/peak_mem_mb``: peak memory: on CUDA the allocator's peak during the epoch, on
   CPU the process's peak resident set so far.
 
-Lightning's own ``ThroughputMonitor`` reports per-step windows under other names and no
-memory; the project's metric names are the ones above for every task.
+(Lightning's ``ThroughputMonitor`` reports per-step windows under other names, without memory.)
 """
 
 from __future__ import annotations

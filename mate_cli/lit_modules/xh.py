@@ -1,11 +1,10 @@
 """Transformer-XH (Zhao et al. 2020) as a PointR stage-1 baseline on HybridQA graphs (:mod:`mate_cli.data.graph`, hop
-attention: :mod:`mate_cli.modeling.xh`). Loss, metrics, predictions and logging are
-:class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule`'s, so its runs compare with the other stage-1 encoders
-in one sweep and one ``mate report``.
+attention: :mod:`mate_cli.modeling.xh`), with :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule`'s loss,
+metrics and predictions, so its runs compare with the other stage-1 encoders in one sweep and one ``mate report``.
 
 A cell's logit is the mean of its tokens' scores, pooled across the question's nodes. Tokens read hub states that the
 previous layer's hop changed, so passage evidence reaches cell scores one edge per layer, through every hop layer but
-the last (which, without ``model.extra_layers``, no cell score reads: it is frozen): ``hop_layers=L`` carries it at most
+the last (which, without ``model.extra_layers``, no cell score reads): ``hop_layers=L`` carries it at most
 ``L - 1`` edges (a passage's own rows need ``L >= 2``, rows linked to them ``L >= 3``). A first-layer hop carries
 nothing, as every hub there is the same [CLS] embedding, so with every layer hopping (``null``, the paper's) evidence
 travels ``num_layers - 2`` edges (4 for MiniLM's 6 layers).

@@ -1,11 +1,9 @@
-"""HybridQA's EM and token F1 as the official ``evaluate_script.py`` computes them, on
-:func:`~mate_cli.data.normalize.normalize_answer` (SQuAD's: lower-case, every ``string.punctuation`` character dropped,
-the whole words ``a``/``an``/``the`` replaced by a space, whitespace collapsed).
+"""HybridQA's EM and token F1 as the official ``evaluate_script.py`` computes them, on its (SQuAD's) normalisation,
+:func:`~mate_cli.data.normalize.normalize_answer`.
 
-EM: the normalised strings are equal; F1: the bag-of-tokens overlap (1 when neither side has a token, 0 when one has
-none); with several gold answers, the best. Groups: ``in_table`` and ``in_passage`` are the reference's ``table`` and
-``passage`` lists, ``total`` every question of ``reference["reference"]`` (HybridQA's "missing" questions count in it
-only). Scores are percent (``100 * mean``), as the official script prints them.
+Groups: ``in_table`` and ``in_passage`` are the reference's ``table`` and ``passage`` lists, ``total`` every question
+of ``reference["reference"]`` (HybridQA's "missing" questions count in it only). Scores are percent (``100 * mean``),
+as the official script prints them.
 
 Two cases that crash the official script are defined here: a reference question with no prediction scores as ``""``
 (counted in ``missing``), and a group with no question reports ``em``/``f1`` as ``None`` with ``count`` 0. On complete
@@ -52,7 +50,8 @@ def _f1(gold: str, pred: str) -> float:
 
 
 def f1_score(gold: Gold, pred: str) -> float:
-    """Token F1 of ``pred`` against (the best of) the gold answer(s), in [0, 1]."""
+    """Bag-of-tokens F1 of ``pred`` against (the best of) the gold answer(s), in [0, 1]; 1 when neither side has a
+    token, 0 when one side has none."""
     return max(_f1(a, pred) for a in _as_list(gold))
 
 

@@ -20,11 +20,7 @@ def hits_at_k(cell_logits: torch.Tensor, cell_mask: torch.Tensor, candidate_mask
 
 
 class HitsAtK(Metric):
-    """Hits@k over a stream of ``[batch, cells + 1]`` cell logits.
-
-    Args:
-        k: how many top cells count.
-    """
+    """Hits@``k`` over a stream of batches."""
 
     full_state_update = False
     higher_is_better = True
@@ -36,7 +32,7 @@ class HitsAtK(Metric):
         self.add_state("total", default=torch.tensor(0.0), dist_reduce_fx="sum")
 
     def update(self, cell_logits: torch.Tensor, cell_mask: torch.Tensor, candidate_mask: torch.Tensor) -> None:
-        """Args: logits, cell mask and candidate mask, each ``[batch, cells + 1]``."""
+        """Each argument ``[batch, cells + 1]``."""
         hit = hits_at_k(cell_logits, cell_mask, candidate_mask, self.k)
         self.hits += hit.sum()
         self.total += hit.numel()

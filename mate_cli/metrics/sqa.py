@@ -1,6 +1,6 @@
-"""SQA's metrics: question accuracy (ALL), the share of questions whose predicted answer cells equal the gold ones as
-sets of (row, column), and sequence accuracy (SEQ), the share of question sequences answered correctly throughout.
-Scores are fractions in [0, 1], 0.0 when there is nothing to score.
+"""SQA's metrics: question accuracy (ALL), the share of questions right by :func:`question_correct`, and sequence
+accuracy (SEQ), the share of question sequences answered correctly throughout. Scores are fractions in [0, 1], 0.0 when there is
+nothing to score.
 
 :class:`SequenceAccuracy` is SEQ for training loops, exact under DDP: its states (each question's sequence key and
 verdict) are gathered by concatenation, not averaged per process, and a question seen twice (a sampler's padding) cannot
@@ -60,8 +60,7 @@ def sequence_key(sequence_id: str) -> int:
 
 
 class SequenceAccuracy(Metric):
-    """SEQ over a stream of per-question verdicts (module docstring): the share of distinct sequence keys whose
-    questions were all correct, 0.0 before any update."""
+    """SEQ over a stream of per-question verdicts, by distinct sequence key (module docstring)."""
 
     full_state_update = False
     higher_is_better = True

@@ -1,11 +1,6 @@
-"""TabFact verification accuracy, overall and per channel.
-
-Owns the TabFact scores: the share of statements whose predicted verdict (1
-entailed / 0 refuted) equals the gold one, over all statements and, as the TabFact
-paper reports, over its two channels: ``simple`` statements (single-row lookups)
-and ``complex`` ones (statements needing aggregation, comparison, ...). A channel
-is reported only when some statement belongs to it. Scores are fractions in
-[0, 1], 0.0 when there is nothing to score.
+"""TabFact verification accuracy (verdicts 1 entailed / 0 refuted): over all statements and, as the TabFact paper
+reports, over its two channels, ``simple`` statements (single-row lookups) and ``complex`` ones (aggregation,
+comparison, ...). Scores are fractions in [0, 1], 0.0 when there is nothing to score.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""Trivial baselines: answers that need no model, scored with the tasks' own metrics.
-
-What "learned" means on a dev side is read against these. Each rule is chosen on the
-training side only, then scored on the validation side:
-
-- **WikiTQ**: the training side's most frequent answer (its gold answer list, compared
-  by normalised text), given to every question; denotation accuracy with the gold
-  targets the models are scored against (:func:`mate_cli.metrics.wtq.denotation_correct`).
-- **SQA**: the best fixed cell rule: "every cell of column c" or "the one cell at
-  (row r, column c)", for the first ``FIXED_COLUMNS`` columns and ``FIXED_ROWS`` rows,
-  the one with the highest ALL on the training side; ALL and SEQ
-  (:func:`mate_cli.metrics.sqa.sqa_scores`).
-- **TabFact**: the training side's majority verdict; accuracy. Also what the statement
-  alone tells (:func:`tabfact_statement_only`): a bag-of-words logistic regression that
-  never sees the table, its regularisation chosen by cross-validation over the training
-  side's tables; a model that reads the table should beat it.
+"""Trivial baselines (``mate baseline``): answers that need no model, scored with the tasks' own metrics; what
+"learned" means on a dev side is read against these. Each rule is chosen on the training side only, then scored on the
+validation side.
 """
 
 from __future__ import annotations
@@ -30,7 +17,8 @@ FIXED_ROWS = 3
 
 
 def wtq_most_frequent(train: Sequence[Question], validation: Sequence[Question]) -> dict:
-    """The training side's most frequent answer, for every validation question."""
+    """The training side's most frequent gold answer list (compared by normalised text) for every validation question;
+    denotation accuracy against the gold targets the models are scored against."""
     counts = Counter(tuple(sorted(normalize(a) for a in q.answers)) for q in train if q.answers)
     ((key, _),) = counts.most_common(1)
     # the answer as written in its most frequent spelling
@@ -41,7 +29,8 @@ def wtq_most_frequent(train: Sequence[Question], validation: Sequence[Question])
 
 
 def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question], table: Callable[[str], Table]) -> dict:
-    """The fixed cell rule with the best ALL on the training side, scored on validation."""
+    """The fixed cell rule with the best ALL on the training side ("every cell of column c" or "the cell at row r,
+    column c", for the first ``FIXED_COLUMNS`` columns and ``FIXED_ROWS`` rows); ALL and SEQ on validation."""
     rules = [(f"every cell of column {c}", _column(c)) for c in range(FIXED_COLUMNS)]
     rules += [
         (f"the cell at row {r}, column {c}", _cell(r, c)) for r in range(FIXED_ROWS) for c in range(FIXED_COLUMNS)
@@ -80,8 +69,9 @@ STATEMENT_ONLY_C = (0.03, 0.1, 0.3, 1.0)
 
 
 def tabfact_statement_only(train: Sequence[Question], validation: Sequence[Question]) -> dict:
-    """A unigram bag-of-words logistic regression on the statement alone (no table), fitted on
-    the training side and scored on the validation side: the statements' own label bias."""
+    """A unigram bag-of-words logistic regression on the statement alone (no table), fitted on the training side: the
+    statements' own label bias, which a model that reads the table should beat. ``{}`` with fewer than two training
+    tables or labels."""
     from sklearn.feature_extraction.text import CountVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import GroupKFold, cross_val_score

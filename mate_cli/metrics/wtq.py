@@ -62,8 +62,6 @@ def normalize(text: str) -> str:
     text = re.sub(r"[“”]", '"', text)
     # Dashes: hyphen, non-breaking hyphen, figure/en/em dash and minus become "-".
     text = re.sub(r"[‐‑‒–—−]", "-", text)
-    # Until nothing changes: strip, drop trailing citations, strip, drop trailing
-    # " (...)" details, strip, drop one pair of outer double quotes.
     while True:
         before = text
         text = _CITATIONS.sub("", text.strip())
@@ -71,10 +69,8 @@ def normalize(text: str) -> str:
         text = _OUTER_QUOTES.sub(r"\1", text.strip())
         if text == before:
             break
-    # One trailing period.
     if text.endswith("."):
         text = text[:-1]
-    # Whitespace runs become one space; lower-case; strip.
     return re.sub(r"\s+", " ", text).lower().strip()
 
 

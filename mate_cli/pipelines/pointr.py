@@ -4,9 +4,8 @@ Each stage is a trained run (:func:`mate_cli.runs.load_trained`): :class:`CellRa
 table as its training run encoded it, TF-IDF expansion included: :mod:`mate_cli.data.expand`) and
 :class:`SpanPredictor` (stage 2, the answer span in the chosen cell's context). :func:`evaluate_pointr` serves
 ``mate pointr``, :func:`predict_question` ``mate predict``. Without a stage-2 checkpoint the answer is the top cell's
-own text, so stage 1 can be evaluated end to end on its own. A table without passages or passage file, an empty
-chosen cell, a table without a selectable cell or an answer found nowhere is counted (:data:`ROBUSTNESS_LINES`),
-logged as one line and predicted as well as possible; none of them stops the run.
+own text, so stage 1 can be evaluated end to end on its own. A question the data or a stage cannot serve fully is
+counted under :data:`ROBUSTNESS_LINES`, logged as one line and predicted as well as possible; none stops the run.
 """
 
 from __future__ import annotations
@@ -65,7 +64,8 @@ def check_same_split(stage1: DictConfig, stage2: DictConfig) -> None:
 # ------------------------------------------------------------------ stage 1
 class CellRanker:
     """Stage 1, from a trained :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule` run: cell
-    probabilities of encoded examples and their ``top_k`` cells (at least 5 for Hits@5)."""
+    probabilities of encoded examples and their ``top_k`` cells (Hits@k looks no further: Hits@5 needs
+    ``top_k >= 5``)."""
 
     def __init__(
         self, stage: TrainedRun, device: torch.device, precision: str | None = None, batch_size: int = 8, top_k: int = 5

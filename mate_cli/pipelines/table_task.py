@@ -1,11 +1,8 @@
-"""One question (or statement) about one table file, answered by a trained table-task run.
+"""One question (or statement) about one table file, answered by a trained table-task run (``mate predict``).
 
-``mate predict ckpt_path=<sqa|wtq|tabfact run>/checkpoints/last.ckpt table=<file> question="..."``
-reads the table in the run's dataset format (WikiTQ ``.tsv``/``.csv``, SQA ``.csv``,
-TabFact ``#``-separated ``.html.csv``), encodes it exactly as training did (the run's
-``max_length``, ``max_question_tokens``, ``pruning`` and ``empty_cell_token``), and decodes with the run's
-head: TabFact gives the verdict and its probability; SQA the selected cells; WikiTQ the
-selected cells, the aggregation operator and the computed answer.
+The table is read in the run's dataset format (its task's ``read_table_file``) and encoded as training encoded it
+(:func:`~mate_cli.data.table_tasks.table_tokenizer`); the answer is the run's decoded row: a verdict and its
+probability, or the selected cells, with WikiTQ's aggregation operator and computed answer.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""`mate report`: runs on disk -> one row per configuration, median and half-IQR over seeds.
+"""`mate report`: run dirs on disk (no W&B) -> one row per configuration, each metric over seeds.
 
-- :mod:`mate_cli.report.collect`: find run dirs under a folder and read what each left
-  (``resolved_config.yaml``, ``metrics.json``, ``FAILED``, ``.hydra/``); no W&B.
-- :mod:`mate_cli.report.aggregate`: group runs into configurations and summarise each
-  metric over seeds (median, half-IQR, n), as the MATE paper reports.
-- :mod:`mate_cli.report.render`: the table's text, ``report.md``, ``report.csv`` and the PNGs.
+:mod:`~mate_cli.report.collect` reads the runs, :mod:`~mate_cli.report.aggregate` groups and summarises them,
+:mod:`~mate_cli.report.render` and :mod:`~mate_cli.report.screen` write and show the table.
 """

@@ -29,7 +29,7 @@ NOT_CONFIGURATION_GROUPS = ("logger", "paths", "hydra", "extras")
 #: throughput and memory, shown after the validation metrics when runs have them
 PERF_METRICS = ("perf/examples_per_s", "perf/peak_mem_mb")
 THROUGHPUT = "perf/examples_per_s"
-#: the default main metric: the first of these the runs have (else the first val metric)
+#: the default main metric's first choices (:func:`main_metric`)
 MAIN_METRICS = ("val/hits@1", "val/f1")
 MISSING = "-"
 
@@ -165,7 +165,7 @@ def choose_metrics(runs: Sequence[Run], requested: Sequence[str] | None = None) 
 
 
 def main_metric(metrics: Sequence[str], requested: str | None = None) -> str | None:
-    """``requested``, else ``val/hits@1``, ``val/f1``, the first ``val/*`` metric, the first metric."""
+    """``requested``, else the first of ``metrics`` in :data:`MAIN_METRICS`, else the first ``val/*``, else the first."""
     if requested:
         if requested not in metrics:
             raise MateError(
