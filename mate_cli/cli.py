@@ -1,9 +1,4 @@
-"""`mate <command> [hydra overrides]`: one Hydra app per command; a `MateError` prints one line and exits with 2.
-
-``sys.argv`` stays the real command line, ``[<path of mate>, <command>, *overrides]``, which Lightning's DDP launcher
-re-executes for ranks > 0 (adding ``hydra.run.dir=<this run>``); only Hydra's argument parsing sees
-``[<path of mate>, *overrides]`` (:func:`run_hydra_app`). Bash completion: :func:`shell_completion`.
-"""
+"""`mate <command> [hydra overrides]`: one Hydra app per command; bad input is one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
@@ -75,7 +70,7 @@ def check_group_choices(args: list[str], conf_dir: Path = CONF_DIR) -> str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    program = sys.argv[0]  # the `mate` executable (Lightning's DDP launcher runs it again)
+    program = sys.argv[0]
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
@@ -109,7 +104,6 @@ NO_TASK_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i")
 
 
 def answers_only(args: list[str]) -> bool:
-    """Whether Hydra will only answer (``--help``, ``--cfg job``, ``--info``), running no task."""
     return any(arg in NO_TASK_FLAGS for arg in args)
 
 
@@ -122,7 +116,7 @@ def answer_only_app(command: str):
 
     register_resolvers()  # `--cfg job --resolve` resolves mate's interpolations
 
-    def no_task(cfg) -> None:  # Hydra calls no task for these flags
+    def no_task(cfg) -> None:
         raise RuntimeError(f"mate {command}: a task ran for a flag that answers only")
 
     no_task.__module__ = COMMANDS[command][0]  # Hydra names the job from the task's module
@@ -130,8 +124,7 @@ def answer_only_app(command: str):
 
 
 def checked_command_line(command: str, args: list[str]) -> tuple[list[str], str | None]:
-    """``args`` with free text quoted for Hydra, and the one-line problem the checks before Hydra's app find in
-    them (group choices, keys, types, modes), if any."""
+    """``args`` with free text quoted for Hydra, and the one-line problem in them, if any."""
     args = quote_free_text(command, list(args))
     return args, check_group_choices(args) or check_command_line(command, args) or check_one_mode(args)
 
@@ -145,10 +138,9 @@ def check_one_mode(args: list[str]) -> str | None:
 
 
 def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:
-    """Claim the folder a command line names (``hydra.run.dir=``; with ``-m``, ``hydra.sweep.dir=``) by
-    :func:`mate_cli.run_lock.claim` before Hydra writes ``.hydra/`` there; returns the arguments to run (pointing at a
-    new subfolder under ``paths.existing_run_dir=subdir``) and the one-line problem, if any. Default run dirs are taken
-    by :func:`mate_cli.commands.common.run_task`."""
+    """Claim the folder a command line names (``hydra.run.dir=``; with ``-m``, ``hydra.sweep.dir=``) before Hydra
+    writes ``.hydra/`` there (:func:`mate_cli.run_lock.claim`); returns the arguments to run and the one-line problem,
+    if any. Default run dirs are taken by :func:`mate_cli.commands.common.run_task`."""
     from mate_cli import run_lock
     from mate_cli.errors import MateError
 
@@ -181,7 +173,6 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
 
 
 def unwritable(folder: Path, err: OSError) -> str:
-    """The one line for a folder run dirs cannot be written in."""
     return (
         f"cannot write run dirs in {folder} ({err.strerror or err}); set MATE_OUTPUT_DIR to a writable folder, "
         "or pass hydra.run.dir=<writable folder>"
@@ -189,8 +180,8 @@ def unwritable(folder: Path, err: OSError) -> str:
 
 
 def check_output_root(args: list[str]) -> str | None:
-    """The one-line problem when the folder of default run dirs (``$MATE_OUTPUT_DIR``, else ``outputs``) cannot be
-    made or written, found before Hydra tries."""
+    """The one-line problem when the folder of default run dirs cannot be made or written, found before Hydra
+    tries."""
     import tempfile
 
     if any(arg in args for arg in ("--cfg", "-c", *ANSWER_ONLY_FLAGS)) or any(
@@ -207,9 +198,10 @@ def check_output_root(args: list[str]) -> str | None:
 
 
 def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:
-    """Run ``command``'s ``@hydra.main`` ``app`` on ``args``: Hydra parses ``sys.argv = [program, *args]``, the
-    task sees the true command line ``[program, command, *args]``. ``program`` stays the real ``mate`` (the DDP
-    launcher re-executes ``sys.argv``); Hydra names the job, and its ``<command>.log``, from the command's module."""
+    """Run ``command``'s ``@hydra.main`` ``app``: Hydra parses ``sys.argv = [program, *args]``; the task runs with
+    the real command line ``[program, command, *args]`` as ``sys.argv``, which Lightning's DDP launcher re-executes
+    for ranks > 0 (adding ``hydra.run.dir=<this run>``). Hydra names the job, and its ``<command>.log``, from the
+    command's module."""
     from mate_cli.commands import common
 
     common.COMMAND_LINE[:] = [program, command, *args]

@@ -1,11 +1,6 @@
 """What mate prints, and how: a terminal gets rich's layout at its width; a file or a pipe
 (nohup, SLURM, ``| tee``) gets lines that are never wrapped or cut, so every path stays
 whole and greppable.
-
-- :func:`console`: the rich console for the screen;
-- :func:`print_config`: the start of a run: its overrides and run dir on screen (the
-  whole config with ``extras.print_config=true``), the whole config in the run's log file;
-- :func:`print_outputs`: the end of a command: where each of its outputs went.
 """
 
 from __future__ import annotations
@@ -22,8 +17,6 @@ UNWRAPPED = 10_000
 
 
 def console(stream=None):
-    """A rich console on ``stream`` (stdout): the terminal's width on a terminal, else
-    :data:`UNWRAPPED` with soft wrapping (lines as long as they are)."""
     from rich.console import Console
 
     stream = stream or sys.stdout

@@ -9,8 +9,7 @@
   ``mate eval`` warn of (``non_finite`` in ``metrics.json``) and ``mate report`` lists as a
   failed run (a diverged run is no result of 0).
 
-Inputs: a WikiTQ answer beyond float32's range is refused where it is read (file and
-line), and a cell number beyond it is text to the model (:mod:`mate_cli.data.numbers`).
+Inputs beyond float32's range: :mod:`mate_cli.data.numbers`.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from mate_cli.errors import MateError
 
 
 def non_finite_tensors(state: Mapping[str, object]) -> list[str]:
-    """The keys of floating-point tensors in ``state`` holding a NaN or an infinity."""
     return [
         key
         for key, value in state.items()
@@ -34,7 +32,6 @@ def non_finite_tensors(state: Mapping[str, object]) -> list[str]:
 
 
 def non_finite_metrics(metrics: Mapping[str, object]) -> list[str]:
-    """The keys of ``metrics`` whose number is NaN or infinite."""
     return sorted(
         key
         for key, value in metrics.items()
@@ -43,8 +40,6 @@ def non_finite_metrics(metrics: Mapping[str, object]) -> list[str]:
 
 
 class StopOnNonFiniteLoss(L.Callback):
-    """Stops training at the first non-finite training loss, before its backward pass."""
-
     def __init__(self) -> None:
         self._ids: list[str] = []
 

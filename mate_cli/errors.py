@@ -1,14 +1,11 @@
-"""The one exception type users can cause, and how the CLI reports it.
-
-`MateError` carries one line: what went wrong, where (file / record / config key),
-and how to fix it. `mate` prints that line and exits with status 2.
-"""
+"""The one exception type users can cause."""
 
 from __future__ import annotations
 
 
 class MateError(Exception):
-    """A user-fixable error. The message is one line: what, where, how to fix."""
+    """A user-fixable error in one line: what went wrong, where (file / record / config key), and how to fix it.
+    ``mate`` prints that line and exits with :attr:`exit_code` (:func:`mate_cli.commands.common.run_task`)."""
 
     exit_code = 2
 

@@ -1,8 +1,4 @@
-"""Free text as Hydra override values: quoting that parses back to exactly what was typed.
-
-``cli.py`` uses it for ``mate predict question=...``; ``mate report`` for bare paths
-(job dirs contain ``=`` and ``,``).
-"""
+"""Free text as Hydra override values: quoting that parses back to exactly what was typed."""
 
 from __future__ import annotations
 

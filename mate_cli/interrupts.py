@@ -2,15 +2,13 @@
 ``FAILED`` saying what happened, that line on screen, and exit status 128 + the signal (143, 130), never 0.
 
 While ``mate train`` or ``mate pretrain`` trains, the first signal only asks to stop: the batch finishes, a whole
-``checkpoints/last.ckpt`` is saved at that step, and ``FAILED`` reads "interrupted by SIGTERM at step N; resume with
-ckpt_path=<run dir>" (resuming continues exactly: :mod:`mate_cli.resume`). During a validation inside training it stops
-at the next validation batch without saving, and ``FAILED`` names the step the newest ``last.ckpt`` holds. Elsewhere
-(preprocessing, the final validation, other commands), and at a second signal, the command stops at once; what is on
-disk is whole, as every write is atomic (:mod:`mate_cli.io`).
+``checkpoints/last.ckpt`` is saved at that step, and ``FAILED`` says how to resume (exactly: :mod:`mate_cli.resume`).
+During a validation inside training it stops at the next validation batch without saving, and ``FAILED`` names the
+step the newest ``last.ckpt`` holds. Elsewhere (preprocessing, the final validation, other commands), and at a second
+signal, the command stops at once; what is on disk is whole, as every write is atomic (:mod:`mate_cli.io`).
 
-A signal to the whole process group (Ctrl-C in a terminal, ``timeout``, a scheduler) is left to the main process by the
-``DataLoader`` workers (:func:`loader_worker_start`), so it never ends a run as "worker killed by signal";
-preprocessing's workers end as they would without mate (:mod:`mate_cli.data.preprocess`).
+A signal to the whole process group (Ctrl-C in a terminal, ``timeout``, a scheduler): ``DataLoader`` workers leave it
+to the main process (:func:`loader_worker_start`); preprocessing's workers: :mod:`mate_cli.data.preprocess`.
 """
 
 from __future__ import annotations
@@ -49,7 +47,6 @@ def install() -> None:
 
 
 def received() -> int | None:
-    """The signal this command received, if any."""
     return _State.received
 
 

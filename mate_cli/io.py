@@ -28,7 +28,6 @@ def default_mode() -> int:
 
 
 def publish(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Give the finished temp file ``tmp`` ordinary permissions and rename it to ``path``."""
     os.chmod(tmp, default_mode())
     os.replace(tmp, path)
 
@@ -38,7 +37,6 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.mate~(?P<host>[^~/]+)~(?P<pid>\d+)~[^~/]*\
 
 
 def temp_prefix(path: Path) -> str:
-    """The start of the temp file name for ``path``: who writes it (host and pid)."""
     return f".{path.name}.mate~{socket.gethostname()}~{os.getpid()}~"
 
 
@@ -61,8 +59,8 @@ def is_stale_temp(path: Path) -> bool:
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w"):
-    """Open a temp file (``.<name>.mate~<host>~<pid>~<random>.tmp``) beside ``path`` for writing; on success it becomes
-    ``path`` in one rename, on an error it is removed."""
+    """A temp file beside ``path``, open for writing; on success it becomes ``path`` in one rename, on an error it is
+    removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
@@ -78,7 +76,6 @@ def atomic_open(path: str | os.PathLike, mode: str = "w"):
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (:func:`atomic_open`); returns ``path``."""
     with atomic_open(path) as handle:
         handle.write(text)
     return Path(path)

@@ -34,7 +34,7 @@ def override_parts(overrides) -> list[str]:
     """What a job's overrides (``${hydra:overrides.task}``, a sweep's value included) say about the run, as the
     ``key=value`` parts of its name and tags: the key's last part (``model.optimizer.lr=3e-05`` -> ``lr=3e-05``), or the
     whole key where two share one. Left out: :data:`NOT_IN_NAME`, :data:`NOT_IN_NAME_GROUPS`, and values holding a path
-    (``/``) or a list, which a tag cannot show. So a sweep's jobs differ by what was swept."""
+    (``/``), a list or a mapping, which a tag cannot show. So a sweep's jobs differ by what was swept."""
     pairs = []
     for item in overrides or ():
         key, sep, value = str(item).partition("=")
@@ -163,8 +163,7 @@ PROCESS_TAG = secrets.token_hex(3)
 
 
 def register_resolvers() -> None:
-    """Register the ``${mate.*:}`` resolvers listed below (idempotent); ``mate.join`` joins
-    :func:`name_parts` with ``-`` (run names)."""
+    """Register the ``${mate.*:}`` resolvers (idempotent)."""
     resolvers = {
         "mate.unique": lambda: PROCESS_TAG,
         "mate.repo_root": lambda: str(REPO_ROOT),

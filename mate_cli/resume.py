@@ -85,8 +85,6 @@ def training_samplers(trainer: L.Trainer) -> list[EpochShuffle]:
 
 
 class ResumeState(L.Callback):
-    """Saves and restores what Lightning does not: RNG states and the position in the epoch."""
-
     def __init__(self) -> None:
         self.examples_this_epoch = 0
         self._resume: dict | None = None
@@ -141,8 +139,7 @@ def forget_other_runs_checkpoints(trainer: L.Trainer) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` into a temp file beside the target, fsync, then one rename; loads
-    weights-only (a checkpoint already loaded and checked is handed over, not read again)."""
+    """Loads weights-only; a checkpoint already loaded and checked (:meth:`preload`) is handed over, not read again."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -166,7 +163,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise MateError(write_failure(path, err, fix)) from err
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        """The checkpoint to resume from, weights-only (:func:`load_weights_only`)."""
         from mate_cli.modeling.checkpoints import load_weights_only
 
         preloaded, self._preloaded = self._preloaded, None
@@ -244,7 +240,7 @@ def continue_wandb_run(cfg, resume: str | None) -> str | None:
             earlier = OmegaConf.select(run, "logger.wandb.id", default=None)
         if earlier is None:
             log.info("%s records no W&B run id: the resumed run is a new W&B run", config)
-    wandb_cfg.id = str(earlier) if earlier else secrets.token_hex(4)  # Lightning passes resume="allow"
+    wandb_cfg.id = str(earlier) if earlier else secrets.token_hex(4)
     return str(wandb_cfg.id)
 
 

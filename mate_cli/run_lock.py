@@ -3,8 +3,7 @@
 - One process: the first ``mate`` process in a run dir holds an exclusive ``flock`` on ``<run dir>/.mate.lock``
   until it exits; the OS releases it when the process dies, kill -9 included, so a lock never goes stale. A second
   process is refused in one line. Default run dirs never collide: the lock stops two runs given one run dir.
-- Never another run's files (:func:`claim`): a ``hydra.run.dir=`` that holds files is refused in one line unless
-  they are this command's own interrupted run; ``paths.existing_run_dir=subdir`` writes into a new folder inside it.
+- Never another run's files: a ``hydra.run.dir=`` holding files is refused in one line (:func:`claim`).
 - Taking the lock removes the temp files killed mate processes left half-written (:func:`mate_cli.io.is_stale_temp`)
   and nothing else.
 
@@ -30,7 +29,6 @@ _HELD: dict[Path, object] = {}
 
 
 def is_ddp_child() -> bool:
-    """Whether a launcher started this process as rank > 0 (``LOCAL_RANK``, ``NODE_RANK`` or ``RANK`` set, not 0)."""
     return any(os.environ.get(name, "0").strip() not in ("", "0") for name in ("LOCAL_RANK", "NODE_RANK", "RANK"))
 
 

@@ -43,7 +43,6 @@ def walk_targets(node: Any) -> Iterator[tuple[str, Any]]:
 
 @functools.lru_cache(maxsize=None)
 def allowed_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
-    """Every ``_target_`` string in the yaml files under ``conf_dir``."""
     found = set()
     for path in sorted(Path(conf_dir).rglob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):

@@ -1,5 +1,5 @@
 """A trained run rebuilt from its checkpoint (config, weights, device) for ``mate eval``, ``mate predict`` and
-PointR, and the one check of a checkpoint before it is resumed or loaded. Never imports the commands."""
+PointR; the one check of a checkpoint before it is resumed or loaded; ``init_from``."""
 
 from __future__ import annotations
 
@@ -130,7 +130,6 @@ def read_state(path: Path, key: str, fix: str) -> tuple[dict, dict]:
 
 
 def refuse_non_finite(state: dict, path: Path, key: str) -> None:
-    """One `MateError` line naming ``key`` when ``state`` holds a NaN or infinite weight."""
     from mate_cli.divergence import non_finite_tensors
 
     bad = non_finite_tensors(state)
@@ -227,10 +226,8 @@ def load_trained(
 
 
 def init_weights_from(model: torch.nn.Module, value: str | Path, key: str = "init_from") -> str:
-    """``init_from=<run dir | checkpoint>``: copy in every tensor of that checkpoint (a run dir: its best) whose
-    name and shape match ``model``'s, so the encoder and every head that fits start from it (an SQA run's
-    cell-selection head into a WikiTQ model) and the rest stay fresh. Weights only: the optimiser, schedule and step
-    start anew. Returns the one line that says what was loaded and what starts fresh."""
+    """``init_from=<run dir | checkpoint>`` (conf/train.yaml): copy in every tensor of that checkpoint (a run dir: its
+    best) whose name and shape match ``model``'s; the rest stay fresh. Returns the one line that says which."""
     path = run_checkpoint(value, key)
     if not path.is_file():
         raise MateError(

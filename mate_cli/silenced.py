@@ -1,10 +1,11 @@
 """Third-party warnings that mate understands, silenced where they are raised (a
 ``warnings`` filter on their message and module), each with the reason; anything else
-still shows. ``docs/architecture.md`` lists them for users.
+still shows. ``docs/architecture.md`` lists them too.
 
-Filters are installed by :func:`silence` before a command imports Lightning, W&B or
-torch's compiler (:func:`mate_cli.cli.main`), and again by every command's task, so a
-sweep's worker processes get them too.
+:func:`silence` runs before a command imports Lightning, W&B or torch's compiler
+(:func:`mate_cli.cli.main`), and again in the tasks that call
+:func:`mate_cli.commands.common.quiet_third_party_logs`, so a sweep's worker processes get
+the filters too.
 """
 
 from __future__ import annotations

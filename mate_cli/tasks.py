@@ -1,10 +1,5 @@
-"""The table tasks by name (``dataset.task``, ``model.task``).
-
-One :class:`TableTask` per task says how its release is read, what a gold answer is and
-how it is scored, which trivial rules the task is compared with, and the file its
-predictions are written to. The datamodule, the task module, ``mate eval``, ``mate
-predict`` and ``mate baseline`` ask :func:`get`; nothing else compares a task's name. A
-new task is one :func:`register` call.
+"""The table tasks by name (``dataset.task``, ``model.task``): one :class:`TableTask` each, asked through
+:func:`get`, added by :func:`register` (docs/architecture.md, "The table tasks").
 
 Objects are named by ``"module:attribute"`` strings, imported on use, so reading this
 registry imports neither torch nor a reader.

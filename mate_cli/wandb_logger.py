@@ -1,13 +1,12 @@
 """Lightning's W&B logger as mate runs it: quiet, and continued across a resume.
 
 - ``quiet`` (default): W&B's own start and closing lines (run summary, history, "find
-  logs at", "you can sync") are not printed; mate ends each run by printing the W&B
-  run's folder and the ``wandb sync`` command for it (:mod:`mate_cli.console`).
-- Lightning passes ``anonymous=None`` to ``wandb.init``, which W&B answers with a
-  deprecation warning on every run; the key is dropped when it says nothing.
-- ``id``: set by ``mate train`` before the logger is built (a resumed run takes its
-  checkpoint's run's id: :func:`mate_cli.resume.continue_wandb_run`); Lightning already
-  passes ``resume="allow"``, so the resumed run continues that W&B run.
+  logs at", "you can sync") are not printed; ``mate train`` ends by printing the W&B
+  run's folder, and for an offline run the ``wandb sync`` command
+  (:func:`mate_cli.commands.train.outputs`).
+- Lightning passes ``anonymous=None`` to ``wandb.init``, which W&B answers with "The
+  anonymous setting has no effect" on every run; the key is dropped when it is None.
+- ``id``: :func:`mate_cli.resume.continue_wandb_run`.
 - A W&B service shared through ``WANDB_SERVICE`` (``wandb beta core start``) keeps holding
   the run id of a client that was killed (``kill -9``, an out-of-memory kill), so resuming
   that run through the same service is refused with "run ID ... is in use": mate says so

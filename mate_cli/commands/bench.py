@@ -27,7 +27,6 @@ register_resolvers()
 
 
 def settings_from(cfg: DictConfig) -> Settings:
-    """``cfg.bench`` -> :class:`mate_cli.bench.runner.Settings`."""
     b = OmegaConf.to_container(cfg.bench, resolve=True)
     return Settings(
         levels=list(b["levels"]),

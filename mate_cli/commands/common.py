@@ -22,9 +22,7 @@ log = logging.getLogger("mate_cli")
 #: written into the run dir of a run that failed: the one-line error
 FAILED_MARKER = "FAILED"
 
-#: this process's command line, ``[<mate executable>, <command>, *overrides]``, set by
-#: :func:`mate_cli.cli.run_hydra_app`; tasks run with it as ``sys.argv`` because
-#: Lightning's DDP launcher re-executes ``sys.argv`` for ranks > 0.
+#: this process's command line, the tasks' ``sys.argv`` (:func:`mate_cli.cli.run_hydra_app` says why)
 COMMAND_LINE: list[str] = []
 
 
@@ -174,7 +172,6 @@ def find_mate_error(err: BaseException | None) -> MateError | None:
 
 
 def find_in_chain(err: BaseException | None, kind: type):
-    """The first exception of ``kind`` in ``err``'s cause chain, else None."""
     seen = set()
     while err is not None and id(err) not in seen:
         if isinstance(err, kind):
@@ -194,14 +191,12 @@ def command_overrides() -> list[str]:
 
 
 def run_dir() -> Path:
-    """The Hydra run directory of the current job."""
     from hydra.core.hydra_config import HydraConfig
 
     return Path(HydraConfig.get().runtime.output_dir)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
-    """Print a rich table with ``columns`` headers and string ``rows``."""
     from rich.table import Table
 
     from mate_cli.console import console
@@ -220,7 +215,6 @@ def print_metrics(title: str, metrics: dict, names: Sequence[str], prefix: str =
 
 
 def instantiate_dict(section: DictConfig | None) -> list:
-    """Instantiate every ``_target_`` entry of a group like ``callbacks`` or ``logger``."""
     from hydra.utils import instantiate
 
     if not section:
@@ -230,7 +224,7 @@ def instantiate_dict(section: DictConfig | None) -> list:
 
 def quiet_third_party_logs() -> None:
     """Third-party progress bars and INFO logs off; the warnings mate understands silenced
-    (:mod:`mate_cli.silenced`); Lightning's own console handler dropped (Hydra's prints)."""
+    (:mod:`mate_cli.silenced`)."""
     from mate_cli.silenced import silence
 
     silence()

@@ -1,9 +1,7 @@
-"""`mate eval ckpt_path=<run dir>[/checkpoints/<name>.ckpt]`: rebuild that run's datamodule
-and model from its ``resolved_config.yaml``, evaluate the chosen split, print the
-metrics and write ``metrics.json`` atomically into this eval run's directory; for the
-table tasks also the predictions in the dataset's upstream answer format
-(:mod:`mate_cli.data.answer_files`).
-(PointR end to end has its own command, ``mate pointr``.)"""
+"""`mate eval ckpt_path=<run dir>[/checkpoints/<name>.ckpt]`: rebuild that run's datamodule and model from its
+``resolved_config.yaml``, evaluate the chosen split, print the metrics and write ``metrics.json`` into this eval run's
+directory; for the table tasks also the predictions in the dataset's upstream answer format. PointR end to end is
+``mate pointr``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """`mate pointr stage1.ckpt_path=... stage2.ckpt_path=...`: PointR end to end
-(:func:`mate_cli.pipelines.pointr.evaluate_pointr`): predictions.json in the official
-format, EM/F1 in-table / in-passage / total and Hits@1/3/5 of stage 1, printed and
-written into the run dir."""
+(:func:`mate_cli.pipelines.pointr.evaluate_pointr` writes the run dir's files); prints EM/F1 in-table / in-passage /
+total and stage 1's Hits@1/3/5."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ register_resolvers()
 
 
 def pointr(cfg: DictConfig) -> dict:
-    """Run the pipeline, print EM/F1 and Hits@k."""
     quiet_third_party_logs()
     metrics = evaluate_pointr(cfg, run_dir())
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731

@@ -1,5 +1,4 @@
-"""`mate predict`: answer one question about one table file; write ``prediction.json``
-atomically into the run dir.
+"""`mate predict`: answer one question about one table file; write ``prediction.json`` into the run dir.
 
 - HybridQA (``table=... passages=... question="..." stage1.ckpt_path=... [stage2.ckpt_path=...]``):
   PointR (:func:`mate_cli.pipelines.pointr.predict_question`); prints the answer, the chosen
@@ -70,7 +69,6 @@ def predict(cfg: DictConfig) -> dict:
 
 
 def predict_table_task(cfg: DictConfig) -> dict:
-    """SQA / WikiTQ / TabFact: one question (statement) about one table file."""
     check_checkpoint(run_checkpoint(cfg.ckpt_path))
     device = pick_device(cfg.trainer.get("accelerator"))
     run = load_trained(cfg.ckpt_path, cfg.get("overrides"), (TableQAModule, EntailmentModule), "predict", device,

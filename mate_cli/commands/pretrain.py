@@ -1,13 +1,6 @@
-"""`mate pretrain`: masked-LM pre-training on tables (MATE §3.2, App. A.1), a Hydra app over
-``conf/pretrain.yaml``.
-
-It runs `mate train`'s loop (:func:`mate_cli.commands.train.train`: resumable checkpoints,
-loggers, the best checkpoint validated) with the masked-LM module and a pre-training corpus,
-plus two things the config switches on: ``validate_start`` scores the starting checkpoint on
-the held-out tables before the first step (``start/val/*`` in metrics.json), and
-``export_encoder`` writes ``<run dir>/encoder``, the best checkpoint as a
-``transformers.TapasForMaskedLM`` directory, which ``mate train
-model.encoder.pretrained=<run dir>/encoder`` fine-tunes from.
+"""`mate pretrain`: masked-LM pre-training on tables (MATE §3.2, App. A.1): `mate train`'s loop
+(:func:`mate_cli.commands.train.train`) on ``conf/pretrain.yaml``, which switches on ``validate_start`` and
+``export_encoder``. ``mate train model.encoder.pretrained=<run dir>/encoder`` fine-tunes from the export.
 """
 
 from __future__ import annotations

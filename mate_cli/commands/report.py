@@ -1,9 +1,7 @@
-"""`mate report <multirun dir | outputs dir>`: read every train run under it (its
-``resolved_config.yaml``, ``metrics.json``, ``FAILED`` and ``.hydra/``; no W&B), print one
-row per configuration with each metric's median and half-IQR over seeds, then the
-failed and the incomplete runs, and write ``report.md``, ``report.csv``,
-``report_<metric>.png`` and ``report_accuracy_vs_throughput.png`` atomically into this
-report's run dir. The reading and summarising live in :mod:`mate_cli.report`.
+"""`mate report <multirun dir | outputs dir>`: read every run under it (no W&B), print one row per configuration
+with each metric's median and half-IQR over seeds, then the repeated seeds, the failed and the incomplete runs, and
+write ``report.md``, ``report.csv`` and the plots (``report_*.<format>``) into this report's run dir. The reading,
+summarising and plotting live in :mod:`mate_cli.report`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """`mate train`: compose, instantiate, fit (or resume: ``ckpt_path=<file | run dir | last>``; or start from another
 run's weights: ``init_from=<run dir | checkpoint>``), validate the best checkpoint, write ``metrics.json``.
 
-README lists the run dir's files. ``metrics.json`` holds ``val/*`` (the best checkpoint's; with
-``validate_best=false`` the last validation inside fit, if any), ``train/*`` (loss and metric on the last logged
-training batch), ``tags``, ``start/val/*`` (``validate_start=true``: before the first step) and ``test/*``
-(``test_after_training=true``: the best checkpoint on a test split with answers). ``export_encoder=true`` writes the
-best encoder to ``encoder/`` as a ``transformers.TapasModel`` directory; ``keep_best=encoder`` also removes the best
-checkpoint file, never ``last.ckpt`` (``metrics.json``: ``best_kept_as``).
+The run dir's files: README. The switches around fitting (``validate_start``, ``validate_best``,
+``test_after_training``, ``export_encoder``, ``keep_best``): ``conf/train.yaml``.
 
 Under DDP every rank runs :func:`train` and rank 0 alone prints and writes files; the final validation sees every
 example exactly once across the ranks, so its metrics equal a single-process ``mate eval`` of the same checkpoint.
@@ -58,7 +54,7 @@ register_resolvers()
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit and validate; returns the final validation metrics."""
+    """Returns what ``metrics.json`` holds."""
     quiet_third_party_logs()
     out = run_dir()
     resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
@@ -175,7 +171,6 @@ def print_summary(metrics: dict, validated_best: bool = True) -> None:
 
 
 def outputs(out: Path, metrics: dict, loggers, wandb_run: Path | None) -> dict[str, object]:
-    """What a training run wrote, for the last lines on screen."""
     from lightning.pytorch.loggers import CSVLogger
 
     found = {"run dir": out, "metrics": out / "metrics.json", "best checkpoint": metrics["best_checkpoint"],
@@ -194,7 +189,6 @@ def outputs(out: Path, metrics: dict, loggers, wandb_run: Path | None) -> dict[s
 
 
 def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:
-    """Save the checkpoint's encoder and vocab as a transformers directory (the module's ``export_pretrained``)."""
     state = load_weights_only(ckpt_path, "export from a checkpoint this run wrote")["state_dict"]
     model.load_state_dict(state)
     tokenizer = load_tokenizer(cfg.model.encoder.pretrained)
@@ -290,7 +284,6 @@ def _best_checkpoint(trainer, last: Path) -> str:
 
 
 def _own(path: str | Path, out: Path) -> bool:
-    """Whether ``path`` is one of this run's checkpoints (``<out>/checkpoints/*``)."""
     return Path(path).resolve().parent == (out / "checkpoints").resolve()
 
 
