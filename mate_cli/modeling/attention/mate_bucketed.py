@@ -211,12 +211,12 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, w
     allowed, keys, free, head_view, real = plan.kernel_args
     # float32 results are returned as they are; others are rounded from scratch
     out = q.new_empty(B * N * H, D) if dtype == torch.float32 else workspace.get("kernel_out", (B * N * H, D), q)
-    mate_cpu_kernel.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out, plan.radius,
-                                     D**-0.5, dropout_p, seed)  # fmt: skip
+    torch.ops.mate_cpu.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out,
+                                        plan.radius, D**-0.5, dropout_p, seed)  # fmt: skip
     if plan.dense_rows:
         token_rows = plan.token_rows(kind)
-        mate_cpu_kernel.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, token_rows, H, out, D**-0.5,
-                                      dropout_p, seed)  # fmt: skip
+        torch.ops.mate_cpu.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, token_rows, H, out, D**-0.5,
+                                         dropout_p, seed)  # fmt: skip
     return _narrowed(out, (B, H, N, D), "bnhd", dtype)
 
 
@@ -240,7 +240,7 @@ def _fused_cpu_backward(
         for t, name in zip(dtypes, "qkv")
     ]
     allowed, keys, free, head_view, real = plan.kernel_args
-    mate_cpu_kernel.bucketed_backward(
+    torch.ops.mate_cpu.bucketed_backward(
         qf, kf, vf, grad_rows, grad_src, out_rows, src, plan.dest_rows, allowed, keys, free, head_view, real,
         plan.token_rows(kind), *grads, plan.radius, D**-0.5, dropout_p, seed,
     )  # fmt: skip

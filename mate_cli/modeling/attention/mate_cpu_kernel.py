@@ -1,11 +1,12 @@
 """The fused CPU kernel of MATE's bucketed attention (``csrc/mate_bucketed_cpu.cpp``; ``impl=kernel``: :mod:`.mate`).
 
 Built on first use with ``torch.utils.cpp_extension`` (a C++ compiler; tens of seconds, once), cached in
-:func:`build_dir` and loaded as ``torch.ops.mate_cpu``; ``make install`` builds it ahead of time (:func:`main`) and
-``MATE_CPU_KERNEL=0`` turns it off. Its products are its own (register-blocked GCC vector code,
-:func:`vector_lanes`; no BLAS), in float32: the forward, the backward (probabilities recomputed bucket by bucket),
-and attention dropout from a stateless hash of the seed, so the backward redraws the masks. :mod:`.mate_bucketed`
-decides when to call it and widens bfloat16/float16 inputs for it.
+:func:`build_dir` and loaded as ``torch.ops.mate_cpu`` (three ops, their arguments in the schemas at the end of the
+C++ source); ``make install`` builds it ahead of time (:func:`main`) and ``MATE_CPU_KERNEL=0`` turns it off. Its
+products are its own (register-blocked GCC vector code, :func:`vector_lanes`; no BLAS), in float32: the forward, the
+backward (probabilities recomputed bucket by bucket), and attention dropout from a stateless hash of the seed, so
+the backward redraws the masks. :mod:`.mate_bucketed` decides when to call it and widens bfloat16/float16 inputs for
+it.
 
 Where it cannot be built or loaded, :func:`available` is False, one warning says why, and the torch path runs: the
 same function, ~1.8x slower forward and ~1.9x forward + backward at 8192 tokens (plain timing loop, BERT-base dims,
@@ -184,64 +185,6 @@ def available() -> bool:
 
 def unavailable_reason() -> str | None:
     return _state.get("why")
-
-
-def bucketed_forward(
-    q,
-    k,
-    v,
-    src,
-    dst,
-    allowed,
-    keys,
-    free,
-    head_view,
-    out,
-    radius: int,
-    scale: float,
-    dropout: float = 0.0,
-    seed: int = 0,
-) -> None:
-    """Long rows into ``out`` (the arguments: the C++ source)."""
-    torch.ops.mate_cpu.bucketed_forward(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale,
-                                        dropout, seed)  # fmt: skip
-
-
-def dense_forward(
-    q, k, v, src, dst, free, real, token_rows, heads: int, out, scale: float, dropout: float = 0.0, seed: int = 0
-) -> None:
-    """Dense (query-set) rows ``[0, free[b])`` of each head into ``out``."""
-    torch.ops.mate_cpu.dense_forward(q, k, v, src, dst, free, real, token_rows, heads, out, scale, dropout, seed)
-
-
-def bucketed_backward(
-    q,
-    k,
-    v,
-    grad_out,
-    grad_src,
-    out,
-    src,
-    dst,
-    allowed,
-    keys,
-    free,
-    head_view,
-    real,
-    token_rows,
-    dq,
-    dk,
-    dv,
-    radius: int,
-    scale: float,
-    dropout: float = 0.0,
-    seed: int = 0,
-) -> None:
-    """dq, dk, dv of both forwards into ``dq, dk, dv`` (the arguments: the C++ source)."""
-    torch.ops.mate_cpu.bucketed_backward(
-        q, k, v, grad_out, grad_src, out, src, dst, allowed, keys, free, head_view, real, token_rows, dq, dk, dv,
-        radius, scale, dropout, seed,
-    )  # fmt: skip
 
 
 def vector_lanes() -> int:
