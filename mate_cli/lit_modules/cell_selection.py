@@ -11,7 +11,7 @@ from torchmetrics import MeanMetric
 
 from mate_cli.data.schema import Batch
 from mate_cli.lit_modules.base import EncoderTaskModule
-from mate_cli.metrics.retrieval import HitsAtK, hits_at_k
+from mate_cli.metrics.retrieval import hits_at_k
 from mate_cli.modeling.heads import CellSelectionHead, first_candidate_loss, mml_loss
 
 HITS_K = (1, 3, 5)
@@ -29,8 +29,8 @@ class CellSelectionModule(EncoderTaskModule):
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.head = CellSelectionHead(encoder.config.hidden_size, encoder.config.initializer_range)
         self.loss_fn = mml_loss if mml else first_candidate_loss
-        self.val_hits = nn.ModuleDict({f"hits@{k}": HitsAtK(k) for k in HITS_K})
-        self.test_hits = nn.ModuleDict({f"hits@{k}": HitsAtK(k) for k in HITS_K})
+        self.val_hits = nn.ModuleDict({f"hits@{k}": MeanMetric() for k in HITS_K})  # over every question
+        self.test_hits = nn.ModuleDict({f"hits@{k}": MeanMetric() for k in HITS_K})
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -64,9 +64,10 @@ class CellSelectionModule(EncoderTaskModule):
         # a sync_dist mean, whose integer batch-size count Lightning divides by the world size).
         mean_loss.update(loss.detach(), weight=(batch.candidate_mask & batch.cell_mask).any(dim=-1).sum())
         self.log(f"{stage}/loss", mean_loss, batch_size=len(batch))
-        for name, metric in hits.items():
-            metric.update(logits, batch.cell_mask, batch.candidate_mask)
-            self.log(f"{stage}/{name}", metric, prog_bar=name == "hits@1", batch_size=len(batch))
+        for k in HITS_K:
+            metric = hits[f"hits@{k}"]
+            metric.update(hits_at_k(logits, batch.cell_mask, batch.candidate_mask, k).float())
+            self.log(f"{stage}/hits@{k}", metric, prog_bar=k == 1, batch_size=len(batch))
 
     def predict_step(self, batch: Batch, batch_idx: int) -> dict:
         logits = self(batch)

@@ -20,11 +20,7 @@ Coordinate = Sequence[int]
 
 
 def _coordinate_set(coords: Iterable[Coordinate]) -> set[tuple[int, int]]:
-    out = set()
-    for coord in coords:
-        row, column = coord
-        out.add((int(row), int(column)))
-    return out
+    return {(int(row), int(column)) for row, column in coords}
 
 
 def question_correct(predicted_coords: Iterable[Coordinate], gold_coords: Iterable[Coordinate]) -> bool:

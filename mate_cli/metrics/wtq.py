@@ -366,9 +366,3 @@ def denotation_correct(
     """Whether the predicted answers denote the gold answers ``targets`` (a single str is a
     one-item list); ``canon``: the gold answers' tagged canonical forms, when known."""
     return check_denotation(target_values(_texts(targets), canon), predicted_values(_texts(predicted)))
-
-
-def accuracy(pairs: Iterable[tuple[str | Sequence[str], str | Sequence[str]]]) -> float:
-    """Share of ``(targets, predicted)`` pairs that are :func:`denotation_correct` (0.0 when empty)."""
-    results = [denotation_correct(t, p) for t, p in pairs]
-    return sum(results) / len(results) if results else 0.0
