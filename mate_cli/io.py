@@ -9,7 +9,9 @@ gone. The result gets the permissions an ordinary ``open(path, "w")`` gives (066
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
+import io
 import json
 import os
 import re
@@ -17,7 +19,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 
 def default_mode() -> int:
@@ -79,6 +81,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_open(path) as handle:
         handle.write(text)
     return Path(path)
+
+
+def atomic_write_csv(path: str | os.PathLike, fieldnames: list[str], rows: Iterable[dict], **options) -> Path:
+    """``rows`` under a header of ``fieldnames`` (``"\\n"`` line ends; ``options``: ``csv.DictWriter``'s)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fieldnames, lineterminator="\n", **options)
+    writer.writeheader()
+    writer.writerows(rows)
+    return atomic_write_text(path, buffer.getvalue())
 
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import io
 import logging
 import random
 import secrets
@@ -24,7 +23,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
-from mate_cli.io import atomic_open, atomic_write_text, os_error_in, write_failure
+from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
 from mate_cli.lightning_internals import pending_log_row, training_loaders
 from mate_cli.paths import dir_name_start
 from mate_cli.yaml_data import read_run_config
@@ -298,11 +297,7 @@ class ContinuousCSVLog(L.Callback):
             rows.append({k: repr(v) if isinstance(v, float) else str(v) for k, v in pending.items()})
             fields |= set(pending)
         header = sorted(fields)  # Lightning's order: it appends rows in sorted-key order
-        buffer = io.StringIO()
-        table = csv.DictWriter(buffer, fieldnames=header, lineterminator="\n")
-        table.writeheader()
-        table.writerows(rows)
-        atomic_write_text(writer.metrics_file_path, buffer.getvalue())
+        atomic_write_csv(writer.metrics_file_path, header, rows)
         writer.metrics_keys = header
         log.info("CSV log: continues %s (%d rows before step %d)", earlier, len(rows), step)
 

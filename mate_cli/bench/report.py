@@ -7,8 +7,7 @@ backend; skipped cells are simply absent from a line.
 
 from __future__ import annotations
 
-import csv
-import io
+import itertools
 from pathlib import Path
 from typing import Iterable
 
@@ -16,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mate_cli.bench.runner import COLUMNS, select
-from mate_cli.io import atomic_write_text
+from mate_cli.io import atomic_open, atomic_write_csv
 
 #: Line styles: anchors dashed, other baselines dash-dotted, the floor dotted; a backend not listed (MATE's)
 #: solid, in :data:`MATE_COLORS`.
@@ -36,11 +35,7 @@ MATE_COLORS = ("tab:blue", "tab:green", "tab:gray", "navy", "teal")
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return atomic_write_text(path, buffer.getvalue())
+    return atomic_write_csv(path, list(COLUMNS), rows, extrasaction="ignore")
 
 
 def _num(value) -> float | None:
@@ -51,20 +46,11 @@ def _num(value) -> float | None:
 
 
 def groups(rows: Iterable[dict]) -> list[tuple[str, str]]:
-    seen = []
-    for row in rows:
-        key = (row["level"], row["mode"])
-        if key not in seen:
-            seen.append(key)
-    return seen
+    return list(dict.fromkeys((row["level"], row["mode"]) for row in rows))
 
 
 def backends_of(rows: Iterable[dict]) -> list[str]:
-    out = []
-    for row in rows:
-        if row["backend"] not in out:
-            out.append(row["backend"])
-    return out
+    return list(dict.fromkeys(row["backend"] for row in rows))
 
 
 def _fmt_time(ms: float | None) -> str:
@@ -132,14 +118,10 @@ def plot(rows: list[dict], out_dir: Path, dpi: int = 90) -> list[Path]:
             continue
         fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.2))
         panels = (("time_ms", "median time (ms)"), ("peak_mem_mb", "peak memory (MB)"), ("flops", "FLOPs"))
-        mate_i = 0
-        styles = {}
-        for backend in backends_of(part):
-            if backend in STYLE:
-                styles[backend] = STYLE[backend]
-            else:
-                styles[backend] = dict(linestyle="-", color=MATE_COLORS[mate_i % len(MATE_COLORS)], linewidth=2)
-                mate_i += 1
+        mate_colors = itertools.cycle(MATE_COLORS)  # MATE's rows in turn, in the order they first appear
+        styles = {
+            b: STYLE.get(b) or dict(linestyle="-", color=next(mate_colors), linewidth=2) for b in backends_of(part)
+        }
         for ax, (column, label) in zip(axes, panels):
             for backend in backends_of(part):
                 pts = sorted((r["seq_len"], _num(r[column])) for r in select(part, backend=backend) if _num(r[column]))
@@ -162,10 +144,9 @@ def plot(rows: list[dict], out_dir: Path, dpi: int = 90) -> list[Path]:
         )
         fig.tight_layout()
         path = out_dir / f"bench_{level}_{mode}.png"
-        tmp = path.with_name(f".{path.name}.tmp.png")
-        fig.savefig(tmp, dpi=dpi)
+        with atomic_open(path, "wb") as handle:
+            fig.savefig(handle, format="png", dpi=dpi)
         plt.close(fig)
-        tmp.replace(path)
         paths.append(path)
     return paths
 

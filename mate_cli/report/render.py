@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 from pathlib import Path
 from typing import Sequence
@@ -12,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from mate_cli.bench.report import format_mb
-from mate_cli.io import atomic_open, atomic_write_text
+from mate_cli.io import atomic_open, atomic_write_csv
 from mate_cli.report.aggregate import MISSING, THROUGHPUT, Configuration, Summary
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, logged_rows
 
@@ -103,10 +101,7 @@ def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], p
     """``report.csv``: key columns, run counts, then ``<metric>_median``, ``_half_iqr``, ``_n``."""
     keys = list(configurations[0].key) if configurations else []
     stats = [f"{m}_{part}" for m in metrics for part in ("median", "half_iqr", "n")]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=[*keys, "runs_ok", "runs_failed", "runs_incomplete", *stats],
-                            lineterminator="\n")  # fmt: skip
-    writer.writeheader()
+    rows = []
     for conf in configurations:
         row = {**conf.key, "runs_ok": conf.count(OK), "runs_failed": conf.count(FAILED_STATUS),
                "runs_incomplete": conf.count(INCOMPLETE)}  # fmt: skip
@@ -115,8 +110,8 @@ def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], p
             row[f"{metric}_median"] = "" if summary is None else repr(summary.median)
             row[f"{metric}_half_iqr"] = "" if summary is None else repr(summary.half_iqr)
             row[f"{metric}_n"] = 0 if summary is None else summary.n
-        writer.writerow(row)
-    return atomic_write_text(path, buffer.getvalue())
+        rows.append(row)
+    return atomic_write_csv(path, [*keys, "runs_ok", "runs_failed", "runs_incomplete", *stats], rows)
 
 
 # ------------------------------------------------------------------ plots
