@@ -266,28 +266,10 @@ def shell_completion(args: list[str], command: str | None, program: str) -> int:
     words = os.environ["COMP_LINE"].split(None, 2)
     if len(words) >= 2 and words[1] == command:
         os.environ["COMP_LINE"] = " ".join(["mate", *words[2:]]) + (" " if len(words) == 2 else "")
-    app = completion_app(command)
+    app = answer_only_app(command)  # with -sc Hydra only answers the query
     sys.argv = [program, *args]
     app()
     return 0
-
-
-def completion_app(command: str):
-    """A Hydra app over ``conf/<command>.yaml`` that only answers completion queries, composing what the command
-    composes without importing it (Lightning takes seconds to import)."""
-    if not (CONF_DIR / f"{command}.yaml").is_file():  # a command with another config name
-        return importlib.import_module(COMMANDS[command][0]).main
-    import hydra
-
-    from mate_cli.paths import register_resolvers
-
-    register_resolvers()
-
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=command)
-    def app(cfg) -> None:  # pragma: no cover - with -sc Hydra only answers the query
-        raise AssertionError("the completion app ran a task")
-
-    return app
 
 
 if __name__ == "__main__":  # pragma: no cover

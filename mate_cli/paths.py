@@ -58,8 +58,6 @@ def overrides_name(overrides) -> str:
     characters, cut to that with a hash of the whole at its end."""
     text = ",".join(override_parts(overrides))
     if len(text) > NAME_OVERRIDES_MAX:
-        import hashlib
-
         text = f"{text[: NAME_OVERRIDES_MAX - 9]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"  # no ~: Hydra refuses it unquoted
     return text
 

@@ -345,14 +345,7 @@ def encoder_case(
             return model(**kwargs).last_hidden_state
 
     else:
-        config = EncoderConfig(
-            **dims,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            type_vocab_sizes=type_sizes,
-            reset_position_index_per_cell=True,
-        )
-        model = TableEncoder(config, attention_factory(name), max_length=seq_len, **options)
+        model = bench_encoder(dims, type_sizes, seq_len, attention_factory(name), **options)
 
         def forward() -> torch.Tensor:
             return model(input_ids, layout.with_fields())  # fresh caches: structure cost is paid per call
@@ -379,6 +372,18 @@ def encoder_case(
     return Case(train_call, min_warmup=2, countable=not runs_flex(model, probe, grad=True))
 
 
+def bench_encoder(dims: dict, type_sizes: list[int], seq_len: int, attention, **options) -> TableEncoder:
+    """This project's encoder at ``dims`` without dropout, per-cell positions as TAPAS's (random weights)."""
+    config = EncoderConfig(
+        **dims,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        type_vocab_sizes=type_sizes,
+        reset_position_index_per_cell=True,
+    )
+    return TableEncoder(config, attention, max_length=seq_len, **options)
+
+
 def dot_model(name: str, dims: dict, type_sizes: list[int], seq_len: int, input_ids, layout):
     """``dot.<pruner size>-<K>`` (e.g. ``dot.small-256``): DoT (Krichene et al. 2021) at encoder level,
     a dense pruning transformer of that size over all ``seq_len`` tokens, then the dense task
@@ -392,18 +397,12 @@ def dot_model(name: str, dims: dict, type_sizes: list[int], seq_len: int, input_
             f"bench backend {name!r}: the pruner size must be one of {', '.join(DIMS)} (e.g. dot.small-256)"
         )
 
-    def encoder(sizes: dict) -> TableEncoder:
-        config = EncoderConfig(
-            **sizes,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            type_vocab_sizes=type_sizes,
-            reset_position_index_per_cell=True,
-        )
-        return TableEncoder(config, "dense", max_length=seq_len)
-
+    pruner = bench_encoder(DIMS[size], type_sizes, seq_len, "dense")
     model = torch.nn.ModuleDict(
-        {"dot": DoubleTransformer(encoder(DIMS[size]), top_k=int(top_k or 256)), "task": encoder(dims)}
+        {
+            "dot": DoubleTransformer(pruner, top_k=int(top_k or 256)),
+            "task": bench_encoder(dims, type_sizes, seq_len, "dense"),
+        }
     )
 
     def forward() -> torch.Tensor:

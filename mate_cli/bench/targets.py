@@ -33,9 +33,6 @@ class Target:
     measured: str = "not measured"
     met: bool | None = None
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class TargetSpec:

@@ -8,6 +8,7 @@ as markdown tables), ``machine.json`` and ``resolved_config.yaml``. The measurin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import hydra
@@ -84,7 +85,7 @@ def bench(cfg: DictConfig) -> list[dict]:
     report.print_tables(rows, console)
     checked = targets.evaluate(rows, specs)
     targets.print_targets(checked, console)
-    atomic_write_json(out / "targets.json", [t.as_dict() for t in checked])
+    atomic_write_json(out / "targets.json", [dataclasses.asdict(t) for t in checked])
     atomic_write_text(out / "bench.md", report.markdown(rows, checked, machine))
     if cfg.bench.get("plots", True):
         report.plot(rows, out)

@@ -51,7 +51,8 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
             stopped = interrupts.interrupted()
         if stopped is not None:
             record_failure(f"mate: {stopped}", stopped.exit_code)
-            finish_wandb_run(stopped.exit_code)
+            with contextlib.suppress(Exception):  # the interruption is what the user must hear about
+                finish_wandb_run(stopped.exit_code)
             print(f"mate: {stopped}", file=sys.stderr)
             sys.exit(stopped.exit_code)
         if not isinstance(err, Exception):
@@ -65,13 +66,16 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
         sys.exit(MateError.exit_code)
 
 
-def finish_wandb_run(exit_code: int) -> None:
-    """Close an interrupted task's W&B run: W&B records the exit status, and a service shared through ``WANDB_SERVICE``
-    releases the run's id so it can be resumed at once (:mod:`mate_cli.wandb_logger`)."""
-    wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran
-    if wandb is not None and wandb.run is not None:
-        with contextlib.suppress(Exception):  # the interruption is what the user must hear about
-            wandb.finish(exit_code=exit_code)
+def finish_wandb_run(exit_code: int | None = None) -> Path | None:
+    """Close this job's W&B run, if one ran, and return its folder. W&B records ``exit_code`` (an interrupted task's),
+    and a service shared through ``WANDB_SERVICE`` releases the run's id so it can be resumed at once
+    (:mod:`mate_cli.wandb_logger`); a finished job closes it before its summary, so W&B's closing lines come first."""
+    wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran (logger=csv)
+    if wandb is None or wandb.run is None:
+        return None
+    folder = Path(wandb.run.dir).parent
+    wandb.finish(exit_code=exit_code)
+    return folder
 
 
 #: where third-party tools write, as the user set it before mate started (kept when set)

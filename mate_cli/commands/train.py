@@ -11,7 +11,6 @@ example exactly once across the ranks, so its metrics equal a single-process ``m
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import hydra
@@ -23,6 +22,7 @@ from torchmetrics import Metric
 
 from mate_cli.commands.common import (
     command_overrides,
+    finish_wandb_run,
     instantiate_dict,
     log,
     print_metrics,
@@ -104,9 +104,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except ValueError:
         _check_validation_interval(trainer)
         raise
-    start = dict(
-        getattr(model, "recorded_metrics", {})
-    )  # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
+    # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
+    start = dict(getattr(model, "recorded_metrics", {}))
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}  # the last epoch's
     # the task's metric (and loss) on the last logged training batch: under debug=overfit, the fixed batch
     trained = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
@@ -143,7 +142,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     for lg in loggers:
         lg.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=trainer.global_step)
         lg.finalize("success")
-    wandb_run = _finish_wandb()
+    wandb_run = finish_wandb_run()
     if trainer.is_global_zero:
         print_summary(metrics, bool(cfg.get("validate_best", True)))
         print_outputs(outputs(out, metrics, loggers, wandb_run))
@@ -285,16 +284,6 @@ def _best_checkpoint(trainer, last: Path) -> str:
 
 def _own(path: str | Path, out: Path) -> bool:
     return Path(path).resolve().parent == (out / "checkpoints").resolve()
-
-
-def _finish_wandb() -> Path | None:
-    """Close this job's W&B run, so its closing lines print before the summary; returns its folder, if one ran."""
-    wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran (logger=csv)
-    if wandb is None or wandb.run is None:
-        return None
-    folder = Path(wandb.run.dir).parent
-    wandb.finish()
-    return folder
 
 
 def objective(cfg: DictConfig, metrics) -> float | None:

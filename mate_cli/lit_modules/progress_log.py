@@ -79,9 +79,6 @@ class ProgressLog(L.Callback):
         log.info("progress: %s", ", ".join(parts))
 
     # ---------------------------------------------------------------- evaluation
-    def _eval_start(self, trainer) -> None:
-        self._eval = _Clock()
-
     def _eval_batch_end(self, trainer, batch, batch_idx: int, dataloader_idx: int, stage: str) -> None:
         if not self._on(trainer) or trainer.sanity_checking:
             return
@@ -104,10 +101,9 @@ class ProgressLog(L.Callback):
         log.info("progress: %s", ", ".join(parts))
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._eval_start(trainer)
+        self._eval = _Clock()
 
-    def on_test_start(self, trainer, pl_module) -> None:
-        self._eval_start(trainer)
+    on_test_start = on_validation_start
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._eval_batch_end(trainer, batch, batch_idx, dataloader_idx, "validation")

@@ -169,14 +169,10 @@ class TableQAModule(EncoderTaskModule):
         return (losses * weight).sum() / weight.sum().clamp(min=1)
 
     # ------------------------------------------------------------ evaluation
-    def on_validation_epoch_start(self) -> None:
-        self._reset_predictions()
-
-    def on_test_epoch_start(self) -> None:
-        self._reset_predictions()
-
     def _reset_predictions(self) -> None:
         self.predictions, self._predicted = [], {}
+
+    on_validation_epoch_start = on_test_epoch_start = on_predict_epoch_start = _reset_predictions
 
     def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -294,9 +290,6 @@ class TableQAModule(EncoderTaskModule):
             for row in rows:
                 self._predicted[(row["sequence_id"], row["position"])] = {tuple(c) for c in row["coordinates"]}
         return rows
-
-    def on_predict_epoch_start(self) -> None:
-        self._reset_predictions()
 
     def predict_step(self, batch: TaskBatch, batch_idx: int) -> list[dict]:
         """Decoded answers; SQA position by position with the model's own previous answers."""

@@ -172,10 +172,9 @@ def main_metric(metrics: Sequence[str], requested: str | None = None) -> str | N
                 f"main_metric={requested} is not among the metrics shown ({', '.join(metrics) or 'none'}); choose one of them"
             )
         return requested
-    for name in (*MAIN_METRICS, *(m for m in metrics if m.startswith("val/")), *metrics):
-        if name in metrics:
-            return name
-    return None
+    return next(
+        (n for n in (*MAIN_METRICS, *(m for m in metrics if m.startswith("val/")), *metrics) if n in metrics), None
+    )
 
 
 def ordered(metrics: Sequence[str], main: str | None) -> list[str]:
