@@ -30,21 +30,8 @@ class Unknown:
     """An annotation this reader does not understand."""
 
 
-_BUILTIN_TYPES = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "list": list,
-    "dict": dict,
-    "tuple": tuple,
-    "List": list,
-    "Dict": dict,
-    "Tuple": tuple,
-    "Sequence": list,
-    "Mapping": dict,
-    "Any": Any,
-}
+_BUILTIN_TYPES = {t.__name__: t for t in (int, float, str, bool, list, dict, tuple)}
+_BUILTIN_TYPES.update(List=list, Dict=dict, Tuple=tuple, Sequence=list, Mapping=dict, Any=Any)
 
 
 def annotation_type(node: ast.expr | None) -> Any:
