@@ -1,7 +1,7 @@
 """The preprocessing cache: one Arrow dataset per key, safe under kills and concurrent runs.
 
-A key (``cache_key`` in :mod:`mate_cli.data.datamodule` and :mod:`mate_cli.data.pretraining`) covers every setting that
-changes the encoded examples, the input files (:func:`fingerprint`) and the code that encodes them
+A :func:`key` (``cache_key`` in :mod:`mate_cli.data.datamodule` and :mod:`mate_cli.data.pretraining`) covers every
+setting that changes the encoded examples, the input files (:func:`fingerprint`) and the code that encodes them
 (:func:`code_digest`), so neither an edited table nor an updated mate_cli is served stale examples; any edit of that
 code, a comment too, rebuilds the cache once. Entries are written by :func:`save_atomically`; temp folders of this
 host's gone writers are removed on the next use. An entry that does not load is named in one warning and rebuilt.
@@ -13,6 +13,7 @@ import ast
 import contextlib
 import functools
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -50,6 +51,12 @@ def code_digest(package_root: Path | None = None) -> str:
     root = Path(package_root or PACKAGE_ROOT).resolve()
     stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*.py")))
     return _code_digest(root, stamp)
+
+
+def key(**payload) -> str:
+    """The cache key of ``payload`` (the JSON-able settings and :func:`fingerprint` of an entry) and of
+    :func:`code_digest`."""
+    return hashlib.sha256(json.dumps({**payload, "code": code_digest()}, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=4)

@@ -3,11 +3,11 @@ HybridQA's cell-selection datamodule (:class:`HybridQADataModule`)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from dataclasses import asdict, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Literal, Mapping
 
@@ -15,13 +15,13 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from mate_cli.data.cache import code_digest, fingerprint, load_or_build
+from mate_cli.data import cache
 from mate_cli.data.expand import expand_table
 from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.preprocess import encode_records, worker_counts
 from mate_cli.data.split import SplitSettings
 from mate_cli.data.sampler import EpochShuffle
-from mate_cli.data.schema import AnswerNode, Batch, Question, Table
+from mate_cli.data.schema import AnswerNode, Batch, Question, Table, padded
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.interrupts import loader_worker_start
@@ -87,7 +87,6 @@ class SplitDataModule(L.LightningDataModule):
         self.same_order_every_epoch = bool(same_order_every_epoch)
         self.datasets: dict = {}
         self.stats: dict[str, dict] = {}
-        self._pad_id: int | None = None
 
     def make_reader(self, root: str):
         """Hook: the dataset's reader of ``root`` (default: HybridQA's)."""
@@ -123,31 +122,30 @@ class SplitDataModule(L.LightningDataModule):
         raise NotImplementedError
 
     def split_stats(self, ds) -> dict:
+        """Hook: the statistics of a non-empty split for the run log."""
         return {"examples": len(ds)}
 
     def cache_key(self, split: str) -> str:
-        payload = {
-            "kind": self.kind,
-            "code": code_digest(),
-            "split": split,
-            "root": os.path.abspath(self.root),
-            "inputs": fingerprint(self.reader.input_files(), self.reader.root),
-            "pretrained": resolve_pretrained(self.pretrained),
-            "max_length": self.max_length,
-            "max_question_tokens": self.max_question_tokens,
-            "split_settings": asdict(self.split),
-            "limit_questions": self.limit_questions,
-            "eval_file": self.eval_file if split in ("validation", "test") else None,
+        return cache.key(
+            kind=self.kind,
+            split=split,
+            root=os.path.abspath(self.root),
+            inputs=cache.fingerprint(self.reader.input_files(), self.reader.root),
+            pretrained=resolve_pretrained(self.pretrained),
+            max_length=self.max_length,
+            max_question_tokens=self.max_question_tokens,
+            split_settings=asdict(self.split),
+            limit_questions=self.limit_questions,
+            eval_file=self.eval_file if split in ("validation", "test") else None,
             **self.cache_payload(split),
-        }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        )
 
     def preprocess(self, split: str):
         """Encoded examples of ``split`` as a ``datasets.Dataset``, cached on disk (:mod:`mate_cli.data.cache`)."""
         name = " ".join(filter(None, (self.kind, split)))
         target = self.cache_dir / "-".join(filter(None, (self.kind, split, self.cache_key(split))))
-        ds = load_or_build(target, lambda: self.encode(self.nonempty_questions(split), split), f"{name} split")
-        self.stats[split] = self.split_stats(ds)
+        ds = cache.load_or_build(target, lambda: self.encode(self.nonempty_questions(split), split), f"{name} split")
+        self.stats[split] = self.split_stats(ds) if len(ds) else {"questions": 0}
         log.info("%s split: %s", name, json.dumps(self.stats[split]))
         return ds
 
@@ -199,11 +197,9 @@ class SplitDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", False, self.eval_batch_size)
 
-    @property
+    @cached_property
     def pad_id(self) -> int:
-        if self._pad_id is None:
-            self._pad_id = int(load_tokenizer(self.pretrained).pad_token_id or 0)
-        return self._pad_id
+        return int(load_tokenizer(self.pretrained).pad_token_id or 0)
 
 
 class HybridQADataModule(SplitDataModule):
@@ -231,7 +227,24 @@ class HybridQADataModule(SplitDataModule):
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
-        return split_stats(ds)
+        n = len(ds)
+        truncated = sum(bool(t) for t in ds["truncated"])
+        no_candidate = sum(1 for c in ds["candidates"] if not c)
+        dropped = sum(int(d) for d in ds["candidates_dropped"])
+        rows_dropped = [int(r) for r in ds["rows_dropped"]]
+        columns_dropped = [int(c) for c in ds["columns_dropped"]]
+        return {
+            "questions": n,
+            "fit_without_truncation": round(1 - truncated / n, 4),
+            "with_candidate": round(1 - no_candidate / n, 4),
+            "questions_without_candidate": no_candidate,
+            "candidates_dropped_by_truncation": dropped,
+            "questions_with_rows_dropped": sum(r > 0 for r in rows_dropped),
+            "rows_dropped": sum(rows_dropped),
+            "questions_with_columns_dropped": sum(c > 0 for c in columns_dropped),
+            "columns_dropped": sum(columns_dropped),
+            "rank_ids_clipped": sum(int(r) for r in ds["ranks_clipped"]),
+        }
 
     def after_load(self, split: str, ds):
         if split == "train" and self.drop_ambiguous:
@@ -266,8 +279,9 @@ def encode_question(
 
 
 class _ExampleEncoder:
-    """Picklable one-record function: a question record -> its encoded example. ``encode`` has
-    :func:`encode_question`'s signature and must pickle (a module-level function or a ``functools.partial`` of one)."""
+    """One-record function: a question record -> its encoded example (``encode`` has :func:`encode_question`'s
+    signature); the reader and tokenizer are made at the first record. The processes of
+    :func:`~mate_cli.data.preprocess.encode_records` are forked, so it is never pickled."""
 
     def __init__(
         self,
@@ -296,45 +310,16 @@ class _ExampleEncoder:
             tok, question, reader.table(question.table_id), reader.passages(question.table_id), expansion
         )
 
-    def __getstate__(self):
-        return {"args": self.args, "encode": self.encode, "length_key": self.length_key, "_state": None}
-
-
-def split_stats(ds) -> dict:
-    n = len(ds)
-    if n == 0:
-        return {"questions": 0}
-    truncated = sum(bool(t) for t in ds["truncated"])
-    no_candidate = sum(1 for c in ds["candidates"] if not c)
-    dropped = sum(int(d) for d in ds["candidates_dropped"])
-    rows_dropped = [int(r) for r in ds["rows_dropped"]]
-    columns_dropped = [int(c) for c in ds["columns_dropped"]]
-    return {
-        "questions": n,
-        "fit_without_truncation": round(1 - truncated / n, 4),
-        "with_candidate": round(1 - no_candidate / n, 4),
-        "questions_without_candidate": no_candidate,
-        "candidates_dropped_by_truncation": dropped,
-        "questions_with_rows_dropped": sum(r > 0 for r in rows_dropped),
-        "rows_dropped": sum(rows_dropped),
-        "questions_with_columns_dropped": sum(c > 0 for c in columns_dropped),
-        "columns_dropped": sum(columns_dropped),
-        "rank_ids_clipped": sum(int(r) for r in ds["ranks_clipped"]),
-    }
-
 
 class Collator:
     def __init__(self, pad_id: int = 0) -> None:
         self.pad_id = pad_id
 
     def __call__(self, examples: list[dict]) -> Batch:
-        seq = max(len(ex["input_ids"]) for ex in examples)
-        input_ids = torch.full((len(examples), seq), self.pad_id, dtype=torch.long)
-        for i, ex in enumerate(examples):
-            input_ids[i, : len(ex["input_ids"])] = torch.tensor(ex["input_ids"])
+        input_ids = padded([ex["input_ids"] for ex in examples], self.pad_id)
         return Batch(
             input_ids=input_ids,
-            layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq),
+            layout=TableLayout.from_lists([ex["layout"] for ex in examples], input_ids.shape[1]),
             **cell_tensors(examples),
             question_ids=[ex["question_id"] for ex in examples],
             table_ids=[ex["table_id"] for ex in examples],

@@ -34,48 +34,10 @@ SCOPES = ("table", "cell")
 METHODS = ("tfidf", "first")
 
 _BOUNDARY = re.compile(r"[.!?]+[\"')\]]*\s+")
-_ABBREVIATIONS = {
-    "mr",
-    "mrs",
-    "ms",
-    "dr",
-    "st",
-    "jr",
-    "sr",
-    "vs",
-    "no",
-    "nos",
-    "etc",
-    "inc",
-    "ltd",
-    "co",
-    "corp",
-    "mt",
-    "ft",
-    "gen",
-    "col",
-    "lt",
-    "sgt",
-    "capt",
-    "rev",
-    "prof",
-    "gov",
-    "sen",
-    "rep",
-    "jan",
-    "feb",
-    "mar",
-    "apr",
-    "jun",
-    "jul",
-    "aug",
-    "sep",
-    "sept",
-    "oct",
-    "nov",
-    "dec",
-    "approx",
-}
+_ABBREVIATIONS = set(
+    "mr mrs ms dr st jr sr vs no nos etc inc ltd co corp mt ft gen col lt sgt capt rev prof gov sen rep jan feb mar apr"
+    " jun jul aug sep sept oct nov dec approx".split()
+)
 
 
 # -------------------------------------------------------------- sentences
@@ -166,8 +128,13 @@ def expand_table(
     links = linked_passages(table, passages)
     split = {link: split_sentences(passages[link]) for link in links}
     if method == "first":
-        chosen = {link: sents[:k] for link, sents in split.items()}
-        return [[format_expanded(c.text, _cell_first(c.links, chosen)) for c in row] for row in table.rows]
+        return [
+            [
+                format_expanded(c.text, [s for link in dict.fromkeys(c.links) for s in split.get(link, [])[:k]])
+                for c in row
+            ]
+            for row in table.rows
+        ]
     units = [(link, s) for link in links for s in split[link]]
     owner: dict[str, list[int]] = {link: [] for link in links}
     for i, (link, _) in enumerate(units):
@@ -180,16 +147,6 @@ def expand_table(
         pick = lambda ids: _rank(ids, scores, k)  # noqa: E731
     out = []
     for row in table.rows:
-        out.append([format_expanded(c.text, [units[i][1] for i in pick(_cell_units(c.links, owner))]) for c in row])
+        ids = [[i for link in dict.fromkeys(c.links) for i in owner.get(link, ())] for c in row]
+        out.append([format_expanded(c.text, [units[i][1] for i in pick(cell)]) for c, cell in zip(row, ids)])
     return out
-
-
-def _cell_units(links: list[str], owner: dict[str, list[int]]) -> list[int]:
-    ids: list[int] = []
-    for link in dict.fromkeys(links):
-        ids.extend(owner.get(link, ()))
-    return ids
-
-
-def _cell_first(links: list[str], chosen: dict[str, list[str]]) -> list[str]:
-    return [s for link in dict.fromkeys(links) for s in chosen.get(link, ())]

@@ -27,7 +27,7 @@ import torch
 
 from mate_cli.data.datamodule import HybridQADataModule, _ExampleEncoder, cell_tensors
 from mate_cli.data.expand import expand_table, linked_passages, tfidf_scores
-from mate_cli.data.schema import Question, Table, moved_to
+from mate_cli.data.schema import Question, Table, moved_to, padded
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.modeling.layout import ID_FIELDS, TableLayout
@@ -136,10 +136,7 @@ class GraphCollator:
 
     def __call__(self, examples: list[dict]) -> GraphBatch:
         nodes = [ids for ex in examples for ids in ex["node_input_ids"]]
-        seq = max(len(ids) for ids in nodes)
-        input_ids = torch.full((len(nodes), seq), self.pad_id, dtype=torch.long)
-        for i, ids in enumerate(nodes):
-            input_ids[i, : len(ids)] = torch.tensor(ids)
+        input_ids = padded(nodes, self.pad_id)
         edges = torch.zeros((len(nodes), len(nodes)), dtype=torch.bool)
         node_graph, offset = [], 0
         for g, ex in enumerate(examples):
@@ -150,7 +147,7 @@ class GraphCollator:
             offset += len(ex["node_input_ids"])
         return GraphBatch(
             input_ids=input_ids,
-            layout=TableLayout.from_lists([lay for ex in examples for lay in ex["node_layouts"]], seq),
+            layout=TableLayout.from_lists([lay for ex in examples for lay in ex["node_layouts"]], input_ids.shape[1]),
             edges=edges,
             node_graph=torch.tensor(node_graph, dtype=torch.long),
             **cell_tensors(examples),
@@ -189,8 +186,6 @@ class HybridQAGraphDataModule(HybridQADataModule):
 
     def split_stats(self, ds) -> dict:
         n = len(ds)
-        if n == 0:
-            return {"questions": 0}
         nodes = [int(k) for k in ds["nodes"]]
         return {
             "questions": n,

@@ -10,12 +10,13 @@ LRU cache, so the full dataset (~13k tables) is never in memory at once::
 
 from __future__ import annotations
 
-import json
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
+from mate_cli.data.readers import given_file, load_json, no_questions
 from mate_cli.data.schema import AnswerNode, Cell, Question, Table
 from mate_cli.errors import MateError
 
@@ -28,49 +29,6 @@ _SPLIT_ORDER = {"train": 0, "dev": 1, "test": 2}
 _ROOT_HINT = "set dataset.root=<folder holding released_data/ and WikiTables-WithLinks/>"
 
 
-class _LRU:
-    """Least-recently-used, at most ``size`` entries (0: nothing kept)."""
-
-    def __init__(self, size: int):
-        self.size = max(0, int(size))
-        self._items: OrderedDict[str, Any] = OrderedDict()
-
-    def get(self, key: str, build: Callable[[], Any]) -> Any:
-        if key in self._items:
-            self._items.move_to_end(key)
-            return self._items[key]
-        value = build()
-        if self.size:
-            self._items[key] = value
-            if len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-def _load_json(path: Path, what: str) -> Any:
-    try:
-        with open(path, encoding="utf-8-sig") as handle:
-            return json.load(handle)
-    except json.JSONDecodeError as err:
-        raise MateError(
-            f"{path}: {what} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
-            "re-download or repair the file"
-        ) from None
-    except UnicodeDecodeError:
-        raise MateError(f"{path}: {what} is not UTF-8 text; re-download or repair the file") from None
-
-
-def no_questions(path: Path, skipped: Counter) -> str:
-    """The one line for a question file that gives no question (nothing is cached then)."""
-    why = (
-        f"every record was skipped ({', '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else "it is empty"
-    )
-    return f"{path} holds no questions: {why}; restore it from the release, or choose another split"
-
-
 class HybridQAReader:
     """One HybridQA root; ``cache_size`` parsed tables and passage maps are cached."""
 
@@ -81,8 +39,8 @@ class HybridQAReader:
         for sub in (QUESTIONS_DIR, TABLES_DIR):
             if not (self.root / sub).is_dir():
                 raise MateError(f"dataset root {self.root} has no {sub}/; {_ROOT_HINT}")
-        self._tables = _LRU(cache_size)
-        self._passages = _LRU(cache_size)
+        self._tables = lru_cache(max(0, int(cache_size)))(self._read_table)
+        self._passages = lru_cache(max(0, int(cache_size)))(self._read_passages)
         #: split -> counts of question records skipped (duplicates, empty, no answer fields)
         self.skipped: dict[str, Counter] = {}
 
@@ -121,7 +79,7 @@ class HybridQAReader:
         record is an error naming both; an identical copy, a blank question and (in a file with answers) a record
         without ``answer-text`` or ``answer-node`` are skipped with a warning, counted in ``self.skipped[split]``."""
         path = self.question_file(split)
-        records = _load_json(path, "question file")
+        records = load_json(path, "question file")
         if not isinstance(records, list):
             raise MateError(f"{path}: expected a JSON array of question records, got {type(records).__name__}")
         answered = any(isinstance(r, dict) and ("answer-text" in r or "answer-node" in r) for r in records)
@@ -161,7 +119,7 @@ class HybridQAReader:
         return self.root / TABLES_DIR / f"{table_id}.json"
 
     def table(self, table_id: str) -> Table:
-        return self._tables.get(table_id, lambda: self._read_table(table_id))
+        return self._tables(table_id)
 
     def _read_table(self, table_id: str) -> Table:
         path = self.table_file(table_id)
@@ -170,43 +128,33 @@ class HybridQAReader:
                 f"table file not found: {path} (table_id {table_id!r}); "
                 f"check dataset.root or that {TABLES_DIR}/ is complete"
             )
-        return parse_table(_load_json(path, f"table {table_id!r}"), table_id, path)
+        return parse_table(load_json(path, f"table {table_id!r}"), table_id, path)
 
     def passages(self, table_id: str) -> dict[str, str]:
         """``{'/wiki/...': passage text}`` of the table; ``{}`` (and a warning) when missing."""
-        return self._passages.get(table_id, lambda: self._read_passages(table_id))
+        return self._passages(table_id)
 
     def _read_passages(self, table_id: str) -> dict[str, str]:
         path = self.root / PASSAGES_DIR / f"{table_id}.json"
         if "/" in table_id or not path.is_file():
             log.warning("no passage file %s for table %r; using no passages", path, table_id)
             return {}
-        return parse_passages(_load_json(path, f"passages of table {table_id!r}"), path)
+        return parse_passages(load_json(path, f"passages of table {table_id!r}"), path)
 
     def has_passage_file(self, table_id: str) -> bool:
         return (self.root / PASSAGES_DIR / f"{table_id}.json").is_file()
 
 
 # ------------------------------------------------------------ single files
-def given_file(path: str | Path, what: str, key: str = "table") -> Path:
-    """The path of a file passed on the command line as ``key=`` (``mate predict table=...``)."""
-    path = Path(str(path)).expanduser()
-    if path.is_dir():
-        raise MateError(f"{key}={path} is a folder, not a file; pass {what}")
-    if not path.is_file():
-        raise MateError(f"{key}={path} not found; pass {what}")
-    return path
-
-
 def read_table_file(path: str | Path) -> Table:
     """A ``tables_tok``-format JSON file -> :class:`Table` (table id = file stem)."""
     path = given_file(path, "a WikiTables-WithLinks tables_tok/<id>.json file")
-    return parse_table(_load_json(path, "table file"), path.stem, path)
+    return parse_table(load_json(path, "table file"), path.stem, path)
 
 
 def read_passages_file(path: str | Path) -> dict[str, str]:
     path = given_file(path, "the request_tok/<id>.json of the table, or passages=null", "passages")
-    return parse_passages(_load_json(path, "passages file"), path)
+    return parse_passages(load_json(path, "passages file"), path)
 
 
 # ---------------------------------------------------------------- parsing

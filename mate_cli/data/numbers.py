@@ -41,35 +41,9 @@ MAX_DATE_WORDS = 5
 #: Years a date may carry (DynSP's range, as TAPAS).
 YEARS = range(1700, 2017)
 
-NUMBER_WORDS = (
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-)
-ORDINAL_WORDS = (
-    "zeroth",
-    "first",
-    "second",
-    "third",
-    "fourth",
-    "fifth",
-    "sixth",
-    "seventh",
-    "eighth",
-    "ninth",
-    "tenth",
-    "eleventh",
-    "twelfth",
+NUMBER_WORDS = tuple("zero one two three four five six seven eight nine ten eleven twelve".split())
+ORDINAL_WORDS = tuple(
+    "zeroth first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth".split()
 )
 ORDINAL_SUFFIXES = ("st", "nd", "rd", "th")
 

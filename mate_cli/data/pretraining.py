@@ -13,25 +13,24 @@ a training example is masked afresh each epoch (dynamic masking, as RoBERTa) and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import random
+from functools import cached_property
 from pathlib import Path
 from typing import Literal, Mapping
 
 import datasets
 import lightning as L
-import torch
 from torch.utils.data import DataLoader, Dataset
 
-from mate_cli.data.cache import code_digest, fingerprint, load_or_build
+from mate_cli.data import cache
 from mate_cli.data.corpus import Corpus, TableText, table_key
 from mate_cli.data.masking import IGNORE, continuation_table, mask_words, word_spans
 from mate_cli.data.preprocess import worker_counts
 from mate_cli.data.sampler import EpochTagged
-from mate_cli.data.schema import MaskedBatch, Question
+from mate_cli.data.schema import MaskedBatch, Question, padded
 from mate_cli.data.split import split_by_table
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
@@ -106,31 +105,26 @@ class PretrainDataModule(L.LightningDataModule):
         self.corpus = Corpus(self.sources, self.hybridqa_passages, self.tables, self.splits)  # checks the sources now
         self.encoded: dict[str, datasets.Dataset] = {}
         self.stats: dict[str, dict] = {}
-        self._tokenizer = None
 
     # ------------------------------------------------------------ preprocess
-    @property
+    @cached_property
     def tokenizer(self):
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.pretrained)
-        return self._tokenizer
+        return load_tokenizer(self.pretrained)
 
     def cache_key(self) -> str:
-        payload = {
-            "kind": "pretrain",
-            "code": code_digest(),
-            "sources": [[k, str(v)] for k, v in self.sources.items()],  # their order is the examples' order
-            "inputs": fingerprint([p.resolve() for p in self.corpus.input_files()], Path("/")),
-            "pretrained": resolve_pretrained(self.pretrained),
-            "max_length": self.max_length,
-            "max_text_tokens": self.max_text_tokens,
-            "hybridqa_passages": self.hybridqa_passages,
-            "tables": self.tables,
-            "splits": self.splits if self.tables == "train" else None,
-            "val_fraction": self.val_fraction,
-            "split_seed": self.split_seed,
-        }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        return cache.key(
+            kind="pretrain",
+            sources=[[k, str(v)] for k, v in self.sources.items()],  # their order is the examples' order
+            inputs=cache.fingerprint([p.resolve() for p in self.corpus.input_files()], Path("/")),
+            pretrained=resolve_pretrained(self.pretrained),
+            max_length=self.max_length,
+            max_text_tokens=self.max_text_tokens,
+            hybridqa_passages=self.hybridqa_passages,
+            tables=self.tables,
+            splits=self.splits if self.tables == "train" else None,
+            val_fraction=self.val_fraction,
+            split_seed=self.split_seed,
+        )
 
     def split_corpus(self) -> dict[str, list[TableText]]:
         train, held_out = split_by_table(
@@ -193,7 +187,7 @@ class PretrainDataModule(L.LightningDataModule):
                     )
                 return encoded
 
-            self.encoded[split] = load_or_build(targets[split], build, f"pre-training {split} split")
+            self.encoded[split] = cache.load_or_build(targets[split], build, f"pre-training {split} split")
             self.stats[split] = split_stats(self.encoded[split])
             log.info("pre-training %s split: %s", split, json.dumps(self.stats[split]))
 
@@ -285,11 +279,7 @@ class MaskedCollator:
         self.pad_id = pad_id
 
     def __call__(self, examples: list[dict]) -> MaskedBatch:
-        seq = max(len(ex["input_ids"]) for ex in examples)
-        input_ids = torch.full((len(examples), seq), self.pad_id, dtype=torch.long)
-        labels = torch.full((len(examples), seq), IGNORE, dtype=torch.long)
-        for i, ex in enumerate(examples):
-            input_ids[i, : len(ex["input_ids"])] = torch.tensor(ex["input_ids"])
-            labels[i, : len(ex["labels"])] = torch.tensor(ex["labels"])
-        layout = TableLayout.from_lists([ex["layout"] for ex in examples], seq)
+        input_ids = padded([ex["input_ids"] for ex in examples], self.pad_id)
+        labels = padded([ex["labels"] for ex in examples], IGNORE, width=input_ids.shape[1])
+        layout = TableLayout.from_lists([ex["layout"] for ex in examples], input_ids.shape[1])
         return MaskedBatch(input_ids=input_ids, labels=labels, layout=layout, sources=[ex["source"] for ex in examples])

@@ -8,11 +8,10 @@ import csv
 import json
 import logging
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator, Sequence
 
-from mate_cli.data.hybridqa import _LRU as LRU
-from mate_cli.data.hybridqa import given_file, no_questions
 from mate_cli.data.schema import Cell, Question, Table
 from mate_cli.errors import MateError
 
@@ -21,19 +20,6 @@ log = logging.getLogger(__name__)
 # The csv module refuses a field over 128 kB; a table cell may hold a whole article (the
 # tokenizer keeps what fits). 256 MB still stops a file that is one unterminated quote.
 csv.field_size_limit(max(csv.field_size_limit(), 1 << 28))
-
-__all__ = [
-    "LRU",
-    "TableQAReader",
-    "no_questions",
-    "read_text",
-    "split_lines",
-    "load_json",
-    "columns",
-    "fields",
-    "rows_to_table",
-    "given_file",
-]
 
 #: ``(where, raw record, question)``: what a reader's ``_read_questions`` yields; ``where``
 #: names the record in messages (``line 12``), the raw record decides whether a repeated
@@ -70,6 +56,24 @@ def load_json(path: Path, what: str, object_pairs_hook=None) -> Any:
     except json.JSONDecodeError as err:
         problem = f"line {err.lineno}, column {err.colno}: {err.msg}"
     raise MateError(f"{path}: {what} is not valid JSON ({problem}); re-download or repair the file")
+
+
+def given_file(path: str | Path, what: str, key: str = "table") -> Path:
+    """The path of a file passed on the command line as ``key=`` (``mate predict table=...``)."""
+    path = Path(str(path)).expanduser()
+    if path.is_dir():
+        raise MateError(f"{key}={path} is a folder, not a file; pass {what}")
+    if not path.is_file():
+        raise MateError(f"{key}={path} not found; pass {what}")
+    return path
+
+
+def no_questions(path: Path, skipped: Counter) -> str:
+    """The one line for a question file that gives no question (nothing is cached then)."""
+    why = (
+        f"every record was skipped ({', '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else "it is empty"
+    )
+    return f"{path} holds no questions: {why}; restore it from the release, or choose another split"
 
 
 def columns(header: Sequence[str], path: Path, required: Sequence[str], optional: Sequence[str] = ()) -> dict[str, int]:
@@ -145,7 +149,7 @@ class TableQAReader:
         for sub in self.REQUIRED_DIRS:
             if not (self.root / sub).is_dir():
                 raise MateError(f"dataset.root {self.root} has no {sub}/; {hint}")
-        self._tables = LRU(cache_size)
+        self._tables = lru_cache(max(0, int(cache_size)))(self._read_table)
         #: question file name (as passed) -> counts of skipped records (duplicate_records, empty_question)
         self.skipped: dict[str, Counter] = {}
 
@@ -210,7 +214,7 @@ class TableQAReader:
 
     # ------------------------------------------------------------- tables
     def table(self, table_id: str) -> Table:
-        return self._tables.get(table_id, lambda: self._read_table(table_id))
+        return self._tables(table_id)
 
     def table_file(self, table_id: str) -> Path:
         return self.root / table_id

@@ -17,7 +17,7 @@ the answer, else the first. The split is stage 1's (``dataset.split``), so no ta
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -25,7 +25,7 @@ from mate_cli.data.datamodule import SplitDataModule, question_from_record
 from mate_cli.data.expand import format_expanded, split_sentences
 from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.normalize import answer_words
-from mate_cli.data.schema import Cell, Question, Table
+from mate_cli.data.schema import Batch, Cell, Question, Table, padded
 from mate_cli.data.tokenize import candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
@@ -75,12 +75,12 @@ class SpanExample:
     coord: list[int]
     answer: str
     context: str
-    input_ids: list[int]
-    layout: dict[str, list[int]]
-    context_mask: list[int]
-    start_ok: list[int]
-    end_ok: list[int]
-    offsets: list[list[int]]
+    input_ids: list[int] = field(default_factory=list)
+    layout: dict[str, list[int]] = field(default_factory=lambda: {"segment_ids": []})
+    context_mask: list[int] = field(default_factory=list)
+    start_ok: list[int] = field(default_factory=list)
+    end_ok: list[int] = field(default_factory=list)
+    offsets: list[list[int]] = field(default_factory=list)
     gold_start: int = -1
     gold_end: int = -1
     answer_in_context: bool = False
@@ -175,23 +175,8 @@ class SpanBatch:
     offsets: list[list[list[int]]]
     coords: list[list[int]]
 
-    def to(self, device) -> "SpanBatch":
-        move = {
-            k: getattr(self, k).to(device)
-            for k in ("input_ids", "context_mask", "start_ok", "end_ok", "gold_start", "gold_end")
-        }
-        return SpanBatch(
-            layout=self.layout.to(device),
-            question_ids=self.question_ids,
-            answers=self.answers,
-            contexts=self.contexts,
-            offsets=self.offsets,
-            coords=self.coords,
-            **move,
-        )
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
+    to = Batch.to
+    __len__ = Batch.__len__
 
     def texts(self, start: torch.Tensor, end: torch.Tensor) -> list[str]:
         """Decoded span texts for per-example token indices ``start``/``end`` ``[batch]``."""
@@ -203,14 +188,12 @@ class SpanCollator:
         self.pad_id = pad_id
 
     def __call__(self, examples: list[dict]) -> SpanBatch:
-        b, seq = len(examples), max(len(ex["input_ids"]) for ex in examples)
-        ids = torch.full((b, seq), self.pad_id, dtype=torch.long)
-        flags = {k: torch.zeros((b, seq), dtype=torch.bool) for k in ("context_mask", "start_ok", "end_ok")}
-        for i, ex in enumerate(examples):
-            n = len(ex["input_ids"])
-            ids[i, :n] = torch.tensor(ex["input_ids"])
-            for k, t in flags.items():
-                t[i, :n] = torch.tensor(ex[k], dtype=torch.bool)
+        ids = padded([ex["input_ids"] for ex in examples], self.pad_id)
+        seq = ids.shape[1]
+        flags = {
+            k: padded([ex[k] for ex in examples], False, torch.bool, seq)
+            for k in ("context_mask", "start_ok", "end_ok")
+        }
         return SpanBatch(
             input_ids=ids,
             layout=TableLayout.from_lists([ex["layout"] for ex in examples], seq),
@@ -231,9 +214,6 @@ class _SpanEncoder:
         self.args = (root, pretrained, max_length, max_question_tokens, cells)
         self._state = None
 
-    def __getstate__(self):
-        return {"args": self.args, "_state": None}
-
     def __call__(self, record: dict) -> list[dict]:
         if self._state is None:
             self._state = (HybridQAReader(self.args[0]), load_tokenizer(self.args[1]))
@@ -246,7 +226,10 @@ class _SpanEncoder:
         passages = files.passages(question.table_id)
         coords = candidate_cells(question, table, passages)
         if not coords:
-            return [asdict(_placeholder(question))]
+            placeholder = SpanExample(
+                question.question_id, question.table_id, [-1, -1], question.answer_text or "", "", has_gold_cell=False
+            )
+            return [asdict(placeholder)]
         contexts = {xy: cell_context(table.rows[xy[0]][xy[1]], passages) for xy in coords}
         if cells == "validation":
             with_answer = [xy for xy in coords if find_answer_span(contexts[xy][0], question.answer_text)]
@@ -257,52 +240,6 @@ class _SpanEncoder:
             asdict(encode_span_example(tokenizer, question, xy, contexts[xy][0], max_length, max_q, contexts[xy][1]))
             for xy in coords
         ]
-
-
-def _placeholder(question: Question) -> SpanExample:
-    return SpanExample(
-        question_id=question.question_id,
-        table_id=question.table_id,
-        coord=[-1, -1],
-        answer=question.answer_text or "",
-        context="",
-        input_ids=[],
-        layout={"segment_ids": []},
-        context_mask=[],
-        start_ok=[],
-        end_ok=[],
-        offsets=[],
-        has_gold_cell=False,
-    )
-
-
-def span_stats(ds, max_span_length: int | None = None) -> dict:
-    rows = ds.select_columns(
-        [
-            "question_id",
-            "has_gold_cell",
-            "answer_in_context",
-            "gold_start",
-            "gold_end",
-            "context_truncated",
-            "missing_passages",
-        ]
-    ).to_list()
-    real = [r for r in rows if r["has_gold_cell"]]
-    stats = {
-        "questions": len({r["question_id"] for r in rows}),
-        "questions_without_gold_cell": sum(not r["has_gold_cell"] for r in rows),
-        "examples": len(real),
-        "answer_in_context": sum(r["answer_in_context"] for r in real),
-        "answer_in_window": sum(r["gold_start"] >= 0 for r in real),
-        "context_truncated": sum(r["context_truncated"] for r in real),
-        "missing_passage_links": sum(r["missing_passages"] for r in real),
-    }
-    if max_span_length:
-        stats["gold_longer_than_max_span"] = sum(
-            r["gold_start"] >= 0 and r["gold_end"] - r["gold_start"] >= max_span_length for r in real
-        )
-    return stats
 
 
 class SpanDataModule(SplitDataModule):
@@ -330,7 +267,32 @@ class SpanDataModule(SplitDataModule):
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
-        return span_stats(ds, self.max_span_length) if len(ds) else {"questions": 0}
+        rows = ds.select_columns(
+            [
+                "question_id",
+                "has_gold_cell",
+                "answer_in_context",
+                "gold_start",
+                "gold_end",
+                "context_truncated",
+                "missing_passages",
+            ]
+        ).to_list()
+        real = [r for r in rows if r["has_gold_cell"]]
+        stats = {
+            "questions": len({r["question_id"] for r in rows}),
+            "questions_without_gold_cell": sum(not r["has_gold_cell"] for r in rows),
+            "examples": len(real),
+            "answer_in_context": sum(r["answer_in_context"] for r in real),
+            "answer_in_window": sum(r["gold_start"] >= 0 for r in real),
+            "context_truncated": sum(r["context_truncated"] for r in real),
+            "missing_passage_links": sum(r["missing_passages"] for r in real),
+        }
+        if self.max_span_length:
+            stats["gold_longer_than_max_span"] = sum(
+                r["gold_start"] >= 0 and r["gold_end"] - r["gold_start"] >= self.max_span_length for r in real
+            )
+        return stats
 
     def usable_rows(self, split: str, ds) -> list[int] | None:
         """Rows of questions with a gold cell; for training, only those whose answer is in the window."""

@@ -29,7 +29,7 @@ import torch
 from mate_cli import tasks
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
-from mate_cli.data.schema import Batch, Question, Table, TaskBatch
+from mate_cli.data.schema import Batch, Question, Table, TaskBatch, padded
 from mate_cli.data.tokenize import TableTokenizer, check_linearization
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
@@ -211,9 +211,6 @@ class _TaskEncoder:
             ambiguous_answers,
         )
 
-    def __getstate__(self):
-        return {"args": self.args, "_state": None}
-
 
 # ---------------------------------------------------------------- datamodule
 class TableTaskDataModule(SplitDataModule):
@@ -293,7 +290,33 @@ class TableTaskDataModule(SplitDataModule):
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
-        return task_split_stats(ds, self.long_table_tokens)
+        """The split's statistics for the run log (module docstring); the long-table slice is the model's
+        ``<stage>/accuracy_long`` questions."""
+        n = len(ds)
+        with_cells = [i for i, has in enumerate(ds["has_answer_cells"]) if has]
+        dropped = ds["candidates_dropped"]
+
+        def kept_share(questions: list[int]) -> float | None:
+            return round(sum(1 for i in questions if int(dropped[i]) == 0) / len(questions), 4) if questions else None
+
+        stats = {
+            "questions": n,
+            "fit_without_truncation": round(1 - sum(bool(t) for t in ds["truncated"]) / n, 4),
+            "questions_with_answer_cells": len(with_cells),
+            "answer_cells_kept": kept_share(with_cells),
+            "rows_dropped": sum(int(r) for r in ds["rows_dropped"]),
+            "columns_dropped": sum(int(c) for c in ds["columns_dropped"]),
+            "ambiguous_answers": sum(bool(a) for a in ds["ambiguous_answer"]),
+        }
+        for name in ("columns_pruned", "tokens_pruned"):
+            if name in ds.column_names:
+                stats[name] = sum(int(v) for v in ds[name])
+        if self.long_table_tokens is not None:
+            full = ds["full_length"]
+            long = {i for i in range(n) if int(full[i]) > self.long_table_tokens}
+            stats["long_questions"] = len(long)
+            stats["answer_cells_kept_long"] = kept_share([i for i in with_cells if i in long])
+        return stats
 
     def usable_rows(self, split: str, ds) -> list[int] | None:
         """Training: the examples that supervise something (an answer cell left, or a scalar answer), less those
@@ -341,57 +364,20 @@ class TableTaskDataModule(SplitDataModule):
         return TaskCollator(self.pad_id)
 
 
-def task_split_stats(ds, long_table_tokens: int | None = None) -> dict:
-    """The split's statistics for the run log (module docstring); the long-table slice is the model's
-    ``<stage>/accuracy_long`` questions."""
-    n = len(ds)
-    if n == 0:
-        return {"questions": 0}
-    with_cells = [i for i, has in enumerate(ds["has_answer_cells"]) if has]
-    dropped = ds["candidates_dropped"]
-
-    def kept_share(questions: list[int]) -> float | None:
-        return round(sum(1 for i in questions if int(dropped[i]) == 0) / len(questions), 4) if questions else None
-
-    stats = {
-        "questions": n,
-        "fit_without_truncation": round(1 - sum(bool(t) for t in ds["truncated"]) / n, 4),
-        "questions_with_answer_cells": len(with_cells),
-        "answer_cells_kept": kept_share(with_cells),
-        "rows_dropped": sum(int(r) for r in ds["rows_dropped"]),
-        "columns_dropped": sum(int(c) for c in ds["columns_dropped"]),
-        "ambiguous_answers": sum(bool(a) for a in ds["ambiguous_answer"]),
-    }
-    for name in ("columns_pruned", "tokens_pruned"):
-        if name in ds.column_names:
-            stats[name] = sum(int(v) for v in ds[name])
-    if long_table_tokens is not None:
-        full = ds["full_length"]
-        long = {i for i in range(n) if int(full[i]) > long_table_tokens}
-        stats["long_questions"] = len(long)
-        stats["answer_cells_kept_long"] = kept_share([i for i in with_cells if i in long])
-    return stats
-
-
 class TaskCollator:
     def __init__(self, pad_id: int = 0) -> None:
         self.pad_id = pad_id
 
     def __call__(self, examples: list[Mapping]) -> TaskBatch:
         base = Collator(self.pad_id)(examples)
-        values = torch.full(base.cell_mask.shape, math.nan)
-        for i, ex in enumerate(examples):
-            if ex["cell_values"]:
-                values[i, 1 : len(ex["cell_values"]) + 1] = torch.tensor(
-                    [math.nan if v is None else v for v in ex["cell_values"]]
-                )
+        values = [[math.nan, *(math.nan if v is None else v for v in ex["cell_values"])] for ex in examples]
         return TaskBatch(
             **{f.name: getattr(base, f.name) for f in fields(Batch)},
             labels=torch.tensor([int(ex["label"]) for ex in examples]),
             float_answer=torch.tensor(
                 [math.nan if ex["float_answer"] is None else ex["float_answer"] for ex in examples], dtype=torch.float
             ),
-            cell_values=values,
+            cell_values=padded(values, math.nan, torch.float, base.cell_mask.shape[1]),
             answers=[list(ex["answers"]) for ex in examples],
             canonical_answers=[list(ex["canonical_answers"] or []) for ex in examples],
             answer_coordinates=[list(ex["answer_coordinates"]) for ex in examples],

@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.data.datamodule import Collator, encode_question
-from mate_cli.data.hybridqa import HybridQAReader, read_passages_file
+from mate_cli.data.hybridqa import read_passages_file
 from mate_cli.data.readers import given_file, load_json
 from mate_cli.data.span import SpanCollator, SpanExample, build_span_input, cell_context
 from mate_cli.data.schema import Question, Table
@@ -47,18 +47,6 @@ ROBUSTNESS_LINES = {
     "answer_not_in_context": "questions whose answer is not in the chosen cell's reader context",
     "not_in_reference": "predicted questions absent from the reference file (not scored)",
 }
-
-
-# ------------------------------------------------------------------ loading
-def check_same_split(stage1: DictConfig, stage2: DictConfig) -> None:
-    """Warn (one line) when the reader was trained on another split than the one evaluated."""
-    a, b = stage1.dataset, stage2.dataset
-    differ = [k for k in SPLIT_KEYS if str(a.get(k)) != str(b.get(k))]
-    if differ:
-        log.warning(
-            "pointr: stage-2 data differs from stage-1 on %s; the reader's training tables may overlap the evaluated ones",
-            differ,
-        )
 
 
 # ------------------------------------------------------------------ stage 1
@@ -133,19 +121,9 @@ class SpanPredictor:
         """The :class:`~mate_cli.data.span.SpanExample` of ``coord``, as in training."""
         if self.stage is None:
             context, missing = cell_context(table.rows[coord[0]][coord[1]], passages)
+            answer = question.answer_text or ""
             return SpanExample(
-                question.question_id,
-                question.table_id,
-                list(coord),
-                question.answer_text or "",
-                context,
-                [],
-                {"segment_ids": []},
-                [],
-                [],
-                [],
-                [],
-                missing_passages=missing,
+                question.question_id, question.table_id, list(coord), answer, context, missing_passages=missing
             )
         data = self.stage.cfg.dataset
         return build_span_input(
@@ -190,12 +168,6 @@ def _cell_info(table: Table, coord: Sequence[int], prob: float | None) -> dict:
     return {"row": r, "column": c, "header": table.header[c].text, "text": table.rows[r][c].text, "prob": prob}
 
 
-def _log_counts(counts: Counter) -> None:
-    for key, line in ROBUSTNESS_LINES.items():
-        if counts.get(key):
-            log.info("pointr: %d %s", counts[key], line)
-
-
 def load_stages(cfg: DictConfig) -> tuple[TrainedRun, TrainedRun | None, torch.device]:
     """The trained runs of ``stage1.ckpt_path`` and ``stage2.ckpt_path`` (None when not given)
     and the device they are on; both run configs are checked before either model is built."""
@@ -228,8 +200,14 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     s1, s2, device = load_stages(cfg)
     precision = cfg.trainer.get("precision")
     ref_path = reference_for(cfg.get("reference"), s1.cfg.dataset, split)
-    if s2 is not None:
-        check_same_split(s1.cfg, s2.cfg)
+    if s2 is not None:  # warn when the reader was trained on another split than the one evaluated
+        differ = [k for k in SPLIT_KEYS if str(s1.cfg.dataset.get(k)) != str(s2.cfg.dataset.get(k))]
+        if differ:
+            log.warning(
+                "pointr: stage-2 data differs from stage-1 on %s; "
+                "the reader's training tables may overlap the evaluated ones",
+                differ,
+            )
     else:
         log.info("pointr: no stage2.ckpt_path; answering with the top cell's text")
 
@@ -251,7 +229,9 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
 
     metrics = score(details, questions, ref_path, counts)
     metrics.update({f"data/{split}/{k}": v for k, v in datamodule.stats.get(split, {}).items()})
-    _log_counts(counts)
+    for key, line in ROBUSTNESS_LINES.items():
+        if counts.get(key):
+            log.info("pointr: %d %s", counts[key], line)
     metrics.update({f"robustness/{k}": int(counts.get(k, 0)) for k in ROBUSTNESS_LINES})
     metrics.update({"split": split, "stage1_ckpt": s1.ckpt_path, "stage2_ckpt": s2.ckpt_path if s2 else None})
     atomic_write_json(out_dir / "metrics.json", metrics)
@@ -305,7 +285,10 @@ def _run(
     for ranked in ranker.rank(dataset):
         question = questions[ranked["question_id"]]
         table = datamodule.reader.table(question.table_id)
-        passages = _passages(datamodule.reader, question.table_id, counts)
+        passages = datamodule.reader.passages(question.table_id)
+        if not passages:
+            counts["tables_without_passages"] += 1
+            counts["missing_passage_file"] += not datamodule.reader.has_passage_file(question.table_id)
         counts["questions_without_candidate"] += question.answer_text is not None and not ranked["has_candidate"]
         record = {
             "question_id": question.question_id,
@@ -334,14 +317,6 @@ def _run(
     return details
 
 
-def _passages(hq_reader: HybridQAReader, table_id: str, counts: Counter) -> dict[str, str]:
-    passages = hq_reader.passages(table_id)
-    if not passages:
-        counts["tables_without_passages"] += 1
-        counts["missing_passage_file"] += not hq_reader.has_passage_file(table_id)
-    return passages
-
-
 # ------------------------------------------------------------------ one question
 def load_passages(path: str | Path | None) -> dict[str, str]:
     """The passages of ``mate predict``'s ``passages=`` file; ``{}`` for none."""
@@ -360,21 +335,14 @@ def predict_question(
     question = Question(question_id="predict", question=str(question_text), table_id=table.table_id)
     ranked = next(iter(ranker.rank([ranker.encode(question, table, passages)])))
     top = [_cell_info(table, c["coord"], c["prob"]) for c in ranked["cells"][: max(top_k, 1)]]
+    common = {"question": question.question, "table_id": table.table_id}
     if not top:
         log.info("predict: table %s has no selectable (non-empty) cell; no answer", table.table_id)
-        return {
-            "question": question.question,
-            "table_id": table.table_id,
-            "answer": "",
-            "cell": None,
-            "top_cells": [],
-            "reader_prob": None,
-        }
+        return {**common, "answer": "", "cell": None, "top_cells": [], "reader_prob": None}
     item = spans.build(question, table, passages, (top[0]["row"], top[0]["column"]))
     result = spans.read([item], [top[0]["text"]])[0] if item.context.strip() else {"pred": "", "prob": None}
     return {
-        "question": question.question,
-        "table_id": table.table_id,
+        **common,
         "answer": result["pred"],
         "reader_prob": result["prob"],
         "cell": top[0],

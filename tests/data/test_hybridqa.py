@@ -68,7 +68,7 @@ def test_table_cache_is_bounded_lru(sample_root):
     assert reader.table("1991_Monaco_Grand_Prix_0") is a
     reader.table("Marine_defense_battalions_0")
     reader.table("ADX_Florence_0")
-    assert len(reader._tables) == 2
+    assert reader._tables.cache_info().currsize == 2
     assert reader.table("1991_Monaco_Grand_Prix_0") is not a  # evicted, re-read
 
 
