@@ -176,3 +176,23 @@ def wandb_run_summary(path: Path) -> dict:
         for item in items:
             out["config"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return out
+
+
+# ------------------------------------------------------------------ layouts
+def layout_from_token_type_ids(token_type_ids, attention_mask=None):
+    """A `TableLayout` from TAPAS ``token_type_ids`` ``[batch, seq, 7]`` (order: ``TOKEN_TYPE_FIELDS``),
+    cell ids numbering each example's data (row, column) pairs from 1."""
+    import torch
+
+    from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS, TableLayout
+
+    parts = {name: token_type_ids[..., i] for i, name in enumerate(TOKEN_TYPE_FIELDS)}
+    if attention_mask is None:
+        attention_mask = torch.ones_like(parts["segment_ids"], dtype=torch.bool)
+    table = (parts["segment_ids"] == 1) & attention_mask.bool() & (parts["row_ids"] > 0)
+    cell_key = parts["row_ids"] * (int(parts["column_ids"].max()) + 1) + parts["column_ids"]
+    cell_ids = torch.zeros_like(cell_key)
+    for b in range(cell_key.shape[0]):
+        uniq = torch.unique(cell_key[b][table[b]])
+        cell_ids[b][table[b]] = torch.searchsorted(uniq, cell_key[b][table[b]]) + 1
+    return TableLayout(attention_mask=attention_mask, cell_ids=cell_ids, **parts)

@@ -185,7 +185,7 @@ def attention_factory(name: str) -> Callable[..., AttentionBackend]:
 
 
 def build_backend(name: str, num_heads: int, head_dim: int, max_length: int) -> AttentionBackend:
-    """Layer 0's backend, called as ``TableEncoder._build_backend`` calls the factory (eval mode)."""
+    """Layer 0's backend, built from the factory as the encoder builds it (eval mode)."""
     factory = attention_factory(name)
     return build_layer_backend(
         factory, num_heads=num_heads, head_dim=head_dim, max_length=max_length, dropout=0.0, layer_index=0

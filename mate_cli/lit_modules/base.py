@@ -111,7 +111,7 @@ class EncoderTaskModule(L.LightningModule):
     def pool(self, hidden: torch.Tensor, layout) -> torch.Tensor:
         """``[batch, hidden]``: what a head on the whole sequence reads (``pooling``)."""
         if self.pooling == "cls":
-            return self.encoder.pooled(hidden)
+            return self.encoder.pooler(hidden)
         return mean_over_tokens(hidden, layout.attention_mask)
 
     def prune(self, batch):

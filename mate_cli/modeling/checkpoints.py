@@ -208,6 +208,27 @@ def load_state_dict(module: nn.Module, state: dict[str, torch.Tensor], source: s
     return missing, unexpected
 
 
+def load_head(head: nn.Module, pretrained: str, what: str, prefix: str = "", warn_partial: bool = False) -> list[str]:
+    """Copy the tensors of checkpoint ``pretrained`` named ``prefix`` + one of ``head``'s keys (after :data:`RENAMES`)
+    into ``head``, ``what`` naming it in the log; returns the names loaded (``[]``: the checkpoint has none, the head
+    keeps its initialisation). ``warn_partial``: warn when the checkpoint has only some of them."""
+    state = read_state_dict(weight_files(resolve_pretrained(pretrained)))
+    own = head.state_dict()
+    found = {}
+    for key, value in state.items():
+        if key.startswith(prefix):
+            name = key[len(prefix) :]
+            for pattern, replacement in RENAMES:
+                name = re.sub(pattern, replacement, name)
+            if name in own:
+                found[name] = value
+    if warn_partial and found and len(found) < len(own):
+        log.warning("%s: the %s loads only %s; the rest keeps its initialisation", pretrained, what, sorted(found))
+    if found:
+        load_state_dict(head, found, source=f"{pretrained} ({what})")
+    return sorted(found)
+
+
 # ------------------------------------------------------------------ tokenizer
 def load_tokenizer(pretrained: str | os.PathLike):
     """A ``transformers.BertTokenizerFast`` from the checkpoint's ``vocab.txt`` (else its ``tokenizer.json``) and

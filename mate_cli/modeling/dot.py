@@ -52,8 +52,7 @@ class Pruned:
     ``input_ids`` ``[batch, K']``: the kept word pieces, in input order; ``layout``: theirs, with
     full-input ``position_ids`` and the kept scores as ``key_bias`` (``None`` for P-DoT); ``index``
     ``[batch, K']``: their positions in the full input; ``scores`` ``[batch, seq]``: ``s_t`` of every
-    input token (column scores in column mode); ``logits`` ``[batch, seq]``: the token head's;
-    ``hidden`` ``[batch, seq, pruner hidden]``: the pruner's last hidden state.
+    input token (column scores in column mode); ``logits`` ``[batch, seq]``: the token head's.
     """
 
     input_ids: torch.Tensor
@@ -61,7 +60,6 @@ class Pruned:
     index: torch.Tensor
     scores: torch.Tensor
     logits: torch.Tensor
-    hidden: torch.Tensor
 
 
 def column_scores(scores: torch.Tensor, layout: TableLayout) -> torch.Tensor:
@@ -182,7 +180,7 @@ class DoubleTransformer(nn.Module):
         bias = torch.where(kept, scores.gather(1, index), 0.0) if self.biased else None
         pruned_layout = gather_layout(layout, index, kept, positions, bias)
         kept_ids = torch.where(kept, input_ids.gather(1, index), self.pruner.config.pad_token_id)
-        return Pruned(kept_ids, pruned_layout, index, scores, logits, hidden)
+        return Pruned(kept_ids, pruned_layout, index, scores, logits)
 
 
 def cells_with_tokens(layout: TableLayout, num_cells: int) -> torch.Tensor:

@@ -78,25 +78,19 @@ class TableEmbeddings(nn.Module):
         positions = torch.arange(seq_len, device=layout.device)
         return positions.unsqueeze(0).expand(batch, seq_len)
 
-    def check_token_types(self, layout: TableLayout) -> None:
-        """Raise a `MateError` naming the layout field whose ids overflow its table."""
-        if torch.compiler.is_compiling():
-            return
-        for name, size in zip(TOKEN_TYPE_FIELDS, self.type_vocab_sizes):
+    def forward(self, input_ids: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
+        """``[batch, seq]`` WordPiece ids -> ``[batch, seq, hidden]``; ``layout=None`` means all token types 0. A layout
+        field whose ids overflow its table is a `MateError` naming it."""
+        layout = TableLayout.plain(input_ids) if layout is None else layout.to(input_ids.device)
+        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(layout))
+        check = not torch.compiler.is_compiling()
+        for i, (name, table) in enumerate(zip(TOKEN_TYPE_FIELDS, self.token_type_tables())):
             ids = getattr(layout, name)
-            if bool(((ids < 0) | (ids >= size)).any()):
-                i = TOKEN_TYPE_FIELDS.index(name)
+            if check and bool(((ids < 0) | (ids >= table.num_embeddings)).any()):
                 raise MateError(
                     f"layout.{name} holds id {int(ids.max())} but token_type_embeddings_{i} has only "
-                    f"{size} entries; cap it in the tokenizer (fewer rows/columns per table) "
+                    f"{table.num_embeddings} entries; cap it in the tokenizer (fewer rows/columns per table) "
                     f"or raise model.type_vocab_sizes[{i}]"
                 )
-
-    def forward(self, input_ids: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``[batch, seq]`` WordPiece ids -> ``[batch, seq, hidden]``; ``layout=None`` means all token types 0."""
-        layout = TableLayout.plain(input_ids) if layout is None else layout.to(input_ids.device)
-        self.check_token_types(layout)
-        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(layout))
-        for name, table in zip(TOKEN_TYPE_FIELDS, self.token_type_tables()):
-            embeddings = embeddings + table(getattr(layout, name))
+            embeddings = embeddings + table(ids)
         return self.dropout(self.LayerNorm(embeddings))

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -94,43 +95,25 @@ class Attention(nn.Module):
         return self.output(context if mix is None else mix(context, hidden), hidden)
 
 
-class Intermediate(nn.Module):
-    """``act(dense(x))``: ``[batch, seq, hidden]`` -> ``[batch, seq, intermediate]``."""
-
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        if config.hidden_act not in ACTIVATIONS:
-            raise MateError(
-                f"model.hidden_act={config.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}"
-            )
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACTIVATIONS[config.hidden_act]()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(x))
-
-
 class Layer(nn.Module):
     """One post-LN transformer layer (BERT's ``encoder.layer.{i}``)."""
 
     def __init__(self, config: EncoderConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.attention = Attention(config, backend)
-        self.intermediate = Intermediate(config)
+        if config.hidden_act not in ACTIVATIONS:
+            raise MateError(
+                f"model.hidden_act={config.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}"
+            )
+        # act(dense(x)): [batch, seq, hidden] -> [batch, seq, intermediate]
+        dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate = nn.Sequential(OrderedDict(dense=dense, act=ACTIVATIONS[config.hidden_act]()))
         self.output = AddNorm(config.intermediate_size, config)
 
     def forward(self, hidden: torch.Tensor, layout: TableLayout | None, mix: ContextMix | None = None) -> torch.Tensor:
         """``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``."""
         hidden = self.attention(hidden, layout, mix)
         return self.output(self.intermediate(hidden), hidden)
-
-
-class Stack(nn.Module):
-    """The layers, under the name ``encoder.layer`` as in BERT."""
-
-    def __init__(self, layers: list[Layer]) -> None:
-        super().__init__()
-        self.layer = nn.ModuleList(layers)
 
 
 class Pooler(nn.Module):
@@ -207,22 +190,19 @@ class TableEncoder(nn.Module):
                 "or model.encoder.reset_position_index_per_cell=true"
             )
         factory = backend_factory(attention)
+        shared = dict(
+            num_heads=config.num_heads,
+            head_dim=config.hidden_size // config.num_heads,
+            max_length=self.max_length,
+            dropout=config.attention_dropout,
+        )
         self.embeddings = TableEmbeddings(config)
-        self.encoder = Stack([Layer(config, self._build_backend(factory, i)) for i in range(config.num_layers)])
+        layers = [Layer(config, build_backend(factory, **shared, layer_index=i)) for i in range(config.num_layers)]
+        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(layers)})  # BERT's name: encoder.layer.{i}
         self.pooler = Pooler(config)
         for name, module in self.named_modules():
             if ".backend" not in name:  # a backend initialises its own parameters
                 self._init_weights(module)
-
-    def _build_backend(self, factory: Callable[..., AttentionBackend], index: int) -> AttentionBackend:
-        return build_backend(
-            factory,
-            num_heads=self.config.num_heads,
-            head_dim=self.config.hidden_size // self.config.num_heads,
-            max_length=self.max_length,
-            dropout=self.config.attention_dropout,
-            layer_index=index,
-        )
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LayerNorm."""
@@ -290,10 +270,6 @@ class TableEncoder(nn.Module):
             self.check_key_bias()
         hidden = self.embeddings(input_ids, self.backends[0].embedding_layout(layout))
         return self.backends[0].extend_inputs(hidden, layout)
-
-    def pooled(self, hidden: torch.Tensor) -> torch.Tensor:
-        """:class:`Pooler`'s output for a last hidden state."""
-        return self.pooler(hidden)
 
     # ------------------------------------------------------------ checkpoints
     @classmethod

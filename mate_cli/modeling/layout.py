@@ -46,7 +46,7 @@ PADDING_GROUP = 2**40
 @dataclass(eq=False)
 class TableLayout:
     """Where every token sits: ``[batch, seq]`` tensors (``attention_mask`` True for real tokens, missing
-    ids zeros), built by :meth:`from_lists` (the collators), :meth:`from_token_type_ids` or :meth:`plain`."""
+    ids zeros), built by :meth:`from_lists` (the collators) or :meth:`plain`."""
 
     attention_mask: torch.Tensor
     segment_ids: torch.Tensor
@@ -93,22 +93,6 @@ class TableLayout:
             attention_mask=torch.ones_like(zeros, dtype=torch.bool), segment_ids=zeros, row_ids=zeros, column_ids=zeros
         )
 
-    @classmethod
-    def from_token_type_ids(
-        cls, token_type_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-    ) -> "TableLayout":
-        """From TAPAS ``token_type_ids`` ``[batch, seq, 7]`` (order: :data:`TOKEN_TYPE_FIELDS`)."""
-        parts = {name: token_type_ids[..., i] for i, name in enumerate(TOKEN_TYPE_FIELDS)}
-        if attention_mask is None:
-            attention_mask = torch.ones_like(parts["segment_ids"], dtype=torch.bool)
-        table = (parts["segment_ids"] == 1) & attention_mask.bool() & (parts["row_ids"] > 0)
-        cell_key = parts["row_ids"] * (int(parts["column_ids"].max()) + 1) + parts["column_ids"]
-        cell_ids = torch.zeros_like(cell_key)
-        for b in range(cell_key.shape[0]):
-            uniq = torch.unique(cell_key[b][table[b]])
-            cell_ids[b][table[b]] = torch.searchsorted(uniq, cell_key[b][table[b]]) + 1
-        return cls(attention_mask=attention_mask, cell_ids=cell_ids, **parts)
-
     # ------------------------------------------------------------- properties
     @property
     def batch_size(self) -> int:
@@ -139,11 +123,7 @@ class TableLayout:
 
     def view_ids(self, view: View) -> torch.Tensor:
         """``[batch, seq]``: the row ids (``view="row"``) or column ids (``"column"``)."""
-        if view == "row":
-            return self.row_ids
-        if view == "column":
-            return self.column_ids
-        raise ValueError(f"view must be 'row' or 'column', got {view!r}")
+        return {"row": self.row_ids, "column": self.column_ids}[view]
 
     def group_ids(self, view: View) -> torch.Tensor:
         """``[batch, seq]`` long: 0 for the query set, row/column id + 1 for table tokens, padding above

@@ -10,32 +10,17 @@ to the encoder's word embeddings. A directory saved with :func:`mlm_state_dict`
 
 from __future__ import annotations
 
-import logging
-import re
+from collections import OrderedDict
 
 import torch
 from torch import nn
 
+from mate_cli.modeling import checkpoints
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import ACTIVATIONS
 
-log = logging.getLogger(__name__)
-
 #: the checkpoint prefix of the head's tensors (BertForPreTraining / BertForMaskedLM / TapasForMaskedLM)
 PREFIX = "cls.predictions."
-
-
-class Transform(nn.Module):
-    """``LayerNorm(act(dense(h)))``: BERT's ``cls.predictions.transform``."""
-
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = ACTIVATIONS[config.hidden_act]()
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(hidden)))
 
 
 class MaskedLMHead(nn.Module):
@@ -44,7 +29,14 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, config: EncoderConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
-        self.transform = Transform(config)
+        # LayerNorm(act(dense(h))): BERT's cls.predictions.transform
+        self.transform = nn.Sequential(
+            OrderedDict(
+                dense=nn.Linear(config.hidden_size, config.hidden_size),
+                act=ACTIVATIONS[config.hidden_act](),
+                LayerNorm=nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
+            )
+        )
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         self._tied = (word_embeddings,)  # a tuple: not registered twice in the state dict
         nn.init.normal_(self.transform.dense.weight, std=config.initializer_range)
@@ -68,23 +60,4 @@ def mlm_state_dict(head: MaskedLMHead) -> dict[str, torch.Tensor]:
 def load_mlm_head(head: MaskedLMHead, pretrained: str) -> list[str]:
     """Copy a checkpoint's ``cls.predictions.*`` tensors into ``head``; returns the names loaded
     (``[]``: the checkpoint has no MLM head, the head keeps its initialisation)."""
-    from mate_cli.modeling import checkpoints
-
-    resolved = checkpoints.resolve_pretrained(pretrained)
-    state = checkpoints.read_state_dict(checkpoints.weight_files(resolved))
-    own = head.state_dict()
-    found = {}
-    for key, value in state.items():
-        if key.startswith(PREFIX):
-            name = key[len(PREFIX) :]
-            for pattern, replacement in checkpoints.RENAMES:  # LayerNorm.gamma/beta of TF ports
-                name = re.sub(pattern, replacement, name)
-            if name in own:
-                found[name] = value
-    if found and len(found) < len(own):
-        log.warning(
-            "%s: the masked-LM head loads only %s; the rest keeps its initialisation", pretrained, sorted(found)
-        )
-    if found:
-        checkpoints.load_state_dict(head, found, source=f"{pretrained} (masked-LM head)")
-    return sorted(found)
+    return checkpoints.load_head(head, pretrained, "masked-LM head", prefix=PREFIX, warn_partial=True)

@@ -13,10 +13,6 @@ import torch
 from torch import nn
 
 
-def _neg(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).min
-
-
 def valid_span_mask(
     context_mask: torch.Tensor,
     max_span_length: int,
@@ -87,7 +83,7 @@ class SpanHead(nn.Module):
         pair = self.activation(h_start[..., None] + band)  # [batch, seq, inner, L]
         scores = torch.einsum("bsil,i->bsl", pair, self.out.weight[0]) + self.out.bias  # [batch, seq, L]
         valid = valid_span_mask(context_mask, width, start_ok, end_ok)
-        return scores.masked_fill(~valid, _neg(scores.dtype)), valid
+        return scores.masked_fill(~valid, torch.finfo(scores.dtype).min), valid
 
     def decode(self, scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Best valid span per example: ``(start, end, prob)``, each ``[batch]``, ``prob`` its softmax over valid spans;

@@ -58,8 +58,7 @@ def shaped_layout(
     ``cell_tokens`` tokens each; padded to the longest example plus ``extra_pad``."""
     rng = random.Random(seed)
     cells = [_draw_cells(rng, rows, columns, cell_tokens) for _, rows, columns in shapes]
-    lengths = [q + 2 + sum(map(sum, c)) for (q, _, _), c in zip(shapes, cells)]
-    return layout_from_cells([q for q, _, _ in shapes], cells, seq_len=max(lengths) + extra_pad)
+    return layout_from_cells([q for q, _, _ in shapes], cells, pad=extra_pad)
 
 
 def random_layout(

@@ -253,9 +253,8 @@ class TapasQAHead(nn.Module):
                                                  cell_mask)  # fmt: skip
             return QAOutput(logits, aggregation_logits, None)
         labels = labels.long() * layout.attention_mask
-        weakly = cfg.num_aggregation_labels > 0 and bool(cfg.use_answer_as_supervision)
         aggregate = None
-        if weakly:
+        if cfg.num_aggregation_labels > 0:  # answer-supervised: TapasHeadConfig refuses aggregation labels
             if float_answer is None:
                 raise ValueError("answer-supervised aggregation needs float_answer (NaN where none)")
             aggregate = _aggregate_mask(float_answer, aggregation_logits, cfg.cell_selection_preference, labels)
@@ -298,11 +297,6 @@ class TapasQAHead(nn.Module):
         cfg = self.config
         float_answer, numeric_values, numeric_values_scale = answer
         log_probs = torch.log_softmax(aggregation_logits, dim=-1)
-        if aggregate is None:
-            raise MateError(
-                "supervised aggregation labels are not supported; set "
-                "model.head.use_answer_as_supervision=true (TAPAS's WikiTQ setting)"
-            )
         # weak supervision: NONE for cell-selection examples, "some operator" for the others
         extra = -log_probs[:, 0] * (1.0 - aggregate)
         extra = extra - torch.log(torch.softmax(aggregation_logits, dim=-1)[:, 1:].sum(1)) * aggregate
@@ -545,13 +539,7 @@ def load_head_weights(head: nn.Module, pretrained: str) -> list[str]:
     BERT or TAPAS base checkpoint: the head keeps its initialisation)."""
     from mate_cli.modeling import checkpoints
 
-    resolved = checkpoints.resolve_pretrained(pretrained)
-    state = checkpoints.read_state_dict(checkpoints.weight_files(resolved))
-    own = head.state_dict()
-    found = {k: v for k, v in state.items() if k in own}
-    if found:
-        checkpoints.load_state_dict(head, found, source=f"{pretrained} (task head)")
-    return sorted(found)
+    return checkpoints.load_head(head, pretrained, "task head")
 
 
 def checkpoint_head_settings(pretrained: str) -> dict:

@@ -104,20 +104,3 @@ class HopLayers(nn.Module):
             mix = None if hop is None else functools.partial(hop, edges=edges)
             hidden = encoder.run_layer(layer, hidden, layout, mix)
         return hidden
-
-
-class TransformerXH(nn.Module):
-    """A :class:`~mate_cli.modeling.encoder.TableEncoder` (used as it is) and its :class:`HopLayers`, as one model."""
-
-    def __init__(self, encoder: nn.Module, hop_layers: int | None = None) -> None:
-        super().__init__()
-        self.encoder = encoder
-        self.hop = HopLayers(encoder.config, hop_layers)
-
-    @property
-    def config(self):
-        return self.encoder.config
-
-    def forward(self, input_ids: torch.Tensor, layout: TableLayout | None, edges: torch.Tensor) -> torch.Tensor:
-        """The :meth:`HopLayers.forward` of this encoder."""
-        return self.hop(self.encoder, input_ids, layout, edges)

@@ -14,6 +14,7 @@ from mate_cli.modeling import checkpoints
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import TableLayout
+from tests.helpers import layout_from_token_type_ids
 
 transformers = pytest.importorskip("transformers")
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def random_layout(seed: int, lengths: list[int]) -> tuple[torch.Tensor, TableLay
     types = torch.stack([torch.randint(1, n, (batch, seq_len), generator=generator) for n in sizes], -1)
     types = torch.where(table[..., None], types, 0)
     input_ids = torch.where(mask, torch.randint(5, VOCAB, (batch, seq_len), generator=generator), 0)
-    return input_ids, TableLayout.from_token_type_ids(types, mask)
+    return input_ids, layout_from_token_type_ids(types, mask)
 
 
 def small_encoder(attention="dense", **changes) -> TableEncoder:
@@ -83,7 +84,7 @@ def test_save_pretrained_round_trips_through_tapas_model(tmp_path, record_proper
         hidden = model(input_ids, layout)
         reloaded = TableEncoder.from_pretrained(target, "dense").eval()(input_ids, layout)
     diff = (hidden - expected.last_hidden_state).abs().max().item()
-    pooled = (model.pooled(hidden) - expected.pooler_output).abs().max().item()
+    pooled = (model.pooler(hidden) - expected.pooler_output).abs().max().item()
     log.info("max |diff| save_pretrained->TapasModel = %.3e (pooler %.3e)", diff, pooled)
     record_property("max_abs_diff[save_roundtrip_tapas]", f"{diff:.3e}")
     assert diff <= 1e-5 and pooled <= 1e-5
@@ -226,7 +227,7 @@ def test_zero_new_type_tables_start_a_bert_checkpoint_as_its_own_function(tmp_pa
     were 0; with normal (TAPAS's initialisation) they do not. A TAPAS checkpoint keeps its
     own tables either way."""
     input_ids, layout = random_layout(0, [20, 14])
-    no_table = TableLayout.from_token_type_ids(
+    no_table = layout_from_token_type_ids(
         torch.stack([layout.segment_ids] + [torch.zeros_like(layout.segment_ids)] * 6, -1), layout.attention_mask
     )
     embedded = {}

@@ -24,6 +24,7 @@ from mate_cli.modeling.embeddings import cell_position_ids
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import TableLayout
+from tests.helpers import layout_from_token_type_ids
 
 transformers = pytest.importorskip("transformers")
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def table_batch(seed: int, lengths: list[int], scrambled: bool = False) -> tuple
         table = token_types[..., 0] == 1
         token_types[..., 1] = torch.where(table, torch.randint(0, 4, mask.shape, generator=generator), 0)
         token_types[..., 2] = torch.where(table, torch.randint(0, 5, mask.shape, generator=generator), 0)
-    return input_ids, TableLayout.from_token_type_ids(token_types, mask)
+    return input_ids, layout_from_token_type_ids(token_types, mask)
 
 
 def report(record_property, name: str, value: float) -> None:
@@ -108,7 +109,7 @@ def test_dense_matches_tapas_model(tmp_path, record_property, reset, scrambled):
         )
         hidden = ours(input_ids, layout)
     diff = (hidden - expected.last_hidden_state).abs().max().item()
-    pooled = (ours.pooled(hidden) - expected.pooler_output).abs().max().item()
+    pooled = (ours.pooler(hidden) - expected.pooler_output).abs().max().item()
     case = f"{'reset' if reset else 'absolute'},{'scrambled' if scrambled else 'table'}"
     report(record_property, f"tapas[{case}]", diff)
     report(record_property, f"tapas_pooler[{case}]", pooled)
@@ -166,7 +167,7 @@ def test_dense_matches_bert_model_on_bundled_minilm(record_property):
         expected = reference(**batch)
         hidden = ours(batch["input_ids"], layout)
     diff = (hidden - expected.last_hidden_state).abs()[mask].max().item()
-    pooled = (ours.pooled(hidden) - expected.pooler_output).abs().max().item()
+    pooled = (ours.pooler(hidden) - expected.pooler_output).abs().max().item()
     report(record_property, "bert_minilm", diff)
     report(record_property, "bert_minilm_pooler", pooled)
     assert diff <= TOLERANCE and pooled <= TOLERANCE

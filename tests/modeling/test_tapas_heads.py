@@ -114,7 +114,7 @@ def load_pair(tmp_path, reference_class, module_factory, **head):
 def run_ours(module, input_ids, layout, labels, float_answer, values, scale):
     with torch.no_grad():
         hidden = module.encoder(input_ids, layout)
-        return module.head(hidden, module.encoder.pooled(hidden), layout, labels, float_answer, values, scale)
+        return module.head(hidden, module.encoder.pooler(hidden), layout, labels, float_answer, values, scale)
 
 
 def run_reference(reference, input_ids, layout, labels, float_answer, values, scale):
@@ -200,7 +200,7 @@ def test_sqa_head_matches_tapas_for_question_answering(tmp_path, record_property
     compare(record_property, "sqa", ours, expected, table_tokens)
     with torch.no_grad():  # without labels: the logits TAPAS predicts from
         hidden = module.encoder(input_ids, layout)
-        plain = module.head(hidden, module.encoder.pooled(hidden), layout)
+        plain = module.head(hidden, module.encoder.pooler(hidden), layout)
         reference_plain = reference(
             input_ids=input_ids, attention_mask=layout.attention_mask.long(), token_type_ids=layout.token_type_ids
         )
@@ -221,7 +221,7 @@ def test_entailment_head_matches_tapas_for_sequence_classification(tmp_path, rec
             labels=gold,
         )
         hidden = module.encoder(input_ids, layout)
-        logits = module.head(module.encoder.pooled(hidden))
+        logits = module.head(module.encoder.pooler(hidden))
         loss = torch.nn.functional.cross_entropy(logits, gold)
     diff = (logits - expected.logits).abs().max().item()
     loss_diff = abs(float(loss) - float(expected.loss))

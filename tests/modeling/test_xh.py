@@ -10,7 +10,7 @@ import torch
 from mate_cli.errors import MateError
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import TableLayout
-from mate_cli.modeling.xh import TransformerXH
+from mate_cli.modeling.xh import HopLayers
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +38,14 @@ def nodes(seed: int, count: int = 4, length: int = 12):
     return ids, layout
 
 
-def randomise(model: TransformerXH) -> TransformerXH:
+def randomise(hop: HopLayers) -> HopLayers:
     """Hop weights away from their [I | 0] start, so the hops really mix."""
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for hop in model.hop.hops:
-            for param in hop.parameters():
+        for layer in hop.hops:
+            for param in layer.parameters():
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
-    return model
+    return hop
 
 
 def test_with_no_hop_layers_and_at_initialisation_it_is_the_plain_encoder(minilm):
@@ -53,8 +53,8 @@ def test_with_no_hop_layers_and_at_initialisation_it_is_the_plain_encoder(minilm
     edges = torch.ones(4, 4, dtype=torch.bool)
     with torch.no_grad():
         plain = minilm(ids, layout)
-        assert torch.equal(TransformerXH(minilm, hop_layers=0)(ids, layout, edges), plain)
-        started = TransformerXH(minilm)(ids, layout, edges)
+        assert torch.equal(HopLayers(minilm.config, hop_layers=0)(minilm, ids, layout, edges), plain)
+        started = HopLayers(minilm.config)(minilm, ids, layout, edges)
     assert float((started - plain)[layout.attention_mask].abs().max()) <= 1e-5
 
 
@@ -65,18 +65,18 @@ def test_a_hub_reads_only_its_neighbours_one_edge_per_hop_layer(minilm):
     changed = ids.clone()
     changed[2, 6:9] = torch.tensor([3000, 4000, 5000])  # node 2's text only
     for hop_layers, reaches_node_0 in ((1, False), (2, True)):
-        model = randomise(TransformerXH(minilm, hop_layers=hop_layers)).eval()
+        hop = randomise(HopLayers(minilm.config, hop_layers=hop_layers)).eval()
         with torch.no_grad():
-            before, after = model(ids, layout, edges), model(changed, layout, edges)
+            before, after = hop(minilm, ids, layout, edges), hop(minilm, changed, layout, edges)
         moved = (after - before).abs().amax(dim=(1, 2))
         assert float(moved[1]) > 1e-4  # node 1 reads node 2 over their edge
         assert (float(moved[0]) > 1e-4) == reaches_node_0  # node 0 is two edges away
         assert float(moved[3]) == 0.0  # no edge: unaffected by every other node
     # and the isolated node computes what the plain encoder's layers compute for it alone
-    model = randomise(TransformerXH(minilm, hop_layers=2)).eval()
+    hop = randomise(HopLayers(minilm.config, hop_layers=2)).eval()
     with torch.no_grad():
-        alone = model(ids[3:], layout.select(slice(3, 4)), torch.zeros(1, 1, dtype=torch.bool))
-        together = model(ids, layout, edges)[3:]
+        alone = hop(minilm, ids[3:], layout.select(slice(3, 4)), torch.zeros(1, 1, dtype=torch.bool))
+        together = hop(minilm, ids, layout, edges)[3:]
     real = layout.attention_mask[3:]
     assert float((alone - together)[real].abs().max()) <= 1e-5
 
@@ -84,19 +84,19 @@ def test_a_hub_reads_only_its_neighbours_one_edge_per_hop_layer(minilm):
 def test_hop_gradients_are_finite_with_an_isolated_node(minilm):
     ids, layout = nodes(3)
     edges = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
-    model = randomise(TransformerXH(minilm, hop_layers=1))
-    model(ids, layout, edges)[:, 0].sum().backward()
-    grads = [p.grad for p in model.hop.hops.parameters()]
+    hop = randomise(HopLayers(minilm.config, hop_layers=1))
+    hop(minilm, ids, layout, edges)[:, 0].sum().backward()
+    grads = [p.grad for p in hop.hops.parameters()]
     assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
-    assert float(model.hop.hops[0].query.weight.grad.abs().sum()) > 0  # node 0 weighs two neighbours
+    assert float(hop.hops[0].query.weight.grad.abs().sum()) > 0  # node 0 weighs two neighbours
 
 
 def test_bad_settings_are_one_line(minilm):
     with pytest.raises(MateError, match="model.hop_layers=7"):
-        TransformerXH(minilm, hop_layers=7)
+        HopLayers(minilm.config, hop_layers=7)
     ids, layout = nodes(4)
     with pytest.raises(MateError, match=r"edges has shape \(3, 3\)"):
-        TransformerXH(minilm)(ids, layout, torch.ones(3, 3, dtype=torch.bool))
+        HopLayers(minilm.config)(minilm, ids, layout, torch.ones(3, 3, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------- the HybridQA baseline (PointR stage 1)

@@ -29,7 +29,7 @@ column memory. The paper leaves the rest open; this module fixes it:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -86,14 +86,13 @@ def extend_layout(layout: TableLayout, slot_exists: torch.Tensor) -> TableLayout
         "row_ids": torch.cat([slot_ids, no_ids], dim=1),
         "column_ids": torch.cat([no_ids, slot_ids], dim=1),
     }
-    changes = {}
-    for f in fields(layout):
-        value = getattr(layout, f.name)
-        if f.name.startswith("_") or not isinstance(value, torch.Tensor):
-            continue
-        head = prefix.get(f.name, zeros).to(device=value.device, dtype=value.dtype)
-        changes[f.name] = torch.cat([head, value], dim=1)
-    return layout.with_fields(**changes)
+    return layout.with_fields(
+        **{
+            name: torch.cat([prefix.get(name, zeros).to(device=value.device, dtype=value.dtype), value], dim=1)
+            for name, value in layout._map(lambda t: t).items()
+            if value is not None
+        }
+    )
 
 
 def _blocks(x: torch.Tensor, size: int) -> torch.Tensor:
