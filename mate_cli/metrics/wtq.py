@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from abc import ABC, abstractmethod
 from decimal import Decimal
 from typing import Iterable, Optional, Sequence
 
@@ -89,18 +88,22 @@ def _py2_str(amount: int | float) -> str:
     return text if any(c in text for c in ".e") else text + ".0"
 
 
-class Value(ABC):
-    """An answer value; :attr:`normalized` is the text it is compared by."""
+class Value:
+    """An answer value: :attr:`normalized` is the text it matches by; equal values (same type,
+    same ``_key``) count once in a list."""
 
-    _normalized: str
+    normalized: str
+    _key: object
 
-    @property
-    def normalized(self) -> str:
-        return self._normalized
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._key == other._key
 
-    @abstractmethod
+    def __hash__(self) -> int:
+        return hash(self._key)
+
     def match(self, other: "Value") -> bool:
         """Whether this (gold) value counts as the same answer as ``other`` (a predicted one)."""
+        return self.normalized == other.normalized or self == other
 
 
 class StringValue(Value):
@@ -109,19 +112,10 @@ class StringValue(Value):
     def __init__(self, content: str) -> None:
         if not isinstance(content, str):
             raise TypeError(f"StringValue needs a str, got {type(content).__name__}")
-        self._normalized = normalize(content)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, StringValue) and self.normalized == other.normalized
-
-    def __hash__(self) -> int:
-        return hash(self.normalized)
+        self.normalized = self._key = normalize(content)
 
     def __repr__(self) -> str:
         return f"StringValue({self.normalized!r})"
-
-    def match(self, other: Value) -> bool:
-        return self.normalized == other.normalized
 
 
 class NumberValue(Value):
@@ -130,20 +124,10 @@ class NumberValue(Value):
     def __init__(self, amount: int | float, original_string: Optional[str] = None) -> None:
         if isinstance(amount, bool) or not isinstance(amount, (int, float)):
             raise TypeError(f"NumberValue needs an int or float, got {type(amount).__name__}")
-        if isinstance(amount, float) and (math.isnan(amount) or math.isinf(amount)):
+        if isinstance(amount, float) and not math.isfinite(amount):
             raise ValueError(f"NumberValue needs a finite amount, got {amount}")
-        self._amount: int | float = int(amount) if abs(amount - round(amount)) < NUMBER_TOLERANCE else float(amount)
-        self._normalized = normalize(original_string) if original_string else _py2_str(self._amount)
-
-    @property
-    def amount(self) -> int | float:
-        return self._amount
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NumberValue) and self.amount == other.amount
-
-    def __hash__(self) -> int:
-        return hash(self.amount)
+        self.amount = self._key = int(amount) if abs(amount - round(amount)) < NUMBER_TOLERANCE else float(amount)
+        self.normalized = normalize(original_string) if original_string else _py2_str(self.amount)
 
     def __repr__(self) -> str:
         return f"NumberValue({self.amount!r}, {self.normalized!r})"
@@ -155,18 +139,18 @@ class NumberValue(Value):
 
     @staticmethod
     def parse(text: str) -> Optional[int | float]:
-        """``text`` as ``int()``, else ``float()``, reads it (finite), else None."""
-        try:
-            return _int(text)
-        except ValueError:
-            pass
+        """``text`` as ``int()``, else ``float()``, reads it (finite; no ``_`` separators), else None."""
         if "_" in text:
             return None
+        try:
+            return int(text)
+        except ValueError:
+            pass
         try:
             amount = float(text)
         except ValueError:
             return None
-        return None if math.isnan(amount) or math.isinf(amount) else amount
+        return amount if math.isfinite(amount) else None
 
 
 class DateValue(Value):
@@ -179,29 +163,14 @@ class DateValue(Value):
             raise ValueError(f"invalid date {year}-{month}-{day}")
         if year == month == day == -1:
             raise ValueError("a date needs at least one known part")
-        self._ymd = (year, month, day)
+        self.ymd = self._key = (year, month, day)
         if original_string:
-            self._normalized = normalize(original_string)
+            self.normalized = normalize(original_string)
         else:  # as the official script writes it: an unknown year or month is "xx", a day stays -1
-            self._normalized = f"{'xx' if year == -1 else year}-{'xx' if month == -1 else month}-{day}"
-
-    @property
-    def ymd(self) -> tuple[int, int, int]:
-        return self._ymd
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, DateValue) and self.ymd == other.ymd
-
-    def __hash__(self) -> int:
-        return hash(self.ymd)
+            self.normalized = f"{'xx' if year == -1 else year}-{'xx' if month == -1 else month}-{day}"
 
     def __repr__(self) -> str:
         return f"DateValue{self.ymd!r}"
-
-    def match(self, other: Value) -> bool:
-        if self.normalized == other.normalized:
-            return True
-        return isinstance(other, DateValue) and self.ymd == other.ymd
 
     @staticmethod
     def parse(text: str) -> Optional[tuple[int, int, int]]:
@@ -246,12 +215,10 @@ def to_value_list(
     """The distinct values of ``texts`` (the first of equal values kept, in order)."""
     texts = list(texts)
     if corenlp_values is None:
-        values = [to_value(t) for t in texts]
-    else:
-        if len(corenlp_values) != len(texts):
-            raise ValueError(f"{len(texts)} texts but {len(corenlp_values)} CoreNLP values")
-        values = [to_value(t, c) for t, c in zip(texts, corenlp_values)]
-    return list(dict.fromkeys(values))
+        corenlp_values = [None] * len(texts)
+    elif len(corenlp_values) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(corenlp_values)} CoreNLP values")
+    return list(dict.fromkeys(to_value(t, c) for t, c in zip(texts, corenlp_values)))
 
 
 def check_denotation(target_values: Sequence[Value], predicted_values: Sequence[Value]) -> bool:
