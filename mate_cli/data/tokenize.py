@@ -230,8 +230,11 @@ class TableTokenizer:
             ]
         kept, selection = self._fit(question, table, q_ids, header, cells)
         example = self._assemble(question, table, q_ids, header, cells, selection, row_index)
-        self._add_candidates(example, sorted(set(map(tuple, candidates or ()))))
-        self._add_prev_labels(example, set(map(tuple, prev_answer_coords or ())))
+        answer = set(map(tuple, candidates or ()))
+        example.candidates = sorted(self._cell_ids(example, answer, "candidate"))
+        example.candidates_dropped = len(answer) - len(example.candidates)
+        previous = self._cell_ids(example, set(map(tuple, prev_answer_coords or ())), "previous-answer")
+        example.layout["prev_labels"] = [int(k in previous) for k in example.layout["cell_ids"]]
         example.rows_dropped = (table.num_rows if rows is None else len(rows)) - kept
         example.columns_dropped = table.num_columns - num_cols
         example.columns_pruned = num_cols - len(selection.columns)
@@ -365,31 +368,18 @@ class TableTokenizer:
         )
 
     @staticmethod
-    def _add_candidates(example: EncodedExample, coords: list[Coord]) -> None:
-        cell_of = {tuple(xy): k + 1 for k, xy in enumerate(example.cell_coords)}
-        example.candidates = sorted(cell_of[xy] for xy in coords if xy in cell_of)
-        example.candidates_dropped = len(coords) - len(example.candidates)
-        if example.candidates_dropped:
-            log.debug(
-                "question %s: %d of %d candidate cells have no tokens",
-                example.question_id,
-                example.candidates_dropped,
-                len(coords),
-            )
-
-    @staticmethod
-    def _add_prev_labels(example: EncodedExample, coords: set[Coord]) -> None:
-        if not coords:
-            return
+    def _cell_ids(example: EncodedExample, coords: set[Coord], what: str) -> set[int]:
+        """The cell ids of the (data row, column) ``coords``; those without a token are logged as ``what`` cells."""
         cells = {k + 1 for k, xy in enumerate(example.cell_coords) if tuple(xy) in coords}
-        example.layout["prev_labels"] = [int(k in cells) for k in example.layout["cell_ids"]]
         if len(cells) < len(coords):
             log.debug(
-                "question %s: %d of %d previous-answer cells have no tokens",
+                "question %s: %d of %d %s cells have no tokens",
                 example.question_id,
                 len(coords) - len(cells),
                 len(coords),
+                what,
             )
+        return cells
 
 
 class _Sequence:

@@ -148,9 +148,13 @@ class QAOutput(NamedTuple):
 # ---------------------------------------------------------------- segments
 class CellIndex:
     """Tokens grouped into TAPAS cells and columns: segment ``row * C + column`` for real tokens
-    (``C = max_num_columns``), ``R * C`` for padding, which every reduction drops."""
+    (``C = max_num_columns``), ``R * C`` for padding, which every reduction drops. ``real`` is the real-token
+    mask ``[batch, seq]`` and ``cell_mask`` ``[batch, cells]`` 1 for a cell with real tokens, else 0 (both
+    ``dtype``)."""
 
-    def __init__(self, layout: TableLayout, max_num_rows: int, max_num_columns: int) -> None:
+    def __init__(
+        self, layout: TableLayout, max_num_rows: int, max_num_columns: int, dtype: torch.dtype = torch.float32
+    ) -> None:
         rows = layout.row_ids.clamp(max=max_num_rows - 1)
         self.columns = layout.column_ids.clamp(max=max_num_columns - 1)
         self.num_rows, self.num_columns = max_num_rows, max_num_columns
@@ -160,6 +164,8 @@ class CellIndex:
         self.column = torch.where(real, self.columns, max_num_columns)
         #: column id of every cell segment ``[num_cells]``
         self.column_of_cell = torch.arange(self.num_cells, device=rows.device) % max_num_columns
+        self.real = real.to(dtype)
+        self.cell_mask = self.cell_mean(self.real)
 
     @staticmethod
     def _reduce(values: torch.Tensor, index: torch.Tensor, size: int, how: str) -> torch.Tensor:
@@ -189,19 +195,6 @@ class CellIndex:
 
 
 # ---------------------------------------------------------------- heads
-@dataclass
-class _Cells:
-    """What the selection losses read of a batch: token logits (after the temperature), column logits (None
-    without one-column selection), the cell index, the cell mask ``[batch, cells]`` (1 for a cell with real tokens,
-    else 0), the real-token mask."""
-
-    token_logits: torch.Tensor
-    column_logits: torch.Tensor | None
-    index: CellIndex
-    cell_mask: torch.Tensor
-    real: torch.Tensor
-
-
 class TapasQAHead(nn.Module):
     """Cell selection (and aggregation) on the encoder's states: SQA and WikiTQ. ``dropout`` applies to the
     last hidden states before the cell logits; ``initializer_range`` is the normal initialisation's std."""
@@ -242,15 +235,12 @@ class TapasQAHead(nn.Module):
         value (NaN: none); ``numeric_values_scale``: ``[batch, seq]`` the number of tokens of its cell."""
         cfg = self.config
         hidden = self.dropout(hidden)
-        index = CellIndex(layout, cfg.max_num_rows, cfg.max_num_columns)
-        real = layout.attention_mask.to(hidden.dtype)
-        cell_mask = index.cell_mean(real)
+        index = CellIndex(layout, cfg.max_num_rows, cfg.max_num_columns, hidden.dtype)
         token_logits = (hidden @ self.output_weights + self.output_bias) / cfg.temperature
-        column_logits = self._column_logits(hidden, index, cell_mask) if cfg.select_one_column else None
+        column_logits = self._column_logits(hidden, index) if cfg.select_one_column else None
         aggregation_logits = self.aggregation_classifier(pooled) if cfg.num_aggregation_labels > 0 else None
         if labels is None:
-            _, logits = _single_column_selection(token_logits, column_logits, torch.zeros_like(token_logits), index,
-                                                 cell_mask)  # fmt: skip
+            _, logits = _single_column_selection(token_logits, column_logits, torch.zeros_like(token_logits), index)
             return QAOutput(logits, aggregation_logits, None)
         labels = labels.long() * layout.attention_mask
         aggregate = None
@@ -260,21 +250,22 @@ class TapasQAHead(nn.Module):
             aggregate = _aggregate_mask(float_answer, aggregation_logits, cfg.cell_selection_preference, labels)
         if cfg.average_logits_per_cell:
             token_logits = index.gather(index.cell_mean(token_logits))
-        cells = _Cells(token_logits, column_logits, index, cell_mask, real)
-        selection, logits = self._selection_loss(cells, labels)
+        selection, logits = self._selection_loss(token_logits, column_logits, index, labels)
         loss = torch.zeros_like(selection)
         if not cfg.disable_per_token_loss:
             loss = loss + (selection if aggregate is None else selection * (1.0 - aggregate))
         if cfg.num_aggregation_labels > 0:
             answer = (float_answer, numeric_values, numeric_values_scale)
-            loss = loss + self._aggregation_loss(aggregation_logits, aggregate, logits, answer, layout, cells)
+            loss = loss + self._aggregation_loss(
+                aggregation_logits, aggregate, logits, answer, layout, token_logits, column_logits, index
+            )
         return QAOutput(logits, aggregation_logits, loss)
 
-    def _column_logits(self, hidden: torch.Tensor, index: CellIndex, cell_mask: torch.Tensor) -> torch.Tensor:
+    def _column_logits(self, hidden: torch.Tensor, index: CellIndex) -> torch.Tensor:
         token = hidden @ self.column_output_weights + self.column_output_bias
         cells = index.cell_mean(token)
-        count = index.column_sum_of_cells(cell_mask)
-        logits = index.column_sum_of_cells(cells * cell_mask) / (count + EPSILON)
+        count = index.column_sum_of_cells(index.cell_mask)
+        logits = index.column_sum_of_cells(cells * index.cell_mask) / (count + EPSILON)
         columns = torch.arange(index.num_columns, device=hidden.device)
         empty = (count < 0.5) & (columns != 0)
         logits = logits + LOG_ZERO * empty.to(logits.dtype)
@@ -282,17 +273,19 @@ class TapasQAHead(nn.Module):
             logits = logits + LOG_ZERO * (columns == 0).to(logits.dtype)
         return logits
 
-    def _selection_loss(self, cells: _Cells, labels: torch.Tensor):
+    def _selection_loss(self, token_logits, column_logits, index: CellIndex, labels: torch.Tensor):
         """TAPAS's cell-selection loss of ``labels`` (token level) and the token logits the prediction reads."""
         if self.config.select_one_column:
-            return _single_column_selection(cells.token_logits, cells.column_logits, labels, cells.index,
-                                            cells.cell_mask)  # fmt: skip
-        logits = cells.token_logits
-        weight = torch.where(labels == 0, 1.0, self.config.positive_label_weight).to(logits.dtype)
-        per_token = nn.functional.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
-        return (per_token * weight * cells.real).sum(1) / (cells.real.sum(1) + EPSILON), logits
+            return _single_column_selection(token_logits, column_logits, labels, index)
+        weight = torch.where(labels == 0, 1.0, self.config.positive_label_weight).to(token_logits.dtype)
+        per_token = nn.functional.binary_cross_entropy_with_logits(
+            token_logits, labels.to(token_logits.dtype), reduction="none"
+        )
+        return (per_token * weight * index.real).sum(1) / (index.real.sum(1) + EPSILON), token_logits
 
-    def _aggregation_loss(self, aggregation_logits, aggregate, logits, answer, layout, cells: _Cells):
+    def _aggregation_loss(
+        self, aggregation_logits, aggregate, logits, answer, layout, token_logits, column_logits, index: CellIndex
+    ):
         """The aggregation examples' loss; ``answer``: (float answer, token values, their scale)."""
         cfg = self.config
         float_answer, numeric_values, numeric_values_scale = answer
@@ -309,11 +302,11 @@ class TapasQAHead(nn.Module):
         loss = (extra + answer_loss) * keep
         if cfg.aggregation_supervision == "hard_em":
             found, operator, _, chosen, _, _ = consistent_selection(
-                cells.token_logits, cells.column_logits, cells.index, numeric_values, float_answer, log_probs
+                token_logits, column_logits, index, numeric_values, float_answer, log_probs
             )
             # the consistent selection as gold cells of TAPAS's own selection loss, and its operator
-            pseudo = cells.index.gather(chosen.to(cells.token_logits.dtype)).long() * layout.attention_mask
-            cell_loss, _ = self._selection_loss(cells, pseudo)
+            pseudo = index.gather(chosen.to(token_logits.dtype)).long() * layout.attention_mask
+            cell_loss, _ = self._selection_loss(token_logits, column_logits, index, pseudo)
             operator_loss = -log_probs.gather(1, operator[:, None] + 1).squeeze(1)
             em = cfg.aggregation_loss_weight * operator_loss + cfg.answer_loss_importance * cell_loss
             loss = torch.where(found & (aggregate > 0), em, loss)
@@ -365,7 +358,7 @@ class TapasClassificationHead(nn.Module):
 
 
 # ---------------------------------------------------------------- pieces
-def _single_column_selection(token_logits, column_logits, labels, index: CellIndex, cell_mask):
+def _single_column_selection(token_logits, column_logits, labels, index: CellIndex):
     """TAPAS's hierarchical loss (gold column, then Bernoulli per cell inside it): ``(per-example loss [batch],
     token logits [batch, seq])``, the logits keeping only the cells of the arg-max column (the others lowered by
     ``LOG_ZERO``).
@@ -380,6 +373,7 @@ def _single_column_selection(token_logits, column_logits, labels, index: CellInd
     cell_labels = index.cell_max(labels.float())
     in_gold = (index.column_of_cell[None, :] == gold_column[:, None]).to(token_logits.dtype)
     log_likelihood = -nn.functional.binary_cross_entropy_with_logits(cell_logits, cell_labels, reduction="none")
+    cell_mask = index.cell_mask
     cell_loss = -(log_likelihood * in_gold * cell_mask).sum(1) / ((in_gold * cell_mask).sum(1) + EPSILON)
     loss = column_loss + torch.where(nothing, 0.0, cell_loss)
     chosen = column_logits.argmax(dim=-1)
@@ -408,7 +402,7 @@ def consistent_selection(
     rows, columns = index.num_rows, index.num_columns
     cell_logits = index.cell_mean(token_logits)
     row_of_cell = torch.arange(index.num_cells, device=token_logits.device) // columns
-    present = (index.cell_mean(torch.ones_like(token_logits)) > 0) & (row_of_cell > 0)
+    present = (index.cell_mask > 0) & (row_of_cell > 0)
     numeric = index.cell_max((~torch.isnan(values)).to(token_logits.dtype)) > 0
     cell_values = index.cell_mean(torch.nan_to_num(values, nan=0.0))
     with torch.no_grad():

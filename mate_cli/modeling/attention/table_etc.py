@@ -204,25 +204,18 @@ class TableETCAttention(AttentionBackend):
         memory_mask = layout.attention_mask[:, :num_global]
         long = layout.select((slice(None), slice(num_global, None)))
         row_slot, column_slot = member_slots(long, half)
-        slots = torch.arange(half, device=layout.device)
-        # memory -> long: the slot's members get ids 3 (row) / 4 (column).
-        row_members = slots[None, :, None] == row_slot[:, None, :]  # [batch, G/2, L]
-        column_members = slots[None, :, None] == column_slot[:, None, :]
-        to_long = torch.cat(
-            [
-                torch.where(row_members, REL_ROW_MEMORY_TO_MEMBER, REL_GENERIC),
-                torch.where(column_members, REL_COLUMN_MEMORY_TO_MEMBER, REL_GENERIC),
-            ],
-            dim=1,
+        # Memory token g is row slot g (g < G/2) or column slot g - G/2; its members' ids are
+        # 3 (row) / 4 (column) memory -> long, and 1 (own row) / 2 (own column) long -> memory.
+        slots = torch.arange(num_global, device=layout.device)
+        is_row = slots < half
+        members = torch.where(is_row[:, None], row_slot[:, None, :], column_slot[:, None, :] + half)
+        members = members == slots[:, None]  # [batch, G, L]
+        to_long = torch.where(
+            members, torch.where(is_row, REL_ROW_MEMORY_TO_MEMBER, REL_COLUMN_MEMORY_TO_MEMBER)[:, None], REL_GENERIC
         )
         global_rel = functional.pad(to_long, (num_global, 0), value=REL_GENERIC)  # memory -> memory: generic
-        # long -> memory: own row slot 1, own column slot 2.
-        to_memory = torch.cat(
-            [
-                torch.where(row_members.transpose(1, 2), REL_TO_OWN_ROW_MEMORY, REL_GENERIC),
-                torch.where(column_members.transpose(1, 2), REL_TO_OWN_COLUMN_MEMORY, REL_GENERIC),
-            ],
-            dim=2,
+        to_memory = torch.where(
+            members.transpose(1, 2), torch.where(is_row, REL_TO_OWN_ROW_MEMORY, REL_TO_OWN_COLUMN_MEMORY), REL_GENERIC
         )  # [batch, L, G]
         # long -> long inside the window: key offset in window c, query offset a -> distance c - radius - a.
         offset = torch.arange(3 * radius, device=layout.device)[None, :] - radius
