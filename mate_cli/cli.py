@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from mate_cli.config_check import ANSWER_ONLY_FLAGS, check_command_line, trainer_overrides
+from mate_cli.config_check import check_command_line, trainer_overrides
 from mate_cli.hydra_args import quote_free_text
 from mate_cli.paths import CONF_DIR, keep_tool_caches
 from mate_cli.silenced import silence
@@ -79,24 +79,27 @@ def main(argv: list[str] | None = None) -> int:
         return shell_completion(argv[1:], None, program)
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"mate: error: unknown command '{command}'; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+        return fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
     if any(arg in COMPLETION_FLAGS for arg in rest):
         return shell_completion(rest, command, program)
     rest, problem = checked_command_line(command, rest)
+    answer_only = answers_only(rest)  # no task runs: no run dir to claim or write
+    if not problem and not answer_only:
+        rest, problem = claim_given_run_dir(command, rest)
+        problem = problem or check_output_root(rest)
     if problem:
-        print(f"mate: error: {problem}", file=sys.stderr)
-        return 2
-    rest, problem = claim_given_run_dir(command, rest)
-    problem = problem or check_output_root(rest)
-    if problem:
-        print(f"mate: error: {problem}", file=sys.stderr)
-        return 2
+        return fail(problem)
     keep_tool_caches()
     silence()
-    app = answer_only_app(command) if answers_only(rest) else importlib.import_module(COMMANDS[command][0]).main
+    app = answer_only_app(command) if answer_only else importlib.import_module(COMMANDS[command][0]).main
     run_hydra_app(app, program, command, trainer_overrides(command, rest))
     return 0
+
+
+def fail(problem: str) -> int:
+    """``problem`` as one line on stderr; the exit status of bad input."""
+    print(f"mate: error: {problem}", file=sys.stderr)
+    return 2
 
 
 #: Hydra's flags that print an answer (help, the composed config, its sources) and run no task
@@ -140,12 +143,11 @@ def check_one_mode(args: list[str]) -> str | None:
 def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:
     """Claim the folder a command line names (``hydra.run.dir=``; with ``-m``, ``hydra.sweep.dir=``) before Hydra
     writes ``.hydra/`` there (:func:`mate_cli.run_lock.claim`); returns the arguments to run and the one-line problem,
-    if any. Default run dirs are taken by :func:`mate_cli.commands.common.run_task`."""
+    if any. Default run dirs are taken by :func:`mate_cli.commands.common.run_task`. For command lines that run a task
+    (:func:`main` decides)."""
     from mate_cli import run_lock
     from mate_cli.errors import MateError
 
-    if any(arg in args for arg in ("--cfg", "-c", *ANSWER_ONLY_FLAGS)):
-        return args, None
     sweep = any(arg in args for arg in ("-m", "--multirun"))
     key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="
     given = [arg for arg in args if arg.startswith(key)]
@@ -181,12 +183,10 @@ def unwritable(folder: Path, err: OSError) -> str:
 
 def check_output_root(args: list[str]) -> str | None:
     """The one-line problem when the folder of default run dirs cannot be made or written, found before Hydra
-    tries."""
+    tries. For command lines that run a task (:func:`main` decides)."""
     import tempfile
 
-    if any(arg in args for arg in ("--cfg", "-c", *ANSWER_ONLY_FLAGS)) or any(
-        arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in args
-    ):
+    if any(arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in args):
         return None
     root = Path(os.environ.get("MATE_OUTPUT_DIR") or "outputs")
     try:
@@ -243,12 +243,9 @@ def shell_completion(args: list[str], command: str | None, program: str) -> int:
     action = next((key for key in ("install", "uninstall", "query") if key in settings), None)
     shell = settings.get(action, "")
     if action is None or shell != "bash":
-        print(
-            "mate: error: shell completion is for bash: use -sc install=bash, -sc uninstall=bash "
-            "or -sc query=bash (with COMP_LINE set)",
-            file=sys.stderr,
+        return fail(
+            "shell completion is for bash: use -sc install=bash, -sc uninstall=bash or -sc query=bash (with COMP_LINE set)"
         )
-        return 2
     if action == "install":
         print(BASH_COMPLETION.replace("__COMMANDS__", " ".join(COMMANDS)), end="")
         return 0
@@ -256,12 +253,9 @@ def shell_completion(args: list[str], command: str | None, program: str) -> int:
         print("complete -r mate 2> /dev/null\nunset -f _mate_completion")
         return 0
     if command is None or "COMP_LINE" not in os.environ:
-        print(
-            "mate: error: -sc query=bash needs a command and COMP_LINE, e.g. "
-            "COMP_LINE='mate train data' mate train -sc query=bash",
-            file=sys.stderr,
+        return fail(
+            "-sc query=bash needs a command and COMP_LINE, e.g. COMP_LINE='mate train data' mate train -sc query=bash"
         )
-        return 2
     # Hydra strips the program name from COMP_LINE; the command word goes too
     words = os.environ["COMP_LINE"].split(None, 2)
     if len(words) >= 2 and words[1] == command:

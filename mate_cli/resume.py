@@ -31,7 +31,7 @@ from mate_cli.yaml_data import read_run_config
 log = logging.getLogger(__name__)
 
 STATE_KEY = "mate_resume"
-#: the CSV log row of a checkpoint's own batch (see :meth:`ContinuousCSVLog._pending_row`)
+#: the CSV log row of a checkpoint's own batch (see :meth:`ContinuousCSVLog.on_save_checkpoint`)
 PENDING_ROW_KEY = "mate_csv_pending_row"
 
 #: what a resumed run says (Lightning's mid-epoch warning, which assumes the data order is
@@ -79,10 +79,6 @@ def epoch_shuffles(loaders) -> list[EpochShuffle]:
     return found
 
 
-def training_samplers(trainer: L.Trainer) -> list[EpochShuffle]:
-    return epoch_shuffles(training_loaders(trainer))
-
-
 class ResumeState(L.Callback):
     def __init__(self) -> None:
         self.examples_this_epoch = 0
@@ -114,7 +110,7 @@ class ResumeState(L.Callback):
         if state["epoch"] == trainer.current_epoch and state["examples_this_epoch"]:
             self.examples_this_epoch = state["examples_this_epoch"]
             consumed = state["examples_this_epoch"] * state.get("world_size", 1)  # every rank's share
-            for sampler in training_samplers(trainer):
+            for sampler in epoch_shuffles(training_loaders(trainer)):
                 sampler.skip_next(consumed)
         set_rng_states(state["rng"])
 
@@ -260,18 +256,14 @@ class ContinuousCSVLog(L.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         for logger in self._csv_loggers(trainer):
             logger.save()
-        pending = self._pending_row(trainer)
+        # the row Lightning logs for this batch after an every-n-steps checkpoint is saved: kept in the checkpoint, so
+        # the resumed log has it even when the kill came before it was written
+        try:
+            pending = pending_log_row(trainer)
+        except Exception:  # noqa: BLE001 - a Lightning internal moved (its test says which): the row is lost, never wrong
+            pending = None
         if pending:
             checkpoint[PENDING_ROW_KEY] = pending
-
-    @staticmethod
-    def _pending_row(trainer) -> dict | None:
-        """The row Lightning logs for this batch after an every-n-steps checkpoint is saved: kept in the checkpoint, so
-        the resumed log has it even when the kill came before it was written."""
-        try:
-            return pending_log_row(trainer)
-        except Exception:  # noqa: BLE001 - a Lightning internal moved (its test says which): the row is lost, never wrong
-            return None
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         self._pending = checkpoint.get(PENDING_ROW_KEY)

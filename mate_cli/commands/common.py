@@ -30,17 +30,21 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2, SIGTERM and SIGINT with 143 / 130
     (:mod:`mate_cli.interrupts`). Any failure leaves ``FAILED`` in the run dir holding its one-line reason, and the same
     line in the run's log file (not printed twice on screen)."""
-    from mate_cli import interrupts
+    from mate_cli import interrupts, run_lock
 
     if COMMAND_LINE:
         sys.argv = list(COMMAND_LINE)
     try:
-        lock_run_dir()
-    except MateError as err:  # another process's run dir: nothing is written into it
-        print(f"mate: error: {err}", file=sys.stderr)
-        sys.exit(MateError.exit_code)
-    with contextlib.suppress(ValueError):  # ValueError: Hydra is not running (tests call tasks directly)
-        keep_tool_files_in(run_dir())
+        out = run_dir()
+    except ValueError:  # Hydra is not running (tests call tasks directly): no run dir to hold
+        out = None
+    if out is not None:
+        try:
+            run_lock.take(out)  # this process's hold on its run dir (:mod:`mate_cli.run_lock`)
+        except MateError as err:  # another process's run dir: nothing is written into it
+            print(f"mate: error: {err}", file=sys.stderr)
+            sys.exit(MateError.exit_code)
+        keep_tool_files_in(out)
     interrupts.install()
     try:
         check_accelerator(cfg)
@@ -78,35 +82,18 @@ def finish_wandb_run(exit_code: int | None = None) -> Path | None:
     return folder
 
 
+#: W&B's folders, each under ``<run dir>/wandb/`` unless the user set its variable
+_WANDB_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_CONFIG_DIR": "config", "WANDB_DATA_DIR": "data",
+               "WANDB_ARTIFACT_DIR": "artifacts"}  # fmt: skip
 #: where third-party tools write, as the user set it before mate started (kept when set)
-_USER_TOOL_DIRS = {
-    name: os.environ.get(name)
-    for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR")
-}
+_USER_TOOL_DIRS = {name: os.environ.get(name) for name in _WANDB_DIRS}
 
 
 def keep_tool_files_in(out: Path) -> None:
     """Point W&B's cache, config, data and artifact folders at ``<run dir>/wandb/`` instead of ``~``, unless the user
     set the variable (other tools: :func:`mate_cli.paths.keep_tool_caches`)."""
-    chosen = {
-        "WANDB_CACHE_DIR": out / "wandb" / "cache",
-        "WANDB_CONFIG_DIR": out / "wandb" / "config",
-        "WANDB_DATA_DIR": out / "wandb" / "data",
-        "WANDB_ARTIFACT_DIR": out / "wandb" / "artifacts",
-    }
-    for name, path in chosen.items():
-        os.environ[name] = _USER_TOOL_DIRS[name] or str(path)
-
-
-def lock_run_dir() -> None:
-    """This process's hold on its run dir (:mod:`mate_cli.run_lock`); none outside Hydra."""
-    from mate_cli import run_lock
-
-    try:
-        directory = run_dir()
-    except ValueError:  # Hydra is not running (tests call tasks directly)
-        return
-    run_lock.take(directory)
+    for name, folder in _WANDB_DIRS.items():
+        os.environ[name] = _USER_TOOL_DIRS[name] or str(out / "wandb" / folder)
 
 
 def record_failure(line: str, exit_code: int) -> None:
@@ -155,10 +142,7 @@ def check_accelerator(cfg: DictConfig) -> None:
 def _hardware_choice() -> str | None:
     from hydra.core.hydra_config import HydraConfig
 
-    try:
-        return HydraConfig.get().runtime.choices.get("hardware")
-    except ValueError:  # Hydra is not running (tests call tasks directly)
-        return None
+    return HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
 
 
 def full_disk(err: BaseException) -> MateError | None:

@@ -172,29 +172,24 @@ def _title(ax, text: str, fig_width: float) -> None:
     ax.set_title("\n".join(textwrap.wrap(text, max(30, int(fig_width * 14)))), fontsize=9)
 
 
-def _from_zero(ax, values: Sequence[float], axis: str = "y") -> None:
-    """Start the axis at 0 when every value is ≥ 0, so heights compare as they are; else say so in its label."""
+def _y_from_zero(ax, values: Sequence[float]) -> None:
+    """Start the y axis at 0 when every value is ≥ 0, so heights compare as they are; else say so in its label."""
     if values and min(values) >= 0:
-        top = max(max(values) * 1.08, (ax.get_ylim() if axis == "y" else ax.get_xlim())[1])  # room above the highest
-        if axis == "y":
-            ax.set_ylim(0, top)
-        else:
-            ax.set_xlim(0, top)
-    elif axis == "y":
-        ax.set_ylabel(f"{ax.get_ylabel()} (axis not from 0)")
+        ax.set_ylim(0, max(max(values) * 1.08, ax.get_ylim()[1]))  # room above the highest
     else:
-        ax.set_xlabel(f"{ax.get_xlabel()} (axis not from 0)")
+        ax.set_ylabel(f"{ax.get_ylabel()} (axis not from 0)")
 
 
-def _say_where_it_starts(ax, axis: str) -> None:
-    """Add ``(axis from <its lower limit>)`` to the label of an axis that does not start at 0."""
-    low = (ax.get_xlim() if axis == "x" else ax.get_ylim())[0]
-    if low > 0:
-        label = ax.get_xlabel() if axis == "x" else ax.get_ylabel()
-        (ax.set_xlabel if axis == "x" else ax.set_ylabel)(f"{label} (axis from {low:.3g})")
+def _finish(fig, ax, title: str, title_width: float, path: Path, formats: Sequence[str], grid_axis: str = "both",
+            **legend) -> list[Path]:  # fmt: skip
+    """Title, grid and legend, then :func:`_save`."""
+    _title(ax, title, title_width)
+    ax.grid(True, axis=grid_axis, alpha=0.3)
+    ax.legend(fontsize=7, **legend)
+    return _save(fig, path, formats)
 
 
-def _save(fig, path: Path, dpi: int, formats: Sequence[str] = ("png",)) -> list[Path]:
+def _save(fig, path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     """``path`` in each of ``formats`` (its suffix replaced), written atomically."""
     plt = _pyplot()
     written = []
@@ -203,14 +198,14 @@ def _save(fig, path: Path, dpi: int, formats: Sequence[str] = ("png",)) -> list[
         for fmt in formats:
             target = path.with_suffix(f".{fmt}")
             with atomic_open(target, "wb") as handle:
-                fig.savefig(handle, format=fmt, dpi=dpi, bbox_inches="tight")  # legends outside the axes included
+                fig.savefig(handle, format=fmt, dpi=90, bbox_inches="tight")  # legends outside the axes included
             written.append(target)
     finally:
         plt.close(fig)
     return written
 
 
-def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path, dpi: int = 90,
+def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path,
                 formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
     """Per configuration: each seed's value, the median and its half-IQR bar (a single run: its point alone)."""
     summaries = [conf.summary(metric) for conf in configurations]
@@ -235,20 +230,14 @@ def plot_metric(configurations: Sequence[Configuration], metric: str, path: Path
     ax.set_xticks(range(len(configurations)), labels(configurations), fontsize=7)
     ax.set_xlim(-0.6, len(configurations) - 0.4)
     ax.set_ylabel(metric_label(metric))
-    _from_zero(ax, [v for s_ in summaries if s_ for v in (*s_.values, s_.median + s_.half_iqr)])
+    _y_from_zero(ax, [v for s_ in summaries if s_ for v in (*s_.values, s_.median + s_.half_iqr)])
     n = max(s_.n for s_ in summaries if s_)
-    _title(
-        ax,
-        f"{metric_label(metric)} per configuration"
-        + (f" ({PLUS_MINUS} half the interquartile range over seeds)" if n > 1 else ""),
-        width,
-    )
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, path, dpi, formats)
+    title = f"{metric_label(metric)} per configuration"
+    title += f" ({PLUS_MINUS} half the interquartile range over seeds)" if n > 1 else ""
+    return _finish(fig, ax, title, width, path, formats, grid_axis="y")
 
 
-def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: str, path: Path, dpi: int = 90,
+def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: str, path: Path,
                                 formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
     """``main`` against examples/s, a labelled point per configuration, half-IQR bars both ways (as DoT's Fig. 4)."""
     points = [
@@ -269,17 +258,13 @@ def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: s
     several = any(x.n > 1 or y.n > 1 for _, x, y in points)
     ax.set_xlabel(metric_label(THROUGHPUT) + (" (median over seeds)" if several else ""))
     ax.set_ylabel(metric_label(main) + (" (median over seeds)" if several else ""))
-    _say_where_it_starts(ax, "x")  # throughput from 0 would squeeze the points into a corner
-    _from_zero(ax, [y.median for _, _, y in points])
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    _title(
-        ax,
-        f"{metric_label(main)} against throughput"
-        + (" (bars: half the interquartile range over seeds)" if several else ""),
-        5.5,
-    )
-    ax.grid(True, alpha=0.3)
-    return _save(fig, path, dpi, formats)
+    low = ax.get_xlim()[0]  # throughput from 0 would squeeze the points into a corner: say where it starts
+    if low > 0:
+        ax.set_xlabel(f"{ax.get_xlabel()} (axis from {low:.3g})")
+    _y_from_zero(ax, [y.median for _, _, y in points])
+    title = f"{metric_label(main)} against throughput"
+    title += " (bars: half the interquartile range over seeds)" if several else ""
+    return _finish(fig, ax, title, 5.5, path, formats, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
 
 
 def learning_curve(run: Run, metric: str) -> list[tuple[int, float]]:
@@ -294,7 +279,7 @@ def learning_curve(run: Run, metric: str) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
-def plot_learning_curves(configurations: Sequence[Configuration], metric: str, path: Path, dpi: int = 90,
+def plot_learning_curves(configurations: Sequence[Configuration], metric: str, path: Path,
                          formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
     """``metric`` against the training step, a line per run, a colour per configuration."""
     curves = [
@@ -312,11 +297,8 @@ def plot_learning_curves(configurations: Sequence[Configuration], metric: str, p
                     label=None if j else label.replace("\n", ", "))  # fmt: skip
     ax.set_xlabel("training step")
     ax.set_ylabel(metric_label(metric))
-    _from_zero(ax, [v for _, runs in curves for points in runs for _, v in points])
-    _title(ax, f"{metric_label(metric)} during training (a line per run)", 6.5)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, path, dpi, formats)
+    _y_from_zero(ax, [v for _, runs in curves for points in runs for _, v in points])
+    return _finish(fig, ax, f"{metric_label(metric)} during training (a line per run)", 6.5, path, formats)
 
 
 def plot(configurations: Sequence[Configuration], metrics: Sequence[str], main: str | None, out_dir: Path,
