@@ -67,19 +67,18 @@ def set_mmap_threshold(nbytes: int) -> bool:
     return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, int(nbytes))) and bool(_LIBC.mallopt(M_TRIM_THRESHOLD, 2 * int(nbytes)))
 
 
-def _status_kb(key: str) -> int | None:
+def proc_field(path: str | Path, key: str) -> str | None:
+    """The value of the first ``key: value`` line of a ``/proc`` file; None where the file or the key is missing."""
     try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
+        with open(path, encoding="utf-8") as handle:
+            return next((v.strip() for k, _, v in (line.partition(":") for line in handle) if k.strip() == key), None)
     except OSError:  # pragma: no cover
         return None
-    return None
 
 
-def rss_bytes() -> int:
-    kb = _status_kb("VmRSS")
-    return (kb or 0) * 1024
+def _status_kb(key: str) -> int | None:
+    value = proc_field(_STATUS, key)  # "123 kB"
+    return None if value is None else int(value.split()[0])
 
 
 class OtherCpu:
@@ -113,13 +112,8 @@ class OtherCpu:
 
 def available_bytes() -> int:
     """``MemAvailable`` from ``/proc/meminfo`` (or total RAM where that is missing)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:  # pragma: no cover
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    value = proc_field("/proc/meminfo", "MemAvailable")  # "123 kB"
+    return int(value.split()[0]) * 1024 if value else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class PeakMemory:
@@ -144,7 +138,7 @@ class PeakMemory:
         set_mmap_threshold(MEMORY_MMAP_THRESHOLD)
         if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
             _LIBC.malloc_trim(0)
-        self.start = rss_bytes()
+        self.start = (_status_kb("VmRSS") or 0) * 1024
         try:
             _CLEAR_REFS.write_text("5")  # reset VmHWM to the current RSS
             self.resettable = True
@@ -191,10 +185,7 @@ def _extra_flop_mapping() -> dict:
     def addmm_(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
         return fc.mm_flop(a_shape, b_shape)
 
-    def baddbmm_(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-        return fc.bmm_flop(a_shape, b_shape)
-
-    def addbmm(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    def addbmm(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:  # and baddbmm_
         return fc.bmm_flop(a_shape, b_shape)
 
     mapping = {}
@@ -202,7 +193,7 @@ def _extra_flop_mapping() -> dict:
         ("_scaled_dot_product_flash_attention_for_cpu", sdpa_forward),
         ("_scaled_dot_product_flash_attention_for_cpu_backward", sdpa_backward),
         ("addmm_", addmm_),
-        ("baddbmm_", baddbmm_),
+        ("baddbmm_", addbmm),
         ("addbmm", addbmm),
         ("addbmm_", addbmm),
     ):

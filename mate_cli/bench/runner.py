@@ -110,13 +110,8 @@ def machine(settings: Settings) -> dict:
         "mem_available_gb": round(measure.available_bytes() / 2**30, 1),
         "load_avg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
     }
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:  # pragma: no cover
-        pass
+    if cpu := measure.proc_field("/proc/cpuinfo", "model name"):
+        info["cpu"] = cpu
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     try:
