@@ -3,7 +3,8 @@
 - One process: the first ``mate`` process in a run dir holds an exclusive ``flock`` on ``<run dir>/.mate.lock``
   until it exits; the OS releases it when the process dies, kill -9 included, so a lock never goes stale. A second
   process is refused in one line. Default run dirs never collide: the lock stops two runs given one run dir.
-- Never another run's files: a ``hydra.run.dir=`` holding files is refused in one line (:func:`claim`).
+- Never another run's files (:func:`claim`): a ``hydra.run.dir=`` that holds files is refused in one line unless
+  they are this command's own interrupted run; ``paths.existing_run_dir=subdir`` writes into a new folder inside it.
 - Taking the lock removes the temp files killed mate processes left half-written (:func:`mate_cli.io.is_stale_temp`)
   and nothing else.
 

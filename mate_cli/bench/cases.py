@@ -369,6 +369,8 @@ def encoder_case(
             forward().float().square().mean().backward()
         optimizer.step()
 
+    # two warm-up calls: the first creates the optimiser's state (and counts FLOPs), so
+    # the memory call is a steady-state step, as every step after a user's first is
     return Case(train_call, min_warmup=2, countable=not runs_flex(model, probe, grad=True))
 
 

@@ -37,7 +37,7 @@ import torch
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-#: mmap threshold while measuring memory.
+#: mmap threshold while measuring memory (every block >= 64 KiB is returned on free).
 MEMORY_MMAP_THRESHOLD = 64 * 1024
 #: mmap threshold while timing: glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit.
 SPEED_MMAP_THRESHOLD = 32 * 1024 * 1024

@@ -36,8 +36,11 @@ class SplitDataModule(L.LightningDataModule):
     and :meth:`collator` and may override the hooks.
 
     Args (keywords only; ``eval_file``: :meth:`questions`):
+        root: the dataset's folder in its upstream layout (HybridQA: ``released_data/`` and ``WikiTables-WithLinks/``).
         pretrained: the checkpoint whose vocabulary tokenizes.
-        max_length: word pieces per example, specials included.
+        max_length: word pieces per example, specials included; ``max_question_tokens``: the question is cut to it
+            first.
+        split: ``SplitSettings`` or its dict; ``batch_size``, ``eval_batch_size``; ``cache_dir``: the Arrow cache.
         num_proc, num_workers: preprocessing processes (1: in process) and loader workers, or ``auto``
             (:func:`~mate_cli.data.preprocess.worker_counts`).
         limit_questions: the first N of each split.

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-from mate_cli.data.readers import given_file, load_json, no_questions
+from mate_cli.data.readers import CachedReads, given_file, load_json, no_questions
 from mate_cli.data.schema import AnswerNode, Cell, Question, Table
 from mate_cli.errors import MateError
 
@@ -29,8 +28,10 @@ _SPLIT_ORDER = {"train": 0, "dev": 1, "test": 2}
 _ROOT_HINT = "set dataset.root=<folder holding released_data/ and WikiTables-WithLinks/>"
 
 
-class HybridQAReader:
+class HybridQAReader(CachedReads):
     """One HybridQA root; ``cache_size`` parsed tables and passage maps are cached."""
+
+    CACHED = {"_tables": "_read_table", "_passages": "_read_passages"}
 
     def __init__(self, root: str | Path, cache_size: int = 64):
         self.root = Path(root).expanduser()
@@ -39,8 +40,7 @@ class HybridQAReader:
         for sub in (QUESTIONS_DIR, TABLES_DIR):
             if not (self.root / sub).is_dir():
                 raise MateError(f"dataset root {self.root} has no {sub}/; {_ROOT_HINT}")
-        self._tables = lru_cache(max(0, int(cache_size)))(self._read_table)
-        self._passages = lru_cache(max(0, int(cache_size)))(self._read_passages)
+        self._make_caches(cache_size)
         #: split -> counts of question records skipped (duplicates, empty, no answer fields)
         self.skipped: dict[str, Counter] = {}
 

@@ -125,10 +125,31 @@ def _safe_relative(table_id: str) -> bool:
 
 
 # ------------------------------------------------------------------- the base
-class TableQAReader:
+class CachedReads:
+    """Per-reader LRU caches (``functools.lru_cache``) of the read methods named in :attr:`CACHED`; a copy or an
+    unpickled reader starts with empty ones (a cache of a bound method does not pickle)."""
+
+    #: cache attribute -> the method it caches
+    CACHED: dict[str, str] = {}
+
+    def _make_caches(self, size: int) -> None:
+        self._cache_size = max(0, int(size))
+        for attr, method in self.CACHED.items():
+            setattr(self, attr, lru_cache(self._cache_size)(getattr(self, method)))
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k not in self.CACHED}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        self._make_caches(self._cache_size)
+
+
+class TableQAReader(CachedReads):
     """Questions and tables of one dataset root (the subclasses give the layouts); ``cache_size`` parsed tables are
     cached."""
 
+    CACHED = {"_tables": "_read_table"}
     #: logical split (train/dev/test) -> upstream question file name of a full download
     FILES: dict[str, str] = {}
     #: folder of the question files, relative to the root ("" = the root itself)
@@ -149,7 +170,7 @@ class TableQAReader:
         for sub in self.REQUIRED_DIRS:
             if not (self.root / sub).is_dir():
                 raise MateError(f"dataset.root {self.root} has no {sub}/; {hint}")
-        self._tables = lru_cache(max(0, int(cache_size)))(self._read_table)
+        self._make_caches(cache_size)
         #: question file name (as passed) -> counts of skipped records (duplicate_records, empty_question)
         self.skipped: dict[str, Counter] = {}
 

@@ -129,6 +129,8 @@ class TableTokenizer:
     Args:
         tokenizer: a ``transformers`` BERT WordPiece tokenizer (fast preferred).
         max_length: the longest sequence, specials included.
+        max_question_tokens: the question is cut to this many word pieces first.
+        max_row_id, max_column_id, max_rank_id: ids stay below these (the embedding-table sizes).
         min_cell_tokens: rows are dropped rather than cap cells below this.
         pruning, empty_cell_token, linearization: the module docstring.
         length_key: the setting ``max_length`` comes from, named in errors (Transformer-XH's

@@ -78,7 +78,8 @@ class EntailmentModule(EncoderTaskModule):
     def on_validation_epoch_start(self) -> None:
         self.predictions = []
 
-    on_test_epoch_start = on_validation_epoch_start
+    def on_test_epoch_start(self) -> None:
+        self.predictions = []
 
     def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
         self._eval_step(batch, "val")

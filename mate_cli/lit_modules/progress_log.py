@@ -103,7 +103,8 @@ class ProgressLog(L.Callback):
     def on_validation_start(self, trainer, pl_module) -> None:
         self._eval = _Clock()
 
-    on_test_start = on_validation_start
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._eval = _Clock()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._eval_batch_end(trainer, batch, batch_idx, dataloader_idx, "validation")

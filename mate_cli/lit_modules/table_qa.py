@@ -172,7 +172,14 @@ class TableQAModule(EncoderTaskModule):
     def _reset_predictions(self) -> None:
         self.predictions, self._predicted = [], {}
 
-    on_validation_epoch_start = on_test_epoch_start = on_predict_epoch_start = _reset_predictions
+    def on_validation_epoch_start(self) -> None:
+        self._reset_predictions()
+
+    def on_test_epoch_start(self) -> None:
+        self._reset_predictions()
+
+    def on_predict_epoch_start(self) -> None:
+        self._reset_predictions()
 
     def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
         self._eval_step(batch, "val")

@@ -6,7 +6,7 @@ within ``1e-6`` or as equal dates; a predicted list is correct when, without dup
 many values as the gold list and every gold value matches one (:func:`check_denotation`). Python 2
 behaviours are kept: an amount within ``1e-6`` of an integer is stored truncated (``2.9999999`` is
 2); a date built without its text writes an unknown day as ``-1``; ``\\d`` in the citation rule is
-ASCII; ``1_000`` is not a number. Accuracies are fractions in [0, 1].
+ASCII; ``1_000`` is not a number.
 
 Predictions are read as the evaluator reads the ``predictions.tsv`` of
 :mod:`mate_cli.data.answer_files`, with no canonical form: ``"1,484,900"`` is a string, matching a
@@ -90,16 +90,20 @@ def _py2_str(amount: int | float) -> str:
 
 class Value:
     """An answer value: :attr:`normalized` is the text it matches by; equal values (same type,
-    same ``_key``) count once in a list."""
+    same :attr:`key`: its text, amount or date) count once in a list."""
 
     normalized: str
-    _key: object
+    KEY = "normalized"  # the attribute a value is equal by
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._key == other._key
+        return type(other) is type(self) and self.key == other.key
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        return hash(self.key)
+
+    @property
+    def key(self):
+        return getattr(self, self.KEY)
 
     def match(self, other: "Value") -> bool:
         """Whether this (gold) value counts as the same answer as ``other`` (a predicted one)."""
@@ -112,7 +116,7 @@ class StringValue(Value):
     def __init__(self, content: str) -> None:
         if not isinstance(content, str):
             raise TypeError(f"StringValue needs a str, got {type(content).__name__}")
-        self.normalized = self._key = normalize(content)
+        self.normalized = normalize(content)
 
     def __repr__(self) -> str:
         return f"StringValue({self.normalized!r})"
@@ -121,12 +125,14 @@ class StringValue(Value):
 class NumberValue(Value):
     """A number; an amount within ``1e-6`` of an integer is stored as ``int(amount)`` (truncated)."""
 
+    KEY = "amount"
+
     def __init__(self, amount: int | float, original_string: Optional[str] = None) -> None:
         if isinstance(amount, bool) or not isinstance(amount, (int, float)):
             raise TypeError(f"NumberValue needs an int or float, got {type(amount).__name__}")
         if isinstance(amount, float) and not math.isfinite(amount):
             raise ValueError(f"NumberValue needs a finite amount, got {amount}")
-        self.amount = self._key = int(amount) if abs(amount - round(amount)) < NUMBER_TOLERANCE else float(amount)
+        self.amount = int(amount) if abs(amount - round(amount)) < NUMBER_TOLERANCE else float(amount)
         self.normalized = normalize(original_string) if original_string else _py2_str(self.amount)
 
     def __repr__(self) -> str:
@@ -156,6 +162,8 @@ class NumberValue(Value):
 class DateValue(Value):
     """A date; ``-1`` marks an unknown year, month or day (not all three)."""
 
+    KEY = "ymd"
+
     def __init__(self, year: int, month: int, day: int, original_string: Optional[str] = None) -> None:
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in (year, month, day)):
             raise TypeError("DateValue needs int year, month and day")
@@ -163,7 +171,7 @@ class DateValue(Value):
             raise ValueError(f"invalid date {year}-{month}-{day}")
         if year == month == day == -1:
             raise ValueError("a date needs at least one known part")
-        self.ymd = self._key = (year, month, day)
+        self.ymd = (year, month, day)
         if original_string:
             self.normalized = normalize(original_string)
         else:  # as the official script writes it: an unknown year or month is "xx", a day stays -1

@@ -115,7 +115,7 @@ def gather_layout(
     token in column mode) becomes padding in every field, so no head counts it."""
     fields = {
         name: torch.where(kept, value.gather(1, index), 0)
-        for name, value in layout._map(lambda t: t).items()
+        for name, value in layout.map_tensors(lambda t: t).items()
         if value is not None and name not in ("attention_mask", "position_ids", "key_bias")
     }
     return TableLayout(attention_mask=kept, position_ids=positions.gather(1, index), key_bias=key_bias, **fields)

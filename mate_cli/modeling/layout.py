@@ -123,7 +123,9 @@ class TableLayout:
 
     def view_ids(self, view: View) -> torch.Tensor:
         """``[batch, seq]``: the row ids (``view="row"``) or column ids (``"column"``)."""
-        return {"row": self.row_ids, "column": self.column_ids}[view]
+        if view not in ("row", "column"):
+            raise ValueError(f"view must be 'row' or 'column', got {view!r}")
+        return self.row_ids if view == "row" else self.column_ids
 
     def group_ids(self, view: View) -> torch.Tensor:
         """``[batch, seq]`` long: 0 for the query set, row/column id + 1 for table tokens, padding above
@@ -188,13 +190,13 @@ class TableLayout:
         target = torch.device(device)
         if self.device.type == target.type and (target.index is None or self.device.index == target.index):
             return self
-        return TableLayout(**self._map(lambda t: t.to(device)))
+        return TableLayout(**self.map_tensors(lambda t: t.to(device)))
 
     def select(self, index) -> "TableLayout":
         """A new layout of ``tensor[index]`` for every field (e.g. a slice of the batch)."""
-        return TableLayout(**self._map(lambda t: t[index]))
+        return TableLayout(**self.map_tensors(lambda t: t[index]))
 
-    def _map(self, fn) -> dict:
+    def map_tensors(self, fn) -> dict:
         """``fn`` applied to every tensor field (optional fields that are ``None`` stay ``None``)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_cache"}
         return {name: None if value is None else fn(value) for name, value in values.items()}

@@ -245,6 +245,11 @@ class TapasQAHead(nn.Module):
         labels = labels.long() * layout.attention_mask
         aggregate = None
         if cfg.num_aggregation_labels > 0:  # answer-supervised: TapasHeadConfig refuses aggregation labels
+            if not cfg.use_answer_as_supervision:  # a config changed after TapasHeadConfig checked it
+                raise MateError(
+                    "supervised aggregation labels are not supported; set "
+                    "model.head.use_answer_as_supervision=true (TAPAS's WikiTQ setting)"
+                )
             if float_answer is None:
                 raise ValueError("answer-supervised aggregation needs float_answer (NaN where none)")
             aggregate = _aggregate_mask(float_answer, aggregation_logits, cfg.cell_selection_preference, labels)
@@ -257,7 +262,14 @@ class TapasQAHead(nn.Module):
         if cfg.num_aggregation_labels > 0:
             answer = (float_answer, numeric_values, numeric_values_scale)
             loss = loss + self._aggregation_loss(
-                aggregation_logits, aggregate, logits, answer, layout, token_logits, column_logits, index
+                aggregation_logits,
+                aggregate,
+                logits,
+                answer,
+                layout,
+                token_logits=token_logits,
+                column_logits=column_logits,
+                index=index,
             )
         return QAOutput(logits, aggregation_logits, loss)
 
@@ -284,7 +296,7 @@ class TapasQAHead(nn.Module):
         return (per_token * weight * index.real).sum(1) / (index.real.sum(1) + EPSILON), token_logits
 
     def _aggregation_loss(
-        self, aggregation_logits, aggregate, logits, answer, layout, token_logits, column_logits, index: CellIndex
+        self, aggregation_logits, aggregate, logits, answer, layout, *, token_logits, column_logits, index: CellIndex
     ):
         """The aggregation examples' loss; ``answer``: (float answer, token values, their scale)."""
         cfg = self.config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 
 import pytest
 
@@ -70,6 +71,15 @@ def test_table_cache_is_bounded_lru(sample_root):
     reader.table("ADX_Florence_0")
     assert reader._tables.cache_info().currsize == 2
     assert reader.table("1991_Monaco_Grand_Prix_0") is not a  # evicted, re-read
+
+
+def test_a_reader_pickles_with_empty_caches(sample_root):
+    reader = HybridQAReader(sample_root, cache_size=2)
+    table = reader.table("1991_Monaco_Grand_Prix_0")
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy._tables.cache_info().currsize == 0 and copy._passages.cache_info().maxsize == 2
+    assert copy.table("1991_Monaco_Grand_Prix_0") == table and copy._tables.cache_info().currsize == 1
+    assert reader._tables.cache_info().currsize == 1  # the copy reads through its own cache
 
 
 # ------------------------------------------------------------------ errors

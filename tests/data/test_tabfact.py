@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -78,6 +79,8 @@ def test_title_is_the_caption(statements):
     list(reader.questions("val_examples.json"))
     assert reader.table("2-17835872-2.html.csv").title == "daniel acácio"
     assert read_table_file(TABFACT_ROOT / "data/all_csv/2-17835872-2.html.csv").table_id == "2-17835872-2.html.csv"
+    copy = pickle.loads(pickle.dumps(reader))  # the captions travel, the table cache starts empty
+    assert copy._tables.cache_info().currsize == 0 and copy.table("2-17835872-2.html.csv").title == "daniel acácio"
 
 
 def test_split_names_and_file_names(tabfact):

@@ -89,7 +89,7 @@ def extend_layout(layout: TableLayout, slot_exists: torch.Tensor) -> TableLayout
     return layout.with_fields(
         **{
             name: torch.cat([prefix.get(name, zeros).to(device=value.device, dtype=value.dtype), value], dim=1)
-            for name, value in layout._map(lambda t: t).items()
+            for name, value in layout.map_tensors(lambda t: t).items()
             if value is not None
         }
     )
