@@ -21,12 +21,12 @@ from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.preprocess import encode_records, worker_counts
 from mate_cli.data.split import SplitSettings
 from mate_cli.data.sampler import EpochShuffle
-from mate_cli.data.schema import AnswerNode, Batch, Question, Table, padded
+from mate_cli.data.schema import AnswerNode, Batch, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.interrupts import loader_worker_start
 from mate_cli.modeling.checkpoints import load_tokenizer, resolve_pretrained
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.layout import TableLayout, padded
 
 log = logging.getLogger(__name__)
 

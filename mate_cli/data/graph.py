@@ -27,10 +27,10 @@ import torch
 
 from mate_cli.data.datamodule import HybridQADataModule, _ExampleEncoder, cell_tensors
 from mate_cli.data.expand import expand_table, linked_passages, tfidf_scores
-from mate_cli.data.schema import Question, Table, moved_to, padded
+from mate_cli.data.schema import Question, Table, moved_to
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
-from mate_cli.modeling.layout import ID_FIELDS, TableLayout
+from mate_cli.modeling.layout import ID_FIELDS, TableLayout, padded
 
 
 def encode_graph(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -102,15 +102,6 @@ class EncodedExample:
     columns_pruned: int = 0
     tokens_pruned: int = 0
     full_length: int = 0
-
-
-def padded(lists: Sequence[Sequence], value: float, dtype: torch.dtype = torch.long, width: int | None = None):
-    """``lists`` as one ``[len(lists), width]`` tensor (``width``: the longest list's length), each list followed by
-    ``value`` to the end of its row."""
-    out = torch.full((len(lists), max(map(len, lists)) if width is None else width), value, dtype=dtype)
-    for i, values in enumerate(lists):
-        out[i, : len(values)] = torch.tensor(values, dtype=dtype)
-    return out
 
 
 def moved_to(record, device):

@@ -25,11 +25,11 @@ from mate_cli.data.datamodule import SplitDataModule, question_from_record
 from mate_cli.data.expand import format_expanded, split_sentences
 from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.normalize import answer_words
-from mate_cli.data.schema import Batch, Cell, Question, Table, padded
+from mate_cli.data.schema import Batch, Cell, Question, Table
 from mate_cli.data.tokenize import candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.layout import TableLayout, padded
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,11 @@ import torch
 from mate_cli import tasks
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
-from mate_cli.data.schema import Batch, Question, Table, TaskBatch, padded
+from mate_cli.data.schema import Batch, Question, Table, TaskBatch
 from mate_cli.data.tokenize import TableTokenizer, check_linearization
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
+from mate_cli.modeling.layout import padded
 from mate_cli.tasks import TableTask
 
 log = logging.getLogger(__name__)

@@ -43,6 +43,15 @@ ID_FIELDS = TOKEN_TYPE_FIELDS + ("cell_ids",)
 PADDING_GROUP = 2**40
 
 
+def padded(lists: Sequence[Sequence], value: float, dtype: torch.dtype = torch.long, width: int | None = None):
+    """``lists`` as one ``[len(lists), width]`` tensor (``width``: the longest list's length), each list followed by
+    ``value`` to the end of its row."""
+    out = torch.full((len(lists), max(map(len, lists)) if width is None else width), value, dtype=dtype)
+    for i, values in enumerate(lists):
+        out[i, : len(values)] = torch.as_tensor(values, dtype=dtype)
+    return out
+
+
 @dataclass(eq=False)
 class TableLayout:
     """Where every token sits: ``[batch, seq]`` tensors (``attention_mask`` True for real tokens, missing
@@ -76,13 +85,10 @@ class TableLayout:
         lengths = [len(ex["segment_ids"]) for ex in examples]
         seq_len = max(lengths + [0]) if seq_len is None else seq_len
         mask = torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]
-        ids = {}
-        for name in ID_FIELDS:
-            tensor = torch.zeros((len(examples), seq_len), dtype=torch.long)
-            for i, ex in enumerate(examples):
-                if ex.get(name) is not None and lengths[i]:
-                    tensor[i, : lengths[i]] = torch.as_tensor(ex[name], dtype=torch.long)
-            ids[name] = tensor
+        ids = {
+            name: padded([ex.get(name) if ex.get(name) is not None else [] for ex in examples], 0, width=seq_len)
+            for name in ID_FIELDS
+        }
         return cls(attention_mask=mask, **ids)
 
     @classmethod

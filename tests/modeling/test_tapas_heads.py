@@ -316,3 +316,25 @@ def test_gumbel_options_change_the_training_loss_only():
     drawn.dropout.p = 0.0
     first, second = drawn(*args).loss, drawn(*args).loss
     assert not torch.equal(first, second)
+
+
+def test_a_head_config_changed_after_its_check_is_still_refused_at_the_loss():
+    """TapasHeadConfig refuses aggregation labels without answer supervision when built; one changed
+    afterwards (a mutable dataclass) is refused by the loss instead of training weakly supervised."""
+    from mate_cli.errors import MateError
+    from mate_cli.modeling.tapas_heads import TapasQAHead
+
+    head = TapasQAHead(16, TapasHeadConfig(**WTQ))
+    head.config.use_answer_as_supervision = False
+    layout = TableLayout.from_lists([{"segment_ids": [0, 1, 1], "row_ids": [0, 1, 1], "column_ids": [0, 1, 2]}])
+    labels = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(MateError, match="use_answer_as_supervision=true"):
+        head(
+            torch.randn(1, 3, 16),
+            torch.randn(1, 16),
+            layout,
+            labels,
+            torch.tensor([1.0]),
+            torch.ones(1, 3),
+            torch.ones(1, 3),
+        )
