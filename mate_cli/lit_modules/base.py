@@ -103,6 +103,14 @@ class EncoderTaskModule(L.LightningModule):
         if hasattr(encoder, "pooler") and not (self.uses_pooler and pooling == "cls"):
             encoder.pooler.requires_grad_(False)
 
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        """A batch's token-type ids checked on the host before it moves to the device (the embeddings check only
+        CPU layouts themselves: on a GPU the check would wait for the device in every forward)."""
+        layout = getattr(batch, "layout", None)
+        if layout is not None and self.device.type != "cpu":
+            self.encoder.embeddings.check_type_ids(self.encoder.backends[0].embedding_layout(layout))
+        return batch
+
     def encode(self, input_ids: torch.Tensor, layout) -> torch.Tensor:
         """Token states ``[batch, seq, hidden]``: the encoder, then the extra layers if any."""
         hidden = self.encoder(input_ids, layout)

@@ -78,19 +78,26 @@ class TableEmbeddings(nn.Module):
         positions = torch.arange(seq_len, device=layout.device)
         return positions.unsqueeze(0).expand(batch, seq_len)
 
-    def forward(self, input_ids: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``[batch, seq]`` WordPiece ids -> ``[batch, seq, hidden]``; ``layout=None`` means all token types 0. A layout
-        field whose ids overflow its table is a `MateError` naming it."""
-        layout = TableLayout.plain(input_ids) if layout is None else layout.to(input_ids.device)
-        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(layout))
-        check = not torch.compiler.is_compiling()
+    def check_type_ids(self, layout: TableLayout) -> None:
+        """A layout field whose ids overflow its token-type table is a `MateError` naming it. Reads the ids on the
+        host: :meth:`forward` checks CPU layouts; a batch bound for a GPU is checked before it moves (the
+        Lightning modules' ``on_before_batch_transfer``), so the GPU's forward never waits for the host."""
         for i, (name, table) in enumerate(zip(TOKEN_TYPE_FIELDS, self.token_type_tables())):
             ids = getattr(layout, name)
-            if check and bool(((ids < 0) | (ids >= table.num_embeddings)).any()):
+            if bool(((ids < 0) | (ids >= table.num_embeddings)).any()):
                 raise MateError(
                     f"layout.{name} holds id {int(ids.max())} but token_type_embeddings_{i} has only "
                     f"{table.num_embeddings} entries; cap it in the tokenizer (fewer rows/columns per table) "
                     f"or raise model.type_vocab_sizes[{i}]"
                 )
+
+    def forward(self, input_ids: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
+        """``[batch, seq]`` WordPiece ids -> ``[batch, seq, hidden]``; ``layout=None`` means all token types 0. On the
+        CPU a layout field whose ids overflow its table is a `MateError` naming it (:meth:`check_type_ids`)."""
+        layout = TableLayout.plain(input_ids) if layout is None else layout.to(input_ids.device)
+        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
+            self.check_type_ids(layout)
+        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(layout))
+        for ids, table in zip((getattr(layout, name) for name in TOKEN_TYPE_FIELDS), self.token_type_tables()):
             embeddings = embeddings + table(ids)
         return self.dropout(self.LayerNorm(embeddings))

@@ -124,6 +124,25 @@ def test_reset_positions_restart_per_cell():
     assert positions.tolist() == [[0, 1, 2, 3, 0, 1, 0, 0, 1, 0, 10, 10]]  # padding clipped to 10
 
 
+def test_token_type_ids_beyond_their_table_are_one_line_naming_the_field():
+    """Checked on the host: in the CPU forward, and by the Lightning modules before a batch moves to a GPU (the
+    same method), so a GPU forward never waits for the host."""
+    input_ids, layout = table_batch(seed=3, lengths=[40, 30])
+    config = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                           max_position_embeddings=64)  # fmt: skip
+    model = TableEncoder(config, "dense").eval()
+    model(input_ids, layout)
+    model.embeddings.check_type_ids(layout)  # within the tables
+    wide = layout.with_fields(row_ids=layout.row_ids + config.type_vocab_sizes[2])
+    message = (
+        r"^layout\.row_ids holds id \d+ but token_type_embeddings_2 has only 256 entries; .*type_vocab_sizes\[2\]$"
+    )
+    with pytest.raises(MateError, match=message):
+        model.embeddings.check_type_ids(wide)
+    with pytest.raises(MateError, match=message):
+        model(input_ids, wide)
+
+
 def test_reset_changes_the_output():
     input_ids, layout = table_batch(seed=2, lengths=[40])
     torch.manual_seed(0)

@@ -4,10 +4,14 @@ The function of :mod:`.mate_reference`, computed FlashAttention-2 style in each 
 read through the head's permutation (no sorted copies):
 
 - **forward**: one program per (example x head, ``BLOCK_M`` sorted rows) visits only the key tiles its rows may
-  attend: every real key when the tile holds a dense row, else the ``G`` globals and its buckets' windows (two
-  contiguous intervals). Scores, mask, online softmax and context stay on chip; each row's log-sum-exp is kept.
+  attend: the ``G`` globals and its buckets' windows (two contiguous intervals). Scores, mask, online softmax and
+  context stay on chip; each row's log-sum-exp is kept. A tile holding a dense row attends every real key: one
+  program would loop over the whole sequence, the longest chain of the launch, so its keys are cut into chunks
+  (:func:`split_chunk`), one program each, whose partial softmaxes a second kernel merges.
 - **backward**: a dK/dV pass (one program per key tile, over the query tiles that attend it) and a dQ pass over the
-  forward's tiles; probabilities are recomputed from the log-sum-exp, ``dS = P * (dP - rowsum(dO * O))``.
+  forward's tiles; probabilities are recomputed from the log-sum-exp, ``dS = P * (dP - rowsum(dO * O))``. The
+  long tiles are split the same way (a dense tile's keys for dQ, a global key tile's rows for dK/dV) and their
+  partial gradients summed in split order by a third kernel, so the result does not depend on scheduling.
 - **attention dropout**: a Philox draw keyed by (seed, example x head, query token, key token), so the three passes
   agree and no mask depends on tiles or memory layout.
 
@@ -29,8 +33,11 @@ from mate_cli.errors import MateError
 FLOAT32_DOT = "tf32x3"
 
 #: warps per program of each kernel (more warps, fewer registers per thread: none spills at
-#: these tile sizes in bf16/fp16, sm_80 and sm_90, see :func:`resource_usage`)
-WARPS = {"forward_kernel": 4, "dq_kernel": 8, "dkdv_kernel": 8}
+#: these tile sizes in bf16/fp16 on sm_90, see :func:`resource_usage`)
+WARPS = {"forward_kernel": 4, "combine_kernel": 4, "dq_kernel": 8, "dkdv_kernel": 8, "reduce_kernel": 4}
+
+#: the most splits of a long tile's loop: a dense row's keys, a global key's rows (:func:`split_chunk`)
+MAX_SPLITS = 32
 
 #: the padding group in the kernels' int32 group ids (``PADDING_GROUP`` does not fit)
 PAD = 2**31 - 1
@@ -144,6 +151,31 @@ def _interpretable(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype == torch.bfloat16 and x.device.type != "cuda" else x
 
 
+def split_chunk(seq_len: int) -> int:
+    """Positions per split of a long tile's loop (a multiple of 128, so of every tile size):
+    the rows that attend every key (dense rows) and the keys every row attends (globals)
+    would each be one program's loop over the whole sequence, the longest chain of the
+    launch; they are cut into at most :data:`MAX_SPLITS` chunks of at least 256, run in
+    parallel and merged."""
+    per_split = -(-seq_len // MAX_SPLITS)
+    return max(256, -(-per_split // 128) * 128)
+
+
+def _splits(N: int, global_len: int) -> tuple[int, int, int, int]:
+    """``(T, J, S, CHUNK)``: the tiles that may hold a dense row (``dense <= global_len``), the
+    key tiles that may hold a global, the splits of each and the positions per split."""
+    chunk = split_chunk(N)
+    return -(-global_len // BLOCK["m"]), -(-global_len // BLOCK["n"]), -(-N // chunk), chunk
+
+
+def _parts(like: torch.Tensor, tiles: int, splits: int, block: int, block_d: int, count: int = 1) -> list[torch.Tensor]:
+    """``count`` buffers of the split tiles' partial ``[block, block_d]`` results: float32 (float64 for float64
+    inputs, which only the interpreter takes: finite-difference checks)."""
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    return [like.new_empty((like.shape[0] * like.shape[1] * tiles * splits, block, block_d), dtype=dtype)
+            for _ in range(count)]  # fmt: skip
+
+
 def _launch_forward(q, k, v, perm, groups, dense, real, seed, global_len: int, radius: int, dropout_p: float,
                     visits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     dtype = q.dtype
@@ -151,13 +183,28 @@ def _launch_forward(q, k, v, perm, groups, dense, real, seed, global_len: int, r
     B, H, N, D = q.shape
     out = _bhnd_empty(q)
     lse = torch.empty((B * H, N), dtype=torch.float32, device=q.device)
-    grid = (-(-N // BLOCK["m"]), B * H)
-    kernels(q.device).forward_kernel[grid](
-        q, k, v, out, lse, perm, groups, dense, real, seed, lse if visits is None else visits, *_strides(q),
-        *_strides(k), *_strides(v), *_strides(out), H, N, global_len, radius, D**-0.5, float(dropout_p),
-        COUNT=visits is not None, num_warps=WARPS["forward_kernel"], **_launch_args(q, dropout_p),
+    settings = _launch_args(q, dropout_p)
+    T, _, S, chunk = _splits(N, global_len)
+    tiles = -(-N // BLOCK["m"])
+    (acc_part,) = _parts(q, T, S, BLOCK["m"], settings["BLOCK_D"])
+    m_part, l_part = (acc_part.new_empty(acc_part.shape[:2]) for _ in range(2))
+    module = kernels(q.device)
+    module.forward_kernel[(tiles + T * S, B * H)](
+        q, k, v, out, lse, m_part, l_part, acc_part, perm, groups, dense, real, seed,
+        lse if visits is None else visits, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, N, global_len,
+        radius, D**-0.5, float(dropout_p), tiles, T, S, chunk, COUNT=visits is not None,
+        num_warps=WARPS["forward_kernel"], **settings,
+    )  # fmt: skip
+    module.combine_kernel[(T, B * H)](
+        out, lse, m_part, l_part, acc_part, perm, groups, dense, real, seed, *_strides(out), H, N, T, S,
+        num_warps=WARPS["combine_kernel"], **_only(settings, module.combine_kernel),
     )  # fmt: skip
     return out.to(dtype), lse
+
+
+def _only(settings: dict, kernel) -> dict:
+    """The compile-time settings ``kernel`` takes."""
+    return {key: value for key, value in settings.items() if key in kernel.arg_names}
 
 
 @torch.library.custom_op("mate::bucketed_triton_forward", mutates_args=())
@@ -189,14 +236,24 @@ def _backward_op(
     dq, dk, dv = _bhnd_empty(q), _bhnd_empty(k), _bhnd_empty(v)
     module = kernels(q.device)
     settings = _launch_args(q, dropout_p)
+    T, J, S, chunk = _splits(N, global_len)
     common = (H, N, global_len, radius, D**-0.5, float(dropout_p))
-    module.dkdv_kernel[(-(-N // BLOCK["n"]), B * H)](
-        q, k, v, grad_out, lse, delta, dk, dv, perm, groups, dense, real, seed, *_strides(q), *_strides(k),
-        *_strides(v), *_strides(grad_out), *_strides(dk), *_strides(dv), *common, num_warps=WARPS["dkdv_kernel"], **settings,
+    dk_part, dv_part = _parts(q, J, S, BLOCK["n"], settings["BLOCK_D"], 2)
+    (dq_part,) = _parts(q, T, S, BLOCK["m"], settings["BLOCK_D"])
+    key_tiles, query_tiles = -(-N // BLOCK["n"]), -(-N // BLOCK["m"])
+    module.dkdv_kernel[(key_tiles + J * S, B * H)](
+        q, k, v, grad_out, lse, delta, dk, dv, dk_part, dv_part, perm, groups, dense, real, seed, *_strides(q),
+        *_strides(k), *_strides(v), *_strides(grad_out), *_strides(dk), *_strides(dv), *common, key_tiles, J, S,
+        chunk, num_warps=WARPS["dkdv_kernel"], **settings,
     )  # fmt: skip
-    module.dq_kernel[(-(-N // BLOCK["m"]), B * H)](
-        q, k, v, grad_out, lse, delta, dq, perm, groups, dense, real, seed, *_strides(q), *_strides(k), *_strides(v),
-        *_strides(grad_out), *_strides(dq), *common, num_warps=WARPS["dq_kernel"], **settings,
+    module.dq_kernel[(query_tiles + T * S, B * H)](
+        q, k, v, grad_out, lse, delta, dq, dq_part, perm, groups, dense, real, seed, *_strides(q), *_strides(k),
+        *_strides(v), *_strides(grad_out), *_strides(dq), *common, query_tiles, T, S, chunk,
+        num_warps=WARPS["dq_kernel"], **settings,
+    )  # fmt: skip
+    module.reduce_kernel[(T + J, B * H)](
+        dq, dk, dv, dq_part, dk_part, dv_part, perm, groups, dense, real, seed, *_strides(dq), *_strides(dk),
+        *_strides(dv), H, N, D**-0.5, T, J, S, num_warps=WARPS["reduce_kernel"], **_only(settings, module.reduce_kernel),
     )  # fmt: skip
     return tuple(g.to(t) for g, t in zip((dq, dk, dv), dtypes))
 
@@ -234,6 +291,9 @@ def triton_bucketed_attention(
     """Bucketed MATE in the Triton kernels: ``q, k, v`` ``[batch, heads, seq, head_dim]`` (q not pre-scaled) ->
     the same shape, a view of a ``[batch, seq, heads, head_dim]`` buffer. ``seed``: an int64 scalar tensor on q's
     device keying the dropout draws (default: drawn on the device, without a host round trip)."""
+    if q.device.type == "cuda" and q.dtype == torch.float64:
+        raise MateError("attention.impl=triton takes float16, bfloat16 or float32 on a GPU, not float64; "
+                        "use attention.impl=eager for float64")  # fmt: skip
     if seed is None:
         seed = torch.randint(0, 2**31 - 1, (), device=q.device, dtype=torch.int64)
     out, _ = _forward_op(q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed,
@@ -269,12 +329,13 @@ def visited_tiles(structure: TritonStructure, seq_len: int) -> int:
 # ------------------------------------------------------------ ahead of time
 #: the kernels' pointer arguments whose element type is not the inputs' dtype
 _POINTER_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "PERM": "*i32", "GROUPS": "*i32", "DENSE": "*i32", "REAL": "*i32",
-                  "SEED": "*i64", "VISITS": "*i32"}  # fmt: skip
+                  "SEED": "*i64", "VISITS": "*i32", **dict.fromkeys(("M_PART", "L_PART", "ACC_PART", "DQ_PART", "DK_PART",
+                  "DV_PART"), "*fp32")}  # fmt: skip
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def resource_usage(arch: int, dtype: torch.dtype = torch.bfloat16, head_dim: int = 64, dropout: bool = True) -> dict:
-    """Compile the three kernels for CUDA compute capability ``arch`` (90: H100, 80: A100) without a GPU and read
+    """Compile the kernels for CUDA compute capability ``arch`` (90: H100, 80: A100) without a GPU and read
     each cubin's resources with the wheel's ``cuobjdump``: ``{kernel: {"REG", "STACK", "LOCAL"}}`` (LOCAL > 0:
     spills). Needs compiled-mode Triton (no ``TRITON_INTERPRET=1``)."""
     import re
@@ -292,7 +353,7 @@ def resource_usage(arch: int, dtype: torch.dtype = torch.bfloat16, head_dim: int
     constants = {**_launch_args(like, 0.5 if dropout else 0.0), "COUNT": False}
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     usage = {}
-    for name in ("forward_kernel", "dq_kernel", "dkdv_kernel"):
+    for name in WARPS:
         fn = getattr(module, name)
         signature = {}
         for arg in fn.arg_names:
