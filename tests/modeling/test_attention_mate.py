@@ -411,8 +411,10 @@ def test_bucketed_cost_grows_linearly_with_length():
 
 def test_auto_is_one_table_with_the_measurement_behind_each_boundary():
     choice, cuda = mate_mod.auto_choice, torch.device("cuda")
-    assert [choice("bucketed", cuda, torch.bfloat16, False, n) for n in (2048, 2049)] == ["flex", "eager"]
-    assert [choice("bucketed", cuda, torch.float16, True, n) for n in (4096, 4097)] == ["flex", "eager"]
+    assert [choice("bucketed", cuda, torch.bfloat16, grad, n) for grad in (False, True) for n in (16, 32768)] == [
+        "triton"
+    ] * 4
+    assert choice("bucketed", cuda, torch.float16, True, 4096) == "triton"
     assert choice("bucketed", cuda, torch.float32, False, 16) == "eager"
     assert choice("bucketed", cuda, torch.float32, True, 16) is None  # no row: the caller runs eager
     assert choice("exact", torch.device("mps"), torch.float32, False, 2048) == "masked"  # CUDA's row

@@ -165,12 +165,12 @@ def test_compiled_flex_on_cuda_equals_eager_forward_and_backward(case, ratio):
 
 
 @needs_cuda
-def test_auto_on_cuda_takes_flex_in_bf16_and_eager_in_float32_or_with_attention_dropout():
+def test_auto_on_cuda_takes_triton_in_bf16_with_or_without_dropout_and_eager_in_float32():
     layout = CASES[0][0]().to("cuda")
     x = torch.randn(layout.batch_size, 2, layout.seq_len, 8, device="cuda", dtype=torch.bfloat16)
     grad = x.clone().requires_grad_()
     auto = MateAttention(num_heads=2, head_dim=8, variant="bucketed", impl="auto", dropout=0.1)
-    assert auto.eval().resolve_impl(x, x, x, 0.0) == "flex"
-    assert auto.train().resolve_impl(grad, grad, grad, 0.1) == "eager"
-    assert auto.train().resolve_impl(grad, grad, grad, 0.0) == "flex"
+    assert auto.eval().resolve_impl(x, x, x, 0.0) == "triton"
+    assert auto.train().resolve_impl(grad, grad, grad, 0.1) == "triton"
+    assert auto.train().resolve_impl(grad, grad, grad, 0.0) == "triton"
     assert auto.eval().resolve_impl(x.float(), x.float(), x.float(), 0.0) == "eager"  # measured faster in float32

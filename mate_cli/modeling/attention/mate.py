@@ -20,9 +20,9 @@ BERT/TAPAS checkpoint (§3.2).
   it does not apply), ``flex`` (:mod:`.mate_flex`; ``eager`` for a call with attention dropout) or ``triton``
   (:mod:`.mate_triton`). ``eager``, ``kernel`` and ``triton`` draw different, equally valid dropout masks.
 - ``auto``: the variant's fastest implementation as measured, never another function: ``exact`` runs ``masked`` up
-  to :data:`AUTO`'s length, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, and on CUDA ``flex``
-  in bf16/fp16 up to :data:`AUTO`'s length without attention dropout, else ``eager`` (``triton`` only when
-  asked for: no measured row yet). The choice is logged once per (device, length bucket, grad mode, choice).
+  to :data:`AUTO`'s length, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, and on CUDA ``triton``
+  in bf16/fp16 (attention dropout included; ``eager`` where Triton is missing) and ``eager`` in float32. The
+  choice is logged once per (device, length bucket, grad mode, choice).
 
 A key bias (``layout.key_bias``, DoT's pruning scores) always runs ``masked`` (DoT's task model reads few tokens);
 only ``variant=exact`` supports it, so the encoder refuses it under ``bucketed``.
@@ -63,22 +63,22 @@ VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "e
 
 #: ``attention.impl=auto``'s table: (variant, device type, dtype (None: any), grad mode) ->
 #: (the longest sequence for the first implementation, it, the one beyond, the measurement
-#: behind the boundary: ms of the first vs the second at kernel level, forward and backward
-#: in grad mode). "first run": BENCHMARKS.md's first published run (`mate bench`, the
-#: default grid; Xeon, 2 cores, float32); "GPU": its 2026-11-24 GPU run (H100; `mate bench
-#: bench.device=cuda bench.dtype=<dtype> bench.levels=[kernel]`). No row: ``variant=bucketed``
-#: on CUDA runs ``eager``; on CPU it runs the fused kernel wherever it applies (faster than
-#: ``eager`` at every length of the CPU runs), before this table is read.
+#: behind the boundary: ms at kernel level, forward and backward in grad mode). "first run":
+#: BENCHMARKS.md's first published run (`mate bench`, the default grid; Xeon, 2 cores,
+#: float32); "GPU": its 2026-11-24 GPU run (H100); "H200": its 2026-11-26 run (`mate bench
+#: bench.device=cuda bench.dtype=<dtype> bench.levels=[kernel]`, one process per dtype). No
+#: row: ``variant=bucketed`` on CUDA runs ``eager``; on CPU it runs the fused kernel wherever it
+#: applies (faster than ``eager`` at every length of the CPU runs), before this table is read.
 # fmt: off
 AUTO: dict[tuple[str, str, torch.dtype | None, bool], tuple[int, str, str, str]] = {
     ("exact", "cpu", None, False): (576, "masked", "block_sparse", "first run: 512: 4.25 vs 4.77; 1024: 18.6 vs 9.9"),
     ("exact", "cpu", None, True): (1024, "masked", "block_sparse", "first run: 1024: 53.8 vs 57.5; 2048: 208 vs 110"),
     ("exact", "cuda", None, False): (2048, "masked", "block_sparse", "not measured: keeps the dense kernel longer"),
     ("exact", "cuda", None, True): (2048, "masked", "block_sparse", "not measured: keeps the dense kernel longer"),
-    ("bucketed", "cuda", torch.bfloat16, False): (2048, "flex", "eager", "GPU: 2048: 0.46 vs 0.90; 4096: 1.75 vs 0.94"),
-    ("bucketed", "cuda", torch.bfloat16, True): (4096, "flex", "eager", "GPU: 4096: 2.4 vs 3.7; 8192: 4.6 vs 3.5"),
-    ("bucketed", "cuda", torch.float16, False): (2048, "flex", "eager", "bfloat16's row; float16 not measured"),
-    ("bucketed", "cuda", torch.float16, True): (4096, "flex", "eager", "bfloat16's row; float16 not measured"),
+    ("bucketed", "cuda", torch.bfloat16, False): (0, "triton", "triton", "H200: triton vs flex, eager: 2048: 0.27 vs 0.53, 1.27; 32768: 0.81 vs 12.6, 2.43"),
+    ("bucketed", "cuda", torch.bfloat16, True): (0, "triton", "triton", "H200: triton vs eager: 2048: 1.49 vs 4.72; 8192: 1.50 vs 4.34; 32768: 3.40 vs 11.0"),
+    ("bucketed", "cuda", torch.float16, False): (0, "triton", "triton", "bfloat16's row; float16 not measured"),
+    ("bucketed", "cuda", torch.float16, True): (0, "triton", "triton", "bfloat16's row; float16 not measured"),
     ("bucketed", "cuda", torch.float32, False): (0, "flex", "eager", "GPU, float32: 2048: 1.9 vs 1.0"),
 }
 # fmt: on
@@ -142,13 +142,13 @@ def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool, dropout_p: floa
         return "triton"
     if impl in ("auto", "kernel") and cpu_kernel_applies(q):
         return "kernel"
-    if dropout_p or not flex_available():
-        return "eager"
-    if impl == "flex":
-        return "flex"
+    flex_runs = not dropout_p and flex_available()
     if impl == "auto" and q.is_cuda:
-        return auto_choice("bucketed", q.device, q.dtype, grad, q.shape[2]) or "eager"
-    return "eager"
+        choice = auto_choice("bucketed", q.device, q.dtype, grad, q.shape[2]) or "eager"
+        if (choice == "triton" and not triton_available()) or (choice == "flex" and not flex_runs):
+            return "eager"
+        return choice
+    return "flex" if impl == "flex" and flex_runs else "eager"
 
 
 #: (variant, impl, device, length bucket, grad, choice): the ``auto`` choices logged in this
