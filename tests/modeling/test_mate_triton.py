@@ -152,6 +152,17 @@ def test_equals_the_reference_on_tokenized_tables_of_every_dataset(real_tables, 
     equals_reference(layout, 0.5, 116, 42, seed=11, heads=2)
 
 
+def test_long_loops_cut_into_chunks_equal_the_reference():
+    """A dense row's keys and a global key's rows, cut into several chunks (one program each) and merged: a query
+    longer than G (its last dense tile holds table rows) and a shorter one, padded, in one batch."""
+    from mate_cli.modeling.synthetic import random_layout
+
+    layout = random_layout(2, query_len=(30, 130), rows=(20, 30), cols=(3, 5), cell_tokens=(2, 6), pad=(0, 40), seed=1)
+    splits = -(-layout.seq_len // mt.split_chunk(layout.seq_len))
+    assert splits >= 3 and layout.is_query.sum(1).tolist() == [129, 96]
+    equals_reference(layout, 0.5, 116, 42, seed=13)
+
+
 def test_a_table_shorter_than_the_globals():
     """The paper's G=116 on a 25-token batch: every token is global (G is cut to the length)."""
     make, _, _ = CASES[0]
