@@ -53,7 +53,9 @@ encoder_grid() {  # backends, run dir
 }
 step_kernel() { kernel_grid bfloat16 "[dense,mate.triton]" kernel_bfloat16; }
 step_tests() {
-  "$py" -m pytest -q -p no:cacheprovider -o addopts="" -n 4 tests/modeling/test_mate_triton.py \
+  local workers=()  # four test processes where pytest-xdist is installed
+  "$py" -c "import xdist" 2>/dev/null && workers=(-n 4)
+  "$py" -m pytest -q -p no:cacheprovider -o addopts="" "${workers[@]}" tests/modeling/test_mate_triton.py \
     tests/modeling/test_mate_flex.py tests/modeling/test_attention_mate.py
 }
 step_encoder() { encoder_grid "[dense,mate.triton]" encoder_bfloat16; }
@@ -68,14 +70,17 @@ declare -A limit=([kernel]=100 [tests]=90 [encoder]=100 [host_sync]=45 [profile]
                   [anchors]=120)
 start=$(date +%s)
 status=0
+: >"$out/steps.txt"
 for step in $steps; do
   var="GPU_LIMIT_${step^^}"
   seconds="${!var:-${limit[$step]:-600}}"
   export -f mate kernel_grid encoder_grid "step_$step"
   export py out lengths
-  timeout "$seconds" bash -c "step_$step" >"$out/$step.log" 2>&1
+  began=$(date +%s)
+  timeout -k 10 "$seconds" bash -c "step_$step" >"$out/$step.log" 2>&1  # -k: a hung CUDA process is killed too
   rc=$?
   [ "$rc" = 0 ] || status=1
-  echo "$step: exit $rc after $(( $(date +%s) - start )) s (limit $seconds s)" | tee -a "$out/steps.txt"
+  now=$(date +%s)
+  echo "$step: exit $rc in $(( now - began )) s (limit $seconds s; $(( now - start )) s in all)" | tee -a "$out/steps.txt"
 done
 exit "$status"

@@ -103,13 +103,26 @@ class EncoderTaskModule(L.LightningModule):
         if hasattr(encoder, "pooler") and not (self.uses_pooler and pooling == "cls"):
             encoder.pooler.requires_grad_(False)
 
+    def check_type_ids(self, batch) -> None:
+        """The batch's token-type ids against every embedding table that reads them (the encoder's, DoT's pruner's),
+        on the host: a `MateError` naming the field. The embeddings check CPU layouts in their forward; a batch bound
+        for a GPU is checked before it moves (:meth:`on_before_batch_transfer`, :meth:`batch_to_device`), so no GPU
+        forward waits for the host."""
+        for encoder in [self.encoder] + ([self.dot.pruner] if self.dot is not None else []):
+            encoder.embeddings.check_type_ids(encoder.backends[0].embedding_layout(batch.layout))
+
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        """A batch's token-type ids checked on the host before it moves to the device (the embeddings check only
-        CPU layouts themselves: on a GPU the check would wait for the device in every forward)."""
-        layout = getattr(batch, "layout", None)
-        if layout is not None and self.device.type != "cpu":
-            self.encoder.embeddings.check_type_ids(self.encoder.backends[0].embedding_layout(layout))
+        if self.device.type != "cpu":
+            self.check_type_ids(batch)
         return batch
+
+    def batch_to_device(self, batch, device: torch.device | None = None):
+        """``batch`` on ``device`` (default: this module's), checked as Lightning's loops check theirs: for the loops
+        outside them (DT-Fixup's pass, prediction, PointR's stages)."""
+        device = self.device if device is None else torch.device(device)
+        if device.type != "cpu":
+            self.check_type_ids(batch)
+        return batch.to(device)
 
     def encode(self, input_ids: torch.Tensor, layout) -> torch.Tensor:
         """Token states ``[batch, seq, hidden]``: the encoder, then the extra layers if any."""
@@ -168,7 +181,7 @@ class EncoderTaskModule(L.LightningModule):
         self.eval()
         mu = torch.zeros((), device=self.device)
         for batch in self.trainer.datamodule.train_dataloader():
-            batch = batch.to(self.device)
+            batch = self.batch_to_device(batch)
             norms = self.encoder(batch.input_ids, batch.layout).norm(dim=-1)
             mu = torch.maximum(mu, norms[batch.layout.attention_mask].max().float())
         if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -84,7 +84,7 @@ class CellRanker:
             yield from self._rank_batch(batch)
 
     def _rank_batch(self, examples: list[dict]) -> list[dict]:
-        batch = self.collate(examples).to(self.device)
+        batch = self.stage.model.batch_to_device(self.collate(examples), self.device)
         with autocast(self.device, self.precision):
             logits = self.stage.model(batch).float()
         probs = torch.softmax(logits.masked_fill(~batch.cell_mask, float("-inf")), dim=-1)
@@ -144,7 +144,7 @@ class SpanPredictor:
         out: list[dict] = []
         for start in range(0, len(items), self.batch_size):
             chunk = [asdict(x) for x in items[start : start + self.batch_size]]
-            batch = self.collate(chunk).to(self.device)
+            batch = self.stage.model.batch_to_device(self.collate(chunk), self.device)
             with autocast(self.device, self.precision):
                 out.extend({"pred": r["pred"], "prob": r["prob"]} for r in self.stage.model.predict_batch(batch))
         return out

@@ -33,7 +33,7 @@ def predict_table_question(
     tokenizer = table_tokenizer(run.tokenizer, data)
     question = Question("question", text, table.table_id)
     example = encode_task_question(tokenizer, task, question, table)
-    batch = TaskCollator(int(run.tokenizer.pad_token_id or 0))([example]).to(device)
+    batch = run.model.batch_to_device(TaskCollator(int(run.tokenizer.pad_token_id or 0))([example]), device)
     with torch.no_grad(), autocast(device, precision):
         out = run.model(batch)
     result = {"task": task.name, "question": text, "table": table.table_id, "truncated": bool(example["truncated"])}

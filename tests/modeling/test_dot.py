@@ -10,6 +10,8 @@ in float64 (in float32 the two computations differ by summation order, about 1e-
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -231,3 +233,16 @@ def test_the_model_counts_the_answer_cells_its_selection_loses(tmp_path):
                 lost += not wanted <= set(read[i].tolist())
     assert asked == datamodule.stats["validation"]["questions_with_answer_cells"] and lost > 0
     assert float(model.metrics["val_answer_cells_kept"].compute()) == pytest.approx((asked - lost) / asked)
+
+
+def test_a_batch_bound_for_another_device_has_its_token_type_ids_checked_before_it_moves(tmp_path):
+    """The check every loop runs before moving a batch off the CPU (Lightning's hook, DT-Fixup's pass, prediction,
+    PointR), for the encoder's and the pruner's tables: a bad id is one line naming the field, before anything
+    moves. The meta device stands in for a GPU: the check reads the CPU batch either way."""
+    model, batch = dot_model(tmp_path)
+    moved = model.batch_to_device(batch, "meta")
+    assert moved.input_ids.device.type == "meta"
+    bad = replace(batch, layout=batch.layout.with_fields(column_ids=batch.layout.column_ids + 256))
+    with pytest.raises(MateError, match=r"^layout\.column_ids holds id \d+ but token_type_embeddings_1 has only"):
+        model.batch_to_device(bad, "meta")
+    assert model.on_before_batch_transfer(bad, 0) is bad  # on the CPU the embeddings' forward checks it

@@ -21,7 +21,8 @@ BERT/TAPAS checkpoint (§3.2).
   (:mod:`.mate_triton`). ``eager``, ``kernel`` and ``triton`` draw different, equally valid dropout masks.
 - ``auto``: the variant's fastest implementation as measured, never another function: ``exact`` runs ``masked`` up
   to :data:`AUTO`'s length, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, and on CUDA ``triton``
-  in bf16/fp16 (attention dropout included; ``eager`` where Triton is missing) and ``eager`` in float32. The
+  in bf16/fp16 (attention dropout included; ``eager`` where the compiled kernels cannot run:
+  :func:`.mate_triton.triton_runs_on`) and ``eager`` in float32. The
   choice is logged once per (device, length bucket, grad mode, choice).
 
 A key bias (``layout.key_bias``, DoT's pruning scores) always runs ``masked`` (DoT's task model reads few tokens);
@@ -43,7 +44,7 @@ from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention
 from mate_cli.modeling.attention.mate_bucketed import Workspace, bucketed_attention, cpu_kernel_applies
 from mate_cli.modeling.attention.mate_flex import flex_available, flex_bucketed_attention
 from mate_cli.modeling.attention.mate_plan import bucket_plan, head_groups
-from mate_cli.modeling.attention.mate_triton import triton_available
+from mate_cli.modeling.attention.mate_triton import triton_available, triton_runs_on
 from mate_cli.modeling.layout import TableLayout
 
 __all__ = [
@@ -145,7 +146,7 @@ def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool, dropout_p: floa
     flex_runs = not dropout_p and flex_available()
     if impl == "auto" and q.is_cuda:
         choice = auto_choice("bucketed", q.device, q.dtype, grad, q.shape[2]) or "eager"
-        if (choice == "triton" and not triton_available()) or (choice == "flex" and not flex_runs):
+        if (choice == "triton" and not triton_runs_on(q)) or (choice == "flex" and not flex_runs):
             return "eager"
         return choice
     return "flex" if impl == "flex" and flex_runs else "eager"

@@ -51,6 +51,7 @@ __all__ = [
     "kernels",
     "triton_available",
     "triton_bucketed_attention",
+    "triton_runs_on",
     "visited_tiles",
 ]
 
@@ -99,6 +100,15 @@ class TritonStructure:
 
 
 # --------------------------------------------------------------------- kernels
+def triton_runs_on(q: torch.Tensor) -> bool:
+    """Whether the compiled kernels run for ``q``: a CUDA tensor of compute capability 8.0 or newer (bf16 tensor-core
+    products), Triton installed and not in its interpreter. ``attention.impl=auto`` reads it; ``impl=triton`` runs
+    wherever asked and says in one line what is missing."""
+    if q.device.type != "cuda" or not triton_available() or interpreting():
+        return False
+    return torch.cuda.get_device_capability(q.device) >= (8, 0)
+
+
 def interpreting() -> bool:
     """Whether Triton runs kernels in its interpreter in this process (fixed when Triton is first imported)."""
     import triton.language.standard as standard
@@ -152,13 +162,15 @@ def _interpretable(x: torch.Tensor) -> torch.Tensor:
 
 
 def split_chunk(seq_len: int) -> int:
-    """Positions per split of a long tile's loop (a multiple of 128, so of every tile size):
-    the rows that attend every key (dense rows) and the keys every row attends (globals)
-    would each be one program's loop over the whole sequence, the longest chain of the
-    launch; they are cut into at most :data:`MAX_SPLITS` chunks of at least 256, run in
-    parallel and merged."""
+    """Positions per split of a long tile's loop: the rows that attend every key (dense rows)
+    and the keys every row attends (globals) would each be one program's loop over the whole
+    sequence, the longest chain of the launch; they are cut into at most :data:`MAX_SPLITS`
+    chunks of at least 256, run in parallel and merged. A multiple of both tile sizes (powers
+    of two; the kernels' loops step through a chunk by whole tiles and stop at its end only
+    through the sequence's)."""
+    unit = max(128, BLOCK["m"], BLOCK["n"])
     per_split = -(-seq_len // MAX_SPLITS)
-    return max(256, -(-per_split // 128) * 128)
+    return max(256, -(-per_split // unit) * unit)
 
 
 def _splits(N: int, global_len: int) -> tuple[int, int, int, int]:

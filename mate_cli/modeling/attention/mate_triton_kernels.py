@@ -1,5 +1,5 @@
-"""The Triton kernels of :mod:`.mate_triton` (forward, dQ, dK/dV) and their device functions; imported only through
-:func:`.mate_triton.kernels`, which checks Triton's mode."""
+"""The Triton kernels of :mod:`.mate_triton` (forward and the merge of its splits; dQ, dK/dV and the sum of their
+splits) and their device functions; imported only through :func:`.mate_triton.kernels`, which checks Triton's mode."""
 
 import triton
 import triton.language as tl
