@@ -278,6 +278,18 @@ def test_a_split_is_whole_tiles_whatever_the_tile_sizes(monkeypatch):
             assert chunk % m == 0 and chunk % n == 0 and -(-length // chunk) <= mt.MAX_SPLITS, (m, n, length)
 
 
+def test_the_tile_sweep_times_each_setting_and_restores_the_kernels_settings():
+    from mate_cli.bench.triton_tiles import sweep
+
+    before = dict(mt.BLOCK), dict(mt.WARPS)
+    settings = [(32, 64, 4, 8, 8), (64, 32, 4, 4, 4)]
+    rows = list(sweep([200], settings, heads=2, head_dim=16, device=torch.device(DEVICE)))
+    assert [row["setting"] for row in rows] == [None, *map(list, settings)]
+    assert all(row["forward_ms"] > 0 and row["fwd_bwd_ms"] > 0 for row in rows)
+    assert rows[1]["tiles"] != rows[2]["tiles"]  # the settings took effect
+    assert (dict(mt.BLOCK), dict(mt.WARPS)) == before
+
+
 # ------------------------------------------------------------- ahead of time
 @pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.slow)])
 def test_ahead_of_time_compile_for_sm90_and_sm80_has_no_register_spills(dtype, tmp_path):
@@ -302,10 +314,10 @@ def test_ahead_of_time_compile_for_sm90_and_sm80_has_no_register_spills(dtype, t
 
 
 # ----------------------------------------------------------- the GPU command
-def test_the_gpu_command_its_host_sync_check_and_profile_say_in_one_line_that_they_need_a_gpu(tmp_path, monkeypatch):
-    """tools/gpu_run.sh (a real shell script: the process is the point) and its host-sync check
-    and profile (in process) run where a CUDA GPU is; elsewhere one line each, before anything
-    is measured or written."""
+def test_the_gpu_command_and_its_python_steps_say_in_one_line_that_they_need_a_gpu(tmp_path, monkeypatch):
+    """tools/gpu_run.sh (a real shell script: the process is the point) and its host-sync check,
+    profile and tile sweep (in process) run where a CUDA GPU is; elsewhere one line each, before
+    anything is measured or written."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: tools/gpu_run.sh runs for real")
     env = {**os.environ, "GPU_OUT": str(tmp_path / "gpu"), "PYTHON": sys.executable, "GPU_WHEELS_DIR": str(tmp_path)}
@@ -314,9 +326,9 @@ def test_the_gpu_command_its_host_sync_check_and_profile_say_in_one_line_that_th
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and lines == ["tools/gpu_run.sh: no CUDA GPU here; run it on a machine with one"], done
     assert not (tmp_path / "gpu").exists()
-    from mate_cli.bench import gpu_profile, host_sync
+    from mate_cli.bench import gpu_profile, host_sync, triton_tiles
 
-    for module in (host_sync, gpu_profile):
+    for module in (host_sync, gpu_profile, triton_tiles):
         monkeypatch.setattr(sys, "argv", [module.__name__])
         with pytest.raises(SystemExit, match=f"^{module.__name__}: no CUDA GPU here; run it on a machine with one$"):
             module.main()
