@@ -29,6 +29,12 @@ SILENCED = (
         "resumed runs continue exactly, so mate says that in one line instead",
     ),
     Silenced(
+        message=r"You have overridden `on_before_batch_transfer` in `LightningModule` but have passed in a",
+        module="",  # raised through a warning cache, which names the caller's module
+        why="mate's task modules check a batch's token-type ids there, before it moves to a GPU, and its "
+        "datamodules do not override the hook: the module's implementation is the intended one",
+    ),
+    Silenced(
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
         module=r"lightning\.pytorch\.utilities\._pytree",
         why="Lightning 2.6 calls a torch pytree API that torch 2.13 deprecates; it still works, nothing to change here",
