@@ -14,8 +14,8 @@
 #                     (forward, backward, AdamW) against dense SDPA
 #     host_sync (45)  a training step under torch.cuda.set_sync_debug_mode("error")
 #     train     (90)  a short `mate train hardware=gpu` run (MATE's default impl=auto)
-#     fp32      (60)  the kernel grid in float32
-#     others    (120) the kernel grid in bf16 for mate.eager, mate.flex and FlexAttention on the exact mask
+#     fp32      (60)  the kernel grid in float32, mate.eager included
+#     others    (120) the kernel grid in bf16 for mate.eager, mate.block_sparse and FlexAttention on the exact mask
 #     anchors   (120) the encoder grid in bf16 for transformers' TapasModel and BertModel
 # About 14 minutes at most, 8-9 typically on one H200. GPU_STEPS="kernel encoder" runs only
 # those; GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in $GPU_OUT (default
@@ -57,15 +57,15 @@ step_tests() {
   local workers=()  # four test processes where pytest-xdist is installed
   "$py" -c "import xdist" 2>/dev/null && workers=(-n 4)
   "$py" -m pytest -q -p no:cacheprovider -o addopts="" "${workers[@]}" tests/modeling/test_mate_triton.py \
-    tests/modeling/test_mate_flex.py tests/modeling/test_attention_mate.py
+    tests/modeling/test_attention_mate.py
 }
 step_encoder() { encoder_grid "[dense,mate.triton]" encoder_bfloat16; }
 step_host_sync() { "$py" -m mate_cli.bench.host_sync; }
 step_profile() { "$py" -m mate_cli.bench.gpu_profile --backend mate.triton --length 2048 --mode train; }
 step_tiles() { "$py" -m mate_cli.bench.triton_tiles --lengths 2048,8192; }
 step_train() { mate train experiment=hybridqa_mate hardware=gpu logger=csv trainer.max_steps=20 "hydra.run.dir=$out/train"; }
-step_fp32() { kernel_grid float32 "[dense,mate.triton]" kernel_float32; }
-step_others() { lengths="[2048,8192,32768]" kernel_grid bfloat16 "[mate.eager,mate.flex,flex]" kernel_bfloat16_others; }
+step_fp32() { kernel_grid float32 "[dense,mate.triton,mate.eager]" kernel_float32; }
+step_others() { lengths="[2048,8192,32768]" kernel_grid bfloat16 "[mate.eager,mate.block_sparse,flex]" kernel_bfloat16_others; }
 step_anchors() { encoder_grid "[tapas_hf,bert_hf]" encoder_bfloat16_anchors; }
 
 declare -A limit=([kernel]=100 [tiles]=90 [tests]=90 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120

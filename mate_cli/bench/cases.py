@@ -36,7 +36,7 @@ from mate_cli.bench import measure
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate_block_sparse as sparse
 from mate_cli.modeling.attention.base import AttentionBackend
-from mate_cli.modeling.attention.mate import VARIANTS, MateAttention, choose_bucketed_impl
+from mate_cli.modeling.attention.mate import VARIANTS, MateAttention, choose_exact_impl
 from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES, EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder, backend_factory
 from mate_cli.modeling.encoder import build_backend as build_layer_backend
@@ -80,9 +80,9 @@ class Case:
     #: optimiser's state in an encoder training step), so the memory figure is the
     #: steady-state call at every length.
     min_warmup: int = 1
-    #: False where FlopCounterMode must not run the call: FlexAttention (``attention.impl=flex``,
-    #: MATE's bucketed ``auto`` on CUDA) cannot run under it, and a failed attempt leaves torch's
-    #: compiler refusing FlexAttention for the rest of the process. Its FLOPs are left empty.
+    #: False where FlopCounterMode must not run the call: FlexAttention (exact MATE's ``block_sparse``
+    #: on CUDA) cannot run under it, and a failed attempt leaves torch's compiler refusing
+    #: FlexAttention for the rest of the process. Its FLOPs are left empty.
     countable: bool = True
     #: ``err_vs_fp32`` of a kernel cell in bfloat16/float16 (:mod:`~mate_cli.bench.measure`)
     error: Callable[[], float] | None = None
@@ -268,13 +268,14 @@ def error_vs_float32(fn, reference, base, cotangent, dtype, device, real) -> flo
 
 
 def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> bool:
-    """Whether a MATE backend in ``model`` runs FlexAttention for inputs like ``q`` (no dropout)."""
-    if model is None:
+    """Whether a MATE backend in ``model`` runs FlexAttention for inputs like ``q`` (no dropout): exact MATE's
+    ``block_sparse`` on CUDA."""
+    if model is None or not sparse.uses_flex(q, 0.0):
         return False
     return any(
         isinstance(m, MateAttention)
-        and m.variant == "bucketed"
-        and choose_bucketed_impl(m.impl, q, grad, 0.0) == "flex"
+        and m.variant == "exact"
+        and (m.impl if m.impl != "auto" else choose_exact_impl(q.device, q.shape[2], grad)) == "block_sparse"
         for m in model.modules()
     )
 

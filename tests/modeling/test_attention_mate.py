@@ -415,8 +415,11 @@ def test_auto_is_one_table_with_the_measurement_behind_each_boundary():
         "triton"
     ] * 4
     assert choice("bucketed", cuda, torch.float16, True, 4096) == "triton"
-    assert choice("bucketed", cuda, torch.float32, False, 16) == "eager"
-    assert choice("bucketed", cuda, torch.float32, True, 16) is None  # no row: the caller runs eager
+    assert [choice("bucketed", cuda, torch.float32, grad, 32768) for grad in (False, True)] == ["eager"] * 2
+    assert all(
+        row[1] in mate_mod.VARIANTS[key[0]] and row[2] in mate_mod.VARIANTS[key[0]]
+        for key, row in mate_mod.AUTO.items()
+    )
     assert choice("exact", torch.device("mps"), torch.float32, False, 2048) == "masked"  # CUDA's row
     assert choice("exact", torch.device("cpu"), torch.bfloat16, False, 577) == "block_sparse"  # any dtype
     assert all(row[3] for row in mate_mod.AUTO.values())

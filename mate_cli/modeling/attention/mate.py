@@ -17,13 +17,11 @@ BERT/TAPAS checkpoint (§3.2).
 
 - ``exact``: ``masked`` (SDPA with the per-view mask; quadratic) or ``block_sparse`` (:mod:`.mate_block_sparse`).
 - ``bucketed``: ``eager`` (:mod:`.mate_bucketed`'s torch path), ``kernel`` (:mod:`.mate_cpu_kernel`; ``eager`` where
-  it does not apply), ``flex`` (:mod:`.mate_flex`; ``eager`` for a call with attention dropout) or ``triton``
-  (:mod:`.mate_triton`). ``eager``, ``kernel`` and ``triton`` draw different, equally valid dropout masks.
-- ``auto``: the variant's fastest implementation as measured, never another function: ``exact`` runs ``masked`` up
-  to :data:`AUTO`'s length, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, and on CUDA ``triton``
-  in bf16/fp16 (attention dropout included; ``eager`` where the compiled kernels cannot run:
-  :func:`.mate_triton.triton_runs_on`) and ``eager`` in float32. The
-  choice is logged once per (device, length bucket, grad mode, choice).
+  it does not apply) or ``triton`` (:mod:`.mate_triton`). They draw different, equally valid dropout masks.
+- ``auto``: the variant's fastest implementation as measured (:data:`AUTO`), never another function: ``exact`` runs
+  ``masked`` up to a length, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, ``triton`` on CUDA in
+  bf16/fp16 (``eager`` where the compiled kernels cannot run: :func:`.mate_triton.triton_runs_on`), ``eager`` in
+  float32. The choice is logged once per (device, length bucket, grad mode, choice).
 
 A key bias (``layout.key_bias``, DoT's pruning scores) always runs ``masked`` (DoT's task model reads few tokens);
 only ``variant=exact`` supports it, so the encoder refuses it under ``bucketed``.
@@ -40,27 +38,18 @@ import torch.nn.functional as F
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate_cpu_kernel
 from mate_cli.modeling.attention.base import AttentionBackend, check_range, register, with_key_bias
-from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention, flex_mate_attention
+from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention
 from mate_cli.modeling.attention.mate_bucketed import Workspace, bucketed_attention, cpu_kernel_applies
-from mate_cli.modeling.attention.mate_flex import flex_available, flex_bucketed_attention
 from mate_cli.modeling.attention.mate_plan import bucket_plan, head_groups
 from mate_cli.modeling.attention.mate_triton import triton_available, triton_runs_on
 from mate_cli.modeling.layout import TableLayout
 
-__all__ = [
-    "MateAttention",
-    "VARIANTS",
-    "head_masks",
-    "masked_attention",
-    "flex_mate_attention",
-    "choose_exact_impl",
-    "choose_bucketed_impl",
-]
+__all__ = ["MateAttention", "VARIANTS", "head_masks", "masked_attention", "choose_exact_impl", "choose_bucketed_impl"]
 
 logger = logging.getLogger(__name__)
 
 #: ``attention.variant`` -> its valid ``attention.impl`` values (``auto`` first).
-VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "eager", "kernel", "flex", "triton")}
+VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "eager", "kernel", "triton")}
 
 #: ``attention.impl=auto``'s table: (variant, device type, dtype (None: any), grad mode) ->
 #: (the longest sequence for the first implementation, it, the one beyond, the measurement
@@ -68,19 +57,20 @@ VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "e
 #: BENCHMARKS.md's first published run (`mate bench`, the default grid; Xeon, 2 cores,
 #: float32); "GPU": its 2026-11-24 GPU run (H100); "H200": its 2026-11-26 run (`mate bench
 #: bench.device=cuda bench.dtype=<dtype> bench.levels=[kernel]`, one process per dtype). No
-#: row: ``variant=bucketed`` on CUDA runs ``eager``; on CPU it runs the fused kernel wherever it
-#: applies (faster than ``eager`` at every length of the CPU runs), before this table is read.
+#: row: ``eager``. On CPU ``variant=bucketed`` runs the fused kernel wherever it applies (faster
+#: than ``eager`` at every length of the CPU runs), before this table is read.
 # fmt: off
 AUTO: dict[tuple[str, str, torch.dtype | None, bool], tuple[int, str, str, str]] = {
     ("exact", "cpu", None, False): (576, "masked", "block_sparse", "first run: 512: 4.25 vs 4.77; 1024: 18.6 vs 9.9"),
     ("exact", "cpu", None, True): (1024, "masked", "block_sparse", "first run: 1024: 53.8 vs 57.5; 2048: 208 vs 110"),
     ("exact", "cuda", None, False): (2048, "masked", "block_sparse", "not measured: keeps the dense kernel longer"),
     ("exact", "cuda", None, True): (2048, "masked", "block_sparse", "not measured: keeps the dense kernel longer"),
-    ("bucketed", "cuda", torch.bfloat16, False): (0, "triton", "triton", "H200: triton vs flex, eager: 2048: 0.27 vs 0.53, 1.27; 32768: 0.81 vs 12.6, 2.43"),
+    ("bucketed", "cuda", torch.bfloat16, False): (0, "triton", "triton", "H200: triton vs eager, bucketed FlexAttention: 2048: 0.27 vs 1.27, 0.53; 32768: 0.81 vs 2.43, 12.6"),
     ("bucketed", "cuda", torch.bfloat16, True): (0, "triton", "triton", "H200: triton vs eager: 2048: 1.49 vs 4.72; 8192: 1.50 vs 4.34; 32768: 3.40 vs 11.0"),
     ("bucketed", "cuda", torch.float16, False): (0, "triton", "triton", "bfloat16's row; float16 not measured"),
     ("bucketed", "cuda", torch.float16, True): (0, "triton", "triton", "bfloat16's row; float16 not measured"),
-    ("bucketed", "cuda", torch.float32, False): (0, "flex", "eager", "GPU, float32: 2048: 1.9 vs 1.0"),
+    ("bucketed", "cuda", torch.float32, False): (0, "eager", "eager", "GPU, float32: eager vs FlexAttention 2048: 1.0 vs 1.9; triton vs eager not timed"),
+    ("bucketed", "cuda", torch.float32, True): (0, "eager", "eager", "triton vs eager not timed in float32"),
 }
 # fmt: on
 
@@ -136,20 +126,17 @@ def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
     return auto_choice("exact", device, None, grad, seq_len)
 
 
-def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool, dropout_p: float) -> str:
-    """What ``variant=bucketed`` runs on this call for ``attention.impl=impl``: ``kernel``, ``flex``, ``triton``
-    or ``eager`` (the rules in the module docstring)."""
+def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool) -> str:
+    """What ``variant=bucketed`` runs on this call for ``attention.impl=impl``: ``kernel``, ``triton`` or ``eager``
+    (the rules in the module docstring)."""
     if impl == "triton":
         return "triton"
     if impl in ("auto", "kernel") and cpu_kernel_applies(q):
         return "kernel"
-    flex_runs = not dropout_p and flex_available()
     if impl == "auto" and q.is_cuda:
         choice = auto_choice("bucketed", q.device, q.dtype, grad, q.shape[2]) or "eager"
-        if (choice == "triton" and not triton_runs_on(q)) or (choice == "flex" and not flex_runs):
-            return "eager"
-        return choice
-    return "flex" if impl == "flex" and flex_runs else "eager"
+        return choice if choice != "triton" or triton_runs_on(q) else "eager"
+    return "eager"
 
 
 #: (variant, impl, device, length bucket, grad, choice): the ``auto`` choices logged in this
@@ -220,12 +207,12 @@ class MateAttention(AttentionBackend):
             text += f", global_size={self.global_size}, radius={self.radius}"
         return text
 
-    def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> str:
+    def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
         """The implementation this call runs: ``auto`` resolved within the variant, each choice logged once; an
         asked-for implementation that cannot run this call is replaced, and that is logged once too."""
         grad = self._grad(q, k, v)
         if self.variant == "bucketed":
-            choice = choose_bucketed_impl(self.impl, q, grad, dropout_p)
+            choice = choose_bucketed_impl(self.impl, q, grad)
         elif self.impl != "auto":
             return self.impl
         else:
@@ -250,7 +237,7 @@ class MateAttention(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0
-        impl = "masked" if layout.key_bias is not None else self.resolve_impl(q, k, v, dropout_p)
+        impl = "masked" if layout.key_bias is not None else self.resolve_impl(q, k, v)
         if impl == "masked":
             return masked_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
         if impl == "block_sparse":
@@ -261,8 +248,6 @@ class MateAttention(AttentionBackend):
             structure = TritonStructure.of(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
             return triton_bucketed_attention(q, k, v, structure, dropout_p)
         plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
-        if impl == "flex":
-            return flex_bucketed_attention(q, k, v, layout, plan, self.row_heads_ratio)
         # scratch shared by every layer (and call) that sees this layout, like the plan
         workspace = layout.cached(("mate.workspace",), Workspace)
         return bucketed_attention(q, k, v, plan, dropout_p, use_cpu_kernel=impl == "kernel", workspace=workspace)

@@ -14,12 +14,12 @@ block-diagonal plus a dense query-set stripe. Two exact ways to skip the rest, t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from mate_cli.modeling.attention.mate_flex import blocks_of, flex_available, flex_call
 from mate_cli.modeling.attention.mate_plan import (
     PADDING_GROUP,
     group_of_heads,
@@ -31,7 +31,7 @@ from mate_cli.modeling.attention.mate_plan import (
 )
 from mate_cli.modeling.layout import TableLayout
 
-__all__ = ["block_sparse_attention", "flex_mate_attention", "flex_available", "segment_plan"]
+__all__ = ["block_sparse_attention", "flex_mate_attention", "flex_available", "segment_plan", "uses_flex"]
 
 
 # ------------------------------------------------------------------ packing plan
@@ -136,7 +136,7 @@ def block_sparse_attention(
     """Exact MATE attention, ``[batch, heads, seq, head_dim]`` in and out, padding tokens getting a zero output
     (pure path). ``use_flex``: None picks FlexAttention on CUDA without dropout, the pure path elsewhere."""
     if use_flex is None:
-        use_flex = q.is_cuda and dropout_p == 0.0 and flex_available()
+        use_flex = uses_flex(q, dropout_p)
     if use_flex:
         return flex_mate_attention(q, k, v, layout, row_heads_ratio)
     plan = segment_plan(layout, q.shape[1], row_heads_ratio)
@@ -175,6 +175,51 @@ def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropou
 
 
 # ------------------------------------------------------------------ FlexAttention
+def flex_available() -> bool:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except Exception:  # pragma: no cover - old torch
+        return False
+    return True
+
+
+def uses_flex(q: torch.Tensor, dropout_p: float) -> bool:
+    """Whether :func:`block_sparse_attention` runs FlexAttention for inputs like ``q``: on CUDA without dropout."""
+    return q.is_cuda and dropout_p == 0.0 and flex_available()
+
+
+@functools.cache
+def _compiled_flex():
+    """``torch.compile``d FlexAttention, compiled on first use; after the first change of sorted length torch
+    compiles one kernel with the length dynamic, not one per length."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+#: compiled FlexAttention's smallest head dim (torch 2.11-2.13 on CUDA)
+MIN_COMPILED_HEAD_DIM = 16
+
+
+def flex_call(qs, ks, vs, block_mask, scale: float, compiled: bool) -> torch.Tensor:
+    """``flex_attention(qs, ks, vs, block_mask, scale)``, compiled (once per process) or eager; a head dim below
+    compiled FlexAttention's minimum is zero-padded (the given scale keeps the scores; the padded columns are
+    dropped)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    D = qs.shape[-1]
+    if compiled and D < MIN_COMPILED_HEAD_DIM:
+        qs, ks, vs = (F.pad(x, (0, MIN_COMPILED_HEAD_DIM - D)) for x in (qs, ks, vs))
+    fn = _compiled_flex() if compiled else flex_attention
+    return fn(qs, ks, vs, block_mask=block_mask, scale=scale)[..., :D]
+
+
+def blocks_of(allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, H, nq, nk]`` bool block matrix -> FlexAttention's ``(num_blocks, indices)`` (int32)."""
+    order = torch.argsort((~allowed).to(torch.int8), dim=-1, stable=True)
+    return allowed.sum(-1).to(torch.int32), order.to(torch.int32)
+
+
 def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float, block_size: int):
     """``(Np, block_mask)``, cached on the layout: the length padded to whole blocks, and the BlockMask over the
     per-head sorted groups ``[B, H, Np]``."""
