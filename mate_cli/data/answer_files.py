@@ -1,5 +1,4 @@
-"""Table-task predictions in each dataset's upstream answer format, written atomically into the run dir
-(:mod:`mate_cli.tasks` names each task's writer)."""
+"""Table-task predictions in each dataset's upstream answer format (writers named by :mod:`mate_cli.tasks`)."""
 
 from __future__ import annotations
 
@@ -10,16 +9,14 @@ from mate_cli.metrics.wtq import prediction_field
 
 
 def write_wtq(rows: list[dict], directory: Path) -> Path:
-    """``predictions.tsv``, ``id<TAB>answer<TAB>answer...`` per question (answers as
-    :func:`~mate_cli.metrics.wtq.prediction_field` writes them); the official score is
-    ``python2 evaluator.py -t <root>/tagged/data predictions.tsv``, over the tagged files' questions."""
+    """``predictions.tsv``, ``id<TAB>answer<TAB>...``; officially scored by
+    ``python2 evaluator.py -t <root>/tagged/data predictions.tsv``."""
     lines = ["\t".join([row["question_id"], *(prediction_field(a) for a in row["answer"])]) for row in rows]
     return atomic_write_text(directory / "predictions.tsv", "".join(f"{line}\n" for line in lines))
 
 
 def write_sqa(rows: list[dict], directory: Path) -> Path:
-    """``predictions.tsv`` of SQA's ``eval.py``: header ``id annotator position answer_coordinates``,
-    coordinates as the release writes them (``['(0, 4)', ...]``)."""
+    """``predictions.tsv`` for SQA's ``eval.py``, coordinates as the release writes them (``['(0, 4)', ...]``)."""
     lines = ["id\tannotator\tposition\tanswer_coordinates"]
     for row in rows:
         wtq_id, annotator, position = row["question_id"].rsplit("/", 2)
@@ -29,8 +26,8 @@ def write_sqa(rows: list[dict], directory: Path) -> Path:
 
 
 def write_tabfact(rows: list[dict], directory: Path) -> Path:
-    """``predictions.json``, ``{table_id: [verdict per statement, in file order]}`` (1 entailed, 0 refuted):
-    the shape of ``*_examples.json``'s label lists."""
+    """``predictions.json``, ``{table_id: [1 entailed / 0 refuted per statement, in file order]}``, the shape of
+    ``*_examples.json``'s label lists."""
     by_table: dict[str, dict[int, int]] = {}
     for row in rows:
         table_id, index = row["question_id"].rsplit("#", 1)

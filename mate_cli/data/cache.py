@@ -1,10 +1,8 @@
 """The preprocessing cache: one Arrow dataset per key, safe under kills and concurrent runs.
 
-A :func:`key` (``cache_key`` in :mod:`mate_cli.data.datamodule` and :mod:`mate_cli.data.pretraining`) covers every
-setting that changes the encoded examples, the input files (:func:`fingerprint`) and the code that encodes them
-(:func:`code_digest`), so neither an edited table nor an updated mate_cli is served stale examples; any edit of that
-code, a comment too, rebuilds the cache once. Entries are written by :func:`save_atomically`; temp folders of this
-host's gone writers are removed on the next use. An entry that does not load is named in one warning and rebuilt.
+A :func:`key` covers the settings, the input files (:func:`fingerprint`) and the encoding code (:func:`code_digest`), so
+neither an edited table nor an updated mate_cli is served stale examples; any edit of that code, a comment too,
+rebuilds the cache once.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ _TEMP_SUFFIX = ".tmp"
 
 
 def fingerprint(files: Iterable[Path], root: Path) -> str:
-    """Digest of (path relative to ``root``, size, mtime in ns) of every file, in name order."""
+    """Digest of every file's (path relative to ``root``, size, mtime)."""
     digest = hashlib.sha256()
     for path in sorted(files):
         stat = path.stat()
@@ -45,17 +43,15 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def code_digest(package_root: Path | None = None) -> str:
-    """Digest of the code that encodes examples: the bytes of every module under ``<package_root>/data/`` and of every
-    ``mate_cli`` module they import (statically, at any depth), and the versions of transformers, tokenizers and
-    datasets. Recomputed only when a source file of the package changed."""
+    """Digest of every module under ``<package_root>/data/`` and every ``mate_cli`` module they import (statically, at
+    any depth), and of the transformers, tokenizers and datasets versions. Recomputed only when a source changed."""
     root = Path(package_root or PACKAGE_ROOT).resolve()
     stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*.py")))
     return _code_digest(root, stamp)
 
 
 def key(**payload) -> str:
-    """The cache key of ``payload`` (the JSON-able settings and :func:`fingerprint` of an entry) and of
-    :func:`code_digest`."""
+    """The cache key of ``payload`` (an entry's JSON-able settings and :func:`fingerprint`) and the code."""
     return hashlib.sha256(json.dumps({**payload, "code": code_digest()}, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -82,8 +78,8 @@ def _code_digest(root: Path, stamp: tuple) -> str:  # noqa: ARG001 - ``stamp`` k
 
 
 def _imported_modules(path: Path, root: Path) -> list[Path]:
-    """The files of the ``mate_cli`` modules ``path`` imports anywhere in it (relative imports too), with the packages
-    holding them, whose ``__init__`` an import runs."""
+    """The files of the ``mate_cli`` modules ``path`` imports anywhere (relative imports too), with the ``__init__`` of
+    each package on the way, which an import runs."""
     here = ["mate_cli", *path.parent.relative_to(root).parts]  # the package ``path`` is in
     names = []
     for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
@@ -123,8 +119,7 @@ def remove_stale_temps(directory: Path) -> int:
 
 
 def save_atomically(ds: datasets.Dataset, target: Path) -> None:
-    """``ds.save_to_disk`` into :func:`temp_name` beside ``target``, then one rename; an entry another run renamed there
-    first is kept."""
+    """Save beside ``target``, then one rename; an entry another run renamed there first is kept."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / temp_name(target)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -140,14 +135,14 @@ def save_atomically(ds: datasets.Dataset, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-#: read-only cache folders already warned about (one warning per folder and process)
+#: read-only cache folders already warned about
 _READ_ONLY_WARNED: set[Path] = set()
 
 
 def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str) -> datasets.Dataset:
     """The cached dataset at ``target``, built and saved when absent or unreadable. A folder that cannot be written
-    serves what it holds, and what it lacks is built in memory for this run (one warning); a full disk is one
-    ``MateError`` line naming the folder and its free space."""
+    serves what it holds, and what it lacks is built in memory (one warning); a full disk is one ``MateError`` line
+    naming the folder and its free space."""
     if not writable(target.parent):
         if target.parent not in _READ_ONLY_WARNED:
             _READ_ONLY_WARNED.add(target.parent)

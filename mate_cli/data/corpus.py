@@ -1,18 +1,18 @@
 """Pre-training corpora: tables with a text segment, as TAPAS pre-trains (:class:`TableText`).
 
-Users' corpora are JSON lines (:func:`read_jsonl`), one object per line, blank lines skipped::
+Users' corpora are JSON lines, one object per line, blank lines skipped::
 
     {"text": "Ashford, Kent. Population by ward.", "table": {"header": ["ward", "people"],
      "rows": [["Aylesford Green", "2,432"], ["Beaver", "5,512"]]}, "id": "optional"}
 
-``text`` may be empty; every cell is a string (numbers as they read); a ragged row is an error, since a misaligned
-column would teach the wrong structure. The bundled datasets (:data:`SOURCES`) give each table with the text TAPAS
-would pair it with (the functions below); questions and statements are never used as text.
+``text`` may be empty; every cell is a string; a ragged row is an error, since a misaligned column would teach the
+wrong structure. The bundled datasets give each table with the text TAPAS would pair it with; questions and statements
+are never used as text.
 
-``tables="train"`` keeps, of ``wtq``, ``sqa`` and ``tabfact``, only the tables of each source's training questions,
-split as its task splits them (``splits``), and never a table whose content (:func:`table_key`) is on a validation
-or test side of any source: SQA's tables are WikiTQ's under other names. The tables of a held-back (absent) test
-file cannot be excluded; the log says so.
+``tables="train"`` keeps, of ``wtq``, ``sqa`` and ``tabfact``, only the tables of each source's training questions
+(split as its task splits them, ``splits``), and never a table whose content (:func:`table_key`) is on a validation or
+test side of any source: SQA's tables are WikiTQ's under other names. The tables of a held-back (absent) test file
+cannot be excluded; the log says so.
 """
 
 from __future__ import annotations
@@ -35,16 +35,13 @@ FORMAT_HINT = 'each line: {"text": str, "table": {"header": [str, ...], "rows": 
 
 @dataclass
 class TableText:
-    """One pre-training example: a table and the text segment that goes with it."""
-
     table: Table
     text: str
     source: str = ""
 
 
 def read_jsonl(path: str | Path) -> Iterator[TableText]:
-    """The examples of a JSON-lines corpus file, in file order (table id ``<file stem>:<line>``
-    unless the line names one with ``id``)."""
+    """The examples of a JSON-lines file; table id ``<file stem>:<line>`` unless the line gives an ``id``."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise MateError(f"corpus file not found: {path}; pass an existing JSON-lines file ({FORMAT_HINT})")
@@ -52,7 +49,7 @@ def read_jsonl(path: str | Path) -> Iterator[TableText]:
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
             if number == 1:
-                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark (editors on Windows write one)
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -68,7 +65,6 @@ def read_jsonl(path: str | Path) -> Iterator[TableText]:
 
 
 def parse_line(line: str, where: str, default_id: str) -> TableText:
-    """One corpus line -> :class:`TableText` (``where`` names it in errors)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
@@ -100,7 +96,6 @@ def parse_line(line: str, where: str, default_id: str) -> TableText:
     )
 
 
-# ----------------------------------------------------------- the bundled datasets
 def _text(*parts: str) -> str:
     return " ".join(part.strip() for part in parts if part and part.strip())
 
@@ -118,8 +113,7 @@ def hybridqa_tables(reader, passages: int = 1) -> Iterator[TableText]:
 
 
 def csv_tables(reader, kind: str) -> Iterator[TableText]:
-    """Every table file of a WikiTableQuestions or SQA root (``.tsv`` twin preferred), with empty text: neither
-    release keeps the page text."""
+    """Every table of a WikiTableQuestions or SQA root, with empty text: neither release keeps the page text."""
     found = {
         path.relative_to(reader.root).with_suffix(".csv").as_posix()
         for pattern in reader.TABLE_GLOBS
@@ -131,7 +125,7 @@ def csv_tables(reader, kind: str) -> Iterator[TableText]:
 
 
 def tabfact_tables(reader) -> Iterator[TableText]:
-    """TabFact's tables with their captions (parsed from the statement files; the statements are not used)."""
+    """TabFact's tables with their captions (which only the statement files hold)."""
     from mate_cli.data.tabfact import TabFactReader
 
     for name in reader.available_files():
@@ -143,7 +137,7 @@ def tabfact_tables(reader) -> Iterator[TableText]:
 
 
 def _readers() -> dict:
-    """Per dataset kind, its reader and the function listing its tables (``(reader, kind, hybridqa_passages)``)."""
+    """Per dataset kind, its reader class and ``tables(reader, kind, hybridqa_passages)``."""
     from mate_cli.data.hybridqa import HybridQAReader
     from mate_cli.data.sqa import SQAReader
     from mate_cli.data.tabfact import TabFactReader
@@ -159,22 +153,21 @@ def _readers() -> dict:
 
 #: ``dataset.sources`` keys: a dataset root each, or ``jsonl``: one JSON-lines file or a list
 SOURCES = ("hybridqa", "wtq", "sqa", "tabfact", "jsonl")
-#: ``dataset.tables``: every table file, or only the fine-tuning training tables (module docstring)
+#: ``dataset.tables``: every table file, or only the fine-tuning training tables
 TABLE_CHOICES = ("all", "train")
-#: the sources ``dataset.tables=train`` can cut (their questions have a train / validation / test split)
+#: the sources ``dataset.tables=train`` can cut (their questions have a split)
 SPLIT_SOURCES = ("wtq", "sqa", "tabfact")
 
 
 def table_key(table: Table) -> str:
-    """A digest of the table's header and cell texts: the same table under two names is one table."""
+    """A digest of the header and cell texts: the same table under two names is one table."""
     cells = [[c.text for c in table.header], *[[c.text for c in row] for row in table.rows]]
     return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
 class Corpus:
-    """The sources of a pre-training corpus (``dataset.sources``), checked when built: ``{kind: root}`` for the
-    datasets and ``{"jsonl": file or [files]}``, read in the order given (null: left out); ``hybridqa_passages``: extra
-    HybridQA examples per table, one per linked passage; ``tables`` and ``splits``: the module docstring."""
+    """``dataset.sources``, checked when built: ``{kind: root}`` and ``{"jsonl": file or [files]}``, read in the order
+    given (null: left out); ``hybridqa_passages``: extra HybridQA examples per table, one per linked passage."""
 
     def __init__(
         self,
@@ -234,12 +227,10 @@ class Corpus:
         self._kept: tuple[dict[str, set[str]], set[str]] | None = None
 
     def input_files(self) -> list[Path]:
-        """Every file the examples depend on, in a stable order."""
         files = [path for reader in self.readers.values() for path in reader.input_files()]
         return [*files, *self.files]
 
     def examples(self) -> Iterator[TableText]:
-        """Every example of every source, in source order (with ``tables="train"``, the training tables')."""
         for kind, reader in self.readers.items():
             found = _readers()[kind][1](reader, kind, self.hybridqa_passages)
             yield from (found if self.tables == "all" else self._training_tables(kind, found))
@@ -253,8 +244,7 @@ class Corpus:
                 yield example
 
     def kept_tables(self) -> tuple[dict[str, set[str]], set[str]]:
-        """``tables="train"``: per source its training tables' ids, and the held-out content keys (module
-        docstring; computed once)."""
+        """``tables="train"``: per source its training tables' ids, and the held-out content keys (computed once)."""
         if self._kept is None:
             train: dict[str, set[str]] = {}
             held_out: set[str] = set()

@@ -1,5 +1,4 @@
-"""The datamodules' shared base (:class:`SplitDataModule`: read -> encode -> Arrow cache -> collate) and
-HybridQA's cell-selection datamodule (:class:`HybridQADataModule`)."""
+"""The datamodules' shared base (:class:`SplitDataModule`) and HybridQA's cell-selection datamodule."""
 
 from __future__ import annotations
 
@@ -33,22 +32,10 @@ log = logging.getLogger(__name__)
 
 class SplitDataModule(L.LightningDataModule):
     """What every datamodule shares: the split, the Arrow cache, the loaders. A subclass implements :meth:`encode`
-    and :meth:`collator` and may override the hooks.
+    and :meth:`collator` and may override the hooks (docs/architecture.md, "Add a dataset"). ``root``: the dataset's
+    folder in its upstream layout; ``limit_questions``: the first N of each split."""
 
-    Args (keywords only; ``eval_file``: :meth:`questions`):
-        root: the dataset's folder in its upstream layout (HybridQA: ``released_data/`` and ``WikiTables-WithLinks/``).
-        pretrained: the checkpoint whose vocabulary tokenizes.
-        max_length: word pieces per example, specials included; ``max_question_tokens``: the question is cut to it
-            first.
-        split: ``SplitSettings`` or its dict; ``batch_size``, ``eval_batch_size``; ``cache_dir``: the Arrow cache.
-        num_proc, num_workers: preprocessing processes (1: in process) and loader workers, or ``auto``
-            (:func:`~mate_cli.data.preprocess.worker_counts`).
-        limit_questions: the first N of each split.
-        shuffle_seed: the training order (:class:`~mate_cli.data.sampler.EpochShuffle`).
-        same_order_every_epoch: epoch 0's order every epoch (``debug=overfit``'s one fixed batch).
-    """
-
-    #: prefix of cache entries and log lines (``""``: HybridQA stage 1; ``"span"``, ``"graph"``, a task's name)
+    #: prefix of cache entries and log lines (``""``: HybridQA stage 1)
     kind = ""
     #: Lightning stage -> the splits ``setup`` prepares
     STAGES = {
@@ -95,10 +82,8 @@ class SplitDataModule(L.LightningDataModule):
         """Hook: the dataset's reader of ``root`` (default: HybridQA's)."""
         return HybridQAReader(root)
 
-    # ------------------------------------------------------------- questions
     def questions(self, split: str) -> list[Question]:
-        """The questions of ``train``, ``validation`` or ``test`` (``dataset.split``); with ``eval_file``, validation
-        and test are that whole upstream file instead."""
+        """With ``eval_file``, validation and test are that whole upstream file instead of ``dataset.split``'s."""
         if self.eval_file and split in ("validation", "test"):
             chosen = list(self.reader.questions(self.eval_file))
         else:
@@ -106,7 +91,7 @@ class SplitDataModule(L.LightningDataModule):
         return chosen[: self.limit_questions] if self.limit_questions else chosen
 
     def nonempty_questions(self, split: str) -> list[Question]:
-        """:meth:`questions`, refused in one line when there are none (nothing is cached then)."""
+        """:meth:`questions`, refused when there are none (so nothing empty is cached)."""
         chosen = self.questions(split)
         if not chosen:
             raise MateError(
@@ -115,17 +100,16 @@ class SplitDataModule(L.LightningDataModule):
             )
         return chosen
 
-    # ------------------------------------------------------------ preprocess
     def cache_payload(self, split: str) -> dict:
         """What, beyond the shared settings, changes the encoded examples of ``split``."""
         return {}
 
     def encode(self, questions: list[Question], split: str):
-        """``questions`` -> encoded examples (a ``datasets.Dataset``)."""
+        """``questions`` -> a ``datasets.Dataset`` of encoded examples."""
         raise NotImplementedError
 
     def split_stats(self, ds) -> dict:
-        """Hook: the statistics of a non-empty split for the run log."""
+        """Hook: a non-empty split's statistics for the run log."""
         return {"examples": len(ds)}
 
     def cache_key(self, split: str) -> str:
@@ -144,7 +128,6 @@ class SplitDataModule(L.LightningDataModule):
         )
 
     def preprocess(self, split: str):
-        """Encoded examples of ``split`` as a ``datasets.Dataset``, cached on disk (:mod:`mate_cli.data.cache`)."""
         name = " ".join(filter(None, (self.kind, split)))
         target = self.cache_dir / "-".join(filter(None, (self.kind, split, self.cache_key(split))))
         ds = cache.load_or_build(target, lambda: self.encode(self.nonempty_questions(split), split), f"{name} split")
@@ -153,13 +136,11 @@ class SplitDataModule(L.LightningDataModule):
         return ds
 
     def _map(self, questions: list[Question], function, split: str):
-        """``function`` over the question records (:func:`~mate_cli.data.preprocess.encode_records`)."""
         what = " ".join(filter(None, (self.kind, split)))
         return encode_records(function, [asdict(q) for q in questions], self.num_proc, what)
 
-    # ------------------------------------------------------------- lightning
     def after_load(self, split: str, ds):
-        """Hook: adjust a split once loaded (default: as is)."""
+        """Hook: adjust a split once loaded."""
         return ds
 
     def setup(self, stage: str | None = None) -> None:
@@ -168,7 +149,7 @@ class SplitDataModule(L.LightningDataModule):
                 self.datasets[split] = self.after_load(split, self.preprocess(split))
 
     def usable_rows(self, split: str, ds) -> list[int] | None:
-        """Hook: indices of the rows of ``split`` the loader serves (None: all of them)."""
+        """Hook: indices of the rows the loader serves (None: all)."""
         return None
 
     def collator(self) -> Callable[[list[dict]], object]:
@@ -206,13 +187,8 @@ class SplitDataModule(L.LightningDataModule):
 
 
 class HybridQADataModule(SplitDataModule):
-    """HybridQA cell-selection data.
-
-    Args:
-        expansion: :func:`~mate_cli.data.expand.expand_table` options (k, scope, method).
-        drop_ambiguous: drop training questions with more than one candidate cell (paper ablation).
-        common: :class:`SplitDataModule`'s keywords; ``max_length`` covers query and expanded table (paper: 2048).
-    """
+    """HybridQA cell-selection data. ``expansion``: :func:`~mate_cli.data.expand.expand_table`'s options;
+    ``drop_ambiguous``: drop training questions with more than one candidate cell (paper ablation)."""
 
     #: the settings that size an example, named in errors
     length_keys = "dataset.max_length"
@@ -274,17 +250,16 @@ class HybridQADataModule(SplitDataModule):
 def encode_question(
     tokenizer: TableTokenizer, question: Question, table: Table, passages: dict[str, str], expansion: Mapping
 ) -> dict:
-    """The stage-1 input of one question, as a plain dict (an :class:`EncodedExample`):
-    PointR expansion, candidate cells, tokenization. Training, eval and PointR all call this."""
+    """The one stage-1 encoding of a question (expansion, candidate cells, tokens) as an :class:`EncodedExample`
+    dict; training, eval and PointR all call it."""
     cell_texts = expand_table(question, table, passages, **expansion)
     candidates = candidate_cells(question, table, passages)
     return asdict(tokenizer.encode(question, table, cell_texts=cell_texts, candidates=candidates))
 
 
 class _ExampleEncoder:
-    """One-record function: a question record -> its encoded example (``encode`` has :func:`encode_question`'s
-    signature); the reader and tokenizer are made at the first record. The processes of
-    :func:`~mate_cli.data.preprocess.encode_records` are forked, so it is never pickled."""
+    """A question record -> its encoded example, by ``encode`` (:func:`encode_question`'s signature). The reader and
+    tokenizer are made at the first record; worker processes are forked, so it is never pickled."""
 
     def __init__(
         self,
@@ -330,8 +305,7 @@ class Collator:
 
 
 def cell_tensors(examples: list[dict]) -> dict[str, torch.Tensor]:
-    """``cell_mask``, ``candidate_mask`` ``[batch, max cells + 1]`` and ``cell_coords``
-    ``[batch, max cells + 1, 2]`` of examples with ``cell_coords`` and ``candidates`` (cell ids)."""
+    """:class:`Batch`'s per-cell tensors of examples with ``cell_coords`` and ``candidates``."""
     cells = max([len(ex["cell_coords"]) for ex in examples] + [1])
     b = len(examples)
     cell_mask = torch.zeros((b, cells + 1), dtype=torch.bool)
@@ -348,7 +322,7 @@ def cell_tensors(examples: list[dict]) -> dict[str, torch.Tensor]:
 
 
 def question_from_record(record: dict) -> Question:
-    """Inverse of ``dataclasses.asdict(question)`` (Arrow rows back to records)."""
+    """Inverse of ``dataclasses.asdict(question)``."""
     nodes = [AnswerNode(n["text"], tuple(n["coord"]), n["link"], n["source"]) for n in record.get("answer_nodes") or []]
     extra = {
         f.name: record[f.name]

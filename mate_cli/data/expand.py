@@ -1,20 +1,12 @@
-"""PointR cell expansion (MATE paper §4.1, Fig. 3): append linked-passage sentences to data cells.
+"""PointR cell expansion (MATE paper §4.1, Fig. 3): linked-passage sentences appended to data cells (never the header).
 
-:func:`expand_table` returns the text of every data cell (the header is never expanded) for
-:class:`~mate_cli.data.tokenize.TableTokenizer`'s ``cell_texts``, the chosen sentences in rank order
-(:func:`format_expanded`).
-
-``method="tfidf"``: one scikit-learn ``TfidfVectorizer`` is fitted per (question, table) on the sentences of every
-passage linked from the table's data cells plus the question, so IDF measures how distinctive a word is within this
-table's passages (lowercased, English stop words removed, default token pattern of 2+ word characters, smooth IDF,
-L2-normalised rows). A sentence's score is its cosine similarity with the question; ties, all-zero scores included,
-go by document order (passages in order of first link in the table, row-major, then sentence index). Exactly
-``min(k, available)`` sentences are taken, zero-score ones included. ``scope="table"`` takes the top ``k`` over the
-whole table and appends each to every cell that links to its passage; ``scope="cell"`` takes each cell's top ``k``
-among its own linked passages.
-
-``method="first"``: the first ``k`` sentences of each linked passage, in link order (a cheap baseline; ``scope`` is
-ignored).
+``method="tfidf"``: one ``TfidfVectorizer`` (lowercased, English stop words, else scikit-learn's defaults) is fitted
+per (question, table) on the sentences of every passage linked from the data cells plus the question, so IDF measures
+how distinctive a word is within this table's passages. Ties, all-zero scores included, go by document order
+(passages by first link, row-major, then sentence index); exactly ``min(k, available)`` sentences are taken.
+``scope="table"`` takes the top ``k`` over the table and appends each to every cell linking its passage;
+``scope="cell"`` each cell's top ``k`` among its own passages. ``method="first"``: the first ``k`` sentences of each
+linked passage (a cheap baseline; ``scope`` is ignored).
 """
 
 from __future__ import annotations
@@ -40,18 +32,17 @@ _ABBREVIATIONS = set(
 )
 
 
-# -------------------------------------------------------------- sentences
 def _is_abbreviation(word: str) -> bool:
-    """``word`` is the text right before a period (no trailing period)."""
+    """``word``: the text right before a period."""
     bare = word.lstrip("\"'([")
     return (len(bare) == 1 and bare.isalpha()) or "." in bare or bare.lower() in _ABBREVIATIONS
 
 
 def split_sentences(text: str) -> list[str]:
-    """Passage text as sentences (stripped, empties dropped). A boundary is ``.``/``!``/``?`` (and closing quotes or
-    brackets), whitespace, then an upper-case letter, digit or opening quote/bracket, unless the word before the period
-    is an initial (``J.``), holds a period (``U.S.``) or is a common abbreviation (``Dr.``); a newline always ends a
-    sentence. Works on raw text and on WikiTables-WithLinks' space-tokenised text (``driver . He``)."""
+    """Passage text as sentences. A boundary is ``.``/``!``/``?`` (closing quotes or brackets after it), whitespace,
+    then an upper-case letter, digit or opening quote/bracket, unless the word before the period is an initial (``J.``),
+    holds a period (``U.S.``) or is a common abbreviation (``Dr.``); a newline always ends a sentence. Works on raw
+    text and on WikiTables-WithLinks' space-tokenised text (``driver . He``)."""
     sentences: list[str] = []
     for block in text.splitlines():
         start = 0
@@ -69,9 +60,8 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in sentences if s]
 
 
-# ------------------------------------------------------------- selection
 def linked_passages(table: Table, passages: dict[str, str]) -> list[str]:
-    """Links of the data cells that have a passage, in order of first appearance (row-major)."""
+    """Links of the data cells that have a passage, in order of first appearance."""
     seen: dict[str, None] = {}
     for row in table.rows:
         for cell in row:
@@ -82,8 +72,7 @@ def linked_passages(table: Table, passages: dict[str, str]) -> list[str]:
 
 
 def tfidf_scores(query: str, sentences: list[str]) -> np.ndarray:
-    """``[len(sentences)]``: each sentence's cosine similarity with ``query`` (the module docstring's vectoriser,
-    fitted on ``sentences + [query]``); all zeros when no word survives stop-word removal."""
+    """``[len(sentences)]`` cosine similarities with ``query``; all zeros when no word survives stop-word removal."""
     if not sentences:
         return np.zeros(0)
     vectorizer = TfidfVectorizer(lowercase=True, stop_words="english")
@@ -99,7 +88,7 @@ def _rank(candidates: list[int], scores: np.ndarray, k: int) -> list[int]:
 
 
 def format_expanded(text: str, sentences: list[str]) -> str:
-    """``"<text> ( <s1> <s2> ... )"``; ``text`` unchanged when no sentence is given."""
+    """``"<text> ( <s1> <s2> ... )"``."""
     if not sentences:
         return text
     return f"{text} ( {' '.join(sentences)} )".strip()

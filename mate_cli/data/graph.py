@@ -1,20 +1,13 @@
-"""HybridQA as Transformer-XH graphs (Zhao et al. 2020): per question, a graph of sequences whose hubs are their
-[CLS] tokens (position 0).
+"""HybridQA as Transformer-XH graphs (Zhao et al. 2020): per question, sequences whose [CLS] tokens are the hubs.
 
-- A **row node** per data row ``r``: ``[CLS] question [SEP] header row, row r``, by
-  :class:`~mate_cli.data.tokenize.TableTokenizer` with ``rows=[r]`` (row, column and numeric ids are the whole table's).
-  Cell ids run across the question's row nodes, so the cell head pools every node into one softmax over the table's
-  cells, as PointR stage 1 does.
-- A **passage node** per passage linked from the kept rows, in order of first link (row-major):
-  ``[CLS] question [SEP] passage``; when more are linked than nodes are left, those closest to the question are
-  kept (:func:`closest_passages`).
-- **Edges**, symmetric, no self-loops: a row and each passage its cells link to, and every two rows. The collator
-  builds a block-diagonal adjacency, so no hop crosses questions.
+- A **row node** per data row ``r``: ``[CLS] question [SEP] header row, row r``. Cell ids run across the question's
+  row nodes, so the cell head pools every node into one softmax over the table's cells, as PointR stage 1 does.
+- A **passage node** per passage linked from the kept rows: ``[CLS] question [SEP] passage``; when there are more than
+  nodes left, those closest to the question are kept.
+- **Edges**, symmetric, no self-loops: a row and each passage its cells link to, and every two rows.
 
-Rows come first, up to ``dataset.max_nodes`` and TAPAS's row-id limit (trailing rows are left out and counted).
-``dataset.node_length`` is the tokens per node, specials included; ``dataset.max_length`` is not used, so a profile
-that sets it (``profile=paper``'s 2048) leaves the graph as it is. Row nodes hold the cells' own text unless
-``dataset.expansion.k > 0``.
+Rows come first, up to ``dataset.max_nodes`` and TAPAS's row-id limit. ``dataset.node_length`` is the tokens per node;
+``dataset.max_length`` is not used, so a profile that sets it (``profile=paper``'s 2048) leaves the graph as it is.
 """
 
 from __future__ import annotations
@@ -41,8 +34,7 @@ def encode_graph(
     expansion: Mapping,
     max_nodes: int = 64,
 ) -> dict:
-    """One question's graph as a plain dict: per node its ``node_input_ids`` and ``node_layouts``; ``edges`` as
-    ``[tau, eta]`` pairs; the question's ``cell_coords`` and ``candidates`` (cell ids)."""
+    """One question's graph as a plain dict; ``edges`` as ``[tau, eta]`` node pairs."""
     num_rows = min(table.num_rows, tokenizer.max_row_id - 1, max_nodes)
     cell_texts = expand_table(question, table, passages, **expansion)
     rows = [tokenizer.encode(question, table, cell_texts=cell_texts, rows=[r]) for r in range(num_rows)]
@@ -83,8 +75,8 @@ def encode_graph(
 
 
 def closest_passages(query: str, links: list[str], passages: dict[str, str], room: int) -> list[str]:
-    """``links`` when at most ``room``; else the ``room`` passages with the highest TF-IDF cosine
-    with ``query`` (ties: link order), in link order."""
+    """The ``room`` links whose passages have the highest TF-IDF cosine with ``query`` (ties: link order), in link
+    order."""
     if len(links) <= room:
         return list(links)
     scores = tfidf_scores(query, [passages[link] for link in links])
@@ -93,8 +85,8 @@ def closest_passages(query: str, links: list[str], passages: dict[str, str], roo
 
 
 def passage_node(tokenizer: TableTokenizer, q_ids: list[int], text: str) -> tuple[list[int], dict, bool]:
-    """``[CLS] question [SEP] passage`` cut to the node length: ``(ids, layout, whether cut)``;
-    the passage's tokens are segment 1, every other id 0."""
+    """``(ids, layout, whether cut)`` of ``[CLS] question [SEP] passage`` cut to the node length; the passage's tokens
+    are segment 1, every other id 0."""
     prefix = [tokenizer.tokenizer.cls_token_id, *q_ids, tokenizer.tokenizer.sep_token_id]
     pieces = tokenizer.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     body = pieces[: max(0, tokenizer.max_length - len(prefix))]
@@ -105,10 +97,9 @@ def passage_node(tokenizer: TableTokenizer, q_ids: list[int], text: str) -> tupl
 
 @dataclass
 class GraphBatch:
-    """Collated graphs: the nodes of every question of the batch, one after the other. ``input_ids``: ``[nodes, seq]``,
-    with its ``layout``; ``edges``: ``[nodes, nodes]`` bool, ``edges[tau, eta]`` when hub ``tau`` reads hub ``eta``;
-    ``node_graph``: ``[nodes]``, each node's question. The cell fields and ids are per question, as
-    :class:`~mate_cli.data.schema.Batch`'s (the row nodes' cell ids index them)."""
+    """The nodes of every question of the batch, one after the other: ``input_ids`` ``[nodes, seq]``; ``edges``
+    ``[nodes, nodes]`` bool, block-diagonal, so no hop crosses questions (``edges[tau, eta]``: hub ``tau`` reads hub
+    ``eta``); ``node_graph`` ``[nodes]``, each node's question. The cell fields are per question, as in ``Batch``."""
 
     input_ids: torch.Tensor
     layout: TableLayout
@@ -124,13 +115,11 @@ class GraphBatch:
         return moved_to(self, device)
 
     def __len__(self) -> int:
-        """The number of questions (examples), not of nodes."""
+        """The number of questions, not of nodes."""
         return self.cell_mask.shape[0]
 
 
 class GraphCollator:
-    """Encoded graphs -> a :class:`GraphBatch` (nodes padded to the longest)."""
-
     def __init__(self, pad_id: int = 0) -> None:
         self.pad_id = pad_id
 
@@ -157,8 +146,6 @@ class GraphCollator:
 
 
 class HybridQAGraphDataModule(HybridQADataModule):
-    """HybridQA cell selection over Transformer-XH graphs (module docstring)."""
-
     kind = "graph"
     length_keys = "dataset.node_length and dataset.max_nodes"
 

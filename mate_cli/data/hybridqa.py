@@ -1,6 +1,6 @@
-"""Reading the upstream HybridQA layout into :mod:`mate_cli.data.schema` records (single files too: ``mate predict``).
-Under ``root``, the two upstream repositories side by side; tables and passages are read a file at a time behind a small
-LRU cache, so the full dataset (~13k tables) is never in memory at once::
+"""Reading HybridQA's upstream layout (single files too: ``mate predict``). Under ``root``, the two upstream
+repositories side by side; tables and passages are read a file at a time behind a small LRU cache, so the full dataset
+(~13k tables) is never in memory at once::
 
     released_data/{train,dev,test}.json               question records (JSON arrays)
     released_data/{split}.traced.json                 the same with ``answer-node`` (preferred)
@@ -29,8 +29,6 @@ _ROOT_HINT = "set dataset.root=<folder holding released_data/ and WikiTables-Wit
 
 
 class HybridQAReader(CachedReads):
-    """One HybridQA root; ``cache_size`` parsed tables and passage maps are cached."""
-
     CACHED = {"_tables": "_read_table", "_passages": "_read_passages"}
 
     def __init__(self, root: str | Path, cache_size: int = 64):
@@ -45,7 +43,6 @@ class HybridQAReader(CachedReads):
         self.skipped: dict[str, Counter] = {}
 
     def input_files(self) -> list[Path]:
-        """Every file the encoded examples depend on (question files, tables, passages)."""
         return [
             path
             for sub in (QUESTIONS_DIR, TABLES_DIR, PASSAGES_DIR)
@@ -53,9 +50,7 @@ class HybridQAReader(CachedReads):
             for path in (self.root / sub).glob("*.json")
         ]
 
-    # ------------------------------------------------------------ questions
     def splits(self) -> list[str]:
-        """Split names with a question file, e.g. ``['train', 'dev', 'test']``."""
         names = set()
         for path in (self.root / QUESTIONS_DIR).glob("*.json"):
             stem = path.name[: -len(".json")]
@@ -75,9 +70,9 @@ class HybridQAReader(CachedReads):
         )
 
     def questions(self, split: str) -> Iterator[Question]:
-        """The split's questions in file order (answer nodes parsed when traced). A question id repeated by a different
-        record is an error naming both; an identical copy, a blank question and (in a file with answers) a record
-        without ``answer-text`` or ``answer-node`` are skipped with a warning, counted in ``self.skipped[split]``."""
+        """The split's questions in file order. An id repeated by a different record is an error naming both; an
+        identical copy, a blank question and (in a file with answers) a record without ``answer-text`` or
+        ``answer-node`` are skipped with a warning, counted in ``self.skipped[split]``."""
         path = self.question_file(split)
         records = load_json(path, "question file")
         if not isinstance(records, list):
@@ -114,7 +109,6 @@ class HybridQAReader(CachedReads):
         if not yielded:
             raise MateError(no_questions(path, skipped))
 
-    # --------------------------------------------------------------- tables
     def table_file(self, table_id: str) -> Path:
         return self.root / TABLES_DIR / f"{table_id}.json"
 
@@ -131,7 +125,7 @@ class HybridQAReader(CachedReads):
         return parse_table(load_json(path, f"table {table_id!r}"), table_id, path)
 
     def passages(self, table_id: str) -> dict[str, str]:
-        """``{'/wiki/...': passage text}`` of the table; ``{}`` (and a warning) when missing."""
+        """``{'/wiki/...': passage text}``; ``{}`` (and a warning) when the file is missing."""
         return self._passages(table_id)
 
     def _read_passages(self, table_id: str) -> dict[str, str]:
@@ -145,9 +139,8 @@ class HybridQAReader(CachedReads):
         return (self.root / PASSAGES_DIR / f"{table_id}.json").is_file()
 
 
-# ------------------------------------------------------------ single files
 def read_table_file(path: str | Path) -> Table:
-    """A ``tables_tok``-format JSON file -> :class:`Table` (table id = file stem)."""
+    """A ``tables_tok`` JSON file given on the command line; table id = file stem."""
     path = given_file(path, "a WikiTables-WithLinks tables_tok/<id>.json file")
     return parse_table(load_json(path, "table file"), path.stem, path)
 
@@ -157,7 +150,6 @@ def read_passages_file(path: str | Path) -> dict[str, str]:
     return parse_passages(load_json(path, "passages file"), path)
 
 
-# ---------------------------------------------------------------- parsing
 def _check(ok: bool, where: str, problem: str) -> None:
     if not ok:
         raise MateError(f"{where}: {problem}")

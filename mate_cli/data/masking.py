@@ -1,7 +1,6 @@
-"""Whole-word masking for masked-LM pre-training (BERT; TAPAS pre-trains tables this way, MATE App. A.1).
+"""Whole-word masking for masked-LM pre-training (BERT's; TAPAS pre-trains tables this way, MATE App. A.1).
 
-Text and table tokens are masked alike; the layout is untouched. Randomness comes only from the
-``random.Random`` passed in (seeding: :class:`~mate_cli.data.pretraining.MaskedTables`).
+Text and table tokens are masked alike; the layout is untouched. All randomness comes from the ``rng`` passed in.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ IGNORE = -100
 
 
 def continuation_table(tokenizer) -> list[bool]:
-    """``table[id]``: whether vocabulary entry ``id`` continues a word (``##...``)."""
     vocab = tokenizer.get_vocab()
     table = [False] * (max(vocab.values()) + 1)
     for token, index in vocab.items():
@@ -23,8 +21,7 @@ def continuation_table(tokenizer) -> list[bool]:
 
 
 def word_spans(input_ids: Sequence[int], continues: Sequence[bool], special_ids: set[int]) -> list[list[int]]:
-    """Positions grouped by word, in order: a piece starting with ``##`` continues the word before it; special
-    tokens ([CLS], [SEP], [PAD], ...) are left out."""
+    """Positions grouped by word, in order, special tokens left out."""
     words: list[list[int]] = []
     for position, token in enumerate(input_ids):
         if token in special_ids:
@@ -45,13 +42,9 @@ def mask_words(
     rate: float = 0.15,
     max_predictions: int = 20,
 ) -> tuple[list[int], list[int]]:
-    """``(masked ids, labels)``: labels hold the original id at predicted positions, ``IGNORE`` elsewhere.
-
-    ``max(1, round(rate * words))`` words are picked at random (fewer if that would pass
-    ``max_predictions`` pieces; a word longer than the room left is skipped). Each picked piece
-    becomes ``mask_id`` with probability 0.8, a random vocabulary id with 0.1, and stays itself
-    with 0.1: the 80/10/10 draw is per piece, as BERT's whole-word masking does it.
-    """
+    """``(masked ids, labels)``, labels ``IGNORE`` where nothing is predicted. ``max(1, round(rate * words))`` random
+    words, fewer if they would pass ``max_predictions`` pieces; the 80/10/10 draw (mask / random id / kept) is per
+    piece, as in BERT's whole-word masking."""
     masked, labels = list(input_ids), [IGNORE] * len(input_ids)
     if not words:
         return masked, labels

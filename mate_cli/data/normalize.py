@@ -12,8 +12,7 @@ _WORD = re.compile(rf"[^\s{re.escape(string.punctuation)}]+")
 
 
 def normalize_answer(text: str) -> str:
-    """The official HybridQA evaluation's (SQuAD's), also used to find answer cells: lower-case, drop every
-    ``string.punctuation`` character, whole-word articles ``a``/``an``/``the`` -> a space, collapse whitespace."""
+    """The official HybridQA evaluation's (SQuAD's); also used to find answer cells."""
     text = "".join(ch for ch in str(text).lower() if ch not in _PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
@@ -25,7 +24,7 @@ def contains_answer(text: str, normalized_answer: str) -> bool:
 
 def answer_words(text: str) -> list[tuple[str, int, int]]:
     """``(lower-cased word, char start, char end)``, articles dropped; punctuation breaks words instead of vanishing,
-    so ``Ferrari`` is found in ``Ferrari's`` (PointR's gold span, :mod:`mate_cli.data.span`)."""
+    so ``Ferrari`` is found in ``Ferrari's`` (PointR's gold span)."""
     out = []
     for match in _WORD.finditer(text):
         word = match.group().lower()

@@ -1,23 +1,19 @@
 """Numbers and dates in table text as ``transformers.TapasTokenizer`` reads them (TAPAS's ``number_utils`` and
 ``number_annotation_utils``), so a TAPAS checkpoint sees the ids it was trained on; lenient, and kept so.
 
-**Values of a text** (:func:`parse_values`), read from the lowercased, whitespace-collapsed text. Candidate spans:
-(1) every match of a number pattern (``12``, ``1,234.5``, ``.5``, ``7.``; a sign only at the start or after a
-space), even inside a word (``abc12`` holds 12); (2) every other word (a maximal run of letters and digits): a float
-after dropping one ordinal suffix (``3rd`` -> 3, ``1e3`` -> 1000), ``zero``..``twelve`` or ``zeroth``..``twelfth``;
-(3) every run of one to five words (with what lies between) that is a whole date of :data:`DATE_FORMATS`, any written
-year in 1700..2016. A span inside a longer chosen one is dropped (equal lengths: leftmost first); a kept span keeps
-all its values: ``2001`` is the number 2001 and the date (2001, -, -), ``May 3, 2001`` only the date.
+**Values of a text** (:func:`parse_values`, on the lowercased, whitespace-collapsed text). Candidate spans:
+(1) every match of a number pattern (``1,234.5``, ``.5``, ``7.``; a sign only at the start or after a space), even
+inside a word (``abc12`` holds 12); (2) every other word (a run of letters and digits): a float after dropping one
+ordinal suffix (``3rd`` -> 3, ``1e3`` -> 1000), ``zero``..``twelve`` or ``zeroth``..``twelfth``; (3) every run of one
+to five words that is a whole date of :data:`DATE_FORMATS`. A span inside a longer chosen one is dropped (equal
+lengths: leftmost first); a kept span keeps all its values: ``2001`` is the number 2001 and the date (2001, -, -).
 
 **A column's values** (:func:`column_values`): the kind (number or date) held by the most cells wins (dates on a
 tie) unless fewer than 70% of the cells hold it, and then the column has none; a cell keeps its first value of it.
-**Order** (:func:`sort_key`): numbers as floats; dates on the fields every compared date has; no common field, or
-numbers with dates: no order. **Ranks**: per column, dense from 1 over the distinct values in ascending order;
-inverse rank = number of distinct values - rank + 1; 0 for a cell without a value.
-
-**Relations** (:meth:`TableNumbers.relations`): every question value against every cell value of each column it
-can be ordered with; a cell's id is the OR of :class:`Relation` bits: ``EQ`` 1, ``LT`` 2 (the question's value is
-less than the cell's), ``GT`` 4; 0 if none (ids 0..7 of TAPAS's table of 10).
+**Order** (:func:`sort_key`): numbers as floats; dates on the fields every compared date has; else no order.
+**Ranks**: per column, dense from 1 over the distinct values ascending; inverse = distinct values - rank + 1; 0 for
+no value. **Relations** (:meth:`TableNumbers.relations`): a cell's id ORs :class:`Relation` bits over every question
+value it can be ordered with (``LT``: the question's value is less); ids 0..7 of TAPAS's table of 10.
 """
 
 from __future__ import annotations
@@ -31,12 +27,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, NamedTuple, Sequence
 
-#: A column's winning kind must be held by at least this share of its cells.
 MIN_CONSOLIDATION_FRACTION = 0.7
 
 #: the largest float32: models compute in it, so a larger number is no number to them
 FLOAT32_MAX = 3.4028234663852886e38
-#: Words joined into one date candidate, at most.
 MAX_DATE_WORDS = 5
 #: Years a date may carry (DynSP's range, as TAPAS).
 YEARS = range(1700, 2017)
@@ -47,8 +41,7 @@ ORDINAL_WORDS = tuple(
 )
 ORDINAL_SUFFIXES = ("st", "nd", "rd", "th")
 
-#: ``datetime.strptime`` formats tried in turn, each with the fields it really sets
-#: (y, m, d); a field it does not set stays None.
+#: ``strptime`` formats tried in turn, each with the fields it really sets (the others stay None)
 DATE_FORMATS = (
     ("%B", "m"),
     ("%Y", "y"),
@@ -72,12 +65,12 @@ DATE_FORMATS = (
 )
 
 _NUMBER_RE = re.compile(r"(?:(?:^|\s)[+-])?(?:\.\d+|\d+(?:,\d{3})*(?:\.\d*)?)")
-_WORD_RE = re.compile(r"[^\W_]+")  # exactly the runs of str.isalnum() characters
+_WORD_RE = re.compile(r"[^\W_]+")  # runs of str.isalnum() characters
 _DIRECTIVE_SHAPES = {"%A": r"\w+", "%B": r"\w+", "%b": r"\w{3}", "%Y": r"\d{4}", "%d": r"\d{1,2}", "%m": r"\d{1,2}"}
 
 
 def _shape(date_format: str) -> re.Pattern:
-    """A cheap regex a text must match before ``strptime`` is tried with ``date_format``."""
+    """A cheap regex a text must match before ``strptime`` is tried."""
     parts = re.split(r"(%[A-Za-z])", date_format)
     literal = lambda s: re.escape(s).replace(r"\ ", r"\s+")  # noqa: E731
     return re.compile("^" + "".join(_DIRECTIVE_SHAPES.get(p) or literal(p) for p in parts) + "$")
@@ -87,8 +80,6 @@ _DATE_SHAPES = tuple((fmt, fields, _shape(fmt)) for fmt, fields in DATE_FORMATS)
 
 
 class Date(NamedTuple):
-    """A date with the fields its text gave (None for the others)."""
-
     year: int | None = None
     month: int | None = None
     day: int | None = None
@@ -98,7 +89,7 @@ Value = float | Date
 
 
 class ValueSpan(NamedTuple):
-    """Characters ``[begin, end)`` of the normalised text and the values read there."""
+    """Characters ``[begin, end)`` of the normalised text."""
 
     begin: int
     end: int
@@ -113,14 +104,12 @@ class Relation(enum.IntFlag):
     GT = 4
 
 
-# ============================================================ one text
 def normalize_text(text: str) -> str:
-    """Lowercase, whitespace runs -> one space, stripped (what values are read from)."""
     return " ".join(text.lower().split())
 
 
 def outside_float32(text: str) -> bool:
-    """Whether ``text`` is a finite number (``1e39``, ``-4,000,...``) too large for float32."""
+    """Whether ``text`` is a finite number too large for float32."""
     try:
         value = float(text.strip().replace(",", ""))
     except ValueError:
@@ -129,7 +118,7 @@ def outside_float32(text: str) -> bool:
 
 
 def parse_number(text: str) -> float | None:
-    """A word as TAPAS reads a number (``'1,234'`` -> 1234.0, ``'3rd'`` -> 3.0); None for NaN, inf, beyond float32."""
+    """A word as TAPAS reads a number (``'3rd'`` -> 3.0); None for NaN, inf, beyond float32."""
     for suffix in ORDINAL_SUFFIXES:
         if text.endswith(suffix):
             text = text[: -len(suffix)]
@@ -142,7 +131,7 @@ def parse_number(text: str) -> float | None:
 
 
 def parse_date(text: str) -> Date | None:
-    """A whole (normalised) text as a date of :data:`DATE_FORMATS`, or None."""
+    """A whole (normalised) text as a date of :data:`DATE_FORMATS` with a year in :data:`YEARS`, or None."""
     for date_format, fields, shape in _DATE_SHAPES:
         if not shape.match(text):
             continue
@@ -162,7 +151,7 @@ def parse_date(text: str) -> Date | None:
 
 @lru_cache(maxsize=1 << 16)
 def parse_values(text: str) -> tuple[ValueSpan, ...]:
-    """The value spans of ``text`` (normalised first), in text order (module docstring)."""
+    """The value spans of ``text``, in text order (module docstring)."""
     text = normalize_text(text)
     found: dict[tuple[int, int], list[Value]] = {}
     for match in _NUMBER_RE.finditer(text):
@@ -198,7 +187,6 @@ def text_values(text: str) -> list[Value]:
     return [value for span in parse_values(text) for value in span.values]
 
 
-# ============================================================ columns
 def _is_date(value: Value) -> bool:
     return isinstance(value, Date)
 
@@ -221,7 +209,7 @@ def column_values(texts: Sequence[str], min_fraction: float = MIN_CONSOLIDATION_
 
 
 def sort_key(values: Sequence[Value]) -> Callable[[Value], float | tuple] | None:
-    """A key that orders ``values`` (see the module docstring), or None when they cannot be ordered."""
+    """A key that orders ``values``, or None when they cannot be ordered."""
     kinds = {_is_date(v) for v in values}
     if len(kinds) != 1:
         return None
@@ -240,19 +228,18 @@ def _dense_ranks(keys: dict[int, object]) -> dict[int, tuple[int, int]]:
 
 @dataclass(frozen=True)
 class TableNumbers:
-    """The numeric reading of a table's data cells (``rows[r][c]`` texts, header excluded): per column,
-    ``columns`` ``{data row: value}`` and ``ranks`` ``{data row: (rank, inverse rank)}`` (cells without one absent)."""
+    """A table's data cells read as numbers: per column, ``{data row: value}`` and ``{data row: (rank, inverse)}``."""
 
     columns: tuple[dict[int, Value], ...]
     ranks: tuple[dict[int, tuple[int, int]], ...]
 
     @staticmethod
     def of(rows: Sequence[Sequence[str]]) -> "TableNumbers":
-        """Read a table (cached on its texts: every question of a table shares one reading)."""
+        """``rows[r][c]`` data-cell texts; cached, so every question of a table shares one reading."""
         return _read_table(tuple(tuple(row) for row in rows))
 
     def relations(self, question: str) -> dict[tuple[int, int], int]:
-        """``{(data row, column): Relation bits}`` of the cells ``question``'s values compare with."""
+        """``{(data row, column): Relation bits}``."""
         bits: dict[tuple[int, int], int] = {}
         for value in text_values(question):
             for c, cells in enumerate(self.columns):
@@ -279,7 +266,7 @@ def _read_table(rows: tuple[tuple[str, ...], ...]) -> TableNumbers:
 
 
 def column_ranks(rows: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[list[int]]]:
-    """``(ranks, inverse ranks)`` of the data cells, each ``[num_rows][num_columns]``, 0 = unranked."""
+    """``(ranks, inverse ranks)``, each ``[num_rows][num_columns]``, 0 = unranked."""
     numbers = TableNumbers.of(rows)
     ranks = [[0] * len(row) for row in rows]
     inverse = [[0] * len(row) for row in rows]

@@ -1,8 +1,8 @@
-"""Preprocessing in worker processes, with progress: question records -> an Arrow dataset (:func:`encode_records`).
+"""Encoding question records in worker processes, with progress lines (:func:`encode_records`).
 
-``auto`` worker counts (every dataset's default; :func:`worker_counts`): preprocessing processes = the cores this
-process may run on; loader workers = a quarter of them, at most 4, and none on a machine with fewer than 4 cores, where
-a worker would take a core from the training step it feeds (collating a batch costs far less than a step).
+``auto`` worker counts (:func:`worker_counts`): preprocessing processes = the cores this process may run on; loader
+workers = a quarter of them, at most 4, and none below 4 cores, where a worker would take a core from the training step
+it feeds (collating a batch costs far less than a step).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _function: Callable | None = None  # the worker processes' function (set by the 
 
 
 def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity; ``os.cpu_count()`` where unknown)."""
+    """The cores this process may run on (its CPU affinity)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
@@ -39,8 +39,7 @@ def available_cores() -> int:
 
 
 def worker_counts(num_proc: int | str, num_workers: int | str) -> tuple[int, int]:
-    """``(preprocessing processes, loader workers)`` from ``dataset.num_proc`` and ``dataset.num_workers``: a count, or
-    ``auto`` (module docstring)."""
+    """``(preprocessing processes, loader workers)`` from ``dataset.num_proc`` and ``dataset.num_workers``."""
     cores = available_cores()
     return (
         _count("dataset.num_proc", num_proc, cores, minimum=1),
@@ -71,11 +70,10 @@ def encode_records(
     min_per_process: int = MIN_RECORDS_PER_PROCESS,
     progress_every_s: float = PROGRESS_EVERY_S,
 ) -> datasets.Dataset:
-    """The examples ``function`` makes of ``records`` (one dict, or a list of them, per record), as one dataset in
-    record order, so they never depend on ``num_proc``. ``num_proc`` forked processes inherit ``function`` (records and
-    examples are pickled); fewer where a split has under ``min_per_process`` records per process, down to running in
-    this process. A progress line (count, rate, ETA) comes about every ``progress_every_s`` seconds; examples become
-    Arrow :data:`CHUNK` at a time, so memory holds one chunk of Python objects."""
+    """The examples ``function`` makes of ``records`` (a dict or a list of them each), as one dataset in record order,
+    so they never depend on ``num_proc``. Forked processes inherit ``function``; fewer than ``num_proc`` start where
+    there are under ``min_per_process`` records each. Examples become Arrow :data:`CHUNK` at a time, so memory holds
+    one chunk of Python objects."""
     processes = max(1, min(int(num_proc), len(records) // max(1, min_per_process)))
     progress = _Progress(len(records), what, processes, progress_every_s)
     parts: list[datasets.Dataset] = []
@@ -102,8 +100,8 @@ def _results(function: Callable, records: Sequence[dict], processes: int) -> Ite
 
 
 def _set_function(function: Callable) -> None:
-    """A pool worker's start: the function it runs, and the signals' default actions (it ends at SIGTERM or Ctrl-C), not
-    the handler it was forked with, which leaves stopping to the main process (:mod:`mate_cli.interrupts`)."""
+    """A pool worker's start: default signal actions (it ends at SIGTERM or Ctrl-C), not the forked handler, which
+    leaves stopping to the main process (:mod:`mate_cli.interrupts`)."""
     global _function
     _function = function
     for signum in (signal.SIGTERM, signal.SIGINT):

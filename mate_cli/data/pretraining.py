@@ -1,13 +1,11 @@
-"""Masked-LM pre-training data: corpus -> by-table split -> tokenize -> Arrow cache -> masking -> collate.
+"""Masked-LM pre-training data (docs/architecture.md, "Data flow": pre-training).
 
-The held-out split is by table content (:func:`~mate_cli.data.split.split_by_table` on :func:`table_key`): SQA's
-tables are WikiTableQuestions tables under other names, and a table read from two sources must be on one side.
-Each example is ``[CLS] text [SEP] table`` as :class:`TableTokenizer` lays out a question and a table; the unmasked
-encodings are cached.
+The held-out split is by table content (:func:`table_key`): SQA's tables are WikiTableQuestions tables under other
+names, and a table read from two sources must be on one side. Each example is ``[CLS] text [SEP] table``, laid out as
+a question and a table; the unmasked encodings are cached.
 
-Masking (:mod:`mate_cli.data.masking`) happens when an example is served, seeded by ``(mask_seed, epoch, example)``:
-a training example is masked afresh each epoch (dynamic masking, as RoBERTa) and identically after a resume, as
-:class:`~mate_cli.data.sampler.EpochTagged` hands the epoch over with each index. Held-out examples are masked
+Masking happens when an example is served, seeded by ``(mask_seed, epoch, example)``: a training example is masked
+afresh each epoch (dynamic masking, as RoBERTa) and identically after a resume. Held-out examples are masked
 ``eval_masks`` fixed ways, so every checkpoint of a run, the starting one included, is scored on the same predictions.
 """
 
@@ -45,17 +43,9 @@ SPLITS = ("train", "validation")
 
 
 class PretrainDataModule(L.LightningDataModule):
-    """Tables and their text, masked for masked-LM pre-training (module docstring).
-
-    Args:
-        sources, hybridqa_passages, tables, splits: :class:`~mate_cli.data.corpus.Corpus`'s.
-        pretrained: the checkpoint whose WordPiece vocabulary tokenizes.
-        max_length: word pieces per example, text and table together (TAPAS and MATE pre-train at 128).
-        max_text_tokens: the text is cut to this first, and to half of ``max_length`` at most.
-        mask_rate, max_predictions: whole-word masking (15% of words, at most 20 pieces).
-        num_workers: loader processes; ``auto``: :func:`~mate_cli.data.preprocess.worker_counts`.
-        same_order_every_epoch: every epoch repeats epoch 0's order and masks (``debug=overfit``).
-    """
+    """Tables and their text, masked for masked-LM pre-training. ``sources``, ``hybridqa_passages``, ``tables`` and
+    ``splits`` go to :class:`~mate_cli.data.corpus.Corpus`; ``max_length`` counts text and table together (TAPAS and
+    MATE pre-train at 128); the text is cut to ``max_text_tokens``, and to half of ``max_length`` at most."""
 
     def __init__(
         self,
@@ -106,7 +96,6 @@ class PretrainDataModule(L.LightningDataModule):
         self.encoded: dict[str, datasets.Dataset] = {}
         self.stats: dict[str, dict] = {}
 
-    # ------------------------------------------------------------ preprocess
     @cached_property
     def tokenizer(self):
         return load_tokenizer(self.pretrained)
@@ -137,7 +126,6 @@ class PretrainDataModule(L.LightningDataModule):
         return {"train": train, "validation": held_out}
 
     def encode(self, examples: list[TableText]) -> datasets.Dataset:
-        """Unmasked encodings: ``[CLS] text [SEP] table`` ids and layout ids, one row per example."""
         text_tokens = min(self.max_text_tokens, (self.max_length - 2) // 2)
         tokenizer = TableTokenizer(self.tokenizer, max_length=self.max_length, max_question_tokens=text_tokens)
         rows, skipped = [], []
@@ -168,7 +156,6 @@ class PretrainDataModule(L.LightningDataModule):
         return datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({"source": []})
 
     def prepare(self) -> None:
-        """Both splits, from the cache when it holds them (one corpus read builds both)."""
         if self.encoded:
             return
         key = self.cache_key()
@@ -191,7 +178,6 @@ class PretrainDataModule(L.LightningDataModule):
             self.stats[split] = split_stats(self.encoded[split])
             log.info("pre-training %s split: %s", split, json.dumps(self.stats[split]))
 
-    # ------------------------------------------------------------- lightning
     def setup(self, stage: str | None = None) -> None:
         self.prepare()
 
@@ -248,8 +234,8 @@ def split_stats(ds: datasets.Dataset) -> dict:
 
 
 class MaskedTables(Dataset):
-    """Encoded examples served masked: index ``(epoch, i)`` (training) or ``i`` (held-out, fixed masks), masked
-    by ``(seed, epoch, i)`` only. ``repeats`` k serves k copies, each masked its own fixed way."""
+    """Encoded examples served masked by ``(seed, epoch, i)`` only: index ``(epoch, i)`` (training) or ``i`` (held-out,
+    fixed masks). ``repeats`` k serves k copies, each masked its own fixed way."""
 
     def __init__(
         self, encoded, continues, special_ids, mask_id, vocab_size, rate, max_predictions, seed, repeats: int = 1

@@ -1,10 +1,8 @@
-"""Input-length heuristics CC and HEM: which word pieces of a table fit a token budget.
+"""Input-length heuristics CC and HEM (``dataset.pruning``): which word pieces of a table fit a token budget.
 
-Pure functions on word-piece lengths (CC) or ids (HEM), applied by
-:class:`~mate_cli.data.tokenize.TableTokenizer` with ``pruning="cc"`` / ``"hem"``. Both are from
-Eisenschlos et al. 2020 ("Understanding tables with intermediate pre-training", §3.3) and
-Krichene et al. 2021 (DoT). With full rounds only, CC is the per-cell cap of
-:func:`~mate_cli.data.tokenize.fit_budget`; CC also spends the remainder and never drops a row.
+Both are from Eisenschlos et al. 2020 ("Understanding tables with intermediate pre-training", §3.3) and Krichene et
+al. 2021 (DoT). With full rounds only, CC is :func:`~mate_cli.data.tokenize.fit_budget`'s per-cell cap; CC also spends
+the remainder and never drops a row.
 """
 
 from __future__ import annotations
@@ -15,14 +13,8 @@ from typing import Hashable, Iterable, Sequence
 
 @dataclass(frozen=True)
 class Selection:
-    """What a heuristic keeps: a prefix of each cell, by the input table's row and column indices.
-
-    Attributes:
-        header: kept word pieces per header cell, ``[num_columns]`` (0 for a removed column).
-        rows: kept word pieces per data cell, ``[num_rows][num_columns]`` (0 for a removed column).
-        columns: original indices of the kept columns, ascending; one may keep 0 word pieces (CC
-            with a tiny budget).
-    """
+    """Word pieces kept per cell (a prefix), by the input's indices: ``header`` ``[num_columns]``, ``rows``
+    ``[num_rows][num_columns]``; ``columns`` the kept ones, ascending (one may keep 0 pieces: CC, tiny budget)."""
 
     header: list[int]
     rows: list[list[int]]
@@ -46,7 +38,7 @@ def largest_cap(lengths: Sequence[int], budget: int) -> int:
 
 
 def _round_robin(lengths: Sequence[int], budget: int) -> list[int]:
-    """CC on one flat, ordered list of cell lengths: kept word pieces per cell."""
+    """CC on one flat, ordered list of cell lengths."""
     budget = max(int(budget), 0)
     if sum(lengths) <= budget:
         return list(lengths)
@@ -63,12 +55,8 @@ def _round_robin(lengths: Sequence[int], budget: int) -> list[int]:
 
 
 def cell_concatenation(header_lengths: Sequence[int], row_lengths: Sequence[Sequence[int]], budget: int) -> Selection:
-    """CC: round-robin over all cells, header row first, then row-major, one word piece per cell a
-    round; a last, partial round keeps the earlier cells. A negative ``budget`` counts as 0.
-
-    Returns every column; ``sum(kept) == min(budget, total)``, and when ``budget`` >= the number of
-    non-empty cells, each of them keeps at least one word piece.
-    """
+    """CC: one word piece per cell a round, header row first, then row-major; a last, partial round favours the earlier
+    cells. Every column is returned; when ``budget`` >= the non-empty cells, each keeps a piece."""
     num_cols = len(header_lengths)
     flat = _round_robin(list(header_lengths) + [n for row in row_lengths for n in row], budget)
     header, rest = flat[:num_cols], flat[num_cols:]
@@ -81,8 +69,7 @@ def column_scores(
     header_tokens: Sequence[Sequence[Hashable]],
     row_tokens: Sequence[Sequence[Sequence[Hashable]]],
 ) -> list[int]:
-    """Per column: how many DISTINCT question tokens occur anywhere in it (header or cells),
-    compared by equality (the tokenizer passes word-piece ids, pure-punctuation question pieces left out)."""
+    """Per column: how many distinct question tokens occur anywhere in it, header included."""
     wanted = set(question_tokens)
     scores = []
     for c, head in enumerate(header_tokens):
@@ -99,14 +86,9 @@ def heuristic_exact_match(
     row_tokens: Sequence[Sequence[Sequence[Hashable]]],
     budget: int,
 ) -> Selection:
-    """HEM: whole columns, best :func:`column_scores` first (ties: original order), while they fit.
-
-    The first column that does not fit and every lower-ranked one are removed, so every kept column
-    ranks above every removed one; kept columns keep their original order. When not even the best
-    column fits, only it is kept, cut by CC inside it (header cell first, then its data cells top to
-    bottom), so no row is ever removed. ``header_tokens`` is ``[num_columns]``, ``row_tokens``
-    ``[num_rows][num_columns]``; a negative ``budget`` counts as 0.
-    """
+    """HEM: whole columns, best :func:`column_scores` first (ties: original order), until the first that does not fit,
+    so every kept column ranks above every removed one. When not even the best fits, only it is kept, cut by CC inside
+    it, so no row is ever removed."""
     budget = max(int(budget), 0)
     num_cols = len(header_tokens)
     header_lengths = [len(t) for t in header_tokens]

@@ -1,6 +1,4 @@
-"""What the table-task readers (:mod:`mate_cli.data.wtq`, :mod:`mate_cli.data.tabfact`, :mod:`mate_cli.data.sqa`) share:
-:class:`TableQAReader` (the root check, question files by split or upstream name, the duplicate-id and empty-question
-policy, the table LRU) and the parsing helpers."""
+"""What the table-task readers (WikiTQ, TabFact, SQA) share: :class:`TableQAReader` and the parsing helpers."""
 
 from __future__ import annotations
 
@@ -17,20 +15,16 @@ from mate_cli.errors import MateError
 
 log = logging.getLogger(__name__)
 
-# The csv module refuses a field over 128 kB; a table cell may hold a whole article (the
-# tokenizer keeps what fits). 256 MB still stops a file that is one unterminated quote.
+# csv refuses a field over 128 kB, and a cell may hold a whole article; 256 MB still stops one unterminated quote.
 csv.field_size_limit(max(csv.field_size_limit(), 1 << 28))
 
-#: ``(where, raw record, question)``: what a reader's ``_read_questions`` yields; ``where``
-#: names the record in messages (``line 12``), the raw record decides whether a repeated
-#: id is an identical copy (skipped) or a conflict (error).
+#: ``(where, raw record, question)`` from ``_read_questions``: ``where`` names the record in messages (``line 12``);
+#: the raw record tells an identical copy of a repeated id (skipped) from a conflict (error)
 Record = tuple[str, Any, Question]
 
 
-# ---------------------------------------------------------------- file helpers
 def read_text(path: Path, what: str) -> str:
-    """The file's UTF-8 text, line ends untouched (``\\r`` kept); a leading byte-order mark
-    (spreadsheet programs write one) is dropped."""
+    """The file's UTF-8 text, line ends untouched; a leading byte-order mark (spreadsheets write one) is dropped."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as handle:
             return handle.read()
@@ -39,8 +33,7 @@ def read_text(path: Path, what: str) -> str:
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines split on ``\\n`` only (a trailing ``\\r`` dropped; never ``str.splitlines``, which
-    also splits on form feeds and U+2028 inside cell texts); no final empty line."""
+    """Lines split on ``\\n`` only (``str.splitlines`` also splits on form feeds and U+2028 inside cell texts)."""
     lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
     if lines and lines[-1] == "":
         lines.pop()
@@ -48,8 +41,7 @@ def split_lines(text: str) -> list[str]:
 
 
 def load_json(path: Path, what: str, object_pairs_hook=None) -> Any:
-    """The parsed file (``object_pairs_hook`` as in :func:`json.loads`: TabFact uses it to see
-    a repeated table id, which :func:`json.load` would silently merge)."""
+    """The parsed file; TabFact's ``object_pairs_hook`` sees a repeated table id, which :func:`json.load` merges."""
     text = read_text(path, what)
     try:
         return json.loads(text, object_pairs_hook=object_pairs_hook)
@@ -59,7 +51,7 @@ def load_json(path: Path, what: str, object_pairs_hook=None) -> Any:
 
 
 def given_file(path: str | Path, what: str, key: str = "table") -> Path:
-    """The path of a file passed on the command line as ``key=`` (``mate predict table=...``)."""
+    """A file passed on the command line as ``key=`` (``mate predict table=...``)."""
     path = Path(str(path)).expanduser()
     if path.is_dir():
         raise MateError(f"{key}={path} is a folder, not a file; pass {what}")
@@ -69,7 +61,7 @@ def given_file(path: str | Path, what: str, key: str = "table") -> Path:
 
 
 def no_questions(path: Path, skipped: Counter) -> str:
-    """The one line for a question file that gives no question (nothing is cached then)."""
+    """The error line for a question file that gives no question."""
     why = (
         f"every record was skipped ({', '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else "it is empty"
     )
@@ -77,7 +69,6 @@ def no_questions(path: Path, skipped: Counter) -> str:
 
 
 def columns(header: Sequence[str], path: Path, required: Sequence[str], optional: Sequence[str] = ()) -> dict[str, int]:
-    """``{column name: index}`` of the wanted columns; MateError when a required one is missing."""
     index = {name: i for i, name in enumerate(header)}
     for name in required:
         if name not in index:
@@ -97,8 +88,7 @@ def fields(values: Sequence[str], width: int, path: Path, where: str) -> Sequenc
 
 
 def rows_to_table(cells: list[list[str]], table_id: str, path: Path | str, title: str = "") -> Table:
-    """First row = header, the rest = data rows; ragged rows are padded with empty cells
-    (or cut to the header width) with a warning."""
+    """First row = header; ragged rows are padded with empty cells (or cut) with a warning."""
     if not cells or not cells[0]:
         raise MateError(f"{path}: table {table_id!r} has no header row; re-download or repair the file")
     width = len(cells[0])
@@ -124,10 +114,9 @@ def _safe_relative(table_id: str) -> bool:
     return bool(parts) and not PurePosixPath(table_id).is_absolute() and ".." not in parts and "\\" not in table_id
 
 
-# ------------------------------------------------------------------- the base
 class CachedReads:
-    """Per-reader LRU caches (``functools.lru_cache``) of the read methods named in :attr:`CACHED`; a copy or an
-    unpickled reader starts with empty ones (a cache of a bound method does not pickle)."""
+    """Per-reader LRU caches of the methods in :attr:`CACHED`; an unpickled reader starts with empty ones (a cache of a
+    bound method does not pickle)."""
 
     #: cache attribute -> the method it caches
     CACHED: dict[str, str] = {}
@@ -146,11 +135,10 @@ class CachedReads:
 
 
 class TableQAReader(CachedReads):
-    """Questions and tables of one dataset root (the subclasses give the layouts); ``cache_size`` parsed tables are
-    cached."""
+    """Questions and tables of one dataset root (the subclasses give the layouts)."""
 
     CACHED = {"_tables": "_read_table"}
-    #: logical split (train/dev/test) -> upstream question file name of a full download
+    #: logical split (train/dev/test) -> upstream question file name
     FILES: dict[str, str] = {}
     #: folder of the question files, relative to the root ("" = the root itself)
     QUESTIONS_DIR = ""
@@ -174,14 +162,11 @@ class TableQAReader(CachedReads):
         #: question file name (as passed) -> counts of skipped records (duplicate_records, empty_question)
         self.skipped: dict[str, Counter] = {}
 
-    # -------------------------------------------------------------- files
     def available_files(self) -> list[str]:
-        """The question files present, by upstream name."""
         return sorted(p.name for p in (self.root / self.QUESTIONS_DIR).glob(self.QUESTION_GLOB) if p.is_file())
 
     def question_file(self, name: str) -> Path:
-        """``name`` is a logical split (``train``/``dev``/``test``, via :attr:`FILES`) or an
-        upstream question file name as is."""
+        """``name``: a logical split (:attr:`FILES`) or an upstream file name."""
         file_name = self.FILES.get(name, name)
         folder = self.root / self.QUESTIONS_DIR
         path = folder / file_name
@@ -200,10 +185,9 @@ class TableQAReader(CachedReads):
             files.update(self.root.glob(pattern))
         return sorted(path for path in files if path.is_file())
 
-    # ---------------------------------------------------------- questions
     def questions(self, name: str) -> Iterator[Question]:
-        """The file's questions in file order. A question id repeated by a different record is an error naming both; an
-        identical copy and a blank question are skipped with a warning, counted in ``self.skipped[name]``."""
+        """The file's questions in order. An id repeated by a different record is an error naming both; an identical
+        copy and a blank question are skipped with a warning, counted in ``self.skipped[name]``."""
         path = self.question_file(name)
         skipped = self.skipped.setdefault(name, Counter())
         seen: dict[str, tuple[str, Any]] = {}
@@ -233,7 +217,6 @@ class TableQAReader(CachedReads):
     def _read_questions(self, path: Path) -> Iterator[Record]:
         raise NotImplementedError
 
-    # ------------------------------------------------------------- tables
     def table(self, table_id: str) -> Table:
         return self._tables(table_id)
 

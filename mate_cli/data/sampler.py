@@ -1,6 +1,6 @@
 """The training order: a shuffle that depends only on ``(seed, epoch)`` and can start mid-epoch, so that a resumed run
-sees the same batches in the same order as an uninterrupted one (torch's ``RandomSampler`` draws from the global
-generator, and a ``DataLoader`` cannot start mid-epoch; resumption: :mod:`mate_cli.resume`).
+sees the batches of an uninterrupted one (torch's ``RandomSampler`` draws from the global generator, and a
+``DataLoader`` cannot start mid-epoch).
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 
 class EpochShuffle(DistributedSampler):
-    """Indices ``0..size-1`` in an order fixed by ``(seed, epoch)``, this rank's share of them: every
-    ``num_replicas``-th index of the order, padded by repetition as ``DistributedSampler`` does (Lightning uses it as it
-    is, unwrapped). ``num_replicas`` and ``rank`` default to the process group's (1 and 0 without one); ``len()`` is the
-    rank's full share even when :meth:`skip_next` shortens a pass."""
+    """This rank's share of a ``(seed, epoch)`` permutation, padded by repetition as ``DistributedSampler`` does (so
+    Lightning uses it unwrapped). ``len()`` is the full share even when :meth:`skip_next` shortens a pass."""
 
     def __init__(
         self,
@@ -37,16 +35,14 @@ class EpochShuffle(DistributedSampler):
         return 1, 0
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch whose order (and, :class:`EpochTagged`, randomness) comes next; with
-        ``same_every_epoch`` always epoch 0's (``debug=overfit``'s one fixed batch)."""
+        """With ``same_every_epoch``, always epoch 0 (``debug=overfit``'s one fixed batch)."""
         self.epoch = 0 if self.same_every_epoch else int(epoch)
 
     def skip_next(self, count: int) -> None:
-        """Start the next pass after the first ``count`` examples of the epoch, over all ranks."""
+        """Start the next pass after the epoch's first ``count`` examples, counted over all ranks."""
         self._skip = max(0, int(count))
 
     def order(self, epoch: int) -> list[int]:
-        """The full permutation of ``epoch`` (every rank's)."""
         generator = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % (2**63))
         return torch.randperm(self.size, generator=generator).tolist()
 
@@ -62,10 +58,8 @@ class EpochShuffle(DistributedSampler):
 
 
 def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
-    """``loader`` serving this rank's share of its examples, each on exactly one rank: Lightning's evaluation
-    ``DistributedSampler`` pads the split by repeating examples, which Hits@k and the loss would count twice.
-    ``UnrepeatedDistributedSamplerWrapper`` leaves the ranks uneven instead, which is safe in ``trainer.validate``: the
-    module runs unwrapped (no DDP collectives per batch), and metric states and logged sums are reduced once, at the
+    """``loader`` giving each example to exactly one rank (Lightning's padding repeats would count twice in Hits@k and
+    the loss). Uneven ranks are safe in ``trainer.validate``: no DDP collectives per batch, metrics reduced at the
     end."""
     if world_size == 1 or isinstance(loader.sampler, DistributedSampler):
         return loader
@@ -82,9 +76,8 @@ def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoa
 
 
 class EpochTagged(EpochShuffle):
-    """:class:`EpochShuffle` yielding ``(epoch, index)``: the dataset draws that epoch's
-    randomness for the example (masked-LM masks) from the pair, so it travels with the index
-    into worker processes and is the same after a resume."""
+    """:class:`EpochShuffle` yielding ``(epoch, index)``, from which the dataset draws the example's randomness
+    (masked-LM masks): it reaches worker processes and is the same after a resume."""
 
     def __iter__(self):
         epoch = self.epoch

@@ -20,8 +20,8 @@ class Cell:
 
 @dataclass
 class Table:
-    """A table of any dataset; ``rows`` are the data rows (header excluded). ``title``, ``section_title``, ``intro``:
-    HybridQA's page text (TabFact's caption is its ``title``)."""
+    """``rows`` are the data rows (header excluded). ``title``, ``section_title``, ``intro``: HybridQA's page text
+    (TabFact's caption is its ``title``)."""
 
     table_id: str
     header: list[Cell]
@@ -41,7 +41,7 @@ class Table:
 
 @dataclass
 class AnswerNode:
-    """One traced answer source: ``coord`` = (data row, column), 0-based; ``source`` 'table'|'passage'."""
+    """One traced HybridQA answer source: ``coord`` = (data row, column); ``source`` 'table'|'passage'."""
 
     text: str
     coord: tuple[int, int]
@@ -51,14 +51,10 @@ class AnswerNode:
 
 @dataclass
 class Question:
-    """One question (or TabFact statement) about one table.
-
-    HybridQA fills ``answer_text`` / ``answer_nodes``; the table tasks (sources: their readers' modules)
-    fill ``answers``, the gold texts, unescaped; ``canonical_answers`` WikiTQ's (empty: unknown);
-    ``answer_coordinates`` SQA's gold cells, ``[data row, column]``, 0-based; ``label`` TabFact's verdict
-    (1 entailed, 0 refuted); ``sequence_id`` / ``position`` SQA's sequence and 0-based place in it;
-    ``channel`` TabFact's ``simple`` / ``complex`` (None: unknown).
-    """
+    """One question (or TabFact statement) about one table. HybridQA fills ``answer_text`` / ``answer_nodes``; the
+    table tasks fill ``answers`` (the gold texts, unescaped) and, per task, ``canonical_answers`` (WikiTQ; empty:
+    unknown), ``answer_coordinates`` / ``sequence_id`` / ``position`` (SQA; 0-based), ``label`` (TabFact: 1 entailed,
+    0 refuted) and ``channel`` (TabFact's ``simple`` / ``complex``; None: unknown)."""
 
     question_id: str
     question: str
@@ -76,16 +72,14 @@ class Question:
 
 @dataclass
 class EncodedExample:
-    """One tokenized question + table, as plain lists (Arrow-friendly).
+    """One tokenized question + table as plain lists (Arrow-friendly); :mod:`mate_cli.data.tokenize` makes it.
 
-    ``layout`` maps each :data:`~mate_cli.modeling.layout.ID_FIELDS` name to a list as long as
-    ``input_ids``. ``cell_coords[k - 1]`` is the (data row, column) of cell id k; ``candidates`` are
-    the cell ids of answer cells that kept a token; ``truncated``: anything was cut. Counts:
-    ``rows_dropped`` trailing data rows (row-id limit or budget), ``columns_dropped`` (column-id
-    limit), ``ranks_clipped`` cells, ``candidates_dropped`` answer cells without a token,
-    ``columns_pruned`` (HEM), ``tokens_pruned`` table word pieces cut by the budget. ``full_length``:
-    the length with nothing cut by the budget (the question as cut, the table within the id limits),
-    the same for every ``max_length``; the long-table slice of an evaluation reads it.
+    ``layout`` maps each :data:`~mate_cli.modeling.layout.ID_FIELDS` name to a list as long as ``input_ids``.
+    ``cell_coords[k - 1]`` is the (data row, column) of cell id k; ``candidates`` are the cell ids of answer cells that
+    kept a token. Counts: ``rows_dropped`` trailing data rows (row-id limit or budget), ``columns_dropped`` (column-id
+    limit), ``candidates_dropped`` (answer cells without a token), ``columns_pruned`` (HEM), ``tokens_pruned`` (table
+    word pieces cut by the budget). ``full_length``: the length with nothing cut by the budget (the question as cut,
+    the table within the id limits), the same for every ``max_length``.
     """
 
     question_id: str
@@ -105,16 +99,16 @@ class EncodedExample:
 
 
 def moved_to(record, device):
-    """A copy of the dataclass ``record`` with every field that has ``.to`` (tensors, layouts) on ``device``."""
+    """A copy of the dataclass ``record`` with every field that has ``.to`` on ``device``."""
     values = {f.name: getattr(record, f.name) for f in fields(record)}
     return type(record)(**{k: v.to(device) if hasattr(v, "to") else v for k, v in values.items()})
 
 
 @dataclass
 class Batch:
-    """A collated batch for cell selection: ``input_ids`` ``[batch, seq]`` padded with the pad id;
-    per cell id, ``[batch, max_cells + 1]`` (index 0 unused): ``cell_mask`` (the cell exists),
-    ``candidate_mask`` (a candidate cell), ``cell_coords`` ``[..., 2]`` (data row, column; -1: none)."""
+    """A collated cell-selection batch: ``input_ids`` ``[batch, seq]``; per cell id, ``[batch, max_cells + 1]`` (index 0
+    unused): ``cell_mask`` (the cell exists), ``candidate_mask``, ``cell_coords`` ``[..., 2]`` (data row, column; -1:
+    none)."""
 
     input_ids: torch.Tensor
     layout: TableLayout
@@ -128,7 +122,7 @@ class Batch:
         return moved_to(self, device)
 
     def select(self, index: list[int]) -> "Batch":
-        """The sub-batch of the examples at ``index`` (in that order)."""
+        """The sub-batch of the examples at ``index``, in that order."""
         rows = torch.tensor(index, dtype=torch.long, device=self.input_ids.device)
         out = {}
         for f in fields(self):
@@ -147,15 +141,10 @@ class Batch:
 
 @dataclass
 class TaskBatch(Batch):
-    """A table task's batch: :class:`Batch` plus its supervision.
-
-    ``labels`` ``[batch]``: TabFact verdicts (-1 unknown); ``float_answer`` ``[batch]``: WikiTQ's
-    scalar answer (NaN: not one number); ``cell_values`` ``[batch, max_cells + 1]``: each cell's
-    number (NaN: none). Per example: ``answers``, ``canonical_answers`` (empty: unknown),
-    ``answer_coordinates`` and ``channels`` as on :class:`Question`; ``cell_texts`` each cell id's
-    text (WikiTQ's denotation); ``sequence_ids`` / ``positions`` (``None`` / 0 outside SQA);
-    ``full_lengths`` (:attr:`EncodedExample.full_length`).
-    """
+    """A table task's batch: :class:`Batch` plus its supervision. ``labels`` ``[batch]``: TabFact verdicts (-1
+    unknown); ``float_answer`` ``[batch]``: WikiTQ's scalar answer (NaN: not one number); ``cell_values``
+    ``[batch, max_cells + 1]``: each cell's number (NaN: none). The per-example lists are as on :class:`Question`;
+    ``cell_texts`` are each cell id's text (WikiTQ's denotation)."""
 
     labels: Optional[torch.Tensor] = None
     float_answer: Optional[torch.Tensor] = None
@@ -172,9 +161,9 @@ class TaskBatch(Batch):
 
 @dataclass
 class MaskedBatch:
-    """A collated batch for masked-LM pre-training: ``input_ids`` ``[batch, seq]`` after masking
-    (padded with the pad id), ``labels`` ``[batch, seq]`` the original id at predicted positions and
-    -100 elsewhere, and per example its ``sources`` (``hybridqa:<table>#passage1``, ``<file>:<line>``)."""
+    """A collated masked-LM batch: ``input_ids`` ``[batch, seq]`` after masking, ``labels`` ``[batch, seq]`` the
+    original id at predicted positions and -100 elsewhere, per example its ``source`` (``hybridqa:<table>#passage1``,
+    ``<file>:<line>``)."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor
@@ -186,7 +175,7 @@ class MaskedBatch:
 
 
 def has_answer(question: Question) -> bool:
-    """Whether a question carries any gold answer (a released test split carries none)."""
+    """Whether a question carries a gold answer (a released test split carries none)."""
     return bool(
         question.answer_text
         or question.answer_nodes

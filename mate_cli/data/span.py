@@ -1,17 +1,12 @@
 """PointR stage 2 data (MATE paper §4.2): one expanded cell and the question -> the span model's input.
 
-Input: ``[CLS] question [SEP] cell text ( all sentences of every linked passage ) [SEP]``: the cell's text, then
-every sentence of each passage it links to (link order, each passage once), formatted as the stage-1 expansion
-(:mod:`mate_cli.data.expand`). The question is cut to ``max_question_tokens`` word pieces, then the context to what
-is left of ``max_length`` (paper: the first 512).
+``[CLS] question [SEP] cell text ( every sentence of each linked passage ) [SEP]``; the question is cut to
+``max_question_tokens``, then the context to what is left of ``max_length`` (paper: the first 512). Gold span: the
+**first** occurrence of the answer in the context; examples whose answer is not in the kept window are counted,
+skipped for training and kept for evaluation.
 
-Gold span: the **first** occurrence of the answer in the context, matched on
-:func:`~mate_cli.data.normalize.answer_words` and mapped to word pieces through the tokenizer's offsets. Examples
-whose answer is not in the kept window are counted; they are skipped for training and kept for evaluation.
-
-Cells: training takes ``all`` gold cells (:func:`~mate_cli.data.tokenize.candidate_cells`), one example each, or
-the ``first`` (``train_cells``); validation and test one per question, the first (row-major) whose context contains
-the answer, else the first. The split is stage 1's (``dataset.split``), so no table is on both sides in either stage.
+Cells: training takes ``all`` gold cells, one example each, or the ``first`` (``train_cells``); validation and test
+one per question, the first whose context contains the answer, else the first. The split is stage 1's.
 """
 
 from __future__ import annotations
@@ -36,9 +31,8 @@ log = logging.getLogger(__name__)
 TRAIN_CELLS = ("all", "first")
 
 
-# ------------------------------------------------------------------ context
 def cell_context(cell: Cell, passages: dict[str, str]) -> tuple[str, int]:
-    """``(context text, links without a passage)`` of one cell."""
+    """``(context text, links without a passage)``."""
     sentences: list[str] = []
     missing = 0
     for link in dict.fromkeys(cell.links):
@@ -50,7 +44,7 @@ def cell_context(cell: Cell, passages: dict[str, str]) -> tuple[str, int]:
 
 
 def find_answer_span(context: str, answer: str | None) -> tuple[int, int] | None:
-    """Char span ``[start, end)`` of the first normalised occurrence of ``answer`` in ``context``."""
+    """Char span ``[start, end)`` of the first occurrence of ``answer``, word by word."""
     target = [w for w, _, _ in answer_words(answer or "")]
     if not target:
         return None
@@ -62,13 +56,11 @@ def find_answer_span(context: str, answer: str | None) -> tuple[int, int] | None
     return None
 
 
-# ------------------------------------------------------------------ encoding
 @dataclass
 class SpanExample:
-    """One encoded (question, cell) pair; per-token lists share one length. ``offsets[j]``: token j's char span in
-    ``context`` (``[0, 0]`` outside it). ``gold_start``/``gold_end``: token indices of the gold span, -1 when the answer
-    is not in the kept window. ``has_gold_cell`` False: a placeholder for a question without one (counted, never
-    batched)."""
+    """One encoded (question, cell) pair. ``offsets[j]``: token j's char span in ``context`` (``[0, 0]`` outside it).
+    ``gold_start``/``gold_end``: token indices, -1 when the answer is not in the kept window. ``has_gold_cell`` False:
+    a placeholder for a question without one (counted, never batched)."""
 
     question_id: str
     table_id: str
@@ -149,18 +141,16 @@ def _char_span_to_tokens(offsets, start: int, end: int) -> tuple[int, int] | Non
 
 
 def span_text(context: str, offsets: list[list[int]], start: int, end: int) -> str:
-    """The context text of tokens ``start..end`` (inclusive); ``""`` for ``start < 0``."""
+    """The context text of tokens ``start..end`` (inclusive); ``""`` for no span."""
     if start < 0 or end < start:
         return ""
     return context[offsets[start][0] : offsets[end][1]].strip()
 
 
-# ------------------------------------------------------------------ batching
 @dataclass
 class SpanBatch:
-    """``input_ids`` and the ``context_mask``/``start_ok``/``end_ok`` masks ``[batch, seq]``,
-    ``gold_start``/``gold_end`` ``[batch]`` (-1: none), per-example lists. The layout holds segment ids only (0 query,
-    1 context): the span model sees no table structure."""
+    """Token tensors ``[batch, seq]``, ``gold_start``/``gold_end`` ``[batch]`` (-1: none). The layout holds segment ids
+    only (0 query, 1 context): the span model sees no table structure."""
 
     input_ids: torch.Tensor
     layout: TableLayout
@@ -179,7 +169,7 @@ class SpanBatch:
     __len__ = Batch.__len__
 
     def texts(self, start: torch.Tensor, end: torch.Tensor) -> list[str]:
-        """Decoded span texts for per-example token indices ``start``/``end`` ``[batch]``."""
+        """Span texts of per-example token indices ``start``/``end`` ``[batch]``."""
         return [span_text(c, o, int(s), int(e)) for c, o, s, e in zip(self.contexts, self.offsets, start, end)]
 
 
@@ -208,7 +198,6 @@ class SpanCollator:
         )
 
 
-# ------------------------------------------------------------------ datamodule
 class _SpanEncoder:
     def __init__(self, root: str, pretrained: str, max_length: int, max_question_tokens: int, cells: str):
         self.args = (root, pretrained, max_length, max_question_tokens, cells)
@@ -243,8 +232,7 @@ class _SpanEncoder:
 
 
 class SpanDataModule(SplitDataModule):
-    """PointR stage-2 data (module docstring). ``max_span_length`` is only for the stats (gold spans longer than the
-    head's band); the other keywords are :class:`~mate_cli.data.datamodule.SplitDataModule`'s."""
+    """PointR stage-2 data. ``max_span_length`` is only for the stats (gold spans longer than the head's band)."""
 
     kind = "span"
 
@@ -295,7 +283,7 @@ class SpanDataModule(SplitDataModule):
         return stats
 
     def usable_rows(self, split: str, ds) -> list[int] | None:
-        """Rows of questions with a gold cell; for training, only those whose answer is in the window."""
+        """Rows with a gold cell; for training, only those whose answer is in the window."""
         if not len(ds):
             return None
         flags = ds.select_columns(["has_gold_cell", "gold_start"]).to_list()

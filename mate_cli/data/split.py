@@ -1,8 +1,6 @@
-"""Train, validation and test questions: :class:`SplitSettings` (``dataset.split``) and :func:`split_by_table`.
-
-Modes: ``by_table`` (the bundled samples, one released file) cuts the ``source`` file's questions into train and
-validation by table, and ``test`` reads the test file; ``files`` (a full download) reads each split's own released file
-(``validation``: ``dev``).
+"""Train, validation and test questions (``dataset.split``). ``by_table`` (the bundled samples, one released file) cuts
+the ``source`` file's questions into train and validation by table, and ``test`` reads the test file; ``files`` (a full
+download) reads each split's own released file.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ FILE_OF_SPLIT = {"train": "train", "validation": "dev", "test": "test"}
 
 @dataclass(frozen=True)
 class SplitSettings:
-    """``dataset.split``: ``mode`` (module docstring) and, with ``by_table``, the ``source`` file's cut
-    (:func:`split_by_table`)."""
+    """``dataset.split``; ``source``, ``val_fraction`` and ``seed`` apply to ``by_table`` (:func:`split_by_table`)."""
 
     mode: str = "by_table"
     source: str = "dev"
@@ -37,19 +34,18 @@ class SplitSettings:
             raise MateError(f"dataset.split.mode={self.mode!r} is invalid; use one of {', '.join(MODES)}")
 
     def questions(self, split: str, read: Callable[[str], Iterable[Question]]) -> list[Question]:
-        """The questions of ``train``, ``validation`` or ``test``; ``read(file_name)`` yields a released file's."""
+        """``read(file_name)`` yields a released file's questions."""
         if self.mode == "by_table" and split in ("train", "validation"):
             train, val = split_by_table(read(self.source), self.val_fraction, self.seed)
             return train if split == "train" else val
         return list(read(FILE_OF_SPLIT.get(split, split)))
 
     def reference_file(self) -> str:
-        """The released file the validation questions come from (``dev`` in ``files`` mode)."""
         return self.source if self.mode == "by_table" else FILE_OF_SPLIT["validation"]
 
 
 def _table_hash(table_id: str, seed: int) -> float:
-    """A stable number in [0, 1) from (seed, table_id): sha256, not Python's salted hash()."""
+    """A stable number in [0, 1) (sha256, not Python's salted hash())."""
     digest = hashlib.sha256(f"{seed}\x00{table_id}".encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
@@ -64,11 +60,9 @@ def split_by_table(
     key: Callable[[Item], str] | None = None,
     setting: str = "dataset.split.val_fraction",
 ) -> tuple[list[Item], list[Item]]:
-    """``(train, val)`` by table, no table on both sides, question order kept. A table goes to val when
-    ``sha256(seed, key) < val_fraction``, so its side depends only on its key and the seed (stable as the dataset
-    grows). With two tables or more, an empty side gets the table nearest the threshold; with one, everything goes to
-    train (with a warning). ``key(item)`` names an item's table (default ``item.table_id``; the pre-training corpus keys
-    tables by content); ``setting`` is the config key that error messages name for ``val_fraction``."""
+    """``(train, val)`` by table, question order kept. A table's side depends only on its key and the seed, so it is
+    stable as the dataset grows. With two tables or more an empty side gets the table nearest the threshold; with one,
+    everything goes to train. ``key`` defaults to ``item.table_id``; ``setting`` is the config key errors name."""
     if not 0.0 < float(val_fraction) < 1.0:
         raise MateError(f"val_fraction must be in (0, 1), got {val_fraction}; set e.g. {setting}=0.1")
     questions = list(questions)

@@ -1,5 +1,4 @@
-"""Reading SQA (Iyyer et al. 2017, Microsoft's release 1.0) into :mod:`mate_cli.data.schema` records. Under ``root``,
-the release folder::
+"""Reading SQA (Iyyer et al. 2017, Microsoft's release 1.0). Under ``root``, the release folder::
 
     {train,test,random-split-<k>-{train,dev}}.tsv
         columns id, annotator, position, question, table_file, answer_coordinates, answer_text
@@ -7,8 +6,7 @@ the release folder::
 
 The question files are tab-separated *with* CSV quoting (a quoted field may hold tabs or newlines).
 ``answer_coordinates`` and ``answer_text`` are Python literals: a list of ``'(row, column)'`` strings (0-based, row 0 =
-the first row after the header) and a list of cell texts. ``question_id = "<id>/<annotator>/<position>"``,
-``sequence_id = "<id>/<annotator>"``.
+the first row after the header) and a list of cell texts.
 """
 
 from __future__ import annotations
@@ -28,8 +26,6 @@ _ANSWERS = ("answer_coordinates", "answer_text")
 
 
 class SQAReader(TableQAReader):
-    """Questions and tables of one SQA root (module docstring)."""
-
     # random-split-1-{train,dev} partition train.tsv, so validation never sees a trained question
     FILES = {"train": "random-split-1-train.tsv", "dev": "random-split-1-dev.tsv", "test": "test.tsv"}
     QUESTIONS_DIR = ""
@@ -62,8 +58,7 @@ class SQAReader(TableQAReader):
         return parse_table_file(path, table_id)
 
     def _check_coordinates(self, question: Question, path: Path, where: str) -> None:
-        """An answer cell outside its table is an error naming the line and the value (it
-        would otherwise supervise nothing, silently)."""
+        """An answer cell outside its table is an error (it would otherwise supervise nothing, silently)."""
         if not question.answer_coordinates:
             return
         table = self.table(question.table_id)
@@ -115,7 +110,6 @@ def _literal_list(text: str, path: Path, where: str) -> list:
 
 
 def _coordinate(raw: Any, path: Path, where: str) -> list[int]:
-    """``'(row, column)'`` (upstream) or ``(row, column)`` -> ``[row, column]``."""
     value = raw
     if isinstance(raw, str):
         try:
@@ -141,6 +135,6 @@ def parse_table_file(path: Path, table_id: str) -> Table:
 
 
 def read_table_file(path: str | Path) -> Table:
-    """An SQA ``table_csv/<20x>_<n>.csv`` file -> :class:`Table` (table id = file name)."""
+    """A table file given on the command line; table id = file name."""
     path = given_file(path, "an SQA table_csv/<20x>_<n>.csv (comma-separated) file")
     return parse_table_file(path, path.name)

@@ -1,12 +1,9 @@
-"""Reading TabFact (Chen et al. 2020) into :mod:`mate_cli.data.schema` records; ``root`` is the upstream repository::
+"""Reading TabFact (Chen et al. 2020). Under ``root``, the upstream repository::
 
-    tokenized_data/{train,val,test,...}_examples.json
-        {"<table_id>": [[statement, ...], [label, ...], "caption"], ...}   label 1 entailed, 0 refuted
-    data/all_csv/<table_id>          the table, '#'-separated, first line = header (CRLF line ends)
-    data/simple_ids.json, data/complex_ids.json   optional: JSON lists of table ids (the channels)
-
-One :class:`Question` per statement: ``question_id = "<table_id>#<i>"`` (``i`` its index in its table's list), ``label``
-0/1, ``channel`` ``simple``/``complex`` when the id lists are present.
+tokenized_data/{train,val,test,...}_examples.json
+    {"<table_id>": [[statement, ...], [label, ...], "caption"], ...}   label 1 entailed, 0 refuted; caption optional
+data/all_csv/<table_id>          the table, '#'-separated, first line = header (CRLF line ends)
+data/simple_ids.json, data/complex_ids.json   optional: JSON lists of table ids (the channels)
 """
 
 from __future__ import annotations
@@ -30,8 +27,6 @@ class _Pairs:
 
 
 class TabFactReader(TableQAReader):
-    """Statements and tables of one TabFact root (module docstring)."""
-
     FILES = {"train": "train_examples.json", "dev": "val_examples.json", "test": "test_examples.json"}
     QUESTIONS_DIR = "tokenized_data"
     QUESTION_GLOB = "*.json"
@@ -46,7 +41,7 @@ class TabFactReader(TableQAReader):
         self._channels: Optional[dict[str, str]] = None
 
     def channel(self, table_id: str) -> Optional[str]:
-        """``simple`` / ``complex`` per ``data/{simple,complex}_ids.json``; None without them."""
+        """``simple`` / ``complex``; None without the id lists."""
         if self._channels is None:
             self._channels = {}
             for name, rel in CHANNEL_FILES.items():
@@ -87,7 +82,7 @@ class TabFactReader(TableQAReader):
         return self.root / self.TABLES_DIR / table_id
 
     def table(self, table_id: str) -> Table:
-        """The parsed table (cached, LRU); ``title`` = its caption once known."""
+        """``title`` = its caption once known."""
         table = super().table(table_id)
         if not table.title:
             table.title = self._captions.get(table_id, "")
@@ -110,7 +105,7 @@ def _entry(value: Any, path: Path, table_id: str) -> tuple[list, list, str]:
 
 
 def _id_list(data: Any, path: Path) -> list[str]:
-    """A table-id list file: a JSON list of ids (upstream), or an object keyed by id."""
+    """A JSON list of ids (upstream), or an object keyed by id."""
     ids = list(data) if isinstance(data, dict) else data
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise MateError(
@@ -133,6 +128,6 @@ def parse_table_file(path: Path, table_id: str) -> Table:
 
 
 def read_table_file(path: str | Path) -> Table:
-    """A TabFact ``data/all_csv/<id>.html.csv`` file (``#``-separated) -> :class:`Table` (table id = file name)."""
+    """A table file given on the command line; table id = file name."""
     path = given_file(path, "a TabFact data/all_csv/<table_id>.html.csv ('#'-separated) file")
     return parse_table_file(path, path.name)

@@ -1,18 +1,11 @@
-"""The table tasks of MATE's Table 4: records -> TAPAS inputs -> batches, supervised as TAPAS does:
+"""The table tasks of MATE's Table 4 (SQA, WikiTQ, TabFact), supervised as TAPAS does:
 
 - **SQA**: the gold ``answer_coordinates`` are the answer cells; ``prev_labels`` mark the previous question's gold
-  answer cells (at evaluation the model's own previous prediction replaces them: :mod:`mate_cli.lit_modules.table_qa`).
-- **WikiTQ** (weak supervision): the answer cells are those that, selected alone, the metric would score a match for
-  a gold answer (:func:`mate_cli.metrics.wtq.target_values` against each cell's text read by
-  :func:`mate_cli.metrics.wtq.predicted_values`); every gold value must be found, else none is used.
-  ``float_answer`` is the answer when it is one number (:func:`answer_float`; else NaN), and every cell carries
-  TAPAS's numeric value (:mod:`mate_cli.data.numbers`) for the expected aggregation result.
+  answer cells (at evaluation, the model's own previous prediction: :mod:`mate_cli.lit_modules.table_qa`).
+- **WikiTQ** (weak supervision): the answer cells are those that, selected alone, the official metric would match to a
+  gold answer; every gold value must be found, else none is used. ``float_answer`` is the answer when it is one number
+  (else NaN), and every cell carries TAPAS's numeric value for the expected aggregation result.
 - **TabFact**: the statement is the question; the label is the verdict.
-
-The split statistics say what the length cut (``pruning``: :mod:`mate_cli.data.pruning`) kept:
-``answer_cells_kept`` is the share of the questions with answer cells whose every answer cell kept a token, and
-with ``long_table_tokens``, ``answer_cells_kept_long`` the same over the ``long_questions``, those whose whole input
-is longer (WikiTQ's scalar answers are not counted; DoT's own selection is measured in the model).
 """
 
 from __future__ import annotations
@@ -43,10 +36,9 @@ AMBIGUOUS_ANSWERS = ("first", "all", "drop")
 Coord = tuple[int, int]
 
 
-# ---------------------------------------------------------------- supervision
 def answer_matches(task: TableTask, question: Question, table: Table) -> list[list[Coord]]:
-    """Per gold answer item, the (data row, column) cells that supervise it, in row order
-    (module docstring); ``[]`` when some item is found in no cell. Gold cells (SQA): one each."""
+    """Per gold answer item, the (data row, column) cells that supervise it, in row order; ``[]`` when some item is
+    found in no cell. Gold cells (SQA): one each."""
     if task.answer == "cells":
         return [[cell] for cell in sorted({(int(r), int(c)) for r, c in question.answer_coordinates})]
     if task.answer != "texts" or not question.answers:
@@ -73,8 +65,8 @@ def answer_cells(task: TableTask, question: Question, table: Table) -> list[Coor
 
 
 def first_cell_per_answer(example: dict, matches: list[list[Coord]]) -> None:
-    """``ambiguous_answers=first``: keep one candidate per answer item, its first cell in row
-    order that kept a token and is not an earlier item's; an item without one counts as cut."""
+    """``ambiguous_answers=first``: one candidate per answer item, its first cell in row order that kept a token and is
+    not an earlier item's; an item without one counts as cut."""
     cell_of = {tuple(xy): k + 1 for k, xy in enumerate(example["cell_coords"])}
     chosen: list[int] = []
     for hits in matches:
@@ -89,9 +81,8 @@ _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
 
 
 def answer_float(text: str) -> float:
-    """An answer text read as a number the way TAPAS reads WikiTQ answers, else NaN (also beyond float32):
-    thousands separators removed (``1,484,900``), one other comma a decimal comma (``5,5``); ordinals, units and
-    words are not numbers (``3rd`` stays text)."""
+    """An answer text as TAPAS reads a WikiTQ answer as a number, else NaN (also beyond float32): thousands separators
+    removed (``1,484,900``), one other comma a decimal comma (``5,5``); ``3rd``, units and words are not numbers."""
     text = text.strip()
     if _THOUSANDS.match(text):
         text = text.replace(",", "")
@@ -111,7 +102,7 @@ def scalar_answer(task: TableTask, question: Question) -> float:
 
 
 def cell_numbers(table: Table, coords: list[list[int]]) -> list[float]:
-    """TAPAS's numeric value of each listed cell (its column's consolidated number; NaN: none)."""
+    """TAPAS's numeric value of each listed cell (NaN: none)."""
     columns = TableNumbers.of([[c.text for c in row] for row in table.rows]).columns
     out = []
     for r, c in coords:
@@ -143,7 +134,7 @@ def encode_task_question(
     prev: list[Coord] | None = None,
     ambiguous_answers: str = "all",
 ) -> dict:
-    """One question of a table task as a plain dict (an ``EncodedExample`` plus its supervision)."""
+    """An ``EncodedExample`` dict plus its supervision."""
     matches = answer_matches(task, question, table)
     cells = sorted({cell for hits in matches for cell in hits})
     example = asdict(tokenizer.encode(question, table, candidates=cells, prev_answer_coords=prev))
@@ -171,9 +162,8 @@ def encode_task_question(
 
 
 def table_tokenizer(tokenizer, settings: Mapping) -> TableTokenizer:
-    """The `TableTokenizer` a table task's ``dataset`` settings describe: training and
-    `mate predict` (from a run's config, older runs' missing keys at their defaults) both
-    build it here, so one run encodes one way."""
+    """The ``TableTokenizer`` of a table task's ``dataset`` settings; training and ``mate predict`` (a run's config,
+    older runs' missing keys at their defaults) both build it here, so one run encodes one way."""
     return TableTokenizer(
         tokenizer,
         max_length=int(settings["max_length"]),
@@ -213,21 +203,11 @@ class _TaskEncoder:
         )
 
 
-# ---------------------------------------------------------------- datamodule
 class TableTaskDataModule(SplitDataModule):
-    """SQA, WikiTQ or TabFact data for the TAPAS heads.
-
-    Args:
-        task: a task's name (:mod:`mate_cli.tasks`).
-        pruning, empty_cell_token, linearization: :mod:`mate_cli.data.tokenize` (SQA's sample has empty gold cells
-            in 2 of 68 questions: ``empty_cell_token`` makes them selectable).
-        long_table_tokens: the long-table slice's threshold in the split statistics (null: no slice).
-        ambiguous_answers: WikiTQ answer items found in several cells: ``first`` labels the first copy in row order
-            (one cell per answer text, as TAPAS), ``all`` every copy, ``drop`` every copy and leaves the question out
-            of training.
-        drop_cut_answers: drop training questions with an answer item none of whose cells survived the length cut.
-        common: :class:`~mate_cli.data.datamodule.SplitDataModule`'s keywords.
-    """
+    """SQA, WikiTQ or TabFact data for the TAPAS heads. ``ambiguous_answers``, for WikiTQ answer items found in several
+    cells: ``first`` labels the first copy in row order (as TAPAS), ``all`` every copy, ``drop`` every copy and leaves
+    the question out of training. ``drop_cut_answers``: drop training questions with an answer item none of whose cells
+    survived the length cut."""
 
     def __init__(
         self,
@@ -291,8 +271,9 @@ class TableTaskDataModule(SplitDataModule):
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
-        """The split's statistics for the run log (module docstring); the long-table slice is the model's
-        ``<stage>/accuracy_long`` questions."""
+        """``answer_cells_kept``: the share of the questions with answer cells whose every answer cell kept a token
+        (WikiTQ's scalar answers not counted); ``answer_cells_kept_long`` the same over the ``long_questions``, whose
+        whole input is longer than ``long_table_tokens`` (the model's ``<stage>/accuracy_long`` questions)."""
         n = len(ds)
         with_cells = [i for i, has in enumerate(ds["has_answer_cells"]) if has]
         dropped = ds["candidates_dropped"]
@@ -321,8 +302,7 @@ class TableTaskDataModule(SplitDataModule):
 
     def usable_rows(self, split: str, ds) -> list[int] | None:
         """Training: the examples that supervise something (an answer cell left, or a scalar answer), less those
-        ``drop_cut_answers`` and ``ambiguous_answers=drop`` exclude (counted in the split statistics). SQA evaluation:
-        position by position."""
+        ``drop_cut_answers`` and ``ambiguous_answers=drop`` exclude. SQA evaluation: position by position."""
         if split == "train" and self.task.selects_cells:
             floats, cells, cut = ds["float_answer"], ds["has_answer_cells"], ds["answers_cut"]
             ambiguous = ds["ambiguous_answer"] if self.ambiguous_answers == "drop" else [False] * len(ds)

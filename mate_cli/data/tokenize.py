@@ -1,32 +1,20 @@
-"""The one place a question and its table become word-piece ids and layout ids (docs/architecture.md).
+"""The one place a question and its table become word-piece ids and layout ids (docs/architecture.md: the layout).
 
-The sequence is ``[CLS] question [SEP] header row, data rows 1..R``, unpadded. Numeric ids
-(:mod:`mate_cli.data.numbers`) come from the original texts of the whole table (not the expanded
-texts, before any row is dropped). What was cut is counted on the
-:class:`~mate_cli.data.schema.EncodedExample`.
+``[CLS] question [SEP] header row, data rows``, unpadded. Numeric ids come from the whole table's original texts,
+before expansion or any row drop. Column ids count the kept columns; row ids and ``cell_coords`` keep the original
+rows and columns.
 
-Empty cells: as with ``TapasTokenizer``, an empty cell has no token, hence no cell id, and
-``cell_coords`` lists only cells with tokens; unlike it, a cell of only punctuation or
-``n/a``/``?``/``nan`` keeps its word pieces (TAPAS writes ``[EMPTY]``). ``empty_cell_token``
-gives each empty cell one token, the vocabulary's ``[EMPTY]``, else its ``[UNK]`` (this
-project's vocabularies have none), so it can be selected: SQA's gold answers include empty cells.
+Empty cells: as in ``TapasTokenizer``, an empty cell has no token, hence no cell id; unlike it, a cell of only
+punctuation or ``n/a``/``?``/``nan`` keeps its pieces (TAPAS writes ``[EMPTY]``). ``empty_cell_token`` gives each
+empty cell one ``[EMPTY]`` (else ``[UNK]``) so it can be selected: SQA's gold answers include empty cells.
 
-Id limits (the embedding-table sizes, TAPAS's 256): only the first ``max_row_id - 1`` data rows
-(TAPAS's ``drop_rows_to_fit``) and ``max_column_id - 1`` columns (TAPAS raises) are encoded, and
-ranks are clipped to ``max_rank_id - 1`` (TAPAS leaves them out of range), so an oversized table
-never fails at the embeddings.
+Id limits (the embedding-table sizes, TAPAS's 256): only the first ``max_row_id - 1`` data rows (TAPAS's
+``drop_rows_to_fit``) and ``max_column_id - 1`` columns (TAPAS raises) are encoded, and ranks are clipped to
+``max_rank_id - 1`` (TAPAS leaves them out of range), so an oversized table never fails at the embeddings.
 
-Length budget (paper §4.1): the question is cut to ``max_question_tokens`` first. Then
-``pruning="none"`` (:func:`fit_budget`) caps every table cell, header included, at the largest
-``c`` that fits, so long cells shrink first and short ones stay whole, and drops trailing data
-rows only when ``min_cell_tokens`` per cell does not fit; ``cc``/``hem`` use
-:mod:`mate_cli.data.pruning`. Column ids are positional over the kept columns; row ids and
-``cell_coords`` keep the original rows and columns.
-
-Linearisation (``dataset.linearization``, only with ``pruning="none"``): ``tapas`` writes each
-cell's own pieces; ``template`` writes each data cell as ``<header> is <cell> ;`` (TabFact's
-templated rows, Chen et al. 2020), every piece with the cell's ids, so the row and column heads
-and the cell ids see the same cells; the header row stays.
+Length budget (paper §4.1): the question is cut to ``max_question_tokens`` first, then the table by ``pruning``
+(``none``: :func:`fit_budget`; ``cc``/``hem``: :mod:`mate_cli.data.pruning`). ``linearization="template"`` writes each
+data cell as ``<header> is <cell> ;`` (TabFact's templated rows, Chen et al. 2020), every piece with the cell's ids.
 """
 
 from __future__ import annotations
@@ -46,14 +34,13 @@ log = logging.getLogger(__name__)
 
 Coord = tuple[int, int]
 
-#: ``TableTokenizer(pruning=...)`` choices (``dataset.pruning``).
+#: ``dataset.pruning``
 PRUNING_CHOICES = ("none", "cc", "hem")
-#: ``TableTokenizer(linearization=...)`` choices (``dataset.linearization``; module docstring).
+#: ``dataset.linearization``
 LINEARIZATIONS = ("tapas", "template")
 
 
 def check_linearization(linearization: str, pruning: str) -> None:
-    """MateError when ``dataset.linearization`` is unknown or cannot go with ``dataset.pruning``."""
     if linearization not in LINEARIZATIONS:
         raise MateError(f"dataset.linearization={linearization!r} is invalid; use one of {', '.join(LINEARIZATIONS)}")
     if linearization == "template" and pruning != "none":
@@ -64,12 +51,8 @@ def check_linearization(linearization: str, pruning: str) -> None:
 
 
 def candidate_cells(question: Question, table: Table, passages: dict[str, str] | None = None) -> list[Coord]:
-    """Cells (data row, column), 0-based and row-major, that hold or link to the answer.
-
-    Traced questions: the ``answer-node`` coordinates (out-of-range ones are logged and skipped).
-    Untraced: cells whose text, or one of whose linked passages, contains the normalised answer on
-    word boundaries. No answer: ``[]``.
-    """
+    """Cells (data row, column), 0-based, that hold or link to the answer: a traced question's in-range
+    ``answer-node`` coordinates, else cells whose text or a linked passage contains the normalised answer."""
     if question.answer_nodes:
         coords = []
         for node in question.answer_nodes:
@@ -100,8 +83,9 @@ def candidate_cells(question: Question, table: Table, passages: dict[str, str] |
 def fit_budget(
     header_lengths: Sequence[int], row_lengths: Sequence[Sequence[int]], budget: int, min_cell_tokens: int = 1
 ) -> tuple[int, int | None]:
-    """``(rows kept, per-cell cap or None when no cell is cut)`` so the table fits ``budget``;
-    ValueError when not even the header fits at ``min_cell_tokens`` per cell."""
+    """``(rows kept, per-cell cap or None)``: every cell, header included, capped at the largest size that fits, and
+    trailing rows dropped only when ``min_cell_tokens`` per cell does not fit; ValueError when the header alone does
+    not."""
     flat = list(header_lengths) + [n for row in row_lengths for n in row]
     if sum(flat) <= budget:
         return len(row_lengths), None
@@ -119,23 +103,12 @@ def fit_budget(
 
 
 def _table_size(field: str) -> int:
-    """TAPAS's embedding-table size of one token type (the default id limit)."""
     return TAPAS_TYPE_VOCAB_SIZES[TOKEN_TYPE_FIELDS.index(field)]
 
 
 class TableTokenizer:
-    """Question + table -> :class:`EncodedExample` (word-piece ids + layout ids).
-
-    Args:
-        tokenizer: a ``transformers`` BERT WordPiece tokenizer (fast preferred).
-        max_length: the longest sequence, specials included.
-        max_question_tokens: the question is cut to this many word pieces first.
-        max_row_id, max_column_id, max_rank_id: ids stay below these (the embedding-table sizes).
-        min_cell_tokens: rows are dropped rather than cap cells below this.
-        pruning, empty_cell_token, linearization: the module docstring.
-        length_key: the setting ``max_length`` comes from, named in errors (Transformer-XH's
-            graphs: ``dataset.node_length``).
-    """
+    """Question + table -> :class:`EncodedExample`, with a BERT WordPiece ``tokenizer``. ``max_length`` counts the
+    specials; ``length_key`` is the setting it comes from, named in errors (Transformer-XH: ``dataset.node_length``)."""
 
     def __init__(
         self,
@@ -188,7 +161,7 @@ class TableTokenizer:
         return self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
 
     def question_pieces(self, text: str) -> tuple[list[int], bool]:
-        """``(the question's word pieces cut to max_question_tokens, whether it was cut)``."""
+        """``(word pieces cut to max_question_tokens, whether cut)``."""
         ids = self._wordpieces([text])[0]
         return ids[: self.max_question_tokens], len(ids) > self.max_question_tokens
 
@@ -201,18 +174,10 @@ class TableTokenizer:
         prev_answer_coords: Iterable[Coord] | None = None,
         rows: Sequence[int] | None = None,
     ) -> EncodedExample:
-        """Tokenize one example; ``len(input_ids) <= max_length``.
-
-        Args:
-            question: its ``question`` and ``question_id`` are used.
-            cell_texts: ``[num_rows][num_columns]`` data-cell texts replacing the table's (expansion).
-            candidates: (data row, column) answer cells, e.g. :func:`candidate_cells`; None: none.
-            prev_answer_coords: (data row, column) cells that answered the previous question of a
-                sequence; their tokens get ``prev_labels`` 1.
-            rows: encode only these data rows (0-based, in this order; None: all). Row ids,
-                ``cell_coords`` and numeric ids stay the whole table's; cell ids count the encoded
-                cells (Transformer-XH's one-row nodes, :mod:`mate_cli.data.graph`).
-        """
+        """One example, ``len(input_ids) <= max_length``; coordinates are (data row, column). ``cell_texts``: texts
+        replacing the table's (expansion). ``prev_answer_coords``: the previous question's answer cells (SQA), whose
+        tokens get ``prev_labels`` 1. ``rows``: encode only these data rows, in this order (Transformer-XH's one-row
+        nodes); cell ids count the encoded cells."""
         texts = self._cell_texts(table, cell_texts)
         num_rows = min(table.num_rows, self.max_row_id - 1)
         num_cols = min(table.num_columns, self.max_column_id - 1)
@@ -267,7 +232,6 @@ class TableTokenizer:
             )
         return example
 
-    # ------------------------------------------------------------ steps
     @staticmethod
     def _cell_texts(table: Table, cell_texts) -> list[list[str]]:
         if cell_texts is None:
@@ -278,7 +242,7 @@ class TableTokenizer:
         return [list(row) for row in cell_texts]
 
     def _fit(self, question, table, q_ids, header, cells) -> tuple[int, Selection]:
-        """``(data rows kept, kept word pieces per cell)`` so the table fits the budget."""
+        """``(data rows kept, word pieces kept per cell)``."""
         budget = self.max_length - 2 - len(q_ids)
         header_lengths = [len(ids) for ids in header]
         lengths = [[self._length(ids) for ids in row] for row in cells]
@@ -308,7 +272,7 @@ class TableTokenizer:
         return sum(map(len, cell)) if self.template else len(cell)
 
     def _cut(self, cell, n: int) -> list[int]:
-        """A cell's first ``n`` pieces; a template phrase keeps the cell's, then the header's and "is", then the ``;``."""
+        """A cell's first ``n`` pieces; a template phrase keeps the cell's, then the header's and "is", then ``;``."""
         if not self.template:
             return cell[:n]
         prefix, value, suffix = cell
@@ -317,12 +281,12 @@ class TableTokenizer:
         return lead + kept + list(suffix[: n - len(kept) - len(lead)])
 
     def _match_tokens(self, q_ids: list[int]) -> list[int]:
-        """The question word pieces HEM counts: all but those without a letter or digit (punctuation)."""
+        """The question word pieces HEM counts: those with a letter or digit."""
         pieces = self.tokenizer.convert_ids_to_tokens(q_ids)
         return [i for i, piece in zip(q_ids, pieces) if any(ch.isalnum() for ch in piece)]
 
     def _assemble(self, question, table, q_ids, header, cells, selection: Selection, row_index) -> EncodedExample:
-        """The sequence; ``cells[i]`` are the word pieces of data row ``row_index[i]``."""
+        """``cells[i]`` are the word pieces of data row ``row_index[i]``."""
         numbers = TableNumbers.of([[c.text for c in row] for row in table.rows])
         relations = numbers.relations(question.question)
         top, clipped = self.max_rank_id - 1, 0
@@ -371,7 +335,7 @@ class TableTokenizer:
 
     @staticmethod
     def _cell_ids(example: EncodedExample, coords: set[Coord], what: str) -> set[int]:
-        """The cell ids of the (data row, column) ``coords``; those without a token are logged as ``what`` cells."""
+        """The cell ids of ``coords``; those without a token are logged as ``what`` cells."""
         cells = {k + 1 for k, xy in enumerate(example.cell_coords) if tuple(xy) in coords}
         if len(cells) < len(coords):
             log.debug(
@@ -392,7 +356,7 @@ class _Sequence:
         self.layout: dict[str, list[int]] = {name: [] for name in ID_FIELDS}
 
     def add(self, ids: list[int], **layout_ids: int) -> None:
-        """Append ``ids``; every one gets ``layout_ids`` (fields not named: 0)."""
+        """Append ``ids``, each with ``layout_ids`` (fields not named: 0)."""
         self.input_ids.extend(ids)
         for name in ID_FIELDS:
             self.layout[name].extend([layout_ids.get(name, 0)] * len(ids))

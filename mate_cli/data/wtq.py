@@ -1,5 +1,4 @@
-"""Reading WikiTableQuestions (Pasupat & Liang 2015) into :mod:`mate_cli.data.schema` records. Under ``root``, the
-upstream repository::
+"""Reading WikiTableQuestions (Pasupat & Liang 2015). Under ``root``, the upstream repository::
 
     data/{training,random-split-1-train,random-split-1-dev,pristine-unseen-tables}.tsv
         columns id, utterance, context (the table's csv path), targetValue (answers joined by ``|``)
@@ -7,13 +6,12 @@ upstream repository::
     csv/<20x>-csv/<n>.csv       the same table as CSV (read only when the .tsv is missing)
     tagged/data/<stem>.tagged   optional: the CoreNLP-tagged twin of data/<stem>.tsv (id, targetValue, targetCanon, ...)
 
-Each question's :attr:`Question.canonical_answers` are its ``targetCanon`` in the tagged twin (split like
-``targetValue``, matched by id; their use: :mod:`mate_cli.metrics.wtq`). A tagged row whose ``targetValue`` differs
-from the question file's, or whose ``targetCanon`` has another number of answers, is an error: the files come from
-different releases.
+A question's :attr:`Question.canonical_answers` are its tagged ``targetCanon`` (matched by id). A tagged row whose
+``targetValue`` differs from the question file's, or whose ``targetCanon`` has another number of answers, is an error:
+the files come from different releases.
 
-Both kinds of TSV are read without quote handling (a ``"`` is text), their fields unescaped (:func:`unescape`); the
-``.tsv`` tables keep the non-breaking spaces (U+00A0) that the ``.csv`` twins turn into spaces.
+Both kinds of TSV are read without quote handling (a ``"`` is text), their fields unescaped; the ``.tsv`` tables keep
+the non-breaking spaces (U+00A0) that the ``.csv`` twins turn into spaces.
 """
 
 from __future__ import annotations
@@ -51,13 +49,11 @@ def unescape(text: str) -> str:
 
 
 def split_answers(target_value: str) -> list[str]:
-    """A raw ``targetValue`` -> its answers (split on ``|``, then unescaped); ``[]`` when empty."""
+    """A raw ``targetValue`` -> its answers (split on ``|``, then unescaped)."""
     return [unescape(part) for part in target_value.split("|")] if target_value else []
 
 
 class WTQReader(TableQAReader):
-    """Questions and tables of one WikiTableQuestions root (module docstring)."""
-
     FILES = {"train": "random-split-1-train.tsv", "dev": "random-split-1-dev.tsv", "test": "pristine-unseen-tables.tsv"}
     QUESTIONS_DIR = "data"
     QUESTION_GLOB = "*.tsv"
@@ -68,16 +64,16 @@ class WTQReader(TableQAReader):
     LAYOUT = "data/*.tsv and csv/<20x>-csv/<n>.tsv (WikiTableQuestions layout)"
 
     def tagged_file(self, path: Path) -> Path:
-        """The CoreNLP-tagged twin of a question file (it may not exist)."""
+        """The CoreNLP-tagged twin of a question file (may not exist)."""
         return self.root / self.TAGGED_DIR / f"{path.stem}.tagged"
 
     def input_files(self) -> list[Path]:
-        """The question files, tables and tagged files (their canonical answers are encoded)."""
+        """Tagged files too: their canonical answers are encoded."""
         tagged = (p for p in (self.root / self.TAGGED_DIR).glob("*.tagged") if p.is_file())
         return sorted({*super().input_files(), *tagged})
 
     def canonical_targets(self, path: Path) -> dict[str, tuple[str, list[str]]]:
-        """Question id -> (raw ``targetValue``, ``targetCanon`` answers) of ``path``'s tagged twin (``{}`` if none)."""
+        """Question id -> (raw ``targetValue``, ``targetCanon`` answers) of ``path``'s tagged twin."""
         tagged = self.tagged_file(path)
         if not tagged.is_file():
             return {}
@@ -157,6 +153,6 @@ def parse_table_file(path: Path, table_id: str) -> Table:
 
 
 def read_table_file(path: str | Path) -> Table:
-    """A WikiTableQuestions table file (``.tsv``, or ``.csv``) -> :class:`Table` (table id = file name)."""
+    """A table file given on the command line; table id = file name."""
     path = given_file(path, "a WikiTableQuestions csv/<20x>-csv/<n>.tsv (or .csv) table file")
     return parse_table_file(path, path.name)

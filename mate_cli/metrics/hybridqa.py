@@ -1,13 +1,7 @@
-"""HybridQA's EM and token F1 as the official ``evaluate_script.py`` computes them, on its (SQuAD's) normalisation,
-:func:`~mate_cli.data.normalize.normalize_answer`.
+"""HybridQA's EM and token F1 as the official ``evaluate_script.py`` computes them (SQuAD's normalisation), in percent.
 
-Groups: ``in_table`` and ``in_passage`` are the reference's ``table`` and ``passage`` lists, ``total`` every question
-of ``reference["reference"]`` (HybridQA's "missing" questions count in it only). Scores are percent (``100 * mean``),
-as the official script prints them.
-
-Two cases that crash the official script are defined here: a reference question with no prediction scores as ``""``
-(counted in ``missing``), and a group with no question reports ``em``/``f1`` as ``None`` with ``count`` 0. On complete
-predictions the numbers are the official ones.
+Two cases that crash the official script are defined here: a question with no prediction scores as ``""`` (counted in
+``missing``), and a group with no question has ``em``/``f1`` None and ``count`` 0.
 """
 
 from __future__ import annotations
@@ -50,8 +44,7 @@ def _f1(gold: str, pred: str) -> float:
 
 
 def f1_score(gold: Gold, pred: str) -> float:
-    """Bag-of-tokens F1 of ``pred`` against (the best of) the gold answer(s), in [0, 1]; 1 when neither side has a
-    token, 0 when one side has none."""
+    """Bag-of-tokens F1 against the best gold answer, in [0, 1]; 1 when neither side has a token, 0 when one only."""
     return max(_f1(a, pred) for a in _as_list(gold))
 
 
@@ -67,11 +60,9 @@ def _group(ids: Iterable[str], em: Mapping[str, float], f1: Mapping[str, float])
 
 
 def evaluate_predictions(predictions: Sequence[Mapping[str, str]], reference: Mapping) -> dict:
-    """Official HybridQA EM/F1 (percent) of ``predictions``, ``[{"question_id": ..., "pred": ...}, ...]`` (a repeated id
-    keeps its last prediction, as in the official script), against a ``dev_reference.json`` dict
-    ``{"reference": {qid: answer or [answers]}, "table": [qids], "passage": [qids]}``. Returns
-    ``{"in_table": {"em", "f1", "count"}, "in_passage": {...}, "total": {...}, "missing": n}``, ``missing`` counting the
-    questions without a prediction."""
+    """``[{"question_id", "pred"}]`` (a repeated id keeps its last, as officially) against a ``dev_reference.json``
+    dict -> ``{"in_table"|"in_passage"|"total": {"em", "f1", "count"}, "missing": n}``. ``in_table``/``in_passage`` are
+    the reference's ``table``/``passage`` lists; ``total`` is every question of ``reference["reference"]``."""
     answers = dict(reference["reference"])
     preds = {str(p["question_id"]): str(p.get("pred") or "") for p in predictions}
     missing = [q for q in answers if q not in preds]
@@ -88,8 +79,7 @@ def evaluate_predictions(predictions: Sequence[Mapping[str, str]], reference: Ma
 
 
 def subset_reference(reference: Mapping, question_ids: Iterable[str]) -> dict:
-    """``reference`` restricted to ``question_ids``, so that scoring part of a split (the sample's held-out tables)
-    applies the official semantics to exactly that part (the official script scores every question of its reference)."""
+    """``reference`` restricted to ``question_ids`` (the official script scores every question of its reference)."""
     keep = set(question_ids)
     return {
         "reference": {q: a for q, a in reference["reference"].items() if q in keep},

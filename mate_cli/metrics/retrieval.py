@@ -1,9 +1,6 @@
-"""Hits@k for cell selection (paper Table 6).
+"""Hits@k for cell selection (paper Table 6): the share of questions with a candidate (answer) cell among the top k.
 
-Hits@k is the share of questions for which a cell containing the answer (a
-candidate) is among the model's top-k cells. Questions with no surviving candidate
-(answer nowhere, or its cell truncated away) count as misses: the metric is over
-every question of the split, so truncation losses show up in it honestly.
+Questions with no surviving candidate (answer nowhere, or truncated away) count as misses.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""SQA's metrics: question accuracy (ALL), the share of questions right by :func:`question_correct`, and sequence
-accuracy (SEQ), the share of question sequences answered correctly throughout. Scores are fractions in [0, 1], 0.0 when there is
-nothing to score.
-
-:class:`SequenceAccuracy` is SEQ for training loops, exact under DDP: its states (each question's sequence key and
-verdict) are gathered by concatenation, not averaged per process, and a question seen twice (a sampler's padding) cannot
-change a sequence's verdict. :func:`sequence_key` is the same on every process and run, unlike Python's salted ``hash``.
+"""SQA's question accuracy (ALL) and sequence accuracy (SEQ, every question of a sequence right), as fractions in
+[0, 1] (0.0 when there is nothing to score).
 """
 
 from __future__ import annotations
@@ -29,8 +24,8 @@ def question_correct(predicted_coords: Iterable[Coordinate], gold_coords: Iterab
 
 
 def sqa_scores(records: Iterable[tuple[Hashable, int, bool]]) -> dict[str, float | int]:
-    """``{"all", "seq", "questions", "sequences"}`` of ``(sequence_id, position, correct)`` records; a record repeated
-    with the same verdict counts once, the same ``(sequence_id, position)`` with two verdicts raises ``ValueError``."""
+    """``{"all", "seq", "questions", "sequences"}`` of ``(sequence_id, position, correct)`` records; a repeated record
+    counts once, two verdicts for one ``(sequence_id, position)`` raise ``ValueError``."""
     verdicts: dict[tuple[Hashable, int], bool] = {}
     for sequence_id, position, correct in records:
         key = (sequence_id, int(position))
@@ -50,13 +45,14 @@ def sqa_scores(records: Iterable[tuple[Hashable, int, bool]]) -> dict[str, float
 
 
 def sequence_key(sequence_id: str) -> int:
-    """A stable non-negative int63 key for ``sequence_id``: the first 8 bytes of its SHA-256."""
+    """A non-negative int63 key, the same on every process and run (unlike Python's salted ``hash``)."""
     digest = hashlib.sha256(sequence_id.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
 
 
 class SequenceAccuracy(Metric):
-    """SEQ over a stream of per-question verdicts, by distinct sequence key (module docstring)."""
+    """SEQ over per-question verdicts, exact under DDP: states are gathered by concatenation, not averaged per process,
+    and a question seen twice (a sampler's padding) cannot change its sequence's verdict."""
 
     full_state_update = False
     higher_is_better = True
@@ -67,7 +63,7 @@ class SequenceAccuracy(Metric):
         self.add_state("correct", default=[], dist_reduce_fx="cat")
 
     def update(self, sequence_keys: torch.Tensor, correct: torch.Tensor) -> None:
-        """Args: ``sequence_keys`` int64 and ``correct`` bool, one entry per question (same shape)."""
+        """``sequence_keys`` (:func:`sequence_key`) and ``correct``: one entry per question, same shape."""
         if sequence_keys.shape != correct.shape:
             raise ValueError(f"sequence_keys {tuple(sequence_keys.shape)} and correct {tuple(correct.shape)} differ")
         self.sequence_keys.append(sequence_keys.reshape(-1).to(torch.int64))

@@ -1,6 +1,5 @@
-"""Trivial baselines (``mate baseline``): answers that need no model, scored with the tasks' own metrics; what
-"learned" means on a dev side is read against these. Each rule is chosen on the training side only, then scored on the
-validation side.
+"""Trivial baselines (``mate baseline``): answers that need no model, scored with the tasks' own metrics. Each rule is
+chosen on the training side only, then scored on validation.
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ FIXED_ROWS = 3
 
 
 def wtq_most_frequent(train: Sequence[Question], validation: Sequence[Question]) -> dict:
-    """The training side's most frequent gold answer list (compared by normalised text) for every validation question;
-    denotation accuracy against the gold targets the models are scored against."""
+    """The training side's most frequent gold answer list (by normalised text), as the answer to every question."""
     counts = Counter(tuple(sorted(normalize(a) for a in q.answers)) for q in train if q.answers)
     ((key, _),) = counts.most_common(1)
     # the answer as written in its most frequent spelling
@@ -29,8 +27,8 @@ def wtq_most_frequent(train: Sequence[Question], validation: Sequence[Question])
 
 
 def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question], table: Callable[[str], Table]) -> dict:
-    """The fixed cell rule with the best ALL on the training side ("every cell of column c" or "the cell at row r,
-    column c", for the first ``FIXED_COLUMNS`` columns and ``FIXED_ROWS`` rows); ALL and SEQ on validation."""
+    """The fixed rule ("every cell of column c" or "the cell at row r, column c", within ``FIXED_ROWS`` x
+    ``FIXED_COLUMNS``) with the best training ALL; its ALL and SEQ on validation."""
     rules = [(f"every cell of column {c}", _column(c)) for c in range(FIXED_COLUMNS)]
     rules += [
         (f"the cell at row {r}, column {c}", _cell(r, c)) for r in range(FIXED_ROWS) for c in range(FIXED_COLUMNS)
@@ -64,14 +62,13 @@ def tabfact_majority(train: Sequence[Question], validation: Sequence[Question]) 
     return {"rule": f"always {('refuted', 'entailed')[label]}", "val/accuracy": _mean(correct)}
 
 
-#: the regularisation strengths the statement-only model chooses from (5-fold, grouped by table)
+#: the regularisation strengths the statement-only model chooses from (up to 5-fold CV, grouped by table)
 STATEMENT_ONLY_C = (0.03, 0.1, 0.3, 1.0)
 
 
 def tabfact_statement_only(train: Sequence[Question], validation: Sequence[Question]) -> dict:
-    """A unigram bag-of-words logistic regression on the statement alone (no table), fitted on the training side: the
-    statements' own label bias, which a model that reads the table should beat. ``{}`` with fewer than two training
-    tables or labels."""
+    """Unigram bag-of-words logistic regression on the statement alone (no table): the statements' own label bias,
+    which a model that reads the table should beat. ``{}`` with fewer than two training tables or labels."""
     from sklearn.feature_extraction.text import CountVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import GroupKFold, cross_val_score

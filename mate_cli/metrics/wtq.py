@@ -1,33 +1,19 @@
-"""WikiTableQuestions denotation accuracy, scored as the official evaluator scores it.
+"""WikiTableQuestions denotation accuracy as Pasupat & Liang's official ``evaluator.py`` (1.0.2, Python 2) scores it.
 
-Re-implements Pasupat & Liang's ``evaluator.py`` (version 1.0.2, Python 2): answer strings become
-typed values (:func:`to_value`) that match by normalised text (:func:`normalize`), as numbers
-within ``1e-6`` or as equal dates; a predicted list is correct when, without duplicates, it has as
-many values as the gold list and every gold value matches one (:func:`check_denotation`). Python 2
-behaviours are kept: an amount within ``1e-6`` of an integer is stored truncated (``2.9999999`` is
-2); a date built without its text writes an unknown day as ``-1``; ``\\d`` in the citation rule is
-ASCII; ``1_000`` is not a number.
+Answers become typed values (:func:`to_value`); a predicted list is correct when, deduplicated, it has as many values
+as the gold list and every gold value matches one (:func:`check_denotation`). Python 2 behaviours are kept: an amount
+within ``1e-6`` of an integer is truncated (``2.9999999`` is 2), ``\\d`` is ASCII, ``1_000`` is not a number.
 
-Predictions are read as the evaluator reads the ``predictions.tsv`` of
-:mod:`mate_cli.data.answer_files`, with no canonical form: ``"1,484,900"`` is a string, matching a
-gold ``1484900`` only if the gold text is ``1,484,900``; ``"1920-10-16"`` and ``"xx-10-24"`` are dates.
+Predictions are read as the evaluator reads ``predictions.tsv``, with no canonical form: ``"1,484,900"`` is a string,
+matching a gold ``1484900`` only if the gold text is ``1,484,900``. Gold answers are read through CoreNLP's
+``targetCanon`` from the release's ``tagged/data/<split>.tagged`` (passed on by :class:`~mate_cli.data.wtq.WTQReader`),
+else (no tagged twin, as for ``random-split-1-dev.tsv``) through :func:`emulated_canon`, a small subset of CoreNLP's
+number and date forms; there it changes a gold value's type or number for 170 of 2,831 questions.
 
-Gold answers are read through their CoreNLP canonical forms, the ``targetCanon`` of the release's
-``tagged/data/<split>.tagged`` (``16 Oct 1920`` -> ``1920-10-16``, ``1,484,900`` -> ``1484900.0``),
-which :class:`~mate_cli.data.wtq.WTQReader` passes on when the tagged file has the question.
-Otherwise (a question file without a tagged twin, as ``random-split-1-dev.tsv``)
-:func:`emulated_canon` stands in: a small subset of CoreNLP's forms for numbers (sign, currency,
-thousands separators, ``%``, ordinals, one unit word; ``thousand``/``million``/``billion``
-multiply) and dates (``_DATES``; ``May`` alone stays a word, as in CoreNLP).
-
-The emulation was written from, and measured on, ``pristine-seen-tables.tagged`` (3,537 questions,
-so in-sample): the same value list as the real ``targetCanon`` for 99.86% of questions (raw
-strings: 93.38%), 4 of 7,074 verdicts different (raw: 233). CoreNLP finds numbers or dates beyond
-these rules in ``Stage 3``, ``Since 1922``, ``2000 F``, ``12.21 (+0.7)`` and ``New Year's Day``.
-Against ``evaluator.py`` itself (Python 2.7, 24,759 predictions on those questions) every verdict
-agrees with the tagged forms and all but 8 (0.03%) with the emulated ones. On
-``random-split-1-dev.tsv`` the emulation changes a gold value's type or number for 170 of 2,831
-questions.
+The emulation, measured in-sample on ``pristine-seen-tables.tagged`` (3,537 questions), gives the tagged value list for
+99.86% of questions (raw strings: 93.38%); against ``evaluator.py`` itself all but 8 of 24,759 verdicts agree (0.03%).
+CoreNLP finds numbers or dates beyond its rules in ``Stage 3``, ``Since 1922``, ``2000 F``, ``12.21 (+0.7)``,
+``New Year's Day``.
 """
 
 from __future__ import annotations
@@ -38,28 +24,21 @@ import unicodedata
 from decimal import Decimal
 from typing import Iterable, Optional, Sequence
 
-# Trailing citation marks, repeated: "[...]" (not at the very start), "[digits]"
-# (anywhere, so a lone "[1]" vanishes; ASCII digits, as Python 2's non-Unicode \d)
-# and the footnote symbols • ♦ † ‡ * # +.
+# Trailing citation marks, repeated: "[...]" (not at the start), "[digits]" (anywhere: a lone "[1]" vanishes) and
+# footnote symbols.
 _CITATIONS = re.compile(r"((?<!^)\[[^\]]*\]|\[[0-9]+\]|[•♦†‡*#+])*$")
-# Trailing " (...)" details, repeated; the space before "(" is required and a string
-# that is only "(...)" is kept.
+# Trailing " (...)" details, repeated; the space is required and a string that is only "(...)" is kept.
 _PARENTHESES = re.compile(r"(?<!^)( \([^)]*\))*$")
-# One outermost pair of double quotes around a text with no other double quote.
 _OUTER_QUOTES = re.compile(r'^"([^"]*)"$')
 NUMBER_TOLERANCE = 1e-6
 
 
 def normalize(text: str) -> str:
     """The official evaluator's normalised form of an answer string."""
-    # Accents: NFKD decomposition, then drop the combining marks (category Mn).
-    # NFKD also folds compatibility characters ("ﬁ" -> "fi", full-width digits).
+    # NFKD drops accents (category Mn) and also folds compatibility characters ("ﬁ" -> "fi", full-width digits).
     text = "".join(c for c in unicodedata.normalize("NFKD", text) if unicodedata.category(c) != "Mn")
-    # Quotes: typographic single quotes, acute accent and backtick become "'".
     text = re.sub(r"[‘’´`]", "'", text)
-    # Quotes: typographic double quotes become '"'.
     text = re.sub(r"[“”]", '"', text)
-    # Dashes: hyphen, non-breaking hyphen, figure/en/em dash and minus become "-".
     text = re.sub(r"[‐‑‒–—−]", "-", text)
     while True:
         before = text
@@ -74,7 +53,7 @@ def normalize(text: str) -> str:
 
 
 def _int(text: str) -> int:
-    """``int(text)`` without Python 3's digit separators (the official script ran on Python 2)."""
+    """``int(text)`` without Python 3's ``_`` digit separators."""
     if "_" in text:
         raise ValueError(text)
     return int(text)
@@ -89,11 +68,10 @@ def _py2_str(amount: int | float) -> str:
 
 
 class Value:
-    """An answer value: :attr:`normalized` is the text it matches by; equal values (same type,
-    same :attr:`key`: its text, amount or date) count once in a list."""
+    """An answer value, matched by :attr:`normalized`; equal values (same type and :attr:`key`) count once in a list."""
 
     normalized: str
-    KEY = "normalized"  # the attribute a value is equal by
+    KEY = "normalized"
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self.key == other.key
@@ -111,8 +89,6 @@ class Value:
 
 
 class StringValue(Value):
-    """A plain string answer, compared by its normalised text."""
-
     def __init__(self, content: str) -> None:
         if not isinstance(content, str):
             raise TypeError(f"StringValue needs a str, got {type(content).__name__}")
@@ -123,7 +99,7 @@ class StringValue(Value):
 
 
 class NumberValue(Value):
-    """A number; an amount within ``1e-6`` of an integer is stored as ``int(amount)`` (truncated)."""
+    """A number; matches another within ``1e-6``."""
 
     KEY = "amount"
 
@@ -145,7 +121,7 @@ class NumberValue(Value):
 
     @staticmethod
     def parse(text: str) -> Optional[int | float]:
-        """``text`` as ``int()``, else ``float()``, reads it (finite; no ``_`` separators), else None."""
+        """``int(text)``, else a finite ``float(text)``, else None (no ``_`` separators)."""
         if "_" in text:
             return None
         try:
@@ -182,7 +158,7 @@ class DateValue(Value):
 
     @staticmethod
     def parse(text: str) -> Optional[tuple[int, int, int]]:
-        """``(year, month, day)`` of a ``YYYY-MM-DD`` text (``xx``/``xxxx`` = unknown, -1), else None."""
+        """``(year, month, day)`` of ``YYYY-MM-DD`` (``xx``, or ``xxxx`` for the year: unknown, -1), else None."""
         parts = text.lower().split("-")
         if len(parts) != 3:
             return None
@@ -200,9 +176,8 @@ class DateValue(Value):
 
 
 def to_value(text: str | Value, corenlp_value: Optional[str] = None) -> Value:
-    """The value of an answer string: a number, else a date (a year alone is a number), else a
-    string. ``corenlp_value`` (a gold answer's canonical form; empty: none) is what is parsed, ``text``
-    what is normalised. A :class:`Value` is returned unchanged."""
+    """A number, else a date (a year alone is a number), else a string. ``corenlp_value`` (a gold answer's canonical
+    form) is what is parsed when given, ``text`` what is normalised."""
     if isinstance(text, Value):
         return text
     parsed = corenlp_value or text
@@ -220,7 +195,7 @@ def to_value(text: str | Value, corenlp_value: Optional[str] = None) -> Value:
 def to_value_list(
     texts: Iterable[str | Value], corenlp_values: Optional[Sequence[Optional[str]]] = None
 ) -> list[Value]:
-    """The distinct values of ``texts`` (the first of equal values kept, in order)."""
+    """The distinct values of ``texts``, in order."""
     texts = list(texts)
     if corenlp_values is None:
         corenlp_values = [None] * len(texts)
@@ -230,15 +205,12 @@ def to_value_list(
 
 
 def check_denotation(target_values: Sequence[Value], predicted_values: Sequence[Value]) -> bool:
-    """True iff both lists have the same size and every target matches some prediction."""
     if len(target_values) != len(predicted_values):
         return False
     return all(any(t.match(p) for p in predicted_values) for t in target_values)
 
 
-# ---------------------------------------------------------------- gold: canonical forms
-#: version of :func:`emulated_canon`'s rules: raise it when they change (WikiTQ's cached
-#: answer cells depend on them, and the preprocessing cache key includes it)
+#: version of :func:`emulated_canon`'s rules, in the preprocessing cache key: raise it when they change
 CANON_EMULATION = 1
 _MONTHS = {
     name: number
@@ -284,9 +256,8 @@ _MULTIPLIERS = {"thousand": 10**3, "million": 10**6, "billion": 10**9}
 
 
 def emulated_canon(text: str) -> Optional[str]:
-    """The canonical form CoreNLP would give the gold answer ``text`` (module docstring), in the tagged
-    files' ``targetCanon`` forms (``"1484900"``, ``"1920-10-16"``, ``"xxxx-10-24"``, ``"1920-10-xx"``),
-    or None when no rule applies (the text is then read as it is). For gold answers only."""
+    """The ``targetCanon`` CoreNLP would give the gold answer ``text`` (``"1484900"``, ``"1920-10-16"``,
+    ``"xxxx-10-24"``, ``"1920-10-xx"``), or None when no rule applies. For gold answers only."""
     text = " ".join(text.split())
     for pattern in _DATES:
         date = pattern.fullmatch(text)
@@ -311,18 +282,15 @@ def emulated_canon(text: str) -> Optional[str]:
 
 
 def target_values(answers: Sequence[str], canon: Optional[Sequence[str]] = None) -> list[Value]:
-    """The gold values of ``answers``: read through ``canon`` (the tagged ``targetCanon``, one
-    per answer) when given, else through :func:`emulated_canon`."""
+    """Gold values, through ``canon`` (``targetCanon``, one per answer), else :func:`emulated_canon`."""
     answers = list(answers)
     if not canon:
         canon = [emulated_canon(a) for a in answers]
     return to_value_list(answers, list(canon))
 
 
-# ---------------------------------------------------------------- predictions
 def prediction_field(text: str) -> str:
-    """An answer as one field of ``predictions.tsv``: tabs and line breaks become spaces (the
-    evaluator splits the file into lines, and a line on tabs)."""
+    """An answer as one ``predictions.tsv`` field: tabs and line breaks become spaces."""
     return " ".join(text.replace("\t", " ").splitlines()) if text else text
 
 
@@ -338,6 +306,6 @@ def _texts(answers: str | Iterable[str]) -> list[str]:
 def denotation_correct(
     targets: str | Sequence[str], predicted: str | Sequence[str], canon: Optional[Sequence[str]] = None
 ) -> bool:
-    """Whether the predicted answers denote the gold answers ``targets`` (a single str is a
-    one-item list); ``canon``: the gold answers' tagged canonical forms, when known."""
+    """Whether ``predicted`` denotes the gold ``targets`` (a str is a one-item list); ``canon`` as in
+    :func:`target_values`."""
     return check_denotation(target_values(_texts(targets), canon), predicted_values(_texts(predicted)))
