@@ -24,15 +24,10 @@ POOLINGS = ("cls", "mean")
 
 
 class EncoderTaskModule(L.LightningModule):
-    """A task on top of the :class:`~mate_cli.modeling.encoder.TableEncoder`; ``optimizer(parameter_groups)`` and
-    ``scheduler(optimizer, total_steps=)`` are Hydra partials (no scheduler: None). ``extra_*`` set up N new layers
-    trained from scratch on the encoder's output (:mod:`mate_cli.modeling.extra_layers`; 0: none), ``dot`` DoT's pruning
-    transformer (:meth:`prune`). ``pooling`` is what a head on the whole sequence reads (:meth:`pool`): ``cls``, the
-    [CLS] state through the checkpoint's pooler (TAPAS), or ``mean`` over the real tokens without it (how sentence
-    encoders such as the bundled MiniLM were trained; its pooler never was: ``docs/results.md``).
-
-    The pooler is frozen unless the task reads it (``uses_pooler`` with ``pooling=cls``): DDP would wait for its
-    gradients.
+    """A task on the :class:`~mate_cli.modeling.encoder.TableEncoder`. ``optimizer`` and ``scheduler`` are Hydra
+    partials (:mod:`mate_cli.lit_modules.optim`); ``extra_*``: :mod:`mate_cli.modeling.extra_layers` (0: none); ``dot``:
+    :meth:`prune`; ``pooling``: :meth:`pool`. The pooler is frozen unless the task reads it (``uses_pooler`` with
+    ``pooling=cls``): DDP would wait for its gradients.
     """
 
     #: whether the task's heads read the pooled [CLS] (then the pooler trains)
@@ -56,9 +51,8 @@ class EncoderTaskModule(L.LightningModule):
         if pooling not in POOLINGS:
             raise MateError(f"model.pooling={pooling!r} is invalid; use one of {', '.join(POOLINGS)}")
         self.pooling = pooling
-        #: values measured once per run, for metrics.json: ``start/val/*`` (the starting
-        #: checkpoint's validation, ``validate_start``) and ``dt_fixup/*``; kept in every
-        #: checkpoint so a resumed run still reports them
+        #: values measured once per run for metrics.json (``start/val/*``, ``dt_fixup/*``), kept in every checkpoint
+        #: so a resumed run still reports them
         self.recorded_metrics: dict[str, float] = {}
         self.encoder = encoder
         if extra_init not in INITS:  # checked with no extra layers too: a typo is never ignored
@@ -104,10 +98,8 @@ class EncoderTaskModule(L.LightningModule):
             encoder.pooler.requires_grad_(False)
 
     def check_type_ids(self, batch) -> None:
-        """The batch's token-type ids against every embedding table that reads them (the encoder's, DoT's pruner's),
-        on the host: a `MateError` naming the field. The embeddings check CPU layouts in their forward; a batch bound
-        for a GPU is checked before it moves (:meth:`on_before_batch_transfer`, :meth:`batch_to_device`), so no GPU
-        forward waits for the host."""
+        """The batch's token-type ids against every embedding table that reads them (encoder, DoT's pruner), before a
+        batch moves to a GPU, so no GPU forward waits for the host (CPU layouts: the embeddings' forward)."""
         for encoder in [self.encoder] + ([self.dot.pruner] if self.dot is not None else []):
             encoder.embeddings.check_type_ids(encoder.backends[0].embedding_layout(batch.layout))
 
@@ -117,27 +109,29 @@ class EncoderTaskModule(L.LightningModule):
         return batch
 
     def batch_to_device(self, batch, device: torch.device | None = None):
-        """``batch`` on ``device`` (default: this module's), checked as Lightning's loops check theirs: for the loops
-        outside them (DT-Fixup's pass, prediction, PointR's stages)."""
+        """``batch`` on ``device`` (default: this module's), checked as in Lightning's loops: for the loops outside
+        them (DT-Fixup's pass, prediction, PointR's stages)."""
         device = self.device if device is None else torch.device(device)
         if device.type != "cpu":
             self.check_type_ids(batch)
         return batch.to(device)
 
     def encode(self, input_ids: torch.Tensor, layout) -> torch.Tensor:
-        """Token states ``[batch, seq, hidden]``: the encoder, then the extra layers if any."""
+        """The encoder, then the extra layers if any."""
         hidden = self.encoder(input_ids, layout)
         return hidden if self.extra is None else self.extra(hidden, layout.attention_mask)
 
     def pool(self, hidden: torch.Tensor, layout) -> torch.Tensor:
-        """``[batch, hidden]``: what a head on the whole sequence reads (``pooling``)."""
+        """``[batch, hidden]``: ``cls``, the [CLS] state through the checkpoint's pooler (TAPAS), or ``mean`` over the
+        real tokens (how sentence encoders such as the bundled MiniLM were trained; its pooler never was:
+        docs/results.md)."""
         if self.pooling == "cls":
             return self.encoder.pooler(hidden)
         return mean_over_tokens(hidden, layout.attention_mask)
 
     def prune(self, batch):
-        """DoT: ``(the batch of the kept tokens, what the pruner computed)``; without DoT ``(batch, None)``. Per-cell
-        tensors are indexed by cell id, so they stay as they are; a cell with no kept token is never selected."""
+        """DoT: ``(batch of the kept tokens, Pruned)``, else ``(batch, None)``. Per-cell tensors (by cell id) stay as
+        they are; a cell with no kept token is never selected."""
         if self.dot is None:
             return batch, None
         positions = self.encoder.embeddings.position_ids(self.encoder.backends[0].embedding_layout(batch.layout))
@@ -153,13 +147,12 @@ class EncoderTaskModule(L.LightningModule):
         return loss + extra
 
     def pruning_loss(self, batch, pruned: Pruned) -> torch.Tensor:
-        """P-DoT's loss on the pruning transformer's token logits (App. C.2), for tasks with answer
-        cells (:class:`~mate_cli.lit_modules.table_qa.TableQAModule`); others train DoT jointly only."""
+        """P-DoT's and PJ-DoT's pruner loss (App. C.2), for tasks with answer cells (``TableQAModule``)."""
         raise NotImplementedError
 
     def log_train_metric(self, name: str, values: torch.Tensor, batch_size: int) -> None:
-        """``train/<name>``: the mean of ``values``, the task's own metric on this batch as trained (dropout on), logged
-        like the loss (every ``trainer.log_every_n_steps`` steps); ``mate train`` puts the last in ``metrics.json``."""
+        """``train/<name>``: the mean of ``values``, the task's metric on this batch as trained (dropout on), logged
+        like the loss; ``mate train`` puts the last in ``metrics.json``."""
         self.log(
             f"train/{name}",
             values.detach().float().mean(),
@@ -175,8 +168,7 @@ class EncoderTaskModule(L.LightningModule):
 
     @torch.no_grad()
     def _dt_fixup(self) -> None:
-        """DT-Fixup's ``mu = max_j ||x_j||``: the encoder's outputs over the whole training set,
-        one forward pass (the largest over DDP ranks), then the new layers' scaling."""
+        """DT-Fixup's ``mu = max_j ||x_j||`` over the encoder's outputs on the training set (max over DDP ranks)."""
         was_training = self.training
         self.eval()
         mu = torch.zeros((), device=self.device)
@@ -206,8 +198,6 @@ class EncoderTaskModule(L.LightningModule):
         self.recorded_metrics = dict(checkpoint.get("mate_recorded_metrics", {}))
 
     def export_pretrained(self, directory, tokenizer=None):
-        """Write the encoder as a ``transformers.TapasModel`` directory (``export_encoder=true``);
-        a module whose head travels with it (masked-LM pre-training) writes that too."""
         if self.dot is not None:
             log.warning(
                 "export_encoder: this is DoT's task model alone; without the pruning transformer it reads "

@@ -1,5 +1,4 @@
-"""PointR stage 1 as a LightningModule: encoder + cell head and loss (:mod:`mate_cli.modeling.heads`), Hits@1/3/5
-(:mod:`mate_cli.metrics.retrieval`)."""
+"""PointR stage 1: encoder + cell head and loss (:mod:`mate_cli.modeling.heads`), Hits@1/3/5."""
 
 from __future__ import annotations
 
@@ -18,9 +17,7 @@ HITS_K = (1, 3, 5)
 
 
 class CellSelectionModule(EncoderTaskModule):
-    """Cell selection: ``P(c) = softmax_c(mean_{t in c} w·h_t)``. ``mml``: train with MML over all candidate cells (the
-    paper's), else cross-entropy to the first candidate; the other arguments are
-    :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s."""
+    """``mml``: MML over all candidate cells (the paper's), else cross-entropy to the first candidate."""
 
     def __init__(
         self, encoder: nn.Module, optimizer: Callable, scheduler: Callable | None = None, mml: bool = True, **extra
@@ -29,7 +26,7 @@ class CellSelectionModule(EncoderTaskModule):
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.head = CellSelectionHead(encoder.config.hidden_size, encoder.config.initializer_range)
         self.loss_fn = mml_loss if mml else first_candidate_loss
-        self.val_hits = nn.ModuleDict({f"hits@{k}": MeanMetric() for k in HITS_K})  # over every question
+        self.val_hits = nn.ModuleDict({f"hits@{k}": MeanMetric() for k in HITS_K})
         self.test_hits = nn.ModuleDict({f"hits@{k}": MeanMetric() for k in HITS_K})
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
 
@@ -58,10 +55,8 @@ class CellSelectionModule(EncoderTaskModule):
 
     def _eval_step(self, batch: Batch, stage: str, hits: nn.ModuleDict, mean_loss: MeanMetric) -> None:
         logits, loss = self._step(batch)
-        # The loss is a mean over the examples with a candidate cell; weighted by their count,
-        # the epoch value is the mean over all such examples of the split however they are
-        # batched, and under DDP the metric's sums are added across the ranks (exactly, unlike
-        # a sync_dist mean, whose integer batch-size count Lightning divides by the world size).
+        # weighted by the examples with a candidate: the split's mean however batched, exact under DDP (unlike a
+        # sync_dist mean, whose integer batch-size count Lightning divides by the world size)
         mean_loss.update(loss.detach(), weight=(batch.candidate_mask & batch.cell_mask).any(dim=-1).sum())
         self.log(f"{stage}/loss", mean_loss, batch_size=len(batch))
         for k in HITS_K:

@@ -1,8 +1,7 @@
-"""TabFact as a LightningModule: encoder + TAPAS's entailment classifier on the pooled sequence (``model.pooling``).
+"""TabFact: encoder + TAPAS's entailment classifier on the pooled sequence (``model.pooling``).
 
-Logged per evaluation: ``<stage>/loss`` (cross-entropy), ``<stage>/accuracy`` and, when
-the upstream simple/complex id lists are present, ``<stage>/accuracy_simple`` and
-``<stage>/accuracy_complex``.
+Logged per evaluation: ``<stage>/loss``, ``<stage>/accuracy`` and, when the upstream simple/complex id lists are
+present, ``<stage>/accuracy_simple`` and ``<stage>/accuracy_complex``.
 """
 
 from __future__ import annotations
@@ -22,14 +21,7 @@ VERDICTS = ("refuted", "entailed")
 
 
 class EntailmentModule(EncoderTaskModule):
-    """Statement verification: ``P(entailed | statement, table) = softmax(W dropout(pooled))``.
-
-    Args:
-        num_labels: 2 (refuted, entailed), as TabFact and ``TapasForSequenceClassification``.
-        pretrained: the encoder's checkpoint: a TAPAS TabFact checkpoint's ``classifier`` loads from it.
-        extra: :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s keywords, ``pooling``
-            among them (what the classifier reads).
-    """
+    """``pretrained``: the encoder's checkpoint; a TAPAS TabFact checkpoint's ``classifier`` loads from it."""
 
     uses_pooler = True
     supports_dot = True

@@ -1,10 +1,8 @@
-"""Masked-LM pre-training as a LightningModule: encoder + BERT's MLM head (:mod:`mate_cli.modeling.mlm`), on the masks
-of :mod:`mate_cli.data.pretraining`.
+"""Masked-LM pre-training (MATE §3.2, App. A.1): encoder + BERT's MLM head (:mod:`mate_cli.modeling.mlm`).
 
-Logged on the held-out tables: ``val/mlm_loss`` (cross-entropy per predicted word piece) and ``val/mlm_accuracy`` (the
-share of predicted word pieces whose top logit is the original), both means over every prediction of the split however
-it is batched (under DDP, the validation inside fit sees Lightning's padded split, a few examples twice; the final
-validation sees each once).
+Logged on the held-out tables: ``val/mlm_loss`` and ``val/mlm_accuracy``, means over every predicted word piece of the
+split however batched (under DDP, the validation inside fit sees Lightning's padded split, a few examples twice; the
+final validation sees each once).
 """
 
 from __future__ import annotations
@@ -26,12 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class MaskedLMModule(EncoderTaskModule):
-    """TAPAS-style masked-LM pre-training (MATE §3.2, App. A.1).
-
-    Args:
-        pretrained: the checkpoint the encoder came from; its ``cls.predictions`` tensors
-            (a BERT or TAPAS masked-LM checkpoint) start the head, else BERT's initialisation.
-    """
+    """``pretrained``: the encoder's checkpoint; its ``cls.predictions`` tensors, if any, start the head."""
 
     def __init__(
         self,
@@ -54,7 +47,7 @@ class MaskedLMModule(EncoderTaskModule):
         self.val_loss, self.val_accuracy = MeanMetric(), MeanMetric()
 
     def forward(self, batch: MaskedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logits [predictions, vocab], targets [predictions])`` at the masked positions only."""
+        """``(logits [predictions, vocab], targets [predictions])`` at the masked positions."""
         hidden = self.encode(batch.input_ids, batch.layout)
         picked = batch.labels != IGNORE
         return self.head(hidden[picked]).float(), batch.labels[picked]
@@ -78,8 +71,7 @@ class MaskedLMModule(EncoderTaskModule):
         self.log("val/mlm_accuracy", self.val_accuracy, prog_bar=True, batch_size=len(batch))
 
     def export_pretrained(self, directory, tokenizer=None):
-        """Encoder + MLM head as a ``transformers.TapasForMaskedLM`` directory (``tapas.*`` and
-        ``cls.predictions.*``), which ``model.encoder.pretrained=<dir>`` also fine-tunes from."""
+        """Encoder + MLM head as a ``transformers.TapasForMaskedLM`` directory (``model.encoder.pretrained`` reads it)."""
         return self.encoder.save_pretrained(
             directory, tokenizer=tokenizer, extra_state=mlm_state_dict(self.head), prefix="tapas."
         )

@@ -1,5 +1,4 @@
-"""What every task module's ``configure_optimizers`` shares; the optimiser and schedule themselves are Hydra partials
-(``conf/model/optimizer``, ``conf/model/scheduler``)."""
+"""Every task module's ``configure_optimizers``; the optimiser and schedule are Hydra partials (``conf/model/``)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_rat
 
 
 def configure(module: L.LightningModule, optimizer: Callable, scheduler: Callable | None) -> dict:
-    """Lightning's ``configure_optimizers`` answer: ``optimizer(groups)``, and ``scheduler(opt, total_steps=)`` stepped
-    every optimiser step, ``total_steps`` being the trainer's estimate of the run's steps."""
+    """``optimizer(groups)`` and ``scheduler(opt, total_steps=)`` (the trainer's estimate), stepped every step."""
     opt = optimizer(parameter_groups(module))
     if scheduler is None:
         return {"optimizer": opt}

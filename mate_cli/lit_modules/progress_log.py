@@ -1,9 +1,6 @@
-"""Progress as log lines where Rich's progress bar draws nothing (``nohup``, a cluster's job log, any stdout that is not
-a terminal), so a long run is not silent between its model summary and its final table.
-
-One line every ``every_n_seconds``, or every ``every_n_steps`` steps (batches in evaluation), whichever comes first, and
-at ``max_steps`` or an evaluation loop's last batch; in a terminal none unless ``always``.
-Preprocessing logs its own progress (:mod:`mate_cli.data.preprocess`).
+"""Progress as log lines where stdout is not a terminal (Rich's bar draws nothing there): one every
+``every_n_seconds`` or ``every_n_steps`` steps (batches in evaluation), whichever comes first, and at ``max_steps`` or
+an evaluation loop's last batch; in a terminal none unless ``always``.
 """
 
 from __future__ import annotations
@@ -54,7 +51,6 @@ class ProgressLog(L.Callback):
     def _on(self, trainer) -> bool:
         return trainer.is_global_zero and (self.always or not sys.stdout.isatty())
 
-    # ---------------------------------------------------------------- training
     def on_train_start(self, trainer, pl_module) -> None:
         self._active = self._on(trainer)
         self._train = _Clock(trainer.global_step)
@@ -78,7 +74,6 @@ class ProgressLog(L.Callback):
             parts.append(f"{_duration((total - step) / rate)} left")
         log.info("progress: %s", ", ".join(parts))
 
-    # ---------------------------------------------------------------- evaluation
     def _eval_batch_end(self, trainer, batch, batch_idx: int, dataloader_idx: int, stage: str) -> None:
         if not self._on(trainer) or trainer.sanity_checking:
             return

@@ -1,8 +1,5 @@
-"""PointR stage 2 as a LightningModule: encoder + span head, loss and decoding (:mod:`mate_cli.modeling.span`).
-
-Evaluation reports ``<stage>/em`` and ``<stage>/f1`` (:mod:`mate_cli.metrics.hybridqa`, percent) of the decoded span
-against the answer, on the gold cell of each question.
-"""
+"""PointR stage 2: encoder + span head (:mod:`mate_cli.modeling.span`); ``<stage>/em`` and ``<stage>/f1`` (percent) of
+the decoded span on each question's gold cell."""
 
 from __future__ import annotations
 
@@ -19,13 +16,7 @@ from mate_cli.modeling.span import SpanHead, span_loss
 
 
 class SpanModule(EncoderTaskModule):
-    """Span reader: ``P(s) = softmax_{valid s} MLP([h_start(s); h_end(s)])``.
-
-    Args:
-        max_span_length: longest answer span, in word pieces.
-        mlp_hidden: width of the span MLP's hidden layer (None: the encoder's hidden size).
-        extra: :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s keywords.
-    """
+    """``max_span_length`` in word pieces; ``mlp_hidden``: the span MLP's width (None: the encoder's hidden size)."""
 
     def __init__(
         self,
@@ -69,9 +60,8 @@ class SpanModule(EncoderTaskModule):
     def _eval_step(self, batch: SpanBatch, stage: str, em: MeanMetric, f1: MeanMetric, mean_loss: MeanMetric) -> None:
         scores, valid = self(batch)
         loss, used = span_loss(scores, valid, batch.gold_start, batch.gold_end)
-        # the mean over the examples with a usable gold span, however they are batched or
-        # spread over DDP ranks; updated for every batch (weight 0 when none is usable), since
-        # under DDP every rank must log the same keys
+        # the mean over the examples with a usable gold span; updated for every batch (weight 0 when none is
+        # usable), since under DDP every rank must log the same keys
         mean_loss.update(loss.detach(), weight=used.sum())
         self.log(f"{stage}/loss", mean_loss, batch_size=len(batch))
         em_values, f1_values = self.scores(batch, scores, valid)
@@ -82,7 +72,7 @@ class SpanModule(EncoderTaskModule):
 
     @torch.no_grad()
     def scores(self, batch: SpanBatch, scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per example, EM and F1 (0-100, the official HybridQA normalisation) of the decoded span."""
+        """Per example, EM and F1 (0-100, official HybridQA normalisation) of the decoded span."""
         start, end, _ = self.head.decode(scores.detach(), valid)
         preds = batch.texts(start, end)
         return (

@@ -1,16 +1,14 @@
-"""SQA and WikiTQ as a LightningModule: the encoder and TAPAS's heads (:mod:`mate_cli.modeling.tapas_heads`).
+"""SQA and WikiTQ: the encoder and TAPAS's heads (:mod:`mate_cli.modeling.tapas_heads`).
 
-Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something); ``<stage>/accuracy`` (SQA's
-ALL, :mod:`mate_cli.metrics.sqa`; WikiTQ's denotation accuracy, :mod:`mate_cli.metrics.wtq`); SQA's SEQ as
-``<stage>/seq``; ``<stage>/accuracy_long`` and ``<stage>/long_questions`` over the questions whose whole input is
-longer than ``long_table_tokens`` word pieces, whatever ``max_length``, so runs at different lengths are scored on the
-same questions. With DoT, ``train/`` and ``<stage>/answer_cells_kept``: the share of questions with answer cells whose
-every answer cell keeps a token after the top-K selection (the data statistics' ``answer_cells_kept`` is the length
-cut's, before it).
+Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something), ``<stage>/accuracy`` (SQA's ALL;
+WikiTQ's denotation accuracy), SQA's SEQ as ``<stage>/seq``, and ``<stage>/accuracy_long`` and ``long_questions`` over
+the questions whose whole input exceeds ``long_table_tokens`` word pieces whatever ``max_length`` (runs at different
+lengths score the same questions). With DoT, ``train/`` and ``<stage>/answer_cells_kept``: the share of questions with
+answer cells that keep a token of every answer cell after the top-K selection (the data statistics' one is the length
+cut's).
 
-SQA's evaluation feeds each question the model's own prediction for the previous one as ``prev_labels`` (TAPAS's
-evaluation), position by position, so the split must come in position order on one process: under DDP a previous
-prediction made on another rank is not seen (a warning, and zeros are used).
+SQA's evaluation feeds each question the model's own prediction for the previous one as ``prev_labels`` (as TAPAS
+does), position by position, so the split must come in position order on one process (under DDP: a warning, zeros).
 """
 
 from __future__ import annotations
@@ -46,13 +44,9 @@ log = logging.getLogger(__name__)
 
 
 class TableQAModule(EncoderTaskModule):
-    """Cell selection with TAPAS's heads: SQA (no aggregation) and WikiTQ (NONE/SUM/AVERAGE/COUNT).
-
-    ``head`` holds :class:`~mate_cli.modeling.tapas_heads.TapasHeadConfig` settings; ``null`` ones come from a TAPAS
-    ``pretrained`` checkpoint (whose head weights load too), else TAPAS's defaults. ``long_table_tokens`` is the
-    long-table slice's threshold (null: none); ``extra`` holds :class:`~mate_cli.lit_modules.base.EncoderTaskModule`'s
-    keywords, ``pooling`` (what WikiTQ's aggregation classifier reads) among them.
-    """
+    """``head``: :class:`~mate_cli.modeling.tapas_heads.TapasHeadConfig` settings; ``null`` ones come from a TAPAS
+    ``pretrained`` checkpoint (whose head weights load too), else TAPAS's defaults. ``long_table_tokens``: the
+    long-question slice's threshold (null: none)."""
 
     uses_pooler = True
     supports_dot = True
@@ -107,11 +101,10 @@ class TableQAModule(EncoderTaskModule):
         self._predicted: dict[tuple[str, int], set[tuple[int, int]]] = {}
         self._warned_missing = False
 
-    # ------------------------------------------------------------ model
     def forward(self, batch: TaskBatch, with_loss: bool = False) -> QAOutput:
         """The heads' output on ``batch`` as given (with DoT, callers pass the kept tokens: ``self.prune``)."""
         hidden = self.encode(batch.input_ids, batch.layout)
-        pooled = self.pool(hidden, batch.layout)  # the aggregation classifier's input (model.pooling)
+        pooled = self.pool(hidden, batch.layout)
         with torch.autocast(hidden.device.type, enabled=False):  # the head in float32 (tapas_heads docstring)
             hidden, pooled = hidden.float(), pooled.float()
             if not with_loss:
@@ -138,7 +131,6 @@ class TableQAModule(EncoderTaskModule):
         return self.with_pruning_loss(loss, batch, pruned)
 
     def _log_answer_cells_kept(self, kept: TaskBatch, stage: str) -> None:
-        """DoT: log ``<stage>/answer_cells_kept`` over the questions of ``kept`` that have answer cells."""
         answer = kept.candidate_mask & kept.cell_mask
         has = answer.any(dim=1)
         if not bool(has.any()):
@@ -159,8 +151,8 @@ class TableQAModule(EncoderTaskModule):
         self.log(f"{stage}/answer_cells_kept", metric, batch_size=int(has.sum()))
 
     def pruning_loss(self, batch: TaskBatch, pruned) -> torch.Tensor:
-        """P-DoT / PJ-DoT (App. C.2): per-token binary cross-entropy of the pruning transformer's logits against "in an
-        answer cell", over the table tokens (header included) of the examples with an answer cell. Not TAPAS's
+        """P-DoT / PJ-DoT (App. C.2): per-token binary cross-entropy of the pruner's logits against "in an answer
+        cell", over the table tokens (header included) of the examples with an answer cell. Not TAPAS's
         column-then-cell loss: the pruner only ranks tokens."""
         cell_ids = batch.layout.cell_ids
         labels = (batch.candidate_mask & batch.cell_mask).gather(1, cell_ids) & batch.layout.attention_mask
@@ -168,7 +160,6 @@ class TableQAModule(EncoderTaskModule):
         losses = nn.functional.binary_cross_entropy_with_logits(pruned.logits, labels.float(), reduction="none")
         return (losses * weight).sum() / weight.sum().clamp(min=1)
 
-    # ------------------------------------------------------------ evaluation
     def _reset_predictions(self) -> None:
         self.predictions, self._predicted = [], {}
 
@@ -222,7 +213,7 @@ class TableQAModule(EncoderTaskModule):
         self.log(f"{stage}/long_questions", self.metrics[f"{stage}_long_questions"], batch_size=int(long.sum()))
 
     def _in_position_order(self, batch: TaskBatch) -> list[TaskBatch]:
-        """SQA: the batch split by sequence position, ascending; otherwise the batch itself."""
+        """SQA: the batch split by sequence position, ascending; otherwise ``[batch]``."""
         positions = sorted(set(batch.positions))
         if not self.task.sequential or len(positions) <= 1:
             return [batch]
@@ -256,7 +247,7 @@ class TableQAModule(EncoderTaskModule):
 
     @torch.no_grad()
     def decode(self, batch: TaskBatch, out: QAOutput) -> list[dict]:
-        """Per example: the selected cells, the aggregation, the answer, and whether it is right."""
+        """Per example: the selected cells, the aggregation, the answer (WikiTQ), and whether it is right."""
         probs = pool_cells(
             torch.sigmoid(out.logits.float()),
             batch.layout.cell_ids * batch.layout.attention_mask,
@@ -292,7 +283,7 @@ class TableQAModule(EncoderTaskModule):
         return rows
 
     def remember(self, rows: list[dict]) -> list[dict]:
-        """SQA: keep each decoded answer for the next question of its sequence (evaluation only)."""
+        """SQA: keep each decoded answer for the next question of its sequence."""
         if self.task.sequential:
             for row in rows:
                 self._predicted[(row["sequence_id"], row["position"])] = {tuple(c) for c in row["coordinates"]}
@@ -308,8 +299,8 @@ class TableQAModule(EncoderTaskModule):
 
 
 def aggregate_answer(operator: str, texts: list[str], values: list[float]) -> list[str]:
-    """The denotation of a selection: NONE -> the cells' texts; COUNT -> how many;
-    SUM / AVERAGE -> of the cells' numbers (cells without a number are left out)."""
+    """The denotation of a selection: NONE -> the cells' texts; COUNT -> how many; SUM / AVERAGE -> of the cells'
+    numbers (cells without one left out)."""
     if operator == "NONE":
         return list(texts)
     if operator == "COUNT":

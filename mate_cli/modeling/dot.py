@@ -1,21 +1,16 @@
-"""DoT, the double transformer (Krichene et al. 2021): a shallow pruning transformer keeps the
-top-K tokens, and its scores bias the task transformer's attention.
+"""DoT, the double transformer (Krichene et al. 2021): a shallow pruning transformer keeps the top-K tokens, and its
+scores bias the task transformer's attention.
 
-- Pruning transformer: a :class:`~.encoder.TableEncoder` of its own (:data:`PRUNER_SIZES` or any
-  checkpoint) with one linear logit per token: ``P(t | q, T) = sigmoid(logit_t)``, score
-  ``s_t = log P(t | q, T)`` (§2).
-- Selection: ``token`` keeps the K highest ``s_t``; ``column`` (C-DoT, App. D; the paper's WikiTQ
-  setting) ranks columns by the mean ``s_t`` of their tokens (header included), keeps whole ones
-  while they fit in K, and gives each table token its column's score. The query set is always kept,
-  since the task heads read ``[CLS]`` (a choice: the paper does not say); ties go to the earlier
-  token; input order is kept.
-- Task transformer (any backend that ``supports_key_bias``): reads the kept tokens with their
-  full-input positions and ``s_t`` as ``layout.key_bias`` (eq. 2), so App. A.3 holds: it equals the
-  task model on all tokens with ``s_t = -inf`` for the others.
-- Losses (App. A.2, C.2; :data:`LOSSES`): ``joint`` trains both by the task loss, through the bias;
-  ``pruning`` gives the task model no scores (no gradient reaches the pruner through it) and trains
-  the pruner by a per-token binary cross-entropy against "in an answer cell", after TAPAS's cell
-  selection; ``both`` does both. TabFact (no answer cells, no such loss in the paper): J-DoT only.
+- Pruner: a :class:`~.encoder.TableEncoder` of its own (:data:`PRUNER_SIZES` or any checkpoint), one linear logit per
+  token, score ``s_t = log P(t | q, T) = log sigmoid(logit_t)`` (§2).
+- Selection: ``token`` keeps the K highest ``s_t``; ``column`` (C-DoT, App. D; the paper's WikiTQ setting) keeps whole
+  columns by their tokens' mean ``s_t`` (header included) while they fit in K. The query set is always kept, since the
+  task heads read [CLS] (the paper does not say); ties go to the earlier token; input order is kept.
+- Task transformer: the kept tokens, their full-input positions and ``s_t`` as ``layout.key_bias`` (eq. 2), so App. A.3
+  holds: it equals the task model on all tokens with ``s_t = -inf`` for the others.
+- Losses (App. A.2, C.2; :data:`LOSSES`): ``joint`` trains both by the task loss, through the bias; ``pruning`` gives
+  the task model no scores and trains the pruner by the task module's ``pruning_loss`` on answer cells; ``both`` does
+  both. TabFact (no answer cells, no such loss in the paper): J-DoT only.
 """
 
 from __future__ import annotations
@@ -47,13 +42,10 @@ LOSSES = {"joint": "J-DoT", "pruning": "P-DoT", "both": "PJ-DoT"}
 
 @dataclass
 class Pruned:
-    """What the pruning transformer gives the task model; ``K' = min(K, seq)``.
-
-    ``input_ids`` ``[batch, K']``: the kept word pieces, in input order; ``layout``: theirs, with
-    full-input ``position_ids`` and the kept scores as ``key_bias`` (``None`` for P-DoT); ``index``
-    ``[batch, K']``: their positions in the full input; ``scores`` ``[batch, seq]``: ``s_t`` of every
-    input token (column scores in column mode); ``logits`` ``[batch, seq]``: the token head's.
-    """
+    """What the pruner gives the task model (``K' = min(K, seq)``): ``input_ids`` ``[batch, K']`` the kept word pieces
+    in input order; their ``layout`` (full-input ``position_ids``, ``key_bias`` the kept scores, ``None`` for P-DoT);
+    ``index`` ``[batch, K']`` their full-input positions; ``scores`` ``[batch, seq]`` every token's ``s_t`` (column
+    scores in column mode); ``logits`` ``[batch, seq]`` the token head's."""
 
     input_ids: torch.Tensor
     layout: TableLayout
@@ -63,8 +55,7 @@ class Pruned:
 
 
 def column_scores(scores: torch.Tensor, layout: TableLayout) -> torch.Tensor:
-    """C-DoT: ``scores`` ``[batch, seq]`` -> ``[batch, seq]``, each table token the mean score of its
-    column's tokens, other tokens their own (differentiable)."""
+    """C-DoT: each table token gets the mean score of its column's tokens, others keep their own (differentiable)."""
     table = layout.is_table
     columns = torch.where(table, layout.column_ids, 0)  # id 0 collects the other tokens and is never read
     means = pool_cells(scores, columns, int(columns.max()) if columns.numel() else 0)
@@ -72,9 +63,8 @@ def column_scores(scores: torch.Tensor, layout: TableLayout) -> torch.Tensor:
 
 
 def keep_rank(scores: torch.Tensor, layout: TableLayout, top_k: int, selection: str) -> torch.Tensor:
-    """``[batch, seq]`` float ranking key for :func:`select`: query set ``+inf``, padding ``-inf``; table
-    tokens by score (``token``), or whole columns by score while they fit in ``top_k``, the tokens of
-    the first column that does not fit and of every later one ``-inf`` (``column``)."""
+    """``[batch, seq]`` ranking key for :func:`select`: query set ``+inf``, padding ``-inf``, table tokens their score;
+    in ``column`` mode ``-inf`` too from the first column (best first) that does not fit in ``top_k``."""
     inf = torch.tensor(float("inf"), dtype=scores.dtype, device=scores.device)
     key = torch.where(layout.is_table, scores.detach(), -inf)
     if selection == "column":
@@ -100,8 +90,7 @@ def keep_rank(scores: torch.Tensor, layout: TableLayout, top_k: int, selection: 
 
 
 def select(rank: torch.Tensor, top_k: int) -> torch.Tensor:
-    """``[batch, K']`` indices of the ``K' = min(top_k, seq)`` highest ``rank`` (ties: earlier
-    token first), in input order."""
+    """``[batch, K']`` indices of the ``K' = min(top_k, seq)`` highest ``rank`` (ties: earlier first), in input order."""
     k = min(top_k, rank.shape[1])
     order = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :k]
     return order.sort(dim=1).values
@@ -110,9 +99,8 @@ def select(rank: torch.Tensor, top_k: int) -> torch.Tensor:
 def gather_layout(
     layout: TableLayout, index: torch.Tensor, kept: torch.Tensor, positions: torch.Tensor, key_bias: torch.Tensor | None
 ) -> TableLayout:
-    """The layout of the kept tokens: every field gathered at ``index``, positions from the full
-    input; a slot that holds no kept token (fewer than K kept: padding, or a dropped column's
-    token in column mode) becomes padding in every field, so no head counts it."""
+    """The kept tokens' layout, positions from the full input; a slot that holds no kept token (padding, or a dropped
+    column's token) becomes padding in every field, so no head counts it."""
     fields = {
         name: torch.where(kept, value.gather(1, index), 0)
         for name, value in layout.map_tensors(lambda t: t).items()
@@ -122,8 +110,7 @@ def gather_layout(
 
 
 class DoubleTransformer(nn.Module):
-    """DoT's pruning transformer and selection (module docstring). ``top_k``: K, the tokens the task
-    model reads (paper: 256); ``selection``: ``token`` or ``column``; ``loss``: a key of :data:`LOSSES`."""
+    """DoT's pruning transformer and selection (module docstring); ``top_k``: K (paper: 256)."""
 
     def __init__(self, pruner: nn.Module, top_k: int = 256, selection: str = "token", loss: str = "joint") -> None:
         super().__init__()
@@ -166,8 +153,8 @@ class DoubleTransformer(nn.Module):
         return self.loss != "pruning"
 
     def forward(self, input_ids: torch.Tensor, layout: TableLayout, positions: torch.Tensor) -> Pruned:
-        """Score, select and gather: ``input_ids`` ``[batch, seq]`` is the full (CC/HEM-pre-selected)
-        input, ``positions`` ``[batch, seq]`` the task model's position ids for it."""
+        """``input_ids`` ``[batch, seq]``: the full (CC/HEM-pre-selected) input; ``positions``: the task model's
+        position ids for it."""
         hidden = self.pruner(input_ids, layout)
         with torch.autocast(hidden.device.type, enabled=False):  # float32 scores: bf16 would tie many of them
             logits = self.token_head(hidden.to(self.token_head.weight.dtype)).squeeze(-1)
@@ -184,8 +171,7 @@ class DoubleTransformer(nn.Module):
 
 
 def cells_with_tokens(layout: TableLayout, num_cells: int) -> torch.Tensor:
-    """``[batch, num_cells + 1]`` bool: the cell ids that have at least one real token in
-    ``layout`` (index 0, no cell, is False)."""
+    """``[batch, num_cells + 1]`` bool: the cell ids with a real token in ``layout`` (index 0 False)."""
     ids = torch.where(layout.attention_mask, layout.cell_ids, 0)
     kept = torch.zeros(ids.shape[0], num_cells + 1, dtype=torch.bool, device=ids.device)
     kept.scatter_(1, ids, True)
@@ -194,8 +180,8 @@ def cells_with_tokens(layout: TableLayout, num_cells: int) -> torch.Tensor:
 
 
 def answer_cells_kept(answer_cells: torch.Tensor, layout: TableLayout) -> torch.Tensor:
-    """``[batch]`` bool: whether every answer cell (``answer_cells`` ``[batch, cells + 1]``, by cell id)
-    keeps a token in ``layout`` (:attr:`Pruned.layout`); True for an example without answer cells."""
+    """``[batch]`` bool: every answer cell (``[batch, cells + 1]`` by cell id) keeps a token in ``layout`` (True
+    without answer cells)."""
     kept = cells_with_tokens(layout, answer_cells.shape[1] - 1)
     return (kept | ~answer_cells).all(dim=1)
 
@@ -212,8 +198,8 @@ def size_letter(pretrained: str | None) -> str:
 def paper_name(
     pruning: str, max_length: int, selection: str, pruner: str, top_k: int, task: str, loss: str = "joint"
 ) -> str:
-    """DoT's notation (§3): ``CC-1024 DoT(s-256-l)``; ``C-DoT`` for column selection, ``P-``/``PJ-``
-    for the pruning losses (App. C.2), and no heuristic when the input is not pre-selected."""
+    """DoT's notation (§3): ``CC-1024 DoT(s-256-l)``; ``C-`` for column selection, ``P-DoT``/``PJ-DoT`` for the
+    pruning losses (App. C.2), no heuristic when the input is not pre-selected."""
     heuristic = {"cc": "CC-", "hem": "HEM-"}.get(str(pruning).lower(), "")
     kind = ("C-" if selection == "column" else "") + (LOSSES[loss] if loss != "joint" else "DoT")
     return f"{heuristic}{max_length} {kind}({size_letter(pruner)}-{top_k}-{size_letter(task)})"

@@ -1,10 +1,8 @@
-"""BERT/TAPAS input embeddings: word + position + the seven TAPAS token types.
+"""BERT/TAPAS input embeddings: word + position + the seven TAPAS token types, a table each
+(``token_type_embeddings_{i}``; a BERT checkpoint's segment table is the first, the other six start fresh).
 
-Each token type (order :data:`~mate_cli.modeling.layout.TOKEN_TYPE_FIELDS`) has its own table
-``token_type_embeddings_{i}``, so TAPAS checkpoints load by name; a BERT checkpoint's single segment table becomes
-``token_type_embeddings_0`` and the other six start fresh. With ``reset_position_index_per_cell`` the position index
-restarts at each cell's first token, as in ``transformers.TapasEmbeddings``: a cell is a (column, row) pair of the
-token types, so the query, the special tokens and the padding share cell (0, 0) and keep their absolute positions.
+``reset_position_index_per_cell`` restarts the position at each cell's first token, as ``transformers.TapasEmbeddings``
+does: a cell is a (column, row) pair, so query, special tokens and padding share cell (0, 0) and keep absolute positions.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS, TableLayout
 def cell_position_ids(
     column_ids: torch.Tensor, row_ids: torch.Tensor, max_position: int, num_rows: int
 ) -> torch.Tensor:
-    """``[batch, seq]`` long: each token's position minus the first position of its (column, row) cell anywhere in
-    the sequence (cells need not be contiguous), clipped to ``max_position - 1``. ``num_rows`` bounds ``row_ids`` (the
-    row table's size), so ``column * num_rows + row`` names each cell uniquely."""
+    """``[batch, seq]``: each token's position minus the first position of its (column, row) cell (cells need not be
+    contiguous), clipped to ``max_position - 1``. ``num_rows`` (the row table's size) bounds ``row_ids``."""
     seq_len = column_ids.shape[1]
     positions = torch.arange(seq_len, device=column_ids.device).expand_as(column_ids)
     cell_key = column_ids.long() * num_rows + row_ids.long()
@@ -37,7 +34,7 @@ def cell_position_ids(
 
 
 class TableEmbeddings(nn.Module):
-    """Word + position + token-type embeddings, then LayerNorm and dropout; module names are ``TapasEmbeddings``'."""
+    """Module names are ``TapasEmbeddings``'."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
@@ -57,12 +54,10 @@ class TableEmbeddings(nn.Module):
         self.reset_position_index_per_cell = config.reset_position_index_per_cell
 
     def token_type_tables(self) -> list[nn.Embedding]:
-        """The seven token-type tables, in :data:`TOKEN_TYPE_FIELDS` order."""
         return [getattr(self, f"token_type_embeddings_{i}") for i in range(len(self.type_vocab_sizes))]
 
     def position_ids(self, layout: TableLayout) -> torch.Tensor:
-        """``[batch, seq]`` position indices: the layout's own when it has them, else absolute,
-        or per cell when reset is on."""
+        """The layout's own position ids, else absolute ones, or per cell when reset is on."""
         if layout.position_ids is not None:
             return layout.position_ids
         batch, seq_len = layout.batch_size, layout.seq_len
@@ -79,9 +74,8 @@ class TableEmbeddings(nn.Module):
         return positions.unsqueeze(0).expand(batch, seq_len)
 
     def check_type_ids(self, layout: TableLayout) -> None:
-        """A layout field whose ids overflow its token-type table is a `MateError` naming it. Reads the ids on the
-        host: :meth:`forward` checks CPU layouts; a batch bound for a GPU is checked before it moves (the
-        Lightning modules' ``on_before_batch_transfer``), so the GPU's forward never waits for the host."""
+        """Refuse ids that overflow their token-type table. It reads them on the host: :meth:`forward` calls it on CPU
+        only; a GPU batch is checked before it moves (``EncoderTaskModule.check_type_ids``)."""
         for i, (name, table) in enumerate(zip(TOKEN_TYPE_FIELDS, self.token_type_tables())):
             ids = getattr(layout, name)
             if bool(((ids < 0) | (ids >= table.num_embeddings)).any()):
@@ -92,8 +86,7 @@ class TableEmbeddings(nn.Module):
                 )
 
     def forward(self, input_ids: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``[batch, seq]`` WordPiece ids -> ``[batch, seq, hidden]``; ``layout=None`` means all token types 0. On the
-        CPU a layout field whose ids overflow its table is a `MateError` naming it (:meth:`check_type_ids`)."""
+        """``[batch, seq]`` WordPiece ids -> ``[batch, seq, hidden]``; ``layout=None``: all token types 0."""
         layout = TableLayout.plain(input_ids) if layout is None else layout.to(input_ids.device)
         if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             self.check_type_ids(layout)

@@ -1,9 +1,8 @@
-"""`TableEncoder`: BERT/TAPAS embeddings, then N post-LN transformer layers whose attention is a pluggable
-:class:`~mate_cli.modeling.attention.base.AttentionBackend`.
+"""`TableEncoder`: BERT/TAPAS embeddings, then N post-LN layers whose attention is a pluggable
+:class:`~mate_cli.modeling.attention.base.AttentionBackend` (docs/architecture.md, "Add an attention backend").
 
-Module names mirror ``BertModel``/``TapasModel``, so loading a checkpoint is the rename table of
-:mod:`mate_cli.modeling.checkpoints`; a backend's own parameters live under
-``encoder.layer.{i}.attention.self.backend``.
+Module names mirror ``BertModel``/``TapasModel`` (loading is :mod:`mate_cli.modeling.checkpoints`' rename table); a
+backend's own parameters live under ``encoder.layer.{i}.attention.self.backend``.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-# ---------------------------------------------------------------------- layers
 class SelfAttention(nn.Module):
     """Q/K/V projections around a backend (BERT's ``attention.self``)."""
 
@@ -56,7 +54,6 @@ class SelfAttention(nn.Module):
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
 
     def forward(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``hidden`` ``[batch, seq, hidden]`` -> context ``[batch, seq, hidden]``, through the backend."""
         q, k, v = (self.split_heads(proj(hidden)) for proj in (self.query, self.key, self.value))
         context = self.backend(q, k, v, layout)
         return context.transpose(1, 2).flatten(2)
@@ -72,7 +69,6 @@ class AddNorm(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``x``: ``[batch, seq, in_size]``, ``residual``: ``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``."""
         return self.LayerNorm(residual + self.dropout(self.dense(x)))
 
 
@@ -90,7 +86,7 @@ class Attention(nn.Module):
         self.output = AddNorm(config.hidden_size, config)
 
     def forward(self, hidden: torch.Tensor, layout: TableLayout | None, mix: ContextMix | None = None) -> torch.Tensor:
-        """``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``; ``mix`` (if any) edits the context first."""
+        """``mix`` (if any) edits the context before the output block."""
         context = self.self(hidden, layout)
         return self.output(context if mix is None else mix(context, hidden), hidden)
 
@@ -105,13 +101,11 @@ class Layer(nn.Module):
             raise MateError(
                 f"model.hidden_act={config.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}"
             )
-        # act(dense(x)): [batch, seq, hidden] -> [batch, seq, intermediate]
         dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate = nn.Sequential(OrderedDict(dense=dense, act=ACTIVATIONS[config.hidden_act]()))
         self.output = AddNorm(config.intermediate_size, config)
 
     def forward(self, hidden: torch.Tensor, layout: TableLayout | None, mix: ContextMix | None = None) -> torch.Tensor:
-        """``[batch, seq, hidden]`` -> ``[batch, seq, hidden]``."""
         hidden = self.attention(hidden, layout, mix)
         return self.output(self.intermediate(hidden), hidden)
 
@@ -127,7 +121,6 @@ class Pooler(nn.Module):
         return torch.tanh(self.dense(hidden[:, 0]))
 
 
-# ---------------------------------------------------------------------- encoder
 def backend_factory(attention: Callable[..., AttentionBackend] | str) -> Callable[..., AttentionBackend]:
     """A Hydra partial, a backend class, or a registered name -> a factory."""
     if isinstance(attention, str):
@@ -159,13 +152,9 @@ def build_backend(
 
 
 class TableEncoder(nn.Module):
-    """Transformer encoder over tables with a pluggable attention backend.
-
-    ``attention`` is the per-layer backend factory (the Hydra partial of ``conf/attention/<name>.yaml``) or a
-    registered name; ``max_length`` (default ``config.max_position_embeddings``) is passed to the backends.
-    ``gradient_checkpointing`` recomputes each layer in the backward instead of keeping its activations (dropout replays
-    the same masks): the same function and gradients, for one more forward.
-    """
+    """``attention``: the per-layer backend factory (``conf/attention/<name>.yaml``'s partial) or a registered name.
+    ``gradient_checkpointing`` recomputes each layer in the backward (dropout replays the same masks): the same
+    gradients for one more forward."""
 
     def __init__(
         self,
@@ -255,7 +244,6 @@ class TableEncoder(nn.Module):
     def run_layer(
         self, layer: Layer, hidden: torch.Tensor, layout: TableLayout | None, mix: ContextMix | None = None
     ) -> torch.Tensor:
-        """One of this encoder's layers, under gradient checkpointing when it is on and gradients are recorded."""
         if self.gradient_checkpointing and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(layer, hidden, layout, mix, use_reentrant=False)
         return layer(hidden, layout, mix)
@@ -271,7 +259,6 @@ class TableEncoder(nn.Module):
         hidden = self.embeddings(input_ids, self.backends[0].embedding_layout(layout))
         return self.backends[0].extend_inputs(hidden, layout)
 
-    # ------------------------------------------------------------ checkpoints
     @classmethod
     def from_pretrained(
         cls,
@@ -285,14 +272,13 @@ class TableEncoder(nn.Module):
         attention_dropout: float | None = None,
         **config_overrides: Any,
     ) -> "TableEncoder":
-        """Build from a BERT or TAPAS checkpoint: ``pretrained`` is ``minilm`` (bundled), a local directory or a hub id.
+        """From a BERT or TAPAS checkpoint (:func:`~mate_cli.modeling.checkpoints.resolve_pretrained`).
 
         ``reset_position_index_per_cell``: None turns it on wherever ``max_length`` exceeds the position table, else
-        keeps a TAPAS checkpoint's own setting (off for BERT). ``new_type_embeddings``: how the token-type tables a BERT
-        checkpoint lacks start: ``normal`` (N(0, ``initializer_range``), as TAPAS initialises them) or ``zero``, so the
-        encoder starts as the checkpoint's function; tables the checkpoint has are loaded either way. The dropouts and
-        ``config_overrides``: :class:`EncoderConfig` fields (None keeps the checkpoint's value). The other arguments are
-        the class's.
+        keeps a TAPAS checkpoint's own setting (off for BERT). ``new_type_embeddings``: how the token-type tables the
+        checkpoint lacks start: ``normal`` (as TAPAS initialises them) or ``zero`` (the encoder starts as the
+        checkpoint's function). The dropouts and ``config_overrides``: :class:`EncoderConfig` fields (None: the
+        checkpoint's value).
         """
         resolved = checkpoints.resolve_pretrained(pretrained)
         hf = checkpoints.read_config(resolved)
@@ -343,10 +329,9 @@ class TableEncoder(nn.Module):
         extra_state: dict[str, torch.Tensor] | None = None,
         prefix: str = "",
     ) -> Path:
-        """Write a ``transformers.TapasModel`` directory atomically: ``config.json``, ``model.safetensors`` (with a
-        backend's own parameters, which transformers ignores and :meth:`from_pretrained` restores) and the
-        ``tokenizer``'s files if given. ``prefix`` (e.g. ``"tapas."``) and ``extra_state`` (a task head's tensors) make
-        a task-model directory, such as one ``transformers.TapasForMaskedLM`` loads (:mod:`mate_cli.modeling.mlm`)."""
+        """Write a ``transformers.TapasModel`` directory atomically (a backend's own parameters included: transformers
+        ignores them, :meth:`from_pretrained` restores them). ``prefix`` (``"tapas."``) and ``extra_state`` (a head's
+        tensors) make a task-model directory (:mod:`mate_cli.modeling.mlm`)."""
         from safetensors.torch import save_file
 
         target = Path(directory).expanduser().resolve()
@@ -378,7 +363,6 @@ def save_tokenizer(tokenizer: Any, directory: Path) -> None:
 
 
 def replace_directory(staging: Path, target: Path) -> None:
-    """Move ``staging`` to ``target``, replacing an existing ``target`` directory."""
     if not target.exists():
         os.replace(staging, target)
         return

@@ -1,17 +1,13 @@
 """Transformer layers trained from scratch on a pre-trained encoder (``model.extra_layers=N``), and DT-Fixup (Xu et al.
-2021, "Optimizing Deeper Transformers on Small Datasets", §3.3).
+2021, "Optimizing Deeper Transformers on Small Datasets", §3.3). The layers are dense and belong to the task model (an
+exported encoder leaves them out). ``relative=True`` makes them relation-aware (Shaw et al. 2018, the paper's eq. 5-6:
+learned ``r^K_ij``, ``r^V_ij`` per head dimension, indexed by the clipped distance ``j - i``).
 
-Each layer is self-attention (``query``, ``key``, ``value``, ``output``) and a two-layer MLP (``fc1``, ``fc2``) with
-residual connections; ``relative=True`` makes it relation-aware (Shaw et al. 2018, the paper's eq. 5-6: learned
-relative-position keys and values ``r^K_ij``, ``r^V_ij`` per head dimension, indexed by the clipped distance ``j - i``).
-The layers are dense (quadratic in the length) and belong to the task model: an exported encoder leaves them out.
-
-``init`` (``model.extra_init``), biases always zero: ``default`` is BERT's (normal, ``initializer_range``) and
-``xavier`` Xavier-uniform, both post-LN; ``dt_fixup`` is §3.3 exactly: Xavier, **no LayerNorm** and no learning-rate
-warm-up (the task module refuses one); once ``mu = max_j ||x_j||`` over the encoder's outputs on the whole training set
-is known (:meth:`ExtraLayers.apply_dt_fixup`, before the first step), ``v``, ``w`` and both MLP weight matrices of every
-layer are scaled by ``N^-1/2 / (2 mu)`` (vanilla) or ``(N (4 mu^2 + 2 mu + 2))^-1/2`` (relation-aware, ``r^V`` scaled
-too). ``mu`` is a buffer, so a checkpoint carries it and a resumed run does not scale twice.
+``init`` (biases always zero): ``default`` is BERT's normal and ``xavier`` Xavier-uniform, both post-LN; ``dt_fixup`` is
+§3.3 exactly: Xavier, **no LayerNorm** and no learning-rate warm-up (the task module refuses one); once
+``mu = max_j ||x_j||`` over the encoder's outputs on the whole training set is known (before the first step), ``v``,
+``w`` and both MLP weight matrices of every layer are scaled by ``N^-1/2 / (2 mu)`` (vanilla) or
+``(N (4 mu^2 + 2 mu + 2))^-1/2`` (relation-aware, ``r^V`` too). ``mu`` is a buffer: a resumed run does not scale twice.
 """
 
 from __future__ import annotations
@@ -61,7 +57,7 @@ class ExtraLayer(nn.Module):
         return weights + ([self.relative_value.weight] if self.max_distance is not None else [])
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``x``: ``[batch, seq, hidden]``; ``attention_mask``: ``[batch, seq]`` True for real tokens."""
+        """``x`` ``[batch, seq, hidden]``; ``attention_mask`` ``[batch, seq]`` True for real tokens."""
         split = lambda t: t.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         scores = q @ k.transpose(-1, -2)
@@ -81,8 +77,7 @@ class ExtraLayer(nn.Module):
 
 
 class ExtraLayers(nn.Module):
-    """``num_layers`` new layers (module docstring) for an encoder of this ``config``; relative distances are clipped to
-    ``[-max_distance, max_distance]``."""
+    """``num_layers`` new layers (module docstring); relative distances clipped to ``[-max_distance, max_distance]``."""
 
     def __init__(
         self,
@@ -118,7 +113,7 @@ class ExtraLayers(nn.Module):
 
     @property
     def needs_mu(self) -> bool:
-        """Whether DT-Fixup still waits for ``mu`` (before the first step of a fresh run)."""
+        """DT-Fixup still waits for ``mu`` (a fresh run before its first step)."""
         return self.init == "dt_fixup" and float(self.mu) == 0.0
 
     @torch.no_grad()

@@ -1,11 +1,9 @@
-"""Task heads and their losses: PointR's stage-1 cell selection (paper §4.1; the span head, §4.2, is
-:mod:`mate_cli.modeling.span`) and a sentence encoder's mean pooling.
+"""PointR's stage-1 cell selection (MATE §4.1; the span head, §4.2: :mod:`mate_cli.modeling.span`) and mean pooling.
 
-A cell's score is the mean of its tokens' logits, ``S(c) = avg_{t in c} S(t)``, and ``P(c)`` a softmax over the
-example's cells. :func:`mml_loss` is maximum marginal likelihood over the candidate cells ``C``,
-``L = sum_{z in C} -q(z) log p(z|x)`` with ``q = p`` restricted to the candidates and detached (Guu et al. 2017), so
-gradients flow only through ``p``. Cell tensors are ``[batch, num_cells + 1]`` over the layout's cell ids
-(:mod:`mate_cli.modeling.layout`), index 0 ("not a cell") always masked.
+A cell's score is its tokens' mean logit, ``S(c) = avg_{t in c} S(t)``; ``P(c)`` a softmax over the example's cells.
+:func:`mml_loss` is maximum marginal likelihood over the candidate cells ``C``: ``L = sum_{z in C} -q(z) log p(z|x)``,
+``q = p`` restricted to ``C`` and detached (Guu et al. 2017). Cell tensors are ``[batch, num_cells + 1]`` by cell id,
+index 0 ("not a cell") always masked.
 """
 
 from __future__ import annotations
@@ -22,9 +20,6 @@ def masked_fill_invalid(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tens
 
 
 class CellSelectionHead(nn.Module):
-    """Token logits -> mean over each cell's tokens -> cell logits; the linear layer starts normal with std
-    ``initializer_range`` (BERT's 0.02)."""
-
     def __init__(self, hidden_size: int, initializer_range: float = 0.02) -> None:
         super().__init__()
         self.token_scorer = nn.Linear(hidden_size, 1)
@@ -32,9 +27,8 @@ class CellSelectionHead(nn.Module):
         nn.init.zeros_(self.token_scorer.bias)
 
     def forward(self, hidden: torch.Tensor, layout: TableLayout, num_cells: int) -> torch.Tensor:
-        """Cell logits ``[batch, num_cells + 1]`` from ``hidden`` ``[batch, seq, hidden]`` (the last encoder states),
-        ``num_cells`` being the batch's largest cell id; a cell with no token (and index 0) gets the most negative
-        finite value."""
+        """``[batch, seq, hidden]`` -> cell logits ``[batch, num_cells + 1]`` (``num_cells``: the batch's largest id);
+        a cell with no token, and index 0, get the most negative finite value."""
         token_logits = self.token_scorer(hidden).squeeze(-1)  # [batch, seq]
         return pool_cells(token_logits, layout.cell_ids * layout.attention_mask, num_cells)
 
@@ -50,8 +44,8 @@ def pool_cells(token_logits: torch.Tensor, cell_ids: torch.Tensor, num_cells: in
 
 
 def mean_over_tokens(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[batch, seq, hidden]`` -> ``[batch, hidden]``: the mean over the real tokens (padding
-    left out, so a batch-mate's length changes nothing); a sentence encoder's pooling."""
+    """``[batch, seq, hidden]`` -> ``[batch, hidden]``: a sentence encoder's mean over the real tokens (padding left
+    out, so a batch-mate's length changes nothing)."""
     real = attention_mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * real).sum(1) / real.sum(1).clamp(min=1)
 

@@ -1,19 +1,12 @@
 """`TableLayout`: where each token sits in the table (docs/architecture.md, "The one idea").
 
-Ids follow TAPAS, so its checkpoints load unchanged; padding is 0 in every id. ``segment_ids``: 0
-for the query and the specials ([CLS], [SEP]), 1 for table tokens (header included). ``row_ids``:
-0 for query and header, 1..R for data rows. ``column_ids``: 0 for the query, 1..C. ``cell_ids``:
-k >= 1 for the k-th *data* cell (row-major), else 0; the heads pool cell scores by them.
-``prev_labels``, ``column_ranks``, ``inv_column_ranks``, ``numeric_relations``: the other TAPAS
-token types, zeros when unused.
+Ids follow TAPAS, so its checkpoints load unchanged; padding is 0 in every id. ``segment_ids``: 0 for the query and
+[CLS]/[SEP], 1 for table tokens (header included). ``row_ids``: 0 for query and header, 1..R for data rows.
+``column_ids``: 0 for the query, 1..C. ``cell_ids``: k >= 1 for the k-th *data* cell (row-major), else 0. The other
+TAPAS token types are zeros when unused. ``key_bias``: ``[batch, seq]`` float, ``-inf`` removes the key.
 
-Optional, set by a model: ``position_ids`` (``None``: the embeddings derive them) and ``key_bias``
-(``[batch, seq]`` float, DoT's ``s_t = log P(t)``; ``-inf`` removes the key; see
-``AttentionBackend.supports_key_bias``).
-
-MATE's query set Q (attends to and is attended by everything) is every real token with
-``segment_ids == 0``. Header tokens are table tokens: a row head lets them see the header row, a
-column head their column.
+MATE's query set Q (attends to and is attended by everything) is every real token with ``segment_ids == 0``; header
+tokens are table tokens (a row head shows them the header row, a column head their column).
 """
 
 from __future__ import annotations
@@ -44,8 +37,7 @@ PADDING_GROUP = 2**40
 
 
 def padded(lists: Sequence[Sequence], value: float, dtype: torch.dtype = torch.long, width: int | None = None):
-    """``lists`` as one ``[len(lists), width]`` tensor (``width``: the longest list's length), each list followed by
-    ``value`` to the end of its row."""
+    """``lists`` as one ``[len(lists), width]`` tensor, each row filled up with ``value`` (``width``: the longest)."""
     out = torch.full((len(lists), max(map(len, lists)) if width is None else width), value, dtype=dtype)
     for i, values in enumerate(lists):
         out[i, : len(values)] = torch.as_tensor(values, dtype=dtype)
@@ -54,8 +46,7 @@ def padded(lists: Sequence[Sequence], value: float, dtype: torch.dtype = torch.l
 
 @dataclass(eq=False)
 class TableLayout:
-    """Where every token sits: ``[batch, seq]`` tensors (``attention_mask`` True for real tokens, missing
-    ids zeros), built by :meth:`from_lists` (the collators) or :meth:`plain`."""
+    """``[batch, seq]`` tensors (``attention_mask`` True for real tokens; missing ids zeros)."""
 
     attention_mask: torch.Tensor
     segment_ids: torch.Tensor
@@ -77,11 +68,10 @@ class TableLayout:
             if getattr(self, name) is None:
                 setattr(self, name, zeros)
 
-    # ------------------------------------------------------------------ build
     @classmethod
     def from_lists(cls, examples: Sequence[Mapping[str, Sequence[int]]], seq_len: int | None = None) -> "TableLayout":
-        """Pad per-example id lists (:data:`ID_FIELDS` name -> per-token list; ``segment_ids`` is required
-        and gives the length, a missing field is zeros) to ``seq_len`` (default: the longest example)."""
+        """Pad per-example :data:`ID_FIELDS` lists (``segment_ids`` required: it gives the length; a missing field is
+        zeros) to ``seq_len`` (default: the longest example)."""
         lengths = [len(ex["segment_ids"]) for ex in examples]
         seq_len = max(lengths + [0]) if seq_len is None else seq_len
         mask = torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]
@@ -99,7 +89,6 @@ class TableLayout:
             attention_mask=torch.ones_like(zeros, dtype=torch.bool), segment_ids=zeros, row_ids=zeros, column_ids=zeros
         )
 
-    # ------------------------------------------------------------- properties
     @property
     def batch_size(self) -> int:
         return self.segment_ids.shape[0]
@@ -128,25 +117,23 @@ class TableLayout:
         return (self.segment_ids != 0) & self.attention_mask
 
     def view_ids(self, view: View) -> torch.Tensor:
-        """``[batch, seq]``: the row ids (``view="row"``) or column ids (``"column"``)."""
         if view not in ("row", "column"):
             raise ValueError(f"view must be 'row' or 'column', got {view!r}")
         return self.row_ids if view == "row" else self.column_ids
 
     def group_ids(self, view: View) -> torch.Tensor:
-        """``[batch, seq]`` long: 0 for the query set, row/column id + 1 for table tokens, padding above
-        every id: the groups a head of ``view`` sees, in :meth:`sort_order`'s order."""
+        """``[batch, seq]`` long: 0 for the query set, row/column id + 1 for table tokens, padding
+        :data:`PADDING_GROUP`; cached."""
         key = ("group", view)
         if key not in self._cache:
             group = torch.where(self.is_query, 0, self.view_ids(view).clamp(min=0) + 1)
             self._cache[key] = torch.where(self.attention_mask, group, group.new_full((), PADDING_GROUP))
         return self._cache[key]
 
-    # ------------------------------------------------------------ structure
     def allowed(self, view: View) -> torch.Tensor:
-        """Exact MATE pattern of one head type, ``[batch, seq, seq]`` bool (from, to), cached: i may
-        attend to j iff j is real and (i in Q, or j in Q, or i, j share the row/column). A padding
-        query attends to the real tokens, so its output stays finite."""
+        """Exact MATE pattern of one head type, ``[batch, seq, seq]`` bool (from, to), cached: i may attend to j iff
+        j is real and (i in Q, or j in Q, or i, j share the row/column). A padding query attends to the real tokens,
+        so its output stays finite."""
         key = ("allowed", view)
         if key not in self._cache:
             ids = self.view_ids(view)
@@ -157,9 +144,8 @@ class TableLayout:
         return self._cache[key]
 
     def sort_order(self, view: View) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(perm, inverse)``, each ``[batch, seq]`` long, cached. ``x.gather(1, perm)`` puts the query set
-        first, then table tokens grouped by row (``view="row"``) or column, then padding, each group in
-        position order; ``sorted.gather(1, inverse) == x``."""
+        """``(perm, inverse)``, each ``[batch, seq]`` long, cached. ``x.gather(1, perm)`` orders tokens by
+        :meth:`group_ids`, each group in position order; ``sorted.gather(1, inverse) == x``."""
         key = ("sort", view)
         if key not in self._cache:
             pos = torch.arange(self.seq_len, device=self.device).expand_as(self.segment_ids)
@@ -185,12 +171,11 @@ class TableLayout:
         return self._cache[key]
 
     def cached(self, key, build):
-        """Memoise ``build()`` on this layout under ``key`` (for backend-specific structure)."""
+        """Memoise ``build()`` on this layout under ``key``."""
         if key not in self._cache:
             self._cache[key] = build()
         return self._cache[key]
 
-    # ---------------------------------------------------------------- moves
     def to(self, device) -> "TableLayout":
         """This layout on ``device`` (itself, cache kept, when it is already there)."""
         target = torch.device(device)
@@ -199,11 +184,9 @@ class TableLayout:
         return TableLayout(**self.map_tensors(lambda t: t.to(device)))
 
     def select(self, index) -> "TableLayout":
-        """A new layout of ``tensor[index]`` for every field (e.g. a slice of the batch)."""
         return TableLayout(**self.map_tensors(lambda t: t[index]))
 
     def map_tensors(self, fn) -> dict:
-        """``fn`` applied to every tensor field (optional fields that are ``None`` stay ``None``)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_cache"}
         return {name: None if value is None else fn(value) for name, value in values.items()}
 

@@ -1,11 +1,8 @@
 """BERT's masked-LM head, for TAPAS-style pre-training (MATE §3.2, App. A.1; the masking: :mod:`mate_cli.data.masking`).
 
-BERT and TAPAS save it as ``cls.predictions.{transform.dense, transform.LayerNorm, bias}`` (``decoder.weight`` is the
-tied word-embedding table, ``decoder.bias`` the bias). A checkpoint without those tensors (the bundled MiniLM,
-sentence-transformers/all-MiniLM-L6-v2, a sentence encoder) leaves the head at BERT's initialisation, its decoder tied
-to the encoder's word embeddings. A directory saved with :func:`mlm_state_dict`
-(``TableEncoder.save_pretrained(..., extra_state=mlm_state_dict(head), prefix="tapas.")``) loads in
-``transformers.TapasForMaskedLM``.
+Its checkpoint names are BERT's and TAPAS's ``cls.predictions.*``. A checkpoint without them (the bundled MiniLM, a
+sentence encoder) leaves it at BERT's initialisation. ``TableEncoder.save_pretrained(..., extra_state=
+mlm_state_dict(head), prefix="tapas.")`` writes a directory ``transformers.TapasForMaskedLM`` loads.
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ PREFIX = "cls.predictions."
 
 
 class MaskedLMHead(nn.Module):
-    """Token logits over the vocabulary: ``transform(h) @ E^T + b``, with ``E`` the encoder's ``word_embeddings`` table,
-    shared, not copied (the decoder is tied to it, as in BERT)."""
+    """``transform(h) @ E^T + b``, ``E`` the encoder's ``word_embeddings`` table, shared (tied, as in BERT)."""
 
     def __init__(self, config: EncoderConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
@@ -52,12 +48,10 @@ class MaskedLMHead(nn.Module):
 
 
 def mlm_state_dict(head: MaskedLMHead) -> dict[str, torch.Tensor]:
-    """The head's own tensors under BERT/TAPAS names, without the tied decoder, as transformers saves it (loading ties
-    ``decoder.weight`` to the word embeddings and ``decoder.bias`` to ``bias``)."""
+    """The head's tensors under BERT/TAPAS names, without the tied decoder, as transformers saves it."""
     return {PREFIX + k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
 
 
 def load_mlm_head(head: MaskedLMHead, pretrained: str) -> list[str]:
-    """Copy a checkpoint's ``cls.predictions.*`` tensors into ``head``; returns the names loaded
-    (``[]``: the checkpoint has no MLM head, the head keeps its initialisation)."""
+    """Copy a checkpoint's ``cls.predictions.*`` tensors into ``head``; the names loaded (``[]``: none)."""
     return checkpoints.load_head(head, pretrained, "masked-LM head", prefix=PREFIX, warn_partial=True)

@@ -1,10 +1,9 @@
-"""PointR stage 2 span head (MATE paper §4.2): score every short span of the context.
+"""PointR stage 2 span head (MATE §4.2): a span ``(start, end)`` scores ``S = w2 · gelu(W1 [h_start; h_end] + b1) + b2``.
 
-A span ``(start, end)`` scores ``S = w2 · gelu(W1 [h_start; h_end] + b1) + b2``. As ``W1 [h_s; h_e] = W_s h_s +
-W_e h_e``, the first layer runs once per token, and only the band ``start <= end < start + max_span_length`` is
-materialised (an ``unfold`` view of the end projections): scores are ``[batch, seq, max_span_length]``,
-``scores[b, i, d]`` the span ``(i, i + d)``, at cost ``O(seq * max_span_length * mlp_hidden)``, never ``seq^2``.
-The softmax runs over the valid spans (:func:`valid_span_mask`); the loss is the cross-entropy to the gold span.
+As ``W1 [h_s; h_e] = W_s h_s + W_e h_e``, the first layer runs once per token, and only the band
+``start <= end < start + max_span_length`` is materialised: scores are ``[batch, seq, max_span_length]``,
+``scores[b, i, d]`` the span ``(i, i + d)``, at cost ``O(seq * max_span_length * mlp_hidden)``, never ``seq^2``. The
+softmax runs over the valid spans (:func:`valid_span_mask`).
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ def valid_span_mask(
     start_ok: torch.Tensor | None = None,
     end_ok: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Which band spans are valid, ``[batch, seq, max_span_length]`` bool: ``mask[b, i, d]`` iff every token of
-    ``i .. i + d`` is a context token (``context_mask``: not query, special or padding), ``i + d < seq``, and, when
-    given, ``start_ok[b, i]`` and ``end_ok[b, i + d]`` (``[batch, seq]`` bool: tokens that may start / end a span)."""
+    """``[batch, seq, max_span_length]`` bool: ``mask[b, i, d]`` iff every token of ``i .. i + d`` is a context token,
+    ``i + d < seq``, and, when given, ``start_ok[b, i]`` and ``end_ok[b, i + d]`` (``[batch, seq]`` bool)."""
     batch, seq = context_mask.shape
     device = context_mask.device
     ctx = context_mask.bool()
@@ -42,8 +40,7 @@ def valid_span_mask(
 
 
 class SpanHead(nn.Module):
-    """The span scorer (module docstring); ``max_span_length`` in word pieces; ``mlp_hidden`` defaults to
-    ``hidden_size``; ``initializer_range``: std of the linear layers' normal init (BERT's 0.02)."""
+    """The span scorer (module docstring); ``max_span_length`` in word pieces."""
 
     def __init__(
         self,
@@ -73,9 +70,8 @@ class SpanHead(nn.Module):
         start_ok: torch.Tensor | None = None,
         end_ok: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Band span scores of ``hidden`` ``[batch, seq, hidden]`` (masks as in :func:`valid_span_mask`):
-        ``(scores, valid)``, each ``[batch, seq, max_span_length]``; invalid scores are the dtype's most negative finite
-        value."""
+        """``(scores, valid)``, each ``[batch, seq, max_span_length]`` (masks: :func:`valid_span_mask`); invalid
+        scores are the dtype's most negative finite value."""
         width = self.max_span_length
         h_start = self.start_proj(hidden)  # [batch, seq, inner]
         h_end = nn.functional.pad(self.end_proj(hidden), (0, 0, 0, width - 1))  # [batch, seq + L - 1, inner]
@@ -112,9 +108,8 @@ def gold_band_index(gold_start: torch.Tensor, gold_end: torch.Tensor, max_span_l
 def span_loss(
     scores: torch.Tensor, valid: torch.Tensor, gold_start: torch.Tensor, gold_end: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy to the gold span over valid spans (``gold_start``/``gold_end`` ``[batch]``, -1: none):
-    ``(loss, used)``, the mean over examples whose gold span is a valid band span (0 with grad when none), and ``used``
-    ``[batch]`` bool marking those examples."""
+    """Cross-entropy to the gold span (``gold_start``/``gold_end`` ``[batch]``, -1: none): ``(loss, used)``, the mean
+    over the examples whose gold span is a valid band span (``used``; 0 with grad when none)."""
     batch, seq, width = scores.shape
     target = gold_band_index(gold_start, gold_end, width)
     flat_valid = valid.reshape(batch, -1)

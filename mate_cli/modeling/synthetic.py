@@ -1,7 +1,6 @@
-"""Synthetic `TableLayout`s for the tests and the benchmark, laid out as :mod:`mate_cli.data.tokenize`
-lays out TAPAS input: ``[CLS] query [SEP]``, the header row, data rows (every cell at least one
-token), then padding; the other TAPAS token types are zeros. Every builder is deterministic for a
-given ``seed``; :func:`layout_from_cells` is the one to use when a test needs an exact shape.
+"""Synthetic `TableLayout`s for tests and benchmarks, laid out as :mod:`mate_cli.data.tokenize` does: ``[CLS] query
+[SEP]``, the header row, data rows (every cell at least one token), padding; other TAPAS token types zeros.
+Deterministic for a given ``seed``; :func:`layout_from_cells` gives an exact shape.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ __all__ = ["Range", "filled_layout", "layout_from_cells", "random_layout", "shap
 
 
 def _example_ids(query_len: int, cells: Sequence[Sequence[int]]) -> dict[str, list[int]]:
-    """Id lists for one example. ``cells[r][c]`` = tokens of row r (0 = header), column c."""
     n_query = query_len + 2  # [CLS] ... [SEP]
     ids = {name: [0] * n_query for name in ("segment_ids", "row_ids", "column_ids", "cell_ids")}
     cell_id = 0
@@ -36,9 +34,8 @@ def layout_from_cells(
     seq_len: int | None = None,
     pad: int | Sequence[int] = 0,
 ) -> TableLayout:
-    """A batch from explicit shapes: ``query_lens`` without [CLS]/[SEP]; ``cells[b][r][c]`` the tokens of
-    row r (0 = header), column c (rows may be ragged). Padded to ``seq_len`` (at least the longest
-    example), else to the longest example plus its ``pad`` (an int or one per example)."""
+    """``query_lens`` without [CLS]/[SEP]; ``cells[b][r][c]`` the tokens of row r (0 = header), column c (rows may be
+    ragged). Padded to ``seq_len``, else to the longest example plus its ``pad`` (an int or one per example)."""
     examples = [_example_ids(q, c) for q, c in zip(query_lens, cells)]
     pads = [pad] * len(examples) if isinstance(pad, int) else list(pad)
     if seq_len is None:
@@ -47,15 +44,13 @@ def layout_from_cells(
 
 
 def _draw_cells(rng: random.Random, rows: int, columns: int, cell_tokens: Range) -> list[list[int]]:
-    """Token counts of a header row plus ``rows`` data rows of ``columns`` cells (row-major)."""
     return [[rng.randint(*cell_tokens) for _ in range(columns)] for _ in range(rows + 1)]
 
 
 def shaped_layout(
     shapes: Sequence[tuple[int, int, int]], *, cell_tokens: Range = (1, 3), extra_pad: int = 0, seed: int = 0
 ) -> TableLayout:
-    """One ``(query_len, rows, columns)`` per example (a header row is added), cells of
-    ``cell_tokens`` tokens each; padded to the longest example plus ``extra_pad``."""
+    """One ``(query_len, rows, columns)`` per example (plus a header row); padded to the longest plus ``extra_pad``."""
     rng = random.Random(seed)
     cells = [_draw_cells(rng, rows, columns, cell_tokens) for _, rows, columns in shapes]
     return layout_from_cells([q for q, _, _ in shapes], cells, pad=extra_pad)
@@ -71,9 +66,8 @@ def random_layout(
     pad: Range = (0, 5),
     seed: int = 0,
 ) -> TableLayout:
-    """``batch`` random tables; each range is an inclusive ``(low, high)``, drawn per example
-    (``cell_tokens`` per cell; ``rows`` data rows, a header row added; ``query_len`` without
-    [CLS]/[SEP]); padded to the longest example plus its ``pad``."""
+    """Each range an inclusive ``(low, high)`` drawn per example (``cell_tokens`` per cell; a header row added to
+    ``rows``); padded to the longest example plus its ``pad``."""
     rng = random.Random(seed)
     query_lens, cells, pads = [], [], []
     for _ in range(batch):
@@ -85,7 +79,7 @@ def random_layout(
 
 
 def _fill_cells(budget: int, columns: int, cell_tokens: int, rng: random.Random) -> list[list[int]]:
-    """Token counts ``cells[r][c]`` (row 0 = header) that exactly fill ``budget`` tokens."""
+    """``cells[r][c]`` token counts (row 0 = header) that exactly fill ``budget``."""
     low, high = max(1, round(0.25 * cell_tokens)), max(1, round(1.75 * cell_tokens))
     rows: list[list[int]] = []
     used = 0
@@ -104,13 +98,10 @@ def _fill_cells(budget: int, columns: int, cell_tokens: int, rng: random.Random)
 def filled_layout(
     seq_len: int, batch: int = 1, *, query_tokens: int = 60, columns: int = 8, cell_tokens: int = 30, seed: int = 0
 ) -> TableLayout:
-    """``batch`` realistic tables that each fill ``seq_len`` tokens exactly (no padding).
-
-    ``query_tokens`` include [CLS] and [SEP] (>= 2); ``columns`` columns and as many data rows as it
-    takes, each cell uniform in ``[0.25, 1.75] x cell_tokens`` tokens (like HybridQA cells expanded
-    with passage sentences), the last one trimmed. Example b is drawn with seed ``seed + b``. The
-    defaults give ~2 rows at 512 tokens, ~34 at 8192, ~136 at 32768.
-    """
+    """``batch`` realistic tables that each fill ``seq_len`` tokens exactly (no padding). ``query_tokens`` include
+    [CLS] and [SEP]; cells are uniform in ``[0.25, 1.75] x cell_tokens`` tokens (like HybridQA cells expanded with
+    passage sentences), the last one trimmed; example b uses seed ``seed + b``. The defaults give ~2 rows at 512
+    tokens, ~34 at 8192, ~136 at 32768."""
     if query_tokens < 2 or seq_len <= query_tokens or columns < 1 or cell_tokens < 1:
         raise ValueError(
             f"no table fits: seq_len={seq_len}, query_tokens={query_tokens}, "

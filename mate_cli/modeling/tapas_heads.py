@@ -1,37 +1,24 @@
 """TAPAS's fine-tuning heads and losses (Herzig et al. 2020; TabFact: Eisenschlos et al. 2020).
 
-:class:`TapasQAHead` selects cells, with an aggregation classifier when ``num_aggregation_labels > 0`` (SQA, WikiTQ);
-:class:`TapasClassificationHead` is TabFact's. Setting and parameter names are ``transformers``' (``TapasConfig``,
-``TapasForQuestionAnswering``, ``TapasForSequenceClassification``), so a published checkpoint's ``config.json`` and
-head weights load by name (:func:`load_head_weights`).
-
-A cell here is TAPAS's (row id, column id) pair, ids clipped at ``max_num_rows - 1`` / ``max_num_columns - 1``: the
-header row and the query (0, 0) are cells of the loss too.
+Names are ``transformers``' (``TapasConfig``, ``TapasFor*``), so a TAPAS checkpoint's ``config.json`` and head weights
+load by name. A cell is TAPAS's (row id, column id) pair, the header row and the query (0, 0) included, ids clipped at
+``max_num_rows - 1`` / ``max_num_columns - 1``.
 
 Cell selection (TAPAS §3): token logits ``(w · h_t + b) / temperature``; a cell's logit is its tokens' mean; a
 column's logit is the mean over its cells of a second projection's cell means (column 0, the query, excluded unless
 ``allow_empty_column_selection``). With ``select_one_column`` the loss is ``-log P(gold column)`` plus the mean
-Bernoulli negative log-likelihood of the cells in the gold column, and a prediction selects only in the arg-max
-column.
-Aggregation (WikiTQ) classifies the pooled [CLS] over NONE, SUM, AVERAGE, COUNT. With ``use_answer_as_supervision``
-an example whose answer is not a number, or is one found in the table while the operators get at most
+Bernoulli NLL of the gold column's cells, and a prediction selects only in the arg-max column.
+Aggregation (WikiTQ) classifies the pooled [CLS] over :data:`AGGREGATIONS`. With ``use_answer_as_supervision`` an
+example whose answer is not a number, or is found in the table while the operators get at most
 ``cell_selection_preference`` of the mass, learns cell selection and NONE; the other scalar answers learn
 ``-log P(any operator)`` plus a Huber loss between the expected result and the answer, both zeroed when that Huber
-loss exceeds ``answer_loss_cutoff``.
+loss exceeds ``answer_loss_cutoff``. ``aggregation_supervision=hard_em`` is not TAPAS's: :func:`consistent_selection`.
 
-One deliberate difference from ``transformers``: padding tokens belong to no cell here. TAPAS counts them in the
-query cell (0, 0), so its query-cell mean, and with it the loss of an example with no answer cell, depends on how
-far the batch was padded. On unpadded inputs, and on padded ones whose examples all have an answer cell, logits and
-loss equal ``TapasForQuestionAnswering``'s (``tests/modeling/test_tapas_heads.py``), the loss with
-``allow_empty_column_selection=false`` (otherwise column 0's logit is the query cell's mean, padding included in
-TAPAS). The head runs in float32 under mixed precision (label counts and answers exceed bf16's range). The Gumbel
-options draw only in training, so predictions and validation loss never depend on a draw.
-
-``aggregation_supervision=hard_em`` (not TAPAS's; its default is ``expected``) trains an aggregating example on the
-most probable selection a prediction could decode whose result is the answer (:func:`consistent_selection`), as
-labels of TAPAS's column, cell and operator losses; examples no such selection answers keep TAPAS's loss. The reason:
-TAPAS's expected result fits the answer with soft cell probabilities the prediction never uses (a COUNT fitted by
-eleven cells at 0.27 decodes to no cell; the ratio AVERAGE gives a lone cell's value at any probability).
+One deliberate difference from ``transformers``: padding belongs to no cell (TAPAS counts it in the query cell, so
+there the loss of an example with no answer cell, and column 0's logit, depend on the batch's padding). On unpadded
+inputs, and padded ones whose examples all have an answer cell, logits and loss equal ``TapasForQuestionAnswering``'s
+(the loss with ``allow_empty_column_selection=false``; tests/modeling/test_tapas_heads.py). The caller runs the head in float32
+(``TableQAModule.forward``: label counts and answers exceed bf16's range). Gumbel options draw only in training.
 """
 
 from __future__ import annotations
@@ -60,8 +47,8 @@ AGGREGATION_SUPERVISIONS = ("expected", "hard_em")
 
 @dataclass
 class TapasHeadConfig:
-    """TAPAS's head settings (``transformers.TapasConfig``'s names and defaults); the task yamls set TAPAS's
-    published values per task."""
+    """TAPAS's head settings (``transformers.TapasConfig``'s names and defaults; the task yamls set its published
+    values)."""
 
     num_aggregation_labels: int = 0
     temperature: float = 1.0
@@ -135,22 +122,19 @@ class TapasHeadConfig:
 
 
 class QAOutput(NamedTuple):
-    """What :class:`TapasQAHead` returns: ``logits`` ``[batch, seq]`` after the single-column constraint, each token
-    carrying its cell's logit (token logits in a loss call with neither ``select_one_column`` nor
-    ``average_logits_per_cell``), ``aggregation_logits`` ``[batch, ops]`` or None, and ``loss`` ``[batch]`` per
-    example (its mean is TAPAS's loss) or None."""
+    """``logits`` ``[batch, seq]`` after the single-column constraint, each token carrying its cell's logit (token
+    logits in a loss call with neither ``select_one_column`` nor ``average_logits_per_cell``); ``aggregation_logits``
+    ``[batch, ops]`` or None; ``loss`` ``[batch]`` (its mean is TAPAS's loss) or None."""
 
     logits: torch.Tensor
     aggregation_logits: torch.Tensor | None
     loss: torch.Tensor | None
 
 
-# ---------------------------------------------------------------- segments
 class CellIndex:
-    """Tokens grouped into TAPAS cells and columns: segment ``row * C + column`` for real tokens
-    (``C = max_num_columns``), ``R * C`` for padding, which every reduction drops. ``real`` is the real-token
-    mask ``[batch, seq]`` and ``cell_mask`` ``[batch, cells]`` 1 for a cell with real tokens, else 0 (both
-    ``dtype``)."""
+    """Tokens grouped into TAPAS cells: segment ``row * C + column`` (``C = max_num_columns``), ``R * C`` for padding,
+    which every reduction drops. ``real`` ``[batch, seq]`` and ``cell_mask`` ``[batch, cells]`` (a cell with real
+    tokens) are 1/0 in ``dtype``."""
 
     def __init__(
         self, layout: TableLayout, max_num_rows: int, max_num_columns: int, dtype: torch.dtype = torch.float32
@@ -162,7 +146,6 @@ class CellIndex:
         real = layout.attention_mask
         self.cell = torch.where(real, rows * max_num_columns + self.columns, self.num_cells)
         self.column = torch.where(real, self.columns, max_num_columns)
-        #: column id of every cell segment ``[num_cells]``
         self.column_of_cell = torch.arange(self.num_cells, device=rows.device) % max_num_columns
         self.real = real.to(dtype)
         self.cell_mask = self.cell_mean(self.real)
@@ -194,10 +177,8 @@ class CellIndex:
         return padded.gather(1, self.cell)
 
 
-# ---------------------------------------------------------------- heads
 class TapasQAHead(nn.Module):
-    """Cell selection (and aggregation) on the encoder's states: SQA and WikiTQ. ``dropout`` applies to the
-    last hidden states before the cell logits; ``initializer_range`` is the normal initialisation's std."""
+    """Cell selection, and aggregation when ``num_aggregation_labels > 0``: SQA and WikiTQ."""
 
     def __init__(
         self, hidden_size: int, config: TapasHeadConfig, initializer_range: float = 0.02, dropout: float = 0.1
@@ -229,10 +210,9 @@ class TapasQAHead(nn.Module):
         numeric_values: torch.Tensor | None = None,
         numeric_values_scale: torch.Tensor | None = None,
     ) -> QAOutput:
-        """Logits, and with ``labels`` the per-example loss. ``hidden``: ``[batch, seq, hidden]``; ``pooled``:
-        ``[batch, hidden]``; ``labels``: ``[batch, seq]``, 1 on the tokens of gold answer cells; ``float_answer``:
-        ``[batch]`` the scalar answer (NaN: not one number); ``numeric_values``: ``[batch, seq]`` each token's cell
-        value (NaN: none); ``numeric_values_scale``: ``[batch, seq]`` the number of tokens of its cell."""
+        """Logits, and with ``labels`` (``[batch, seq]``, 1 on gold answer cells' tokens) the loss. ``pooled``
+        ``[batch, hidden]``; ``float_answer`` ``[batch]`` (NaN: not one number); ``numeric_values`` and
+        ``numeric_values_scale``: ``[batch, seq]``, :func:`token_numeric_values`."""
         cfg = self.config
         hidden = self.dropout(hidden)
         index = CellIndex(layout, cfg.max_num_rows, cfg.max_num_columns, hidden.dtype)
@@ -244,7 +224,7 @@ class TapasQAHead(nn.Module):
             return QAOutput(logits, aggregation_logits, None)
         labels = labels.long() * layout.attention_mask
         aggregate = None
-        if cfg.num_aggregation_labels > 0:  # answer-supervised: TapasHeadConfig refuses aggregation labels
+        if cfg.num_aggregation_labels > 0:
             if not cfg.use_answer_as_supervision:  # a config changed after TapasHeadConfig checked it
                 raise MateError(
                     "supervised aggregation labels are not supported; set "
@@ -286,7 +266,7 @@ class TapasQAHead(nn.Module):
         return logits
 
     def _selection_loss(self, token_logits, column_logits, index: CellIndex, labels: torch.Tensor):
-        """TAPAS's cell-selection loss of ``labels`` (token level) and the token logits the prediction reads."""
+        """``(loss [batch], token logits the prediction reads)`` for token-level ``labels``."""
         if self.config.select_one_column:
             return _single_column_selection(token_logits, column_logits, labels, index)
         weight = torch.where(labels == 0, 1.0, self.config.positive_label_weight).to(token_logits.dtype)
@@ -353,7 +333,7 @@ class TapasQAHead(nn.Module):
 
 
 class TapasClassificationHead(nn.Module):
-    """TabFact's entailment classifier: ``classifier(dropout(pooled [CLS]))`` (0 refuted, 1 entailed)."""
+    """TabFact's entailment classifier on the pooled sequence (label 0 refuted, 1 entailed)."""
 
     def __init__(
         self, hidden_size: int, num_labels: int = 2, initializer_range: float = 0.02, dropout: float = 0.1
@@ -369,12 +349,9 @@ class TapasClassificationHead(nn.Module):
         return self.classifier(self.dropout(pooled))
 
 
-# ---------------------------------------------------------------- pieces
 def _single_column_selection(token_logits, column_logits, labels, index: CellIndex):
-    """TAPAS's hierarchical loss (gold column, then Bernoulli per cell inside it): ``(per-example loss [batch],
-    token logits [batch, seq])``, the logits keeping only the cells of the arg-max column (the others lowered by
-    ``LOG_ZERO``).
-    Without ``column_logits`` the loss is None and the logits are the cell means."""
+    """TAPAS's hierarchical loss (module docstring) and token logits ``[batch, seq]`` keeping only the arg-max column's
+    cells (others lowered by ``LOG_ZERO``). Without ``column_logits``: ``(None, cell means)``."""
     cell_logits = index.cell_mean(token_logits)
     if column_logits is None:
         return None, index.gather(cell_logits)
@@ -397,18 +374,16 @@ def _single_column_selection(token_logits, column_logits, labels, index: CellInd
 def consistent_selection(
     token_logits, column_logits, index: CellIndex, values, answer, operator_log_probs, tolerance: float = 1e-6
 ):
-    """Hard EM for answer-supervised aggregation: the most probable decodable (column, cells, operator) whose
-    result is ``answer``.
+    """Hard EM (``aggregation_supervision=hard_em``, not TAPAS's): the most probable decodable (column, cells,
+    operator) whose result is ``answer``, as labels of TAPAS's column, cell and operator losses. Why: TAPAS's expected
+    result fits the answer with soft cell probabilities a prediction never uses (a COUNT fitted by eleven cells at 0.27
+    decodes to no cell; the ratio AVERAGE gives a lone cell's value at any probability).
 
-    A decode selects cells of one column and applies one operator, so the selections searched are, in each column (all
-    data cells as one group without ``column_logits``), its k highest-scoring data cells for every k, and each single
-    data cell. A selection qualifies with SUM, AVERAGE or COUNT when the result (SUM and AVERAGE over its cells that
-    hold a number) is within ``tolerance`` x max(1, |answer|) of the answer; qualifiers are scored by
-    ``log P(column) + sum log P(cell in or out) + log P(operator)``.
-
-    Returns ``(found [batch] bool, operator [batch] (0 SUM, 1 AVERAGE, 2 COUNT), column [batch], cells [batch, cells]
-    bool, candidates [batch, cells] bool: the column's data cells, cell logits [batch, cells])``; ``found`` is false
-    without a scalar answer or a consistent selection.
+    Searched per column (one group without ``column_logits``): its top-k data cells for every k, and each single data
+    cell; a selection qualifies with SUM, AVERAGE (over its numbers) or COUNT within ``tolerance`` x max(1, |answer|),
+    scored by ``log P(column) + sum log P(cell in or out) + log P(operator)``. Returns ``(found, operator (0 SUM,
+    1 AVERAGE, 2 COUNT), column, cells, candidates (the column's data cells), cell logits)``, each ``[batch]`` or
+    ``[batch, cells]``; ``found`` is false without a scalar answer or a consistent selection.
     """
     batch = token_logits.shape[0]
     rows, columns = index.num_rows, index.num_columns
@@ -471,8 +446,8 @@ def consistent_selection(
 
 
 def _aggregate_mask(answer, aggregation_logits, preference, labels) -> torch.Tensor:
-    """1 for the examples that should aggregate: a scalar answer, unless cell selection can
-    give it (an answer cell exists) and the model prefers NONE (operators' mass <= preference)."""
+    """1 for the examples that aggregate: a scalar answer, unless an answer cell exists and the operators' mass is
+    at most ``preference``."""
     scalar = (~torch.isnan(answer)).to(aggregation_logits.dtype)
     operators = torch.softmax(aggregation_logits, dim=-1)[:, 1:].sum(1)
     select = (operators <= preference) & (labels.sum(1) > 0)
@@ -480,9 +455,8 @@ def _aggregate_mask(answer, aggregation_logits, preference, labels) -> torch.Ten
 
 
 def relaxed_bernoulli(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """TAPAS's ``use_gumbel_for_cells``: per token a relaxed Bernoulli draw of probability ``sigmoid(raw logit)``
-    at ``temperature`` T, i.e. ``sigmoid(logits + L / T)`` with logistic noise ``L`` (``logits`` are already
-    divided by T). At TAPAS's small T a draw is nearly 0 or 1, which pushes each cell's logit to a side."""
+    """TAPAS's ``use_gumbel_for_cells``: a relaxed Bernoulli draw per token, ``sigmoid(logits + L / T)`` with logistic
+    noise ``L`` (``logits`` are already divided by ``temperature`` T)."""
     u = torch.rand_like(logits).clamp(1e-6, 1 - 1e-6)
     return torch.sigmoid(logits + torch.logit(u) / temperature)
 
@@ -497,10 +471,9 @@ def expected_result(
     aggregation_temperature=1.0,
     gumbel_aggregation: bool = False,
 ) -> torch.Tensor:
-    """The expected SUM / AVERAGE / COUNT of a soft cell selection, weighted by the operators' probabilities:
-    ``probs``, ``values`` (NaN: not a number), ``scale`` (tokens of the token's cell; dividing by it counts each cell
-    once) and ``table_mask`` (data rows) are ``[batch, seq]``; ``gumbel_aggregation`` (TAPAS's
-    ``use_gumbel_for_aggregation``) draws the operator weights from a relaxed one-hot distribution."""
+    """``[batch]``: the expected SUM / AVERAGE / COUNT of a soft selection, weighted by the operators' probabilities
+    (``gumbel_aggregation``: TAPAS's ``use_gumbel_for_aggregation``, a relaxed one-hot draw). ``probs``, ``values``
+    (NaN: none), ``scale`` (dividing by it counts each cell once) and ``table_mask`` (data rows) are ``[batch, seq]``."""
     p = probs / scale * table_mask
     count = p.sum(1)
     values = torch.nan_to_num(values, nan=0.0)
@@ -539,10 +512,8 @@ def token_numeric_values(cell_values: torch.Tensor, cell_ids: torch.Tensor) -> t
     return values, scale
 
 
-# ---------------------------------------------------------------- checkpoints
 def load_head_weights(head: nn.Module, pretrained: str) -> list[str]:
-    """Copy the head tensors a TAPAS task checkpoint holds into ``head`` and return their names (none from a
-    BERT or TAPAS base checkpoint: the head keeps its initialisation)."""
+    """Load a TAPAS task checkpoint's head tensors into ``head``; their names (``[]`` for a base checkpoint)."""
     from mate_cli.modeling import checkpoints
 
     return checkpoints.load_head(head, pretrained, "task head")

@@ -1,17 +1,13 @@
 """Transformer-XH (Zhao et al. 2020): extra hop attention between the [CLS] hubs of linked sequences.
 
-A batch holds the nodes of one or more graphs, each node a sequence of its own (``[batch nodes, seq]``) with its [CLS]
-at position 0 as the node's *hub*, and a boolean adjacency ``edges[tau, eta]`` (``tau`` reads ``eta``; no edge between
-graphs). In each of the last ``hop_layers`` layers (``None``: all), every token attends inside its own sequence (any
-backend); the hub of node ``tau`` also attends to its neighbours' hubs with hop projections of its own
-(``q^ = W_q^ h_tau,0``, ``k^ = W_k^ h_eta,0``, ``v^ = W_v^ h_eta,0`` from the layer's input; multi-head scaled dot
-product, softmax over the neighbours, a zero hop context without any), and its context becomes
-``W_c [in-sequence context ; hop context] + b_c`` before BERT's output block. L hop layers carry information at most L
-edges far.
+A batch holds the nodes of one or more graphs, each a sequence with its [CLS] (the node's *hub*) at position 0, and a
+bool adjacency ``edges[tau, eta]`` (``tau`` reads ``eta``). In each of the last ``hop_layers`` layers (``None``: all)
+tokens attend inside their sequence (any backend), and the hub of ``tau`` also attends to its neighbours' hubs with hop
+projections of its own (``q^ = W_q^ h_tau,0``, ``k^``, ``v^`` from ``h_eta,0``, the layer's input; multi-head, zero
+without neighbours); its context becomes ``W_c [in-sequence context ; hop context] + b_c`` before the output block.
 
-``W_c`` starts as ``[I | 0]`` with a zero bias (the paper does not say): before training the model is exactly the
-pre-trained encoder, as with ``hop_layers=0``. The hop projections' gradient passes through the ``0`` block, so they
-learn once it has moved (after the first step).
+``W_c`` starts as ``[I | 0]``, zero bias (the paper does not say): before training the model is exactly the
+pre-trained encoder. The hop projections' gradient passes through the ``0`` block, so they learn after the first step.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from mate_cli.modeling.layout import TableLayout
 
 
 class HopAttention(nn.Module):
-    """One layer's hop attention and the hub's combination (the module docstring)."""
+    """One layer's hop attention and the hub's combination ``W_c``."""
 
     def __init__(self, hidden_size: int, num_heads: int, initializer_range: float = 0.02) -> None:
         super().__init__()
@@ -44,8 +40,7 @@ class HopAttention(nn.Module):
             self.combine.bias.zero_()
 
     def hop_context(self, hubs: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
-        """``hubs`` ``[nodes, hidden]`` (the layer's input at position 0), ``edges`` ``[nodes, nodes]``
-        bool -> ``[nodes, hidden]`` each hub's attention over its neighbours' hubs (0 without any)."""
+        """``hubs`` ``[nodes, hidden]``, ``edges`` ``[nodes, nodes]`` -> ``[nodes, hidden]`` (0 without neighbours)."""
         q, k, v = (
             proj(hubs).unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
             for proj in (self.query, self.key, self.value)
@@ -58,15 +53,14 @@ class HopAttention(nn.Module):
         return (probs @ v).transpose(0, 1).flatten(1)
 
     def forward(self, context: torch.Tensor, hidden: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
-        """A :data:`~mate_cli.modeling.encoder.ContextMix`: ``context`` and ``hidden`` ``[nodes, seq, hidden]``;
-        the hubs' contexts are replaced by the combination, every other token's is kept."""
+        """A :data:`~mate_cli.modeling.encoder.ContextMix`: only the hubs' contexts change."""
         hub = self.combine(torch.cat([context[:, 0], self.hop_context(hidden[:, 0], edges)], dim=-1))
         return torch.cat([hub[:, None], context[:, 1:]], dim=1)
 
 
 class HopLayers(nn.Module):
-    """The hop attention of the last ``hop_layers`` layers (``None``: all, the paper's) of the encoder ``config``
-    describes, run around an encoder it does not own (a task module keeps it as its ``encoder``, exported as usual)."""
+    """The hop attention of the last ``hop_layers`` layers (``None``: all, the paper's), run around an encoder it does
+    not own (the task module keeps it as its ``encoder``, exported as usual)."""
 
     def __init__(self, config, hop_layers: int | None = None) -> None:
         super().__init__()
@@ -84,9 +78,7 @@ class HopLayers(nn.Module):
     def forward(
         self, encoder: nn.Module, input_ids: torch.Tensor, layout: TableLayout | None, edges: torch.Tensor
     ) -> torch.Tensor:
-        """``encoder`` (a :class:`~mate_cli.modeling.encoder.TableEncoder`) with hop attention:
-        ``input_ids`` ``[nodes, seq]`` (every node's [CLS] at 0), ``edges`` ``[nodes, nodes]`` bool
-        -> last hidden state ``[nodes, seq, hidden]``."""
+        """``encoder``'s last hidden state ``[nodes, seq, hidden]`` with hop attention; ``edges`` ``[nodes, nodes]``."""
         if edges.shape != (input_ids.shape[0],) * 2:
             raise MateError(
                 f"Transformer-XH: edges has shape {tuple(edges.shape)} for {input_ids.shape[0]} nodes; "

@@ -1,11 +1,9 @@
-"""PointR end to end (MATE paper §4): point to the expanded cell, then read the answer from it.
+"""PointR end to end (MATE §4): point to the expanded cell, then read the answer from it (``mate pointr``,
+``mate predict``).
 
-Each stage is a trained run (:func:`mate_cli.runs.load_trained`): :class:`CellRanker` (stage 1, cell selection over the
-table as its training run encoded it, TF-IDF expansion included: :mod:`mate_cli.data.expand`) and
-:class:`SpanPredictor` (stage 2, the answer span in the chosen cell's context). :func:`evaluate_pointr` serves
-``mate pointr``, :func:`predict_question` ``mate predict``. Without a stage-2 checkpoint the answer is the top cell's
-own text, so stage 1 can be evaluated end to end on its own. A question the data or a stage cannot serve fully is
-counted under :data:`ROBUSTNESS_LINES`, logged as one line and predicted as well as possible; none stops the run.
+Each stage is a trained run (:func:`mate_cli.runs.load_trained`). Without a stage-2 run the answer is the top cell's
+text, so stage 1 can be evaluated end to end alone. A question the data or a stage cannot serve fully is counted under
+:data:`ROBUSTNESS_LINES` and predicted as well as possible; none stops the run.
 """
 
 from __future__ import annotations
@@ -49,11 +47,8 @@ ROBUSTNESS_LINES = {
 }
 
 
-# ------------------------------------------------------------------ stage 1
 class CellRanker:
-    """Stage 1, from a trained :class:`~mate_cli.lit_modules.cell_selection.CellSelectionModule` run: cell
-    probabilities of encoded examples and their ``top_k`` cells (Hits@k looks no further: Hits@5 needs
-    ``top_k >= 5``)."""
+    """Stage 1 (a ``CellSelectionModule`` run): each example's ``top_k`` cells (Hits@5 needs ``top_k >= 5``)."""
 
     def __init__(
         self, stage: TrainedRun, device: torch.device, precision: str | None = None, batch_size: int = 8, top_k: int = 5
@@ -63,7 +58,7 @@ class CellRanker:
         self.collate = Collator(int(stage.tokenizer.pad_token_id or 0))
 
     def encode(self, question: Question, table: Table, passages: dict[str, str]) -> dict:
-        """The stage-1 input of one question, exactly as the training run encoded its data."""
+        """The stage-1 input of one question, as the training run encoded its data (TF-IDF expansion included)."""
         data = self.stage.cfg.dataset
         expansion = OmegaConf.to_container(data.expansion, resolve=True) if data.get("expansion") else {}
         tok = TableTokenizer(
@@ -107,9 +102,8 @@ class CellRanker:
         return out
 
 
-# ------------------------------------------------------------------ stage 2
 class SpanPredictor:
-    """Stage 2: read the answer span from one cell's context (or the cell text without a reader)."""
+    """Stage 2: the answer span in one cell's context (without a run: the cell's text)."""
 
     def __init__(
         self, stage: TrainedRun | None, device: torch.device, precision: str | None = None, batch_size: int = 16
@@ -138,7 +132,7 @@ class SpanPredictor:
 
     @torch.no_grad()
     def read(self, items: list, cell_texts: list[str]) -> list[dict]:
-        """``[{"pred", "prob"}]`` for :class:`SpanExample` ``items``; ``cell_texts`` answer without a reader."""
+        """``[{"pred", "prob"}]`` for ``items``; ``cell_texts`` answer without a stage-2 run."""
         if self.stage is None:
             return [{"pred": text.strip(), "prob": None} for text in cell_texts]
         out: list[dict] = []
@@ -150,10 +144,8 @@ class SpanPredictor:
         return out
 
 
-# ------------------------------------------------------------------ evaluation
 def reference_for(cfg_path: str | None, dataset: DictConfig, split: str) -> Path | None:
-    """The reference file: ``reference=`` when given; else, except for the test split,
-    ``<root>/released_data/<dev>_reference.json`` when it exists; else None."""
+    """``reference=``; else, but for the test split, ``<root>/released_data/<dev>_reference.json`` if it exists."""
     if cfg_path:
         return given_file(cfg_path, "the dev_reference.json of the evaluated split", "reference")
     if split == "test":
@@ -169,8 +161,7 @@ def _cell_info(table: Table, coord: Sequence[int], prob: float | None) -> dict:
 
 
 def load_stages(cfg: DictConfig) -> tuple[TrainedRun, TrainedRun | None, torch.device]:
-    """The trained runs of ``stage1.ckpt_path`` and ``stage2.ckpt_path`` (None when not given)
-    and the device they are on; both run configs are checked before either model is built."""
+    """Both stages' runs (stage 2 may be None) and their device; both configs are checked before either is built."""
     trust = bool(cfg.get("trust_run_config"))
     for stage in ("stage1", "stage2"):
         if cfg[stage].get("ckpt_path"):
@@ -184,9 +175,8 @@ def load_stages(cfg: DictConfig) -> tuple[TrainedRun, TrainedRun | None, torch.d
 
 
 def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
-    """Run PointR on ``cfg.split`` (conf/pointr.yaml) and write, atomically, ``predictions.json`` (the official
-    ``[{"question_id", "pred"}]``), ``pointr_details.json`` and ``metrics.json`` (official EM/F1, Hits@k, robustness
-    counts); returns the metrics."""
+    """PointR on ``cfg.split``: writes ``predictions.json`` (the official format), ``pointr_details.json`` and
+    ``metrics.json`` (official EM/F1, Hits@k, robustness counts); returns the metrics."""
     for stage in ("stage1", "stage2"):
         if OmegaConf.is_missing(cfg[stage], "ckpt_path"):
             fix = " (or null: answer with the top cell's text)" if stage == "stage2" else ""
@@ -200,7 +190,7 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     s1, s2, device = load_stages(cfg)
     precision = cfg.trainer.get("precision")
     ref_path = reference_for(cfg.get("reference"), s1.cfg.dataset, split)
-    if s2 is not None:  # warn when the reader was trained on another split than the one evaluated
+    if s2 is not None:
         differ = [k for k in SPLIT_KEYS if str(s1.cfg.dataset.get(k)) != str(s2.cfg.dataset.get(k))]
         if differ:
             log.warning(
@@ -267,7 +257,7 @@ def score(details: list[dict], questions: dict[str, Question], ref_path: Path | 
 def _run(
     datamodule, dataset, questions: dict[str, Question], ranker: CellRanker, spans: SpanPredictor, counts: Counter
 ) -> list[dict]:
-    """Stage 1 over ``dataset`` (encoded examples), stage 2 on each top cell, in chunks."""
+    """Stage 1 over the encoded ``dataset``, stage 2 on each top cell, in chunks."""
     details: list[dict] = []
     pending: list[tuple[dict, Any, str]] = []
 
@@ -317,9 +307,7 @@ def _run(
     return details
 
 
-# ------------------------------------------------------------------ one question
 def load_passages(path: str | Path | None) -> dict[str, str]:
-    """The passages of ``mate predict``'s ``passages=`` file; ``{}`` for none."""
     if not path:
         log.info("predict: no passages file; cells are read without linked passages")
         return {}

@@ -1,9 +1,4 @@
-"""One question (or statement) about one table file, answered by a trained table-task run (``mate predict``).
-
-The table is read in the run's dataset format (its task's ``read_table_file``) and encoded as training encoded it
-(:func:`~mate_cli.data.table_tasks.table_tokenizer`); the answer is the run's decoded row: a verdict and its
-probability, or the selected cells, with WikiTQ's aggregation operator and computed answer.
-"""
+"""One question (or statement) about one table file, answered by a trained table-task run (``mate predict``)."""
 
 from __future__ import annotations
 
@@ -19,7 +14,6 @@ from mate_cli.runs import TrainedRun, autocast
 
 
 def read_task_table(task: str, path: str | Path) -> Table:
-    """A table file in ``task``'s upstream format."""
     given_file(path, f"a table file of the run's dataset ({task})")
     return tasks.get(task).read_table_file(Path(str(path)).expanduser())
 
@@ -27,7 +21,8 @@ def read_task_table(task: str, path: str | Path) -> Table:
 def predict_table_question(
     run: TrainedRun, table: Table, text: str, device: torch.device, precision: str | None
 ) -> dict:
-    """The run's answer to ``text`` about ``table`` (module docstring), as a JSON-ready dict."""
+    """The run's decoded answer, encoded as in training: a verdict and its probability, or the selected cells with
+    the aggregation operator (and WikiTQ's computed answer); JSON-ready."""
     data = run.cfg.dataset
     task = tasks.get(data.task)
     tokenizer = table_tokenizer(run.tokenizer, data)

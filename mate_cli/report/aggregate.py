@@ -1,6 +1,5 @@
-"""Runs -> configurations, each metric summarised over seeds as the paper reports it: the median and half the
-interquartile range, ``(Q3 - Q1) / 2`` (numpy percentiles, linear interpolation), with ``n``, the number of finished
-runs that have the metric. A seed finished more than once counts once, by its newest run; the others are listed.
+"""Runs -> configurations, each metric over seeds as the paper reports it: median and half the interquartile range,
+``(Q3 - Q1) / 2`` (numpy's linear percentiles), and ``n``. A seed finished more than once counts once, by its newest run.
 
 A configuration is the experiment, attention, MATE's ``variant/impl``, dataset and every other override whose value
 differs between the runs (a heads-ablation sweep: a row per ``attention.row_heads_ratio``); never the seed.
@@ -16,28 +15,21 @@ import numpy as np
 from mate_cli.errors import MateError
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, iter_values, runs_with
 
-#: the columns every configuration has
 BASE_COLUMNS = ("experiment", "attention", "impl", "dataset")
-#: overrides that never name a configuration: seeds repeat one, a resume continues one,
-#: base columns show these already, a sweep preset only sets other overrides,
-#: ``export_encoder`` writes one more file after training without changing what is trained,
-#: and ``tags`` label a run for the dashboards
+#: overrides that never name a configuration (seeds repeat one, a resume continues one, base columns show some,
+#: a sweep preset sets others, ``export_encoder`` and ``tags`` change nothing trained)
 NOT_CONFIGURATION = ("seed", "ckpt_path", "experiment", "attention", "dataset", "attention.variant", "attention.impl", "sweep",
                      "export_encoder", "tags")  # fmt: skip
-#: neither do these groups or anything under them: where results go and what is printed, not what they are
+#: neither do these groups: where results go and what is printed
 NOT_CONFIGURATION_GROUPS = ("logger", "paths", "hydra", "extras")
-#: throughput and memory, shown after the validation metrics when runs have them
 PERF_METRICS = ("perf/examples_per_s", "perf/peak_mem_mb")
 THROUGHPUT = "perf/examples_per_s"
-#: the default main metric's first choices (:func:`main_metric`)
 MAIN_METRICS = ("val/hits@1", "val/f1")
 MISSING = "-"
 
 
 @dataclass(frozen=True)
 class Summary:
-    """One metric over seeds."""
-
     median: float
     half_iqr: float
     n: int
@@ -45,7 +37,6 @@ class Summary:
 
 
 def summarize(values: Iterable[float]) -> Summary | None:
-    """Median and half-IQR of ``values`` (None when there are none)."""
     values = tuple(float(v) for v in values)
     if not values:
         return None
@@ -61,8 +52,7 @@ class Configuration:
     runs: list[Run] = field(default_factory=list)
 
     def counted(self) -> list[Run]:
-        """The finished runs the summaries use: one per seed, the newest to finish (a rerun, or a run resumed after it
-        had finished, counts once)."""
+        """The finished runs summarised: one per seed, the newest to finish."""
         newest: dict[object, Run] = {}
         for run in runs_with(self.runs, OK):
             seed = id(run) if run.seed is None else str(run.seed)
@@ -84,11 +74,11 @@ class Configuration:
         return summarize(iter_values(self.counted(), metric))
 
     def count(self, status: str) -> int:
-        """Runs with ``status``; for ``ok``, the counted ones (one per seed)."""
+        """Runs with ``status``; for ``ok``, the counted ones."""
         return len(self.counted()) if status == OK else len(runs_with(self.runs, status))
 
     def runs_text(self) -> str:
-        """``3`` finished runs (one per seed), or ``2 (+1 repeated, +1 failed, +1 incomplete)``."""
+        """``3``, or ``2 (+1 repeated, +1 failed, +1 incomplete)``."""
         repeats = sum(len(others) for _, others in self.repeated())
         extra = [f"+{n} {status}" for status, n in (("repeated", repeats), (FAILED_STATUS, self.count(FAILED_STATUS)),
                                                      (INCOMPLETE, self.count(INCOMPLETE))) if n]  # fmt: skip
@@ -131,8 +121,7 @@ def effective(run: Run, key: str) -> str:
 
 
 def swept_keys(runs: Sequence[Run]) -> list[str]:
-    """The override keys whose value differs between ``runs``, but those :data:`NOT_CONFIGURATION` and
-    :data:`NOT_CONFIGURATION_GROUPS` exclude."""
+    """The override keys whose value differs between ``runs`` (but :data:`NOT_CONFIGURATION` ones)."""
     keys = sorted({k for run in runs for k in run.overrides})
     keys = [k for k in keys if k not in NOT_CONFIGURATION
             and not any(k == g or k.startswith((g + ".", g + "/")) for g in NOT_CONFIGURATION_GROUPS)]  # fmt: skip
@@ -140,7 +129,6 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
 
 
 def configurations(runs: Sequence[Run]) -> list[Configuration]:
-    """``runs`` grouped by configuration, sorted by key."""
     extra = swept_keys(runs)
     groups: dict[tuple, Configuration] = {}
     for run in runs:
@@ -150,8 +138,7 @@ def configurations(runs: Sequence[Run]) -> list[Configuration]:
 
 
 def choose_metrics(runs: Sequence[Run], requested: Sequence[str] | None = None) -> list[str]:
-    """``requested`` (each in some run's metrics), else the finished runs' ``val/*`` metrics and
-    :data:`PERF_METRICS`."""
+    """``requested`` (each in some run's metrics), else the finished runs' ``val/*`` and :data:`PERF_METRICS`."""
     present = {k for run in runs_with(runs, OK) for k in run.metrics}
     if requested:
         unknown = [m for m in requested if m not in present]
@@ -178,5 +165,4 @@ def main_metric(metrics: Sequence[str], requested: str | None = None) -> str | N
 
 
 def ordered(metrics: Sequence[str], main: str | None) -> list[str]:
-    """The main metric first, the others in their order."""
     return ([main] if main in metrics else []) + [m for m in metrics if m != main]

@@ -1,10 +1,9 @@
-"""Finding the run dirs (folders holding ``resolved_config.yaml`` or ``.hydra/``) under a folder, and reading them.
+"""The run dirs (folders holding ``resolved_config.yaml`` or ``.hydra/``) under a folder, read.
 
 A run is ``failed`` when it holds ``FAILED`` (its first line is the reason), a file that cannot be read, or a
-``metrics.json`` with a NaN or infinite number (it diverged); ``ok`` when it holds ``metrics.json``; ``incomplete``
-otherwise (killed, or still running). Its configuration is read from ``resolved_config.yaml`` (else, for a run that died
-before writing it, ``.hydra/config.yaml``), its group choices from ``.hydra/hydra.yaml`` and its overrides from
-``.hydra/overrides.yaml``.
+``metrics.json`` with a non-finite number (it diverged); ``ok`` when it holds ``metrics.json``; ``incomplete`` otherwise
+(killed, or still running). Its configuration is ``resolved_config.yaml``, else (a run that died before writing it)
+``.hydra/config.yaml``.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ RESOLVED = "resolved_config.yaml"
 METRICS = "metrics.json"
 CSV_LOG = Path("csv") / "metrics.csv"
 HYDRA_DIR = ".hydra"
-#: the marker `mate` leaves in the run dir of a failed run (mate_cli.commands.common.FAILED_MARKER)
+#: what a failed run's dir holds (mate_cli.commands.common.FAILED_MARKER)
 FAILED = "FAILED"
 
 OK, FAILED_STATUS, INCOMPLETE = "ok", "failed", "incomplete"
@@ -36,8 +35,6 @@ _CHOICE = re.compile(r"\$\{hydra:runtime\.choices\.([\w/.]+)\}")
 
 @dataclass
 class Run:
-    """One run dir: its status, configuration, group choices, overrides and numeric metrics."""
-
     path: Path
     name: str  # the path relative to the report's input folder
     status: str = INCOMPLETE
@@ -58,7 +55,6 @@ class Run:
         return self.config.get("seed")
 
     def setting(self, dotted: str) -> Any:
-        """The config value at ``a.b.c``, or None."""
         node: Any = self.config
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
@@ -68,7 +64,7 @@ class Run:
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """The run dirs under ``root`` (``root`` included), not searching a run dir's subfolders or hidden folders."""
+    """The run dirs under ``root`` (included), not searching a run dir's subfolders or hidden folders."""
     found = []
     for folder, dirs, files in os.walk(root):
         if RESOLVED in files or HYDRA_DIR in dirs:
@@ -105,7 +101,6 @@ def parse_overrides(lines: Iterable[str]) -> dict[str, str]:
 
 
 def numeric_metrics(data: dict) -> dict[str, float]:
-    """The finite numbers of a ``metrics.json`` (paths and other strings left out)."""
     return {
         str(k): float(v) for k, v in data.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -113,7 +108,6 @@ def numeric_metrics(data: dict) -> dict[str, float]:
 
 
 def logged_rows(path: Path) -> list[dict[str, str]]:
-    """The rows of a run dir's ``csv/metrics.csv`` (none when it has no CSV log)."""
     log = path / CSV_LOG
     if not log.is_file():
         return []
@@ -122,8 +116,8 @@ def logged_rows(path: Path) -> list[dict[str, str]]:
 
 
 def last_validation(path: Path) -> dict[str, float]:
-    """The ``val/*`` values of the last validation in the run's CSV log (``{}`` when none): what a run whose
-    ``metrics.json`` has none (``validate_best=false`` in an older version) measured last."""
+    """The ``val/*`` values of the CSV log's last validation: for a ``metrics.json`` without them (older
+    ``validate_best=false`` runs)."""
     last: dict[str, float] = {}
     for row in logged_rows(path):
         values = {k: v for k, v in row.items() if k and k.startswith("val/") and v not in (None, "")}
@@ -138,7 +132,7 @@ def _first_line(path: Path) -> str:
 
 
 def load_run(path: Path, root: Path) -> Run:
-    """Read one run dir; a file that cannot be read makes the run ``failed`` with that reason."""
+    """One run dir; a file that cannot be read makes it ``failed`` with that reason."""
     name = path.relative_to(root).as_posix() if path != root else path.name
     run = Run(path=path, name=name)
     hydra_dir = path / HYDRA_DIR
@@ -174,8 +168,7 @@ def load_run(path: Path, root: Path) -> Run:
 
 
 def collect(path: str | os.PathLike, tasks: Iterable[str] | None = ("train",)) -> tuple[list[Run], list[Run]]:
-    """The runs under ``path`` of ``tasks`` (None: all; a run whose task cannot be read is kept), and those of other
-    tasks. A ``path`` that does not exist or holds no such run is one ``MateError`` line."""
+    """``(runs of tasks, runs of other tasks)`` under ``path`` (``tasks`` None: all; a run without a task is kept)."""
     hint = "pass a multirun dir (outputs/multirun/train/<time>) or an outputs dir"
     root = Path(path).expanduser()
     if not root.exists():
@@ -200,7 +193,6 @@ def runs_with(runs: Iterable[Run], status: str) -> list[Run]:
 
 
 def iter_values(runs: Iterable[Run], metric: str) -> Iterator[float]:
-    """``metric`` of every finished run that has it."""
     for run in runs:
         if run.status == OK and metric in run.metrics:
             yield run.metrics[metric]

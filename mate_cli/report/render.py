@@ -37,7 +37,7 @@ def cell(metric: str, summary: Summary | None, finished: int) -> str:
 
 
 def table(configurations: Sequence[Configuration], metrics: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    """The header and one row of text per configuration (key columns, runs, each metric)."""
+    """The header and a row per configuration: key columns, runs, each metric."""
     keys = list(configurations[0].key) if configurations else []
     rows = [
         [*conf.key.values(), conf.runs_text(), *(cell(m, conf.summary(m), conf.count(OK)) for m in metrics)]
@@ -55,7 +55,6 @@ def incomplete_lines(runs: Sequence[Run], quote: str = "") -> list[str]:
 
 
 def repeated_lines(configurations: Sequence[Configuration], quote: str = "") -> list[str]:
-    """A line per seed that finished more than once in one configuration."""
     return [f"seed {run.seed}: counted {quote}{run.name}{quote}; not counted "
             + ", ".join(f"{quote}{other.name}{quote}" for other in others)
             for conf in configurations for run, others in conf.repeated()]  # fmt: skip
@@ -114,7 +113,6 @@ def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], p
     return atomic_write_csv(path, [*keys, "runs_ok", "runs_failed", "runs_incomplete", *stats], rows)
 
 
-# ------------------------------------------------------------------ plots
 #: how a plot names a metric (others: ``<name> (<split>)`` from ``<split>/<name>``)
 METRIC_LABELS = {
     "val/hits@1": "Hits@1 (validation)", "val/hits@3": "Hits@3 (validation)", "val/hits@5": "Hits@5 (validation)",
@@ -124,7 +122,6 @@ METRIC_LABELS = {
     "perf/tokens_per_s": "Training throughput (tokens/s)", "perf/peak_mem_mb": "Peak memory (MB)",
 }  # fmt: skip
 SPLIT_WORDS = {"val": "validation", "test": "test", "train": "training", "start/val": "validation, at start"}
-#: the formats ``formats=[...]`` may name (matplotlib writes each)
 FORMATS = ("png", "pdf", "svg")
 
 
@@ -182,7 +179,6 @@ def _y_from_zero(ax, values: Sequence[float]) -> None:
 
 def _finish(fig, ax, title: str, title_width: float, path: Path, formats: Sequence[str], grid_axis: str = "both",
             **legend) -> list[Path]:  # fmt: skip
-    """Title, grid and legend, then :func:`_save`."""
     _title(ax, title, title_width)
     ax.grid(True, axis=grid_axis, alpha=0.3)
     ax.legend(fontsize=7, **legend)
@@ -190,7 +186,6 @@ def _finish(fig, ax, title: str, title_width: float, path: Path, formats: Sequen
 
 
 def _save(fig, path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
-    """``path`` in each of ``formats`` (its suffix replaced), written atomically."""
     plt = _pyplot()
     written = []
     try:
@@ -268,8 +263,7 @@ def plot_accuracy_vs_throughput(configurations: Sequence[Configuration], main: s
 
 
 def learning_curve(run: Run, metric: str) -> list[tuple[int, float]]:
-    """``(step, value)`` at each validation in ``csv/metrics.csv``, and ``start/<metric>`` of ``metrics.json`` at step
-    0."""
+    """``(step, value)`` of each validation in the CSV log, ``start/<metric>`` at step 0."""
     points = {}
     if f"start/{metric}" in run.metrics:
         points[0] = float(run.metrics[f"start/{metric}"])
@@ -303,8 +297,8 @@ def plot_learning_curves(configurations: Sequence[Configuration], metric: str, p
 
 def plot(configurations: Sequence[Configuration], metrics: Sequence[str], main: str | None, out_dir: Path,
          formats: Sequence[str] = ("png",)) -> list[Path]:  # fmt: skip
-    """``report_<metric>`` per metric, ``report_accuracy_vs_throughput`` when the runs measured throughput, and the main
-    metric's learning curves (``report_curve_<metric>``) when the runs logged them."""
+    """``report_<metric>`` per metric, ``report_accuracy_vs_throughput`` and the main metric's learning curves
+    (``report_curve_<metric>``) when the runs have what they need."""
     paths = [
         p for m in metrics for p in plot_metric(configurations, m, out_dir / f"report_{slug(m)}.png", formats=formats)
     ]

@@ -1,6 +1,5 @@
-"""``mate report``'s table on screen, in at most :data:`WIDTH` columns with nothing cut (every column at full precision:
-``report.md`` and ``report.csv``): key columns every row shares said once above it, metric columns that do not fit in
-further tables of ``#`` and metrics (:func:`split`), and a key column too wide on its own wrapped in its cell.
+"""``mate report``'s table on screen in at most :data:`WIDTH` columns, nothing cut: key columns every row shares said
+once above it, metrics that do not fit in further tables (:func:`split`), a key column too wide wrapped in its cell.
 """
 
 from __future__ import annotations
@@ -9,7 +8,6 @@ import shutil
 import sys
 from typing import Sequence
 
-#: the widest a report's screen table is
 WIDTH = 100
 
 
@@ -28,8 +26,7 @@ def short_value(text: str) -> str:
 
 
 def short_names(columns: Sequence[str], keys: int) -> list[str]:
-    """The first ``keys`` column names by their last part (``model.optimizer.lr`` -> ``lr``) where no other has that
-    last part; the other columns as they are."""
+    """The first ``keys`` column names by their last part (``model.optimizer.lr`` -> ``lr``) where it is unique."""
     last = [name.rsplit(".", 1)[-1] for name in columns[:keys]]
     return [last[i] if i < keys and last.count(last[i]) == 1 else name for i, name in enumerate(columns)]
 
@@ -40,9 +37,8 @@ def table_width(widths: Sequence[int]) -> int:
 
 
 def split(columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: int, width: int = WIDTH):
-    """``(common, tables)``: the key columns every row shares as ``key=value`` strings, and the tables to print, each
-    ``(columns, rows)``: the first with ``#``, the differing key columns, ``runs`` and the metrics that fit; the others
-    ``#`` and the metrics left."""
+    """``(common, tables)``: the shared key columns as ``key=value``, and ``(columns, rows)`` tables: the first with
+    ``#``, the differing keys, ``runs`` and the metrics that fit; the others ``#`` and the metrics left."""
     keys = range(first_metric - 1)  # the key columns; then "runs", then the metrics
     rows = [[short_value(v) if i in keys else v for i, v in enumerate(row)] for row in rows]
     columns = short_names(columns, first_metric - 1)
@@ -74,7 +70,6 @@ def split(columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: i
 
 def print_tables(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: int, console,
                  width: int = WIDTH) -> None:  # fmt: skip
-    """Print the report's table (module docstring) on ``console``."""
     from rich.markup import escape
     from rich.table import Table
 
