@@ -30,9 +30,8 @@ def predict_table_question(
     example = encode_task_question(tokenizer, task, question, table)
     batch = run.model.batch_to_device(TaskCollator(int(run.tokenizer.pad_token_id or 0))([example]), device)
     with torch.no_grad(), autocast(device, precision):
-        out = run.model(batch)
+        row = run.model.predict_step(batch, 0)[0]  # what `mate eval` predicts: DoT's pruning included
     result = {"task": task.name, "question": text, "table": table.table_id, "truncated": bool(example["truncated"])}
-    row = run.model.decode(batch, out)[0]
     if not task.selects_cells:
         return {**result, "verdict": row["verdict"], "probability": row["probability"]}
     cells = [

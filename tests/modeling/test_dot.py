@@ -246,3 +246,37 @@ def test_a_batch_bound_for_another_device_has_its_token_type_ids_checked_before_
     with pytest.raises(MateError, match=r"^layout\.column_ids holds id \d+ but token_type_embeddings_1 has only"):
         model.batch_to_device(bad, "meta")
     assert model.on_before_batch_transfer(bad, 0) is bad  # on the CPU the embeddings' forward checks it
+
+
+def test_mate_predict_answers_with_the_pruned_model_as_eval_does(tmp_path):
+    """`mate predict` on a DoT run reads the kept tokens with the pruner's scores, as `mate eval` does; the model on
+    every token selects other cells here, so a predict that skipped the pruner fails."""
+    from hydra.utils import instantiate
+
+    from mate_cli.data.table_tasks import TaskCollator, encode_task_question, table_tokenizer
+    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pipelines.table_task import predict_table_question, read_task_table
+    from mate_cli.runs import TrainedRun
+    from mate_cli.tasks import get as get_task
+    from mate_cli.data.schema import Question
+    from tests.integration.test_table_tasks import a_table_and_question
+
+    cfg = compose_train(["experiment=wtq_dot", "model.dot.top_k=64"], tmp_path)
+    torch.manual_seed(0)
+    model = instantiate(cfg.model).eval()
+    tokenizer = load_tokenizer(cfg.dataset.pretrained)
+    path, question = a_table_and_question("wtq")
+    table = read_task_table("wtq", path)
+    example = encode_task_question(
+        table_tokenizer(tokenizer, cfg.dataset), get_task("wtq"), Question("question", question, table.table_id), table
+    )
+    batch = TaskCollator(int(tokenizer.pad_token_id or 0))([example])
+    with torch.no_grad():
+        model.head.output_bias.fill_(10.0)  # every cell of the chosen column selected: a selection to compare
+        kept, _ = model.prune(batch)
+        pruned_cells = model.decode(kept, model(kept))[0]["coordinates"]
+        every_token_cells = model.decode(batch, model(batch))[0]["coordinates"]
+        run = TrainedRun(cfg=cfg, model=model, ckpt_path="", tokenizer=tokenizer)
+        answer = predict_table_question(run, table, question, torch.device("cpu"), None)
+    assert sorted(map(tuple, pruned_cells)) != sorted(map(tuple, every_token_cells)), "pruning must matter here"
+    assert [(c["row"], c["column"]) for c in answer["cells"]] == [tuple(c) for c in pruned_cells]
