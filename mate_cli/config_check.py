@@ -1,14 +1,7 @@
-"""The command line checked before anything loads.
-
-``mate <command> <overrides>`` composes the command's config with Hydra's compose API
-(a fraction of a second: no Lightning, no torch, no data, no run dir) and checks every
-override against :mod:`mate_cli.config_schema`: the key exists (else the closest keys),
-its value has the key's type, and the dotlists that patch a trained run's config
-(``overrides=[...]``, ``stage1.overrides=[...]``) name keys of that run's
-``resolved_config.yaml`` with values of their types. In a multirun every value of a
-sweep is checked, and each option of a swept config group is composed.
-
-The first problem is returned as one line; ``mate`` prints it and exits with status 2.
+"""The command line checked before anything loads: ``mate <command> <overrides>`` is composed with Hydra's compose
+API (no torch, no Lightning, no run dir), and every override, each value of a sweep and each option of a swept group,
+is checked against :mod:`mate_cli.config_schema`, as are the dotlists that patch a trained run's config
+(``overrides=[...]``). The first problem is one line; ``mate`` prints it and exits with status 2.
 """
 
 from __future__ import annotations
@@ -60,9 +53,7 @@ def check_command_line(command: str, args: Sequence[str], conf_dir: Path = CONF_
 
 # ------------------------------------------------------------------ parsing and composing
 def trainer_overrides(command: str, args: list[str]) -> list[str]:
-    """``trainer.<arg>=v`` -> ``++trainer.<arg>=v``: any Lightning Trainer argument can be set,
-    in the yaml or not (:func:`check_command_line` has checked its
-    name and type against Lightning's ``Trainer``)."""
+    """``trainer.<arg>=v`` -> ``++trainer.<arg>=v``: any (checked) Trainer argument, in the yaml or not."""
     if command not in TRAINER_COMMANDS:
         return args
     out = []
@@ -150,8 +141,7 @@ def _text(override, value: Any) -> str:
 
 
 def _group_variants(overrides: list, conf_dir: Path) -> Iterator[list[str]]:
-    """The group overrides to compose: every group (and ``hydra``) override at its first
-    value, then each further option of each swept group on its own."""
+    """The group overrides to compose: every group at its first value, then each swept group's other options."""
     groups = [o for o in overrides if _is_group(o, conf_dir) or o.key_or_group.startswith("hydra")]
     first = [_text(o, _values(o, conf_dir)[0]) if o.is_sweep_override() else o.input_line for o in groups]
     yield first
@@ -259,8 +249,7 @@ def check_run_patches(tree: Mapping) -> None:
 
 
 def check_dotlist(run: Mapping, dotlist: Sequence[str], where: str, config: Path) -> None:
-    """Each ``key=value`` of ``dotlist`` names a key of the run config ``run`` (read from
-    ``config``) and gives it a value of that key's type; else `MateError`."""
+    """`MateError` unless each ``key=value`` names a key of the run config ``run`` with a value of its type."""
     from omegaconf import OmegaConf
 
     for entry in dotlist:

@@ -1,23 +1,8 @@
-"""What each config key may hold: the schema every override is checked against.
-
-A key's type is, in this order:
-
-1. for ``trainer.<argument>``: that argument's annotation in Lightning's ``Trainer``;
-2. :data:`DECLARED`, for the keys no code signature types (a command's own keys, paths,
-   nested mappings) whose default says nothing (``null``, ``???``, a resolver);
-3. the annotation of the parameter it fills: a key of a node with a ``_target_`` takes
-   what that target's signature says (:mod:`mate_cli.signatures`, read from the source);
-4. the type of the key's default in the composed config: an ``int`` default takes
-   ints, a ``float`` default numbers, a ``bool`` default booleans, a mapping a mapping
-   (or ``null``, which drops a callback or logger), a list a list, and a string any
-   scalar (a number typed where a name is expected is still a name).
-   ``${other.key}`` defaults take ``other.key``'s type.
-
-So the code's own annotations are the config's types: a new keyword of a datamodule,
-module or encoder is typed where it is written.
-
-``tests/conf/test_schema.py`` composes every option of every group and fails when a key
-has a default that says nothing and no :data:`DECLARED` entry, so no key is untyped.
+"""What each config key may hold. A key's type is, first found: ``trainer.<argument>``'s annotation in Lightning's
+``Trainer``; :data:`DECLARED` (keys no signature types whose default says nothing); the annotation of the parameter it
+fills in its node's ``_target_`` (:mod:`mate_cli.signatures`); its default's type (a string default takes any scalar;
+``${other.key}`` takes ``other.key``'s type). So the code's annotations are the config's types;
+``tests/conf/test_schema.py`` fails on a key left untyped.
 """
 
 from __future__ import annotations
@@ -112,8 +97,7 @@ def dotted_keys(tree: Any, prefix: str = "") -> list[str]:
 
 
 def says_nothing(default: Any) -> bool:
-    """A default that does not tell its key's type: null, ``???``, or an interpolation
-    through a resolver (``${oc.select:...}``, ``${hydra:...}``)."""
+    """null, ``???``, or an interpolation through a resolver (``${oc.select:...}``): no type."""
     if default is None or default == "???":
         return True
     return (
@@ -163,10 +147,7 @@ def type_of_default(default: Any) -> Any:
 
 
 def type_problem(key: str, value: Any, expected: Any, default: Any = ABSENT) -> str | None:
-    """The one-line reason ``key=value`` does not fit ``expected``, else None.
-
-    An interpolation (``${...}``) fits anything: it is resolved later.
-    """
+    """The one-line reason ``key=value`` does not fit ``expected``, else None; an interpolation fits anything."""
     if isinstance(value, str) and "${" in value:
         return None
     if accepts(expected, value) is not False:
@@ -180,8 +161,7 @@ def type_problem(key: str, value: Any, expected: Any, default: Any = ABSENT) -> 
 
 
 def unknown_key(key: str, tree: Any, where: str, extra: typing.Iterable[str] = ()) -> str:
-    """The one-line message for ``key`` missing from ``tree``: the closest keys beside it
-    (the same parent first), or among every key."""
+    """The one line for ``key`` missing from ``tree``, with the closest keys (beside it first)."""
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     candidates = [k for k in dict.fromkeys([*dotted_keys(tree), *extra]) if not k.rsplit(".", 1)[-1].startswith("_")]
     siblings = [k for k in candidates if (k.rsplit(".", 1)[0] if "." in k else "") == parent]

@@ -1,9 +1,6 @@
-"""The parameters of a config node's ``_target_`` (and of Lightning's ``Trainer``), read
-from the installed source: parsed, not imported, so the command line is checked in a
-fraction of a second, before torch and Lightning load.
-
-An annotation this reader does not understand (a class, a private alias) is `Unknown`:
-it accepts any value and the target has the last word.
+"""The parameters of a config node's ``_target_`` (and of Lightning's ``Trainer``), read from the installed source:
+parsed, not imported, so the command line is checked before torch and Lightning load (docs/architecture.md,
+"Configs"). An annotation this reader does not understand is `Unknown`: any value fits, the target has the last word.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from typing import Any, Mapping
 
 from mate_cli.errors import MateError
 
-#: what `mate train`, `pretrain`, `eval`, `pointr` and `predict` build from their ``trainer`` node
 TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
 
 #: Trainer arguments `mate train` and `mate pretrain` build from their own config groups
@@ -67,7 +63,7 @@ def _source(module: str) -> Path | None:
     parts = module.split(".")
     try:
         spec = importlib.util.find_spec(parts[0])  # a top-level package: found, not imported
-    except (ImportError, ValueError):  # not a module name
+    except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -95,12 +91,11 @@ def _definition(module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassD
 
 @lru_cache(maxsize=None)
 def parameters(target: str) -> dict[str, Any] | None:
-    """``{argument: annotation}`` of the callable a ``_target_`` names (a class: its
-    ``__init__``, with its bases' where it passes ``**kwargs`` on), read from the installed
-    source; None where that cannot be read."""
+    """``{argument: annotation}`` of the callable a ``_target_`` names (a class: its ``__init__``, with its bases'
+    where it passes ``**kwargs`` on; ``module.Class.method``); None where the source cannot be read."""
     module, _, name = target.rpartition(".")
     module, node = _definition(module, name) if module else (module, None)
-    if node is None and "." in module:  # a method: module.Class.method
+    if node is None and "." in module:  # a method
         module, owner = _definition(*module.rsplit(".", 1))
         node = next((n for n in getattr(owner, "body", []) if getattr(n, "name", None) == name), None)
     found: dict[str, Any] = {}
@@ -125,46 +120,42 @@ def trainer_parameters() -> dict[str, Any]:
 
 
 def close_matches(name: str, choices, n: int = 3) -> list[str]:
-    """Up to ``n`` of ``choices`` spelled like ``name`` (for "did you mean")."""
     return difflib.get_close_matches(name, list(choices), n=n, cutoff=0.6)
+
+
+#: what each plain type accepts (a bool is not a number; an int is a float)
+_FITS = {
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+    list: lambda v: isinstance(v, (list, tuple)),
+    tuple: lambda v: isinstance(v, (list, tuple)),
+    dict: lambda v: isinstance(v, Mapping),
+    type(None): lambda v: v is None,
+}
 
 
 def accepts(annotation: Any, value: Any) -> bool | None:
     """True/False when ``value`` fits ``annotation``; None when the annotation is not understood."""
     if annotation is Any:
         return True
-    if annotation is Unknown:
-        return None
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         answers = [accepts(arg, value) for arg in typing.get_args(annotation)]
         return True if any(answers) else (None if None in answers else False)
     if origin is typing.Literal:
         return value in typing.get_args(annotation)
-    if annotation is type(None):
-        return value is None
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is str:
-        return isinstance(value, str)
-    if origin in (list, tuple, typing.Sequence) or annotation in (list, tuple):
-        return isinstance(value, (list, tuple))
-    if origin in (dict, typing.Mapping) or annotation is dict:
-        return isinstance(value, Mapping)
-    return None
+    fits = _FITS.get(origin or annotation)
+    return fits(value) if fits else None
 
 
 def understood(annotation: Any) -> bool:
     """Whether ``annotation`` says something this reader can check (not `Unknown`, not ``Any``)."""
     if annotation in (Unknown, Any):
         return False
-    return all(
-        understood(arg) for arg in typing.get_args(annotation) if typing.get_origin(annotation) is not typing.Literal
-    )
+    origin = typing.get_origin(annotation)
+    return origin is typing.Literal or all(understood(arg) for arg in typing.get_args(annotation))
 
 
 def describe(annotation: Any) -> str:
@@ -192,7 +183,7 @@ def trainer_name_problem(name: str, reserved: tuple[str, ...] = ()) -> str | Non
 
 def check_trainer_args(args: Mapping[str, Any], reserved: tuple[str, ...] = ()) -> dict[str, Any]:
     """``args`` unchanged when every key is a ``Trainer`` argument of a fitting type, else `MateError`;
-    ``reserved``: arguments the command passes itself (``mate train``: callbacks, logger, plugins)."""
+    ``reserved``: arguments the command passes itself."""
     params = trainer_parameters()
     for key, value in args.items():
         problem = trainer_name_problem(key, reserved)
