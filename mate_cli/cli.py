@@ -112,7 +112,7 @@ def answers_only(args: list[str]) -> bool:
 
 def answer_only_app(command: str):
     """``command``'s Hydra app for the flags that run no task, without importing its module (torch, Lightning), so
-    ``mate train --help`` and ``--cfg job`` answer in about a second; the job is named after that module."""
+    ``mate train --help`` and ``--cfg job`` answer in about a second."""
     import hydra
 
     from mate_cli.paths import register_resolvers
@@ -141,10 +141,9 @@ def check_one_mode(args: list[str]) -> str | None:
 
 
 def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:
-    """Claim the folder a command line names (``hydra.run.dir=``; with ``-m``, ``hydra.sweep.dir=``) before Hydra
-    writes ``.hydra/`` there (:func:`mate_cli.run_lock.claim`); returns the arguments to run and the one-line problem,
-    if any. Default run dirs are taken by :func:`mate_cli.commands.common.run_task`. For command lines that run a task
-    (:func:`main` decides)."""
+    """Claim the ``hydra.run.dir=`` (``-m``: ``hydra.sweep.dir=``) given, before Hydra writes there
+    (:func:`mate_cli.run_lock.claim`): ``(arguments to run, one-line problem or None)``. Default run dirs:
+    :func:`mate_cli.commands.common.run_task`."""
     from mate_cli import run_lock
     from mate_cli.errors import MateError
 
@@ -182,8 +181,7 @@ def unwritable(folder: Path, err: OSError) -> str:
 
 
 def check_output_root(args: list[str]) -> str | None:
-    """The one-line problem when the folder of default run dirs cannot be made or written, found before Hydra
-    tries. For command lines that run a task (:func:`main` decides)."""
+    """The one-line problem when the folder of default run dirs cannot be made or written, before Hydra tries."""
     import tempfile
 
     if any(arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in args):
@@ -198,10 +196,8 @@ def check_output_root(args: list[str]) -> str | None:
 
 
 def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:
-    """Run ``command``'s ``@hydra.main`` ``app``: Hydra parses ``sys.argv = [program, *args]``; the task runs with
-    the real command line ``[program, command, *args]`` as ``sys.argv``, which Lightning's DDP launcher re-executes
-    for ranks > 0 (adding ``hydra.run.dir=<this run>``). Hydra names the job, and its ``<command>.log``, from the
-    command's module."""
+    """Run ``app`` on ``sys.argv = [program, *args]``; the task gets ``[program, command, *args]``, the line Lightning's
+    DDP launcher re-executes for ranks > 0 (:data:`mate_cli.commands.common.COMMAND_LINE`)."""
     from mate_cli.commands import common
 
     common.COMMAND_LINE[:] = [program, command, *args]
@@ -237,8 +233,8 @@ complete -o nospace -o default -F _mate_completion mate
 
 
 def shell_completion(args: list[str], command: str | None, program: str) -> int:
-    """``-sc install=bash`` or ``-sc uninstall=bash`` prints the script for every command;
-    ``mate <command> -sc query=bash`` answers for ``COMP_LINE`` through Hydra's completion of that command's config."""
+    """``-sc install=bash`` / ``uninstall=bash``: the script for every command; ``mate <command> -sc query=bash``:
+    Hydra's completion of ``COMP_LINE`` in that command's config."""
     settings = dict(arg.partition("=")[::2] for arg in args if "=" in arg)
     action = next((key for key in ("install", "uninstall", "query") if key in settings), None)
     shell = settings.get(action, "")

@@ -1,7 +1,4 @@
-"""What mate prints, and how: a terminal gets rich's layout at its width; a file or a pipe
-(nohup, SLURM, ``| tee``) gets lines that are never wrapped or cut, so every path stays
-whole and greppable.
-"""
+"""What mate prints: rich's layout on a terminal; in a file or pipe, lines never wrapped or cut (greppable paths)."""
 
 from __future__ import annotations
 
@@ -34,9 +31,8 @@ def log_to_files(text: str) -> None:
 
 
 def print_config(cfg: DictConfig, overrides: Iterable[str], out: Path, whole: bool = False) -> None:
-    """The start of a run. On screen: the overrides and the run dir, or, with ``whole``
-    (``extras.print_config=true``), the whole config as a tree. In the run's log file:
-    always the whole resolved config (it is also ``resolved_config.yaml``)."""
+    """The start of a run: on screen, the overrides and run dir (``whole``: the config as a tree too); in the run's
+    log file, the whole resolved config."""
     text = OmegaConf.to_yaml(cfg, resolve=True)
     log_to_files("config (resolved):\n" + text)
     screen = console()

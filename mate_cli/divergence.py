@@ -1,16 +1,8 @@
-"""Non-finite numbers are never a silent result.
-
-- Training stops at the first non-finite loss, before its backward pass and optimiser step
-  (so the weights and every checkpoint stay finite): :class:`StopOnNonFiniteLoss` raises
-  one line naming the step and the batch's question ids, which ``FAILED`` keeps.
-- A checkpoint holding non-finite weights is refused wherever one is loaded
-  (:func:`non_finite_tensors`, used by :func:`mate_cli.runs.check_checkpoint_fits`).
-- Metrics: :func:`non_finite_metrics` names the NaN/inf values that ``mate train`` and
-  ``mate eval`` warn of (``non_finite`` in ``metrics.json``) and ``mate report`` lists as a
-  failed run (a diverged run is no result of 0).
-
-Inputs beyond float32's range: :mod:`mate_cli.data.numbers`.
-"""
+"""Non-finite numbers are never a silent result: :class:`StopOnNonFiniteLoss` stops training at the first non-finite
+loss, before its backward pass (weights and checkpoints stay finite), naming the step and question ids; checkpoints
+with non-finite weights are refused (:func:`mate_cli.runs.check_checkpoint_fits`); :func:`non_finite_metrics` names
+what ``mate train``/``eval`` warn of and ``mate report`` counts as failed. Inputs beyond float32:
+:mod:`mate_cli.data.numbers`."""
 
 from __future__ import annotations
 

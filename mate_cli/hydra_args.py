@@ -10,11 +10,8 @@ FREE_TEXT = {"predict": ("question",)}
 
 
 def hydra_quote(text: str) -> str:
-    """``text`` as a single-quoted Hydra value that parses back to ``text`` exactly.
-
-    Hydra keeps backslashes unless they precede a quote or end the string; ``${`` would
-    be an OmegaConf interpolation, so it is escaped too.
-    """
+    """``text`` as a single-quoted Hydra value that parses back to ``text`` exactly (Hydra keeps backslashes unless
+    they precede a quote or end the string; ``${``, an interpolation, is escaped)."""
     text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
     text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
     return "'" + text.replace("${", "\\${") + "'"

@@ -1,15 +1,10 @@
-"""SIGTERM (a cluster's time limit or preemption, ``timeout``, ``kill``) and SIGINT (Ctrl-C) stop a command with
-``FAILED`` saying what happened, that line on screen, and exit status 128 + the signal (143, 130), never 0.
+"""SIGTERM and SIGINT stop a command with ``FAILED`` saying what happened, that line on screen, and exit status
+128 + the signal (143, 130).
 
-While ``mate train`` or ``mate pretrain`` trains, the first signal only asks to stop: the batch finishes, a whole
-``checkpoints/last.ckpt`` is saved at that step, and ``FAILED`` says how to resume (exactly: :mod:`mate_cli.resume`).
-During a validation inside training it stops at the next validation batch without saving, and ``FAILED`` names the
-step the newest ``last.ckpt`` holds. Elsewhere (preprocessing, the final validation, other commands), and at a second
-signal, the command stops at once; what is on disk is whole, as every write is atomic (:mod:`mate_cli.io`).
-
-A signal to the whole process group (Ctrl-C in a terminal, ``timeout``, a scheduler): ``DataLoader`` workers leave it
-to the main process (:func:`loader_worker_start`); preprocessing's workers: :mod:`mate_cli.data.preprocess`.
-"""
+Inside ``trainer.fit`` the first signal only asks to stop: the batch finishes and a whole ``last.ckpt`` is saved
+(:class:`StopOnSignal`); in a validation during fit it stops at the next validation batch, unsaved. Elsewhere, and at
+a second signal, the command stops at once (every write is atomic). Workers signalled with the process group leave it
+to the main process (:func:`loader_worker_start`; preprocessing's: :mod:`mate_cli.data.preprocess`)."""
 
 from __future__ import annotations
 
@@ -51,8 +46,8 @@ def received() -> int | None:
 
 
 def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
-    if os.getpid() != _State.pid:  # a forked worker, signalled with its whole process group, before its own
-        return  # handlers are set (loader_worker_start, the preprocessing pool's): the main process decides
+    if os.getpid() != _State.pid:  # a forked worker, signalled with its process group before its own handlers are set
+        return  # the main process decides
     first = _State.received is None
     _State.received = _State.received or signum
     if first and _State.deferring:
@@ -61,9 +56,8 @@ def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signat
 
 
 def loader_worker_start(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature
-    """The ``worker_init_fn`` of mate's ``DataLoader``s: a worker ignores SIGINT (the main process stops the run at the
-    end of its batch) and ends at SIGTERM with status 0, where torch's own handler would end it "killed by signal",
-    which the main process reports as a failure of its own."""
+    """``worker_init_fn`` of mate's ``DataLoader``s: ignore SIGINT, and end at SIGTERM with status 0, as torch's own
+    handler's "killed by signal" would fail the main process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _end_worker)
 
@@ -91,9 +85,9 @@ def interrupted(signum: int | None = None) -> Interrupted:
 
 
 class StopOnSignal(L.Callback):
-    """Turns a signal during ``trainer.fit`` into: finish the batch, save ``last.ckpt``, stop. Listed after
-    :class:`mate_cli.resume.ResumeState`, whose batch count the save records; Lightning runs checkpoint callbacks last,
-    so the save is at the same point of a step as an every-n-steps ``last.ckpt``."""
+    """A signal during ``trainer.fit``: finish the batch, save ``last.ckpt``, stop. Listed after
+    :class:`mate_cli.resume.ResumeState`, whose position in the epoch the save records; Lightning runs checkpoint
+    callbacks last, so the save is at the same point of a step as an every-n-steps ``last.ckpt``."""
 
     def __init__(self, last_ckpt: str | Path) -> None:
         self.last_ckpt = Path(last_ckpt)

@@ -1,10 +1,6 @@
-"""Atomic file writes: write a temp file in the same folder, fsync it, then rename it over the target.
-
-Whole after a ``kill -9``: whenever the writer dies, the target holds the old content or all of the new, never a part,
-and a killed writer leaves at most its temp file beside it, which :func:`is_stale_temp` recognises once the writer is
-gone. The result gets the permissions an ordinary ``open(path, "w")`` gives (0666 less the umask), not a temp file's
-0600, so run dirs stay readable as a whole.
-"""
+"""Atomic writes: a temp file beside the target, fsynced, then renamed over it, so after any kill the target holds the
+old content or all of the new; a dead writer's temp file is recognised by :func:`is_stale_temp`. The result gets
+``open(path, "w")``'s permissions (0666 less the umask), not a temp file's 0600."""
 
 from __future__ import annotations
 
@@ -53,16 +49,14 @@ def pid_alive(pid: int) -> bool:
 
 
 def is_stale_temp(path: Path) -> bool:
-    """Whether ``path`` is mate's temp file of a writer on this host that is gone; any other name (a user's
-    ``.notes.tmp``, another host's writer) is not."""
+    """Whether ``path`` is mate's temp file of a gone writer on this host (a user's ``.notes.tmp`` never is)."""
     match = _TEMP.match(path.name)
     return bool(match and match["host"] == socket.gethostname() and not pid_alive(int(match["pid"])))
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w"):
-    """A temp file beside ``path``, open for writing; on success it becomes ``path`` in one rename, on an error it is
-    removed."""
+    """A temp file beside ``path``, open for writing: renamed to ``path`` on success, removed on an error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
@@ -101,8 +95,7 @@ NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def writable(directory: str | os.PathLike) -> bool:
-    """Whether a file can be created in ``directory`` (made if missing): tried, not guessed from permission bits (root
-    ignores those; a read-only mount does not)."""
+    """Whether a file can be created in ``directory`` (made if missing): tried, as root ignores permission bits."""
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
@@ -138,8 +131,7 @@ def free_space(directory: str | os.PathLike) -> str:
 
 
 def write_failure(path: str | os.PathLike, err: BaseException, fix: str) -> str:
-    """The one line for a failed write of ``path``: the OS's reason (a full disk named as such), the folder, its free
-    space, and ``fix``."""
+    """The one line for a failed write of ``path``: why (a full disk named so), the folder's free space, ``fix``."""
     cause = os_error_in(err)
     folder = Path(path).parent
     if cause is not None and cause.errno == errno.ENOSPC:

@@ -1,12 +1,5 @@
-"""The Lightning internals mate reads, and nothing else does.
-
-Exact resumption (:mod:`mate_cli.resume`) needs three things Lightning's public API does
-not give: the training loaders as the fit loop holds them (to find the samplers that
-skip the consumed batches), the row the logger connector is about to write for the
-current batch (kept in an every-n-steps checkpoint), and the count of batches that
-stepped the optimiser (the ``step`` column of that row). ``tests/test_lightning_internals.py``
-trains a real Trainer and fails when an installed Lightning moves any of them.
-"""
+"""The Lightning internals exact resume (:mod:`mate_cli.resume`) reads, and nothing else does: no public API gives
+them. ``tests/test_lightning_internals.py`` trains a real Trainer and fails when an installed Lightning moves one."""
 
 from __future__ import annotations
 
@@ -22,8 +15,8 @@ def training_loaders(trainer: L.Trainer) -> list[Any]:
 
 
 def pending_log_row(trainer: L.Trainer) -> dict | None:
-    """The metrics Lightning logs for the current training batch right after
-    ``on_train_batch_end`` (with ``epoch`` and ``step``), or None when it logs none."""
+    """The row Lightning logs for the current training batch right after ``on_train_batch_end`` (with ``epoch`` and
+    ``step``: the batches that stepped the optimiser), or None when it logs none."""
     connector = trainer._logger_connector
     if not trainer.training or not connector.should_update_logs or trainer.fit_loop._should_accumulate():
         return None

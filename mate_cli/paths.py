@@ -1,5 +1,5 @@
-"""Where the config tree (``conf/``, or ``MATE_CONF_DIR``) and the bundled data live, at the repository root next
-to the package (installed editable); run and folder names, and the ``${mate.*:}`` Hydra resolvers."""
+"""Where ``conf/`` (or ``MATE_CONF_DIR``) and the bundled data live (the repository root, installed editable); run
+and folder names; the ``${mate.*:}`` Hydra resolvers."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ def name_parts(*parts) -> list[str]:
     return [str(p) for p in parts if p is not None and str(p).strip() and str(p).lower() not in ("null", "none")]
 
 
-#: overrides a run name leaves out: those it already shows (experiment, attention, MATE's
-#: variant, dataset, seed), and those that say where or how a run goes, not what it is
+#: overrides a run name leaves out: those it already shows, and those that say where or how a run goes
 NOT_IN_NAME = ("experiment", "attention", "attention.variant", "dataset", "seed", "tags", "ckpt_path", "hardware",
                "hparams_search", "sweep", "export_encoder", "validate_start", "validate_best")  # fmt: skip
 #: nor anything in these groups
@@ -31,10 +30,9 @@ NAME_OVERRIDES_MAX = 96
 
 
 def override_parts(overrides) -> list[str]:
-    """What a job's overrides (``${hydra:overrides.task}``, a sweep's value included) say about the run, as the
-    ``key=value`` parts of its name and tags: the key's last part (``model.optimizer.lr=3e-05`` -> ``lr=3e-05``), or the
-    whole key where two share one. Left out: :data:`NOT_IN_NAME`, :data:`NOT_IN_NAME_GROUPS`, and values holding a path
-    (``/``), a list or a mapping, which a tag cannot show. So a sweep's jobs differ by what was swept."""
+    """A job's overrides (``${hydra:overrides.task}``) as the ``key=value`` parts of its name and tags, keyed by the
+    key's last part (``model.optimizer.lr=3e-05`` -> ``lr=3e-05``) unless two share one; left out: :data:`NOT_IN_NAME`,
+    :data:`NOT_IN_NAME_GROUPS`, and paths (``/``), lists and mappings, which a tag cannot show."""
     pairs = []
     for item in overrides or ():
         key, sep, value = str(item).partition("=")
@@ -54,24 +52,21 @@ def override_parts(overrides) -> list[str]:
 
 
 def overrides_name(overrides) -> str:
-    """:func:`override_parts` as one run-name part, ``lr=3e-05,radius=84``; over :data:`NAME_OVERRIDES_MAX`
-    characters, cut to that with a hash of the whole at its end."""
+    """:func:`override_parts` as ``lr=3e-05,radius=84``, cut to :data:`NAME_OVERRIDES_MAX` with a hash."""
     text = ",".join(override_parts(overrides))
     if len(text) > NAME_OVERRIDES_MAX:
         text = f"{text[: NAME_OVERRIDES_MAX - 9]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"  # no ~: Hydra refuses it unquoted
     return text
 
 
-#: the longest part of a folder name mate makes from a run name or from a sweep job's
-#: overrides, in bytes: with the time before it and the six hex digits after it (a job's
-#: number before it), the folder name stays under the 255 bytes file systems allow
+#: the longest folder-name part made from a run name or a job's overrides, in bytes: with the time (or job number)
+#: before it and the hex digits after it, the name stays under the 255 bytes file systems allow
 MAX_DIR_NAME_BYTES = 200
 
 
 def capped(text: str) -> str:
     """``text`` as a folder-name part: whole up to :data:`MAX_DIR_NAME_BYTES` bytes of UTF-8, else cut (never inside a
-    character) and ended by ``-`` and 8 hex digits of a hash of the whole, so two long texts differing only at their
-    ends stay two folders (``${mate.capped:${hydra.job.override_dirname}}`` names a sweep's job folders)."""
+    character) and ended by ``-`` and 8 hex digits of a hash of the whole, so long texts differing at the end differ."""
     text = str(text)
     encoded = text.encode()
     if len(encoded) <= MAX_DIR_NAME_BYTES:
@@ -81,22 +76,19 @@ def capped(text: str) -> str:
 
 
 def dir_name(run_name: str) -> str:
-    """A run name as a folder name that pastes into ``ckpt_path=`` unquoted (Hydra refuses ``=`` and ``,`` in a
-    value): ``seed42-lr=3e-05,radius=84`` -> ``seed42-lr3e-05_radius84``, then :func:`capped`. The run name itself,
-    in W&B and the logs, is kept whole."""
+    """A run name as a folder name that pastes into ``ckpt_path=`` unquoted (Hydra refuses ``=`` and ``,``):
+    ``seed42-lr=3e-05,radius=84`` -> ``seed42-lr3e-05_radius84``, then :func:`capped`."""
     return capped(str(run_name).replace("=", "").replace(",", "_"))
 
 
 def dir_name_start(start: str) -> str:
-    """What the :func:`dir_name` of every run name that begins with ``start`` begins with:
-    ``start`` written as a folder name, cut where :func:`capped` would cut a long name."""
+    """What the :func:`dir_name` of every run name beginning with ``start`` begins with."""
     text = str(start).replace("=", "").replace(",", "_")
     return text.encode()[: MAX_DIR_NAME_BYTES - 9].decode(errors="ignore")
 
 
 def tag_list(*parts) -> list[str]:
-    """W&B tags: the parts that say something, lists flattened (the user's ``tags``, the
-    overrides' parts), each at most 64 characters (W&B's limit), duplicates dropped."""
+    """W&B tags: :func:`name_parts`, lists flattened, cut to W&B's 64 characters, duplicates dropped."""
     flat = []
     for part in parts:
         flat.extend(part if isinstance(part, (list, tuple)) or OmegaConf.is_list(part) else [part])
@@ -119,10 +111,8 @@ def output_root() -> Path:
 
 
 def pretrained_run(experiment: str) -> str:
-    """``${mate.pretrained:<experiment>}``: the ``encoder/`` of the newest finished ``mate pretrain`` run of
-    ``experiment``, by start time, among ``<output root>/pretrain/<time>-<experiment>-...`` and the jobs of
-    ``<output root>/multirun/pretrain/<time>/`` whose ``resolved_config.yaml`` names it. A run's
-    ``resolved_config.yaml`` records the directory; ``model.encoder.pretrained=<dir>`` pins another."""
+    """``${mate.pretrained:<experiment>}``: the ``encoder/`` of the newest finished ``mate pretrain`` run (or multirun
+    job) of ``experiment`` under :func:`output_root`, by start time."""
     from mate_cli.errors import MateError
 
     root = output_root()
@@ -155,8 +145,7 @@ def dot_name(pruning, max_length, selection, size, pretrained, top_k, task, loss
     return paper_name(pruning, max_length, selection, pretrained or size, top_k, task, loss)
 
 
-#: six hex digits drawn once per process: the end of default run dir names, so two runs
-#: started in the same second (a retried job) never share a directory
+#: ends default run dir names, so two runs started in the same second never share one
 PROCESS_TAG = secrets.token_hex(3)
 
 
@@ -188,9 +177,8 @@ def cache_dir() -> Path:
 
 
 def keep_tool_caches() -> None:
-    """Point matplotlib's, torch compiler's and Triton's caches at ``<cache>/matplotlib``, ``<cache>/torchinductor``
-    and ``<cache>/triton`` instead of the home folder and ``/tmp``, unless the user set them. Called before the command
-    is imported, as they read the variables once, on import."""
+    """matplotlib's, torch compiler's and Triton's caches under :func:`cache_dir`, not ``~`` or ``/tmp``, unless the
+    user set them; called before the command is imported, as they read the variables on import."""
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "torchinductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir() / "triton"))

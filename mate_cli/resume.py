@@ -1,10 +1,8 @@
-"""Runs that resume exactly, and checkpoints that are whole after a kill.
+"""Exact resume, and checkpoints that are whole after a kill (README, "Resuming, and what a run dir holds").
 
-:class:`ResumeState` saves in every checkpoint, and restores, what Lightning does not: the RNG states and the
-training batches consumed this epoch, which the sampler then skips. :class:`AtomicCheckpointIO` writes checkpoints
-by temp file and rename, so a kill mid-write leaves the previous one whole. A resumed run writes into a run dir of
-its own but continues the earlier run's W&B run (:func:`continue_wandb_run`) and CSV log (:class:`ContinuousCSVLog`).
-"""
+:class:`ResumeState` saves and restores what Lightning does not: the RNG states and the training examples consumed this
+epoch, which the sampler then skips. A resumed run, in a run dir of its own, continues the earlier run's W&B run
+(:func:`continue_wandb_run`) and CSV log (:class:`ContinuousCSVLog`)."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ STATE_KEY = "mate_resume"
 #: the CSV log row of a checkpoint's own batch (see :meth:`ContinuousCSVLog.on_save_checkpoint`)
 PENDING_ROW_KEY = "mate_csv_pending_row"
 
-#: what a resumed run says (Lightning's mid-epoch warning, which assumes the data order is
-#: lost, is silenced: mate_cli.silenced)
+#: what a resumed run says, instead of Lightning's mid-epoch warning (:mod:`mate_cli.silenced`)
 RESTORED = (
     "weights, optimiser, scheduler, step, RNG states and the position in the epoch are restored, "
     "so training continues exactly where the checkpoint left it"
@@ -116,8 +113,8 @@ class ResumeState(L.Callback):
 
 
 def forget_other_runs_checkpoints(trainer: L.Trainer) -> None:
-    """Clear the best, top-k and last checkpoint paths a resumed ``ModelCheckpoint`` restored from outside its own
-    folder, which Lightning would otherwise report, or rotate out (delete), as this run's."""
+    """Forget the checkpoint paths a resumed ``ModelCheckpoint`` restored from outside its folder, which Lightning
+    would otherwise report, or rotate out (delete), as this run's."""
     for callback in trainer.checkpoint_callbacks:
         folder = Path(callback.dirpath).resolve() if getattr(callback, "dirpath", None) else None
 
@@ -134,7 +131,8 @@ def forget_other_runs_checkpoints(trainer: L.Trainer) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Loads weights-only; a checkpoint already loaded and checked (:meth:`preload`) is handed over, not read again."""
+    """Writes by temp file and rename (a kill mid-write leaves the previous checkpoint whole); loads weights-only, and a
+    checkpoint already loaded and checked (:meth:`preload`) is handed over, not read again."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -167,9 +165,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def resolve_resume_path(value: str | None, output_root: Path, experiment_name: str) -> str | None:
-    """The checkpoint ``ckpt_path=`` names (None: start fresh): a ``.ckpt`` file, a run dir (its
-    ``checkpoints/last.ckpt``), or ``last``: that of the newest run dir of ``experiment_name`` under ``output_root``
-    (named ``<time>-<experiment_name>-...``: ``run_name`` in conf/train.yaml). A weights-only checkpoint is refused."""
+    """The checkpoint to resume (None: start fresh): a ``.ckpt`` file, a run dir's ``last.ckpt``, or ``last``: that of
+    the newest ``<time>-<experiment_name>-...`` run dir under ``output_root``. A weights-only checkpoint is refused."""
     if value in (None, ""):
         return None
     if str(value) == "last":
@@ -199,8 +196,7 @@ def resolve_resume_path(value: str | None, output_root: Path, experiment_name: s
 
 
 def is_weights_only_checkpoint(path: Path) -> bool:
-    """Whether ``path`` is a Lightning checkpoint saved with ``save_weights_only`` (no optimiser state), read
-    from the pickle's record of its keys without loading it; any other file is left to the loader."""
+    """Whether ``path`` is a Lightning ``save_weights_only`` checkpoint, from its pickle's keys, without loading it."""
     import zipfile
 
     try:
@@ -218,8 +214,8 @@ def run_dir_of(checkpoint: str | Path) -> Path:
 
 
 def continue_wandb_run(cfg, resume: str | None) -> str | None:
-    """Set ``logger.wandb.id`` before the loggers are built and return it (None without W&B): a resumed run takes
-    the id in the resumed run's ``resolved_config.yaml`` (Lightning passes ``resume="allow"``), a new run draws one."""
+    """Set ``logger.wandb.id`` before the loggers are built and return it (None without W&B): as given, else the resumed
+    run's (Lightning passes ``resume="allow"``), else a new one."""
     from omegaconf import OmegaConf
 
     wandb_cfg = OmegaConf.select(cfg, "logger.wandb", default=None)
@@ -240,8 +236,8 @@ def continue_wandb_run(cfg, resume: str | None) -> str | None:
 
 
 class ContinuousCSVLog(L.Callback):
-    """A CSV log a resume continues: flushed with every checkpoint (Lightning buffers 100 steps otherwise);
-    on resume it starts with the earlier run's rows before the restored step, the checkpoint's batch row included."""
+    """A CSV log a resume continues: flushed with every checkpoint (Lightning buffers 100 steps otherwise); a resumed
+    run's starts with the earlier run's rows before the restored step, the checkpoint's batch row included."""
 
     def __init__(self, earlier_run_dir: str | Path | None = None) -> None:
         self.earlier = None if earlier_run_dir is None else Path(earlier_run_dir)
@@ -256,8 +252,7 @@ class ContinuousCSVLog(L.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         for logger in self._csv_loggers(trainer):
             logger.save()
-        # the row Lightning logs for this batch after an every-n-steps checkpoint is saved: kept in the checkpoint, so
-        # the resumed log has it even when the kill came before it was written
+        # Lightning logs this batch's row after an every-n-steps checkpoint: keep it, as a kill may come first
         try:
             pending = pending_log_row(trainer)
         except Exception:  # noqa: BLE001 - a Lightning internal moved (its test says which): the row is lost, never wrong

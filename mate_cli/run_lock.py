@@ -1,15 +1,7 @@
-"""Who owns a run dir: one process at a time, and never another run's files.
-
-- One process: the first ``mate`` process in a run dir holds an exclusive ``flock`` on ``<run dir>/.mate.lock``
-  until it exits; the OS releases it when the process dies, kill -9 included, so a lock never goes stale. A second
-  process is refused in one line. Default run dirs never collide: the lock stops two runs given one run dir.
-- Never another run's files (:func:`claim`): a ``hydra.run.dir=`` that holds files is refused in one line unless
-  they are this command's own interrupted run; ``paths.existing_run_dir=subdir`` writes into a new folder inside it.
-- Taking the lock removes the temp files killed mate processes left half-written (:func:`mate_cli.io.is_stale_temp`)
-  and nothing else.
-
-The ranks > 0 of a DDP run work in rank 0's run dir: they neither lock it nor check what it holds.
-"""
+"""Who owns a run dir: one process, by an exclusive ``flock`` on ``<run dir>/.mate.lock`` that the OS releases when
+the process dies (``kill -9`` too), so it never goes stale; and never another run's files (:func:`claim`). Taking it
+removes dead mate writers' temp files (:func:`mate_cli.io.is_stale_temp`), nothing else. DDP ranks > 0 work in rank
+0's run dir, unlocked and unchecked."""
 
 from __future__ import annotations
 
@@ -34,8 +26,7 @@ def is_ddp_child() -> bool:
 
 
 def take(run_dir: str | os.PathLike) -> bool:
-    """Lock ``run_dir`` for this process (made if missing); False for a DDP rank > 0, which
-    shares rank 0's. A run dir another process holds is a `MateError`."""
+    """Lock ``run_dir`` (made if missing) for this process; False for a DDP rank > 0; `MateError` if held elsewhere."""
     directory = Path(run_dir).resolve()
     if directory in _HELD:
         return True
@@ -105,8 +96,7 @@ def existing_files(directory: Path) -> list[str]:
 
 
 def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
-    """``(command, overrides)`` of the run Hydra recorded in ``directory/.hydra``, read as data with limits
-    (:func:`mate_cli.yaml_data.read_yaml`); None when absent or unreadable."""
+    """``(command, overrides)`` Hydra recorded in ``directory/.hydra`` (read as data with limits), or None."""
     from mate_cli.yaml_data import read_yaml
 
     files = directory / ".hydra" / "hydra.yaml", directory / ".hydra" / "overrides.yaml"
@@ -123,12 +113,11 @@ def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
 def claim(
     directory: str | os.PathLike, command: str, overrides: list[str], existing: str = "refuse", resuming: bool = False
 ) -> Path:
-    """Take ``directory`` (a ``hydra.run.dir=``) for ``mate <command> <overrides>``; returns the folder to write
-    into: ``directory``, or with ``existing="subdir"`` and files already there, a new
-    ``<directory>/<command>-<time>-<hex>``. A folder whose recorded run is ``command`` with the same ``overrides`` (the
-    job's own: no ``hydra.*``, ``ckpt_path`` or ``paths.existing_run_dir``) and no ``metrics.json`` is this command's
-    interrupted run, taken again (``mate train``/``pretrain`` with a ``last.ckpt``: only when ``resuming``). A folder
-    another process holds, other files (``existing="refuse"``) or training over that ``last.ckpt`` is a `MateError`."""
+    """Take the ``hydra.run.dir=`` ``directory`` for ``mate <command> <overrides>``; returns the folder to write into:
+    ``directory``, or (``existing="subdir"``, files there) a new ``<directory>/<command>-<time>-<hex>``. A folder whose
+    recorded run is ``command`` with the same ``overrides`` (no ``hydra.*``, ``ckpt_path``, ``paths.existing_run_dir``)
+    and no ``metrics.json`` is its interrupted run, taken again (train/pretrain over a ``last.ckpt``: when
+    ``resuming``). A folder another process holds, or other files with ``existing="refuse"``, is a `MateError`."""
     directory = Path(directory).expanduser().resolve()
     if is_ddp_child():
         return directory

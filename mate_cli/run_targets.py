@@ -1,9 +1,6 @@
-"""What a run dir's config may instantiate. A config beside a checkpoint is shared like data and must not run code, so
-rebuilding a trained run (:mod:`mate_cli.runs`) instantiates only the ``_target_`` values that mate_cli's own configs
-(``conf/``) name. The whole config is resolved and checked before anything is built, and what is built is that resolved
-copy, so an interpolation cannot bring in a target after the check. ``trust_run_config=true`` lifts the check, with a
-warning.
-"""
+"""What a run dir's config may instantiate: only the ``_target_`` values ``conf/`` names, as a run dir is data and
+must not run code. The resolved copy that is checked is what gets built, so no interpolation brings in a target after
+the check. ``trust_run_config=true`` lifts the check, with a warning."""
 
 from __future__ import annotations
 
@@ -36,8 +33,7 @@ def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def walk_targets(node: Any) -> Iterator[tuple[str, Any]]:
-    """``(dotted key, value)`` of every ``_target_`` in a plain config, whatever its value (a dict or list is no class
-    name either)."""
+    """``(dotted key, value)`` of every ``_target_`` in a plain config, whatever its value."""
     return ((key, value) for key, value in walk(node) if key.rsplit(".", 1)[-1] == TARGET)
 
 
@@ -51,9 +47,8 @@ def allowed_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
 
 
 def checked_run_config(cfg: DictConfig, source: Path, trust: bool = False) -> DictConfig:
-    """``cfg`` resolved, once every ``_target_`` in it is one of :func:`allowed_targets` and no value is an
-    interpolation; with ``trust``, ``cfg`` itself after a warning. Otherwise one ``MateError`` line names ``source`` and
-    the first key refused and why; so does an interpolation that does not resolve, trusted or not."""
+    """``cfg`` resolved, once every ``_target_`` is one of :func:`allowed_targets` and no value is an interpolation
+    (``trust``: ``cfg`` itself, with a warning); else one ``MateError`` line naming ``source`` and the first refusal."""
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as err:  # an interpolation that does not resolve: the run dir's file is broken

@@ -24,10 +24,9 @@ log = logging.getLogger(__name__)
 
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
-    """The resolved config of the run that wrote ``ckpt_path`` (``resolved_config.yaml`` two folders up), with
-    the dotlist ``overrides`` (keys of that config, values of their types) merged in, checked by
-    :func:`mate_cli.run_targets.checked_run_config`. ``trust`` (``trust_run_config``) lifts its interpolation and
-    target refusals, never the file's limits."""
+    """The config of the run that wrote ``ckpt_path`` (``../../resolved_config.yaml``) with the dotlist ``overrides``
+    (checked against its keys and types) merged in, checked by :func:`mate_cli.run_targets.checked_run_config`;
+    ``trust``: ``trust_run_config``."""
     ckpt = check_checkpoint(run_checkpoint(ckpt_path))
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
@@ -47,9 +46,8 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
 
 
 def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
-    """The weights ``ckpt_path=`` names (README, "What ``ckpt_path=<run dir>`` means"): a file as it is; a run dir,
-    its best checkpoint (``best_checkpoint`` in its ``metrics.json``), else its ``checkpoints/last.ckpt``. Resuming
-    reads ``last.ckpt`` instead (:func:`mate_cli.resume.resolve_resume_path`)."""
+    """The weights ``ckpt_path=`` names (README, "What ``ckpt_path=<run dir>`` means"): a file as it is; a run dir's
+    best checkpoint (its ``metrics.json``), else its ``last.ckpt``. Resuming: :mod:`mate_cli.resume`."""
     path = Path(str(value)).expanduser()
     if not path.is_dir():
         return path
@@ -77,8 +75,7 @@ def check_checkpoint(ckpt_path: str | Path) -> Path:
 
 
 def check_checkpoint_file(path: Path) -> None:
-    """One `MateError` line when ``path`` is not a whole PyTorch checkpoint: empty, truncated (a zip archive keeps
-    its directory at its end) or another kind of file."""
+    """One `MateError` line unless ``path`` is a whole PyTorch checkpoint (a truncated zip loses its end directory)."""
     fix = "pass a checkpoint written by `mate train` (<run dir>/checkpoints/*.ckpt)"
     if path.stat().st_size == 0:
         raise MateError(f"{path} is empty; {fix}")
@@ -90,9 +87,8 @@ def check_checkpoint_file(path: Path) -> None:
 
 
 def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: str, resume: bool = False) -> dict:
-    """The checkpoint at ``ckpt_path``, loaded weights-only, once it is whole, has exactly ``model``'s names and
-    shapes, finite weights and (``resume``) a well-formed state to continue from; else one `MateError` line naming
-    ``key``. The one check before ``mate train`` resumes and before ``mate eval``/``predict``/``pointr`` load."""
+    """The checkpoint, loaded weights-only, once it is whole, has exactly ``model``'s names and shapes, finite weights
+    and (``resume``) a well-formed resume state; else one `MateError` line naming ``key``. Checked before any load."""
     path = check_checkpoint(ckpt_path)
     fix = "pass a checkpoint written by `mate train` for this task"
     data, state = read_state(path, key, fix)
@@ -178,7 +174,7 @@ def pick_device(accelerator: str | None) -> torch.device:
 
 
 def autocast(device: torch.device, precision: str | None):
-    """bf16 autocast on CUDA when the hardware group asks for ``bf16*``; otherwise a no-op."""
+    """bf16 autocast on CUDA when ``precision`` is ``bf16*``; otherwise a no-op."""
     if device.type == "cuda" and str(precision or "").startswith("bf16"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -202,10 +198,8 @@ def load_trained(
     device: torch.device,
     trust: bool = False,
 ) -> TrainedRun:
-    """Rebuild the LightningModule of the ``mate train`` run behind ``ckpt_path`` (:func:`run_checkpoint`) from its
-    config with ``overrides``, load the checked weights, and put it in eval mode on ``device``. ``expected``: the
-    module class(es) the run must have trained; ``key``: the config key that named the checkpoint, for errors;
-    ``trust``: as in :func:`load_run_config`."""
+    """The run behind ``ckpt_path`` (:func:`run_checkpoint`) rebuilt with ``overrides``, its checked weights loaded,
+    in eval mode on ``device``; refused unless its module is one of ``expected``. ``key``: for errors."""
     chosen = str(run_checkpoint(ckpt_path))
     if chosen != str(ckpt_path):
         log.info("%s.ckpt_path=%s: loading %s", key, ckpt_path, chosen)
@@ -226,8 +220,8 @@ def load_trained(
 
 
 def init_weights_from(model: torch.nn.Module, value: str | Path, key: str = "init_from") -> str:
-    """``init_from=<run dir | checkpoint>`` (conf/train.yaml): copy in every tensor of that checkpoint (a run dir: its
-    best) whose name and shape match ``model``'s; the rest stay fresh. Returns the one line that says which."""
+    """``init_from=``: copy in each tensor of that checkpoint (:func:`run_checkpoint`) whose name and shape match
+    ``model``'s, refused when no encoder tensor does; the rest stay fresh. Returns the line that says which."""
     path = run_checkpoint(value, key)
     if not path.is_file():
         raise MateError(

@@ -1,12 +1,6 @@
-"""Third-party warnings that mate understands, silenced where they are raised (a
-``warnings`` filter on their message and module), each with the reason; anything else
-still shows. ``docs/architecture.md`` lists them too.
-
-:func:`silence` runs before a command imports Lightning, W&B or torch's compiler
-(:func:`mate_cli.cli.main`), and again in the tasks that call
-:func:`mate_cli.commands.common.quiet_third_party_logs`, so a sweep's worker processes get
-the filters too.
-"""
+"""Third-party warnings mate understands, each filtered by message and module with its reason (listed in
+docs/architecture.md too); everything else still shows. :func:`silence` runs in :func:`mate_cli.cli.main`, before a
+command imports Lightning, and again in :func:`mate_cli.commands.common.quiet_third_party_logs`, for sweep workers."""
 
 from __future__ import annotations
 

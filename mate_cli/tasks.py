@@ -1,9 +1,5 @@
-"""The table tasks by name (``dataset.task``, ``model.task``): one :class:`TableTask` each, asked through
-:func:`get`, added by :func:`register` (docs/architecture.md, "The table tasks").
-
-Objects are named by ``"module:attribute"`` strings, imported on use, so reading this
-registry imports neither torch nor a reader.
-"""
+"""The table tasks by name (``dataset.task``, ``model.task``; docs/architecture.md, "The table tasks"). Objects are
+``"module:attribute"`` strings imported on use, so reading the registry imports neither torch nor a reader."""
 
 from __future__ import annotations
 
@@ -20,21 +16,14 @@ ANSWERS = ("cells", "texts", "verdict")
 
 @dataclass(frozen=True)
 class TableTask:
-    """One table task.
+    """One table task. ``reader``: a class of ``(root)`` with ``questions(file)`` and ``table(id)``; ``table_file``:
+    ``(path)``, one table file (``mate predict``); ``baselines``: ``(train, validation, reader) -> metrics``;
+    ``predictions``: ``(rows, directory) -> path``, the release's answer format; each a ``"module:attribute"``.
 
-    Attributes:
-        name: the value of ``dataset.task`` and ``model.task``.
-        reader: ``module:Class`` reading the release under a root: ``questions(file)``, ``table(id)``.
-        table_file: ``module:function`` reading one table file of the release (``mate predict``).
-        answer: ``cells``: gold cell coordinates, right when the selected set equals them (SQA);
-            ``texts``: answer texts, matched to cells for supervision and scored by denotation
-            with the official WikiTQ matching; ``verdict``: entailed or refuted (TabFact).
-        baselines: ``module:function(train, validation, reader) -> metrics`` (``mate baseline``).
-        predictions: ``module:function(rows, directory) -> path``: the release's answer format.
-        aggregates: an operator (NONE, SUM, AVERAGE, COUNT) is predicted, and an answer that is
-            one number supervises the aggregation's expected result (WikiTQ).
-        sequential: questions come in sequences; each is given the previous question's answer,
-            evaluation runs in position order, and SEQ is scored (SQA).
+    answer: ``cells`` (gold cell coordinates, right when the selected set equals them: SQA), ``texts`` (matched to
+    cells for supervision, scored by WikiTQ's official denotation matching) or ``verdict`` (TabFact).
+    aggregates: an operator (NONE, SUM, AVERAGE, COUNT) is predicted; a one-number answer supervises its result.
+    sequential: questions come in sequences, each given the previous answer, evaluated in order; SEQ is scored.
     """
 
     name: str
@@ -100,8 +89,7 @@ def _load(ref: str):
 
 
 def _bundled(name: str, reader: str, answer: str, **flags: bool) -> TableTask:
-    """A task whose reader is ``mate_cli.data.<name>``'s and whose baselines and answer
-    writer are named after it."""
+    """A task whose reader, baselines and answer writer are named after it."""
     return register(
         TableTask(
             name,

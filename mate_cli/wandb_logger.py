@@ -1,18 +1,8 @@
-"""Lightning's W&B logger as mate runs it: quiet, and continued across a resume.
-
-- ``quiet`` (default): W&B's own start and closing lines (run summary, history, "find
-  logs at", "you can sync") are not printed; ``mate train`` ends by printing the W&B
-  run's folder, and for an offline run the ``wandb sync`` command
-  (:func:`mate_cli.commands.train.outputs`).
-- Lightning passes ``anonymous=None`` to ``wandb.init``, which W&B answers with "The
-  anonymous setting has no effect" on every run; the key is dropped when it is None.
-- ``id``: :func:`mate_cli.resume.continue_wandb_run`.
-- A W&B service shared through ``WANDB_SERVICE`` (``wandb beta core start``) keeps holding
-  the run id of a client that was killed (``kill -9``, an out-of-memory kill), so resuming
-  that run through the same service is refused with "run ID ... is in use": mate says so
-  in one line with the fix (exit 2). Without ``WANDB_SERVICE`` each mate process starts
-  its own service, which ends with it.
-"""
+"""Lightning's W&B logger, quiet: with ``quiet`` W&B prints no start or closing lines (``mate train`` prints the run's
+folder and sync command), and ``anonymous=None``, which W&B answers with a warning, is not passed. The run ``id``:
+:func:`mate_cli.resume.continue_wandb_run`. A service shared through ``WANDB_SERVICE`` keeps holding a killed client's
+run id, so resuming that run fails with "run ID ... is in use": one line with the fix (a process's own service dies
+with it)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""YAML from run dirs, read as data with limits: a run dir is shared like data, so its ``resolved_config.yaml`` and
-``.hydra/*.yaml`` may be crafted or broken.
+"""YAML from run dirs (shared like data, so possibly crafted or broken), read as data with limits.
 
-:func:`read_yaml` reads a file as ``OmegaConf.load`` would (the same number and duplicate-key rules), as plain data, and
-refuses in one ``MateError`` line naming the file (and line:column where YAML knows it): a file over :data:`MAX_BYTES`
-(a resolved config is about 4 kB), from its size, and never reads more; any anchor or alias, while parsing, so a few kB
-of nested aliases cannot grow into gigabytes; any explicit tag (``!!python/object``, ``!!binary``, ``!foo``); nesting
-deeper than :data:`MAX_DEPTH`; malformed YAML; and, with ``interpolations=False``, any ``${...}`` string, so no resolver
-(``oc.env``, ...) ever runs on a run dir's file. ``trust_run_config=true`` lifts only that last refusal
-(:mod:`mate_cli.runs`): the other limits keep a command from hanging on the file, trusted or not.
-"""
+:func:`read_yaml` reads as ``OmegaConf.load`` would (its number and duplicate-key rules) and refuses in one
+``MateError`` line naming the file (and line:column): a file over :data:`MAX_BYTES`, never reading more; any anchor or
+alias (no alias bombs); any explicit tag (``!!python/object``); nesting deeper than :data:`MAX_DEPTH`; malformed YAML;
+and, unless ``interpolations``, any ``${...}``, so no resolver runs on the file. ``trust_run_config=true`` lifts only
+the last."""
 
 from __future__ import annotations
 
@@ -54,8 +50,7 @@ class _DataLoader(get_yaml_loader()):  # OmegaConf.load's own rules: 1e-3 a floa
 
 
 def read_yaml(path: str | Path, fix: str, interpolations: bool = False, lift: str = "") -> Any:
-    """The plain data of the YAML file ``path`` (module docstring); ``fix`` ends every refusal's line, and ``lift``
-    (what lifts it) the interpolation refusal's."""
+    """The plain data of ``path``; ``fix`` ends every refusal, ``lift`` (what lifts it) the interpolation refusal."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -84,8 +79,7 @@ def read_yaml(path: str | Path, fix: str, interpolations: bool = False, lift: st
 
 
 def read_run_config(path: str | Path, fix: str, interpolations: bool = False, lift: str = "") -> DictConfig:
-    """The run config at ``path`` read by :func:`read_yaml`, as an unresolved DictConfig; a file that is not a mapping
-    of keys is one ``MateError`` line too."""
+    """:func:`read_yaml`'s data as an unresolved DictConfig; one ``MateError`` line unless it is a mapping of keys."""
     data = read_yaml(path, fix, interpolations, lift)
     if not isinstance(data, dict):
         held = f"a YAML {type(data).__name__}" if data is not None else "nothing"

@@ -1,19 +1,16 @@
 """What one benchmark cell runs: a backend name -> a :class:`Case` doing one measured call.
 
-Backend names (``bench.kernel.backends``, ``bench.encoder.backends``; listed in conf/bench.yaml): a registered
-attention backend, built as training builds it (``attention=<name>`` composed and instantiated, so the bench
-measures the options users train with); ``mate.<variant>`` or ``mate.<impl>`` (:func:`name_overrides`); ``flex``
-(kernel level: FlexAttention on MATE's exact mask, with the options of ``attention=mate``); ``tapas_hf`` /
-``bert_hf`` (encoder level: :func:`hf_model`); ``<name>+ckpt`` (encoder level: ``<name>`` with gradient
-checkpointing, a row of its own); ``dot.<size>-<K>`` (encoder level: :func:`dot_model`).
+Backend names (conf/bench.yaml lists them): a registered backend, built from ``attention=<name>`` as training builds
+it; ``mate.<variant>`` / ``mate.<impl>`` (:func:`name_overrides`); ``flex`` (kernel: FlexAttention on MATE's exact
+mask, ``attention=mate``'s options); ``tapas_hf`` / ``bert_hf`` (encoder: :func:`hf_model`); ``<name>+ckpt``
+(encoder: with gradient checkpointing); ``dot.<size>-<K>`` (encoder: :func:`dot_model`).
 
-Levels: ``kernel`` is one attention call on ``q, k, v`` ``[batch, heads, seq, head_dim]``; ``encoder`` the whole
-encoder. Modes: ``inference`` (``torch.no_grad``) and ``train``: forward and backward of a scalar loss, and at
-encoder level an AdamW step (a whole training step). Every model runs in eval mode (dropout off), so the ``none``
-floor runs in both modes and all backends run the same non-attention ops. At kernel level the layout's per-batch
-structure (sort orders, masks, block lists) is built by the warm-up call and reused, as by an encoder's later
-layers; at encoder level each call gets a fresh layout copy and pays that cost.
-"""
+``kernel`` is one attention call on ``q, k, v`` ``[batch, heads, seq, head_dim]``, ``encoder`` the whole encoder.
+``inference`` runs under ``torch.no_grad``; ``train`` is forward and backward of a scalar loss, and at encoder level an
+AdamW step (a whole training step). Every model runs in eval mode (dropout off), so the ``none`` floor runs in both
+modes and all backends run the same non-attention ops. At kernel level the layout's per-batch structure (sort orders,
+masks, block lists) is built by the warm-up call and reused, as by an encoder's later layers; at encoder level each
+call gets a fresh layout copy and pays that cost."""
 
 from __future__ import annotations
 
@@ -49,8 +46,8 @@ HF_BACKENDS = ("tapas_hf", "bert_hf")
 #: ``<backend>+<option>`` suffixes (encoder level) -> TableEncoder keyword set to True.
 ENCODER_OPTIONS = {"ckpt": "gradient_checkpointing"}
 
-#: ``bench.dims`` presets: base = BERT/TAPAS-base; minilm = the bundled checkpoint; mini, small,
-#: medium, large = the BERT sizes of Turc et al. (2019) that TAPAS and DoT use.
+#: ``bench.dims`` presets: base = BERT/TAPAS-base; minilm = the bundled checkpoint; tiny: quick runs and tests;
+#: mini, small, medium, large = the BERT sizes of Turc et al. (2019) that TAPAS and DoT use.
 DIMS = {
     "base": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
     "minilm": dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
@@ -75,14 +72,11 @@ class Case:
 
     call: Callable[[], None]
     flops: float | None = None
-    #: warm-up calls needed before the memory call: 2 where the first call builds
-    #: something later calls reuse (per-layout structure at kernel level, the
-    #: optimiser's state in an encoder training step), so the memory figure is the
-    #: steady-state call at every length.
+    #: warm-up calls before the memory call: 2 where the first builds what later calls reuse (per-layout structure
+    #: at kernel level, the optimiser's state in an encoder training step), so memory is a steady-state call's
     min_warmup: int = 1
-    #: False where FlopCounterMode must not run the call: FlexAttention (exact MATE's ``block_sparse``
-    #: on CUDA) cannot run under it, and a failed attempt leaves torch's compiler refusing
-    #: FlexAttention for the rest of the process. Its FLOPs are left empty.
+    #: False where FlopCounterMode must not run the call (FlexAttention: exact MATE's ``block_sparse`` on CUDA): it
+    #: fails there, and leaves torch's compiler refusing FlexAttention for the process. The FLOPs stay empty.
     countable: bool = True
     #: ``err_vs_fp32`` of a kernel cell in bfloat16/float16 (:mod:`~mate_cli.bench.measure`)
     error: Callable[[], float] | None = None
@@ -117,8 +111,8 @@ def split_name(name: str) -> tuple[str, str | None]:
 
 
 def name_overrides(name: str) -> list[str]:
-    """The Hydra overrides of a backend name: ``+attention=<family>``, plus, for MATE, the variant and impl its
-    suffix names (``mate.<variant>``: impl ``auto``); another family's suffix is tried as ``attention.impl``."""
+    """``+attention=<family>``, plus MATE's variant and impl (``mate.<variant>``: impl ``auto``) or another family's
+    ``attention.impl``."""
     family, choice = split_name(name)
     overrides = [f"+attention={family}"]
     if choice is None:
@@ -142,8 +136,7 @@ def name_overrides(name: str) -> list[str]:
 # ------------------------------------------------------------------ factories
 @contextlib.contextmanager
 def conf_hydra() -> Iterator[None]:
-    """Hydra initialised on ``conf/`` for the block; an outer app's GlobalHydra (``mate bench`` runs under
-    ``@hydra.main``) is set aside and put back after it."""
+    """Hydra on ``conf/`` for the block; ``mate bench``'s own GlobalHydra is set aside and put back after it."""
     outer = GlobalHydra.instance().hydra
     GlobalHydra.instance().clear()
     try:
@@ -176,8 +169,7 @@ def attention_config(name: str) -> DictConfig:
 
 
 def attention_factory(name: str) -> Callable[..., AttentionBackend]:
-    """The per-layer backend factory that ``instantiate(cfg.attention)`` gives training, for a backend name;
-    :class:`Unavailable` when the backend is not registered."""
+    """The per-layer backend factory ``instantiate(cfg.attention)`` gives training; :class:`Unavailable` if unknown."""
     family, _ = split_name(name)
     if family not in attention.REGISTRY:
         raise Unavailable(f"attention backend '{family}' is not available (mate_cli.modeling.attention.{family})")
@@ -196,9 +188,8 @@ def build_backend(name: str, num_heads: int, head_dim: int, max_length: int) -> 
 def kernel_case(
     name: str, mode: str, layout: TableLayout, dims: dict, batch: int, dtype: torch.dtype, device: torch.device
 ) -> Case:
-    """One attention call on random ``q, k, v``, on the layout layer 0 sees: the backend's ``extend_inputs`` runs first
-    (TableETC prepends its row/column memory). ``embedding_layout`` is not called: only embeddings see it, and there
-    are none here."""
+    """One attention call on random ``q, k, v``, on the layout layer 0 sees: after the backend's ``extend_inputs``
+    (TableETC's row/column memory); ``embedding_layout`` is for embeddings, and there are none here."""
     if name in HF_BACKENDS:
         raise Unavailable(f"{name} is an encoder-level anchor")
     if split_options(name)[1]:
@@ -244,8 +235,8 @@ def kernel_case(
 
 
 def float32_comparison(fn, module, layout, base, cotangent, dtype, device) -> Callable[[], float] | None:
-    """``Case.error`` of a kernel cell: None in float32, else :func:`error_vs_float32` against
-    a float32 copy of ``module`` (``fn`` itself where there is no module: it follows its inputs' dtype)."""
+    """``Case.error``: None in float32, else :func:`error_vs_float32` against a float32 copy of ``module`` (no module:
+    ``fn``, which follows its inputs' dtype)."""
     if dtype == torch.float32:
         return None
     reference = fn if module is None else functools.partial(copy.deepcopy(module).float(), layout=layout)
@@ -254,8 +245,7 @@ def float32_comparison(fn, module, layout, base, cotangent, dtype, device) -> Ca
 
 
 def error_vs_float32(fn, reference, base, cotangent, dtype, device, real) -> float:
-    """The largest :func:`~mate_cli.bench.measure.relative_error` over the output and, with a ``cotangent``, the q, k, v
-    gradients."""
+    """``err_vs_fp32`` (:mod:`mate_cli.bench.measure`); gradients only with a ``cotangent``."""
     results = []
     for f, dt in ((fn, dtype), (reference, torch.float32)):
         leaves = [t.to(device, dt).requires_grad_(cotangent is not None) for t in base]
@@ -283,8 +273,7 @@ def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> boo
 def layer_layout(
     backend: AttentionBackend, layout: TableLayout, batch: int, hidden_size: int, dtype: torch.dtype, device
 ) -> TableLayout:
-    """The layout after ``backend.extend_inputs`` (the encoder's hook before layer 0); the hook's hidden states,
-    from zero embeddings, are discarded."""
+    """The layout after ``backend.extend_inputs``, the encoder's hook before layer 0 (its hidden states discarded)."""
     hidden = torch.zeros(batch, layout.seq_len, hidden_size, dtype=dtype, device=device)
     with torch.no_grad():
         _, layout, _ = backend.extend_inputs(hidden, layout)
@@ -328,7 +317,6 @@ def encoder_case(
     dtype: torch.dtype,
     device: torch.device,
 ) -> Case:
-    """One forward (inference) or training step (train: forward, backward and an AdamW step) of a whole encoder."""
     full_name, (name, options) = name, split_options(name)
     if name == "flex":
         raise Unavailable("flex is a kernel-level anchor")
@@ -349,7 +337,7 @@ def encoder_case(
         model = bench_encoder(dims, type_sizes, seq_len, attention_factory(name), **options)
 
         def forward() -> torch.Tensor:
-            return model(input_ids, layout.with_fields())  # fresh caches: structure cost is paid per call
+            return model(input_ids, layout.with_fields())  # fresh caches (module docstring)
 
     model = model.to(device=device, dtype=dtype).eval()
     probe = torch.empty(1, 1, seq_len, 1, device=device, dtype=dtype)  # like the q every attention layer sees
@@ -361,7 +349,6 @@ def encoder_case(
 
         return Case(call, countable=not runs_flex(model, probe, grad=False))
     params = list(model.parameters())
-    # a whole training step: the optimiser's update is part of what a user waits for
     optimizer = torch.optim.AdamW(params, lr=1e-5)
 
     def train_call() -> None:
@@ -370,8 +357,6 @@ def encoder_case(
             forward().float().square().mean().backward()
         optimizer.step()
 
-    # two warm-up calls: the first creates the optimiser's state (and counts FLOPs), so
-    # the memory call is a steady-state step, as every step after a user's first is
     return Case(train_call, min_warmup=2, countable=not runs_flex(model, probe, grad=True))
 
 
@@ -388,10 +373,9 @@ def bench_encoder(dims: dict, type_sizes: list[int], seq_len: int, attention, **
 
 
 def dot_model(name: str, dims: dict, type_sizes: list[int], seq_len: int, input_ids, layout):
-    """``dot.<pruner size>-<K>`` (e.g. ``dot.small-256``): DoT (Krichene et al. 2021) at encoder level,
-    a dense pruning transformer of that size over all ``seq_len`` tokens, then the dense task
-    encoder at ``dims`` over the top K, its attention biased by the scores. Compare with ``dense``
-    at the same length (the paper's TAPAS baseline)."""
+    """``dot.<pruner size>-<K>`` (e.g. ``dot.small-256``): DoT (Krichene et al. 2021), a dense pruner of that size over
+    all ``seq_len`` tokens, then the dense task encoder at ``dims`` over the top K, attention biased by the scores.
+    Its baseline is ``dense`` at the same length (the paper's TAPAS)."""
     from mate_cli.modeling.dot import DoubleTransformer
 
     size, _, top_k = (split_name(name)[1] or "small-256").partition("-")

@@ -18,7 +18,7 @@ from mate_cli.bench.layouts import table_layout
 
 def profile(backend: str = "mate.triton", length: int = 2048, mode: str = "train",
             dtype: torch.dtype = torch.bfloat16, rows: int = 25) -> str:  # fmt: skip
-    """The profiler's table for five calls of the case, after three warm-up calls."""
+    """The profiler's table (module docstring)."""
     device = torch.device("cuda")
     _, layout = table_layout(length)
     case = cases.kernel_case(backend, mode, layout, cases.dims_of("base"), 1, dtype, device)

@@ -1,8 +1,6 @@
-"""Benchmark inputs: realistic long tables that fill the sequence exactly (no padding, the worst case for every
-backend), drawn by :func:`mate_cli.modeling.synthetic.filled_layout`, with random input ids. :class:`TableShape`'s
-defaults (a 60-token query, 8 columns, ~30 tokens a cell) give ~2 rows at 512 tokens, ~34 at 8192 and ~136 at 32768: the
-table grows in rows as it grows in length, the way longer tables do, and cells stay HybridQA-sized.
-"""
+"""Benchmark inputs: realistic tables that fill the sequence exactly (no padding, the worst case for every backend),
+from :func:`mate_cli.modeling.synthetic.filled_layout`, with random input ids. Longer sequences get more rows (the
+defaults: ~2 at 512 tokens, ~34 at 8192, ~136 at 32768) while cells stay HybridQA-sized."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ class TableShape:
 
 
 def table_layout(seq_len: int, batch: int = 1, shape: TableShape | None = None) -> tuple[torch.Tensor, TableLayout]:
-    """``(input_ids [batch, seq_len], layout)`` of ``batch`` different tables filling ``seq_len`` (example ``b`` drawn
-    with ``shape.seed + b``), with random non-special WordPiece ids."""
+    """``(input_ids [batch, seq_len], layout)``: ``batch`` different tables, random non-special ids."""
     shape = shape or TableShape()
     shape.check()
     if seq_len <= shape.query_tokens:

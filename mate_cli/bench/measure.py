@@ -1,16 +1,15 @@
-"""How one call is measured: wall time, peak memory, FLOPs, contention, error against float32.
+"""How one call is measured (:func:`measure`): wall time, peak memory, FLOPs, contention, error against float32.
 
 **Time**: ``time.perf_counter`` around one call (synchronised on CUDA); a cell reports the median (and min/max) of
 its timed repeats, which run after the warm-up calls; ``other_cpu`` (:class:`OtherCpu`) is the contention during them.
 
-**Peak memory** (the last warm-up call), CPU: the resident-set high-water mark during the call minus the resident
-set just before it (tracemalloc cannot see torch's allocations). Before the call, garbage is collected, every block
-of 64 KiB or more gets its own ``mmap`` and free heap is trimmed (``malloc_trim``), so RSS tracks live tensor
-memory; then ``VmHWM`` is reset (``/proc/self/clear_refs``) and read after the call. So the figure is what the call
-allocates (activations, scores, workspaces, gradients, per-batch structure), not the weights or the inputs;
-``peak_rss_mb`` is the absolute mark (all included). Timed calls run with glibc's steady-state thresholds instead
-(:func:`set_mmap_threshold`), the allocator users get. CUDA: ``max_memory_allocated`` minus ``memory_allocated``
-before the call.
+**Peak memory** (the last warm-up call), CPU: the resident-set high-water mark during the call minus the resident set
+just before it (tracemalloc cannot see torch's allocations). Before the call, garbage is collected, every block of
+64 KiB or more gets its own ``mmap`` and free heap is trimmed (``malloc_trim``), so RSS tracks live tensor memory;
+then ``VmHWM`` is reset (``/proc/self/clear_refs``) and read after the call. So the figure is what the call allocates
+(activations, scores, workspaces, gradients, per-batch structure), not the weights or inputs; ``peak_rss_mb`` is the
+absolute mark. Timed calls run with glibc's steady-state thresholds (:func:`set_mmap_threshold`), the allocator users
+get. CUDA: ``max_memory_allocated`` minus ``memory_allocated`` before the call.
 
 **Error against float32** (``err_vs_fp32``, kernel cells in bfloat16 or float16): :func:`relative_error` of the
 cell's dtype against float32 on the same float32-drawn inputs (so the reduced run rounds its inputs, as autocast
@@ -57,11 +56,9 @@ _LIBC = _libc()
 
 
 def set_mmap_threshold(nbytes: int) -> bool:
-    """``mallopt(M_MMAP_THRESHOLD, nbytes)`` and ``M_TRIM_THRESHOLD`` = 2 x ``nbytes`` (glibc); True on success.
-
-    A hand-set mmap threshold stops glibc's adaptation, which would raise the trim threshold with it: left at 128 KiB,
-    every free at the top of the heap would return pages the next large block faults in again.
-    """
+    """``mallopt(M_MMAP_THRESHOLD, nbytes)`` and ``M_TRIM_THRESHOLD`` = 2 x ``nbytes`` (glibc); True on success. A
+    hand-set mmap threshold stops glibc raising the trim threshold with it: left at 128 KiB, every free at the top of
+    the heap would return pages the next large block faults in again."""
     if _LIBC is None or not hasattr(_LIBC, "mallopt"):
         return False
     return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, int(nbytes))) and bool(_LIBC.mallopt(M_TRIM_THRESHOLD, 2 * int(nbytes)))
@@ -82,9 +79,8 @@ def _status_kb(key: str) -> int | None:
 
 
 class OtherCpu:
-    """CPU used by *other* processes while a block runs, in cores: (machine busy jiffies - this process's) / elapsed.
-    ~0 on a quiet machine; 1.0: another process kept a core busy (times then show contention, not the backend).
-    ``cores`` is None without /proc."""
+    """CPU used by *other* processes while a block runs, in cores: (machine busy jiffies - this process's) / elapsed;
+    1.0: another process kept a core busy (times then show contention). ``cores`` is None without /proc."""
 
     def __enter__(self) -> "OtherCpu":
         self.cores = None
@@ -159,7 +155,7 @@ class PeakMemory:
 
 
 def timed(call: Callable[[], None], device: torch.device) -> float:
-    """Seconds of wall time for one call."""
+    """Seconds of wall time for one call (module docstring)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -233,8 +229,8 @@ def measure(
     flops: float | None,
     countable: bool = True,
 ) -> Measurement:
-    """The protocol of the module docstring: ``warmup`` calls (at least 1; FLOPs counted on the first unless given
-    or not ``countable``), then ``repeats`` timed calls (at least 1)."""
+    """``warmup`` then ``repeats`` calls (each at least 1) as the module docstring says; ``flops`` given or not
+    ``countable``: no counting."""
     if device.type == "cpu":
         set_mmap_threshold(SPEED_MMAP_THRESHOLD)
     warmup = max(1, warmup)

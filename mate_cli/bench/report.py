@@ -1,9 +1,5 @@
-"""A run's bench rows as ``bench.csv``, screen tables, ``bench.md`` and log-log PNGs.
-
-Plots follow the paper's Figures 4-6: one PNG per (level, mode), three panels
-(median time, peak memory, FLOPs vs sequence length), log-log axes, one line per
-backend; skipped cells are simply absent from a line.
-"""
+"""A run's bench rows as ``bench.csv``, screen tables, ``bench.md`` and PNGs like the paper's Figures 4-6: one per
+(level, mode), median time, peak memory and FLOPs vs length, log-log, a line per backend (skipped cells absent)."""
 
 from __future__ import annotations
 
@@ -104,7 +100,7 @@ def print_tables(rows: list[dict], console: Console | None = None) -> None:
 
 
 def plot(rows: list[dict], out_dir: Path, dpi: int = 90) -> list[Path]:
-    """``bench_<level>_<mode>.png`` per group: time / memory / FLOPs vs length, log-log."""
+    """The ``bench_<level>_<mode>.png`` files (module docstring)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,12 +1,11 @@
 """The benchmark grid: level x mode x backend x length -> one row per cell, lengths ascending so that a backend's
 earlier lengths predict its next.
 
-A cell is skipped with a note when its backend is not available (or not installed) at that level; when its estimated
-peak memory exceeds ``memory_fraction`` of the memory free right before it (the larger of :func:`analytic_memory` and a
-power-law extrapolation from the backend's two previous lengths, exponent clamped to [1, 2]); when its extrapolated time
-per call exceeds ``max_call_seconds``; or when the backend already failed, or was skipped for memory, at a shorter
-length. A cell that raises is an ``error`` row with the one-line reason, and the grid goes on.
-"""
+A cell is skipped with a note when its backend is unavailable at that level; when its estimated peak memory exceeds
+``memory_fraction`` of the memory free right before it (the larger of :func:`analytic_memory` and a power-law
+extrapolation from the backend's two previous lengths, exponent in [1, 2]); when its extrapolated time per call exceeds
+``max_call_seconds``; or when the backend failed, or was skipped for memory, at a shorter length. A cell that raises is
+an ``error`` row with the one-line reason, and the grid goes on."""
 
 from __future__ import annotations
 
@@ -254,8 +253,7 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
 
 
 def float32_error(case: cases.Case) -> tuple[float | None, str]:
-    """``(case.error(), "")``, or ``(None, why)`` when the float32 comparison cannot run (say, out of memory): the
-    timing stands."""
+    """``(case.error(), "")``, or ``(None, why)`` when the comparison fails (out of memory, say): the timing stands."""
     if case.error is None:
         return None, ""
     try:

@@ -1,13 +1,10 @@
-"""The performance targets of ``bench.targets``, checked against the rows of one run; ``conf/bench.yaml`` documents each
-``kind`` and key, and holds the thresholds.
+"""The targets of ``bench.targets`` (``conf/bench.yaml`` documents each ``kind``), checked on one run's rows.
 
-A ``candidate`` or ``baseline`` family (``mate``: ``mate`` and every ``mate.<variant or impl>``; a ``+option`` row such
-as ``mate.bucketed+ckpt``, another configuration, only by its exact name) is represented by its best row in the cell, as
-in the paper (§3.1: "the best of the two functionally equivalent implementations is chosen for each use case"); the
-output names that row. ``memory_growth`` takes the candidate row measured at both lengths that grows least,
-``peak_rss`` the smallest ``peak_rss_mb``. A target whose rows are missing (not in the grid, skipped, failed) is
-``not measured``, never silently met.
-"""
+A ``candidate`` or ``baseline`` family (``mate``: ``mate`` and every ``mate.<variant or impl>``; a ``+option`` row only
+by its exact name) is represented by its best row in the cell, as in the paper (§3.1: "the best of the two functionally
+equivalent implementations is chosen for each use case"), and the output names it. ``memory_growth`` takes the
+candidate row measured at both lengths that grows least, ``peak_rss`` the smallest ``peak_rss_mb``. A target whose rows
+are missing (not in the grid, skipped, failed) is ``not measured``, never silently met."""
 
 from __future__ import annotations
 
@@ -188,7 +185,6 @@ def parse(entries: Iterable[dict] | None) -> list[TargetSpec]:
 
 
 def evaluate(rows: list[dict], specs: Iterable[TargetSpec]) -> list[Target]:
-    """Check every target on ``rows``, in the order given."""
     out = []
     for spec in specs:
         target = Target(spec.text(spec.name), spec.text(spec.requirement))

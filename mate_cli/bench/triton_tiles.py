@@ -1,11 +1,9 @@
 """Tile sizes and warps of MATE's Triton kernels, timed: ``python -m mate_cli.bench.triton_tiles``.
 
-For each length (``--lengths``) times the bench's kernel cases (:func:`~mate_cli.bench.cases.kernel_case`: the
-benchmark table, BERT-base dims, bf16, batch 1, MATE as ``conf/attention/mate.yaml`` sets it) of dense SDPA, then
-of ``mate.triton`` under each setting of :data:`SETTINGS`, inference and forward + backward
-(``triton.testing.do_bench``), with the tiles the kernels visit. One JSON line per cell; the kernels' settings
-(:data:`.mate_triton.BLOCK`, :data:`.mate_triton.WARPS`) are restored afterwards. Each setting compiles the kernels
-afresh (seconds). Needs a CUDA GPU; :func:`sweep` also runs on CPU tensors in Triton's interpreter, as a check of
+For each length (``--lengths``) times the bench's kernel cases (the benchmark table, BERT-base dims, bf16, batch 1,
+MATE as ``conf/attention/mate.yaml`` sets it) of dense SDPA, then of ``mate.triton`` under each of :data:`SETTINGS`
+(recompiled, then restored), inference and forward + backward, with ``triton.testing.do_bench``; one JSON line per
+cell, with the tiles visited. Needs a CUDA GPU; :func:`sweep` also runs in Triton's CPU interpreter, as a check of
 this tool (its times mean nothing there).
 """
 

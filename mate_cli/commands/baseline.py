@@ -1,7 +1,5 @@
-"""`mate baseline dataset=<table task>`: the trivial baselines of SQA, WikiTQ or TabFact on the
-validation split, chosen on the training split (:mod:`mate_cli.metrics.trivial`); prints them
-and writes ``metrics.json`` into this run's directory. No model, no tokens: the dataset's reader
-and split only."""
+"""`mate baseline dataset=<table task>`: the task's trivial baselines (:mod:`mate_cli.metrics.trivial`), chosen on
+the training split and scored on validation, with no model; prints them and writes ``metrics.json``."""
 
 from __future__ import annotations
 

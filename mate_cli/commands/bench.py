@@ -1,10 +1,6 @@
-"""`mate bench`: compose -> run the grid (progress bar) -> bench.csv, tables, PNGs, targets.
-
-The run directory gets ``bench.csv`` (one row per level x mode x backend x length),
-``bench_<level>_<mode>.png`` (time / memory / FLOPs vs length, log-log),
-``targets.json`` (``bench.targets`` checked on this run), ``bench.md`` (the same
-as markdown tables), ``machine.json`` and ``resolved_config.yaml``. The measuring itself lives in :mod:`mate_cli.bench`.
-"""
+"""`mate bench`: run the grid of ``bench.*`` (:mod:`mate_cli.bench`) and write into the run dir ``bench.csv`` (a row
+per level x mode x backend x length), ``bench.md``, ``targets.json``, ``bench_<level>_<mode>.png``, ``machine.json``
+and ``resolved_config.yaml``."""
 
 from __future__ import annotations
 
@@ -52,7 +48,7 @@ def settings_from(cfg: DictConfig) -> Settings:
 
 
 def bench(cfg: DictConfig) -> list[dict]:
-    """Run the grid of ``cfg.bench``; returns the rows written to ``bench.csv``."""
+    """Returns the rows of ``bench.csv``."""
     quiet_third_party_logs()
     out = run_dir()
     atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

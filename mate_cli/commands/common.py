@@ -1,5 +1,4 @@
-"""What every command shares: running a task under Hydra with one-line user errors,
-printing tables, building loggers/callbacks, and the run directory."""
+"""What every command shares: :func:`run_task` (one-line errors, ``FAILED``), tables, loggers/callbacks, the run dir."""
 
 from __future__ import annotations
 
@@ -27,9 +26,8 @@ COMMAND_LINE: list[str] = []
 
 
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
-    """Run ``task(cfg)``; a `MateError` prints one line and exits with status 2, SIGTERM and SIGINT with 143 / 130
-    (:mod:`mate_cli.interrupts`). Any failure leaves ``FAILED`` in the run dir holding its one-line reason, and the same
-    line in the run's log file (not printed twice on screen)."""
+    """Run ``task(cfg)`` holding the run dir: a `MateError` or full disk is one line and exit 2, SIGTERM/SIGINT 143/130
+    (:mod:`mate_cli.interrupts`); any failure leaves its one line in ``FAILED`` and the run's log."""
     from mate_cli import interrupts, run_lock
 
     if COMMAND_LINE:
@@ -40,7 +38,7 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
         out = None
     if out is not None:
         try:
-            run_lock.take(out)  # this process's hold on its run dir (:mod:`mate_cli.run_lock`)
+            run_lock.take(out)
         except MateError as err:  # another process's run dir: nothing is written into it
             print(f"mate: error: {err}", file=sys.stderr)
             sys.exit(MateError.exit_code)
@@ -71,9 +69,8 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
 
 
 def finish_wandb_run(exit_code: int | None = None) -> Path | None:
-    """Close this job's W&B run, if one ran, and return its folder. W&B records ``exit_code`` (an interrupted task's),
-    and a service shared through ``WANDB_SERVICE`` releases the run's id so it can be resumed at once
-    (:mod:`mate_cli.wandb_logger`); a finished job closes it before its summary, so W&B's closing lines come first."""
+    """Close this job's W&B run, if one ran, recording ``exit_code``, and return its folder; closing releases its id
+    in a shared ``WANDB_SERVICE`` so it can be resumed at once (:mod:`mate_cli.wandb_logger`)."""
     wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran (logger=csv)
     if wandb is None or wandb.run is None:
         return None
@@ -82,7 +79,6 @@ def finish_wandb_run(exit_code: int | None = None) -> Path | None:
     return folder
 
 
-#: W&B's folders, each under ``<run dir>/wandb/`` unless the user set its variable
 _WANDB_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_CONFIG_DIR": "config", "WANDB_DATA_DIR": "data",
                "WANDB_ARTIFACT_DIR": "artifacts"}  # fmt: skip
 #: where third-party tools write, as the user set it before mate started (kept when set)
@@ -90,15 +86,14 @@ _USER_TOOL_DIRS = {name: os.environ.get(name) for name in _WANDB_DIRS}
 
 
 def keep_tool_files_in(out: Path) -> None:
-    """Point W&B's cache, config, data and artifact folders at ``<run dir>/wandb/`` instead of ``~``, unless the user
-    set the variable (other tools: :func:`mate_cli.paths.keep_tool_caches`)."""
+    """W&B's folders under ``<run dir>/wandb/``, not ``~``, unless the user set them (others: :mod:`mate_cli.paths`)."""
     for name, folder in _WANDB_DIRS.items():
         os.environ[name] = _USER_TOOL_DIRS[name] or str(out / "wandb" / folder)
 
 
 def record_failure(line: str, exit_code: int) -> None:
-    """Write ``FAILED`` (holding ``line``) into the run dir, and ``line`` with ``exit_code`` into the run's log files
-    only (a wrapper such as ``timeout`` reports its own status; the log keeps the run's)."""
+    """``line`` into the run dir's ``FAILED`` and, with ``exit_code`` (a wrapper such as ``timeout`` reports its own),
+    into the run's log files only."""
     try:
         atomic_write_text(run_dir() / FAILED_MARKER, line + "\n")
     except Exception:  # noqa: BLE001 - no run dir (Hydra not running): nothing to mark
@@ -211,8 +206,7 @@ def instantiate_dict(section: DictConfig | None) -> list:
 
 
 def quiet_third_party_logs() -> None:
-    """Third-party progress bars and INFO logs off; the warnings mate understands silenced
-    (:mod:`mate_cli.silenced`)."""
+    """Third-party progress bars and INFO logs off, :mod:`mate_cli.silenced`'s filters on."""
     from mate_cli.silenced import silence
 
     silence()
@@ -224,8 +218,7 @@ def quiet_third_party_logs() -> None:
         pass
     for name in ("datasets", "transformers", "urllib3", "filelock", "fsspec"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    # Lightning adds its own console handler; Hydra's root handlers (console + <run>/<task>.log)
-    # already print its records, so drop Lightning's to print each line once.
+    # Hydra's root handlers already print Lightning's records: drop Lightning's own handler to print each line once
     import lightning  # noqa: F401  (registers the handlers we remove)
 
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):

@@ -1,7 +1,5 @@
-"""`mate eval ckpt_path=<run dir>[/checkpoints/<name>.ckpt]`: rebuild that run's datamodule and model from its
-``resolved_config.yaml``, evaluate the chosen split, print the metrics and write ``metrics.json`` into this eval run's
-directory; for the table tasks also the predictions in the dataset's upstream answer format. PointR end to end is
-``mate pointr``."""
+"""`mate eval ckpt_path=<run dir | checkpoint>`: rebuild that run (:mod:`mate_cli.runs`), evaluate ``split``, write
+``metrics.json`` and, for a table task, the predictions in the dataset's upstream answer format."""
 
 from __future__ import annotations
 
@@ -53,8 +51,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         )
     run = trainer.validate if cfg.split == "validation" else trainer.test
     with warnings.catch_warnings():
-        # the checkpoint's training callbacks (checkpointing, progress, throughput) keep state
-        # that only training needs: an evaluation has none of them, and loses nothing
+        # the checkpoint's training callbacks keep state only training needs: evaluation loses nothing
         warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used to create")
         results = run(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}

@@ -1,6 +1,5 @@
 """`mate pointr stage1.ckpt_path=... stage2.ckpt_path=...`: PointR end to end
-(:func:`mate_cli.pipelines.pointr.evaluate_pointr` writes the run dir's files); prints EM/F1 in-table / in-passage /
-total and stage 1's Hits@1/3/5."""
+(:func:`mate_cli.pipelines.pointr.evaluate_pointr` writes the files); prints EM/F1 by answer source and Hits@1/3/5."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""`mate predict`: answer one question about one table file; write ``prediction.json`` into the run dir.
+"""`mate predict`: answer one question about one table file; writes ``prediction.json``.
 
-- HybridQA (``table=... passages=... question="..." stage1.ckpt_path=... [stage2.ckpt_path=...]``):
-  PointR (:func:`mate_cli.pipelines.pointr.predict_question`); prints the answer, the chosen
-  cell and the top cells with their probabilities.
-- SQA, WikiTQ, TabFact (``ckpt_path=<run>/checkpoints/last.ckpt table=<file> question="..."``):
-  :mod:`mate_cli.pipelines.table_task`; prints the verdict, or the selected cells and, for
-  WikiTQ, the aggregation and the computed answer."""
+HybridQA (``stage1.ckpt_path=`` [``stage2.ckpt_path=``], ``passages=``): PointR, :mod:`mate_cli.pipelines.pointr`.
+SQA, WikiTQ, TabFact (``ckpt_path=``): :mod:`mate_cli.pipelines.table_task`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""`mate pretrain`: masked-LM pre-training on tables (MATE §3.2, App. A.1): `mate train`'s loop
-(:func:`mate_cli.commands.train.train`) on ``conf/pretrain.yaml``, which switches on ``validate_start`` and
-``export_encoder``. ``mate train model.encoder.pretrained=<run dir>/encoder`` fine-tunes from the export.
-"""
+"""`mate pretrain`: masked-LM pre-training on tables (MATE §3.2, App. A.1), `mate train`'s loop on
+``conf/pretrain.yaml``. ``mate train model.encoder.pretrained=<run dir>/encoder`` fine-tunes from the export."""
 
 from __future__ import annotations
 

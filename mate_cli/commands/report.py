@@ -1,8 +1,5 @@
-"""`mate report <multirun dir | outputs dir>`: read every run under it (no W&B), print one row per configuration
-with each metric's median and half-IQR over seeds, then the repeated seeds, the failed and the incomplete runs, and
-write ``report.md``, ``report.csv`` and the plots (``report_*.<format>``) into this report's run dir. The reading,
-summarising and plotting live in :mod:`mate_cli.report`.
-"""
+"""`mate report <multirun dir | outputs dir>`: each metric's median and half-IQR over seeds per configuration
+(:mod:`mate_cli.report`), on screen and as ``report.md``, ``report.csv`` and ``report_*.<format>`` plots."""
 
 from __future__ import annotations
 
@@ -85,9 +82,8 @@ INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchp
 
 
 def path_argument(args: list[str]) -> list[str]:
-    """``mate report <dir> [overrides]``: the one bare argument (no ``=``, or an existing
-    path such as a multirun job dir ``0-attention=sat,seed=1``; not a flag or its value)
-    -> ``path=<dir>``, quoted for Hydra."""
+    """The one bare argument (no ``=``, or an existing path such as a job dir ``0-attention=sat,seed=1``; not a flag or
+    its value) -> ``path=<dir>``, quoted for Hydra."""
     bare = []
     for i, arg in enumerate(args):
         before = args[i - 1] if i else ""

@@ -1,12 +1,8 @@
-"""`mate train`: compose, instantiate, fit (or resume: ``ckpt_path=<file | run dir | last>``; or start from another
-run's weights: ``init_from=<run dir | checkpoint>``), validate the best checkpoint, write ``metrics.json``.
+"""`mate train`: fit (or resume: ``ckpt_path=``; or start from a run's weights: ``init_from=``), validate the best
+checkpoint, write ``metrics.json``. The run dir's files: README; the switches around fitting: ``conf/train.yaml``.
 
-The run dir's files: README. The switches around fitting (``validate_start``, ``validate_best``,
-``test_after_training``, ``export_encoder``, ``keep_best``): ``conf/train.yaml``.
-
-Under DDP every rank runs :func:`train` and rank 0 alone prints and writes files; the final validation sees every
-example exactly once across the ranks, so its metrics equal a single-process ``mate eval`` of the same checkpoint.
-"""
+Under DDP every rank runs :func:`train`, rank 0 alone prints and writes; the final validation sees each example once
+across the ranks, so its metrics equal a one-process ``mate eval`` of the same checkpoint."""
 
 from __future__ import annotations
 
@@ -107,7 +103,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
     start = dict(getattr(model, "recorded_metrics", {}))
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}  # the last epoch's
-    # the task's metric (and loss) on the last logged training batch: under debug=overfit, the fixed batch
+    # the last logged training batch's metric and loss (debug=overfit: the fixed batch)
     trained = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final state is the newest
     best = trainer.strategy.broadcast(_best_checkpoint(trainer, out / "checkpoints" / "last.ckpt"))
@@ -195,8 +191,7 @@ def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> P
 
 
 def _refuse_ddp_in_a_local_sweep(trainer) -> None:
-    """Lightning's DDP launcher re-executes this command line for ranks > 0; inside a local
-    sweep (``-m`` with Hydra's basic launcher) each rank would start the whole sweep again."""
+    """Lightning's DDP launcher re-executes the command line for ranks > 0: in a local sweep each would rerun it all."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -241,8 +236,7 @@ def _check_pairing(cfg: DictConfig) -> None:
 
 
 def _test_best(trainer, model, datamodule, best: str) -> dict[str, float]:
-    """``test/*``: the best checkpoint on the test split when it has answers (released test files hold none or are
-    held back); else one line says why nothing was tested."""
+    """``test/*`` of the best checkpoint when the test split has answers (releases often hold none); else a log line."""
     from mate_cli.data.schema import has_answer
 
     if not hasattr(datamodule, "questions") or trainer.world_size > 1:
