@@ -1,5 +1,5 @@
-"""Attention backends (interface and registry: :mod:`.base`). Importing this package registers every module of
-``BACKEND_MODULES`` that is present; a broken one raises."""
+"""Attention backends (interface and registry: :mod:`.base`; docs/architecture.md, "Add an attention backend").
+Importing this package registers every module of ``BACKEND_MODULES`` that is present; a broken one raises."""
 
 from __future__ import annotations
 

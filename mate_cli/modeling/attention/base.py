@@ -1,10 +1,6 @@
-"""The attention interface every backend implements, and the backend registry.
-
-The encoder layer owns the Q/K/V projections, output dense, dropout, residual and LayerNorm, so BERT/TAPAS weights
-load into any backend; a backend only mixes values (:meth:`AttentionBackend.forward`). Hydra builds a partial from
-``conf/attention/<name>.yaml``; the encoder calls it once per layer with ``num_heads``, ``head_dim``, ``max_length``,
-``dropout`` and ``layer_index``. A backend owns parameters only where its method needs them.
-"""
+"""The attention interface every backend implements, and the registry (docs/architecture.md, "Add an attention
+backend"). The encoder layer owns the Q/K/V projections, output dense, dropout, residual and LayerNorm, so BERT/TAPAS
+weights load into any backend; a backend only mixes values, and owns parameters only where its method needs them."""
 
 from __future__ import annotations
 
@@ -38,9 +34,8 @@ class AttentionBackend(nn.Module):
     name = "base"
     #: False for the cost-floor backend that must not be trained.
     trainable = True
-    #: True when the backend adds ``layout.key_bias[b, t]`` to every query's logit towards key ``t``, in every head,
-    #: before the softmax (:func:`with_key_bias`; DoT, Krichene et al. 2021, eq. 2); the encoder refuses a biased
-    #: layout on the others
+    #: True when the backend adds ``layout.key_bias[b, t]`` to every logit towards key ``t`` before the softmax
+    #: (:func:`with_key_bias`; DoT, Krichene et al. 2021, eq. 2); the encoder refuses a biased layout on the others
     supports_key_bias = False
 
     def __init__(
@@ -62,7 +57,7 @@ class AttentionBackend(nn.Module):
 
     def embedding_layout(self, layout: TableLayout | None) -> TableLayout | None:
         """Encoder hook, on the first layer's backend before the embeddings: the layout they see (SAT's ``text_only``
-        drops the row/column/rank ids). Default: unchanged."""
+        zeroes every token type but the segment). Default: unchanged."""
         return layout
 
     def extend_inputs(
@@ -73,7 +68,6 @@ class AttentionBackend(nn.Module):
         state. Default: none added."""
         return hidden, layout, 0
 
-    # ---------------------------------------------------------------- helpers
     def require_layout(self, layout: TableLayout | None) -> TableLayout:
         if layout is None:
             raise MateError(

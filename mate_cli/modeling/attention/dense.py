@@ -1,7 +1,5 @@
 """`dense`: BERT's full softmax attention, the exact baseline every backend is checked against; no parameters.
-
-One SDPA call masked by ``layout.attention_mask`` on the keys (plus ``layout.key_bias``); no layout means no mask.
-"""
+One SDPA call, its keys masked by ``layout.attention_mask`` (plus ``layout.key_bias``); no layout, no mask."""
 
 from __future__ import annotations
 
@@ -14,8 +12,6 @@ from mate_cli.modeling.layout import TableLayout
 
 @register("dense")
 class DenseAttention(AttentionBackend):
-    """Every token attends to every real token: O(seq^2) time and memory."""
-
     supports_key_bias = True
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:

@@ -1,12 +1,10 @@
 """LINFORMER attention (Wang et al., 2020), the low-rank baseline of MATE §5.1.
 
-Keys and values are projected along the sequence axis to ``k`` slots by learned matrices E and F
-``[k, max_length]``: ``context = softmax(q (E k)^T / sqrt(head_dim)) (F v)``, ``O(seq * k)`` per head. The paper keeps
-TAPAS's row/column/rank embeddings (:mod:`mate_cli.modeling.embeddings`) and uses ``k = 256``, which beat 128 and 512.
-One E and one F per layer, shared by all heads (the paper's headwise sharing); ``share_kv=True`` also ties F to E
-(key-value sharing). E and F are new parameters, absent from BERT/TAPAS checkpoints. Padding keys and values are
-zeroed before the projection, and a shorter sequence uses the first ``seq`` columns of E and F, so the result is the
-same however much padding follows.
+``context = softmax(q (E k)^T / sqrt(head_dim)) (F v)`` with learned E, F ``[k, max_length]`` projecting the sequence
+axis to ``k`` slots: ``O(seq * k)`` per head. The paper keeps TAPAS's row/column/rank embeddings and uses ``k = 256``
+(better than 128 and 512). One E and one F per layer, shared by all heads (headwise sharing); ``share_kv=True`` ties F
+to E. E and F are new parameters, absent from BERT/TAPAS checkpoints. Padding keys and values are zeroed before the
+projection and a shorter sequence uses E and F's first ``seq`` columns, so trailing padding does not change the result.
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ INITS = ("normal", "xavier")
 
 @register("linformer")
 class LinformerAttention(AttentionBackend):
-    """``k``: the sequence slots, ``1 <= k <= max_length``; with ``share_kv`` F is None; ``init``: ``"normal"``
-    (N(0, ``init_std``), BERT's initialiser) or ``"xavier"`` (Xavier-uniform). Only the padding mask is read from the
-    layout; ``layout=None`` means no padding."""
+    """``init``: ``"normal"`` (N(0, ``init_std``), BERT's) or ``"xavier"`` (Xavier-uniform); with ``share_kv`` F is
+    None. Only the padding mask is read from the layout; ``layout=None`` means no padding."""
 
     def __init__(
         self, *, k: int = 256, share_kv: bool = False, init: str = "normal", init_std: float = 0.02, **shared
@@ -59,7 +56,6 @@ class LinformerAttention(AttentionBackend):
         return f"k={self.k}, max_length={self.max_length}, share_kv={self.share_kv}"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """``seq <= max_length``, the length of E and F."""
         seq = k.shape[-2]
         if seq > self.max_length:
             raise MateError(
@@ -72,7 +68,6 @@ class LinformerAttention(AttentionBackend):
             k, v = k * real, v * real
         key_proj = self.E[:, :seq].to(k.dtype)
         value_proj = (self.E if self.F is None else self.F)[:, :seq].to(v.dtype)
-        # Project along the sequence axis: seq positions -> k slots.
         k_slots = torch.einsum("kn,bhnd->bhkd", key_proj, k)
         v_slots = torch.einsum("kn,bhnd->bhkd", value_proj, v)
         scores = torch.einsum("bhqd,bhkd->bhqk", q, k_slots) / math.sqrt(self.head_dim)

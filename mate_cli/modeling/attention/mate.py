@@ -1,30 +1,29 @@
 """MATE attention (Eisenschlos et al., EMNLP 2021, §3): row heads and column heads.
 
-The first ``round(row_heads_ratio * heads)`` heads are row heads, the rest column heads. A token of the query set
-(:mod:`mate_cli.modeling.layout`) attends to every real token; a table token attends to the query set and its own
-row (row head) or column (column head). Padding keys are never attended. No parameters: a MATE checkpoint is a
-BERT/TAPAS checkpoint (§3.2).
+The first ``round(row_heads_ratio * heads)`` heads are row heads, the rest column heads. A query-set token attends to
+every real token; a table token to the query set and its own row (row head) or column (column head); padding keys
+never. No parameters: a MATE checkpoint is a BERT/TAPAS checkpoint (§3.2).
 
-``variant`` is *which function* the model computes, in training, evaluation, PointR and exported encoders alike:
+``variant`` is *which function* the model computes (training, evaluation, PointR and exported encoders alike):
 
 - ``exact``: the pattern above.
-- ``bucketed``: the paper's linear-cost approximation (§3.1, App. D; :mod:`.mate_reference`): ``global_size`` (G)
-  global tokens per head, buckets of ``radius`` (R) tokens. It equals ``exact`` when the query set fits in G and
-  every row/column in R tokens; otherwise a table token loses the part of its row/column beyond its window (the
-  paper's fine-tuning setting: G=116, R=42 at 2048 tokens, App. A).
+- ``bucketed``: the paper's linear-cost approximation (§3.1, App. D; explained in :mod:`.mate_reference`):
+  ``global_size`` (G) global tokens per head, buckets of ``radius`` (R) tokens. It equals ``exact`` when the query set
+  fits in G and every row/column in R tokens; otherwise a table token loses the part of its row/column beyond its
+  window (the paper's fine-tuning setting: G=116, R=42 at 2048 tokens, App. A).
 
-``impl`` is *how* it is computed (the same output up to float rounding, whatever the device or the batch):
+``impl`` is *how* (the same output up to float rounding; different, equally valid dropout masks):
 
 - ``exact``: ``masked`` (SDPA with the per-view mask; quadratic) or ``block_sparse`` (:mod:`.mate_block_sparse`).
 - ``bucketed``: ``eager`` (:mod:`.mate_bucketed`'s torch path), ``kernel`` (:mod:`.mate_cpu_kernel`; ``eager`` where
-  it does not apply) or ``triton`` (:mod:`.mate_triton`). They draw different, equally valid dropout masks.
+  it does not apply) or ``triton`` (:mod:`.mate_triton`).
 - ``auto``: the variant's fastest implementation as measured (:data:`AUTO`), never another function: ``exact`` runs
   ``masked`` up to a length, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, ``triton`` on CUDA in
-  bf16/fp16 (``eager`` where the compiled kernels cannot run: :func:`.mate_triton.triton_runs_on`), ``eager`` in
-  float32. The choice is logged once per (device, length bucket, grad mode, choice).
+  bf16/fp16 where the compiled kernels run (:func:`.mate_triton.triton_runs_on`), else ``eager``. Each choice is
+  logged once per process.
 
 A key bias (``layout.key_bias``, DoT's pruning scores) always runs ``masked`` (DoT's task model reads few tokens);
-only ``variant=exact`` supports it, so the encoder refuses it under ``bucketed``.
+only ``variant=exact`` supports it.
 """
 
 from __future__ import annotations
@@ -51,14 +50,12 @@ logger = logging.getLogger(__name__)
 #: ``attention.variant`` -> its valid ``attention.impl`` values (``auto`` first).
 VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "eager", "kernel", "triton")}
 
-#: ``attention.impl=auto``'s table: (variant, device type, dtype (None: any), grad mode) ->
-#: (the longest sequence for the first implementation, it, the one beyond, the measurement
-#: behind the boundary: ms at kernel level, forward and backward in grad mode). "first run":
-#: BENCHMARKS.md's first published run (`mate bench`, the default grid; Xeon, 2 cores,
-#: float32); "GPU": its 2026-11-24 GPU run (H100); "H200": its 2026-11-26 run (`mate bench
-#: bench.device=cuda bench.dtype=<dtype> bench.levels=[kernel]`, one process per dtype). No
-#: row: ``eager``. On CPU ``variant=bucketed`` runs the fused kernel wherever it applies (faster
-#: than ``eager`` at every length of the CPU runs), before this table is read.
+#: ``attention.impl=auto``'s table: (variant, device type, dtype (None: any), grad mode) -> (the longest sequence
+#: for the first implementation, it, the one beyond, the measurement behind the boundary: ms at kernel level, forward
+#: and backward in grad mode). "first run": BENCHMARKS.md's first published run (`mate bench`, default grid; Xeon,
+#: 2 cores, float32); "GPU": its 2026-11-24 run (H100); "H200": its 2026-11-26 run (`mate bench bench.device=cuda
+#: bench.dtype=<dtype> bench.levels=[kernel]`, one process per dtype). No row: ``eager``. On CPU, bucketed runs the
+#: fused kernel wherever it applies (faster than ``eager`` at every length measured), before this table is read.
 # fmt: off
 AUTO: dict[tuple[str, str, torch.dtype | None, bool], tuple[int, str, str, str]] = {
     ("exact", "cpu", None, False): (576, "masked", "block_sparse", "first run: 512: 4.25 vs 4.77; 1024: 18.6 vs 9.9"),
@@ -85,7 +82,6 @@ def auto_choice(variant: str, device: torch.device, dtype: torch.dtype, grad: bo
     return first if seq_len <= limit else beyond
 
 
-# ------------------------------------------------------------------- reference
 def head_masks(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> torch.Tensor:
     """The exact MATE pattern of every head, ``[batch, heads, seq, seq]`` bool (from, to); quadratic, for
     references and tests."""
@@ -101,8 +97,8 @@ def masked_attention(
     row_heads_ratio: float = 0.5,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """Exact MATE by masking dense attention: ``q, k, v`` ``[batch, heads, seq, head_dim]`` -> the same shape.
-    Row and column heads are one SDPA call each, with a ``[batch, 1, seq, seq]`` mask (plus ``layout.key_bias``)."""
+    """Exact MATE by masking dense attention, ``[batch, heads, seq, head_dim]`` in and out: one SDPA call per head
+    view, with a ``[batch, 1, seq, seq]`` mask (plus ``layout.key_bias``)."""
     parts = [
         F.scaled_dot_product_attention(
             q[:, heads],
@@ -116,7 +112,6 @@ def masked_attention(
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-# ------------------------------------------------------------------------ auto
 def _length_bucket(n: int) -> int:
     """Power-of-two bucket of a sequence length (for logging the auto choice once)."""
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
@@ -127,8 +122,7 @@ def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
 
 
 def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool) -> str:
-    """What ``variant=bucketed`` runs on this call for ``attention.impl=impl``: ``kernel``, ``triton`` or ``eager``
-    (the rules in the module docstring)."""
+    """What ``variant=bucketed`` runs on this call for ``attention.impl=impl`` (module docstring)."""
     if impl == "triton":
         return "triton"
     if impl in ("auto", "kernel") and cpu_kernel_applies(q):
@@ -139,21 +133,13 @@ def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool) -> str:
     return "eager"
 
 
-#: (variant, impl, device, length bucket, grad, choice): the ``auto`` choices logged in this
-#: process (every layer's backend makes the same choice; the log says it once)
+#: (variant, impl, device, length bucket, grad, choice) already logged: every layer makes the same choice
 LOGGED_CHOICES: set[tuple] = set()
 
 
-# --------------------------------------------------------------------- backend
 @register("mate")
 class MateAttention(AttentionBackend):
-    """MATE: row and column heads (module docstring).
-
-    Args:
-        variant, impl: see the module docstring; ``impl`` is one of :data:`VARIANTS` of the variant.
-        row_heads_ratio: fraction of row heads (paper: 1:1, i.e. 0.5).
-        global_size, radius: ``G`` and ``R`` of ``bucketed`` (paper: 116 and 42).
-    """
+    """MATE (module docstring); the paper's ``row_heads_ratio`` is 0.5 (1:1)."""
 
     def __init__(
         self,
@@ -193,8 +179,7 @@ class MateAttention(AttentionBackend):
                 "pip install triton; or choose another attention.impl"
             )
         if variant == "bucketed" and impl in ("auto", "kernel"):
-            # build/load the fused CPU kernel now (once per process), not inside the first
-            # forward: a FlopCounterMode opened before that call would miss its formula
+            # load the CPU kernel now, not in the first forward: a FlopCounterMode open then would miss its formula
             mate_cpu_kernel.available()
 
     @property
@@ -208,8 +193,8 @@ class MateAttention(AttentionBackend):
         return text
 
     def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
-        """The implementation this call runs: ``auto`` resolved within the variant, each choice logged once; an
-        asked-for implementation that cannot run this call is replaced, and that is logged once too."""
+        """The implementation this call runs: ``auto`` resolved, or an asked-for one that cannot run replaced; either
+        logged once."""
         grad = self._grad(q, k, v)
         if self.variant == "bucketed":
             choice = choose_bucketed_impl(self.impl, q, grad)
@@ -227,7 +212,7 @@ class MateAttention(AttentionBackend):
 
     def _log_choice(self, choice: str, q: torch.Tensor, grad: bool) -> None:
         key = (self.variant, self.impl, str(q.device), _length_bucket(q.shape[2]), grad, choice)
-        if key not in LOGGED_CHOICES:  # once per process, not once per layer
+        if key not in LOGGED_CHOICES:
             LOGGED_CHOICES.add(key)
             logger.info(
                 "mate attention variant=%s impl=%s: using '%s' on %s for sequences of ~%d tokens (%s)",
@@ -248,6 +233,6 @@ class MateAttention(AttentionBackend):
             structure = TritonStructure.of(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
             return triton_bucketed_attention(q, k, v, structure, dropout_p)
         plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
-        # scratch shared by every layer (and call) that sees this layout, like the plan
+        # scratch shared, like the plan, by every layer that sees this layout
         workspace = layout.cached(("mate.workspace",), Workspace)
         return bucketed_attention(q, k, v, plan, dropout_p, use_cpu_kernel=impl == "kernel", workspace=workspace)

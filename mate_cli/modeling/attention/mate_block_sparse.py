@@ -1,15 +1,13 @@
-"""Exact MATE attention at block-sparse cost (``impl=block_sparse``; :mod:`.mate`).
-
-After a head's sort (``layout.sort_order``) each row or column is one contiguous segment: the pattern is
-block-diagonal plus a dense query-set stripe. Two exact ways to skip the rest, their structure cached on the layout:
+"""Exact MATE at block-sparse cost (``impl=block_sparse``). After a head's sort (``layout.sort_order``) each row or
+column is one contiguous segment: the pattern is block-diagonal plus a dense query-set stripe. Two exact ways to skip
+the rest, their structure cached on the layout:
 
 - :func:`block_sparse_attention` (pure PyTorch, any device, with backward): the query-set rows are one dense SDPA;
-  table tokens are packed segment by segment, binned by length into padded sizes ``S`` on a 1.5x ladder (16, 24, 32,
-  48, ...), each bin one batched SDPA against its example's query set and itself. Work ~ sum over segments of
-  ``len * (|Q| + S)`` instead of ``N^2``, the blocks being the segments rather than fixed tiles.
-- :func:`flex_mate_attention`: the same mask in FlexAttention, its ``BlockMask`` built from segment ranges (no
-  ``N^2`` evaluation). Used on CUDA without dropout only: on CPU (torch 2.13) it has no backward, and it measured
-  slower than the pure path.
+  table tokens are packed segment by segment into bins of padded size ``S`` (:func:`_bin_size`), each bin one batched
+  SDPA against its example's query set and itself. Work ~ sum over segments of ``len * (|Q| + S)`` instead of ``N^2``.
+- :func:`flex_mate_attention`: the same mask in FlexAttention, its ``BlockMask`` built from segment ranges (no ``N^2``
+  evaluation). ``block_sparse`` runs it on CUDA without dropout only (on CPU, torch 2.13, it has no backward and
+  measured slower); ``mate bench`` also times it as the exact-mask anchor.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from mate_cli.modeling.layout import TableLayout
 __all__ = ["block_sparse_attention", "flex_mate_attention", "flex_available", "segment_plan", "uses_flex"]
 
 
-# ------------------------------------------------------------------ packing plan
 def _bin_size(length: int) -> int:
     """Smallest ladder size >= length: 16, 24, 32, 48, 64, 96, 128, ... (ratio <= 1.5)."""
     size = 16
@@ -45,7 +42,7 @@ def _bin_size(length: int) -> int:
 
 @dataclass(eq=False)
 class _Bin:
-    """Segments padded to ``size`` tokens: ``example [n]``, ``tokens [n, size]`` (positions), ``valid [n, size]``."""
+    """``n`` segments padded to ``size`` tokens: ``example [n]``, ``tokens [n, size]`` (positions), ``valid``."""
 
     size: int
     example: torch.Tensor
@@ -67,7 +64,7 @@ class SegmentPlan:
 
 
 def segment_plan(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> SegmentPlan:
-    """Segments of every view, binned by length (once per layout, cached)."""
+    """Segments of every view, binned by length (cached on the layout)."""
 
     def build() -> SegmentPlan:
         dev = layout.device
@@ -123,7 +120,6 @@ def _pack_view(layout: TableLayout, view: str, P: int, query_tokens, query_valid
     return bins, out_rows
 
 
-# ------------------------------------------------------------------- pure path
 def block_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -133,8 +129,8 @@ def block_sparse_attention(
     dropout_p: float = 0.0,
     use_flex: bool | None = None,
 ) -> torch.Tensor:
-    """Exact MATE attention, ``[batch, heads, seq, head_dim]`` in and out, padding tokens getting a zero output
-    (pure path). ``use_flex``: None picks FlexAttention on CUDA without dropout, the pure path elsewhere."""
+    """Exact MATE, ``[batch, heads, seq, head_dim]`` in and out (padding rows: zeros on the pure path).
+    ``use_flex=None``: FlexAttention on CUDA without dropout (:func:`uses_flex`), the pure path elsewhere."""
     if use_flex is None:
         use_flex = uses_flex(q, dropout_p)
     if use_flex:
@@ -143,7 +139,6 @@ def block_sparse_attention(
     B, H, N, D = q.shape
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, N, H, D] views
     b_idx = torch.arange(B, device=q.device)[:, None]
-    # query-set rows: dense against every real key
     q_rows, k_rows, v_rows = (x[b_idx, plan.query_tokens].transpose(1, 2) for x in (qt, kt, vt))  # [B, H, P, D]
     key_real = layout.attention_mask[:, None, None, :]
     dense = F.scaled_dot_product_attention(q_rows, k, v, attn_mask=key_real, dropout_p=dropout_p)
@@ -174,7 +169,6 @@ def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropou
     return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[-1])
 
 
-# ------------------------------------------------------------------ FlexAttention
 def flex_available() -> bool:
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
@@ -190,8 +184,8 @@ def uses_flex(q: torch.Tensor, dropout_p: float) -> bool:
 
 @functools.cache
 def _compiled_flex():
-    """``torch.compile``d FlexAttention, compiled on first use; after the first change of sorted length torch
-    compiles one kernel with the length dynamic, not one per length."""
+    """``torch.compile``d FlexAttention; after the first change of sorted length torch compiles one kernel with the
+    length dynamic, not one per length."""
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention)
@@ -202,9 +196,8 @@ MIN_COMPILED_HEAD_DIM = 16
 
 
 def flex_call(qs, ks, vs, block_mask, scale: float, compiled: bool) -> torch.Tensor:
-    """``flex_attention(qs, ks, vs, block_mask, scale)``, compiled (once per process) or eager; a head dim below
-    compiled FlexAttention's minimum is zero-padded (the given scale keeps the scores; the padded columns are
-    dropped)."""
+    """``flex_attention``, compiled (once per process) or eager; a head dim below compiled FlexAttention's minimum is
+    zero-padded (the given scale keeps the scores; the padded columns are dropped)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     D = qs.shape[-1]
@@ -281,10 +274,9 @@ def flex_mate_attention(
     block_size: int = 128,
     compiled: bool = True,
 ) -> torch.Tensor:
-    """Exact MATE attention with FlexAttention on the per-head sorted sequence; ``q, k, v``
-    ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> the same shape. ``compiled=False`` runs it eagerly
-    (materialising the scores; for tests); on CPU (torch 2.13) call it without grad. Padding query rows attend to the
-    query set only (finite, and ignored)."""
+    """Exact MATE with FlexAttention on the per-head sorted sequence, ``[batch, heads, seq, head_dim]`` in and out
+    (q not pre-scaled). ``compiled=False`` runs it eagerly (materialising the scores; for tests); on CPU (torch 2.13)
+    call it without grad."""
     H, D = q.shape[1], q.shape[-1]
     Np, block_mask = _flex_structure(layout, H, row_heads_ratio, block_size)
     perm, inverse = layout.head_sort_order(H, row_heads_ratio)

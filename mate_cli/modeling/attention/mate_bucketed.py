@@ -1,16 +1,13 @@
-"""MATE's bucketed attention, fused in one ``autograd.Function``: what ``variant=bucketed`` runs.
+"""Bucketed MATE (the function of :mod:`.mate_reference`) in one ``autograd.Function`` over a
+:class:`~.mate_plan.BucketPlan`; backward recomputes the probabilities. Two paths:
 
-The algorithm and its exactness condition are :mod:`.mate_reference`'s; the per-layout structure is the
-:class:`~.mate_plan.BucketPlan`. Two paths compute the same function:
-
-- **torch path** (``impl=eager``; any device, dtype, dropout). k and v are sorted once into a bucket-aligned buffer,
-  whose 3-bucket windows are zero-copy ``unfold`` views; the sorted rows are walked in cache-sized chunks (GEMMs to
-  the globals and the windows, mask bias, in-place softmax, context scattered to token order). Global keys masked
-  for a whole chunk are skipped, and dense rows read only the real keys (a sorted prefix). Backward recomputes each
-  chunk's probabilities from q, k, v and the output. Time and memory are linear in the length.
-- **fused CPU kernel** (``impl=kernel``; :mod:`.mate_cpu_kernel`): forward and backward compiled, where
-  ``use_cpu_kernel`` allows it and the kernel builds; the same function and gradients, faster. Its math is float32:
-  bfloat16 and float16 inputs are widened (exactly) and results rounded once (:func:`_widened`).
+- **torch path** (``impl=eager``; any device, dtype, dropout): k and v sorted once into a bucket-aligned buffer
+  (:class:`_Buffers`) whose 3-bucket windows are zero-copy ``unfold`` views; the sorted rows walked in cache-sized
+  chunks (:data:`CHUNK_ELEMENTS`). Global keys masked for a whole chunk are skipped, and dense rows read only the real
+  keys (a sorted prefix). Linear time and memory. Dropout masks come from a generator seeded by (seed, chunk), so
+  backward redraws them.
+- **fused CPU kernel** (``impl=kernel``; :mod:`.mate_cpu_kernel`), where ``use_cpu_kernel`` allows it and the kernel
+  loads: float32 math, bfloat16/float16 inputs widened exactly and results rounded once (:func:`_widened`).
 """
 
 from __future__ import annotations
@@ -33,11 +30,11 @@ CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 25}
 
 
 class Workspace:
-    """Uninitialised scratch tensors, reused across calls on CPU (the MATE backend keeps one per layout).
+    """Uninitialised scratch tensors, reused across calls on CPU, per thread (the MATE backend keeps one per layout).
 
     Fresh multi-MB CPU allocations are ``mmap``-ed and page-faulted on every call (glibc, above 32 MiB), which costs
     as much as a GEMM pass here. Only for buffers that do not outlive the call (not outputs, not saved for backward).
-    Kept per thread; on CUDA, whose caching allocator already reuses memory, :meth:`get` is a plain ``empty``.
+    On CUDA, whose caching allocator already reuses memory, :meth:`get` is a plain ``empty``.
     """
 
     def __init__(self) -> None:
@@ -46,7 +43,6 @@ class Workspace:
     def get(
         self, role: str, shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype | None = None
     ) -> torch.Tensor:
-        """An uninitialised ``shape`` tensor of ``like``'s device, and dtype unless ``dtype`` is given, for ``role``."""
         dtype = like.dtype if dtype is None else dtype
         if like.device.type != "cpu":
             return like.new_empty(shape, dtype=dtype)
@@ -66,11 +62,9 @@ def _flat_rows(x: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 
 class _Buffers:
-    """Sorted, bucket-aligned k/v buffers and their App. D views, plus the unsorted q.
-
-    ``data[i]`` (0 keys, 1 values) is ``[R + B*H*T + R, D]``: a zero bucket, each head's sorted rows zero-padded to T,
-    a zero bucket. So flat bucket w's 3R-token window is rows ``[w*R, w*R + 3R)``, an ``unfold`` view.
-    """
+    """Sorted, bucket-aligned k/v and their App. D views, plus the unsorted q. ``data[i]`` (0 keys, 1 values) is
+    ``[R + B*H*T + R, D]``: a zero bucket, each head's sorted rows zero-padded to T, a zero bucket; so flat bucket w's
+    window is rows ``[w*R, w*R + 3R)``, an ``unfold`` view."""
 
     def __init__(self, plan: BucketPlan, data: torch.Tensor, q: torch.Tensor | None = None):
         BH, T, R, G = plan.batch * plan.heads, plan.padded_len, plan.radius, plan.global_len
@@ -105,13 +99,9 @@ class _Buffers:
 
 
 def _long_probs(plan: BucketPlan, bufs: _Buffers, c: Chunk, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention probabilities of one chunk of long rows over ``[globals ; window]``: ``[hc, rows, g + 3R]``.
-
-    App. D's ``attention_score_to_global`` fills ``[..., :g]`` and ``attention_score_to_window`` ``[..., g:]``; the
-    mask bias is added, then one in-place softmax (``attention_prob_from_long``). Only ``g = c.keys <= G`` global keys
-    are scored: those beyond are masked for every row of the chunk. Returns ``(probs, q_long [hc, rows, D],
-    q_buckets [hc * buckets, R, D])``.
-    """
+    """App. D's ``attention_prob_from_long`` for one chunk, ``[hc, rows, g + 3R]``, scoring only the ``g = c.keys``
+    global keys not masked for the whole chunk. Returns ``(probs, q_long [hc, rows, D], q_buckets [hc * buckets, R,
+    D])``."""
     R, g, free = plan.radius, c.keys, c.free
     hc, nbc = c.h1 - c.h0, c.n1 - c.n0
     rows = slice(c.n0 * R, c.n1 * R)
@@ -136,11 +126,8 @@ def _windows(plan: BucketPlan, c: Chunk) -> slice:
 
 
 def _dense_probs(plan: BucketPlan, bufs: _Buffers, c: Chunk, dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """App. D's ``attention_prob_from_global``: the dense (query-set) rows over every real key, ``[hc, P, n]``.
-
-    The real keys are the sorted prefix ``[0, n)``, so no mask is needed (dense rows that are not query tokens are
-    computed but unused). Returns ``(probs, q_dense [hc, P, D] unscaled, n)``.
-    """
+    """App. D's ``attention_prob_from_global``, ``[hc, P, n]``: the real keys are the sorted prefix ``[0, n)``, so no
+    mask (dense rows that are not query tokens are computed, unused). Returns ``(probs, q_dense unscaled, n)``."""
     n = max(plan.real_len[c.b], 1)
     q_dense = bufs.query(c.h0, c.h1, slice(0, plan.dense_rows))
     scale = q_dense.shape[-1] ** -0.5
@@ -201,9 +188,8 @@ def _kernel_rows(q, k, v, plan: BucketPlan):
 
 
 def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace) -> torch.Tensor:
-    """The forward in :mod:`.mate_cpu_kernel`: q, k, v rows read through the sort order (no sorted copies), each
-    result row written to its token's row of a ``[B, N, H, D]`` buffer (returned as ``[B, H, N, D]``); long rows,
-    then the dense rows (disjoint rows)."""
+    """The kernel's forward: q, k, v read through the sort order (no sorted copies), results written to their
+    tokens' rows of a ``[B, N, H, D]`` buffer; long rows, then the dense rows (disjoint: the long op skips them)."""
     B, H, N, D = q.shape
     dtype = q.dtype
     q, k, v = (_widened(x, f"kernel_{name}", workspace) for x, name in zip((q, k, v), "qkv"))
@@ -223,8 +209,7 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, w
 def _fused_cpu_backward(
     q, k, v, out, grad_out, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace
 ) -> tuple[torch.Tensor, ...]:
-    """dq, dk, dv of :func:`_fused_cpu_forward` in the kernel (probabilities recomputed per bucket, float32 math),
-    in q, k and v's dtypes. ``out`` is the forward's result (a view of a ``[B, N, H, D]`` buffer)."""
+    """dq, dk, dv of :func:`_fused_cpu_forward`, in q, k and v's dtypes; ``out`` is the forward's result."""
     B, H, N, D = q.shape
     dtypes = (q.dtype, k.dtype, v.dtype)
     q, k, v, out, grad_out = (
@@ -399,16 +384,9 @@ def bucketed_attention(
     workspace: Workspace | None = None,
     seed: int | None = None,
 ) -> torch.Tensor:
-    """MATE's bucketed attention: ``q, k, v`` ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> the same
-    shape, a transposed view of a ``[batch, seq, heads, head_dim]`` buffer (so the encoder's merge of heads is free).
-
-    Args:
-        plan: :func:`~.mate_plan.bucket_plan` of the batch's layout.
-        dropout_p: attention dropout, reproducible in backward from ``seed``.
-        use_cpu_kernel: run in the fused CPU kernel where :func:`cpu_kernel_applies`; False: the torch path.
-        workspace: scratch buffers to reuse (default: fresh ones).
-        seed: seed of the dropout masks (default: drawn from torch's global generator).
-    """
+    """Bucketed MATE: ``q, k, v`` ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> the same shape, a
+    transposed view of a ``[batch, seq, heads, head_dim]`` buffer (so the encoder's merge of heads is free).
+    ``use_cpu_kernel=False`` forces the torch path; ``seed`` (default: from torch's global generator) keys dropout."""
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p else 0
     fused_cpu = use_cpu_kernel and cpu_kernel_applies(q)

@@ -1,12 +1,9 @@
-"""The fused CPU kernel of MATE's bucketed attention (``csrc/mate_bucketed_cpu.cpp``; ``impl=kernel``: :mod:`.mate`).
+"""Building and loading the fused CPU kernel of bucketed MATE (``impl=kernel``), ``csrc/mate_bucketed_cpu.cpp``.
 
 Built on first use with ``torch.utils.cpp_extension`` (a C++ compiler; tens of seconds, once), cached in
-:func:`build_dir` and loaded as ``torch.ops.mate_cpu`` (three ops, their arguments in the schemas at the end of the
-C++ source); ``make install`` builds it ahead of time (:func:`main`) and ``MATE_CPU_KERNEL=0`` turns it off. Its
-products are its own (register-blocked GCC vector code, :func:`vector_lanes`; no BLAS), in float32: the forward, the
-backward (probabilities recomputed bucket by bucket), and attention dropout from a stateless hash of the seed, so
-the backward redraws the masks. :mod:`.mate_bucketed` decides when to call it and widens bfloat16/float16 inputs for
-it.
+:func:`build_dir` and loaded as ``torch.ops.mate_cpu``: the long-row forward, the dense-row forward, one backward and
+:func:`vector_lanes` (schemas at the end of the C++ source, whose header says how it works). ``make install`` builds
+it ahead of time (:func:`main`); ``MATE_CPU_KERNEL=0`` turns it off. :mod:`.mate_bucketed` calls it.
 
 Where it cannot be built or loaded, :func:`available` is False, one warning says why, and the torch path runs: the
 same function, ~1.8x slower forward and ~1.9x forward + backward at 8192 tokens (plain timing loop, BERT-base dims,
@@ -34,16 +31,15 @@ from mate_cli.paths import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "mate_bucketed_cpu.cpp"
-#: -march=native: the build is keyed by this CPU (see :func:`_cpu_tag`). The math flags
-#: let max/sum reductions vectorise (the kernel's values are finite by construction);
-#: compile-only, so no fast-math start-up code changes the process's FP mode.
+#: -march=native: the build is keyed by this CPU (:func:`_cpu_tag`). The math flags let max/sum reductions
+#: vectorise (the kernel's values are finite by construction); compile-only, so no fast-math start-up code changes
+#: the process's FP mode.
 FLAGS = [
     "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
     "-ffinite-math-only", "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math",
 ]  # fmt: skip
-#: Extra compiler flags from the environment, after FLAGS (and in the build's key). For
-#: building the portable vector paths on a machine that has wider ones, e.g.
-#: ``MATE_CPU_KERNEL_CFLAGS=-mno-avx512f`` (AVX2) or ``-mno-avx`` (SSE); the tests do.
+#: Extra compiler flags, after FLAGS and in the build's key: the tests build the narrower vector paths with
+#: ``MATE_CPU_KERNEL_CFLAGS=-mno-avx512f`` (AVX2) or ``-mno-avx`` (SSE).
 EXTRA_FLAGS_ENV = "MATE_CPU_KERNEL_CFLAGS"
 
 
@@ -57,9 +53,8 @@ def build_flags() -> list[str]:
         ) from None
 
 
-#: Load state of the library. Process-wide on purpose: ``torch.ops.mate_cpu`` is
-#: registered once per process (a shared library cannot be unloaded), so whether it
-#: loaded ("ok") and why not ("why") is a fact about the process, not about a model.
+#: Whether the library loaded ("ok") and why not ("why"): process-wide, as a shared library is loaded once per
+#: process and cannot be unloaded.
 _lock = threading.Lock()
 _state: dict = {}
 

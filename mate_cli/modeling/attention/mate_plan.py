@@ -1,9 +1,8 @@
-"""The per-layout structure of MATE's bucketed attention (the *bucket plan*).
+"""The per-layout structure of MATE's bucketed attention (the *bucket plan*; the algorithm: :mod:`.mate_reference`).
 
-:func:`bucket_plan` builds, once per layout and cached on it, what the bucketed algorithm needs that does not depend
-on q, k, v (sort orders, the masks of the long and dense rows); structure derived from it (mask biases, chunk lists,
-gather rows, the CPU kernel's arguments) is memoised on the plan. :func:`head_groups`, :func:`sorted_groups` and
-:func:`mate_allowed` are shared with the exact block-sparse path.
+:func:`bucket_plan` builds what does not depend on q, k, v (sort orders, masks of the long and dense rows) once per
+layout, cached on it so every layer shares it; what is derived from it (mask biases, chunk lists, gather rows, the CPU
+kernel's arguments) is memoised on the plan. The helpers before :class:`BucketPlan` serve the block-sparse path too.
 """
 
 from __future__ import annotations
@@ -31,10 +30,8 @@ __all__ = [
 ]
 
 
-# ------------------------------------------------------------- shared structure
 def head_groups(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> list[tuple[View, slice]]:
-    """The non-empty head groups in head order, ``[("row", heads), ("column", heads)]``, each a slice of the head
-    axis (``layout.head_views``)."""
+    """The non-empty ``(view, head slice)`` groups in head order: row heads, then column heads."""
     num_row = layout.head_views(num_heads, row_heads_ratio).count("row")
     groups = (("row", slice(0, num_row)), ("column", slice(num_row, num_heads)))
     return [(view, heads) for view, heads in groups if heads.start < heads.stop]
@@ -46,9 +43,8 @@ def group_of_heads(groups: list[tuple[View, slice]]) -> list[int]:
 
 
 def mate_allowed(q_group: torch.Tensor, k_group: torch.Tensor) -> torch.Tensor:
-    """MATE's pattern (:meth:`TableLayout.allowed`) on broadcastable query/key group ids (``TableLayout.group_ids``),
-    except that padding query rows (ignored by contract) attend to the query set only: finite, and they never need more
-    than the query-set globals."""
+    """MATE's pattern on broadcastable query/key group ids (``TableLayout.group_ids``), except that padding query rows
+    (ignored by contract) attend to the query set: finite, and never more than the query-set globals."""
     return (k_group < PADDING_GROUP) & ((q_group == 0) | (k_group == 0) | (q_group == k_group))
 
 
@@ -70,7 +66,6 @@ def unsort_heads(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
     return x.gather(2, inverse[..., None].expand(B, H, N, x.shape[-1]))
 
 
-# ------------------------------------------------------------------------ plan
 @dataclass(frozen=True)
 class Chunk:
     """A block of sorted rows: heads ``[h0, h1)`` (flat b*H + h) x buckets ``[n0, n1)``. One head or whole heads,
@@ -123,10 +118,10 @@ class BucketPlan:
             self._memo[key] = build()
         return self._memo[key]
 
-    # --- lazily derived, memoised on the plan -----------------------------------
     def bias(self, part: str, dtype: torch.dtype) -> torch.Tensor:
-        """Additive mask of the long rows, cached: 0 where allowed, else a finite large negative (so a fully masked row
-        stays finite). ``part``: ``"global"`` ``[B, V, T, G]`` or ``"window"`` ``[B, V, T, 3R]``."""
+        """Additive mask of the long rows: 0 where allowed, else half the dtype's min (finite: a fully masked row stays
+        finite, and adding a score cannot overflow). ``part``: ``"global"`` ``[B, V, T, G]`` or ``"window"``
+        ``[B, V, T, 3R]``."""
 
         def build() -> torch.Tensor:
             G = self.global_len
@@ -144,7 +139,7 @@ class BucketPlan:
         return ((self.global_needed > free) * rows).amax(-1).tolist()
 
     def long_chunks(self, budget: int) -> list[Chunk]:
-        """Chunks of long rows, each knowing how many global keys its rows may attend (cached)."""
+        """Chunks of long rows, each knowing how many global keys its rows may attend."""
 
         def build() -> list[Chunk]:
             R, G = self.radius, self.global_len
@@ -167,7 +162,7 @@ class BucketPlan:
         return self.memoized(("long_chunks", budget), build)
 
     def dense_chunks(self, budget: int) -> list[Chunk]:
-        """Chunks of the dense (query-set) rows: one unit of ``P`` rows per head (cached)."""
+        """Chunks of the dense (query-set) rows: one unit of ``P`` rows per head."""
         return self.memoized(
             ("dense_chunks", budget), lambda: _chunks(self, self.dense_rows, 1, self.padded_len, budget)
         )

@@ -1,6 +1,7 @@
 """MATE's efficient implementation (paper §3.1, App. D), spelled out: sort per head, then bucket.
 
-Read this file first; :mod:`.mate_bucketed` computes the same function, fused. Every head sorts its tokens by its own
+Read this file first: it is the one explanation of the algorithm; :mod:`.mate_bucketed`, :mod:`.mate_cpu_kernel` and
+:mod:`.mate_triton` compute the same function, fused, and are tested against it. Every head sorts its tokens by its own
 traversal (``layout.head_sort_order``: the query set Q first, then row by row or column by column, padding last).
 In that order:
 
@@ -21,7 +22,7 @@ global part is computed like every long token, since MATE never lets it see more
 
 :func:`bucketed_attention_reference` follows App. D's einsum strings over :class:`MultiView` tensors, with the masks
 and sort orders of the :class:`~.mate_plan.BucketPlan`: readable, differentiable, O(N) memory, but several full
-passes over the scores. The fused paths are tested against it.
+passes over the scores.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
-"""MATE's bucketed attention as fused Triton kernels (``variant=bucketed impl=triton``).
+"""Bucketed MATE (the function of :mod:`.mate_reference`) as fused Triton kernels (``impl=triton``), FlashAttention-2
+style in each head's sorted order, q, k, v read through the head's permutation (no sorted copies).
 
-The function of :mod:`.mate_reference`, computed FlashAttention-2 style in each head's sorted order, with q, k, v
-read through the head's permutation (no sorted copies):
+Grids: axis 0 the tiles, then each long tile's splits; axis 1 example x head. The forward visits, per query tile, only
+the key tiles its rows may attend (globals, then their buckets' windows) and keeps each row's log-sum-exp; the
+backward is a dK/dV pass (per key tile, over the query tiles that attend it) and a dQ pass, probabilities recomputed
+from the log-sum-exp. A loop that would span the whole sequence, the launch's longest chain (a dense tile's keys, a
+global key tile's rows), is cut into :func:`split_chunk` chunks run in parallel; ``combine_kernel`` and
+``reduce_kernel`` merge the partials in split order, so results do not depend on scheduling. Dropout is a Philox draw
+keyed by (seed, example x head, query token, key token): the passes agree, and no mask depends on tiles or layout.
 
-- **forward**: one program per (example x head, ``BLOCK_M`` sorted rows) visits only the key tiles its rows may
-  attend: the ``G`` globals and its buckets' windows (two contiguous intervals). Scores, mask, online softmax and
-  context stay on chip; each row's log-sum-exp is kept. A tile holding a dense row attends every real key: one
-  program would loop over the whole sequence, the longest chain of the launch, so its keys are cut into chunks
-  (:func:`split_chunk`), one program each, whose partial softmaxes a second kernel merges.
-- **backward**: a dK/dV pass (one program per key tile, over the query tiles that attend it) and a dQ pass over the
-  forward's tiles; probabilities are recomputed from the log-sum-exp, ``dS = P * (dP - rowsum(dO * O))``. The
-  long tiles are split the same way (a dense tile's keys for dQ, a global key tile's rows for dK/dV) and their
-  partial gradients summed in split order by a third kernel, so the result does not depend on scheduling.
-- **attention dropout**: a Philox draw keyed by (seed, example x head, query token, key token), so the three passes
-  agree and no mask depends on tiles or memory layout.
-
-Products and softmax are float32 (float32 inputs: :data:`FLOAT32_DOT`); outputs and gradients are rounded once to
-the inputs' dtype. The launch reads no tensor value on the host (:class:`TritonStructure`); forward and backward
-are one ``torch.library`` custom op each, with its autograd. On CUDA the kernels are compiled; CPU tensors run in
-Triton's interpreter, a slow check of the GPU code (:func:`kernels`). Triton is optional: :func:`triton_available`.
+Products accumulate in float32 (float32 inputs: :data:`FLOAT32_DOT`), the softmax is float32, and results are rounded
+once to the inputs' dtype. The launch reads no tensor value on the host (:class:`TritonStructure`). Forward and
+backward are one ``torch.library`` custom op each. CPU tensors run in Triton's interpreter, a slow check of the GPU
+code.
 """
 
 from __future__ import annotations
@@ -32,8 +26,8 @@ from mate_cli.errors import MateError
 #: products of float32 inputs: three TF32 tensor-core products (about float32's accuracy)
 FLOAT32_DOT = "tf32x3"
 
-#: warps per program of each kernel (more warps, fewer registers per thread: none spills at
-#: these tile sizes in bf16/fp16 on sm_90, see :func:`resource_usage`)
+#: warps per program (more warps, fewer registers per thread: none spills at these tiles in bf16/fp16 on sm_90,
+#: :func:`resource_usage`)
 WARPS = {"forward_kernel": 4, "combine_kernel": 4, "dq_kernel": 8, "dkdv_kernel": 8, "reduce_kernel": 4}
 
 #: the most splits of a long tile's loop: a dense row's keys, a global key's rows (:func:`split_chunk`)
@@ -55,10 +49,9 @@ __all__ = [
     "visited_tiles",
 ]
 
-#: tile sizes (query rows, key columns). A query tile reads the union of its rows' windows,
-#: so short tiles waste less: on 2,048-32,768-token tables at G=116, R=42 (12 heads) the
-#: work visited is 1.21x the G + 3R ideal at 32 x 64, 1.37x at 64 x 64, 1.69x at 128 x 64
-#: (:func:`visited_tiles`; tests/modeling/test_mate_triton.py)
+#: tile sizes (query rows, key columns). A query tile reads the union of its rows' windows, so short tiles waste less:
+#: on 2,048-32,768-token tables at G=116, R=42 (12 heads) the work visited is 1.21x the G + 3R ideal at 32 x 64, 1.37x
+#: at 64 x 64, 1.69x at 128 x 64 (:func:`visited_tiles`; tests/modeling/test_mate_triton.py)
 BLOCK = {"m": 32, "n": 64}
 
 
@@ -72,12 +65,10 @@ def triton_available() -> bool:
     return True
 
 
-# ------------------------------------------------------------------ structure
 class TritonStructure:
-    """What the kernels read about a batch's layout, as device tensors cached on the layout: the sort orders and
-    groups of :func:`~.mate_plan.bucket_plan`, without building it. ``perm`` ``[B*H, N]`` int32: sorted position ->
-    token; ``groups`` ``[B*H, N]`` int32: sorted group ids (:data:`PAD` for padding); ``dense``, ``real`` ``[B]``
-    int32: the dense rows (``min(|Q|, G)``) and the real tokens, each a sorted prefix."""
+    """What the kernels read about a layout, device tensors cached on it (no :class:`~.mate_plan.BucketPlan`), int32:
+    ``perm`` ``[B*H, N]`` sorted position -> token; ``groups`` ``[B*H, N]`` sorted group ids (padding: :data:`PAD`);
+    ``dense``, ``real`` ``[B]``: the dense rows (``min(|Q|, G)``) and the real tokens, each a sorted prefix."""
 
     def __init__(self, layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> None:
         from mate_cli.modeling.attention.mate_plan import sorted_groups
@@ -99,7 +90,6 @@ class TritonStructure:
         return layout.cached(key, lambda: TritonStructure(layout, num_heads, row_heads_ratio, global_size, radius))
 
 
-# --------------------------------------------------------------------- kernels
 def triton_runs_on(q: torch.Tensor) -> bool:
     """Whether the compiled kernels run for ``q``: a CUDA tensor of compute capability 8.0 or newer (bf16 tensor-core
     products), Triton installed and not in its interpreter. ``attention.impl=auto`` reads it; ``impl=triton`` runs
@@ -131,7 +121,6 @@ def kernels(device: torch.device):
     return mate_triton_kernels
 
 
-# ---------------------------------------------------------------------- launch
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
     return x.stride(0), x.stride(1), x.stride(2)
 
@@ -156,26 +145,23 @@ def _bhnd_empty(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.T
 
 
 def _interpretable(x: torch.Tensor) -> torch.Tensor:
-    """``x``, widened to float32 if it is bfloat16 off CUDA: Triton's interpreter computes
-    bfloat16 wrongly (numpy has no bfloat16), so there its math runs in float32."""
+    """``x``, widened to float32 if it is bfloat16 off CUDA: Triton's interpreter computes bfloat16 wrongly (numpy has
+    no bfloat16)."""
     return x.float() if x.dtype == torch.bfloat16 and x.device.type != "cuda" else x
 
 
 def split_chunk(seq_len: int) -> int:
-    """Positions per split of a long tile's loop: the rows that attend every key (dense rows)
-    and the keys every row attends (globals) would each be one program's loop over the whole
-    sequence, the longest chain of the launch; they are cut into at most :data:`MAX_SPLITS`
-    chunks of at least 256, run in parallel and merged. A multiple of both tile sizes (powers
-    of two; the kernels' loops step through a chunk by whole tiles and stop at its end only
-    through the sequence's)."""
+    """Positions per split of a long tile's loop (a dense tile's keys, a global key tile's rows): at most
+    :data:`MAX_SPLITS` chunks of at least 256. A multiple of both tile sizes (powers of two): the kernels' loops step
+    through a chunk by whole tiles and stop at its end only through the sequence's."""
     unit = max(128, BLOCK["m"], BLOCK["n"])
     per_split = -(-seq_len // MAX_SPLITS)
     return max(256, -(-per_split // unit) * unit)
 
 
 def _splits(N: int, global_len: int) -> tuple[int, int, int, int]:
-    """``(T, J, S, CHUNK)``: the tiles that may hold a dense row (``dense <= global_len``), the
-    key tiles that may hold a global, the splits of each and the positions per split."""
+    """``(T, J, S, CHUNK)``: the query tiles that may hold a dense row (``dense <= global_len``), the key tiles that
+    may hold a global, the splits of each and the positions per split."""
     chunk = split_chunk(N)
     return -(-global_len // BLOCK["m"]), -(-global_len // BLOCK["n"]), -(-N // chunk), chunk
 
@@ -300,9 +286,8 @@ def triton_bucketed_attention(
     *,
     seed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Bucketed MATE in the Triton kernels: ``q, k, v`` ``[batch, heads, seq, head_dim]`` (q not pre-scaled) ->
-    the same shape, a view of a ``[batch, seq, heads, head_dim]`` buffer. ``seed``: an int64 scalar tensor on q's
-    device keying the dropout draws (default: drawn on the device, without a host round trip)."""
+    """``q, k, v`` ``[batch, heads, seq, head_dim]`` (q not pre-scaled) -> the same shape, a view of a ``[batch, seq,
+    heads, head_dim]`` buffer. ``seed``: an int64 scalar tensor on q's device (default: drawn there, no host sync)."""
     if q.device.type == "cuda" and q.dtype == torch.float64:
         raise MateError("attention.impl=triton takes float16, bfloat16 or float32 on a GPU, not float64; "
                         "use attention.impl=eager for float64")  # fmt: skip
@@ -323,8 +308,8 @@ def kernel_visits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, structure: 
 
 
 def visited_tiles(structure: TritonStructure, seq_len: int) -> int:
-    """(query tile, key tile) pairs the forward kernel visits, counted in torch from the same
-    bounds as the kernel (for the work the plan costs against the ``G + 3R`` ideal)."""
+    """(query tile, key tile) pairs the forward kernel visits, counted in torch from its bounds (the work against the
+    ``G + 3R`` ideal)."""
     M, Nb = BLOCK["m"], BLOCK["n"]
     N, G, R = seq_len, structure.global_len, structure.radius
     m0 = torch.arange(0, N, M, device=structure.dense.device)[None, :]  # [1, tiles]
@@ -338,7 +323,6 @@ def visited_tiles(structure: TritonStructure, seq_len: int) -> int:
     return int(tiles.sum()) * structure.heads
 
 
-# ------------------------------------------------------------ ahead of time
 #: the kernels' pointer arguments whose element type is not the inputs' dtype
 _POINTER_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "PERM": "*i32", "GROUPS": "*i32", "DENSE": "*i32", "REAL": "*i32",
                   "SEED": "*i64", "VISITS": "*i32", **dict.fromkeys(("M_PART", "L_PART", "ACC_PART", "DQ_PART", "DK_PART",

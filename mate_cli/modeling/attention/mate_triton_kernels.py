@@ -42,10 +42,9 @@ def store_rows(X, base, tok, ok, stride, dcol, d_ok, value):
 @triton.jit
 def own_tile(tile, PERM, GROUPS, DENSE, REAL, SEED, H, N, D: tl.constexpr, BLOCK_D: tl.constexpr,
              BLOCK: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
-    """Tile ``tile`` of ``BLOCK`` sorted positions (query rows, or key columns in the dK/dV
-    pass) of this program's (example x head): its first position, (example x head, example,
-    head), the example's dense-row and real-token counts, the dropout seed, its positions,
-    the head-dim columns, and the positions' tokens and groups."""
+    """Tile ``tile`` of ``BLOCK`` sorted positions (query rows; key columns in the dK/dV pass) of this program's
+    example x head: first position, (bh, b, h), the example's dense and real counts, the seed, positions and their
+    mask, head-dim columns and mask, and the positions' tokens and groups."""
     m0 = tile * BLOCK
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
@@ -62,8 +61,8 @@ def own_tile(tile, PERM, GROUPS, DENSE, REAL, SEED, H, N, D: tl.constexpr, BLOCK
 @triton.jit
 def key_tile(start, hi, q, rows, g_row, K, V, kbase, vbase, skn, svn, PERM, GROUPS, bh, N, dense, G, R, scale,
              dcol, d_ok, BLOCK_N: tl.constexpr, PAD: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """Key tile ``[start, start + BLOCK_N)`` of the interval ending at ``hi``: its tokens, k, v,
-    the scaled scores of the query tile and where MATE allows them."""
+    """Key tile ``[start, start + BLOCK_N)`` of the interval ending at ``hi``: its tokens, k, v, the query tile's scaled
+    scores and where MATE allows them."""
     cols = start + tl.arange(0, BLOCK_N)
     col_ok = cols < hi
     tok_col = tl.load(PERM + bh * N + cols, mask=col_ok, other=0)
@@ -98,8 +97,8 @@ def forward_tiles(acc, l_i, m_i, lo, hi, q, rows, g_row, tok_row, K, V, kbase, v
 
 @triton.jit
 def split_tile(pid, TILES, S):
-    """Program ``pid`` of a pass's grid: ``(True, tile, 0)`` for the ``TILES`` tiles of sorted
-    positions, then ``(False, tile, split)`` for a long tile's ``S`` splits of its other axis."""
+    """Program ``pid`` of a pass's grid: ``(True, tile, 0)`` for the ``TILES`` tiles of sorted positions, then
+    ``(False, tile, split)`` for a long tile's ``S`` splits of its other axis."""
     own = pid < TILES
     rest = tl.maximum(pid - TILES, 0)
     return own, tl.where(own, pid, rest // S), rest % S
@@ -107,8 +106,8 @@ def split_tile(pid, TILES, S):
 
 @triton.jit
 def part_offsets(bh, tile, split, T, S, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Where split ``split`` of long tile ``tile`` of (example x head) ``bh`` keeps its rows
-    (``[BLOCK]``) and its ``[BLOCK, BLOCK_D]`` block in a float32 partials buffer."""
+    """Offsets of split ``split`` of long tile ``tile`` of ``bh`` in a float32 partials buffer: its ``[BLOCK]`` row
+    statistics and its ``[BLOCK, BLOCK_D]`` block."""
     part = (bh * T + tile) * S + split
     r = tl.arange(0, BLOCK)
     return part * BLOCK + r, (part * BLOCK + r)[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
@@ -116,10 +115,10 @@ def part_offsets(bh, tile, split, T, S, BLOCK: tl.constexpr, BLOCK_D: tl.constex
 
 @triton.jit
 def query_tile_bounds(own, m0, split, N, real, G, R, CHUNK, BLOCK_M: tl.constexpr):
-    """The key intervals ``[lo1, hi1)``, ``[lo2, hi2)`` a query program visits: a table-row
-    tile's globals and its buckets' window, or one ``CHUNK`` of every real key (a dense tile's
-    split)."""
+    """The key intervals ``[lo1, hi1)``, ``[lo2, hi2)`` a query program visits: a table-row tile's globals and its
+    buckets' window, or one ``CHUNK`` of every real key (a dense tile's split)."""
     last = tl.minimum(m0 + BLOCK_M, N) - 1
+    # window: buckets m0 // R - 1 .. last // R + 1, from G on (keys below G are the first interval)
     lo1 = tl.where(own, 0, split * CHUNK)
     hi1 = tl.where(own, tl.minimum(G, real), tl.minimum(split * CHUNK + CHUNK, real))
     lo2 = tl.where(own, tl.maximum(G, (m0 // R - 1) * R), 0)
@@ -135,9 +134,8 @@ def forward_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, COUNT: tl.constexpr = False,
 ):  # fmt: skip
-    """A query tile of table rows (the globals, then the window of its buckets), or one
-    ``CHUNK`` of the keys of a tile holding a dense row (its partial softmax, merged by
-    :func:`combine_kernel`): ``TILES`` programs, then ``T x S``."""
+    """``TILES`` programs, one per query tile of table rows, then ``T x S``, one per ``CHUNK`` of the keys of a tile
+    holding a dense row (a partial softmax, merged by :func:`combine_kernel`)."""
     own, tile, split = split_tile(tl.program_id(0), TILES, S)
     m0, bh, b, h, dense, real, seed, rows, row_ok, dcol, d_ok, tok_row, g_row = own_tile(
         tile, PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_M, PAD
@@ -270,10 +268,8 @@ def dkdv_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAD: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """dK, dV of a key tile over the query tiles that attend it: for a table key the dense
-    rows (whole tiles from 0) and the rows whose window reaches it, each tile once; a global
-    key is attended by every row, so its tile (one of the first ``J``) is done in ``S``
-    chunks of rows, summed by :func:`reduce_kernel`."""
+    """dK, dV of a key tile over the query tiles that attend it; a global key tile (one of the first ``J``) is
+    attended by every row, so it is done in ``S`` chunks of rows, summed by :func:`reduce_kernel`."""
     own, tile, split = split_tile(tl.program_id(0), TILES, S)
     n0, bh, b, h, dense, _, seed, cols, col_ok, dcol, d_ok, tok_col, g_col = own_tile(
         tile, PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_N, PAD
@@ -283,8 +279,8 @@ def dkdv_kernel(
         v = load_rows(V, b * svb + h * svh, tok_col, col_ok, svn, dcol, d_ok)
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        # a table key: the dense rows (whole tiles from 0), then the rows whose window reaches it
-        # (each tile once); a global key: one chunk of every row
+        # a table key: the dense rows (whole tiles from 0), then the rows whose window reaches it, starting after
+        # the last dense tile so no tile is visited twice; a global key: one chunk of every row
         last = tl.minimum(n0 + BLOCK_N, N) - 1
         lo1 = tl.where(own, 0, split * CHUNK)
         hi1 = tl.where(own, dense, tl.minimum(split * CHUNK + CHUNK, N))

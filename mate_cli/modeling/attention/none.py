@@ -1,14 +1,8 @@
-"""`none`: no token mixing at all, the cost floor for benchmarks.
+"""`none`: ``context = v``, the cost floor for benchmarks (everything but attention); no parameters, and
+:class:`~mate_cli.modeling.encoder.TableEncoder` refuses to train it.
 
-Owns no parameters. Returns the values unchanged, so an encoder with it measures
-everything except attention (projections, feed-forward, LayerNorms). It is not a
-model: :class:`~mate_cli.modeling.encoder.TableEncoder` refuses to train it.
-
-In a benchmark's training step the floor must still pay for every projection's
-backward: with ``context = v`` alone, autograd would prune the query and key
-projections' backward GEMMs (nothing would depend on q and k), which every real
-attention runs. So q and k get zero gradients (:class:`_ValuesOnly`), and their
-projections' backward runs as it does under any attention.
+With ``context = v`` alone autograd would skip the q and k projections' backward GEMMs, which every real attention
+pays; :class:`_ValuesOnly` gives q and k zero gradients so a benchmark's training step still runs them.
 """
 
 from __future__ import annotations
@@ -21,8 +15,6 @@ from mate_cli.modeling.layout import TableLayout
 
 @register("none")
 class NoAttention(AttentionBackend):
-    """Identity on values: ``context = v``."""
-
     trainable = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:

@@ -1,8 +1,7 @@
 """SAT (Zhang et al., EMNLP 2020): one structure-aware mask shared by every head, no parameters.
 
-A table token attends to the query set and to its own row *or* column: the union of MATE's row and column patterns
-(:meth:`~mate_cli.modeling.layout.TableLayout.allowed`). Unlike MATE's, the pattern does not depend on the head, so
-it has no efficient sorted form: this backend is exact and quadratic (``[batch, 1, seq, seq]`` mask + SDPA).
+A table token attends to the query set and to its own row *or* column (the union of MATE's row and column patterns).
+One pattern for all heads has no sorted form, so this is exact and quadratic (``[batch, 1, seq, seq]`` mask + SDPA).
 """
 
 from __future__ import annotations
@@ -21,8 +20,9 @@ def sat_mask(layout: TableLayout) -> torch.Tensor:
 
 @register("sat")
 class SatAttention(AttentionBackend):
-    """``text_only``: the table is read as text, as SAT does: the embeddings see no row/column/rank ids (the mask
-    still uses them)."""
+    """``text_only``: the table is read as text, as SAT does: of TAPAS's token types the embeddings see only the
+    segment ids (row, column, rank, numeric-relation and previous-answer ids zeroed; the mask still reads rows and
+    columns)."""
 
     supports_key_bias = True
 

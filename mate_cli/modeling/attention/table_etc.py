@@ -1,27 +1,23 @@
 """TABLEETC: ETC-style global-local attention with one memory token per row and column.
 
-MATE §5.1's ETC baseline (Ainslie et al., 2020): a 256-token global memory, half one token per table
-row, half one per column, with "a special relative positional value" between a token and its row or
-column memory. The paper leaves the rest open; this module fixes it:
+MATE §5.1's ETC baseline (Ainslie et al., 2020): a 256-token global memory, half one token per table row, half one
+per column, with "a special relative positional value" between a token and its row or column memory. The paper leaves
+the rest open; this module fixes it:
 
-- Memory (:meth:`TableETCAttention.extend_inputs`, on layer 0's backend; the encoder strips it
-  before the heads): ``G = num_global`` slots. Row slot ``s < G/2`` serves data
-  rows ``r >= 1`` with ``(r - 1) % (G/2) == s``, column slots likewise, so rows and columns beyond
-  ``G/2`` fold modulo ``G/2`` and the load spreads evenly. Header tokens belong to their column's
-  slot only; query tokens and specials to none. A slot starts as the mean embedding of its members
-  plus ``memory_type_embeddings[0]`` (row) or ``[1]`` (column); one without members is masked.
-- Extended layout: memory tokens have ``segment_ids == 2`` (:data:`MEMORY_SEGMENT`), row slots
-  ``row_ids = s + 1``, column slots ``column_ids = s + 1``, other ids 0, and ``attention_mask`` =
-  "the slot has members"; no new layout field.
-- Attention (positions ``[0, G)`` global, the rest long): global -> every real token; long -> every
-  real memory slot and the long tokens within ``local_radius`` (default 84, ETC's), computed in
-  blocks of ``local_radius`` that see the previous, own and next block (masked to the exact radius),
-  so the cost is ``O(seq * (G + 3 * local_radius))``, never ``seq x seq``.
-- Relative ids (Shaw et al., 2018 style; the paper cites Dai et al., 2019), score
-  ``q . (k + r[id]) / sqrt(head_dim)``: 1 / 2 long token -> its own row / column memory; 3 / 4 row /
-  column memory -> a member; ``5 + M + clip(j - i, -M, M)`` long i -> long j in the window
-  (``M = max_relative_distance``, default 12 as in ETC); 0 every other pair.
-- New parameters (not in BERT/TAPAS checkpoints), N(0, 0.02): ``relative_embeddings``
+- Memory (:meth:`TableETCAttention.extend_inputs`, on layer 0's backend; the encoder strips it before the heads):
+  ``G = num_global`` slots. Row slot ``s < G/2`` serves data rows ``r >= 1`` with ``(r - 1) % (G/2) == s``, column
+  slots likewise, so rows and columns beyond ``G/2`` fold and the load spreads evenly. Header tokens belong to their
+  column's slot only; query tokens and specials to none. A slot starts as the mean embedding of its members plus
+  ``memory_type_embeddings[0]`` (row) or ``[1]`` (column); one without members is masked.
+- Extended layout: memory tokens have ``segment_ids == 2`` (:data:`MEMORY_SEGMENT`), row slots ``row_ids = s + 1``,
+  column slots ``column_ids = s + 1``, other ids 0, ``attention_mask`` = "the slot has members"; no new layout field.
+- Attention (positions ``[0, G)`` global, the rest long): global -> every real token; long -> every real memory slot
+  and the long tokens within ``local_radius`` (default 84, ETC's), in blocks of ``local_radius`` that see the
+  previous, own and next block (masked to the exact radius): ``O(seq * (G + 3 * local_radius))``, never ``seq x seq``.
+- Relative ids (Shaw et al., 2018 style; the paper cites Dai et al., 2019), score ``q . (k + r[id]) / sqrt(head_dim)``:
+  1 / 2 long token -> its own row / column memory; 3 / 4 row / column memory -> a member; ``5 + M + clip(j - i, -M,
+  M)`` long i -> long j in the window (``M = max_relative_distance``, default 12 as in ETC); 0 every other pair.
+- New parameters (not in BERT/TAPAS checkpoints), N(0, ``init_std`` = 0.02): ``relative_embeddings``
   ``[num_relative_ids, head_dim]`` per layer, shared by the heads; ``memory_type_embeddings``
   ``[2, num_heads * head_dim]`` on layer 0's backend only.
 """
@@ -53,8 +49,8 @@ REL_LOCAL_OFFSET = 5
 
 
 def member_slots(layout: TableLayout, half: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Folded memory slot of each token's row and column, each ``[batch, seq]`` long; ``-1`` for no
-    slot (query, specials, padding, memory; header tokens have no row slot)."""
+    """Folded memory slot of each token's row and column, each ``[batch, seq]`` long; ``-1`` for no slot (query,
+    specials, padding, memory; header tokens have no row slot)."""
     table = (layout.segment_ids == TABLE_SEGMENT) & layout.attention_mask
     row = torch.where(table & (layout.row_ids > 0), (layout.row_ids - 1) % half, -1)
     column = torch.where(table & (layout.column_ids > 0), (layout.column_ids - 1) % half, -1)
@@ -109,8 +105,8 @@ def _windows(blocks: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class EtcPlan:
-    """Masks and relative ids of one extended layout, cached for all layers: ``L`` long tokens in
-    ``nb`` blocks of ``radius``, ``G`` memory tokens."""
+    """Masks and relative ids of one extended layout, cached for all layers: ``G`` memory tokens, ``L`` long tokens in
+    ``nb`` blocks of ``radius``."""
 
     global_key_mask: torch.Tensor  # [batch, seq] bool: keys of global queries
     global_rel: torch.Tensor  # [batch, G, seq] long
@@ -121,12 +117,7 @@ class EtcPlan:
 
 @register("table_etc")
 class TableETCAttention(AttentionBackend):
-    """Global row/column memory + local long attention with relative ids (module docstring).
-
-    Options beyond :class:`AttentionBackend`'s, all under ``attention.``: ``num_global`` G (even,
-    >= 2), ``local_radius`` (>= 1), ``max_relative_distance`` M (>= 0; long <-> long distances are
-    clipped to ``+-M``); ``init_std``: the std of the new embeddings' normal initialiser.
-    """
+    """Global row/column memory + local long attention with relative ids (module docstring)."""
 
     def __init__(
         self,
@@ -164,7 +155,6 @@ class TableETCAttention(AttentionBackend):
             f"max_relative_distance={self.max_relative_distance}"
         )
 
-    # ------------------------------------------------------------ memory
     def extend_inputs(self, hidden: torch.Tensor, layout: TableLayout | None) -> tuple[torch.Tensor, TableLayout, int]:
         """Prepend the row/column memory: ``hidden`` ``[batch, seq, hidden]`` and the tokenizer's layout
         -> ``(hidden [batch, G + seq, hidden], layout [batch, G + seq], G)``."""
@@ -188,9 +178,8 @@ class TableETCAttention(AttentionBackend):
         extended = extend_layout(layout, torch.cat([row_exists, column_exists], dim=1))
         return torch.cat([memory, hidden], dim=1), extended, self.num_global
 
-    # ------------------------------------------------------------ structure
     def plan(self, layout: TableLayout) -> EtcPlan:
-        """The :class:`EtcPlan` of ``layout`` (the extended one)."""
+        """The :class:`EtcPlan` of the extended ``layout``."""
         key = ("table_etc", self.num_global, self.local_radius, self.max_relative_distance)
         return layout.cached(key, lambda: self._build_plan(layout))
 
@@ -204,8 +193,7 @@ class TableETCAttention(AttentionBackend):
         memory_mask = layout.attention_mask[:, :num_global]
         long = layout.select((slice(None), slice(num_global, None)))
         row_slot, column_slot = member_slots(long, half)
-        # Memory token g is row slot g (g < G/2) or column slot g - G/2; its members' ids are
-        # 3 (row) / 4 (column) memory -> long, and 1 (own row) / 2 (own column) long -> memory.
+        # memory token g is row slot g (g < G/2) or column slot g - G/2
         slots = torch.arange(num_global, device=layout.device)
         is_row = slots < half
         members = torch.where(is_row[:, None], row_slot[:, None, :], column_slot[:, None, :] + half)
@@ -217,7 +205,7 @@ class TableETCAttention(AttentionBackend):
         to_memory = torch.where(
             members.transpose(1, 2), torch.where(is_row, REL_TO_OWN_ROW_MEMORY, REL_TO_OWN_COLUMN_MEMORY), REL_GENERIC
         )  # [batch, L, G]
-        # long -> long inside the window: key offset in window c, query offset a -> distance c - radius - a.
+        # long -> long: query a of a block, key c of its window -> distance c - radius - a
         offset = torch.arange(3 * radius, device=layout.device)[None, :] - radius
         distance = offset - torch.arange(radius, device=layout.device)[:, None]  # [radius, 3 radius]
         near = distance.abs() <= radius
@@ -237,11 +225,9 @@ class TableETCAttention(AttentionBackend):
         long_rel = torch.cat([to_memory_blocks, local_rel.expand(window_shape)], dim=-1)
         return EtcPlan(layout.attention_mask, global_rel, long_mask, long_rel, long.seq_len)
 
-    # ------------------------------------------------------------ attention
     def _probs(self, q: torch.Tensor, keys: torch.Tensor, rel_ids: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        """``softmax(q . (k + r[id]))`` over the last axis, in at least float32, then dropout. ``q``
-        ``[..., queries, head_dim]`` is already scaled; ``keys`` ``[..., keys, head_dim]``; ``rel_ids`` and
-        ``allowed`` broadcast to ``[..., queries, keys]``."""
+        """``softmax(q . (k + r[id]))`` over the last axis in at least float32, then dropout. ``q`` ``[..., queries,
+        head_dim]`` is already scaled; ``rel_ids`` and ``allowed`` broadcast to ``[..., queries, keys]``."""
         scores = torch.einsum("...id,...jd->...ij", q, keys)
         rel_dot = torch.einsum("...id,rd->...ir", q, self.relative_embeddings.to(q.dtype))
         scores = scores.add_(rel_dot.gather(-1, rel_ids.expand(*rel_dot.shape[:-1], rel_ids.shape[-1])))
@@ -250,9 +236,8 @@ class TableETCAttention(AttentionBackend):
         return self.attention_dropout(torch.softmax(scores, dim=-1).to(q.dtype))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        """Global-local attention: ``q, k, v`` ``[batch, heads, G + long, head_dim]``, memory first, ``q``
-        not pre-scaled; ``layout`` the extended one from :meth:`extend_inputs`. Returns the context in the
-        same shape, memory rows first."""
+        """``q, k, v`` ``[batch, heads, G + long, head_dim]``, memory first, ``q`` not pre-scaled; ``layout`` the
+        extended one from :meth:`extend_inputs`. Returns the context in the same shape."""
         layout = self.require_layout(layout)
         if layout.seq_len != q.shape[-2]:
             raise MateError(f"table_etc: layout has {layout.seq_len} tokens but q has {q.shape[-2]}")
@@ -260,11 +245,9 @@ class TableETCAttention(AttentionBackend):
         num_global, radius = self.num_global, self.local_radius
         q = q / math.sqrt(self.head_dim)
 
-        # Global queries: every real key. Probabilities [batch, heads, G, seq].
         probs = self._probs(q[:, :, :num_global], k, plan.global_rel[:, None], plan.global_key_mask[:, None, None, :])
         context_mem = torch.einsum("bhgn,bhnd->bhgd", probs, v)
 
-        # Long queries, in blocks of `radius`: all memory + previous/own/next block.
         q_long = _blocks(q[:, :, num_global:], radius)  # [batch, heads, nb, radius, head_dim]
         num_blocks = q_long.shape[2]
 
