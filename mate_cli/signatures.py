@@ -1,6 +1,6 @@
 """The parameters of a config node's ``_target_`` (and of Lightning's ``Trainer``), read from the installed source:
 parsed, not imported, so the command line is checked before torch and Lightning load (docs/architecture.md,
-"Configs"). An annotation this reader does not understand is `Unknown`: any value fits, the target has the last word.
+"Folder map"). An annotation this reader does not understand is `Unknown`: any value fits, the target has the last word.
 """
 
 from __future__ import annotations

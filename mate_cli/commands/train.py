@@ -1,5 +1,5 @@
 """`mate train`: fit (or resume: ``ckpt_path=``; or start from a run's weights: ``init_from=``), validate the best
-checkpoint, write ``metrics.json``. The run dir's files: README; the switches around fitting: ``conf/train.yaml``.
+checkpoint, write ``metrics.json``. The run dir's files: README, "Resuming, and what a run dir holds"; the switches around fitting: ``conf/train.yaml``.
 
 Under DDP every rank runs :func:`train`, rank 0 alone prints and writes; the final validation sees each example once
 across the ranks, so its metrics equal a one-process ``mate eval`` of the same checkpoint."""

@@ -405,7 +405,7 @@ def test_the_none_floor_runs_every_projection_backward_in_a_training_step():
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-def test_flexattention_cells_are_never_put_under_the_flop_counter_and_flex_keeps_running():
+def test_flexattention_cells_are_never_put_under_the_flop_counter_and_flex_keeps_running(monkeypatch):
     """FlexAttention cannot run under FlopCounterMode, and a failed try leaves torch refusing FlexAttention for the
     rest of the process: the exact-mask anchor's FLOPs come from its block mask, and exact MATE's ``block_sparse``
     (FlexAttention on CUDA) is measured uncounted there."""
@@ -419,6 +419,20 @@ def test_flexattention_cells_are_never_put_under_the_flop_counter_and_flex_keeps
     counted = cases.kernel_case("mate.block_sparse", "train", layout, tiny, 1, torch.float32, cpu)
     assert counted.countable  # the pure path on CPU: the counter sees its work
     assert measure.measure(counted.call, cpu, 1, 1, counted.flops, counted.countable).flops > 0
-    if torch.cuda.is_available():
-        gpu = cases.kernel_case("mate.block_sparse", "inference", layout, tiny, 1, torch.float32, torch.device("cuda"))
-        assert not gpu.countable
+
+    # where block_sparse runs FlexAttention (CUDA), its cells and exact MATE's auto beyond its length go uncounted
+    monkeypatch.setattr(cases.sparse, "uses_flex", lambda q, dropout_p: dropout_p == 0.0)
+    short, long_ = (torch.empty(1, 1, n, 1) for n in (16, 4096))
+    for name, probe, grad, flex in [
+        ("mate.block_sparse", short, False, True),
+        ("mate.exact", long_, True, True),
+        ("mate.exact", short, False, False),
+        ("mate.masked", long_, True, False),
+        ("mate.bucketed", long_, True, False),
+    ]:
+        backend = cases.build_backend(name, 2, 4, max_length=probe.shape[2])
+        assert cases.runs_flex(backend, probe, grad) == flex, (name, probe.shape[2], grad)
+    uncounted = cases.kernel_case("mate.block_sparse", "inference", layout, tiny, 1, torch.float32, cpu)
+    assert not uncounted.countable
+    monkeypatch.undo()  # the call itself takes the pure path here: measured, not counted
+    assert measure.measure(uncounted.call, cpu, 1, 1, uncounted.flops, uncounted.countable).flops is None

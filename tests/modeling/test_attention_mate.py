@@ -409,6 +409,25 @@ def test_bucketed_cost_grows_linearly_with_length():
         assert large.largest < 4096 * 4096 / 4  # never anything near N x N
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_auto_on_cuda_takes_triton_in_bf16_with_or_without_dropout_and_eager_in_float32():
+    from mate_cli.modeling.attention.mate_triton import triton_runs_on
+
+    layout = random_layout(2, seed=0).to("cuda")
+    x = torch.randn(layout.batch_size, 2, layout.seq_len, 8, device="cuda", dtype=torch.bfloat16)
+    grad = x.clone().requires_grad_()
+    auto = MateAttention(num_heads=2, head_dim=8, variant="bucketed", impl="auto", dropout=0.1)
+    fast = "triton" if triton_runs_on(x) else "eager"
+    assert auto.eval().resolve_impl(x, x, x) == fast
+    assert auto.train().resolve_impl(grad, grad, grad) == fast  # attention dropout in the kernels
+    assert auto.eval().resolve_impl(x.float(), x.float(), x.float()) == "eager"
+
+
+def test_a_removed_implementation_is_refused_in_one_line_with_what_replaces_it():
+    with pytest.raises(MateError, match=r"attention.impl=flex was removed .*attention.impl=auto, the same function"):
+        MateAttention(num_heads=2, head_dim=8, variant="bucketed", impl="flex")
+
+
 def test_auto_is_one_table_with_the_measurement_behind_each_boundary():
     choice, cuda = mate_mod.auto_choice, torch.device("cuda")
     assert [choice("bucketed", cuda, torch.bfloat16, grad, n) for grad in (False, True) for n in (16, 32768)] == [

@@ -66,8 +66,8 @@ AUTO: dict[tuple[str, str, torch.dtype | None, bool], tuple[int, str, str, str]]
     ("bucketed", "cuda", torch.bfloat16, True): (0, "triton", "triton", "H200: triton vs eager: 2048: 1.49 vs 4.72; 8192: 1.50 vs 4.34; 32768: 3.40 vs 11.0"),
     ("bucketed", "cuda", torch.float16, False): (0, "triton", "triton", "bfloat16's row; float16 not measured"),
     ("bucketed", "cuda", torch.float16, True): (0, "triton", "triton", "bfloat16's row; float16 not measured"),
-    ("bucketed", "cuda", torch.float32, False): (0, "eager", "eager", "GPU, float32: eager vs FlexAttention 2048: 1.0 vs 1.9; triton vs eager not timed"),
-    ("bucketed", "cuda", torch.float32, True): (0, "eager", "eager", "triton vs eager not timed in float32"),
+    ("bucketed", "cuda", torch.float32, False): (0, "eager", "eager", "GPU (H100): eager vs bucketed FlexAttention: 2048: 1.11 vs 2.33; 32768: 5.74 vs 299; triton vs eager not timed"),
+    ("bucketed", "cuda", torch.float32, True): (0, "eager", "eager", "GPU (H100): eager vs bucketed FlexAttention: 2048: 7.08 vs 27.3; 32768: 25.4 vs 432; triton vs eager not timed"),
 }
 # fmt: on
 
@@ -156,6 +156,11 @@ class MateAttention(AttentionBackend):
             raise MateError(
                 f"attention.variant={variant!r} is unknown: choose {' or '.join(VARIANTS)}; "
                 "set attention.variant=<name> accordingly"
+            )
+        if impl == "flex" and variant == "bucketed":
+            raise MateError(
+                "attention.impl=flex was removed (bucketed FlexAttention; measured slower, BENCHMARKS.md): "
+                "set attention.impl=auto, the same function (a trained run: overrides=[attention.impl=auto])"
             )
         if impl not in VARIANTS[variant]:
             raise MateError(
