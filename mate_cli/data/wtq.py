@@ -4,11 +4,13 @@
         columns id, utterance, context (the table's csv path), targetValue (answers joined by ``|``)
     csv/<20x>-csv/<n>.tsv       the table, tab-separated, header first
     csv/<20x>-csv/<n>.csv       the same table as CSV (read only when the .tsv is missing)
-    tagged/data/<stem>.tagged   optional: the CoreNLP-tagged twin of data/<stem>.tsv (id, targetValue, targetCanon, ...)
+    tagged/data/*.tagged        optional: CoreNLP-tagged questions (id, targetValue, targetCanon, ...); the random
+                                splits' are in training.tagged
 
-A question's :attr:`Question.canonical_answers` are its tagged ``targetCanon`` (matched by id). A tagged row whose
-``targetValue`` differs from the question file's, or whose ``targetCanon`` has another number of answers, is an error:
-the files come from different releases.
+A question's :attr:`Question.canonical_answers` are its tagged ``targetCanon``, matched by id over every tagged file
+as the official ``evaluator.py`` does. A tagged row whose ``targetValue`` differs from the question file's, whose
+``targetCanon`` has another number of answers, or whose id another tagged file answers otherwise, is an error: the
+files come from different releases.
 
 Both kinds of TSV are read without quote handling (a ``"`` is text), their fields unescaped; the ``.tsv`` tables keep
 the non-breaking spaces (U+00A0) that the ``.csv`` twins turn into spaces.
@@ -17,6 +19,7 @@ the non-breaking spaces (U+00A0) that the ``.csv`` twins turn into spaces.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import logging
 import re
@@ -63,49 +66,57 @@ class WTQReader(TableQAReader):
     TAGGED_DIR = "tagged/data"
     LAYOUT = "data/*.tsv and csv/<20x>-csv/<n>.tsv (WikiTableQuestions layout)"
 
-    def tagged_file(self, path: Path) -> Path:
-        """The CoreNLP-tagged twin of a question file (may not exist)."""
-        return self.root / self.TAGGED_DIR / f"{path.stem}.tagged"
+    def tagged_files(self) -> list[Path]:
+        return sorted(p for p in (self.root / self.TAGGED_DIR).glob("*.tagged") if p.is_file())
 
     def input_files(self) -> list[Path]:
         """Tagged files too: their canonical answers are encoded."""
-        tagged = (p for p in (self.root / self.TAGGED_DIR).glob("*.tagged") if p.is_file())
-        return sorted({*super().input_files(), *tagged})
+        return sorted({*super().input_files(), *self.tagged_files()})
 
-    def canonical_targets(self, path: Path) -> dict[str, tuple[str, list[str]]]:
-        """Question id -> (raw ``targetValue``, ``targetCanon`` answers) of ``path``'s tagged twin."""
-        tagged = self.tagged_file(path)
-        if not tagged.is_file():
-            return {}
-        lines = split_lines(read_text(tagged, "tagged question file"))
-        header = lines[0].split("\t") if lines else []
-        col = columns(header, tagged, ("id", "targetValue", "targetCanon"))
-        out = {}
-        for number, line in enumerate(lines[1:], start=2):
-            values = fields(line.split("\t"), len(header), tagged, f"line {number}")
-            target, canon = values[col["targetValue"]], split_answers(values[col["targetCanon"]])
-            if len(canon) != len(split_answers(target)):
-                raise MateError(
-                    f"{tagged}: line {number} has {len(split_answers(target))} answers in targetValue "
-                    f"but {len(canon)} in targetCanon; re-download the tagged file"
+    @functools.cached_property
+    def canonical_targets(self) -> dict[str, tuple[str, list[str], Path]]:
+        """Question id -> (raw ``targetValue``, ``targetCanon`` answers, file) over every ``tagged/data/*.tagged``, by
+        id as the official ``evaluator.py -t tagged/data`` reads them (the random splits' questions are in
+        ``training.tagged``, not in a twin of their own file)."""
+        out: dict[str, tuple[str, list[str], Path]] = {}
+        for tagged in self.tagged_files():
+            lines = split_lines(read_text(tagged, "tagged question file"))
+            header = lines[0].split("\t") if lines else []
+            col = columns(header, tagged, ("id", "targetValue", "targetCanon"))
+            for number, line in enumerate(lines[1:], start=2):
+                values = fields(line.split("\t"), len(header), tagged, f"line {number}")
+                qid, target, canon = (
+                    values[col["id"]],
+                    values[col["targetValue"]],
+                    split_answers(values[col["targetCanon"]]),
                 )
-            out[values[col["id"]]] = (target, canon)
+                if len(canon) != len(split_answers(target)):
+                    raise MateError(
+                        f"{tagged}: line {number} has {len(split_answers(target))} answers in targetValue "
+                        f"but {len(canon)} in targetCanon; re-download the tagged file"
+                    )
+                if qid in out and out[qid][:2] != (target, canon):
+                    raise MateError(
+                        f"{tagged}: line {number}: question {qid!r} is also in {out[qid][2]} with other answers; "
+                        "keep one release's tagged files in tagged/data"
+                    )
+                out[qid] = (target, canon, tagged)
         return out
 
     def _read_questions(self, path: Path) -> Iterator[Record]:
         lines = split_lines(read_text(path, "question file"))
         header = lines[0].split("\t") if lines else []
         col = columns(header, path, ("id", "utterance", "context"), ("targetValue",))
-        canon = self.canonical_targets(path) if "targetValue" in col else {}
+        canon = self.canonical_targets if "targetValue" in col else {}
         missing = 0
         for number, line in enumerate(lines[1:], start=2):
             where = f"line {number}"
             values = fields(line.split("\t"), len(header), path, where)
             qid, target = values[col["id"]], values[col["targetValue"]] if "targetValue" in col else ""
-            tagged_target, canonical = canon.get(qid, (target, []))
+            tagged_target, canonical, tagged = canon.get(qid, (target, [], None))
             if tagged_target != target:
                 raise MateError(
-                    f"{self.tagged_file(path)}: question {qid!r} has targetValue {tagged_target!r}, "
+                    f"{tagged}: question {qid!r} has targetValue {tagged_target!r}, "
                     f"{path} {target!r}; use the tagged file of the same release"
                 )
             missing += "targetValue" in col and not canonical
@@ -126,10 +137,11 @@ class WTQReader(TableQAReader):
             yield where, line, question
         if missing:
             log.info(
-                "%s: %d question(s) without canonical answers from %s; the metric emulates them (mate_cli.metrics.wtq)",
+                "%s: %d question(s) without canonical answers in %s/*.tagged; the metric emulates them "
+                "(mate_cli.metrics.wtq)",
                 path.name,
                 missing,
-                self.tagged_file(path).relative_to(self.root),
+                self.TAGGED_DIR,
             )
 
     def table_file(self, table_id: str) -> Path:

@@ -139,6 +139,20 @@ def test_canonical_answers_come_from_the_tagged_twin_by_question_id():
     assert TAGGED_ROOT / "tagged" / "data" / "pristine-seen-tables.tagged" in reader.input_files()
 
 
+def test_canonical_answers_are_found_by_id_in_any_tagged_file_as_the_official_evaluator_does(tmp_path):
+    """The random splits' questions have no tagged twin upstream: their canonical forms are in training.tagged."""
+    root = tmp_path / "seen"
+    shutil.copytree(TAGGED_ROOT, root)
+    tagged = root / "tagged" / "data"
+    (tagged / "pristine-seen-tables.tagged").rename(tagged / "training.tagged")
+    got = {q.question_id: q.canonical_answers for q in WTQReader(root).questions(SEEN)}
+    assert got["ns-1908"] == ["3.0"] and got["ns-552"] == ["1942-06-15"]
+    text = (tagged / "training.tagged").read_text(encoding="utf-8")
+    (tagged / "other.tagged").write_text(text.replace("\txxxx-09-30\t", "\txxxx-09-29\t", 1), encoding="utf-8")
+    with pytest.raises(MateError, match=r"'ns-531' is also in .*other.tagged with other answers; keep one release"):
+        list(WTQReader(root).questions(SEEN))
+
+
 def test_without_a_tagged_twin_there_are_no_canonical_answers(wtq, questions, tmp_path, caplog):
     """The fallback: the metric emulates the canonical forms (the sample has no tagged/ folder)."""
     assert not (WTQ_ROOT / "tagged").exists()
