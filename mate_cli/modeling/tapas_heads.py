@@ -122,9 +122,10 @@ class TapasHeadConfig:
 
 
 class QAOutput(NamedTuple):
-    """``logits`` ``[batch, seq]`` after the single-column constraint, each token carrying its cell's logit (token
-    logits in a loss call with neither ``select_one_column`` nor ``average_logits_per_cell``); ``aggregation_logits``
-    ``[batch, ops]`` or None; ``loss`` ``[batch]`` (its mean is TAPAS's loss) or None."""
+    """``logits`` ``[batch, seq]``, the same with or without labels: with ``select_one_column`` each token carries its
+    cell's logit, the chosen column's only; without it, the token logits (their cell's mean with
+    ``average_logits_per_cell``). ``aggregation_logits`` ``[batch, ops]`` or None; ``loss`` ``[batch]`` (its mean is
+    TAPAS's loss) or None."""
 
     logits: torch.Tensor
     aggregation_logits: torch.Tensor | None
@@ -219,9 +220,14 @@ class TapasQAHead(nn.Module):
         token_logits = (hidden @ self.output_weights + self.output_bias) / cfg.temperature
         column_logits = self._column_logits(hidden, index) if cfg.select_one_column else None
         aggregation_logits = self.aggregation_classifier(pooled) if cfg.num_aggregation_labels > 0 else None
-        if labels is None:
-            _, logits = _single_column_selection(token_logits, column_logits, torch.zeros_like(token_logits), index)
-            return QAOutput(logits, aggregation_logits, None)
+        if cfg.average_logits_per_cell:
+            token_logits = index.gather(index.cell_mean(token_logits))
+        if labels is None:  # the logits the loss call returns (what eval decodes), without its labels
+            if column_logits is not None:
+                token_logits = _single_column_selection(
+                    token_logits, column_logits, torch.zeros_like(token_logits), index
+                )[1]
+            return QAOutput(token_logits, aggregation_logits, None)
         labels = labels.long() * layout.attention_mask
         aggregate = None
         if cfg.num_aggregation_labels > 0:
@@ -233,8 +239,6 @@ class TapasQAHead(nn.Module):
             if float_answer is None:
                 raise ValueError("answer-supervised aggregation needs float_answer (NaN where none)")
             aggregate = _aggregate_mask(float_answer, aggregation_logits, cfg.cell_selection_preference, labels)
-        if cfg.average_logits_per_cell:
-            token_logits = index.gather(index.cell_mean(token_logits))
         selection, logits = self._selection_loss(token_logits, column_logits, index, labels)
         loss = torch.zeros_like(selection)
         if not cfg.disable_per_token_loss:
@@ -351,10 +355,8 @@ class TapasClassificationHead(nn.Module):
 
 def _single_column_selection(token_logits, column_logits, labels, index: CellIndex):
     """TAPAS's hierarchical loss (module docstring) and token logits ``[batch, seq]`` keeping only the arg-max column's
-    cells (others lowered by ``LOG_ZERO``). Without ``column_logits``: ``(None, cell means)``."""
+    cells (others lowered by ``LOG_ZERO``)."""
     cell_logits = index.cell_mean(token_logits)
-    if column_logits is None:
-        return None, index.gather(cell_logits)
     per_column = index.column_sum(labels.float())
     nothing = per_column.max(dim=-1).values == 0
     gold_column = torch.where(nothing, 0, per_column.argmax(dim=-1))

@@ -318,6 +318,28 @@ def test_gumbel_options_change_the_training_loss_only():
     assert not torch.equal(first, second)
 
 
+@pytest.mark.parametrize("select_one_column", [True, False])
+@pytest.mark.parametrize("average_logits_per_cell", [False, True])
+def test_the_logits_a_prediction_decodes_are_the_loss_calls(select_one_column, average_logits_per_cell):
+    """`mate predict` (no labels) and `mate eval` (the loss call) decode the same logits, whatever the head options."""
+    from mate_cli.modeling.tapas_heads import TapasQAHead
+
+    config = TapasHeadConfig(
+        **{**SQA, "select_one_column": select_one_column}, average_logits_per_cell=average_logits_per_cell
+    )
+    head = TapasQAHead(16, config).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        head.output_weights.normal_()
+        head.column_output_weights.normal_()
+    layout = TableLayout.from_lists([{"segment_ids": [0] * 3 + [1] * 8, "row_ids": [0] * 3 + [1, 1, 1, 2, 2, 3, 3, 3],
+                                      "column_ids": [0] * 3 + [1, 1, 2, 1, 2, 1, 2, 2]}])  # fmt: skip
+    hidden, pooled = torch.randn(1, 11, 16), torch.randn(1, 16)
+    labels = torch.zeros(1, 11, dtype=torch.long)
+    labels[0, 3:6] = 1
+    torch.testing.assert_close(head(hidden, pooled, layout).logits, head(hidden, pooled, layout, labels).logits)
+
+
 def test_a_head_config_changed_after_its_check_is_still_refused_at_the_loss():
     """TapasHeadConfig refuses aggregation labels without answer supervision when built; one changed
     afterwards (a mutable dataclass) is refused by the loss instead of training weakly supervised."""
