@@ -173,10 +173,21 @@ def pick_device(accelerator: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+#: ``trainer.precision`` -> the autocast dtype of Lightning's MixedPrecision (what `mate eval`'s Trainer runs)
+MIXED = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mixed": torch.float16, "16": torch.float16}
+
+
 def autocast(device: torch.device, precision: str | None):
-    """bf16 autocast on CUDA when ``precision`` is ``bf16*``; otherwise a no-op."""
-    if device.type == "cuda" and str(precision or "").startswith("bf16"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    """The forward context Lightning gives ``precision`` on ``device``, for the loops outside a Trainer (predict,
+    PointR): mixed precisions autocast on CPU and CUDA alike; 32-bit none."""
+    text = str(precision or "32-true")
+    if text in MIXED:
+        return torch.autocast(device.type, dtype=MIXED[text])
+    if text not in ("32-true", "32"):
+        raise MateError(
+            f"trainer.precision={text} converts the weights, which `mate predict` and `mate pointr` do not do; "
+            "use trainer.precision=bf16-mixed (or 16-mixed, 32-true)"
+        )
     return contextlib.nullcontext()
 
 

@@ -149,3 +149,29 @@ def test_training_steps_under_autocast_track_float32(name, options, device, dtyp
     assert all(map(lambda x: x == x and abs(x) != float("inf"), got))
     assert ref[-1] < ref[0]  # the steps train
     assert max(errors) <= LOSS_TOLERANCE[dtype], errors
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "32-true"])
+def test_predict_and_pointr_run_under_the_precision_context_lightning_gives_eval(precision):
+    """`mate predict` and `mate pointr` run outside a Trainer: their context is Lightning's for the same
+    trainer.precision (bf16 on CPU too), so they compute what `mate eval` computes."""
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    from mate_cli.runs import autocast
+
+    plugin = MixedPrecision(precision, "cpu") if precision.endswith("mixed") else Precision()
+    states = []
+    for context in (plugin.forward_context(), autocast(torch.device("cpu"), precision)):
+        with context:
+            states.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+    assert states[0] == states[1] and states[0][0] == precision.endswith("mixed")
+
+
+def test_a_precision_that_converts_the_weights_is_refused_outside_a_trainer_in_one_line():
+    from mate_cli.errors import MateError
+    from mate_cli.runs import autocast
+
+    with pytest.raises(
+        MateError, match=r"trainer.precision=bf16-true converts the weights.*use trainer.precision=bf16-mixed"
+    ):
+        autocast(torch.device("cpu"), "bf16-true")
