@@ -10,7 +10,8 @@ scores bias the task transformer's attention.
   holds: it equals the task model on all tokens with ``s_t = -inf`` for the others.
 - Losses (App. A.2, C.2; :data:`LOSSES`): ``joint`` trains both by the task loss, through the bias; ``pruning`` gives
   the task model no scores and trains the pruner by the task module's ``pruning_loss`` on answer cells; ``both`` does
-  both. TabFact (no answer cells, no such loss in the paper): J-DoT only.
+  both. TabFact has no answer cells: J-DoT only here (the paper's Table 10 also trains P-DoT and PJ-DoT on TabFact,
+  with a pruning loss like the task's entailment loss, App. C.2; not implemented).
 """
 
 from __future__ import annotations

@@ -17,8 +17,17 @@ query-set token is among the first ``G`` sorted tokens and every row (row heads)
 most ``R`` tokens; otherwise a table token loses the part of its row/column beyond its window, and query tokens
 beyond ``G`` see only the globals and their window (the paper's approximation).
 
-Where App. D is silent: only query-set tokens among the first ``G`` get a dense row; a table token sorted into the
-global part is computed like every long token, since MATE never lets it see more than Q and its own row/column.
+**Two differences from the paper's efficient form** (§3.1: the first ``G`` tokens "attend to and from everything",
+"the rest" is grouped in buckets of ``R``; App. D's ``Q.global`` rows read ``K.full``; TAPAS's release buckets sorted
+position ``i >= G`` as ``(i - G) // R``): (1) here only the query-set tokens among the first ``G`` get a dense row — a
+table token sorted into the global part is computed like a long token (the globals and its window), not against its
+whole row/column; (2) the bucket grid starts at sorted position 0, not at ``G``. So ``bucketed`` is a close variant of
+the paper's approximation, not the same function: on a synthetic 1,903-token table (G=116, R=42) the column heads of
+the 96 table tokens in the global part see 13,220 of their 27,840 allowed pairs (the paper's form: all), and the long
+rows 246,207 pairs against the paper's 244,411 (row heads: 197,595 and 200,655). Both equal ``exact`` under the
+conditions above. Matching the paper means changing every implementation of this variant together (they are tested
+against this file); until then a checkpoint trained with the paper's (TAPAS's) efficient attention is fine-tuned here
+with this slightly different pattern.
 
 :func:`bucketed_attention_reference` follows App. D's einsum strings over :class:`MultiView` tensors, with the masks
 and sort orders of the :class:`~.mate_plan.BucketPlan`: readable, differentiable, O(N) memory, but several full
