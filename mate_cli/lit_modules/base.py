@@ -44,6 +44,7 @@ class EncoderTaskModule(L.LightningModule):
         extra_init: str = "default",
         extra_relative: bool = False,
         extra_max_distance: int = 16,
+        extra_lr: float | None = None,
         dot: DoubleTransformer | None = None,
         pooling: str = "cls",
     ) -> None:
@@ -87,6 +88,9 @@ class EncoderTaskModule(L.LightningModule):
                     f"vocabulary, the task model {encoder.config.vocab_size}; both read the same word "
                     "pieces, so pick a pruner checkpoint with the task model's vocabulary"
                 )
+        if extra_lr is not None and not extra_lr > 0:
+            raise MateError(f"model.extra_lr={extra_lr} is invalid: a learning rate > 0, or null (the optimiser's)")
+        self.extra_lr = extra_lr
         self.optimizer, self.scheduler = optimizer, scheduler
         warmup = getattr(scheduler, "keywords", {}).get("warmup_ratio", 0) if scheduler is not None else 0
         if self.extra is not None and self.extra.init == "dt_fixup" and warmup:
@@ -189,7 +193,7 @@ class EncoderTaskModule(L.LightningModule):
         )
 
     def configure_optimizers(self):
-        return configure(self, self.optimizer, self.scheduler)
+        return configure(self, self.optimizer, self.scheduler, {"extra": self.extra_lr} if self.extra_lr else None)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["mate_recorded_metrics"] = dict(self.recorded_metrics)

@@ -12,13 +12,24 @@ from transformers import get_linear_schedule_with_warmup
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight")
 
 
-def parameter_groups(module: torch.nn.Module) -> list[dict]:
-    """Trainable parameters in two groups: decayed (the optimiser's weight decay) and not (0)."""
+def parameter_groups(module: torch.nn.Module, lr: dict[str, float] | None = None) -> list[dict]:
+    """Trainable parameters, decayed (the optimiser's weight decay) and not (0); ``lr``: submodule name -> its own
+    learning rate (its parameters in groups of their own, e.g. DT-Fixup's extra layers), the rest the optimiser's."""
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    return [
-        {"params": [p for n, p in named if not n.endswith(NO_DECAY)]},
-        {"params": [p for n, p in named if n.endswith(NO_DECAY)], "weight_decay": 0.0},
-    ]
+    own = {prefix: rate for prefix, rate in (lr or {}).items() if rate is not None}
+
+    def part(prefix: str | None) -> list[tuple[str, torch.nn.Parameter]]:
+        if prefix is not None:
+            return [(n, p) for n, p in named if n.startswith(prefix + ".")]
+        return [(n, p) for n, p in named if not any(n.startswith(o + ".") for o in own)]
+
+    groups = []
+    for prefix in [None, *own]:
+        rate = {} if prefix is None else {"lr": own[prefix]}
+        params = part(prefix)
+        groups.append({"params": [p for n, p in params if not n.endswith(NO_DECAY)], **rate})
+        groups.append({"params": [p for n, p in params if n.endswith(NO_DECAY)], "weight_decay": 0.0, **rate})
+    return groups
 
 
 def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float = 0.0):
@@ -26,9 +37,12 @@ def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_rat
     return get_linear_schedule_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
 
 
-def configure(module: L.LightningModule, optimizer: Callable, scheduler: Callable | None) -> dict:
-    """``optimizer(groups)`` and ``scheduler(opt, total_steps=)`` (the trainer's estimate), stepped every step."""
-    opt = optimizer(parameter_groups(module))
+def configure(
+    module: L.LightningModule, optimizer: Callable, scheduler: Callable | None, lr: dict[str, float] | None = None
+) -> dict:
+    """``optimizer(groups)`` and ``scheduler(opt, total_steps=)`` (the trainer's estimate), stepped every step; ``lr``:
+    :func:`parameter_groups`'."""
+    opt = optimizer(parameter_groups(module, lr))
     if scheduler is None:
         return {"optimizer": opt}
     total = max(1, int(module.trainer.estimated_stepping_batches))

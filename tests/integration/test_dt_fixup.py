@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from hydra.utils import instantiate
 
@@ -50,3 +51,27 @@ def test_an_init_only_run_records_mu_and_scales_the_new_layers(tmp_path):
             expected = max(expected, float(norms[batch.layout.attention_mask].max()))
     assert abs(mu - expected) <= 1e-4 * expected
     assert 1.0 < mu < 100.0  # "on the order of 10 for pre-trained models" (§3.3)
+
+
+def test_the_extra_layers_train_at_their_own_learning_rate_and_the_encoder_at_the_optimisers(tmp_path):
+    """DT-Fixup trains the added layers faster than the pre-trained encoder (Xu et al. 2021): model.extra_lr is
+    the extra layers' rate, in parameter groups of their own; every other parameter keeps model.optimizer.lr."""
+    from tests.conf.test_compose import build, compose_train
+
+    cfg = compose_train(["experiment=hybridqa_mate_dt_fixup", "model.optimizer.lr=2e-5"], tmp_path)
+    _, model, _ = build(cfg, tmp_path)
+    model.scheduler = None  # its total steps come from a fitting Trainer; the groups do not depend on it
+    optimizer = model.configure_optimizers()["optimizer"]
+    rate = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    extra = {id(p) for p in model.extra.parameters()}
+    assert extra and {rate[i] for i in extra} == {1e-4}
+    assert {r for i, r in rate.items() if i not in extra} == {2e-5}
+    assert len(rate) == sum(1 for p in model.parameters() if p.requires_grad)  # every parameter in one group
+
+
+def test_a_learning_rate_that_is_not_positive_is_refused_in_one_line(tmp_path):
+    from tests.conf.test_compose import build, compose_train
+
+    cfg = compose_train(["experiment=hybridqa_mate_dt_fixup", "model.extra_lr=0"], tmp_path)
+    with pytest.raises(Exception, match=r"model.extra_lr=0 is invalid: a learning rate > 0, or null"):
+        build(cfg, tmp_path)
