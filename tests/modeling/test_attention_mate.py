@@ -409,6 +409,45 @@ def test_bucketed_cost_grows_linearly_with_length():
         assert large.largest < 4096 * 4096 / 4  # never anything near N x N
 
 
+def test_the_global_part_attends_to_its_whole_row_or_column_as_the_paper_says():
+    """§3.1 / App. D: the first G sorted tokens "attend to and from everything" (under MATE's pattern), so a table
+    token sorted into the global part sees its whole column even where the column is longer than the window: its
+    output and gradients are exact MATE's, in every implementation (a window-only global part fails here)."""
+    from mate_cli.modeling.attention import mate_cpu_kernel
+
+    layout = layout_from_cells([2], [[[2]] * 13])  # one column of 13 two-token cells: 26 tokens, R=3
+    heads, dim, G, R = 2, 8, 10, 3
+    plan = bucket_plan(layout, heads, 0.5, G, R)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, layout.seq_len, dim) for _ in range(3))
+    perm, _ = layout.head_sort_order(heads, 0.5)
+    rows = torch.zeros(1, heads, layout.seq_len, 1)
+    for h in range(heads):
+        rows[0, h, perm[0, h, :G]] = 1.0  # each head's global part
+    paths = {
+        "exact": lambda *x: masked_attention(*x, layout, 0.5),
+        "reference": lambda *x: bucketed_attention_reference(*x, plan),
+        "eager": lambda *x: bucketed_attention(*x, plan, use_cpu_kernel=False),
+    }
+    if mate_cpu_kernel.available():
+        paths["kernel"] = lambda *x: bucketed_attention(*x, plan)
+    from mate_cli.modeling.attention import mate_triton
+
+    if mate_triton.triton_available() and mate_triton.interpreting():  # compiled: tests/modeling/test_mate_triton.py
+        structure = mate_triton.TritonStructure.of(layout, heads, 0.5, G, R)
+        paths["triton"] = lambda *x: mate_triton.triton_bucketed_attention(*x, structure, 0.0)
+    results = {}
+    for name, fn in paths.items():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves) * rows
+        out.sum().backward()
+        results[name] = [out.detach()] + [t.grad for t in leaves]
+    assert layout.seq_len - 4 > 3 * R  # the column is longer than any window
+    for name, got in results.items():
+        for a, b in zip(got, results["exact"]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_auto_on_cuda_takes_triton_in_bf16_with_or_without_dropout_and_eager_in_float32():
     from mate_cli.modeling.attention.mate_triton import triton_runs_on

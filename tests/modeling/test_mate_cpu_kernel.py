@@ -240,7 +240,7 @@ def test_flop_counter_sees_the_kernel_and_cost_is_linear():
         layout = filled_layout(seq_len)
         plan = bucket_plan(layout, 4, 0.5, 116, 42)
         q, k, v = (torch.randn(1, 4, seq_len, 16, requires_grad=True) for _ in range(3))
-        _, keys, _, _, _ = plan.kernel_args
+        keys = plan.kernel_args[1]
         per_gemm = 42 * 16 * (int(keys.sum()) + 3 * 42 * keys.numel()) + plan.dense_rows * plan.real_len[0] * 16 * 4
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             bucketed_attention(q, k, v, plan)

@@ -7,8 +7,8 @@ never. No parameters: a MATE checkpoint is a BERT/TAPAS checkpoint (§3.2).
 ``variant`` is *which function* the model computes (training, evaluation, PointR and exported encoders alike):
 
 - ``exact``: the pattern above.
-- ``bucketed``: the paper's linear-cost approximation (§3.1, App. D; explained in :mod:`.mate_reference`, with the two
-  ways it differs from App. D):
+- ``bucketed``: the paper's linear-cost approximation (§3.1, App. D; explained in :mod:`.mate_reference`, with the one
+  way it differs from App. D):
   ``global_size`` (G) global tokens per head, buckets of ``radius`` (R) tokens. It equals ``exact`` when the query set
   fits in G and every row/column in R tokens; otherwise a table token loses the part of its row/column beyond its
   window (the paper's fine-tuning setting: G=116, R=42 at 2048 tokens, App. A).

@@ -126,12 +126,14 @@ def _windows(plan: BucketPlan, c: Chunk) -> slice:
 
 
 def _dense_probs(plan: BucketPlan, bufs: _Buffers, c: Chunk, dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """App. D's ``attention_prob_from_global``, ``[hc, P, n]``: the real keys are the sorted prefix ``[0, n)``, so no
-    mask (dense rows that are not query tokens are computed, unused). Returns ``(probs, q_dense unscaled, n)``."""
+    """App. D's ``attention_prob_from_global``, ``[hc, P, n]``: the real keys are the sorted prefix ``[0, n)``, under
+    MATE's pattern (the global part's table tokens see the query set and their row/column). Returns ``(probs,
+    q_dense unscaled, n)``."""
     n = max(plan.real_len[c.b], 1)
     q_dense = bufs.query(c.h0, c.h1, slice(0, plan.dense_rows))
     scale = q_dense.shape[-1] ** -0.5
     scores = torch.bmm(q_dense * scale, bufs.full[0][c.h0 : c.h1, :n].transpose(1, 2))
+    scores.masked_fill_(~plan.dense_allowed[c.b, c.view, :, :n], torch.finfo(scores.dtype).min / 2)
     return torch.softmax(scores, -1, out=scores), q_dense, n
 
 
@@ -194,15 +196,15 @@ def _fused_cpu_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, w
     dtype = q.dtype
     q, k, v = (_widened(x, f"kernel_{name}", workspace) for x, name in zip((q, k, v), "qkv"))
     qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
-    allowed, keys, free, head_view, real = plan.kernel_args
+    allowed, keys, free, dense, head_view, real, groups, token_groups = plan.kernel_args
     # float32 results are returned as they are; others are rounded from scratch
     out = q.new_empty(B * N * H, D) if dtype == torch.float32 else workspace.get("kernel_out", (B * N * H, D), q)
-    torch.ops.mate_cpu.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, head_view, out,
+    torch.ops.mate_cpu.bucketed_forward(qf, kf, vf, src, plan.dest_rows, allowed, keys, free, dense, head_view, out,
                                         plan.radius, D**-0.5, dropout_p, seed)  # fmt: skip
     if plan.dense_rows:
         token_rows = plan.token_rows(kind)
-        torch.ops.mate_cpu.dense_forward(qf, kf, vf, src, plan.dest_rows, free, real, token_rows, H, out, D**-0.5,
-                                         dropout_p, seed)  # fmt: skip
+        torch.ops.mate_cpu.dense_forward(qf, kf, vf, src, plan.dest_rows, dense, real, token_rows, head_view, groups,
+                                         token_groups, out, D**-0.5, dropout_p, seed)  # fmt: skip
     return _narrowed(out, (B, H, N, D), "bnhd", dtype)
 
 
@@ -224,10 +226,10 @@ def _fused_cpu_backward(
         torch.empty_like(qf) if t == torch.float32 else workspace.get(f"kernel_d{name}", qf.shape, qf)
         for t, name in zip(dtypes, "qkv")
     ]
-    allowed, keys, free, head_view, real = plan.kernel_args
+    allowed, keys, free, dense, head_view, real, groups, _ = plan.kernel_args
     torch.ops.mate_cpu.bucketed_backward(
-        qf, kf, vf, grad_rows, grad_src, out_rows, src, plan.dest_rows, allowed, keys, free, head_view, real,
-        plan.token_rows(kind), *grads, plan.radius, D**-0.5, dropout_p, seed,
+        qf, kf, vf, grad_rows, grad_src, out_rows, src, plan.dest_rows, allowed, keys, free, dense, head_view, real,
+        plan.token_rows(kind), groups, *grads, plan.radius, D**-0.5, dropout_p, seed,
     )  # fmt: skip
     return tuple(_narrowed(g, (B, H, N, D), kind, t) for g, t in zip(grads, dtypes))
 

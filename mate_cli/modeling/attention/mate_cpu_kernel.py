@@ -149,28 +149,28 @@ def load(verbose: bool = False) -> bool:
 def _register_flops() -> None:
     """Tell ``FlopCounterMode`` what the kernels compute. Long rows, per bucket ``f`` (``R`` rows against ``keys[f]``
     global and ``3R`` window keys, scores and context): ``4 R D (keys[f] + 3R)``; dense rows, per head of example b:
-    ``4 free[b] real[b] D``; the backward's five products (scores recomputed, dP, dV, dQ, dK): ``10 R D (keys[f] + 3R)``
-    and ``10 free[b] real[b] D``. These are the algorithm's FLOPs, not the kernel's (it multiplies a chunk of buckets
+    ``4 dense[b] real[b] D``; the backward's five products (scores recomputed, dP, dV, dQ, dK): ``10 R D (keys[f] + 3R)``
+    and ``10 dense[b] real[b] D``. These are the algorithm's FLOPs, not the kernel's (it multiplies a chunk of buckets
     against the most global keys any of them reads, and skips chunks with no row), so a rate is useful work per second.
     """
     from torch.utils.flop_counter import register_flop_formula
 
     @register_flop_formula(torch.ops.mate_cpu.bucketed_forward, get_raw=True)
-    def _long(q, k, v, src, dst, allowed, keys, free, head_view, out, radius, scale, *args, out_val=None,
+    def _long(q, k, v, src, dst, allowed, keys, free, dense, head_view, out, radius, scale, *args, out_val=None,
               **kwargs):  # fmt: skip
         return 4 * radius * q.shape[-1] * (int(keys.sum()) + 3 * radius * keys.numel())
 
     @register_flop_formula(torch.ops.mate_cpu.bucketed_backward, get_raw=True)
-    def _backward(q, k, v, grad_out, grad_src, out, src, dst, allowed, keys, free, head_view, real, token_rows, dq, dk, dv,
-                  radius, scale,
-                  *args, out_val=None, **kwargs):  # fmt: skip
+    def _backward(q, k, v, grad_out, grad_src, out, src, dst, allowed, keys, free, dense, head_view, real, token_rows,
+                  groups, dq, dk, dv, radius, scale, *args, out_val=None, **kwargs):  # fmt: skip
         D, heads = q.shape[-1], head_view.numel()
         long_part = 10 * radius * D * (int(keys.sum()) + 3 * radius * keys.numel())
-        return long_part + 10 * D * heads * int((free.long() * real.long().clamp(min=1)).sum())
+        return long_part + 10 * D * heads * int((dense.long() * real.long().clamp(min=1)).sum())
 
     @register_flop_formula(torch.ops.mate_cpu.dense_forward, get_raw=True)
-    def _dense(q, k, v, src, dst, free, real, token_rows, heads, out, scale, *args, out_val=None, **kwargs):
-        return 4 * q.shape[-1] * heads * int((free.long() * real.long().clamp(min=1)).sum())
+    def _dense(q, k, v, src, dst, dense, real, token_rows, head_view, groups, token_groups, out, scale, *args,
+               out_val=None, **kwargs):  # fmt: skip
+        return 4 * q.shape[-1] * head_view.numel() * int((dense.long() * real.long().clamp(min=1)).sum())
 
 
 def available() -> bool:

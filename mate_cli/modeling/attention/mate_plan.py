@@ -95,15 +95,18 @@ class BucketPlan:
     radius: int  # R
     padded_len: int  # T
     num_buckets: int  # nb
-    dense_rows: int  # P = min(G, max |Q|)
+    dense_rows: int  # P = max dense_len
     head_view: list[int]  # [H] index into the V axis of the biases
     perm: torch.Tensor  # [B, H, N] long: sorted position -> token position
     inverse: torch.Tensor  # [B, H, N] long: token position -> sorted position
     long_allowed: torch.Tensor  # [B, V, T, G + 3R] bool: [globals ; window] per sorted row
     dense_allowed: torch.Tensor  # [B, V, P, T] bool: dense rows against every key (reference path)
-    dense_take: torch.Tensor  # [B, P] bool: dense row i is a query-set token (its dense row is used)
-    real_len: list[int]  # [B] real tokens: the sorted prefix every query-set token attends
+    dense_take: torch.Tensor  # [B, P] bool: dense row i is real (its dense row is used)
+    dense_len: list[int]  # [B] min(real, G): the global part, every row of it dense (§3.1: attends to everything)
+    real_len: list[int]  # [B] real tokens: the sorted prefix a dense row attends
     query_len: list[int]  # [B] min(|Q|, G): leading global keys every row may attend (no bias needed)
+    sorted_groups: torch.Tensor  # [B, V, T] int32: each sorted slot's group (PADDING_GROUP past the real tokens)
+    token_groups: torch.Tensor  # [B, V, N] int32: each token's group, in token order
     global_needed: torch.Tensor  # [B, V, T] long: 1 + the last global key a sorted row may attend
     #: memo of the keyed lazy structure (:meth:`bias`, :meth:`long_chunks`, ...)
     _memo: dict = field(default_factory=dict, init=False, repr=False)
@@ -162,7 +165,7 @@ class BucketPlan:
         return self.memoized(("long_chunks", budget), build)
 
     def dense_chunks(self, budget: int) -> list[Chunk]:
-        """Chunks of the dense (query-set) rows: one unit of ``P`` rows per head."""
+        """Chunks of the dense rows (the global part): one unit of ``P`` rows per head."""
         return self.memoized(
             ("dense_chunks", budget), lambda: _chunks(self, self.dense_rows, 1, self.padded_len, budget)
         )
@@ -204,8 +207,9 @@ class BucketPlan:
 
     @cached_property
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
-        """The fused CPU kernel's per-layout inputs ``(allowed, keys, free, head_view, real)``; ``keys[f]``: the global
-        keys flat bucket ``f`` (= head * nb + bucket) reads, :meth:`long_chunks`' count per bucket."""
+        """The fused CPU kernel's per-layout inputs ``(allowed, keys, free, dense, head_view, real, groups,
+        token_groups)`` (csrc/mate_bucketed_cpu.cpp's header); ``keys[f]``: the global keys flat bucket ``f``
+        (= head * nb + bucket) reads, :meth:`long_chunks`' count per bucket."""
         B, nb, R = self.batch, self.num_buckets, self.radius
         needed = self.global_needed.view(B, -1, nb, R).amax(-1)  # [B, V, nb]
         free = torch.tensor(self.query_len, dtype=torch.long, device=needed.device)
@@ -214,8 +218,11 @@ class BucketPlan:
             self.long_allowed.contiguous(),
             keys.reshape(-1).to(torch.int32),
             free.to(torch.int32),
+            torch.tensor(self.dense_len, dtype=torch.int32),
             torch.tensor(self.head_view, dtype=torch.int32),
             torch.tensor(self.real_len, dtype=torch.int32),
+            self.sorted_groups,
+            self.token_groups,
         )
 
     @cached_property
@@ -269,6 +276,11 @@ def _unfold_windows(x: torch.Tensor, radius: int, value) -> torch.Tensor:
     return F.pad(x, (radius, radius), value=value).unfold(-1, 3 * radius, radius)
 
 
+def _int32_groups(groups: torch.Tensor) -> torch.Tensor:
+    """Group ids for the CPU kernel: int32, padding's as the largest int32 (still after every row/column)."""
+    return groups.clamp(max=torch.iinfo(torch.int32).max).to(torch.int32).contiguous()
+
+
 def bucket_plan(
     layout: TableLayout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int
 ) -> BucketPlan:
@@ -281,11 +293,14 @@ def bucket_plan(
         T = nb * R
         groups = head_groups(layout, num_heads, row_heads_ratio)
         q_len = layout.is_query.sum(1)
-        P = int(min(G, int(q_len.max()) if B else 0))
+        real = layout.attention_mask.sum(1)
+        dense_len = real.clamp(max=G)  # the global part "attends to and from everything" (§3.1, App. D)
+        P = int(dense_len.max()) if B else 0
         in_window = (_unfold_windows(torch.arange(T, device=layout.device), R, -1) >= G)[None, :, None, :]
-        long_allowed, dense_allowed = [], []
+        long_allowed, dense_allowed, sorted_view_groups = [], [], []
         for view, _ in groups:
             group = sorted_groups(layout, view, T)  # [B, T]
+            sorted_view_groups.append(group)
             # rows: [B, nb, R, 1]; global keys: [B, 1, 1, G]; window keys: [B, nb, 1, 3R]
             rows = group.view(B, nb, R, 1)
             to_global = mate_allowed(rows, group[:, None, None, :G])
@@ -309,8 +324,11 @@ def bucket_plan(
             inverse=inverse,
             long_allowed=long_stack,
             dense_allowed=torch.stack(dense_allowed, 1),
-            dense_take=torch.arange(P, device=layout.device)[None, :] < q_len.clamp(max=G)[:, None],
-            real_len=layout.attention_mask.sum(1).tolist(),
+            dense_take=torch.arange(P, device=layout.device)[None, :] < dense_len[:, None],
+            dense_len=dense_len.tolist(),
+            real_len=real.tolist(),
+            sorted_groups=_int32_groups(torch.stack(sorted_view_groups, 1)),
+            token_groups=_int32_groups(torch.stack([layout.group_ids(view) for view, _ in groups], 1)),
             query_len=q_len.clamp(max=G).tolist(),
             global_needed=(long_stack[..., :G] * torch.arange(1, G + 1, device=layout.device)).amax(-1),
         )

@@ -5,8 +5,9 @@ Read this file first: it is the one explanation of the algorithm; :mod:`.mate_bu
 traversal (``layout.head_sort_order``: the query set Q first, then row by row or column by column, padding last).
 In that order:
 
-- the first ``G`` tokens are the **global** part: every token may attend to them, and the query-set tokens among them
-  attend to every real token (a dense row each);
+- the first ``G`` tokens are the **global** part: it "attends to and from everything" (§3.1; App. D's ``Q.global``
+  rows read ``K.full``): every token may attend to it, and each of its real tokens has a dense row against every
+  real key, under MATE's pattern (a table token there sees the query set and its whole row/column);
 - the sorted sequence is padded to ``T = nb * R`` and cut into ``nb`` buckets of ``R`` tokens (the **long** part); a
   bucket attends to the globals plus a **window** of three buckets (previous, itself, next: ``3R`` keys). Window keys
   inside the global part are masked out, so no key is counted twice.
@@ -14,20 +15,15 @@ In that order:
 Towards the globals and inside the window, MATE's pattern (:func:`.mate_plan.mate_allowed`) is applied as a mask,
 and one softmax runs over ``[globals ; window]``. Hence the result equals the masked reference whenever every
 query-set token is among the first ``G`` sorted tokens and every row (row heads) or column (column heads) spans at
-most ``R`` tokens; otherwise a table token loses the part of its row/column beyond its window, and query tokens
-beyond ``G`` see only the globals and their window (the paper's approximation).
+most ``R`` tokens; otherwise a long table token loses the part of its row/column beyond its window, and query
+tokens beyond ``G`` see only the globals and their window (the paper's approximation).
 
-**Two differences from the paper's efficient form** (§3.1: the first ``G`` tokens "attend to and from everything",
-"the rest" is grouped in buckets of ``R``; App. D's ``Q.global`` rows read ``K.full``; TAPAS's release buckets sorted
-position ``i >= G`` as ``(i - G) // R``): (1) here only the query-set tokens among the first ``G`` get a dense row — a
-table token sorted into the global part is computed like a long token (the globals and its window), not against its
-whole row/column; (2) the bucket grid starts at sorted position 0, not at ``G``. So ``bucketed`` is a close variant of
-the paper's approximation, not the same function: on a synthetic 1,903-token table (G=116, R=42) the column heads of
-the 96 table tokens in the global part see 13,220 of their 27,840 allowed pairs (the paper's form: all), and the long
-rows 246,207 pairs against the paper's 244,411 (row heads: 197,595 and 200,655). Both equal ``exact`` under the
-conditions above. Matching the paper means changing every implementation of this variant together (they are tested
-against this file); until then a checkpoint trained with the paper's (TAPAS's) efficient attention is fine-tuned here
-with this slightly different pattern.
+**One difference from the paper's efficient form**: the bucket grid starts at sorted position 0, not at ``G`` (§3.1:
+"split off the first G tokens and group the rest in evenly sized buckets"; TAPAS's release buckets sorted position
+``i >= G`` as ``(i - G) // R``). The windows are therefore shifted by ``G mod R``: on a synthetic 1,903-token table
+(G=116, R=42) the long rows of the column heads keep 246,207 pairs against the paper's 244,411 (row heads: 197,595
+and 200,655). Both equal ``exact`` under the conditions above. Matching it means offsetting the grid in every
+implementation of this variant together (they are tested against this file).
 
 :func:`bucketed_attention_reference` follows App. D's einsum strings over :class:`MultiView` tensors, with the masks
 and sort orders of the :class:`~.mate_plan.BucketPlan`: readable, differentiable, O(N) memory, but several full
@@ -95,7 +91,7 @@ def bucketed_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     )
     context = context_from_long.reshape(B, H, plan.padded_len, D)
 
-    if P:  # query-set tokens among the globals: one dense row each
+    if P:  # the global part: one dense row each
         score_from_global = torch.einsum("BHFE,BHTE->BHFT", Q.full[:, :, :P], K.full)
         prob_from_global = torch.softmax(score_from_global.masked_fill(~_per_head(plan.dense_allowed, plan), neg), -1)
         context_from_global = torch.einsum("BHFT,BHTE->BHFE", prob_from_global, V.full)

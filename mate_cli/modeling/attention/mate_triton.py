@@ -68,7 +68,8 @@ def triton_available() -> bool:
 class TritonStructure:
     """What the kernels read about a layout, device tensors cached on it (no :class:`~.mate_plan.BucketPlan`), int32:
     ``perm`` ``[B*H, N]`` sorted position -> token; ``groups`` ``[B*H, N]`` sorted group ids (padding: :data:`PAD`);
-    ``dense``, ``real`` ``[B]``: the dense rows (``min(|Q|, G)``) and the real tokens, each a sorted prefix."""
+    ``dense``, ``real`` ``[B]``: the dense rows (``min(real, G)``, the global part) and the real tokens, each a sorted
+    prefix."""
 
     def __init__(self, layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> None:
         from mate_cli.modeling.attention.mate_plan import sorted_groups
@@ -81,8 +82,8 @@ class TritonStructure:
         perm, _ = layout.head_sort_order(num_heads, row_heads_ratio)
         self.perm = perm.reshape(B * num_heads, N).to(torch.int32).contiguous()
         self.global_len, self.radius, self.heads = min(int(global_size), N), int(radius), num_heads
-        self.dense = layout.is_query.sum(1).clamp(max=self.global_len).to(torch.int32).contiguous()
         self.real = layout.attention_mask.sum(1).to(torch.int32).contiguous()
+        self.dense = self.real.clamp(max=self.global_len).contiguous()  # the global part attends to everything
 
     @staticmethod
     def of(layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> "TritonStructure":

@@ -12,7 +12,7 @@
 // (keys held as columns, written into one score row per query: Layout), mask + exp +
 // row sums in one vector pass, the context products likewise, then each output row is
 // scaled and streamed to its token's row. Chunks are independent: at::parallel_for.
-// Dense rows (query-set tokens among the globals attend every real key): per head,
+// Dense rows (the global part attends to every real key, under MATE's pattern): per head,
 // key blocks with an online softmax (flash-attention style), heads in parallel.
 // The products are this file's register-blocked `mm` (no BLAS: on these 42-row shapes
 // MKL ran at half its large-GEMM rate, and calls cost more than the work), the
@@ -22,7 +22,8 @@
 //   q, k, v   [rows, D]           unsorted, flat (one row layout for all three)
 //   src       [BH, T] int64       sorted slot -> row of q/k/v (slots >= N: any valid row)
 //   dst       [BH, T] int64       sorted slot -> row of out (-1: slot >= N, not written)
-//   free      [B] int32           query-set tokens among the globals (dense rows; never masked as keys)
+//   free      [B] int32           query-set tokens among the globals (never masked as keys)
+//   dense     [B] int32           the global part's real tokens, min(real, G): dense rows, slots [0, dense)
 //   out       [rows, D]           the result, in the output row layout (written, never read)
 // Long rows only:
 //   allowed   [B, V, T, G + 3R] bool  MATE's pattern per sorted row: [globals ; window]
@@ -30,6 +31,8 @@
 //   head_view [H] int32           view (row/column) of each head
 // Dense rows only:
 //   real      [B] int32           real tokens (the sorted prefix the dense rows attend)
+//   groups    [B, V, T] int32     each sorted slot's group (0: query set, row/column id + 1)
+//   token_groups [B, V, N] int32  the same in token order (keys read in token order)
 //   token_rows [BH, 3] int64      (row of token 0, row stride, 1 if the real tokens are the
 //                                 example's first real[b] tokens) of each head's k rows
 // Attention dropout (every kernel): dropout p in [0, 1) and seed; see struct Dropout.
@@ -510,10 +513,11 @@ struct LongArgs {
 
 void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
                       const at::Tensor& dst, const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
-                      const at::Tensor& head_view, at::Tensor out, int64_t radius, double scale, double dropout,
-                      int64_t seed) {
+                      const at::Tensor& dense, const at::Tensor& head_view, at::Tensor out, int64_t radius,
+                      double scale, double dropout, int64_t seed) {
   const Dropout drop(dropout, seed);
-  check("mate bucketed_forward", {&q, &k, &v, &out, &src, &dst, &allowed, &keys, &free, &head_view}, 4);
+  check("mate bucketed_forward", {&q, &k, &v, &out, &src, &dst, &allowed, &keys, &free, &dense, &head_view}, 4);
+  const int32_t* dn = dense.data_ptr<int32_t>();
   const LongArgs a("mate bucketed_forward", q, k, v, src, dst, allowed, keys, free, head_view, radius);
   const int64_t BH = a.BH, T = a.T, D = a.D, R = a.R, nb = a.nb, H = a.H, V = a.V, AW = a.AW, G = a.G;
   const int64_t nc = (nb + kChunk - 1) / kChunk, *dp = a.vp;
@@ -575,7 +579,7 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       }
       for (int64_t i = 0; i < c * R; ++i) {
         const int64_t slot = n0 * R + i, row_out = dp[bh * T + slot];
-        if (slot < fr[b] || row_out < 0) continue;  // dense rows are dense_forward's; padding slots
+        if (slot < dn[b] || row_out < 0) continue;  // dense rows are dense_forward's; padding slots
         store_row(op + row_out * D, o + i * D, D, inv[i]);
       }
     }
@@ -583,18 +587,39 @@ void bucketed_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   });
 }
 
-// Dense rows: sorted slots [0, free[b]) of each head attend the real keys, slots
-// [0, real[b]). Key blocks of kBlock with an online softmax; heads in parallel.
+// Scores of dense rows [0, m) (columns of S, stride mp) against kn keys (rows of S): a
+// table row (group > 0) keeps only the query set (group 0) and its own row/column.
+inline void mask_dense_block(float* S, int mp, int kn, int m, const int32_t* row_group, const int32_t* key_group) {
+  int first = 0;  // the query set leads the dense rows and sees every key
+  while (first < m && row_group[first] == 0) ++first;
+  if (first == m) return;
+  for (int j = 0; j < kn; ++j) {
+    const int32_t gj = key_group[j];
+    if (gj == 0) continue;
+    float* row = S + static_cast<int64_t>(j) * mp;
+    for (int i = first; i < m; ++i) row[i] = row_group[i] == gj ? row[i] : kMasked;
+  }
+}
+
+// Dense rows: sorted slots [0, dense[b]) of each head attend the real keys, slots
+// [0, real[b]), under MATE's pattern. Key blocks of kBlock with an online softmax;
+// heads in parallel.
 constexpr int64_t kBlock = 512;
 
 void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src,
-                   const at::Tensor& dst, const at::Tensor& free, const at::Tensor& real, const at::Tensor& token_rows,
-                   int64_t heads, at::Tensor out, double scale, double dropout, int64_t seed) {
+                   const at::Tensor& dst, const at::Tensor& dense, const at::Tensor& real, const at::Tensor& token_rows,
+                   const at::Tensor& head_view, const at::Tensor& groups, const at::Tensor& token_groups,
+                   at::Tensor out, double scale, double dropout, int64_t seed) {
   const Dropout drop(dropout, seed);
-  check("mate dense_forward", {&q, &k, &v, &out, &src, &dst, &free, &real, &token_rows}, 4);
-  const int64_t BH = src.size(0), T = src.size(1), D = q.size(1);
-  TORCH_CHECK(BH % heads == 0 && free.numel() == BH / heads && token_rows.numel() == 3 * BH,
+  check("mate dense_forward", {&q, &k, &v, &out, &src, &dst, &dense, &real, &token_rows, &head_view, &groups,
+                                &token_groups}, 4);
+  const int64_t BH = src.size(0), T = src.size(1), D = q.size(1), heads = head_view.size(0);
+  const int64_t V = groups.size(1), N = token_groups.size(2);
+  TORCH_CHECK(BH % heads == 0 && dense.numel() == BH / heads && token_rows.numel() == 3 * BH &&
+                  groups.size(0) == BH / heads && groups.size(2) == T && token_groups.size(1) == V,
               "mate dense_forward: inconsistent shapes");
+  const int32_t *hv = head_view.data_ptr<int32_t>(), *gs = groups.data_ptr<int32_t>(),
+                *gt = token_groups.data_ptr<int32_t>();
   const int64_t* tr = token_rows.data_ptr<int64_t>();
   const float *kp = k.data_ptr<float>(), *vpt = v.data_ptr<float>();
   const int64_t *sp = src.data_ptr<int64_t>(), *vp = dst.data_ptr<int64_t>();
@@ -602,7 +627,7 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const Rows K{k.data_ptr<float>(), sp, vp, D, T};
   const Rows Vr{v.data_ptr<float>(), sp, vp, D, T};
   const int64_t* dp = dst.data_ptr<int64_t>();
-  const int32_t* fr = free.data_ptr<int32_t>();
+  const int32_t* dn = dense.data_ptr<int32_t>();
   const int32_t* rl = real.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
@@ -614,10 +639,11 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     // the softmax runs down the columns, kLanes queries at a time
     std::vector<float> qbuf, qT, obuf, St, mx, sum, corr, kb(kBlock * D), vb(kBlock * D);
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / heads;
-      const int m = fr[b];
+      const int64_t b = bh / heads, view = hv[bh % heads];
+      const int m = dn[b];
       const int64_t n = std::max<int64_t>(rl[b], 1);
       if (m <= 0) continue;
+      const int32_t* row_group = gs + (b * V + view) * T;  // the dense rows: slots [0, m)
       const int mp = static_cast<int>(round_up(m)), nv = mp / kLanes;
       qbuf.resize(m * D);
       qT.assign(D * mp, 0.0f);
@@ -658,6 +684,9 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
         }
         float* S = St.data();
         mm(kn, mp, d, kblock, ld, 1, qT.data(), mp, S, mp, false);
+        // MATE's pattern for the table tokens among the dense rows (query rows see every key)
+        const int32_t* key_group = in_order ? gt + (b * V + view) * N + j0 : row_group + j0;
+        mask_dense_block(S, mp, kn, m, row_group, key_group);
         for (int v0 = 0; v0 < nv; ++v0) {  // online softmax, kLanes query columns at a time
           const int c0 = v0 * kLanes;
           Vec bmax = Vec{} + kMasked;
@@ -730,20 +759,22 @@ inline void softmax_grad_rows(int64_t rows, int w, int ld, const float* P, float
 void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& grad_out,
                        const at::Tensor& grad_src, const at::Tensor& out, const at::Tensor& src, const at::Tensor& dst,
                        const at::Tensor& allowed, const at::Tensor& keys, const at::Tensor& free,
-                       const at::Tensor& head_view, const at::Tensor& real, const at::Tensor& token_rows,
-                       at::Tensor dq, at::Tensor dk, at::Tensor dv,
+                       const at::Tensor& dense, const at::Tensor& head_view, const at::Tensor& real,
+                       const at::Tensor& token_rows, const at::Tensor& groups, at::Tensor dq, at::Tensor dk, at::Tensor dv,
                        int64_t radius, double scale, double dropout, int64_t seed) {
   const Dropout drop(dropout, seed);
   check("mate bucketed_backward",
-        {&q, &k, &v, &grad_out, &out, &dq, &dk, &dv, &grad_src, &src, &dst, &allowed, &keys, &free, &head_view,
-         &real, &token_rows}, 8);
+        {&q, &k, &v, &grad_out, &out, &dq, &dk, &dv, &grad_src, &src, &dst, &allowed, &keys, &free, &dense,
+         &head_view, &real, &token_rows, &groups}, 8);
   const LongArgs a("mate bucketed_backward", q, k, v, src, dst, allowed, keys, free, head_view, radius);
   const int64_t BH = a.BH, T = a.T, D = a.D, R = a.R, nb = a.nb, H = a.H, V = a.V, AW = a.AW, G = a.G;
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k, &v, &grad_out, &out, &dq, &dk, &dv}) {
     TORCH_CHECK(t->sizes() == q.sizes(), "mate bucketed_backward: q, k, v, grad_out, out and gradients must have one shape");
   }
-  TORCH_CHECK(grad_src.sizes() == src.sizes() && token_rows.numel() == 3 * BH,
+  TORCH_CHECK(grad_src.sizes() == src.sizes() && token_rows.numel() == 3 * BH && groups.size(0) == BH / H &&
+                  groups.size(1) == V && groups.size(2) == T,
               "mate bucketed_backward: inconsistent shapes");
+  const int32_t *dn = dense.data_ptr<int32_t>(), *gs = groups.data_ptr<int32_t>();
   const int64_t* tr = token_rows.data_ptr<int64_t>();
   const int64_t *sp = a.sp, *vp = a.vp;
   const Rows &Q = a.Q, &K = a.K, &Vr = a.Vr;
@@ -772,7 +803,7 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     std::vector<float> Pd, dPd, qT, goT, dlm;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, view = hv[bh % H];
-      const int fr_all = fr[b];
+      const int fr_all = fr[b], dense_all = dn[b];
       Q.gather(bh, 0, T, qs.data(), sc);
       K.gather(bh, -R, T + R, kp.data());
       Vr.gather(bh, -R, T + R, vpad.data());
@@ -792,7 +823,7 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
       for (int64_t n0 = 0; n0 < nb; n0 += kChunk) {  // the forward's chunks
         const int64_t n1 = std::min(n0 + kChunk, nb), c = n1 - n0, s0 = n0 * R, rows = c * R;
-        if (n1 * R <= fr_all || vp[bh * T + s0] < 0) continue;  // all dense rows, or all padding slots
+        if (n1 * R <= dense_all || vp[bh * T + s0] < 0) continue;  // all dense rows, or all padding slots
         const Layout L(chunk_keys(kk, bh, nb, n0, n1), R);
         const int g = L.g, gp = L.gp, width = L.width(), fr_b = std::min<int>(fr_all, g);
         const int m = static_cast<int>(rows);
@@ -809,7 +840,7 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
         // (E M)^T dO'. Rows the long part does not answer (dense rows) get dO = 0.
         for (int64_t i = 0; i < rows; ++i) {
           float* row = dob.data() + i * D;
-          if (s0 + i >= fr_all) {
+          if (s0 + i >= dense_all) {
             copy_scaled(row, go.data() + (s0 + i) * D, D, inv[i]);
             inv[i] *= dlt[s0 + i];  // reused as the rows' delta / sum
           } else {
@@ -855,13 +886,13 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
         }
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t slot = s0 + i;
-          if (slot < fr_all || vp[bh * T + slot] < 0) continue;
+          if (slot < dense_all || vp[bh * T + slot] < 0) continue;
           store_row(dqp + sp[bh * T + slot] * D, dqb.data() + i * D, D, sc);
         }
       }
 
-      if (fr_all > 0) {  // dense rows over the real keys, transposed as in dense_forward: [keys, mp]
-        const int m = fr_all, mp = static_cast<int>(round_up(m)), nk = static_cast<int>(std::max<int64_t>(rl[b], 1));
+      if (dense_all > 0) {  // dense rows over the real keys, transposed as in dense_forward: [keys, mp]
+        const int m = dense_all, mp = static_cast<int>(round_up(m)), nk = static_cast<int>(std::max<int64_t>(rl[b], 1));
         Pd.resize(static_cast<size_t>(nk) * mp);
         dPd.resize(static_cast<size_t>(kBlock) * mp);
         qT.assign(D * mp, 0.0f);
@@ -878,6 +909,8 @@ void bucketed_backward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
         // then the numerators and their sums
         float* Pt = Pd.data();
         mm(nk, mp, d, kg, D, 1, qT.data(), mp, Pt, mp, false);
+        const int32_t* slot_group = gs + (b * V + view) * T;  // keys in sorted order here
+        mask_dense_block(Pt, mp, nk, m, slot_group, slot_group);
         std::vector<Vec> top(mp / kLanes, Vec{} + kMasked), total(mp / kLanes, Vec{});
         for (int j = 0; j < nk; ++j) {
           for (int v0 = 0; v0 < mp / kLanes; ++v0) {
@@ -950,15 +983,17 @@ TORCH_LIBRARY(mate_cpu, m) {
   m.def("vector_lanes() -> int", &vector_lanes);
   m.def(
       "bucketed_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor allowed, Tensor keys, "
-      "Tensor free, Tensor head_view, Tensor(a!) out, int radius, float scale, float dropout, int seed) -> ()");
+      "Tensor free, Tensor dense, Tensor head_view, Tensor(a!) out, int radius, float scale, float dropout, "
+      "int seed) -> ()");
   m.def(
-      "dense_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor free, Tensor real, "
-      "Tensor token_rows, int heads, Tensor(a!) out, float scale, float dropout, int seed) -> ()");
+      "dense_forward(Tensor q, Tensor k, Tensor v, Tensor src, Tensor dst, Tensor dense, Tensor real, "
+      "Tensor token_rows, Tensor head_view, Tensor groups, Tensor token_groups, Tensor(a!) out, float scale, "
+      "float dropout, int seed) -> ()");
   m.def(
       "bucketed_backward(Tensor q, Tensor k, Tensor v, Tensor grad_out, Tensor grad_src, Tensor out, Tensor src, "
-      "Tensor dst, "
-      "Tensor allowed, Tensor keys, Tensor free, Tensor head_view, Tensor real, Tensor token_rows, Tensor(a!) dq, Tensor(b!) dk, "
-      "Tensor(c!) dv, int radius, float scale, float dropout, int seed) -> ()");
+      "Tensor dst, Tensor allowed, Tensor keys, Tensor free, Tensor dense, Tensor head_view, Tensor real, "
+      "Tensor token_rows, Tensor groups, Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, int radius, float scale, "
+      "float dropout, int seed) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(mate_cpu, CPU, m) {
