@@ -156,8 +156,7 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
     existing = settings.get(run_lock.EXISTING_KEY, "refuse")
     if existing not in run_lock.EXISTING_CHOICES:
         return args, f"{run_lock.EXISTING_KEY}={existing}: choose one of {', '.join(run_lock.EXISTING_CHOICES)}"
-    skipped = ("hydra.", "ckpt_path=", f"{run_lock.EXISTING_KEY}=")
-    own = [arg for arg in trainer_overrides(command, args) if not arg.startswith("-") and not arg.startswith(skipped)]
+    own = run_lock.compared([arg for arg in trainer_overrides(command, args) if not arg.startswith("-")])
     try:
         directory = run_lock.claim(
             given[-1][len(key) :].strip("'\""),

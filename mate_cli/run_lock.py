@@ -81,6 +81,9 @@ def remove_stale_temps(directory: Path) -> int:
 # ------------------------------------------------------------------ what a run dir holds
 #: the key that lets a command write into a folder holding other files: into a new subfolder
 EXISTING_KEY = "paths.existing_run_dir"
+
+#: overrides that do not make a run another command's: where it is (re)started and from what
+NOT_COMPARED = ("hydra.", "ckpt_path=", f"{EXISTING_KEY}=")
 EXISTING_CHOICES = ("refuse", "subdir")
 
 
@@ -110,6 +113,10 @@ def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
     return (str(job), [str(o) for o in overrides]) if isinstance(overrides, list) else None
 
 
+def compared(overrides: list[str]) -> list[str]:
+    return [o for o in overrides if not o.startswith(NOT_COMPARED)]
+
+
 def claim(
     directory: str | os.PathLike, command: str, overrides: list[str], existing: str = "refuse", resuming: bool = False
 ) -> Path:
@@ -127,13 +134,16 @@ def claim(
         return directory
     if (directory / LOCK_NAME).is_file():  # a mate run dir: a live holder is named (its lock file unchanged)
         _locked(directory, "r").close()
-        if recorded_command(directory) == (command, overrides) and not (directory / "metrics.json").exists():
+        recorded = recorded_command(directory)
+        same = recorded is not None and recorded[0] == command and compared(recorded[1]) == compared(overrides)
+        if same and not (directory / "metrics.json").exists():
             if (
                 resuming
                 or command not in ("train", "pretrain")
                 or not (directory / "checkpoints" / "last.ckpt").is_file()
             ):
                 take(directory)
+                (directory / "FAILED").unlink(missing_ok=True)  # taken again: its outcome is the new run's
                 return directory
             raise MateError(
                 f"{directory} holds this command's interrupted run and its checkpoints/last.ckpt; resume "
