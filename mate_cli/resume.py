@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import io
 import logging
 import random
 import secrets
@@ -242,6 +243,13 @@ class ContinuousCSVLog(L.Callback):
     def __init__(self, earlier_run_dir: str | Path | None = None) -> None:
         self.earlier = None if earlier_run_dir is None else Path(earlier_run_dir)
         self._pending: dict | None = None
+        # read now: resumed in place, the run dir is this run's too, and Lightning's CSV logger deletes a metrics file
+        # it finds there when it starts
+        self._earlier_logs = {
+            path: path.read_text(encoding="utf-8")
+            for path in (self.earlier.rglob("metrics.csv") if self.earlier is not None else ())
+            if path.is_file()
+        }
 
     @staticmethod
     def _csv_loggers(trainer) -> list:
@@ -271,13 +279,12 @@ class ContinuousCSVLog(L.Callback):
     def _continue(self, writer, save_dir: Path, step: int) -> None:
         """Seed ``writer``'s still-empty metrics file with the earlier log's rows before ``step``."""
         earlier = self.earlier / Path(writer.metrics_file_path).relative_to(save_dir)
-        if not earlier.is_file():
+        if earlier not in self._earlier_logs:
             log.info("no CSV log at %s to continue; this run's starts at step %d", earlier, step)
             return
-        with open(earlier, newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            fields = set(reader.fieldnames or [])
-            rows = [row for row in reader if _step(row) is not None and _step(row) < step]  # `step` is logged again
+        reader = csv.DictReader(io.StringIO(self._earlier_logs[earlier], newline=""))
+        fields = set(reader.fieldnames or [])
+        rows = [row for row in reader if _step(row) is not None and _step(row) < step]  # `step` is logged again
         pending = self._pending
         if pending and not any(_step(row) == pending["step"] and not set(pending) - {k for k, v in row.items() if v}
                                for row in rows):  # fmt: skip

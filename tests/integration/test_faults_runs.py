@@ -134,6 +134,14 @@ def test_the_same_commands_interrupted_run_is_taken_again(tmp_path):
         run_lock.claim(run, "train", ["experiment=sqa_mate"])
     assert run_lock.claim(run, "train", ["experiment=sqa_mate"], resuming=True) == run.resolve()
     run_lock.release(run)
+    # resumed in place once: Hydra recorded ckpt_path=<run dir>, which does not make it another command; taken again,
+    # the earlier stop's FAILED goes (the new run writes its own outcome)
+    (run / ".hydra" / "overrides.yaml").write_text(f"- experiment=sqa_mate\n- ckpt_path={run}\n")
+    (run / "FAILED").write_text("mate: interrupted by SIGTERM at step 3; resume with ckpt_path=...\n")
+    assert run_lock.claim(run, "train", ["experiment=sqa_mate"], resuming=True) == run.resolve()
+    assert not (run / "FAILED").exists()
+    run_lock.release(run)
+    (run / ".hydra" / "overrides.yaml").write_text("- experiment=sqa_mate\n")
     (run / "metrics.json").write_text("{}")  # finished: no longer an interrupted run
     with pytest.raises(MateError, match="already holds files"):
         run_lock.claim(run, "train", ["experiment=sqa_mate"], resuming=True)
@@ -219,6 +227,27 @@ def test_a_signal_inside_a_gradient_accumulation_window_saves_at_the_windows_end
         interrupts.install()  # a clean state for the next test; the fixture restores the handlers
     saved = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved["global_step"] == 2 and saved[STATE_KEY]["examples_this_epoch"] == 4 * 2
+
+
+def test_a_run_resumed_in_its_own_run_dir_keeps_its_earlier_csv_rows(trained, tmp_path, signal_handlers):
+    """`hydra.run.dir=<run> ckpt_path=<run>`: Lightning's CSV logger deletes the metrics file it finds in its folder
+    when it starts, so the earlier rows are read before it does; the log goes on from step 1."""
+    import csv
+
+    from mate_cli import interrupts
+
+    interrupts.install()
+    run, cache = tmp_path / "run", trained("tabfact").parent / "cache"
+    stop = ["+callbacks.signal_at._target_=tests.signal_at.SignalAt", "+callbacks.signal_at.batch=2"]
+    try:
+        with pytest.raises(Exception, match="interrupted by SIGTERM at step 3"):
+            train_in_process(["trainer.max_steps=5", "trainer.log_every_n_steps=1", *stop], run, cache)
+    finally:
+        interrupts.install()
+    train_in_process(["trainer.max_steps=5", "trainer.log_every_n_steps=1", f"ckpt_path={run}"], run, cache)
+    with open(run / "csv" / "metrics.csv", newline="", encoding="utf-8") as handle:
+        steps = sorted({int(float(row["step"])) for row in csv.DictReader(handle) if row.get("train/loss")})
+    assert steps[0] <= 1 and steps[-1] >= 4, steps
 
 
 def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):
