@@ -5,6 +5,7 @@ removes dead mate writers' temp files (:func:`mate_cli.io.is_stale_temp`), nothi
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -19,6 +20,18 @@ LOCK_NAME = ".mate.lock"
 
 #: the lock files this process holds, open (closing one would release its lock)
 _HELD: dict[Path, object] = {}
+
+
+def _forget_in_child() -> None:
+    """A forked child (a loader or preprocessing worker) does not hold its parent's run dir: its copies of the lock
+    files close (the parent's lock stands), so a killed parent's run dir is free again whatever its workers still do."""
+    for handle in _HELD.values():
+        with contextlib.suppress(OSError):
+            handle.close()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def is_ddp_child() -> bool:

@@ -475,3 +475,29 @@ def test_a_100k_character_question_is_shown_short_and_its_cut_is_said(finished, 
         assert caplog.text == ""
         warn_if_cut(question, run, "")
     assert "the model reads only the first 64" in caplog.text and "dataset.max_question_tokens" in caplog.text
+
+
+def test_a_forked_worker_does_not_keep_its_parents_run_dir_locked(tmp_path):
+    """Loader and preprocessing workers are forked with the run dir's lock file open: once the parent is gone (its
+    lock released here), the run dir can be taken again while a worker still runs."""
+    import multiprocessing
+
+    run = tmp_path / "run"
+    assert run_lock.take(run)
+    context = multiprocessing.get_context("fork")
+    started = context.Event()
+    worker = context.Process(target=_work_a_minute, args=(started,))
+    worker.start()
+    try:
+        assert started.wait(60)
+        run_lock.release(run)  # as the parent's death would
+        assert run_lock.take(run)  # the worker's copy of the lock file did not keep the lock
+    finally:
+        worker.kill()
+        worker.join()
+        run_lock.release(run)
+
+
+def _work_a_minute(started) -> None:
+    started.set()
+    time.sleep(60)
