@@ -109,8 +109,8 @@ def remove_stale_temps(directory: Path) -> int:
     removed = 0
     host = socket.gethostname()
     for tmp in directory.glob(f".*{_TEMP_SUFFIX}") if directory.is_dir() else ():
-        parts = tmp.name[: -len(_TEMP_SUFFIX)].rsplit(".", 2)
-        if len(parts) == 3 and parts[1] == host and parts[2].isdigit() and not pid_alive(int(parts[2])):
+        rest, _, pid = tmp.name[: -len(_TEMP_SUFFIX)].rpartition(".")  # the host name may hold dots itself
+        if rest.endswith(f".{host}") and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
             removed += 1
     if removed:

@@ -47,6 +47,18 @@ def test_temp_folders_of_killed_writers_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, elsewhere.name, "entry"])
 
 
+def test_temp_folders_of_killed_writers_are_removed_on_a_host_whose_name_has_dots(tmp_path, monkeypatch):
+    """Cluster nodes are often named node1.cluster.local: the name is read from the end (pid), not split on dots."""
+    from mate_cli.data import cache
+
+    monkeypatch.setattr(cache.socket, "gethostname", lambda: "node1.cluster.local")
+    stale = tmp_path / f".entry.node1.cluster.local.{dead_pid()}.tmp"
+    other = tmp_path / f".entry.node2.cluster.local.{dead_pid()}.tmp"
+    for folder in (stale, other):
+        folder.mkdir()
+    assert remove_stale_temps(tmp_path) == 1 and not stale.exists() and other.exists()
+
+
 def test_a_truncated_entry_is_reported_in_one_line_and_rebuilt(tmp_path, caplog):
     target = tmp_path / "entry"
     save_atomically(dataset(range(1000)), target)
