@@ -14,8 +14,6 @@ from pathlib import Path
 
 import lightning as L
 
-from mate_cli.lightning_internals import defer_sigterm
-
 #: the signals handled, with the exit status of a command they stop
 SIGNALS = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
 
@@ -87,8 +85,7 @@ def interrupted(signum: int | None = None) -> Interrupted:
 
 
 class StopOnSignal(L.Callback):
-    """A signal during ``trainer.fit``: finish the batch (with gradient accumulation, the window), save ``last.ckpt``,
-    stop. Listed after
+    """A signal during ``trainer.fit``: finish the batch, save ``last.ckpt``, stop. Listed after
     :class:`mate_cli.resume.ResumeState`, whose position in the epoch the save records; Lightning runs checkpoint
     callbacks last, so the save is at the same point of a step as an every-n-steps ``last.ckpt``."""
 
@@ -118,16 +115,10 @@ class StopOnSignal(L.Callback):
             self.saved_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # only where an optimiser step just ended (with gradient accumulation, a checkpoint inside the window would
-        # lose the gradients accumulated so far, and the resumed run would skip their examples)
-        stepped = trainer.global_step != self.step
         self.step = trainer.global_step
-        if _State.received is None or trainer.sanity_checking:
-            return
-        if stepped or trainer.is_last_batch:
+        if _State.received is not None and not trainer.sanity_checking:
             trainer.save_checkpoint(self.last_ckpt)  # every rank: saving is collective under DDP
             raise interrupted()
-        defer_sigterm(trainer)  # Lightning would end the fit after this micro-batch
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if _State.received is not None and trainer.state.fn == "fit":

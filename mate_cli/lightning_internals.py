@@ -23,9 +23,3 @@ def pending_log_row(trainer: L.Trainer) -> dict | None:
     values = {k: float(v) for k, v in connector.metrics["log"].items()}
     step = trainer.fit_loop.epoch_loop._batches_that_stepped
     return {**values, "epoch": trainer.current_epoch, "step": step} if values else None
-
-
-def defer_sigterm(trainer: L.Trainer) -> None:
-    """Lightning ends the fit at the end of the training batch in which a SIGTERM came; cleared, the command's own
-    handler decides (:class:`mate_cli.interrupts.StopOnSignal`: at the end of a gradient accumulation window)."""
-    trainer._signal_connector.received_sigterm = False

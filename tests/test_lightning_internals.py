@@ -3,14 +3,11 @@ on a real Trainer: each test fails when an installed Lightning moves one of them
 
 from __future__ import annotations
 
-import os
-import signal
-
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from mate_cli.lightning_internals import defer_sigterm, pending_log_row, training_loaders
+from mate_cli.lightning_internals import pending_log_row, training_loaders
 
 
 class Tiny(L.LightningModule):
@@ -69,29 +66,3 @@ def test_the_row_about_to_be_logged_holds_the_batch_values_and_its_step(tmp_path
     assert [row["train/loss"] for row in seen.rows] == seen.losses
     seen, _ = fit(tmp_path, log_every_n_steps=2)
     assert [row is None for row in seen.rows] == [True, False, True, False]  # rows on steps 1 and 3 only
-
-
-class SigtermAtBatch1(L.Callback):
-    """A real SIGTERM to this process during batch 1; cleared at its end (as StopOnSignal does inside an accumulation
-    window)."""
-
-    def __init__(self) -> None:
-        self.cleared = False
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if batch_idx == 1:
-            os.kill(os.getpid(), signal.SIGTERM)  # Lightning's own handler is installed during fit
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if batch_idx == 1:
-            assert trainer.received_sigterm
-            defer_sigterm(trainer)
-            self.cleared = not trainer.received_sigterm
-
-
-def test_a_deferred_sigterm_lets_the_fit_go_on(tmp_path):
-    callback = SigtermAtBatch1()
-    trainer = L.Trainer(default_root_dir=tmp_path, max_steps=4, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])  # fmt: skip
-    trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2))
-    assert callback.cleared and trainer.global_step == 4  # without the clearing, SIGTERMException after batch 1

@@ -208,27 +208,6 @@ def signal_handlers():
         signal.signal(signum, handler)
 
 
-def test_a_signal_inside_a_gradient_accumulation_window_saves_at_the_windows_end(trained, tmp_path, signal_handlers):
-    """A checkpoint inside an accumulation window would lose the gradients accumulated so far (and the resumed run would
-    skip their examples): the stop waits for the window's optimiser step. A real SIGTERM arrives during the first
-    micro-batch of the second window; last.ckpt holds step 2 and the four micro-batches' examples."""
-    from mate_cli import interrupts
-    from mate_cli.resume import STATE_KEY
-
-    interrupts.install()
-    run = tmp_path / "run"
-    cache = trained("tabfact").parent / "cache"
-    overrides = ["trainer.max_steps=6", "trainer.accumulate_grad_batches=2", "dataset.batch_size=2",
-                 "+callbacks.signal_at._target_=tests.signal_at.SignalAt", "+callbacks.signal_at.batch=2"]  # fmt: skip
-    try:
-        with pytest.raises(Exception, match="interrupted by SIGTERM at step 2"):
-            train_in_process(overrides, run, cache)
-    finally:
-        interrupts.install()  # a clean state for the next test; the fixture restores the handlers
-    saved = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    assert saved["global_step"] == 2 and saved[STATE_KEY]["examples_this_epoch"] == 4 * 2
-
-
 def test_a_run_resumed_in_its_own_run_dir_keeps_its_earlier_csv_rows(trained, tmp_path, signal_handlers):
     """`hydra.run.dir=<run> ckpt_path=<run>`: Lightning's CSV logger deletes the metrics file it finds in its folder
     when it starts, so the earlier rows are read before it does; the log goes on from step 1."""
