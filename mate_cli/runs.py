@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mate_cli.config_check import check_dotlist
 from mate_cli.errors import MateError
@@ -39,10 +39,33 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
         interpolations=trust,
         lift=" (if you wrote this config yourself, pass trust_run_config=true)",
     )
+    recorded_functions(cfg, config)
     if overrides:
         check_dotlist(OmegaConf.to_container(cfg, resolve=False), list(overrides), "overrides", config)
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     return checked_run_config(cfg, config, trust)
+
+
+#: MATE's options added after runs were trained, and the value that rebuilds those runs' function
+RECORDED_BEFORE = {"global_rows": "query"}
+MATE_TARGET = "mate_cli.modeling.attention.mate.MateAttention"
+
+
+def recorded_functions(cfg: DictConfig, config: Path) -> None:
+    """A run config written before an option of MATE existed gets the value its run was trained with (in place), so
+    eval, predict and PointR compute the function the weights learned."""
+    nodes, said = [cfg], set()
+    while nodes:
+        node = nodes.pop()
+        if node.get("_target_") == MATE_TARGET:
+            for key, value in RECORDED_BEFORE.items():
+                if key not in node:
+                    with open_dict(node):
+                        node[key] = value
+                    if key not in said:
+                        said.add(key)
+                        log.info("%s records no attention.%s: rebuilt with %s, its run's function", config, key, value)
+        nodes.extend(v for _, v in node.items_ex(resolve=False) if isinstance(v, DictConfig))
 
 
 def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
@@ -175,6 +198,8 @@ def pick_device(accelerator: str | None) -> torch.device:
 
 #: ``trainer.precision`` -> the autocast dtype of Lightning's MixedPrecision (what `mate eval`'s Trainer runs)
 MIXED = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mixed": torch.float16, "16": torch.float16}
+#: on CPU Lightning runs float16 mixed precision as bfloat16 (its accelerator connector converts it)
+CPU_MIXED = {**MIXED, "16-mixed": torch.bfloat16, "16": torch.bfloat16}
 
 
 def autocast(device: torch.device, precision: str | None):
@@ -182,7 +207,7 @@ def autocast(device: torch.device, precision: str | None):
     PointR): mixed precisions autocast on CPU and CUDA alike; 32-bit none."""
     text = str(precision or "32-true")
     if text in MIXED:
-        return torch.autocast(device.type, dtype=MIXED[text])
+        return torch.autocast(device.type, dtype=(CPU_MIXED if device.type == "cpu" else MIXED)[text])
     if text not in ("32-true", "32"):
         raise MateError(
             f"trainer.precision={text} converts the weights, which `mate predict` and `mate pointr` do not do; "

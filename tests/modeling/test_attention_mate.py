@@ -6,6 +6,7 @@ Exactness tests log their measured max |diff| (``--log-cli-level=INFO`` shows th
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -446,6 +447,42 @@ def test_the_global_part_attends_to_its_whole_row_or_column_as_the_paper_says():
     for name, got in results.items():
         for a, b in zip(got, results["exact"]):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_the_earlier_global_part_stays_one_function_for_runs_trained_with_it():
+    """``global_rows=query`` (this project's function before 2026-11-26: only the query set of the global part has
+    dense rows) is still computed alike by every implementation, and differs from the paper's on a long column; run
+    configs of that time are rebuilt with it."""
+    from omegaconf import OmegaConf
+
+    from mate_cli.modeling.attention import mate_cpu_kernel
+    from mate_cli.runs import recorded_functions
+
+    layout = layout_from_cells([2], [[[2]] * 13])
+    heads, dim, G, R = 2, 8, 10, 3
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, layout.seq_len, dim) for _ in range(3))
+    query_plan = bucket_plan(layout, heads, 0.5, G, R, "query")
+    reference = bucketed_attention_reference(q, k, v, query_plan)
+    torch.testing.assert_close(bucketed_attention(q, k, v, query_plan, use_cpu_kernel=False), reference)
+    if mate_cpu_kernel.available():
+        torch.testing.assert_close(bucketed_attention(q, k, v, query_plan), reference, atol=1e-5, rtol=1e-5)
+    from mate_cli.modeling.attention import mate_triton
+
+    if mate_triton.triton_available() and mate_triton.interpreting():
+        structure = mate_triton.TritonStructure.of(layout, heads, 0.5, G, R, "query")
+        got = mate_triton.triton_bucketed_attention(q, k, v, structure, 0.0)
+        torch.testing.assert_close(got, reference, atol=1e-5, rtol=1e-5)
+    paper = bucketed_attention_reference(q, k, v, bucket_plan(layout, heads, 0.5, G, R, "all"))
+    assert (paper - reference).abs().max() > 1e-3
+
+    run = OmegaConf.create({"attention": {"_target_": "mate_cli.modeling.attention.mate.MateAttention", "radius": 42},
+                            "model": {"encoder": {"attention": {"_target_": "mate_cli.modeling.attention.mate.MateAttention"}}}})  # fmt: skip
+    OmegaConf.set_struct(run, True)
+    recorded_functions(run, Path("resolved_config.yaml"))
+    assert run.attention.global_rows == "query" and run.model.encoder.attention.global_rows == "query"
+    with pytest.raises(MateError, match="attention.global_rows='every' is unknown: choose all or query"):
+        MateAttention(num_heads=2, head_dim=8, global_rows="every")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -155,11 +155,12 @@ def test_training_steps_under_autocast_track_float32(name, options, device, dtyp
 def test_predict_and_pointr_run_under_the_precision_context_lightning_gives_eval(precision):
     """`mate predict` and `mate pointr` run outside a Trainer: their context is Lightning's for the same
     trainer.precision (bf16 on CPU too), so they compute what `mate eval` computes."""
-    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+    import lightning as L
 
     from mate_cli.runs import autocast
 
-    plugin = MixedPrecision(precision, "cpu") if precision.endswith("mixed") else Precision()
+    trainer = L.Trainer(accelerator="cpu", precision=precision, logger=False, enable_progress_bar=False)
+    plugin = trainer.precision_plugin  # as `mate eval`'s Trainer builds it (on CPU, 16-mixed becomes bf16-mixed)
     states = []
     for context in (plugin.forward_context(), autocast(torch.device("cpu"), precision)):
         with context:

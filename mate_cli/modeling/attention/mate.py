@@ -10,8 +10,8 @@ never. No parameters: a MATE checkpoint is a BERT/TAPAS checkpoint (§3.2).
 - ``bucketed``: the paper's linear-cost approximation (§3.1, App. D; explained in :mod:`.mate_reference`, with the one
   way it differs from App. D):
   ``global_size`` (G) global tokens per head, buckets of ``radius`` (R) tokens. It equals ``exact`` when the query set
-  fits in G and every row/column in R tokens; otherwise a table token loses the part of its row/column beyond its
-  window (the paper's fine-tuning setting: G=116, R=42 at 2048 tokens, App. A).
+  fits in G and every row/column in R tokens; otherwise a table token outside the global part loses the part of its
+  row/column beyond its window (the paper's fine-tuning setting: G=116, R=42 at 2048 tokens, App. A).
 
 ``impl`` is *how* (the same output up to float rounding; different, equally valid dropout masks):
 
@@ -47,6 +47,9 @@ from mate_cli.modeling.layout import TableLayout
 __all__ = ["MateAttention", "VARIANTS", "head_masks", "masked_attention", "choose_exact_impl", "choose_bucketed_impl"]
 
 logger = logging.getLogger(__name__)
+
+#: ``attention.global_rows``: which tokens of the global part get a dense row (:mod:`.mate_plan`)
+GLOBAL_ROWS = ("all", "query")
 
 #: ``attention.variant`` -> its valid ``attention.impl`` values (``auto`` first).
 VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "eager", "kernel", "triton")}
@@ -140,7 +143,9 @@ LOGGED_CHOICES: set[tuple] = set()
 
 @register("mate")
 class MateAttention(AttentionBackend):
-    """MATE (module docstring); the paper's ``row_heads_ratio`` is 0.5 (1:1)."""
+    """MATE (module docstring); the paper's ``row_heads_ratio`` is 0.5 (1:1). ``global_rows``: ``all`` (the paper:
+    the global part attends to everything) or ``query`` (only its query-set tokens do: this project's bucketed function
+    before 2026-11-26, which run configs of that time are rebuilt with, :func:`mate_cli.runs.load_run_config`)."""
 
     def __init__(
         self,
@@ -150,6 +155,7 @@ class MateAttention(AttentionBackend):
         row_heads_ratio: float = 0.5,
         global_size: int = 116,
         radius: int = 42,
+        global_rows: str = "all",
         **shared,
     ) -> None:
         super().__init__(**shared)
@@ -168,6 +174,11 @@ class MateAttention(AttentionBackend):
                 f"attention.impl={impl!r} is not an implementation of attention.variant={variant}: "
                 f"choose one of {', '.join(VARIANTS[variant])}; set attention.impl=<name> accordingly"
             )
+        if global_rows not in GLOBAL_ROWS:
+            raise MateError(
+                f"attention.global_rows={global_rows!r} is unknown: choose {' or '.join(GLOBAL_ROWS)}; "
+                "set attention.global_rows=<name> accordingly"
+            )
         check_range("attention.row_heads_ratio", row_heads_ratio, 0.0, 1.0)
         check_range("attention.global_size", global_size, 1)
         check_range("attention.radius", radius, 1)
@@ -179,6 +190,7 @@ class MateAttention(AttentionBackend):
         self.row_heads_ratio = float(row_heads_ratio)
         self.global_size = int(global_size)
         self.radius = int(radius)
+        self.global_rows = global_rows
         if impl == "triton" and not triton_available():
             raise MateError(
                 "attention.impl=triton needs Triton: GPU builds of PyTorch ship it, elsewhere "
@@ -195,7 +207,7 @@ class MateAttention(AttentionBackend):
     def extra_repr(self) -> str:
         text = f"variant={self.variant}, impl={self.impl}, row_heads_ratio={self.row_heads_ratio}"
         if self.variant == "bucketed":
-            text += f", global_size={self.global_size}, radius={self.radius}"
+            text += f", global_size={self.global_size}, radius={self.radius}, global_rows={self.global_rows}"
         return text
 
     def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
@@ -236,9 +248,11 @@ class MateAttention(AttentionBackend):
         if impl == "triton":  # its own structure, built on the device without the plan's host reads
             from mate_cli.modeling.attention.mate_triton import TritonStructure, triton_bucketed_attention
 
-            structure = TritonStructure.of(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
+            structure = TritonStructure.of(
+                layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius, self.global_rows
+            )
             return triton_bucketed_attention(q, k, v, structure, dropout_p)
-        plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius)
+        plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius, self.global_rows)
         # scratch shared, like the plan, by every layer that sees this layout
         workspace = layout.cached(("mate.workspace",), Workspace)
         return bucketed_attention(q, k, v, plan, dropout_p, use_cpu_kernel=impl == "kernel", workspace=workspace)

@@ -86,7 +86,7 @@ class Chunk:
 @dataclass(eq=False)
 class BucketPlan:
     """Per-layout structure of the bucketed algorithm. Shapes: ``B`` batch, ``H`` heads, ``V`` distinct head views
-    (1 or 2), ``N`` sequence, ``T = nb * R`` padded sorted length, ``P`` dense (query) rows."""
+    (1 or 2), ``N`` sequence, ``T = nb * R`` padded sorted length, ``P`` dense rows (the global part's)."""
 
     batch: int
     heads: int
@@ -282,9 +282,10 @@ def _int32_groups(groups: torch.Tensor) -> torch.Tensor:
 
 
 def bucket_plan(
-    layout: TableLayout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int
+    layout: TableLayout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int, global_rows: str = "all"
 ) -> BucketPlan:
-    """The layout's :class:`BucketPlan` for these settings, cached on the layout."""
+    """The layout's :class:`BucketPlan` for these settings, cached on the layout. ``global_rows``: ``all`` real tokens
+    of the global part get a dense row (the paper), or its ``query``-set tokens only."""
 
     def build() -> BucketPlan:
         B, N, R = layout.batch_size, layout.seq_len, radius
@@ -294,7 +295,7 @@ def bucket_plan(
         groups = head_groups(layout, num_heads, row_heads_ratio)
         q_len = layout.is_query.sum(1)
         real = layout.attention_mask.sum(1)
-        dense_len = real.clamp(max=G)  # the global part "attends to and from everything" (§3.1, App. D)
+        dense_len = (real if global_rows == "all" else q_len).clamp(max=G)  # §3.1: "attends to and from everything"
         P = int(dense_len.max()) if B else 0
         in_window = (_unfold_windows(torch.arange(T, device=layout.device), R, -1) >= G)[None, :, None, :]
         long_allowed, dense_allowed, sorted_view_groups = [], [], []
@@ -333,5 +334,5 @@ def bucket_plan(
             global_needed=(long_stack[..., :G] * torch.arange(1, G + 1, device=layout.device)).amax(-1),
         )
 
-    key = ("mate.bucket_plan", num_heads, float(row_heads_ratio), int(global_size), int(radius))
+    key = ("mate.bucket_plan", num_heads, float(row_heads_ratio), int(global_size), int(radius), global_rows)
     return layout.cached(key, build)

@@ -71,7 +71,9 @@ class TritonStructure:
     ``dense``, ``real`` ``[B]``: the dense rows (``min(real, G)``, the global part) and the real tokens, each a sorted
     prefix."""
 
-    def __init__(self, layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> None:
+    def __init__(
+        self, layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int, global_rows: str = "all"
+    ) -> None:
         from mate_cli.modeling.attention.mate_plan import sorted_groups
 
         B, N = layout.batch_size, layout.seq_len
@@ -83,12 +85,17 @@ class TritonStructure:
         self.perm = perm.reshape(B * num_heads, N).to(torch.int32).contiguous()
         self.global_len, self.radius, self.heads = min(int(global_size), N), int(radius), num_heads
         self.real = layout.attention_mask.sum(1).to(torch.int32).contiguous()
-        self.dense = self.real.clamp(max=self.global_len).contiguous()  # the global part attends to everything
+        counted = self.real if global_rows == "all" else layout.is_query.sum(1).to(torch.int32)
+        self.dense = counted.clamp(max=self.global_len).contiguous()  # the global part attends to everything
 
     @staticmethod
-    def of(layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int) -> "TritonStructure":
-        key = ("mate.triton", num_heads, float(row_heads_ratio), int(global_size), int(radius))
-        return layout.cached(key, lambda: TritonStructure(layout, num_heads, row_heads_ratio, global_size, radius))
+    def of(
+        layout, num_heads: int, row_heads_ratio: float, global_size: int, radius: int, global_rows: str = "all"
+    ) -> "TritonStructure":
+        key = ("mate.triton", num_heads, float(row_heads_ratio), int(global_size), int(radius), global_rows)
+        return layout.cached(
+            key, lambda: TritonStructure(layout, num_heads, row_heads_ratio, global_size, radius, global_rows)
+        )
 
 
 def triton_runs_on(q: torch.Tensor) -> bool:

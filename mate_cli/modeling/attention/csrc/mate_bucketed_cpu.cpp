@@ -1,5 +1,5 @@
 // MATE bucketed attention on CPU: fused kernels for the forward of the long (bucketed)
-// rows and of the dense query rows, and one for the backward of both.
+// rows and of the dense rows (the global part), and one for the backward of both.
 //
 // The torch path (mate_bucketed.py) sorts k and v into a bucket-aligned buffer, then
 // computes the long rows chunk by chunk with torch ops: scores to [globals ; window],
@@ -635,7 +635,7 @@ void dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 
   at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
     // scores transposed (keys x queries), so that the products broadcast k and v rows
-    // as they lie in memory and only the few query rows are transposed (qT [D, mp]);
+    // as they lie in memory and only the few dense rows are transposed (qT [D, mp]);
     // the softmax runs down the columns, kLanes queries at a time
     std::vector<float> qbuf, qT, obuf, St, mx, sum, corr, kb(kBlock * D), vb(kBlock * D);
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -749,7 +749,7 @@ inline void softmax_grad_rows(int64_t rows, int w, int ld, const float* P, float
 // (M: the forward's dropout factors, redrawn; O: the forward's output, dropout included)
 // with dK, dV accumulated in sorted order (a key is read by up to three buckets'
 // windows and, if global, by every bucket) and written to their rows once at the end.
-// The dense rows [0, free[b]) do the same over the real keys [0, real[b]); the long
+// The dense rows [0, dense[b]) do the same over the real keys [0, real[b]); the long
 // part skips them (their gradient comes from the dense part only, as in the forward).
 // Heads own disjoint rows, so tasks never write the same memory.
 // Extra inputs: grad_out [rows, D] in its own row layout (grad_src [BH, T]: sorted slot
