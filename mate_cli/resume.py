@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from mate_cli import run_lock
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
@@ -181,12 +182,15 @@ def resolve_resume_path(value: str | None, output_root: Path, experiment_name: s
                 f"ckpt_path=last: no run of experiment {experiment_name!r} with checkpoints/last.ckpt under {output_root}; "
                 "pass ckpt_path=<run dir or .ckpt file>"
             )
+        run_lock.check_not_running(runs[-1], "ckpt_path=last")
         return str(runs[-1] / "checkpoints" / "last.ckpt")
     path = Path(str(value)).expanduser()
     if path.is_dir():
         path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
     if not path.is_file():
         raise MateError(f"ckpt_path={value}: no checkpoint at {path}; pass a .ckpt file, a run dir or `last`")
+    if path.parent.name == "checkpoints":
+        run_lock.check_not_running(run_dir_of(path), f"ckpt_path={value}")
     if is_weights_only_checkpoint(path):
         run = f"ckpt_path={run_dir_of(path)}" if path.parent.name == "checkpoints" else "a last.ckpt"
         raise MateError(

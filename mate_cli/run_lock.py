@@ -72,6 +72,22 @@ def _locked(directory: Path, mode: str):
     return handle
 
 
+def check_not_running(run_dir: str | os.PathLike, what: str) -> None:
+    """`MateError` naming the holder when another live mate process holds ``run_dir`` (``what``: the setting that
+    named it); this process's own run dir and a folder without a lock file pass."""
+    directory = Path(run_dir).resolve()
+    if directory in _HELD or is_ddp_child() or not (directory / LOCK_NAME).is_file():
+        return  # a DDP rank > 0 resumes the run dir its rank 0 holds
+    try:
+        _locked(directory, "r").close()
+    except MateError:
+        holder = (directory / LOCK_NAME).read_text().strip() or "unknown"
+        raise MateError(
+            f"{what}: the run in {directory} is still running (pid {holder}); resuming it now would train the same "
+            "run twice: wait for it to end, or stop it (it saves last.ckpt), then resume"
+        ) from None
+
+
 def release(run_dir: str | os.PathLike) -> None:
     """Give up this process's lock on ``run_dir`` (kept: the lock file, for the next taker)."""
     handle = _HELD.pop(Path(run_dir).resolve(), None)

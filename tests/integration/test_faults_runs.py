@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -480,3 +481,32 @@ def test_a_forked_worker_does_not_keep_its_parents_run_dir_locked(tmp_path):
 def _work_a_minute(started) -> None:
     started.set()
     time.sleep(60)
+
+
+def test_a_run_that_is_still_training_is_not_resumed_beside_itself(tmp_path):
+    """Two processes would train one run (and share its W&B run): resuming a run dir another live mate process holds
+    is one line naming it; this process's own run dir (an in-place resume) is not refused."""
+    from mate_cli.resume import resolve_resume_path
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from mate_cli import run_lock; run_lock.take({str(run)!r}); print('held', flush=True); "
+         "import time; time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(
+            MateError, match=rf"ckpt_path={run}: the run in {run} is still running \(pid {holder.pid}\)"
+        ):
+            resolve_resume_path(str(run), tmp_path, "x")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_lock.take(run)  # the holder is gone: this process's own now
+    try:
+        run_lock.check_not_running(run, "ckpt_path")  # its own run dir passes
+    finally:
+        run_lock.release(run)
