@@ -136,7 +136,25 @@ def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: st
     refuse_non_finite(state, path, key)
     if resume:
         check_resume_state(path, data)
+        check_optimizer_groups(path, data, model)
     return data
+
+
+def check_optimizer_groups(path: Path, data: dict, model: torch.nn.Module) -> None:
+    """Refuse to resume an optimiser state whose parameter groups are not the ones ``model`` trains with (Lightning
+    would stop with a bare ValueError inside the fit)."""
+    from mate_cli.lit_modules.optim import parameter_groups
+
+    if not hasattr(model, "own_rates"):
+        return
+    saved = [len(group["params"]) for group in data["optimizer_states"][0].get("param_groups", [])]
+    now = [len(group["params"]) for group in parameter_groups(model, model.own_rates())]
+    if saved and saved != now:
+        raise MateError(
+            f"ckpt_path={path}: its optimiser trained {len(saved)} parameter groups ({saved} parameters), this run's "
+            f"model has {len(now)} ({now}): its settings differ from the run's (model.extra_lr, the frozen parts); "
+            "resume with the run's own, as its resolved_config.yaml records them"
+        )
 
 
 def read_state(path: Path, key: str, fix: str) -> tuple[dict, dict]:

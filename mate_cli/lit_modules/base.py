@@ -193,7 +193,11 @@ class EncoderTaskModule(L.LightningModule):
         )
 
     def configure_optimizers(self):
-        return configure(self, self.optimizer, self.scheduler, {"extra": self.extra_lr} if self.extra_lr else None)
+        return configure(self, self.optimizer, self.scheduler, self.own_rates())
+
+    def own_rates(self) -> dict[str, float] | None:
+        """Submodules trained at a learning rate of their own (:func:`mate_cli.lit_modules.optim.parameter_groups`)."""
+        return {"extra": self.extra_lr} if self.extra_lr else None
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["mate_recorded_metrics"] = dict(self.recorded_metrics)

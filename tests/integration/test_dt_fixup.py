@@ -75,3 +75,21 @@ def test_a_learning_rate_that_is_not_positive_is_refused_in_one_line(tmp_path):
     cfg = compose_train(["experiment=hybridqa_mate_dt_fixup", "model.extra_lr=0"], tmp_path)
     with pytest.raises(Exception, match=r"model.extra_lr=0 is invalid: a learning rate > 0, or null"):
         build(cfg, tmp_path)
+
+
+def test_a_resume_whose_optimiser_groups_differ_is_refused_in_one_line(tmp_path):
+    """A dt_fixup run interrupted before model.extra_lr existed trained 2 parameter groups; the experiment now makes 4:
+    resuming it is one line saying so, not Lightning's bare ValueError inside the fit."""
+    from mate_cli.errors import MateError
+    from mate_cli.lit_modules.optim import parameter_groups
+    from mate_cli.runs import check_optimizer_groups
+    from tests.conf.test_compose import build, compose_train
+
+    cfg = compose_train(["experiment=hybridqa_mate_dt_fixup"], tmp_path)
+    _, model, _ = build(cfg, tmp_path)
+    earlier = [{"params": list(range(len(g["params"])))} for g in parameter_groups(model)]  # no rates of its own
+    data = {"optimizer_states": [{"param_groups": earlier, "state": {}}]}
+    with pytest.raises(MateError, match=r"its optimiser trained 2 parameter groups .* this run's model has 4"):
+        check_optimizer_groups(tmp_path / "last.ckpt", data, model)
+    same = [{"params": list(range(len(g["params"])))} for g in parameter_groups(model, model.own_rates())]
+    check_optimizer_groups(tmp_path / "last.ckpt", {"optimizer_states": [{"param_groups": same}]}, model)
