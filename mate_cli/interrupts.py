@@ -55,6 +55,13 @@ def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signat
     raise interrupted(signum)
 
 
+def saved(checkpoint: dict) -> None:
+    """A checkpoint was written whole (called after its write): FAILED names the step a resume starts from. A write
+    a second signal cut short never gets here, so FAILED names the last whole one."""
+    if _State.training is not None and checkpoint.get("optimizer_states") is not None:  # best-*.ckpt: weights only
+        _State.training.saved_step = int(checkpoint.get("global_step", 0))
+
+
 def loader_worker_start(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature
     """``worker_init_fn`` of mate's ``DataLoader``s: ignore SIGINT, and end at SIGTERM with status 0, as torch's own
     handler's "killed by signal" would fail the main process."""
@@ -109,10 +116,6 @@ class StopOnSignal(L.Callback):
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self.step, _State.deferring = trainer.global_step, False
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        if checkpoint.get("optimizer_states") is not None:  # a whole state (best-*.ckpt holds weights only)
-            self.saved_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.step = trainer.global_step

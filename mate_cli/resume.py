@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from mate_cli import run_lock
+from mate_cli import interrupts, run_lock
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
@@ -148,6 +148,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             with atomic_open(path, "wb") as handle:
                 torch.save(checkpoint, handle)
+            interrupts.saved(checkpoint)
         except (OSError, RuntimeError) as err:  # torch reports a failed write as "unexpected pos ..."
             if os_error_in(err) is None:
                 raise
