@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -485,26 +484,21 @@ def _work_a_minute(started) -> None:
 
 def test_a_run_that_is_still_training_is_not_resumed_beside_itself(tmp_path):
     """Two processes would train one run (and share its W&B run): resuming a run dir another live mate process holds
-    is one line naming it; this process's own run dir (an in-place resume) is not refused."""
+    is one line naming it; this process's own run dir (an in-place resume) is not refused. The other process's lock
+    is an flock on its own open lock file, which a second open file conflicts with in one process as across two."""
+    import fcntl
+
     from mate_cli.resume import resolve_resume_path
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(b"")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"from mate_cli import run_lock; run_lock.take({str(run)!r}); print('held', flush=True); "
-         "import time; time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(
-            MateError, match=rf"ckpt_path={run}: the run in {run} is still running \(pid {holder.pid}\)"
-        ):
+    with open(run / run_lock.LOCK_NAME, "w") as other:  # the live holder, as run_lock.take writes it
+        other.write("4242\n")
+        other.flush()
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(MateError, match=rf"ckpt_path={run}: the run in {run} is still running \(pid 4242\)"):
             resolve_resume_path(str(run), tmp_path, "x")
-    finally:
-        holder.kill()
-        holder.wait()
     assert run_lock.take(run)  # the holder is gone: this process's own now
     try:
         run_lock.check_not_running(run, "ckpt_path")  # its own run dir passes
