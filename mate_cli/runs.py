@@ -46,25 +46,28 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
     return checked_run_config(cfg, config, trust)
 
 
-#: MATE's options added after runs were trained, and the value that rebuilds those runs' function
-RECORDED_BEFORE = {"global_rows": "query"}
-MATE_TARGET = "mate_cli.modeling.attention.mate.MateAttention"
-
-
 def recorded_functions(cfg: DictConfig, config: Path) -> None:
-    """A run config written before an option of MATE existed gets the value its run was trained with (in place), so
-    eval, predict and PointR compute the function the weights learned."""
+    """Each node whose ``_target_`` declares ``RECORDED_BEFORE`` (the options added after runs were trained, with the
+    value that gives those runs' function; MATE's ``global_rows``; targets in ``mate_cli.modeling``) gets that value where the run config lacks the key
+    (in place), so eval, predict and PointR compute the function the weights learned."""
+    from hydra.utils import get_object
+
     nodes, said = [cfg], set()
     while nodes:
         node = nodes.pop()
-        if node.get("_target_") == MATE_TARGET:
-            for key, value in RECORDED_BEFORE.items():
-                if key not in node:
-                    with open_dict(node):
-                        node[key] = value
-                    if key not in said:
-                        said.add(key)
-                        log.info("%s records no attention.%s: rebuilt with %s, its run's function", config, key, value)
+        target = node.get("_target_")
+        try:
+            ours = isinstance(target, str) and target.startswith("mate_cli.modeling.")  # built anyway: no new imports
+            recorded = getattr(get_object(target), "RECORDED_BEFORE", {}) if ours else {}
+        except Exception:  # noqa: BLE001 - an unknown target: the run-target check names it
+            recorded = {}
+        for key, value in recorded.items():
+            if key not in node:
+                with open_dict(node):
+                    node[key] = value
+                if key not in said:
+                    said.add(key)
+                    log.info("%s records no %s: rebuilt with %s, its run's function", config, key, value)
         nodes.extend(v for _, v in node.items_ex(resolve=False) if isinstance(v, DictConfig))
 
 

@@ -147,6 +147,10 @@ class MateAttention(AttentionBackend):
     the global part attends to everything) or ``query`` (only its query-set tokens do: this project's bucketed function
     before 2026-11-26, which run configs of that time are rebuilt with, :func:`mate_cli.runs.load_run_config`)."""
 
+    #: options added after runs were trained, with the value that rebuilds those runs' function
+    #: (:func:`mate_cli.runs.recorded_functions`)
+    RECORDED_BEFORE = {"global_rows": "query"}
+
     def __init__(
         self,
         *,
