@@ -164,6 +164,8 @@ def test_wrong_types_and_unknown_keys_are_one_line_naming_the_key(command, args,
         ("train", ["--cfg", "job", "model.optimizer.lr=1e-4"]),
         ("pointr", ["stage1.ckpt_path=x", "stage2.ckpt_path=null"]),
         ("predict", ["question='What is 1,000?'", "table=x.csv", "ckpt_path=y"]),
+        ("predict", ["question=1999", "table=x.csv", "ckpt_path=y"]),  # Hydra reads a number: a name or text takes it
+        ("train", ["run_name=2024", "paths.output_dir=3"]),
         ("report", ["outputs", "plots=false", "tasks=[train,pretrain]"]),
         ("train", ["dataset/split=files"]),
         ("train", ["-m", "run_name='a b',c", 'experiment_name="it\'s",x']),  # quoted sweep items are strings
