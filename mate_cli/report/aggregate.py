@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from mate_cli.errors import MateError
-from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, iter_values, runs_with
+from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, runs_with
 
 BASE_COLUMNS = ("experiment", "attention", "impl", "dataset")
 #: overrides that never name a configuration (seeds repeat one, a resume continues one, base columns show some,
@@ -71,7 +71,7 @@ class Configuration:
         return out
 
     def summary(self, metric: str) -> Summary | None:
-        return summarize(iter_values(self.counted(), metric))
+        return summarize(run.metrics[metric] for run in self.counted() if metric in run.metrics)
 
     def count(self, status: str) -> int:
         """Runs with ``status``; for ``ok``, the counted ones."""

@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
@@ -120,9 +120,8 @@ def last_validation(path: Path) -> dict[str, float]:
     ``validate_best=false`` runs)."""
     last: dict[str, float] = {}
     for row in logged_rows(path):
-        values = {k: v for k, v in row.items() if k and k.startswith("val/") and v not in (None, "")}
-        if values:
-            last.update(numeric_metrics({k: float(v) for k, v in values.items()}))
+        values = {k: float(v) for k, v in row.items() if k and k.startswith("val/") and v not in (None, "")}
+        last.update(numeric_metrics(values))
     return last
 
 
@@ -190,9 +189,3 @@ def collect(path: str | os.PathLike, tasks: Iterable[str] | None = ("train",)) -
 
 def runs_with(runs: Iterable[Run], status: str) -> list[Run]:
     return [r for r in runs if r.status == status]
-
-
-def iter_values(runs: Iterable[Run], metric: str) -> Iterator[float]:
-    for run in runs:
-        if run.status == OK and metric in run.metrics:
-            yield run.metrics[metric]

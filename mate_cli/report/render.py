@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from mate_cli.bench.report import format_mb
 from mate_cli.io import atomic_open, atomic_write_csv
-from mate_cli.report.aggregate import MISSING, THROUGHPUT, Configuration, Summary
+from mate_cli.report.aggregate import BASE_COLUMNS, MISSING, THROUGHPUT, Configuration, Summary
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, logged_rows
 
 PLUS_MINUS = "±"
@@ -141,8 +142,7 @@ def labels(configurations: Sequence[Configuration]) -> list[str]:
     varying = [k for k in keys if len({c.key[k] for c in configurations}) > 1] or ["experiment"]
     out = []
     for conf in configurations:
-        parts = [conf.key[k] if k in ("experiment", "attention", "impl", "dataset")
-                 else f"{k.rsplit('.', 1)[-1]}={short_value(conf.key[k])}"
+        parts = [conf.key[k] if k in BASE_COLUMNS else f"{k.rsplit('.', 1)[-1]}={short_value(conf.key[k])}"
                  for k in varying if conf.key[k] != MISSING]  # fmt: skip
         out.append("\n".join(parts) or MISSING)
     return out
@@ -162,13 +162,6 @@ def _pyplot():
     return plt
 
 
-def _title(ax, text: str, fig_width: float) -> None:
-    """A title wrapped to the figure's width (about 14 characters an inch at 9 pt)."""
-    import textwrap
-
-    ax.set_title("\n".join(textwrap.wrap(text, max(30, int(fig_width * 14)))), fontsize=9)
-
-
 def _y_from_zero(ax, values: Sequence[float]) -> None:
     """Start the y axis at 0 when every value is ≥ 0, so heights compare as they are; else say so in its label."""
     if values and min(values) >= 0:
@@ -179,14 +172,11 @@ def _y_from_zero(ax, values: Sequence[float]) -> None:
 
 def _finish(fig, ax, title: str, title_width: float, path: Path, formats: Sequence[str], grid_axis: str = "both",
             **legend) -> list[Path]:  # fmt: skip
-    _title(ax, title, title_width)
+    """Title (wrapped to the figure's width: about 14 characters an inch at 9 pt), grid and legend, then the figure
+    saved as ``path`` in each of ``formats`` and closed."""
+    ax.set_title("\n".join(textwrap.wrap(title, max(30, int(title_width * 14)))), fontsize=9)
     ax.grid(True, axis=grid_axis, alpha=0.3)
     ax.legend(fontsize=7, **legend)
-    return _save(fig, path, formats)
-
-
-def _save(fig, path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
-    plt = _pyplot()
     written = []
     try:
         fig.tight_layout()
@@ -196,7 +186,7 @@ def _save(fig, path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
                 fig.savefig(handle, format=fmt, dpi=90, bbox_inches="tight")  # legends outside the axes included
             written.append(target)
     finally:
-        plt.close(fig)
+        _pyplot().close(fig)
     return written
 
 
