@@ -210,51 +210,50 @@ def kernel_case(
     shape = (batch, heads, seq_len, head_dim)
     base = [torch.randn(shape, generator=generator) for _ in range(3)]
     q, k, v = (t.to(device, dtype) for t in base)
+    cotangent = None
     if mode == "inference":
 
         def call() -> None:
             with torch.no_grad():
                 fn(q, k, v)
 
-        error = float32_comparison(fn, module, layout, base, None, dtype, device)
-        return Case(call, flops, min_warmup=2, countable=not runs_flex(module, q, grad=False), error=error)
-    leaves = [t.requires_grad_() for t in (q, k, v)]
-    params = list(module.parameters()) if module is not None else []
-    cotangent = torch.randn(shape, generator=generator)
-    grad_out = cotangent.to(device, dtype)
+    else:
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        params = list(module.parameters()) if module is not None else []
+        cotangent = torch.randn(shape, generator=generator)
+        grad_out = cotangent.to(device, dtype)
+        flops = None if flops is None else 3.5 * flops
 
-    def train_call() -> None:
-        for t in leaves + params:
-            t.grad = None
-        with torch.enable_grad():
-            fn(*leaves).backward(grad_out)
+        def call() -> None:
+            for t in leaves + params:
+                t.grad = None
+            with torch.enable_grad():
+                fn(*leaves).backward(grad_out)
 
-    train_flops = None if flops is None else 3.5 * flops
     error = float32_comparison(fn, module, layout, base, cotangent, dtype, device)
-    return Case(train_call, train_flops, min_warmup=2, countable=not runs_flex(module, q, grad=True), error=error)
+    return Case(call, flops, min_warmup=2, countable=not runs_flex(module, q, grad=mode == "train"), error=error)
 
 
 def float32_comparison(fn, module, layout, base, cotangent, dtype, device) -> Callable[[], float] | None:
-    """``Case.error``: None in float32, else :func:`error_vs_float32` against a float32 copy of ``module`` (no module:
-    ``fn``, which follows its inputs' dtype)."""
+    """``Case.error``: None in float32, else ``err_vs_fp32`` (:mod:`mate_cli.bench.measure`) against a float32 copy
+    of ``module`` (no module: ``fn``, which follows its inputs' dtype); gradients only with a ``cotangent``."""
     if dtype == torch.float32:
         return None
     reference = fn if module is None else functools.partial(copy.deepcopy(module).float(), layout=layout)
     real = layout.attention_mask[:, None, :, None]
-    return functools.partial(error_vs_float32, fn, reference, base, cotangent, dtype, device, real)
 
+    def error() -> float:
+        results = []
+        for f, dt in ((fn, dtype), (reference, torch.float32)):
+            leaves = [t.to(device, dt).requires_grad_(cotangent is not None) for t in base]
+            with torch.set_grad_enabled(cotangent is not None):
+                out = f(*leaves)
+                if cotangent is not None:
+                    out.backward(cotangent.to(device, dt))
+            results.append([out] + ([t.grad for t in leaves] if cotangent is not None else []))
+        return max(measure.relative_error(a, b, real) for a, b in zip(*results))
 
-def error_vs_float32(fn, reference, base, cotangent, dtype, device, real) -> float:
-    """``err_vs_fp32`` (:mod:`mate_cli.bench.measure`); gradients only with a ``cotangent``."""
-    results = []
-    for f, dt in ((fn, dtype), (reference, torch.float32)):
-        leaves = [t.to(device, dt).requires_grad_(cotangent is not None) for t in base]
-        with torch.set_grad_enabled(cotangent is not None):
-            out = f(*leaves)
-            if cotangent is not None:
-                out.backward(cotangent.to(device, dt))
-        results.append([out] + ([t.grad for t in leaves] if cotangent is not None else []))
-    return max(measure.relative_error(a, b, real) for a, b in zip(*results))
+    return error
 
 
 def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> bool:
@@ -348,8 +347,7 @@ def encoder_case(
                 forward()
 
         return Case(call, countable=not runs_flex(model, probe, grad=False))
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=1e-5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def train_call() -> None:
         optimizer.zero_grad(set_to_none=True)
