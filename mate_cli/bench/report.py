@@ -67,6 +67,15 @@ def cell_text(row: dict) -> str:
     return f"{_fmt_time(_num(row['time_ms']))}\n[dim]{format_mb(_num(row['peak_mem_mb']))}[/dim]"
 
 
+def markdown_cell(row: dict) -> str:
+    if row["status"] != "ok":
+        return row["status"]
+    flops = _num(row["flops"])
+    gf = "" if not flops else f" ({flops / 1e9:,.1f} GF)"
+    err = f"; {row['err_vs_fp32']}" if row.get("err_vs_fp32") else ""
+    return f"{_fmt_time(_num(row['time_ms']))} / {format_mb(_num(row['peak_mem_mb']))}{gf}{err}"
+
+
 def print_tables(rows: list[dict], console: Console | None = None) -> None:
     """One rich table per (level, mode): backends x lengths, median time over peak memory."""
     console = console or Console()
@@ -87,16 +96,14 @@ def print_tables(rows: list[dict], console: Console | None = None) -> None:
             f"[yellow]{len(noisy)} of {len(rows)} cells were timed while other processes used more than "
             f"{NOISY_CORES} cores (column other_cpu): their times include contention.[/yellow]"
         )
-    notes = [r for r in rows if r["status"] != "ok" and r["note"]]
-    if notes:
-        seen = set()
-        for r in notes:
-            key = (r["level"], r["mode"], r["backend"], r["note"])
-            if key not in seen:
-                seen.add(key)
-                console.print(
-                    f"[dim]{r['level']}/{r['mode']} {r['backend']} @ {r['seq_len']}: {r['status']} - {r['note']}[/dim]"
-                )
+    notes: dict[tuple, dict] = {}  # the first row of each backend's note
+    for r in rows:
+        if r["status"] != "ok" and r["note"]:
+            notes.setdefault((r["level"], r["mode"], r["backend"], r["note"]), r)
+    for r in notes.values():
+        console.print(
+            f"[dim]{r['level']}/{r['mode']} {r['backend']} @ {r['seq_len']}: {r['status']} - {r['note']}[/dim]"
+        )
 
 
 def plot(rows: list[dict], out_dir: Path, dpi: int = 90) -> list[Path]:
@@ -168,18 +175,7 @@ def markdown(rows: list[dict], targets: list | None = None, machine: dict | None
         out.append("|---|" + "---:|" * len(lengths))
         for backend in backends_of(part):
             by_len = {r["seq_len"]: r for r in select(part, backend=backend)}
-            cells = []
-            for n in lengths:
-                r = by_len.get(n)
-                if r is None:
-                    cells.append("")
-                elif r["status"] != "ok":
-                    cells.append(r["status"])
-                else:
-                    flops = _num(r["flops"])
-                    gf = "" if not flops else f" ({flops / 1e9:,.1f} GF)"
-                    err = f"; {r['err_vs_fp32']}" if r.get("err_vs_fp32") else ""
-                    cells.append(f"{_fmt_time(_num(r['time_ms']))} / {format_mb(_num(r['peak_mem_mb']))}{gf}{err}")
+            cells = [markdown_cell(by_len[n]) if n in by_len else "" for n in lengths]
             out.append(f"| {backend} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out) + "\n"

@@ -278,8 +278,7 @@ def layout_note(layout) -> str:
 
 
 def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text[:300]
+    return " ".join(str(err).split())[:300]
 
 
 def select(rows: Iterable[dict], **where) -> list[dict]:
