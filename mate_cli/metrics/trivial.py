@@ -35,15 +35,8 @@ def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question], t
     ]
 
     def scores(questions: Sequence[Question], rule) -> dict:
-        records = [
-            (
-                q.sequence_id or q.question_id,
-                q.position,
-                question_correct(rule(table(q.table_id)), q.answer_coordinates),
-            )
-            for q in questions
-        ]
-        return sqa_scores(records)
+        correct = [question_correct(rule(table(q.table_id)), q.answer_coordinates) for q in questions]
+        return sqa_scores((q.sequence_id or q.question_id, q.position, c) for q, c in zip(questions, correct))
 
     name, best = max(rules, key=lambda item: scores(train, item[1])["all"])
     val = scores(validation, best)
