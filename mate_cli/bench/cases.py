@@ -286,7 +286,9 @@ def flex_kernel(
     the FLOPs are what the kernel evaluates: ``4 * head_dim * block_size^2`` per computed (partial or full) block."""
     if mode == "train" and device.type == "cpu":
         raise Unavailable(f"flex: FlexAttention has no CPU backward in torch {torch.__version__}")
-    options = mate_options()
+    cfg = OmegaConf.to_container(attention_config("mate"), resolve=True)  # attention=mate's options the kernel takes
+    accepted = inspect.signature(sparse.flex_mate_attention).parameters
+    options = {k: v for k, v in cfg.items() if k in accepted and not k.startswith("_")}
     block = int(options.get("block_size", 128))
 
     def fn(q, k, v):
@@ -297,13 +299,6 @@ def flex_kernel(
         0 if block_mask.full_kv_num_blocks is None else block_mask.full_kv_num_blocks.sum()
     )
     return fn, float(4 * head_dim * block * block * int(blocks))
-
-
-def mate_options() -> dict:
-    """The options of ``attention=mate`` (``row_heads_ratio`` etc.) that ``flex_mate_attention`` accepts."""
-    cfg = OmegaConf.to_container(attention_config("mate"), resolve=True)
-    accepted = inspect.signature(sparse.flex_mate_attention).parameters
-    return {k: v for k, v in cfg.items() if k in accepted and not k.startswith("_")}
 
 
 # ------------------------------------------------------------------ encoder level
@@ -408,10 +403,8 @@ def type_vocab_sizes(layout: TableLayout) -> list[int]:
 
 def hf_model(name: str, dims: dict, seq_len: int, type_sizes: list[int], input_ids, layout):
     """``transformers`` TapasModel (eager) or BertModel (sdpa) at ``dims``, random init."""
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        raise Unavailable(f"{name}: transformers is not importable") from None
+    import transformers
+
     common = dict(
         hidden_size=dims["hidden_size"],
         num_hidden_layers=dims["num_layers"],

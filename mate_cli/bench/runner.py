@@ -113,12 +113,9 @@ def machine(settings: Settings) -> dict:
         info["cpu"] = cpu
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-    try:
-        import transformers
+    import transformers
 
-        info["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover
-        pass
+    info["transformers"] = transformers.__version__
     return info
 
 
