@@ -195,19 +195,16 @@ def kernel_case(
     if split_options(name)[1]:
         raise Unavailable(f"{name}: +options apply to the encoder level")
     heads, head_dim = dims["num_heads"], dims["hidden_size"] // dims["num_heads"]
-    seq_len = layout.seq_len
     layout = layout.to(device)
     generator = torch.Generator().manual_seed(0)
-    flops = None
+    module = flops = None
     if name == "flex":
         fn, flops = flex_kernel(layout, heads, head_dim, mode, device)
-        module = None
     else:
-        module = build_backend(name, heads, head_dim, max_length=seq_len).to(device=device, dtype=dtype)
+        module = build_backend(name, heads, head_dim, max_length=layout.seq_len).to(device=device, dtype=dtype)
         layout = layer_layout(module, layout, batch, heads * head_dim, dtype, device)
-        seq_len = layout.seq_len
         fn = functools.partial(module, layout=layout)
-    shape = (batch, heads, seq_len, head_dim)
+    shape = (batch, heads, layout.seq_len, head_dim)
     base = [torch.randn(shape, generator=generator) for _ in range(3)]
     q, k, v = (t.to(device, dtype) for t in base)
     cotangent = None

@@ -199,9 +199,7 @@ def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtyp
         return base(status="skipped", note=history.dead[key])
     input_ids, layout = inputs
     est_memory, est_seconds = history.estimate(key, length)
-    floor = analytic_memory(
-        backend, level, mode, length, dims, settings.batch, torch.empty((), dtype=dtype).element_size()
-    )
+    floor = analytic_memory(backend, level, mode, length, dims, settings.batch, dtype.itemsize)
     est_memory = max(est_memory or 0.0, floor)
     budget = settings.memory_fraction * available_now(device)
     if est_memory > budget:
