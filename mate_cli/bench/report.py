@@ -76,9 +76,8 @@ def markdown_cell(row: dict) -> str:
     return f"{_fmt_time(_num(row['time_ms']))} / {format_mb(_num(row['peak_mem_mb']))}{gf}{err}"
 
 
-def print_tables(rows: list[dict], console: Console | None = None) -> None:
+def print_tables(rows: list[dict], console: Console) -> None:
     """One rich table per (level, mode): backends x lengths, median time over peak memory."""
-    console = console or Console()
     for level, mode in groups(rows):
         part = select(rows, level=level, mode=mode)
         lengths = sorted({r["seq_len"] for r in part})

@@ -173,8 +173,8 @@ def row_for(settings: Settings, level: str, mode: str, backend: str, length: int
     return row
 
 
-def run_grid(settings: Settings, on_cell: Callable[[dict], None] | None = None) -> list[dict]:
-    """Measure every cell of ``settings``; ``on_cell(row)`` after each (progress)."""
+def run_grid(settings: Settings, on_cell: Callable[[dict], None]) -> None:
+    """Measure every cell of ``settings``, handing each row to ``on_cell`` (progress, the partial CSV)."""
     settings.check()
     if settings.threads:
         torch.set_num_threads(int(settings.threads))
@@ -183,13 +183,9 @@ def run_grid(settings: Settings, on_cell: Callable[[dict], None] | None = None) 
         raise MateError("bench.device=cuda but no CUDA device is visible; use bench.device=cpu")
     dims, dtype = cases.dims_of(settings.dims), cases.dtype_of(settings.dtype)
     inputs = {n: table_layout(n, settings.batch, settings.table) for n in {c[3] for c in settings.cells()}}
-    history, rows = History(), []
+    history = History()
     for level, mode, backend, length in settings.cells():
-        row = run_cell(settings, history, level, mode, backend, length, inputs[length], dims, dtype, device)
-        rows.append(row)
-        if on_cell:
-            on_cell(row)
-    return rows
+        on_cell(run_cell(settings, history, level, mode, backend, length, inputs[length], dims, dtype, device))
 
 
 def run_cell(settings, history, level, mode, backend, length, inputs, dims, dtype, device) -> dict:

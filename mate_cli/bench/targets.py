@@ -193,8 +193,7 @@ def evaluate(rows: list[dict], specs: Iterable[TargetSpec]) -> list[Target]:
     return out
 
 
-def print_targets(targets: list[Target], console: Console | None = None) -> None:
-    console = console or Console()
+def print_targets(targets: list[Target], console: Console) -> None:
     table = Table(title="targets (this run)")
     for column in ("target", "required", "measured", "met"):
         table.add_column(column)
