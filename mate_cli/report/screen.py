@@ -11,10 +11,9 @@ from typing import Sequence
 WIDTH = 100
 
 
-def screen_width(stream=None) -> int:
+def screen_width() -> int:
     """:data:`WIDTH`, or a narrower terminal's width."""
-    stream = stream or sys.stdout
-    return min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if stream.isatty() else WIDTH
+    return min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
 
 
 def short_value(text: str) -> str:
@@ -36,7 +35,7 @@ def table_width(widths: Sequence[int]) -> int:
     return sum(widths) + 3 * len(widths) + 1
 
 
-def split(columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: int, width: int = WIDTH):
+def split(columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: int, width: int):
     """``(common, tables)``: the shared key columns as ``key=value``, and ``(columns, rows)`` tables: the first with
     ``#``, the differing keys, ``runs`` and the metrics that fit; the others ``#`` and the metrics left."""
     keys = range(first_metric - 1)  # the key columns; then "runs", then the metrics
@@ -69,7 +68,7 @@ def split(columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: i
 
 
 def print_tables(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], first_metric: int, console,
-                 width: int = WIDTH) -> None:  # fmt: skip
+                 width: int) -> None:  # fmt: skip
     from rich.markup import escape
     from rich.table import Table
 
