@@ -88,11 +88,7 @@ def subset_reference(reference: Mapping, question_ids: Iterable[str]) -> dict:
     }
 
 
-def flat_metrics(result: Mapping, prefix: str = "") -> dict[str, float | int | None]:
+def flat_metrics(result: Mapping) -> dict[str, float | int | None]:
     """``{"in_table/em": ..., "total/f1": ..., "missing": ...}`` from :func:`evaluate_predictions`."""
-    out: dict[str, float | int | None] = {}
-    for group in ("in_table", "in_passage", "total"):
-        for key in ("em", "f1", "count"):
-            out[f"{prefix}{group}/{key}"] = result[group][key]
-    out[f"{prefix}missing"] = result.get("missing", 0)
-    return out
+    out = {f"{g}/{k}": result[g][k] for g in ("in_table", "in_passage", "total") for k in ("em", "f1", "count")}
+    return {**out, "missing": result.get("missing", 0)}
