@@ -62,9 +62,8 @@ class Configuration:
 
     def repeated(self) -> list[tuple[Run, list[Run]]]:
         """Each seed that finished more than once: the counted run and the others."""
-        counted = self.counted()
         out = []
-        for run in counted:
+        for run in self.counted():
             others = [r for r in runs_with(self.runs, OK) if r is not run and str(r.seed) == str(run.seed)]
             if others and run.seed is not None:
                 out.append((run, sorted(others, key=lambda r: r.name)))
