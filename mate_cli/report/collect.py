@@ -157,6 +157,7 @@ def load_run(path: Path, root: Path) -> Run:
             if bad := non_finite_metrics(data):  # a diverged run: no result, whatever its accuracy reads
                 run.status, run.error = FAILED_STATUS, f"non-finite metrics ({', '.join(bad)}): the run diverged"
             if not any(k.startswith("val/") for k in run.metrics):  # validate_best=false, before it wrote them
+                current = path / CSV_LOG
                 run.metrics.update(last_validation(path))
     except Exception as err:  # noqa: BLE001 - an unreadable run is listed as failed, not fatal
         where = current.relative_to(path).as_posix() if current is not None else "run dir"

@@ -345,6 +345,11 @@ def test_an_unreadable_metrics_file_is_a_failed_run(tmp_path):
     (job / "metrics.json").write_text("{truncated")
     run = collect.load_run(job, tmp_path)
     assert run.status == "failed" and run.error.startswith("unreadable metrics.json: JSONDecodeError")
+    (job / "metrics.json").write_text('{"test/acc": 0.5}')  # no val/ metric: the CSV log's last validation is read
+    (job / collect.CSV_LOG).parent.mkdir(parents=True, exist_ok=True)
+    (job / collect.CSV_LOG).write_text("step,val/acc\n3,n/a\n")
+    run = collect.load_run(job, tmp_path)
+    assert run.status == "failed" and run.error.startswith(f"unreadable {collect.CSV_LOG}: ValueError"), run.error
 
 
 def test_metric_choice_and_errors(tree):
