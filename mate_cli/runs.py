@@ -46,6 +46,18 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
     return checked_run_config(cfg, config, trust)
 
 
+def dataset_here(cfg: DictConfig, cache_dir: str | None) -> DictConfig:
+    """The run's ``dataset`` node; where the run's ``paths.cache_dir`` does not exist here (a run dir copied from
+    another machine) a ``dataset.cache_dir`` under it moves under this command's ``cache_dir``, so eval and PointR
+    cache where this machine does, not in a path they would create; one elsewhere (an override) is kept."""
+    dataset, recorded = cfg.dataset, str(OmegaConf.select(cfg, "paths.cache_dir", default=""))
+    kept = str(dataset.get("cache_dir") or "")
+    if not cache_dir or not recorded or Path(recorded).is_dir() or not Path(kept).is_relative_to(recorded):
+        return dataset
+    dataset.cache_dir = str(Path(cache_dir) / Path(kept).relative_to(recorded))  # in place: interpolations resolve
+    return dataset
+
+
 def recorded_functions(cfg: DictConfig, config: Path) -> None:
     """Each node whose ``_target_`` declares ``RECORDED_BEFORE`` (the options added after runs were trained, with the
     value that gives those runs' function; MATE's ``global_rows``; targets in ``mate_cli.modeling``) gets that value where the run config lacks the key

@@ -18,7 +18,7 @@ from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR, register_resolvers
-from mate_cli.runs import check_checkpoint_fits, load_run_config, run_checkpoint
+from mate_cli.runs import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
 from mate_cli.signatures import check_trainer_args
 
 register_resolvers()
@@ -40,7 +40,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         log.info("ckpt_path=%s: evaluating %s", cfg.ckpt_path, ckpt_path)
     train_cfg = load_run_config(ckpt_path, cfg.get("overrides"), bool(cfg.get("trust_run_config")))
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = instantiate(train_cfg.dataset)
+    datamodule = instantiate(dataset_here(train_cfg, cfg.paths.cache_dir))
     model = instantiate(train_cfg.model)
     check_checkpoint_fits(ckpt_path, model, "ckpt_path")
     trainer = L.Trainer(**trainer_args)

@@ -30,7 +30,7 @@ from mate_cli.io import atomic_write_json
 from mate_cli.lit_modules.cell_selection import CellSelectionModule
 from mate_cli.lit_modules.span import SpanModule
 from mate_cli.metrics.hybridqa import evaluate_predictions, flat_metrics, subset_reference
-from mate_cli.runs import TrainedRun, autocast, load_run_config, load_trained, pick_device
+from mate_cli.runs import TrainedRun, autocast, dataset_here, load_run_config, load_trained, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     else:
         log.info("pointr: no stage2.ckpt_path; answering with the top cell's text")
 
-    datamodule = instantiate(s1.cfg.dataset)
+    datamodule = instantiate(dataset_here(s1.cfg, OmegaConf.select(cfg, "paths.cache_dir")))
     dataset = datamodule.preprocess(split)
     limit = cfg.get("limit_questions")
     if limit:

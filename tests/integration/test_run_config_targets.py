@@ -247,3 +247,21 @@ def test_mate_eval_of_an_alias_bomb_is_one_line_at_once(tmp_path):
     proc = mate(["eval", f"ckpt_path={tmp_path / 'run'}"], tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "an anchor or alias" in lines[0], proc.stderr[-2000:]
+
+
+def test_a_run_dir_from_another_machine_caches_under_this_commands_cache_dir(tmp_path):
+    """Its recorded ``paths.cache_dir`` is missing here: eval and PointR preprocess under this command's cache,
+    not into a path they would create; on the run's own machine (the folder exists) its cache is reused."""
+    from mate_cli.runs import dataset_here, load_run_config
+
+    elsewhere = tmp_path / "other_machine" / "cache"
+    text = f"paths: {{cache_dir: {elsewhere}}}\ndataset: {{cache_dir: {elsewhere}/tabfact, task: tabfact}}\n"
+    cfg = load_run_config(tiny_run(tmp_path / "run", text))
+    assert dataset_here(cfg, str(tmp_path / "here")).cache_dir == str(tmp_path / "here" / "tabfact")
+    elsewhere.mkdir(parents=True)  # the run's machine: its cache stays
+    cfg = load_run_config(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert dataset_here(cfg, str(tmp_path / "here")).cache_dir == f"{elsewhere}/tabfact"
+    cfg = load_run_config(tmp_path / "run" / "checkpoints" / "last.ckpt", [f"dataset.cache_dir={tmp_path}/mine"])
+    elsewhere.rmdir()  # an override elsewhere is kept
+    assert dataset_here(cfg, str(tmp_path / "here")).cache_dir == f"{tmp_path}/mine"
+    assert not (tmp_path / "here").exists() and not elsewhere.exists()
