@@ -269,106 +269,99 @@ def _torch_forward(q, k, v, plan: BucketPlan, dropout_p: float, seed: int, works
     return ctx_sorted.view(B * H * T, D).index_select(0, plan.unsort_bnhd).view(B, N, H, D).transpose(1, 2)
 
 
+def _torch_backward(
+    q, k, v, out, grad_out, plan: BucketPlan, p: float, seed: int, workspace: Workspace
+) -> tuple[torch.Tensor, ...]:
+    """dq, dk, dv of :func:`_torch_forward` (``out`` its result), the probabilities recomputed chunk by chunk."""
+    B, H, N, D = q.shape
+    R, P, T = plan.radius, plan.dense_rows, plan.padded_len
+    BH = B * H
+    data = _Buffers.gather(plan, (k, v), "kv", workspace)
+    bufs = _Buffers(plan, data, q)
+    scale = D**-0.5
+    budget = CHUNK_ELEMENTS.get(data.device.type, CHUNK_ELEMENTS["cuda"])
+    grad_sorted = _Buffers(plan, _Buffers.gather(plan, (grad_out,), "grad_out", workspace)).full[0]  # [BH, T, D]
+    # D_i = rowsum(dO * O) (flash-attention's identity; holds with dropout too)
+    delta = (grad_out * out).sum(-1).reshape(BH, N).gather(1, plan.perm.reshape(BH, N))
+    delta = F.pad(delta, (0, T - N)).to(data.dtype)
+    grads = workspace.get("grads", (3, *data.shape[1:]), data)  # dQ, dK, dV in the buffer layout
+    grads[1:].zero_()  # dK, dV accumulate; every dQ row is first written by a long chunk
+    dq, dk, dv = (grads[i, R : R + BH * T].view(BH, T, D) for i in range(3))
+    if P:
+        take = plan.dense_take[:, None, :].expand(B, H, P).reshape(BH, P, 1)
+        grad_dense = grad_sorted[:, :P] * take  # dO of the rows the dense part answers
+        delta_dense = delta[:, :P, None] * take
+        # those rows take no gradient through the long part
+        grad_sorted[:, :P].masked_fill_(take, 0)
+        delta[:, :P].masked_fill_(take[..., 0], 0)
+
+    for i, c in enumerate(plan.long_chunks(budget)):
+        hs, hc, nbc, rows = slice(c.h0, c.h1), c.h1 - c.h0, c.n1 - c.n0, slice(c.n0 * R, c.n1 * R)
+        windows, g = _windows(plan, c), c.keys
+        probs, q_long, q_buckets = _long_probs(plan, bufs, c, data.dtype)
+        d_out = grad_sorted[hs, rows]
+        d_out_b = d_out.reshape(hc * nbc, R, D)
+        # dP = dO V^T over [globals ; window]
+        d_probs = torch.empty_like(probs)
+        d_probs[..., :g].baddbmm_(d_out, bufs.global_[1][hs, :g].transpose(1, 2), beta=0)
+        d_probs[..., g:] = torch.bmm(d_out_b, bufs.window_t[1][windows]).view(hc, nbc * R, 3 * R)
+        used = probs
+        if p:
+            keep = _dropout_mask(probs, p, seed, i)
+            d_probs.mul_(keep)
+            used = probs * keep
+        dv[hs, :g].baddbmm_(used[..., :g].transpose(1, 2), d_out)
+        used_w = used[..., g:].reshape(hc * nbc, R, 3 * R)
+        _fold_windows(grads[2], torch.bmm(used_w.transpose(1, 2), d_out_b), windows.start, R)
+        # dS = P * (dP - D)
+        d_scores = d_probs.sub_(delta[hs, rows, None]).mul_(probs)
+        d_scores_w = d_scores[..., g:].reshape(hc * nbc, R, 3 * R)
+        d_q = dq[hs, rows]
+        torch.bmm(d_scores[..., :g], bufs.global_[0][hs, :g], out=d_q)
+        d_q.view(hc * nbc, R, D).baddbmm_(d_scores_w, bufs.window_t[0][windows].transpose(1, 2))
+        dk[hs, :g].baddbmm_(d_scores[..., :g].transpose(1, 2), q_long, alpha=scale)
+        d_k_window = torch.bmm(d_scores_w.transpose(1, 2), q_buckets)
+        _fold_windows(grads[1], d_k_window, windows.start, R, alpha=scale)
+
+    if P:
+        for i, c in enumerate(plan.dense_chunks(budget), start=1 << 20):
+            hs = slice(c.h0, c.h1)
+            d_out = grad_dense[hs]
+            probs, q_dense, n = _dense_probs(plan, bufs, c, data.dtype)
+            d_probs = torch.bmm(d_out, bufs.full[1][hs, :n].transpose(1, 2))
+            used = probs
+            if p:
+                keep = _dropout_mask(probs, p, seed, i)
+                d_probs.mul_(keep)
+                used = probs * keep
+            dv[hs, :n].baddbmm_(used.transpose(1, 2), d_out)
+            d_scores = d_probs.sub_(delta_dense[hs]).mul_(probs)
+            dq[hs, :P].baddbmm_(d_scores, bufs.full[0][hs, :n])
+            dk[hs, :n].baddbmm_(d_scores.transpose(1, 2), q_dense, alpha=scale)
+
+    unsort = plan.unsort_rows
+    flat = grads[:, R : R + BH * T]
+    dq_, dk_, dv_ = (flat[i].index_select(0, unsort).view(B, H, N, D) for i in range(3))
+    return dq_.mul_(D**-0.5), dk_, dv_
+
+
 class _BucketedAttention(torch.autograd.Function):
     """Fused bucketed MATE attention; backward recomputes the probabilities (first-order gradients only)."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan: BucketPlan, dropout_p: float, seed: int, workspace: Workspace, fused_cpu: bool):
-        B, H, N, D = q.shape
-        if fused_cpu:
-            out = _fused_cpu_forward(q, k, v, plan, dropout_p, seed, workspace)
-        else:
-            out = _torch_forward(q, k, v, plan, dropout_p, seed, workspace)
+        out = (_fused_cpu_forward if fused_cpu else _torch_forward)(q, k, v, plan, dropout_p, seed, workspace)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(q, k, v, out)
-            ctx.plan, ctx.dropout_p, ctx.seed, ctx.shape = plan, dropout_p, seed, (B, H, N, D)
-            ctx.workspace, ctx.fused_cpu = workspace, fused_cpu
+            ctx.args, ctx.fused_cpu = (plan, dropout_p, seed, workspace), fused_cpu
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out = ctx.saved_tensors
-        plan, p, seed, workspace = ctx.plan, ctx.dropout_p, ctx.seed, ctx.workspace
-        if ctx.fused_cpu:  # the kernel ran the forward, so it applies
-            return (
-                *_fused_cpu_backward(q, k, v, out, grad_out, plan, p, seed, workspace),
-                None,
-                None,
-                None,
-                None,
-                None,
-            )
-        B, H, N, D = ctx.shape
-        R, P, T = plan.radius, plan.dense_rows, plan.padded_len
-        BH = B * H
-        data = _Buffers.gather(plan, (k, v), "kv", workspace)
-        bufs = _Buffers(plan, data, q)
-        scale = D**-0.5
-        budget = CHUNK_ELEMENTS.get(data.device.type, CHUNK_ELEMENTS["cuda"])
-        grad_sorted = _Buffers(plan, _Buffers.gather(plan, (grad_out,), "grad_out", workspace)).full[0]  # [BH, T, D]
-        # D_i = rowsum(dO * O) (flash-attention's identity; holds with dropout too)
-        delta = (grad_out * out).sum(-1).reshape(BH, N).gather(1, plan.perm.reshape(BH, N))
-        delta = F.pad(delta, (0, T - N)).to(data.dtype)
-        grads = workspace.get("grads", (3, *data.shape[1:]), data)  # dQ, dK, dV in the buffer layout
-        grads[1:].zero_()  # dK, dV accumulate; every dQ row is first written by a long chunk
-        dq, dk, dv = (grads[i, R : R + BH * T].view(BH, T, D) for i in range(3))
-        if P:
-            take = plan.dense_take[:, None, :].expand(B, H, P).reshape(BH, P, 1)
-            grad_dense = grad_sorted[:, :P] * take  # dO of the rows the dense part answers
-            delta_dense = delta[:, :P, None] * take
-            # those rows take no gradient through the long part
-            grad_sorted[:, :P].masked_fill_(take, 0)
-            delta[:, :P].masked_fill_(take[..., 0], 0)
-
-        for i, c in enumerate(plan.long_chunks(budget)):
-            hs, hc, nbc, rows = slice(c.h0, c.h1), c.h1 - c.h0, c.n1 - c.n0, slice(c.n0 * R, c.n1 * R)
-            windows, g = _windows(plan, c), c.keys
-            probs, q_long, q_buckets = _long_probs(plan, bufs, c, data.dtype)
-            d_out = grad_sorted[hs, rows]
-            d_out_b = d_out.reshape(hc * nbc, R, D)
-            # dP = dO V^T over [globals ; window]
-            d_probs = torch.empty_like(probs)
-            d_probs[..., :g].baddbmm_(d_out, bufs.global_[1][hs, :g].transpose(1, 2), beta=0)
-            d_probs[..., g:] = torch.bmm(d_out_b, bufs.window_t[1][windows]).view(hc, nbc * R, 3 * R)
-            used = probs
-            if p:
-                keep = _dropout_mask(probs, p, seed, i)
-                d_probs.mul_(keep)
-                used = probs * keep
-            dv[hs, :g].baddbmm_(used[..., :g].transpose(1, 2), d_out)
-            used_w = used[..., g:].reshape(hc * nbc, R, 3 * R)
-            _fold_windows(grads[2], torch.bmm(used_w.transpose(1, 2), d_out_b), windows.start, R)
-            # dS = P * (dP - D)
-            d_scores = d_probs.sub_(delta[hs, rows, None]).mul_(probs)
-            d_scores_w = d_scores[..., g:].reshape(hc * nbc, R, 3 * R)
-            d_q = dq[hs, rows]
-            torch.bmm(d_scores[..., :g], bufs.global_[0][hs, :g], out=d_q)
-            d_q.view(hc * nbc, R, D).baddbmm_(d_scores_w, bufs.window_t[0][windows].transpose(1, 2))
-            dk[hs, :g].baddbmm_(d_scores[..., :g].transpose(1, 2), q_long, alpha=scale)
-            d_k_window = torch.bmm(d_scores_w.transpose(1, 2), q_buckets)
-            _fold_windows(grads[1], d_k_window, windows.start, R, alpha=scale)
-
-        if P:
-            for i, c in enumerate(plan.dense_chunks(budget), start=1 << 20):
-                hs = slice(c.h0, c.h1)
-                d_out = grad_dense[hs]
-                probs, q_dense, n = _dense_probs(plan, bufs, c, data.dtype)
-                d_probs = torch.bmm(d_out, bufs.full[1][hs, :n].transpose(1, 2))
-                used = probs
-                if p:
-                    keep = _dropout_mask(probs, p, seed, i)
-                    d_probs.mul_(keep)
-                    used = probs * keep
-                dv[hs, :n].baddbmm_(used.transpose(1, 2), d_out)
-                d_scores = d_probs.sub_(delta_dense[hs]).mul_(probs)
-                dq[hs, :P].baddbmm_(d_scores, bufs.full[0][hs, :n])
-                dk[hs, :n].baddbmm_(d_scores.transpose(1, 2), q_dense, alpha=scale)
-
-        unsort = plan.unsort_rows
-        flat = grads[:, R : R + BH * T]
-        dq_, dk_, dv_ = (flat[i].index_select(0, unsort).view(B, H, N, D) for i in range(3))
-        return dq_.mul_(D**-0.5), dk_, dv_, None, None, None, None, None
+        backward = _fused_cpu_backward if ctx.fused_cpu else _torch_backward  # the kernel ran the forward: it applies
+        return (*backward(q, k, v, out, grad_out, *ctx.args), None, None, None, None, None)
 
 
 def cpu_kernel_applies(q: torch.Tensor) -> bool:
