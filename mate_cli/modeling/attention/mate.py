@@ -30,7 +30,6 @@ only ``variant=exact`` supports it.
 from __future__ import annotations
 
 import logging
-import math
 
 import torch
 import torch.nn.functional as F
@@ -114,11 +113,6 @@ def masked_attention(
         for view, heads in head_groups(layout, q.shape[1], row_heads_ratio)
     ]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-
-def _length_bucket(n: int) -> int:
-    """Power-of-two bucket of a sequence length (for logging the auto choice once)."""
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
@@ -217,29 +211,22 @@ class MateAttention(AttentionBackend):
     def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
         """The implementation this call runs: ``auto`` resolved, or an asked-for one that cannot run replaced; either
         logged once."""
-        grad = self._grad(q, k, v)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if self.variant == "bucketed":
             choice = choose_bucketed_impl(self.impl, q, grad)
         elif self.impl != "auto":
             return self.impl
         else:
             choice = choose_exact_impl(q.device, q.shape[2], grad)
-        if self.impl == "auto" or choice != self.impl:
-            self._log_choice(choice, q, grad)
-        return choice
-
-    @staticmethod
-    def _grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-        return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-
-    def _log_choice(self, choice: str, q: torch.Tensor, grad: bool) -> None:
-        key = (self.variant, self.impl, str(q.device), _length_bucket(q.shape[2]), grad, choice)
-        if key not in LOGGED_CHOICES:
+        length = 1 << (max(q.shape[2], 1) - 1).bit_length()  # logged once per power-of-two length bucket
+        key = (self.variant, self.impl, str(q.device), length, grad, choice)
+        if (self.impl == "auto" or choice != self.impl) and key not in LOGGED_CHOICES:
             LOGGED_CHOICES.add(key)
             logger.info(
                 "mate attention variant=%s impl=%s: using '%s' on %s for sequences of ~%d tokens (%s)",
-                self.variant, self.impl, choice, q.device, key[3], "training" if grad else "inference",
+                self.variant, self.impl, choice, q.device, length, "training" if grad else "inference",
             )  # fmt: skip
+        return choice
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         layout = self.require_layout(layout)
