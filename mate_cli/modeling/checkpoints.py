@@ -75,13 +75,9 @@ def resolve_pretrained(name: str | os.PathLike) -> str:
     return text
 
 
-def is_local(resolved: str) -> bool:
-    return Path(resolved).is_dir()
-
-
 def checkpoint_file(resolved: str, filename: str, required: bool = True) -> Path | None:
     """Path of ``filename`` in a local directory or (download/cache) in a hub repo."""
-    if is_local(resolved):
+    if Path(resolved).is_dir():
         path = Path(resolved) / filename
         if path.is_file():
             return path
@@ -163,16 +159,17 @@ def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
     return state
 
 
+def _renamed(key: str) -> str:
+    for pattern, replacement in RENAMES:
+        key = re.sub(pattern, replacement, key)
+    return key
+
+
 def rename_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """BERT/TAPAS key names -> ours (strip task prefixes, apply :data:`RENAMES`, drop :data:`IGNORED`)."""
     renamed = {}
     for key, tensor in state.items():
-        for prefix in PREFIXES:
-            if key.startswith(prefix):
-                key = key[len(prefix) :]
-                break
-        for pattern, replacement in RENAMES:
-            key = re.sub(pattern, replacement, key)
+        key = _renamed(key.removeprefix(next((p for p in PREFIXES if key.startswith(p)), "")))
         if not any(re.search(pattern, key) for pattern in IGNORED):
             renamed[key] = tensor
     return renamed
@@ -204,14 +201,8 @@ def load_head(head: nn.Module, pretrained: str, what: str, prefix: str = "", war
     returns the names loaded (``[]``: none, the head keeps its initialisation)."""
     state = read_state_dict(weight_files(resolve_pretrained(pretrained)))
     own = head.state_dict()
-    found = {}
-    for key, value in state.items():
-        if key.startswith(prefix):
-            name = key[len(prefix) :]
-            for pattern, replacement in RENAMES:
-                name = re.sub(pattern, replacement, name)
-            if name in own:
-                found[name] = value
+    renamed = {_renamed(key[len(prefix) :]): value for key, value in state.items() if key.startswith(prefix)}
+    found = {name: value for name, value in renamed.items() if name in own}
     if warn_partial and found and len(found) < len(own):
         log.warning("%s: the %s loads only %s; the rest keeps its initialisation", pretrained, what, sorted(found))
     if found:
