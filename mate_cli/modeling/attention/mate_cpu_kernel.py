@@ -59,10 +59,6 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
-def enabled_by_env() -> bool:
-    return os.environ.get("MATE_CPU_KERNEL", "1").strip().lower() not in ("0", "false", "off", "no")
-
-
 def _cpu_tag() -> str:
     """Torch and Python versions, CPU model/flags, compiler flags and source: a build for this machine only
     (-march=native)."""
@@ -111,7 +107,7 @@ def load(verbose: bool = False) -> bool:
         if "ok" in _state:
             return _state["ok"]
         _state["ok"] = False
-        if not enabled_by_env():
+        if os.environ.get("MATE_CPU_KERNEL", "1").strip().lower() in ("0", "false", "off", "no"):
             _state["why"] = "MATE_CPU_KERNEL=0"
             return False
         try:
@@ -121,20 +117,18 @@ def load(verbose: bool = False) -> bool:
             built = directory / "mate_bucketed_cpu.so"
             if built.is_file() and not writable(directory):  # a read-only cache: load, never build
                 torch.ops.load_library(str(built))
-                _register_flops()
-                _state["ok"] = True
-                return True
-            directory.mkdir(parents=True, exist_ok=True)
-            with build_lock(directory):
-                cpp_extension.load(
-                    name="mate_bucketed_cpu",
-                    sources=[str(SOURCE)],
-                    extra_cflags=build_flags(),
-                    extra_ldflags=["-fopenmp"],  # resolves to the libgomp torch already loaded (same soname)
-                    build_directory=str(directory),
-                    is_python_module=False,
-                    verbose=verbose,
-                )
+            else:
+                directory.mkdir(parents=True, exist_ok=True)
+                with build_lock(directory):
+                    cpp_extension.load(
+                        name="mate_bucketed_cpu",
+                        sources=[str(SOURCE)],
+                        extra_cflags=build_flags(),
+                        extra_ldflags=["-fopenmp"],  # resolves to the libgomp torch already loaded (same soname)
+                        build_directory=str(directory),
+                        is_python_module=False,
+                        verbose=verbose,
+                    )
             _register_flops()
         except Exception as err:  # no compiler, link error, ...: the torch path still works
             lines = str(err).strip().splitlines() or [type(err).__name__]
