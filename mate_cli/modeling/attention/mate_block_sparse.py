@@ -13,6 +13,7 @@ the rest, their structure cached on the layout:
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from mate_cli.modeling.attention.mate_plan import (
 )
 from mate_cli.modeling.layout import TableLayout
 
-__all__ = ["block_sparse_attention", "flex_mate_attention", "flex_available", "segment_plan", "uses_flex"]
+__all__ = ["block_sparse_attention", "flex_mate_attention", "segment_plan", "uses_flex"]
 
 
 def _bin_size(length: int) -> int:
@@ -101,8 +102,7 @@ def _pack_view(layout: TableLayout, view: str, P: int, query_tokens, query_valid
     by_size: dict[int, list[tuple[int, int, int]]] = {}
     for seg in segments:
         by_size.setdefault(_bin_size(seg[2]), []).append(seg)
-    out_rows = torch.full((B, N), B * P, dtype=torch.long, device=dev)  # placeholder, fixed below
-    out_rows[:] = -1
+    out_rows = torch.full((B, N), -1, dtype=torch.long, device=dev)
     b_idx = torch.arange(B, device=dev)[:, None].expand(B, P)
     out_rows[b_idx[query_valid], query_tokens[query_valid]] = torch.arange(B * P, device=dev).view(B, P)[query_valid]
     bins, offset = [], B * P
@@ -169,17 +169,10 @@ def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropou
     return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[-1])
 
 
-def flex_available() -> bool:
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except Exception:  # pragma: no cover - old torch
-        return False
-    return True
-
-
 def uses_flex(q: torch.Tensor, dropout_p: float) -> bool:
-    """Whether :func:`block_sparse_attention` runs FlexAttention for inputs like ``q``: on CUDA without dropout."""
-    return q.is_cuda and dropout_p == 0.0 and flex_available()
+    """Whether :func:`block_sparse_attention` runs FlexAttention for inputs like ``q``: on CUDA without dropout, where
+    torch has it (2.5 on)."""
+    return q.is_cuda and dropout_p == 0.0 and importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
 @functools.cache
@@ -205,12 +198,6 @@ def flex_call(qs, ks, vs, block_mask, scale: float, compiled: bool) -> torch.Ten
         qs, ks, vs = (F.pad(x, (0, MIN_COMPILED_HEAD_DIM - D)) for x in (qs, ks, vs))
     fn = _compiled_flex() if compiled else flex_attention
     return fn(qs, ks, vs, block_mask=block_mask, scale=scale)[..., :D]
-
-
-def blocks_of(allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, H, nq, nk]`` bool block matrix -> FlexAttention's ``(num_blocks, indices)`` (int32)."""
-    order = torch.argsort((~allowed).to(torch.int8), dim=-1, stable=True)
-    return allowed.sum(-1).to(torch.int32), order.to(torch.int32)
 
 
 def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float, block_size: int):
@@ -248,8 +235,10 @@ def _flex_structure(layout: TableLayout, num_heads: int, row_heads_ratio: float,
         index = torch.tensor(group_of_heads(groups), device=dev)
         group = torch.stack(props, 1)[:, index]  # [B, H, Np]
 
-        def to_blocks(m):
-            return blocks_of(torch.stack(m, 1)[:, index])  # [B, H, nq, nk]
+        def to_blocks(m):  # [B, H, nq, nk] bool block matrix -> FlexAttention's (num_blocks, indices), int32
+            allowed = torch.stack(m, 1)[:, index]
+            order = torch.argsort((~allowed).to(torch.int8), dim=-1, stable=True)
+            return allowed.sum(-1).to(torch.int32), order.to(torch.int32)
 
         def mask_mod(b, h, q_idx, kv_idx):
             return mate_allowed(group[b, h, q_idx], group[b, h, kv_idx])
