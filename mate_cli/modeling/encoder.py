@@ -49,12 +49,10 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.backend = backend
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """``[batch, seq, hidden]`` -> ``[batch, heads, seq, head_dim]``."""
-        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
-
     def forward(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
-        q, k, v = (self.split_heads(proj(hidden)) for proj in (self.query, self.key, self.value))
+        # [batch, seq, hidden] -> [batch, heads, seq, head_dim]
+        heads = (self.num_heads, self.head_dim)
+        q, k, v = (proj(hidden).unflatten(-1, heads).transpose(1, 2) for proj in (self.query, self.key, self.value))
         context = self.backend(q, k, v, layout)
         return context.transpose(1, 2).flatten(2)
 

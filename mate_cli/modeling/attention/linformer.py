@@ -43,12 +43,9 @@ class LinformerAttention(AttentionBackend):
             self.register_parameter("F", None)
         else:
             self.F = nn.Parameter(torch.empty(self.k, self.max_length))
-        self._init(init, init_std)
-
-    def _init(self, init: str, std: float) -> None:
         for weight in (self.E,) if self.F is None else (self.E, self.F):
             if init == "normal":
-                nn.init.normal_(weight, mean=0.0, std=std)
+                nn.init.normal_(weight, mean=0.0, std=init_std)
             else:
                 nn.init.xavier_uniform_(weight)
 
