@@ -238,6 +238,8 @@ class TapasQAHead(nn.Module):
                 )
             if float_answer is None:
                 raise ValueError("answer-supervised aggregation needs float_answer (NaN where none)")
+            if numeric_values is None or numeric_values_scale is None:
+                raise ValueError("answer-supervised aggregation needs numeric_values and numeric_values_scale")
             aggregate = _aggregate_mask(float_answer, aggregation_logits, cfg.cell_selection_preference, labels)
         selection, logits = self._selection_loss(token_logits, column_logits, index, labels)
         loss = torch.zeros_like(selection)
@@ -246,14 +248,7 @@ class TapasQAHead(nn.Module):
         if cfg.num_aggregation_labels > 0:
             answer = (float_answer, numeric_values, numeric_values_scale)
             loss = loss + self._aggregation_loss(
-                aggregation_logits,
-                aggregate,
-                logits,
-                answer,
-                layout,
-                token_logits=token_logits,
-                column_logits=column_logits,
-                index=index,
+                aggregation_logits, aggregate, logits, answer, layout, index, token_logits, column_logits
             )
         return QAOutput(logits, aggregation_logits, loss)
 
@@ -280,7 +275,7 @@ class TapasQAHead(nn.Module):
         return (per_token * weight * index.real).sum(1) / (index.real.sum(1) + EPSILON), token_logits
 
     def _aggregation_loss(
-        self, aggregation_logits, aggregate, logits, answer, layout, *, token_logits, column_logits, index: CellIndex
+        self, aggregation_logits, aggregate, logits, answer, layout, index: CellIndex, token_logits, column_logits
     ):
         """The aggregation examples' loss; ``answer``: (float answer, token values, their scale)."""
         cfg = self.config
@@ -290,8 +285,6 @@ class TapasQAHead(nn.Module):
         extra = -log_probs[:, 0] * (1.0 - aggregate)
         extra = extra - torch.log(torch.softmax(aggregation_logits, dim=-1)[:, 1:].sum(1)) * aggregate
         extra = cfg.aggregation_loss_weight * extra
-        if numeric_values is None or numeric_values_scale is None:
-            raise ValueError("answer-supervised aggregation needs numeric_values and numeric_values_scale")
         table_mask = (layout.row_ids > 0).to(logits.dtype)
         answer_loss, keep = self._answer_loss(float_answer, aggregate, logits, numeric_values, numeric_values_scale,
                                               aggregation_logits, table_mask)  # fmt: skip
