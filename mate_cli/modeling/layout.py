@@ -11,6 +11,7 @@ tokens are table tokens (a row head shows them the header row, a column head the
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal, Mapping, Sequence
 
@@ -42,6 +43,20 @@ def padded(lists: Sequence[Sequence], value: float, dtype: torch.dtype = torch.l
     for i, values in enumerate(lists):
         out[i, : len(values)] = torch.as_tensor(values, dtype=dtype)
     return out
+
+
+def memoized(method):
+    """``method`` with its result kept per arguments in the instance's ``_cache``: built once per layout (or plan),
+    shared by every layer."""
+
+    @functools.wraps(method)
+    def cached_method(self, *args):
+        key = (method.__name__, *args)
+        if key not in self._cache:
+            self._cache[key] = method(self, *args)
+        return self._cache[key]
+
+    return cached_method
 
 
 @dataclass(eq=False)
@@ -121,54 +136,44 @@ class TableLayout:
             raise ValueError(f"view must be 'row' or 'column', got {view!r}")
         return self.row_ids if view == "row" else self.column_ids
 
+    @memoized
     def group_ids(self, view: View) -> torch.Tensor:
         """``[batch, seq]`` long: 0 for the query set, row/column id + 1 for table tokens, padding
         :data:`PADDING_GROUP`; cached."""
-        key = ("group", view)
-        if key not in self._cache:
-            group = torch.where(self.is_query, 0, self.view_ids(view).clamp(min=0) + 1)
-            self._cache[key] = torch.where(self.attention_mask, group, group.new_full((), PADDING_GROUP))
-        return self._cache[key]
+        group = torch.where(self.is_query, 0, self.view_ids(view).clamp(min=0) + 1)
+        return torch.where(self.attention_mask, group, group.new_full((), PADDING_GROUP))
 
+    @memoized
     def allowed(self, view: View) -> torch.Tensor:
         """Exact MATE pattern of one head type, ``[batch, seq, seq]`` bool (from, to), cached: i may attend to j iff
         j is real and (i in Q, or j in Q, or i, j share the row/column). A padding query attends to the real tokens,
         so its output stays finite."""
-        key = ("allowed", view)
-        if key not in self._cache:
-            ids = self.view_ids(view)
-            q = self.is_query
-            same = ids[:, :, None] == ids[:, None, :]
-            pattern = q[:, :, None] | q[:, None, :] | same | ~self.attention_mask[:, :, None]
-            self._cache[key] = pattern & self.attention_mask[:, None, :]
-        return self._cache[key]
+        ids = self.view_ids(view)
+        q = self.is_query
+        same = ids[:, :, None] == ids[:, None, :]
+        pattern = q[:, :, None] | q[:, None, :] | same | ~self.attention_mask[:, :, None]
+        return pattern & self.attention_mask[:, None, :]
 
+    @memoized
     def sort_order(self, view: View) -> tuple[torch.Tensor, torch.Tensor]:
         """``(perm, inverse)``, each ``[batch, seq]`` long, cached. ``x.gather(1, perm)`` orders tokens by
         :meth:`group_ids`, each group in position order; ``sorted.gather(1, inverse) == x``."""
-        key = ("sort", view)
-        if key not in self._cache:
-            pos = torch.arange(self.seq_len, device=self.device).expand_as(self.segment_ids)
-            # positions break ties: one argsort of group * (seq + 1) + position
-            group = self.group_ids(view).clamp(max=PADDING_GROUP // (self.seq_len + 1))
-            perm = torch.argsort(group * (self.seq_len + 1) + pos, dim=1, stable=True)
-            inverse = torch.argsort(perm, dim=1)
-            self._cache[key] = (perm, inverse)
-        return self._cache[key]
+        pos = torch.arange(self.seq_len, device=self.device).expand_as(self.segment_ids)
+        # positions break ties: one argsort of group * (seq + 1) + position
+        group = self.group_ids(view).clamp(max=PADDING_GROUP // (self.seq_len + 1))
+        perm = torch.argsort(group * (self.seq_len + 1) + pos, dim=1, stable=True)
+        return perm, torch.argsort(perm, dim=1)
 
     def head_views(self, num_heads: int, row_heads_ratio: float) -> list[View]:
         """The view of each head: the first ``round(ratio * heads)`` are row heads."""
         num_row = int(round(row_heads_ratio * num_heads))
         return ["row"] * num_row + ["column"] * (num_heads - num_row)
 
+    @memoized
     def head_sort_order(self, num_heads: int, row_heads_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head ``(perm, inverse)``, each ``[batch, heads, seq]``, cached."""
-        key = ("head_sort", num_heads, row_heads_ratio)
-        if key not in self._cache:
-            views = self.head_views(num_heads, row_heads_ratio)
-            perms, invs = zip(*(self.sort_order(v) for v in views))
-            self._cache[key] = (torch.stack(perms, dim=1), torch.stack(invs, dim=1))
-        return self._cache[key]
+        perms, invs = zip(*(self.sort_order(v) for v in self.head_views(num_heads, row_heads_ratio)))
+        return torch.stack(perms, dim=1), torch.stack(invs, dim=1)
 
     def cached(self, key, build):
         """Memoise ``build()`` on this layout under ``key``."""

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from mate_cli.modeling.layout import PADDING_GROUP, TableLayout, View
+from mate_cli.modeling.layout import PADDING_GROUP, TableLayout, View, memoized
 
 __all__ = [
     "BucketPlan",
@@ -108,31 +107,18 @@ class BucketPlan:
     sorted_groups: torch.Tensor  # [B, V, T] int32: each sorted slot's group (PADDING_GROUP past the real tokens)
     token_groups: torch.Tensor  # [B, V, N] int32: each token's group, in token order
     global_needed: torch.Tensor  # [B, V, T] long: 1 + the last global key a sorted row may attend
-    #: memo of the keyed lazy structure (:meth:`bias`, :meth:`long_chunks`, ...)
-    _memo: dict = field(default_factory=dict, init=False, repr=False)
+    #: the structure :func:`memoized` methods derive from the plan (:meth:`bias`, :meth:`long_chunks`, ...)
+    _cache: dict = field(default_factory=dict, init=False, repr=False)
 
-    @property
-    def window(self) -> int:
-        return 3 * self.radius
-
-    def memoized(self, key: tuple, build: Callable[[], object]):
-        """``build()``, once per plan under ``key`` (structure derived from the plan, for its users too)."""
-        if key not in self._memo:
-            self._memo[key] = build()
-        return self._memo[key]
-
+    @memoized
     def bias(self, part: str, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask of the long rows: 0 where allowed, else half the dtype's min (finite: a fully masked row stays
         finite, and adding a score cannot overflow). ``part``: ``"global"`` ``[B, V, T, G]`` or ``"window"``
         ``[B, V, T, 3R]``."""
-
-        def build() -> torch.Tensor:
-            G = self.global_len
-            allowed = self.long_allowed[..., :G] if part == "global" else self.long_allowed[..., G:]
-            neg = torch.finfo(dtype).min / 2
-            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, neg)
-
-        return self.memoized(("bias", part, dtype), build)
+        G = self.global_len
+        allowed = self.long_allowed[..., :G] if part == "global" else self.long_allowed[..., G:]
+        neg = torch.finfo(dtype).min / 2
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, neg)
 
     @cached_property
     def needs_table_globals(self) -> list[list[int]]:
@@ -141,69 +127,56 @@ class BucketPlan:
         rows = torch.arange(1, self.padded_len + 1, device=free.device)
         return ((self.global_needed > free) * rows).amax(-1).tolist()
 
+    @memoized
     def long_chunks(self, budget: int) -> list[Chunk]:
         """Chunks of long rows, each knowing how many global keys its rows may attend."""
+        R, G = self.radius, self.global_len
+        chunks = []
+        for c in _chunks(self, R, self.num_buckets, G + 3 * R, budget):
+            # rows that need table globals form a prefix (Q, then the first group):
+            # split a bucket range there so the rest skips those keys
+            cut = -(-self.needs_table_globals[c.b][c.view] // R)
+            if c.h1 - c.h0 == 1 and c.n0 < cut < c.n1:
+                chunks += [replace(c, n1=cut), replace(c, n0=cut)]
+            else:
+                chunks.append(c)
+        bounds = torch.tensor([[c.b, c.view, c.n0 * R, c.n1 * R] for c in chunks])
+        needed = [int(self.global_needed[b, v, lo:hi].max()) for b, v, lo, hi in bounds.tolist()]
+        return [
+            replace(c, keys=max(n, self.query_len[c.b], 1), free=self.query_len[c.b]) for c, n in zip(chunks, needed)
+        ]
 
-        def build() -> list[Chunk]:
-            R, G = self.radius, self.global_len
-            chunks = []
-            for c in _chunks(self, R, self.num_buckets, G + 3 * R, budget):
-                # rows that need table globals form a prefix (Q, then the first group):
-                # split a bucket range there so the rest skips those keys
-                cut = -(-self.needs_table_globals[c.b][c.view] // R)
-                if c.h1 - c.h0 == 1 and c.n0 < cut < c.n1:
-                    chunks += [replace(c, n1=cut), replace(c, n0=cut)]
-                else:
-                    chunks.append(c)
-            bounds = torch.tensor([[c.b, c.view, c.n0 * R, c.n1 * R] for c in chunks])
-            needed = [int(self.global_needed[b, v, lo:hi].max()) for b, v, lo, hi in bounds.tolist()]
-            return [
-                replace(c, keys=max(n, self.query_len[c.b], 1), free=self.query_len[c.b])
-                for c, n in zip(chunks, needed)
-            ]
-
-        return self.memoized(("long_chunks", budget), build)
-
+    @memoized
     def dense_chunks(self, budget: int) -> list[Chunk]:
         """Chunks of the dense rows (the global part): one unit of ``P`` rows per head."""
-        return self.memoized(
-            ("dense_chunks", budget), lambda: _chunks(self, self.dense_rows, 1, self.padded_len, budget)
-        )
+        return _chunks(self, self.dense_rows, 1, self.padded_len, budget)
 
+    @memoized
     def source_rows(self, layout_kind: str) -> torch.Tensor:
         """``[B*H*T]``: each sorted slot's row in the flat input (0 for slots >= N). ``layout_kind``: ``"bnhd"`` (a
         ``[B, N, H, D]`` buffer seen as ``[B, H, N, D]``, what the encoder produces) or ``"bhnd"`` (contiguous)."""
+        B, H, N, T = self.batch, self.heads, self.seq_len, self.padded_len
+        b = torch.arange(B, device=self.perm.device)[:, None, None]
+        h = torch.arange(H, device=self.perm.device)[None, :, None]
+        rows = (b * N + self.perm) * H + h if layout_kind == "bnhd" else (b * H + h) * N + self.perm
+        return F.pad(rows, (0, T - N)).reshape(-1)
 
-        def build() -> torch.Tensor:
-            B, H, N, T = self.batch, self.heads, self.seq_len, self.padded_len
-            b = torch.arange(B, device=self.perm.device)[:, None, None]
-            h = torch.arange(H, device=self.perm.device)[None, :, None]
-            rows = (b * N + self.perm) * H + h if layout_kind == "bnhd" else (b * H + h) * N + self.perm
-            return F.pad(rows, (0, T - N)).reshape(-1)
-
-        return self.memoized(("source_rows", layout_kind), build)
-
+    @memoized
     def token_rows(self, layout_kind: str) -> torch.Tensor:
         """``[B*H, 3]`` int64: (row of token 0, row stride, in order) of each head in a flat input of
         ``layout_kind``; in order is 0 where an example's real tokens are not its first ``real_len`` tokens. The CPU
         kernel reads the dense rows' keys through it in token order, and names keys by token position (so dropout
         masks ignore the memory layout)."""
-
-        def build() -> torch.Tensor:
-            B, H, N = self.batch, self.heads, self.seq_len
-            b = torch.arange(B)[:, None]
-            h = torch.arange(H)[None, :]
-            base, stride = (b * N * H + h, H) if layout_kind == "bnhd" else ((b * H + h) * N, 1)
-            # the real tokens (the sorted prefix [0, n), all distinct) are tokens 0..n-1 iff
-            # the largest of them is n - 1
-            prefix = torch.tensor(
-                [n == 0 or int(self.perm[i, 0, :n].max()) == n - 1 for i, n in enumerate(self.real_len)]
-            )
-            in_order = prefix[:, None].long().expand(B, H)
-            strides = torch.full((B, H), stride)
-            return torch.stack([base.expand(B, H), strides, in_order], -1).reshape(B * H, 3).contiguous()
-
-        return self.memoized(("token_rows", layout_kind), build)
+        B, H, N = self.batch, self.heads, self.seq_len
+        b = torch.arange(B)[:, None]
+        h = torch.arange(H)[None, :]
+        base, stride = (b * N * H + h, H) if layout_kind == "bnhd" else ((b * H + h) * N, 1)
+        # the real tokens (the sorted prefix [0, n), all distinct) are tokens 0..n-1 iff
+        # the largest of them is n - 1
+        prefix = torch.tensor([n == 0 or int(self.perm[i, 0, :n].max()) == n - 1 for i, n in enumerate(self.real_len)])
+        in_order = prefix[:, None].long().expand(B, H)
+        strides = torch.full((B, H), stride)
+        return torch.stack([base.expand(B, H), strides, in_order], -1).reshape(B * H, 3).contiguous()
 
     @cached_property
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
