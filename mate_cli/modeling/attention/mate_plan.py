@@ -7,6 +7,7 @@ kernel's arguments) is memoised on the plan. The head and sort helpers before :c
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -226,21 +227,18 @@ def _chunks(plan: BucketPlan, rows_per_unit: int, units: int, width: int, budget
     H = plan.heads
     per_head = rows_per_unit * units * width
     for b in range(plan.batch):
-        h = 0
-        while h < H:
-            end = h
-            while end < H and plan.head_view[end] == plan.head_view[h]:
-                end += 1
+        for view, group in itertools.groupby(range(H), key=plan.head_view.__getitem__):
+            heads = list(group)
+            h, end = heads[0], heads[-1] + 1
             if per_head <= budget:
                 step = max(1, budget // per_head)
                 for h0 in range(h, end, step):
-                    out.append(Chunk(b * H + h0, b * H + min(end, h0 + step), 0, units, b, plan.head_view[h]))
+                    out.append(Chunk(b * H + h0, b * H + min(end, h0 + step), 0, units, b, view))
             else:
                 step = max(1, budget // (rows_per_unit * width))
-                for hh in range(h, end):
+                for hh in heads:
                     for n0 in range(0, units, step):
-                        out.append(Chunk(b * H + hh, b * H + hh + 1, n0, min(units, n0 + step), b, plan.head_view[h]))
-            h = end
+                        out.append(Chunk(b * H + hh, b * H + hh + 1, n0, min(units, n0 + step), b, view))
     return out
 
 

@@ -66,11 +66,6 @@ class MultiView:
         return cls(full=full, global_=full[:, :, :G], long=long, window=window)
 
 
-def _per_head(x: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
-    """``[B, V, ...]`` per view -> ``[B, H, ...]`` per head."""
-    return x[:, plan.head_view]
-
-
 def bucketed_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
     """App. D with einsum strings: the fused ``bucketed_attention``'s function, without dropout. ``q, k, v``:
     ``[batch, heads, seq, head_dim]`` (q not pre-scaled); returns the same shape. Materialises
@@ -79,7 +74,8 @@ def bucketed_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     G, R, P = plan.global_len, plan.radius, plan.dense_rows
     Q, K, V = (MultiView.of(x, plan) for x in (q * D**-0.5, k, v))
     neg = torch.finfo(q.dtype).min
-    long_allowed = _per_head(plan.long_allowed, plan).view(B, H, plan.num_buckets, R, G + 3 * R)
+    # the plan's masks per head view [B, V, ...] -> per head [B, H, ...]
+    long_allowed = plan.long_allowed[:, plan.head_view].view(B, H, plan.num_buckets, R, G + 3 * R)
 
     score_to_global = torch.einsum("BHNFE,BHTE->BHNFT", Q.long, K.global_)
     score_to_window = torch.einsum("BHNFE,BHNTE->BHNFT", Q.long, K.window)
@@ -93,7 +89,7 @@ def bucketed_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     if P:  # the global part: one dense row each
         score_from_global = torch.einsum("BHFE,BHTE->BHFT", Q.full[:, :, :P], K.full)
-        prob_from_global = torch.softmax(score_from_global.masked_fill(~_per_head(plan.dense_allowed, plan), neg), -1)
+        prob_from_global = torch.softmax(score_from_global.masked_fill(~plan.dense_allowed[:, plan.head_view], neg), -1)
         context_from_global = torch.einsum("BHFT,BHTE->BHFE", prob_from_global, V.full)
         take = plan.dense_take[:, None, :, None]
         context = torch.cat([torch.where(take, context_from_global, context[:, :, :P]), context[:, :, P:]], 2)
