@@ -326,20 +326,12 @@ def reduce_kernel(
         if m0 < dense:
             dq = sum_parts(DQ_PART, bh, pid, T, S, BLOCK_M, BLOCK_D)
             store_rows(DQ, b * sdqb + h * sdqh, tok_row, row_ok, sdqn, dcol, d_ok, dq * scale)
-    else:
-        reduce_keys(DK, DV, DK_PART, DV_PART, PERM, GROUPS, DENSE, REAL, SEED, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
-                    H, N, scale, pid - T, J, S, D, BLOCK_D, BLOCK_N, PAD)  # fmt: skip
-
-
-@triton.jit
-def reduce_keys(DK, DV, DK_PART, DV_PART, PERM, GROUPS, DENSE, REAL, SEED, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
-                H, N, scale, tile, J, S, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                PAD: tl.constexpr):  # fmt: skip
-    """dK, dV of global key tile ``tile``: its splits summed."""
-    n0, bh, b, h, dense, real, seed, cols, col_ok, dcol, d_ok, tok_col, g_col = own_tile(
-        tile, PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_N, PAD
-    )
-    dk = sum_parts(DK_PART, bh, tile, J, S, BLOCK_N, BLOCK_D)
-    dv = sum_parts(DV_PART, bh, tile, J, S, BLOCK_N, BLOCK_D)
-    store_rows(DK, b * sdkb + h * sdkh, tok_col, col_ok, sdkn, dcol, d_ok, dk * scale)
-    store_rows(DV, b * sdvb + h * sdvh, tok_col, col_ok, sdvn, dcol, d_ok, dv)
+    else:  # global key tile pid - T: its splits summed
+        tile = pid - T
+        n0, bh, b, h, dense, real, seed, cols, col_ok, dcol, d_ok, tok_col, g_col = own_tile(
+            tile, PERM, GROUPS, DENSE, REAL, SEED, H, N, D, BLOCK_D, BLOCK_N, PAD
+        )
+        dk = sum_parts(DK_PART, bh, tile, J, S, BLOCK_N, BLOCK_D)
+        dv = sum_parts(DV_PART, bh, tile, J, S, BLOCK_N, BLOCK_D)
+        store_rows(DK, b * sdkb + h * sdkh, tok_col, col_ok, sdkn, dcol, d_ok, dk * scale)
+        store_rows(DV, b * sdvb + h * sdvh, tok_col, col_ok, sdvn, dcol, d_ok, dv)
