@@ -16,6 +16,7 @@ scores bias the task transformer's attention.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -76,13 +77,9 @@ def keep_rank(scores: torch.Tensor, layout: TableLayout, top_k: int, selection: 
             ids = layout.column_ids[b][table]
             values = scores[b].detach()[table]
             by_column = sorted({int(c) for c in ids.tolist()}, key=lambda c: (-float(values[ids == c][0]), c))
-            kept = []
-            for column in by_column:
-                size = int((ids == column).sum())
-                if size > room:
-                    break
-                kept.append(column)
-                room -= size
+            # the best columns while their sizes add up to at most room (a prefix: every size is >= 1)
+            totals = itertools.accumulate(int((ids == column).sum()) for column in by_column)
+            kept = by_column[: sum(total <= room for total in totals)]
             chosen = table & torch.isin(
                 layout.column_ids[b], torch.tensor(kept, device=scores.device, dtype=torch.long)
             )

@@ -90,12 +90,7 @@ class SpanHead(nn.Module):
         log_p = torch.log_softmax(flat.float(), dim=-1)
         best_log_p, best = log_p.max(dim=-1)
         start, end = best // width, best // width + best % width
-        minus = torch.full_like(start, -1)
-        return (
-            torch.where(has, start, minus),
-            torch.where(has, end, minus),
-            torch.where(has, best_log_p.exp(), torch.zeros_like(best_log_p)),
-        )
+        return torch.where(has, start, -1), torch.where(has, end, -1), torch.where(has, best_log_p.exp(), 0.0)
 
 
 def gold_band_index(gold_start: torch.Tensor, gold_end: torch.Tensor, max_span_length: int) -> torch.Tensor:
