@@ -233,10 +233,8 @@ def load_tokenizer(pretrained: str | os.PathLike):
         return _checked(BertTokenizerFast.from_pretrained(resolved), pretrained)
     if "vocab_file" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 4.x
         return _checked(BertTokenizerFast(vocab_file=str(vocab_path), **options), pretrained)
-    vocab = {}
     with open(vocab_path, encoding="utf-8") as handle:
-        for index, line in enumerate(handle):
-            vocab[line.rstrip("\n")] = index
+        vocab = {line.rstrip("\n"): index for index, line in enumerate(handle)}
     return _checked(BertTokenizerFast(vocab=vocab, **options), pretrained)
 
 

@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from mate_cli.errors import MateError
 from mate_cli.modeling.layout import TableLayout
@@ -94,3 +95,10 @@ def with_key_bias(allowed: torch.Tensor, layout: TableLayout | None, dtype: torc
         return allowed
     bias = layout.key_bias.to(device=allowed.device, dtype=dtype)[:, None, None, :]
     return torch.where(allowed, bias, torch.tensor(float("-inf"), dtype=dtype, device=allowed.device))
+
+
+def block_windows(blocks: torch.Tensor) -> torch.Tensor:
+    """``[..., num_blocks, size, d]`` -> ``[..., num_blocks, 3 * size, d]``: previous, own, next block (zeros beyond
+    the ends)."""
+    padded = F.pad(blocks, (0, 0, 0, 0, 1, 1))
+    return torch.cat([padded[..., :-2, :, :], padded[..., 1:-1, :, :], padded[..., 2:, :, :]], dim=-2)

@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from mate_cli.modeling.attention.base import block_windows
 from mate_cli.modeling.attention.mate_plan import BucketPlan, sort_heads, unsort_heads
 
 __all__ = ["MultiView", "bucketed_attention_reference"]
@@ -61,9 +61,7 @@ class MultiView:
         R, nb, G = plan.radius, plan.num_buckets, plan.global_len
         full = sort_heads(x, plan.perm, plan.padded_len)
         long = full.view(B, H, nb, R, D)
-        padded = F.pad(long, (0, 0, 0, 0, 1, 1))
-        window = torch.cat([padded[:, :, :-2], padded[:, :, 1:-1], padded[:, :, 2:]], dim=3)
-        return cls(full=full, global_=full[:, :, :G], long=long, window=window)
+        return cls(full=full, global_=full[:, :, :G], long=long, window=block_windows(long))
 
 
 def bucketed_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BucketPlan) -> torch.Tensor:

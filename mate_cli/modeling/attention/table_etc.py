@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn import functional
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.attention.base import AttentionBackend, check_range, register
+from mate_cli.modeling.attention.base import AttentionBackend, block_windows, check_range, register
 from mate_cli.modeling.layout import TableLayout
 
 #: ``segment_ids`` value that marks global memory tokens in the extended layout.
@@ -95,12 +95,6 @@ def _blocks(x: torch.Tensor, size: int) -> torch.Tensor:
     """``[..., seq, d]`` -> ``[..., num_blocks, size, d]``, zero-padded at the end."""
     pad = -x.shape[-2] % size
     return functional.pad(x, (0, 0, 0, pad)).unflatten(-2, (-1, size))
-
-
-def _windows(blocks: torch.Tensor) -> torch.Tensor:
-    """``[..., num_blocks, size, d]`` -> ``[..., num_blocks, 3 * size, d]``: previous, own, next block."""
-    padded = functional.pad(blocks, (0, 0, 0, 0, 1, 1))
-    return torch.cat([padded[..., :-2, :, :], padded[..., 1:-1, :, :], padded[..., 2:, :, :]], dim=-2)
 
 
 @dataclass
@@ -211,7 +205,7 @@ class TableETCAttention(AttentionBackend):
         near = distance.abs() <= radius
         local_rel = REL_LOCAL_OFFSET + distance.clamp(-self.max_relative_distance, self.max_relative_distance)
         local_rel = local_rel + self.max_relative_distance
-        key_real = _windows(_blocks(long.attention_mask[..., None].to(torch.uint8), radius))[..., 0].bool()
+        key_real = block_windows(_blocks(long.attention_mask[..., None].to(torch.uint8), radius))[..., 0].bool()
         to_memory_blocks = _blocks(to_memory, radius)  # [batch, nb, radius, G]
         batch, num_blocks = to_memory_blocks.shape[:2]
         window_shape = (batch, num_blocks, radius, 3 * radius)
@@ -253,7 +247,7 @@ class TableETCAttention(AttentionBackend):
 
         def block_keys(x: torch.Tensor) -> torch.Tensor:  # [batch, heads, nb, G + 3 radius, head_dim]
             memory = x[:, :, None, :num_global].expand(-1, -1, num_blocks, -1, -1)
-            return torch.cat([memory, _windows(_blocks(x[:, :, num_global:], radius))], dim=-2)
+            return torch.cat([memory, block_windows(_blocks(x[:, :, num_global:], radius))], dim=-2)
 
         probs = self._probs(q_long, block_keys(k), plan.long_rel[:, None], plan.long_mask[:, None])
         context_long = torch.einsum("bhcij,bhcjd->bhcid", probs, block_keys(v))
