@@ -331,10 +331,10 @@ def visited_tiles(structure: TritonStructure, seq_len: int) -> int:
     return int(tiles.sum()) * structure.heads
 
 
-#: the kernels' pointer arguments whose element type is not the inputs' dtype
-_POINTER_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "PERM": "*i32", "GROUPS": "*i32", "DENSE": "*i32", "REAL": "*i32",
-                  "SEED": "*i64", "VISITS": "*i32", **dict.fromkeys(("M_PART", "L_PART", "ACC_PART", "DQ_PART", "DK_PART",
-                  "DV_PART"), "*fp32")}  # fmt: skip
+#: the kernels' arguments that are neither i32 nor pointers of the inputs' dtype
+_ARG_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "PERM": "*i32", "GROUPS": "*i32", "DENSE": "*i32", "REAL": "*i32",
+              "SEED": "*i64", "VISITS": "*i32", **dict.fromkeys(("M_PART", "L_PART", "ACC_PART", "DQ_PART", "DK_PART",
+              "DV_PART"), "*fp32"), "scale": "fp32", "dropout_p": "fp32"}  # fmt: skip
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -356,19 +356,12 @@ def resource_usage(arch: int, dtype: torch.dtype = torch.bfloat16, head_dim: int
     like = torch.empty(1, 1, 1, head_dim, dtype=dtype)
     constants = {**_launch_args(like, 0.5 if dropout else 0.0), "COUNT": False}
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    types = {**dict.fromkeys(("Q", "K", "V", "OUT", "DO", "DQ", "DK", "DV"), "*" + _TRITON_TYPES[dtype]), **_ARG_TYPES}
+    types.update(dict.fromkeys(constants, "constexpr"))
     usage = {}
     for name in WARPS:
         fn = getattr(module, name)
-        signature = {}
-        for arg in fn.arg_names:
-            if arg in constants:
-                signature[arg] = "constexpr"
-            elif arg in _POINTER_TYPES:
-                signature[arg] = _POINTER_TYPES[arg]
-            elif arg in ("Q", "K", "V", "OUT", "DO", "DQ", "DK", "DV"):
-                signature[arg] = "*" + _TRITON_TYPES[dtype]
-            else:
-                signature[arg] = "fp32" if arg in ("scale", "dropout_p") else "i32"
+        signature = {arg: types.get(arg, "i32") for arg in fn.arg_names}
         consts = {(fn.arg_names.index(k),): v for k, v in constants.items() if k in fn.arg_names}
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts), target=GPUTarget("cuda", arch, 32),
                                 options={"num_warps": WARPS[name]})  # fmt: skip
