@@ -78,9 +78,10 @@ class TableEmbeddings(nn.Module):
         only; a GPU batch is checked before it moves (``EncoderTaskModule.check_type_ids``)."""
         for i, (name, table) in enumerate(zip(TOKEN_TYPE_FIELDS, self.token_type_tables())):
             ids = getattr(layout, name)
-            if bool(((ids < 0) | (ids >= table.num_embeddings)).any()):
+            outside = ids[(ids < 0) | (ids >= table.num_embeddings)]
+            if outside.numel():
                 raise MateError(
-                    f"layout.{name} holds id {int(ids.max())} but token_type_embeddings_{i} has only "
+                    f"layout.{name} holds id {int(outside[0])} but token_type_embeddings_{i} has only "
                     f"{table.num_embeddings} entries; cap it in the tokenizer (fewer rows/columns per table) "
                     f"or raise model.type_vocab_sizes[{i}]"
                 )

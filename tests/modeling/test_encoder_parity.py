@@ -141,6 +141,9 @@ def test_token_type_ids_beyond_their_table_are_one_line_naming_the_field():
         model.embeddings.check_type_ids(wide)
     with pytest.raises(MateError, match=message):
         model(input_ids, wide)
+    negative = layout.with_fields(row_ids=layout.row_ids.masked_fill(layout.row_ids == 0, -1))
+    with pytest.raises(MateError, match=r"^layout\.row_ids holds id -1 but"):  # the id that is wrong, not the largest
+        model.embeddings.check_type_ids(negative)
 
 
 def test_reset_changes_the_output():
