@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Literal, Mapping
@@ -257,36 +257,31 @@ def encode_question(
     return asdict(tokenizer.encode(question, table, cell_texts=cell_texts, candidates=candidates))
 
 
+@dataclass
 class _ExampleEncoder:
     """A question record -> its encoded example, by ``encode`` (:func:`encode_question`'s signature). The reader and
     tokenizer are made at the first record; worker processes are forked, so it is never pickled."""
 
-    def __init__(
-        self,
-        root: str,
-        pretrained: str,
-        max_length: int,
-        expansion: dict,
-        max_question_tokens: int,
-        encode: Callable[..., dict] = encode_question,
-        length_key: str = "dataset.max_length",
-    ):
-        self.args = (root, pretrained, max_length, expansion, max_question_tokens)
-        self.encode, self.length_key = encode, length_key
-        self._state = None
+    root: str
+    pretrained: str
+    max_length: int
+    expansion: dict
+    max_question_tokens: int
+    encode: Callable[..., dict] = encode_question
+    length_key: str = "dataset.max_length"
+
+    @cached_property
+    def _state(self) -> tuple[HybridQAReader, TableTokenizer]:
+        tokenizer = TableTokenizer(
+            load_tokenizer(self.pretrained), self.max_length, self.max_question_tokens, length_key=self.length_key
+        )
+        return HybridQAReader(self.root), tokenizer
 
     def __call__(self, record: dict) -> dict:
-        root, pretrained, max_length, expansion, max_q = self.args
-        if self._state is None:
-            tok = TableTokenizer(
-                load_tokenizer(pretrained), max_length=max_length, max_question_tokens=max_q, length_key=self.length_key
-            )
-            self._state = (HybridQAReader(root), tok)
         reader, tok = self._state
         question = question_from_record(record)
-        return self.encode(
-            tok, question, reader.table(question.table_id), reader.passages(question.table_id), expansion
-        )
+        table_id = question.table_id
+        return self.encode(tok, question, reader.table(table_id), reader.passages(table_id), self.expansion)
 
 
 class Collator:

@@ -14,7 +14,8 @@ import logging
 import math
 import re
 from collections import defaultdict
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 from typing import Literal, Mapping
 
 import torch
@@ -174,33 +175,26 @@ def table_tokenizer(tokenizer, settings: Mapping) -> TableTokenizer:
     )
 
 
+@dataclass
 class _TaskEncoder:
-    def __init__(
-        self,
-        task: TableTask,
-        root: str,
-        tokenizer_args: dict,
-        prev: dict[str, list[Coord]],
-        ambiguous_answers: str = "all",
-    ):
-        self.args = (task, root, tokenizer_args, prev, ambiguous_answers)
-        self._state = None
+    """A question record -> its encoded example; the reader and tokenizer are made at the first record."""
+
+    task: TableTask
+    root: str
+    tokenizer_args: dict
+    prev: dict[str, list[Coord]]
+    ambiguous_answers: str = "all"
+
+    @cached_property
+    def _state(self) -> tuple:
+        tokenizer = table_tokenizer(load_tokenizer(self.tokenizer_args["pretrained"]), self.tokenizer_args)
+        return self.task.make_reader(self.root), tokenizer
 
     def __call__(self, record: dict) -> dict:
-        task, root, tokenizer_args, prev, ambiguous_answers = self.args
-        if self._state is None:
-            tokenizer = table_tokenizer(load_tokenizer(tokenizer_args["pretrained"]), tokenizer_args)
-            self._state = (task.make_reader(root), tokenizer)
         reader, tokenizer = self._state
         question = question_from_record(record)
-        return encode_task_question(
-            tokenizer,
-            task,
-            question,
-            reader.table(question.table_id),
-            prev.get(question.question_id),
-            ambiguous_answers,
-        )
+        table, prev = reader.table(question.table_id), self.prev.get(question.question_id)
+        return encode_task_question(tokenizer, self.task, question, table, prev, self.ambiguous_answers)
 
 
 class TableTaskDataModule(SplitDataModule):
