@@ -126,12 +126,10 @@ def csv_tables(reader, kind: str) -> Iterator[TableText]:
 
 def tabfact_tables(reader) -> Iterator[TableText]:
     """TabFact's tables with their captions (which only the statement files hold)."""
-    from mate_cli.data.tabfact import TabFactReader
-
     for name in reader.available_files():
         for _ in reader.questions(name):  # fills the reader's captions
             pass
-    for path in sorted((reader.root / TabFactReader.TABLES_DIR).glob("*.csv")):
+    for path in sorted((reader.root / reader.TABLES_DIR).glob("*.csv")):
         table = reader.table(path.name)
         yield TableText(table, table.title, f"tabfact:{path.name}")
 

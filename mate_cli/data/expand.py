@@ -104,16 +104,10 @@ def _check_args(k: int, scope: str, method: str) -> None:
 
 
 def expand_table(
-    question: Question | str,
-    table: Table,
-    passages: dict[str, str],
-    k: int = 5,
-    scope: str = "table",
-    method: str = "tfidf",
+    question: Question, table: Table, passages: dict[str, str], k: int = 5, scope: str = "table", method: str = "tfidf"
 ) -> list[list[str]]:
     """Expanded data-cell texts, ``[num_rows][num_columns]``."""
     _check_args(k, scope, method)
-    query = question.question if isinstance(question, Question) else str(question)
     links = linked_passages(table, passages)
     split = {link: split_sentences(passages[link]) for link in links}
     if method == "first":
@@ -128,7 +122,7 @@ def expand_table(
     owner: dict[str, list[int]] = {link: [] for link in links}
     for i, (link, _) in enumerate(units):
         owner[link].append(i)
-    scores = tfidf_scores(query, [s for _, s in units])
+    scores = tfidf_scores(question.question, [s for _, s in units])
     if scope == "table":
         rank = {i: r for r, i in enumerate(_rank(list(range(len(units))), scores, k))}
         pick = lambda ids: sorted((i for i in ids if i in rank), key=rank.__getitem__)  # noqa: E731

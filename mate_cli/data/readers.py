@@ -87,7 +87,7 @@ def fields(values: Sequence[str], width: int, path: Path, where: str) -> Sequenc
     return values
 
 
-def rows_to_table(cells: list[list[str]], table_id: str, path: Path | str, title: str = "") -> Table:
+def rows_to_table(cells: list[list[str]], table_id: str, path: Path | str) -> Table:
     """First row = header; ragged rows are padded with empty cells (or cut) with a warning."""
     if not cells or not cells[0]:
         raise MateError(f"{path}: table {table_id!r} has no header row; re-download or repair the file")
@@ -106,7 +106,7 @@ def rows_to_table(cells: list[list[str]], table_id: str, path: Path | str, title
             )
             raw = (list(raw) + [""] * width)[:width]
         rows.append([Cell(text) for text in raw])
-    return Table(table_id=table_id, header=[Cell(text) for text in cells[0]], rows=rows, title=title)
+    return Table(table_id=table_id, header=[Cell(text) for text in cells[0]], rows=rows)
 
 
 def _safe_relative(table_id: str) -> bool:

@@ -24,7 +24,7 @@ from mate_cli import tasks
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
 from mate_cli.data.schema import Batch, Question, Table, TaskBatch
-from mate_cli.data.tokenize import TableTokenizer, check_linearization
+from mate_cli.data.tokenize import PRUNING_CHOICES, TableTokenizer, check_linearization
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.modeling.layout import padded
@@ -32,7 +32,6 @@ from mate_cli.tasks import TableTask
 
 log = logging.getLogger(__name__)
 
-PRUNING = ("none", "cc", "hem")
 AMBIGUOUS_ANSWERS = ("first", "all", "drop")
 Coord = tuple[int, int]
 
@@ -216,8 +215,8 @@ class TableTaskDataModule(SplitDataModule):
         **common,
     ) -> None:
         self.task = tasks.get(task)
-        if pruning not in PRUNING:
-            raise MateError(f"dataset.pruning={pruning!r} is invalid; use one of {', '.join(PRUNING)}")
+        if pruning not in PRUNING_CHOICES:
+            raise MateError(f"dataset.pruning={pruning!r} is invalid; use one of {', '.join(PRUNING_CHOICES)}")
         if ambiguous_answers not in AMBIGUOUS_ANSWERS:
             raise MateError(
                 f"dataset.ambiguous_answers={ambiguous_answers!r} is invalid; use one of {', '.join(AMBIGUOUS_ANSWERS)}"
@@ -339,12 +338,9 @@ class TableTaskDataModule(SplitDataModule):
         return TaskCollator(self.pad_id)
 
 
-class TaskCollator:
-    def __init__(self, pad_id: int = 0) -> None:
-        self.pad_id = pad_id
-
+class TaskCollator(Collator):
     def __call__(self, examples: list[Mapping]) -> TaskBatch:
-        base = Collator(self.pad_id)(examples)
+        base = super().__call__(examples)
         values = [[math.nan, *(math.nan if v is None else v for v in ex["cell_values"])] for ex in examples]
         return TaskBatch(
             **{f.name: getattr(base, f.name) for f in fields(Batch)},
