@@ -8,7 +8,7 @@ import logging
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from mate_cli.data.schema import Cell, Question, Table
 from mate_cli.errors import MateError
@@ -149,6 +149,8 @@ class TableQAReader(CachedReads):
     TABLES_DIR = ""
     #: e.g. "data/*.tsv and csv/<20x>-csv/ (WikiTableQuestions)", for messages
     LAYOUT = ""
+    #: ``(path, table_id) -> Table``, the dataset's table-file parser (a staticmethod)
+    _parse_table: Callable[[Path, str], Table]
 
     def __init__(self, root: str | Path, cache_size: int = 64):
         self.root = Path(str(root)).expanduser()
@@ -231,6 +233,3 @@ class TableQAReader(CachedReads):
                 f"check dataset.root or that {self.TABLES_DIR}/ is complete"
             )
         return self._parse_table(path, table_id)
-
-    def _parse_table(self, path: Path, table_id: str) -> Table:
-        raise NotImplementedError

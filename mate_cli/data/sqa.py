@@ -25,6 +25,14 @@ _REQUIRED = ("id", "annotator", "position", "question", "table_file")
 _ANSWERS = ("answer_coordinates", "answer_text")
 
 
+def parse_table_file(path: Path, table_id: str) -> Table:
+    try:
+        cells = list(csv.reader(io.StringIO(read_text(path, "table file"), newline="")))
+    except csv.Error as err:
+        raise MateError(f"{path}: not a readable CSV table ({err}); re-download or repair the file") from None
+    return rows_to_table(cells, table_id, path)
+
+
 class SQAReader(TableQAReader):
     # random-split-1-{train,dev} partition train.tsv, so validation never sees a trained question
     FILES = {"train": "random-split-1-train.tsv", "dev": "random-split-1-dev.tsv", "test": "test.tsv"}
@@ -34,6 +42,7 @@ class SQAReader(TableQAReader):
     TABLE_GLOBS = ("table_csv/*.csv",)
     TABLES_DIR = "table_csv"
     LAYOUT = "train.tsv, test.tsv and table_csv/ (SQA release layout)"
+    _parse_table = staticmethod(parse_table_file)
 
     def _read_questions(self, path: Path) -> Iterator[Record]:
         reader = csv.reader(io.StringIO(read_text(path, "question file"), newline=""), delimiter="\t")
@@ -53,9 +62,6 @@ class SQAReader(TableQAReader):
                 f"{path}: line {reader.line_num + 1}: not readable as tab-separated CSV ({err}); "
                 "fix or remove that line"
             ) from None
-
-    def _parse_table(self, path: Path, table_id: str) -> Table:
-        return parse_table_file(path, table_id)
 
     def _check_coordinates(self, question: Question, path: Path, where: str) -> None:
         """An answer cell outside its table is an error (it would otherwise supervise nothing, silently)."""
@@ -124,14 +130,6 @@ def _coordinate(raw: Any, path: Path, where: str) -> list[int]:
             "non-negative integers; fix or remove that line"
         )
     return [value[0], value[1]]
-
-
-def parse_table_file(path: Path, table_id: str) -> Table:
-    try:
-        cells = list(csv.reader(io.StringIO(read_text(path, "table file"), newline="")))
-    except csv.Error as err:
-        raise MateError(f"{path}: not a readable CSV table ({err}); re-download or repair the file") from None
-    return rows_to_table(cells, table_id, path)
 
 
 def read_table_file(path: str | Path) -> Table:

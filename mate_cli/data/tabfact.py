@@ -26,6 +26,18 @@ class _Pairs:
         self.pairs = pairs
 
 
+def parse_table_file(path: Path, table_id: str) -> Table:
+    lines = split_lines(read_text(path, "table file"))
+    table = rows_to_table([line.split("#") for line in lines], table_id, path)
+    if table.num_columns == 1 and ("," in table.header[0].text or "\t" in table.header[0].text):
+        raise MateError(
+            f"{path}: line 1: one column whose header {table.header[0].text[:60]!r} holds ',' or tabs: "
+            "not a '#'-separated TabFact table; convert it (columns joined by '#', first line the "
+            "header) or use a run of its own dataset"
+        )
+    return table
+
+
 class TabFactReader(TableQAReader):
     FILES = {"train": "train_examples.json", "dev": "val_examples.json", "test": "test_examples.json"}
     QUESTIONS_DIR = "tokenized_data"
@@ -34,6 +46,7 @@ class TabFactReader(TableQAReader):
     TABLE_GLOBS = ("data/all_csv/*.csv", *CHANNEL_FILES.values())
     TABLES_DIR = "data/all_csv"
     LAYOUT = "tokenized_data/*_examples.json and data/all_csv/ (TabFact layout)"
+    _parse_table = staticmethod(parse_table_file)
 
     def __init__(self, root: str | Path, cache_size: int = 64):
         super().__init__(root, cache_size)
@@ -88,9 +101,6 @@ class TabFactReader(TableQAReader):
             table.title = self._captions.get(table_id, "")
         return table
 
-    def _parse_table(self, path: Path, table_id: str) -> Table:
-        return parse_table_file(path, table_id)
-
 
 def _entry(value: Any, path: Path, table_id: str) -> tuple[list, list, str]:
     ok = isinstance(value, list) and len(value) in (2, 3)
@@ -113,18 +123,6 @@ def _id_list(data: Any, path: Path) -> list[str]:
             "re-download the file or delete it"
         )
     return ids
-
-
-def parse_table_file(path: Path, table_id: str) -> Table:
-    lines = split_lines(read_text(path, "table file"))
-    table = rows_to_table([line.split("#") for line in lines], table_id, path)
-    if table.num_columns == 1 and ("," in table.header[0].text or "\t" in table.header[0].text):
-        raise MateError(
-            f"{path}: line 1: one column whose header {table.header[0].text[:60]!r} holds ',' or tabs: "
-            "not a '#'-separated TabFact table; convert it (columns joined by '#', first line the "
-            "header) or use a run of its own dataset"
-        )
-    return table
 
 
 def read_table_file(path: str | Path) -> Table:

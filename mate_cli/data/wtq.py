@@ -56,6 +56,16 @@ def split_answers(target_value: str) -> list[str]:
     return [unescape(part) for part in target_value.split("|")] if target_value else []
 
 
+def parse_table_file(path: Path, table_id: str) -> Table:
+    """A WikiTableQuestions ``.tsv`` table (escapes undone), or a ``.csv`` one (``\\``-escaped CSV)."""
+    text = read_text(path, "table file")
+    if path.suffix == ".csv":
+        cells = list(csv.reader(io.StringIO(text), escapechar="\\", doublequote=False))
+    else:
+        cells = [[unescape(field) for field in line.split("\t")] for line in split_lines(text)]
+    return rows_to_table(cells, table_id, path)
+
+
 class WTQReader(TableQAReader):
     FILES = {"train": "random-split-1-train.tsv", "dev": "random-split-1-dev.tsv", "test": "pristine-unseen-tables.tsv"}
     QUESTIONS_DIR = "data"
@@ -65,6 +75,7 @@ class WTQReader(TableQAReader):
     TABLES_DIR = "csv"
     TAGGED_DIR = "tagged/data"
     LAYOUT = "data/*.tsv and csv/<20x>-csv/<n>.tsv (WikiTableQuestions layout)"
+    _parse_table = staticmethod(parse_table_file)
 
     def tagged_files(self) -> list[Path]:
         return sorted(p for p in (self.root / self.TAGGED_DIR).glob("*.tagged") if p.is_file())
@@ -149,19 +160,6 @@ class WTQReader(TableQAReader):
         path = self.root / table_id
         twin = path.with_suffix(".tsv")
         return twin if twin.is_file() else path
-
-    def _parse_table(self, path: Path, table_id: str) -> Table:
-        return parse_table_file(path, table_id)
-
-
-def parse_table_file(path: Path, table_id: str) -> Table:
-    """A WikiTableQuestions ``.tsv`` table (escapes undone), or a ``.csv`` one (``\\``-escaped CSV)."""
-    text = read_text(path, "table file")
-    if path.suffix == ".csv":
-        cells = list(csv.reader(io.StringIO(text), escapechar="\\", doublequote=False))
-    else:
-        cells = [[unescape(field) for field in line.split("\t")] for line in split_lines(text)]
-    return rows_to_table(cells, table_id, path)
 
 
 def read_table_file(path: str | Path) -> Table:
