@@ -62,13 +62,7 @@ def split_sentences(text: str) -> list[str]:
 
 def linked_passages(table: Table, passages: dict[str, str]) -> list[str]:
     """Links of the data cells that have a passage, in order of first appearance."""
-    seen: dict[str, None] = {}
-    for row in table.rows:
-        for cell in row:
-            for link in cell.links:
-                if link in passages:
-                    seen.setdefault(link, None)
-    return list(seen)
+    return list(dict.fromkeys(link for row in table.rows for cell in row for link in cell.links if link in passages))
 
 
 def tfidf_scores(query: str, sentences: list[str]) -> np.ndarray:

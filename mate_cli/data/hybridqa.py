@@ -53,8 +53,7 @@ class HybridQAReader(CachedReads):
     def splits(self) -> list[str]:
         names = set()
         for path in (self.root / QUESTIONS_DIR).glob("*.json"):
-            stem = path.name[: -len(".json")]
-            stem = stem[: -len(".traced")] if stem.endswith(".traced") else stem
+            stem = path.name.removesuffix(".json").removesuffix(".traced")
             if stem and "_" not in stem and "." not in stem:  # skips dev_reference.json
                 names.add(stem)
         return sorted(names, key=lambda s: (_SPLIT_ORDER.get(s, 99), s))

@@ -119,10 +119,8 @@ def outside_float32(text: str) -> bool:
 
 def parse_number(text: str) -> float | None:
     """A word as TAPAS reads a number (``'3rd'`` -> 3.0); None for NaN, inf, beyond float32."""
-    for suffix in ORDINAL_SUFFIXES:
-        if text.endswith(suffix):
-            text = text[: -len(suffix)]
-            break
+    if text.endswith(ORDINAL_SUFFIXES):  # each two letters
+        text = text[:-2]
     try:
         value = float(text.replace(",", ""))
     except ValueError:

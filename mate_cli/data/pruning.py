@@ -7,6 +7,7 @@ the remainder and never drops a row.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Sequence
 
@@ -27,14 +28,8 @@ class Selection:
 
 def largest_cap(lengths: Sequence[int], budget: int) -> int:
     """Largest ``c >= 0`` with ``sum(min(l, c)) <= budget`` (``max(lengths)`` if all fit)."""
-    low, high = 0, max(lengths, default=0)
-    while low < high:
-        mid = (low + high + 1) // 2
-        if sum(min(n, mid) for n in lengths) <= budget:
-            low = mid
-        else:
-            high = mid - 1
-    return low
+    caps = range(max(lengths, default=0) + 1)  # the sum grows with the cap: a binary search
+    return max(0, bisect.bisect_right(caps, budget, key=lambda cap: sum(min(n, cap) for n in lengths)) - 1)
 
 
 def _round_robin(lengths: Sequence[int], budget: int) -> list[int]:
