@@ -25,9 +25,5 @@ def contains_answer(text: str, normalized_answer: str) -> bool:
 def answer_words(text: str) -> list[tuple[str, int, int]]:
     """``(lower-cased word, char start, char end)``, articles dropped; punctuation breaks words instead of vanishing,
     so ``Ferrari`` is found in ``Ferrari's`` (PointR's gold span)."""
-    out = []
-    for match in _WORD.finditer(text):
-        word = match.group().lower()
-        if word not in _ARTICLE_WORDS:
-            out.append((word, match.start(), match.end()))
-    return out
+    words = ((match.group().lower(), match.start(), match.end()) for match in _WORD.finditer(text))
+    return [word for word in words if word[0] not in _ARTICLE_WORDS]
