@@ -66,13 +66,7 @@ def column_scores(
 ) -> list[int]:
     """Per column: how many distinct question tokens occur anywhere in it, header included."""
     wanted = set(question_tokens)
-    scores = []
-    for c, head in enumerate(header_tokens):
-        seen = set(head)
-        for row in row_tokens:
-            seen.update(row[c])
-        scores.append(len(wanted & seen))
-    return scores
+    return [len(wanted & set(head).union(*(row[c] for row in row_tokens))) for c, head in enumerate(header_tokens)]
 
 
 def heuristic_exact_match(
