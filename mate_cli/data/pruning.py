@@ -93,17 +93,12 @@ def heuristic_exact_match(
             break
         kept.append(c)
         used += size[c]
-    header = [0] * num_cols
-    rows = [[0] * num_cols for _ in row_lengths]
     if not kept:  # fallback: CC inside the best column
         best = ranked[0]
         inside = _round_robin([header_lengths[best]] + [row[best] for row in row_lengths], budget)
-        header[best] = inside[0]
-        for r, n in enumerate(inside[1:]):
-            rows[r][best] = n
+        header = [inside[0] if c == best else 0 for c in range(num_cols)]
+        rows = [[n if c == best else 0 for c in range(num_cols)] for n in inside[1:]]
         return Selection(header=header, rows=rows, columns=[best])
-    for c in kept:
-        header[c] = header_lengths[c]
-        for r, row in enumerate(row_lengths):
-            rows[r][c] = row[c]
+    header = [n if c in kept else 0 for c, n in enumerate(header_lengths)]
+    rows = [[n if c in kept else 0 for c, n in enumerate(row)] for row in row_lengths]
     return Selection(header=header, rows=rows, columns=sorted(kept))
