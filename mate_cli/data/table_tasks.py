@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import Literal, Mapping
@@ -104,26 +103,18 @@ def scalar_answer(task: TableTask, question: Question) -> float:
 def cell_numbers(table: Table, coords: list[list[int]]) -> list[float]:
     """TAPAS's numeric value of each listed cell (NaN: none)."""
     columns = TableNumbers.of([[c.text for c in row] for row in table.rows]).columns
-    out = []
-    for r, c in coords:
-        value = columns[c].get(r) if c < len(columns) else None
-        out.append(float(value) if isinstance(value, (int, float)) else math.nan)
-    return out
+    values = (columns[c].get(r) if c < len(columns) else None for r, c in coords)
+    return [float(value) if isinstance(value, (int, float)) else math.nan for value in values]
 
 
 def previous_answers(questions: list[Question]) -> dict[str, list[Coord]]:
     """SQA: question id -> the gold answer cells of the previous question of its sequence."""
-    by_sequence: dict[str, dict[int, Question]] = defaultdict(dict)
-    for q in questions:
-        if q.sequence_id is not None:
-            by_sequence[q.sequence_id][q.position] = q
-    out = {}
-    for steps in by_sequence.values():
-        for position, q in steps.items():
-            prev = steps.get(position - 1)
-            if prev is not None:
-                out[q.question_id] = sorted({(int(r), int(c)) for r, c in prev.answer_coordinates})
-    return out
+    steps = {(q.sequence_id, q.position): q for q in questions if q.sequence_id is not None}
+    return {
+        q.question_id: sorted({(int(r), int(c)) for r, c in prev.answer_coordinates})
+        for (sequence, position), q in steps.items()
+        if (prev := steps.get((sequence, position - 1))) is not None
+    }
 
 
 def encode_task_question(
