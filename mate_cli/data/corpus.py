@@ -24,8 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from mate_cli.data.hybridqa import TABLES_DIR, HybridQAReader
 from mate_cli.data.schema import Cell, Table
 from mate_cli.data.split import SplitSettings
+from mate_cli.data.sqa import SQAReader
+from mate_cli.data.tabfact import TabFactReader
+from mate_cli.data.wtq import WTQReader
 from mate_cli.errors import MateError
 
 log = logging.getLogger(__name__)
@@ -102,8 +106,6 @@ def _text(*parts: str) -> str:
 
 def hybridqa_tables(reader, passages: int = 1) -> Iterator[TableText]:
     """HybridQA's tables with their page text, then with up to ``passages`` linked passages each."""
-    from mate_cli.data.hybridqa import TABLES_DIR
-
     for path in sorted((reader.root / TABLES_DIR).glob("*.json")):
         table = reader.table(path.stem)
         yield TableText(table, _text(table.title, table.section_title, table.intro), f"hybridqa:{path.stem}")
@@ -134,19 +136,13 @@ def tabfact_tables(reader) -> Iterator[TableText]:
         yield TableText(table, table.title, f"tabfact:{path.name}")
 
 
-def _readers() -> dict:
-    """Per dataset kind, its reader class and ``tables(reader, kind, hybridqa_passages)``."""
-    from mate_cli.data.hybridqa import HybridQAReader
-    from mate_cli.data.sqa import SQAReader
-    from mate_cli.data.tabfact import TabFactReader
-    from mate_cli.data.wtq import WTQReader
-
-    return {
-        "hybridqa": (HybridQAReader, lambda reader, kind, passages: hybridqa_tables(reader, passages)),
-        "wtq": (WTQReader, lambda reader, kind, passages: csv_tables(reader, kind)),
-        "sqa": (SQAReader, lambda reader, kind, passages: csv_tables(reader, kind)),
-        "tabfact": (TabFactReader, lambda reader, kind, passages: tabfact_tables(reader)),
-    }
+#: per dataset kind, its reader class and ``tables(reader, kind, hybridqa_passages)``
+READERS = {
+    "hybridqa": (HybridQAReader, lambda reader, kind, passages: hybridqa_tables(reader, passages)),
+    "wtq": (WTQReader, lambda reader, kind, passages: csv_tables(reader, kind)),
+    "sqa": (SQAReader, lambda reader, kind, passages: csv_tables(reader, kind)),
+    "tabfact": (TabFactReader, lambda reader, kind, passages: tabfact_tables(reader)),
+}
 
 
 #: ``dataset.sources`` keys: a dataset root each, or ``jsonl``: one JSON-lines file or a list
@@ -190,7 +186,7 @@ class Corpus:
                             f"corpus file not found: {path}; pass an existing JSON-lines file ({FORMAT_HINT})"
                         )
                 continue
-            reader_class = _readers()[kind][0]
+            reader_class = READERS[kind][0]
             if not isinstance(where, (str, Path)) or not Path(str(where)).expanduser().is_dir():
                 raise MateError(
                     f"dataset.sources.{kind}={where} is not a folder; set it to a {kind} dataset root "
@@ -230,7 +226,7 @@ class Corpus:
 
     def examples(self) -> Iterator[TableText]:
         for kind, reader in self.readers.items():
-            found = _readers()[kind][1](reader, kind, self.hybridqa_passages)
+            found = READERS[kind][1](reader, kind, self.hybridqa_passages)
             yield from (found if self.tables == "all" else self._training_tables(kind, found))
         for path in self.files:
             yield from read_jsonl(path)
