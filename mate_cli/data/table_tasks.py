@@ -25,6 +25,7 @@ from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
 from mate_cli.data.schema import Batch, Question, Table, TaskBatch
 from mate_cli.data.tokenize import PRUNING_CHOICES, TableTokenizer, check_linearization
 from mate_cli.errors import MateError
+from mate_cli.metrics.wtq import CANON_EMULATION, predicted_values, target_values
 from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.modeling.layout import padded
 from mate_cli.tasks import TableTask
@@ -42,8 +43,6 @@ def answer_matches(task: TableTask, question: Question, table: Table) -> list[li
         return [[cell] for cell in sorted({(int(r), int(c)) for r, c in question.answer_coordinates})]
     if task.answer != "texts" or not question.answers:
         return []
-    from mate_cli.metrics.wtq import predicted_values, target_values
-
     cells = {
         (r, c): predicted_values([cell.text])[0]
         for r, row in enumerate(table.rows)
@@ -224,8 +223,6 @@ class TableTaskDataModule(SplitDataModule):
         return self.task.make_reader(root)
 
     def cache_payload(self, split: str) -> dict:
-        from mate_cli.metrics.wtq import CANON_EMULATION
-
         # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
         canon = CANON_EMULATION if self.task.answer == "texts" else None
         return {
