@@ -36,7 +36,6 @@ def parse_table_file(path: Path, table_id: str) -> Table:
 class SQAReader(TableQAReader):
     # random-split-1-{train,dev} partition train.tsv, so validation never sees a trained question
     FILES = {"train": "random-split-1-train.tsv", "dev": "random-split-1-dev.tsv", "test": "test.tsv"}
-    QUESTIONS_DIR = ""
     QUESTION_GLOB = "*.tsv"
     REQUIRED_DIRS = ("table_csv",)
     TABLE_GLOBS = ("table_csv/*.csv",)
