@@ -20,7 +20,7 @@ import torch
 
 from mate_cli.data.datamodule import HybridQADataModule, _ExampleEncoder, cell_tensors
 from mate_cli.data.expand import expand_table, linked_passages, tfidf_scores
-from mate_cli.data.schema import Question, Table, moved_to
+from mate_cli.data.schema import Batch, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.modeling.layout import ID_FIELDS, TableLayout, padded
@@ -111,8 +111,7 @@ class GraphBatch:
     question_ids: list[str]
     table_ids: list[str]
 
-    def to(self, device) -> "GraphBatch":
-        return moved_to(self, device)
+    to = Batch.to
 
     def __len__(self) -> int:
         """The number of questions, not of nodes."""

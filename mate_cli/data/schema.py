@@ -98,12 +98,6 @@ class EncodedExample:
     full_length: int = 0
 
 
-def moved_to(record, device):
-    """A copy of the dataclass ``record`` with every field that has ``.to`` on ``device``."""
-    values = {f.name: getattr(record, f.name) for f in fields(record)}
-    return type(record)(**{k: v.to(device) if hasattr(v, "to") else v for k, v in values.items()})
-
-
 @dataclass
 class Batch:
     """A collated cell-selection batch: ``input_ids`` ``[batch, seq]``; per cell id, ``[batch, max_cells + 1]`` (index 0
@@ -119,7 +113,9 @@ class Batch:
     table_ids: list[str]
 
     def to(self, device) -> "Batch":
-        return moved_to(self, device)
+        """A copy with every field that has ``.to`` on ``device`` (also the ``to`` of the other batch classes)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return type(self)(**{k: v.to(device) if hasattr(v, "to") else v for k, v in values.items()})
 
     def select(self, index: list[int]) -> "Batch":
         """The sub-batch of the examples at ``index``, in that order."""

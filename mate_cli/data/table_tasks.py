@@ -270,10 +270,9 @@ class TableTaskDataModule(SplitDataModule):
             "rows_dropped": sum(int(r) for r in ds["rows_dropped"]),
             "columns_dropped": sum(int(c) for c in ds["columns_dropped"]),
             "ambiguous_answers": sum(bool(a) for a in ds["ambiguous_answer"]),
+            "columns_pruned": sum(int(v) for v in ds["columns_pruned"]),
+            "tokens_pruned": sum(int(v) for v in ds["tokens_pruned"]),
         }
-        for name in ("columns_pruned", "tokens_pruned"):
-            if name in ds.column_names:
-                stats[name] = sum(int(v) for v in ds[name])
         if self.long_table_tokens is not None:
             full = ds["full_length"]
             long = {i for i in range(n) if int(full[i]) > self.long_table_tokens}
