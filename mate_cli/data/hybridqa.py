@@ -28,6 +28,11 @@ _SPLIT_ORDER = {"train": 0, "dev": 1, "test": 2}
 _ROOT_HINT = "set dataset.root=<folder holding released_data/ and WikiTables-WithLinks/>"
 
 
+def _plain_name(table_id: str) -> bool:
+    """A table id names a file inside its folder: no path separator of any platform."""
+    return "/" not in table_id and "\\" not in table_id
+
+
 class HybridQAReader(CachedReads):
     CACHED = {"_tables": "_read_table", "_passages": "_read_passages"}
 
@@ -116,7 +121,7 @@ class HybridQAReader(CachedReads):
 
     def _read_table(self, table_id: str) -> Table:
         path = self.table_file(table_id)
-        if "/" in table_id or "\\" in table_id or not path.is_file():
+        if not _plain_name(table_id) or not path.is_file():
             raise MateError(
                 f"table file not found: {path} (table_id {table_id!r}); "
                 f"check dataset.root or that {TABLES_DIR}/ is complete"
@@ -129,7 +134,7 @@ class HybridQAReader(CachedReads):
 
     def _read_passages(self, table_id: str) -> dict[str, str]:
         path = self.root / PASSAGES_DIR / f"{table_id}.json"
-        if "/" in table_id or not path.is_file():
+        if not _plain_name(table_id) or not path.is_file():
             log.warning("no passage file %s for table %r; using no passages", path, table_id)
             return {}
         return parse_passages(load_json(path, f"passages of table {table_id!r}"), path)

@@ -190,6 +190,16 @@ def test_missing_passages_warn_not_crash(tiny_root, caplog):
     assert table_id in caplog.text
 
 
+def test_a_table_id_with_a_path_separator_reads_no_file_outside_its_folder(tiny_root):
+    outside = tiny_root / "WikiTables-WithLinks" / "request_tok" / "..\\secret.json"
+    outside.write_text(
+        json.dumps({"/wiki/x": "not a passage of this dataset"})
+    )  # a file named as Windows would read it
+    assert HybridQAReader(tiny_root).passages("..\\secret") == {}  # refused like the table of that id
+    with pytest.raises(MateError, match="table file not found"):
+        HybridQAReader(tiny_root).table("..\\secret")
+
+
 def test_bad_passages_file(tiny_root):
     table_id = "Marine_defense_battalions_0"
     path = tiny_root / "WikiTables-WithLinks" / "request_tok" / f"{table_id}.json"
