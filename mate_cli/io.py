@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
+from mate_cli.errors import find_in_chain
+
 
 def default_mode() -> int:
     """``0o666`` less the process umask (read without changing it for good)."""
@@ -90,10 +92,6 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-#: errors that mean "this folder cannot be written" (not "the disk is full")
-NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
-
-
 def writable(directory: str | os.PathLike) -> bool:
     """Whether a file can be created in ``directory`` (made if missing): tried, as root ignores permission bits."""
     try:
@@ -106,13 +104,7 @@ def writable(directory: str | os.PathLike) -> bool:
 
 def os_error_in(err: BaseException | None) -> OSError | None:
     """The first ``OSError`` with an errno in ``err``'s cause chain (torch wraps failed writes in ``RuntimeError``)."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError) and err.errno:
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
+    return find_in_chain(err, OSError, lambda cause: cause.errno)
 
 
 def free_space(directory: str | os.PathLike) -> str:

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Sequence
 
 from omegaconf import DictConfig
 
-from mate_cli.errors import MateError
+from mate_cli.errors import MateError, find_in_chain
 from mate_cli.io import atomic_write_text, os_error_in, write_failure
 
 log = logging.getLogger("mate_cli")
@@ -152,16 +152,6 @@ def full_disk(err: BaseException) -> MateError | None:
 def find_mate_error(err: BaseException | None) -> MateError | None:
     """The `MateError` in ``err``'s cause chain (Hydra's instantiate and datasets wrap them)."""
     return find_in_chain(err, MateError)
-
-
-def find_in_chain(err: BaseException | None, kind: type):
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, kind):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
 
 
 def command_overrides() -> list[str]:
