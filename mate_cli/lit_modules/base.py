@@ -10,6 +10,7 @@ from typing import Callable
 import lightning as L
 import torch
 from torch import nn
+from torchmetrics import MeanMetric
 
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.optim import configure
@@ -212,3 +213,19 @@ class EncoderTaskModule(L.LightningModule):
                 "every token with no scores, which is not the model that was trained"
             )
         return self.encoder.save_pretrained(directory, tokenizer=tokenizer)
+
+
+def stage_metrics(*means: str, **others: type) -> nn.ModuleDict:
+    """``<stage>_<name>`` for ``val`` and ``test``: a ``MeanMetric`` per name in ``means``, ``others[name]()`` besides."""
+    kinds = {**dict.fromkeys(means, MeanMetric), **others}
+    return nn.ModuleDict({f"{stage}_{name}": kind() for stage in ("val", "test") for name, kind in kinds.items()})
+
+
+class EvaluatedTaskModule(EncoderTaskModule):
+    """A task whose validation and test are one ``_eval_step(batch, stage)``, ``stage`` ``val`` or ``test``."""
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, "test")

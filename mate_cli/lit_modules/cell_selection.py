@@ -6,17 +6,16 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torchmetrics import MeanMetric
 
 from mate_cli.data.schema import Batch
-from mate_cli.lit_modules.base import EncoderTaskModule
+from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.metrics.retrieval import hits_at_k
 from mate_cli.modeling.heads import CellSelectionHead, first_candidate_loss, mml_loss
 
 HITS_K = (1, 3, 5)
 
 
-class CellSelectionModule(EncoderTaskModule):
+class CellSelectionModule(EvaluatedTaskModule):
     """``mml``: MML over all candidate cells (the paper's), else cross-entropy to the first candidate."""
 
     def __init__(
@@ -26,9 +25,7 @@ class CellSelectionModule(EncoderTaskModule):
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.head = CellSelectionHead(encoder.config.hidden_size, encoder.config.initializer_range)
         self.loss_fn = mml_loss if mml else first_candidate_loss
-        self.val_hits = nn.ModuleDict({f"hits@{k}": MeanMetric() for k in HITS_K})
-        self.test_hits = nn.ModuleDict({f"hits@{k}": MeanMetric() for k in HITS_K})
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.metrics = stage_metrics("loss", *(f"hits@{k}" for k in HITS_K))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Cell logits ``[batch, cells + 1]``."""
@@ -47,20 +44,15 @@ class CellSelectionModule(EncoderTaskModule):
         )
         return loss
 
-    def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        self._eval_step(batch, "val", self.val_hits, self.val_loss)
-
-    def test_step(self, batch: Batch, batch_idx: int) -> None:
-        self._eval_step(batch, "test", self.test_hits, self.test_loss)
-
-    def _eval_step(self, batch: Batch, stage: str, hits: nn.ModuleDict, mean_loss: MeanMetric) -> None:
+    def _eval_step(self, batch: Batch, stage: str) -> None:
         logits, loss = self._step(batch)
         # weighted by the examples with a candidate: the split's mean however batched, exact under DDP (unlike a
         # sync_dist mean, whose integer batch-size count Lightning divides by the world size)
+        mean_loss = self.metrics[f"{stage}_loss"]
         mean_loss.update(loss.detach(), weight=(batch.candidate_mask & batch.cell_mask).any(dim=-1).sum())
         self.log(f"{stage}/loss", mean_loss, batch_size=len(batch))
         for k in HITS_K:
-            metric = hits[f"hits@{k}"]
+            metric = self.metrics[f"{stage}_hits@{k}"]
             metric.update(hits_at_k(logits, batch.cell_mask, batch.candidate_mask, k).float())
             self.log(f"{stage}/hits@{k}", metric, prog_bar=k == 1, batch_size=len(batch))
 

@@ -10,17 +10,16 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torchmetrics import MeanMetric
 
 from mate_cli.data.schema import TaskBatch
-from mate_cli.lit_modules.base import EncoderTaskModule
+from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.modeling.tapas_heads import TapasClassificationHead, load_head_weights
 
 CHANNELS = ("simple", "complex")
 VERDICTS = ("refuted", "entailed")
 
 
-class EntailmentModule(EncoderTaskModule):
+class EntailmentModule(EvaluatedTaskModule):
     """``pretrained``: the encoder's checkpoint; a TAPAS TabFact checkpoint's ``classifier`` loads from it."""
 
     uses_pooler = True
@@ -43,13 +42,7 @@ class EntailmentModule(EncoderTaskModule):
         )
         if pretrained:
             load_head_weights(self.head, pretrained)
-        self.metrics = nn.ModuleDict(
-            {
-                f"{stage}_{name}": MeanMetric()
-                for stage in ("val", "test")
-                for name in ("loss", "accuracy", *(f"accuracy_{c}" for c in CHANNELS))
-            }
-        )
+        self.metrics = stage_metrics("loss", "accuracy", *(f"accuracy_{c}" for c in CHANNELS))
         self.predictions: list[dict] = []
 
     def forward(self, batch: TaskBatch) -> torch.Tensor:
@@ -72,12 +65,6 @@ class EntailmentModule(EncoderTaskModule):
 
     def on_test_epoch_start(self) -> None:
         self.predictions = []
-
-    def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch: TaskBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
 
     def _eval_step(self, batch: TaskBatch, stage: str) -> None:
         logits = self(batch)

@@ -7,15 +7,14 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torchmetrics import MeanMetric
 
 from mate_cli.data.span import SpanBatch
-from mate_cli.lit_modules.base import EncoderTaskModule
+from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.metrics.hybridqa import exact_match, f1_score
 from mate_cli.modeling.span import SpanHead, span_loss
 
 
-class SpanModule(EncoderTaskModule):
+class SpanModule(EvaluatedTaskModule):
     """``max_span_length`` in word pieces; ``mlp_hidden``: the span MLP's width (None: the encoder's hidden size)."""
 
     def __init__(
@@ -32,9 +31,7 @@ class SpanModule(EncoderTaskModule):
         self.head = SpanHead(
             encoder.config.hidden_size, max_span_length, mlp_hidden, getattr(encoder.config, "initializer_range", 0.02)
         )
-        self.val_em, self.val_f1 = MeanMetric(), MeanMetric()
-        self.test_em, self.test_f1 = MeanMetric(), MeanMetric()
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.metrics = stage_metrics("em", "f1", "loss")
 
     def forward(self, batch: SpanBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scores, valid)``, each ``[batch, seq, max_span_length]``."""
@@ -51,13 +48,8 @@ class SpanModule(EncoderTaskModule):
         self.log_train_metric("f1", f1, len(batch))
         return loss
 
-    def validation_step(self, batch: SpanBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "val", self.val_em, self.val_f1, self.val_loss)
-
-    def test_step(self, batch: SpanBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "test", self.test_em, self.test_f1, self.test_loss)
-
-    def _eval_step(self, batch: SpanBatch, stage: str, em: MeanMetric, f1: MeanMetric, mean_loss: MeanMetric) -> None:
+    def _eval_step(self, batch: SpanBatch, stage: str) -> None:
+        em, f1, mean_loss = (self.metrics[f"{stage}_{name}"] for name in ("em", "f1", "loss"))
         scores, valid = self(batch)
         loss, used = span_loss(scores, valid, batch.gold_start, batch.gold_end)
         # the mean over the examples with a usable gold span; updated for every batch (weight 0 when none is

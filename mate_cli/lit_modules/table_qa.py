@@ -20,12 +20,12 @@ from typing import Callable, Mapping
 
 import torch
 from torch import nn
-from torchmetrics import MeanMetric, SumMetric
+from torchmetrics import SumMetric
 
 from mate_cli import tasks
 from mate_cli.data.schema import TaskBatch
 from mate_cli.errors import MateError
-from mate_cli.lit_modules.base import EncoderTaskModule
+from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.metrics.sqa import SequenceAccuracy, sequence_key
 from mate_cli.metrics.wtq import denotation_correct
 from mate_cli.modeling.dot import answer_cells_kept
@@ -43,7 +43,7 @@ from mate_cli.modeling.tapas_heads import (
 log = logging.getLogger(__name__)
 
 
-class TableQAModule(EncoderTaskModule):
+class TableQAModule(EvaluatedTaskModule):
     """``head``: :class:`~mate_cli.modeling.tapas_heads.TapasHeadConfig` settings; ``null`` ones come from a TAPAS
     ``pretrained`` checkpoint (whose head weights load too), else TAPAS's defaults. ``long_table_tokens``: the
     long-question slice's threshold (null: none)."""
@@ -83,19 +83,8 @@ class TableQAModule(EncoderTaskModule):
             encoder.pooler.requires_grad_(False)
         if pretrained:
             load_head_weights(self.head, pretrained)
-        self.metrics = nn.ModuleDict(
-            {
-                f"{stage}_{name}": metric()
-                for stage in ("val", "test")
-                for name, metric in (
-                    ("loss", MeanMetric),
-                    ("accuracy", MeanMetric),
-                    ("seq", SequenceAccuracy),
-                    ("answer_cells_kept", MeanMetric),
-                    ("accuracy_long", MeanMetric),
-                    ("long_questions", SumMetric),
-                )
-            }
+        self.metrics = stage_metrics(
+            "loss", "accuracy", "answer_cells_kept", "accuracy_long", seq=SequenceAccuracy, long_questions=SumMetric
         )
         self.predictions: list[dict] = []
         self._predicted: dict[tuple[str, int], set[tuple[int, int]]] = {}
@@ -171,12 +160,6 @@ class TableQAModule(EncoderTaskModule):
 
     def on_predict_epoch_start(self) -> None:
         self._reset_predictions()
-
-    def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch: TaskBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
 
     def _eval_step(self, batch: TaskBatch, stage: str) -> None:
         for part in self._in_position_order(batch):
