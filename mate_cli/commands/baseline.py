@@ -8,10 +8,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mate_cli import tasks
-from mate_cli.commands.common import print_metrics, quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import print_metrics, quiet_third_party_logs, run_task, write_result
 from mate_cli.errors import MateError
-from mate_cli.console import print_outputs
-from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR, register_resolvers
 
 register_resolvers()
@@ -31,9 +29,7 @@ def baseline(cfg: DictConfig) -> dict:
     metrics.update({"data/train/questions": len(train), "data/validation/questions": len(validation)})
     shown = [k for k in metrics if k.startswith("val/")]
     print_metrics(f"{task.name}: {metrics['rule']}", metrics, shown)
-    atomic_write_json(run_dir() / "metrics.json", metrics)
-    print_outputs({"run dir": run_dir(), "metrics": run_dir() / "metrics.json"})
-    return metrics
+    return write_result("metrics", metrics)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="baseline")

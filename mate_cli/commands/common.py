@@ -13,7 +13,8 @@ from typing import Callable, Iterable, Sequence
 from omegaconf import DictConfig
 
 from mate_cli.errors import MateError, find_in_chain
-from mate_cli.io import atomic_write_text, os_error_in, write_failure
+from mate_cli.console import print_outputs
+from mate_cli.io import atomic_write_json, atomic_write_text, os_error_in, write_failure
 
 log = logging.getLogger("mate_cli")
 
@@ -167,6 +168,13 @@ def run_dir() -> Path:
     from hydra.core.hydra_config import HydraConfig
 
     return Path(HydraConfig.get().runtime.output_dir)
+
+
+def write_result(name: str, result: dict, **outputs) -> dict:
+    """``result`` as ``<run dir>/<name>.json``, then the outputs on screen: the run dir, that file and ``outputs``."""
+    path = atomic_write_json(run_dir() / f"{name}.json", result)
+    print_outputs({"run dir": run_dir(), name: path, **outputs})
+    return result
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import warnings
-
 from pathlib import Path
 
 import hydra
@@ -12,11 +11,9 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mate_cli.commands.common import log, print_metrics, quiet_third_party_logs, run_dir, run_task
-from mate_cli.console import print_outputs
+from mate_cli.commands.common import log, print_metrics, quiet_third_party_logs, run_dir, run_task, write_result
 from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
-from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.runs import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
 from mate_cli.signatures import check_trainer_args
@@ -65,20 +62,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         )
 
     task = getattr(datamodule, "task", None)
+    written = {}  # besides metrics.json
     if task and getattr(model, "predictions", None):
-        metrics["predictions"] = str(task.write_predictions(model.predictions, run_dir()))
+        metrics["predictions"] = written["predictions"] = str(task.write_predictions(model.predictions, run_dir()))
     prefix = SPLIT_PREFIX[cfg.split] + "/"
     names = sorted(k[len(prefix) :] for k in metrics if k.startswith(prefix))
     print_metrics(f"{cfg.split}: {Path(ckpt_path).name}", metrics, names, prefix)
-    atomic_write_json(run_dir() / "metrics.json", metrics)
-    print_outputs(
-        {
-            "run dir": run_dir(),
-            "metrics": run_dir() / "metrics.json",
-            **({"predictions": metrics["predictions"]} if "predictions" in metrics else {}),
-        }
-    )
-    return metrics
+    return write_result("metrics", metrics, **written)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")

@@ -10,11 +10,9 @@ import rich
 from omegaconf import DictConfig, OmegaConf
 
 from mate_cli import tasks
-from mate_cli.commands.common import log, print_table, quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import log, print_table, quiet_third_party_logs, run_task, write_result
 from mate_cli.data.hybridqa import read_table_file
-from mate_cli.console import print_outputs
 from mate_cli.errors import MateError
-from mate_cli.io import atomic_write_json
 from mate_cli.lit_modules.entailment import EntailmentModule
 from mate_cli.lit_modules.table_qa import TableQAModule
 from mate_cli.paths import CONF_DIR, register_resolvers
@@ -31,7 +29,7 @@ def predict(cfg: DictConfig) -> dict:
         if OmegaConf.is_missing(cfg, key):
             raise MateError(f"{key} is missing; pass {key}=... (see `mate predict --help`)")
     if cfg.get("ckpt_path"):
-        return predict_table_task(cfg)
+        return write_result("prediction", predict_table_task(cfg))
     if not cfg.stage1.get("ckpt_path"):
         raise MateError(
             "no checkpoint given; pass ckpt_path=<sqa|wtq|tabfact run>/checkpoints/<name>.ckpt, or "
@@ -59,9 +57,7 @@ def predict(cfg: DictConfig) -> dict:
             for rank, c in enumerate(result["top_cells"], 1)
         ],
     )
-    atomic_write_json(run_dir() / "prediction.json", result)
-    print_outputs({"run dir": run_dir(), "prediction": run_dir() / "prediction.json"})
-    return result
+    return write_result("prediction", result)
 
 
 def predict_table_task(cfg: DictConfig) -> dict:
@@ -86,8 +82,6 @@ def predict_table_task(cfg: DictConfig) -> dict:
             ("row", "column", "text"),
             [(str(c["row"]), f"{c['column']} ({c['header']})", c["text"]) for c in result["cells"]],
         )
-    atomic_write_json(run_dir() / "prediction.json", result)
-    print_outputs({"run dir": run_dir(), "prediction": run_dir() / "prediction.json"})
     return result
 
 
