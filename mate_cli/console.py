@@ -13,18 +13,17 @@ from omegaconf import DictConfig, OmegaConf
 UNWRAPPED = 10_000
 
 
-def console(stream=None):
+def console():
     from rich.console import Console
 
-    stream = stream or sys.stdout
-    if stream.isatty():
-        return Console(file=stream)
-    return Console(file=stream, width=UNWRAPPED, soft_wrap=True, no_color=True, force_terminal=False)
+    if sys.stdout.isatty():
+        return Console(file=sys.stdout)
+    return Console(file=sys.stdout, width=UNWRAPPED, soft_wrap=True, no_color=True, force_terminal=False)
 
 
-def log_to_files(text: str) -> None:
+def log_to_files(text: str, level: int = logging.INFO) -> None:
     """Write ``text`` into the run's log file(s) only (Hydra's ``<run dir>/<task>.log``), not the screen."""
-    record = logging.LogRecord("mate_cli", logging.INFO, __file__, 0, "%s", (text,), None)
+    record = logging.LogRecord("mate_cli", level, __file__, 0, "%s", (text,), None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)

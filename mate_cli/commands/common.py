@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Sequence
 from omegaconf import DictConfig
 
 from mate_cli.errors import MateError, find_in_chain
-from mate_cli.console import print_outputs
+from mate_cli.console import console, log_to_files, print_outputs
 from mate_cli.io import atomic_write_json, atomic_write_text, os_error_in, write_failure
 
 log = logging.getLogger("mate_cli")
@@ -99,10 +99,7 @@ def record_failure(line: str, exit_code: int) -> None:
         atomic_write_text(run_dir() / FAILED_MARKER, line + "\n")
     except Exception:  # noqa: BLE001 - no run dir (Hydra not running): nothing to mark
         return
-    record = logging.LogRecord("mate_cli", logging.ERROR, __file__, 0, f"{line} (exit status {exit_code})", None, None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
+    log_to_files(f"{line} (exit status {exit_code})", logging.ERROR)
 
 
 def check_accelerator(cfg: DictConfig) -> None:
@@ -179,8 +176,6 @@ def write_result(name: str, result: dict, **outputs) -> dict:
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     from rich.table import Table
-
-    from mate_cli.console import console
 
     table = Table(title=title)
     for name in columns:

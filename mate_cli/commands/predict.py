@@ -39,7 +39,7 @@ def predict(cfg: DictConfig) -> dict:
     table = read_table_file(cfg.table)
     passages = load_passages(cfg.get("passages"))
     precision = cfg.trainer.get("precision")
-    ranker = CellRanker(s1, device, precision, batch_size=1, top_k=max(int(cfg.top_k), 1))
+    ranker = CellRanker(s1, device, precision, batch_size=1, top_k=int(cfg.top_k))
     spans = SpanPredictor(s2, device, precision, batch_size=1)
     warn_if_cut(str(cfg.question), s1, "stage1.")
     result = predict_question(ranker, spans, str(cfg.question), table, passages, top_k=int(cfg.top_k))

@@ -107,7 +107,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     trained = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final state is the newest
     best = trainer.strategy.broadcast(_best_checkpoint(trainer, out / "checkpoints" / "last.ckpt"))
-    metrics = {}
     if cfg.get("validate_best", True):
         results = trainer.validate(model, **_validation_data(trainer, datamodule), ckpt_path=best, verbose=False)
         metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
