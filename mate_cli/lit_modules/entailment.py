@@ -63,8 +63,7 @@ class EntailmentModule(EvaluatedTaskModule):
     def on_validation_epoch_start(self) -> None:
         self.predictions = []
 
-    def on_test_epoch_start(self) -> None:
-        self.predictions = []
+    on_test_epoch_start = on_validation_epoch_start
 
     def _eval_step(self, batch: TaskBatch, stage: str) -> None:
         logits = self(batch)

@@ -18,15 +18,13 @@ def parameter_groups(module: torch.nn.Module, lr: dict[str, float] | None = None
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     own = {prefix: rate for prefix, rate in (lr or {}).items() if rate is not None}
 
-    def part(prefix: str | None) -> list[tuple[str, torch.nn.Parameter]]:
-        if prefix is not None:
-            return [(n, p) for n, p in named if n.startswith(prefix + ".")]
-        return [(n, p) for n, p in named if not any(n.startswith(o + ".") for o in own)]
+    def owner(name: str) -> str | None:
+        return next((prefix for prefix in own if name.startswith(prefix + ".")), None)
 
     groups = []
     for prefix in [None, *own]:
         rate = {} if prefix is None else {"lr": own[prefix]}
-        params = part(prefix)
+        params = [(n, p) for n, p in named if owner(n) == prefix]
         groups.append({"params": [p for n, p in params if not n.endswith(NO_DECAY)], **rate})
         groups.append({"params": [p for n, p in params if n.endswith(NO_DECAY)], "weight_decay": 0.0, **rate})
     return groups

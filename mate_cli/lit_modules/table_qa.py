@@ -152,14 +152,7 @@ class TableQAModule(EvaluatedTaskModule):
     def _reset_predictions(self) -> None:
         self.predictions, self._predicted = [], {}
 
-    def on_validation_epoch_start(self) -> None:
-        self._reset_predictions()
-
-    def on_test_epoch_start(self) -> None:
-        self._reset_predictions()
-
-    def on_predict_epoch_start(self) -> None:
-        self._reset_predictions()
+    on_validation_epoch_start = on_test_epoch_start = on_predict_epoch_start = _reset_predictions
 
     def _eval_step(self, batch: TaskBatch, stage: str) -> None:
         for part in self._in_position_order(batch):
