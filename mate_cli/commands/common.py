@@ -110,7 +110,7 @@ def check_accelerator(cfg: DictConfig) -> None:
         return
     import torch
 
-    hardware = _hardware_choice()
+    hardware = hydra_choices().get("hardware")
     what = f"trainer.accelerator={accelerator}"
     what = f"hardware={hardware} ({what})" if hardware else what
     if not torch.cuda.is_available():
@@ -132,10 +132,11 @@ def check_accelerator(cfg: DictConfig) -> None:
         )
 
 
-def _hardware_choice() -> str | None:
+def hydra_choices():
+    """This job's config-group choices (``hardware``, ``dataset``, ...); {} when Hydra is not running."""
     from hydra.core.hydra_config import HydraConfig
 
-    return HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
+    return HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
 
 
 def full_disk(err: BaseException) -> MateError | None:

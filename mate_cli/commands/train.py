@@ -19,6 +19,7 @@ from torchmetrics import Metric
 from mate_cli.commands.common import (
     command_overrides,
     finish_wandb_run,
+    hydra_choices,
     instantiate_dict,
     log,
     print_metrics,
@@ -201,7 +202,7 @@ def _refuse_ddp_in_a_local_sweep(trainer) -> None:
         and isinstance(launcher, _SubprocessScriptLauncher)
         and not launcher.cluster_environment.creates_processes_externally
     ):
-        hardware = HydraConfig.get().runtime.choices.get("hardware")
+        hardware = hydra_choices().get("hardware")
         raise MateError(
             f"hardware={hardware} starts one process per device, which a local sweep (-m) cannot do; "
             "run each job without -m, or sweep on a cluster with hydra/launcher=slurm"
@@ -225,9 +226,7 @@ def _check_pairing(cfg: DictConfig) -> None:
     corpus = str(OmegaConf.select(cfg, "dataset._target_", default="")).endswith(".PretrainDataModule")
     masked_lm = str(OmegaConf.select(cfg, "model._target_", default="")).endswith(".MaskedLMModule")
     if corpus != masked_lm:
-        from hydra.core.hydra_config import HydraConfig
-
-        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        choices = hydra_choices()
         raise MateError(
             f"dataset={choices.get('dataset')} does not go with model={choices.get('model')}: "
             "`mate pretrain` reads dataset=pretrain_sample or pretrain_jsonl, `mate train` the task datasets"
