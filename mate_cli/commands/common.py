@@ -204,12 +204,9 @@ def quiet_third_party_logs() -> None:
     from mate_cli.silenced import silence
 
     silence()
-    try:
-        import datasets
+    import datasets
 
-        datasets.disable_progress_bars()
-    except ImportError:  # pragma: no cover
-        pass
+    datasets.disable_progress_bars()
     for name in ("datasets", "transformers", "urllib3", "filelock", "fsspec"):
         logging.getLogger(name).setLevel(logging.WARNING)
     # Hydra's root handlers already print Lightning's records: drop Lightning's own handler to print each line once

@@ -103,9 +103,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise
     # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
     start = dict(getattr(model, "recorded_metrics", {}))
-    perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}  # the last epoch's
-    # the last logged training batch's metric and loss (debug=overfit: the fixed batch)
-    trained = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+    # the last epoch's perf/*; the last logged training batch's metric and loss (debug=overfit: the fixed batch)
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("perf/", "train/"))}
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final state is the newest
     best = trainer.strategy.broadcast(_best_checkpoint(trainer, out / "checkpoints" / "last.ckpt"))
     if cfg.get("validate_best", True):
@@ -116,8 +115,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("test_after_training", False):
         metrics.update(_test_best(trainer, model, datamodule, best))
     metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
-    metrics.update(perf)
-    metrics.update(trained)
+    metrics.update(logged)
     metrics.update(start)
     metrics["best_checkpoint"] = best
     metrics["tags"] = [str(tag) for tag in cfg.get("tags") or []]

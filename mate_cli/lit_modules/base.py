@@ -93,7 +93,7 @@ class EncoderTaskModule(L.LightningModule):
             raise MateError(f"model.extra_lr={extra_lr} is invalid: a learning rate > 0, or null (the optimiser's)")
         self.extra_lr = extra_lr
         self.optimizer, self.scheduler = optimizer, scheduler
-        warmup = getattr(scheduler, "keywords", {}).get("warmup_ratio", 0) if scheduler is not None else 0
+        warmup = getattr(scheduler, "keywords", {}).get("warmup_ratio", 0)
         if self.extra is not None and self.extra.init == "dt_fixup" and warmup:
             raise MateError(
                 f"model.extra_init=dt_fixup trains without learning-rate warm-up (Xu et al. 2021, §3.3), "

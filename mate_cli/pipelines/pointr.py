@@ -262,8 +262,6 @@ def _run(
     pending: list[tuple[dict, Any, str]] = []
 
     def flush() -> None:
-        if not pending:
-            return
         items = [p[1] for p in pending if p[1] is not None]
         answers = iter(spans.read(items, [p[2] for p in pending if p[1] is not None]))
         for record, item, _ in pending:
