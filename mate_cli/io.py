@@ -27,11 +27,6 @@ def default_mode() -> int:
     return 0o666 & ~umask
 
 
-def publish(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
-    os.chmod(tmp, default_mode())
-    os.replace(tmp, path)
-
-
 #: ``.<name>.mate~<host>~<pid>~<random>.tmp``: a temp file of mate's, with its writer
 _TEMP = re.compile(r"^\.(?P<name>.+)\.mate~(?P<host>[^~/]+)~(?P<pid>\d+)~[^~/]*\.tmp$")
 
@@ -67,7 +62,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w"):
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        publish(tmp, path)
+        os.chmod(tmp, default_mode())
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -158,14 +158,7 @@ class EncoderTaskModule(L.LightningModule):
     def log_train_metric(self, name: str, values: torch.Tensor, batch_size: int) -> None:
         """``train/<name>``: the mean of ``values``, the task's metric on this batch as trained (dropout on), logged
         like the loss; ``mate train`` puts the last in ``metrics.json``."""
-        self.log(
-            f"train/{name}",
-            values.detach().float().mean(),
-            on_step=True,
-            on_epoch=False,
-            batch_size=batch_size,
-            sync_dist=True,
-        )
+        self.log(f"train/{name}", values.detach().float().mean(), batch_size=batch_size, sync_dist=True)
 
     def on_fit_start(self) -> None:
         if self.extra is not None and self.extra.needs_mu:
