@@ -44,11 +44,6 @@ class TableTask:
         """Whether the model answers by selecting cells (else it gives a verdict)."""
         return self.answer != "verdict"
 
-    @property
-    def noun(self) -> str:
-        """What one input is called on the screen."""
-        return "question" if self.selects_cells else "statement"
-
     def make_reader(self, root: str | Path):
         return _load(self.reader)(root)
 

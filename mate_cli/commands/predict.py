@@ -69,7 +69,8 @@ def predict_table_task(cfg: DictConfig) -> dict:
     warn_if_cut(str(cfg.question), run, "")
     result = predict_table_question(run, table, str(cfg.question), device, cfg.trainer.get("precision"))
     task = tasks.get(result["task"])
-    rich.print(f"[bold]{task.noun}:[/bold] {shown(result['question'])}")
+    noun = "question" if task.selects_cells else "statement"
+    rich.print(f"[bold]{noun}:[/bold] {shown(result['question'])}")
     if not task.selects_cells:
         rich.print(f"[bold]verdict:[/bold] {result['verdict']} (probability {result['probability']:.4f})")
     else:

@@ -50,9 +50,7 @@ ROBUSTNESS_LINES = {
 class CellRanker:
     """Stage 1 (a ``CellSelectionModule`` run): each example's ``top_k`` cells (Hits@5 needs ``top_k >= 5``)."""
 
-    def __init__(
-        self, stage: TrainedRun, device: torch.device, precision: str | None = None, batch_size: int = 8, top_k: int = 5
-    ):
+    def __init__(self, stage: TrainedRun, device: torch.device, precision: str | None, batch_size: int, top_k: int):
         self.stage, self.device, self.precision = stage, device, precision
         self.batch_size, self.top_k = int(batch_size), max(int(top_k), 1)
         self.collate = Collator(int(stage.tokenizer.pad_token_id or 0))
@@ -105,9 +103,7 @@ class CellRanker:
 class SpanPredictor:
     """Stage 2: the answer span in one cell's context (without a run: the cell's text)."""
 
-    def __init__(
-        self, stage: TrainedRun | None, device: torch.device, precision: str | None = None, batch_size: int = 16
-    ):
+    def __init__(self, stage: TrainedRun | None, device: torch.device, precision: str | None, batch_size: int):
         self.stage, self.device, self.precision, self.batch_size = stage, device, precision, int(batch_size)
         self.collate = SpanCollator(int(stage.tokenizer.pad_token_id or 0)) if stage else None
 
