@@ -67,15 +67,9 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 def epoch_shuffles(loaders) -> list[EpochShuffle]:
     """The :class:`EpochShuffle` samplers of ``loaders`` (a ``DistributedSampler``, which Lightning keeps under DDP)."""
-    found = []
-    for loader in loaders:
-        for sampler in (
-            getattr(loader, "sampler", None),
-            getattr(getattr(loader, "batch_sampler", None), "sampler", None),
-        ):
-            if isinstance(sampler, EpochShuffle) and sampler not in found:
-                found.append(sampler)
-    return found
+    samplers = [getattr(loader, "sampler", None) for loader in loaders]
+    samplers += [getattr(getattr(loader, "batch_sampler", None), "sampler", None) for loader in loaders]
+    return list(dict.fromkeys(sampler for sampler in samplers if isinstance(sampler, EpochShuffle)))
 
 
 class ResumeState(L.Callback):
