@@ -213,16 +213,14 @@ def run_dir_of(checkpoint: str | Path) -> Path:
     return Path(checkpoint).resolve().parent.parent
 
 
-def continue_wandb_run(cfg, resume: str | None) -> str | None:
-    """Set ``logger.wandb.id`` before the loggers are built and return it (None without W&B): as given, else the resumed
-    run's (Lightning passes ``resume="allow"``), else a new one."""
+def continue_wandb_run(cfg, resume: str | None) -> None:
+    """Set ``logger.wandb.id`` (with W&B) before the loggers are built: as given, else the resumed run's (Lightning
+    passes ``resume="allow"``), else a new one."""
     from omegaconf import OmegaConf
 
     wandb_cfg = OmegaConf.select(cfg, "logger.wandb", default=None)
-    if wandb_cfg is None:
-        return None
-    if wandb_cfg.get("id"):
-        return str(wandb_cfg.id)
+    if wandb_cfg is None or wandb_cfg.get("id"):
+        return
     earlier = None
     if resume:
         config = run_dir_of(resume) / "resolved_config.yaml"
@@ -232,7 +230,6 @@ def continue_wandb_run(cfg, resume: str | None) -> str | None:
         if earlier is None:
             log.info("%s records no W&B run id: the resumed run is a new W&B run", config)
     wandb_cfg.id = str(earlier) if earlier else secrets.token_hex(4)
-    return str(wandb_cfg.id)
 
 
 class ContinuousCSVLog(L.Callback):
