@@ -233,7 +233,7 @@ def continue_wandb_run(cfg, resume: str | None) -> None:
 
 
 class ContinuousCSVLog(L.Callback):
-    """A CSV log a resume continues: flushed with every checkpoint (Lightning buffers 100 steps otherwise); a resumed
+    """A CSV log a resume continues: flushed with every checkpoint, so no row before it waits in a buffer; a resumed
     run's starts with the earlier run's rows before the restored step, the checkpoint's batch row included."""
 
     def __init__(self, earlier_run_dir: str | Path | None = None) -> None:
