@@ -183,6 +183,9 @@ def evaluate_pointr(cfg: DictConfig, out_dir: Path) -> dict:
     split = str(cfg.split)
     if split not in ("validation", "test"):
         raise MateError(f"split={split!r} is invalid; use split=validation or split=test")
+    for stage in ("stage1", "stage2"):
+        if cfg[stage].get("batch_size", 1) < 1:
+            raise MateError(f"{stage}.batch_size={cfg[stage].batch_size} is invalid; use {stage}.batch_size=<N >= 1>")
     s1, s2, device = load_stages(cfg)
     precision = cfg.trainer.get("precision")
     ref_path = reference_for(cfg.get("reference"), s1.cfg.dataset, split)

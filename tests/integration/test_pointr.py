@@ -199,4 +199,8 @@ def test_wrong_or_missing_checkpoints_raise_mate_errors(checkpoints, tmp_path):
         evaluate_pointr(cfg(str(checkpoints["stage2"]), None), tmp_path)
     with pytest.raises(MateError, match="stage1.ckpt_path is missing"):
         evaluate_pointr(cfg("???", str(checkpoints["stage2"])), tmp_path)
+    empty = cfg(str(checkpoints["stage1"]), None)
+    empty.stage2.batch_size = 0  # was range()'s bare ValueError after stage 1 had run
+    with pytest.raises(MateError, match=r"^stage2\.batch_size=0 is invalid; use stage2\.batch_size=<N >= 1>$"):
+        evaluate_pointr(empty, tmp_path)
     assert not list(tmp_path.iterdir())  # nothing written before the inputs are valid
