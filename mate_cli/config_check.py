@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from mate_cli.config_schema import ABSENT, TRAINER_COMMANDS, key_type, lookup, type_problem, unknown_key
 from mate_cli.errors import MateError
@@ -35,22 +35,15 @@ def check_command_line(command: str, args: Sequence[str], conf_dir: Path = CONF_
     texts = [arg for arg in args if not arg.startswith("-") and ("=" in arg or arg.startswith("~"))]
     try:
         overrides = _parse(texts)
-        composed = [o for o in overrides if _is_group(o, conf_dir) or o.key_or_group.startswith("hydra")]
-        first = [_one(o, _values(o, conf_dir)[0]) if o.is_sweep_override() else o.input_line for o in composed]
-        variants = [first] + [
-            [*first[:i], _one(override, value), *first[i + 1 :]]
-            for i, override in enumerate(composed)
-            if override.is_sweep_override()
-            for value in _values(override, conf_dir)[1:]
-        ]
-        for variant in variants:
-            context = "" if variant is first else f"with {' '.join(set(variant) - set(first))}: "
+        variants = list(_group_variants(overrides, conf_dir))
+        for i, variant in enumerate(variants):
+            context = "" if i == 0 else f"with {' '.join(set(variant) - set(variants[0]))}: "
             try:
                 tree = _compose(command, variant, conf_dir)
                 for override in overrides:
-                    if override not in composed:
+                    if not _is_group(override, conf_dir) and not override.key_or_group.startswith("hydra"):
                         _check_value_override(command, override, tree, conf_dir)
-                check_run_patches(_with_first_values(tree, [o for o in overrides if o not in composed]))
+                check_run_patches(_compose(command, variant + _first_values(command, overrides, conf_dir), conf_dir))
             except MateError as err:
                 raise MateError(f"{context}{err}") from None
     except MateError as err:
@@ -130,23 +123,42 @@ def _sweeps_nothing(text: str) -> MateError:
     )
 
 
-def _one(override, value: Any) -> str:
-    """``override`` with one of its values (a group's option, a ``hydra.*`` value) as an override string."""
-    shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+def _text(override, value: Any) -> str:
+    """``override`` with one ``value`` (a sweep's element) as an override string."""
+    if override.is_delete():
+        return override.get_key_element()
+    if value is None:
+        shown = "null"
+    elif isinstance(value, bool):
+        shown = str(value).lower()
+    elif isinstance(value, str):
+        from mate_cli.hydra_args import hydra_quote
+
+        shown = value if re.fullmatch(r"[\w./:+-]+", value) else hydra_quote(value)
+    else:
+        shown = repr(value)
     return f"{override.get_key_element()}={shown}"
 
 
-def _with_first_values(tree: dict, overrides: list) -> dict:
-    """``tree`` (changed) with each value override set to its (first) value, as far as the run patches read it."""
-    for override in (o for o in overrides if not o.is_delete()):
-        *parents, name = override.key_or_group.split(".")
-        node = tree
-        for parent in parents:
-            if not isinstance(node.get(parent), dict):
-                node[parent] = {}
-            node = node[parent]
-        node[name] = _values(override)[0]
-    return tree
+def _group_variants(overrides: list, conf_dir: Path) -> Iterator[list[str]]:
+    """The group overrides to compose: every group at its first value, then each swept group's other options."""
+    groups = [o for o in overrides if _is_group(o, conf_dir) or o.key_or_group.startswith("hydra")]
+    first = [_text(o, _values(o, conf_dir)[0]) if o.is_sweep_override() else o.input_line for o in groups]
+    yield first
+    for i, override in enumerate(groups):
+        if override.is_sweep_override():
+            for value in _values(override, conf_dir)[1:]:
+                yield first[:i] + [_text(override, value)] + first[i + 1 :]
+
+
+def _first_values(command: str, overrides: list, conf_dir: Path) -> list[str]:
+    """The value overrides, each sweep at its first value, as Hydra gets them."""
+    out = []
+    for override in overrides:
+        if _is_group(override, conf_dir) or override.key_or_group.startswith("hydra"):
+            continue
+        out.append(_text(override, _values(override)[0]) if override.is_sweep_override() else override.input_line)
+    return trainer_overrides(command, out)
 
 
 def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:

@@ -1,14 +1,15 @@
 """What each config key may hold. A key's type is, first found: ``trainer.<argument>``'s annotation in Lightning's
-``Trainer``; :data:`DECLARED` (keys whose default is null); the annotation of the parameter it fills in its node's
-``_target_`` (:mod:`mate_cli.signatures`); its default's type (a string default, ``???`` or an interpolation through
-a resolver take any scalar; ``${other.key}`` takes ``other.key``'s type). So the code's annotations are the config's
-types; ``tests/conf/test_schema.py`` fails on a key left untyped.
+``Trainer``; :data:`DECLARED` (keys no signature types whose default says nothing); the annotation of the parameter it
+fills in its node's ``_target_`` (:mod:`mate_cli.signatures`); its default's type (a string default takes any scalar;
+``${other.key}`` takes ``other.key``'s type). So the code's annotations are the config's types;
+``tests/conf/test_schema.py`` fails on a key left untyped.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Literal, Mapping, Optional, Union
+import typing
+from typing import Any, Literal, Mapping, Optional, Union
 
 from mate_cli.signatures import accepts, close_matches, describe, parameters, trainer_parameters, understood
 
@@ -17,11 +18,16 @@ def _keys(names: str, annotation: Any) -> dict[str, Any]:
     return dict.fromkeys(names.split(), annotation)
 
 
-#: keys whose default is null, or that take more than their default says
+#: keys whose default does not say their type, or that take more than it, by type
 DECLARED: dict[str, Any] = {
     **_keys("ckpt_path init_from paper_name reference passages main_metric stage1.ckpt_path", Optional[str]),
     **_keys("stage2.ckpt_path dataset.sources.hybridqa dataset.sources.sqa dataset.sources.tabfact", Optional[str]),
     **_keys("dataset.sources.wtq dataset.sources.jsonl", Optional[str]),
+    # names and paths a logger, a callback or Hydra takes as they are (a number would fail there)
+    **_keys("experiment_name run_name table model.encoder.pretrained logger.wandb.group logger.wandb.job_type", str),
+    **_keys("logger.wandb.save_dir logger.csv.save_dir paths.root_dir paths.data_dir paths.cache_dir", str),
+    "paths.output_dir": str,
+    "question": Union[str, int, float, bool],  # text: `question=1999` is the question "1999"
     **_keys("limit_questions bench.threads model.head.max_num_rows model.head.max_num_columns", Optional[int]),
     **_keys("model.dot callbacks.best_checkpoint", Optional[dict]),  # best_checkpoint: null under debug=overfit
     **_keys("metrics logger.wandb.tags", Optional[list]),
@@ -35,11 +41,8 @@ _REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
 #: a value lookups did not find
 ABSENT = object()
 
-#: the type of a key that is not there, or whose null default has no declaration
+#: the type of a key whose default says nothing and that has no declaration
 UNTYPED = Any
-
-#: a string default: a name or a path, which Hydra may read as a number (``run_name=2024``)
-TEXT = Union[str, int, float, bool]
 
 #: the commands whose ``trainer`` node goes to Lightning's Trainer
 TRAINER_COMMANDS = ("train", "pretrain", "eval", "pointr", "predict")
@@ -61,14 +64,24 @@ def lookup(tree: Any, key: str) -> Any:
 def dotted_keys(tree: Any, prefix: str = "") -> list[str]:
     """Every dotted key of a plain container (mappings only), parents before children."""
     keys = []
-    for name, value in tree.items() if isinstance(tree, Mapping) else ():
-        keys += [f"{prefix}{name}", *dotted_keys(value, f"{prefix}{name}.")]
+    if isinstance(tree, Mapping):
+        for name, value in tree.items():
+            key = f"{prefix}{name}"
+            keys.append(key)
+            keys.extend(dotted_keys(value, key + "."))
     return keys
 
 
-def is_text(default: Any) -> bool:
-    """A string that is not one ``${other.key}``: text, ``???``, or an interpolation through a resolver."""
-    return isinstance(default, str) and not _REFERENCE.match(default)
+def says_nothing(default: Any) -> bool:
+    """null, ``???``, or an interpolation through a resolver (``${oc.select:...}``): no type."""
+    if default is None or default == "???":
+        return True
+    return (
+        isinstance(default, str)
+        and default.startswith("${")
+        and default.endswith("}")
+        and not _REFERENCE.match(default)
+    )
 
 
 def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset = frozenset()) -> Any:
@@ -86,25 +99,44 @@ def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset =
     reference = _REFERENCE.match(default) if isinstance(default, str) else None
     if reference and reference.group(1) not in _seen:
         return key_type(tree, reference.group(1), command, _seen | {key})
-    if is_text(default):
-        return TEXT
+    if isinstance(default, str) and "${" in default and not says_nothing(default):
+        return str  # text around an interpolation: a path or a name
+    return type_of_default(default)
+
+
+def type_of_default(default: Any) -> Any:
+    if default is ABSENT or says_nothing(default):
+        return UNTYPED
+    if isinstance(default, bool):
+        return bool
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float):
+        return float
+    if isinstance(default, str):
+        return Union[str, int, float, bool]
     if isinstance(default, Mapping):
         return Optional[dict]
-    return type(default) if type(default) in (bool, int, float, list) else UNTYPED
+    if isinstance(default, list):
+        return list
+    return UNTYPED
 
 
 def type_problem(key: str, value: Any, expected: Any, default: Any = ABSENT) -> str | None:
     """The one-line reason ``key=value`` does not fit ``expected``, else None; an interpolation fits anything."""
-    if (isinstance(value, str) and "${" in value) or accepts(expected, value) is not False:
+    if isinstance(value, str) and "${" in value:
+        return None
+    if accepts(expected, value) is not False:
         return None
     shown = "null" if value is None else value
-    wanted = describe(expected).replace(describe(TEXT), "str")
-    plain = isinstance(default, (bool, int, float)) or (is_text(default) and "${" not in default and default != "???")
+    wanted = describe(expected).replace("str | int | float | bool", "str")
+    plain = default is not ABSENT and not says_nothing(default) and not isinstance(default, (Mapping, list))
+    plain = plain and not (isinstance(default, str) and "${" in default)
     example = f"; its default is {key}={default}" if plain else ""
     return f"{key}={shown} has the wrong type: {key} takes {wanted}{example}"
 
 
-def unknown_key(key: str, tree: Any, where: str, extra: Iterable[str] = ()) -> str:
+def unknown_key(key: str, tree: Any, where: str, extra: typing.Iterable[str] = ()) -> str:
     """The one line for ``key`` missing from ``tree``, with the closest keys (beside it first)."""
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     candidates = [k for k in dict.fromkeys([*dotted_keys(tree), *extra]) if not k.rsplit(".", 1)[-1].startswith("_")]
