@@ -50,10 +50,10 @@ def memoized(method):
     shared by every layer."""
 
     @functools.wraps(method)
-    def cached_method(self, *args):
-        key = (method.__name__, *args)
+    def cached_method(self, *args, **kwargs):
+        key = (method.__name__, *args, *sorted(kwargs.items()))
         if key not in self._cache:
-            self._cache[key] = method(self, *args)
+            self._cache[key] = method(self, *args, **kwargs)
         return self._cache[key]
 
     return cached_method

@@ -45,6 +45,7 @@ def test_sort_order_puts_query_first_then_groups_in_position_order_then_padding(
         assert torch.equal(x.gather(1, perm).gather(1, inverse), x)
         assert torch.equal(inverse.gather(1, perm), torch.arange(10).expand(2, 10))
     assert layout.sort_order("row")[0] is layout.sort_order("row")[0]  # cached
+    assert torch.equal(layout.sort_order(view="column")[0], torch.tensor(COLUMN_PERM))  # by keyword too
 
 
 def test_head_sort_order_stacks_row_views_for_the_first_round_ratio_heads():
