@@ -87,11 +87,9 @@ class CellRanker:
         out = []
         for i, example in enumerate(examples):
             valid = batch.cell_mask[i, top_id[i]]
-            ids = [int(c) for c, ok in zip(top_id[i], valid) if ok]
-            cells = [
-                {"cell_id": c, "coord": list(example["cell_coords"][c - 1]), "prob": float(p)}
-                for c, p in zip(ids, top_p[i])
-            ]
+            kept = [(int(c), float(p)) for c, p, ok in zip(top_id[i], top_p[i], valid) if ok]  # id and prob together
+            ids = [c for c, _ in kept]
+            cells = [{"cell_id": c, "coord": list(example["cell_coords"][c - 1]), "prob": p} for c, p in kept]
             candidates = set(example["candidates"] or [])
             record = {"question_id": example["question_id"], "cells": cells, "has_candidate": bool(candidates)}
             for hk in HITS_K:
