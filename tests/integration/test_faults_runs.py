@@ -407,6 +407,19 @@ def test_eval_of_finite_weights_whose_loss_overflows_flags_the_nan_metrics(finis
     assert "non-finite metrics: " in caplog.text and "an example's loss overflowed" in caplog.text
 
 
+def test_eval_of_a_run_dir_from_another_machine_caches_here_not_at_its_paths(finished, tmp_path):
+    """Its resolved config names a cache under a ``paths.cache_dir`` this machine lacks: eval builds its cache under
+    this command's ``paths.cache_dir`` and creates nothing at the other machine's path."""
+    from omegaconf import OmegaConf
+
+    run, gone = copy_run(finished, tmp_path / "run"), tmp_path / "other_machine" / "cache"
+    config = OmegaConf.load(run / "resolved_config.yaml")
+    config.paths.cache_dir, config.dataset.cache_dir = str(gone), str(gone / "tabfact")
+    OmegaConf.save(config, run / "resolved_config.yaml")
+    run_command("eval", [f"ckpt_path={run}", f"paths.cache_dir={tmp_path / 'here'}"], tmp_path / "eval")
+    assert (tmp_path / "here" / "tabfact").is_dir() and not (tmp_path / "other_machine").exists()
+
+
 def test_resuming_from_a_garbled_resume_state_is_one_line_before_any_data_loads(finished, tmp_path):
     data = torch.load(finished / "checkpoints" / "last.ckpt", weights_only=True)
     data["mate_resume"]["rng"]["numpy"] = [1, 2]
