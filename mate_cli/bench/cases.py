@@ -188,8 +188,10 @@ def build_backend(name: str, num_heads: int, head_dim: int, max_length: int) -> 
 def kernel_case(
     name: str, mode: str, layout: TableLayout, dims: dict, batch: int, dtype: torch.dtype, device: torch.device
 ) -> Case:
-    """One attention call on random ``q, k, v``, on the layout layer 0 sees: after the backend's ``extend_inputs``
-    (TableETC's row/column memory); ``embedding_layout`` is for embeddings, and there are none here."""
+    """One attention call on random ``q, k, v`` (``[batch, heads, seq, head_dim]`` views of ``[batch, seq, heads,
+    head_dim]`` tensors, as the encoder's projections give them), on the layout layer 0 sees: after the backend's
+    ``extend_inputs`` (TableETC's row/column memory); ``embedding_layout`` is for embeddings, and there are none
+    here."""
     if name in HF_BACKENDS:
         raise Unavailable(f"{name} is an encoder-level anchor")
     if split_options(name)[1]:
@@ -204,8 +206,8 @@ def kernel_case(
         module = build_backend(name, heads, head_dim, max_length=layout.seq_len).to(device=device, dtype=dtype)
         layout = layer_layout(module, layout, batch, heads * head_dim, dtype, device)
         fn = functools.partial(module, layout=layout)
-    shape = (batch, heads, layout.seq_len, head_dim)
-    base = [torch.randn(shape, generator=generator) for _ in range(3)]
+    shape = (batch, layout.seq_len, heads, head_dim)  # the encoder's layout: [batch, heads, seq, head_dim] views
+    base = [torch.randn(shape, generator=generator).transpose(1, 2) for _ in range(3)]
     q, k, v = (t.to(device, dtype) for t in base)
     cotangent = None
     if mode == "inference":
@@ -217,7 +219,7 @@ def kernel_case(
     else:
         leaves = [t.requires_grad_() for t in (q, k, v)]
         params = list(module.parameters()) if module is not None else []
-        cotangent = torch.randn(shape, generator=generator)
+        cotangent = torch.randn(shape, generator=generator).transpose(1, 2)
         grad_out = cotangent.to(device, dtype)
         flops = None if flops is None else 3.5 * flops
 

@@ -21,7 +21,7 @@ from mate_cli.bench.layouts import table_layout
 from mate_cli.modeling.attention import mate_triton as mt
 
 #: (query tile, key tile, warps of the forward, dQ and dK/dV kernels); the first is the kernels' default
-SETTINGS = [(32, 64, 4, 8, 8), (32, 64, 4, 4, 4), (64, 64, 4, 8, 8), (64, 128, 4, 8, 8), (32, 32, 4, 4, 4)]
+SETTINGS = [(32, 64, 4, 4, 4), (32, 64, 4, 8, 8), (64, 64, 4, 4, 4), (32, 32, 4, 4, 4)]
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], None]], float]:

@@ -26,9 +26,11 @@ from mate_cli.errors import MateError
 #: products of float32 inputs: three TF32 tensor-core products (about float32's accuracy)
 FLOAT32_DOT = "tf32x3"
 
-#: warps per program (more warps, fewer registers per thread: none spills at these tiles in bf16/fp16 on sm_90,
-#: :func:`resource_usage`)
-WARPS = {"forward_kernel": 4, "combine_kernel": 4, "dq_kernel": 8, "dkdv_kernel": 8, "reduce_kernel": 4}
+#: warps per program on Hopper (sm_90), the fastest of the tile sweep on an H100 (BENCHMARKS.md); none spills at
+#: these tiles in bf16/fp16 (:func:`resource_usage`)
+WARPS = {"forward_kernel": 4, "combine_kernel": 4, "dq_kernel": 4, "dkdv_kernel": 4, "reduce_kernel": 4}
+#: before Hopper (sm_80, sm_89): dK/dV spills with 4 warps (255 registers and a stack frame on sm_80), so 8
+WARPS_BEFORE_HOPPER = {"dkdv_kernel": 8}
 
 #: the most splits of a long tile's loop: a dense row's keys, a global key's rows (:func:`split_chunk`)
 MAX_SPLITS = 32
@@ -129,20 +131,35 @@ def kernels(device: torch.device):
     return mate_triton_kernels
 
 
-def _strides(x: torch.Tensor) -> tuple[int, int, int]:
-    return x.stride(0), x.stride(1), x.stride(2)
+def warps(kernel: str, arch: int | None) -> int:
+    """Warps of ``kernel`` for CUDA compute capability ``arch`` (90: H100; None: the interpreter, where any do)."""
+    return WARPS_BEFORE_HOPPER.get(kernel, WARPS[kernel]) if arch is not None and arch < 90 else WARPS[kernel]
 
 
-def _last_dim_dense(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+def _arch(x: torch.Tensor) -> int | None:
+    if x.device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(x.device)
+    return 10 * major + minor
 
 
-def _launch_args(q: torch.Tensor, dropout_p: float) -> dict:
-    """The compile-time settings of a launch."""
-    D = q.shape[-1]
+def _canonical(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[B, H, N, D]`` as a view of a ``[B, N, H, D]`` buffer, the one layout the kernels address (what the
+    encoder's projections give: no copy there; a copy for any other layout)."""
+    B, H, N, D = x.shape
+    want = (N * H * D, D, H * D, 1)
+    if all(size == 1 or got == stride for size, got, stride in zip(x.shape, x.stride(), want)):
+        return x
+    return _bhnd_empty(x).copy_(x)
+
+
+def _launch_args(q: torch.Tensor, global_len: int, radius: int, dropout_p: float) -> dict:
+    """The compile-time settings of a launch: the model's sizes and MATE's, fixed by its config."""
+    B, H, N, D = q.shape
     return {
-        "D": D, "BLOCK_D": max(16, 1 << (D - 1).bit_length()), "BLOCK_M": BLOCK["m"], "BLOCK_N": BLOCK["n"],
-        "PAD": PAD, "DROPOUT": dropout_p > 0, "PREC": "tf32" if q.dtype in (torch.float16, torch.bfloat16) else FLOAT32_DOT,
+        "H": H, "D": D, "G": global_len, "R": radius, "SCALE": D**-0.5, "DROPOUT_P": float(dropout_p),
+        "BLOCK_D": max(16, 1 << (D - 1).bit_length()), "BLOCK_M": BLOCK["m"], "BLOCK_N": BLOCK["n"], "PAD": PAD,
+        "PREC": "tf32" if q.dtype in (torch.float16, torch.bfloat16) else FLOAT32_DOT, "MAX_SPLITS": MAX_SPLITS,
     }  # fmt: skip
 
 
@@ -185,25 +202,23 @@ def _parts(like: torch.Tensor, tiles: int, splits: int, block: int, block_d: int
 def _launch_forward(q, k, v, perm, groups, dense, real, seed, global_len: int, radius: int, dropout_p: float,
                     visits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     dtype = q.dtype
-    q, k, v = (_last_dim_dense(_interpretable(x)) for x in (q, k, v))
+    q, k, v = (_canonical(_interpretable(x)) for x in (q, k, v))
     B, H, N, D = q.shape
     out = _bhnd_empty(q)
     lse = torch.empty((B * H, N), dtype=torch.float32, device=q.device)
-    settings = _launch_args(q, dropout_p)
+    settings, arch = _launch_args(q, global_len, radius, dropout_p), _arch(q)
     T, _, S, chunk = _splits(N, global_len)
-    tiles = -(-N // BLOCK["m"])
     (acc_part,) = _parts(q, T, S, BLOCK["m"], settings["BLOCK_D"])
     m_part, l_part = (acc_part.new_empty(acc_part.shape[:2]) for _ in range(2))
     module = kernels(q.device)
-    module.forward_kernel[(tiles + T * S, B * H)](
+    module.forward_kernel[(T * S + -(-N // BLOCK["m"]), B * H)](
         q, k, v, out, lse, m_part, l_part, acc_part, perm, groups, dense, real, seed,
-        lse if visits is None else visits, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, N, global_len,
-        radius, D**-0.5, float(dropout_p), tiles, T, S, chunk, COUNT=visits is not None,
-        num_warps=WARPS["forward_kernel"], **settings,
+        lse if visits is None else visits, N, T, S, chunk, COUNT=visits is not None,
+        num_warps=warps("forward_kernel", arch), **_only(settings, module.forward_kernel),
     )  # fmt: skip
     module.combine_kernel[(T, B * H)](
-        out, lse, m_part, l_part, acc_part, perm, groups, dense, real, seed, *_strides(out), H, N, T, S,
-        num_warps=WARPS["combine_kernel"], **_only(settings, module.combine_kernel),
+        out, lse, m_part, l_part, acc_part, perm, groups, dense, real, seed, N, T, S,
+        num_warps=warps("combine_kernel", arch), **_only(settings, module.combine_kernel),
     )  # fmt: skip
     return out.to(dtype), lse
 
@@ -236,30 +251,27 @@ def _backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """dq, dk, dv of :func:`_forward_op` (``[B, H, N, D]``, the inputs' dtypes)."""
     dtypes = (q.dtype, k.dtype, v.dtype)
-    q, k, v, grad_out = (_last_dim_dense(_interpretable(x)) for x in (q, k, v, grad_out))
+    q, k, v, out, grad_out = (_canonical(_interpretable(x)) for x in (q, k, v, out, grad_out))
     B, H, N, D = q.shape
-    delta = (grad_out.float() * out.float()).sum(-1).reshape(B * H, N)  # rowsum(dO * O), token order
+    delta = torch.empty((B * H, N), dtype=torch.float32, device=q.device)  # rowsum(dO * O), by the dQ pass
     dq, dk, dv = _bhnd_empty(q), _bhnd_empty(k), _bhnd_empty(v)
     module = kernels(q.device)
-    settings = _launch_args(q, dropout_p)
+    settings, arch = _launch_args(q, global_len, radius, dropout_p), _arch(q)
     T, J, S, chunk = _splits(N, global_len)
-    common = (H, N, global_len, radius, D**-0.5, float(dropout_p))
     dk_part, dv_part = _parts(q, J, S, BLOCK["n"], settings["BLOCK_D"], 2)
     (dq_part,) = _parts(q, T, S, BLOCK["m"], settings["BLOCK_D"])
-    key_tiles, query_tiles = -(-N // BLOCK["n"]), -(-N // BLOCK["m"])
-    module.dkdv_kernel[(key_tiles + J * S, B * H)](
-        q, k, v, grad_out, lse, delta, dk, dv, dk_part, dv_part, perm, groups, dense, real, seed, *_strides(q),
-        *_strides(k), *_strides(v), *_strides(grad_out), *_strides(dk), *_strides(dv), *common, key_tiles, J, S,
-        chunk, num_warps=WARPS["dkdv_kernel"], **settings,
+    pointers = (perm, groups, dense, real, seed, N)
+    module.dq_kernel[(T * S + -(-N // BLOCK["m"]), B * H)](
+        q, k, v, out, grad_out, lse, delta, dq, dq_part, *pointers, T, S, chunk,
+        num_warps=warps("dq_kernel", arch), **_only(settings, module.dq_kernel),
     )  # fmt: skip
-    module.dq_kernel[(query_tiles + T * S, B * H)](
-        q, k, v, grad_out, lse, delta, dq, dq_part, perm, groups, dense, real, seed, *_strides(q), *_strides(k),
-        *_strides(v), *_strides(grad_out), *_strides(dq), *common, query_tiles, T, S, chunk,
-        num_warps=WARPS["dq_kernel"], **settings,
+    module.dkdv_kernel[(J * S + -(-N // BLOCK["n"]), B * H)](
+        q, k, v, grad_out, lse, delta, dk, dv, dk_part, dv_part, *pointers, J, S, chunk,
+        num_warps=warps("dkdv_kernel", arch), **_only(settings, module.dkdv_kernel),
     )  # fmt: skip
     module.reduce_kernel[(T + J, B * H)](
-        dq, dk, dv, dq_part, dk_part, dv_part, perm, groups, dense, real, seed, *_strides(dq), *_strides(dk),
-        *_strides(dv), H, N, D**-0.5, T, J, S, num_warps=WARPS["reduce_kernel"], **_only(settings, module.reduce_kernel),
+        dq, dk, dv, dq_part, dk_part, dv_part, *pointers, T, J, S,
+        num_warps=warps("reduce_kernel", arch), **_only(settings, module.reduce_kernel),
     )  # fmt: skip
     return tuple(g.to(t) for g, t in zip((dq, dk, dv), dtypes))
 
@@ -334,7 +346,7 @@ def visited_tiles(structure: TritonStructure, seq_len: int) -> int:
 #: the kernels' arguments that are neither i32 nor pointers of the inputs' dtype
 _ARG_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "PERM": "*i32", "GROUPS": "*i32", "DENSE": "*i32", "REAL": "*i32",
               "SEED": "*i64", "VISITS": "*i32", **dict.fromkeys(("M_PART", "L_PART", "ACC_PART", "DQ_PART", "DK_PART",
-              "DV_PART"), "*fp32"), "scale": "fp32", "dropout_p": "fp32"}  # fmt: skip
+              "DV_PART"), "*fp32")}  # fmt: skip
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -353,8 +365,8 @@ def resource_usage(arch: int, dtype: torch.dtype = torch.bfloat16, head_dim: int
 
     from mate_cli.modeling.attention import mate_triton_kernels as module
 
-    like = torch.empty(1, 1, 1, head_dim, dtype=dtype)
-    constants = {**_launch_args(like, 0.5 if dropout else 0.0), "COUNT": False}
+    like = torch.empty(1, 12, 1, head_dim, dtype=dtype)  # BERT-base heads
+    constants = {**_launch_args(like, 116, 42, 0.1 if dropout else 0.0), "COUNT": False}
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     types = {**dict.fromkeys(("Q", "K", "V", "OUT", "DO", "DQ", "DK", "DV"), "*" + _TRITON_TYPES[dtype]), **_ARG_TYPES}
     types.update(dict.fromkeys(constants, "constexpr"))
@@ -364,7 +376,7 @@ def resource_usage(arch: int, dtype: torch.dtype = torch.bfloat16, head_dim: int
         signature = {arg: types.get(arg, "i32") for arg in fn.arg_names}
         consts = {(fn.arg_names.index(k),): v for k, v in constants.items() if k in fn.arg_names}
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts), target=GPUTarget("cuda", arch, 32),
-                                options={"num_warps": WARPS[name]})  # fmt: skip
+                                options={"num_warps": warps(name, arch)})  # fmt: skip
         with tempfile.TemporaryDirectory() as tmp:
             cubin = Path(tmp) / f"{name}.cubin"
             cubin.write_bytes(kernel.asm["cubin"])
