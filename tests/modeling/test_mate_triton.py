@@ -106,6 +106,20 @@ def test_equals_the_exact_mask_where_the_bucketed_function_is_exact():
     assert max(biggest_diff(got, exact)) <= TOL
 
 
+def test_any_input_layout_gives_the_same_results():
+    """The kernels address one layout (views of ``[B, N, H, D]``); inputs in another, here contiguous ``[B, H, N, D]``,
+    are copied into it: the same output and gradients, to the bit."""
+    make, G, R = CASES[0]
+    layout = make()
+    leaves, cot = inputs(layout, 5)
+    fn = triton_fn(layout, 0.5, G, R)
+    encoder_layout = run(fn, leaves, cot)
+    assert all(t.stride(1) == DIM for t in encoder_layout[1:])  # the gradients come back in the encoder's layout
+    contiguous = run(fn, [t.contiguous() for t in leaves], cot)
+    assert leaves[0].contiguous().stride() != leaves[0].stride()
+    assert max(biggest_diff(contiguous, encoder_layout)) == 0
+
+
 def tokenized_tables(max_length: int, per_dataset: int = 2) -> dict[str, TableLayout]:
     """The largest tables of each bundled sample, tokenized with the bundled MiniLM's
     vocabulary up to ``max_length`` tokens, as a batch of unequal padded examples."""
