@@ -20,7 +20,7 @@ from mate_cli.bench import cases
 from mate_cli.bench.layouts import table_layout
 from mate_cli.modeling.attention import mate_triton as mt
 
-#: (query tile, key tile, warps of the forward, dQ and dK/dV kernels); the first is the kernels' default
+#: (query tile, key tile, warps of the forward, dQ and dK/dV kernels); the first is the kernels' default on Hopper
 SETTINGS = [(32, 64, 4, 4, 4), (32, 64, 4, 8, 8), (64, 64, 4, 4, 4), (32, 32, 4, 4, 4)]
 
 
@@ -46,7 +46,8 @@ def sweep(lengths: list[int], settings: list[tuple] = SETTINGS, dims: str = "bas
     device = device or torch.device("cuda")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # the interpreter computes bf16 wrongly
     size, time_ms = cases.dims_of(dims), _timer(device)
-    saved = dict(mt.BLOCK), dict(mt.WARPS)
+    saved = dict(mt.BLOCK), dict(mt.WARPS), dict(mt.WARPS_BEFORE_HOPPER)
+    mt.WARPS_BEFORE_HOPPER.clear()  # each setting's warps on every GPU
     try:
         for length in lengths:
             _, layout = table_layout(length)
@@ -72,6 +73,7 @@ def sweep(lengths: list[int], settings: list[tuple] = SETTINGS, dims: str = "bas
     finally:
         mt.BLOCK.clear(), mt.BLOCK.update(saved[0])
         mt.WARPS.clear(), mt.WARPS.update(saved[1])
+        mt.WARPS_BEFORE_HOPPER.update(saved[2])
 
 
 def main() -> None:

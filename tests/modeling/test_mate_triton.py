@@ -295,13 +295,25 @@ def test_a_split_is_whole_tiles_whatever_the_tile_sizes(monkeypatch):
 def test_the_tile_sweep_times_each_setting_and_restores_the_kernels_settings():
     from mate_cli.bench.triton_tiles import sweep
 
-    before = dict(mt.BLOCK), dict(mt.WARPS)
+    before = dict(mt.BLOCK), dict(mt.WARPS), dict(mt.WARPS_BEFORE_HOPPER)
     settings = [(32, 64, 4, 8, 8), (64, 32, 4, 4, 4)]
     rows = list(sweep([400], settings, dims="tiny", device=torch.device(DEVICE)))
     assert [row["setting"] for row in rows] == [None, *map(list, settings)]
     assert all(row["forward_ms"] > 0 and row["fwd_bwd_ms"] > 0 for row in rows)
     assert rows[1]["tiles"] != rows[2]["tiles"]  # the settings took effect
-    assert (dict(mt.BLOCK), dict(mt.WARPS)) == before
+    assert (dict(mt.BLOCK), dict(mt.WARPS), dict(mt.WARPS_BEFORE_HOPPER)) == before
+
+
+def test_batches_shorter_than_g_share_the_kernels_compile_time_settings():
+    """G is compiled into the kernels: lengths below it must not each compile them again (a batch is padded to its
+    longest example, so short tables give many lengths)."""
+    settings = []
+    for length in (25, 40, 90):
+        layout = filled_layout(length, 1, query_tokens=6, columns=2, cell_tokens=2)
+        st = mt.TritonStructure.of(layout, HEADS, 0.5, 116, 42)
+        q = torch.zeros(1, HEADS, length, DIM)
+        settings.append(mt._launch_args(q, st.global_size, st.radius, 0.1))
+    assert settings[0] == settings[1] == settings[2] and settings[0]["G"] == 116
 
 
 # ------------------------------------------------------------- ahead of time

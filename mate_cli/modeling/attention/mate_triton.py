@@ -1,10 +1,11 @@
 """Bucketed MATE (the function of :mod:`.mate_reference`) as fused Triton kernels (``impl=triton``), FlashAttention-2
 style in each head's sorted order, q, k, v read through the head's permutation (no sorted copies).
 
-Grids: axis 0 the tiles, then each long tile's splits; axis 1 example x head. The forward visits, per query tile, only
-the key tiles its rows may attend (globals, then their buckets' windows) and keeps each row's log-sum-exp; the
-backward is a dK/dV pass (per key tile, over the query tiles that attend it) and a dQ pass, probabilities recomputed
-from the log-sum-exp. A loop that would span the whole sequence, the launch's longest chain (a dense tile's keys, a
+Grids: axis 0 each long tile's splits, then the tiles (the longest programs start first); axis 1 example x head. The
+forward visits, per query tile, only the key tiles its rows may attend (globals, then their buckets' windows) and
+keeps each row's log-sum-exp; the backward is a dQ pass, which also stores each row's ``rowsum(dO * O)``, then a dK/dV
+pass (per key tile, over the query tiles that attend it) that reads it, probabilities recomputed from the
+log-sum-exp. A loop that would span the whole sequence, the launch's longest chain (a dense tile's keys, a
 global key tile's rows), is cut into :func:`split_chunk` chunks run in parallel; ``combine_kernel`` and
 ``reduce_kernel`` merge the partials in split order, so results do not depend on scheduling. Dropout is a Philox draw
 keyed by (seed, example x head, query token, key token): the passes agree, and no mask depends on tiles or layout.
@@ -26,7 +27,8 @@ from mate_cli.errors import MateError
 #: products of float32 inputs: three TF32 tensor-core products (about float32's accuracy)
 FLOAT32_DOT = "tf32x3"
 
-#: warps per program on Hopper (sm_90), the fastest of the tile sweep on an H100 (BENCHMARKS.md); none spills at
+#: warps per program on Hopper (sm_90): 4 for dQ and dK/dV (the backward's GPU time fell when they went from 8 to 4
+#: together with other changes, the warps not isolated: BENCHMARKS.md, the 2026-11-26 H100 run); none spills at
 #: these tiles in bf16/fp16 (:func:`resource_usage`)
 WARPS = {"forward_kernel": 4, "combine_kernel": 4, "dq_kernel": 4, "dkdv_kernel": 4, "reduce_kernel": 4}
 #: before Hopper (sm_80, sm_89): dK/dV spills with 4 warps (255 registers and a stack frame on sm_80), so 8
@@ -85,10 +87,11 @@ class TritonStructure:
         self.groups = groups.clamp(max=PAD).to(torch.int32).contiguous()  # padding: PAD
         perm, _ = layout.head_sort_order(num_heads, row_heads_ratio)
         self.perm = perm.reshape(B * num_heads, N).to(torch.int32).contiguous()
-        self.global_len, self.radius, self.heads = min(int(global_size), N), int(radius), num_heads
+        # G unclamped: a compile-time setting of the kernels, so a batch shorter than G compiles nothing new
+        self.global_size, self.radius, self.heads = int(global_size), int(radius), num_heads
         self.real = layout.attention_mask.sum(1).to(torch.int32).contiguous()
         counted = self.real if global_rows == "all" else layout.is_query.sum(1).to(torch.int32)
-        self.dense = counted.clamp(max=self.global_len).contiguous()  # the global part attends to everything
+        self.dense = counted.clamp(max=self.global_size).contiguous()  # the global part attends to everything
 
     @staticmethod
     def of(
@@ -153,11 +156,11 @@ def _canonical(x: torch.Tensor) -> torch.Tensor:
     return _bhnd_empty(x).copy_(x)
 
 
-def _launch_args(q: torch.Tensor, global_len: int, radius: int, dropout_p: float) -> dict:
+def _launch_args(q: torch.Tensor, global_size: int, radius: int, dropout_p: float) -> dict:
     """The compile-time settings of a launch: the model's sizes and MATE's, fixed by its config."""
     B, H, N, D = q.shape
     return {
-        "H": H, "D": D, "G": global_len, "R": radius, "SCALE": D**-0.5, "DROPOUT_P": float(dropout_p),
+        "H": H, "D": D, "G": global_size, "R": radius, "SCALE": D**-0.5, "DROPOUT_P": float(dropout_p),
         "BLOCK_D": max(16, 1 << (D - 1).bit_length()), "BLOCK_M": BLOCK["m"], "BLOCK_N": BLOCK["n"], "PAD": PAD,
         "PREC": "tf32" if q.dtype in (torch.float16, torch.bfloat16) else FLOAT32_DOT, "MAX_SPLITS": MAX_SPLITS,
     }  # fmt: skip
@@ -184,11 +187,11 @@ def split_chunk(seq_len: int) -> int:
     return max(256, -(-per_split // unit) * unit)
 
 
-def _splits(N: int, global_len: int) -> tuple[int, int, int, int]:
-    """``(T, J, S, CHUNK)``: the query tiles that may hold a dense row (``dense <= global_len``), the key tiles that
-    may hold a global, the splits of each and the positions per split."""
-    chunk = split_chunk(N)
-    return -(-global_len // BLOCK["m"]), -(-global_len // BLOCK["n"]), -(-N // chunk), chunk
+def _splits(N: int, global_size: int) -> tuple[int, int, int, int]:
+    """``(T, J, S, CHUNK)``: the query tiles that may hold a dense row (``dense <= G``), the key tiles that may hold a
+    global, the splits of each and the positions per split."""
+    chunk, G = split_chunk(N), min(global_size, N)
+    return -(-G // BLOCK["m"]), -(-G // BLOCK["n"]), -(-N // chunk), chunk
 
 
 def _parts(like: torch.Tensor, tiles: int, splits: int, block: int, block_d: int, count: int = 1) -> list[torch.Tensor]:
@@ -199,15 +202,15 @@ def _parts(like: torch.Tensor, tiles: int, splits: int, block: int, block_d: int
             for _ in range(count)]  # fmt: skip
 
 
-def _launch_forward(q, k, v, perm, groups, dense, real, seed, global_len: int, radius: int, dropout_p: float,
+def _launch_forward(q, k, v, perm, groups, dense, real, seed, global_size: int, radius: int, dropout_p: float,
                     visits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     dtype = q.dtype
     q, k, v = (_canonical(_interpretable(x)) for x in (q, k, v))
     B, H, N, D = q.shape
     out = _bhnd_empty(q)
     lse = torch.empty((B * H, N), dtype=torch.float32, device=q.device)
-    settings, arch = _launch_args(q, global_len, radius, dropout_p), _arch(q)
-    T, _, S, chunk = _splits(N, global_len)
+    settings, arch = _launch_args(q, global_size, radius, dropout_p), _arch(q)
+    T, _, S, chunk = _splits(N, global_size)
     (acc_part,) = _parts(q, T, S, BLOCK["m"], settings["BLOCK_D"])
     m_part, l_part = (acc_part.new_empty(acc_part.shape[:2]) for _ in range(2))
     module = kernels(q.device)
@@ -231,14 +234,14 @@ def _only(settings: dict, kernel) -> dict:
 @torch.library.custom_op("mate::bucketed_triton_forward", mutates_args=())
 def _forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perm: torch.Tensor, groups: torch.Tensor,
-    dense: torch.Tensor, real: torch.Tensor, seed: torch.Tensor, global_len: int, radius: int, dropout_p: float,
+    dense: torch.Tensor, real: torch.Tensor, seed: torch.Tensor, global_size: int, radius: int, dropout_p: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Output ``[B, H, N, D]`` and each row's log-sum-exp ``[B*H, N]`` (float32, token order)."""
-    return _launch_forward(q, k, v, perm, groups, dense, real, seed, global_len, radius, dropout_p)
+    return _launch_forward(q, k, v, perm, groups, dense, real, seed, global_size, radius, dropout_p)
 
 
 @_forward_op.register_fake
-def _(q, k, v, perm, groups, dense, real, seed, global_len, radius, dropout_p):
+def _(q, k, v, perm, groups, dense, real, seed, global_size, radius, dropout_p):
     B, H, N, D = q.shape
     return _bhnd_empty(q), q.new_empty((B * H, N), dtype=torch.float32)
 
@@ -247,7 +250,7 @@ def _(q, k, v, perm, groups, dense, real, seed, global_len, radius, dropout_p):
 def _backward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
     perm: torch.Tensor, groups: torch.Tensor, dense: torch.Tensor, real: torch.Tensor, seed: torch.Tensor,
-    global_len: int, radius: int, dropout_p: float,
+    global_size: int, radius: int, dropout_p: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """dq, dk, dv of :func:`_forward_op` (``[B, H, N, D]``, the inputs' dtypes)."""
     dtypes = (q.dtype, k.dtype, v.dtype)
@@ -256,8 +259,8 @@ def _backward_op(
     delta = torch.empty((B * H, N), dtype=torch.float32, device=q.device)  # rowsum(dO * O), by the dQ pass
     dq, dk, dv = _bhnd_empty(q), _bhnd_empty(k), _bhnd_empty(v)
     module = kernels(q.device)
-    settings, arch = _launch_args(q, global_len, radius, dropout_p), _arch(q)
-    T, J, S, chunk = _splits(N, global_len)
+    settings, arch = _launch_args(q, global_size, radius, dropout_p), _arch(q)
+    T, J, S, chunk = _splits(N, global_size)
     dk_part, dv_part = _parts(q, J, S, BLOCK["n"], settings["BLOCK_D"], 2)
     (dq_part,) = _parts(q, T, S, BLOCK["m"], settings["BLOCK_D"])
     pointers = (perm, groups, dense, real, seed, N)
@@ -277,15 +280,15 @@ def _backward_op(
 
 
 @_backward_op.register_fake
-def _(q, k, v, out, lse, grad_out, perm, groups, dense, real, seed, global_len, radius, dropout_p):
+def _(q, k, v, out, lse, grad_out, perm, groups, dense, real, seed, global_size, radius, dropout_p):
     return _bhnd_empty(q), _bhnd_empty(k), _bhnd_empty(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, perm, groups, dense, real, seed, global_len, radius, dropout_p = inputs
+    q, k, v, perm, groups, dense, real, seed, global_size, radius, dropout_p = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, perm, groups, dense, real, seed)
-    ctx.settings = (global_len, radius, dropout_p)
+    ctx.settings = (global_size, radius, dropout_p)
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -314,7 +317,7 @@ def triton_bucketed_attention(
     if seed is None:
         seed = torch.randint(0, 2**31 - 1, (), device=q.device, dtype=torch.int64)
     out, _ = _forward_op(q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed,
-                         structure.global_len, structure.radius, float(dropout_p))  # fmt: skip
+                         structure.global_size, structure.radius, float(dropout_p))  # fmt: skip
     return out
 
 
@@ -323,7 +326,7 @@ def kernel_visits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, structure: 
     visits = torch.zeros((), dtype=torch.int32, device=q.device)
     seed = torch.zeros((), dtype=torch.int64, device=q.device)
     _launch_forward(q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed,
-                    structure.global_len, structure.radius, 0.0, visits)  # fmt: skip
+                    structure.global_size, structure.radius, 0.0, visits)  # fmt: skip
     return int(visits)
 
 
@@ -331,7 +334,7 @@ def visited_tiles(structure: TritonStructure, seq_len: int) -> int:
     """(query tile, key tile) pairs the forward kernel visits, counted in torch from its bounds (the work against the
     ``G + 3R`` ideal)."""
     M, Nb = BLOCK["m"], BLOCK["n"]
-    N, G, R = seq_len, structure.global_len, structure.radius
+    N, G, R = seq_len, structure.global_size, structure.radius
     m0 = torch.arange(0, N, M, device=structure.dense.device)[None, :]  # [1, tiles]
     dense, real = structure.dense[:, None].long(), structure.real[:, None].long()
     last = torch.clamp(m0 + M, max=N) - 1
