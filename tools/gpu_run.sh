@@ -7,6 +7,8 @@
 #                           # below in this order, each under its own time limit (seconds):
 #     kernel    (100) the kernel grid in bf16, inference and fwd+bwd, 2,048-32,768 tokens:
 #                     dense SDPA (flash) and mate.triton
+#     split     (90)  host or GPU: dense and mate.triton calls as made, replayed from a CUDA graph, and their
+#                     host enqueue time (tools/gpu_split.py)
 #     profile   (45)  where a mate.triton fwd+bwd call's GPU and host time go (torch.profiler)
 #     tiles     (90)  mate.triton's tile sizes and warps, timed at 2,048 and 8,192 tokens
 #     tests     (90)  the CUDA tests (MATE's Triton kernels compiled, FlexAttention, MATE's backends)
@@ -17,7 +19,7 @@
 #     fp32      (60)  the kernel grid in float32, mate.eager included
 #     others    (120) the kernel grid in bf16 for mate.eager, mate.block_sparse and FlexAttention on the exact mask
 #     anchors   (120) the encoder grid in bf16 for transformers' TapasModel and BertModel
-# About 14 minutes at most, 8-9 typically on one H200. GPU_STEPS="kernel encoder" runs only
+# About 15 minutes at most, 8-10 typically on one H200 or H100. GPU_STEPS="kernel encoder" runs only
 # those; GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in $GPU_OUT (default
 # outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid (bench.csv, bench.md).
 set -uo pipefail
@@ -25,7 +27,7 @@ cd "$(dirname "$0")/.."
 out="${GPU_OUT:-outputs/gpu}"
 py="${PYTHON:-python3}"
 wheels="${GPU_WHEELS_DIR:-.whl}"
-steps="${GPU_STEPS:-kernel profile tiles tests encoder host_sync train fp32 others anchors}"
+steps="${GPU_STEPS:-kernel split profile tiles tests encoder host_sync train fp32 others anchors}"
 "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'tools/gpu_run.sh: no CUDA GPU here; run it on a machine with one')" || exit 1
 mkdir -p "$out"
 site=/tmp/mate-gpu-site
@@ -61,6 +63,7 @@ step_tests() {
 }
 step_encoder() { encoder_grid "[dense,mate.triton]" encoder_bfloat16; }
 step_host_sync() { "$py" -m mate_cli.bench.host_sync; }
+step_split() { "$py" tools/gpu_split.py; }
 step_profile() { "$py" -m mate_cli.bench.gpu_profile --backend mate.triton --length 2048 --mode train; }
 step_tiles() { "$py" -m mate_cli.bench.triton_tiles --lengths 2048,8192; }
 step_train() { mate train experiment=hybridqa_mate hardware=gpu logger=csv trainer.max_steps=20 "hydra.run.dir=$out/train"; }
@@ -68,7 +71,7 @@ step_fp32() { kernel_grid float32 "[dense,mate.triton,mate.eager]" kernel_float3
 step_others() { lengths="[2048,8192,32768]" kernel_grid bfloat16 "[mate.eager,mate.block_sparse,flex]" kernel_bfloat16_others; }
 step_anchors() { encoder_grid "[tapas_hf,bert_hf]" encoder_bfloat16_anchors; }
 
-declare -A limit=([kernel]=100 [tiles]=90 [tests]=90 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
+declare -A limit=([kernel]=100 [split]=90 [tiles]=90 [tests]=90 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
                   [anchors]=120)
 start=$(date +%s)
 status=0

@@ -1,0 +1,78 @@
+"""Host or GPU: where one attention call's time goes, on a CUDA GPU. From the repository root:
+
+    python tools/gpu_split.py [--backends dense,mate.triton] [--lengths 2048,8192,32768]
+
+For each backend, length and mode (inference; train = forward and backward) of the bench's kernel case (BERT-base
+dims, the benchmark table, bf16, batch 1), one JSON line: ``called_ms``, the call as made
+(``triton.testing.do_bench``); ``gpu_ms``, the same call replayed from a CUDA graph, which is the GPU's time alone;
+and ``host_us``, the host's time to enqueue one call while the GPU is kept busy. A call whose ``called_ms`` is well
+above ``gpu_ms`` is bound by its launches. ``tools/gpu_run.sh`` runs it as its ``split`` step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def graph_of(call):
+    """``call`` captured in a CUDA graph, after warm-up calls on a side stream (as capture requires)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
+def host_us(call, calls: int = 50) -> float:
+    """Host time to enqueue one call, the GPU kept busy by a long sleep so that no enqueue waits for it."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def split(backend: str, length: int, mode: str) -> dict:
+    from triton.testing import do_bench
+
+    from mate_cli.bench import cases
+    from mate_cli.bench.layouts import table_layout
+
+    _, layout = table_layout(length)
+    case = cases.kernel_case(backend, mode, layout, cases.dims_of("base"), 1, torch.bfloat16, torch.device("cuda"))
+    row = {"backend": backend, "length": length, "mode": mode, "called_ms": do_bench(case.call, warmup=10, rep=40)}
+    row["host_us"] = host_us(case.call)
+    try:
+        row["gpu_ms"] = do_bench(graph_of(case.call).replay, warmup=10, rep=40)
+    except Exception as error:  # a call that cannot be captured is a row, not the end of the run
+        row["graph_error"] = repr(error)[:300]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="dense,mate.triton")
+    parser.add_argument("--lengths", default="2048,8192,32768")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("tools/gpu_split.py: no CUDA GPU here; run it on a machine with one")
+    for backend in args.backends.split(","):
+        for length in map(int, args.lengths.split(",")):
+            for mode in ("inference", "train"):
+                print(json.dumps(split(backend, length, mode)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
