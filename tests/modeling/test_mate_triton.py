@@ -251,7 +251,7 @@ def test_one_custom_op_for_autograd_and_torch_compile():
     st = mt.TritonStructure.of(layout.to(DEVICE), HEADS, 0.5, G, R)
     seed = torch.tensor(5, dtype=torch.int64, device=DEVICE)
     torch.library.opcheck(torch.ops.mate.bucketed_triton_forward.default,
-                          (q, k, v, st.perm, st.groups, st.dense, st.real, seed, st.global_len, st.radius, 0.1),
+                          (q, k, v, st.perm, st.groups, st.dense, st.real, seed, st.global_size, st.radius, 0.1),
                           test_utils=("test_schema", "test_faketensor"))  # fmt: skip
 
 
