@@ -25,7 +25,6 @@ QUESTIONS_DIR = "released_data"
 TABLES_DIR = "WikiTables-WithLinks/tables_tok"
 PASSAGES_DIR = "WikiTables-WithLinks/request_tok"
 _SPLIT_ORDER = {"train": 0, "dev": 1, "test": 2}
-_ROOT_HINT = "set dataset.root=<folder holding released_data/ and WikiTables-WithLinks/>"
 
 
 def _plain_name(table_id: str) -> bool:
@@ -35,14 +34,11 @@ def _plain_name(table_id: str) -> bool:
 
 class HybridQAReader(CachedReads):
     CACHED = {"_tables": "_read_table", "_passages": "_read_passages"}
+    REQUIRED_DIRS = (QUESTIONS_DIR, TABLES_DIR)
+    LAYOUT = "released_data/ and WikiTables-WithLinks/"
 
     def __init__(self, root: str | Path, cache_size: int = 64):
-        self.root = Path(root).expanduser()
-        if not self.root.is_dir():
-            raise MateError(f"dataset root not found: {self.root}; {_ROOT_HINT}")
-        for sub in (QUESTIONS_DIR, TABLES_DIR):
-            if not (self.root / sub).is_dir():
-                raise MateError(f"dataset root {self.root} has no {sub}/; {_ROOT_HINT}")
+        self._open_root(root)
         self._make_caches(cache_size)
         #: split -> counts of question records skipped (duplicates, empty, no answer fields)
         self.skipped: dict[str, Counter] = {}

@@ -115,11 +115,26 @@ def _safe_relative(table_id: str) -> bool:
 
 
 class CachedReads:
-    """Per-reader LRU caches of the methods in :attr:`CACHED`; an unpickled reader starts with empty ones (a cache of a
-    bound method does not pickle)."""
+    """A dataset root's reader: the root checked on opening (:meth:`_open_root`), and per-reader LRU caches of the
+    methods in :attr:`CACHED`; an unpickled reader starts with empty ones (a cache of a bound method does not
+    pickle)."""
 
     #: cache attribute -> the method it caches
     CACHED: dict[str, str] = {}
+    #: folders the root must have
+    REQUIRED_DIRS: tuple[str, ...] = ()
+    #: e.g. "data/*.tsv and csv/<20x>-csv/ (WikiTableQuestions)", for messages
+    LAYOUT = ""
+
+    def _open_root(self, root: str | Path) -> None:
+        """``self.root``: ``root`` if it and :attr:`REQUIRED_DIRS` exist, else one line naming ``dataset.root``."""
+        self.root = Path(str(root)).expanduser()
+        hint = f"set dataset.root=<folder holding {self.LAYOUT}>"
+        if not self.root.is_dir():
+            raise MateError(f"dataset.root not found: {self.root}; {hint}")
+        for sub in self.REQUIRED_DIRS:
+            if not (self.root / sub).is_dir():
+                raise MateError(f"dataset.root {self.root} has no {sub}/; {hint}")
 
     def _make_caches(self, size: int) -> None:
         self._cache_size = max(0, int(size))
@@ -143,23 +158,14 @@ class TableQAReader(CachedReads):
     #: folder of the question files, relative to the root ("" = the root itself)
     QUESTIONS_DIR = ""
     QUESTION_GLOB = "*"
-    #: folders the root must have, and the globs of its table files (relative to the root)
-    REQUIRED_DIRS: tuple[str, ...] = ()
+    #: the globs of its table files (relative to the root)
     TABLE_GLOBS: tuple[str, ...] = ()
     TABLES_DIR = ""
-    #: e.g. "data/*.tsv and csv/<20x>-csv/ (WikiTableQuestions)", for messages
-    LAYOUT = ""
     #: ``(path, table_id) -> Table``, the dataset's table-file parser (a staticmethod)
     _parse_table: Callable[[Path, str], Table]
 
     def __init__(self, root: str | Path, cache_size: int = 64):
-        self.root = Path(str(root)).expanduser()
-        hint = f"set dataset.root=<folder holding {self.LAYOUT}>"
-        if not self.root.is_dir():
-            raise MateError(f"dataset.root not found: {self.root}; {hint}")
-        for sub in self.REQUIRED_DIRS:
-            if not (self.root / sub).is_dir():
-                raise MateError(f"dataset.root {self.root} has no {sub}/; {hint}")
+        self._open_root(root)
         self._make_caches(cache_size)
         #: question file name (as passed) -> counts of skipped records (duplicate_records, empty_question)
         self.skipped: dict[str, Counter] = {}
