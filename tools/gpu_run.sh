@@ -8,7 +8,7 @@
 #     kernel    (150) the kernel grid in bf16, inference and fwd+bwd, 2,048-32,768 tokens:
 #                     dense SDPA (flash) and mate.triton
 #     split     (90)  host or GPU: dense and mate.triton calls as made, replayed from a CUDA graph, and their
-#                     host enqueue time (tools/gpu_split.py)
+#                     host enqueue time (python -m mate_cli.bench.gpu_split)
 #     profile   (45)  where a mate.triton fwd+bwd call's GPU and host time go (torch.profiler)
 #     tiles     (90)  mate.triton's tile sizes and warps, timed at 2,048 and 8,192 tokens
 #     tests     (150) the CUDA tests (MATE's Triton kernels compiled, FlexAttention, MATE's backends)
@@ -64,7 +64,7 @@ step_tests() {
 }
 step_encoder() { encoder_grid "[dense,mate.triton]" encoder_bfloat16; }
 step_host_sync() { "$py" -m mate_cli.bench.host_sync; }
-step_split() { "$py" tools/gpu_split.py; }
+step_split() { "$py" -m mate_cli.bench.gpu_split; }
 step_profile() { "$py" -m mate_cli.bench.gpu_profile --backend mate.triton --length 2048 --mode train; }
 step_tiles() { "$py" -m mate_cli.bench.triton_tiles --lengths 2048,8192; }
 step_train() { mate train experiment=hybridqa_mate hardware=gpu logger=csv trainer.max_steps=20 "hydra.run.dir=$out/train"; }

@@ -352,15 +352,9 @@ def test_the_gpu_command_and_its_python_steps_say_in_one_line_that_they_need_a_g
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and lines == ["tools/gpu_run.sh: no CUDA GPU here; run it on a machine with one"], done
     assert not (tmp_path / "gpu").exists()
-    import importlib.util
+    from mate_cli.bench import gpu_profile, gpu_split, host_sync, triton_tiles
 
-    from mate_cli.bench import gpu_profile, host_sync, triton_tiles
-
-    spec = importlib.util.spec_from_file_location("gpu_split", REPO_ROOT / "tools" / "gpu_split.py")
-    gpu_split = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_split)
-    modules = {m.__name__: m for m in (host_sync, gpu_profile, triton_tiles)} | {"tools/gpu_split.py": gpu_split}
-    for name, module in modules.items():
-        monkeypatch.setattr(sys, "argv", [name])
-        with pytest.raises(SystemExit, match=f"^{name}: no CUDA GPU here; run it on a machine with one$"):
+    for module in (host_sync, gpu_profile, triton_tiles, gpu_split):
+        monkeypatch.setattr(sys, "argv", [module.__name__])
+        with pytest.raises(SystemExit, match=f"^{module.__name__}: no CUDA GPU here; run it on a machine with one$"):
             module.main()

@@ -1,6 +1,5 @@
-"""Host or GPU: where one attention call's time goes, on a CUDA GPU. From the repository root:
-
-    python tools/gpu_split.py [--backends dense,mate.triton] [--lengths 2048,8192,32768]
+"""Host or GPU: where one attention call's time goes, on a CUDA GPU: ``python -m mate_cli.bench.gpu_split
+[--backends dense,mate.triton] [--lengths 2048,8192,32768]``.
 
 For each backend, length and mode (inference; train = forward and backward) of the bench's kernel case (BERT-base
 dims, the benchmark table, bf16, batch 1), one JSON line: ``called_ms``, the call as made
@@ -16,6 +15,9 @@ import json
 import time
 
 import torch
+
+from mate_cli.bench import cases
+from mate_cli.bench.layouts import table_layout
 
 
 def graph_of(call):
@@ -47,9 +49,6 @@ def host_us(call, calls: int = 50) -> float:
 def split(backend: str, length: int, mode: str) -> dict:
     from triton.testing import do_bench
 
-    from mate_cli.bench import cases
-    from mate_cli.bench.layouts import table_layout
-
     _, layout = table_layout(length)
     case = cases.kernel_case(backend, mode, layout, cases.dims_of("base"), 1, torch.bfloat16, torch.device("cuda"))
     row = {"backend": backend, "length": length, "mode": mode, "called_ms": do_bench(case.call, warmup=10, rep=40)}
@@ -67,7 +66,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="2048,8192,32768")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("tools/gpu_split.py: no CUDA GPU here; run it on a machine with one")
+        raise SystemExit("mate_cli.bench.gpu_split: no CUDA GPU here; run it on a machine with one")
     for backend in args.backends.split(","):
         for length in map(int, args.lengths.split(",")):
             for mode in ("inference", "train"):
