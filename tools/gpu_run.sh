@@ -19,8 +19,8 @@
 #     fp32      (60)  the kernel grid in float32, mate.eager included
 #     others    (120) the kernel grid in bf16 for mate.eager, mate.block_sparse and FlexAttention on the exact mask
 #     anchors   (120) the encoder grid in bf16 for transformers' TapasModel and BertModel
-# About 18 minutes at most, 8-10 typically on one H200 or H100; for a shorter session choose steps,
-# e.g. GPU_STEPS="kernel split encoder tests host_sync" (about 8 minutes on an H100). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
+# About 18 minutes at most with every step; for a shorter run choose steps, e.g.
+# GPU_STEPS="kernel split encoder tests host_sync" (9 minutes at most, and the install). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
 # $GPU_OUT (default outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid
 # (bench.csv, bench.md).
 set -uo pipefail

@@ -85,7 +85,7 @@ def test_a_reader_pickles_with_empty_caches(sample_root):
 # ------------------------------------------------------------------ errors
 def test_missing_root(tmp_path):
     missing = tmp_path / "nowhere"
-    with pytest.raises(MateError, match="^dataset.root not found") as err:
+    with pytest.raises(MateError, match=r"^dataset\.root not found") as err:
         HybridQAReader(missing)
     assert str(missing) in str(err.value) and "dataset.root=" in str(err.value)
     assert "\n" not in str(err.value)

@@ -295,7 +295,7 @@ def mate_triton_interpreting() -> bool:
 @pytest.mark.parametrize("variant,impl", PAIRS)
 def test_padding_never_influences_real_outputs_and_gradients_are_finite(variant, impl):
     if impl == "triton" and not mate_triton_interpreting():  # compiled: tests/modeling/test_mate_triton.py, on CUDA
-        pytest.skip("compiled Triton takes CUDA tensors; these are CPU tensors")
+        pytest.skip("Triton's interpreter is off here (Triton compiled, which takes CUDA tensors, or missing)")
     layout = random_layout(4, query_len=(1, 9), rows=(1, 5), cols=(1, 4), cell_tokens=(1, 4), pad=(1, 12), seed=9)
     backend = MateAttention(num_heads=4, head_dim=8, variant=variant, impl=impl, global_size=8, radius=5)
     q, k, v = inputs(layout)

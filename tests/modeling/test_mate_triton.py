@@ -304,16 +304,16 @@ def test_the_tile_sweep_times_each_setting_and_restores_the_kernels_settings():
     assert (dict(mt.BLOCK), dict(mt.WARPS), dict(mt.WARPS_BEFORE_HOPPER)) == before
 
 
-def test_batches_shorter_than_g_share_the_kernels_compile_time_settings():
+def test_batches_shorter_than_g_share_the_kernels_compile_time_settings(monkeypatch):
     """G is compiled into the kernels: lengths below it must not each compile them again (a batch is padded to its
-    longest example, so short tables give many lengths)."""
-    settings = []
-    for length in (25, 40, 90):
+    longest example, so short tables give many lengths). The settings every launch of a forward and backward used."""
+    used, launch_args = [], mt._launch_args
+    monkeypatch.setattr(mt, "_launch_args", lambda *a: used.append(launch_args(*a)) or used[-1])
+    for length in (25, 40):
         layout = filled_layout(length, 1, query_tokens=6, columns=2, cell_tokens=2)
-        st = mt.TritonStructure.of(layout, HEADS, 0.5, 116, 42)
-        q = torch.zeros(1, HEADS, length, DIM)
-        settings.append(mt._launch_args(q, st.global_size, st.radius, 0.1))
-    assert settings[0] == settings[1] == settings[2] and settings[0]["G"] == 116
+        leaves, cot = inputs(layout, 0)
+        run(triton_fn(layout, 0.5, 116, 42, dropout_p=0.1), leaves, cot)
+    assert len(used) == 4 and all(settings == used[0] for settings in used) and used[0]["G"] == 116
 
 
 # ------------------------------------------------------------- ahead of time

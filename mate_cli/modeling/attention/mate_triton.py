@@ -87,7 +87,7 @@ class TritonStructure:
         self.groups = groups.clamp(max=PAD).to(torch.int32).contiguous()  # padding: PAD
         perm, _ = layout.head_sort_order(num_heads, row_heads_ratio)
         self.perm = perm.reshape(B * num_heads, N).to(torch.int32).contiguous()
-        # G unclamped: a compile-time setting of the kernels, so a batch shorter than G compiles nothing new
+        # G unclamped: a compile-time setting of the kernels, which a batch shorter than G must not change
         self.global_size, self.radius, self.heads = int(global_size), int(radius), num_heads
         self.real = layout.attention_mask.sum(1).to(torch.int32).contiguous()
         counted = self.real if global_rows == "all" else layout.is_query.sum(1).to(torch.int32)
@@ -140,9 +140,12 @@ def warps(kernel: str, arch: int | None) -> int:
 
 
 def _arch(x: torch.Tensor) -> int | None:
-    if x.device.type != "cuda":
-        return None
-    major, minor = torch.cuda.get_device_capability(x.device)
+    return None if x.device.type != "cuda" else _capability(x.device.index)
+
+
+@functools.cache
+def _capability(index: int | None) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor
 
 
