@@ -35,7 +35,8 @@ def graph_of(call):
 
 
 def host_us(call, calls: int = 50) -> float:
-    """Host time to enqueue one call, the GPU kept busy by a long sleep so that no enqueue waits for it."""
+    """Host time to enqueue one call, the GPU kept busy by a long sleep so that no enqueue waits for it (a call whose
+    allocation has to wait for the GPU still shows that wait as host time)."""
     torch.cuda.synchronize()
     torch.cuda._sleep(1_000_000_000)
     start = time.perf_counter()
@@ -46,13 +47,18 @@ def host_us(call, calls: int = 50) -> float:
     return elapsed / calls * 1e6
 
 
-def split(backend: str, length: int, mode: str) -> dict:
+def split(backend: str, length: int, mode: str, capture: bool = True) -> dict:
+    """One row (module docstring); ``capture=False`` leaves out ``gpu_ms`` (after a failed capture, which can leave
+    the device in a state where the next one fails for that reason alone)."""
     from triton.testing import do_bench
 
     _, layout = table_layout(length)
     case = cases.kernel_case(backend, mode, layout, cases.dims_of("base"), 1, torch.bfloat16, torch.device("cuda"))
     row = {"backend": backend, "length": length, "mode": mode, "called_ms": do_bench(case.call, warmup=10, rep=40)}
     row["host_us"] = host_us(case.call)
+    if not capture:
+        row["graph_error"] = "not captured: an earlier capture failed"
+        return row
     try:
         row["gpu_ms"] = do_bench(graph_of(case.call).replay, warmup=10, rep=40)
     except Exception as error:  # a call that cannot be captured is a row, not the end of the run
@@ -67,10 +73,13 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("mate_cli.bench.gpu_split: no CUDA GPU here; run it on a machine with one")
+    capture = True
     for backend in args.backends.split(","):
         for length in map(int, args.lengths.split(",")):
             for mode in ("inference", "train"):
-                print(json.dumps(split(backend, length, mode)), flush=True)
+                row = split(backend, length, mode, capture)
+                capture = capture and "graph_error" not in row
+                print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
