@@ -12,8 +12,8 @@ keyed by (seed, example x head, query token, key token): the passes agree, and n
 
 Products accumulate in float32 (float32 inputs: :data:`FLOAT32_DOT`), the softmax is float32, and results are rounded
 once to the inputs' dtype. The launch reads no tensor value on the host (:class:`TritonStructure`). Forward and
-backward are one ``torch.library`` custom op each. CPU tensors run in Triton's interpreter, a slow check of the GPU
-code.
+backward are one ``torch.library`` custom op each under ``torch.compile``; eager calls launch the same kernels from an
+``autograd.Function`` (less host time). CPU tensors run in Triton's interpreter, a slow check of the GPU code.
 """
 
 from __future__ import annotations
@@ -249,13 +249,8 @@ def _(q, k, v, perm, groups, dense, real, seed, global_size, radius, dropout_p):
     return _bhnd_empty(q), q.new_empty((B * H, N), dtype=torch.float32)
 
 
-@torch.library.custom_op("mate::bucketed_triton_backward", mutates_args=())
-def _backward_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
-    perm: torch.Tensor, groups: torch.Tensor, dense: torch.Tensor, real: torch.Tensor, seed: torch.Tensor,
-    global_size: int, radius: int, dropout_p: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """dq, dk, dv of :func:`_forward_op` (``[B, H, N, D]``, the inputs' dtypes)."""
+def _launch_backward(q, k, v, out, lse, grad_out, perm, groups, dense, real, seed, global_size: int, radius: int,
+                     dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     dtypes = (q.dtype, k.dtype, v.dtype)
     q, k, v, out, grad_out = (_canonical(_interpretable(x)) for x in (q, k, v, out, grad_out))
     B, H, N, D = q.shape
@@ -282,6 +277,18 @@ def _backward_op(
     return tuple(g.to(t) for g, t in zip((dq, dk, dv), dtypes))
 
 
+@torch.library.custom_op("mate::bucketed_triton_backward", mutates_args=())
+def _backward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
+    perm: torch.Tensor, groups: torch.Tensor, dense: torch.Tensor, real: torch.Tensor, seed: torch.Tensor,
+    global_size: int, radius: int, dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """dq, dk, dv of :func:`_forward_op` (``[B, H, N, D]``, the inputs' dtypes)."""
+    return _launch_backward(
+        q, k, v, out, lse, grad_out, perm, groups, dense, real, seed, global_size, radius, dropout_p
+    )
+
+
 @_backward_op.register_fake
 def _(q, k, v, out, lse, grad_out, perm, groups, dense, real, seed, global_size, radius, dropout_p):
     return _bhnd_empty(q), _bhnd_empty(k), _bhnd_empty(v)
@@ -294,13 +301,31 @@ def _setup_context(ctx, inputs, output):
     ctx.settings = (global_size, radius, dropout_p)
 
 
-def _backward(ctx, grad_out, grad_lse):
+def _gradients(ctx, grad_out, backward) -> tuple:
     q, k, v, out, lse, perm, groups, dense, real, seed = ctx.saved_tensors
-    dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, perm, groups, dense, real, seed, *ctx.settings)
+    dq, dk, dv = backward(q, k, v, out, lse, grad_out, perm, groups, dense, real, seed, *ctx.settings)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
-_forward_op.register_autograd(_backward, setup_context=_setup_context)
+_forward_op.register_autograd(lambda ctx, grad_out, _: _gradients(ctx, grad_out, _backward_op),
+                              setup_context=_setup_context)  # fmt: skip
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The same launches as the two custom ops, for eager calls: a custom op's Python dispatch cost the host about as
+    much as its launches (an H100 machine, BENCHMARKS.md), and at 2,048 tokens the host bounds a call.
+    ``torch.compile`` traces the custom ops instead (:func:`triton_bucketed_attention`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, perm, groups, dense, real, seed, global_size, radius, dropout_p):
+        inputs = (q, k, v, perm, groups, dense, real, seed, global_size, radius, dropout_p)
+        out, lse = _launch_forward(*inputs)
+        _setup_context(ctx, inputs, (out, lse))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _gradients(ctx, grad_out, _launch_backward)
 
 
 def triton_bucketed_attention(
@@ -319,9 +344,9 @@ def triton_bucketed_attention(
                         "use attention.impl=eager for float64")  # fmt: skip
     if seed is None:
         seed = torch.randint(0, 2**31 - 1, (), device=q.device, dtype=torch.int64)
-    out, _ = _forward_op(q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed,
-                         structure.global_size, structure.radius, float(dropout_p))  # fmt: skip
-    return out
+    args = (q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed, structure.global_size,
+            structure.radius, float(dropout_p))  # fmt: skip
+    return _forward_op(*args)[0] if torch.compiler.is_compiling() else _EagerAttention.apply(*args)
 
 
 def kernel_visits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, structure: TritonStructure) -> int:
