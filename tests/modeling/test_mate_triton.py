@@ -256,6 +256,18 @@ def test_eager_calls_and_torch_compile_compute_the_same_the_compiled_graph_one_o
                           test_utils=("test_schema", "test_faketensor"))  # fmt: skip
 
 
+def test_a_second_derivative_is_refused_not_silently_zero():
+    """The kernels have no second derivative: a gradient taken with ``create_graph`` must not come back as a
+    constant that makes a gradient penalty's term vanish."""
+    make, G, R = CASES[1]
+    layout = make()
+    (q, k, v), _ = inputs(layout, 3)
+    q.requires_grad_()
+    (grad,) = torch.autograd.grad(triton_fn(layout, 0.5, G, R, 0.0)(q, k, v).square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice|no autograd formula"):
+        (grad.sum() + q.sum()).backward()
+
+
 # ------------------------------------------------------------------------ work
 def test_the_kernel_visits_the_tiles_counted_in_torch():
     for make, G, R in CASES[:3]:

@@ -324,6 +324,7 @@ class _EagerAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no second derivative: asking for one raises, as with the op
     def backward(ctx, grad_out):
         return _gradients(ctx, grad_out, _launch_backward)
 
