@@ -5,7 +5,7 @@ processes with ``TRITON_INTERPRET=1``), on CPU tensors; with one they are compil
 on CUDA tensors. Either way they must compute bucketed MATE: the float64 App. D reference
 (and, where the bucketed function equals it, the exact mask), forward and backward, on
 synthetic layouts and on tokenized tables of all four datasets; attention dropout drawn
-in the kernels; eager calls and the custom ops under ``torch.compile`` alike; the visited
+in the kernels; eager calls and the custom ops (traced, or without data) alike; the visited
 work against the ``G + 3R`` ideal; and an ahead-of-time compile for sm_90 and sm_80 with no
 register spills (sm_90 only with Triton before 3.9).
 """
@@ -239,21 +239,85 @@ def test_dropout_gradients_agree_with_finite_differences_at_a_fixed_seed():
 
 
 # ------------------------------------------- eager and as one op
-def test_eager_calls_and_torch_compile_compute_the_same_the_compiled_graph_one_op():
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd")  # the recording backend, as torch ships it
+def test_torch_compile_traces_one_custom_op_each_way_and_computes_what_eager_calls_do():
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
     make, G, R = CASES[1]
     layout = make()
     leaves, cot = inputs(layout, 2)
     fn = triton_fn(layout, 0.5, G, R, 0.1, seed=5)
-    eager = run(fn, leaves, cot)  # eager: the autograd.Function; compiled: the custom ops
+    eager = run(fn, leaves, cot)  # eager: the autograd.Function
     assert type(fn(*(t.detach().requires_grad_() for t in leaves)).grad_fn).__name__ == "_EagerAttentionBackward"
-    compiled = run(torch.compile(fn, backend="aot_eager", fullgraph=True), leaves, cot)  # one graph, no break
+    backend = AotEagerAndRecordGraphs()
+    compiled = run(torch.compile(fn, backend=backend, fullgraph=True), leaves, cot)  # one graph, no break
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    called = [[str(n.target) for n in g.graph.nodes if str(n.target).startswith("mate.")] for g in
+              (*backend.fw_graphs, *backend.bw_graphs)]  # fmt: skip
+    assert called == [["mate.bucketed_triton_forward.default"], ["mate.bucketed_triton_backward.default"]]
     q, k, v = leaves
     st = mt.TritonStructure.of(layout.to(DEVICE), HEADS, 0.5, G, R)
     seed = torch.tensor(5, dtype=torch.int64, device=DEVICE)
     torch.library.opcheck(torch.ops.mate.bucketed_triton_forward.default,
                           (q, k, v, st.perm, st.groups, st.dense, st.real, seed, st.global_size, st.radius, 0.1),
                           test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grads", ["q", "none", "no_grad"])
+def test_eager_calls_compute_what_the_custom_ops_do(dtype, grads):
+    """Contiguous ``[B, H, N, D]`` inputs (copied for the kernels), dropout on, some or no inputs requiring grad."""
+    make, G, R = CASES[1]
+    layout = make()
+    (q, k, v), cot = inputs(layout, 6, dtype)
+    q, k, v = (t.contiguous().requires_grad_(grads == "q" and i == 0) for i, t in enumerate((q, k, v)))
+    st = mt.TritonStructure.of(layout.to(DEVICE), HEADS, 0.5, G, R)
+    seed = torch.tensor(7, dtype=torch.int64, device=DEVICE)
+    results = []
+    for call in (lambda: mt.triton_bucketed_attention(q, k, v, st, 0.2, seed=seed),
+                 lambda: mt._forward_op(q, k, v, st.perm, st.groups, st.dense, st.real, seed, G, R, 0.2)[0]):  # fmt: skip
+        q.grad = None
+        with torch.set_grad_enabled(grads != "no_grad"):
+            out = call()
+        if out.requires_grad:
+            (out * cot.to(dtype)).sum().backward()
+        results.append([out.detach(), q.grad])
+    assert torch.equal(results[0][0], results[1][0])
+    assert (results[0][1] is None) == (results[1][1] is None) == (grads != "q")
+    assert grads != "q" or torch.equal(results[0][1], results[1][1])
+
+
+def test_compiled_autograd_traces_the_eager_forwards_backward_as_the_custom_op():
+    from torch._dynamo import compiled_autograd
+
+    make, G, R = CASES[1]
+    layout = make()
+    leaves, cot = inputs(layout, 4)
+    fn = triton_fn(layout, 0.5, G, R, 0.1, seed=7)
+    eager = run(fn, leaves, cot)
+    with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+        traced = run(fn, leaves, cot)  # an eager forward, its backward traced
+    assert all(torch.equal(a, b) for a, b in zip(eager, traced))
+
+
+def test_calls_without_data_take_the_custom_ops_fake_kernels():
+    """Under FakeTensorMode and on meta tensors the shapes come out, forward and backward (no launch)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    make, G, R = CASES[1]
+    layout = make()
+    (q, k, v), _ = inputs(layout, 0)
+    st = mt.TritonStructure.of(layout.to(DEVICE), HEADS, 0.5, G, R)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fq, fk, fv = (mode.from_tensor(t).requires_grad_() for t in (q, k, v))
+        out = mt.triton_bucketed_attention(fq, fk, fv, st, 0.1)
+        out.sum().backward()
+        assert out.shape == q.shape and fq.grad.shape == q.shape
+    mq, mk, mv = (t.to("meta").requires_grad_() for t in (q, k, v))
+    st_meta = mt.TritonStructure.of(layout.to("meta"), HEADS, 0.5, G, R)
+    out = mt.triton_bucketed_attention(mq, mk, mv, st_meta, 0.1)
+    out.sum().backward()
+    assert out.shape == q.shape and out.device.type == "meta" and mk.grad.shape == k.shape
 
 
 def test_a_second_derivative_is_refused_not_silently_zero():

@@ -12,8 +12,9 @@ keyed by (seed, example x head, query token, key token): the passes agree, and n
 
 Products accumulate in float32 (float32 inputs: :data:`FLOAT32_DOT`), the softmax is float32, and results are rounded
 once to the inputs' dtype. The launch reads no tensor value on the host (:class:`TritonStructure`). Forward and
-backward are one ``torch.library`` custom op each under ``torch.compile``; eager calls launch the same kernels from an
-``autograd.Function`` (less host time). CPU tensors run in Triton's interpreter, a slow check of the GPU code.
+backward are one ``torch.library`` custom op each where a call is traced (:func:`_traced`); plain eager calls launch
+the same kernels from an ``autograd.Function`` (less host time). CPU tensors run in Triton's interpreter, a slow
+check of the GPU code.
 """
 
 from __future__ import annotations
@@ -311,10 +312,18 @@ _forward_op.register_autograd(lambda ctx, grad_out, _: _gradients(ctx, grad_out,
                               setup_context=_setup_context)  # fmt: skip
 
 
+def _traced(x: torch.Tensor) -> bool:
+    """Whether a call on ``x`` is traced or has no data to launch on: ``torch.compile``/``torch.export`` or compiled
+    autograd, a tensor subclass (fake tensors), meta tensors, or a dispatch mode (FakeTensorMode, FlopCounterMode).
+    Such calls take the custom ops, whose fake kernels give the shapes."""
+    return (torch.compiler.is_compiling() or type(x) is not torch.Tensor or x.device.type == "meta"
+            or torch._C._len_torch_dispatch_stack() > 0)  # fmt: skip
+
+
 class _EagerAttention(torch.autograd.Function):
-    """The same launches as the two custom ops, for eager calls: a custom op's Python dispatch cost the host about as
-    much as its launches (an H100 machine, BENCHMARKS.md), and at 2,048 tokens the host bounds a call.
-    ``torch.compile`` traces the custom ops instead (:func:`triton_bucketed_attention`)."""
+    """The custom ops' launches for plain eager calls (not :func:`_traced`), without their dispatch and autograd
+    wrapper: a fwd+bwd call at 8,192 tokens took 1.03 ms through the ops, 0.63 ms through this (an H100 machine,
+    BENCHMARKS.md), where the host bounds the call. What eager calls give up: ``torch.func`` transforms."""
 
     @staticmethod
     def forward(ctx, q, k, v, perm, groups, dense, real, seed, global_size, radius, dropout_p):
@@ -326,7 +335,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # no second derivative: asking for one raises, as with the op
     def backward(ctx, grad_out):
-        return _gradients(ctx, grad_out, _launch_backward)
+        return _gradients(ctx, grad_out, _backward_op if _traced(grad_out) else _launch_backward)
 
 
 def triton_bucketed_attention(
@@ -347,7 +356,7 @@ def triton_bucketed_attention(
         seed = torch.randint(0, 2**31 - 1, (), device=q.device, dtype=torch.int64)
     args = (q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed, structure.global_size,
             structure.radius, float(dropout_p))  # fmt: skip
-    return _forward_op(*args)[0] if torch.compiler.is_compiling() else _EagerAttention.apply(*args)
+    return _forward_op(*args)[0] if _traced(q) else _EagerAttention.apply(*args)
 
 
 def kernel_visits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, structure: TritonStructure) -> int:
