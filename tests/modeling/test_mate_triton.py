@@ -320,6 +320,26 @@ def test_calls_without_data_take_the_custom_ops_fake_kernels():
     assert out.shape == q.shape and out.device.type == "meta" and mk.grad.shape == k.shape
 
 
+def test_an_encoders_training_forward_takes_the_eager_path_in_every_layer():
+    """The custom ops' dispatch took over a third of a call's time on an H100 (BENCHMARKS.md): nothing around the
+    encoder's ordinary forward (its layers, the layout's caches) may send it back there."""
+    from mate_cli.bench import cases
+    from mate_cli.bench.layouts import table_layout
+
+    input_ids, layout = table_layout(128)
+    dims = cases.dims_of("tiny")
+    model = cases.bench_encoder(dims, cases.type_vocab_sizes(layout), 128, cases.attention_factory("mate.triton"))
+    out = model.to(DEVICE)(input_ids.to(DEVICE), layout.to(DEVICE))
+    nodes, seen, stack = [], set(), [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            nodes.append(type(node).__name__)
+            stack.extend(child for child, _ in node.next_functions)
+    assert nodes.count("_EagerAttentionBackward") == dims["num_layers"] and not any("mate_" in n for n in nodes)
+
+
 def test_a_second_derivative_is_refused_not_silently_zero():
     """The kernels have no second derivative: a gradient taken with ``create_graph`` must not come back as a
     constant that makes a gradient penalty's term vanish."""
