@@ -37,12 +37,6 @@ class HybridQAReader(CachedReads):
     REQUIRED_DIRS = (QUESTIONS_DIR, TABLES_DIR)
     LAYOUT = "released_data/ and WikiTables-WithLinks/"
 
-    def __init__(self, root: str | Path, cache_size: int = 64):
-        self._open_root(root)
-        self._make_caches(cache_size)
-        #: split -> counts of question records skipped (duplicates, empty, no answer fields)
-        self.skipped: dict[str, Counter] = {}
-
     def input_files(self) -> list[Path]:
         return [
             path

@@ -115,9 +115,9 @@ def _safe_relative(table_id: str) -> bool:
 
 
 class CachedReads:
-    """A dataset root's reader: the root checked on opening (:meth:`_open_root`), and per-reader LRU caches of the
-    methods in :attr:`CACHED`; an unpickled reader starts with empty ones (a cache of a bound method does not
-    pickle)."""
+    """A dataset root's reader: the root checked on opening, per-reader LRU caches of the methods in :attr:`CACHED`
+    (an unpickled reader starts with empty ones: a cache of a bound method does not pickle), and ``skipped``: per
+    split or question file, counts of the question records skipped, by reason."""
 
     #: cache attribute -> the method it caches
     CACHED: dict[str, str] = {}
@@ -125,6 +125,11 @@ class CachedReads:
     REQUIRED_DIRS: tuple[str, ...] = ()
     #: e.g. "data/*.tsv and csv/<20x>-csv/ (WikiTableQuestions)", for messages
     LAYOUT = ""
+
+    def __init__(self, root: str | Path, cache_size: int = 64):
+        self._open_root(root)
+        self._make_caches(cache_size)
+        self.skipped: dict[str, Counter] = {}
 
     def _open_root(self, root: str | Path) -> None:
         """``self.root``: ``root`` if it and :attr:`REQUIRED_DIRS` exist, else one line naming ``dataset.root``."""
@@ -163,12 +168,6 @@ class TableQAReader(CachedReads):
     TABLES_DIR = ""
     #: ``(path, table_id) -> Table``, the dataset's table-file parser (a staticmethod)
     _parse_table: Callable[[Path, str], Table]
-
-    def __init__(self, root: str | Path, cache_size: int = 64):
-        self._open_root(root)
-        self._make_caches(cache_size)
-        #: question file name (as passed) -> counts of skipped records (duplicate_records, empty_question)
-        self.skipped: dict[str, Counter] = {}
 
     def available_files(self) -> list[str]:
         return sorted(p.name for p in (self.root / self.QUESTIONS_DIR).glob(self.QUESTION_GLOB) if p.is_file())
