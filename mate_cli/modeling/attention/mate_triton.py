@@ -12,9 +12,9 @@ keyed by (seed, example x head, query token, key token): the passes agree, and n
 
 Products accumulate in float32 (float32 inputs: :data:`FLOAT32_DOT`), the softmax is float32, and results are rounded
 once to the inputs' dtype. The launch reads no tensor value on the host (:class:`TritonStructure`). Forward and
-backward are one ``torch.library`` custom op each where a call is traced (:func:`_traced`); plain eager calls launch
-the same kernels from an ``autograd.Function`` (less host time). CPU tensors run in Triton's interpreter, a slow
-check of the GPU code.
+backward are one ``torch.library`` custom op each where a call is traced or has no data (:func:`_symbolic`); plain
+eager calls launch the same kernels from an ``autograd.Function`` (less host time). CPU tensors run in Triton's
+interpreter, a slow check of the GPU code.
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ _forward_op.register_autograd(lambda ctx, grad_out, _: _gradients(ctx, grad_out,
                               setup_context=_setup_context)  # fmt: skip
 
 
-def _traced(x: torch.Tensor) -> bool:
+def _symbolic(x: torch.Tensor) -> bool:
     """Whether a call on ``x`` is traced or has no data to launch on: ``torch.compile``/``torch.export`` or compiled
     autograd, a tensor subclass (fake tensors), meta tensors, or a dispatch mode (FakeTensorMode, FlopCounterMode).
     Such calls take the custom ops, whose fake kernels give the shapes."""
@@ -321,7 +321,7 @@ def _traced(x: torch.Tensor) -> bool:
 
 
 class _EagerAttention(torch.autograd.Function):
-    """The custom ops' launches for plain eager calls (not :func:`_traced`), without their dispatch and autograd
+    """The custom ops' launches for plain eager calls (not :func:`_symbolic`), without their dispatch and autograd
     wrapper: a fwd+bwd call at 8,192 tokens took 1.03 ms through the ops, 0.63 ms through this (an H100 machine,
     BENCHMARKS.md), where the host bounds the call. What eager calls give up: ``torch.func`` transforms."""
 
@@ -335,7 +335,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # no second derivative: asking for one raises, as with the op
     def backward(ctx, grad_out):
-        return _gradients(ctx, grad_out, _backward_op if _traced(grad_out) else _launch_backward)
+        return _gradients(ctx, grad_out, _backward_op if _symbolic(grad_out) else _launch_backward)
 
 
 def triton_bucketed_attention(
@@ -356,7 +356,7 @@ def triton_bucketed_attention(
         seed = torch.randint(0, 2**31 - 1, (), device=q.device, dtype=torch.int64)
     args = (q, k, v, structure.perm, structure.groups, structure.dense, structure.real, seed, structure.global_size,
             structure.radius, float(dropout_p))  # fmt: skip
-    return _forward_op(*args)[0] if _traced(q) else _EagerAttention.apply(*args)
+    return _forward_op(*args)[0] if _symbolic(q) else _EagerAttention.apply(*args)
 
 
 def kernel_visits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, structure: TritonStructure) -> int:
