@@ -59,8 +59,9 @@ step_kernel() { kernel_grid bfloat16 "[dense,mate.triton]" kernel_bfloat16; }
 step_tests() {
   local workers=()  # four test processes where pytest-xdist is installed
   "$py" -c "import xdist" 2>/dev/null && workers=(-n 4)
-  "$py" -m pytest -q -p no:cacheprovider -o addopts="" "${workers[@]}" tests/modeling/test_mate_triton.py \
-    tests/modeling/test_attention_mate.py
+  # one Inductor compile thread: no compile-worker pool, whose shutdown can hold a finished test process at exit
+  TORCHINDUCTOR_COMPILE_THREADS=1 "$py" -m pytest -q -p no:cacheprovider -o addopts="" "${workers[@]}" tests/modeling/test_mate_triton.py \
+    tests/modeling/test_attention_mate.py --durations=8
 }
 step_encoder() { encoder_grid "[dense,mate.triton]" encoder_bfloat16; }
 step_host_sync() { "$py" -m mate_cli.bench.host_sync; }
