@@ -33,7 +33,7 @@ from mate_cli.bench import measure
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate_block_sparse as sparse
 from mate_cli.modeling.attention.base import AttentionBackend
-from mate_cli.modeling.attention.mate import VARIANTS, MateAttention, choose_exact_impl
+from mate_cli.modeling.attention.mate import VARIANTS, MateAttention, auto_choice
 from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES, EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder, backend_factory
 from mate_cli.modeling.encoder import build_backend as build_layer_backend
@@ -263,7 +263,8 @@ def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> boo
     return any(
         isinstance(m, MateAttention)
         and m.variant == "exact"
-        and (m.impl if m.impl != "auto" else choose_exact_impl(q.device, q.shape[2], grad)) == "block_sparse"
+        and (m.impl if m.impl != "auto" else auto_choice("exact", q.device, q.dtype, grad, q.shape[2]))
+        == "block_sparse"
         for m in model.modules()
     )
 

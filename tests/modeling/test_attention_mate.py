@@ -494,7 +494,7 @@ def test_the_earlier_global_part_stays_one_function_for_runs_trained_with_it():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_auto_on_cuda_takes_triton_in_bf16_with_or_without_dropout_and_eager_in_float32():
+def test_auto_on_cuda_takes_triton_in_bf16_and_float32_with_or_without_dropout_and_eager_in_float64():
     from mate_cli.modeling.attention.mate_triton import triton_runs_on
 
     layout = random_layout(2, seed=0).to("cuda")
@@ -504,7 +504,8 @@ def test_auto_on_cuda_takes_triton_in_bf16_with_or_without_dropout_and_eager_in_
     fast = "triton" if triton_runs_on(x) else "eager"
     assert auto.eval().resolve_impl(x, x, x) == fast
     assert auto.train().resolve_impl(grad, grad, grad) == fast  # attention dropout in the kernels
-    assert auto.eval().resolve_impl(x.float(), x.float(), x.float()) == "eager"
+    assert auto.eval().resolve_impl(x.float(), x.float(), x.float()) == fast
+    assert auto.eval().resolve_impl(x.double(), x.double(), x.double()) == "eager"
 
 
 def test_a_removed_implementation_is_refused_in_one_line_with_what_replaces_it():
@@ -518,7 +519,18 @@ def test_auto_is_one_table_with_the_measurement_behind_each_boundary():
         "triton"
     ] * 4
     assert choice("bucketed", cuda, torch.float16, True, 4096) == "triton"
-    assert [choice("bucketed", cuda, torch.float32, grad, 32768) for grad in (False, True)] == ["eager"] * 2
+    assert [choice("bucketed", cuda, torch.float32, grad, 32768) for grad in (False, True)] == ["triton"] * 2
+    assert choice("bucketed", cuda, torch.float64, False, 2048) is None  # no row: eager
+    assert [choice("exact", cuda, torch.bfloat16, grad, n) for grad in (False, True) for n in (4096, 4097)] == [
+        "masked", "block_sparse"] * 2  # fmt: skip
+    assert [choice("exact", cuda, torch.float32, True, n) for n in (16384, 16385)] == ["masked", "block_sparse"]
+    assert choice("exact", cuda, torch.float32, False, 4097) == "block_sparse"  # the any-dtype row
+    exact = MateAttention(num_heads=2, head_dim=4, variant="exact")  # the call's dtype reaches the table (meta: CUDA's)
+    calls = [
+        torch.empty(1, 2, 8192, 4, device="meta", dtype=dt, requires_grad=True)
+        for dt in (torch.float32, torch.bfloat16)
+    ]
+    assert [exact.resolve_impl(q, q, q) for q in calls] == ["masked", "block_sparse"]
     assert all(
         row[1] in mate_mod.VARIANTS[key[0]] and row[2] in mate_mod.VARIANTS[key[0]]
         for key, row in mate_mod.AUTO.items()

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from mate_cli.modeling.attention import REGISTRY
-from mate_cli.modeling.attention.mate import VARIANTS, choose_exact_impl
+from mate_cli.modeling.attention.mate import VARIANTS, auto_choice
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder, build_backend
 from mate_cli.modeling.layout import ID_FIELDS, TableLayout
@@ -183,9 +183,10 @@ def test_the_layouts_make_the_choice_of_function_matter():
     assert diff > 0.1
     # and exact's auto switches implementation across these lengths and grad modes
     cpu = torch.device("cpu")
-    choices = {choose_exact_impl(cpu, layout.seq_len, grad) for layout in layouts() for grad in (False, True)}
+    choice = functools.partial(auto_choice, "exact", cpu, torch.float32)
+    choices = {choice(grad, layout.seq_len) for layout in layouts() for grad in (False, True)}
     assert choices == {"masked", "block_sparse"}
-    assert choose_exact_impl(cpu, layouts()[1].seq_len, True) != choose_exact_impl(cpu, layouts()[1].seq_len, False)
+    assert choice(True, layouts()[1].seq_len) != choice(False, layouts()[1].seq_len)
 
 
 # ------------------------------------------------------------------ encoder level

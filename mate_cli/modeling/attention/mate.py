@@ -43,7 +43,7 @@ from mate_cli.modeling.attention.mate_plan import bucket_plan, head_groups
 from mate_cli.modeling.attention.mate_triton import triton_available, triton_runs_on
 from mate_cli.modeling.layout import TableLayout
 
-__all__ = ["MateAttention", "VARIANTS", "head_masks", "masked_attention", "choose_exact_impl", "choose_bucketed_impl"]
+__all__ = ["MateAttention", "VARIANTS", "head_masks", "masked_attention", "auto_choice", "choose_bucketed_impl"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,21 +56,23 @@ VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "e
 #: ``attention.impl=auto``'s table: (variant, device type, dtype (None: any), grad mode) -> (the longest sequence
 #: for the first implementation, it, the one beyond, the measurement behind the boundary: ms at kernel level, forward
 #: and backward in grad mode). "first run": BENCHMARKS.md's first published run (`mate bench`, default grid; Xeon,
-#: 2 cores, float32); "GPU": its 2026-11-24 run (H100); "H200": its 2026-11-26 run (`mate bench bench.device=cuda
-#: bench.dtype=<dtype> bench.levels=[kernel]`, one process per dtype). No row: ``eager``. On CPU, bucketed runs the
-#: fused kernel wherever it applies (faster than ``eager`` at every length measured), before this table is read.
+#: 2 cores, float32); "H200": its 2026-11-26 GPU run; "H100": its 2026-11-26 run of auto's CUDA rows (commit 2de916f;
+#: `mate bench bench.device=cuda bench.dtype=<dtype> bench.levels=[kernel] "bench.kernel.backends=[...]"`, one
+#: process per dtype). No row: ``eager``. On CPU, bucketed runs the fused kernel wherever it applies (faster than
+#: ``eager`` at every length measured), before this table is read.
 # fmt: off
 AUTO: dict[tuple[str, str, torch.dtype | None, bool], tuple[int, str, str, str]] = {
     ("exact", "cpu", None, False): (576, "masked", "block_sparse", "first run: 512: 4.25 vs 4.77; 1024: 18.6 vs 9.9"),
     ("exact", "cpu", None, True): (1024, "masked", "block_sparse", "first run: 1024: 53.8 vs 57.5; 2048: 208 vs 110"),
-    ("exact", "cuda", None, False): (2048, "masked", "block_sparse", "not measured: keeps the dense kernel longer"),
-    ("exact", "cuda", None, True): (2048, "masked", "block_sparse", "not measured: keeps the dense kernel longer"),
+    ("exact", "cuda", None, False): (4096, "masked", "block_sparse", "H100: 4096: bf16 0.44 vs 0.90, fp32 2.04 vs 5.22; 8192: bf16 1.25 vs 0.79, fp32 8.34 vs 6.94"),
+    ("exact", "cuda", None, True): (4096, "masked", "block_sparse", "H100, bf16: 4096: 1.65 vs 1.86; 8192: 3.53 vs 3.14"),
+    ("exact", "cuda", torch.float32, True): (16384, "masked", "block_sparse", "H100: 16384: 101 vs 223 (longer not measured: block_sparse for its linear memory)"),
     ("bucketed", "cuda", torch.bfloat16, False): (0, "triton", "triton", "H200: triton vs eager, bucketed FlexAttention: 2048: 0.27 vs 1.27, 0.53; 32768: 0.81 vs 2.43, 12.6"),
     ("bucketed", "cuda", torch.bfloat16, True): (0, "triton", "triton", "H200: triton vs eager: 2048: 1.49 vs 4.72; 8192: 1.50 vs 4.34; 32768: 3.40 vs 11.0"),
-    ("bucketed", "cuda", torch.float16, False): (0, "triton", "triton", "bfloat16's row; float16 not measured"),
-    ("bucketed", "cuda", torch.float16, True): (0, "triton", "triton", "bfloat16's row; float16 not measured"),
-    ("bucketed", "cuda", torch.float32, False): (0, "eager", "eager", "GPU (H100): eager vs bucketed FlexAttention: 2048: 1.11 vs 2.33; 32768: 5.74 vs 299; triton vs eager not timed"),
-    ("bucketed", "cuda", torch.float32, True): (0, "eager", "eager", "GPU (H100): eager vs bucketed FlexAttention: 2048: 7.08 vs 27.3; 32768: 25.4 vs 432; triton vs eager not timed"),
+    ("bucketed", "cuda", torch.float16, False): (0, "triton", "triton", "H100: triton vs eager: 2048: 0.33 vs 1.11; 32768: 0.78 vs 2.66"),
+    ("bucketed", "cuda", torch.float16, True): (0, "triton", "triton", "H100: triton vs eager: 2048: 1.06 vs 4.43; 32768: 2.30 vs 11.5"),
+    ("bucketed", "cuda", torch.float32, False): (0, "triton", "triton", "H100: triton vs eager: 2048: 0.27 vs 1.05; 32768: 2.06 vs 6.12"),
+    ("bucketed", "cuda", torch.float32, True): (0, "triton", "triton", "H100: triton vs eager: 2048: 1.32 vs 6.23; 32768: 8.48 vs 26.5"),
 }
 # fmt: on
 
@@ -113,10 +115,6 @@ def masked_attention(
         for view, heads in head_groups(layout, q.shape[1], row_heads_ratio)
     ]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-
-def choose_exact_impl(device: torch.device, seq_len: int, grad: bool) -> str:
-    return auto_choice("exact", device, None, grad, seq_len)
 
 
 def choose_bucketed_impl(impl: str, q: torch.Tensor, grad: bool) -> str:
@@ -217,7 +215,7 @@ class MateAttention(AttentionBackend):
         elif self.impl != "auto":
             return self.impl
         else:
-            choice = choose_exact_impl(q.device, q.shape[2], grad)
+            choice = auto_choice("exact", q.device, q.dtype, grad, q.shape[2])
         length = 1 << (max(q.shape[2], 1) - 1).bit_length()  # logged once per power-of-two length bucket
         key = (self.variant, self.impl, str(q.device), length, grad, choice)
         if (self.impl == "auto" or choice != self.impl) and key not in LOGGED_CHOICES:
