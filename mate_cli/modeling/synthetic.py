@@ -12,8 +12,6 @@ from mate_cli.modeling.layout import TableLayout
 
 Range = tuple[int, int]
 
-__all__ = ["Range", "filled_layout", "layout_from_cells", "random_layout", "shaped_layout"]
-
 
 def _example_ids(query_len: int, cells: Sequence[Sequence[int]]) -> dict[str, list[int]]:
     n_query = query_len + 2  # [CLS] ... [SEP]

@@ -43,8 +43,6 @@ from mate_cli.modeling.attention.mate_plan import bucket_plan, head_groups
 from mate_cli.modeling.attention.mate_triton import triton_available, triton_runs_on
 from mate_cli.modeling.layout import TableLayout
 
-__all__ = ["MateAttention", "VARIANTS", "head_masks", "masked_attention", "auto_choice", "choose_bucketed_impl"]
-
 logger = logging.getLogger(__name__)
 
 #: ``attention.global_rows``: which tokens of the global part get a dense row (:mod:`.mate_plan`)

@@ -30,8 +30,6 @@ from mate_cli.modeling.attention.mate_plan import (
 )
 from mate_cli.modeling.layout import TableLayout
 
-__all__ = ["block_sparse_attention", "flex_mate_attention", "segment_plan", "uses_flex"]
-
 
 def _bin_size(length: int) -> int:
     """Smallest ladder size >= length: 16, 24, 32, 48, 64, 96, 128, ... (ratio <= 1.5)."""

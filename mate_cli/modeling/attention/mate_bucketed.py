@@ -23,8 +23,6 @@ from torch.autograd.function import once_differentiable
 from mate_cli.modeling.attention import mate_cpu_kernel
 from mate_cli.modeling.attention.mate_plan import BucketPlan, Chunk
 
-__all__ = ["CHUNK_ELEMENTS", "Workspace", "bucketed_attention", "cpu_kernel_applies"]
-
 #: Score elements per chunk of the torch path (CPU: 4 MiB of float32, about L2-sized).
 CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 25}
 

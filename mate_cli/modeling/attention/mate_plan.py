@@ -16,19 +16,6 @@ import torch.nn.functional as F
 
 from mate_cli.modeling.layout import PADDING_GROUP, TableLayout, View, memoized
 
-__all__ = [
-    "BucketPlan",
-    "Chunk",
-    "PADDING_GROUP",
-    "bucket_plan",
-    "group_of_heads",
-    "head_groups",
-    "mate_allowed",
-    "sort_heads",
-    "sorted_groups",
-    "unsort_heads",
-]
-
 
 def head_groups(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> list[tuple[View, slice]]:
     """The non-empty ``(view, head slice)`` groups in head order: row heads, then column heads."""

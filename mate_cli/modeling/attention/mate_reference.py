@@ -39,8 +39,6 @@ import torch
 from mate_cli.modeling.attention.base import block_windows
 from mate_cli.modeling.attention.mate_plan import BucketPlan, sort_heads, unsort_heads
 
-__all__ = ["MultiView", "bucketed_attention_reference"]
-
 
 @dataclass
 class MultiView:

@@ -41,19 +41,6 @@ MAX_SPLITS = 32
 #: the padding group in the kernels' int32 group ids (``PADDING_GROUP`` does not fit)
 PAD = 2**31 - 1
 
-__all__ = [
-    "BLOCK",
-    "PAD",
-    "TritonStructure",
-    "interpreting",
-    "kernel_visits",
-    "kernels",
-    "triton_available",
-    "triton_bucketed_attention",
-    "triton_runs_on",
-    "visited_tiles",
-]
-
 #: tile sizes (query rows, key columns). A query tile reads the union of its rows' windows, so short tiles waste less:
 #: on 2,048-32,768-token tables at G=116, R=42 (12 heads) the work visited is 1.21x the G + 3R ideal at 32 x 64, 1.37x
 #: at 64 x 64, 1.69x at 128 x 64 (:func:`visited_tiles`; tests/modeling/test_mate_triton.py)
