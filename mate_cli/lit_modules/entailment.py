@@ -13,7 +13,8 @@ from torch import nn
 
 from mate_cli.data.schema import TaskBatch
 from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
-from mate_cli.modeling.tapas_heads import TapasClassificationHead, load_head_weights
+from mate_cli.modeling import checkpoints
+from mate_cli.modeling.tapas_heads import TapasClassificationHead
 
 CHANNELS = ("simple", "complex")
 VERDICTS = ("refuted", "entailed")
@@ -41,7 +42,7 @@ class EntailmentModule(EvaluatedTaskModule):
             config.hidden_size, num_labels, config.initializer_range, config.hidden_dropout
         )
         if pretrained:
-            load_head_weights(self.head, pretrained)
+            checkpoints.load_head(self.head, pretrained, "task head")
         self.metrics = stage_metrics("loss", "accuracy", *(f"accuracy_{c}" for c in CHANNELS))
         self.predictions: list[dict] = []
 

@@ -29,16 +29,9 @@ from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.metrics.sqa import SequenceAccuracy, sequence_key
 from mate_cli.metrics.wtq import denotation_correct
 from mate_cli.modeling.dot import answer_cells_kept
+from mate_cli.modeling import checkpoints
 from mate_cli.modeling.heads import pool_cells
-from mate_cli.modeling.tapas_heads import (
-    AGGREGATIONS,
-    QAOutput,
-    TapasHeadConfig,
-    TapasQAHead,
-    checkpoint_head_settings,
-    load_head_weights,
-    token_numeric_values,
-)
+from mate_cli.modeling.tapas_heads import AGGREGATIONS, QAOutput, TapasHeadConfig, TapasQAHead, token_numeric_values
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +68,15 @@ class TableQAModule(EvaluatedTaskModule):
         )
         self.task = table_task
         self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
-        settings = checkpoint_head_settings(pretrained) if pretrained else {}
-        self.head_config = TapasHeadConfig.from_checkpoint(head, settings)
+        settings = checkpoints.read_config(checkpoints.resolve_pretrained(pretrained)) if pretrained else {}
+        tapas = settings.get("model_type") == "tapas"  # a TAPAS config.json holds head settings
+        self.head_config = TapasHeadConfig.from_checkpoint(head, settings if tapas else {})
         config = encoder.config
         self.head = TapasQAHead(config.hidden_size, self.head_config, config.initializer_range, config.hidden_dropout)
         if not self.head_config.num_aggregation_labels:  # SQA: nothing reads [CLS]; DDP must not wait for it
             encoder.pooler.requires_grad_(False)
         if pretrained:
-            load_head_weights(self.head, pretrained)
+            checkpoints.load_head(self.head, pretrained, "task head")
         self.metrics = stage_metrics(
             "loss", "accuracy", "answer_cells_kept", "accuracy_long", seq=SequenceAccuracy, long_questions=SumMetric
         )

@@ -75,18 +75,15 @@ class TapasHeadConfig:
     aggregation_supervision: str = "expected"
 
     def __post_init__(self) -> None:
-        self.average_approximation_function = str(self.average_approximation_function).lower()
-        if self.average_approximation_function not in APPROXIMATIONS:
-            raise MateError(
-                f"model.head.average_approximation_function={self.average_approximation_function!r} "
-                f"is invalid; use one of {', '.join(APPROXIMATIONS)}"
-            )
-        self.aggregation_supervision = str(self.aggregation_supervision).lower()
-        if self.aggregation_supervision not in AGGREGATION_SUPERVISIONS:
-            raise MateError(
-                f"model.head.aggregation_supervision={self.aggregation_supervision!r} is invalid; use one of "
-                f"{', '.join(AGGREGATION_SUPERVISIONS)}"
-            )
+        choices_of = {
+            "average_approximation_function": APPROXIMATIONS,
+            "aggregation_supervision": AGGREGATION_SUPERVISIONS,
+        }
+        for name, choices in choices_of.items():
+            value = str(getattr(self, name)).lower()
+            if value not in choices:
+                raise MateError(f"model.head.{name}={value!r} is invalid; use one of {', '.join(choices)}")
+            setattr(self, name, value)
         if self.num_aggregation_labels not in (0, len(AGGREGATIONS)):
             raise MateError(
                 f"model.head.num_aggregation_labels={self.num_aggregation_labels} is invalid; use 0 "
@@ -505,18 +502,3 @@ def token_numeric_values(cell_values: torch.Tensor, cell_ids: torch.Tensor) -> t
     counts = torch.zeros_like(cell_values).scatter_add(1, cell_ids, torch.ones_like(values))
     scale = torch.where(cell_ids > 0, counts.gather(1, cell_ids), torch.ones_like(values)).clamp(min=1)
     return values, scale
-
-
-def load_head_weights(head: nn.Module, pretrained: str) -> list[str]:
-    """Load a TAPAS task checkpoint's head tensors into ``head``; their names (``[]`` for a base checkpoint)."""
-    from mate_cli.modeling import checkpoints
-
-    return checkpoints.load_head(head, pretrained, "task head")
-
-
-def checkpoint_head_settings(pretrained: str) -> dict:
-    """The checkpoint's ``config.json`` when it is a TAPAS one (its head settings), else ``{}``."""
-    from mate_cli.modeling import checkpoints
-
-    config = checkpoints.read_config(checkpoints.resolve_pretrained(pretrained))
-    return config if config.get("model_type") == "tapas" else {}
