@@ -212,27 +212,8 @@ def check_denotation(target_values: Sequence[Value], predicted_values: Sequence[
 
 #: version of :func:`emulated_canon`'s rules, in the preprocessing cache key: raise it when they change
 CANON_EMULATION = 1
-_MONTHS = {
-    name: number
-    for number, names in enumerate(
-        [
-            ("january", "jan"),
-            ("february", "feb"),
-            ("march", "mar"),
-            ("april", "apr"),
-            ("may",),
-            ("june", "jun"),
-            ("july", "jul"),
-            ("august", "aug"),
-            ("september", "sep", "sept"),
-            ("october", "oct"),
-            ("november", "nov"),
-            ("december", "dec"),
-        ],
-        start=1,
-    )
-    for name in names
-}
+_MONTH_NAMES = "january february march april may june july august september october november december".split()
+_MONTHS = {name: n for n, full in enumerate(_MONTH_NAMES, 1) for name in (full, full[:3])} | {"sept": 9}
 _MONTH = r"(?P<month>[A-Za-z]+)\.?"
 _DAY = r"(?P<day>\d{1,2})"
 _YEAR = r"(?P<year>\d{3,4})"
