@@ -20,7 +20,7 @@ from mate_cli.data.datamodule import SplitDataModule, question_from_record
 from mate_cli.data.expand import format_expanded, split_sentences
 from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.normalize import answer_words
-from mate_cli.data.schema import Batch, Cell, Question, Table
+from mate_cli.data.schema import Batch, Cell, Question
 from mate_cli.data.tokenize import candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
@@ -303,18 +303,3 @@ class SpanDataModule(SplitDataModule):
 
     def collator(self) -> SpanCollator:
         return SpanCollator(self.pad_id)
-
-
-def build_span_input(
-    tokenizer,
-    question: Question,
-    table: Table,
-    passages: dict[str, str],
-    coord: tuple[int, int],
-    max_length: int = 512,
-    max_question_tokens: int = 64,
-) -> SpanExample:
-    """The stage-2 input for ``coord`` of ``table`` (PointR's inference)."""
-    r, c = coord
-    context, missing = cell_context(table.rows[r][c], passages)
-    return encode_span_example(tokenizer, question, (r, c), context, max_length, max_question_tokens, missing)

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from mate_cli.data.datamodule import Collator, encode_question
 from mate_cli.data.hybridqa import read_passages_file
 from mate_cli.data.readers import given_file, load_json
-from mate_cli.data.span import SpanCollator, SpanExample, build_span_input, cell_context
+from mate_cli.data.span import SpanCollator, SpanExample, cell_context, encode_span_example
 from mate_cli.data.schema import Question, Table
 from mate_cli.data.split import SplitSettings
 from mate_cli.data.tokenize import TableTokenizer
@@ -107,22 +107,16 @@ class SpanPredictor:
 
     def build(self, question: Question, table: Table, passages: dict[str, str], coord: Sequence[int]):
         """The :class:`~mate_cli.data.span.SpanExample` of ``coord``, as in training."""
+        r, c = coord
+        context, missing = cell_context(table.rows[r][c], passages)
         if self.stage is None:
-            context, missing = cell_context(table.rows[coord[0]][coord[1]], passages)
             answer = question.answer_text or ""
             return SpanExample(
-                question.question_id, question.table_id, list(coord), answer, context, missing_passages=missing
+                question.question_id, question.table_id, [r, c], answer, context, missing_passages=missing
             )
         data = self.stage.cfg.dataset
-        return build_span_input(
-            self.stage.tokenizer,
-            question,
-            table,
-            passages,
-            tuple(coord),
-            int(data.max_length),
-            int(data.get("max_question_tokens", 64)),
-        )
+        lengths = int(data.max_length), int(data.get("max_question_tokens", 64))
+        return encode_span_example(self.stage.tokenizer, question, (r, c), context, *lengths, missing)
 
     @torch.no_grad()
     def read(self, items: list, cell_texts: list[str]) -> list[dict]:
