@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mate_cli.modeling.attention.base import AttentionBackend, register, with_key_bias
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS, TableLayout
 
 
 def sat_mask(layout: TableLayout) -> torch.Tensor:
@@ -33,15 +33,8 @@ class SatAttention(AttentionBackend):
     def embedding_layout(self, layout: TableLayout | None) -> TableLayout | None:
         if not self.text_only or layout is None:
             return layout
-        zeros = torch.zeros_like(layout.segment_ids)
-        return layout.with_fields(
-            row_ids=zeros,
-            column_ids=zeros,
-            column_ranks=zeros,
-            inv_column_ranks=zeros,
-            numeric_relations=zeros,
-            prev_labels=zeros,
-        )
+        zeros = torch.zeros_like(layout.segment_ids)  # every token type but the segment
+        return layout.with_fields(**dict.fromkeys(TOKEN_TYPE_FIELDS[1:], zeros))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         layout = self.require_layout(layout)
