@@ -15,6 +15,12 @@ class MateError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+def check_choice(key: str, value, choices) -> None:
+    """One line naming ``key``, its value and the choices when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise MateError(f"{key}={value!r} is invalid; use one of {', '.join(choices)}")
+
+
 def find_in_chain(err: BaseException | None, kind: type, where: Callable[[BaseException], object] = bool):
     """The first ``kind`` in ``err``'s cause chain (``__cause__``, else ``__context__``) for which ``where`` holds."""
     seen = set()

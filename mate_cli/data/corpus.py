@@ -30,7 +30,7 @@ from mate_cli.data.split import SplitSettings
 from mate_cli.data.sqa import SQAReader
 from mate_cli.data.tabfact import TabFactReader
 from mate_cli.data.wtq import WTQReader
-from mate_cli.errors import MateError
+from mate_cli.errors import MateError, check_choice
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,7 @@ class Corpus:
                 "dataset root or dataset.sources.jsonl to JSON-lines files"
             )
         self.tables = str(tables)
-        if self.tables not in TABLE_CHOICES:
-            raise MateError(f"dataset.tables={tables!r} is invalid; use one of {', '.join(TABLE_CHOICES)}")
+        check_choice("dataset.tables", tables, TABLE_CHOICES)
         self.splits: dict[str, SplitSettings] = {}
         if self.tables == "train":
             for kind in [*self.readers, *(["jsonl"] if self.files else [])]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, TypeVar
 
 from mate_cli.data.schema import Question
-from mate_cli.errors import MateError
+from mate_cli.errors import MateError, check_choice
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,7 @@ class SplitSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise MateError(f"dataset.split.mode={self.mode!r} is invalid; use one of {', '.join(MODES)}")
+        check_choice("dataset.split.mode", self.mode, MODES)
 
     def questions(self, split: str, read: Callable[[str], Iterable[Question]]) -> list[Question]:
         """``read(file_name)`` yields a released file's questions."""

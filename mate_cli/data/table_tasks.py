@@ -24,7 +24,7 @@ from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_re
 from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
 from mate_cli.data.schema import Batch, Question, Table, TaskBatch
 from mate_cli.data.tokenize import PRUNING_CHOICES, TableTokenizer, check_linearization
-from mate_cli.errors import MateError
+from mate_cli.errors import MateError, check_choice
 from mate_cli.metrics.wtq import CANON_EMULATION, predicted_values, target_values
 from mate_cli.modeling.checkpoints import load_tokenizer
 from mate_cli.modeling.layout import padded
@@ -205,12 +205,8 @@ class TableTaskDataModule(SplitDataModule):
         **common,
     ) -> None:
         self.task = tasks.get(task)
-        if pruning not in PRUNING_CHOICES:
-            raise MateError(f"dataset.pruning={pruning!r} is invalid; use one of {', '.join(PRUNING_CHOICES)}")
-        if ambiguous_answers not in AMBIGUOUS_ANSWERS:
-            raise MateError(
-                f"dataset.ambiguous_answers={ambiguous_answers!r} is invalid; use one of {', '.join(AMBIGUOUS_ANSWERS)}"
-            )
+        check_choice("dataset.pruning", pruning, PRUNING_CHOICES)
+        check_choice("dataset.ambiguous_answers", ambiguous_answers, AMBIGUOUS_ANSWERS)
         self.pruning, self.empty_cell_token = pruning, bool(empty_cell_token)
         self.ambiguous_answers, self.drop_cut_answers = ambiguous_answers, bool(drop_cut_answers)
         self.linearization = str(linearization)

@@ -26,7 +26,7 @@ from mate_cli.data.normalize import contains_answer, normalize_answer
 from mate_cli.data.numbers import TableNumbers
 from mate_cli.data.pruning import Selection, cell_concatenation, heuristic_exact_match, largest_cap
 from mate_cli.data.schema import EncodedExample, Question, Table
-from mate_cli.errors import MateError
+from mate_cli.errors import MateError, check_choice
 from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES
 from mate_cli.modeling.layout import ID_FIELDS, TOKEN_TYPE_FIELDS
 
@@ -41,8 +41,7 @@ LINEARIZATIONS = ("tapas", "template")
 
 
 def check_linearization(linearization: str, pruning: str) -> None:
-    if linearization not in LINEARIZATIONS:
-        raise MateError(f"dataset.linearization={linearization!r} is invalid; use one of {', '.join(LINEARIZATIONS)}")
+    check_choice("dataset.linearization", linearization, LINEARIZATIONS)
     if linearization == "template" and pruning != "none":
         raise MateError(
             f"dataset.linearization=template writes cells as phrases that dataset.pruning={pruning} "

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from mate_cli.errors import MateError
+from mate_cli.errors import MateError, check_choice
 from mate_cli.lit_modules.optim import configure
 from mate_cli.modeling.dot import DoubleTransformer, Pruned
 from mate_cli.modeling.extra_layers import INITS, ExtraLayers
@@ -50,8 +50,7 @@ class EncoderTaskModule(L.LightningModule):
         pooling: str = "cls",
     ) -> None:
         super().__init__()
-        if pooling not in POOLINGS:
-            raise MateError(f"model.pooling={pooling!r} is invalid; use one of {', '.join(POOLINGS)}")
+        check_choice("model.pooling", pooling, POOLINGS)
         self.pooling = pooling
         #: values measured once per run for metrics.json (``start/val/*``, ``dt_fixup/*``), kept in every checkpoint
         #: so a resumed run still reports them

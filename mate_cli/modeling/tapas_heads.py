@@ -30,7 +30,7 @@ from typing import Any, Mapping, NamedTuple
 import torch
 from torch import nn
 
-from mate_cli.errors import MateError
+from mate_cli.errors import MateError, check_choice
 from mate_cli.modeling.layout import TableLayout
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,7 @@ class TapasHeadConfig:
         }
         for name, choices in choices_of.items():
             value = str(getattr(self, name)).lower()
-            if value not in choices:
-                raise MateError(f"model.head.{name}={value!r} is invalid; use one of {', '.join(choices)}")
+            check_choice(f"model.head.{name}", value, choices)
             setattr(self, name, value)
         if self.num_aggregation_labels not in (0, len(AGGREGATIONS)):
             raise MateError(
