@@ -55,8 +55,3 @@ class CellSelectionModule(EvaluatedTaskModule):
             metric = self.metrics[f"{stage}_hits@{k}"]
             metric.update(hits_at_k(logits, batch.cell_mask, batch.candidate_mask, k).float())
             self.log(f"{stage}/hits@{k}", metric, prog_bar=k == 1, batch_size=len(batch))
-
-    def predict_step(self, batch: Batch, batch_idx: int) -> dict:
-        logits = self(batch)
-        probs = torch.softmax(logits.masked_fill(~batch.cell_mask, float("-inf")), dim=-1)
-        return {"question_ids": batch.question_ids, "probs": probs, "cell_coords": batch.cell_coords}

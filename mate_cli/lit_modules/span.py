@@ -82,6 +82,3 @@ class SpanModule(EvaluatedTaskModule):
             {"question_id": q, "pred": t, "prob": float(p), "start": int(s), "end": int(e)}
             for q, t, p, s, e in zip(batch.question_ids, texts, prob, start, end)
         ]
-
-    def predict_step(self, batch: SpanBatch, batch_idx: int) -> list[dict]:
-        return self.predict_batch(batch)
