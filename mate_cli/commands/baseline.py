@@ -3,16 +3,12 @@ the training split and scored on validation, with no model; prints them and writ
 
 from __future__ import annotations
 
-import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mate_cli import tasks
-from mate_cli.commands.common import print_metrics, quiet_third_party_logs, run_task, write_result
+from mate_cli.commands.common import hydra_app, print_metrics, quiet_third_party_logs, write_result
 from mate_cli.errors import MateError
-from mate_cli.paths import CONF_DIR, register_resolvers
-
-register_resolvers()
 
 
 def baseline(cfg: DictConfig) -> dict:
@@ -32,6 +28,4 @@ def baseline(cfg: DictConfig) -> dict:
     return write_result("metrics", metrics)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="baseline")
-def main(cfg: DictConfig) -> None:
-    run_task(baseline, cfg)
+main = hydra_app(__name__, baseline)

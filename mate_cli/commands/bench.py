@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -15,12 +14,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from mate_cli.bench import report, runner, targets
 from mate_cli.bench.layouts import TableShape
 from mate_cli.bench.runner import Settings
-from mate_cli.commands.common import quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import hydra_app, quiet_third_party_logs, run_dir
 from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_json, atomic_write_text
-from mate_cli.paths import CONF_DIR, register_resolvers
-
-register_resolvers()
 
 
 def settings_from(cfg: DictConfig) -> Settings:
@@ -90,6 +86,4 @@ def bench(cfg: DictConfig) -> list[dict]:
     return rows
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="bench")
-def main(cfg: DictConfig) -> None:
-    run_task(bench, cfg)
+main = hydra_app(__name__, bench)

@@ -26,6 +26,23 @@ FAILED_MARKER = "FAILED"
 COMMAND_LINE: list[str] = []
 
 
+def hydra_app(module: str, task: Callable[[DictConfig], object], objective: Callable | None = None):
+    """Command ``module``'s entry point: Hydra on ``conf/<command>.yaml`` (the module's last name) running ``task``
+    through :func:`run_task`; ``objective(cfg, result)``: what a sweeper optimises."""
+    import hydra
+
+    from mate_cli.paths import CONF_DIR, register_resolvers
+
+    register_resolvers()
+
+    def main(cfg: DictConfig):
+        result = run_task(task, cfg)
+        return objective(cfg, result) if objective else None
+
+    main.__module__ = module  # Hydra names the job, and its <command>.log, after the entry point's module
+    return hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=module.rpartition(".")[2])(main)
+
+
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     """Run ``task(cfg)`` holding the run dir: a `MateError` or full disk is one line and exit 2, SIGTERM/SIGINT 143/130
     (:mod:`mate_cli.interrupts`); any failure leaves its one line in ``FAILED`` and the run's log."""

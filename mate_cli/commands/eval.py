@@ -6,19 +6,16 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import hydra
 import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mate_cli.commands.common import log, print_metrics, quiet_third_party_logs, run_dir, run_task, write_result
+from mate_cli.commands.common import hydra_app, log, print_metrics, quiet_third_party_logs, run_dir, write_result
 from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
-from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.runs import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
 from mate_cli.signatures import check_trainer_args
 
-register_resolvers()
 
 SPLIT_PREFIX = {"validation": "val", "test": "test"}
 
@@ -71,6 +68,4 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     return write_result("metrics", metrics, **written)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
-def main(cfg: DictConfig) -> None:
-    run_task(evaluate, cfg)
+main = hydra_app(__name__, evaluate)

@@ -3,15 +3,11 @@
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
-from mate_cli.commands.common import print_table, quiet_third_party_logs, run_dir, run_task
+from mate_cli.commands.common import hydra_app, print_table, quiet_third_party_logs, run_dir
 from mate_cli.console import print_outputs
-from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.pipelines.pointr import evaluate_pointr
-
-register_resolvers()
 
 
 def pointr(cfg: DictConfig) -> dict:
@@ -40,6 +36,4 @@ def pointr(cfg: DictConfig) -> dict:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pointr")
-def main(cfg: DictConfig) -> None:
-    run_task(pointr, cfg)
+main = hydra_app(__name__, pointr)

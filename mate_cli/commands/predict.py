@@ -5,22 +5,18 @@ SQA, WikiTQ, TabFact (``ckpt_path=``): :mod:`mate_cli.pipelines.table_task`."""
 
 from __future__ import annotations
 
-import hydra
 import rich
 from omegaconf import DictConfig, OmegaConf
 
 from mate_cli import tasks
-from mate_cli.commands.common import log, print_table, quiet_third_party_logs, run_task, write_result
+from mate_cli.commands.common import hydra_app, log, print_table, quiet_third_party_logs, write_result
 from mate_cli.data.hybridqa import read_table_file
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.entailment import EntailmentModule
 from mate_cli.lit_modules.table_qa import TableQAModule
-from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, load_stages, predict_question
 from mate_cli.pipelines.table_task import predict_table_question, read_task_table
 from mate_cli.runs import check_checkpoint, load_trained, pick_device, run_checkpoint
-
-register_resolvers()
 
 
 def predict(cfg: DictConfig) -> dict:
@@ -105,6 +101,4 @@ def warn_if_cut(question: str, run, prefix: str) -> None:
         )
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="predict")
-def main(cfg: DictConfig) -> None:
-    run_task(predict, cfg)
+main = hydra_app(__name__, predict)

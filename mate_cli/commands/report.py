@@ -6,20 +6,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
 from mate_cli.hydra_args import hydra_quote
-from mate_cli.commands.common import run_dir, run_task
+from mate_cli.commands.common import hydra_app, run_dir
 from mate_cli.errors import MateError
 from mate_cli.console import console as screen_console
 from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_text
-from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.report import aggregate, collect, render, screen
-
-register_resolvers()
 
 
 def report(cfg: DictConfig) -> list[aggregate.Configuration]:
@@ -97,9 +93,7 @@ def path_argument(args: list[str]) -> list[str]:
     return [f"path={hydra_quote(arg)}" if i in bare else arg for i, arg in enumerate(args)]
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="report")
-def hydra_main(cfg: DictConfig) -> None:
-    run_task(report, cfg)
+hydra_main = hydra_app(__name__, report)
 
 
 def main() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import hydra
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -19,13 +18,13 @@ from torchmetrics import Metric
 from mate_cli.commands.common import (
     command_overrides,
     finish_wandb_run,
+    hydra_app,
     hydra_choices,
     instantiate_dict,
     log,
     print_metrics,
     quiet_third_party_logs,
     run_dir,
-    run_task,
 )
 from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
@@ -34,7 +33,6 @@ from mate_cli.errors import MateError
 from mate_cli.interrupts import StopOnSignal
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
-from mate_cli.paths import CONF_DIR, register_resolvers
 from mate_cli.resume import (
     RESTORED,
     AtomicCheckpointIO,
@@ -46,8 +44,6 @@ from mate_cli.resume import (
 )
 from mate_cli.runs import check_checkpoint_fits, init_weights_from
 from mate_cli.signatures import TRAINER_RESERVED, check_trainer_args
-
-register_resolvers()
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -282,6 +278,4 @@ def objective(cfg: DictConfig, metrics) -> float | None:
     return metrics.get(monitor) if isinstance(metrics, dict) else None
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-def main(cfg: DictConfig) -> float | None:
-    return objective(cfg, run_task(train, cfg))
+main = hydra_app(__name__, train, objective)
