@@ -221,3 +221,9 @@ class EvaluatedTaskModule(EncoderTaskModule):
 
     def test_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, "test")
+
+    def update_logged(self, stage: str, name: str, *values, batch_size: int, prog_bar: bool = False, **weight) -> None:
+        """Update the ``<stage>_<name>`` metric (:func:`stage_metrics`) and log it as ``<stage>/<name>``."""
+        metric = self.metrics[f"{stage}_{name}"]
+        metric.update(*values, **weight)
+        self.log(f"{stage}/{name}", metric, prog_bar=prog_bar, batch_size=batch_size)

@@ -48,10 +48,8 @@ class CellSelectionModule(EvaluatedTaskModule):
         logits, loss = self._step(batch)
         # weighted by the examples with a candidate: the split's mean however batched, exact under DDP (unlike a
         # sync_dist mean, whose integer batch-size count Lightning divides by the world size)
-        mean_loss = self.metrics[f"{stage}_loss"]
-        mean_loss.update(loss.detach(), weight=(batch.candidate_mask & batch.cell_mask).any(dim=-1).sum())
-        self.log(f"{stage}/loss", mean_loss, batch_size=len(batch))
+        weight = (batch.candidate_mask & batch.cell_mask).any(dim=-1).sum()
+        self.update_logged(stage, "loss", loss.detach(), weight=weight, batch_size=len(batch))
         for k in HITS_K:
-            metric = self.metrics[f"{stage}_hits@{k}"]
-            metric.update(hits_at_k(logits, batch.cell_mask, batch.candidate_mask, k).float())
-            self.log(f"{stage}/hits@{k}", metric, prog_bar=k == 1, batch_size=len(batch))
+            hits = hits_at_k(logits, batch.cell_mask, batch.candidate_mask, k).float()
+            self.update_logged(stage, f"hits@{k}", hits, batch_size=len(batch), prog_bar=k == 1)

@@ -71,18 +71,14 @@ class EntailmentModule(EvaluatedTaskModule):
         known = batch.labels >= 0
         if bool(known.any()):
             loss = nn.functional.cross_entropy(logits[known], batch.labels[known])
-            self.metrics[f"{stage}_loss"].update(loss.detach(), weight=known.sum())
-            self.log(f"{stage}/loss", self.metrics[f"{stage}_loss"], batch_size=len(batch))
+            self.update_logged(stage, "loss", loss.detach(), weight=known.sum(), batch_size=len(batch))
         predicted = logits.argmax(-1)
         correct = (predicted == batch.labels).float()
-        self.metrics[f"{stage}_accuracy"].update(correct[known])
-        self.log(f"{stage}/accuracy", self.metrics[f"{stage}_accuracy"], prog_bar=True, batch_size=len(batch))
+        self.update_logged(stage, "accuracy", correct[known], batch_size=len(batch), prog_bar=True)
         for channel in CHANNELS:
             rows = [i for i, c in enumerate(batch.channels) if c == channel and bool(known[i])]
             if rows:
-                name = f"{stage}_accuracy_{channel}"
-                self.metrics[name].update(correct[rows])
-                self.log(f"{stage}/accuracy_{channel}", self.metrics[name], batch_size=len(rows))
+                self.update_logged(stage, f"accuracy_{channel}", correct[rows], batch_size=len(rows))
         self.predictions.extend(self.decode(batch, logits))
 
     def decode(self, batch: TaskBatch, logits: torch.Tensor) -> list[dict]:

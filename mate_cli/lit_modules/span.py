@@ -49,18 +49,14 @@ class SpanModule(EvaluatedTaskModule):
         return loss
 
     def _eval_step(self, batch: SpanBatch, stage: str) -> None:
-        em, f1, mean_loss = (self.metrics[f"{stage}_{name}"] for name in ("em", "f1", "loss"))
         scores, valid = self(batch)
         loss, used = span_loss(scores, valid, batch.gold_start, batch.gold_end)
         # the mean over the examples with a usable gold span; updated for every batch (weight 0 when none is
         # usable), since under DDP every rank must log the same keys
-        mean_loss.update(loss.detach(), weight=used.sum())
-        self.log(f"{stage}/loss", mean_loss, batch_size=len(batch))
-        em_values, f1_values = self.scores(batch, scores, valid)
-        em.update(em_values)
-        f1.update(f1_values)
-        self.log(f"{stage}/em", em, batch_size=len(batch))
-        self.log(f"{stage}/f1", f1, prog_bar=True, batch_size=len(batch))
+        self.update_logged(stage, "loss", loss.detach(), weight=used.sum(), batch_size=len(batch))
+        em, f1 = self.scores(batch, scores, valid)
+        self.update_logged(stage, "em", em, batch_size=len(batch))
+        self.update_logged(stage, "f1", f1, batch_size=len(batch), prog_bar=True)
 
     @torch.no_grad()
     def scores(self, batch: SpanBatch, scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

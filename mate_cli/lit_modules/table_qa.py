@@ -129,9 +129,7 @@ class TableQAModule(EvaluatedTaskModule):
                 sync_dist=True,
             )
             return
-        metric = self.metrics[f"{stage}_answer_cells_kept"]
-        metric.update(share)
-        self.log(f"{stage}/answer_cells_kept", metric, batch_size=int(has.sum()))
+        self.update_logged(stage, "answer_cells_kept", share, batch_size=int(has.sum()))
 
     def pruning_loss(self, batch: TaskBatch, pruned) -> torch.Tensor:
         """P-DoT / PJ-DoT (App. C.2): per-token binary cross-entropy of the pruner's logits against "in an answer
@@ -156,18 +154,16 @@ class TableQAModule(EvaluatedTaskModule):
             out = self(part, with_loss=True)
             keep = self.supervised(part)
             if bool(keep.any()):
-                self.metrics[f"{stage}_loss"].update(out.loss[keep].mean().detach(), weight=keep.sum())
-                self.log(f"{stage}/loss", self.metrics[f"{stage}_loss"], batch_size=len(part))
+                loss = out.loss[keep].mean().detach()
+                self.update_logged(stage, "loss", loss, weight=keep.sum(), batch_size=len(part))
             rows = self.remember(self.decode(part, out))
             correct = torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
-            self.metrics[f"{stage}_accuracy"].update(correct)
-            self.log(f"{stage}/accuracy", self.metrics[f"{stage}_accuracy"], prog_bar=True, batch_size=len(part))
+            self.update_logged(stage, "accuracy", correct, batch_size=len(part), prog_bar=True)
             if self.task.sequential:
                 keys = torch.tensor(
                     [sequence_key(r["sequence_id"] or r["question_id"]) for r in rows], device=self.device
                 )
-                self.metrics[f"{stage}_seq"].update(keys, correct.bool())
-                self.log(f"{stage}/seq", self.metrics[f"{stage}_seq"], batch_size=len(part))
+                self.update_logged(stage, "seq", keys, correct.bool(), batch_size=len(part))
             self._log_long_tables(part, correct, stage)
             self.predictions.extend(rows)
 
@@ -177,10 +173,8 @@ class TableQAModule(EvaluatedTaskModule):
         long = torch.tensor([n > self.long_table_tokens for n in part.full_lengths], device=self.device)
         if not bool(long.any()):
             return
-        self.metrics[f"{stage}_accuracy_long"].update(correct[long])
-        self.metrics[f"{stage}_long_questions"].update(long.sum())
-        self.log(f"{stage}/accuracy_long", self.metrics[f"{stage}_accuracy_long"], batch_size=int(long.sum()))
-        self.log(f"{stage}/long_questions", self.metrics[f"{stage}_long_questions"], batch_size=int(long.sum()))
+        self.update_logged(stage, "accuracy_long", correct[long], batch_size=int(long.sum()))
+        self.update_logged(stage, "long_questions", long.sum(), batch_size=int(long.sum()))
 
     def _in_position_order(self, batch: TaskBatch) -> list[TaskBatch]:
         """SQA: the batch split by sequence position, ascending; otherwise ``[batch]``."""

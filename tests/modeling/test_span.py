@@ -120,3 +120,11 @@ def test_loss_decreases_on_a_tiny_overfit_batch_with_real_minilm(sample_root, tm
     # from ~log(#valid spans) to well below it
     assert losses[-1] < 0.3 * losses[0], losses
     assert all(b < a + 0.1 for a, b in zip(losses, losses[1:])), losses
+    # and a real Trainer validates it: the loss, EM and F1 of the split, logged under val/
+    import lightning as L
+
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=2, default_root_dir=tmp_path)  # fmt: skip
+    metrics = trainer.validate(module, dataloaders=dm.val_dataloader(), verbose=False)[0]
+    assert sorted(metrics) == ["val/em", "val/f1", "val/loss"], metrics
+    assert 0 <= metrics["val/em"] <= metrics["val/f1"] <= 100 and metrics["val/loss"] > 0, metrics  # percent
