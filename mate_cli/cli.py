@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mate_cli.config_check import check_command_line, trainer_overrides
 from mate_cli.hydra_args import quote_free_text
-from mate_cli.paths import CONF_DIR, keep_tool_caches
+from mate_cli.paths import CONF_DIR, keep_tool_caches, output_root
 from mate_cli.silenced import silence
 
 COMMANDS = {
@@ -185,7 +185,7 @@ def check_output_root(args: list[str]) -> str | None:
 
     if any(arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in args):
         return None
-    root = Path(os.environ.get("MATE_OUTPUT_DIR") or "outputs")
+    root = output_root()
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=root):
