@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from mate_cli.modeling.synthetic import filled_layout, random_layout
+from mate_cli.modeling.synthetic import filled_layout
+from tests.modeling.random_layouts import random_layout
 
 
 def with_hole(layout):

@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention.base import REGISTRY
 from mate_cli.modeling.attention.linformer import LinformerAttention
-from mate_cli.modeling.synthetic import shaped_layout
+from tests.modeling.random_layouts import shaped_layout
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention" / "linformer.yaml"
 HEADS, HEAD_DIM = 2, 4

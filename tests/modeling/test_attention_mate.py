@@ -20,7 +20,8 @@ from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention
 from mate_cli.modeling.attention.mate_bucketed import bucketed_attention
 from mate_cli.modeling.attention.mate_plan import bucket_plan
 from mate_cli.modeling.attention.mate_reference import bucketed_attention_reference
-from mate_cli.modeling.synthetic import filled_layout, layout_from_cells, random_layout
+from mate_cli.modeling.synthetic import filled_layout, layout_from_cells
+from tests.modeling.random_layouts import random_layout
 
 log = logging.getLogger(__name__)
 RATIOS = (0.5, 0.0, 1.0)  # mixed, column heads only, row heads only (paper Table 6 ablations)

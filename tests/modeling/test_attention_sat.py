@@ -5,7 +5,7 @@ import torch
 from mate_cli.modeling.attention.sat import SatAttention
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
-from mate_cli.modeling.synthetic import random_layout
+from tests.modeling.random_layouts import random_layout
 
 
 def reference_allowed(layout, b, i, j) -> bool:

@@ -13,7 +13,7 @@ from mate_cli.errors import MateError
 from mate_cli.modeling.attention.base import REGISTRY
 from mate_cli.modeling.attention.table_etc import MEMORY_SEGMENT, TableETCAttention
 from mate_cli.modeling.layout import TableLayout
-from mate_cli.modeling.synthetic import shaped_layout
+from tests.modeling.random_layouts import shaped_layout
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention" / "table_etc.yaml"
 HEADS, HEAD_DIM = 2, 4

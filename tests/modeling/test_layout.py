@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from mate_cli.modeling.layout import ID_FIELDS, TableLayout
-from mate_cli.modeling.synthetic import filled_layout, layout_from_cells, random_layout, shaped_layout
+from mate_cli.modeling.synthetic import filled_layout, layout_from_cells
+from tests.modeling.random_layouts import random_layout, shaped_layout
 
 
 def two_examples() -> TableLayout:

@@ -23,7 +23,8 @@ from mate_cli.modeling.attention import mate_bucketed, mate_cpu_kernel
 from mate_cli.modeling.attention.mate_bucketed import bucketed_attention
 from mate_cli.modeling.attention.mate_plan import bucket_plan
 from mate_cli.modeling.attention.mate_reference import bucketed_attention_reference
-from mate_cli.modeling.synthetic import filled_layout, random_layout
+from mate_cli.modeling.synthetic import filled_layout
+from tests.modeling.random_layouts import random_layout
 from tests.modeling.bucketed_cases import CASES, with_hole
 
 log = logging.getLogger(__name__)

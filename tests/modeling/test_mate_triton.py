@@ -170,7 +170,7 @@ def test_equals_the_reference_on_tokenized_tables_of_every_dataset(real_tables, 
 def test_long_loops_cut_into_chunks_equal_the_reference():
     """A dense row's keys and a global key's rows, cut into several chunks (one program each) and merged: a query
     longer than G (its last dense tile holds table rows) and a shorter one, padded, in one batch."""
-    from mate_cli.modeling.synthetic import random_layout
+    from tests.modeling.random_layouts import random_layout
 
     layout = random_layout(2, query_len=(30, 130), rows=(20, 30), cols=(3, 5), cell_tokens=(2, 6), pad=(0, 40), seed=1)
     splits = -(-layout.seq_len // mt.split_chunk(layout.seq_len))
@@ -187,7 +187,7 @@ def test_a_table_shorter_than_the_globals():
 
 
 def test_one_row_and_one_column_tables():
-    from mate_cli.modeling.synthetic import random_layout
+    from tests.modeling.random_layouts import random_layout
 
     for rows, cols in ((1, 4), (4, 1)):
         layout = random_layout(2, query_len=(3, 6), rows=(rows, rows), cols=(cols, cols), cell_tokens=(1, 3),
@@ -225,7 +225,7 @@ def test_dropout_is_fixed_by_its_seed_and_keeps_the_expected_output():
 
 def test_dropout_gradients_agree_with_finite_differences_at_a_fixed_seed():
     """In float64, which only the interpreter runs (compiled, the kernels take fp16, bf16 and float32)."""
-    from mate_cli.modeling.synthetic import random_layout
+    from tests.modeling.random_layouts import random_layout
 
     if DEVICE == "cuda":
         pytest.skip("finite differences need float64, which the compiled kernels do not take")
