@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from mate_cli.config_schema import ABSENT, TRAINER_COMMANDS, key_type, lookup, type_problem, unknown_key
+from mate_cli.config_schema import ABSENT, TRAINER_COMMANDS, TRAINER_RESERVED, key_type, lookup, trainer_name_problem
+from mate_cli.config_schema import type_problem, unknown_key
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
-from mate_cli.signatures import TRAINER_RESERVED, trainer_name_problem
 from mate_cli.yaml_data import read_yaml
 
 #: flags after which Hydra answers without running the task (help, completion, info)

@@ -1,17 +1,27 @@
 """What each config key may hold. A key's type is, first found: ``trainer.<argument>``'s annotation in Lightning's
 ``Trainer``; :data:`DECLARED` (keys no signature types whose default says nothing); the annotation of the parameter it
-fills in its node's ``_target_`` (:mod:`mate_cli.signatures`); its default's type (a string default takes any scalar;
-``${other.key}`` takes ``other.key``'s type). So the code's annotations are the config's types;
-``tests/conf/test_schema.py`` fails on a key left untyped.
+fills in its node's ``_target_``; its default's type (a string default takes any scalar; ``${other.key}`` takes
+``other.key``'s type). So the code's annotations are the config's types; ``tests/conf/test_schema.py`` fails on a key
+left untyped.
+
+Annotations are read from the installed source, parsed, not imported, so the command line is checked before torch and
+Lightning load (docs/architecture.md, "Folder map"). An annotation this reader does not understand is `Unknown`: any
+value fits, the target has the last word.
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import importlib.util
 import re
+import types
 import typing
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
 
-from mate_cli.signatures import accepts, close_matches, describe, parameters, trainer_parameters, understood
+from mate_cli.errors import MateError
 
 
 def _keys(names: str, annotation: Any) -> dict[str, Any]:
@@ -145,3 +155,185 @@ def unknown_key(key: str, tree: Any, where: str, extra: typing.Iterable[str] = (
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     owner = f"`{parent}`" if parent and lookup(tree, parent) is not ABSENT else where
     return f"{key} is not a key of {owner}{hint}"
+
+
+# ------------------------------------------------------------------ annotations, read from source
+TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
+
+#: Trainer arguments `mate train` and `mate pretrain` build from their own config groups
+TRAINER_RESERVED = ("callbacks", "logger", "plugins")
+
+
+class Unknown:
+    """An annotation this reader does not understand."""
+
+
+_BUILTIN_TYPES = {t.__name__: t for t in (int, float, str, bool, list, dict, tuple)}
+_BUILTIN_TYPES.update(List=list, Dict=dict, Tuple=tuple, Sequence=list, Mapping=dict, Any=Any)
+
+
+def annotation_type(node: ast.expr | None) -> Any:
+    """The typing form of a parsed annotation: builtins, ``Optional``, ``Union``, ``X | Y``,
+    ``Literal`` and containers (their item types dropped); anything else is `Unknown`."""
+    if node is None:
+        return Any
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, str):  # a quoted annotation
+            try:
+                return annotation_type(ast.parse(node.value, mode="eval").body)
+            except SyntaxError:
+                return Unknown
+        return type(None) if node.value is None else Unknown
+    if isinstance(node, ast.Name):
+        return _BUILTIN_TYPES.get(node.id, Unknown)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return typing.Union[annotation_type(node.left), annotation_type(node.right)]
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        name = node.value.id
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if name == "Literal":
+            return typing.Literal[tuple(item.value for item in items if isinstance(item, ast.Constant))]
+        if name in ("Optional", "Union"):
+            args = [annotation_type(item) for item in items] + ([type(None)] if name == "Optional" else [])
+            return typing.Union[tuple(args)]
+        return _BUILTIN_TYPES.get(name, Unknown)
+    return Unknown
+
+
+def _source(module: str) -> Path | None:
+    """The installed file of the dotted ``module`` (``.py`` or a package's ``__init__.py``), not imported."""
+    parts = module.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level package: found, not imported
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts[1:])
+    return next((file for file in (path.with_suffix(".py"), path / "__init__.py") if file.is_file()), None)
+
+
+def _definition(module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassDef | ast.FunctionDef | None]:
+    """The module defining ``name`` as seen from ``module`` (following ``from x import name``), and its definition."""
+    file = _source(module) if depth < 8 else None
+    try:
+        body = ast.parse(file.read_text(encoding="utf-8")).body if file else []
+    except (OSError, SyntaxError, UnicodeDecodeError):  # unreadable: its keys take their defaults' types
+        body = []
+    for node in body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
+            return module, node
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            original = next(a.name for a in node.names if (a.asname or a.name) == name)
+            package = module.split(".")  # a relative import counts from the package: a package's __init__ is its own
+            package = package[: len(package) - node.level + (file.name == "__init__.py")] if node.level else []
+            return _definition(".".join([*package, *([node.module] if node.module else [])]), original, depth + 1)
+    return module, None
+
+
+@lru_cache(maxsize=None)
+def parameters(target: str) -> dict[str, Any] | None:
+    """``{argument: annotation}`` of the callable a ``_target_`` names (a class: its ``__init__``, with its bases'
+    where it passes ``**kwargs`` on; ``module.Class.method``); None where the source cannot be read."""
+    module, _, name = target.rpartition(".")
+    module, node = _definition(module, name) if module else (module, None)
+    if node is None and "." in module:  # a method
+        module, owner = _definition(*module.rsplit(".", 1))
+        node = next((n for n in getattr(owner, "body", []) if getattr(n, "name", None) == name), None)
+    found: dict[str, Any] = {}
+    if isinstance(node, ast.ClassDef):
+        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        for base in (b for b in node.bases if init is None or init.args.kwarg):
+            base_name = ast.unparse(base)
+            found.update(parameters(base_name if "." in base_name else f"{module}.{base_name}") or {})
+        node = init
+    if isinstance(node, ast.FunctionDef):
+        args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        skip = 1 if args and args[0].arg in ("self", "cls") else 0
+        found.update({arg.arg: annotation_type(arg.annotation) for arg in args[skip:]})
+    return found or None
+
+
+def trainer_parameters() -> dict[str, Any]:
+    found = parameters(TRAINER)
+    if found is None:
+        raise MateError("lightning's Trainer was not found in its source; run `make install` (or pip install -e .)")
+    return found
+
+
+def close_matches(name: str, choices, n: int = 3) -> list[str]:
+    return difflib.get_close_matches(name, list(choices), n=n, cutoff=0.6)
+
+
+#: what each plain type accepts (a bool is not a number; an int is a float)
+_FITS = {
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+    list: lambda v: isinstance(v, (list, tuple)),
+    tuple: lambda v: isinstance(v, (list, tuple)),
+    dict: lambda v: isinstance(v, Mapping),
+    type(None): lambda v: v is None,
+}
+
+
+def accepts(annotation: Any, value: Any) -> bool | None:
+    """True/False when ``value`` fits ``annotation``; None when the annotation is not understood."""
+    if annotation is Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        answers = [accepts(arg, value) for arg in typing.get_args(annotation)]
+        return True if any(answers) else (None if None in answers else False)
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    fits = _FITS.get(origin or annotation)
+    return fits(value) if fits else None
+
+
+def understood(annotation: Any) -> bool:
+    """Whether ``annotation`` says something this reader can check (not `Unknown`, not ``Any``)."""
+    if annotation in (Unknown, Any):
+        return False
+    origin = typing.get_origin(annotation)
+    return origin is typing.Literal or all(understood(arg) for arg in typing.get_args(annotation))
+
+
+def describe(annotation: Any) -> str:
+    """``Optional[int]`` -> ``int | None``; a bare type is its name."""
+    if isinstance(annotation, type):
+        return "None" if annotation is type(None) else annotation.__name__
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " | ".join(describe(arg) for arg in typing.get_args(annotation))
+    if typing.get_origin(annotation) is typing.Literal:
+        return " | ".join(repr(arg) for arg in typing.get_args(annotation))
+    return str(annotation).replace("typing.", "")
+
+
+def trainer_name_problem(name: str, reserved: tuple[str, ...] = ()) -> str | None:
+    """Why ``trainer.<name>`` cannot be set (mate sets it itself, or ``Trainer`` has no such argument), else None."""
+    if name in reserved:
+        return f"trainer.{name} is set by mate itself; use the `{name}` config group instead"
+    params = trainer_parameters()
+    if name not in params:
+        close = close_matches(name, params)
+        hint = f" (did you mean {', '.join('trainer.' + c for c in close)}?)" if close else ""
+        return f"trainer.{name} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list"
+    return None
+
+
+def check_trainer_args(args: Mapping[str, Any], reserved: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``args`` unchanged when every key is a ``Trainer`` argument of a fitting type, else `MateError`;
+    ``reserved``: arguments the command passes itself."""
+    params = trainer_parameters()
+    for key, value in args.items():
+        problem = trainer_name_problem(key, reserved)
+        if problem:
+            raise MateError(problem)
+        if accepts(params[key], value) is False:
+            raise MateError(
+                f"trainer.{key}={value!r} has the wrong type: Lightning's Trainer expects {describe(params[key])}; "
+                f"set trainer.{key}=<value of that type>"
+            )
+    return dict(args)

@@ -14,7 +14,7 @@ from mate_cli.commands.common import hydra_app, log, print_metrics, quiet_third_
 from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.runs import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
-from mate_cli.signatures import check_trainer_args
+from mate_cli.config_schema import check_trainer_args
 
 
 SPLIT_PREFIX = {"validation": "val", "test": "test"}

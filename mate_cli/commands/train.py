@@ -43,7 +43,7 @@ from mate_cli.resume import (
     run_dir_of,
 )
 from mate_cli.runs import check_checkpoint_fits, init_weights_from
-from mate_cli.signatures import TRAINER_RESERVED, check_trainer_args
+from mate_cli.config_schema import TRAINER_RESERVED, check_trainer_args
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

@@ -177,8 +177,7 @@ DEBUG_MODES = ("overfit", "fdr", "limit")
 def test_every_debug_mode_composes_on_every_experiment_and_pretraining(debug, tmp_path):
     """debug=<mode> overrides the experiment (it comes last), its trainer keys are Lightning's,
     and its loggers and checkpoint selection are the ones it documents."""
-    from mate_cli.signatures import TRAINER_RESERVED
-    from mate_cli.signatures import check_trainer_args
+    from mate_cli.config_schema import TRAINER_RESERVED, check_trainer_args
 
     configs = [compose_train([f"experiment={e}", f"debug={debug}"], tmp_path) for e in EXPERIMENTS]
     configs.append(compose_train([f"debug={debug}"], tmp_path, "pretrain"))

@@ -15,10 +15,10 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from mate_cli.config_check import check_command_line, check_dotlist
-from mate_cli.config_schema import DECLARED, UNTYPED, dotted_keys, key_type, lookup, type_problem
+from mate_cli.config_schema import DECLARED, UNTYPED, Unknown, dotted_keys, key_type, lookup, parameters
+from mate_cli.config_schema import trainer_parameters, type_problem
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR, REPO_ROOT, register_resolvers
-from mate_cli.signatures import Unknown, parameters, trainer_parameters
 
 #: commands with config groups to choose from, and the groups each option of which is composed
 GROUPED = {
