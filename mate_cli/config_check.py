@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from mate_cli.config_schema import ABSENT, TRAINER_COMMANDS, TRAINER_RESERVED, key_type, lookup, trainer_name_problem
+from mate_cli.config_schema import ABSENT, TRAINER_RESERVED, key_type, lookup, trainer_argument, trainer_problem
 from mate_cli.config_schema import type_problem, unknown_key
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
@@ -54,13 +54,10 @@ def check_command_line(command: str, args: Sequence[str], conf_dir: Path = CONF_
 # ------------------------------------------------------------------ parsing and composing
 def trainer_overrides(command: str, args: list[str]) -> list[str]:
     """``trainer.<arg>=v`` -> ``++trainer.<arg>=v``: any (checked) Trainer argument, in the yaml or not."""
-    if command not in TRAINER_COMMANDS:
-        return args
-    out = []
-    for arg in args:
-        key, sep, _ = arg.partition("=")
-        out.append("++" + arg if sep and key.startswith("trainer.") and key.count(".") == 1 else arg)
-    return out
+    return [
+        "++" + arg if "=" in arg and trainer_argument(command, arg.partition("=")[0]) is not None else arg
+        for arg in args
+    ]
 
 
 def _parse(texts: Sequence[str]) -> list:
@@ -197,13 +194,12 @@ def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
 def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path) -> None:
     key = override.key_or_group
     default = lookup(tree, key)
-    trainer_key = command in TRAINER_COMMANDS and key.startswith("trainer.") and key.count(".") == 1
-    if trainer_key:
-        reserved = TRAINER_RESERVED if command in ("train", "pretrain") else ()
-        problem = trainer_name_problem(key.split(".", 1)[1], reserved)
-        if problem:
-            raise MateError(problem)
-    if default is ABSENT and not trainer_key:
+    argument = trainer_argument(command, key)
+    reserved = TRAINER_RESERVED if command in ("train", "pretrain") else ()
+    problem = trainer_problem(argument, reserved=reserved) if argument is not None else None
+    if problem:
+        raise MateError(problem)
+    if default is ABSENT and argument is None:
         if override.is_add() or override.is_force_add():  # +key= / ++key=: a key the user adds on purpose
             return
         groups = [p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"] if "." not in key else []

@@ -94,10 +94,17 @@ def says_nothing(default: Any) -> bool:
     )
 
 
+def trainer_argument(command: str | None, key: str) -> str | None:
+    """``<argument>`` of a ``trainer.<argument>`` key of a command whose ``trainer`` node goes to Lightning's Trainer."""
+    trainer_key = command in TRAINER_COMMANDS and key.startswith("trainer.") and key.count(".") == 1
+    return key.split(".", 1)[1] if trainer_key else None
+
+
 def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset = frozenset()) -> Any:
     """The type ``key`` takes in the composed config ``tree`` (see the module docstring)."""
-    if command in TRAINER_COMMANDS and key.startswith("trainer.") and key.count(".") == 1:
-        return trainer_parameters().get(key.split(".", 1)[1], UNTYPED)
+    argument = trainer_argument(command, key)
+    if argument is not None:
+        return trainer_parameters().get(argument, UNTYPED)
     if key in DECLARED:
         return DECLARED[key]
     parent, _, name = key.rpartition(".")
@@ -311,8 +318,10 @@ def describe(annotation: Any) -> str:
     return str(annotation).replace("typing.", "")
 
 
-def trainer_name_problem(name: str, reserved: tuple[str, ...] = ()) -> str | None:
-    """Why ``trainer.<name>`` cannot be set (mate sets it itself, or ``Trainer`` has no such argument), else None."""
+# ------------------------------------------------------------------ Lightning's Trainer
+def trainer_problem(name: str, value: Any = ABSENT, reserved: tuple[str, ...] = ()) -> str | None:
+    """Why ``trainer.<name>`` (``=value``, where given) cannot be set: mate sets it itself, ``Trainer`` has no such
+    argument, or the value does not fit its annotation; else None."""
     if name in reserved:
         return f"trainer.{name} is set by mate itself; use the `{name}` config group instead"
     params = trainer_parameters()
@@ -320,20 +329,19 @@ def trainer_name_problem(name: str, reserved: tuple[str, ...] = ()) -> str | Non
         close = close_matches(name, params)
         hint = f" (did you mean {', '.join('trainer.' + c for c in close)}?)" if close else ""
         return f"trainer.{name} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list"
+    if value is not ABSENT and accepts(params[name], value) is False:
+        return (
+            f"trainer.{name}={value!r} has the wrong type: Lightning's Trainer expects {describe(params[name])}; "
+            f"set trainer.{name}=<value of that type>"
+        )
     return None
 
 
 def check_trainer_args(args: Mapping[str, Any], reserved: tuple[str, ...] = ()) -> dict[str, Any]:
     """``args`` unchanged when every key is a ``Trainer`` argument of a fitting type, else `MateError`;
     ``reserved``: arguments the command passes itself."""
-    params = trainer_parameters()
     for key, value in args.items():
-        problem = trainer_name_problem(key, reserved)
+        problem = trainer_problem(key, value, reserved)
         if problem:
             raise MateError(problem)
-        if accepts(params[key], value) is False:
-            raise MateError(
-                f"trainer.{key}={value!r} has the wrong type: Lightning's Trainer expects {describe(params[key])}; "
-                f"set trainer.{key}=<value of that type>"
-            )
     return dict(args)
