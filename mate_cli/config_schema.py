@@ -5,8 +5,9 @@ fills in its node's ``_target_``; its default's type (a string default takes any
 left untyped.
 
 Annotations are read from the installed source, parsed, not imported, so the command line is checked before torch and
-Lightning load (docs/architecture.md, "Folder map"). An annotation this reader does not understand is `Unknown`: any
-value fits, the target has the last word.
+Lightning load (docs/architecture.md, "Folder map"). An annotation with a part this reader does not understand is
+``Any``, which says nothing: a Trainer argument then takes any value (Lightning has the last word), a ``_target_``'s
+parameter its default's type.
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset =
         return DECLARED[key]
     parent, _, name = key.rpartition(".")
     target = lookup(tree, f"{parent}._target_" if parent else "_target_")
-    annotation = (parameters(target) or {}).get(name) if isinstance(target, str) else None
-    if annotation is not None and understood(annotation):
+    annotation = (parameters(target) or {}).get(name, Any) if isinstance(target, str) else Any
+    if annotation is not Any:
         return annotation
     default = lookup(tree, key)
     reference = _REFERENCE.match(default) if isinstance(default, str) else None
@@ -143,7 +144,7 @@ def type_problem(key: str, value: Any, expected: Any, default: Any = ABSENT) -> 
     """The one-line reason ``key=value`` does not fit ``expected``, else None; an interpolation fits anything."""
     if isinstance(value, str) and "${" in value:
         return None
-    if accepts(expected, value) is not False:
+    if accepts(expected, value):
         return None
     shown = "null" if value is None else value
     wanted = describe(expected).replace("str | int | float | bool", "str")
@@ -171,40 +172,34 @@ TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
 TRAINER_RESERVED = ("callbacks", "logger", "plugins")
 
 
-class Unknown:
-    """An annotation this reader does not understand."""
+#: the typing form of each annotation name this reader understands (a container's item types are dropped)
+_NAMES = {t.__name__: t for t in (int, float, str, bool, list, dict, tuple)}
+_NAMES.update(List=list, Dict=dict, Tuple=tuple, Sequence=list, Mapping=dict, Any=Any)
+_NAMES["None"] = type(None)  # a None constant
 
 
-_BUILTIN_TYPES = {t.__name__: t for t in (int, float, str, bool, list, dict, tuple)}
-_BUILTIN_TYPES.update(List=list, Dict=dict, Tuple=tuple, Sequence=list, Mapping=dict, Any=Any)
+def _union(args: list) -> Any:
+    return Any if Any in args else Union[tuple(args)]
 
 
 def annotation_type(node: ast.expr | None) -> Any:
-    """The typing form of a parsed annotation: builtins, ``Optional``, ``Union``, ``X | Y``,
-    ``Literal`` and containers (their item types dropped); anything else is `Unknown`."""
-    if node is None:
-        return Any
-    if isinstance(node, ast.Constant):
-        if isinstance(node.value, str):  # a quoted annotation
-            try:
-                return annotation_type(ast.parse(node.value, mode="eval").body)
-            except SyntaxError:
-                return Unknown
-        return type(None) if node.value is None else Unknown
-    if isinstance(node, ast.Name):
-        return _BUILTIN_TYPES.get(node.id, Unknown)
+    """The typing form of a parsed annotation: builtins, ``Optional``, ``Union``, ``X | Y``, ``Literal`` and
+    containers (their item types dropped); ``Any`` for anything else, and for a union with such a part."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+        try:
+            return annotation_type(ast.parse(node.value, mode="eval").body)
+        except SyntaxError:
+            return Any
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        return typing.Union[annotation_type(node.left), annotation_type(node.right)]
-    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
-        name = node.value.id
-        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        if name == "Literal":
-            return typing.Literal[tuple(item.value for item in items if isinstance(item, ast.Constant))]
-        if name in ("Optional", "Union"):
-            args = [annotation_type(item) for item in items] + ([type(None)] if name == "Optional" else [])
-            return typing.Union[tuple(args)]
-        return _BUILTIN_TYPES.get(name, Unknown)
-    return Unknown
+        return _union([annotation_type(node.left), annotation_type(node.right)])
+    head, items = (node.value, node.slice) if isinstance(node, ast.Subscript) else (node, None)
+    name = "None" if isinstance(head, ast.Constant) and head.value is None else getattr(head, "id", None)
+    items = items.elts if isinstance(items, ast.Tuple) else [items]
+    if name == "Literal" and head is not node:
+        return Literal[tuple(item.value for item in items if isinstance(item, ast.Constant))]
+    if name in ("Optional", "Union") and head is not node:
+        return _union([annotation_type(item) for item in items] + ([type(None)] if name == "Optional" else []))
+    return _NAMES.get(name, Any)
 
 
 def _source(module: str) -> Path | None:
@@ -285,26 +280,15 @@ _FITS = {
 }
 
 
-def accepts(annotation: Any, value: Any) -> bool | None:
-    """True/False when ``value`` fits ``annotation``; None when the annotation is not understood."""
-    if annotation is Any:
-        return True
+def accepts(annotation: Any, value: Any) -> bool:
+    """Whether ``value`` fits ``annotation`` (``Any``, and a type this reader has no check for, take anything)."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
-        answers = [accepts(arg, value) for arg in typing.get_args(annotation)]
-        return True if any(answers) else (None if None in answers else False)
+        return any(accepts(arg, value) for arg in typing.get_args(annotation))
     if origin is typing.Literal:
         return value in typing.get_args(annotation)
     fits = _FITS.get(origin or annotation)
-    return fits(value) if fits else None
-
-
-def understood(annotation: Any) -> bool:
-    """Whether ``annotation`` says something this reader can check (not `Unknown`, not ``Any``)."""
-    if annotation in (Unknown, Any):
-        return False
-    origin = typing.get_origin(annotation)
-    return origin is typing.Literal or all(understood(arg) for arg in typing.get_args(annotation))
+    return fits(value) if fits else True
 
 
 def describe(annotation: Any) -> str:
@@ -329,7 +313,7 @@ def trainer_problem(name: str, value: Any = ABSENT, reserved: tuple[str, ...] = 
         close = close_matches(name, params)
         hint = f" (did you mean {', '.join('trainer.' + c for c in close)}?)" if close else ""
         return f"trainer.{name} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list"
-    if value is not ABSENT and accepts(params[name], value) is False:
+    if value is not ABSENT and not accepts(params[name], value):
         return (
             f"trainer.{name}={value!r} has the wrong type: Lightning's Trainer expects {describe(params[name])}; "
             f"set trainer.{name}=<value of that type>"
