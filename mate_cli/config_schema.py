@@ -20,7 +20,7 @@ import types
 import typing
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Any, Iterable, Literal, Mapping, Optional, Union
 
 from mate_cli.errors import MateError
 
@@ -46,53 +46,50 @@ DECLARED: dict[str, Any] = {
     "keep_best": Literal["checkpoint", "encoder"],
 }
 
-#: a default that is one interpolation of another key, ``${dataset.max_length}``
-_REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
+ABSENT = object()  #: a value lookups did not find
+UNTYPED = Any  #: the type of a key whose default says nothing and that has no declaration
+TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
+TRAINER_COMMANDS = ("train", "pretrain", "eval", "pointr", "predict")  #: their ``trainer`` node goes to the Trainer
+TRAINER_RESERVED = ("callbacks", "logger", "plugins")  #: what `mate train`/`pretrain` build from their config groups
+_REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")  #: a default that is one interpolation of another key
 
-#: a value lookups did not find
-ABSENT = object()
+#: the typing form of each annotation name this reader understands (a container's item types are dropped)
+_NAMES = {t.__name__: t for t in (int, float, str, bool, list, dict, tuple)}
+_NAMES.update(List=list, Dict=dict, Tuple=tuple, Sequence=list, Mapping=dict, Any=Any)
+_NAMES["None"] = type(None)  # a None constant
 
-#: the type of a key whose default says nothing and that has no declaration
-UNTYPED = Any
+#: the type a plain default gives its key, first match (a bool is not taken for an int)
+_DEFAULT_TYPES = ((bool, bool), (int, int), (float, float), (str, Union[str, int, float, bool]))
+_DEFAULT_TYPES += ((Mapping, Optional[dict]), (list, list))
 
-#: the commands whose ``trainer`` node goes to Lightning's Trainer
-TRAINER_COMMANDS = ("train", "pretrain", "eval", "pointr", "predict")
+#: what each plain type accepts (a bool is not a number; an int is a float)
+_FITS = {bool: bool, int: int, float: (int, float), str: str, list: (list, tuple), tuple: (list, tuple), dict: Mapping}
+_FITS[type(None)] = type(None)
 
 
+# ------------------------------------------------------------------ the config tree
 def lookup(tree: Any, key: str) -> Any:
     """The value at dotted ``key`` of a plain (unresolved) container, else `ABSENT`."""
-    node = tree
     for part in key.split("."):
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
+        if isinstance(tree, Mapping) and part in tree:
+            tree = tree[part]
+        elif isinstance(tree, list) and part.isdigit() and int(part) < len(tree):
+            tree = tree[int(part)]
         else:
             return ABSENT
-    return node
+    return tree
 
 
 def dotted_keys(tree: Any, prefix: str = "") -> list[str]:
     """Every dotted key of a plain container (mappings only), parents before children."""
-    keys = []
-    if isinstance(tree, Mapping):
-        for name, value in tree.items():
-            key = f"{prefix}{name}"
-            keys.append(key)
-            keys.extend(dotted_keys(value, key + "."))
-    return keys
+    items = tree.items() if isinstance(tree, Mapping) else ()
+    return [key for name, value in items for key in (f"{prefix}{name}", *dotted_keys(value, f"{prefix}{name}."))]
 
 
 def says_nothing(default: Any) -> bool:
     """null, ``???``, or an interpolation through a resolver (``${oc.select:...}``): no type."""
-    if default is None or default == "???":
-        return True
-    return (
-        isinstance(default, str)
-        and default.startswith("${")
-        and default.endswith("}")
-        and not _REFERENCE.match(default)
-    )
+    resolver = isinstance(default, str) and default.startswith("${") and default.endswith("}")
+    return default is None or default == "???" or (resolver and not _REFERENCE.match(default))
 
 
 def trainer_argument(command: str | None, key: str) -> str | None:
@@ -125,59 +122,10 @@ def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset =
 def type_of_default(default: Any) -> Any:
     if default is ABSENT or says_nothing(default):
         return UNTYPED
-    if isinstance(default, bool):
-        return bool
-    if isinstance(default, int):
-        return int
-    if isinstance(default, float):
-        return float
-    if isinstance(default, str):
-        return Union[str, int, float, bool]
-    if isinstance(default, Mapping):
-        return Optional[dict]
-    if isinstance(default, list):
-        return list
-    return UNTYPED
-
-
-def type_problem(key: str, value: Any, expected: Any, default: Any = ABSENT) -> str | None:
-    """The one-line reason ``key=value`` does not fit ``expected``, else None; an interpolation fits anything."""
-    if isinstance(value, str) and "${" in value:
-        return None
-    if accepts(expected, value):
-        return None
-    shown = "null" if value is None else value
-    wanted = describe(expected).replace("str | int | float | bool", "str")
-    plain = default is not ABSENT and not says_nothing(default) and not isinstance(default, (Mapping, list))
-    plain = plain and not (isinstance(default, str) and "${" in default)
-    example = f"; its default is {key}={default}" if plain else ""
-    return f"{key}={shown} has the wrong type: {key} takes {wanted}{example}"
-
-
-def unknown_key(key: str, tree: Any, where: str, extra: typing.Iterable[str] = ()) -> str:
-    """The one line for ``key`` missing from ``tree``, with the closest keys (beside it first)."""
-    parent = key.rsplit(".", 1)[0] if "." in key else ""
-    candidates = [k for k in dict.fromkeys([*dotted_keys(tree), *extra]) if not k.rsplit(".", 1)[-1].startswith("_")]
-    siblings = [k for k in candidates if (k.rsplit(".", 1)[0] if "." in k else "") == parent]
-    close = close_matches(key, siblings) or ([] if parent else close_matches(key, candidates))
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    owner = f"`{parent}`" if parent and lookup(tree, parent) is not ABSENT else where
-    return f"{key} is not a key of {owner}{hint}"
+    return next((given for plain, given in _DEFAULT_TYPES if isinstance(default, plain)), UNTYPED)
 
 
 # ------------------------------------------------------------------ annotations, read from source
-TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
-
-#: Trainer arguments `mate train` and `mate pretrain` build from their own config groups
-TRAINER_RESERVED = ("callbacks", "logger", "plugins")
-
-
-#: the typing form of each annotation name this reader understands (a container's item types are dropped)
-_NAMES = {t.__name__: t for t in (int, float, str, bool, list, dict, tuple)}
-_NAMES.update(List=list, Dict=dict, Tuple=tuple, Sequence=list, Mapping=dict, Any=Any)
-_NAMES["None"] = type(None)  # a None constant
-
-
 def _union(args: list) -> Any:
     return Any if Any in args else Union[tuple(args)]
 
@@ -245,9 +193,8 @@ def parameters(target: str) -> dict[str, Any] | None:
     found: dict[str, Any] = {}
     if isinstance(node, ast.ClassDef):
         init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-        for base in (b for b in node.bases if init is None or init.args.kwarg):
-            base_name = ast.unparse(base)
-            found.update(parameters(base_name if "." in base_name else f"{module}.{base_name}") or {})
+        for base in (ast.unparse(b) for b in node.bases if init is None or init.args.kwarg):
+            found.update(parameters(base if "." in base else f"{module}.{base}") or {})
         node = init
     if isinstance(node, ast.FunctionDef):
         args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
@@ -263,43 +210,56 @@ def trainer_parameters() -> dict[str, Any]:
     return found
 
 
-def close_matches(name: str, choices, n: int = 3) -> list[str]:
-    return difflib.get_close_matches(name, list(choices), n=n, cutoff=0.6)
-
-
-#: what each plain type accepts (a bool is not a number; an int is a float)
-_FITS = {
-    bool: lambda v: isinstance(v, bool),
-    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    str: lambda v: isinstance(v, str),
-    list: lambda v: isinstance(v, (list, tuple)),
-    tuple: lambda v: isinstance(v, (list, tuple)),
-    dict: lambda v: isinstance(v, Mapping),
-    type(None): lambda v: v is None,
-}
+# ------------------------------------------------------------------ values against types
+def _parts(annotation: Any) -> tuple[Any, tuple]:
+    """``(origin, args)``: ``Union`` for ``Optional[X]`` and ``X | Y``, ``Literal``, else the plain type itself."""
+    origin = typing.get_origin(annotation)
+    return (Union if origin is types.UnionType else origin or annotation), typing.get_args(annotation)
 
 
 def accepts(annotation: Any, value: Any) -> bool:
     """Whether ``value`` fits ``annotation`` (``Any``, and a type this reader has no check for, take anything)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(accepts(arg, value) for arg in typing.get_args(annotation))
-    if origin is typing.Literal:
-        return value in typing.get_args(annotation)
-    fits = _FITS.get(origin or annotation)
-    return fits(value) if fits else True
+    kind, args = _parts(annotation)
+    if kind is Union:
+        return any(accepts(arg, value) for arg in args)
+    if kind is Literal:
+        return value in args
+    fits = _FITS.get(kind)
+    return fits is None or (isinstance(value, fits) and (kind is bool or not isinstance(value, bool)))
 
 
 def describe(annotation: Any) -> str:
-    """``Optional[int]`` -> ``int | None``; a bare type is its name."""
-    if isinstance(annotation, type):
-        return "None" if annotation is type(None) else annotation.__name__
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return " | ".join(describe(arg) for arg in typing.get_args(annotation))
-    if typing.get_origin(annotation) is typing.Literal:
-        return " | ".join(repr(arg) for arg in typing.get_args(annotation))
-    return str(annotation).replace("typing.", "")
+    """``Optional[int]`` -> ``int | None``; ``Literal['a', 'b']`` -> ``'a' | 'b'``; a bare type is its name."""
+    kind, args = _parts(annotation)
+    if kind in (Union, Literal):
+        return " | ".join(map(describe if kind is Union else repr, args))
+    return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+
+
+def close_matches(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    return difflib.get_close_matches(name, list(choices), n=n, cutoff=0.6)
+
+
+def type_problem(key: str, value: Any, expected: Any, default: Any = ABSENT) -> str | None:
+    """The one-line reason ``key=value`` does not fit ``expected``, else None; an interpolation fits anything."""
+    if (isinstance(value, str) and "${" in value) or accepts(expected, value):
+        return None
+    wanted = describe(expected).replace("str | int | float | bool", "str")
+    plain = default is not ABSENT and not says_nothing(default) and not isinstance(default, (Mapping, list))
+    plain = plain and not (isinstance(default, str) and "${" in default)
+    example = f"; its default is {key}={default}" if plain else ""
+    return f"{key}={'null' if value is None else value} has the wrong type: {key} takes {wanted}{example}"
+
+
+def unknown_key(key: str, tree: Any, where: str, extra: Iterable[str] = ()) -> str:
+    """The one line for ``key`` missing from ``tree``, with the closest keys (beside it first)."""
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    candidates = [k for k in dict.fromkeys([*dotted_keys(tree), *extra]) if not k.rsplit(".", 1)[-1].startswith("_")]
+    siblings = [k for k in candidates if (k.rsplit(".", 1)[0] if "." in k else "") == parent]
+    close = close_matches(key, siblings) or ([] if parent else close_matches(key, candidates))
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    owner = f"`{parent}`" if parent and lookup(tree, parent) is not ABSENT else where
+    return f"{key} is not a key of {owner}{hint}"
 
 
 # ------------------------------------------------------------------ Lightning's Trainer
