@@ -16,11 +16,10 @@ from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
 from mate_cli.yaml_data import read_yaml
 
-#: flags after which Hydra answers without running the task (help, completion, info)
-ANSWER_ONLY_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "-sc", "--shell-completion")
-
-#: flags that change which config is composed: the check leaves such a command line to Hydra
-OTHER_CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+#: flags after which Hydra answers without running the task (help, completion, info), and flags that change which
+#: config is composed: the check leaves such a command line to Hydra
+LEFT_TO_HYDRA = ("--help", "-h", "--hydra-help", "--info", "-i", "-sc", "--shell-completion")
+LEFT_TO_HYDRA += ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
 
 #: the nodes of a command's config whose ``overrides`` patch the run of their ``ckpt_path``
 RUN_PATCHES = ("", "stage1", "stage2")
@@ -28,22 +27,20 @@ RUN_PATCHES = ("", "stage1", "stage2")
 
 def check_command_line(command: str, args: Sequence[str], conf_dir: Path = CONF_DIR) -> str | None:
     """The one-line problem with ``mate <command> <args>``'s overrides, else None."""
-    if any(arg.split("=")[0] in ANSWER_ONLY_FLAGS + OTHER_CONFIG_FLAGS for arg in args):
+    if any(arg.split("=")[0] in LEFT_TO_HYDRA for arg in args) or not (conf_dir / f"{command}.yaml").is_file():
         return None
-    if not (conf_dir / f"{command}.yaml").is_file():
-        return None
-    texts = [arg for arg in args if not arg.startswith("-") and ("=" in arg or arg.startswith("~"))]
     try:
-        overrides = _parse(texts)
-        variants = list(_group_variants(overrides, conf_dir))
+        overrides = _parse([arg for arg in args if not arg.startswith("-") and ("=" in arg or arg.startswith("~"))])
+        values = [o for o in overrides if not _chooses(o, conf_dir)]
+        variants = list(_group_variants([o for o in overrides if _chooses(o, conf_dir)], conf_dir))
         for i, variant in enumerate(variants):
             context = "" if i == 0 else f"with {' '.join(set(variant) - set(variants[0]))}: "
             try:
                 tree = _compose(command, variant, conf_dir)
-                for override in overrides:
-                    if not _is_group(override, conf_dir) and not override.key_or_group.startswith("hydra"):
-                        _check_value_override(command, override, tree, conf_dir)
-                check_run_patches(_compose(command, variant + _first_values(command, overrides, conf_dir), conf_dir))
+                for override in values:
+                    _check_value_override(command, override, tree, conf_dir)
+                first = trainer_overrides(command, [_first(override, conf_dir) for override in values])
+                check_run_patches(_compose(command, variant + first, conf_dir))
             except MateError as err:
                 raise MateError(f"{context}{err}") from None
     except MateError as err:
@@ -86,21 +83,22 @@ def _parse(texts: Sequence[str]) -> list:
     return parsed
 
 
-def _is_group(override, conf_dir: Path) -> bool:
-    return (conf_dir / override.key_or_group).is_dir()
+def _chooses(override, conf_dir: Path) -> bool:
+    """Whether ``override`` chooses a config (a group's option, or Hydra's own settings) rather than sets a value."""
+    return (conf_dir / override.key_or_group).is_dir() or override.key_or_group.startswith("hydra")
 
 
 def _options(group: str, conf_dir: Path) -> list[str]:
     return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
 
 
-def _values(override, conf_dir: Path | None = None) -> list[Any]:
+def _values(override, conf_dir: Path) -> list[Any]:
     """Every value an override gives: one, each of its sweep, or an interval's two ends."""
     from hydra.core.override_parser.types import Glob
 
     value = override.value()
     if isinstance(value, Glob):
-        values = value.filter(_options(override.key_or_group, conf_dir) if conf_dir else [])
+        values = value.filter(_options(override.key_or_group, conf_dir))
     elif override.is_discrete_sweep():
         values = [getattr(v, "text", v) for v in override.sweep_iterator()]  # a QuotedString 'a b' -> a b
     elif override.is_sweep_override():
@@ -137,25 +135,18 @@ def _text(override, value: Any) -> str:
     return f"{override.get_key_element()}={shown}"
 
 
-def _group_variants(overrides: list, conf_dir: Path) -> Iterator[list[str]]:
+def _first(override, conf_dir: Path) -> str:
+    """``override`` as the first job gets it: a sweep at its first value."""
+    return _text(override, _values(override, conf_dir)[0]) if override.is_sweep_override() else override.input_line
+
+
+def _group_variants(groups: list, conf_dir: Path) -> Iterator[list[str]]:
     """The group overrides to compose: every group at its first value, then each swept group's other options."""
-    groups = [o for o in overrides if _is_group(o, conf_dir) or o.key_or_group.startswith("hydra")]
-    first = [_text(o, _values(o, conf_dir)[0]) if o.is_sweep_override() else o.input_line for o in groups]
+    first = [_first(override, conf_dir) for override in groups]
     yield first
     for i, override in enumerate(groups):
-        if override.is_sweep_override():
-            for value in _values(override, conf_dir)[1:]:
-                yield first[:i] + [_text(override, value)] + first[i + 1 :]
-
-
-def _first_values(command: str, overrides: list, conf_dir: Path) -> list[str]:
-    """The value overrides, each sweep at its first value, as Hydra gets them."""
-    out = []
-    for override in overrides:
-        if _is_group(override, conf_dir) or override.key_or_group.startswith("hydra"):
-            continue
-        out.append(_text(override, _values(override)[0]) if override.is_sweep_override() else override.input_line)
-    return trainer_overrides(command, out)
+        for value in _values(override, conf_dir)[1:] if override.is_sweep_override() else []:
+            yield first[:i] + [_text(override, value)] + first[i + 1 :]
 
 
 def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
@@ -218,7 +209,7 @@ def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path)
             f"{group}=<{'|'.join(_options(group, conf_dir))}>"
         )
     expected = key_type(tree, key, command)
-    for value in _values(override):
+    for value in _values(override, conf_dir):
         problem = type_problem(key, value, expected, default)
         if problem:
             raise MateError(problem)
