@@ -20,8 +20,8 @@ never. No parameters: a MATE checkpoint is a BERT/TAPAS checkpoint (§3.2).
   it does not apply) or ``triton`` (:mod:`.mate_triton`).
 - ``auto``: the variant's fastest implementation as measured (:data:`AUTO`), never another function: ``exact`` runs
   ``masked`` up to a length, else ``block_sparse``; ``bucketed`` runs ``kernel`` on CPU, ``triton`` on CUDA in
-  bf16/fp16 where the compiled kernels run (:func:`.mate_triton.triton_runs_on`), else ``eager``. Each choice is
-  logged once per process.
+  bf16, fp16 and float32 where the compiled kernels run (:func:`.mate_triton.triton_runs_on`), else ``eager``. Each
+  choice is logged once per process.
 
 A key bias (``layout.key_bias``, DoT's pruning scores) always runs ``masked`` (DoT's task model reads few tokens);
 only ``variant=exact`` supports it.
@@ -62,9 +62,8 @@ VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "e
 AUTO: dict[tuple[str, str, torch.dtype | None, bool], tuple[int, str, str, str]] = {
     ("exact", "cpu", None, False): (576, "masked", "block_sparse", "first run: 512: 4.25 vs 4.77; 1024: 18.6 vs 9.9"),
     ("exact", "cpu", None, True): (1024, "masked", "block_sparse", "first run: 1024: 53.8 vs 57.5; 2048: 208 vs 110"),
-    ("exact", "cuda", None, False): (4096, "masked", "block_sparse", "H100: 4096: bf16 0.44 vs 0.90, fp32 2.04 vs 5.22; 8192: bf16 1.25 vs 0.79, fp32 8.34 vs 6.94"),
-    ("exact", "cuda", None, True): (4096, "masked", "block_sparse", "H100, bf16: 4096: 1.65 vs 1.86; 8192: 3.53 vs 3.14"),
-    ("exact", "cuda", torch.float32, True): (16384, "masked", "block_sparse", "H100: 16384: 101 vs 223 (longer not measured: block_sparse for its linear memory)"),
+    ("exact", "cuda", None, False): (4096, "masked", "block_sparse", "H100: 4096: bf16 0.44 vs 0.90, fp32 2.04 vs 5.22; 8192: bf16 1.25 vs 0.79, fp32 8.34 vs 6.94 (fp16: bf16's row)"),
+    ("exact", "cuda", None, True): (4096, "masked", "block_sparse", "H100, bf16: 4096: 1.65 vs 1.86; 8192: 3.53 vs 3.14 (fp32: masked faster to 16384, 101 vs 223, but its backward keeps an L x L float bias per head view and layer; fp16: bf16's row)"),
     ("bucketed", "cuda", torch.bfloat16, False): (0, "triton", "triton", "H200: triton vs eager, bucketed FlexAttention: 2048: 0.27 vs 1.27, 0.53; 32768: 0.81 vs 2.43, 12.6"),
     ("bucketed", "cuda", torch.bfloat16, True): (0, "triton", "triton", "H200: triton vs eager: 2048: 1.49 vs 4.72; 8192: 1.50 vs 4.34; 32768: 3.40 vs 11.0"),
     ("bucketed", "cuda", torch.float16, False): (0, "triton", "triton", "H100: triton vs eager: 2048: 0.33 vs 1.11; 32768: 0.78 vs 2.66"),
