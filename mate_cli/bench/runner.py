@@ -43,7 +43,7 @@ class Settings:
     linear_lengths: list[int]
     backends: dict[str, list[str]]
     linear_backends: dict[str, list[str]] = field(default_factory=dict)
-    max_length: dict[str, int] = field(default_factory=dict)
+    max_length: dict[str, int | None] = field(default_factory=dict)  # <level>_<mode> -> longest (None: any)
     dims: str = "base"
     dtype: str = "float32"
     device: str = "cpu"
@@ -174,8 +174,7 @@ def row_for(settings: Settings, level: str, mode: str, backend: str, length: int
 
 
 def run_grid(settings: Settings, on_cell: Callable[[dict], None]) -> None:
-    """Measure every cell of ``settings``, handing each row to ``on_cell`` (progress, the partial CSV)."""
-    settings.check()
+    """Measure every cell of ``settings`` (checked), handing each row to ``on_cell`` (progress, the partial CSV)."""
     if settings.threads:
         torch.set_num_threads(int(settings.threads))
     device = torch.device(settings.device)

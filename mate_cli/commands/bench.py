@@ -13,34 +13,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from mate_cli.bench import report, runner, targets
 from mate_cli.bench.layouts import TableShape
+from mate_cli.bench.cases import LEVELS
 from mate_cli.bench.runner import Settings
 from mate_cli.commands.common import hydra_app, quiet_third_party_logs, run_dir
 from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_json, atomic_write_text
 
 
-def settings_from(cfg: DictConfig) -> Settings:
-    b = OmegaConf.to_container(cfg.bench, resolve=True)
-    return Settings(
-        levels=list(b["levels"]),
-        modes=list(b["modes"]),
-        lengths=[int(n) for n in b["lengths"]],
-        linear_lengths=[int(n) for n in b.get("linear_lengths") or []],
-        backends={level: list((b.get(level) or {}).get("backends") or []) for level in ("kernel", "encoder")},
-        linear_backends={
-            level: list((b.get(level) or {}).get("linear_backends") or []) for level in ("kernel", "encoder")
-        },
-        max_length={k: int(v) for k, v in (b.get("max_length") or {}).items() if v is not None},
-        dims=b["dims"],
-        dtype=b["dtype"],
-        device=b["device"],
-        batch=int(b["batch"]),
-        threads=b.get("threads"),
-        schedule=list(b["schedule"]),
-        table=TableShape(**b["table"]),
-        memory_fraction=float(b["memory_fraction"]),
-        max_call_seconds=float(b["max_call_seconds"]),
-    )
+def settings_from(b: dict) -> Settings:
+    """The runner's settings from the resolved ``bench.*`` (each level's backend lists from ``bench.<level>``)."""
+    values = {f.name: b[f.name] for f in dataclasses.fields(Settings) if f.name in b}
+    for key in ("backends", "linear_backends"):
+        values[key] = {level: list((b.get(level) or {}).get(key) or []) for level in LEVELS}
+    values.update(linear_lengths=b.get("linear_lengths") or [], max_length=b.get("max_length") or {})
+    return Settings(**values | {"table": TableShape(**b["table"])})
 
 
 def bench(cfg: DictConfig) -> list[dict]:
@@ -48,16 +34,17 @@ def bench(cfg: DictConfig) -> list[dict]:
     quiet_third_party_logs()
     out = run_dir()
     atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    settings = settings_from(cfg)
+    b = OmegaConf.to_container(cfg.bench, resolve=True)
+    settings = settings_from(b)
     settings.check()
-    specs = targets.parse(OmegaConf.to_container(cfg.bench, resolve=True).get("targets"))  # checked before the grid
+    specs = targets.parse(b.get("targets"))  # checked before the grid
     console = Console()
     machine = runner.machine(settings)  # before the grid: its load average is other processes'
     cells = settings.cells()
     rows: list[dict] = []
     with Progress(
         TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=console, disable=not cfg.bench.get("progress", True),
+        TextColumn("{task.description}"), console=console, disable=not b.get("progress", True),
     ) as progress:  # fmt: skip
         task = progress.add_task("", total=len(cells))
 
@@ -79,10 +66,10 @@ def bench(cfg: DictConfig) -> list[dict]:
     targets.print_targets(checked, console)
     atomic_write_json(out / "targets.json", [dataclasses.asdict(t) for t in checked])
     atomic_write_text(out / "bench.md", report.markdown(rows, checked, machine))
-    if cfg.bench.get("plots", True):
+    if b.get("plots", True):
         report.plot(rows, out)
     print_outputs({"run dir": out, "results": out / "bench.csv", "tables": out / "bench.md", "targets": out / "targets.json",
-                   **({"plots": out / "*.png"} if cfg.bench.get("plots", True) else {})})  # fmt: skip
+                   **({"plots": out / "*.png"} if b.get("plots", True) else {})})  # fmt: skip
     return rows
 
 
