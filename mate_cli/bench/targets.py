@@ -70,40 +70,38 @@ def _cell(spec: TargetSpec) -> dict:
     return dict(level=spec.level, mode=spec.mode, seq_len=spec.seq_len)
 
 
-def _times(rows, spec: TargetSpec) -> tuple[dict, dict] | None:
+def _times(rows, spec: TargetSpec, value=lambda r: float(r["time_ms"])) -> tuple[str, float, str, float] | None:
+    """``(candidate, its value, baseline, its value)`` of the spec's cell, the value a row's time unless given."""
     candidate, baseline = best(rows, spec.candidate, **_cell(spec)), best(rows, spec.baseline, **_cell(spec))
-    return (candidate, baseline) if candidate and baseline and float(baseline["time_ms"]) else None
+    if not (candidate and baseline and float(baseline["time_ms"])):
+        return None
+    return candidate["backend"], value(candidate), baseline["backend"], value(baseline)
 
 
 # ------------------------------------------------------------------ kinds
-# Each check fills ``target.measured`` / ``target.met`` when its rows exist.
-def speedup(rows, spec: TargetSpec, target: Target) -> None:
-    pair = _times(rows, spec)
-    if pair:
-        (cand, c), (base, b) = ((r["backend"], float(r["time_ms"])) for r in pair)
-        ratio = b / c
-        target.measured = f"{ratio:.2f}x ({base} {b:.1f} ms / {cand} {c:.1f} ms)"
-        target.met = ratio >= spec.threshold
+# Each check gives ``(measured, met)`` when its rows exist, else None.
+Check = Callable[[list, TargetSpec], "tuple[str, bool] | None"]
 
 
-def time_ratio(rows, spec: TargetSpec, target: Target) -> None:
-    pair = _times(rows, spec)
-    if pair:
-        (cand, c), (base, b) = ((r["backend"], float(r["time_ms"])) for r in pair)
-        target.measured = f"{c / b:.2f}x of {base} ({cand} {c:.1f} ms, {base} {b:.1f} ms)"
-        target.met = c <= spec.threshold * b
+def speedup(rows, spec: TargetSpec):
+    if found := _times(rows, spec):
+        cand, c, base, b = found
+        return f"{b / c:.2f}x ({base} {b:.1f} ms / {cand} {c:.1f} ms)", b / c >= spec.threshold
 
 
-def overhead(rows, spec: TargetSpec, target: Target) -> None:
-    pair = _times(rows, spec)
-    if pair:
-        (cand, c), (base, b) = ((r["backend"], float(r["time_ms"])) for r in pair)
-        extra = c / b - 1
-        target.measured = f"{extra * 100:+.1f}% ({cand} {c:.0f} ms, {base} {b:.0f} ms)"
-        target.met = extra <= spec.threshold
+def time_ratio(rows, spec: TargetSpec):
+    if found := _times(rows, spec):
+        cand, c, base, b = found
+        return f"{c / b:.2f}x of {base} ({cand} {c:.1f} ms, {base} {b:.1f} ms)", c <= spec.threshold * b
 
 
-def memory_growth(rows, spec: TargetSpec, target: Target) -> None:
+def overhead(rows, spec: TargetSpec):
+    if found := _times(rows, spec):
+        cand, c, base, b = found
+        return f"{(c / b - 1) * 100:+.1f}% ({cand} {c:.0f} ms, {base} {b:.0f} ms)", c / b - 1 <= spec.threshold
+
+
+def memory_growth(rows, spec: TargetSpec):
     at = dict(level=spec.level, mode=spec.mode)
     pairs = []
     for small in _ok(rows, seq_len=spec.seq_len, **at):
@@ -114,29 +112,29 @@ def memory_growth(rows, spec: TargetSpec, target: Target) -> None:
             pairs.append((small["backend"], float(small["peak_mem_mb"]), float(large[0]["peak_mem_mb"])))
     if pairs:
         backend, small, large = min(pairs, key=lambda p: p[2] / p[1])
-        ratio = large / small
-        target.measured = f"{ratio:.2f}x ({backend}: {small:.0f} MB -> {large:.0f} MB)"
-        target.met = ratio <= spec.threshold
+        return f"{large / small:.2f}x ({backend}: {small:.0f} MB -> {large:.0f} MB)", large / small <= spec.threshold
 
 
-def peak_rss(rows, spec: TargetSpec, target: Target) -> None:
-    row = best(rows, spec.candidate, key="peak_rss_mb", **_cell(spec))
-    if row:
+def peak_rss(rows, spec: TargetSpec):
+    if row := best(rows, spec.candidate, key="peak_rss_mb", **_cell(spec)):
         high = float(row["peak_rss_mb"]) * 2**20
-        target.measured = f"{high / GIB:.2f} GiB peak RSS ({row['backend']}, {float(row['time_ms']) / 1e3:.1f} s)"
-        target.met = high <= spec.threshold * GIB
+        measured = f"{high / GIB:.2f} GiB peak RSS ({row['backend']}, {float(row['time_ms']) / 1e3:.1f} s)"
+        return measured, high <= spec.threshold * GIB
 
 
-def throughput_ratio(rows, spec: TargetSpec, target: Target) -> None:
-    pair = _times(rows, spec)
-    if pair and all(r["flops"] not in ("", None) and float(r["flops"]) > 0 for r in pair):
-        (cand, c), (base, b) = ((r["backend"], float(r["flops"]) / float(r["time_ms"]) / 1e6) for r in pair)
-        target.measured = f"{c / b:.0%} ({cand} {c:.0f} GFLOP/s, {base} {b:.0f} GFLOP/s)"
-        target.met = c >= spec.threshold * b
+def _gflops(row: dict) -> float:
+    return float(row["flops"]) / float(row["time_ms"]) / 1e6 if row["flops"] not in ("", None) else 0.0
+
+
+def throughput_ratio(rows, spec: TargetSpec):
+    found = _times(rows, spec, _gflops)
+    if found and found[1] > 0 and found[3] > 0:
+        cand, c, base, b = found
+        return f"{c / b:.0%} ({cand} {c:.0f} GFLOP/s, {base} {b:.0f} GFLOP/s)", c >= spec.threshold * b
 
 
 #: kind -> (check, keys it needs besides the common ones).
-KINDS: dict[str, tuple[Callable[[list, TargetSpec, Target], None], tuple[str, ...]]] = {
+KINDS: dict[str, tuple[Check, tuple[str, ...]]] = {
     "speedup": (speedup, ("baseline",)),
     "time_ratio": (time_ratio, ("baseline",)),
     "overhead": (overhead, ("baseline",)),
@@ -185,12 +183,10 @@ def parse(entries: Iterable[dict] | None) -> list[TargetSpec]:
 
 
 def evaluate(rows: list[dict], specs: Iterable[TargetSpec]) -> list[Target]:
-    out = []
-    for spec in specs:
-        target = Target(spec.text(spec.name), spec.text(spec.requirement))
-        KINDS[spec.kind][0](rows, spec, target)
-        out.append(target)
-    return out
+    return [
+        Target(spec.text(spec.name), spec.text(spec.requirement), *(KINDS[spec.kind][0](rows, spec) or ()))
+        for spec in specs
+    ]
 
 
 def print_targets(targets: list[Target], console: Console) -> None:
