@@ -102,25 +102,25 @@ def _question(values, col: dict[str, int], path: Path, where: str) -> Question:
     )
 
 
+def _literal(text: str) -> Any:
+    """A Python literal, else None."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
 def _literal_list(text: str, path: Path, where: str) -> list:
     if not text.strip():
         return []
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        value = None
+    value = _literal(text)
     if not isinstance(value, (list, tuple)):
         raise MateError(f"{path}: {where}: {text[:60]!r} is not a Python-literal list; fix or remove that line")
     return list(value)
 
 
 def _coordinate(raw: Any, path: Path, where: str) -> list[int]:
-    value = raw
-    if isinstance(raw, str):
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            value = None
+    value = _literal(raw) if isinstance(raw, str) else raw
     ok = isinstance(value, (list, tuple)) and len(value) == 2
     ok = ok and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
     if not ok:

@@ -143,10 +143,8 @@ class DateValue(Value):
     def __init__(self, year: int, month: int, day: int, original_string: Optional[str] = None) -> None:
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in (year, month, day)):
             raise TypeError("DateValue needs int year, month and day")
-        if not (month == -1 or 1 <= month <= 12) or not (day == -1 or 1 <= day <= 31):
-            raise ValueError(f"invalid date {year}-{month}-{day}")
-        if year == month == day == -1:
-            raise ValueError("a date needs at least one known part")
+        if not DateValue.valid(year, month, day):
+            raise ValueError(f"invalid date {year}-{month}-{day}: a month 1-12, a day 1-31, at least one part known")
         self.ymd = (year, month, day)
         if original_string:
             self.normalized = normalize(original_string)
@@ -168,11 +166,13 @@ class DateValue(Value):
             day = -1 if parts[2] == "xx" else _int(parts[2])
         except ValueError:
             return None
-        if year == month == day == -1:
-            return None
-        if not (month == -1 or 1 <= month <= 12) or not (day == -1 or 1 <= day <= 31):
-            return None
-        return year, month, day
+        return (year, month, day) if DateValue.valid(year, month, day) else None
+
+    @staticmethod
+    def valid(year: int, month: int, day: int) -> bool:
+        """A month 1-12 and a day 1-31, each -1 where unknown, and not all three unknown."""
+        known = not year == month == day == -1
+        return known and (month == -1 or 1 <= month <= 12) and (day == -1 or 1 <= day <= 31)
 
 
 def to_value(text: str | Value, corenlp_value: Optional[str] = None) -> Value:
