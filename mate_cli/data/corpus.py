@@ -266,12 +266,3 @@ class Corpus:
                 )
             self._kept = train, held_out
         return self._kept
-
-
-def read_corpus(
-    sources: Mapping[str, object],
-    hybridqa_passages: int = 1,
-    tables: str = "all",
-    splits: Mapping[str, Mapping] | None = None,
-) -> list[TableText]:
-    return list(Corpus(sources, hybridqa_passages, tables, splits).examples())

@@ -261,14 +261,3 @@ def _read_table(rows: tuple[tuple[str, ...], ...]) -> TableNumbers:
         key = sort_key(list(cells.values())) if cells else None
         ranks.append(_dense_ranks({r: key(v) for r, v in cells.items()}) if key else {})
     return TableNumbers(columns, tuple(ranks))
-
-
-def column_ranks(rows: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[list[int]]]:
-    """``(ranks, inverse ranks)``, each ``[num_rows][num_columns]``, 0 = unranked."""
-    numbers = TableNumbers.of(rows)
-    ranks = [[0] * len(row) for row in rows]
-    inverse = [[0] * len(row) for row in rows]
-    for c, column in enumerate(numbers.ranks):
-        for r, (rank, inv) in column.items():
-            ranks[r][c], inverse[r][c] = rank, inv
-    return ranks, inverse

@@ -58,10 +58,6 @@ def answer_matches(task: TableTask, question: Question, table: Table) -> list[li
     return found
 
 
-def answer_cells(task: TableTask, question: Question, table: Table) -> list[Coord]:
-    return sorted({cell for hits in answer_matches(task, question, table) for cell in hits})
-
-
 def first_cell_per_answer(example: dict, matches: list[list[Coord]]) -> None:
     """``ambiguous_answers=first``: one candidate per answer item, its first cell in row order that kept a token and is
     not an earlier item's; an item without one counts as cut."""

@@ -9,7 +9,6 @@ from mate_cli.data.numbers import (
     Relation,
     TableNumbers,
     ValueSpan,
-    column_ranks,
     column_values,
     normalize_text,
     parse_date,
@@ -18,6 +17,7 @@ from mate_cli.data.numbers import (
     sort_key,
     text_values,
 )
+from tests.data.readouts import column_ranks
 
 
 def test_parse_number_reads_one_word():

@@ -8,11 +8,11 @@ from collections import Counter
 
 import pytest
 
-from mate_cli.data.corpus import read_corpus
 from mate_cli.data.masking import IGNORE
 from mate_cli.data.pretraining import PretrainDataModule, table_key
 from mate_cli.data.sampler import EpochTagged
 from mate_cli.errors import MateError
+from tests.data.readouts import read_corpus
 from tests.helpers import REPO_ROOT
 
 DATA = REPO_ROOT / "data"

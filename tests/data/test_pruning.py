@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from mate_cli.data.numbers import column_ranks
 from mate_cli.data.pruning import Selection, cell_concatenation, column_scores, heuristic_exact_match
 from mate_cli.data.schema import Cell, Question, Table
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
 from mate_cli.modeling.layout import ID_FIELDS
+from tests.data.readouts import column_ranks
 
 
 # ---------------------------------------------------------------- CC on lengths

@@ -24,7 +24,6 @@ from mate_cli.data.sqa import SQAReader
 from mate_cli.data.table_tasks import (
     TableTaskDataModule,
     TaskCollator,
-    answer_cells,
     answer_matches,
     cell_numbers,
     encode_task_question,
@@ -41,6 +40,7 @@ from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import ID_FIELDS
 from mate_cli.modeling.tapas_heads import QAOutput
+from tests.data.readouts import answer_cells
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SAMPLES = {

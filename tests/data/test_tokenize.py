@@ -9,10 +9,11 @@ import pytest
 from mate_cli.modeling.layout import ID_FIELDS
 
 from mate_cli.data.expand import expand_table
-from mate_cli.data.numbers import Relation, column_ranks
+from mate_cli.data.numbers import Relation
 from mate_cli.data.schema import AnswerNode, Cell, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells, fit_budget, largest_cap
 from mate_cli.errors import MateError
+from tests.data.readouts import column_ranks
 
 
 def _pieces(tokenizer, text):
