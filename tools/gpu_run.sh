@@ -19,7 +19,10 @@
 #     fp32      (60)  the kernel grid in float32, mate.eager included
 #     others    (120) the kernel grid in bf16 for mate.eager, mate.block_sparse and FlexAttention on the exact mask
 #     anchors   (120) the encoder grid in bf16 for transformers' TapasModel and BertModel
-# About 18 minutes at most with every step; for a shorter run choose steps, e.g.
+#     auto      (300) the rows of attention.impl=auto's CUDA table (AUTO in mate_cli/modeling/attention/mate.py):
+#                     bucketed triton vs eager in float32 and float16; exact masked vs block_sparse in bf16 and
+#                     float32, 512-16,384 tokens; and exact float32 training at encoder level (time and memory)
+# About 23 minutes at most with every step; for a shorter run choose steps, e.g.
 # GPU_STEPS="kernel split encoder tests host_sync" (9 minutes at most, and the install). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
 # $GPU_OUT (default outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid
 # (bench.csv, bench.md).
@@ -28,7 +31,7 @@ cd "$(dirname "$0")/.."
 out="${GPU_OUT:-outputs/gpu}"
 py="${PYTHON:-python3}"
 wheels="${GPU_WHEELS_DIR:-.whl}"
-steps="${GPU_STEPS:-kernel split profile tiles tests encoder host_sync train fp32 others anchors}"
+steps="${GPU_STEPS:-kernel split profile tiles tests encoder host_sync train fp32 others anchors auto}"
 "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'tools/gpu_run.sh: no CUDA GPU here; run it on a machine with one')" || exit 1
 mkdir -p "$out"
 site=/tmp/mate-gpu-site
@@ -72,9 +75,22 @@ step_train() { mate train experiment=hybridqa_mate hardware=gpu logger=csv train
 step_fp32() { kernel_grid float32 "[dense,mate.triton,mate.eager]" kernel_float32; }
 step_others() { lengths="[2048,8192,32768]" kernel_grid bfloat16 "[mate.eager,mate.block_sparse,flex]" kernel_bfloat16_others; }
 step_anchors() { encoder_grid "[tapas_hf,bert_hf]" encoder_bfloat16_anchors; }
+step_auto() {
+  local dtype
+  for dtype in float32 float16; do
+    lengths="[2048,8192,32768]" kernel_grid "$dtype" "[mate.triton,mate.eager]" "auto_bucketed_$dtype" || return
+  done
+  for dtype in bfloat16 float32; do
+    lengths="[512,1024,2048,4096,8192,16384]" kernel_grid "$dtype" "[mate.masked,mate.block_sparse]" "auto_exact_$dtype" ||
+      return
+  done
+  mate bench bench.device=cuda bench.dtype=float32 bench.levels=[encoder] bench.modes=[train] "bench.lengths=[4096,8192]" \
+    bench.linear_lengths=[] "bench.encoder.backends=[mate.masked,mate.block_sparse]" bench.plots=false \
+    "bench.schedule=[{warmup:2,repeats:3}]" "hydra.run.dir=$out/auto_exact_float32_encoder"
+}
 
 declare -A limit=([kernel]=150 [split]=90 [tiles]=90 [tests]=150 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
-                  [anchors]=120)
+                  [anchors]=120 [auto]=300)
 start=$(date +%s)
 status=0
 : >"$out/steps.txt"
