@@ -19,10 +19,10 @@
 #     fp32      (60)  the kernel grid in float32, mate.eager included
 #     others    (120) the kernel grid in bf16 for mate.eager, mate.block_sparse and FlexAttention on the exact mask
 #     anchors   (120) the encoder grid in bf16 for transformers' TapasModel and BertModel
-#     auto      (300) the rows of attention.impl=auto's CUDA table (AUTO in mate_cli/modeling/attention/mate.py):
+#     auto      (420) the rows of attention.impl=auto's CUDA table (AUTO in mate_cli/modeling/attention/mate.py):
 #                     bucketed triton vs eager in float32 and float16; exact masked vs block_sparse in bf16 and
 #                     float32, 512-16,384 tokens; and exact float32 training at encoder level (time and memory)
-# About 23 minutes at most with every step; for a shorter run choose steps, e.g.
+# About 25 minutes at most with every step; for a shorter run choose steps, e.g.
 # GPU_STEPS="kernel split encoder tests host_sync" (9 minutes at most, and the install). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
 # $GPU_OUT (default outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid
 # (bench.csv, bench.md).
@@ -90,7 +90,7 @@ step_auto() {
 }
 
 declare -A limit=([kernel]=150 [split]=90 [tiles]=90 [tests]=150 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
-                  [anchors]=120 [auto]=300)
+                  [anchors]=120 [auto]=420)
 start=$(date +%s)
 status=0
 : >"$out/steps.txt"
