@@ -211,11 +211,7 @@ def kernel_case(
     q, k, v = (t.to(device, dtype) for t in base)
     cotangent = None
     if mode == "inference":
-
-        def call() -> None:
-            with torch.no_grad():
-                fn(q, k, v)
-
+        call = torch.no_grad()(functools.partial(fn, q, k, v))
     else:
         leaves = [t.requires_grad_() for t in (q, k, v)]
         params = list(module.parameters()) if module is not None else []
@@ -336,12 +332,7 @@ def encoder_case(
     model = model.to(device=device, dtype=dtype).eval()
     probe = torch.empty(1, 1, seq_len, 1, device=device, dtype=dtype)  # like the q every attention layer sees
     if mode == "inference":
-
-        def call() -> None:
-            with torch.no_grad():
-                forward()
-
-        return Case(call, countable=not runs_flex(model, probe, grad=False))
+        return Case(torch.no_grad()(forward), countable=not runs_flex(model, probe, grad=False))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def train_call() -> None:
