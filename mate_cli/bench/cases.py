@@ -70,7 +70,7 @@ class Case:
     """One prepared cell: ``call()`` performs exactly one measured call. ``flops``: set where FlopCounterMode
     cannot see the work (FlexAttention), the FLOPs of one call as the kernel evaluates them."""
 
-    call: Callable[[], None]
+    call: Callable[[], object]  # its result is discarded
     flops: float | None = None
     #: warm-up calls before the memory call: 2 where the first builds what later calls reuse (per-layout structure
     #: at kernel level, the optimiser's state in an encoder training step), so memory is a steady-state call's
