@@ -7,7 +7,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mate_cli import tasks
-from mate_cli.commands.common import hydra_app, print_metrics, quiet_third_party_logs, write_result
+from mate_cli.commands.common import hydra_app, hydra_choices, print_metrics, quiet_third_party_logs, write_result
 from mate_cli.errors import MateError
 
 
@@ -15,7 +15,7 @@ def baseline(cfg: DictConfig) -> dict:
     quiet_third_party_logs()
     if cfg.dataset.get("task") is None:
         raise MateError(
-            f"mate baseline scores the table tasks; dataset={cfg.dataset.get('_target_')} is not one: "
+            f"mate baseline scores the table tasks; dataset={hydra_choices().get('dataset')} is not one: "
             f"use dataset=<task> or <task>_sample, a task among {', '.join(tasks.names())}"
         )
     task = tasks.get(cfg.dataset.task)
