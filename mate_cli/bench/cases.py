@@ -168,6 +168,22 @@ def attention_config(name: str) -> DictConfig:
     return _composed(name).copy()
 
 
+def check_name(name: str) -> None:
+    """`MateError` unless ``name`` is a backend this bench knows: a misspelt name is one line before the grid runs
+    (a known backend whose module is absent from this install is a skipped cell)."""
+    base, _ = split_options(name)
+    family, _ = split_name(base)
+    if base in ("flex", *HF_BACKENDS) or family == "dot":
+        return
+    if family not in attention.BACKEND_MODULES:
+        raise MateError(
+            f"bench backend {name!r} is unknown; use flex, {', '.join(HF_BACKENDS)}, dot.<size>-<K>, or "
+            f"<family>[.<impl>] with a family among {', '.join(attention.BACKEND_MODULES)}"
+        )
+    if family in attention.REGISTRY:
+        attention_config(base)  # a variant or impl its config lacks is one line
+
+
 def attention_factory(name: str) -> Callable[..., AttentionBackend]:
     """The per-layer backend factory ``instantiate(cfg.attention)`` gives training; :class:`Unavailable` if unknown."""
     family, _ = split_name(name)

@@ -202,6 +202,22 @@ def test_backends_are_built_from_the_attention_group_as_training_builds_them():
         cases.attention_factory("no_such_backend")
 
 
+def test_a_misspelt_backend_is_one_line_before_the_grid_runs():
+    for name in ("dense", "mate.bucketed", "mate.masked+ckpt", "flex", "tapas_hf", "dot.small-256"):
+        cases.check_name(name)
+    with pytest.raises(MateError, match="'nosuch' is unknown; use flex, tapas_hf, bert_hf, dot.<size>-<K>, or"):
+        cases.check_name("nosuch")
+    with pytest.raises(MateError, match="names no MATE variant"):
+        cases.check_name("mate.flex")  # an implementation since removed
+    with pytest.raises(MateError, match="no 'impl' option"):
+        cases.check_name("dense.fast")
+    with pytest.raises(MateError, match=r"unknown option \+fast"):
+        cases.check_name("dense+fast")
+    settings = runner.Settings(["kernel"], ["inference"], [256], [], {"kernel": ["dense", "nosuch"]})
+    with pytest.raises(MateError, match="'nosuch' is unknown"):
+        settings.check()
+
+
 def test_compose_works_inside_a_running_hydra_app_and_leaves_it_as_it_was():
     cases._composed.cache_clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):  # as under @hydra.main
