@@ -227,6 +227,10 @@ def test_a_run_resumed_in_its_own_run_dir_keeps_its_earlier_csv_rows(trained, tm
     with open(run / "csv" / "metrics.csv", newline="", encoding="utf-8") as handle:
         steps = sorted({int(float(row["step"])) for row in csv.DictReader(handle) if row.get("train/loss")})
     assert steps[0] <= 1 and steps[-1] >= 4, steps
+    # the resumed state is written over the interrupted one, not beside it as last-v1.ckpt (which a later
+    # ckpt_path=<run> would not read)
+    assert sorted(p.name for p in (run / "checkpoints").glob("last*")) == ["last.ckpt"]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
 
 
 def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):
