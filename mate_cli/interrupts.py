@@ -80,15 +80,13 @@ def interrupted(signum: int | None = None) -> Interrupted:
     training = _State.training
     if training is None or training.step is None:
         return Interrupted(signum, f"interrupted by {name}; nothing to resume: run the command again")
+    at = f"at step {training.step}{' during a validation' if training.validating else ''}"
     if training.saved_step is None:
         return Interrupted(
-            signum,
-            f"interrupted by {name} at step {training.step} before any checkpoint was saved; run the command again",
+            signum, f"interrupted by {name} {at}, before any checkpoints/last.ckpt was saved; run the command again"
         )
     held = "" if training.saved_step == training.step else f" (checkpoints/last.ckpt holds step {training.saved_step})"
-    return Interrupted(
-        signum, f"interrupted by {name} at step {training.step}{held}; resume with ckpt_path={training.run_dir}"
-    )
+    return Interrupted(signum, f"interrupted by {name} {at}{held}; resume with ckpt_path={training.run_dir}")
 
 
 class StopOnSignal(L.Callback):
@@ -101,6 +99,7 @@ class StopOnSignal(L.Callback):
         self.run_dir = self.last_ckpt.parent.parent
         self.step: int | None = None
         self.saved_step: int | None = None
+        self.validating = False  # stopped inside a validation: unsaved, a resume starts from the last last.ckpt
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.step = trainer.global_step
@@ -125,4 +124,5 @@ class StopOnSignal(L.Callback):
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if _State.received is not None and trainer.state.fn == "fit":
+            self.validating = True
             raise interrupted()

@@ -233,6 +233,28 @@ def test_a_run_resumed_in_its_own_run_dir_keeps_its_earlier_csv_rows(trained, tm
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
 
 
+def test_a_signal_during_a_validation_stops_it_and_says_which_step_a_resume_starts_from(
+    trained, tmp_path, signal_handlers
+):
+    """A signal inside a validation during fit stops at the next validation batch, unsaved (README, "Resuming"):
+    the line says so, and which last.ckpt a resume would read, if any."""
+    from mate_cli import interrupts
+
+    cache = trained("tabfact").parent / "cache"
+    stop = ["+callbacks.signal_at._target_=tests.signal_at.SignalAt", "+callbacks.signal_at.batch=0"]
+    stop += ["+callbacks.signal_at.validation=true", "trainer.max_steps=6", "trainer.limit_val_batches=2"]
+    for every, held in ((50, ", before any checkpoints/last.ckpt was saved; run the command again"),
+                        (1, f" during a validation; resume with ckpt_path={tmp_path / 'every-1'}")):  # fmt: skip
+        interrupts.install()
+        run = tmp_path / f"every-{every}"
+        try:
+            with pytest.raises(Exception, match="interrupted by SIGTERM at step 2 during a validation") as err:
+                train_in_process([*stop, f"callbacks.model_checkpoint.every_n_train_steps={every}"], run, cache)
+        finally:
+            interrupts.install()
+        assert held in str(err.value), err.value
+
+
 def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):
     """What a DataLoader worker (ignore Ctrl-C, end quietly at SIGTERM) and a preprocessing
     pool worker (the default actions) set when they start; the whole-group test above shows
