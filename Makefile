@@ -86,14 +86,16 @@ gpu-wheels: install
 #   stage 2  passage reader (dense BERT)   mate train experiment=hybridqa_reader
 #   eval     top cell -> reader -> official EM/F1 (in-table / in-passage / total) + Hits@1/3/5
 #            mate pointr stage1.ckpt_path=... stage2.ckpt_path=...
-# The eval uses the newest run of each experiment and its last.ckpt (the best-* checkpoint
-# is chosen on the same validation tables, so it would flatter the sample's numbers).
+# The eval uses the newest run of each experiment that has a last.ckpt (newest by the start
+# time its dir name begins with, not by the dir's mtime, which a later command writing into it
+# changes) and that last.ckpt (the best-* checkpoint is chosen on the same validation tables,
+# so it would flatter the sample's numbers).
 # Run dirs: $(POINTR_OUT)/{train,pointr}/...; predictions.json + metrics.json land in the pointr run dir.
 POINTR_OUT := $(or $(MATE_OUTPUT_DIR),outputs)
 POINTR_STAGE1 ?= hybridqa_mate
 POINTR_STAGE1_ARGS ?=
 POINTR_STAGE2_ARGS ?=
-newest_ckpt = $$(ls -td $(POINTR_OUT)/train/*-$(1)-* 2>/dev/null | head -1)/checkpoints/last.ckpt
+newest_ckpt = $$(ls -d $(POINTR_OUT)/train/*-$(1)-*/checkpoints/last.ckpt 2>/dev/null | sort | tail -1)
 
 .PHONY: pointr-sample pointr-sample-stage1 pointr-sample-stage2 pointr-sample-eval pointr-sample-predict
 
