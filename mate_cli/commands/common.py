@@ -204,8 +204,10 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]
 
 
 def print_metrics(title: str, metrics: dict, names: Sequence[str], prefix: str = "") -> None:
-    """One row of metrics, 4 decimals: the column ``name`` shows ``metrics[prefix + name]``."""
-    print_table(title, names, [[f"{metrics[prefix + name]:.4f}" for name in names]])
+    """One row of metrics, 4 decimals (a count of questions, ``*questions``, as a whole number): the column ``name``
+    shows ``metrics[prefix + name]``."""
+    shown = [f"{metrics[prefix + n]:.{0 if n.endswith('questions') else 4}f}" for n in names]
+    print_table(title, names, [shown])
 
 
 def instantiate_dict(section: DictConfig | None) -> list:

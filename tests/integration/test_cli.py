@@ -500,3 +500,11 @@ def test_keep_best_encoder_keeps_the_best_as_a_transformers_directory_only(tmp_p
     assert "/best-" in metrics["best_checkpoint"] and not Path(metrics["best_checkpoint"]).exists()
     assert metrics["best_kept_as"] == str(run / "encoder") and (run / "encoder" / "config.json").is_file()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]  # still resumable
+
+
+def test_a_metrics_row_shows_rates_with_4_decimals_and_question_counts_whole(capsys):
+    from mate_cli.commands.common import print_metrics
+
+    print_metrics("wtq", {"val/accuracy": 0.5, "val/long_questions": 4.0}, ["val/accuracy", "val/long_questions"])
+    out = capsys.readouterr().out
+    assert "0.5000" in out and " 4 " in out and "4.0000" not in out, out
