@@ -13,6 +13,7 @@ Q1, Q3 such that the half-IQR is (max - min) / 4.
 from __future__ import annotations
 
 import csv
+import shutil
 import json
 import os
 import subprocess
@@ -263,6 +264,14 @@ def test_an_outputs_dir_gets_one_row_per_swept_override(tree, tmp_path):
     assert "left out 1 run(s) of other tasks (eval)" in proc.stdout
     assert "0.99" not in (run / "report.csv").read_text()
     assert "0.3200 ± 0.0050" in table_line(proc.stdout, "│ 1.0 ")
+
+
+def test_a_report_written_into_the_folder_it_reads_leaves_itself_out(tree, tmp_path):
+    outputs = tmp_path / "outputs"
+    shutil.copytree(tree["outputs"], outputs)
+    proc = mate_report([f"path={outputs}"], outputs)  # its run dir: <outputs>/report/run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "left out 1 run(s) of other tasks (eval)" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_a_missing_path_is_one_line_exit_2(tmp_path):
