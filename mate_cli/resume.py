@@ -232,6 +232,35 @@ def continue_wandb_run(cfg, resume: str | None) -> None:
     wandb_cfg.id = str(earlier) if earlier else secrets.token_hex(4)
 
 
+#: what fixes the function a resumed run goes on computing, and its data and order; of them, a resume may change where
+#: the data is and how it is loaded (``model.encoder.attention`` is ``${attention}``, compared once)
+FIXED_ON_RESUME = ("seed", "attention", "model", "dataset")
+NOT_COMPARED = ("dataset.root", "dataset.cache_dir", "dataset.num_workers", "dataset.eval_batch_size")
+NOT_COMPARED += ("model.encoder.attention",)
+
+
+def changed_on_resume(cfg, resume: str) -> list[str]:
+    """``key (before -> now)`` for each value of :data:`FIXED_ON_RESUME` this command changes from the resumed run's
+    ``resolved_config.yaml`` (read before this run writes its own: in place, it is the same file)."""
+    from omegaconf import OmegaConf
+
+    from mate_cli.config_schema import ABSENT, dotted_keys, lookup
+
+    config = run_dir_of(resume) / "resolved_config.yaml"
+    if not config.is_file():
+        return []
+    before = OmegaConf.to_container(read_run_config(config, "resume from a run dir that `mate train` wrote"))
+    now = OmegaConf.to_container(cfg, resolve=True)
+    nodes = [(node, tree.get(node)) for node in FIXED_ON_RESUME for tree in (now, before)]
+    keys = dict.fromkeys(key for node, value in nodes for key in (node, *dotted_keys(value, f"{node}.")))
+    pairs = {key: (lookup(before, key), lookup(now, key)) for key in keys if not key.startswith(NOT_COMPARED)}
+    return [
+        f"{key} ({'unset' if old is ABSENT else old} -> {'unset' if new is ABSENT else new})"
+        for key, (old, new) in pairs.items()
+        if old != new and not isinstance(old, dict) and not isinstance(new, dict)
+    ]
+
+
 class ContinuousCSVLog(L.Callback):
     """A CSV log a resume continues: flushed with every checkpoint, so no row before it waits in a buffer; a resumed
     run's starts with the earlier run's rows before the restored step, the checkpoint's batch row included."""

@@ -38,6 +38,7 @@ from mate_cli.resume import (
     AtomicCheckpointIO,
     ContinuousCSVLog,
     ResumeState,
+    changed_on_resume,
     continue_wandb_run,
     resolve_resume_path,
     run_dir_of,
@@ -52,6 +53,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     out = run_dir()
     resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
     continue_wandb_run(cfg, resume)  # before resolved_config.yaml records it
+    if resume and (changed := changed_on_resume(cfg, resume)):
+        shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        log.warning("resuming with %d value(s) changed from the resumed run's config: %s; the run goes on with "
+                    "this command's", len(changed), shown)  # fmt: skip
     if rank_zero_only.rank == 0:  # DDP ranks > 0 re-run this command into the same run dir
         print_config(
             cfg, command_overrides(), out, whole=bool(OmegaConf.select(cfg, "extras.print_config", default=False))
@@ -71,7 +76,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info(init_weights_from(model, cfg.init_from))
     checkpoint_io = AtomicCheckpointIO()
     if resume:  # checked before any data is prepared; Lightning then loads the checked copy
-        checkpoint_io.preload(resume, check_checkpoint_fits(resume, model, "ckpt_path", resume=True))
+        checkpoint = check_checkpoint_fits(resume, model, "ckpt_path", resume=True)
+        checkpoint_io.preload(resume, checkpoint)
+        if 0 <= trainer_args.get("max_steps", -1) <= checkpoint["global_step"]:
+            log.warning("the resumed run is at step %d, trainer.max_steps=%d: nothing is trained; raise "
+                        "trainer.max_steps to go on", checkpoint["global_step"], trainer_args["max_steps"])  # fmt: skip
     callbacks = [
         *instantiate_dict(cfg.get("callbacks")),
         ResumeState(),

@@ -194,7 +194,9 @@ def test_a_signal_to_the_whole_group_saves_last_ckpt_at_the_step_reached(trained
         subprocess.CompletedProcess(proc.args, proc.returncode, "", err), code, f"mate: interrupted by {name} at step "
     )
     assert (run / "FAILED").read_text().strip() == line and line.endswith(f"resume with ckpt_path={run}"), line
-    step = int(line.split(" at step ")[1].split(";")[0])
+    step = int(
+        line.split(" at step ")[1].split()[0].rstrip(";")
+    )  # "at step N; resume" or "at step N during a validation"
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
     assert f"{line} (exit status {code})" in (run / "train.log").read_text()
 
@@ -253,6 +255,21 @@ def test_a_signal_during_a_validation_stops_it_and_says_which_step_a_resume_star
         finally:
             interrupts.install()
         assert held in str(err.value), err.value
+
+
+def test_resuming_a_finished_run_with_another_attention_says_both_in_a_warning(finished, tmp_path, caplog):
+    cache = finished.parent / "cache"
+    with caplog.at_level("WARNING", logger="mate_cli"):
+        train_in_process([f"ckpt_path={finished}", "trainer.max_steps=2", "attention=dense"], tmp_path / "run", cache)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    (changed,) = [w for w in warned if w.startswith("resuming with ")]
+    assert "attention._target_ (mate_cli.modeling.attention.mate.MateAttention -> " in changed, changed
+    assert "attention.variant (bucketed -> unset)" in changed and "dataset." not in changed, changed
+    assert "the resumed run is at step 2, trainer.max_steps=2: nothing is trained" in " ".join(warned), warned
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mate_cli"):  # the same config, to go on: no warning
+        train_in_process([f"ckpt_path={finished}", "trainer.max_steps=3"], tmp_path / "more", cache)
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "resum" in r.getMessage()], caplog.text
 
 
 def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):

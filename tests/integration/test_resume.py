@@ -124,7 +124,9 @@ def crash_and_resume(base: Path, args: list[str]) -> dict:
     assert [x for x in err.strip().splitlines() if x.startswith("mate:")] == [line], err[-3000:]
     assert "Traceback" not in err and "exited unexpectedly" not in err, err[-3000:]
     assert f"{line} (exit status 143)" in (termed / f"{task}.log").read_text()
-    step = int(line.split(" at step ")[1].split(";")[0])
+    step = int(
+        line.split(" at step ")[1].split()[0].rstrip(";")
+    )  # "at step N; resume" or "at step N during a validation"
     assert state(termed / "checkpoints" / "last.ckpt")[0] == step, "last.ckpt is not the step FAILED names"
     resume_from = line.rsplit("ckpt_path=", 1)[1]
     assert Path(resume_from) == termed
