@@ -55,11 +55,13 @@ def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signat
     raise interrupted(signum)
 
 
-def saved(checkpoint: dict) -> None:
-    """A checkpoint was written whole (called after its write): FAILED names the step a resume starts from. A write
-    a second signal cut short never gets here, so FAILED names the last whole one."""
-    if _State.training is not None and checkpoint.get("optimizer_states") is not None:  # best-*.ckpt: weights only
-        _State.training.saved_step = int(checkpoint.get("global_step", 0))
+def saved(checkpoint: dict, path: str | Path) -> None:
+    """A checkpoint was written whole at ``path`` (called after its write): when it is ``last.ckpt``, what
+    ``ckpt_path=<run dir>`` resumes, FAILED names its step. A write a second signal cut short never gets here, so FAILED
+    names the last whole one."""
+    training = _State.training
+    if training is not None and Path(path).resolve() == training.last_ckpt.resolve():  # not best-*.ckpt, full or not
+        training.saved_step = int(checkpoint.get("global_step", 0))
 
 
 def loader_worker_start(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature

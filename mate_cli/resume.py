@@ -142,7 +142,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             with atomic_open(path, "wb") as handle:
                 torch.save(checkpoint, handle)
-            interrupts.saved(checkpoint)
+            interrupts.saved(checkpoint, path)
         except (OSError, RuntimeError) as err:  # torch reports a failed write as "unexpected pos ..."
             if os_error_in(err) is None:
                 raise
@@ -233,27 +233,42 @@ def continue_wandb_run(cfg, resume: str | None) -> None:
 
 
 #: what fixes the function a resumed run goes on computing, and its data and order; of them, a resume may change where
-#: the data is and how it is loaded (``model.encoder.attention`` is ``${attention}``, compared once)
+#: the data is and how it is loaded. A key whose value here interpolates another (``${seed}``, ``${attention}``, paths)
+#: is compared through that one.
 FIXED_ON_RESUME = ("seed", "attention", "model", "dataset")
-NOT_COMPARED = ("dataset.root", "dataset.cache_dir", "dataset.num_workers", "dataset.eval_batch_size")
-NOT_COMPARED += ("model.encoder.attention",)
+NOT_COMPARED = (
+    "dataset.root",
+    "dataset.cache_dir",
+    "dataset.sources",
+    "dataset.num_workers",
+    "dataset.eval_batch_size",
+)
 
 
 def changed_on_resume(cfg, resume: str) -> list[str]:
     """``key (before -> now)`` for each value of :data:`FIXED_ON_RESUME` this command changes from the resumed run's
-    ``resolved_config.yaml`` (read before this run writes its own: in place, it is the same file)."""
+    ``resolved_config.yaml`` (read before this run writes its own: in place, it is the same file); none when that file
+    is absent or unreadable (the resume goes on: its checkpoint is checked on its own)."""
     from omegaconf import OmegaConf
 
     from mate_cli.config_schema import ABSENT, dotted_keys, lookup
 
     config = run_dir_of(resume) / "resolved_config.yaml"
-    if not config.is_file():
+    try:
+        before = OmegaConf.to_container(read_run_config(config, "")) if config.is_file() else {}
+    except MateError as err:
+        log.warning("the resumed run's config is not compared with this one: %s", str(err).rstrip("; "))
         return []
-    before = OmegaConf.to_container(read_run_config(config, "resume from a run dir that `mate train` wrote"))
-    now = OmegaConf.to_container(cfg, resolve=True)
-    nodes = [(node, tree.get(node)) for node in FIXED_ON_RESUME for tree in (now, before)]
+    now, raw = OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(cfg, resolve=False)
+
+    def compared(key: str) -> bool:
+        parts = key.split(".")
+        prefixes = (lookup(raw, ".".join(parts[:i])) for i in range(1, len(parts) + 1))
+        return not key.startswith(NOT_COMPARED) and not any(isinstance(v, str) and "${" in v for v in prefixes)
+
+    nodes = [(node, tree.get(node)) for node in FIXED_ON_RESUME for tree in (now, before)] if before else []
     keys = dict.fromkeys(key for node, value in nodes for key in (node, *dotted_keys(value, f"{node}.")))
-    pairs = {key: (lookup(before, key), lookup(now, key)) for key in keys if not key.startswith(NOT_COMPARED)}
+    pairs = {key: (lookup(before, key), lookup(now, key)) for key in keys if compared(key)}
     return [
         f"{key} ({'unset' if old is ABSENT else old} -> {'unset' if new is ABSENT else new})"
         for key, (old, new) in pairs.items()

@@ -11,10 +11,10 @@ import lightning as L
 class SignalAt(L.Callback):
     """Sends this process ``signum`` once, as training batch ``batch`` starts (as a scheduler's time limit may):
     ``+callbacks.signal_at._target_=tests.signal_at.SignalAt +callbacks.signal_at.batch=2``; with
-    ``validation=true``, as that batch of the first validation inside fit starts."""
+    ``validation=<n>``, as that batch of the n-th validation inside fit starts."""
 
-    def __init__(self, batch: int, signum: int = int(signal.SIGTERM), validation: bool = False) -> None:
-        self.batch, self.signum, self.validation, self.sent = batch, signum, validation, False
+    def __init__(self, batch: int, signum: int = int(signal.SIGTERM), validation: int = 0) -> None:
+        self.batch, self.signum, self.validation, self.sent, self.validations = batch, signum, validation, False, 0
 
     def _send(self, batch_idx: int) -> None:
         if batch_idx == self.batch and not self.sent:
@@ -25,6 +25,9 @@ class SignalAt(L.Callback):
         if not self.validation:
             self._send(batch_idx)
 
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.validations += not trainer.sanity_checking
+
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        if self.validation and not trainer.sanity_checking:
+        if self.validation and self.validations == self.validation and not trainer.sanity_checking:
             self._send(batch_idx)

@@ -53,11 +53,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     out = run_dir()
     resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
     continue_wandb_run(cfg, resume)  # before resolved_config.yaml records it
-    if resume and (changed := changed_on_resume(cfg, resume)):
-        shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
-        log.warning("resuming with %d value(s) changed from the resumed run's config: %s; the run goes on with "
-                    "this command's", len(changed), shown)  # fmt: skip
     if rank_zero_only.rank == 0:  # DDP ranks > 0 re-run this command into the same run dir
+        if resume and (changed := changed_on_resume(cfg, resume)):  # before resolved_config.yaml is written
+            shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+            log.warning("resuming with %d value(s) changed from the resumed run's config: %s; the run goes on with "
+                        "this command's", len(changed), shown)  # fmt: skip
         print_config(
             cfg, command_overrides(), out, whole=bool(OmegaConf.select(cfg, "extras.print_config", default=False))
         )
@@ -78,7 +78,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if resume:  # checked before any data is prepared; Lightning then loads the checked copy
         checkpoint = check_checkpoint_fits(resume, model, "ckpt_path", resume=True)
         checkpoint_io.preload(resume, checkpoint)
-        if 0 <= trainer_args.get("max_steps", -1) <= checkpoint["global_step"]:
+        if 0 <= trainer_args.get("max_steps", -1) <= checkpoint.get("global_step", 0):
             log.warning("the resumed run is at step %d, trainer.max_steps=%d: nothing is trained; raise "
                         "trainer.max_steps to go on", checkpoint["global_step"], trainer_args["max_steps"])  # fmt: skip
     callbacks = [

@@ -11,6 +11,7 @@ the exit status are the point.
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -194,9 +195,10 @@ def test_a_signal_to_the_whole_group_saves_last_ckpt_at_the_step_reached(trained
         subprocess.CompletedProcess(proc.args, proc.returncode, "", err), code, f"mate: interrupted by {name} at step "
     )
     assert (run / "FAILED").read_text().strip() == line and line.endswith(f"resume with ckpt_path={run}"), line
+    # "at step N; resume ...", or in a validation "at step N during a validation (checkpoints/last.ckpt holds step M)"
     step = int(
-        line.split(" at step ")[1].split()[0].rstrip(";")
-    )  # "at step N; resume" or "at step N during a validation"
+        re.search(r"holds step (\d+)", line)[1] if "holds step" in line else re.search(r" at step (\d+)", line)[1]
+    )
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
     assert f"{line} (exit status {code})" in (run / "train.log").read_text()
 
@@ -239,22 +241,28 @@ def test_a_signal_during_a_validation_stops_it_and_says_which_step_a_resume_star
     trained, tmp_path, signal_handlers
 ):
     """A signal inside a validation during fit stops at the next validation batch, unsaved (README, "Resuming"):
-    the line says so, and which last.ckpt a resume would read, if any."""
+    the line says so, and which last.ckpt a resume would read, if any (a full-state best checkpoint is none)."""
     from mate_cli import interrupts
 
-    cache = trained("tabfact").parent / "cache"
+    cache = trained("tabfact").parent / "cache"  # validations every 2 steps
     stop = ["+callbacks.signal_at._target_=tests.signal_at.SignalAt", "+callbacks.signal_at.batch=0"]
-    stop += ["+callbacks.signal_at.validation=true", "trainer.max_steps=6", "trainer.limit_val_batches=2"]
-    for every, held in ((50, ", before any checkpoints/last.ckpt was saved; run the command again"),
-                        (1, f" during a validation; resume with ckpt_path={tmp_path / 'every-1'}")):  # fmt: skip
+    stop += ["trainer.max_steps=6", "trainer.limit_val_batches=2"]
+    for name, overrides, said in (
+        ("none", ["callbacks.model_checkpoint.every_n_train_steps=50", "+callbacks.signal_at.validation=1"],
+         "at step 2 during a validation, before any checkpoints/last.ckpt was saved; run the command again"),
+        ("every-step", ["callbacks.model_checkpoint.every_n_train_steps=1", "+callbacks.signal_at.validation=1"],
+         f"at step 2 during a validation; resume with ckpt_path={tmp_path / 'every-step'}"),
+        ("full-best", ["callbacks.model_checkpoint.every_n_train_steps=50", "+callbacks.signal_at.validation=2",
+                       "callbacks.best_checkpoint.save_weights_only=false"],
+         "at step 4 during a validation, before any checkpoints/last.ckpt was saved; run the command again"),
+    ):  # fmt: skip
         interrupts.install()
-        run = tmp_path / f"every-{every}"
         try:
-            with pytest.raises(Exception, match="interrupted by SIGTERM at step 2 during a validation") as err:
-                train_in_process([*stop, f"callbacks.model_checkpoint.every_n_train_steps={every}"], run, cache)
+            with pytest.raises(Exception, match="interrupted by SIGTERM at step") as err:
+                train_in_process([*stop, *overrides], tmp_path / name, cache)
         finally:
             interrupts.install()
-        assert held in str(err.value), err.value
+        assert str(err.value) == f"interrupted by SIGTERM {said}", (name, err.value)
 
 
 def test_resuming_a_finished_run_with_another_attention_says_both_in_a_warning(finished, tmp_path, caplog):

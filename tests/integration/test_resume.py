@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import os
 import signal
 import subprocess
@@ -124,9 +125,10 @@ def crash_and_resume(base: Path, args: list[str]) -> dict:
     assert [x for x in err.strip().splitlines() if x.startswith("mate:")] == [line], err[-3000:]
     assert "Traceback" not in err and "exited unexpectedly" not in err, err[-3000:]
     assert f"{line} (exit status 143)" in (termed / f"{task}.log").read_text()
+    # "at step N; resume ...", or in a validation "at step N during a validation (checkpoints/last.ckpt holds step M)"
     step = int(
-        line.split(" at step ")[1].split()[0].rstrip(";")
-    )  # "at step N; resume" or "at step N during a validation"
+        re.search(r"holds step (\d+)", line)[1] if "holds step" in line else re.search(r" at step (\d+)", line)[1]
+    )
     assert state(termed / "checkpoints" / "last.ckpt")[0] == step, "last.ckpt is not the step FAILED names"
     resume_from = line.rsplit("ckpt_path=", 1)[1]
     assert Path(resume_from) == termed
