@@ -173,6 +173,8 @@ def check_name(name: str) -> None:
     (a known backend whose module is absent from this install is a skipped cell)."""
     base, _ = split_options(name)
     family, _ = split_name(base)
+    if family == "dot":
+        dot_shape(base)
     if base in ("flex", *HF_BACKENDS) or family == "dot":
         return
     if family not in attention.BACKEND_MODULES:
@@ -372,24 +374,27 @@ def bench_encoder(dims: dict, type_sizes: list[int], seq_len: int, attention, **
     return TableEncoder(config, attention, max_length=seq_len, **options)
 
 
+def dot_shape(name: str) -> tuple[str, int]:
+    """``dot.<pruner size>-<K>`` -> ``(size, K)`` (``dot``: ``small``, 256)."""
+    size, _, top_k = (split_name(name)[1] or "small-256").partition("-")
+    if size not in DIMS or not (top_k or "256").isdigit():
+        raise MateError(
+            f"bench backend {name!r}: write dot.<pruner size>-<K> with a size among {', '.join(DIMS)} and a whole "
+            "number K (e.g. dot.small-256)"
+        )
+    return size, int(top_k or 256)
+
+
 def dot_model(name: str, dims: dict, type_sizes: list[int], seq_len: int, input_ids, layout):
     """``dot.<pruner size>-<K>`` (e.g. ``dot.small-256``): DoT (Krichene et al. 2021), a dense pruner of that size over
     all ``seq_len`` tokens, then the dense task encoder at ``dims`` over the top K, attention biased by the scores.
     Its baseline is ``dense`` at the same length (the paper's TAPAS)."""
     from mate_cli.modeling.dot import DoubleTransformer
 
-    size, _, top_k = (split_name(name)[1] or "small-256").partition("-")
-    if size not in DIMS:
-        raise MateError(
-            f"bench backend {name!r}: the pruner size must be one of {', '.join(DIMS)} (e.g. dot.small-256)"
-        )
-
+    size, top_k = dot_shape(name)
     pruner = bench_encoder(DIMS[size], type_sizes, seq_len, "dense")
     model = torch.nn.ModuleDict(
-        {
-            "dot": DoubleTransformer(pruner, top_k=int(top_k or 256)),
-            "task": bench_encoder(dims, type_sizes, seq_len, "dense"),
-        }
+        {"dot": DoubleTransformer(pruner, top_k=top_k), "task": bench_encoder(dims, type_sizes, seq_len, "dense")}
     )
 
     def forward() -> torch.Tensor:

@@ -154,7 +154,7 @@ class PeakMemory:
             set_mmap_threshold(SPEED_MMAP_THRESHOLD)
 
 
-def timed(call: Callable[[], None], device: torch.device) -> float:
+def timed(call: Callable[[], object], device: torch.device) -> float:
     """Seconds of wall time for one call (module docstring)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -199,7 +199,7 @@ def _extra_flop_mapping() -> dict:
     return mapping
 
 
-def count_flops(call: Callable[[], None]) -> int:
+def count_flops(call: Callable[[], object]) -> int:
     """FLOPs of one call under FlopCounterMode (runs the call)."""
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -222,7 +222,7 @@ class Measurement:
 
 
 def measure(
-    call: Callable[[], None],
+    call: Callable[[], object],
     device: torch.device,
     warmup: int,
     repeats: int,

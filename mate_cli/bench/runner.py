@@ -68,7 +68,8 @@ class Settings:
             raise MateError(f"bench.batch={self.batch} must be >= 1")
         cases.dims_of(self.dims)
         cases.dtype_of(self.dtype)
-        for name in {name for level in self.levels for name in self.backends.get(level, [])}:
+        lists = (self.backends, self.linear_backends)
+        for name in dict.fromkeys(name for level in self.levels for names in lists for name in names.get(level, [])):
             cases.check_name(name)
 
     def plan(self, level: str, length: int) -> tuple[int, int]:
