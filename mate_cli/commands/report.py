@@ -28,8 +28,7 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
             f"formats={formats}: {', '.join(unknown)} is not a plot format; choose from {', '.join(render.FORMATS)}"
         )
     tasks = cfg.get("tasks")
-    out = run_dir()
-    runs, skipped = collect.collect(str(cfg.path), None if tasks is None else list(tasks), leave_out=out)
+    runs, skipped = collect.collect(str(cfg.path), None if tasks is None else list(tasks))
     configurations = aggregate.configurations(runs)
     requested = cfg.get("metrics")
     metrics = aggregate.choose_metrics(runs, None if requested is None else [str(m) for m in requested])
@@ -57,6 +56,7 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
             f"[dim]left out {len(skipped)} run(s) of other tasks ({', '.join(sorted({str(r.task) for r in skipped}))})[/dim]"
         )
 
+    out = run_dir()
     atomic_write_text(
         out / "report.md",
         render.markdown(

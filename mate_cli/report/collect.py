@@ -167,19 +167,17 @@ def load_run(path: Path, root: Path) -> Run:
     return run
 
 
-def collect(
-    path: str | os.PathLike, tasks: Iterable[str] | None = ("train",), leave_out: Path | None = None
-) -> tuple[list[Run], list[Run]]:
+def collect(path: str | os.PathLike, tasks: Iterable[str] | None = ("train",)) -> tuple[list[Run], list[Run]]:
     """``(runs of tasks, runs of other tasks)`` under ``path`` (``tasks`` None: all; a run without a task is kept),
-    but for the run dir ``leave_out`` (the report's own, when written into ``path``)."""
+    reports left out (this one too, when written into ``path``)."""
     hint = "pass a multirun dir (outputs/multirun/train/<time>) or an outputs dir"
     root = Path(path).expanduser()
     if not root.exists():
         raise MateError(f"path={path} does not exist; {hint}")
     if not root.is_dir():
         raise MateError(f"path={path} is not a directory; {hint}")
-    skip = leave_out.resolve() if leave_out is not None else None
-    runs = [load_run(folder, root) for folder in find_run_dirs(root) if folder.resolve() != skip]
+    runs = [load_run(folder, root) for folder in find_run_dirs(root)]
+    runs = [run for run in runs if run.task != "report"]
     wanted = None if tasks is None else {str(t) for t in tasks}
     keep = [wanted is None or r.task is None or r.task in wanted for r in runs]
     kept = [r for r, k in zip(runs, keep) if k]
