@@ -89,13 +89,14 @@ gpu-wheels: install
 # The eval uses the newest run of each experiment that has a last.ckpt (newest by the start
 # time its dir name begins with, not by the dir's mtime, which a later command writing into it
 # changes) and that last.ckpt (the best-* checkpoint is chosen on the same validation tables,
-# so it would flatter the sample's numbers).
+# so it would flatter the sample's numbers); without one, a path that names what is missing.
 # Run dirs: $(POINTR_OUT)/{train,pointr}/...; predictions.json + metrics.json land in the pointr run dir.
 POINTR_OUT := $(or $(MATE_OUTPUT_DIR),outputs)
 POINTR_STAGE1 ?= hybridqa_mate
 POINTR_STAGE1_ARGS ?=
 POINTR_STAGE2_ARGS ?=
-newest_ckpt = $$(ls -d $(POINTR_OUT)/train/*-$(1)-*/checkpoints/last.ckpt 2>/dev/null | sort | tail -1)
+newest_ckpt = $$(ls -d $(POINTR_OUT)/train/*-$(1)-*/checkpoints/last.ckpt 2>/dev/null | sort | tail -1 | grep . \
+	|| echo $(POINTR_OUT)/train/no-$(1)-run-with-a-last.ckpt)
 
 .PHONY: pointr-sample pointr-sample-stage1 pointr-sample-stage2 pointr-sample-eval pointr-sample-predict
 
