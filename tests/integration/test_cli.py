@@ -406,8 +406,9 @@ def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
         (["pointr", "stage1.ckpt_path={tmp}/none.ckpt", "stage2.ckpt_path=null"], "pass ckpt_path="),
         (["predict", "ckpt_path={tmp}/none.ckpt", "table={tmp}/t.csv", "question=q"], "pass ckpt_path="),
         (["bench", "bench.targets=[{kind: faster}]"], "choose one of speedup"),
+        (["baseline", "dataset=hybridqa_sample"], "dataset=hybridqa_sample is not one: use dataset=<task> or"),
     ],
-    ids=["pretrain", "pointr", "predict", "bench"],
+    ids=["pretrain", "pointr", "predict", "bench", "baseline"],
 )
 def test_every_commands_app_ends_a_user_error_in_one_line_and_failed(args, fix, tmp_path):
     """Each command's Hydra app besides train's (whose real process is above) and eval's (its

@@ -722,19 +722,6 @@ def test_an_unwritable_output_folder_is_one_line_before_hydra_writes(tmp_path, m
     assert f"cannot write run dirs in {blocker / 'run'} (Not a directory)" in capsys.readouterr().err
 
 
-def test_baseline_of_a_dataset_that_is_no_table_task_is_one_line(tmp_path, monkeypatch, capsys):
-    from mate_cli import cli
-
-    monkeypatch.setenv("MATE_OUTPUT_DIR", str(tmp_path / "outputs"))
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["baseline", "dataset=hybridqa_sample", f"hydra.run.dir={tmp_path / 'run'}"])
-    assert exit_.value.code == 2
-    assert capsys.readouterr().err.strip() == (
-        "mate: error: mate baseline scores the table tasks; dataset=hybridqa_sample is not one: "
-        "use dataset=<task> or <task>_sample, a task among sqa, tabfact, wtq"
-    )
-
-
 def test_a_question_file_and_tables_with_a_byte_order_mark_are_read(tmp_path):
     from mate_cli.data.sqa import SQAReader
 
