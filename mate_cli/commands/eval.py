@@ -37,6 +37,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     datamodule = instantiate(dataset_here(train_cfg, cfg.paths.cache_dir))
     model = instantiate(train_cfg.model)
     check_checkpoint_fits(ckpt_path, model, "ckpt_path")
+    questions = datamodule.questions(cfg.split) if hasattr(datamodule, "questions") else None
+    if questions is not None and not any(q.answered for q in questions):
+        raise MateError(
+            f"split={cfg.split}: none of the {len(questions)} questions of {datamodule.root} has an answer to score "
+            "(a released test file has none); evaluate split=validation, or write test predictions with "
+            "`mate pointr split=test` (HybridQA)"
+        )
     trainer = L.Trainer(**trainer_args)
     if getattr(datamodule, "task", None) and trainer.world_size > 1:
         raise MateError(

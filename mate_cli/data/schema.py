@@ -69,6 +69,13 @@ class Question:
     position: int = 0
     channel: Optional[str] = None
 
+    @property
+    def answered(self) -> bool:
+        """Whether it carries a gold answer of its task's kind (a released test file's questions do not)."""
+        return bool(self.answer_text or self.answer_nodes or self.answers or self.answer_coordinates) or (
+            self.label is not None
+        )
+
 
 @dataclass
 class EncodedExample:

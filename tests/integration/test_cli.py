@@ -257,6 +257,13 @@ def test_eval_of_the_run_dir_reproduces_validation_metrics(trained_run: Path, tm
         assert metrics[key] == pytest.approx(train_metrics[key], abs=1e-6), key
 
 
+def test_eval_of_a_split_without_answers_is_refused_in_one_line(trained_run: Path, tmp_path: Path):
+    """HybridQA's released test.json has no answers: nothing to score (it scored 0 with a NaN loss)."""
+    with pytest.raises(MateError, match=r"^split=test: none of the \d+ questions of .* has an answer to score"):
+        run_command("eval", [f"ckpt_path={trained_run}", "split=test"], tmp_path / "eval")
+    assert not (tmp_path / "eval" / "metrics.json").exists()
+
+
 def test_the_best_checkpoint_keeps_weights_only_and_is_refused_for_resume(trained_run: Path, tmp_path: Path):
     (best,) = trained_run.glob("checkpoints/best-*.ckpt")
     last = trained_run / "checkpoints" / "last.ckpt"
