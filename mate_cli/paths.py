@@ -25,6 +25,9 @@ NOT_IN_NAME = ("experiment", "attention", "attention.variant", "dataset", "seed"
                "hparams_search", "sweep", "export_encoder", "validate_start", "validate_best")  # fmt: skip
 #: nor anything in these groups
 NOT_IN_NAME_GROUPS = ("hydra", "paths", "logger", "callbacks", "extras", "report")
+#: path values that say what ran (which encoder, which weights), shown by their last two parts (``google_tapas-base``,
+#: ``<run dir>_encoder``); other paths say where, and stay out
+WHAT_PATHS = ("model.encoder.pretrained", "init_from")
 #: the most characters the overrides add to a run name (the rest is a hash of them)
 NAME_OVERRIDES_MAX = 96
 
@@ -32,7 +35,7 @@ NAME_OVERRIDES_MAX = 96
 def override_parts(overrides) -> list[str]:
     """A job's overrides (``${hydra:overrides.task}``) as the ``key=value`` parts of its name and tags, keyed by the
     key's last part (``model.optimizer.lr=3e-05`` -> ``lr=3e-05``) unless two share one; left out: :data:`NOT_IN_NAME`,
-    :data:`NOT_IN_NAME_GROUPS`, and paths (``/``), lists and mappings, which a tag cannot show."""
+    :data:`NOT_IN_NAME_GROUPS`, paths (``/``) but :data:`WHAT_PATHS`, lists and mappings, which a tag cannot show."""
     pairs = []
     for item in overrides or ():
         key, sep, value = str(item).partition("=")
@@ -44,6 +47,8 @@ def override_parts(overrides) -> list[str]:
         ):
             continue
         value = value.strip().strip("'\"")
+        if key in WHAT_PATHS and "/" in value:
+            value = "_".join(value.rstrip("/").split("/")[-2:])
         if "/" in value or value.startswith(("[", "{")):
             continue
         pairs.append((key, slug(value) or "null"))
@@ -65,9 +70,10 @@ MAX_DIR_NAME_BYTES = 200
 
 
 def capped(text: str) -> str:
-    """``text`` as a folder-name part: whole up to :data:`MAX_DIR_NAME_BYTES` bytes of UTF-8, else cut (never inside a
-    character) and ended by ``-`` and 8 hex digits of a hash of the whole, so long texts differing at the end differ."""
-    text = str(text)
+    """``text`` as a folder-name part (``/`` -> ``_``): whole up to :data:`MAX_DIR_NAME_BYTES` bytes of UTF-8, else cut
+    (never inside a character) and ended by ``-`` and 8 hex digits of a hash of the whole, so long texts differing at
+    the end differ."""
+    text = str(text).replace("/", "_")
     encoded = text.encode()
     if len(encoded) <= MAX_DIR_NAME_BYTES:
         return text
@@ -83,7 +89,7 @@ def dir_name(run_name: str) -> str:
 
 def dir_name_start(start: str) -> str:
     """What the :func:`dir_name` of every run name beginning with ``start`` begins with."""
-    text = str(start).replace("=", "").replace(",", "_")
+    text = str(start).replace("=", "").replace(",", "_").replace("/", "_")
     return text.encode()[: MAX_DIR_NAME_BYTES - 9].decode(errors="ignore")
 
 

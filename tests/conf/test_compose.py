@@ -215,6 +215,20 @@ def test_run_name_and_tags_carry_the_overrides_that_say_what_ran(tmp_path):
                                            "dev", "ablation"]  # fmt: skip
 
 
+def test_a_swept_encoder_or_start_is_in_the_name_and_a_path_never_nests_a_job_dir(tmp_path):
+    """Two jobs of ``-m model.encoder.pretrained=<run A>/encoder,<run B>/encoder`` differ in name and tags (a path
+    that says where, such as dataset.root, stays out), and Hydra's job subdir holds no ``/``."""
+    from mate_cli.paths import capped, override_parts
+
+    names = set()
+    for pretrained in ("/x/outputs/pretrain/run-a1/encoder", "/x/outputs/pretrain/run-b2/encoder", "google/tapas-base"):
+        cfg = compose_train(["experiment=hybridqa_mate", f"model.encoder.pretrained={pretrained}"], tmp_path)
+        names.add(cfg.run_name)
+    assert len(names) == 3 and any(n.endswith("-pretrained=google_tapas-base") for n in names), names
+    assert override_parts(["init_from=/runs/sqa-1f2e3d", "dataset.root=/data/wtq"]) == ["init_from=runs_sqa-1f2e3d"]
+    assert capped("0-pretrained=/x/run-a1/encoder,seed=1") == "0-pretrained=_x_run-a1_encoder,seed=1"
+
+
 def test_override_parts_keep_keys_apart_and_long_names_short():
     from mate_cli.paths import NAME_OVERRIDES_MAX, override_parts, overrides_name
 
