@@ -1,22 +1,37 @@
 """Per training epoch: ``perf/examples_per_s`` (DoT's NPE/s), ``perf/tokens_per_s`` (real tokens) and
-``perf/peak_mem_mb`` (CUDA: the allocator's peak this epoch; CPU: the process's peak RSS so far). Wall time includes
+``perf/peak_mem_mb`` (CUDA: the allocator's peak this epoch; CPU: the process's peak RSS this epoch on Linux, so the jobs
+of a multirun, one process, each get their own; elsewhere its peak so far). Wall time includes
 data loading (what a user waits for) and leaves out validation inside the epoch. (Lightning's ``ThroughputMonitor``
 reports per-step windows under other names, without memory.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
+
+from mate_cli.bench.measure import proc_field
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        with contextlib.suppress(OSError):  # Linux: VmHWM back to the current RSS
+            Path("/proc/self/clear_refs").write_text("5")
 
 
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    if high := proc_field("/proc/self/status", "VmHWM"):  # "123 kB"
+        return int(high.split()[0]) / 2**10
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
@@ -30,8 +45,7 @@ class Throughput(L.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.start, self.examples, self.tokens = time.perf_counter(), 0, 0
         self.paused, self._validating_since = 0.0, None
-        if pl_module.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(pl_module.device)
+        reset_peak_memory(pl_module.device)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.training or getattr(trainer.state, "fn", None) == "fit":

@@ -126,3 +126,22 @@ def test_the_report_reads_the_sweep_and_nothing_is_written_outside_the_run_dirs_
     # where W&B's service logs go in a single run (<run dir>/wandb/cache): test_cli's smoke run; in a
     # sweep the service starts once per process and keeps the folders of the job that started it
     assert (base / "cache" / "matplotlib").is_dir()
+
+
+def test_a_cpu_epochs_peak_memory_counts_from_its_start_not_the_processes():
+    """The jobs of a CPU multirun share one process: each epoch's perf/peak_mem_mb starts from the RSS it finds
+    (Linux), so a job does not report an earlier job's peak."""
+    import sys
+
+    import torch
+
+    from mate_cli.lit_modules.throughput import peak_memory_mb, reset_peak_memory
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the peak RSS is reset through /proc on Linux only")
+    cpu = torch.device("cpu")
+    big = torch.ones(128 * 2**20)  # 512 MB touched, then returned to the system (one mmap)
+    del big
+    earlier = peak_memory_mb(cpu)
+    reset_peak_memory(cpu)
+    assert peak_memory_mb(cpu) < earlier - 400, (earlier, peak_memory_mb(cpu))
