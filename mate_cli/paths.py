@@ -118,7 +118,8 @@ def output_root() -> Path:
 
 def pretrained_run(experiment: str) -> str:
     """``${mate.pretrained:<experiment>}``: the ``encoder/`` of the newest finished ``mate pretrain`` run (or multirun
-    job) of ``experiment`` under :func:`output_root`, by start time."""
+    job) of ``experiment`` under :func:`output_root`, by start time; a ``debug=`` run (a step or a few batches) is
+    never it."""
     from mate_cli.errors import MateError
 
     root = output_root()
@@ -127,14 +128,21 @@ def pretrained_run(experiment: str) -> str:
         config = job / "resolved_config.yaml"
         if config.is_file() and f"\nexperiment_name: {experiment}\n" in "\n" + config.read_text(encoding="utf-8"):
             found.append((f"{job.parent.name}/{job.name}", job))
-    finished = sorted((key, p) for key, p in found if (p / "encoder" / "config.json").is_file())
+    finished = sorted((key, p) for key, p in found if (p / "encoder" / "config.json").is_file() and not _debug_run(p))
     if not finished:
         attention = str(experiment).removeprefix("pretrain_")
         raise MateError(
-            f"no finished `mate pretrain` run of experiment {experiment!r} (with encoder/) under {root}; "
+            f"no finished `mate pretrain` run of experiment {experiment!r} (with encoder/, not a debug= run) under "
+            f"{root}; "
             f"run `mate pretrain attention={attention}` first, or set model.encoder.pretrained=<dir>"
         )
     return str(finished[-1][1].resolve() / "encoder")
+
+
+def _debug_run(run: Path) -> bool:
+    """Whether Hydra recorded a ``debug=`` choice among the run's overrides."""
+    overrides = run / ".hydra" / "overrides.yaml"
+    return overrides.is_file() and re.search(r"^- \+*debug=", overrides.read_text(encoding="utf-8"), re.M) is not None
 
 
 def slug(text) -> str | None:

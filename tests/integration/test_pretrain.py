@@ -177,6 +177,9 @@ def test_the_ablation_resolver_finds_the_newest_finished_run(pretrained, monkeyp
         (job / "encoder" / "config.json").write_text((pretrained["run"] / "encoder" / "config.json").read_text())
         (job / "resolved_config.yaml").write_text("seed: 1\nexperiment_name: pretrain_mate\n")
         assert pretrained_run("pretrain_mate") == str(job.resolve() / "encoder")
+        (job / ".hydra").mkdir()  # a debug=fdr job (one step) is never the one to fine-tune from
+        (job / ".hydra" / "overrides.yaml").write_text("- attention=mate\n- debug=fdr\n")
+        assert pretrained_run("pretrain_mate") == str(pretrained["run"].resolve() / "encoder")
         with pytest.raises(MateError, match="run `mate pretrain attention=sat` first"):
             pretrained_run("pretrain_sat")
     finally:  # the module's other tests fine-tune from the real run
