@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from mate_cli.errors import MateError
 from tests.helpers import REPO_ROOT, mate_env, run_mate
 from tests.inprocess import run_command
 from tests.shared_runs import screen
@@ -117,6 +118,9 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
         assert isinstance(answer["cells"], list) and "selected cells" in shown
     if task == "wtq":
         assert answer["aggregation"] in ("NONE", "SUM", "AVERAGE", "COUNT") and "answer:" in shown
+        with pytest.raises(MateError, match=r"a table-task run answers with `mate predict ckpt_path=<run dir> table="):
+            run_command("predict", [f"stage1.ckpt_path={ckpt}", f"table={table}", f"question={question}"],
+                        tmp_path / "predict-stage1")  # fmt: skip
 
 
 @pytest.mark.slow
