@@ -51,7 +51,7 @@ UNTYPED = Any  #: the type of a key whose default says nothing and that has no d
 TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
 TRAINER_COMMANDS = ("train", "pretrain", "eval", "pointr", "predict")  #: their ``trainer`` node goes to the Trainer
 TRAINER_RESERVED = ("callbacks", "logger", "plugins")  #: what `mate train`/`pretrain` build from their config groups
-_REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")  #: a default that is one interpolation of another key
+REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")  #: a default that is one interpolation of another key
 
 #: the typing form of each annotation name this reader understands (a container's item types are dropped)
 _NAMES = {t.__name__: t for t in (int, float, str, bool, list, dict, tuple)}
@@ -89,7 +89,7 @@ def dotted_keys(tree: Any, prefix: str = "") -> list[str]:
 def says_nothing(default: Any) -> bool:
     """null, ``???``, or an interpolation through a resolver (``${oc.select:...}``): no type."""
     resolver = isinstance(default, str) and default.startswith("${") and default.endswith("}")
-    return default is None or default == "???" or (resolver and not _REFERENCE.match(default))
+    return default is None or default == "???" or (resolver and not REFERENCE.match(default))
 
 
 def trainer_argument(command: str | None, key: str) -> str | None:
@@ -111,7 +111,7 @@ def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset =
     if annotation is not Any:
         return annotation
     default = lookup(tree, key)
-    reference = _REFERENCE.match(default) if isinstance(default, str) else None
+    reference = REFERENCE.match(default) if isinstance(default, str) else None
     if reference and reference.group(1) not in _seen:
         return key_type(tree, reference.group(1), command, _seen | {key})
     if isinstance(default, str) and "${" in default and not says_nothing(default):

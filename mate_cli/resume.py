@@ -233,40 +233,32 @@ def continue_wandb_run(cfg, resume: str | None) -> None:
 
 
 #: what fixes the function a resumed run goes on computing, and its data and order; of them, a resume may change where
-#: the data is and how it is loaded. A key whose value here interpolates another (``${seed}``, ``${attention}``, paths)
-#: is compared through that one.
+#: the data is and how it is loaded. A key whose value here is another key (``${seed}``, ``${attention}``) is compared
+#: through that one.
 FIXED_ON_RESUME = ("seed", "attention", "model", "dataset")
-NOT_COMPARED = (
-    "dataset.root",
-    "dataset.cache_dir",
-    "dataset.sources",
-    "dataset.num_workers",
-    "dataset.eval_batch_size",
-)
+NOT_COMPARED = ("dataset.root", "dataset.cache_dir", "dataset.num_workers", "dataset.eval_batch_size")
 
 
 def changed_on_resume(cfg, resume: str) -> list[str]:
     """``key (before -> now)`` for each value of :data:`FIXED_ON_RESUME` this command changes from the resumed run's
-    ``resolved_config.yaml`` (read before this run writes its own: in place, it is the same file); none when that file
-    is absent or unreadable (the resume goes on: its checkpoint is checked on its own)."""
+    ``resolved_config.yaml`` (read before this run writes its own: in place, it is the same file); none without that
+    file. An unreadable one is refused in one line, as :func:`continue_wandb_run` refuses it."""
     from omegaconf import OmegaConf
 
-    from mate_cli.config_schema import ABSENT, dotted_keys, lookup
+    from mate_cli.config_schema import REFERENCE, ABSENT, dotted_keys, lookup
 
     config = run_dir_of(resume) / "resolved_config.yaml"
-    try:
-        before = OmegaConf.to_container(read_run_config(config, "")) if config.is_file() else {}
-    except MateError as err:
-        log.warning("the resumed run's config is not compared with this one: %s", str(err).rstrip("; "))
+    if not config.is_file():
         return []
+    before = OmegaConf.to_container(read_run_config(config, "resume from a run dir that `mate train` wrote"))
     now, raw = OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(cfg, resolve=False)
 
     def compared(key: str) -> bool:
         parts = key.split(".")
         prefixes = (lookup(raw, ".".join(parts[:i])) for i in range(1, len(parts) + 1))
-        return not key.startswith(NOT_COMPARED) and not any(isinstance(v, str) and "${" in v for v in prefixes)
+        return not key.startswith(NOT_COMPARED) and not any(isinstance(v, str) and REFERENCE.match(v) for v in prefixes)
 
-    nodes = [(node, tree.get(node)) for node in FIXED_ON_RESUME for tree in (now, before)] if before else []
+    nodes = [(node, tree.get(node)) for node in FIXED_ON_RESUME for tree in (now, before)]
     keys = dict.fromkeys(key for node, value in nodes for key in (node, *dotted_keys(value, f"{node}.")))
     pairs = {key: (lookup(before, key), lookup(now, key)) for key in keys if compared(key)}
     return [

@@ -80,7 +80,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         checkpoint_io.preload(resume, checkpoint)
         if 0 <= trainer_args.get("max_steps", -1) <= checkpoint.get("global_step", 0):
             log.warning("the resumed run is at step %d, trainer.max_steps=%d: nothing is trained; raise "
-                        "trainer.max_steps to go on", checkpoint["global_step"], trainer_args["max_steps"])  # fmt: skip
+                        "trainer.max_steps to go on", checkpoint.get("global_step", 0), trainer_args["max_steps"])  # fmt: skip
     callbacks = [
         *instantiate_dict(cfg.get("callbacks")),
         ResumeState(),
