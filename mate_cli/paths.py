@@ -25,9 +25,23 @@ NOT_IN_NAME = ("experiment", "attention", "attention.variant", "dataset", "seed"
                "hparams_search", "sweep", "export_encoder", "validate_start", "validate_best")  # fmt: skip
 #: nor anything in these groups
 NOT_IN_NAME_GROUPS = ("hydra", "paths", "logger", "callbacks", "extras", "report")
-#: path values that say what ran (which encoder, which weights), shown by their last two parts (``google_tapas-base``,
-#: ``<run dir>_encoder``); other paths say where, and stay out
+#: path values that say what ran (which encoder, which weights), shown by :func:`what_path`; other paths say where, and
+#: stay out
 WHAT_PATHS = ("model.encoder.pretrained", "init_from")
+
+
+def what_path(value: str) -> str:
+    """A hub id or a run's encoder/checkpoint as a name part: its last two parts, a run's ``encoder/`` or
+    ``checkpoints/`` dropped for the run dir (``google_tapas-base``, ``pretrain_<run dir>``,
+    ``<sweep time>_0-attention=mate``, ``<run dir>_last.ckpt``)."""
+    parts = value.rstrip("/").split("/")
+    if parts[-1] == "encoder":
+        parts = parts[:-1]
+    elif parts[-1].endswith(".ckpt") and parts[-2:-1] == ["checkpoints"]:
+        parts = [*parts[:-2], parts[-1]]
+    return "_".join(parts[-2:])
+
+
 #: the most characters the overrides add to a run name (the rest is a hash of them)
 NAME_OVERRIDES_MAX = 96
 
@@ -48,7 +62,7 @@ def override_parts(overrides) -> list[str]:
             continue
         value = value.strip().strip("'\"")
         if key in WHAT_PATHS and "/" in value:
-            value = "_".join(value.rstrip("/").split("/")[-2:])
+            value = what_path(value)
         if "/" in value or value.startswith(("[", "{")):
             continue
         pairs.append((key, slug(value) or "null"))
@@ -142,7 +156,10 @@ def pretrained_run(experiment: str) -> str:
 def _debug_run(run: Path) -> bool:
     """Whether Hydra recorded a ``debug=`` choice among the run's overrides."""
     overrides = run / ".hydra" / "overrides.yaml"
-    return overrides.is_file() and re.search(r"^- \+*debug=", overrides.read_text(encoding="utf-8"), re.M) is not None
+    return (
+        overrides.is_file()
+        and re.search(r"^- \+*debug=(?!null$)", overrides.read_text(encoding="utf-8"), re.M) is not None
+    )
 
 
 def slug(text) -> str | None:

@@ -226,6 +226,9 @@ def test_a_swept_encoder_or_start_is_in_the_name_and_a_path_never_nests_a_job_di
         names.add(cfg.run_name)
     assert len(names) == 3 and any(n.endswith("-pretrained=google_tapas-base") for n in names), names
     assert override_parts(["init_from=/runs/sqa-1f2e3d", "dataset.root=/data/wtq"]) == ["init_from=runs_sqa-1f2e3d"]
+    assert override_parts(["init_from=/o/train/run-c3/checkpoints/last.ckpt"]) == ["init_from=run-c3_last.ckpt"]
+    sweep_job = "model.encoder.pretrained=/o/multirun/pretrain/2026-01-02_03-04-05-a1b2c3/0-attention=mate/encoder"
+    assert override_parts([sweep_job]) == ["pretrained=2026-01-02_03-04-05-a1b2c3_0-attention=mate"]
     assert capped("0-pretrained=/x/run-a1/encoder,seed=1") == "0-pretrained=_x_run-a1_encoder,seed=1"
 
 
