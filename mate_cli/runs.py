@@ -279,8 +279,8 @@ def load_trained(
     if target.rsplit(".", 1)[-1] not in names:  # exactly: GraphCellSelectionModule is no CellSelectionModule run
         wanted = " or ".join(names)
         fix = f"pass the checkpoint of a run that trained {wanted}"
-        if target.rsplit(".", 1)[-1] in ("TableQAModule", "EntailmentModule") and key.startswith("stage"):
-            fix = "a table-task run answers with `mate predict ckpt_path=<run dir> table=<file> question=...`"
+        if target.rsplit(".", 1)[-1] in ("TableQAModule", "EntailmentModule") and key == "stage1":
+            fix += " (a table-task run: `mate predict ckpt_path=<run dir> table=<file> question=...`, `mate eval`)"
         raise MateError(f"{key}.ckpt_path={ckpt_path} is a run of {target or 'an unknown model'}, not {wanted}; {fix}")
     model = instantiate(cfg.model)
     model.load_state_dict(check_checkpoint_fits(ckpt_path, model, f"{key}.ckpt_path")["state_dict"])

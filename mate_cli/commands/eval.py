@@ -39,10 +39,15 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_checkpoint_fits(ckpt_path, model, "ckpt_path")
     questions = datamodule.questions(cfg.split) if hasattr(datamodule, "questions") else None
     if questions is not None and not any(q.answered for q in questions):
+        source = f"{datamodule.eval_file} in {datamodule.root}" if datamodule.eval_file else datamodule.root
+        fix = (
+            "pass a question file with answers in dataset.eval_file"
+            if datamodule.eval_file
+            else ("evaluate split=validation, or write test predictions with `mate pointr split=test` (HybridQA)")
+        )
         raise MateError(
-            f"split={cfg.split}: none of the {len(questions)} questions of {datamodule.root} has an answer to score "
-            "(a released test file has none); evaluate split=validation, or write test predictions with "
-            "`mate pointr split=test` (HybridQA)"
+            f"split={cfg.split}: none of the {len(questions)} questions of {source} has an answer to score "
+            f"(a released test file has none); {fix}"
         )
     trainer = L.Trainer(**trainer_args)
     if getattr(datamodule, "task", None) and trainer.world_size > 1:

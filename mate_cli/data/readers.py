@@ -182,7 +182,7 @@ class TableQAReader(CachedReads):
             raise MateError(
                 f"no question file {file_name!r} (for {name!r}) in {folder} (available files: "
                 f"{self.available_files()}; splits: {known or 'none'}); name one of those files with dataset.eval_file=<file> "
-                "(mate eval: overrides=[dataset.eval_file=<file>]), or add the file"
+                "(mate eval: \"overrides=['dataset.eval_file=<file>']\"), or add the file"
             )
         return path
 

@@ -1,6 +1,7 @@
 """Per training epoch: ``perf/examples_per_s`` (DoT's NPE/s), ``perf/tokens_per_s`` (real tokens) and
-``perf/peak_mem_mb`` (CUDA: the allocator's peak this epoch; CPU: the process's peak RSS this epoch on Linux, so the jobs
-of a multirun, one process, each get their own; elsewhere its peak so far). Wall time includes
+``perf/peak_mem_mb`` (CUDA: the allocator's peak this epoch; CPU: the process's peak RSS this epoch on Linux, from the
+RSS at its start, which still holds what earlier jobs of a multirun (one process) keep; elsewhere its peak so far). Wall
+time includes
 data loading (what a user waits for) and leaves out validation inside the epoch. (Lightning's ``ThroughputMonitor``
 reports per-step windows under other names, without memory.)
 """
@@ -8,6 +9,7 @@ reports per-step windows under other names, without memory.)
 from __future__ import annotations
 
 import contextlib
+import gc
 import resource
 import sys
 import time
@@ -16,13 +18,12 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from mate_cli.bench.measure import proc_field
-
 
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     else:
+        gc.collect()
         with contextlib.suppress(OSError):  # Linux: VmHWM back to the current RSS
             Path("/proc/self/clear_refs").write_text("5")
 
@@ -30,8 +31,9 @@ def reset_peak_memory(device: torch.device) -> None:
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    if high := proc_field("/proc/self/status", "VmHWM"):  # "123 kB"
-        return int(high.split()[0]) / 2**10
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="utf-8") as status:  # Linux: "VmHWM: 1 kB"
+        if (high := next((int(line.split()[1]) for line in status if line.startswith("VmHWM:")), None)) is not None:
+            return high / 2**10
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 

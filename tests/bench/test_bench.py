@@ -213,7 +213,7 @@ def test_a_misspelt_backend_is_one_line_before_the_grid_runs():
         cases.check_name("dense.fast")
     with pytest.raises(MateError, match=r"unknown option \+fast"):
         cases.check_name("dense+fast")
-    for name in ("dot.smal-256", "dot.small-abc"):
+    for name in ("dot.smal-256", "dot.small-abc", "dot.small-0"):
         with pytest.raises(MateError, match="write dot.<pruner size>-<K>"):
             cases.check_name(name)
     settings = runner.Settings(["kernel"], ["inference"], [256], [], {"kernel": ["dense", "nosuch"]})

@@ -178,6 +178,8 @@ def test_the_ablation_resolver_finds_the_newest_finished_run(pretrained, monkeyp
         (job / "resolved_config.yaml").write_text("seed: 1\nexperiment_name: pretrain_mate\n")
         assert pretrained_run("pretrain_mate") == str(job.resolve() / "encoder")
         (job / ".hydra").mkdir()  # a debug=fdr job (one step) is never the one to fine-tune from
+        (job / ".hydra" / "overrides.yaml").write_text("- attention=mate\n- debug=null\n")  # no debug mode
+        assert pretrained_run("pretrain_mate") == str(job.resolve() / "encoder")
         (job / ".hydra" / "overrides.yaml").write_text("- attention=mate\n- debug=fdr\n")
         assert pretrained_run("pretrain_mate") == str(pretrained["run"].resolve() / "encoder")
         with pytest.raises(MateError, match="run `mate pretrain attention=sat` first"):

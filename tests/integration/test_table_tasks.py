@@ -118,7 +118,10 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
         assert isinstance(answer["cells"], list) and "selected cells" in shown
     if task == "wtq":
         assert answer["aggregation"] in ("NONE", "SUM", "AVERAGE", "COUNT") and "answer:" in shown
-        with pytest.raises(MateError, match=r"a table-task run answers with `mate predict ckpt_path=<run dir> table="):
+        with pytest.raises(
+            MateError,
+            match=r"pass the checkpoint of a run that trained CellSelectionModule \(a table-task run: `mate predict ckpt_path=",
+        ):
             run_command("predict", [f"stage1.ckpt_path={ckpt}", f"table={table}", f"question={question}"],
                         tmp_path / "predict-stage1")  # fmt: skip
 
