@@ -33,12 +33,12 @@ WHAT_PATHS = ("model.encoder.pretrained", "init_from")
 def what_path(value: str) -> str:
     """A hub id or a run's encoder/checkpoint as a name part: its last two parts, a run's ``encoder/`` or
     ``checkpoints/`` dropped for the run dir (``google_tapas-base``, ``pretrain_<run dir>``,
-    ``<sweep time>_0-attention=mate``, ``<run dir>_last.ckpt``)."""
+    ``<sweep time>_0-attention=mate``, ``train_<run dir>_last.ckpt``)."""
     parts = value.rstrip("/").split("/")
     if parts[-1] == "encoder":
         parts = parts[:-1]
     elif parts[-1].endswith(".ckpt") and parts[-2:-1] == ["checkpoints"]:
-        parts = [*parts[:-2], parts[-1]]
+        return "_".join([*parts[:-2][-2:], parts[-1]])
     return "_".join(parts[-2:])
 
 

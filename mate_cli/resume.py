@@ -233,8 +233,8 @@ def continue_wandb_run(cfg, resume: str | None) -> None:
 
 
 #: what fixes the function a resumed run goes on computing, and its data and order; of them, a resume may change where
-#: the data is and how it is loaded. A key whose value here is another key (``${seed}``, ``${attention}``) is compared
-#: through that one.
+#: the data is (``dataset.sources.*``: only whether each is set) and how it is loaded. A key whose value here is another
+#: key (``${seed}``, ``${attention}``) is compared through that one.
 FIXED_ON_RESUME = ("seed", "attention", "model", "dataset")
 NOT_COMPARED = ("dataset.root", "dataset.cache_dir", "dataset.num_workers", "dataset.eval_batch_size")
 
@@ -261,6 +261,9 @@ def changed_on_resume(cfg, resume: str) -> list[str]:
     nodes = [(node, tree.get(node)) for node in FIXED_ON_RESUME for tree in (now, before)]
     keys = dict.fromkeys(key for node, value in nodes for key in (node, *dotted_keys(value, f"{node}.")))
     pairs = {key: (lookup(before, key), lookup(now, key)) for key in keys if compared(key)}
+    for key, (old, new) in pairs.items():  # a source's location may move; dropping one changes the data
+        if key.startswith("dataset.sources."):
+            pairs[key] = tuple(v if v is None or v is ABSENT else "set" for v in (old, new))
     return [
         f"{key} ({'unset' if old is ABSENT else old} -> {'unset' if new is ABSENT else new})"
         for key, (old, new) in pairs.items()

@@ -377,9 +377,9 @@ def bench_encoder(dims: dict, type_sizes: list[int], seq_len: int, attention, **
 def dot_shape(name: str) -> tuple[str, int]:
     """``dot.<pruner size>-<K>`` -> ``(size, K)`` (``dot``: ``small``, 256)."""
     size, _, top_k = (split_name(name)[1] or "small-256").partition("-")
-    if size not in DIMS or not (top_k or "256").isdigit() or int(top_k or 256) < 1:
+    if size not in DIMS or not (top_k or "256").isdecimal() or int(top_k or 256) < 1:
         raise MateError(
-            f"bench backend {name!r}: write dot.<pruner size>-<K> with a size among {', '.join(DIMS)} and a whole "
+            f"bench backend {name!r}: write dot.<pruner size>-<K> with a size among {', '.join(DIMS)} and a positive whole "
             "number K (e.g. dot.small-256)"
         )
     return size, int(top_k or 256)

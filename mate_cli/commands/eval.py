@@ -41,7 +41,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if questions is not None and not any(q.answered for q in questions):
         source = f"{datamodule.eval_file} in {datamodule.root}" if datamodule.eval_file else datamodule.root
         fix = (
-            "pass a question file with answers in dataset.eval_file"
+            "name a question file with answers: \"overrides=['dataset.eval_file=<file>']\""
             if datamodule.eval_file
             else ("evaluate split=validation, or write test predictions with `mate pointr split=test` (HybridQA)")
         )

@@ -226,10 +226,43 @@ def test_a_swept_encoder_or_start_is_in_the_name_and_a_path_never_nests_a_job_di
         names.add(cfg.run_name)
     assert len(names) == 3 and any(n.endswith("-pretrained=google_tapas-base") for n in names), names
     assert override_parts(["init_from=/runs/sqa-1f2e3d", "dataset.root=/data/wtq"]) == ["init_from=runs_sqa-1f2e3d"]
-    assert override_parts(["init_from=/o/train/run-c3/checkpoints/last.ckpt"]) == ["init_from=run-c3_last.ckpt"]
+    assert override_parts(["init_from=/o/train/run-c3/checkpoints/last.ckpt"]) == ["init_from=train_run-c3_last.ckpt"]
+    job_ckpt = "init_from=/o/multirun/train/2026-01-02_03-04-05-a1b2c3/0-lr=1e-05/checkpoints/last.ckpt"
+    assert override_parts([job_ckpt]) == ["init_from=2026-01-02_03-04-05-a1b2c3_0-lr=1e-05_last.ckpt"]
     sweep_job = "model.encoder.pretrained=/o/multirun/pretrain/2026-01-02_03-04-05-a1b2c3/0-attention=mate/encoder"
     assert override_parts([sweep_job]) == ["pretrained=2026-01-02_03-04-05-a1b2c3_0-attention=mate"]
     assert capped("0-pretrained=/x/run-a1/encoder,seed=1") == "0-pretrained=_x_run-a1_encoder,seed=1"
+
+
+def test_a_resume_names_the_values_it_changes_and_refuses_an_unreadable_run_config(tmp_path):
+    """What `mate train ckpt_path=<run>` warns about: values of seed/attention/model/dataset, not where the data and
+    cache are; a value that is another key (model.encoder.attention is ${attention}) is named once."""
+    from omegaconf import open_dict
+
+    from mate_cli.errors import MateError
+    from mate_cli.resume import changed_on_resume
+
+    def resolved(overrides: list[str], run_dir: Path, command: str = "train"):
+        cfg = compose_train(overrides, run_dir, command)
+        with open_dict(cfg):
+            del cfg["hydra"]  # as the task sees it (HydraConfig holds it)
+        return cfg
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    earlier = resolved(["experiment=hybridqa_mate", "attention.radius=21", "dataset.root=/elsewhere"], run)
+    (run / "resolved_config.yaml").write_text(OmegaConf.to_yaml(earlier, resolve=True))
+    now = resolved(["experiment=hybridqa_mate"], tmp_path / "now")
+    assert changed_on_resume(now, str(run / "checkpoints" / "last.ckpt")) == ["attention.radius (21 -> 42)"]
+    # pre-training's sources: a moved source is where the data is; a dropped one changes the data
+    earlier = resolved(["dataset.sources.tabfact=null"], run, "pretrain")
+    earlier.dataset.sources.wtq = "/another/machine/wtq"
+    (run / "resolved_config.yaml").write_text(OmegaConf.to_yaml(earlier, resolve=True))
+    now = resolved([], tmp_path / "now", "pretrain")
+    assert changed_on_resume(now, str(run / "checkpoints" / "last.ckpt")) == ["dataset.sources.tabfact (None -> set)"]
+    (run / "resolved_config.yaml").write_text("a: &x [1]\nb: *x\n")
+    with pytest.raises(MateError, match="an anchor or alias"):
+        changed_on_resume(now, str(run / "checkpoints" / "last.ckpt"))
 
 
 def test_override_parts_keep_keys_apart_and_long_names_short():
