@@ -24,7 +24,8 @@ def mate_env(output_dir: Path, cache_dir: Path | None = None, **extra: str) -> d
     tests set their cache without it. W&B's service address, which W&B puts in this test
     process's environment once an in-process test has used it, is left out: each `mate`
     process starts its own service, as from a user's shell (a shared service keeps a
-    killed process's run id, so the resume chain could not resume it)."""
+    killed process's run id, so the resume chain could not resume it); so are W&B's folders,
+    which an in-process command points into its own run dir."""
     from mate_cli.modeling.attention import mate_cpu_kernel
 
     env = dict(
@@ -37,7 +38,8 @@ def mate_env(output_dir: Path, cache_dir: Path | None = None, **extra: str) -> d
         TORCH_EXTENSIONS_DIR=str(mate_cpu_kernel.build_dir().parent),
         **extra,
     )
-    env.pop("WANDB_SERVICE", None)
+    for name in ("WANDB_SERVICE", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        env.pop(name, None)
     if cache_dir is not None:
         env["MATE_CACHE_DIR"] = str(cache_dir)
     return env

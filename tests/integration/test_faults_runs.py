@@ -309,10 +309,13 @@ def test_an_error_that_is_no_users_fault_is_recorded_with_exit_status_1_and_rais
     cfg = compose_command("baseline", ["dataset=sqa_sample"], run)
     handler = logging.FileHandler(run / "baseline.log")
     logging.getLogger().addHandler(handler)
+    environ = dict(os.environ)  # run_task points W&B's folders into the run dir: put them back for later tests
     try:
         with pytest.raises(ZeroDivisionError):
             run_task(lambda cfg: 1 / 0, cfg)
     finally:
+        os.environ.clear()
+        os.environ.update(environ)
         logging.getLogger().removeHandler(handler)
         handler.close()
         from hydra.core.hydra_config import HydraConfig
