@@ -90,3 +90,23 @@ def test_only_commands_and_cli_import_commands():
         if not module.startswith("mate_cli.commands") and module != "mate_cli.cli"
     }
     assert not {m: n for m, n in offenders.items() if n}
+
+
+def test_training_imports_nothing_of_the_bench():
+    """Training, data and models never import ``mate bench`` (its measuring module probes libc in a subprocess at
+    import): what both need, the process's peak RSS, lives in mate_cli/proc_memory.py."""
+    graph = import_graph()
+
+    def reached(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    training = [m for m in graph if m.startswith(("mate_cli.lit_modules", "mate_cli.modeling", "mate_cli.data"))]
+    assert len(training) > 30
+    found = {m: sorted(n for n in reached(m) if n.startswith("mate_cli.bench")) for m in training}
+    assert not {m: b for m, b in found.items() if b}

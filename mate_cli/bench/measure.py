@@ -34,14 +34,14 @@ from typing import Callable
 
 import torch
 
+from mate_cli.proc_memory import CLEAR_REFS, proc_field, reset_peak_rss, status_kb
+
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 #: mmap threshold while measuring memory (every block >= 64 KiB is returned on free).
 MEMORY_MMAP_THRESHOLD = 64 * 1024
 #: mmap threshold while timing: glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit.
 SPEED_MMAP_THRESHOLD = 32 * 1024 * 1024
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def _libc():
@@ -62,20 +62,6 @@ def set_mmap_threshold(nbytes: int) -> bool:
     if _LIBC is None or not hasattr(_LIBC, "mallopt"):
         return False
     return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, int(nbytes))) and bool(_LIBC.mallopt(M_TRIM_THRESHOLD, 2 * int(nbytes)))
-
-
-def proc_field(path: str | Path, key: str) -> str | None:
-    """The value of the first ``key: value`` line of a ``/proc`` file; None where the file or the key is missing."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return next((v.strip() for k, _, v in (line.partition(":") for line in handle) if k.strip() == key), None)
-    except OSError:  # pragma: no cover
-        return None
-
-
-def _status_kb(key: str) -> int | None:
-    value = proc_field(_STATUS, key)  # "123 kB"
-    return None if value is None else int(value.split()[0])
 
 
 class OtherCpu:
@@ -122,7 +108,7 @@ class PeakMemory:
 
     @staticmethod
     def supported(device: torch.device) -> bool:
-        return device.type == "cuda" or (_status_kb("VmHWM") is not None and _CLEAR_REFS.exists())
+        return device.type == "cuda" or (status_kb("VmHWM") is not None and CLEAR_REFS.exists())
 
     def __enter__(self) -> "PeakMemory":
         gc.collect()
@@ -134,12 +120,8 @@ class PeakMemory:
         set_mmap_threshold(MEMORY_MMAP_THRESHOLD)
         if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
             _LIBC.malloc_trim(0)
-        self.start = (_status_kb("VmRSS") or 0) * 1024
-        try:
-            _CLEAR_REFS.write_text("5")  # reset VmHWM to the current RSS
-            self.resettable = True
-        except OSError:
-            self.resettable = False
+        self.start = (status_kb("VmRSS") or 0) * 1024
+        self.resettable = reset_peak_rss()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -147,7 +129,7 @@ class PeakMemory:
             torch.cuda.synchronize()
             self.high = torch.cuda.max_memory_allocated()
         elif self.resettable:
-            self.high = (_status_kb("VmHWM") or 0) * 1024
+            self.high = (status_kb("VmHWM") or 0) * 1024
         if self.high is not None:
             self.peak = max(0, self.high - self.start)
         if not self.cuda:

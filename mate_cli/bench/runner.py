@@ -22,6 +22,7 @@ import torch
 from mate_cli.bench import cases, measure
 from mate_cli.bench.layouts import TableShape, describe, table_layout
 from mate_cli.errors import MateError
+from mate_cli.proc_memory import proc_field
 
 #: Backends that materialise ``[batch, heads, seq, seq]`` scores (analytic memory floor).
 QUADRATIC_MEMORY = ("mate.masked", "sat", "tapas_hf")
@@ -112,7 +113,7 @@ def machine(settings: Settings) -> dict:
         "mem_available_gb": round(measure.available_bytes() / 2**30, 1),
         "load_avg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
     }
-    if cpu := measure.proc_field("/proc/cpuinfo", "model name"):
+    if cpu := proc_field("/proc/cpuinfo", "model name"):
         info["cpu"] = cpu
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)

@@ -8,15 +8,15 @@ reports per-step windows under other names, without memory.)
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import resource
 import sys
 import time
-from pathlib import Path
 
 import lightning as L
 import torch
+
+from mate_cli.proc_memory import reset_peak_rss, status_kb
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -24,16 +24,14 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     else:
         gc.collect()
-        with contextlib.suppress(OSError):  # Linux: VmHWM back to the current RSS
-            Path("/proc/self/clear_refs").write_text("5")
+        reset_peak_rss()
 
 
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    with contextlib.suppress(OSError), open("/proc/self/status", encoding="utf-8") as status:  # Linux: "VmHWM: 1 kB"
-        if (high := next((int(line.split()[1]) for line in status if line.startswith("VmHWM:")), None)) is not None:
-            return high / 2**10
+    if (high := status_kb("VmHWM")) is not None:  # Linux
+        return high / 2**10
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
