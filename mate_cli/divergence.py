@@ -1,8 +1,8 @@
 """Non-finite numbers are never a silent result: :class:`StopOnNonFiniteLoss` stops training at the first non-finite
-loss, before its backward pass (weights and checkpoints stay finite), naming the step and question ids; checkpoints
-with non-finite weights are refused (:func:`mate_cli.runs.check_checkpoint_fits`); :func:`non_finite_metrics` names
-what ``mate train``/``eval`` warn of and ``mate report`` counts as failed. Inputs beyond float32:
-:mod:`mate_cli.data.numbers`."""
+loss, naming the step and question ids, with no weights updated by it (weights and checkpoints stay finite);
+checkpoints with non-finite weights are refused (:func:`mate_cli.runs.check_checkpoint_fits`);
+:func:`non_finite_metrics` names what ``mate train``/``eval`` warn of and ``mate report`` counts as failed. Inputs
+beyond float32: :mod:`mate_cli.data.numbers`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import lightning as L
 import torch
 
 from mate_cli.errors import MateError
+from mate_cli.lightning_internals import is_log_step
 
 
 def non_finite_tensors(state: Mapping[str, object]) -> list[str]:
@@ -31,20 +32,76 @@ def non_finite_metrics(metrics: Mapping[str, object]) -> list[str]:
     )
 
 
+def skips_steps_on_device(optimizer) -> bool:
+    """Whether ``optimizer`` skips its update when its ``found_inf`` tensor is non-zero, on the device and without
+    reading it on the host (torch's fused Adam and AdamW, as ``GradScaler`` uses them)."""
+    return bool(getattr(optimizer, "defaults", {}).get("fused")) and getattr(
+        optimizer, "_step_supports_amp_scaling", False
+    )
+
+
 class StopOnNonFiniteLoss(L.Callback):
+    """Keeps the training step free of host synchronisation: each loss's finiteness stays on the device, and an
+    optimiser that can (:func:`skips_steps_on_device`) skips the update of a step whose loss is not finite. The flag
+    is read where the host reads values anyway: on the steps that log (``trainer.log_every_n_steps``), before any
+    checkpoint is written and at the end of each epoch; training then stops naming the first such step and its
+    questions. With another optimiser the loss is read before every update (one synchronisation a step)."""
+
     def __init__(self) -> None:
-        self._ids: list[str] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ids: dict[int, list[str]] = {}  # step -> the batch's question ids, since the last check
+        self._first: torch.Tensor | None = None  # the first non-finite step since the last check (-1: none)
+        self._loss: torch.Tensor | None = None  # its loss
+        self._bad: torch.Tensor | None = None  # this step's losses are not all finite
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._ids = [str(q) for q in getattr(batch, "question_ids", None) or []]
+        self._ids[trainer.global_step + 1] = [str(q) for q in getattr(batch, "question_ids", None) or []]
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
-        if bool(torch.isfinite(loss.detach()).all()):
+        loss = loss.detach()
+        bad = ~torch.isfinite(loss).all()
+        self._bad = bad if self._bad is None else self._bad | bad  # gradient accumulation: any of the step's losses
+        if self._first is None:
+            self._first = torch.full((), -1, dtype=torch.long, device=loss.device)
+            self._loss = torch.zeros((), dtype=torch.float32, device=loss.device)
+        new = bad & (self._first < 0)
+        self._first = torch.where(new, torch.full_like(self._first, trainer.global_step + 1), self._first)
+        self._loss = torch.where(new, loss.float().mean(), self._loss)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self._bad is None:
             return
-        shown = ", ".join(self._ids[:8]) + (f" and {len(self._ids) - 8} more" if len(self._ids) > 8 else "")
+        if skips_steps_on_device(optimizer):
+            optimizer.found_inf = self._bad.float()
+        else:
+            self.check(trainer)
+        self._bad = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if is_log_step(trainer):
+            self.check(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.check(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if trainer.training:
+            self.check(trainer)
+
+    def check(self, trainer) -> None:
+        """Stop training (:class:`MateError`) if a loss since the last check was not finite (one synchronisation)."""
+        first = -1 if self._first is None else int(self._first)
+        if first < 0:
+            self._ids = {}
+            return
+        ids = self._ids.get(first, [])
+        shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
         batch = f" on the batch of questions {shown}" if shown else ""
+        now = trainer.global_step
+        found = f"; found at step {now}, the first check after it" if now > first else ""
         raise MateError(
-            f"the training loss is {float(loss.detach().float().mean())} at step {trainer.global_step + 1}"
-            f"{batch} (no weights were updated with it); check those examples' answers and table "
-            "values, or lower model.optimizer.lr"
+            f"the training loss is {float(self._loss)} at step {first}{batch} (no weights were updated with it"
+            f"{found}); check those examples' answers and table values, or lower model.optimizer.lr"
         )

@@ -1,4 +1,5 @@
-"""The Lightning internals exact resume (:mod:`mate_cli.resume`) reads, and nothing else does: no public API gives
+"""The Lightning internals that exact resume (:mod:`mate_cli.resume`) and the host-synchronisation-free training step
+(:mod:`mate_cli.divergence`, the progress callbacks) read, and nothing else does: no public API gives
 them. ``tests/test_lightning_internals.py`` trains a real Trainer and fails when an installed Lightning moves one."""
 
 from __future__ import annotations
@@ -23,3 +24,9 @@ def pending_log_row(trainer: L.Trainer) -> dict | None:
     values = {k: float(v) for k, v in connector.metrics["log"].items()}
     step = trainer.fit_loop.epoch_loop._batches_that_stepped
     return {**values, "epoch": trainer.current_epoch, "step": step} if values else None
+
+
+def is_log_step(trainer: L.Trainer) -> bool:
+    """Whether the training batch that just ended is one Lightning logs (every ``trainer.log_every_n_steps``): the
+    steps where the host reads logged values anyway. Call it in the training step or ``on_train_batch_end``."""
+    return trainer.training and trainer._logger_connector.should_update_logs

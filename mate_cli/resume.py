@@ -236,7 +236,8 @@ def continue_wandb_run(cfg, resume: str | None) -> None:
 #: the data is (``dataset.sources.*``: only whether each is set) and how it is loaded. A key whose value here is another
 #: key (``${seed}``, ``${attention}``) is compared through that one.
 FIXED_ON_RESUME = ("seed", "attention", "model", "dataset")
-NOT_COMPARED = ("dataset.root", "dataset.cache_dir", "dataset.num_workers", "dataset.eval_batch_size")
+NOT_COMPARED = ("dataset.root", "dataset.cache_dir", "dataset.num_workers", "dataset.eval_batch_size",
+                "model.optimizer.fused")  # fmt: skip
 
 
 def changed_on_resume(cfg, resume: str) -> list[str]:

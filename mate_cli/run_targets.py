@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 TARGET = "_target_"
 
+#: targets that earlier versions of ``conf/`` named and run dirs written then still hold (each still importable)
+FORMER_TARGETS = frozenset({"lightning.pytorch.callbacks.RichProgressBar"})
+
 
 def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     """``(dotted key, value)`` of every node of a plain config, containers included, parents before their children."""
@@ -43,7 +46,7 @@ def allowed_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
     for path in sorted(Path(conf_dir).rglob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             found.update(v for _, v in walk_targets(document) if isinstance(v, str))
-    return frozenset(found)
+    return frozenset(found | FORMER_TARGETS)
 
 
 def checked_run_config(cfg: DictConfig, source: Path, trust: bool = False) -> DictConfig:

@@ -38,7 +38,7 @@ class CellSelectionModule(EvaluatedTaskModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         logits, loss = self._step(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        self.log("train/loss", loss, batch_size=len(batch), sync_dist=True)
         self.log_train_metric(
             "hits@1", hits_at_k(logits.detach(), batch.cell_mask, batch.candidate_mask, 1), len(batch)
         )

@@ -57,7 +57,7 @@ class EntailmentModule(EvaluatedTaskModule):
         kept, pruned = self.prune(batch)
         logits = self.logits(kept)
         loss = nn.functional.cross_entropy(logits, batch.labels)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        self.log("train/loss", loss, batch_size=len(batch), sync_dist=True)
         self.log_train_metric("accuracy", logits.argmax(-1) == batch.labels, len(batch))
         return self.with_pruning_loss(loss, batch, pruned)
 

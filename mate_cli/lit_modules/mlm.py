@@ -55,7 +55,7 @@ class MaskedLMModule(EncoderTaskModule):
     def training_step(self, batch: MaskedBatch, batch_idx: int) -> torch.Tensor:
         logits, targets = self(batch)
         loss = F.cross_entropy(logits, targets) if len(targets) else logits.sum() * 0.0
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        self.log("train/loss", loss, batch_size=len(batch), sync_dist=True)
         if len(targets):
             self.log_train_metric("mlm_accuracy", logits.argmax(-1) == targets, len(batch))
         return loss

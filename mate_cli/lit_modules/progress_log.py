@@ -1,6 +1,8 @@
 """Progress as log lines where stdout is not a terminal (Rich's bar draws nothing there): one every
 ``every_n_seconds`` or ``every_n_steps`` steps (batches in evaluation), whichever comes first, and at ``max_steps`` or
-an evaluation loop's last batch; in a terminal none unless ``always``.
+an evaluation loop's last batch; in a terminal none unless ``always``. In training a line waits for the next step that
+logs (``trainer.log_every_n_steps``), where the host reads the loss anyway: reading it on another step would make the
+host wait for the GPU. :class:`RichProgressBar` is Lightning's bar, likewise.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import sys
 import time
 
 import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar as _RichProgressBar
+
+from mate_cli.lightning_internals import is_log_step
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +66,7 @@ class ProgressLog(L.Callback):
         clock, step = self._train, trainer.global_step
         clock.examples += len(batch)
         last = trainer.max_steps is not None and 0 < trainer.max_steps <= step
-        if not (clock.due(self.every_n_seconds, self.every_n_steps, step) or last):
+        if not (last or is_log_step(trainer) and clock.due(self.every_n_seconds, self.every_n_steps, step)):
             return
         rate, examples, elapsed = clock.lap(step)
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
@@ -106,3 +111,30 @@ class ProgressLog(L.Callback):
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._eval_batch_end(trainer, batch, batch_idx, dataloader_idx, "test")
+
+
+class RichProgressBar(_RichProgressBar):
+    """Lightning's Rich progress bar, with the training loss (``train/loss``, logged without ``prog_bar``) updated on
+    the steps that log instead of after every step, where reading it would make the host wait for the GPU."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._shown: dict = {}
+        self._in_step = False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._in_step = True
+        try:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        finally:
+            self._in_step = False
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        if self._in_step and not is_log_step(trainer) and self._shown:
+            return self._shown
+        metrics = super().get_metrics(trainer, pl_module)
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            metrics["train/loss"] = float(loss)
+        self._shown = metrics
+        return metrics

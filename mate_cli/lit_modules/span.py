@@ -41,7 +41,7 @@ class SpanModule(EvaluatedTaskModule):
     def training_step(self, batch: SpanBatch, batch_idx: int) -> torch.Tensor:
         scores, valid = self(batch)
         loss, used = span_loss(scores, valid, batch.gold_start, batch.gold_end)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
+        self.log("train/loss", loss, batch_size=len(batch), sync_dist=True)
         self.log("train/gold_used", used.float().mean(), batch_size=len(batch), sync_dist=True)
         em, f1 = self.scores(batch, scores, valid)
         self.log_train_metric("em", em, len(batch))

@@ -25,6 +25,7 @@ from torchmetrics import SumMetric
 from mate_cli import tasks
 from mate_cli.data.schema import TaskBatch
 from mate_cli.errors import MateError
+from mate_cli.lightning_internals import is_log_step
 from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.metrics.sqa import SequenceAccuracy, sequence_key
 from mate_cli.metrics.wtq import denotation_correct
@@ -108,9 +109,12 @@ class TableQAModule(EvaluatedTaskModule):
             self._log_answer_cells_kept(kept, "train")
         out = self(kept, with_loss=True)
         loss = out.loss.mean()
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), sync_dist=True)
-        # SQA: ALL with the gold previous answers the batch trains on (teacher forcing)
-        self.log_train_metric("accuracy", torch.tensor([row["correct"] for row in self.decode(kept, out)]), len(batch))
+        self.log("train/loss", loss, batch_size=len(batch), sync_dist=True)
+        # SQA: ALL with the gold previous answers the batch trains on (teacher forcing); decoded on the host, so only
+        # on the steps that log (the host waits for the GPU there anyway)
+        if is_log_step(self.trainer):
+            correct = torch.tensor([row["correct"] for row in self.decode(kept, out)])
+            self.log_train_metric("accuracy", correct, len(batch))
         return self.with_pruning_loss(loss, batch, pruned)
 
     def _log_answer_cells_kept(self, kept: TaskBatch, stage: str) -> None:

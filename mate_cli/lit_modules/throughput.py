@@ -2,7 +2,8 @@
 ``perf/peak_mem_mb`` (CUDA: the allocator's peak this epoch; CPU: the process's peak RSS this epoch on Linux, from the
 RSS at its start, which still holds what earlier jobs of a multirun (one process) keep; elsewhere its peak so far). Wall
 time includes
-data loading (what a user waits for) and leaves out validation inside the epoch. (Lightning's ``ThroughputMonitor``
+data loading (what a user waits for) and leaves out validation inside the epoch. The counts stay on the device until the
+epoch ends: no training step waits for them. (Lightning's ``ThroughputMonitor``
 reports per-step windows under other names, without memory.)
 """
 
@@ -43,7 +44,7 @@ class Throughput(L.Callback):
         self.on_train_epoch_start(trainer, pl_module)  # a run resumed mid-epoch gets no epoch start
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self.start, self.examples, self.tokens = time.perf_counter(), 0, 0
+        self.start, self.examples, self.tokens = time.perf_counter(), 0, 0  # tokens: a device tensor once counted
         self.paused, self._validating_since = 0.0, None
         reset_peak_memory(pl_module.device)
 
@@ -58,7 +59,7 @@ class Throughput(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.examples += len(batch)
-        self.tokens += int(batch.layout.attention_mask.sum())
+        self.tokens = batch.layout.attention_mask.sum() + self.tokens  # on the device: read at the epoch's end
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         seconds = max(time.perf_counter() - self.start - self.paused, 1e-9)
@@ -66,7 +67,7 @@ class Throughput(L.Callback):
             return
         values = {
             "perf/examples_per_s": self.examples / seconds,
-            "perf/tokens_per_s": self.tokens / seconds,
+            "perf/tokens_per_s": int(self.tokens) / seconds,
             "perf/peak_mem_mb": peak_memory_mb(pl_module.device),
         }
         for name, value in values.items():  # over DDP ranks: the job's rates (sum), the largest process (max)

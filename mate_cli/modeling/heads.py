@@ -79,6 +79,5 @@ def first_candidate_loss(
 
 
 def _mean_over(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    if not bool(keep.any()):
-        return values.sum() * 0.0
-    return values[keep].mean()
+    """The mean of ``values`` where ``keep`` (0, with grad, where none is), computed on the device: no host read."""
+    return torch.where(keep, values, 0.0).sum() / keep.sum().clamp(min=1)
