@@ -111,7 +111,7 @@ class GraphBatch:
     question_ids: list[str]
     table_ids: list[str]
 
-    to = Batch.to
+    to, pin_memory, _map = Batch.to, Batch.pin_memory, Batch._map
 
     def __len__(self) -> int:
         """The number of questions, not of nodes."""

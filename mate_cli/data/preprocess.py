@@ -2,7 +2,8 @@
 
 ``auto`` worker counts (:func:`worker_counts`): preprocessing processes = the cores this process may run on; loader
 workers = a quarter of them, at most 4, and none below 4 cores, where a worker would take a core from the training step
-it feeds (collating a batch costs far less than a step).
+it feeds (collating a batch costs far less than a step). :func:`loader_options`: how every ``DataLoader`` of mate
+uses them.
 """
 
 from __future__ import annotations
@@ -45,6 +46,21 @@ def worker_counts(num_proc: int | str, num_workers: int | str) -> tuple[int, int
         _count("dataset.num_proc", num_proc, cores, minimum=1),
         _count("dataset.num_workers", num_workers, 0 if cores < 4 else min(4, cores // 4), minimum=0),
     )
+
+
+def loader_options(trainer, num_workers: int) -> dict:
+    """The ``DataLoader`` arguments every mate loader shares: ``num_workers`` workers (ignoring SIGINT, ending quietly
+    at SIGTERM), kept alive across epochs and validations (no restart of the workers each time) and preparing two
+    batches each ahead; batches in page-locked memory when ``trainer`` trains on a CUDA device, so that their copies
+    to it overlap with the GPU's work."""
+    from mate_cli.interrupts import loader_worker_start
+
+    device = getattr(getattr(trainer, "strategy", None), "root_device", None)
+    options = {"num_workers": num_workers, "worker_init_fn": loader_worker_start,
+               "pin_memory": getattr(device, "type", None) == "cuda"}  # fmt: skip
+    if num_workers:
+        options.update(persistent_workers=True, prefetch_factor=2)
+    return options
 
 
 def _count(key: str, value: int | str, auto: int, minimum: int) -> int:

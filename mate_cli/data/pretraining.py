@@ -26,13 +26,12 @@ from torch.utils.data import DataLoader, Dataset
 from mate_cli.data import cache
 from mate_cli.data.corpus import Corpus, TableText, table_key
 from mate_cli.data.masking import IGNORE, continuation_table, mask_words, word_spans
-from mate_cli.data.preprocess import worker_counts
+from mate_cli.data.preprocess import loader_options, worker_counts
 from mate_cli.data.sampler import EpochTagged
 from mate_cli.data.schema import MaskedBatch, Question
 from mate_cli.data.split import split_by_table
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
-from mate_cli.interrupts import loader_worker_start
 from mate_cli.modeling.checkpoints import load_tokenizer, resolve_pretrained
 from mate_cli.modeling.layout import TableLayout, padded
 from mate_cli.paths import cache_dir as default_cache_dir
@@ -202,18 +201,16 @@ class PretrainDataModule(L.LightningDataModule):
             data,
             batch_size=self.batch_size,
             sampler=EpochTagged(len(data), self.shuffle_seed, same_every_epoch=self.same_order_every_epoch),
-            num_workers=self.num_workers,
             collate_fn=MaskedCollator(self.pad_id),
-            worker_init_fn=loader_worker_start,
+            **loader_options(self.trainer, self.num_workers),
         )
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(
             self.masked("validation"),
             batch_size=self.eval_batch_size,
-            num_workers=self.num_workers,
             collate_fn=MaskedCollator(self.pad_id),
-            worker_init_fn=loader_worker_start,
+            **loader_options(self.trainer, self.num_workers),
         )
 
     @property

@@ -120,9 +120,20 @@ class Batch:
     table_ids: list[str]
 
     def to(self, device) -> "Batch":
-        """A copy with every field that has ``.to`` on ``device`` (also the ``to`` of the other batch classes)."""
+        """A copy with every field that has ``.to`` on ``device`` (also the ``to`` of the other batch classes); copies
+        to a GPU do not block the host (:meth:`TableLayout.to`)."""
+        target = torch.device(device)
+        kwargs = {"non_blocking": True} if target.type == "cuda" else {}
+        return self._map(lambda v: v.to(target, **kwargs) if isinstance(v, torch.Tensor) else v.to(target))
+
+    def pin_memory(self) -> "Batch":
+        """A copy with every tensor in page-locked memory (the DataLoader's ``pin_memory``; also the other batch
+        classes')."""
+        return self._map(lambda v: v.pin_memory())
+
+    def _map(self, fn) -> "Batch":
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return type(self)(**{k: v.to(device) if hasattr(v, "to") else v for k, v in values.items()})
+        return type(self)(**{k: fn(v) if isinstance(v, (torch.Tensor, TableLayout)) else v for k, v in values.items()})
 
     def select(self, index: list[int]) -> "Batch":
         """The sub-batch of the examples at ``index``, in that order."""
@@ -173,7 +184,7 @@ class MaskedBatch:
     layout: TableLayout
     sources: list[str]
 
-    to = Batch.to
+    to, pin_memory, _map = Batch.to, Batch.pin_memory, Batch._map
     __len__ = Batch.__len__
 
 

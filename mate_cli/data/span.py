@@ -165,7 +165,7 @@ class SpanBatch:
     offsets: list[list[list[int]]]
     coords: list[list[int]]
 
-    to = Batch.to
+    to, pin_memory, _map = Batch.to, Batch.pin_memory, Batch._map
     __len__ = Batch.__len__
 
     def texts(self, start: torch.Tensor, end: torch.Tensor) -> list[str]:

@@ -182,11 +182,17 @@ class TableLayout:
         return self._cache[key]
 
     def to(self, device) -> "TableLayout":
-        """This layout on ``device`` (itself, cache kept, when it is already there)."""
+        """This layout on ``device`` (itself, cache kept, when it is already there). Copies to a GPU do not block the
+        host (safe from any memory; overlapped with the GPU's work from pinned memory: :meth:`pin_memory`)."""
         target = torch.device(device)
         if self.device.type == target.type and (target.index is None or self.device.index == target.index):
             return self
-        return TableLayout(**self.map_tensors(lambda t: t.to(device)))
+        non_blocking = target.type == "cuda"
+        return TableLayout(**self.map_tensors(lambda t: t.to(device, non_blocking=non_blocking)))
+
+    def pin_memory(self) -> "TableLayout":
+        """A copy in page-locked memory (the DataLoader's ``pin_memory``)."""
+        return TableLayout(**self.map_tensors(lambda t: t.pin_memory()))
 
     def select(self, index) -> "TableLayout":
         return TableLayout(**self.map_tensors(lambda t: t[index]))
