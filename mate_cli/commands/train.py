@@ -32,6 +32,7 @@ from mate_cli.divergence import StopOnNonFiniteLoss, non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.interrupts import StopOnSignal
 from mate_cli.io import atomic_write_json, atomic_write_text
+from mate_cli.lit_modules.step_profile import StepProfile
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
 from mate_cli.resume import (
     RESTORED,
@@ -88,6 +89,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         StopOnNonFiniteLoss(),
         ContinuousCSVLog(run_dir_of(resume) if resume else None),
     ]
+    if cfg.get("profile_steps"):
+        callbacks.append(StepProfile(int(cfg.profile_steps), path=out / "step_profile.json"))
     loggers = instantiate_dict(cfg.get("logger"))
     trainer = L.Trainer(**trainer_args, callbacks=callbacks, logger=loggers, plugins=[checkpoint_io])
     _refuse_ddp_in_a_local_sweep(trainer)

@@ -1,0 +1,267 @@
+"""``mate train ... profile_steps=N``: where a training step's time goes, measured inside a real run.
+
+After ``warmup`` steps (default 10: compilation, autotuning, the allocator's growth, the loader's start) it times ``N``
+steps as they run: examples/s and real tokens/s, milliseconds a step, of which *between steps* (waiting for the
+loader's next batch, its copy to the device and Lightning's bookkeeping) and *in the step* (the host from the batch's
+start to its end: forward, backward, optimiser; on a GPU the host only enqueues, unless it waits), the padding share and
+the peak memory. Then it watches ``N`` more steps: the host synchronisations of each step, split into the steps that
+log (``trainer.log_every_n_steps``: the host reads the logged values there) and the others, and on CUDA the share of
+the wall time the GPU is busy (torch.profiler's device time over that window). The second window is separate because
+watching costs the host time.
+
+Host synchronisations are counted on CUDA as ``torch.cuda.set_sync_debug_mode("warn")`` reports them, and on a CPU as
+reads of tensor values on the host: ``.item()``, ``bool()``, ``int()``, ``float()``, ``.tolist()``, ``.numpy()``,
+``.cpu()`` and the data-dependent shapes (``nonzero``, ``masked_select``), where the same code on a GPU would wait
+(on a CPU every tensor counts, including those that would be host tensors on a GPU run, such as the CPU MATE kernel's
+plan).
+
+The result is logged in one line, written to ``<run dir>/step_profile.json`` and recorded in ``metrics.json`` as
+``profile/*``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mate_cli.io import atomic_write_json
+from mate_cli.lightning_internals import is_log_step
+from mate_cli.lit_modules.throughput import peak_memory_mb, reset_peak_memory
+
+log = logging.getLogger(__name__)
+
+#: the Python-level reads of a tensor's values on the host
+HOST_READS = frozenset(
+    {
+        torch.Tensor.item,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
+        torch.Tensor.tolist,
+        torch.Tensor.numpy,
+        torch.Tensor.cpu,
+    }  # fmt: skip
+)
+#: the operators whose output shape depends on values (on a GPU the host waits for them)
+DATA_DEPENDENT = frozenset({"nonzero", "masked_select"})
+
+
+class HostReads(TorchFunctionMode):
+    """Counts :data:`HOST_READS` (and, with :class:`DataDependentOps`, the data-dependent operators) in this thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class DataDependentOps(TorchDispatchMode):
+    def __init__(self, reads: HostReads) -> None:
+        super().__init__()
+        self.reads = reads
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in DATA_DEPENDENT:
+            self.reads.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class SyncCounter:
+    """Host synchronisations since :meth:`start`, read with :meth:`count` (CUDA: the sync debug mode's warnings; CPU:
+    :class:`HostReads`)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._contexts: list = []
+
+    def start(self) -> None:
+        if self.cuda:
+            catcher = warnings.catch_warnings(record=True)
+            self._seen = catcher.__enter__()
+            warnings.simplefilter("always")
+            self._contexts = [catcher]
+            torch.cuda.set_sync_debug_mode("warn")
+        else:
+            self._reads = HostReads()
+            self._contexts = [self._reads, DataDependentOps(self._reads)]
+            for context in self._contexts:
+                context.__enter__()
+
+    def count(self) -> int:
+        if self.cuda:
+            return sum("synchroniz" in str(w.message) for w in self._seen)
+        return self._reads.count
+
+    def stop(self) -> None:
+        if self.cuda and self._contexts:
+            torch.cuda.set_sync_debug_mode("default")
+        for context in reversed(self._contexts):
+            context.__exit__(None, None, None)
+        self._contexts = []
+
+
+class StepProfile(L.Callback):
+    def __init__(self, steps: int, warmup: int = 10, path: str | Path | None = None) -> None:
+        self.steps, self.warmup = int(steps), int(warmup)
+        self.path = Path(path) if path is not None else None
+        self.result: dict = {}
+        self._timed: list[tuple[float, float, int]] = []  # per step: (between steps s, in the step s, examples)
+        self._syncs: list[tuple[int, bool]] = []  # per watched step: (synchronisations, logs)
+        self._counter: SyncCounter | None = None
+        self._first, self._mark, self._logs = 0, 0, False
+        self._profiler = None
+        self._step_start = self._last_end = self._window_start = 0.0
+        self._tokens = None
+        self._padded = 0
+        self._paused = 0.0
+        self._validating_since: float | None = None
+
+    def _sync(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._first = trainer.global_step  # a resumed run counts from where it starts
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        step, device = trainer.global_step - self._first, pl_module.device
+        time_from, watch_from, end = self.warmup, self.warmup + self.steps, self.warmup + 2 * self.steps
+        if self._counter is not None:  # the watched step before this one ends here (its logging included)
+            self._syncs.append((self._counter.count() - self._mark, self._logs))
+        if step == time_from:
+            self._sync(device)
+            reset_peak_memory(device)
+            self._window_start = self._last_end = time.perf_counter()
+            self._paused = 0.0
+        elif step == watch_from:
+            self._sync(device)
+            self._finish_timing(device, time.perf_counter())
+            self._start_watching(device)
+        elif step == end:
+            self._finish_watching(pl_module)
+        if self._counter is not None:
+            self._mark, self._logs = self._counter.count(), False
+        self._step_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step - 1 - self._first  # the step that just ran (global_step counts it already)
+        if self.warmup <= step < self.warmup + self.steps:
+            now = time.perf_counter()
+            self._timed.append((self._step_start - self._last_end, now - self._step_start, len(batch)))
+            mask = batch.layout.attention_mask
+            self._tokens = mask.sum() if self._tokens is None else self._tokens + mask.sum()
+            self._padded += mask.numel()
+            self._last_end = now
+        elif self._counter is not None:
+            self._logs = is_log_step(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.training:
+            self._validating_since = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._validating_since is not None:
+            self._paused += time.perf_counter() - self._validating_since
+            self._validating_since = None
+
+    def _finish_timing(self, device: torch.device, now: float) -> None:
+        if not self._timed:
+            return
+        wall = max(now - self._window_start - self._paused, 1e-9)
+        examples = sum(n for _, _, n in self._timed)
+        tokens = int(self._tokens)
+        n = len(self._timed)
+        self.result.update({
+            "device": str(device),
+            "steps_timed": n,
+            "examples_per_s": examples / wall,
+            "tokens_per_s": tokens / wall,
+            "ms_per_step": 1000 * wall / n,
+            "ms_between_steps": 1000 * sum(b for b, _, _ in self._timed) / n,
+            "ms_in_step_host": 1000 * sum(s for _, s, _ in self._timed) / n,
+            "padding_share": 1 - tokens / max(self._padded, 1),
+            "peak_mem_mb": peak_memory_mb(device),
+        })  # fmt: skip
+
+    def _start_watching(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            self._profiler = profile(activities=[ProfilerActivity.CUDA])
+            self._profiler.__enter__()
+        self._counter = SyncCounter(device)
+        self._counter.start()
+        self._watch_start = time.perf_counter()
+
+    def _finish_watching(self, pl_module) -> None:
+        if self._counter is None:
+            return
+        self._counter.stop()
+        self._counter = None
+        self._sync(pl_module.device)
+        wall = time.perf_counter() - self._watch_start
+        if self._profiler is not None:
+            try:
+                self._profiler.__exit__(None, None, None)
+                busy_us = sum(_device_time_us(event) for event in self._profiler.key_averages())
+                self.result["gpu_busy_share"] = busy_us / 1e6 / max(wall, 1e-9)
+            except Exception as err:  # a profiler that fails here must not end the run it measures
+                log.warning("step profile: no GPU-busy share (torch.profiler: %s)", err)
+            self._profiler = None
+        quiet = [n for n, logs in self._syncs if not logs]
+        logging_steps = [n for n, logs in self._syncs if logs]
+        self.result.update({
+            "steps_watched": len(self._syncs),
+            "host_syncs_per_step": sum(quiet) / len(quiet) if quiet else None,
+            "host_syncs_max": max(quiet) if quiet else None,
+            "host_syncs_per_logging_step": sum(logging_steps) / len(logging_steps) if logging_steps else None,
+        })  # fmt: skip
+        self._report(pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._counter is not None:  # the run ended inside the watched window: report the steps seen whole (the
+            self._finish_watching(pl_module)  # last one's window holds the end of training: left out)
+        elif self._timed and "examples_per_s" not in self.result:
+            self._sync(pl_module.device)
+            self._finish_timing(pl_module.device, time.perf_counter())
+            self._report(pl_module)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        if self._counter is not None:
+            self._counter.stop()
+            self._counter = None
+        if self._profiler is not None:
+            self._profiler.__exit__(None, None, None)
+            self._profiler = None
+
+    def _report(self, pl_module) -> None:
+        self.result.update(warmup_steps=self.warmup)
+        if self.path is not None and pl_module.trainer.is_global_zero:
+            atomic_write_json(self.path, self.result)
+        if hasattr(pl_module, "recorded_metrics"):
+            pl_module.recorded_metrics.update(
+                {f"profile/{k}": float(v) for k, v in self.result.items() if isinstance(v, (int, float))}
+            )
+        log.info("step profile: %s", json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                                 for k, v in self.result.items()}))  # fmt: skip
+
+
+def _device_time_us(event) -> float:
+    """One profiler row's own time on the device (the attribute's name changed across torch versions)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0
