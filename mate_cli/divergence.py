@@ -35,9 +35,7 @@ def non_finite_metrics(metrics: Mapping[str, object]) -> list[str]:
 def skips_steps_on_device(optimizer) -> bool:
     """Whether ``optimizer`` skips its update when its ``found_inf`` tensor is non-zero, on the device and without
     reading it on the host (torch's fused Adam and AdamW, as ``GradScaler`` uses them)."""
-    return bool(getattr(optimizer, "defaults", {}).get("fused")) and getattr(
-        optimizer, "_step_supports_amp_scaling", False
-    )
+    return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
 
 
 class StopOnNonFiniteLoss(L.Callback):

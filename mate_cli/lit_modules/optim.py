@@ -41,6 +41,10 @@ def configure(
     """``optimizer(groups)`` and ``scheduler(opt, total_steps=)`` (the trainer's estimate), stepped every step; ``lr``:
     :func:`parameter_groups`'."""
     opt = optimizer(parameter_groups(module, lr))
+    if getattr(opt, "_step_supports_amp_scaling", False):
+        # torch's fused optimisers tell GradScaler they unscale gradients themselves, and Lightning's mixed precision
+        # then refuses gradient clipping; stepped as any optimiser (GradScaler unscales first), they clip as usual
+        del opt._step_supports_amp_scaling
     if scheduler is None:
         return {"optimizer": opt}
     total = max(1, int(module.trainer.estimated_stepping_batches))
