@@ -42,8 +42,8 @@ class StopOnNonFiniteLoss(L.Callback):
     """Keeps the training step free of host synchronisation: each loss's finiteness stays on the device, and an
     optimiser that can (:func:`skips_steps_on_device`) skips the update of a step whose loss is not finite. The flag
     is read where the host reads values anyway: on the steps that log (``trainer.log_every_n_steps``), before any
-    checkpoint is written and at the end of each epoch; training then stops naming the first such step and its
-    questions. With another optimiser the loss is read before every update (one synchronisation a step)."""
+    checkpoint is written and at the end of each epoch and of training; training then stops naming the first such step
+    and its questions (under DDP on every rank: the flag is the maximum over the ranks). With another optimiser the loss is read before every update (one synchronisation a step)."""
 
     def __init__(self) -> None:
         self._reset()
@@ -65,14 +65,22 @@ class StopOnNonFiniteLoss(L.Callback):
             self._first = torch.full((), -1, dtype=torch.long, device=loss.device)
             self._loss = torch.zeros((), dtype=torch.float32, device=loss.device)
         new = bad & (self._first < 0)
-        self._first = torch.where(new, torch.full_like(self._first, trainer.global_step + 1), self._first)
+        self._step_tensor = torch.full_like(self._first, trainer.global_step + 1)
+        self._first = torch.where(new, self._step_tensor, self._first)
         self._loss = torch.where(new, loss.float().mean(), self._loss)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self._bad is None:
             return
         if skips_steps_on_device(optimizer):
-            optimizer.found_inf = self._bad.float()
+            bad = self._bad.float()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                # every rank skips the step (their gradients were averaged), and every rank stops at the check
+                torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+                elsewhere = (bad > 0) & (self._first < 0)  # another rank's loss: its value is not here
+                self._first = torch.where(elsewhere, self._step_tensor, self._first)
+                self._loss = torch.where(elsewhere, torch.full_like(self._loss, float("nan")), self._loss)
+            optimizer.found_inf = bad
         else:
             self.check(trainer)
         self._bad = None
@@ -82,6 +90,9 @@ class StopOnNonFiniteLoss(L.Callback):
             self.check(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.check(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
         self.check(trainer)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
