@@ -16,6 +16,7 @@ from mate_cli.errors import MateError, check_choice
 from mate_cli.lit_modules.optim import configure
 from mate_cli.modeling.dot import DoubleTransformer, Pruned
 from mate_cli.modeling.extra_layers import INITS, ExtraLayers
+from mate_cli.modeling.embeddings import TYPE_IDS_CHECKED
 from mate_cli.modeling.heads import mean_over_tokens
 
 log = logging.getLogger(__name__)
@@ -103,22 +104,21 @@ class EncoderTaskModule(L.LightningModule):
 
     def check_type_ids(self, batch) -> None:
         """The batch's token-type ids against every embedding table that reads them (encoder, DoT's pruner), before a
-        batch moves to a GPU, so no GPU forward waits for the host (CPU layouts: the embeddings' forward)."""
+        batch moves to the device, so no forward on a GPU waits for the host; the layout is marked checked, so the
+        embeddings' forward on a CPU does not read it again."""
         for encoder in [self.encoder] + ([self.dot.pruner] if self.dot is not None else []):
             encoder.embeddings.check_type_ids(encoder.backends[0].embedding_layout(batch.layout))
+        batch.layout.cached(TYPE_IDS_CHECKED, lambda: True)
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        if self.device.type != "cpu":
-            self.check_type_ids(batch)
+        self.check_type_ids(batch)
         return batch
 
     def batch_to_device(self, batch, device: torch.device | None = None):
         """``batch`` on ``device`` (default: this module's), checked as in Lightning's loops: for the loops outside
         them (DT-Fixup's pass, prediction, PointR's stages)."""
-        device = self.device if device is None else torch.device(device)
-        if device.type != "cpu":
-            self.check_type_ids(batch)
-        return batch.to(device)
+        self.check_type_ids(batch)
+        return batch.to(self.device if device is None else torch.device(device))
 
     def encode(self, input_ids: torch.Tensor, layout) -> torch.Tensor:
         """The encoder, then the extra layers if any."""

@@ -5,18 +5,20 @@ steps as they run: examples/s and real tokens/s, milliseconds a step, of which *
 loader's next batch, its copy to the device and Lightning's bookkeeping) and *in the step* (the host from the batch's
 start to its end: forward, backward, optimiser; on a GPU the host only enqueues, unless it waits), the padding share and
 the peak memory. Then it watches ``N`` more steps: the host synchronisations of each step, split into the steps that
-log (``trainer.log_every_n_steps``: the host reads the logged values there) and the others, and on CUDA the share of
+log (``trainer.log_every_n_steps``, and an epoch's last step: the host reads the logged values there) and the others, and on CUDA the share of
 the wall time the GPU is busy (torch.profiler's device time over that window). The second window is separate because
 watching costs the host time.
 
 Host synchronisations are counted on CUDA as ``torch.cuda.set_sync_debug_mode("warn")`` reports them, and on a CPU as
 reads of tensor values on the host: ``.item()``, ``bool()``, ``int()``, ``float()``, ``.tolist()``, ``.numpy()``,
-``.cpu()`` and the data-dependent shapes (``nonzero``, ``masked_select``), where the same code on a GPU would wait
+``.cpu()`` and the data-dependent shapes (``nonzero``, ``masked_select``, indexing by a boolean mask), where the same code on a GPU would wait
 (on a CPU every tensor counts, including those that would be host tensors on a GPU run, such as the CPU MATE kernel's
-plan).
+plan; only the batch's checks before its copy to the device, in ``on_before_batch_transfer``, are left out).
 
-The result is logged in one line, written to ``<run dir>/step_profile.json`` and recorded in ``metrics.json`` as
-``profile/*``.
+Also recorded: ``warmup_s``, the wall time of the warm-up steps (where compilation shows), and the code lines that
+synchronised (``host_sync_sites``, ``host_sync_sites_logging``: ``file:line`` -> count, the eight most frequent). The
+result is logged in one line, written to ``<run dir>/step_profile.json`` and recorded in ``metrics.json`` as
+``profile/*`` (its numbers).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+import traceback
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import lightning as L
@@ -53,19 +57,34 @@ HOST_READS = frozenset(
 )
 #: the operators whose output shape depends on values (on a GPU the host waits for them)
 DATA_DEPENDENT = frozenset({"nonzero", "masked_select"})
+#: the hook where a batch is still in host memory before its copy to the device: reads there are no synchronisation
+BEFORE_TRANSFER = "on_before_batch_transfer"
+#: indexing that is data-dependent with a boolean mask (``x[mask]``)
+MASK_INDEXING = frozenset({"index", "index_put", "index_put_"})
+
+
+def _has_bool_index(args) -> bool:
+    indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
 
 
 class HostReads(TorchFunctionMode):
-    """Counts :data:`HOST_READS` (and, with :class:`DataDependentOps`, the data-dependent operators) in this thread."""
+    """Records where :data:`HOST_READS` (and, with :class:`DataDependentOps`, the data-dependent operators) happen in
+    this thread: ``sites``, one ``file:line`` each."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.sites: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in HOST_READS:
-            self.count += 1
+            self.record()
         return func(*args, **(kwargs or {}))
+
+    def record(self) -> None:
+        stack = traceback.extract_stack()[:-2]
+        if not any(frame.name == BEFORE_TRANSFER for frame in stack):
+            self.sites.append(caller(stack))
 
 
 class DataDependentOps(TorchDispatchMode):
@@ -74,14 +93,31 @@ class DataDependentOps(TorchDispatchMode):
         self.reads = reads
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.__name__.split(".")[0] in DATA_DEPENDENT:
-            self.reads.count += 1
+        name = func.__name__.split(".")[0]
+        if name in DATA_DEPENDENT or name in MASK_INDEXING and _has_bool_index(args):
+            self.reads.record()
         return func(*args, **(kwargs or {}))
 
 
+def caller(stack=None) -> str:
+    """``file:line`` of the innermost frame outside torch and this module: the code that read a value."""
+    for frame in reversed(stack if stack is not None else traceback.extract_stack()[:-1]):
+        path = frame.filename.replace("\\", "/")
+        if "/torch/" not in path and not path.endswith("step_profile.py"):
+            return f"{_short(path)}:{frame.lineno}"
+    return "?"
+
+
+def _short(path: str) -> str:
+    for anchor in ("/mate_cli/", "/lightning/", "/lightning_utilities/", "/torchmetrics/"):
+        if anchor in path:
+            return anchor[1:] + path.rsplit(anchor, 1)[1]
+    return path.rsplit("/", 1)[-1]
+
+
 class SyncCounter:
-    """Host synchronisations since :meth:`start`, read with :meth:`count` (CUDA: the sync debug mode's warnings; CPU:
-    :class:`HostReads`)."""
+    """Host synchronisations since :meth:`start`, as :meth:`sites` (one ``file:line`` each; CUDA: the sync debug
+    mode's warnings, at the Python line that made the call; CPU: :class:`HostReads`)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -100,10 +136,10 @@ class SyncCounter:
             for context in self._contexts:
                 context.__enter__()
 
-    def count(self) -> int:
+    def sites(self) -> list[str]:
         if self.cuda:
-            return sum("synchroniz" in str(w.message) for w in self._seen)
-        return self._reads.count
+            return [f"{_short(w.filename)}:{w.lineno}" for w in self._seen if "synchroniz" in str(w.message)]
+        return list(self._reads.sites)
 
     def stop(self) -> None:
         if self.cuda and self._contexts:
@@ -119,9 +155,9 @@ class StepProfile(L.Callback):
         self.path = Path(path) if path is not None else None
         self.result: dict = {}
         self._timed: list[tuple[float, float, int]] = []  # per step: (between steps s, in the step s, examples)
-        self._syncs: list[tuple[int, bool]] = []  # per watched step: (synchronisations, logs)
+        self._syncs: list[tuple[list[str], bool]] = []  # per watched step: (where it synchronised, whether it logs)
         self._counter: SyncCounter | None = None
-        self._first, self._mark, self._logs = 0, 0, False
+        self._first, self._mark, self._logs, self._fit_start = 0, 0, False, time.perf_counter()
         self._profiler = None
         self._step_start = self._last_end = self._window_start = 0.0
         self._tokens = None
@@ -140,9 +176,12 @@ class StepProfile(L.Callback):
         step, device = trainer.global_step - self._first, pl_module.device
         time_from, watch_from, end = self.warmup, self.warmup + self.steps, self.warmup + 2 * self.steps
         if self._counter is not None:  # the watched step before this one ends here (its logging included)
-            self._syncs.append((self._counter.count() - self._mark, self._logs))
+            self._syncs.append((self._counter.sites()[self._mark :], self._logs))
+        if step == 0:
+            self._fit_start = time.perf_counter()
         if step == time_from:
             self._sync(device)
+            self.result["warmup_s"] = time.perf_counter() - self._fit_start
             reset_peak_memory(device)
             self._window_start = self._last_end = time.perf_counter()
             self._paused = 0.0
@@ -153,7 +192,7 @@ class StepProfile(L.Callback):
         elif step == end:
             self._finish_watching(pl_module)
         if self._counter is not None:
-            self._mark, self._logs = self._counter.count(), False
+            self._mark, self._logs = len(self._counter.sites()), False
         self._step_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -167,6 +206,10 @@ class StepProfile(L.Callback):
             self._last_end = now
         elif self._counter is not None:
             self._logs = is_log_step(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self._counter is not None:  # an epoch's end logs its metrics: its last step counts as a logging step
+            self._logs = True
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.training:
@@ -221,13 +264,15 @@ class StepProfile(L.Callback):
             except Exception as err:  # a profiler that fails here must not end the run it measures
                 log.warning("step profile: no GPU-busy share (torch.profiler: %s)", err)
             self._profiler = None
-        quiet = [n for n, logs in self._syncs if not logs]
-        logging_steps = [n for n, logs in self._syncs if logs]
+        quiet = [sites for sites, logs in self._syncs if not logs]
+        logging_steps = [sites for sites, logs in self._syncs if logs]
         self.result.update({
             "steps_watched": len(self._syncs),
-            "host_syncs_per_step": sum(quiet) / len(quiet) if quiet else None,
-            "host_syncs_max": max(quiet) if quiet else None,
-            "host_syncs_per_logging_step": sum(logging_steps) / len(logging_steps) if logging_steps else None,
+            "host_syncs_per_step": sum(map(len, quiet)) / len(quiet) if quiet else None,
+            "host_syncs_max": max(map(len, quiet)) if quiet else None,
+            "host_syncs_per_logging_step": sum(map(len, logging_steps)) / len(logging_steps) if logging_steps else None,
+            "host_sync_sites": dict(Counter(site for sites in quiet for site in sites).most_common(8)),
+            "host_sync_sites_logging": dict(Counter(site for sites in logging_steps for site in sites).most_common(8)),
         })  # fmt: skip
         self._report(pl_module)
 
@@ -255,8 +300,8 @@ class StepProfile(L.Callback):
             pl_module.recorded_metrics.update(
                 {f"profile/{k}": float(v) for k, v in self.result.items() if isinstance(v, (int, float))}
             )
-        log.info("step profile: %s", json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                                                 for k, v in self.result.items()}))  # fmt: skip
+        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in self.result.items() if "sites" not in k}
+        log.info("step profile: %s", json.dumps(shown))
 
 
 def _device_time_us(event) -> float:

@@ -33,6 +33,10 @@ def cell_position_ids(
     return (positions - first).clamp(max=max_position - 1)
 
 
+#: the key a layout's cache holds once its token-type ids were checked against every table that reads them
+TYPE_IDS_CHECKED = ("embeddings.type_ids_checked",)
+
+
 class TableEmbeddings(nn.Module):
     """Module names are ``TapasEmbeddings``'."""
 
@@ -75,7 +79,8 @@ class TableEmbeddings(nn.Module):
 
     def check_type_ids(self, layout: TableLayout) -> None:
         """Refuse ids that overflow their token-type table. It reads them on the host: :meth:`forward` calls it on CPU
-        only; a GPU batch is checked before it moves (``EncoderTaskModule.check_type_ids``)."""
+        only, for a layout not marked :data:`TYPE_IDS_CHECKED`; a training or evaluation batch is checked before it
+        moves to its device (``EncoderTaskModule.check_type_ids``)."""
         for i, (name, table) in enumerate(zip(TOKEN_TYPE_FIELDS, self.token_type_tables())):
             ids = getattr(layout, name)
             outside = ids[(ids < 0) | (ids >= table.num_embeddings)]
@@ -89,7 +94,8 @@ class TableEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         """``[batch, seq]`` WordPiece ids -> ``[batch, seq, hidden]``; ``layout=None``: all token types 0."""
         layout = TableLayout.plain(input_ids) if layout is None else layout.to(input_ids.device)
-        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
+        checked = layout.is_cached(TYPE_IDS_CHECKED)
+        if input_ids.device.type == "cpu" and not checked and not torch.compiler.is_compiling():
             self.check_type_ids(layout)
         embeddings = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(layout))
         for ids, table in zip((getattr(layout, name) for name in TOKEN_TYPE_FIELDS), self.token_type_tables()):

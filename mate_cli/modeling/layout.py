@@ -175,6 +175,10 @@ class TableLayout:
         perms, invs = zip(*(self.sort_order(v) for v in self.head_views(num_heads, row_heads_ratio)))
         return torch.stack(perms, dim=1), torch.stack(invs, dim=1)
 
+    def is_cached(self, key) -> bool:
+        """Whether :meth:`cached` holds ``key``."""
+        return key in self._cache
+
     def cached(self, key, build):
         """Memoise ``build()`` on this layout under ``key``."""
         if key not in self._cache:
