@@ -40,7 +40,7 @@ DECLARED: dict[str, Any] = {
     "paths.output_dir": str,
     "question": Union[str, int, float, bool],  # text: `question=1999` is the question "1999"
     **_keys("limit_questions bench.threads model.head.max_num_rows model.head.max_num_columns", Optional[int]),
-    "profile_steps": Optional[int],
+    **_keys("profile_steps dataset.pad_to_multiple_of", Optional[int]),
     **_keys("model.dot callbacks.best_checkpoint", Optional[dict]),  # best_checkpoint: null under debug=overfit
     **_keys("metrics logger.wandb.tags", Optional[list]),
     "path": Union[str, list],

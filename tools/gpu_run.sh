@@ -26,6 +26,7 @@
 #                     WikiTQ at 1,024, the HybridQA sample at 2,048; examples/s, the GPU-busy share, host
 #                     synchronisations a step (needs the full releases: `make gpu-data GPU_DATA=<folder>`)
 #     e2e_buckets (200) the same for TabFact and WikiTQ with dataset.bucket_by_length=true
+#     e2e_pad   (200) the same for TabFact and WikiTQ with dataset.pad_to_multiple_of=64
 # About 25 minutes at most with every step; for a shorter run choose steps, e.g.
 # GPU_STEPS="kernel split encoder tests host_sync" (9 minutes at most, and the install). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
 # $GPU_OUT (default outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid
@@ -87,6 +88,9 @@ step_e2e() { E2E_OUT="$out/e2e" PYTHON="$py" bash tools/e2e.sh; }
 step_e2e_buckets() {
   E2E_OUT="$out/e2e_buckets" E2E_TASKS="tabfact wtq" E2E_ARGS="dataset.bucket_by_length=true" PYTHON="$py" bash tools/e2e.sh
 }
+step_e2e_pad() {
+  E2E_OUT="$out/e2e_pad" E2E_TASKS="tabfact wtq" E2E_ARGS="dataset.pad_to_multiple_of=64" PYTHON="$py" bash tools/e2e.sh
+}
 step_auto() {
   local dtype
   for dtype in float32 float16; do
@@ -102,7 +106,7 @@ step_auto() {
 }
 
 declare -A limit=([kernel]=150 [split]=90 [tiles]=90 [tests]=150 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
-                  [anchors]=120 [auto]=420 [e2e]=420 [e2e_buckets]=200)
+                  [anchors]=120 [auto]=420 [e2e]=420 [e2e_buckets]=200 [e2e_pad]=200)
 start=$(date +%s)
 status=0
 : >"$out/steps.txt"

@@ -24,7 +24,7 @@ from mate_cli.data.schema import AnswerNode, Batch, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer, resolve_pretrained
-from mate_cli.modeling.layout import TableLayout, padded
+from mate_cli.modeling.layout import TableLayout, batch_width, padded
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class SplitDataModule(L.LightningDataModule):
         eval_file: str | None = None,
         same_order_every_epoch: bool = False,
         bucket_by_length: bool = False,
+        pad_to_multiple_of: int | None = None,
     ) -> None:
         super().__init__()
         self.reader = self.make_reader(root)  # raises MateError naming dataset.root if missing
@@ -76,6 +77,9 @@ class SplitDataModule(L.LightningDataModule):
         self.shuffle_seed = int(shuffle_seed)
         self.same_order_every_epoch = bool(same_order_every_epoch)
         self.bucket_by_length = bool(bucket_by_length)
+        if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool) or int(pad_to_multiple_of) < 1):
+            raise MateError(f"dataset.pad_to_multiple_of={pad_to_multiple_of!r}: a whole number >= 1, or null")
+        self.pad_to_multiple_of = None if pad_to_multiple_of is None else int(pad_to_multiple_of)
         self.datasets: dict = {}
         self.stats: dict[str, dict] = {}
 
@@ -154,8 +158,12 @@ class SplitDataModule(L.LightningDataModule):
         return None
 
     def collator(self) -> Callable[[list[dict]], object]:
-        """Hook: pads a list of encoded examples into a batch."""
+        """Hook: pads a list of encoded examples into a batch (to :meth:`width`)."""
         raise NotImplementedError
+
+    def width(self) -> dict:
+        """How a collator pads: ``multiple`` (``dataset.pad_to_multiple_of``) and ``cap`` (``dataset.max_length``)."""
+        return {"multiple": self.pad_to_multiple_of, "cap": self.max_length}
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         ds = self.datasets[split]
@@ -257,7 +265,7 @@ class HybridQADataModule(SplitDataModule):
         return keep
 
     def collator(self) -> "Collator":
-        return Collator(self.pad_id)
+        return Collator(self.pad_id, **self.width())
 
 
 def encode_question(
@@ -305,11 +313,14 @@ def token_counts(ds) -> list[int]:
 
 
 class Collator:
-    def __init__(self, pad_id: int = 0) -> None:
-        self.pad_id = pad_id
+    """``multiple``, ``cap``: the batch's length (:func:`~mate_cli.modeling.layout.batch_width`)."""
+
+    def __init__(self, pad_id: int = 0, multiple: int | None = None, cap: int | None = None) -> None:
+        self.pad_id, self.multiple, self.cap = pad_id, multiple, cap
 
     def __call__(self, examples: list[dict]) -> Batch:
-        input_ids = padded([ex["input_ids"] for ex in examples], self.pad_id)
+        ids = [ex["input_ids"] for ex in examples]
+        input_ids = padded(ids, self.pad_id, width=batch_width(ids, self.multiple, self.cap))
         return Batch(
             input_ids=input_ids,
             layout=TableLayout.from_lists([ex["layout"] for ex in examples], input_ids.shape[1]),

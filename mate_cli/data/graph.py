@@ -18,12 +18,12 @@ from typing import Mapping
 
 import torch
 
-from mate_cli.data.datamodule import HybridQADataModule, _ExampleEncoder, cell_tensors
+from mate_cli.data.datamodule import Collator, HybridQADataModule, _ExampleEncoder, cell_tensors
 from mate_cli.data.expand import expand_table, linked_passages, tfidf_scores
 from mate_cli.data.schema import Batch, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
-from mate_cli.modeling.layout import ID_FIELDS, TableLayout, padded
+from mate_cli.modeling.layout import ID_FIELDS, TableLayout, batch_width, padded
 
 
 def encode_graph(
@@ -118,13 +118,10 @@ class GraphBatch:
         return self.cell_mask.shape[0]
 
 
-class GraphCollator:
-    def __init__(self, pad_id: int = 0) -> None:
-        self.pad_id = pad_id
-
+class GraphCollator(Collator):
     def __call__(self, examples: list[dict]) -> GraphBatch:
         nodes = [ids for ex in examples for ids in ex["node_input_ids"]]
-        input_ids = padded(nodes, self.pad_id)
+        input_ids = padded(nodes, self.pad_id, width=batch_width(nodes, self.multiple, self.cap))
         edges = torch.zeros((len(nodes), len(nodes)), dtype=torch.bool)
         node_graph, offset = [], 0
         for g, ex in enumerate(examples):
@@ -186,4 +183,4 @@ class HybridQAGraphDataModule(HybridQADataModule):
         }
 
     def collator(self) -> GraphCollator:
-        return GraphCollator(self.pad_id)
+        return GraphCollator(self.pad_id, **self.width())

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from mate_cli.data.datamodule import SplitDataModule, question_from_record
+from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.expand import format_expanded, split_sentences
 from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.normalize import answer_words
@@ -24,7 +24,7 @@ from mate_cli.data.schema import Batch, Cell, Question
 from mate_cli.data.tokenize import candidate_cells
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer
-from mate_cli.modeling.layout import TableLayout, padded
+from mate_cli.modeling.layout import TableLayout, batch_width, padded
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +173,10 @@ class SpanBatch:
         return [span_text(c, o, int(s), int(e)) for c, o, s, e in zip(self.contexts, self.offsets, start, end)]
 
 
-class SpanCollator:
-    def __init__(self, pad_id: int = 0) -> None:
-        self.pad_id = pad_id
-
+class SpanCollator(Collator):
     def __call__(self, examples: list[dict]) -> SpanBatch:
-        ids = padded([ex["input_ids"] for ex in examples], self.pad_id)
+        lists = [ex["input_ids"] for ex in examples]
+        ids = padded(lists, self.pad_id, width=batch_width(lists, self.multiple, self.cap))
         seq = ids.shape[1]
         flags = {
             k: padded([ex[k] for ex in examples], False, torch.bool, seq)
@@ -302,4 +300,4 @@ class SpanDataModule(SplitDataModule):
         return keep
 
     def collator(self) -> SpanCollator:
-        return SpanCollator(self.pad_id)
+        return SpanCollator(self.pad_id, **self.width())

@@ -314,7 +314,7 @@ class TableTaskDataModule(SplitDataModule):
         return None
 
     def collator(self) -> "TaskCollator":
-        return TaskCollator(self.pad_id)
+        return TaskCollator(self.pad_id, **self.width())
 
 
 class TaskCollator(Collator):

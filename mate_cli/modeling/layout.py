@@ -45,6 +45,16 @@ def padded(lists: Sequence[Sequence], value: float, dtype: torch.dtype = torch.l
     return out
 
 
+def batch_width(lists: Sequence[Sequence], multiple: int | None = None, cap: int | None = None) -> int:
+    """The length a batch of ``lists`` is padded to: the longest, rounded up to a multiple of ``multiple`` when given
+    (never beyond ``cap``, the longest an example may be), so that batches come in a few shapes only."""
+    longest = max(map(len, lists))
+    if not multiple:
+        return longest
+    rounded = -(-longest // multiple) * multiple
+    return rounded if cap is None else max(longest, min(rounded, cap))
+
+
 def memoized(method):
     """``method`` with its result kept per arguments in the instance's ``_cache``: built once per layout (or plan),
     shared by every layer."""

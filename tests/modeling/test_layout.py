@@ -138,3 +138,25 @@ def test_shaped_layout_has_the_asked_shapes_and_filled_layout_fills_the_length()
     filled = filled_layout(1000, 2, query_tokens=20, columns=3, cell_tokens=10)
     assert filled.attention_mask.all() and filled.is_query.sum(1).tolist() == [20, 20]
     assert int(filled.column_ids.max()) == 3 and not torch.equal(filled.row_ids[0], filled.row_ids[1])
+
+
+def test_a_batch_pads_to_its_longest_or_to_a_multiple_never_past_the_cap():
+    from mate_cli.modeling.layout import batch_width
+
+    lists = [[1] * 70, [1] * 3]
+    assert batch_width(lists) == 70
+    assert batch_width(lists, multiple=64) == 128
+    assert batch_width(lists, multiple=64, cap=100) == 100  # dataset.max_length bounds the rounding
+    assert batch_width([[1] * 128], multiple=64, cap=512) == 128
+
+
+def test_the_collator_pads_a_batch_to_the_multiple_with_masked_tokens():
+    from mate_cli.data.datamodule import Collator
+
+    layout = {name: [0, 1, 1] for name in ID_FIELDS}
+    example = {"input_ids": [101, 7, 102], "layout": layout, "question_id": "q", "table_id": "t",
+               "cell_coords": [[0, 0]], "candidates": [1]}  # fmt: skip
+    plain, rounded = Collator(0)([example]), Collator(0, multiple=8, cap=512)([example])
+    assert plain.input_ids.shape == (1, 3) and rounded.input_ids.shape == (1, 8)
+    assert rounded.layout.attention_mask.tolist() == [[True] * 3 + [False] * 5]
+    assert torch.equal(rounded.input_ids[:, :3], plain.input_ids) and rounded.input_ids[0, 3:].eq(0).all()
