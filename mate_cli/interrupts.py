@@ -1,5 +1,7 @@
-"""SIGTERM and SIGINT stop a command with ``FAILED`` saying what happened, that line on screen, and exit status
-128 + the signal (143, 130).
+"""Every signal a terminal, ssh or a scheduler sends to end a job (SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2,
+SIGXCPU) stops a command with ``FAILED`` saying what happened, that line on screen, and exit status 128 + the signal
+(129, 130, 143, 138, 140, 152). Under SLURM, SIGUSR1 (its warning before pre-emption or the time limit) also requeues
+the job through ``scontrol`` where it exists, and says so (:func:`requeue_note`).
 
 Inside ``trainer.fit`` the first signal only asks to stop: the batch finishes and a whole ``last.ckpt`` is saved
 (:class:`StopOnSignal`); in a validation during fit it stops at the next validation batch, unsaved. Elsewhere, and at
@@ -9,13 +11,21 @@ to the main process (:func:`loader_worker_start`; preprocessing's: :mod:`mate_cl
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import lightning as L
 
-#: the signals handled, with the exit status of a command they stop
-SIGNALS = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
+#: the signals handled (those this platform has), with the exit status of a command they stop
+SIGNALS = {
+    signum: 128 + signum
+    for signum in (
+        getattr(signal, name, None) for name in ("SIGHUP", "SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGXCPU")
+    )
+    if signum is not None
+}
 
 
 class Interrupted(Exception):
@@ -35,7 +45,7 @@ class _State:
 
 
 def install() -> None:
-    """Handle SIGTERM and SIGINT in this process (the main thread's command)."""
+    """Handle :data:`SIGNALS` in this process (the main thread's command)."""
     _State.received, _State.training, _State.deferring, _State.pid = None, None, False, os.getpid()
     for signum in SIGNALS:
         signal.signal(signum, _handle)
@@ -65,14 +75,42 @@ def saved(checkpoint: dict, path: str | Path) -> None:
 
 
 def loader_worker_start(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature
-    """``worker_init_fn`` of mate's ``DataLoader``s: ignore SIGINT, and end at SIGTERM with status 0, as torch's own
-    handler's "killed by signal" would fail the main process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _end_worker)
+    """``worker_init_fn`` of mate's ``DataLoader``s: end at SIGTERM with status 0, as torch's own handler's "killed by
+    signal" would fail the main process, and ignore the other :data:`SIGNALS` (the main process, signalled with its
+    group, finishes its batch and stops the workers)."""
+    for signum in SIGNALS:
+        signal.signal(signum, _end_worker if signum == signal.SIGTERM else signal.SIG_IGN)
 
 
 def _end_worker(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
     os._exit(0)
+
+
+def cluster_plugins() -> list:
+    """The Trainer plugins that leave signals to this module: under SLURM, Lightning's cluster environment without its
+    own requeue (which wrote ``hpc_ckpt_*.ckpt`` into the working directory at SIGUSR1, for later runs to resume)."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def requeue_note(signum: int) -> str:
+    """Under SLURM (``SLURM_JOB_ID`` set), SIGUSR1 requeues the job with ``scontrol requeue``: what the ``FAILED`` line
+    adds about it ("" for another signal or outside SLURM). Lightning's own requeue is off (``mate train``)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if signum != getattr(signal, "SIGUSR1", None) or not job:
+        return ""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return f"; SLURM job {job} not requeued: no scontrol on PATH"
+    try:
+        done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"; SLURM job {job} not requeued: scontrol requeue {job}: {err}"
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[0]
+        return f"; SLURM job {job} not requeued: scontrol requeue {job}: {why}"
+    return f"; SLURM job {job} requeued (scontrol requeue {job})"
 
 
 def interrupted(signum: int | None = None) -> Interrupted:

@@ -70,6 +70,7 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
         if stopped is None and interrupts.received() is not None:  # Lightning's own SIGTERM exit, say
             stopped = interrupts.interrupted()
         if stopped is not None:
+            stopped = interrupts.Interrupted(stopped.signum, str(stopped) + interrupts.requeue_note(stopped.signum))
             record_failure(f"mate: {stopped}", stopped.exit_code)
             with contextlib.suppress(Exception):  # the interruption is what the user must hear about
                 finish_wandb_run(stopped.exit_code)

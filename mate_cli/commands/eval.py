@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from mate_cli.commands.common import hydra_app, log, print_metrics, quiet_third_party_logs, run_dir, write_result
 from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
+from mate_cli.interrupts import cluster_plugins
 from mate_cli.runs import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
 from mate_cli.config_schema import check_trainer_args
 
@@ -49,6 +50,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             f"split={cfg.split}: none of the {len(questions)} questions of {source} has an answer to score "
             f"(a released test file has none); {fix}"
         )
+    trainer_args.setdefault("default_root_dir", str(run_dir()))  # Lightning's own files stay in the run dir
+    trainer_args.setdefault("plugins", cluster_plugins())  # signals are mate's (mate_cli.interrupts)
     trainer = L.Trainer(**trainer_args)
     if getattr(datamodule, "task", None) and trainer.world_size > 1:
         raise MateError(

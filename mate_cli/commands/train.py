@@ -30,7 +30,7 @@ from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
 from mate_cli.divergence import StopOnNonFiniteLoss, non_finite_metrics
 from mate_cli.errors import MateError
-from mate_cli.interrupts import StopOnSignal
+from mate_cli.interrupts import StopOnSignal, cluster_plugins
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.lit_modules.step_profile import StepProfile
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
@@ -92,7 +92,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("profile_steps"):
         callbacks.append(StepProfile(int(cfg.profile_steps), path=out / "step_profile.json"))
     loggers = instantiate_dict(cfg.get("logger"))
-    trainer = L.Trainer(**trainer_args, callbacks=callbacks, logger=loggers, plugins=[checkpoint_io])
+    trainer_args.setdefault("default_root_dir", str(out))  # whatever Lightning writes of its own stays in the run dir
+    trainer = L.Trainer(
+        **trainer_args, callbacks=callbacks, logger=loggers, plugins=[checkpoint_io, *cluster_plugins()]
+    )
     _refuse_ddp_in_a_local_sweep(trainer)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))

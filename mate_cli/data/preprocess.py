@@ -116,11 +116,13 @@ def _results(function: Callable, records: Sequence[dict], processes: int) -> Ite
 
 
 def _set_function(function: Callable) -> None:
-    """A pool worker's start: default signal actions (it ends at SIGTERM or Ctrl-C), not the forked handler, which
-    leaves stopping to the main process (:mod:`mate_cli.interrupts`)."""
+    """A pool worker's start: default signal actions (it ends at any of :data:`~mate_cli.interrupts.SIGNALS`), not the
+    forked handler, which leaves stopping to the main process (:mod:`mate_cli.interrupts`)."""
     global _function
     _function = function
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    from mate_cli.interrupts import SIGNALS
+
+    for signum in SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
 
 

@@ -156,7 +156,7 @@ def test_the_same_commands_interrupted_run_is_taken_again(tmp_path):
 
 
 # ------------------------------------------------------------------ signals
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130)], ids=["ctrl-c"])
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGHUP, 129)], ids=["ctrl-c", "hangup"])
 def test_a_signal_to_the_whole_group_saves_last_ckpt_at_the_step_reached(trained, base, signum, code):
     """Ctrl-C in a terminal, ``timeout`` and a cluster's time limit signal the whole process
     group: the loader workers (two here) too. The run still finishes its batch, saves
@@ -203,10 +203,78 @@ def test_a_signal_to_the_whole_group_saves_last_ckpt_at_the_step_reached(trained
     assert f"{line} (exit status {code})" in (run / "train.log").read_text()
 
 
+def test_sigusr1_under_slurm_saves_in_the_run_dir_and_says_whether_the_job_was_requeued(trained, tmp_path):
+    """A SLURM job's warning before pre-emption (``--signal=USR1``): the run saves last.ckpt in its run dir and
+    stops with 138, FAILED saying that the job was not requeued (no scontrol here); nothing is written into the
+    working directory (Lightning's own handler wrote hpc_ckpt_1.ckpt there, which later runs silently resumed)."""
+    run, cwd = tmp_path / "run", tmp_path / "cwd"
+    cwd.mkdir()
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "mate_job", "SLURM_NODELIST": "vm",
+             "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}  # fmt: skip
+    env = {**mate_env(tmp_path / "outputs", tmp_path / "cache"), **slurm}
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if not (Path(p) / "scontrol").exists()
+    )
+    cache = trained("tabfact").parent / "cache"
+    proc = subprocess.Popen(
+        [MATE, "train", *TRAIN, "trainer.max_steps=40", "callbacks.model_checkpoint.every_n_train_steps=2",
+         f"dataset.cache_dir={cache}", f"hydra.run.dir={run}"],
+        cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "last.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    line = one_error_line(
+        subprocess.CompletedProcess(proc.args, proc.returncode, "", err), 138, "mate: interrupted by SIGUSR1 at step "
+    )
+    assert line.endswith(f"resume with ckpt_path={run}; SLURM job 4242 not requeued: no scontrol on PATH"), line
+    assert (run / "FAILED").read_text().strip() == line
+    assert list(cwd.iterdir()) == [], list(cwd.iterdir())
+
+
+def test_scontrol_requeues_the_job_and_a_failure_is_one_clause(tmp_path, monkeypatch):
+    from mate_cli.interrupts import requeue_note
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    tool = tmp_path / "bin" / "scontrol"  # SLURM's command, as a cluster would have it on PATH
+    tool.parent.mkdir()
+    tool.write_text(
+        '#!/bin/sh\necho "$@" > "$(dirname "$0")/called"\n[ "$2" = 4242 ] || { echo "Invalid job id" >&2; exit 1; }\n'
+    )
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tool.parent), os.environ.get("PATH", "")]))
+    assert requeue_note(signal.SIGUSR1) == "; SLURM job 4242 requeued (scontrol requeue 4242)"
+    assert (tool.parent / "called").read_text().split() == ["requeue", "4242"]
+    assert requeue_note(signal.SIGTERM) == ""  # only SLURM's warning signal requeues
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    assert requeue_note(signal.SIGUSR1) == "; SLURM job 99 not requeued: scontrol requeue 99: Invalid job id"
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert requeue_note(signal.SIGUSR1) == ""
+
+
+def test_device_and_node_counts_a_machine_cannot_run_are_one_line(tmp_path):
+    from mate_cli.data.preprocess import available_cores
+    from tests.inprocess import run_app
+
+    cores = available_cores()
+    cases = {  # trainer.devices=99 on 2 cores started 99 processes and hung; 0 was Lightning's traceback
+        f"trainer.devices={cores + 1}": f"starts {cores + 1} training processes on the CPU, but this machine has {cores}",
+        "trainer.devices=0": "trainer.devices=0 is no device count",
+        "trainer.num_nodes=0": "trainer.num_nodes=0 is no node count",
+    }
+    for override, message in cases.items():
+        code, err = run_app("train", ["experiment=tabfact_mate", override], tmp_path / override.replace("=", "_"))
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (override, err)
+
+
 @pytest.fixture
 def signal_handlers():
-    """This process's SIGINT/SIGTERM handlers, as they were, after the test."""
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    """This process's handlers of mate's signals, as they were, after the test."""
+    from mate_cli.interrupts import SIGNALS
+
+    saved = {signum: signal.getsignal(signum) for signum in SIGNALS}
     yield
     for signum, handler in saved.items():
         signal.signal(signum, handler)
@@ -287,11 +355,15 @@ def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):
     from mate_cli import interrupts
     from mate_cli.data import preprocess
 
+    others = [signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU]
+    assert set(interrupts.SIGNALS) == {signal.SIGTERM, *others}
+    interrupts.install()  # the command's process: every one of them is mate's
+    assert all(signal.getsignal(signum) is interrupts._handle for signum in interrupts.SIGNALS)
     interrupts.loader_worker_start(0)
-    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert all(signal.getsignal(signum) is signal.SIG_IGN for signum in others)
     assert signal.getsignal(signal.SIGTERM) is interrupts._end_worker
     preprocess._set_function(len)
-    assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert all(signal.getsignal(signum) is signal.SIG_DFL for signum in interrupts.SIGNALS)
     assert preprocess._call([1, 2]) == 2
 
 
