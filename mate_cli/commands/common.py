@@ -44,8 +44,8 @@ def hydra_app(module: str, task: Callable[[DictConfig], object], objective: Call
 
 
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
-    """Run ``task(cfg)`` holding the run dir: a `MateError` or full disk is one line and exit 2, SIGTERM/SIGINT 143/130
-    (:mod:`mate_cli.interrupts`); any failure leaves its one line in ``FAILED`` and the run's log."""
+    """Run ``task(cfg)`` holding the run dir: a `MateError` or full disk is one line and exit 2, a signal 128 + its
+    number (:mod:`mate_cli.interrupts`); any failure leaves its one line in ``FAILED`` and the run's log."""
     from mate_cli import interrupts, run_lock
 
     if COMMAND_LINE:
@@ -121,9 +121,12 @@ def record_failure(line: str, exit_code: int) -> None:
 
 
 def check_accelerator(cfg: DictConfig) -> None:
-    """A GPU profile on a machine without a usable GPU is one line naming the fix, before anything is built."""
+    """A GPU profile on a machine without a usable GPU, or device and node counts this machine cannot run, are one line
+    naming the fix, before anything is built."""
     trainer = cfg.get("trainer") if isinstance(cfg, DictConfig) else None
     accelerator = str(trainer.get("accelerator", "auto")).lower() if isinstance(trainer, DictConfig) else ""
+    if isinstance(trainer, DictConfig):
+        _check_counts(trainer, accelerator)
     if accelerator not in ("gpu", "cuda"):
         return
     import torch
@@ -148,6 +151,27 @@ def check_accelerator(cfg: DictConfig) -> None:
             f"trainer.precision={precision}: {torch.cuda.get_device_name()} has no bfloat16; "
             "use trainer.precision=16-mixed (or 32-true)"
         )
+
+
+def _check_counts(trainer: DictConfig, accelerator: str) -> None:
+    """``trainer.devices`` and ``trainer.num_nodes``: whole numbers Lightning can start, and on a CPU no more training
+    processes than the machine has cores (each is a process; more would only wait on each other)."""
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    if isinstance(devices, bool) or isinstance(devices, int) and (devices == 0 or devices < -1):
+        raise MateError(
+            f"trainer.devices={devices} is no device count; use a number >= 1, -1 (all), auto, or a list of indices"
+        )
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise MateError(f"trainer.num_nodes={nodes} is no node count; use a whole number >= 1")
+    if accelerator == "cpu" and isinstance(devices, int) and devices > 1:
+        from mate_cli.data.preprocess import available_cores
+
+        cores = available_cores()
+        if devices > cores:
+            raise MateError(
+                f"trainer.devices={devices} starts {devices} training processes on the CPU, but this machine has "
+                f"{cores} core(s); use trainer.devices<={cores}"
+            )
 
 
 def hydra_choices():
