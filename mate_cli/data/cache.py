@@ -38,6 +38,14 @@ def fingerprint(files: Iterable[Path], root: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def content_digest(files: Iterable[Path]) -> str:
+    """Digest of every file's name and bytes (small files whose every change matters, such as a tokenizer's)."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 #: the installed package, whose data modules' source keys the cache
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 

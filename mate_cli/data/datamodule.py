@@ -23,7 +23,7 @@ from mate_cli.data.sampler import EpochShuffle, padding_share
 from mate_cli.data.schema import AnswerNode, Batch, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
-from mate_cli.modeling.checkpoints import load_tokenizer, resolve_pretrained
+from mate_cli.modeling.checkpoints import encoding_files, load_tokenizer, resolve_pretrained
 from mate_cli.modeling.layout import TableLayout, batch_width, padded
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,7 @@ class SplitDataModule(L.LightningDataModule):
             root=os.path.abspath(self.root),
             inputs=cache.fingerprint(self.reader.input_files(), self.reader.root),
             pretrained=resolve_pretrained(self.pretrained),
+            encoding=cache.content_digest(encoding_files(resolve_pretrained(self.pretrained))),
             max_length=self.max_length,
             max_question_tokens=self.max_question_tokens,
             split_settings=asdict(self.split),

@@ -32,7 +32,7 @@ from mate_cli.data.schema import MaskedBatch, Question
 from mate_cli.data.split import split_by_table
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
-from mate_cli.modeling.checkpoints import load_tokenizer, resolve_pretrained
+from mate_cli.modeling.checkpoints import encoding_files, load_tokenizer, resolve_pretrained
 from mate_cli.modeling.layout import TableLayout, padded
 from mate_cli.paths import cache_dir as default_cache_dir
 
@@ -105,6 +105,7 @@ class PretrainDataModule(L.LightningDataModule):
             sources=[[k, str(v)] for k, v in self.sources.items()],  # their order is the examples' order
             inputs=cache.fingerprint([p.resolve() for p in self.corpus.input_files()], Path("/")),
             pretrained=resolve_pretrained(self.pretrained),
+            encoding=cache.content_digest(encoding_files(resolve_pretrained(self.pretrained))),
             max_length=self.max_length,
             max_text_tokens=self.max_text_tokens,
             hybridqa_passages=self.hybridqa_passages,

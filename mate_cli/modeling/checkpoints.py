@@ -58,6 +58,18 @@ def bundled_model_dir() -> Path:
     return directory
 
 
+#: the files of a checkpoint directory that decide how text is encoded: the tokenizer's, and the model config (TAPAS
+#: configs hold the table limits the tokenizer applies)
+ENCODING_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
+                  "added_tokens.json", "config.json")  # fmt: skip
+
+
+def encoding_files(pretrained: str) -> list[Path]:
+    """:data:`ENCODING_FILES` present in the resolved checkpoint directory ``pretrained`` ([] for a hub id)."""
+    folder = Path(pretrained)
+    return [folder / name for name in ENCODING_FILES if (folder / name).is_file()] if folder.is_dir() else []
+
+
 def resolve_pretrained(name: str | os.PathLike) -> str:
     """``minilm`` -> the bundled directory; a directory -> its absolute path; a hub id (``org/name``) -> unchanged."""
     text = str(name).strip()

@@ -160,3 +160,22 @@ def test_a_change_of_the_encoding_code_rebuilds_the_cache(sample_root, tmp_path,
         dm.preprocess("train")
     assert "loaded from cache" not in caplog.text
     assert len([p for p in cache_dir.iterdir() if "train-" in p.name and not p.name.startswith(".")]) == 2
+
+
+def test_the_cache_key_follows_the_tokenizers_files_by_content(tiny_root, tmp_path, minilm_dir):
+    """A tokenizer edited in place (lowercasing off) encodes differently: its entries must not be served."""
+    import json
+    import shutil
+
+    encoder = tmp_path / "enc"
+    shutil.copytree(minilm_dir, encoder)
+    dm = HybridQADataModule(root=str(tiny_root), cache_dir=str(tmp_path / "cache"), pretrained=str(encoder))
+    before = dm.cache_key("train")
+    config = encoder / "tokenizer_config.json"
+    settings = json.loads(config.read_text(encoding="utf-8"))
+    settings["do_lower_case"] = not settings.get("do_lower_case", True)
+    config.write_text(json.dumps(settings), encoding="utf-8")
+    changed = dm.cache_key("train")
+    assert changed != before
+    os.utime(config, ns=(0, 0))  # the same bytes at another time: the same key
+    assert dm.cache_key("train") == changed
