@@ -236,16 +236,21 @@ def test_the_model_counts_the_answer_cells_its_selection_loses(tmp_path):
 
 
 def test_a_batch_bound_for_another_device_has_its_token_type_ids_checked_before_it_moves(tmp_path):
-    """The check every loop runs before moving a batch off the CPU (Lightning's hook, DT-Fixup's pass, prediction,
+    """The check every loop runs before moving a batch to its device (Lightning's hook, DT-Fixup's pass, prediction,
     PointR), for the encoder's and the pruner's tables: a bad id is one line naming the field, before anything
-    moves. The meta device stands in for a GPU: the check reads the CPU batch either way."""
+    moves. The meta device stands in for a GPU: the check reads the CPU batch either way. A checked layout is marked,
+    so the embeddings' forward on a CPU does not read it again inside the step."""
     model, batch = dot_model(tmp_path)
     moved = model.batch_to_device(batch, "meta")
     assert moved.input_ids.device.type == "meta"
     bad = replace(batch, layout=batch.layout.with_fields(column_ids=batch.layout.column_ids + 256))
     with pytest.raises(MateError, match=r"^layout\.column_ids holds id \d+ but token_type_embeddings_1 has only"):
         model.batch_to_device(bad, "meta")
-    assert model.on_before_batch_transfer(bad, 0) is bad  # on the CPU the embeddings' forward checks it
+    with pytest.raises(MateError, match=r"^layout\.column_ids holds id"):  # on a CPU too: before the step, not in it
+        model.on_before_batch_transfer(bad, 0)
+    from mate_cli.modeling.embeddings import TYPE_IDS_CHECKED
+
+    assert model.on_before_batch_transfer(batch, 0) is batch and batch.layout.is_cached(TYPE_IDS_CHECKED)
 
 
 def test_mate_predict_answers_with_the_pruned_model_as_eval_does(tmp_path):
