@@ -161,24 +161,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return load_weights_only(path, "resume from a checkpoint written by `mate train` or `mate pretrain`")
 
 
-def resolve_resume_path(value: str | None, output_root: Path, experiment_name: str) -> str | None:
-    """The checkpoint to resume (None: start fresh): a ``.ckpt`` file, a run dir's ``last.ckpt``, or ``last``: that of
-    the newest ``<time>-<experiment_name>-...`` run dir under ``output_root``. A weights-only checkpoint is refused."""
+def resolve_resume_path(
+    value: str | None, output_root: Path, experiment_name: str, this_run: Path | None = None
+) -> str | None:
+    """The checkpoint to resume (None: start fresh): a ``.ckpt`` file, a run dir's ``last.ckpt``, or ``last``
+    (:func:`newest_run`'s, ``this_run`` left out). A weights-only checkpoint is refused."""
     if value in (None, ""):
         return None
     if str(value) == "last":
-        start = glob.escape(dir_name_start(f"{experiment_name}-"))  # a long run name is cut in its dir name
-        runs = sorted(
-            (p for p in output_root.glob(f"*-{start}*") if (p / "checkpoints" / "last.ckpt").is_file()),
-            key=lambda p: p.name,
-        )
-        if not runs:
-            raise MateError(
-                f"ckpt_path=last: no run of experiment {experiment_name!r} with checkpoints/last.ckpt under {output_root}; "
-                "pass ckpt_path=<run dir or .ckpt file>"
-            )
-        run_lock.check_not_running(runs[-1], "ckpt_path=last")
-        return str(runs[-1] / "checkpoints" / "last.ckpt")
+        return newest_run(output_root, experiment_name, this_run)
     path = Path(str(value)).expanduser()
     if path.is_dir():
         path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
@@ -193,6 +184,43 @@ def resolve_resume_path(value: str | None, output_root: Path, experiment_name: s
             f"state to continue from); resume from its run's last.ckpt: {run}"
         )
     return str(path)
+
+
+def started(run: Path) -> float:
+    """When ``run`` started, as an absolute time: when Hydra wrote its ``.hydra/config.yaml`` (a resume in place writes
+    it again), else the folder's own time; the local time in a run dir's name depends on the time zone it ran in."""
+    config = run / ".hydra" / "config.yaml"
+    return (config if config.is_file() else run).stat().st_mtime
+
+
+def newest_run(output_root: Path, experiment_name: str, this_run: Path | None) -> str:
+    """``ckpt_path=last``: the newest run dir of ``experiment_name`` under ``output_root`` by :func:`started`, other
+    than ``this_run``; refused in one line when it is still running or has no ``last.ckpt`` yet, naming it and the
+    newest one that could be resumed."""
+    start = glob.escape(dir_name_start(f"{experiment_name}-"))  # a long run name is cut in its dir name
+    own = this_run.resolve() if this_run is not None else None
+    runs = sorted((p for p in output_root.glob(f"*-{start}*") if p.is_dir() and p.resolve() != own), key=started)
+    last = [p for p in runs if (p / "checkpoints" / "last.ckpt").is_file()]
+    if not last:
+        raise MateError(
+            f"ckpt_path=last: no run of experiment {experiment_name!r} with checkpoints/last.ckpt under {output_root}; "
+            "pass ckpt_path=<run dir or .ckpt file>"
+        )
+    newest = runs[-1]
+    older = next((p for p in reversed(last) if p != newest and run_lock.holder(p) is None), None)
+    other = f"; to resume the one before it: ckpt_path={older}" if older else ""
+    if (pid := run_lock.holder(newest)) is not None:
+        raise MateError(
+            f"ckpt_path=last: the newest run of experiment {experiment_name!r}, {newest}, is still "
+            f"running (pid {pid}); wait for it to end, or stop it (it saves last.ckpt){other}"
+        )
+    if newest not in last:
+        raise MateError(
+            f"ckpt_path=last: the newest run of experiment {experiment_name!r}, {newest}, has no "
+            f"checkpoints/last.ckpt yet (running elsewhere, or stopped before its first checkpoint)"
+            f"{other}"
+        )
+    return str(newest / "checkpoints" / "last.ckpt")
 
 
 def is_weights_only_checkpoint(path: Path) -> bool:

@@ -72,20 +72,28 @@ def _locked(directory: Path, mode: str):
     return handle
 
 
-def check_not_running(run_dir: str | os.PathLike, what: str) -> None:
-    """`MateError` naming the holder when another live mate process holds ``run_dir`` (``what``: the setting that
-    named it); this process's own run dir and a folder without a lock file pass."""
+def holder(run_dir: str | os.PathLike) -> str | None:
+    """The pid (as its lock file says) of another live mate process holding ``run_dir``, else None: this process's own
+    run dir, a folder without a lock file, or a lock no one holds."""
     directory = Path(run_dir).resolve()
     if directory in _HELD or is_ddp_child() or not (directory / LOCK_NAME).is_file():
-        return  # a DDP rank > 0 resumes the run dir its rank 0 holds
+        return None  # a DDP rank > 0 resumes the run dir its rank 0 holds
     try:
         _locked(directory, "r").close()
     except MateError:
-        holder = (directory / LOCK_NAME).read_text().strip() or "unknown"
+        return (directory / LOCK_NAME).read_text().strip() or "unknown"
+    return None
+
+
+def check_not_running(run_dir: str | os.PathLike, what: str) -> None:
+    """`MateError` naming the holder when another live mate process holds ``run_dir`` (``what``: the setting that
+    named it); this process's own run dir and a folder without a lock file pass."""
+    pid = holder(run_dir)
+    if pid is not None:
         raise MateError(
-            f"{what}: the run in {directory} is still running (pid {holder}); resuming it now would train the same "
-            "run twice: wait for it to end, or stop it (it saves last.ckpt), then resume"
-        ) from None
+            f"{what}: the run in {Path(run_dir).resolve()} is still running (pid {pid}); resuming it now would train "
+            "the same run twice: wait for it to end, or stop it (it saves last.ckpt), then resume"
+        )
 
 
 def release(run_dir: str | os.PathLike) -> None:

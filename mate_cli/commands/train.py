@@ -52,7 +52,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Returns what ``metrics.json`` holds."""
     quiet_third_party_logs()
     out = run_dir()
-    resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name))
+    resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name), this_run=out)
     continue_wandb_run(cfg, resume)  # before resolved_config.yaml records it
     if rank_zero_only.rank == 0:  # DDP ranks > 0 re-run this command into the same run dir
         if resume and (changed := changed_on_resume(cfg, resume)):  # before resolved_config.yaml is written

@@ -17,6 +17,7 @@ import re
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -237,3 +238,48 @@ def test_resumed_runs_csv_log_reads_as_the_uninterrupted_runs(runs):
 def test_resume_says_what_it_restores_instead_of_lightnings_warning(runs):
     assert "position in the epoch are restored" in runs["output"]
     assert "not resumable" not in runs["output"]
+
+
+def test_ckpt_path_last_takes_the_run_that_started_last_and_refuses_one_still_running(tmp_path):
+    """By when each run started (an absolute time), not the local time in its dir name: a run started under another
+    time zone sorts by when it ran. The newest run still running, or without last.ckpt yet, is refused in one line
+    naming the one before it; the run that asks (this_run) is never its own candidate."""
+    from mate_cli.errors import MateError
+    from mate_cli.resume import resolve_resume_path
+
+    def run(name: str, started: int, ckpt: bool = True) -> Path:
+        folder = tmp_path / f"{name}-tabfact_mate-mate-x"
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "config.yaml").write_text("{}\n")
+        os.utime(folder / ".hydra" / "config.yaml", (started, started))
+        if ckpt:
+            (folder / "checkpoints").mkdir()
+            (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
+        return folder
+
+    utc = run("2026-01-01_10-00-00", 2_000)  # started later, in UTC
+    kiritimati = run("2026-01-02_00-00-00", 1_000)  # UTC+14: its name sorts after, it started before
+    assert resolve_resume_path("last", tmp_path, "tabfact_mate") == str(utc / "checkpoints" / "last.ckpt")
+    asking = run("2026-01-03_00-00-00", 4_000, ckpt=False)  # the run `ckpt_path=last` starts in
+    assert resolve_resume_path("last", tmp_path, "tabfact_mate", this_run=asking).startswith(str(utc))
+    fresh = run("2026-01-01_11-00-00", 3_000, ckpt=False)  # newest, no checkpoint yet
+    with pytest.raises(MateError) as err:
+        resolve_resume_path("last", tmp_path, "tabfact_mate", this_run=asking)
+    assert f"{fresh}, has no checkpoints/last.ckpt yet" in str(err.value)
+    assert str(err.value).endswith(f"to resume the one before it: ckpt_path={utc}")
+    (fresh / "checkpoints").mkdir()
+    (fresh / "checkpoints" / "last.ckpt").write_bytes(b"")
+    holder = subprocess.Popen(  # another mate process holds it: still running
+        [sys.executable, "-c", "import sys, time; from mate_cli import run_lock; run_lock.take(sys.argv[1]); "
+         "print('held', flush=True); time.sleep(60)", str(fresh)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(MateError) as err:
+            resolve_resume_path("last", tmp_path, "tabfact_mate", this_run=asking)
+        assert f"{fresh}, is still running (pid {holder.pid})" in str(err.value), str(err.value)
+        assert str(err.value).endswith(f"ckpt_path={utc}") and kiritimati.is_dir()
+    finally:
+        holder.kill()
+        holder.wait()
