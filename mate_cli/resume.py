@@ -41,6 +41,18 @@ RESTORED = (
 )
 
 
+def unrestored(checkpoint: dict, model) -> list[str]:
+    """What resuming from ``checkpoint`` cannot restore, as ``mate train`` says it (empty: it continues exactly): a
+    checkpoint written without :class:`ResumeState` (another tool, an older mate) has no RNG states nor position in the
+    epoch; one without ``lr_schedulers`` restarts the schedule of a model that has one."""
+    missing = []
+    if STATE_KEY not in checkpoint:
+        missing.append("the RNG states and the position in the epoch (the epoch starts again)")
+    if getattr(model, "scheduler", None) is not None and not checkpoint.get("lr_schedulers"):
+        missing.append("the learning-rate schedule (it starts again from its first step)")
+    return missing
+
+
 def rng_states() -> dict[str, Any]:
     """Every generator's state as tensors and plain lists (``torch.load(weights_only=True)`` reads them)."""
     version, internal, gauss = random.getstate()

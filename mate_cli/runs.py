@@ -194,13 +194,22 @@ def refuse_non_finite(state: dict, path: Path, key: str) -> None:
 
 
 def check_resume_state(path: Path, data: dict) -> None:
-    """Refuse a checkpoint to resume from that lacks an optimiser state or holds a damaged
-    :class:`mate_cli.resume.ResumeState` (its RNG states are tried on this process's generators, then put back)."""
+    """Refuse a checkpoint to resume from that lacks an optimiser state, was written by a Lightning before 2.0 (whose
+    loop state this one cannot read), or holds a damaged :class:`mate_cli.resume.ResumeState` (its RNG states are tried
+    on this process's generators, then put back). What a whole one may still lack: :func:`mate_cli.resume.unrestored`."""
     from mate_cli.resume import STATE_KEY, rng_states, set_rng_states
 
     if not data.get("optimizer_states"):
         raise MateError(
             f"ckpt_path={path} holds no optimiser state to continue from; resume from a run's checkpoints/last.ckpt"
+        )
+    written = str(data.get("pytorch-lightning_version", ""))
+    if written.split(".")[0].isdigit() and int(written.split(".")[0]) < 2:
+        import lightning
+
+        raise MateError(
+            f"ckpt_path={path} was written by Lightning {written}, whose training state Lightning "
+            f"{lightning.__version__} cannot continue; start from its weights instead: init_from={path}"
         )
     saved, now = data.get(STATE_KEY), rng_states()
     try:

@@ -43,6 +43,7 @@ from mate_cli.resume import (
     continue_wandb_run,
     resolve_resume_path,
     run_dir_of,
+    unrestored,
 )
 from mate_cli.runs import check_checkpoint_fits, init_weights_from
 from mate_cli.config_schema import TRAINER_RESERVED, check_trainer_args
@@ -100,7 +101,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
-    if resume:
+    if resume and (lost := unrestored(checkpoint, model)):
+        checkpoint.setdefault("lr_schedulers", [])  # Lightning restores an empty list (none), but fails on no key
+        log.warning("resuming from %s: weights, optimiser and step are restored, but the checkpoint holds nothing of "
+                    "%s, so training does not continue exactly as it would have", resume, " nor of ".join(lost))  # fmt: skip
+    elif resume:
         log.info("resuming from %s: %s", resume, RESTORED)
     elif cfg.get("validate_start", False):  # the starting checkpoint's score, to compare the end with
         results = trainer.validate(model, **_validation_data(trainer, datamodule), verbose=False)

@@ -11,6 +11,7 @@ the exit status are the point.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import os
 import shutil
@@ -643,3 +644,27 @@ def test_a_run_that_is_still_training_is_not_resumed_beside_itself(tmp_path):
         run_lock.check_not_running(run, "ckpt_path")  # its own run dir passes
     finally:
         run_lock.release(run)
+
+
+def test_a_checkpoint_mate_cannot_resume_exactly_is_refused_or_resumed_saying_what_is_lost(finished, base, caplog):
+    """Lightning 1.x's loop state is refused in one line (it ended in a KeyError traceback); a checkpoint without
+    mate's resume state or without the schedule resumes with a warning naming what starts again, never with the
+    "continues exactly" line (the losses and the learning rate said otherwise)."""
+    from mate_cli.resume import RESTORED
+
+    data = torch.load(finished / "checkpoints" / "last.ckpt", weights_only=False)
+    old = base / "lightning-1.5.ckpt"
+    torch.save({**data, "pytorch-lightning_version": "1.5.0"}, old)
+    with pytest.raises(MateError, match=re.escape(f"ckpt_path={old} was written by Lightning 1.5.0")) as err:
+        train_in_process([f"ckpt_path={old}", "trainer.max_steps=4"], base / "from-1.5", base / "cache")
+    assert str(err.value).endswith(f"init_from={old}")
+    for dropped, lost in (("mate_resume", "the RNG states and the position in the epoch"),
+                          ("lr_schedulers", "the learning-rate schedule")):  # fmt: skip
+        partial = base / f"without-{dropped}.ckpt"
+        torch.save({k: v for k, v in data.items() if k != dropped}, partial)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            train_in_process([f"ckpt_path={partial}", "trainer.max_steps=3"], base / f"from-{dropped}", base / "cache")
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert f"holds nothing of {lost}" in said and "does not continue exactly" in said, said
+        assert RESTORED not in said
