@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -14,11 +15,35 @@ from mate_cli.commands.common import hydra_app, log, print_metrics, quiet_third_
 from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.interrupts import cluster_plugins
+from mate_cli.resume import AtomicCheckpointIO
 from mate_cli.runs import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
 from mate_cli.config_schema import check_trainer_args
 
 
 SPLIT_PREFIX = {"validation": "val", "test": "test"}
+
+
+def read_checkpoint_once(path: str, model) -> tuple[dict, str]:
+    """The checked checkpoint at ``path`` and the first 16 hex digits of its file's SHA-256; refused in one line when
+    the file changed while it was read (a `mate train` of that run writing it)."""
+    import hashlib
+
+    def stamp() -> tuple[int, int]:
+        info = os.stat(path)
+        return info.st_size, info.st_mtime_ns
+
+    before = stamp()
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    checkpoint = check_checkpoint_fits(path, model, "ckpt_path")
+    if stamp() != before:
+        raise MateError(
+            f"ckpt_path={path} changed while it was read (a run is writing it); evaluate again once it is written, "
+            "or evaluate a finished run"
+        )
+    return checkpoint, digest.hexdigest()[:16]
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -37,7 +62,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(dataset_here(train_cfg, cfg.paths.cache_dir))
     model = instantiate(train_cfg.model)
-    check_checkpoint_fits(ckpt_path, model, "ckpt_path")
+    checkpoint, digest = read_checkpoint_once(ckpt_path, model)
     questions = datamodule.questions(cfg.split) if hasattr(datamodule, "questions") else None
     if questions is not None and not any(q.answered for q in questions):
         source = f"{datamodule.eval_file} in {datamodule.root}" if datamodule.eval_file else datamodule.root
@@ -52,6 +77,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         )
     trainer_args.setdefault("default_root_dir", str(run_dir()))  # Lightning's own files stay in the run dir
     trainer_args.setdefault("plugins", cluster_plugins())  # signals are mate's (mate_cli.interrupts)
+    checkpoint_io = AtomicCheckpointIO()  # Lightning evaluates the state checked above, not a newer write of the file
+    checkpoint_io.preload(ckpt_path, checkpoint)
+    trainer_args["plugins"] = [*trainer_args.get("plugins", []), checkpoint_io]
     trainer = L.Trainer(**trainer_args)
     if getattr(datamodule, "task", None) and trainer.world_size > 1:
         raise MateError(
@@ -66,6 +94,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics["ckpt_path"] = ckpt_path
+    metrics["ckpt_step"] = int(checkpoint.get("global_step", 0))
+    metrics["ckpt_sha256"] = digest
     bad = non_finite_metrics(metrics)
     if bad:
         metrics["non_finite"] = bad

@@ -9,6 +9,7 @@ config Hydra composes, in this process (tests/inprocess.py)."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from mate_cli.errors import MateError
 from tests.helpers import MATE, mate_env, run_mate
@@ -253,6 +255,9 @@ def test_eval_of_the_run_dir_reproduces_validation_metrics(trained_run: Path, tm
     assert out.strip().splitlines()[-2:] == [f"run dir: {eval_dir}", f"metrics: {eval_dir / 'metrics.json'}"]
     assert json.loads((eval_dir / "metrics.json").read_text()) == metrics
     assert metrics["ckpt_path"] == train_metrics["best_checkpoint"]
+    evaluated = Path(metrics["ckpt_path"])  # which state was scored: its step and its file's digest
+    assert metrics["ckpt_step"] == torch.load(evaluated, weights_only=True)["global_step"]
+    assert metrics["ckpt_sha256"] == hashlib.sha256(evaluated.read_bytes()).hexdigest()[:16]
     for key in ("val/hits@1", "val/hits@3", "val/hits@5", "val/loss"):
         assert metrics[key] == pytest.approx(train_metrics[key], abs=1e-6), key
 
