@@ -129,7 +129,22 @@ def answer_only_app(command: str):
 def checked_command_line(command: str, args: list[str]) -> tuple[list[str], str | None]:
     """``args`` with free text quoted for Hydra, and the one-line problem in them, if any."""
     args = quote_free_text(command, list(args))
-    return args, check_group_choices(args) or check_command_line(command, args) or check_one_mode(args)
+    problem = check_paths_on_one_line(args) or check_group_choices(args)
+    return args, problem or check_command_line(command, args) or check_one_mode(args)
+
+
+#: the overrides that name folders mate creates (or whose files it writes)
+FOLDER_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "paths.", "dataset.cache_dir")
+
+
+def check_paths_on_one_line(args: list[str]) -> str | None:
+    """A folder named with a line break in it: refused before any folder is made (Hydra's parser failed on it after
+    mate had claimed the folder, leaving one with a line break in its name)."""
+    for arg in args:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key.startswith(FOLDER_KEYS) and ("\n" in value or "\r" in value):
+            return f"{key} holds a line break ({value.splitlines()[0]!r}...); name the folder on one line"
+    return None
 
 
 def check_one_mode(args: list[str]) -> str | None:

@@ -64,6 +64,16 @@ def test_any_trainer_argument_works_without_a_plus(tmp_path):
     assert cfg.trainer.limit_val_batches == 2 and cfg.trainer.max_steps == 5
 
 
+def test_a_folder_named_with_a_line_break_is_refused_before_any_folder_is_made(mate, tmp_path):
+    folder = tmp_path / "runs" / "a\nb"  # Hydra's lexer failed on it after mate had made and locked the folder
+    line = mate(["train", f"hydra.run.dir={folder}"])
+    assert (
+        line
+        == f"mate: error: hydra.run.dir holds a line break ({str(tmp_path / 'runs' / 'a')!r}...); name the folder on one line"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_unknown_experiment_is_one_line_with_the_options(mate):
     line = mate(["train", "experiment=nope"])
     assert "experiment=nope" in line and "hybridqa_mate" in line and "hybridqa_tapas" in line
