@@ -53,6 +53,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Returns what ``metrics.json`` holds."""
     quiet_third_party_logs()
     out = run_dir()
+    check_own_folder(out / "checkpoints")
     resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name), this_run=out)
     continue_wandb_run(cfg, resume)  # before resolved_config.yaml records it
     if rank_zero_only.rank == 0:  # DDP ranks > 0 re-run this command into the same run dir
@@ -232,6 +233,16 @@ def _check_validation_interval(trainer) -> None:
             f"trainer.val_check_interval={trainer.val_check_interval} is more than the {batches} training batches of "
             f"one epoch; use trainer.val_check_interval<={batches}, or add trainer.check_val_every_n_epoch=null to "
             "count the interval across epochs"
+        )
+
+
+def check_own_folder(folder: Path) -> None:
+    """A run writes its checkpoints into its own run dir only: a ``checkpoints/`` that links elsewhere (into another
+    run, whose last.ckpt a resume in place then overwrote) is refused in one line."""
+    if folder.is_symlink() or folder.exists() and folder.resolve().parent != folder.parent.resolve():
+        raise MateError(
+            f"{folder} is a link to {folder.resolve()}: a run writes its checkpoints into its own run dir only; "
+            "remove the link (move its files in first if they are this run's)"
         )
 
 

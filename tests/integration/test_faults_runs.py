@@ -668,3 +668,16 @@ def test_a_checkpoint_mate_cannot_resume_exactly_is_refused_or_resumed_saying_wh
         said = " ".join(r.getMessage() for r in caplog.records)
         assert f"holds nothing of {lost}" in said and "does not continue exactly" in said, said
         assert RESTORED not in said
+
+
+def test_a_run_whose_checkpoints_folder_links_into_another_run_is_refused(finished, tmp_path):
+    """Resumed in place and signalled, such a run overwrote the other run's last.ckpt."""
+    other = tmp_path / "other"
+    shutil.copytree(finished / "checkpoints", other / "checkpoints")
+    before = (other / "checkpoints" / "last.ckpt").read_bytes()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints").symlink_to(other / "checkpoints")
+    with pytest.raises(MateError, match=re.escape(f"{run / 'checkpoints'} is a link to {other / 'checkpoints'}")):
+        train_in_process([f"ckpt_path={run}", "trainer.max_steps=4"], run, tmp_path / "cache")
+    assert (other / "checkpoints" / "last.ckpt").read_bytes() == before
