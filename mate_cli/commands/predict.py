@@ -65,6 +65,13 @@ def predict_table_task(cfg: DictConfig) -> dict:
     warn_if_cut(str(cfg.question), run, "")
     result = predict_table_question(run, table, str(cfg.question), device, cfg.trainer.get("precision"))
     task = tasks.get(result["task"])
+    if kept := result.get("kept"):
+        log.warning(
+            "the table was cut to fit dataset.max_length=%s: %d of %d rows and %d of %d columns kept, %d of the %d "
+            "tokens it needs dropped; the answer reads only what was kept (raise dataset.max_length in overrides=[...] "
+            "to read more)", run.cfg.dataset.max_length, kept["rows"], kept["of_rows"], kept["columns"],
+            kept["of_columns"], kept["tokens_dropped"], kept["tokens_needed"],
+        )  # fmt: skip
     noun = "question" if task.selects_cells else "statement"
     rich.print(f"[bold]{noun}:[/bold] {shown(result['question'])}")
     if not task.selects_cells:

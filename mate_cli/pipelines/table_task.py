@@ -32,6 +32,12 @@ def predict_table_question(
     with torch.no_grad(), autocast(device, precision):
         row = run.model.predict_step(batch, 0)[0]  # what `mate eval` predicts: DoT's pruning included
     result = {"task": task.name, "question": text, "table": table.table_id, "truncated": bool(example["truncated"])}
+    if example["truncated"]:  # what of the table the model read (the answer reads nothing else)
+        result["kept"] = {
+            "rows": table.num_rows - int(example["rows_dropped"]), "of_rows": table.num_rows,
+            "columns": table.num_columns - int(example["columns_dropped"]), "of_columns": table.num_columns,
+            "tokens_dropped": int(example["tokens_pruned"]), "tokens_needed": int(example["full_length"]),
+        }  # fmt: skip
     if not task.selects_cells:
         return {**result, "verdict": row["verdict"], "probability": row["probability"]}
     cells = [

@@ -681,3 +681,17 @@ def test_a_run_whose_checkpoints_folder_links_into_another_run_is_refused(finish
     with pytest.raises(MateError, match=re.escape(f"{run / 'checkpoints'} is a link to {other / 'checkpoints'}")):
         train_in_process([f"ckpt_path={run}", "trainer.max_steps=4"], run, tmp_path / "cache")
     assert (other / "checkpoints" / "last.ckpt").read_bytes() == before
+
+
+def test_predict_on_a_table_longer_than_the_run_reads_says_how_much_was_kept(finished, tmp_path, caplog):
+    """A 2,000-row table answered from its first rows only: said on screen (it printed an answer and nothing else)."""
+    import logging
+
+    table = tmp_path / "long.html.csv"
+    table.write_text("year#team#points\n" + "".join(f"{1000 + i}#team {i}#{i}\n" for i in range(2000)))
+    with caplog.at_level(logging.WARNING):
+        result = run_command("predict", [f"ckpt_path={finished}", f"table={table}", "question=team 5 scored 5 points"],
+                             tmp_path / "predict")  # fmt: skip
+    kept = result["kept"]
+    assert result["truncated"] and kept["of_rows"] == 2000 and 0 < kept["rows"] < 2000 and kept["of_columns"] == 3
+    assert f"{kept['rows']} of 2000 rows and 3 of 3 columns kept" in caplog.text, caplog.text
