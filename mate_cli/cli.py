@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from mate_cli.config_check import check_command_line, trainer_overrides
-from mate_cli.hydra_args import quote_free_text
+from mate_cli.errors import MateError
+from mate_cli.hydra_args import path_argument, quote_free_text
 from mate_cli.paths import CONF_DIR, keep_tool_caches, output_root
 from mate_cli.silenced import silence
 
@@ -82,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
     if any(arg in COMPLETION_FLAGS for arg in rest):
         return shell_completion(rest, command, program)
+    if command == "report":  # its bare folder as path=..., as its app reads it: what a run dir's claim compares
+        try:
+            rest = path_argument(rest)
+        except MateError as err:
+            return fail(str(err))
     rest, problem = checked_command_line(command, rest)
     answer_only = answers_only(rest)  # no task runs: no run dir to claim or write
     if not problem and not answer_only:
@@ -160,7 +166,6 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
     (:func:`mate_cli.run_lock.claim`): ``(arguments to run, one-line problem or None)``. Default run dirs:
     :func:`mate_cli.commands.common.run_task`."""
     from mate_cli import run_lock
-    from mate_cli.errors import MateError
 
     sweep = any(arg in args for arg in ("-m", "--multirun"))
     key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="

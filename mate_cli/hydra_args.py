@@ -1,8 +1,12 @@
-"""Free text as Hydra override values: quoting that parses back to exactly what was typed."""
+"""Free text as Hydra override values: quoting that parses back to exactly what was typed; ``mate report``'s bare
+folder as its ``path=``."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+from mate_cli.errors import MateError
 
 
 #: ``mate predict`` arguments that are free text, quoted for Hydra as the user typed them
@@ -26,3 +30,25 @@ def quote_free_text(command: str, args: list[str]) -> list[str]:
         quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
         out.append(f"{key}={hydra_quote(value)}" if sep and key in keys and not quoted else arg)
     return out
+
+
+#: Hydra flags followed by a value (``--info``'s is optional: one of INFO_VALUES)
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+               "-cd", "--experimental-rerun")  # fmt: skip
+INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def path_argument(args: list[str]) -> list[str]:
+    """``mate report``'s arguments with its one bare argument (no ``=``, or an existing path such as a job dir ``0-attention=sat,seed=1``;
+    not a flag or its value) as ``path=<dir>``, quoted for Hydra; the same arguments given again come back unchanged."""
+    bare = []
+    for i, arg in enumerate(args):
+        before = args[i - 1] if i else ""
+        flag_value = before in VALUE_FLAGS or (before in ("--info", "-i") and arg in INFO_VALUES)
+        if not arg.startswith("-") and not flag_value and ("=" not in arg or Path(arg).exists()):
+            bare.append(i)
+    if len(bare) > 1:
+        raise MateError(
+            f"mate report takes one folder, got {len(bare)}: {' '.join(args[i] for i in bare)}; pass one multirun or outputs dir"
+        )
+    return [f"path={hydra_quote(arg)}" if i in bare else arg for i, arg in enumerate(args)]

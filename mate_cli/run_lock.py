@@ -151,7 +151,16 @@ def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
 
 
 def compared(overrides: list[str]) -> list[str]:
-    return [o for o in overrides if not o.startswith(NOT_COMPARED)]
+    """``overrides`` as two commands are compared: without the ones that say where a run goes, and each value as Hydra
+    reads it whether quoted or not (``path='/x'`` is ``path=/x``: Hydra records the quoted form it was handed)."""
+    return [_unquoted(o) for o in overrides if not o.startswith(NOT_COMPARED)]
+
+
+def _unquoted(override: str) -> str:
+    key, sep, value = override.partition("=")
+    if sep and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1]
+    return f"{key}{sep}{value}"
 
 
 def claim(

@@ -1,15 +1,16 @@
 """`mate report <multirun dir | outputs dir>`: each metric's median and half-IQR over seeds per configuration
-(:mod:`mate_cli.report`), on screen and as ``report.md``, ``report.csv`` and ``report_*.<format>`` plots."""
+(:mod:`mate_cli.report`), on screen and as ``report.csv``, ``report_*.<format>`` plots and, last, ``report.md``: a
+report dir without it was stopped before the end (each file in it is whole), and the same command run again into it
+writes it anew."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
-from mate_cli.hydra_args import hydra_quote
+from mate_cli.hydra_args import path_argument
 from mate_cli.commands.common import hydra_app, run_dir
 from mate_cli.errors import MateError
 from mate_cli.console import console as screen_console
@@ -57,40 +58,19 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
         )
 
     out = run_dir()
+    render.write_csv(configurations, metrics, out / "report.csv")
+    plots = render.plot(configurations, metrics, main, out, formats) if cfg.get("plots", True) else []
+    # last: a report.md in the folder says the report is whole (a report killed before it is run again into its dir)
     atomic_write_text(
         out / "report.md",
         render.markdown(
             str(cfg.path), columns, rows, main, failed, incomplete, skipped, render.repeated_lines(configurations, "`")
         ),
     )
-    render.write_csv(configurations, metrics, out / "report.csv")
-    plots = render.plot(configurations, metrics, main, out, formats) if cfg.get("plots", True) else []
     pattern = f"report_*.{formats[0]}" if len(formats) == 1 else f"report_*.{{{','.join(formats)}}}"
     print_outputs({"report dir": out, "table": out / "report.md", "numbers": out / "report.csv",
                    **({"plots": f"{out / pattern} ({len(plots)} files)"} if plots else {})})  # fmt: skip
     return configurations
-
-
-#: Hydra flags followed by a value (``--info``'s is optional: one of INFO_VALUES)
-VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
-               "-cd", "--experimental-rerun")  # fmt: skip
-INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
-
-
-def path_argument(args: list[str]) -> list[str]:
-    """The one bare argument (no ``=``, or an existing path such as a job dir ``0-attention=sat,seed=1``; not a flag or
-    its value) -> ``path=<dir>``, quoted for Hydra."""
-    bare = []
-    for i, arg in enumerate(args):
-        before = args[i - 1] if i else ""
-        flag_value = before in VALUE_FLAGS or (before in ("--info", "-i") and arg in INFO_VALUES)
-        if not arg.startswith("-") and not flag_value and ("=" not in arg or Path(arg).exists()):
-            bare.append(i)
-    if len(bare) > 1:
-        raise MateError(
-            f"mate report takes one folder, got {len(bare)}: {' '.join(args[i] for i in bare)}; pass one multirun or outputs dir"
-        )
-    return [f"path={hydra_quote(arg)}" if i in bare else arg for i, arg in enumerate(args)]
 
 
 hydra_main = hydra_app(__name__, report)

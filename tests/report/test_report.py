@@ -154,7 +154,7 @@ def tree(tmp_path_factory) -> dict[str, Path]:
 def mate_report(args: list[str], out: Path) -> subprocess.CompletedProcess:
     """`mate report <args>` (its own function on a config Hydra composes, in this process)
     into ``<out>/report/run``: its exit status, screen and stderr."""
-    from mate_cli.commands.report import path_argument
+    from mate_cli.hydra_args import path_argument
 
     return run_captured("report", path_argument(args), out / "report" / "run")
 
@@ -374,7 +374,7 @@ def test_metric_choice_and_errors(tree):
 
 
 def test_a_bare_first_argument_is_the_path(tmp_path):
-    from mate_cli.commands.report import path_argument
+    from mate_cli.hydra_args import path_argument
 
     job = tmp_path / "0-attention=sat,seed=1"
     job.mkdir()
@@ -507,3 +507,19 @@ def test_plots_are_written_in_each_format_asked_for_with_readable_labels(tree, t
     )
     bad = mate_report([str(tree["heads"]), "formats=[jpeg]"], tmp_path / "bad")
     assert bad.returncode == 2 and "formats=['jpeg']: jpeg is not a plot format" in bad.stderr
+
+
+def test_a_report_runs_again_into_its_own_dir_and_writes_report_md_last(tree, tmp_path):
+    """`mate report <dir> hydra.run.dir=<out>` twice: the second took the recorded quoted path for another command
+    and refused the folder. report.md comes last, so a report dir without it was stopped before the end."""
+    from tests.helpers import MATE, mate_env
+
+    out = tmp_path / "report"
+    command = [MATE, "report", str(tree["outputs"]), f"hydra.run.dir={out}", "formats=[png]"]
+    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
+    for _ in range(2):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    written = [p for p in out.iterdir() if p.name.startswith("report") and p.suffix in (".md", ".csv", ".png")]
+    assert max(written, key=lambda p: p.stat().st_mtime_ns).name == "report.md"
+    assert len(written) > 2
