@@ -98,7 +98,8 @@ def requeue_note(signum: int) -> str:
     """Under SLURM (``SLURM_JOB_ID`` set), SIGUSR1 requeues the job with ``scontrol requeue``: what the ``FAILED`` line
     adds about it ("" for another signal or outside SLURM). Lightning's own requeue is off (``mate train``)."""
     job = os.environ.get("SLURM_JOB_ID")
-    if signum != getattr(signal, "SIGUSR1", None) or not job:
+    first = os.environ.get("SLURM_PROCID", "0") == "0" and os.environ.get("RANK", "0") == "0"
+    if signum != getattr(signal, "SIGUSR1", None) or not job or not first:  # one requeue per job: its first process's
         return ""
     scontrol = shutil.which("scontrol")
     if scontrol is None:

@@ -249,6 +249,10 @@ def test_scontrol_requeues_the_job_and_a_failure_is_one_clause(tmp_path, monkeyp
     assert requeue_note(signal.SIGUSR1) == "; SLURM job 4242 requeued (scontrol requeue 4242)"
     assert (tool.parent / "called").read_text().split() == ["requeue", "4242"]
     assert requeue_note(signal.SIGTERM) == ""  # only SLURM's warning signal requeues
+    monkeypatch.setenv("SLURM_PROCID", "1")  # another task of the job: the first one requeues it, once
+    (tool.parent / "called").unlink()
+    assert requeue_note(signal.SIGUSR1) == "" and not (tool.parent / "called").exists()
+    monkeypatch.delenv("SLURM_PROCID")
     monkeypatch.setenv("SLURM_JOB_ID", "99")
     assert requeue_note(signal.SIGUSR1) == "; SLURM job 99 not requeued: scontrol requeue 99: Invalid job id"
     monkeypatch.delenv("SLURM_JOB_ID")
