@@ -83,11 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
     if any(arg in COMPLETION_FLAGS for arg in rest):
         return shell_completion(rest, command, program)
-    if command == "report":  # its bare folder as path=..., as its app reads it: what a run dir's claim compares
-        try:
-            rest = path_argument(rest)
-        except MateError as err:
-            return fail(str(err))
+    try:
+        rest = as_hydra_reads(command, rest)
+    except MateError as err:
+        return fail(str(err))
     rest, problem = checked_command_line(command, rest)
     answer_only = answers_only(rest)  # no task runs: no run dir to claim or write
     if not problem and not answer_only:
@@ -100,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     app = answer_only_app(command) if answer_only else importlib.import_module(COMMANDS[command][0]).main
     run_hydra_app(app, program, command, trainer_overrides(command, rest))
     return 0
+
+
+def as_hydra_reads(command: str, args: list[str]) -> list[str]:
+    """``args`` as the command's app hands them to Hydra (``mate report``'s bare folder as ``path=...``): what a run
+    dir's claim compares with the overrides Hydra recorded there."""
+    return path_argument(args) if command == "report" else list(args)
 
 
 def fail(problem: str) -> int:

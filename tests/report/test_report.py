@@ -510,16 +510,26 @@ def test_plots_are_written_in_each_format_asked_for_with_readable_labels(tree, t
 
 
 def test_a_report_runs_again_into_its_own_dir_and_writes_report_md_last(tree, tmp_path):
-    """`mate report <dir> hydra.run.dir=<out>` twice: the second took the recorded quoted path for another command
-    and refused the folder. report.md comes last, so a report dir without it was stopped before the end."""
+    """`mate report <dir> hydra.run.dir=<out>` again: the claim compared the bare folder with the quoted
+    path='<dir>' Hydra recorded and refused the folder. One real report (its lock and .hydra as `mate` writes them),
+    then the entry point's claim of the same command line, in this process. report.md comes last, so a report dir
+    without it was stopped before the end."""
+    from mate_cli import run_lock
+    from mate_cli.cli import as_hydra_reads, claim_given_run_dir
     from tests.helpers import MATE, mate_env
 
     out = tmp_path / "report"
-    command = [MATE, "report", str(tree["outputs"]), f"hydra.run.dir={out}", "formats=[png]"]
-    env = mate_env(tmp_path / "outputs", tmp_path / "cache")
-    for _ in range(2):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
+    args = [str(tree["outputs"]), f"hydra.run.dir={out}", "formats=[png]"]
+    done = subprocess.run([MATE, "report", *args], env=mate_env(tmp_path / "outputs", tmp_path / "cache"),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for again in (args, [f"path={tree['outputs']}", *args[1:]]):  # bare, or path= unquoted: Hydra recorded path='...'
+        try:
+            assert claim_given_run_dir("report", as_hydra_reads("report", again))[1] is None  # its own earlier run
+        finally:
+            run_lock.release(out)
+    other = claim_given_run_dir("report", as_hydra_reads("report", args[:2]))  # another report (other formats)
+    assert "that this command did not write" in other[1], other
     written = [p for p in out.iterdir() if p.name.startswith("report") and p.suffix in (".md", ".csv", ".png")]
     assert max(written, key=lambda p: p.stat().st_mtime_ns).name == "report.md"
     assert len(written) > 2
