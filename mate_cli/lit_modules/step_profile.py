@@ -31,14 +31,13 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-import lightning as L
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mate_cli.io import atomic_write_json
 from mate_cli.lightning_internals import is_log_step
-from mate_cli.lit_modules.throughput import peak_memory_mb, reset_peak_memory
+from mate_cli.lit_modules.throughput import ExcludesValidation, peak_memory_mb, reset_peak_memory
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +148,7 @@ class SyncCounter:
         self._contexts = []
 
 
-class StepProfile(L.Callback):
+class StepProfile(ExcludesValidation):
     def __init__(self, steps: int, warmup: int = 10, path: str | Path | None = None) -> None:
         self.steps, self.warmup = int(steps), int(warmup)
         self.path = Path(path) if path is not None else None
@@ -162,8 +161,6 @@ class StepProfile(L.Callback):
         self._step_start = self._last_end = self._window_start = 0.0
         self._tokens = None
         self._padded = 0
-        self._paused = 0.0
-        self._validating_since: float | None = None
 
     def _sync(self, device: torch.device) -> None:
         if device.type == "cuda":
@@ -184,7 +181,7 @@ class StepProfile(L.Callback):
             self.result["warmup_s"] = time.perf_counter() - self._fit_start
             reset_peak_memory(device)
             self._window_start = self._last_end = time.perf_counter()
-            self._paused = 0.0
+            self.paused = 0.0
         elif step == watch_from:
             self._sync(device)
             self._finish_timing(device, time.perf_counter())
@@ -211,19 +208,10 @@ class StepProfile(L.Callback):
         if self._counter is not None:  # an epoch's end logs its metrics: its last step counts as a logging step
             self._logs = True
 
-    def on_validation_start(self, trainer, pl_module) -> None:
-        if trainer.training:
-            self._validating_since = time.perf_counter()
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if self._validating_since is not None:
-            self._paused += time.perf_counter() - self._validating_since
-            self._validating_since = None
-
     def _finish_timing(self, device: torch.device, now: float) -> None:
         if not self._timed:
             return
-        wall = max(now - self._window_start - self._paused, 1e-9)
+        wall = max(now - self._window_start - self.paused, 1e-9)
         examples = sum(n for _, _, n in self._timed)
         tokens = int(self._tokens)
         n = len(self._timed)

@@ -37,7 +37,24 @@ def peak_memory_mb(device: torch.device) -> float:
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-class Throughput(L.Callback):
+class ExcludesValidation(L.Callback):
+    """``paused``: the seconds spent in validations inside the fit since it was last set to 0 (a timer of training
+    steps leaves them out)."""
+
+    paused = 0.0
+    _validating_since: float | None = None
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.training or getattr(trainer.state, "fn", None) == "fit":
+            self._validating_since = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._validating_since is not None:
+            self.paused += time.perf_counter() - self._validating_since
+            self._validating_since = None
+
+
+class Throughput(ExcludesValidation):
     """For any batch with a ``layout``."""
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -47,15 +64,6 @@ class Throughput(L.Callback):
         self.start, self.examples, self.tokens = time.perf_counter(), 0, 0  # tokens: a device tensor once counted
         self.paused, self._validating_since = 0.0, None
         reset_peak_memory(pl_module.device)
-
-    def on_validation_start(self, trainer, pl_module) -> None:
-        if trainer.training or getattr(trainer.state, "fn", None) == "fit":
-            self._validating_since = time.perf_counter()
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if getattr(self, "_validating_since", None) is not None:
-            self.paused += time.perf_counter() - self._validating_since
-            self._validating_since = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.examples += len(batch)
