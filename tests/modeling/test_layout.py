@@ -160,3 +160,14 @@ def test_the_collator_pads_a_batch_to_the_multiple_with_masked_tokens():
     assert plain.input_ids.shape == (1, 3) and rounded.input_ids.shape == (1, 8)
     assert rounded.layout.attention_mask.tolist() == [[True] * 3 + [False] * 5]
     assert torch.equal(rounded.input_ids[:, :3], plain.input_ids) and rounded.input_ids[0, 3:].eq(0).all()
+
+
+def test_a_padding_multiple_below_one_is_one_line(sample_root):
+    import pytest
+
+    from mate_cli.data.datamodule import HybridQADataModule
+    from mate_cli.errors import MateError
+
+    for bad in (0, -8, True):
+        with pytest.raises(MateError, match=r"^dataset\.pad_to_multiple_of=.*a whole number >= 1, or null$"):
+            HybridQADataModule(root=str(sample_root), pad_to_multiple_of=bad)
