@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -129,5 +130,5 @@ def test_gpu_data_packs_each_release_and_refuses_without_a_folder(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     archives = sorted(p.name for p in (work / ".whl" / "data").iterdir())
     assert archives == ["sqa.tar.xz", "tabfact.tar.xz", "wtq.tar.xz"]
-    listed = subprocess.run(["tar", "-tJf", str(work / ".whl" / "data" / "wtq.tar.xz")], capture_output=True, text=True)
-    assert "wtq/LICENSE" in listed.stdout.split()
+    with tarfile.open(work / ".whl" / "data" / "wtq.tar.xz") as archive:  # the files themselves, not the link
+        assert archive.getmember("wtq/LICENSE").isfile()
