@@ -3,8 +3,10 @@
 After ``warmup`` steps (default 10: compilation, autotuning, the allocator's growth, the loader's start) it times ``N``
 steps as they run: examples/s and real tokens/s, milliseconds a step, of which *between steps* (waiting for the
 loader's next batch, its copy to the device and Lightning's bookkeeping) and *in the step* (the host from the batch's
-start to its end: forward, backward, optimiser; on a GPU the host only enqueues, unless it waits), the padding share and
-the peak memory. Then it watches ``N`` more steps: the host synchronisations of each step, split into the steps that
+start to its end: forward, backward, optimiser; on a GPU the host only enqueues, unless it waits), that host time split
+into its phases (``ms_host_forward``: the batch's start to the backward, the loss included; ``ms_host_backward``;
+``ms_host_optimizer``: the backward's end to the batch's end, clipping, the optimiser's step and the step's logging),
+the padding share and the peak memory. Then it watches ``N`` more steps: the host synchronisations of each step, split into the steps that
 log (``trainer.log_every_n_steps``, and an epoch's last step: the host reads the logged values there) and the others, and on CUDA the share of
 the wall time the GPU is busy (torch.profiler's device time over that window). The second window is separate because
 watching costs the host time.
@@ -18,7 +20,8 @@ plan; only the batch's checks before its copy to the device, in ``on_before_batc
 Also recorded: ``warmup_s``, the wall time of the warm-up steps (where compilation shows), and the code lines that
 synchronised (``host_sync_sites``, ``host_sync_sites_logging``: ``file:line`` -> count, the eight most frequent). The
 result is logged in one line, written to ``<run dir>/step_profile.json`` and recorded in ``metrics.json`` as
-``profile/*`` (its numbers).
+``profile/*`` (its numbers). On CUDA the watched window's torch.profiler table (the operators and CUDA runtime calls
+by their own host time, then by their GPU time) goes to ``<run dir>/step_profile_ops.txt``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mate_cli.io import atomic_write_json
+from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.lightning_internals import is_log_step
 from mate_cli.lit_modules.throughput import ExcludesValidation, peak_memory_mb, reset_peak_memory
 
@@ -154,6 +157,8 @@ class StepProfile(ExcludesValidation):
         self.path = Path(path) if path is not None else None
         self.result: dict = {}
         self._timed: list[tuple[float, float, int]] = []  # per step: (between steps s, in the step s, examples)
+        self._phases: list[tuple[float, float]] = []  # per timed step: (forward s, backward s) of the host
+        self._marks: dict[str, float] = {}
         self._syncs: list[tuple[list[str], bool]] = []  # per watched step: (where it synchronised, whether it logs)
         self._counter: SyncCounter | None = None
         self._first, self._mark, self._logs, self._fit_start = 0, 0, False, time.perf_counter()
@@ -190,13 +195,22 @@ class StepProfile(ExcludesValidation):
             self._finish_watching(pl_module)
         if self._counter is not None:
             self._mark, self._logs = len(self._counter.sites()), False
+        self._marks = {}
         self._step_start = time.perf_counter()
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self._marks.setdefault("backward", time.perf_counter())
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self._marks["optimizer"] = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step - 1 - self._first  # the step that just ran (global_step counts it already)
         if self.warmup <= step < self.warmup + self.steps:
             now = time.perf_counter()
             self._timed.append((self._step_start - self._last_end, now - self._step_start, len(batch)))
+            backward, optimizer = self._marks.get("backward", now), self._marks.get("optimizer", now)
+            self._phases.append((backward - self._step_start, optimizer - backward))
             mask = batch.layout.attention_mask
             self._tokens = mask.sum() if self._tokens is None else self._tokens + mask.sum()
             self._padded += mask.numel()
@@ -223,6 +237,9 @@ class StepProfile(ExcludesValidation):
             "ms_per_step": 1000 * wall / n,
             "ms_between_steps": 1000 * sum(b for b, _, _ in self._timed) / n,
             "ms_in_step_host": 1000 * sum(s for _, s, _ in self._timed) / n,
+            "ms_host_forward": 1000 * sum(f for f, _ in self._phases) / n,
+            "ms_host_backward": 1000 * sum(b for _, b in self._phases) / n,
+            "ms_host_optimizer": 1000 * sum(s - f - b for (_, s, _), (f, b) in zip(self._timed, self._phases)) / n,
             "padding_share": 1 - tokens / max(self._padded, 1),
             "peak_mem_mb": peak_memory_mb(device),
         })  # fmt: skip
@@ -231,7 +248,7 @@ class StepProfile(ExcludesValidation):
         if device.type == "cuda":
             from torch.profiler import ProfilerActivity, profile
 
-            self._profiler = profile(activities=[ProfilerActivity.CUDA])
+            self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self._profiler.__enter__()
         self._counter = SyncCounter(device)
         self._counter.start()
@@ -247,8 +264,14 @@ class StepProfile(ExcludesValidation):
         if self._profiler is not None:
             try:
                 self._profiler.__exit__(None, None, None)
-                busy_us = sum(_device_time_us(event) for event in self._profiler.key_averages())
+                events = self._profiler.key_averages()
+                busy_us = sum(_device_time_us(event) for event in events if event.device_type != _CPU)
                 self.result["gpu_busy_share"] = busy_us / 1e6 / max(wall, 1e-9)
+                if self.path is not None and pl_module.trainer.is_global_zero:
+                    tables = [
+                        events.table(sort_by=key, row_limit=30) for key in ("self_cpu_time_total", _device_sort(events))
+                    ]
+                    atomic_write_text(self.path.with_name("step_profile_ops.txt"), "\n\n".join(tables) + "\n")
             except Exception as err:  # a profiler that fails here must not end the run it measures
                 log.warning("step profile: no GPU-busy share (torch.profiler: %s)", err)
             self._profiler = None
@@ -290,6 +313,16 @@ class StepProfile(ExcludesValidation):
             )
         shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in self.result.items() if "sites" not in k}
         log.info("step profile: %s", json.dumps(shown))
+
+
+_CPU = torch.autograd.DeviceType.CPU
+
+
+def _device_sort(events) -> str:
+    """The table's sort key for GPU time (named ``self_cuda_time_total`` in older torch)."""
+    return (
+        "self_device_time_total" if events and hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    )
 
 
 def _device_time_us(event) -> float:
