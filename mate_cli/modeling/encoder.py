@@ -128,6 +128,19 @@ def backend_factory(attention: Callable[..., AttentionBackend] | str) -> Callabl
     return attention
 
 
+def compile_backend(compile: bool | str) -> str:
+    """``model.encoder.compile``'s value -> a ``torch.compile`` backend name, or one line naming the choices."""
+    import torch._dynamo
+
+    backend = "inductor" if compile is True else compile
+    if not isinstance(backend, str) or backend not in torch._dynamo.list_backends(exclude_tags=()):
+        raise MateError(
+            f"model.encoder.compile={compile!r} is invalid; use false, true (Inductor) or the name of a torch.compile "
+            "backend (torch._dynamo.list_backends(), e.g. aot_eager)"
+        )
+    return backend
+
+
 def build_backend(
     factory: Callable[..., AttentionBackend],
     *,
@@ -152,7 +165,10 @@ def build_backend(
 class TableEncoder(nn.Module):
     """``attention``: the per-layer backend factory (``conf/attention/<name>.yaml``'s partial) or a registered name.
     ``gradient_checkpointing`` recomputes each layer in the backward (dropout replays the same masks): the same
-    gradients for one more forward."""
+    gradients for one more forward. ``compile``: ``torch.compile`` each layer (true: Inductor; a backend's name, e.g.
+    ``aot_eager``, traces without generating code) with dynamic sequence lengths, so a new batch length reuses the
+    compiled graph; the parameters and their names stay the module's own. ``compile_mode``: ``torch.compile``'s mode
+    (``reduce-overhead``: CUDA graphs, one recorded per batch shape)."""
 
     def __init__(
         self,
@@ -160,6 +176,8 @@ class TableEncoder(nn.Module):
         attention: Callable[..., AttentionBackend] | str = "dense",
         max_length: int | None = None,
         gradient_checkpointing: bool = False,
+        compile: bool | str = False,
+        compile_mode: str | None = None,
     ) -> None:
         super().__init__()
         self.gradient_checkpointing = bool(gradient_checkpointing)
@@ -190,6 +208,10 @@ class TableEncoder(nn.Module):
         for name, module in self.named_modules():
             if ".backend" not in name:  # a backend initialises its own parameters
                 self._init_weights(module)
+        if compile:
+            backend = compile_backend(compile)
+            for layer in layers:
+                layer.compile(backend=backend, mode=compile_mode, dynamic=True)
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LayerNorm."""
@@ -265,6 +287,8 @@ class TableEncoder(nn.Module):
         max_length: int | None = None,
         reset_position_index_per_cell: bool | None = None,
         gradient_checkpointing: bool = False,
+        compile: bool | str = False,
+        compile_mode: str | None = None,
         new_type_embeddings: Literal["normal", "zero"] = "normal",
         hidden_dropout: float | None = None,
         attention_dropout: float | None = None,
@@ -309,7 +333,14 @@ class TableEncoder(nn.Module):
             config.reset_position_index_per_cell = length > config.max_position_embeddings
         if new_type_embeddings not in ("normal", "zero"):
             raise MateError(f"model.encoder.new_type_embeddings={new_type_embeddings!r} is invalid; use normal or zero")
-        model = cls(config, attention, max_length=length, gradient_checkpointing=gradient_checkpointing)
+        model = cls(
+            config,
+            attention,
+            max_length=length,
+            gradient_checkpointing=gradient_checkpointing,
+            compile=compile,
+            compile_mode=compile_mode,
+        )
         state = checkpoints.rename_state_dict(checkpoints.read_state_dict(checkpoints.weight_files(resolved)))
         missing, _ = checkpoints.load_state_dict(model, state, source=str(pretrained))
         if new_type_embeddings == "zero":

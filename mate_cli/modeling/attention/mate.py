@@ -30,6 +30,7 @@ only ``variant=exact`` supports it.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -223,22 +224,36 @@ class MateAttention(AttentionBackend):
             )  # fmt: skip
         return choice
 
+    @torch.compiler.disable
+    def prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout) -> tuple[str, Any]:
+        """``(impl, structure)``: the implementation this call runs and what it reads of the layout (Triton's
+        structure; the bucketed plan and its scratch), built once per layout and shared by every layer. Run eagerly
+        under ``torch.compile`` (``model.encoder.compile``): the choice, its log line and the layout's cache are host
+        logic, so the compiled layer breaks here once instead of guarding on (and recompiling for) each length."""
+        impl = "masked" if layout.key_bias is not None else self.resolve_impl(q, k, v)
+        if impl in ("masked", "block_sparse"):
+            return impl, None
+        if impl == "triton":  # its own structure, built on the device without the plan's host reads
+            from mate_cli.modeling.attention.mate_triton import TritonStructure
+
+            return impl, TritonStructure.of(
+                layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius, self.global_rows
+            )
+        plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius, self.global_rows)
+        # scratch shared, like the plan, by every layer that sees this layout
+        return impl, (plan, layout.cached(("mate.workspace",), Workspace))
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0
-        impl = "masked" if layout.key_bias is not None else self.resolve_impl(q, k, v)
+        impl, structure = self.prepare(q, k, v, layout)
         if impl == "masked":
             return masked_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
         if impl == "block_sparse":
             return block_sparse_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
-        if impl == "triton":  # its own structure, built on the device without the plan's host reads
-            from mate_cli.modeling.attention.mate_triton import TritonStructure, triton_bucketed_attention
+        if impl == "triton":
+            from mate_cli.modeling.attention.mate_triton import triton_bucketed_attention
 
-            structure = TritonStructure.of(
-                layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius, self.global_rows
-            )
             return triton_bucketed_attention(q, k, v, structure, dropout_p)
-        plan = bucket_plan(layout, q.shape[1], self.row_heads_ratio, self.global_size, self.radius, self.global_rows)
-        # scratch shared, like the plan, by every layer that sees this layout
-        workspace = layout.cached(("mate.workspace",), Workspace)
+        plan, workspace = structure
         return bucketed_attention(q, k, v, plan, dropout_p, use_cpu_kernel=impl == "kernel", workspace=workspace)
