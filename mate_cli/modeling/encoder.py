@@ -128,6 +128,13 @@ def backend_factory(attention: Callable[..., AttentionBackend] | str) -> Callabl
     return attention
 
 
+@functools.cache
+def compiled_stack(backend: str, mode: str | None) -> Callable[..., torch.Tensor]:
+    """:meth:`TableEncoder.run_stack` compiled once per (backend, mode) for every encoder: the parameters are the
+    graph's inputs, so encoders of one shape share it."""
+    return torch.compile(TableEncoder.run_stack, backend=backend, mode=mode, dynamic=True)
+
+
 def compile_backend(compile: bool | str) -> str:
     """``model.encoder.compile``'s value -> a ``torch.compile`` backend name, or one line naming the choices."""
     import torch._dynamo
@@ -165,10 +172,11 @@ def build_backend(
 class TableEncoder(nn.Module):
     """``attention``: the per-layer backend factory (``conf/attention/<name>.yaml``'s partial) or a registered name.
     ``gradient_checkpointing`` recomputes each layer in the backward (dropout replays the same masks): the same
-    gradients for one more forward. ``compile``: ``torch.compile`` each layer (true: Inductor; a backend's name, e.g.
-    ``aot_eager``, traces without generating code) with dynamic sequence lengths, so a new batch length reuses the
-    compiled graph; the parameters and their names stay the module's own. ``compile_mode``: ``torch.compile``'s mode
-    (``reduce-overhead``: CUDA graphs, one recorded per batch shape)."""
+    gradients for one more forward. ``compile``: ``torch.compile`` the stack of layers as one function (true:
+    Inductor; a backend's name, e.g. ``aot_eager``, traces without generating code) with dynamic sequence lengths, so
+    a new batch length reuses the compiled graph; each backend's per-layout preparation (:meth:`AttentionBackend.prepare`)
+    runs eagerly before it. The parameters and their names stay the module's own. ``compile_mode``: ``torch.compile``'s
+    mode (``reduce-overhead``: CUDA graphs, one recorded per batch shape, for one encoder forward a step)."""
 
     def __init__(
         self,
@@ -208,10 +216,7 @@ class TableEncoder(nn.Module):
         for name, module in self.named_modules():
             if ".backend" not in name:  # a backend initialises its own parameters
                 self._init_weights(module)
-        if compile:
-            backend = compile_backend(compile)
-            for layer in layers:
-                layer.compile(backend=backend, mode=compile_mode, dynamic=True)
+        self.compiled = (compile_backend(compile), compile_mode) if compile else None
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LayerNorm."""
@@ -257,9 +262,32 @@ class TableEncoder(nn.Module):
         """``input_ids`` ``[batch, seq]`` and their layout (``None``: no structure, no padding) -> the last hidden state
         ``[batch, seq, hidden]``."""
         hidden, layout, num_prefix = self.embed(input_ids, layout)
+        if self.compiled is None:
+            hidden = self.run_stack(hidden, layout)
+        else:
+            self.prepare_backends(hidden, layout)
+            hidden = compiled_stack(*self.compiled)(self, hidden, layout)
+        return hidden[:, num_prefix:] if num_prefix else hidden
+
+    def run_stack(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         for layer in self.encoder.layer:
             hidden = self.run_layer(layer, hidden, layout)
-        return hidden[:, num_prefix:] if num_prefix else hidden
+        return hidden
+
+    def prepare_backends(self, hidden: torch.Tensor, layout: TableLayout | None) -> None:
+        """Each backend's :meth:`~AttentionBackend.prepare` for this layout, on a stand-in for the layers' queries (their
+        shape, device, dtype under autocast, and whether they need gradients), outside the compiled stack."""
+        if layout is None:
+            return
+        device = hidden.device
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
+        query = self.encoder.layer[0].attention.self.query.weight
+        grad = torch.is_grad_enabled() and (query.requires_grad or hidden.requires_grad)
+        heads = self.config.num_heads
+        shape = (hidden.shape[0], heads, hidden.shape[1], self.config.hidden_size // heads)
+        probe = torch.empty((), device=device, dtype=dtype).requires_grad_(grad).expand(shape)
+        for backend in self.backends:
+            backend.prepare(probe, probe, probe, layout)
 
     def run_layer(
         self, layer: Layer, hidden: torch.Tensor, layout: TableLayout | None, mix: ContextMix | None = None

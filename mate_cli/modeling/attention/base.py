@@ -4,7 +4,7 @@ weights load into any backend; a backend only mixes values, and owns parameters 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -68,6 +68,13 @@ class AttentionBackend(nn.Module):
         ``num_prefix`` tokens added in front (TableETC's global memory), which the encoder drops from the last hidden
         state. Default: none added."""
         return hidden, layout, 0
+
+    def prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout) -> Any:
+        """Encoder hook, before a compiled layer stack (``model.encoder.compile``): build what a call on ``layout``
+        reads beyond its tensors, eagerly (host logic a compiled graph would guard on), into the layout's cache where
+        the call finds it. ``q``, ``k``, ``v``: stand-ins of the calls' shape, device, dtype and gradient need.
+        Default: nothing."""
+        return None
 
     def require_layout(self, layout: TableLayout | None) -> TableLayout:
         if layout is None:

@@ -226,10 +226,17 @@ class MateAttention(AttentionBackend):
 
     @torch.compiler.disable
     def prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout) -> tuple[str, Any]:
-        """``(impl, structure)``: the implementation this call runs and what it reads of the layout (Triton's
-        structure; the bucketed plan and its scratch), built once per layout and shared by every layer. Run eagerly
-        under ``torch.compile`` (``model.encoder.compile``): the choice, its log line and the layout's cache are host
-        logic, so the compiled layer breaks here once instead of guarding on (and recompiling for) each length."""
+        """``(impl, structure)``: the implementation calls like this one run and what they read of the layout (Triton's
+        structure; the bucketed plan and its scratch), built once per layout, dtype and gradient need and shared by
+        every layer. Eager under ``torch.compile``: the choice, its log line and the layout's cache are host logic."""
+        return layout.cached(self._prepared_key(q, k, v), lambda: self._prepare(q, k, v, layout))
+
+    def _prepared_key(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        settings = (self.variant, self.impl, self.row_heads_ratio, self.global_size, self.radius, self.global_rows)
+        return ("mate.prepared", *settings, q.dtype, q.shape[1], grad)
+
+    def _prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout) -> tuple[str, Any]:
         impl = "masked" if layout.key_bias is not None else self.resolve_impl(q, k, v)
         if impl in ("masked", "block_sparse"):
             return impl, None
@@ -246,7 +253,8 @@ class MateAttention(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
         layout = self.require_layout(layout)
         dropout_p = self.dropout if self.training else 0.0
-        impl, structure = self.prepare(q, k, v, layout)
+        # prepared before a compiled stack (TableEncoder.prepare_backends): found here without a graph break
+        impl, structure = layout.cached(self._prepared_key(q, k, v), lambda: self.prepare(q, k, v, layout))
         if impl == "masked":
             return masked_attention(q, k, v, layout, self.row_heads_ratio, dropout_p)
         if impl == "block_sparse":
