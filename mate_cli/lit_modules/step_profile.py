@@ -265,7 +265,7 @@ class StepProfile(ExcludesValidation):
             try:
                 self._profiler.__exit__(None, None, None)
                 events = self._profiler.key_averages()
-                busy_us = sum(_device_time_us(event) for event in events if event.device_type != _CPU)
+                busy_us = sum(map(device_time_us, events))
                 self.result["gpu_busy_share"] = busy_us / 1e6 / max(wall, 1e-9)
                 if self.path is not None and pl_module.trainer.is_global_zero:
                     tables = [
@@ -325,8 +325,12 @@ def _device_sort(events) -> str:
     )
 
 
-def _device_time_us(event) -> float:
-    """One profiler row's own time on the device (the attribute's name changed across torch versions)."""
+def device_time_us(event) -> float:
+    """One profiler row's own time on the device: kernels, copies and fills, not the host-side operators (whose
+    device time is their kernels') or the GPU ranges of ``record_function`` annotations (the optimiser's step: its
+    whole span, idle time included). The attribute's name changed across torch versions."""
+    if event.device_type == _CPU or getattr(event, "is_user_annotation", False):
+        return 0.0
     for name in ("self_device_time_total", "self_cuda_time_total"):
         if hasattr(event, name):
             return float(getattr(event, name))

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from mate_cli.errors import MateError
-from mate_cli.lit_modules.step_profile import SyncCounter
+from mate_cli.lit_modules.step_profile import SyncCounter, device_time_us
 from tests.helpers import REPO_ROOT
 from tests.inprocess import run_command
 
@@ -73,6 +73,24 @@ def test_the_counter_sees_each_kind_of_host_read():
     here = Path(__file__).name
     assert [site.split(":")[0] for site in counter.sites()] == [here] * 4, counter.sites()
     assert y.shape == x.shape
+
+
+def test_the_gpu_busy_time_counts_kernels_not_operators_or_annotated_ranges():
+    """The GPU-busy share sums the device's own events: a kernel counts; the operator that launched it (whose device
+    time is the same kernel's) and a ``record_function`` range on the GPU timeline (the optimiser's step, idle time
+    included: it once made the share read 112%) do not."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, device_type, **kw):
+        return FunctionEvent(0, name, 0, 0, 300, use_device="cuda", device_type=device_type, **kw)
+
+    kernel = event("sm90_gemm", DeviceType.CUDA)
+    operator = event("aten::mm", DeviceType.CPU)
+    operator.append_kernel("sm90_gemm", 0, 300)
+    annotation = event("Optimizer.step#AdamW.step", DeviceType.CUDA, is_user_annotation=True)
+    assert kernel.self_device_time_total == 300 and annotation.self_device_time_total == 300
+    assert [device_time_us(e) for e in (kernel, operator, annotation)] == [300.0, 0.0, 0.0]
 
 
 def test_fused_adamw_skips_a_step_flagged_on_the_device():

@@ -27,6 +27,7 @@ import logging
 import pytest
 import torch
 
+from mate_cli.errors import MateError
 from mate_cli.modeling.attention import REGISTRY
 from mate_cli.modeling.attention.mate import VARIANTS, auto_choice
 from mate_cli.modeling.config import EncoderConfig
@@ -293,3 +294,39 @@ def test_gradient_checkpointing_keeps_the_function_and_its_gradients_with_dropou
     assert max((ckpt_grads[n] - g).abs().max().item() for n, g in plain_grads.items()) <= 1e-6
     log.info("%s: saved %d vs %d values", name, ckpt_saved, plain_saved)
     assert ckpt_saved < plain_saved / 4  # only the layers' inputs were kept for the backward pass
+
+
+@pytest.mark.parametrize("name,options", [("dense", {}), ENCODER_CONFIGS[0]], ids=["dense", "mate-bucketed-auto"])
+def test_a_compiled_encoder_is_the_same_function_and_compiles_once_for_every_length(name, options):
+    """``model.encoder.compile`` (traced by ``aot_eager`` here: Dynamo and AOTAutograd, no code generation): the same
+    hidden states and parameter gradients as the eager stack in training, at three batch lengths; for dense, the
+    lengths after the first reuse its graph (dynamic shapes: no recompilation)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    short, batch = layouts()
+    model = tiny_encoder(name, options).train()
+    compiled = ("aot_eager", None)
+    frames = []
+    for length in (short.seq_len, batch.seq_len, short.seq_len - 40):
+        layout = filled_layout(length, query_tokens=12, columns=4, cell_tokens=6, seed=length)
+        ids = torch.randint(1, 64, (1, length), generator=torch.Generator().manual_seed(length))
+        runs = []
+        for model.compiled in (None, compiled):
+            model.zero_grad()
+            hidden = model(ids, layout.with_fields())
+            hidden.square().mean().backward()
+            runs.append((hidden.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        frames.append(counters["frames"]["ok"])
+        (eager, eager_grads), (traced, traced_grads) = runs
+        assert (eager - traced).abs().max().item() <= TOL
+        assert len(eager_grads) == len(traced_grads) > 0
+        assert max((a - b).abs().max().item() for a, b in zip(eager_grads, traced_grads)) <= TOL
+    assert frames[0] > 0
+    if name == "dense":
+        assert frames[1] == frames[2] == frames[0], frames
+
+
+def test_a_compile_setting_that_names_no_backend_is_one_line():
+    with pytest.raises(MateError, match=r"model.encoder.compile='nosuch' is invalid; use false, true \(Inductor\)"):
+        TableEncoder(tiny_encoder("dense", {}).config, "dense", compile="nosuch")
