@@ -91,8 +91,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         StopOnNonFiniteLoss(),
         ContinuousCSVLog(run_dir_of(resume) if resume else None),
     ]
-    if cfg.get("profile_steps"):
-        callbacks.append(StepProfile(int(cfg.profile_steps), path=out / "step_profile.json"))
+    if cfg.get("profile_steps"):  # first: a step's window opens before any other callback's work at its start (the
+        # LR monitor's copy to the device on a logging step belongs to that step, not to the one before)
+        callbacks.insert(0, StepProfile(int(cfg.profile_steps), path=out / "step_profile.json"))
     loggers = instantiate_dict(cfg.get("logger"))
     trainer_args.setdefault("default_root_dir", str(out))  # whatever Lightning writes of its own stays in the run dir
     trainer = L.Trainer(
