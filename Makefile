@@ -35,10 +35,12 @@ PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 test: install
 	$(PYTEST)
 
-# ruff's lint and format checks (pyproject.toml [tool.ruff]); CI runs them before the tests.
+# ruff's lint and format checks (pyproject.toml [tool.ruff]) and the commit subjects' length
+# (tools/check_commits.sh); CI runs them before the tests.
 lint: install
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
+	bash tools/check_commits.sh
 
 # Format the tree in place.
 format: install
