@@ -11,7 +11,15 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mate_cli.commands.common import hydra_app, log, print_metrics, quiet_third_party_logs, run_dir, write_result
+from mate_cli.commands.common import (
+    first_results,
+    hydra_app,
+    log,
+    print_metrics,
+    quiet_third_party_logs,
+    run_dir,
+    write_result,
+)
 from mate_cli.divergence import non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.interrupts import cluster_plugins
@@ -91,7 +99,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         # the checkpoint's training callbacks keep state only training needs: evaluation loses nothing
         warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used to create")
         results = run(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
-    metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+    metrics = first_results(results)
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics["ckpt_path"] = ckpt_path
     metrics["ckpt_step"] = int(checkpoint.get("global_step", 0))

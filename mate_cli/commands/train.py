@@ -1,5 +1,5 @@
 """`mate train`: fit (or resume: ``ckpt_path=``; or start from a run's weights: ``init_from=``), validate the best
-checkpoint, write ``metrics.json``. The run dir's files: README, "Resuming, and what a run dir holds"; the switches around fitting: ``conf/train.yaml``.
+checkpoint, write ``metrics.json``. The run dir's files: docs/runs.md; the switches around fitting: ``conf/train.yaml``.
 
 Under DDP every rank runs :func:`train`, rank 0 alone prints and writes; the final validation sees each example once
 across the ranks, so its metrics equal a one-process ``mate eval`` of the same checkpoint."""
@@ -18,6 +18,7 @@ from torchmetrics import Metric
 from mate_cli.commands.common import (
     command_overrides,
     finish_wandb_run,
+    first_results,
     hydra_app,
     hydra_choices,
     instantiate_dict,
@@ -53,6 +54,26 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Returns what ``metrics.json`` holds."""
     quiet_third_party_logs()
     out = run_dir()
+    resume = _start(cfg, out)
+    datamodule, model, trainer, loggers, checkpoint = _build(cfg, out, resume)
+    _before_fit(cfg, trainer, model, datamodule, resume, checkpoint)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
+    except ValueError:
+        _check_validation_interval(trainer)
+        raise
+    metrics = _final_metrics(cfg, trainer, model, datamodule, out, resume)
+    _keep_best(cfg, trainer, model, out, metrics)
+    return _finish(cfg, trainer, out, metrics, loggers)
+
+
+def last_checkpoint(out: Path) -> Path:
+    """A run dir's ``last.ckpt``: where a resume starts."""
+    return out / "checkpoints" / "last.ckpt"
+
+
+def _start(cfg: DictConfig, out: Path) -> str | None:
+    """The run dir claimed and recorded, the checkpoint to resume from (or None), the seed set."""
     check_own_folder(out / "checkpoints")
     resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name), this_run=out)
     continue_wandb_run(cfg, resume)  # before resolved_config.yaml records it
@@ -70,14 +91,19 @@ def train(cfg: DictConfig) -> dict[str, float]:
             if type(handler) is logging.StreamHandler:
                 logging.getLogger().removeHandler(handler)
     L.seed_everything(cfg.seed, workers=True)
+    return resume
 
+
+def _build(cfg: DictConfig, out: Path, resume: str | None):
+    """``(datamodule, model, trainer, loggers, checkpoint)``: the resumed checkpoint checked against the model and
+    preloaded (None when not resuming)."""
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
     _check_pairing(cfg)
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
     if cfg.get("init_from") and not resume:  # a resumed run has its weights from its own checkpoint
         log.info(init_weights_from(model, cfg.init_from))
-    checkpoint_io = AtomicCheckpointIO()
+    checkpoint_io, checkpoint = AtomicCheckpointIO(), None
     if resume:  # checked before any data is prepared; Lightning then loads the checked copy
         checkpoint = check_checkpoint_fits(resume, model, "ckpt_path", resume=True)
         checkpoint_io.preload(resume, checkpoint)
@@ -87,7 +113,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = [
         *instantiate_dict(cfg.get("callbacks")),
         ResumeState(),
-        StopOnSignal(out / "checkpoints" / "last.ckpt"),
+        StopOnSignal(last_checkpoint(out)),
         StopOnNonFiniteLoss(),
         ContinuousCSVLog(run_dir_of(resume) if resume else None),
     ]
@@ -102,7 +128,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     _refuse_ddp_in_a_local_sweep(trainer)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    return datamodule, model, trainer, loggers, checkpoint
 
+
+def _before_fit(cfg: DictConfig, trainer, model, datamodule, resume: str | None, checkpoint: dict | None) -> None:
+    """What a resume restores, said; or the starting checkpoint's validation (``validate_start``)."""
     if resume and (lost := unrestored(checkpoint, model)):
         checkpoint.setdefault("lr_schedulers", [])  # Lightning restores an empty list (none), but fails on no key
         log.warning("resuming from %s: weights, optimiser and step are restored, but the checkpoint holds nothing of "
@@ -111,23 +141,23 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("resuming from %s: %s", resume, RESTORED)
     elif cfg.get("validate_start", False):  # the starting checkpoint's score, to compare the end with
         results = trainer.validate(model, **_validation_data(trainer, datamodule), verbose=False)
-        model.recorded_metrics.update({f"start/{k}": float(v) for k, v in (results[0] if results else {}).items()})
+        model.recorded_metrics.update({f"start/{k}": v for k, v in first_results(results).items()})
         for metric in (m for m in model.modules() if isinstance(m, Metric)):
             metric.reset()  # validate left inference-mode state tensors, which fit's validation cannot update
-    try:
-        trainer.fit(model, datamodule=datamodule, ckpt_path=resume)
-    except ValueError:
-        _check_validation_interval(trainer)
-        raise
+
+
+def _final_metrics(cfg: DictConfig, trainer, model, datamodule, out: Path, resume: str | None) -> dict:
+    """``metrics.json``'s content: the best checkpoint's validation (and test), the data's statistics, the last
+    training metrics and what the run recorded before."""
     # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
     start = dict(getattr(model, "recorded_metrics", {}))
     # the last epoch's perf/*; the last logged training batch's metric and loss (debug=overfit: the fixed batch)
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("perf/", "train/"))}
-    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final state is the newest
-    best = trainer.strategy.broadcast(_best_checkpoint(trainer, out / "checkpoints" / "last.ckpt"))
+    trainer.save_checkpoint(last_checkpoint(out))  # the final state is the newest
+    best = trainer.strategy.broadcast(_best_checkpoint(trainer, last_checkpoint(out)))
     if cfg.get("validate_best", True):
         results = trainer.validate(model, **_validation_data(trainer, datamodule), ckpt_path=best, verbose=False)
-        metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+        metrics = first_results(results)
     else:  # the last validation inside fit (val_check_interval), when one ran
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.get("test_after_training", False):
@@ -139,12 +169,22 @@ def train(cfg: DictConfig) -> dict[str, float]:
     metrics["tags"] = [str(tag) for tag in cfg.get("tags") or []]
     if resume:
         metrics["resumed_from"] = resume
+    return metrics
+
+
+def _keep_best(cfg: DictConfig, trainer, model, out: Path, metrics: dict) -> None:
+    """``export_encoder`` and ``keep_best=encoder``: the best as a transformers directory, its checkpoint removed."""
     keep_encoder_only = cfg.get("keep_best", "checkpoint") == "encoder"
     if (cfg.get("export_encoder") or keep_encoder_only) and trainer.is_global_zero:
+        best = metrics["best_checkpoint"]
         metrics["exported_encoder"] = str(export_encoder(model, best, cfg, out / "encoder"))
-        if keep_encoder_only and Path(best) != out / "checkpoints" / "last.ckpt" and _own(best, out):
+        if keep_encoder_only and Path(best) != last_checkpoint(out) and _own(best, out):
             Path(best).unlink(missing_ok=True)  # the best now lives in encoder/ only
             metrics["best_kept_as"] = metrics["exported_encoder"]
+
+
+def _finish(cfg: DictConfig, trainer, out: Path, metrics: dict, loggers) -> dict:
+    """``metrics.json`` written, the loggers closed, the summary and the run's files on screen."""
     bad = non_finite_metrics(metrics)
     if bad:
         metrics["non_finite"] = bad
@@ -185,7 +225,7 @@ def outputs(out: Path, metrics: dict, loggers, wandb_run: Path | None) -> dict[s
     from lightning.pytorch.loggers import CSVLogger
 
     found = {"run dir": out, "metrics": out / "metrics.json", "best checkpoint": metrics["best_checkpoint"],
-             "last checkpoint": out / "checkpoints" / "last.ckpt"}  # fmt: skip
+             "last checkpoint": last_checkpoint(out)}  # fmt: skip
     if not Path(metrics["best_checkpoint"]).exists():  # keep_best=encoder removed it
         del found["best checkpoint"]
     if metrics.get("exported_encoder"):
@@ -279,8 +319,7 @@ def _test_best(trainer, model, datamodule, best: str) -> dict[str, float]:
     if not any(has_answer(q) for q in questions):
         log.info("test_after_training: skipped, the test split's %d questions have no answers", len(questions))
         return {}
-    results = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)
-    return {k: float(v) for k, v in (results[0] if results else {}).items()}
+    return first_results(trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False))
 
 
 def _validation_data(trainer, datamodule) -> dict:
