@@ -1,4 +1,4 @@
-"""Exact resume, and checkpoints that are whole after a kill (README, "Resuming, and what a run dir holds").
+"""Exact resume, and checkpoints that are whole after a kill (docs/runs.md, "Resuming, and what a run dir holds").
 
 :class:`ResumeState` saves and restores what Lightning does not: the RNG states and the training examples consumed this
 epoch, which the sampler then skips. A resumed run, in a run dir of its own, continues the earlier run's W&B run

@@ -84,7 +84,7 @@ def recorded_functions(cfg: DictConfig, config: Path) -> None:
 
 
 def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
-    """The weights ``ckpt_path=`` names (README, "What ``ckpt_path=<run dir>`` means"): a file as it is; a run dir's
+    """The weights ``ckpt_path=`` names (docs/runs.md, "What ``ckpt_path=<run dir>`` means"): a file as it is; a run dir's
     best checkpoint (its ``metrics.json``), else its ``last.ckpt``. Resuming: :mod:`mate_cli.resume`."""
     path = Path(str(value)).expanduser()
     if not path.is_dir():

@@ -182,10 +182,15 @@ def test_help_and_other_config_names_are_left_to_hydra():
     assert check_command_line("train", ["-cn", "other", "dataset.max_length=abc"]) is None
 
 
+#: the pages a user reads commands from: the README and the docs it links for the rest
+USER_PAGES = ("README.md", "docs/runs.md", "docs/debugging.md", "docs/datasets.md", "docs/methods.md", "docs/speed.md")
+
+
 def readme_commands() -> list[list[str]]:
-    """Every ``mate <command> ...`` line of the README's code blocks and tables
+    """Every ``mate <command> ...`` line of the README's and its pages' code blocks and tables
     (continuations joined, comments cut, ``<placeholders>`` filled with a name)."""
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    pages = [(REPO_ROOT / page).read_text(encoding="utf-8") for page in USER_PAGES]
+    text = "\n".join(pages).replace("\\\n", " ")
     found = re.findall(r"^(mate [a-z]+\b[^\n]*)", text, flags=re.M) + re.findall(r"\| `(mate [a-z]+\b[^`]*)` \|", text)
     commands = [shlex.split(re.sub(r"<[^>]+>", "x", re.split(r"\s#", line)[0])) for line in found]
     synopsis = ("…", "[_sample]")  # the command table's synopses: `mate predict table=… question=…`
