@@ -29,7 +29,7 @@ from mate_cli.errors import MateError
 FLOAT32_DOT = "tf32x3"
 
 #: warps per program on Hopper (sm_90): 4 for dQ and dK/dV (the backward's GPU time fell when they went from 8 to 4
-#: together with other changes, the warps not isolated: BENCHMARKS.md, the 2026-11-26 H100 run); none spills at
+#: together with other changes, the warps not isolated: BENCHMARKS.md); none spills at
 #: these tiles in bf16/fp16 (:func:`resource_usage`)
 WARPS = {"forward_kernel": 4, "combine_kernel": 4, "dq_kernel": 4, "dkdv_kernel": 4, "reduce_kernel": 4}
 #: before Hopper (sm_80, sm_89): dK/dV spills with 4 warps (255 registers and a stack frame on sm_80), so 8
@@ -169,20 +169,24 @@ def _interpretable(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype == torch.bfloat16 and x.device.type != "cuda" else x
 
 
+def cdiv(a, b):
+    """``ceil(a / b)`` for positive ``b``, of ints or integer tensors (``triton.cdiv``, which needs Triton installed)."""
+    return -(-a // b)
+
+
 def split_chunk(seq_len: int) -> int:
     """Positions per split of a long tile's loop (a dense tile's keys, a global key tile's rows): at most
     :data:`MAX_SPLITS` chunks of at least 256. A multiple of both tile sizes (powers of two): the kernels' loops step
     through a chunk by whole tiles and stop at its end only through the sequence's."""
     unit = max(128, BLOCK["m"], BLOCK["n"])
-    per_split = -(-seq_len // MAX_SPLITS)
-    return max(256, -(-per_split // unit) * unit)
+    return max(256, cdiv(cdiv(seq_len, MAX_SPLITS), unit) * unit)
 
 
 def _splits(N: int, global_size: int) -> tuple[int, int, int, int]:
     """``(T, J, S, CHUNK)``: the query tiles that may hold a dense row (``dense <= G``), the key tiles that may hold a
     global, the splits of each and the positions per split."""
     chunk, G = split_chunk(N), min(global_size, N)
-    return -(-G // BLOCK["m"]), -(-G // BLOCK["n"]), -(-N // chunk), chunk
+    return cdiv(G, BLOCK["m"]), cdiv(G, BLOCK["n"]), cdiv(N, chunk), chunk
 
 
 def _parts(like: torch.Tensor, tiles: int, splits: int, block: int, block_d: int, count: int = 1) -> list[torch.Tensor]:
@@ -205,7 +209,7 @@ def _launch_forward(q, k, v, perm, groups, dense, real, seed, global_size: int, 
     (acc_part,) = _parts(q, T, S, BLOCK["m"], settings["BLOCK_D"])
     m_part, l_part = (acc_part.new_empty(acc_part.shape[:2]) for _ in range(2))
     module = kernels(q.device)
-    module.forward_kernel[(T * S + -(-N // BLOCK["m"]), B * H)](
+    module.forward_kernel[(T * S + cdiv(N, BLOCK["m"]), B * H)](
         q, k, v, out, lse, m_part, l_part, acc_part, perm, groups, dense, real, seed,
         lse if visits is None else visits, N, T, S, chunk, COUNT=visits is not None,
         num_warps=warps("forward_kernel", arch), **_only(settings, module.forward_kernel),
@@ -250,11 +254,11 @@ def _launch_backward(q, k, v, out, lse, grad_out, perm, groups, dense, real, see
     dk_part, dv_part = _parts(q, J, S, BLOCK["n"], settings["BLOCK_D"], 2)
     (dq_part,) = _parts(q, T, S, BLOCK["m"], settings["BLOCK_D"])
     pointers = (perm, groups, dense, real, seed, N)
-    module.dq_kernel[(T * S + -(-N // BLOCK["m"]), B * H)](
+    module.dq_kernel[(T * S + cdiv(N, BLOCK["m"]), B * H)](
         q, k, v, out, grad_out, lse, delta, dq, dq_part, *pointers, T, S, chunk,
         num_warps=warps("dq_kernel", arch), **_only(settings, module.dq_kernel),
     )  # fmt: skip
-    module.dkdv_kernel[(J * S + -(-N // BLOCK["n"]), B * H)](
+    module.dkdv_kernel[(J * S + cdiv(N, BLOCK["n"]), B * H)](
         q, k, v, grad_out, lse, delta, dk, dv, dk_part, dv_part, *pointers, J, S, chunk,
         num_warps=warps("dkdv_kernel", arch), **_only(settings, module.dkdv_kernel),
     )  # fmt: skip
@@ -367,7 +371,7 @@ def visited_tiles(structure: TritonStructure, seq_len: int) -> int:
     hi1 = torch.where(dense_tile, real, real.clamp(max=G))
     lo2 = ((m0 // R - 1) * R).clamp(min=G)
     hi2 = torch.where(dense_tile, torch.zeros_like(m0), torch.minimum(real, (last // R + 2) * R))
-    tiles = -(-hi1 // Nb) + (-(-(hi2 - lo2) // Nb)).clamp(min=0)
+    tiles = cdiv(hi1, Nb) + cdiv(hi2 - lo2, Nb).clamp(min=0)
     return int(tiles.sum()) * structure.heads
 
 
