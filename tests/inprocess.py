@@ -26,19 +26,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR, register_resolvers
 
-#: command -> the task function its Hydra app passes to run_task (in the command's module,
-#: ``mate_cli.cli.COMMANDS``; `mate pretrain` runs train's, imported there)
-TASKS = {
-    "train": "train",
-    "pretrain": "train",
-    "eval": "evaluate",
-    "predict": "predict",
-    "pointr": "pointr",
-    "baseline": "baseline",
-    "report": "report",
-    "bench": "bench",
-}
-
 #: Hydra's own job log format (hydra/job_logging/default.yaml)
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
@@ -55,20 +42,45 @@ def command_line(command: str, overrides: list[str]) -> list[str]:
     return trainer_overrides(command, args)
 
 
-def compose_command(command: str, overrides: list[str], run_dir: Path, checked: bool = False) -> DictConfig:
-    """``mate <command> <overrides>``'s config with its ``hydra`` node, the Hydra runtime set
-    as in a real run into ``run_dir`` (``checked``: through :func:`command_line` first)."""
-    args = command_line(command, overrides) if checked else list(overrides)
+@contextmanager
+def hydra_compose():
+    """Hydra's compose API over ``conf/`` (one initialisation for many composes), cleared after."""
     register_resolvers()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(command, overrides=[*args, f"hydra.run.dir={run_dir}"], return_hydra_config=True)
+            yield compose
     finally:
         GlobalHydra.instance().clear()
-    cfg.hydra.runtime.output_dir = str(run_dir)
+
+
+def compose_command(
+    command: str, overrides: list[str], run_dir: Path | None = None, checked: bool = False
+) -> DictConfig:
+    """``mate <command> <overrides>``'s config with its ``hydra`` node, the Hydra runtime set
+    as in a real run into ``run_dir`` (None: the run dir the config names; ``checked``: through
+    :func:`command_line` first)."""
+    args = command_line(command, overrides) if checked else list(overrides)
+    if run_dir is not None:
+        args.append(f"hydra.run.dir={run_dir}")
+    with hydra_compose() as compose_:
+        cfg = compose_(command, overrides=args, return_hydra_config=True)
+    if run_dir is not None:
+        cfg.hydra.runtime.output_dir = str(run_dir)
     HydraConfig.instance().set_config(cfg)
     return cfg
+
+
+def build(cfg: DictConfig, tmp_path: Path):
+    """Datamodule, model and trainer of a composed training config (loggers and callbacks too)."""
+    import lightning as L
+    from hydra.utils import instantiate
+
+    datamodule = instantiate(cfg.dataset, cache_dir=str(tmp_path / "cache"))
+    model = instantiate(cfg.model)
+    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
+    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), callbacks=callbacks, logger=False)
+    return datamodule, model, trainer
 
 
 def run_command(command: str, overrides: list[str], run_dir: Path):
@@ -77,7 +89,7 @@ def run_command(command: str, overrides: list[str], run_dir: Path):
     cfg = compose_command(command, overrides, Path(run_dir), checked=True)
     from mate_cli.cli import COMMANDS
 
-    task = getattr(importlib.import_module(COMMANDS[command][0]), TASKS[command])
+    task = getattr(importlib.import_module(COMMANDS[command][0]), APPS.get(command, "main")).task
     with job(cfg, command, Path(run_dir)):
         try:
             return task(cfg)

@@ -40,7 +40,9 @@ def hydra_app(module: str, task: Callable[[DictConfig], object], objective: Call
         return objective(cfg, result) if objective else None
 
     main.__module__ = module  # Hydra names the job, and its <command>.log, after the entry point's module
-    return hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=module.rpartition(".")[2])(main)
+    app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=module.rpartition(".")[2])(main)
+    app.task = task  # what the app runs, for callers that compose the config themselves (the tests)
+    return app
 
 
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):

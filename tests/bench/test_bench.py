@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.inprocess import run_captured
+from tests.inprocess import hydra_compose, run_captured
 import torch
-from hydra import compose, initialize_config_dir
+from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -180,7 +180,7 @@ def test_memory_estimate_skips_instead_of_crashing():
 
 # ------------------------------------------------------------------ backends: the training config path
 def test_backends_are_built_from_the_attention_group_as_training_builds_them():
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with hydra_compose() as compose:
         overrides = ["attention=mate", "attention.variant=bucketed", "attention.impl=auto"]
         train = compose(config_name="train", overrides=overrides)
     assert cases.attention_config("mate.bucketed") == train.attention

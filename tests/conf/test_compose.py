@@ -9,44 +9,21 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from mate_cli.paths import CONF_DIR, register_resolvers
+from mate_cli.paths import CONF_DIR
+from tests.inprocess import build, compose_command
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
-
-
-def compose_train(overrides: list[str], tmp_path: Path, command: str = "train"):
-    """``mate <command> <overrides>``'s config (``train`` or ``pretrain``), with the Hydra runtime set
-    as in a real run."""
-    register_resolvers()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(command, overrides=[*overrides, f"hydra.run.dir={tmp_path}"], return_hydra_config=True)
-    cfg.hydra.runtime.output_dir = str(tmp_path)
-    HydraConfig.instance().set_config(cfg)
-    return cfg
-
-
-def build(cfg, tmp_path: Path):
-    """Datamodule, model and trainer of a composed config (loggers and callbacks too)."""
-    datamodule = instantiate(cfg.dataset, cache_dir=str(tmp_path / "cache"))
-    model = instantiate(cfg.model)
-    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
-    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), callbacks=callbacks, logger=False)
-    return datamodule, model, trainer
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_instantiates(experiment, tmp_path, request):
     if experiment.endswith("_pretrained"):
         request.getfixturevalue("pretrained_runs")
-    cfg = compose_train([f"experiment={experiment}"], tmp_path)
+    cfg = compose_command("train", [f"experiment={experiment}"], tmp_path)
     assert cfg.experiment_name == experiment
     datamodule, model, trainer = build(cfg, tmp_path)
     assert isinstance(datamodule, L.LightningDataModule) and isinstance(model, L.LightningModule)
@@ -55,7 +32,7 @@ def test_every_experiment_composes_and_instantiates(experiment, tmp_path, reques
 
 def sweep_jobs(name: str, tmp_path: Path) -> list[list[str]]:
     """The override lists of every job a ``+sweep=<name>`` multirun launches."""
-    cfg = compose_train([f"+sweep={name}"], tmp_path)
+    cfg = compose_command("train", [f"+sweep={name}"], tmp_path)
     params = OmegaConf.to_container(cfg.hydra.sweeper.params)
     keys = list(params)
     values = [str(params[k]).split(",") for k in keys]
@@ -73,7 +50,7 @@ def test_every_sweep_job_composes_and_instantiates(sweep, tmp_path, request):
     seen = set()
     for job in jobs:
         default = [] if any(o.startswith("experiment=") for o in job) else ["experiment=hybridqa_mate"]
-        cfg = compose_train([*default, *job], tmp_path)
+        cfg = compose_command("train", [*default, *job], tmp_path)
         what = repr(
             {k: OmegaConf.to_container(cfg[k]) for k in ("attention", "dataset", "model", "trainer", "callbacks")}
         )
@@ -84,24 +61,26 @@ def test_every_sweep_job_composes_and_instantiates(sweep, tmp_path, request):
 
 
 def test_the_optuna_search_names_keys_that_exist(tmp_path):
-    cfg = compose_train(["experiment=hybridqa_mate", "hparams_search=optuna"], tmp_path)
+    cfg = compose_command("train", ["experiment=hybridqa_mate", "hparams_search=optuna"], tmp_path)
     assert cfg.hydra.sweeper._target_.endswith("OptunaSweeper") and cfg.hydra.sweeper.direction == "maximize"
     for key in cfg.hydra.sweeper.params:
         assert OmegaConf.select(cfg, key) is not None, key
 
 
 def test_the_slurm_launcher_has_the_keys_users_set(tmp_path):
-    cfg = compose_train(["+sweep=baselines", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"], tmp_path)
+    cfg = compose_command(
+        "train", ["+sweep=baselines", "hydra/launcher=slurm", "hydra.launcher.partition=gpu"], tmp_path
+    )
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher") and launcher.partition == "gpu"
     assert {"gpus_per_node", "timeout_min", "array_parallelism"} <= set(launcher)
 
 
 def test_experiments_change_only_what_they_name(tmp_path):
-    default = compose_train([], tmp_path)
-    mate = compose_train(["experiment=hybridqa_mate"], tmp_path)
-    tapas = compose_train(["experiment=hybridqa_tapas"], tmp_path)
-    reader = compose_train(["experiment=hybridqa_reader"], tmp_path)
+    default = compose_command("train", [], tmp_path)
+    mate = compose_command("train", ["experiment=hybridqa_mate"], tmp_path)
+    tapas = compose_command("train", ["experiment=hybridqa_tapas"], tmp_path)
+    reader = compose_command("train", ["experiment=hybridqa_reader"], tmp_path)
     strip = lambda c: {k: v for k, v in OmegaConf.to_container(c).items() if k not in ("hydra", "experiment_name")}  # noqa: E731
     assert strip(mate) == strip(default)
     assert strip(tapas)["attention"]["_target_"].endswith("DenseAttention")
@@ -116,8 +95,8 @@ def test_experiments_change_only_what_they_name(tmp_path):
 
 @pytest.mark.parametrize("task", ["sqa", "wtq", "tabfact"])
 def test_table_task_baselines_differ_from_mate_only_in_attention(task, tmp_path):
-    mate = OmegaConf.to_container(compose_train([f"experiment={task}_mate"], tmp_path))
-    tapas = OmegaConf.to_container(compose_train([f"experiment={task}_tapas"], tmp_path))
+    mate = OmegaConf.to_container(compose_command("train", [f"experiment={task}_mate"], tmp_path))
+    tapas = OmegaConf.to_container(compose_command("train", [f"experiment={task}_tapas"], tmp_path))
     assert tapas["attention"]["_target_"].endswith("DenseAttention")
     assert mate["attention"]["_target_"].endswith("MateAttention")
     drop = ("hydra", "experiment_name", "attention")
@@ -128,24 +107,24 @@ def test_table_task_baselines_differ_from_mate_only_in_attention(task, tmp_path)
 def test_the_split_statistics_slice_is_the_one_the_model_scores(tmp_path):
     """dataset.long_table_tokens follows model.long_table_tokens (one threshold for the log's
     long_questions and the model's accuracy_long); TabFact's model has none, so neither has it."""
-    wtq = compose_train(["experiment=wtq_mate", "model.long_table_tokens=300"], tmp_path)
+    wtq = compose_command("train", ["experiment=wtq_mate", "model.long_table_tokens=300"], tmp_path)
     assert wtq.dataset.long_table_tokens == wtq.model.long_table_tokens == 300
-    assert compose_train(["experiment=sqa_tapas"], tmp_path).dataset.long_table_tokens == 512
-    assert compose_train(["experiment=tabfact_mate"], tmp_path).dataset.long_table_tokens is None
+    assert compose_command("train", ["experiment=sqa_tapas"], tmp_path).dataset.long_table_tokens == 512
+    assert compose_command("train", ["experiment=tabfact_mate"], tmp_path).dataset.long_table_tokens is None
 
 
 def test_both_stages_read_one_split_node(tmp_path):
-    stage1 = compose_train(["experiment=hybridqa_mate", "dataset.split.seed=7"], tmp_path)
-    stage2 = compose_train(["experiment=hybridqa_reader", "dataset.split.seed=7"], tmp_path)
+    stage1 = compose_command("train", ["experiment=hybridqa_mate", "dataset.split.seed=7"], tmp_path)
+    stage2 = compose_command("train", ["experiment=hybridqa_reader", "dataset.split.seed=7"], tmp_path)
     assert stage1.dataset.split == stage2.dataset.split and stage1.dataset.split.seed == 7
-    full = compose_train(["dataset=hybridqa"], tmp_path)
+    full = compose_command("train", ["dataset=hybridqa"], tmp_path)
     assert full.dataset.split.mode == "files"
 
 
 def test_transformer_xh_is_in_the_baselines_sweep_and_keeps_its_graph_under_the_paper_profile(tmp_path):
     """XH differs from TAPAS only in its model and data (graph) keys, so its Hits@k compare in one sweep;
     profile=paper's 2048-token sequence length does not reach its nodes."""
-    sweep = compose_train(["+sweep=baselines"], tmp_path)
+    sweep = compose_command("train", ["+sweep=baselines"], tmp_path)
     assert "hybridqa_xh" in sweep.hydra.sweeper.params.experiment.split(",")
 
     def strip(c):
@@ -156,18 +135,21 @@ def test_transformer_xh_is_in_the_baselines_sweep_and_keeps_its_graph_under_the_
         }
 
     xh, tapas = (
-        compose_train(["experiment=hybridqa_xh"], tmp_path),
-        compose_train(["experiment=hybridqa_tapas"], tmp_path),
+        compose_command("train", ["experiment=hybridqa_xh"], tmp_path),
+        compose_command("train", ["experiment=hybridqa_tapas"], tmp_path),
     )
     assert strip(xh) == strip(tapas)
     same = lambda model: {k: v for k, v in model.items() if k not in ("_target_", "hop_layers", "encoder")}  # noqa: E731
     assert same(xh.model) == same(tapas.model)
     assert {**xh.model.encoder, "max_length": None} == {**tapas.model.encoder, "max_length": None}
     assert xh.dataset.split == tapas.dataset.split and xh.dataset.root == tapas.dataset.root
-    paper = compose_train(["experiment=hybridqa_xh", "profile=paper"], tmp_path)
+    paper = compose_command("train", ["experiment=hybridqa_xh", "profile=paper"], tmp_path)
     assert paper.dataset._target_.endswith("HybridQAGraphDataModule") and paper.dataset.node_length == 128
     assert paper.model.encoder.max_length == 128  # the encoder reads 128-token nodes, not 2048-token sequences
-    assert paper.dataset.root == compose_train(["experiment=hybridqa_tapas", "profile=paper"], tmp_path).dataset.root
+    assert (
+        paper.dataset.root
+        == compose_command("train", ["experiment=hybridqa_tapas", "profile=paper"], tmp_path).dataset.root
+    )
 
 
 DEBUG_MODES = ("overfit", "fdr", "limit")
@@ -179,8 +161,8 @@ def test_every_debug_mode_composes_on_every_experiment_and_pretraining(debug, tm
     and its loggers and checkpoint selection are the ones it documents."""
     from mate_cli.config_schema import TRAINER_RESERVED, check_trainer_args
 
-    configs = [compose_train([f"experiment={e}", f"debug={debug}"], tmp_path) for e in EXPERIMENTS]
-    configs.append(compose_train([f"debug={debug}"], tmp_path, "pretrain"))
+    configs = [compose_command("train", [f"experiment={e}", f"debug={debug}"], tmp_path) for e in EXPERIMENTS]
+    configs.append(compose_command("pretrain", [f"debug={debug}"], tmp_path))
     for cfg in configs:
         trainer = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
         L.Trainer(**trainer, logger=False, enable_progress_bar=False)
@@ -196,8 +178,8 @@ def test_every_debug_mode_composes_on_every_experiment_and_pretraining(debug, tm
 
 
 def test_debug_modes_keep_the_experiment_settings_they_do_not_name(tmp_path):
-    plain = OmegaConf.to_container(compose_train(["experiment=wtq_mate"], tmp_path))
-    overfit = OmegaConf.to_container(compose_train(["experiment=wtq_mate", "debug=overfit"], tmp_path))
+    plain = OmegaConf.to_container(compose_command("train", ["experiment=wtq_mate"], tmp_path))
+    overfit = OmegaConf.to_container(compose_command("train", ["experiment=wtq_mate", "debug=overfit"], tmp_path))
     assert overfit["model"] == plain["model"] and overfit["attention"] == plain["attention"]
     assert {k: v for k, v in overfit["dataset"].items() if k != "same_order_every_epoch"} == {
         k: v for k, v in plain["dataset"].items() if k != "same_order_every_epoch"
@@ -205,7 +187,7 @@ def test_debug_modes_keep_the_experiment_settings_they_do_not_name(tmp_path):
 
 
 def test_run_name_and_tags_carry_the_overrides_that_say_what_ran(tmp_path):
-    cfg = compose_train(["experiment=hybridqa_mate", "model.optimizer.lr=3e-05", "attention.radius=21", "seed=7",
+    cfg = compose_command("train", ["experiment=hybridqa_mate", "model.optimizer.lr=3e-05", "attention.radius=21", "seed=7",
                          "dataset.root=/data/hybridqa", "hardware=cpu", "tags=[dev,ablation]", "trainer.max_steps=5"],
                         tmp_path)  # fmt: skip
     overrides = ["lr=3e-05", "radius=21", "max_steps=5"]  # not: the name's own parts, a path, where/how it runs
@@ -222,7 +204,7 @@ def test_a_swept_encoder_or_start_is_in_the_name_and_a_path_never_nests_a_job_di
 
     names = set()
     for pretrained in ("/x/outputs/pretrain/run-a1/encoder", "/x/outputs/pretrain/run-b2/encoder", "google/tapas-base"):
-        cfg = compose_train(["experiment=hybridqa_mate", f"model.encoder.pretrained={pretrained}"], tmp_path)
+        cfg = compose_command("train", ["experiment=hybridqa_mate", f"model.encoder.pretrained={pretrained}"], tmp_path)
         names.add(cfg.run_name)
     assert len(names) == 3 and any(n.endswith("-pretrained=google_tapas-base") for n in names), names
     assert override_parts(["init_from=/runs/sqa-1f2e3d", "dataset.root=/data/wtq"]) == ["init_from=runs_sqa-1f2e3d"]
@@ -243,7 +225,7 @@ def test_a_resume_names_the_values_it_changes_and_refuses_an_unreadable_run_conf
     from mate_cli.resume import changed_on_resume
 
     def resolved(overrides: list[str], run_dir: Path, command: str = "train"):
-        cfg = compose_train(overrides, run_dir, command)
+        cfg = compose_command(command, overrides, run_dir)
         with open_dict(cfg):
             del cfg["hydra"]  # as the task sees it (HydraConfig holds it)
         return cfg
@@ -282,7 +264,7 @@ def test_early_stopping_watches_what_the_best_checkpoint_watches(tmp_path):
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     for experiment, monitor, mode in (("hybridqa_mate", "val/hits@1", "max"), ("sqa_mate", "val/accuracy", "max")):
-        cfg = compose_train([f"experiment={experiment}", "callbacks=early_stopping", "callbacks.early_stopping.patience=5"],
+        cfg = compose_command("train", [f"experiment={experiment}", "callbacks=early_stopping", "callbacks.early_stopping.patience=5"],
                             tmp_path)  # fmt: skip
         callbacks = {name: instantiate(c) for name, c in cfg.callbacks.items()}
         stopper = callbacks["early_stopping"]
@@ -295,7 +277,7 @@ def test_pretraining_starts_from_the_checkpoints_own_function(tmp_path):
     it lacks at zero (docs/results.md: TAPAS's per-cell start from MiniLM learned a third as much)."""
     import torch
 
-    cfg = compose_train([], tmp_path, command="pretrain")
+    cfg = compose_command("pretrain", [], tmp_path)
     encoder = instantiate(cfg.model).encoder
     assert encoder.config.reset_position_index_per_cell is False
     tables = [p for n, p in encoder.named_parameters() if n.startswith("embeddings.token_type_embeddings_")]

@@ -9,13 +9,10 @@ import re
 import shlex
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
-from mate_cli.paths import CONF_DIR, REPO_ROOT, register_resolvers
-from tests.conf.test_compose import compose_train
+from mate_cli.paths import REPO_ROOT
+from tests.inprocess import compose_command
 
 
 def paper_commands() -> list[list[str]]:
@@ -51,9 +48,9 @@ def test_each_training_command_composes_and_builds(command, tmp_path, request):
     args = fill(command[2:])
     if "+sweep=" in " ".join(args):  # the sweep's first job
         sweep = next(a for a in args if a.startswith("+sweep="))
-        first = compose_train(args, tmp_path).hydra.sweeper.params
+        first = compose_command("train", args, tmp_path).hydra.sweeper.params
         args = [a for a in args if a != sweep] + [f"{k}={str(v).split(',')[0]}" for k, v in first.items()]
-    cfg = compose_train(args, tmp_path)
+    cfg = compose_command("train", args, tmp_path)
     instantiate(cfg.dataset, cache_dir=str(tmp_path / "cache"))
     instantiate(cfg.model)
 
@@ -64,13 +61,7 @@ def test_the_table_has_pretraining_commands():
 
 @pytest.mark.parametrize("command", [c for c in paper_commands() if c[1] == "pretrain"], ids=lambda c: " ".join(c[2:4]))
 def test_each_pretraining_command_composes_and_builds(command, tmp_path):
-    register_resolvers()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "pretrain", overrides=[*fill(command[2:], tmp_path), f"hydra.run.dir={tmp_path}"], return_hydra_config=True
-        )
-    HydraConfig.instance().set_config(cfg)
+    cfg = compose_command("pretrain", fill(command[2:], tmp_path), tmp_path)
     datamodule = instantiate(cfg.dataset, cache_dir=str(tmp_path / "cache"))
     datamodule.setup("fit")
     assert datamodule.stats["train"]["examples"] >= 1
@@ -80,7 +71,5 @@ def test_each_pretraining_command_composes_and_builds(command, tmp_path):
 
 @pytest.mark.parametrize("command", [c for c in paper_commands() if c[1] == "bench"], ids=lambda c: " ".join(c[2:]))
 def test_each_bench_command_composes(command):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("bench", overrides=command[2:])
+    cfg = compose_command("bench", command[2:])
     assert cfg.bench.levels and cfg.bench.modes

@@ -11,15 +11,14 @@ from functools import lru_cache
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from mate_cli.config_check import check_command_line, check_dotlist
 from mate_cli.config_schema import DECLARED, UNTYPED, dotted_keys, key_type, lookup, parameters, trainer_parameters
 from mate_cli.config_schema import trainer_argument, type_problem
 from mate_cli.errors import MateError
-from mate_cli.paths import CONF_DIR, REPO_ROOT, register_resolvers
+from mate_cli.paths import CONF_DIR, REPO_ROOT
+from tests.inprocess import hydra_compose
 
 #: commands with config groups to choose from, and the groups each option of which is composed
 GROUPED = {
@@ -32,10 +31,8 @@ SINGLE = ("eval", "pointr", "predict", "bench", "baseline", "report")
 @lru_cache(maxsize=1)
 def every_composed_config() -> list[tuple[str, str, dict]]:
     """``(command, override, plain config)`` for each command and each option of its groups."""
-    register_resolvers()
-    GlobalHydra.instance().clear()
     out = []
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with hydra_compose() as compose:
         for command in SINGLE:
             out.append((command, "", OmegaConf.to_container(compose(command), resolve=False)))
         for command, groups in GROUPED.items():
@@ -46,7 +43,6 @@ def every_composed_config() -> list[tuple[str, str, dict]]:
                     except Exception:  # noqa: BLE001 - an option of another command (pretrain's datasets)
                         continue
                     out.append((command, f"{group}={option}", OmegaConf.to_container(cfg, resolve=False)))
-    GlobalHydra.instance().clear()
     return out
 
 

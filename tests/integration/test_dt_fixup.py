@@ -56,9 +56,9 @@ def test_an_init_only_run_records_mu_and_scales_the_new_layers(tmp_path):
 def test_the_extra_layers_train_at_their_own_learning_rate_and_the_encoder_at_the_optimisers(tmp_path):
     """DT-Fixup trains the added layers faster than the pre-trained encoder (Xu et al. 2021): model.extra_lr is
     the extra layers' rate, in parameter groups of their own; every other parameter keeps model.optimizer.lr."""
-    from tests.conf.test_compose import build, compose_train
+    from tests.inprocess import build, compose_command
 
-    cfg = compose_train(["experiment=hybridqa_mate_dt_fixup", "model.optimizer.lr=2e-5"], tmp_path)
+    cfg = compose_command("train", ["experiment=hybridqa_mate_dt_fixup", "model.optimizer.lr=2e-5"], tmp_path)
     _, model, _ = build(cfg, tmp_path)
     model.scheduler = None  # its total steps come from a fitting Trainer; the groups do not depend on it
     optimizer = model.configure_optimizers()["optimizer"]
@@ -70,9 +70,9 @@ def test_the_extra_layers_train_at_their_own_learning_rate_and_the_encoder_at_th
 
 
 def test_a_learning_rate_that_is_not_positive_is_refused_in_one_line(tmp_path):
-    from tests.conf.test_compose import build, compose_train
+    from tests.inprocess import build, compose_command
 
-    cfg = compose_train(["experiment=hybridqa_mate_dt_fixup", "model.extra_lr=0"], tmp_path)
+    cfg = compose_command("train", ["experiment=hybridqa_mate_dt_fixup", "model.extra_lr=0"], tmp_path)
     with pytest.raises(Exception, match=r"model.extra_lr=0 is invalid: a learning rate > 0, or null"):
         build(cfg, tmp_path)
 
@@ -83,9 +83,9 @@ def test_a_resume_whose_optimiser_groups_differ_is_refused_in_one_line(tmp_path)
     from mate_cli.errors import MateError
     from mate_cli.lit_modules.optim import parameter_groups
     from mate_cli.runs import check_optimizer_groups
-    from tests.conf.test_compose import build, compose_train
+    from tests.inprocess import build, compose_command
 
-    cfg = compose_train(["experiment=hybridqa_mate_dt_fixup"], tmp_path)
+    cfg = compose_command("train", ["experiment=hybridqa_mate_dt_fixup"], tmp_path)
     _, model, _ = build(cfg, tmp_path)
     earlier = [{"params": list(range(len(g["params"])))} for g in parameter_groups(model)]  # no rates of its own
     data = {"optimizer_states": [{"param_groups": earlier, "state": {}}]}

@@ -27,7 +27,7 @@ from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_weights_only
 from mate_cli.resume import AtomicCheckpointIO
 from tests.helpers import MATE, REPO_ROOT, mate_env, run_mate
-from tests.inprocess import run_command
+from tests.inprocess import compose_command, run_command
 
 SQA = REPO_ROOT / "data" / "sqa_sample"
 TABFACT = REPO_ROOT / "data" / "tabfact_sample"
@@ -612,18 +612,10 @@ def test_the_overrides_beside_a_run_dir_are_checked_against_its_config(tmp_path)
 
 
 def test_a_sweep_job_with_long_overrides_gets_a_folder_every_file_system_takes(tmp_path):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
 
-    from mate_cli.paths import CONF_DIR, register_resolvers
-
-    register_resolvers()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("train", overrides=["seed=1"], return_hydra_config=True)
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = compose_command("train", ["seed=1"])
+    OmegaConf.set_readonly(cfg.hydra, False)  # the job's fields as a sweeper sets them
     folders = []
     for end in "xy":
         cfg.hydra.job.num, cfg.hydra.job.override_dirname = 12, f"experiment_name={'é' * 299}{end},seed=1"
@@ -670,24 +662,12 @@ def test_a_run_dir_as_a_stage_checkpoint_loads_its_checkpoint_and_says_which(tmp
 
 
 def test_a_300_character_experiment_name_gets_a_run_dir_every_file_system_takes(tmp_path):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from mate_cli.paths import dir_name
 
-    from mate_cli.paths import CONF_DIR, dir_name, register_resolvers
-
-    register_resolvers()
     long_a, long_b = "a" * 299 + "x", "a" * 299 + "y"
     assert dir_name(long_a) != dir_name(long_b) and len(dir_name("é" * 300).encode()) <= 200
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment_name={long_a}"], return_hydra_config=True)
-    from hydra.core.hydra_config import HydraConfig
-
-    HydraConfig.instance().set_config(cfg)
-    try:
-        run_dir = Path(str(cfg.hydra.run.dir))
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = compose_command("train", [f"experiment_name={long_a}"])
+    run_dir = Path(str(cfg.hydra.run.dir))
     assert all(len(part.encode()) <= 255 for part in run_dir.parts) and long_a[:150] in run_dir.name
 
 

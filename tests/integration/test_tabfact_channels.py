@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.conf.test_compose import build, compose_train
+from tests.inprocess import build, compose_command
 from tests.helpers import REPO_ROOT
 
 
@@ -21,7 +21,9 @@ def test_each_channels_accuracy_is_the_accuracy_over_its_tables_statements(tmp_p
     for channel in ("simple", "complex"):
         ids = [t for t, c in channel_of.items() if c == channel]
         (root / "data" / f"{channel}_ids.json").write_text(json.dumps(ids))
-    cfg = compose_train(["experiment=tabfact_mate", f"dataset.root={root}", "dataset.max_length=128"], tmp_path / "run")
+    cfg = compose_command(
+        "train", ["experiment=tabfact_mate", f"dataset.root={root}", "dataset.max_length=128"], tmp_path / "run"
+    )
     datamodule, model, trainer = build(cfg, tmp_path / "run")
     (metrics,) = trainer.validate(model, datamodule=datamodule, verbose=False)
     rows = model.predictions

@@ -28,13 +28,14 @@ from mate_cli.modeling.dot import (
 )
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import TableLayout
-from tests.conf.test_compose import build, compose_train
+from tests.inprocess import build, compose_command
 
 TOLERANCE = 1e-5
 
 
 def dot_model(tmp_path, *overrides: str):
-    cfg = compose_train(
+    cfg = compose_command(
+        "train",
         [
             "experiment=tabfact_dot",
             "dataset.limit_questions=12",
@@ -114,8 +115,10 @@ def test_column_selection_keeps_whole_columns_by_mean_score_while_they_fit():
 def test_column_mode_fills_the_slots_left_over_with_padding_only(tmp_path):
     """A dropped column's tokens may fill slots up to K; they must be padding in every field,
     or the heads count them (WikiTQ's expected COUNT/SUM reads row and cell ids)."""
-    cfg = compose_train(
-        ["experiment=wtq_dot", "dataset.limit_questions=12", "dataset.batch_size=4", "model.dot.top_k=96"], tmp_path
+    cfg = compose_command(
+        "train",
+        ["experiment=wtq_dot", "dataset.limit_questions=12", "dataset.batch_size=4", "model.dot.top_k=96"],
+        tmp_path,
     )
     datamodule, model, _ = build(cfg, tmp_path)
     datamodule.setup("fit")
@@ -135,7 +138,8 @@ def test_column_mode_fills_the_slots_left_over_with_padding_only(tmp_path):
 
 def test_j_dot_trains_the_pruner_through_the_attention_and_p_dot_by_its_own_loss(tmp_path):
     for loss, through_attention in (("joint", True), ("pruning", False)):
-        cfg = compose_train(
+        cfg = compose_command(
+            "train",
             [
                 "experiment=wtq_dot",
                 "dataset.limit_questions=12",
@@ -160,7 +164,7 @@ def test_j_dot_trains_the_pruner_through_the_attention_and_p_dot_by_its_own_loss
 
 
 def test_tabfact_has_no_answer_cells_for_a_pruning_loss_and_says_so(tmp_path):
-    cfg = compose_train(["experiment=tabfact_dot", "model.dot.loss=both"], tmp_path)
+    cfg = compose_command("train", ["experiment=tabfact_dot", "model.dot.loss=both"], tmp_path)
     with pytest.raises(Exception, match="model.dot.loss=both .* use model.dot.loss=joint"):  # Hydra wraps it
         build(cfg, tmp_path)
 
@@ -172,8 +176,10 @@ def test_the_run_is_named_in_the_papers_notation(tmp_path):
         == "HEM-1024 C-PJ-DoT(m-256-l)"
     )
     assert paper_name("none", 512, "token", "minilm", 128, "minilm", "pruning") == "512 P-DoT(minilm-128-minilm)"
-    cfg = compose_train(
-        ["experiment=wtq_dot", "model.dot.pretrained=null", "model.encoder.pretrained=google/tapas-large"], tmp_path
+    cfg = compose_command(
+        "train",
+        ["experiment=wtq_dot", "model.dot.pretrained=null", "model.encoder.pretrained=google/tapas-large"],
+        tmp_path,
     )
     assert cfg.paper_name == "CC-1024 C-DoT(m-256-l)"
     assert "CC-1024_C-DoT_m-256-l" in cfg.run_name
@@ -214,7 +220,7 @@ def test_the_model_counts_the_answer_cells_its_selection_loses(tmp_path):
     """On the WikiTQ sample's validation split the length cut keeps every answer cell, DoT's selection
     (C-DoT, K = 256 of CC-1024) does not: ``val/answer_cells_kept`` says how many questions keep them all."""
     torch.manual_seed(0)
-    cfg = compose_train(["experiment=wtq_dot", "dataset.batch_size=64"], tmp_path)
+    cfg = compose_command("train", ["experiment=wtq_dot", "dataset.batch_size=64"], tmp_path)
     datamodule, model, _ = build(cfg, tmp_path)
     datamodule.setup("fit")
     assert datamodule.stats["validation"]["answer_cells_kept"] == 1.0  # the length cut lost none
@@ -266,7 +272,7 @@ def test_mate_predict_answers_with_the_pruned_model_as_eval_does(tmp_path):
     from mate_cli.data.schema import Question
     from tests.integration.test_table_tasks import a_table_and_question
 
-    cfg = compose_train(["experiment=wtq_dot", "model.dot.top_k=64"], tmp_path)
+    cfg = compose_command("train", ["experiment=wtq_dot", "model.dot.top_k=64"], tmp_path)
     torch.manual_seed(0)
     model = instantiate(cfg.model).eval()
     tokenizer = load_tokenizer(cfg.dataset.pretrained)
