@@ -198,3 +198,26 @@ def layout_from_token_type_ids(token_type_ids, attention_mask=None):
         uniq = torch.unique(cell_key[b][table[b]])
         cell_ids[b][table[b]] = torch.searchsorted(uniq, cell_key[b][table[b]]) + 1
     return TableLayout(attention_mask=attention_mask, cell_ids=cell_ids, **parts)
+
+
+def one_error_line(proc: subprocess.CompletedProcess, code: int = 2, prefix: str = "mate: error: ") -> str:
+    """The one ``mate:`` line of a process that exited with ``code``, no traceback."""
+    assert proc.returncode == code, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("mate:")]
+    assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+#: a YAML alias bomb: ten levels of ten references each, ten billion items once expanded
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(9)
+)
+
+#: each bundled sample as a pre-training source (dataset.sources.<name>)
+SOURCES = {
+    "hybridqa": str(REPO_ROOT / "data" / "hybridqa_sample"),
+    "wtq": str(REPO_ROOT / "data" / "wtq_sample"),
+    "sqa": str(REPO_ROOT / "data" / "sqa_sample"),
+    "tabfact": str(REPO_ROOT / "data" / "tabfact_sample"),
+}

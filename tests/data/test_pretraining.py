@@ -13,15 +13,9 @@ from mate_cli.data.pretraining import PretrainDataModule, table_key
 from mate_cli.data.sampler import EpochTagged
 from mate_cli.errors import MateError
 from tests.data.readouts import read_corpus
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, SOURCES
 
 DATA = REPO_ROOT / "data"
-SOURCES = {
-    "hybridqa": str(DATA / "hybridqa_sample"),
-    "wtq": str(DATA / "wtq_sample"),
-    "sqa": str(DATA / "sqa_sample"),
-    "tabfact": str(DATA / "tabfact_sample"),
-}
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from mate_cli.data.tabfact import TabFactReader
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_weights_only
 from mate_cli.resume import AtomicCheckpointIO
-from tests.helpers import MATE, REPO_ROOT, mate_env, run_mate
+from tests.helpers import MATE, REPO_ROOT, mate_env, one_error_line, run_mate
 from tests.inprocess import compose_command, run_command
 
 SQA = REPO_ROOT / "data" / "sqa_sample"
@@ -41,15 +41,6 @@ def mate_error(call, *args) -> str:
     line = str(err.value)
     assert "\n" not in line, line
     return line
-
-
-def one_error_line(proc: subprocess.CompletedProcess, code: int = 2, prefix: str = "mate: error: ") -> str:
-    """The one ``mate:`` line of a process that exited with ``code``, no traceback."""
-    assert proc.returncode == code, proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("mate:")]
-    assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return lines[0]
 
 
 def cached_entries(cache: Path) -> list[Path]:

@@ -27,8 +27,8 @@ from mate_cli import cli, run_lock
 from mate_cli.errors import MateError
 from tests.helpers import MATE, REPO_ROOT, mate_env
 from tests.inprocess import run_command
-from tests.integration.test_faults import one_error_line
-from tests.integration.test_run_config_targets import ALIAS_BOMB
+from tests.helpers import one_error_line
+from tests.helpers import ALIAS_BOMB
 from mate_cli.runs import run_checkpoint
 from tests.shared_runs import RUNS, copy_run, snapshot
 

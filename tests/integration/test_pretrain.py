@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from mate_cli.data.pretraining import MaskedCollator, PretrainDataModule
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.mlm import MaskedLMHead, load_mlm_head
-from tests.data.test_pretraining import SOURCES
+from tests.helpers import SOURCES
 from mate_cli.errors import MateError
 from tests.helpers import mate_env, run_dirs, run_mate
 from tests.inprocess import run_command

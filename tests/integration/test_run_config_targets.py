@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from mate_cli.errors import MateError
 from mate_cli.run_targets import allowed_targets, checked_run_config
+from tests.helpers import ALIAS_BOMB
 from tests.inprocess import run_captured
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data"
@@ -145,11 +146,6 @@ def test_trust_builds_the_config_as_it_is_with_a_warning(tmp_path, caplog):
 
 # ------------------------------------------------------------------ the file itself: data with limits
 # ten levels of ten aliases each: 10**10 strings once expanded, under 500 bytes on disk
-ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(9)
-)
-
-
 def tiny_run(root: Path, text: str) -> Path:
     """A run dir holding ``text`` as its config and a checkpoint that passes the file check."""
     (root / "checkpoints").mkdir(parents=True)
