@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from mate_cli.config_check import check_command_line, trainer_overrides
+from mate_cli.config.check import check_command_line, trainer_overrides
 from mate_cli.errors import MateError
-from mate_cli.hydra_args import path_argument, quote_free_text
+from mate_cli.config.hydra_args import path_argument, quote_free_text
 from mate_cli.paths import CONF_DIR, keep_tool_caches, output_root
 from mate_cli.silenced import silence
 
@@ -126,7 +126,7 @@ def answer_only_app(command: str):
     ``mate train --help`` and ``--cfg job`` answer in about a second."""
     import hydra
 
-    from mate_cli.paths import register_resolvers
+    from mate_cli.run.naming import register_resolvers
 
     register_resolvers()  # `--cfg job --resolve` resolves mate's interpolations
 
@@ -168,9 +168,9 @@ def check_one_mode(args: list[str]) -> str | None:
 
 def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:
     """Claim the ``hydra.run.dir=`` (``-m``: ``hydra.sweep.dir=``) given, before Hydra writes there
-    (:func:`mate_cli.run_lock.claim`): ``(arguments to run, one-line problem or None)``. Default run dirs:
+    (:func:`mate_cli.run.lock.claim`): ``(arguments to run, one-line problem or None)``. Default run dirs:
     :func:`mate_cli.commands.common.run_task`."""
-    from mate_cli import run_lock
+    from mate_cli.run import lock as run_lock
 
     sweep = any(arg in args for arg in ("-m", "--multirun"))
     key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="

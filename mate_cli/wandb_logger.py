@@ -1,6 +1,6 @@
 """Lightning's W&B logger, quiet: with ``quiet`` W&B prints no start or closing lines (``mate train`` prints the run's
 folder and sync command), and ``anonymous=None``, which W&B answers with a warning, is not passed. The run ``id``:
-:func:`mate_cli.resume.continue_wandb_run`. A service shared through ``WANDB_SERVICE`` keeps holding a killed client's
+:func:`mate_cli.run.resume.continue_wandb_run`. A service shared through ``WANDB_SERVICE`` keeps holding a killed client's
 run id, so resuming that run fails with "run ID ... is in use": one line with the fix (a process's own service dies
 with it)."""
 

@@ -24,7 +24,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mate_cli.errors import MateError
-from mate_cli.paths import CONF_DIR, register_resolvers
+from mate_cli.paths import CONF_DIR
+from mate_cli.run.naming import register_resolvers
 
 #: Hydra's own job log format (hydra/job_logging/default.yaml)
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
@@ -34,7 +35,7 @@ def command_line(command: str, overrides: list[str]) -> list[str]:
     """The overrides Hydra composes for ``mate <command> <overrides>``, after the checks and
     rewrites `mate_cli.cli.main` makes; a problem it prints as one line raises `MateError`."""
     from mate_cli.cli import checked_command_line
-    from mate_cli.config_check import trainer_overrides
+    from mate_cli.config.check import trainer_overrides
 
     args, problem = checked_command_line(command, overrides)
     if problem:
@@ -111,7 +112,7 @@ def run_app(command: str, overrides: list[str], run_dir: Path) -> tuple[int, str
     import os
     import signal
 
-    from mate_cli import run_lock
+    from mate_cli.run import lock as run_lock
     from mate_cli.cli import COMMANDS
 
     cfg = compose_command(command, overrides, Path(run_dir), checked=True)

@@ -1,4 +1,4 @@
-"""mate_cli/divergence.py's readers of non-finite numbers and its test of an optimiser that skips on the device (the
+"""mate_cli/run/divergence.py's readers of non-finite numbers and its test of an optimiser that skips on the device (the
 callback that stops training is exercised in tests/integration/test_training_loop.py, through a real Trainer)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from mate_cli.divergence import non_finite_metrics, non_finite_tensors, skips_steps_on_device
+from mate_cli.run.divergence import non_finite_metrics, non_finite_tensors, skips_steps_on_device
 
 
 def test_non_finite_tensors_names_floating_tensors_with_a_nan_or_an_infinity():

@@ -1,5 +1,6 @@
-"""Who imports whom inside ``mate_cli``, read from the source (ast): no cycles, and
-nothing outside ``mate_cli/commands/`` and ``mate_cli/cli.py`` imports a command.
+"""Who imports whom inside ``mate_cli``, read from the source (ast): no cycles, nothing
+imports a module on a floor above its own (:data:`FLOORS`), and nothing outside
+``mate_cli/commands/`` and ``mate_cli/cli.py`` imports a command.
 
 Every import counts, module-level or inside a function, so a cycle cannot hide behind
 a function-local import."""
@@ -76,6 +77,35 @@ def test_the_graph_sees_function_local_and_relative_imports(tmp_path):
     graph = import_graph()
     assert "mate_cli.modeling.layout" in graph["mate_cli.modeling.encoder"]
     assert len(graph) > 40
+
+
+#: the package's floors, bottom up (docs/architecture.md's map): a module imports its own floor's and lower ones only
+FLOORS = (
+    ("errors", "io", "console", "paths", "silenced", "tasks", "proc_memory", "lightning_internals", "wandb_logger"),
+    ("modeling", "data", "metrics"),
+    ("lit_modules", "bench"),
+    ("config", "run"),
+    ("pipelines", "report"),
+    ("commands",),
+    ("cli", "__init__"),
+)
+
+
+def floor_of(module: str) -> int:
+    """The floor of ``mate_cli.<part>...`` (``mate_cli`` itself: its ``__init__``)."""
+    part = module.split(".")[1] if "." in module else "__init__"
+    return next(i for i, parts in enumerate(FLOORS) if part in parts)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{m} -> {n}" for m, names in sorted(graph.items()) for n in sorted(names) if floor_of(n) > floor_of(m)]
+
+
+def test_every_module_has_a_floor_and_none_imports_upward():
+    graph = import_graph()
+    assert all(floor_of(m) >= 0 for m in graph)  # a new top-level part without a floor raises here
+    assert upward_imports(graph) == []
+    assert upward_imports({"mate_cli.data.x": {"mate_cli.run.y"}}) == ["mate_cli.data.x -> mate_cli.run.y"]
 
 
 def test_no_import_cycles():

@@ -31,7 +31,9 @@ def hydra_app(module: str, task: Callable[[DictConfig], object], objective: Call
     through :func:`run_task`; ``objective(cfg, result)``: what a sweeper optimises."""
     import hydra
 
-    from mate_cli.paths import CONF_DIR, register_resolvers
+    from mate_cli.paths import CONF_DIR
+
+    from mate_cli.run.naming import register_resolvers
 
     register_resolvers()
 
@@ -47,8 +49,9 @@ def hydra_app(module: str, task: Callable[[DictConfig], object], objective: Call
 
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     """Run ``task(cfg)`` holding the run dir: a `MateError` or full disk is one line and exit 2, a signal 128 + its
-    number (:mod:`mate_cli.interrupts`); any failure leaves its one line in ``FAILED`` and the run's log."""
-    from mate_cli import interrupts, run_lock
+    number (:mod:`mate_cli.run.interrupts`); any failure leaves its one line in ``FAILED`` and the run's log."""
+    from mate_cli.run import interrupts
+    from mate_cli.run import lock as run_lock
 
     if COMMAND_LINE:
         sys.argv = list(COMMAND_LINE)

@@ -1,4 +1,4 @@
-"""`mate eval ckpt_path=<run dir | checkpoint>`: rebuild that run (:mod:`mate_cli.runs`), evaluate ``split``, write
+"""`mate eval ckpt_path=<run dir | checkpoint>`: rebuild that run (:mod:`mate_cli.run.rebuild`), evaluate ``split``, write
 ``metrics.json`` and, for a table task, the predictions in the dataset's upstream answer format."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from mate_cli.commands.common import (
     run_dir,
     write_result,
 )
-from mate_cli.divergence import non_finite_metrics
+from mate_cli.run.divergence import non_finite_metrics
 from mate_cli.errors import MateError
-from mate_cli.interrupts import cluster_plugins
-from mate_cli.resume import AtomicCheckpointIO
-from mate_cli.runs import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
-from mate_cli.config_schema import check_trainer_args
+from mate_cli.run.interrupts import cluster_plugins
+from mate_cli.run.resume import AtomicCheckpointIO
+from mate_cli.run.rebuild import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
+from mate_cli.config.schema import check_trainer_args
 
 
 SPLIT_PREFIX = {"validation": "val", "test": "test"}
@@ -84,7 +84,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             f"(a released test file has none); {fix}"
         )
     trainer_args.setdefault("default_root_dir", str(run_dir()))  # Lightning's own files stay in the run dir
-    trainer_args.setdefault("plugins", cluster_plugins())  # signals are mate's (mate_cli.interrupts)
+    trainer_args.setdefault("plugins", cluster_plugins())  # signals are mate's (mate_cli.run.interrupts)
     checkpoint_io = AtomicCheckpointIO()  # Lightning evaluates the state checked above, not a newer write of the file
     checkpoint_io.preload(ckpt_path, checkpoint)
     trainer_args["plugins"] = [*trainer_args.get("plugins", []), checkpoint_io]

@@ -16,7 +16,7 @@ from mate_cli.lit_modules.entailment import EntailmentModule
 from mate_cli.lit_modules.table_qa import TableQAModule
 from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, load_stages, predict_question
 from mate_cli.pipelines.table_task import predict_table_question, read_task_table
-from mate_cli.runs import check_checkpoint, load_trained, pick_device, run_checkpoint
+from mate_cli.run.rebuild import check_checkpoint, load_trained, pick_device, run_checkpoint
 
 
 def predict(cfg: DictConfig) -> dict:

@@ -29,13 +29,13 @@ from mate_cli.commands.common import (
 )
 from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
-from mate_cli.divergence import StopOnNonFiniteLoss, non_finite_metrics
+from mate_cli.run.divergence import StopOnNonFiniteLoss, non_finite_metrics
 from mate_cli.errors import MateError
-from mate_cli.interrupts import StopOnSignal, cluster_plugins
+from mate_cli.run.interrupts import StopOnSignal, cluster_plugins
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.lit_modules.step_profile import StepProfile
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
-from mate_cli.resume import (
+from mate_cli.run.resume import (
     RESTORED,
     AtomicCheckpointIO,
     ContinuousCSVLog,
@@ -46,8 +46,8 @@ from mate_cli.resume import (
     run_dir_of,
     unrestored,
 )
-from mate_cli.runs import check_checkpoint_fits, init_weights_from
-from mate_cli.config_schema import TRAINER_RESERVED, check_trainer_args
+from mate_cli.run.rebuild import check_checkpoint_fits, init_weights_from
+from mate_cli.config.schema import TRAINER_RESERVED, check_trainer_args
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

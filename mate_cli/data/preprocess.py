@@ -53,7 +53,7 @@ def loader_options(trainer, num_workers: int) -> dict:
     at SIGTERM), kept alive across epochs and validations (no restart of the workers each time) and preparing two
     batches each ahead; batches in page-locked memory when ``trainer`` trains on a CUDA device, so that their copies
     to it overlap with the GPU's work."""
-    from mate_cli.interrupts import loader_worker_start
+    from mate_cli.data.workers import loader_worker_start
 
     device = getattr(getattr(trainer, "strategy", None), "root_device", None)
     options = {"num_workers": num_workers, "worker_init_fn": loader_worker_start,
@@ -116,11 +116,11 @@ def _results(function: Callable, records: Sequence[dict], processes: int) -> Ite
 
 
 def _set_function(function: Callable) -> None:
-    """A pool worker's start: default signal actions (it ends at any of :data:`~mate_cli.interrupts.SIGNALS`), not the
-    forked handler, which leaves stopping to the main process (:mod:`mate_cli.interrupts`)."""
+    """A pool worker's start: default signal actions (it ends at any of :data:`~mate_cli.data.workers.SIGNALS`), not the
+    forked handler, which leaves stopping to the main process (:mod:`mate_cli.run.interrupts`)."""
     global _function
     _function = function
-    from mate_cli.interrupts import SIGNALS
+    from mate_cli.data.workers import SIGNALS
 
     for signum in SIGNALS:
         signal.signal(signum, signal.SIG_DFL)

@@ -1,7 +1,7 @@
 """PointR end to end (MATE §4): point to the expanded cell, then read the answer from it (``mate pointr``,
 ``mate predict``).
 
-Each stage is a trained run (:func:`mate_cli.runs.load_trained`). Without a stage-2 run the answer is the top cell's
+Each stage is a trained run (:func:`mate_cli.run.rebuild.load_trained`). Without a stage-2 run the answer is the top cell's
 text, so stage 1 can be evaluated end to end alone. A question the data or a stage cannot serve fully is counted under
 :data:`ROBUSTNESS_LINES` and predicted as well as possible; none stops the run.
 """
@@ -30,7 +30,7 @@ from mate_cli.io import atomic_write_json
 from mate_cli.lit_modules.cell_selection import CellSelectionModule
 from mate_cli.lit_modules.span import SpanModule
 from mate_cli.metrics.hybridqa import evaluate_predictions, flat_metrics, subset_reference
-from mate_cli.runs import TrainedRun, autocast, dataset_here, load_run_config, load_trained, pick_device
+from mate_cli.run.rebuild import TrainedRun, autocast, dataset_here, load_run_config, load_trained, pick_device
 
 log = logging.getLogger(__name__)
 

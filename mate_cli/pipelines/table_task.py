@@ -10,7 +10,7 @@ from mate_cli import tasks
 from mate_cli.data.readers import given_file
 from mate_cli.data.schema import Question, Table
 from mate_cli.data.table_tasks import TaskCollator, encode_task_question, table_tokenizer
-from mate_cli.runs import TrainedRun, autocast
+from mate_cli.run.rebuild import TrainedRun, autocast
 
 
 def read_task_table(task: str, path: str | Path) -> Table:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from mate_cli.divergence import non_finite_metrics
+from mate_cli.run.divergence import non_finite_metrics
 from mate_cli.errors import MateError
-from mate_cli.yaml_data import read_yaml
+from mate_cli.run.yaml_data import read_yaml
 
 RESOLVED = "resolved_config.yaml"
 METRICS = "metrics.json"

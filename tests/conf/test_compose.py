@@ -159,7 +159,7 @@ DEBUG_MODES = ("overfit", "fdr", "limit")
 def test_every_debug_mode_composes_on_every_experiment_and_pretraining(debug, tmp_path):
     """debug=<mode> overrides the experiment (it comes last), its trainer keys are Lightning's,
     and its loggers and checkpoint selection are the ones it documents."""
-    from mate_cli.config_schema import TRAINER_RESERVED, check_trainer_args
+    from mate_cli.config.schema import TRAINER_RESERVED, check_trainer_args
 
     configs = [compose_command("train", [f"experiment={e}", f"debug={debug}"], tmp_path) for e in EXPERIMENTS]
     configs.append(compose_command("pretrain", [f"debug={debug}"], tmp_path))
@@ -200,7 +200,7 @@ def test_run_name_and_tags_carry_the_overrides_that_say_what_ran(tmp_path):
 def test_a_swept_encoder_or_start_is_in_the_name_and_a_path_never_nests_a_job_dir(tmp_path):
     """Two jobs of ``-m model.encoder.pretrained=<run A>/encoder,<run B>/encoder`` differ in name and tags (a path
     that says where, such as dataset.root, stays out), and Hydra's job subdir holds no ``/``."""
-    from mate_cli.paths import capped, override_parts
+    from mate_cli.run.naming import capped, override_parts
 
     names = set()
     for pretrained in ("/x/outputs/pretrain/run-a1/encoder", "/x/outputs/pretrain/run-b2/encoder", "google/tapas-base"):
@@ -222,7 +222,7 @@ def test_a_resume_names_the_values_it_changes_and_refuses_an_unreadable_run_conf
     from omegaconf import open_dict
 
     from mate_cli.errors import MateError
-    from mate_cli.resume import changed_on_resume
+    from mate_cli.run.resume import changed_on_resume
 
     def resolved(overrides: list[str], run_dir: Path, command: str = "train"):
         cfg = compose_command(command, overrides, run_dir)
@@ -248,7 +248,7 @@ def test_a_resume_names_the_values_it_changes_and_refuses_an_unreadable_run_conf
 
 
 def test_override_parts_keep_keys_apart_and_long_names_short():
-    from mate_cli.paths import NAME_OVERRIDES_MAX, override_parts, overrides_name
+    from mate_cli.run.naming import NAME_OVERRIDES_MAX, override_parts, overrides_name
 
     assert override_parts(["model.head.lr=1", "model.optimizer.lr=2", "+extra_layers.n=3", "ckpt_path=last"]) == [
         "model.head.lr=1",

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from mate_cli.config_check import check_command_line, check_dotlist
-from mate_cli.config_schema import DECLARED, UNTYPED, dotted_keys, key_type, lookup, parameters, trainer_parameters
-from mate_cli.config_schema import trainer_argument, type_problem
+from mate_cli.config.check import check_command_line, check_dotlist
+from mate_cli.config.schema import DECLARED, UNTYPED, dotted_keys, key_type, lookup, parameters, trainer_parameters
+from mate_cli.config.schema import trainer_argument, type_problem
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR, REPO_ROOT
 from tests.inprocess import hydra_compose
@@ -69,7 +69,7 @@ def test_every_key_of_every_option_has_a_type():
             if expected is UNTYPED and trainer_argument(command, key) not in trainer_parameters()
         }
     )
-    assert not untyped, f"declare these in mate_cli/config_schema.py DECLARED: {untyped}"
+    assert not untyped, f"declare these in mate_cli/config/schema.py DECLARED: {untyped}"
 
 
 def test_every_shipped_value_fits_its_type():

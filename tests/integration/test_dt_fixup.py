@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from mate_cli.runs import load_run_config
+from mate_cli.run.rebuild import load_run_config
 from tests.inprocess import run_command
 
 
@@ -82,7 +82,7 @@ def test_a_resume_whose_optimiser_groups_differ_is_refused_in_one_line(tmp_path)
     resuming it is one line saying so, not Lightning's bare ValueError inside the fit."""
     from mate_cli.errors import MateError
     from mate_cli.lit_modules.optim import parameter_groups
-    from mate_cli.runs import check_optimizer_groups
+    from mate_cli.run.rebuild import check_optimizer_groups
     from tests.inprocess import build, compose_command
 
     cfg = compose_command("train", ["experiment=hybridqa_mate_dt_fixup"], tmp_path)

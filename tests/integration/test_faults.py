@@ -25,7 +25,7 @@ from mate_cli.data.sqa import SQAReader
 from mate_cli.data.tabfact import TabFactReader
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_weights_only
-from mate_cli.resume import AtomicCheckpointIO
+from mate_cli.run.resume import AtomicCheckpointIO
 from tests.helpers import MATE, REPO_ROOT, mate_env, one_error_line, run_mate
 from tests.inprocess import compose_command, run_command
 
@@ -585,14 +585,14 @@ def test_huge_tables_and_cells_are_read_and_truncated_to_the_budget(tmp_path, sh
     "sweep", ["seed=range(0,0)", "seed=choice()", "seed=shuffle()", "seed=range(3,0)", "attention=glob(nothing*)"]
 )
 def test_a_sweep_of_no_value_is_one_line(sweep):
-    from mate_cli.config_check import check_command_line
+    from mate_cli.config.check import check_command_line
 
     problem = check_command_line("train", ["-m", sweep])
     assert problem.startswith(f"{sweep} sweeps no value") and "\n" not in problem, problem
 
 
 def test_the_overrides_beside_a_run_dir_are_checked_against_its_config(tmp_path):
-    from mate_cli.config_check import check_run_patches
+    from mate_cli.config.check import check_run_patches
 
     (tmp_path / "resolved_config.yaml").write_text("dataset:\n  eval_batch_size: 8\n")
     check_run_patches({"ckpt_path": str(tmp_path), "overrides": ["dataset.eval_batch_size=2"]})
@@ -643,7 +643,7 @@ def test_a_run_dir_as_a_stage_checkpoint_loads_its_checkpoint_and_says_which(tmp
     import logging
 
     from mate_cli.lit_modules.cell_selection import CellSelectionModule
-    from mate_cli.runs import load_trained
+    from mate_cli.run.rebuild import load_trained
 
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")  # the run dir is resolved before the file is checked
@@ -653,7 +653,7 @@ def test_a_run_dir_as_a_stage_checkpoint_loads_its_checkpoint_and_says_which(tmp
 
 
 def test_a_300_character_experiment_name_gets_a_run_dir_every_file_system_takes(tmp_path):
-    from mate_cli.paths import dir_name
+    from mate_cli.run.naming import dir_name
 
     long_a, long_b = "a" * 299 + "x", "a" * 299 + "y"
     assert dir_name(long_a) != dir_name(long_b) and len(dir_name("é" * 300).encode()) <= 200
@@ -666,8 +666,8 @@ def test_a_300_character_experiment_name_gets_a_run_dir_every_file_system_takes(
 def test_ckpt_path_last_finds_the_run_of_an_experiment_whose_name_was_cut(tmp_path, length):
     import torch
 
-    from mate_cli.paths import dir_name
-    from mate_cli.resume import resolve_resume_path
+    from mate_cli.run.naming import dir_name
+    from mate_cli.run.resume import resolve_resume_path
 
     experiment = "e" * length
     run = tmp_path / f"2026-01-02_00-00-00-{dir_name(experiment + '-mate-bucketed-sqa_sample-seed42')}-a1b2c3"

@@ -23,13 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mate_cli import cli, run_lock
+from mate_cli import cli
+from mate_cli.run import lock as run_lock
 from mate_cli.errors import MateError
 from tests.helpers import MATE, REPO_ROOT, mate_env
 from tests.inprocess import run_command
 from tests.helpers import one_error_line
 from tests.helpers import ALIAS_BOMB
-from mate_cli.runs import run_checkpoint
+from mate_cli.run.rebuild import run_checkpoint
 from tests.shared_runs import RUNS, copy_run, snapshot
 
 #: the shared TabFact MATE run's overrides: it validates (and keeps a best checkpoint) every 2 steps
@@ -242,7 +243,7 @@ def test_sigusr1_under_slurm_saves_in_the_run_dir_and_says_whether_the_job_was_r
 
 
 def test_scontrol_requeues_the_job_and_a_failure_is_one_clause(tmp_path, monkeypatch):
-    from mate_cli.interrupts import requeue_note
+    from mate_cli.run.interrupts import requeue_note
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     tool = tmp_path / "bin" / "scontrol"  # SLURM's command, as a cluster would have it on PATH
@@ -283,7 +284,7 @@ def test_device_and_node_counts_a_machine_cannot_run_are_one_line(tmp_path):
 @pytest.fixture
 def signal_handlers():
     """This process's handlers of mate's signals, as they were, after the test."""
-    from mate_cli.interrupts import SIGNALS
+    from mate_cli.run.interrupts import SIGNALS
 
     saved = {signum: signal.getsignal(signum) for signum in SIGNALS}
     yield
@@ -296,7 +297,7 @@ def test_a_run_resumed_in_its_own_run_dir_keeps_its_earlier_csv_rows(trained, tm
     when it starts, so the earlier rows are read before it does; the log goes on from step 1."""
     import csv
 
-    from mate_cli import interrupts
+    from mate_cli.run import interrupts
 
     interrupts.install()
     run, cache = tmp_path / "run", trained("tabfact").parent / "cache"
@@ -321,7 +322,7 @@ def test_a_signal_during_a_validation_stops_it_and_says_which_step_a_resume_star
 ):
     """A signal inside a validation during fit stops at the next validation batch, unsaved (README, "Resuming"):
     the line says so, and which last.ckpt a resume would read, if any (a full-state best checkpoint is none)."""
-    from mate_cli import interrupts
+    from mate_cli.run import interrupts
 
     cache = trained("tabfact").parent / "cache"  # validations every 2 steps
     stop = ["+callbacks.signal_at._target_=tests.signal_at.SignalAt", "+callbacks.signal_at.batch=0"]
@@ -363,16 +364,16 @@ def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):
     """What a DataLoader worker (ignore Ctrl-C, end quietly at SIGTERM) and a preprocessing
     pool worker (the default actions) set when they start; the whole-group test above shows
     the effect on a real run."""
-    from mate_cli import interrupts
-    from mate_cli.data import preprocess
+    from mate_cli.data import preprocess, workers
+    from mate_cli.run import interrupts
 
     others = [signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU]
     assert set(interrupts.SIGNALS) == {signal.SIGTERM, *others}
     interrupts.install()  # the command's process: every one of them is mate's
     assert all(signal.getsignal(signum) is interrupts._handle for signum in interrupts.SIGNALS)
-    interrupts.loader_worker_start(0)
+    workers.loader_worker_start(0)
     assert all(signal.getsignal(signum) is signal.SIG_IGN for signum in others)
-    assert signal.getsignal(signal.SIGTERM) is interrupts._end_worker
+    assert signal.getsignal(signal.SIGTERM) is workers._end_worker
     preprocess._set_function(len)
     assert all(signal.getsignal(signum) is signal.SIG_DFL for signum in interrupts.SIGNALS)
     assert preprocess._call([1, 2]) == 2
@@ -455,7 +456,7 @@ def test_training_stops_at_the_first_non_finite_loss_naming_step_and_questions(b
 def test_a_checkpoint_with_nan_weights_or_of_another_model_is_one_line(finished, tmp_path):
     from hydra.utils import instantiate
 
-    from mate_cli.runs import check_checkpoint_fits, load_run_config
+    from mate_cli.run.rebuild import check_checkpoint_fits, load_run_config
 
     ckpt = finished / "checkpoints" / "last.ckpt"
     model = instantiate(load_run_config(ckpt).model)
@@ -581,7 +582,7 @@ def test_report_lists_a_run_with_nan_metrics_as_failed(finished, tmp_path):
 
 
 def test_predict_takes_a_run_dir_as_eval_does(finished):
-    from mate_cli.runs import load_run_config, run_checkpoint
+    from mate_cli.run.rebuild import load_run_config, run_checkpoint
 
     assert run_checkpoint(finished) == finished / "checkpoints" / "best-epoch00-step2.ckpt"
     assert load_run_config(finished).experiment_name == "tabfact_mate"
@@ -593,7 +594,7 @@ def test_a_100k_character_question_is_shown_short_and_its_cut_is_said(finished, 
 
     from mate_cli.commands.predict import shown, warn_if_cut
     from mate_cli.modeling.checkpoints import load_tokenizer
-    from mate_cli.runs import TrainedRun, load_run_config
+    from mate_cli.run.rebuild import TrainedRun, load_run_config
 
     question = "which team scored most " * 4500  # about 100,000 characters
     assert shown(question).endswith(f"… ({len(question):,} characters)") and len(shown(question)) < 240
@@ -638,7 +639,7 @@ def test_a_run_that_is_still_training_is_not_resumed_beside_itself(tmp_path):
     is an flock on its own open lock file, which a second open file conflicts with in one process as across two."""
     import fcntl
 
-    from mate_cli.resume import resolve_resume_path
+    from mate_cli.run.resume import resolve_resume_path
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -660,7 +661,7 @@ def test_a_checkpoint_mate_cannot_resume_exactly_is_refused_or_resumed_saying_wh
     """Lightning 1.x's loop state is refused in one line (it ended in a KeyError traceback); a checkpoint without
     mate's resume state or without the schedule resumes with a warning naming what starts again, never with the
     "continues exactly" line (the losses and the learning rate said otherwise)."""
-    from mate_cli.resume import RESTORED
+    from mate_cli.run.resume import RESTORED
 
     data = torch.load(finished / "checkpoints" / "last.ckpt", weights_only=False)
     old = base / "lightning-1.5.ckpt"

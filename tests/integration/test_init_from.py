@@ -11,7 +11,7 @@ import pytest
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.table_qa import TableQAModule
 from mate_cli.modeling.checkpoints import load_weights_only
-from mate_cli.runs import init_weights_from, load_trained, run_checkpoint
+from mate_cli.run.rebuild import init_weights_from, load_trained, run_checkpoint
 from tests.inprocess import compose_command, run_command
 
 SQA = ["experiment=sqa_mate", "dataset.max_length=256", "logger=csv"]

@@ -199,7 +199,7 @@ def test_ckpt_path_last_finds_the_newest_run_of_the_experiment(runs, tmp_path):
     if runs["task"] != "train":
         pytest.skip("the train chain is enough: it is the same function for every command")
     from mate_cli.errors import MateError
-    from mate_cli.resume import resolve_resume_path
+    from mate_cli.run.resume import resolve_resume_path
 
     root = runs["killed"].parent  # the chain's three runs (the last resumption is the newest)
     assert resolve_resume_path("last", root, "hybridqa_mate") == str(runs["resumed"] / "checkpoints" / "last.ckpt")
@@ -245,7 +245,7 @@ def test_ckpt_path_last_takes_the_run_that_started_last_and_refuses_one_still_ru
     time zone sorts by when it ran. The newest run still running, or without last.ckpt yet, is refused in one line
     naming the one before it; the run that asks (this_run) is never its own candidate."""
     from mate_cli.errors import MateError
-    from mate_cli.resume import resolve_resume_path
+    from mate_cli.run.resume import resolve_resume_path
 
     def run(name: str, started: int, ckpt: bool = True) -> Path:
         folder = tmp_path / f"{name}-tabfact_mate-mate-x"
@@ -270,7 +270,7 @@ def test_ckpt_path_last_takes_the_run_that_started_last_and_refuses_one_still_ru
     (fresh / "checkpoints").mkdir()
     (fresh / "checkpoints" / "last.ckpt").write_bytes(b"")
     holder = subprocess.Popen(  # another mate process holds it: still running
-        [sys.executable, "-c", "import sys, time; from mate_cli import run_lock; run_lock.take(sys.argv[1]); "
+        [sys.executable, "-c", "import sys, time; from mate_cli.run import lock; lock.take(sys.argv[1]); "
          "print('held', flush=True); time.sleep(60)", str(fresh)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mate_cli.errors import MateError
-from mate_cli.run_targets import allowed_targets, checked_run_config
+from mate_cli.run.targets import allowed_targets, checked_run_config
 from tests.helpers import ALIAS_BOMB
 from tests.inprocess import run_captured
 
@@ -184,7 +184,7 @@ def tiny_run(root: Path, text: str) -> Path:
     ],
 )
 def test_a_run_config_file_is_read_as_data_with_limits(tmp_path, monkeypatch, text, named):
-    from mate_cli.runs import load_run_config
+    from mate_cli.run.rebuild import load_run_config
 
     calls = []
     OmegaConf.register_new_resolver("run_config_probe", lambda: calls.append(1) or "x", replace=True)
@@ -198,7 +198,7 @@ def test_a_run_config_file_is_read_as_data_with_limits(tmp_path, monkeypatch, te
 
 
 def test_a_run_config_file_holds_what_omegaconf_reads_from_it(tmp_path):
-    from mate_cli.yaml_data import read_yaml
+    from mate_cli.run.yaml_data import read_yaml
 
     path = tmp_path / "resolved_config.yaml"
     path.write_text("lr: 1e-3\nday: 2024-01-01\nname: '3'\nx: ${lr}\n")
@@ -207,7 +207,7 @@ def test_a_run_config_file_holds_what_omegaconf_reads_from_it(tmp_path):
 
 
 def test_an_oversized_run_config_is_refused_before_it_is_read(tmp_path):
-    from mate_cli.yaml_data import MAX_BYTES, read_yaml
+    from mate_cli.run.yaml_data import MAX_BYTES, read_yaml
 
     path = tmp_path / "resolved_config.yaml"
     with open(path, "wb") as handle:
@@ -217,7 +217,7 @@ def test_an_oversized_run_config_is_refused_before_it_is_read(tmp_path):
 
 
 def test_trust_lifts_the_interpolation_refusal_but_never_the_file_limits(tmp_path):
-    from mate_cli.runs import load_run_config
+    from mate_cli.run.rebuild import load_run_config
 
     text = f"a: 3\nmodel: {{_target_: {MODULES['table']}, lr: '${{a}}'}}\n"
     with pytest.raises(MateError, match="model.lr holds an interpolation.*pass trust_run_config=true"):
@@ -229,7 +229,7 @@ def test_trust_lifts_the_interpolation_refusal_but_never_the_file_limits(tmp_pat
 
 def test_report_and_the_override_check_pass_over_an_alias_bomb_at_once(tmp_path):
     """`mate report` lists the run as failed; the check of ``overrides`` leaves the file to the command."""
-    from mate_cli.config_check import check_run_patches
+    from mate_cli.config.check import check_run_patches
     from mate_cli.report.collect import load_run
 
     ckpt = tiny_run(tmp_path / "run", ALIAS_BOMB)
@@ -248,7 +248,7 @@ def test_mate_eval_of_an_alias_bomb_is_one_line_at_once(tmp_path):
 def test_a_run_dir_from_another_machine_caches_under_this_commands_cache_dir(tmp_path):
     """Its recorded ``paths.cache_dir`` is missing here: eval and PointR preprocess under this command's cache,
     not into a path they would create; on the run's own machine (the folder exists) its cache is reused."""
-    from mate_cli.runs import dataset_here, load_run_config
+    from mate_cli.run.rebuild import dataset_here, load_run_config
 
     elsewhere = tmp_path / "other_machine" / "cache"
     text = f"paths: {{cache_dir: {elsewhere}}}\ndataset: {{cache_dir: {elsewhere}/tabfact, task: tabfact}}\n"

@@ -140,7 +140,7 @@ def test_dot_trains_through_mate_train_named_in_the_papers_notation_with_its_npe
     """wtq_dot (column selection, the QA heads) on the bundled sample, in process; tabfact_dot runs in the slow test above."""
     from omegaconf import OmegaConf
 
-    from mate_cli.paths import dir_name
+    from mate_cli.run.naming import dir_name
 
     run = tmp_path / "run"
     metrics = run_command(

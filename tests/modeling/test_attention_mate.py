@@ -465,7 +465,7 @@ def test_the_earlier_global_part_stays_one_function_for_runs_trained_with_it():
     from omegaconf import OmegaConf
 
     from mate_cli.modeling.attention import mate_cpu_kernel
-    from mate_cli.runs import recorded_functions
+    from mate_cli.run.rebuild import recorded_functions
 
     layout = layout_from_cells([2], [[[2]] * 13])
     heads, dim, G, R = 2, 8, 10, 3

@@ -267,7 +267,7 @@ def test_mate_predict_answers_with_the_pruned_model_as_eval_does(tmp_path):
     from mate_cli.data.table_tasks import TaskCollator, encode_task_question, table_tokenizer
     from mate_cli.modeling.checkpoints import load_tokenizer
     from mate_cli.pipelines.table_task import predict_table_question, read_task_table
-    from mate_cli.runs import TrainedRun
+    from mate_cli.run.rebuild import TrainedRun
     from mate_cli.tasks import get as get_task
     from mate_cli.data.schema import Question
     from tests.integration.test_table_tasks import a_table_and_question

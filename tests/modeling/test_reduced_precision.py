@@ -157,7 +157,7 @@ def test_predict_and_pointr_run_under_the_precision_context_lightning_gives_eval
     trainer.precision (bf16 on CPU too), so they compute what `mate eval` computes."""
     import lightning as L
 
-    from mate_cli.runs import autocast
+    from mate_cli.run.rebuild import autocast
 
     trainer = L.Trainer(accelerator="cpu", precision=precision, logger=False, enable_progress_bar=False)
     plugin = trainer.precision_plugin  # as `mate eval`'s Trainer builds it (on CPU, 16-mixed becomes bf16-mixed)
@@ -170,7 +170,7 @@ def test_predict_and_pointr_run_under_the_precision_context_lightning_gives_eval
 
 def test_a_precision_that_converts_the_weights_is_refused_outside_a_trainer_in_one_line():
     from mate_cli.errors import MateError
-    from mate_cli.runs import autocast
+    from mate_cli.run.rebuild import autocast
 
     with pytest.raises(
         MateError, match=r"trainer.precision=bf16-true converts the weights.*use trainer.precision=bf16-mixed"

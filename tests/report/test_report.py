@@ -154,7 +154,7 @@ def tree(tmp_path_factory) -> dict[str, Path]:
 def mate_report(args: list[str], out: Path) -> subprocess.CompletedProcess:
     """`mate report <args>` (its own function on a config Hydra composes, in this process)
     into ``<out>/report/run``: its exit status, screen and stderr."""
-    from mate_cli.hydra_args import path_argument
+    from mate_cli.config.hydra_args import path_argument
 
     return run_captured("report", path_argument(args), out / "report" / "run")
 
@@ -374,7 +374,7 @@ def test_metric_choice_and_errors(tree):
 
 
 def test_a_bare_first_argument_is_the_path(tmp_path):
-    from mate_cli.hydra_args import path_argument
+    from mate_cli.config.hydra_args import path_argument
 
     job = tmp_path / "0-attention=sat,seed=1"
     job.mkdir()
@@ -514,7 +514,7 @@ def test_a_report_runs_again_into_its_own_dir_and_writes_report_md_last(tree, tm
     path='<dir>' Hydra recorded and refused the folder. One real report (its lock and .hydra as `mate` writes them),
     then the entry point's claim of the same command line, in this process. report.md comes last, so a report dir
     without it was stopped before the end."""
-    from mate_cli import run_lock
+    from mate_cli.run import lock as run_lock
     from mate_cli.cli import as_hydra_reads, claim_given_run_dir
     from tests.helpers import MATE, mate_env
 

@@ -20,13 +20,14 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from mate_cli import interrupts, run_lock
+from mate_cli.run import interrupts
+from mate_cli.run import lock as run_lock
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
 from mate_cli.lightning_internals import pending_log_row, training_loaders
-from mate_cli.paths import dir_name_start
-from mate_cli.yaml_data import read_run_config
+from mate_cli.run.naming import dir_name_start
+from mate_cli.run.yaml_data import read_run_config
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +287,7 @@ def changed_on_resume(cfg, resume: str) -> list[str]:
     file. An unreadable one is refused in one line, as :func:`continue_wandb_run` refuses it."""
     from omegaconf import OmegaConf
 
-    from mate_cli.config_schema import REFERENCE, ABSENT, dotted_keys, lookup
+    from mate_cli.config.schema import REFERENCE, ABSENT, dotted_keys, lookup
 
     config = run_dir_of(resume) / "resolved_config.yaml"
     if not config.is_file():

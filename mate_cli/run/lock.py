@@ -137,7 +137,7 @@ def existing_files(directory: Path) -> list[str]:
 
 def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
     """``(command, overrides)`` Hydra recorded in ``directory/.hydra`` (read as data with limits), or None."""
-    from mate_cli.yaml_data import read_yaml
+    from mate_cli.run.yaml_data import read_yaml
 
     files = directory / ".hydra" / "hydra.yaml", directory / ".hydra" / "overrides.yaml"
     try:

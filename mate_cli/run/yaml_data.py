@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import get_yaml_loader
 
 from mate_cli.errors import MateError
-from mate_cli.run_targets import walk
+from mate_cli.run.targets import walk
 
 #: the largest run-dir YAML file read, in bytes
 MAX_BYTES = 1_000_000

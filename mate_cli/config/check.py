@@ -1,6 +1,6 @@
 """The command line checked before anything loads: ``mate <command> <overrides>`` is composed with Hydra's compose
 API (no torch, no Lightning, no run dir), and every override, each value of a sweep and each option of a swept group,
-is checked against :mod:`mate_cli.config_schema`, as are the dotlists that patch a trained run's config
+is checked against :mod:`mate_cli.config.schema`, as are the dotlists that patch a trained run's config
 (``overrides=[...]``). The first problem is one line; ``mate`` prints it and exits with status 2.
 """
 
@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from mate_cli.config_schema import ABSENT, TRAINER_RESERVED, key_type, lookup, trainer_argument, trainer_problem
-from mate_cli.config_schema import type_problem, unknown_key
+from mate_cli.config.schema import ABSENT, TRAINER_RESERVED, key_type, lookup, trainer_argument, trainer_problem
+from mate_cli.config.schema import type_problem, unknown_key
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
-from mate_cli.yaml_data import read_yaml
+from mate_cli.run.yaml_data import read_yaml
 
 #: flags after which Hydra answers without running the task (help, completion, info), and flags that change which
 #: config is composed: the check leaves such a command line to Hydra
@@ -127,7 +127,7 @@ def _text(override, value: Any) -> str:
     elif isinstance(value, bool):
         shown = str(value).lower()
     elif isinstance(value, str):
-        from mate_cli.hydra_args import hydra_quote
+        from mate_cli.config.hydra_args import hydra_quote
 
         shown = value if re.fullmatch(r"[\w./:+-]+", value) else hydra_quote(value)
     else:
@@ -155,7 +155,7 @@ def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from mate_cli.paths import register_resolvers
+    from mate_cli.run.naming import register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()

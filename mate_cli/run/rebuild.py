@@ -14,18 +14,18 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mate_cli.config_check import check_dotlist
+from mate_cli.config.check import check_dotlist
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
-from mate_cli.run_targets import checked_run_config
-from mate_cli.yaml_data import read_run_config
+from mate_cli.run.targets import checked_run_config
+from mate_cli.run.yaml_data import read_run_config
 
 log = logging.getLogger(__name__)
 
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
     """The config of the run that wrote ``ckpt_path`` (``../../resolved_config.yaml``) with the dotlist ``overrides``
-    (checked against its keys and types) merged in, checked by :func:`mate_cli.run_targets.checked_run_config`;
+    (checked against its keys and types) merged in, checked by :func:`mate_cli.run.targets.checked_run_config`;
     ``trust``: ``trust_run_config``."""
     ckpt = check_checkpoint(run_checkpoint(ckpt_path))
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
@@ -85,7 +85,7 @@ def recorded_functions(cfg: DictConfig, config: Path) -> None:
 
 def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
     """The weights ``ckpt_path=`` names (docs/runs.md, "What ``ckpt_path=<run dir>`` means"): a file as it is; a run dir's
-    best checkpoint (its ``metrics.json``), else its ``last.ckpt``. Resuming: :mod:`mate_cli.resume`."""
+    best checkpoint (its ``metrics.json``), else its ``last.ckpt``. Resuming: :mod:`mate_cli.run.resume`."""
     path = Path(str(value)).expanduser()
     if not path.is_dir():
         return path
@@ -182,7 +182,7 @@ def read_state(path: Path, key: str, fix: str) -> tuple[dict, dict]:
 
 
 def refuse_non_finite(state: dict, path: Path, key: str) -> None:
-    from mate_cli.divergence import non_finite_tensors
+    from mate_cli.run.divergence import non_finite_tensors
 
     bad = non_finite_tensors(state)
     if bad:
@@ -195,9 +195,9 @@ def refuse_non_finite(state: dict, path: Path, key: str) -> None:
 
 def check_resume_state(path: Path, data: dict) -> None:
     """Refuse a checkpoint to resume from that lacks an optimiser state, was written by a Lightning before 2.0 (whose
-    loop state this one cannot read), or holds a damaged :class:`mate_cli.resume.ResumeState` (its RNG states are tried
-    on this process's generators, then put back). What a whole one may still lack: :func:`mate_cli.resume.unrestored`."""
-    from mate_cli.resume import STATE_KEY, rng_states, set_rng_states
+    loop state this one cannot read), or holds a damaged :class:`mate_cli.run.resume.ResumeState` (its RNG states are tried
+    on this process's generators, then put back). What a whole one may still lack: :func:`mate_cli.run.resume.unrestored`."""
+    from mate_cli.run.resume import STATE_KEY, rng_states, set_rng_states
 
     if not data.get("optimizer_states"):
         raise MateError(

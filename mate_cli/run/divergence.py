@@ -1,6 +1,6 @@
 """Non-finite numbers are never a silent result: :class:`StopOnNonFiniteLoss` stops training at the first non-finite
 loss, naming the step and question ids, with no weights updated by it (weights and checkpoints stay finite);
-checkpoints with non-finite weights are refused (:func:`mate_cli.runs.check_checkpoint_fits`);
+checkpoints with non-finite weights are refused (:func:`mate_cli.run.rebuild.check_checkpoint_fits`);
 :func:`non_finite_metrics` names what ``mate train``/``eval`` warn of and ``mate report`` counts as failed. Inputs
 beyond float32: :mod:`mate_cli.data.numbers`."""
 

@@ -6,7 +6,7 @@ the job through ``scontrol`` where it exists, and says so (:func:`requeue_note`)
 Inside ``trainer.fit`` the first signal only asks to stop: the batch finishes and a whole ``last.ckpt`` is saved
 (:class:`StopOnSignal`); in a validation during fit it stops at the next validation batch, unsaved. Elsewhere, and at
 a second signal, the command stops at once (every write is atomic). Workers signalled with the process group leave it
-to the main process (:func:`loader_worker_start`; preprocessing's: :mod:`mate_cli.data.preprocess`)."""
+to the main process (:mod:`mate_cli.data.workers`)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,7 @@ from pathlib import Path
 
 import lightning as L
 
-#: the signals handled (those this platform has), with the exit status of a command they stop
-SIGNALS = {
-    signum: 128 + signum
-    for signum in (
-        getattr(signal, name, None) for name in ("SIGHUP", "SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGXCPU")
-    )
-    if signum is not None
-}
+from mate_cli.data.workers import SIGNALS
 
 
 class Interrupted(Exception):
@@ -74,18 +67,6 @@ def saved(checkpoint: dict, path: str | Path) -> None:
         training.saved_step = int(checkpoint.get("global_step", 0))
 
 
-def loader_worker_start(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature
-    """``worker_init_fn`` of mate's ``DataLoader``s: end at SIGTERM with status 0, as torch's own handler's "killed by
-    signal" would fail the main process, and ignore the other :data:`SIGNALS` (the main process, signalled with its
-    group, finishes its batch and stops the workers)."""
-    for signum in SIGNALS:
-        signal.signal(signum, _end_worker if signum == signal.SIGTERM else signal.SIG_IGN)
-
-
-def _end_worker(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
-    os._exit(0)
-
-
 def cluster_plugins() -> list:
     """The Trainer plugins that leave signals to this module: under SLURM, Lightning's cluster environment without its
     own requeue (which wrote ``hpc_ckpt_*.ckpt`` into the working directory at SIGUSR1, for later runs to resume)."""
@@ -132,7 +113,7 @@ def interrupted(signum: int | None = None) -> Interrupted:
 
 class StopOnSignal(L.Callback):
     """A signal during ``trainer.fit``: finish the batch, save ``last.ckpt``, stop. Listed after
-    :class:`mate_cli.resume.ResumeState`, whose position in the epoch the save records; Lightning runs checkpoint
+    :class:`mate_cli.run.resume.ResumeState`, whose position in the epoch the save records; Lightning runs checkpoint
     callbacks last, so the save is at the same point of a step as an every-n-steps ``last.ckpt``."""
 
     def __init__(self, last_ckpt: str | Path) -> None:
