@@ -169,7 +169,7 @@ def check_one_mode(args: list[str]) -> str | None:
 def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:
     """Claim the ``hydra.run.dir=`` (``-m``: ``hydra.sweep.dir=``) given, before Hydra writes there
     (:func:`mate_cli.run.lock.claim`): ``(arguments to run, one-line problem or None)``. Default run dirs:
-    :func:`mate_cli.commands.common.run_task`."""
+    :func:`mate_cli.run.task.run_task`."""
     from mate_cli.run import lock as run_lock
 
     sweep = any(arg in args for arg in ("-m", "--multirun"))
@@ -221,10 +221,10 @@ def check_output_root(args: list[str]) -> str | None:
 
 def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:
     """Run ``app`` on ``sys.argv = [program, *args]``; the task gets ``[program, command, *args]``, the line Lightning's
-    DDP launcher re-executes for ranks > 0 (:data:`mate_cli.commands.common.COMMAND_LINE`)."""
-    from mate_cli.commands import common
+    DDP launcher re-executes for ranks > 0 (:data:`mate_cli.run.task.COMMAND_LINE`)."""
+    from mate_cli.run import task
 
-    common.COMMAND_LINE[:] = [program, command, *args]
+    task.COMMAND_LINE[:] = [program, command, *args]
     sys.argv = [program, *args]
     app()
 

@@ -95,7 +95,7 @@ def run_command(command: str, overrides: list[str], run_dir: Path):
         try:
             return task(cfg)
         except Exception as err:  # the one line run_task prints: the MateError anywhere in the chain
-            from mate_cli.commands.common import find_mate_error
+            from mate_cli.run.task import find_mate_error
 
             user_error = find_mate_error(err)
             if user_error is None or user_error is err:

@@ -10,7 +10,7 @@ import pytest
 from hydra.utils import instantiate
 
 from mate_cli import tasks
-from mate_cli.commands.common import find_mate_error
+from mate_cli.run.task import find_mate_error
 from mate_cli.errors import MateError
 from tests.inprocess import compose_command, run_command
 

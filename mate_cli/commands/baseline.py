@@ -7,7 +7,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mate_cli import tasks
-from mate_cli.commands.common import hydra_app, hydra_choices, print_metrics, quiet_third_party_logs, write_result
+from mate_cli.commands.common import hydra_app, print_metrics, quiet_third_party_logs, write_result
+from mate_cli.run.task import hydra_choices
 from mate_cli.errors import MateError
 
 

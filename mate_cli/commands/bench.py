@@ -15,7 +15,8 @@ from mate_cli.bench import report, runner, targets
 from mate_cli.bench.layouts import TableShape
 from mate_cli.bench.cases import LEVELS
 from mate_cli.bench.runner import Settings
-from mate_cli.commands.common import hydra_app, quiet_third_party_logs, run_dir
+from mate_cli.commands.common import hydra_app, quiet_third_party_logs
+from mate_cli.run.task import run_dir
 from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_json, atomic_write_text
 

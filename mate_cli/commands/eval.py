@@ -11,15 +11,8 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mate_cli.commands.common import (
-    first_results,
-    hydra_app,
-    log,
-    print_metrics,
-    quiet_third_party_logs,
-    run_dir,
-    write_result,
-)
+from mate_cli.commands.common import first_results, hydra_app, log, print_metrics, quiet_third_party_logs, write_result
+from mate_cli.run.task import run_dir
 from mate_cli.run.divergence import non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.run.interrupts import cluster_plugins

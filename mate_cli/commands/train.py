@@ -16,17 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 from torchmetrics import Metric
 
 from mate_cli.commands.common import (
-    command_overrides,
-    finish_wandb_run,
     first_results,
     hydra_app,
-    hydra_choices,
     instantiate_dict,
     log,
     print_metrics,
     quiet_third_party_logs,
-    run_dir,
 )
+from mate_cli.run.task import command_overrides, finish_wandb_run, hydra_choices, run_dir
 from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
 from mate_cli.run.divergence import StopOnNonFiniteLoss, non_finite_metrics

@@ -25,7 +25,7 @@ RESOLVED = "resolved_config.yaml"
 METRICS = "metrics.json"
 CSV_LOG = Path("csv") / "metrics.csv"
 HYDRA_DIR = ".hydra"
-#: what a failed run's dir holds (mate_cli.commands.common.FAILED_MARKER)
+#: what a failed run's dir holds (mate_cli.run.task.FAILED_MARKER)
 FAILED = "FAILED"
 
 OK, FAILED_STATUS, INCOMPLETE = "ok", "failed", "incomplete"

@@ -91,7 +91,7 @@ def test_each_example_once_splits_an_odd_split_without_repeats():
 def test_gpu_profile_without_gpu_is_one_line(profile, tmp_path):
     """The check `run_task` makes before any task starts, on the composed config (the entry
     point's one line and exit 2 for a `MateError` there: test_cli's entry point tests)."""
-    from mate_cli.commands.common import check_accelerator
+    from mate_cli.run.task import check_accelerator
     from mate_cli.errors import MateError
     from tests.inprocess import compose_command
 

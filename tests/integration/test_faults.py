@@ -268,7 +268,7 @@ def test_a_full_disk_anywhere_in_an_errors_chain_is_named_with_its_free_space(tm
     no full disk in its chain is none."""
     import errno
 
-    from mate_cli.commands.common import full_disk
+    from mate_cli.run.task import full_disk
 
     try:
         try:

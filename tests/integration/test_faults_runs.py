@@ -385,7 +385,7 @@ def test_an_error_that_is_no_users_fault_is_recorded_with_exit_status_1_and_rais
     not swallowed."""
     import logging
 
-    from mate_cli.commands.common import run_task
+    from mate_cli.run.task import run_task
     from tests.inprocess import compose_command
 
     run = tmp_path / "run"
