@@ -9,7 +9,7 @@ import torch
 from hydra.utils import instantiate
 
 from mate_cli.errors import MateError
-from tests.conf.test_compose import compose_train
+from tests.inprocess import compose_command
 
 #: experiment -> what its sequence-level head outputs, from the module's forward
 HEADS = {"tabfact_tapas": lambda out: out, "wtq_tapas": lambda out: out.aggregation_logits}
@@ -19,7 +19,7 @@ HEADS = {"tabfact_tapas": lambda out: out, "wtq_tapas": lambda out: out.aggregat
 def sample(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pooling")
     overrides = [f"experiment={request.param}", "dataset.max_length=128", "dataset.num_proc=1", "dataset.num_workers=0"]
-    datamodule = instantiate(compose_train(overrides, tmp).dataset, cache_dir=str(tmp / "cache"))
+    datamodule = instantiate(compose_command("train", overrides, tmp).dataset, cache_dir=str(tmp / "cache"))
     datamodule.prepare_data()
     datamodule.setup("fit")
     examples = [datamodule.datasets["train"][i] for i in range(4)]
@@ -29,7 +29,7 @@ def sample(request, tmp_path_factory):
 def build(sample, pooling: str):
     overrides, tmp, _, _, head = sample
     torch.manual_seed(0)
-    model = instantiate(compose_train([*overrides, f"model.pooling={pooling}"], tmp).model).eval()
+    model = instantiate(compose_command("train", [*overrides, f"model.pooling={pooling}"], tmp).model).eval()
     return lambda batch: head(model(batch)), model
 
 
