@@ -20,6 +20,7 @@ from torch import nn
 from mate_cli.data.graph import GraphBatch
 from mate_cli.lit_modules.cell_selection import CellSelectionModule
 from mate_cli.modeling.heads import masked_fill_invalid, pool_cells
+from mate_cli.errors import MateError
 from mate_cli.modeling.xh import HopLayers
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,11 @@ class GraphCellSelectionModule(CellSelectionModule):
         **extra,
     ) -> None:
         super().__init__(encoder, optimizer, scheduler, mml=mml, **extra)
+        if getattr(encoder, "compiled", None) is not None:  # the hop layers run the encoder's layers one by one
+            raise MateError(
+                "model.encoder.compile applies to the encoder's stack of layers, which Transformer-XH runs one layer "
+                "at a time with hop attention between them; set model.encoder.compile=false for model=xh"
+            )
         self.hop = HopLayers(encoder.config, hop_layers)
         if self.hop.hops and self.extra is None:
             # no cell score reads the last hop: kept (the paper's architecture), frozen (no decay, no DDP wait)

@@ -135,6 +135,24 @@ def compiled_stack(backend: str, mode: str | None) -> Callable[..., torch.Tensor
     return torch.compile(TableEncoder.run_stack, backend=backend, mode=mode, dynamic=True)
 
 
+#: ``torch.compile``'s modes (Inductor's)
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def check_compile_mode(backend: str, mode: str | None) -> None:
+    """``model.encoder.compile_mode``: one of :data:`COMPILE_MODES`, with Inductor only; else one line."""
+    if mode not in COMPILE_MODES:
+        raise MateError(
+            f"model.encoder.compile_mode={mode!r} is invalid; use null or one of "
+            + ", ".join(m for m in COMPILE_MODES if m)
+        )
+    if mode is not None and backend != "inductor":
+        raise MateError(
+            f"model.encoder.compile_mode={mode} is Inductor's, but model.encoder.compile={backend}; "
+            "set model.encoder.compile=true or model.encoder.compile_mode=null"
+        )
+
+
 def compile_backend(compile: bool | str) -> str:
     """``model.encoder.compile``'s value -> a ``torch.compile`` backend name, or one line naming the choices."""
     import torch._dynamo
@@ -217,6 +235,8 @@ class TableEncoder(nn.Module):
             if ".backend" not in name:  # a backend initialises its own parameters
                 self._init_weights(module)
         self.compiled = (compile_backend(compile), compile_mode) if compile else None
+        if self.compiled:
+            check_compile_mode(*self.compiled)
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LayerNorm."""

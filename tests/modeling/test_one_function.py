@@ -327,6 +327,15 @@ def test_a_compiled_encoder_is_the_same_function_and_compiles_once_for_every_len
         assert frames[1] == frames[2] == frames[0], frames
 
 
-def test_a_compile_setting_that_names_no_backend_is_one_line():
+def test_a_compile_setting_that_names_no_backend_or_mode_is_one_line():
+    config = tiny_encoder("dense", {}).config
     with pytest.raises(MateError, match=r"model.encoder.compile='nosuch' is invalid; use false, true \(Inductor\)"):
-        TableEncoder(tiny_encoder("dense", {}).config, "dense", compile="nosuch")
+        TableEncoder(config, "dense", compile="nosuch")
+    with pytest.raises(MateError, match=r"compile_mode='fastest' is invalid; use null or one of default, reduce-"):
+        TableEncoder(config, "dense", compile=True, compile_mode="fastest")
+    with pytest.raises(MateError, match=r"compile_mode=reduce-overhead is Inductor's, but model.encoder.compile=aot"):
+        TableEncoder(config, "dense", compile="aot_eager", compile_mode="reduce-overhead")
+    assert TableEncoder(config, "dense", compile=True, compile_mode="max-autotune").compiled == (
+        "inductor",
+        "max-autotune",
+    )

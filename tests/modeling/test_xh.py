@@ -176,3 +176,21 @@ def test_passage_evidence_reaches_the_cells_of_the_rows_that_link_it_through_two
         # earlier, a linked row's hub reads the passage and its cell tokens read the hub
         assert all((moved[r] > 1e-5) == reaches for r in linked), moved
         assert all(moved[r] == 0.0 for r in set(row_of) - linked)  # two edges away: needs a third hop layer
+
+
+def test_a_compiled_encoder_is_refused_for_transformer_xh(tmp_path):
+    """XH runs the encoder's layers one by one with hop attention between them: the compiled stack would be skipped
+    silently, so ``model.encoder.compile`` is refused in one line when the model is built."""
+    from hydra.utils import instantiate
+
+    from tests.inprocess import compose_command
+
+    from mate_cli.run.task import find_mate_error
+
+    cfg = compose_command("train", ["experiment=hybridqa_xh", "model.encoder.compile=aot_eager"], tmp_path)
+    with pytest.raises(Exception) as raised:  # Hydra's instantiate wraps it; the command prints the MateError's line
+        instantiate(cfg.model)
+    line = str(find_mate_error(raised.value))
+    assert "Transformer-XH runs one layer at a time" in line and line.endswith(
+        "set model.encoder.compile=false for model=xh"
+    )
