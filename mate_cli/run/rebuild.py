@@ -23,6 +23,11 @@ from mate_cli.run.yaml_data import read_run_config
 log = logging.getLogger(__name__)
 
 
+#: how a run's encoder ran, not what it computes: a rebuilt run (eval, predict, PointR) starts without them, as
+#: ``torch.compile`` needs a compiler the evaluating machine may lack; its ``overrides=`` may set them again
+HOW_IT_RAN = {"model.encoder.compile": False, "model.encoder.compile_mode": None}
+
+
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
     """The config of the run that wrote ``ckpt_path`` (``../../resolved_config.yaml``) with the dotlist ``overrides``
     (checked against its keys and types) merged in, checked by :func:`mate_cli.run.targets.checked_run_config`;
@@ -40,6 +45,9 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
         lift=" (if you wrote this config yourself, pass trust_run_config=true)",
     )
     recorded_functions(cfg, config)
+    for key, value in HOW_IT_RAN.items():  # before the overrides, which may set them again
+        if OmegaConf.select(cfg, key, default=None) not in (None, value):
+            OmegaConf.update(cfg, key, value)
     if overrides:
         check_dotlist(OmegaConf.to_container(cfg, resolve=False), list(overrides), "overrides", config)
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))

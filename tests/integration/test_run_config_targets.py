@@ -261,3 +261,16 @@ def test_a_run_dir_from_another_machine_caches_under_this_commands_cache_dir(tmp
     elsewhere.rmdir()  # an override elsewhere is kept
     assert dataset_here(cfg, str(tmp_path / "here")).cache_dir == f"{tmp_path}/mine"
     assert not (tmp_path / "here").exists() and not elsewhere.exists()
+
+
+def test_a_rebuilt_run_does_not_compile_unless_its_overrides_say_so(tmp_path):
+    """``model.encoder.compile`` says how training ran, not what the weights compute: eval, predict and PointR rebuild
+    the run without it (a machine without a compiler still evaluates it), unless ``overrides=`` sets it."""
+    from mate_cli.run.rebuild import load_run_config
+
+    text = "seed: 1\nmodel:\n  encoder:\n    compile: true\n    compile_mode: reduce-overhead\n"
+    ckpt = tiny_run(tmp_path.resolve(), text)
+    rebuilt = load_run_config(ckpt)
+    assert rebuilt.model.encoder.compile is False and rebuilt.model.encoder.compile_mode is None
+    asked = load_run_config(ckpt, ["model.encoder.compile=true"])
+    assert asked.model.encoder.compile is True
