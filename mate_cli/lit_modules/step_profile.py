@@ -4,12 +4,13 @@ After ``warmup`` steps (default 10: compilation, autotuning, the allocator's gro
 steps as they run: examples/s and real tokens/s, milliseconds a step, of which *between steps* (waiting for the
 loader's next batch, its copy to the device and Lightning's bookkeeping) and *in the step* (the host from the batch's
 start to its end: forward, backward, optimiser; on a GPU the host only enqueues, unless it waits), that host time split
-into its phases (``ms_host_forward``: the batch's start to the backward, the loss included; ``ms_host_backward``;
-``ms_host_optimizer``: the backward's end to the batch's end, clipping, the optimiser's step and the step's logging),
-the padding share and the peak memory. Then it watches ``N`` more steps: the host synchronisations of each step, split into the steps that
-log (``trainer.log_every_n_steps``, and an epoch's last step: the host reads the logged values there) and the others, and on CUDA the share of
-the wall time the GPU is busy (torch.profiler's device time over that window). The second window is separate because
-watching costs the host time.
+into its phases (``ms_host_forward``: the batch's start, other callbacks' batch-start work included, to the backward,
+the loss included; ``ms_host_backward``; ``ms_host_optimizer``: the backward's end to the batch's end, clipping and the
+optimiser's step; Lightning writes the step's logs after it, between steps), the padding share and the peak memory. Then it watches ``N`` more steps: the host synchronisations of each step, split into the steps that
+log (``trainer.log_every_n_steps``, and an epoch's last step: the host reads the logged values there) and the others, and on CUDA the GPU's
+work a step (torch.profiler's kernel, copy and fill time over that window, a sum: kernels overlapping on several
+streams count each) as ``gpu_ms_per_step``, and its share of the timed step (``gpu_busy_share``). The second window is
+separate because watching costs the host time (the profiler's own records included), which the share leaves out.
 
 Host synchronisations are counted on CUDA as ``torch.cuda.set_sync_debug_mode("warn")`` reports them, and on a CPU as
 reads of tensor values on the host: ``.item()``, ``bool()``, ``int()``, ``float()``, ``.tolist()``, ``.numpy()``,
@@ -252,7 +253,6 @@ class StepProfile(ExcludesValidation):
             self._profiler.__enter__()
         self._counter = SyncCounter(device)
         self._counter.start()
-        self._watch_start = time.perf_counter()
 
     def _finish_watching(self, pl_module) -> None:
         if self._counter is None:
@@ -260,13 +260,14 @@ class StepProfile(ExcludesValidation):
         self._counter.stop()
         self._counter = None
         self._sync(pl_module.device)
-        wall = time.perf_counter() - self._watch_start
         if self._profiler is not None:
             try:
                 self._profiler.__exit__(None, None, None)
                 events = self._profiler.key_averages()
-                busy_us = sum(map(device_time_us, events))
-                self.result["gpu_busy_share"] = busy_us / 1e6 / max(wall, 1e-9)
+                gpu_ms = sum(map(device_time_us, events)) / 1e3 / max(len(self._syncs), 1)
+                self.result["gpu_ms_per_step"] = gpu_ms
+                if self.result.get("ms_per_step"):  # against the timed steps: the watched ones are slowed by watching
+                    self.result["gpu_busy_share"] = gpu_ms / self.result["ms_per_step"]
                 if self.path is not None and pl_module.trainer.is_global_zero:
                     tables = [
                         events.table(sort_by=key, row_limit=30) for key in ("self_cpu_time_total", _device_sort(events))
