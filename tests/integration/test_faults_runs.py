@@ -320,7 +320,7 @@ def test_a_run_resumed_in_its_own_run_dir_keeps_its_earlier_csv_rows(trained, tm
 def test_a_signal_during_a_validation_stops_it_and_says_which_step_a_resume_starts_from(
     trained, tmp_path, signal_handlers
 ):
-    """A signal inside a validation during fit stops at the next validation batch, unsaved (README, "Resuming"):
+    """A signal inside a validation during fit stops at the next validation batch, unsaved (docs/runs.md, "Resuming"):
     the line says so, and which last.ckpt a resume would read, if any (a full-state best checkpoint is none)."""
     from mate_cli.run import interrupts
 

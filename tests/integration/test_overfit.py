@@ -38,7 +38,7 @@ CASES = {
     ),
     "SQA": ("train", ["experiment=sqa_mate", "dataset.max_length=256"], "train/accuracy", 0.95, 60),
     # model=mlm keeps MiniLM's absolute positions: with TAPAS's per-cell reset, masked one-word cells differ
-    # only by the row and column embeddings, which a BERT checkpoint lacks (README, "Debugging a model")
+    # only by the row and column embeddings, which a BERT checkpoint lacks (docs/debugging.md)
     "masked LM": ("pretrain", [], "train/mlm_accuracy", 0.95, 60),
     "DoT": (
         "train",
@@ -49,7 +49,7 @@ CASES = {
     ),
     "Transformer-XH": ("train", ["experiment=hybridqa_xh"], "train/hits@1", 0.95, 12),
     # hard EM trains the selection the prediction decodes; questions whose answer the 256-token cut removed
-    # cannot be answered (README, "Debugging a model")
+    # cannot be answered (docs/debugging.md)
     "WikiTQ, hard EM": (
         "train",
         [
@@ -73,8 +73,8 @@ CASES = {
 #: the cheap ones run in `make test`; the others take 1-5 minutes each (`make test-slow`)
 CHEAP = {"cell selection", "TabFact"}
 #: TAPAS's answer loss fits the expected result of a soft selection: on WikiTQ's first batch the loss falls
-#: while COUNT questions decode to no cell (README, "Debugging a model"); strict: this fails once TAPAS's own
-#: loss memorises the batch, and the README's account of it is then wrong
+#: while COUNT questions decode to no cell (docs/debugging.md); strict: this fails once TAPAS's own
+#: loss memorises the batch, and docs/debugging.md's account of it is then wrong
 KNOWN_GAPS = {"WikiTQ, TAPAS's expected result"}
 
 

@@ -7,7 +7,7 @@ its own first checkpoint; it is resumed with ``ckpt_path=last``. The chain must 
 uninterrupted run of the same seed ends: same step, same weights, same validation metrics,
 one W&B run, one CSV log. The epoch is 5 batches: the SIGTERM comes in epoch 0, the SIGKILL
 in epoch 1, so both resumptions start mid-epoch and the first crosses an epoch's end (and its
-validation). Neither stop falls on an epoch's last batch: see the README on resuming."""
+validation). Neither stop falls on an epoch's last batch: see docs/runs.md on resuming."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from tests.helpers import MATE, mate_env, run_mate, wandb_run_summary
 
 #: both loggers: the resumed runs continue the first run's W&B run and CSV log. The metrics
 #: compared are the validation at step 10 (the end of epoch 1), not the best checkpoint's: a
-#: resumed run chooses its best among its own validations (see the README on resuming).
+#: resumed run chooses its best among its own validations (see docs/runs.md on resuming).
 ARGS = [
     "train",
     "experiment=hybridqa_mate",
@@ -53,7 +53,7 @@ PRETRAIN_ARGS = [
     "trainer.log_every_n_steps=1",
     "trainer.val_check_interval=6",
     # no checkpoint at step 6: the kill right after one would come before that step's validation, which a resume
-    # does not run again (README, "Resuming": the first limit)
+    # does not run again (docs/runs.md, "Resuming": the first limit)
     "callbacks.model_checkpoint.every_n_train_steps=4",
 ]
 #: the validation metrics each command's resumed run must reproduce exactly
