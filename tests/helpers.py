@@ -221,3 +221,13 @@ SOURCES = {
     "sqa": str(REPO_ROOT / "data" / "sqa_sample"),
     "tabfact": str(REPO_ROOT / "data" / "tabfact_sample"),
 }
+
+
+def a_table_and_question(task: str) -> tuple[Path, str]:
+    """A bundled table file of ``task`` (sqa, wtq or tabfact) and a question or statement about it."""
+    data = REPO_ROOT / "data" / f"{task}_sample"
+    if task == "wtq":
+        return data / "csv" / "204-csv" / "106.csv", "how many rows are there?"
+    if task == "sqa":
+        return data / "table_csv" / "204_792.csv", "which players are listed?"
+    return data / "data" / "all_csv" / "2-18178534-1.html.csv", "the team win 3 game"

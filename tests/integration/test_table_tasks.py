@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from mate_cli.errors import MateError
-from tests.helpers import REPO_ROOT, mate_env, run_mate
+from tests.helpers import REPO_ROOT, a_table_and_question, mate_env, run_mate
 from tests.inprocess import run_command
 from tests.shared_runs import screen
 
@@ -51,15 +51,6 @@ def another_root(task: str, base: Path) -> tuple[Path, str, int]:
     chosen = dict(list(examples.items())[:4])
     (root / "tokenized_data" / "test_examples.json").write_text(json.dumps(chosen), encoding="utf-8")
     return root, "test_examples.json", sum(len(v[0]) for v in chosen.values())
-
-
-def a_table_and_question(task: str) -> tuple[Path, str]:
-    data = REPO_ROOT / "data" / f"{task}_sample"
-    if task == "wtq":
-        return data / "csv" / "204-csv" / "106.csv", "how many rows are there?"
-    if task == "sqa":
-        return data / "table_csv" / "204_792.csv", "which players are listed?"
-    return data / "data" / "all_csv" / "2-18178534-1.html.csv", "the team win 3 game"
 
 
 @pytest.mark.parametrize("task", ["sqa", "wtq", "tabfact"])

@@ -270,7 +270,7 @@ def test_mate_predict_answers_with_the_pruned_model_as_eval_does(tmp_path):
     from mate_cli.run.rebuild import TrainedRun
     from mate_cli.tasks import get as get_task
     from mate_cli.data.schema import Question
-    from tests.integration.test_table_tasks import a_table_and_question
+    from tests.helpers import a_table_and_question
 
     cfg = compose_command("train", ["experiment=wtq_dot", "model.dot.top_k=64"], tmp_path)
     torch.manual_seed(0)

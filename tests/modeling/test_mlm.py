@@ -10,7 +10,7 @@ import torch
 
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.mlm import MaskedLMHead, load_mlm_head, mlm_state_dict
-from tests.modeling.test_encoder_parity import VOCAB, table_batch
+from tests.modeling.table_batches import VOCAB, table_batch
 
 transformers = pytest.importorskip("transformers")
 log = logging.getLogger(__name__)

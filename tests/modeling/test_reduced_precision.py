@@ -28,7 +28,7 @@ from mate_cli.modeling.attention import REGISTRY
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.synthetic import filled_layout
-from tests.modeling.test_one_function import (
+from tests.modeling.backend_cases import (
     CONFIGS,
     HEAD_DIM,
     HEADS,

@@ -22,7 +22,7 @@ from mate_cli.lit_modules.table_qa import TableQAModule, aggregate_answer
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import TableLayout
 from mate_cli.modeling.tapas_heads import TapasHeadConfig, token_numeric_values
-from tests.modeling.test_encoder_parity import VOCAB, table_batch
+from tests.modeling.table_batches import VOCAB, table_batch
 
 transformers = pytest.importorskip("transformers")
 log = logging.getLogger(__name__)
