@@ -11,19 +11,24 @@ from tests.helpers import REPO_ROOT
 SCRIPT = REPO_ROOT / "tools" / "check_commits.sh"
 
 
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
 def commit(repo, message: str, date: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", message], check=True, env=env)
+    done = run(
+        *git, "commit", "-q", "--allow-empty", "-m", message, env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def check(repo) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COMMITS_SINCE": "2026-01-01T00:00:00Z"}
-    return subprocess.run(["bash", str(SCRIPT), str(repo)], capture_output=True, text=True, env=env)
+    return run("bash", str(SCRIPT), str(repo), env={"COMMITS_SINCE": "2026-01-01T00:00:00Z"})
 
 
 def test_long_subjects_and_bodies_without_a_blank_line_fail_after_the_rule_only(tmp_path):
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    assert run("git", "init", "-q", str(tmp_path)).returncode == 0
     commit(tmp_path, "x" * 200, "2025-06-01T00:00:00Z")  # before the rule: left alone
     commit(tmp_path, "A short subject\n\nThe body says why.", "2026-02-01T00:00:00Z")
     assert check(tmp_path).returncode == 0
