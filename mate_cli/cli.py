@@ -9,7 +9,15 @@ from pathlib import Path
 
 from mate_cli.config.check import check_command_line, trainer_overrides
 from mate_cli.errors import MateError
-from mate_cli.config.hydra_args import path_argument, quote_free_text
+from mate_cli.config.hydra_args import (
+    CFG_FLAGS,
+    COMPLETION_FLAGS,
+    HELP_FLAGS,
+    INFO_FLAGS,
+    MULTIRUN_FLAGS,
+    path_argument,
+    quote_free_text,
+)
 from mate_cli.paths import CONF_DIR, keep_tool_caches, output_root
 from mate_cli.silenced import silence
 
@@ -114,7 +122,7 @@ def fail(problem: str) -> int:
 
 
 #: Hydra's flags that print an answer (help, the composed config, its sources) and run no task
-NO_TASK_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i")
+NO_TASK_FLAGS = (*HELP_FLAGS, *CFG_FLAGS, *INFO_FLAGS)
 
 
 def answers_only(args: list[str]) -> bool:
@@ -160,8 +168,8 @@ def check_paths_on_one_line(args: list[str]) -> str | None:
 
 def check_one_mode(args: list[str]) -> str | None:
     """Hydra's modes exclude each other: ``-m`` with ``--cfg`` or ``--info`` (a traceback otherwise)."""
-    shown = [arg for arg in args if arg in ("--cfg", "-c", "--info", "-i")]
-    if shown and any(arg in ("-m", "--multirun") for arg in args):
+    shown = [arg for arg in args if arg in (*CFG_FLAGS, *INFO_FLAGS)]
+    if shown and any(arg in MULTIRUN_FLAGS for arg in args):
         return f"{shown[0]} shows the config of one run: drop -m and give each key one value"
     return None
 
@@ -172,7 +180,7 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
     :func:`mate_cli.run.task.run_task`."""
     from mate_cli.run import lock as run_lock
 
-    sweep = any(arg in args for arg in ("-m", "--multirun"))
+    sweep = any(arg in args for arg in MULTIRUN_FLAGS)
     key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="
     given = [arg for arg in args if arg.startswith(key)]
     if not given or "${" in given[-1]:
@@ -231,7 +239,6 @@ def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:
 
 # ------------------------------------------------------------------ shell completion
 #: Hydra's flag for shell completion (``-sc install=bash``, ``-sc query=bash``)
-COMPLETION_FLAGS = ("-sc", "--shell-completion")
 
 BASH_COMPLETION = r"""# bash completion for `mate` (install: eval "$(mate -sc install=bash)")
 _mate_completion()

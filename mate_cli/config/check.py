@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from mate_cli.config.hydra_args import COMPLETION_FLAGS, CONFIG_CHOICE_FLAGS, HELP_FLAGS, INFO_FLAGS
 from mate_cli.config.schema import ABSENT, TRAINER_RESERVED, key_type, lookup, trainer_argument, trainer_problem
 from mate_cli.config.schema import type_problem, unknown_key
 from mate_cli.errors import MateError
@@ -18,8 +19,7 @@ from mate_cli.run.yaml_data import read_yaml
 
 #: flags after which Hydra answers without running the task (help, completion, info), and flags that change which
 #: config is composed: the check leaves such a command line to Hydra
-LEFT_TO_HYDRA = ("--help", "-h", "--hydra-help", "--info", "-i", "-sc", "--shell-completion")
-LEFT_TO_HYDRA += ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+LEFT_TO_HYDRA = (*HELP_FLAGS, *INFO_FLAGS, *COMPLETION_FLAGS, *CONFIG_CHOICE_FLAGS)
 
 #: the nodes of a command's config whose ``overrides`` patch the run of their ``ckpt_path``
 RUN_PATCHES = ("", "stage1", "stage2")

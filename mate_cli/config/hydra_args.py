@@ -32,9 +32,16 @@ def quote_free_text(command: str, args: list[str]) -> list[str]:
     return out
 
 
+#: Hydra's own flags, by what they do: help; ``--info`` and ``--cfg`` answer with the composed config (the task does
+#: not run); shell completion; the flags that choose which config is composed; a sweep
+HELP_FLAGS = ("--help", "-h", "--hydra-help")
+INFO_FLAGS = ("--info", "-i")
+CFG_FLAGS = ("--cfg", "-c")
+COMPLETION_FLAGS = ("-sc", "--shell-completion")
+CONFIG_CHOICE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+MULTIRUN_FLAGS = ("-m", "--multirun")
 #: Hydra flags followed by a value (``--info``'s is optional: one of INFO_VALUES)
-VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
-               "-cd", "--experimental-rerun")  # fmt: skip
+VALUE_FLAGS = (*CFG_FLAGS, "--package", "-p", *CONFIG_CHOICE_FLAGS, "--experimental-rerun")
 INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
@@ -44,7 +51,7 @@ def path_argument(args: list[str]) -> list[str]:
     bare = []
     for i, arg in enumerate(args):
         before = args[i - 1] if i else ""
-        flag_value = before in VALUE_FLAGS or (before in ("--info", "-i") and arg in INFO_VALUES)
+        flag_value = before in VALUE_FLAGS or (before in INFO_FLAGS and arg in INFO_VALUES)
         if not arg.startswith("-") and not flag_value and ("=" not in arg or Path(arg).exists()):
             bare.append(i)
     if len(bare) > 1:
