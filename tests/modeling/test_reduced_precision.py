@@ -28,17 +28,7 @@ from mate_cli.modeling.attention import REGISTRY
 from mate_cli.modeling.config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.synthetic import filled_layout
-from tests.modeling.backend_cases import (
-    CONFIGS,
-    HEAD_DIM,
-    HEADS,
-    IDS,
-    OPTIONS,
-    case_id,
-    layer_layout,
-    make_backend,
-    stack,
-)
+from tests.modeling import backend_cases as cases
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +48,7 @@ CASE_IDS = [f"{device}-{str(dtype).removeprefix('torch.')}" for device, dtype in
 @functools.cache
 def batch_layout():
     """A padded batch of two realistic tables (|Q| > G, rows and columns longer than R)."""
-    return stack(
+    return cases.stack(
         filled_layout(320, query_tokens=20, columns=5, cell_tokens=8, seed=3),
         filled_layout(192, query_tokens=12, columns=4, cell_tokens=6, seed=4),
     )
@@ -77,13 +67,13 @@ def run(backend, layout, base, cot, dtype, device) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("device,dtype", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("name,options", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("name,options", cases.CONFIGS, ids=cases.IDS)
 def test_every_backend_under_autocast_stays_within_tolerance_of_float32(name, options, device, dtype):
-    backend = make_backend(name, options, 512)
-    layout = layer_layout(backend, batch_layout()).to(device)
+    backend = cases.make_backend(name, options, 512)
+    layout = cases.layer_layout(backend, batch_layout()).to(device)
     backend = backend.to(device)
     g = torch.Generator().manual_seed(0)
-    shape = (layout.batch_size, HEADS, layout.seq_len, HEAD_DIM)
+    shape = (layout.batch_size, cases.HEADS, layout.seq_len, cases.HEAD_DIM)
     base = [torch.randn(shape, generator=g) for _ in range(3)]
     cot = torch.randn(shape, generator=g)
     reference = run(backend, layout, base, cot, torch.float32, device)
@@ -106,7 +96,7 @@ ENCODER_CONFIGS = [
 
 
 @pytest.mark.parametrize("device,dtype", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("name,options", ENCODER_CONFIGS, ids=[case_id(*c) for c in ENCODER_CONFIGS])
+@pytest.mark.parametrize("name,options", ENCODER_CONFIGS, ids=[cases.case_id(*c) for c in ENCODER_CONFIGS])
 def test_training_steps_under_autocast_track_float32(name, options, device, dtype):
     layout = batch_layout().to(device)
     g = torch.Generator().manual_seed(1)
@@ -120,18 +110,18 @@ def test_training_steps_under_autocast_track_float32(name, options, device, dtyp
         torch.manual_seed(0)
         config = EncoderConfig(
             vocab_size=64,
-            hidden_size=HEADS * HEAD_DIM,
+            hidden_size=cases.HEADS * cases.HEAD_DIM,
             num_layers=2,
-            num_heads=HEADS,
+            num_heads=cases.HEADS,
             intermediate_size=64,
             max_position_embeddings=64,
             hidden_dropout=0.0,
             attention_dropout=0.0,
             reset_position_index_per_cell=True,
         )
-        model = TableEncoder(config, functools.partial(REGISTRY[name], **OPTIONS.get(name, {}), **options),
+        model = TableEncoder(config, functools.partial(REGISTRY[name], **cases.OPTIONS.get(name, {}), **options),
                              max_length=512).to(device).train()  # fmt: skip
-        head = torch.nn.Linear(HEADS * HEAD_DIM, 64).to(device)  # a token-classification head
+        head = torch.nn.Linear(cases.HEADS * cases.HEAD_DIM, 64).to(device)  # a token-classification head
         optimizer = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=1e-2)
         losses[run_dtype] = []
         for _ in range(4):
