@@ -1,6 +1,7 @@
 """Test-wide settings: offline everything, outputs and caches in temp dirs."""
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,26 @@ def pretrained_runs(tmp_path, monkeypatch):
             run / "encoder", tokenizer=load_tokenizer("minilm"), extra_state=mlm_state_dict(head), prefix="tapas."
         )
     monkeypatch.setenv("MATE_OUTPUT_DIR", str(tmp_path / "outputs"))
+
+
+@pytest.fixture(scope="module")
+def module_tmp(request, tmp_path_factory):
+    """``module_tmp(name)``: a new folder for a module-scoped fixture, removed once the module's
+    tests are done, unless one of them failed (kept, like a failed test's ``tmp_path``).
+
+    A module's runs hold checkpoints (hundreds of MB each); kept to the session's end, the
+    suite's folders outgrew the free disk of a CI machine."""
+    made: list[Path] = []
+    failed = request.session.testsfailed
+
+    def mktemp(name: str) -> Path:
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    yield mktemp
+    if request.session.testsfailed == failed:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -53,9 +53,9 @@ def mate_bench(overrides: dict, output_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
+def tiny_run(module_tmp) -> Path:
     """Over 20 s: `mate bench` measures every backend on its tiny grid."""
-    return mate_bench(TINY, tmp_path_factory.mktemp("bench"))
+    return mate_bench(TINY, module_tmp("bench"))
 
 
 def rows_of(run: Path) -> list[dict]:

@@ -24,8 +24,8 @@ def corpus():
 
 
 @pytest.fixture(scope="module")
-def datamodule(tmp_path_factory):
-    dm = PretrainDataModule(sources=SOURCES, cache_dir=str(tmp_path_factory.mktemp("cache")), batch_size=8)
+def datamodule(module_tmp):
+    dm = PretrainDataModule(sources=SOURCES, cache_dir=str(module_tmp("cache")), batch_size=8)
     dm.setup("fit")
     return dm
 

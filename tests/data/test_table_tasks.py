@@ -89,9 +89,9 @@ def sqa_questions(sqa) -> list[Question]:
 
 
 @pytest.fixture(scope="module")
-def datamodule(tmp_path_factory):
+def datamodule(module_tmp):
     """``datamodule(task, pruning="none", **extra)`` -> a set-up ("fit") TableTaskDataModule (memoised)."""
-    cache_dir = tmp_path_factory.mktemp("table_task_cache")
+    cache_dir = module_tmp("table_task_cache")
     built = {}
 
     def make(task: str, pruning: str = "none", **extra) -> TableTaskDataModule:

@@ -57,13 +57,13 @@ def only_run_dir(base: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def smoke(module_tmp) -> tuple[Path, subprocess.CompletedProcess]:
     """One smoke run; its stdout holds stdout and stderr interleaved, as a terminal shows them,
     written to a file as ``nohup mate train ... > log`` writes it.
 
     Over 20 s: a real `mate train` process, since what a terminal shows is the point.
     """
-    tmp = tmp_path_factory.mktemp("train")
+    tmp = module_tmp("train")
     env = mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home"))
     with open(tmp / "log", "w", encoding="utf-8") as log:
         proc = subprocess.run(
@@ -80,10 +80,10 @@ def trained_run(smoke) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sample_cache(tmp_path_factory) -> Path:
+def sample_cache(module_tmp) -> Path:
     """One preprocessing cache for this module's in-process runs on the HybridQA sample (its
     entries are keyed by what they were built from, so runs of other settings add their own)."""
-    return tmp_path_factory.mktemp("sample-cache")
+    return module_tmp("sample-cache")
 
 
 def test_the_run_dir_holds_every_log_and_its_files_are_readable(smoke, trained_run):

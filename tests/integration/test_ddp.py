@@ -32,9 +32,9 @@ DDP_RUN = [
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory):
+def ddp_run(module_tmp):
     """Over 20 s: a real two-process DDP run."""
-    tmp = tmp_path_factory.mktemp("ddp")
+    tmp = module_tmp("ddp")
     env = mate_env(tmp / "outputs", tmp / "cache", HOME=str(tmp / "home"))
     proc = run_mate(["train", *DDP_RUN], env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -43,8 +43,8 @@ def train_in_process(overrides: list[str], run: Path, cache: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("runs")
+def base(module_tmp) -> Path:
+    return module_tmp("runs")
 
 
 @pytest.fixture(scope="module")

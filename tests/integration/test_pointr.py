@@ -40,12 +40,12 @@ def run_printing(command: str, args: list[str], run: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def pointr_run(checkpoints, tmp_path_factory) -> tuple[Path, str]:
+def pointr_run(checkpoints, module_tmp) -> tuple[Path, str]:
     """One `mate pointr` run on the sample's validation tables, and what it printed.
 
     Over 20 s: PointR end to end on the sample's validation tables.
     """
-    run = tmp_path_factory.mktemp("pointr")
+    run = module_tmp("pointr")
     return run, run_printing(
         "pointr", [f"stage1.ckpt_path={checkpoints['stage1']}", f"stage2.ckpt_path={checkpoints['stage2']}"], run
     )

@@ -41,12 +41,12 @@ FINETUNE = [
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> dict:
+def pretrained(module_tmp) -> dict:
     """A short `mate pretrain` run (in process), where `mate pretrain` would put it under ``outputs``.
 
     Over 20 s: six steps of masked-LM pre-training and its held-out scoring.
     """
-    base = tmp_path_factory.mktemp("pretrain")
+    base = module_tmp("pretrain")
     run = base / "outputs" / "pretrain" / "2026-01-01_00-00-00-pretrain_mate-bucketed-bundled_tables-seed1-a1b2c3"
     metrics = run_command("pretrain", [*SHORT, f"dataset.cache_dir={base / 'cache'}"], run)
     assert json.loads((run / "metrics.json").read_text()) == metrics

@@ -160,9 +160,9 @@ def crash_and_resume(base: Path, args: list[str]) -> dict:
 @pytest.fixture(
     scope="module", params=[ARGS, pytest.param(PRETRAIN_ARGS, marks=pytest.mark.slow)], ids=lambda args: args[0]
 )
-def runs(request, tmp_path_factory) -> dict:
+def runs(request, module_tmp) -> dict:
     """Over 20 s: real processes, stopped and resumed twice, and an uninterrupted run beside them."""
-    return crash_and_resume(tmp_path_factory.mktemp(f"resume-{request.param[0]}"), request.param)
+    return crash_and_resume(module_tmp(f"resume-{request.param[0]}"), request.param)
 
 
 def test_each_stop_leaves_last_ckpt_mid_epoch(runs):

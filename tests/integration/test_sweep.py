@@ -64,10 +64,10 @@ def run_sweep(base: Path, kind: str) -> tuple[Path, list[Path], dict]:
 
 
 @pytest.fixture(scope="module", params=list(SWEEPS))
-def sweep(request, tmp_path_factory) -> dict:
+def sweep(request, module_tmp) -> dict:
     """Over 20 s: a real multirun (its launcher and W&B runs are the point); the heads
     ablation is then reported by a real `mate report`."""
-    base = tmp_path_factory.mktemp(request.param)
+    base = module_tmp(request.param)
     sweep_dir, jobs, env = run_sweep(base, request.param)
     runs = [wandb_run_summary(next(job.glob("wandb/offline-run-*/run-*.wandb"))) for job in jobs]
     found = {"kind": request.param, "base": base, "dir": sweep_dir, "jobs": jobs, "runs": runs}

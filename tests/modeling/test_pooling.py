@@ -16,8 +16,8 @@ HEADS = {"tabfact_tapas": lambda out: out, "wtq_tapas": lambda out: out.aggregat
 
 
 @pytest.fixture(scope="module", params=list(HEADS))
-def sample(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pooling")
+def sample(request, module_tmp):
+    tmp = module_tmp("pooling")
     overrides = [f"experiment={request.param}", "dataset.max_length=128", "dataset.num_proc=1", "dataset.num_workers=0"]
     datamodule = instantiate(compose_command("train", overrides, tmp).dataset, cache_dir=str(tmp / "cache"))
     datamodule.prepare_data()

@@ -146,8 +146,8 @@ def build_tree(outputs: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> dict[str, Path]:
-    outputs = tmp_path_factory.mktemp("runs") / "outputs"
+def tree(module_tmp) -> dict[str, Path]:
+    outputs = module_tmp("runs") / "outputs"
     return {"outputs": outputs, **build_tree(outputs)}
 
 
@@ -188,8 +188,8 @@ def table_line(stdout: str, *parts: str) -> str:
 
 # ------------------------------------------------------------------ the CLI
 @pytest.fixture(scope="module")
-def ablation_report(tree, tmp_path_factory):
-    out = tmp_path_factory.mktemp("report_out")
+def ablation_report(tree, module_tmp):
+    out = module_tmp("report_out")
     proc = mate_report([str(tree["ablation"])], out)  # a bare path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, report_dir(out)
