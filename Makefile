@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.mate-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install run test test-slow lint format coverage bench clean
+.PHONY: install run test test-slow lint parameter-types format coverage bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: install
 	$(PYTEST)
+
+# Rewrite mate_cli/config/parameter_types.py, the types the command-line check reads, from the
+# signatures of Lightning's Trainer and of every _target_ in conf/ (after changing one of them).
+parameter-types: install
+	$(BIN)/python -m mate_cli.config.signatures
 
 # ruff's lint and format checks (pyproject.toml [tool.ruff]) and the commit subjects' length
 # (tools/check_commits.sh); CI runs them before the tests.

@@ -39,8 +39,8 @@ def check_command_line(command: str, args: Sequence[str], conf_dir: Path = CONF_
                 tree = _compose(command, variant, conf_dir)
                 for override in values:
                     _check_value_override(command, override, tree, conf_dir)
-                first = trainer_overrides(command, [_first(override, conf_dir) for override in values])
-                check_run_patches(_compose(command, variant + first, conf_dir))
+                given = {o.key_or_group: _values(o, conf_dir)[0] for o in values if not o.is_delete()}
+                check_run_patches(tree, given)
             except MateError as err:
                 raise MateError(f"{context}{err}") from None
     except MateError as err:
@@ -215,13 +215,17 @@ def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path)
             raise MateError(problem)
 
 
-def check_run_patches(tree: Mapping) -> None:
-    """Each ``overrides`` list beside a ``ckpt_path`` checked against that run's config."""
+def check_run_patches(tree: Mapping, given: Mapping[str, Any] | None = None) -> None:
+    """Each ``overrides`` list beside a ``ckpt_path`` checked against that run's config; ``given``: the command line's
+    values by key (a sweep's first), which take the place of ``tree``'s."""
+    given = given or {}
     for node_key in RUN_PATCHES:
         node = lookup(tree, node_key) if node_key else tree
-        if not isinstance(node, Mapping) or not node.get("overrides"):
+        prefix = f"{node_key}." if node_key else ""
+        patches = given.get(f"{prefix}overrides", node.get("overrides") if isinstance(node, Mapping) else None)
+        if not isinstance(node, Mapping) or not patches:
             continue
-        ckpt = node.get("ckpt_path")
+        ckpt = given.get(f"{prefix}ckpt_path", node.get("ckpt_path"))
         if not isinstance(ckpt, str) or ckpt == "???" or "${" in ckpt:
             continue
         run_dir = Path(ckpt).expanduser()  # a run dir (its best checkpoint) or <run dir>/checkpoints/<name>.ckpt
@@ -232,7 +236,7 @@ def check_run_patches(tree: Mapping) -> None:
             run = read_yaml(config, "", interpolations=True)
         except MateError:  # an unreadable run config: the command names it itself
             continue
-        check_dotlist(run, list(node["overrides"]), f"{node_key + '.' if node_key else ''}overrides", config)
+        check_dotlist(run, list(patches), f"{prefix}overrides", config)
 
 
 def check_dotlist(run: Mapping, dotlist: Sequence[str], where: str, config: Path) -> None:

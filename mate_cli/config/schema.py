@@ -4,24 +4,21 @@ fills in its node's ``_target_``; its default's type (a string default takes any
 ``other.key``'s type). So the code's annotations are the config's types; ``tests/conf/test_schema.py`` fails on a key
 left untyped.
 
-Annotations are read from the installed source, parsed, not imported, so the command line is checked before torch and
-Lightning load (docs/architecture.md, "Folder map"). An annotation with a part this reader does not understand is
-``Any``, which says nothing: a Trainer argument then takes any value (Lightning has the last word), a ``_target_``'s
-parameter its default's type.
+The annotations come from :mod:`mate_cli.config.parameter_types`, a table written from the real signatures by
+:mod:`mate_cli.config.signatures`, so the command line is checked before torch and Lightning load (docs/architecture.md,
+"Folder map"). An annotation the table reduces to ``Any`` says nothing: a Trainer argument then takes any value
+(Lightning has the last word), a ``_target_``'s parameter its default's type.
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
-import importlib.util
 import re
 import types
 import typing
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Optional, Union
 
+from mate_cli.config.parameter_types import LIGHTNING, PARAMETER_TYPES
 from mate_cli.errors import MateError
 
 
@@ -53,11 +50,6 @@ TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
 TRAINER_COMMANDS = ("train", "pretrain", "eval", "pointr", "predict")  #: their ``trainer`` node goes to the Trainer
 TRAINER_RESERVED = ("callbacks", "logger", "plugins")  #: what `mate train`/`pretrain` build from their config groups
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")  #: a default that is one interpolation of another key
-
-#: the typing form of each annotation name this reader understands (a container's item types are dropped)
-_NAMES = {t.__name__: t for t in (int, float, str, bool, list, dict, tuple)}
-_NAMES.update(List=list, Dict=dict, Tuple=tuple, Sequence=list, Mapping=dict, Any=Any)
-_NAMES["None"] = type(None)  # a None constant
 
 #: the type a plain default gives its key, first match (a bool is not taken for an int)
 _DEFAULT_TYPES = ((bool, bool), (int, int), (float, float), (str, Union[str, int, float, bool]))
@@ -126,89 +118,25 @@ def type_of_default(default: Any) -> Any:
     return next((given for plain, given in _DEFAULT_TYPES if isinstance(default, plain)), UNTYPED)
 
 
-# ------------------------------------------------------------------ annotations, read from source
-def _union(args: list) -> Any:
-    return Any if Any in args else Union[tuple(args)]
-
-
-def annotation_type(node: ast.expr | None) -> Any:
-    """The typing form of a parsed annotation: builtins, ``Optional``, ``Union``, ``X | Y``, ``Literal`` and
-    containers (their item types dropped); ``Any`` for anything else, and for a union with such a part."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
-        try:
-            return annotation_type(ast.parse(node.value, mode="eval").body)
-        except SyntaxError:
-            return Any
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        return _union([annotation_type(node.left), annotation_type(node.right)])
-    head, items = (node.value, node.slice) if isinstance(node, ast.Subscript) else (node, None)
-    name = "None" if isinstance(head, ast.Constant) and head.value is None else getattr(head, "id", None)
-    items = items.elts if isinstance(items, ast.Tuple) else [items]
-    if name == "Literal" and head is not node:
-        return Literal[tuple(item.value for item in items if isinstance(item, ast.Constant))]
-    if name in ("Optional", "Union") and head is not node:
-        return _union([annotation_type(item) for item in items] + ([type(None)] if name == "Optional" else []))
-    return _NAMES.get(name, Any)
-
-
-def _source(module: str) -> Path | None:
-    """The installed file of the dotted ``module`` (``.py`` or a package's ``__init__.py``), not imported."""
-    parts = module.split(".")
-    try:
-        spec = importlib.util.find_spec(parts[0])  # a top-level package: found, not imported
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts[1:])
-    return next((file for file in (path.with_suffix(".py"), path / "__init__.py") if file.is_file()), None)
-
-
-def _definition(module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassDef | ast.FunctionDef | None]:
-    """The module defining ``name`` as seen from ``module`` (following ``from x import name``), and its definition."""
-    file = _source(module) if depth < 8 else None
-    try:
-        body = ast.parse(file.read_text(encoding="utf-8")).body if file else []
-    except (OSError, SyntaxError, UnicodeDecodeError):  # unreadable: its keys take their defaults' types
-        body = []
-    for node in body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
-            return module, node
-        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
-            original = next(a.name for a in node.names if (a.asname or a.name) == name)
-            package = module.split(".")  # a relative import counts from the package: a package's __init__ is its own
-            package = package[: len(package) - node.level + (file.name == "__init__.py")] if node.level else []
-            return _definition(".".join([*package, *([node.module] if node.module else [])]), original, depth + 1)
-    return module, None
-
-
-@lru_cache(maxsize=None)
+# ------------------------------------------------------------------ annotations, from the generated table
 def parameters(target: str) -> dict[str, Any] | None:
-    """``{argument: annotation}`` of the callable a ``_target_`` names (a class: its ``__init__``, with its bases'
-    where it passes ``**kwargs`` on; ``module.Class.method``); None where the source cannot be read."""
-    module, _, name = target.rpartition(".")
-    module, node = _definition(module, name) if module else (module, None)
-    if node is None and "." in module:  # a method
-        module, owner = _definition(*module.rsplit(".", 1))
-        node = next((n for n in getattr(owner, "body", []) if getattr(n, "name", None) == name), None)
-    found: dict[str, Any] = {}
-    if isinstance(node, ast.ClassDef):
-        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-        for base in (ast.unparse(b) for b in node.bases if init is None or init.args.kwarg):
-            found.update(parameters(base if "." in base else f"{module}.{base}") or {})
-        node = init
-    if isinstance(node, ast.FunctionDef):
-        args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
-        skip = 1 if args and args[0].arg in ("self", "cls") else 0
-        found.update({arg.arg: annotation_type(arg.annotation) for arg in args[skip:]})
-    return found or None
+    """``{argument: type}`` of the callable a ``_target_`` names (:mod:`mate_cli.config.parameter_types`); None for
+    a target ``conf/`` does not name, whose keys take their defaults' types."""
+    return PARAMETER_TYPES.get(target)
 
 
 def trainer_parameters() -> dict[str, Any]:
-    found = parameters(TRAINER)
-    if found is None:
-        raise MateError("lightning's Trainer was not found in its source; run `make install` (or pip install -e .)")
-    return found
+    return PARAMETER_TYPES[TRAINER]
+
+
+def lightning_differs() -> bool:
+    """Whether the installed Lightning is not the one the table describes: its Trainer may take other arguments."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lightning") != LIGHTNING
+    except PackageNotFoundError:
+        return True
 
 
 # ------------------------------------------------------------------ values against types
@@ -271,6 +199,8 @@ def trainer_problem(name: str, value: Any = ABSENT, reserved: tuple[str, ...] = 
         return f"trainer.{name} is set by mate itself; use the `{name}` config group instead"
     params = trainer_parameters()
     if name not in params:
+        if lightning_differs():  # an argument of a newer Lightning's Trainer: Lightning has the last word
+            return None
         close = close_matches(name, params)
         hint = f" (did you mean {', '.join('trainer.' + c for c in close)}?)" if close else ""
         return f"trainer.{name} is not a Lightning Trainer argument{hint}; see `lightning.Trainer` for the list"

@@ -4,17 +4,16 @@ wrong types and unknown keys with the closest key, in process (Hydra's compose A
 
 from __future__ import annotations
 
-import inspect
 import re
 import shlex
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal, Optional, Union
 
 import pytest
 from omegaconf import OmegaConf
 
 from mate_cli.config.check import check_command_line, check_dotlist
-from mate_cli.config.schema import DECLARED, UNTYPED, dotted_keys, key_type, lookup, parameters, trainer_parameters
+from mate_cli.config.schema import DECLARED, UNTYPED, dotted_keys, key_type, lookup, trainer_parameters
 from mate_cli.config.schema import trainer_argument, type_problem
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR, REPO_ROOT
@@ -89,32 +88,53 @@ def test_every_declared_key_exists_somewhere():
     assert set(DECLARED) - keys == set()
 
 
-def test_trainer_arguments_read_from_source_match_lightnings_signature():
-    import lightning as L
+def test_the_parameter_types_table_is_what_make_parameter_types_writes():
+    """The table the check reads is the real signatures': mate_cli's targets always, and the whole text (Lightning's
+    Trainer, torch's optimiser) where the installed Lightning is the one it was written from."""
+    import lightning
 
-    names = [n for n in inspect.signature(L.Trainer.__init__).parameters if n != "self"]
-    assert list(trainer_parameters()) == names
+    from mate_cli.config import signatures
+    from mate_cli.config.parameter_types import LIGHTNING, PARAMETER_TYPES
+
+    live = signatures.table()
+    ours = [target for target in live if target.startswith("mate_cli.")]
+    assert len(ours) > 20 and len(live["lightning.pytorch.trainer.trainer.Trainer"]) > 40
+    stale = "mate_cli/config/parameter_types.py is stale: run `make parameter-types`"
+    assert {t: PARAMETER_TYPES.get(t) for t in ours} == {t: live[t] for t in ours}, stale
+    if lightning.__version__ == LIGHTNING:
+        assert signatures.TABLE.read_text(encoding="utf-8") == signatures.render(live), stale
 
 
-def test_each_shipped_target_s_parameters_read_from_source_match_its_signature():
-    """The types of a target's keys come from its source, parsed: the parse finds every
-    named parameter the imported callable has (and its bases' where it passes **kwargs on)."""
-    from hydra.utils import get_object
+@pytest.mark.parametrize(
+    "annotation, form",
+    [
+        ("Optional[int]", Optional[int]),
+        ("int | str | None", Union[int, str, None]),
+        ("Union[Literal['a', 'b'], None]", Optional[Literal["a", "b"]]),
+        ("Sequence[int]", list),
+        ("Mapping[str, Path]", dict),
+        ("Union[str, Path]", Any),  # a class the check has no form for says nothing, so neither does the union
+        ("Path", Any),
+        ("Tuple[int, int]", tuple),
+    ],
+)
+def test_an_annotation_becomes_what_the_check_understands(annotation, form):
+    from pathlib import Path  # noqa: F401 - named by the annotations
+    from typing import Mapping, Sequence, Tuple  # noqa: F401
 
-    targets = {
-        value
-        for _, _, tree in every_composed_config()
-        for key in dotted_keys(tree)
-        if key.rsplit(".", 1)[-1] == "_target_" and "${" not in str(value := lookup(tree, key))
-    }
-    assert len(targets) > 25
-    for target in sorted(targets):
-        named = {
-            name
-            for name, p in inspect.signature(get_object(target)).parameters.items()
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and name not in ("self", "cls")
-        }
-        assert named <= set(parameters(target) or ()), target
+    from mate_cli.config.signatures import simplify, source
+
+    simple = simplify(eval(annotation))
+    assert simple == form and eval(source(simple)) == form
+
+
+def test_a_trainer_argument_of_another_lightning_is_left_to_lightning(monkeypatch):
+    from mate_cli.config import schema
+
+    assert "trainer.max_stepz is not a Lightning Trainer argument" in schema.trainer_problem("max_stepz")
+    monkeypatch.setattr(schema, "LIGHTNING", "0.0.1")  # the table was written from another Lightning
+    assert schema.trainer_problem("max_stepz") is None
+    assert "has the wrong type" in schema.trainer_problem("max_steps", "three")
 
 
 # ------------------------------------------------------------------ the command-line check
@@ -237,15 +257,18 @@ def test_a_run_dotlist_of_known_keys_passes(tmp_path):
     )
 
 
-def test_a_target_whose_source_cannot_be_read_leaves_its_keys_to_their_defaults(tmp_path, monkeypatch):
-    """A user's own `_target_` with a syntax error (or not installed): no types from it, no crash."""
-    (tmp_path / "broken_target_pkg").mkdir()
-    (tmp_path / "broken_target_pkg" / "__init__.py").write_text("class Model(:\n", encoding="utf-8")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert parameters("broken_target_pkg.Model") is None and parameters("not_installed_pkg.Model") is None
-    tree = {"model": {"_target_": "broken_target_pkg.Model", "width": 3}}
+def test_a_target_conf_does_not_name_leaves_its_keys_to_their_defaults():
+    """A user's own `_target_` is not in the table: its keys take their defaults' types, no crash."""
+    tree = {"model": {"_target_": "not_installed_pkg.Model", "width": 3}}
     assert key_type(tree, "model.width") is int
-    (tmp_path / "quoted_target_pkg").mkdir()
-    source = 'class Model:\n    def __init__(self, width: "int", depth: "list[") -> None: ...\n'
-    (tmp_path / "quoted_target_pkg" / "__init__.py").write_text(source, encoding="utf-8")
-    assert parameters("quoted_target_pkg.Model") == {"width": int, "depth": Any}
+
+
+def _a_target(width: int, depth: "NamedOnlyForTypeCheckers", *layers, scale: float = 1.0, **more): ...  # noqa: F821
+
+
+def test_a_signature_s_parameters_and_an_annotation_that_does_not_evaluate():
+    from mate_cli.config.signatures import parameters_of
+
+    assert parameters_of("tests.conf.test_schema._a_target") == {"width": int, "depth": Any, "scale": float}
+    # a class passing **kwargs on takes its bases' arguments too, its own first
+    assert {"quiet", "name", "save_dir", "offline"} <= set(parameters_of("mate_cli.wandb_logger.WandbLogger"))
