@@ -81,7 +81,7 @@ def test_the_graph_sees_function_local_and_relative_imports(tmp_path):
 
 #: the package's floors, bottom up (docs/architecture.md's map): a module imports its own floor's and lower ones only
 FLOORS = (
-    ("errors", "io", "console", "paths", "silenced", "tasks", "proc_memory", "lightning_internals", "wandb_logger"),
+    ("errors", "io", "console", "paths", "silenced", "tasks"),
     ("modeling", "data", "metrics"),
     ("lit_modules", "bench"),
     ("config", "run"),
@@ -124,7 +124,7 @@ def test_only_commands_and_cli_import_commands():
 
 def test_training_imports_nothing_of_the_bench():
     """Training, data and models never import ``mate bench`` (its measuring module probes libc in a subprocess at
-    import): what both need, the process's peak RSS, lives in mate_cli/proc_memory.py."""
+    import): what both need, the process's peak RSS, lives in mate_cli/lit_modules/proc_memory.py."""
     graph = import_graph()
 
     def reached(start: str) -> set[str]:

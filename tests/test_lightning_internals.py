@@ -1,5 +1,5 @@
 """The Lightning internals exact resumption and the sync-free training step read
-(:mod:`mate_cli.lightning_internals`), on a real Trainer: each test fails when an installed
+(:mod:`mate_cli.lit_modules.lightning_internals`), on a real Trainer: each test fails when an installed
 Lightning moves one of them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import csv
 
 from lightning.pytorch.loggers import CSVLogger
 
-from mate_cli.lightning_internals import is_log_step, pending_log_row, training_loaders
+from mate_cli.lit_modules.lightning_internals import is_log_step, pending_log_row, training_loaders
 
 
 class Tiny(L.LightningModule):

@@ -14,7 +14,7 @@ import time
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar as _RichProgressBar
 
-from mate_cli.lightning_internals import is_log_step
+from mate_cli.lit_modules.lightning_internals import is_log_step
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mate_cli.io import atomic_write_json, atomic_write_text
-from mate_cli.lightning_internals import is_log_step
+from mate_cli.lit_modules.lightning_internals import is_log_step
 from mate_cli.lit_modules.throughput import ExcludesValidation, peak_memory_mb, reset_peak_memory
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from torchmetrics import SumMetric
 from mate_cli import tasks
 from mate_cli.data.schema import TaskBatch
 from mate_cli.errors import MateError
-from mate_cli.lightning_internals import is_log_step
+from mate_cli.lit_modules.lightning_internals import is_log_step
 from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.metrics.sqa import SequenceAccuracy, sequence_key
 from mate_cli.metrics.wtq import denotation_correct

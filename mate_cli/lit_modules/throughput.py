@@ -17,7 +17,7 @@ import time
 import lightning as L
 import torch
 
-from mate_cli.proc_memory import reset_peak_rss, status_kb
+from mate_cli.lit_modules.proc_memory import reset_peak_rss, status_kb
 
 
 def reset_peak_memory(device: torch.device) -> None:

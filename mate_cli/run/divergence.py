@@ -13,7 +13,7 @@ import lightning as L
 import torch
 
 from mate_cli.errors import MateError
-from mate_cli.lightning_internals import is_log_step
+from mate_cli.lit_modules.lightning_internals import is_log_step
 
 
 def non_finite_tensors(state: Mapping[str, object]) -> list[str]:

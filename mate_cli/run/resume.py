@@ -25,7 +25,7 @@ from mate_cli.run import lock as run_lock
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
-from mate_cli.lightning_internals import pending_log_row, training_loaders
+from mate_cli.lit_modules.lightning_internals import pending_log_row, training_loaders
 from mate_cli.run.naming import dir_name_start
 from mate_cli.run.yaml_data import read_run_config
 

@@ -21,6 +21,9 @@ TARGET = "_target_"
 
 #: targets that earlier versions of ``conf/`` named and run dirs written then still hold (each still importable)
 FORMER_TARGETS = frozenset({"lightning.pytorch.callbacks.RichProgressBar"})
+#: targets that earlier versions of ``conf/`` named by a module path that has moved since: a run dir written then is
+#: read with the current name
+RENAMED_TARGETS = {"mate_cli.wandb_logger.WandbLogger": "mate_cli.lit_modules.wandb_logger.WandbLogger"}
 
 
 def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -49,11 +52,20 @@ def allowed_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
     return frozenset(found | FORMER_TARGETS)
 
 
+def current_names(node: Any) -> Any:
+    """A plain config with every ``_target_`` of :data:`RENAMED_TARGETS` under its current name."""
+    if isinstance(node, dict):
+        return {key: RENAMED_TARGETS.get(value, value) if key == TARGET and isinstance(value, str)
+                else current_names(value) for key, value in node.items()}  # fmt: skip
+    return [current_names(value) for value in node] if isinstance(node, list) else node
+
+
 def checked_run_config(cfg: DictConfig, source: Path, trust: bool = False) -> DictConfig:
-    """``cfg`` resolved, once every ``_target_`` is one of :func:`allowed_targets` and no value is an interpolation
+    """``cfg`` resolved, moved targets under their current names (:data:`RENAMED_TARGETS`), once every ``_target_``
+    is one of :func:`allowed_targets` and no value is an interpolation
     (``trust``: ``cfg`` itself, with a warning); else one ``MateError`` line naming ``source`` and the first refusal."""
     try:
-        plain = OmegaConf.to_container(cfg, resolve=True)
+        plain = current_names(OmegaConf.to_container(cfg, resolve=True))
     except Exception as err:  # an interpolation that does not resolve: the run dir's file is broken
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise MateError(

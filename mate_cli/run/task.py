@@ -72,7 +72,7 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
 
 def finish_wandb_run(exit_code: int | None = None) -> Path | None:
     """Close this job's W&B run, if one ran, recording ``exit_code``, and return its folder; closing releases its id
-    in a shared ``WANDB_SERVICE`` so it can be resumed at once (:mod:`mate_cli.wandb_logger`)."""
+    in a shared ``WANDB_SERVICE`` so it can be resumed at once (:mod:`mate_cli.lit_modules.wandb_logger`)."""
     wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran (logger=csv)
     if wandb is None or wandb.run is None:
         return None

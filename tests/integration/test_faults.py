@@ -217,7 +217,7 @@ def test_a_run_id_a_shared_wandb_service_still_holds_after_a_kill_is_one_line(tm
 
     import wandb
 
-    from mate_cli.wandb_logger import WandbLogger
+    from mate_cli.lit_modules.wandb_logger import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))

@@ -103,6 +103,27 @@ def test_trusting_the_run_config_runs_what_it_names(tmp_path):
 
 
 # ------------------------------------------------------------------ the check itself
+#: a run config `mate train experiment=hybridqa_mate` resolved at commit 5702f2f (its paths moved to a home folder),
+#: and every `_target_` conf/ named then
+WRITTEN_AT_5702F2F = Path(__file__).parent / "run_5702f2f"
+
+
+def test_a_run_config_written_at_5702f2f_is_allowed_and_every_target_it_or_its_conf_named_resolves():
+    from hydra.utils import get_object
+
+    from mate_cli.run.targets import RENAMED_TARGETS, walk_targets
+
+    config = WRITTEN_AT_5702F2F / "resolved_config.yaml"
+    built = OmegaConf.to_container(checked_run_config(OmegaConf.load(config), config))
+    targets = [value for _, value in walk_targets(built)]
+    assert "mate_cli.lit_modules.wandb_logger.WandbLogger" in targets and len(targets) == 15
+    then = (WRITTEN_AT_5702F2F / "conf_targets.txt").read_text(encoding="utf-8").split()
+    assert len(then) == 29 and "mate_cli.wandb_logger.WandbLogger" in then
+    for target in [*targets, *(RENAMED_TARGETS.get(t, t) for t in then)]:
+        assert target in allowed_targets(), target
+        get_object(target)  # imports
+
+
 def test_the_allowed_targets_are_what_the_shipped_configs_name():
     allowed = allowed_targets()
     assert {"torch.optim.AdamW", "lightning.pytorch.callbacks.ModelCheckpoint", *MODULES.values(),
