@@ -80,10 +80,10 @@ def source(annotation: Any) -> str:
     if annotation is Any or annotation is type(None):
         return "Any" if annotation is Any else "None"
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is Union:
-        return f"Union[{', '.join(map(source, args))}]"
-    if origin is Literal:
-        return f"Literal[{', '.join(map(repr, args))}]"
+    if origin is Union:  # in a fixed order: typing caches equal unions, so their order is whichever came first
+        return f"Union[{', '.join(sorted(map(source, args), key=lambda text: (text == 'None', text)))}]"
+    if origin is Literal:  # the same: equal literals are cached too
+        return f"Literal[{', '.join(sorted(map(repr, args)))}]"
     return annotation.__name__
 
 

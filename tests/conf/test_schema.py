@@ -128,6 +128,14 @@ def test_an_annotation_becomes_what_the_check_understands(annotation, form):
     assert simple == form and eval(source(simple)) == form
 
 
+def test_the_table_s_text_does_not_depend_on_which_equal_union_was_made_first():
+    from mate_cli.config.signatures import source
+
+    first, second = Union[float, int, None], Union[int, float, None]  # equal: typing hands back the first's order
+    assert source(first) == source(second) == "Union[float, int, None]"
+    assert source(Literal["zero", "normal"]) == "Literal['normal', 'zero']"
+
+
 def test_a_trainer_argument_of_another_lightning_is_left_to_lightning(monkeypatch):
     from mate_cli.config import schema
 
