@@ -61,23 +61,6 @@ def usage() -> str:
     return USAGE.format(commands=lines)
 
 
-def check_group_choices(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
-    """The one-line error for ``group=option`` naming an option that does not exist, else None."""
-    for arg in args:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, _, value = arg.partition("=")
-        group = key.lstrip("+~").split("@")[0].replace(".", "/")
-        folder = conf_dir / group
-        if group.startswith("hydra") or not folder.is_dir() or value in ("", "null"):  # hydra/*: plugins add options
-            continue
-        options = sorted(p.stem for p in folder.glob("*.yaml"))
-        for choice in value.split(","):
-            if choice not in options:
-                return f"{key}={choice} is not a config option; choose one of: {', '.join(options)}"
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     program = sys.argv[0]
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -148,8 +131,7 @@ def answer_only_app(command: str):
 def checked_command_line(command: str, args: list[str]) -> tuple[list[str], str | None]:
     """``args`` with free text quoted for Hydra, and the one-line problem in them, if any."""
     args = quote_free_text(command, list(args))
-    problem = check_paths_on_one_line(args) or check_group_choices(args)
-    return args, problem or check_command_line(command, args) or check_one_mode(args)
+    return args, check_paths_on_one_line(args) or check_command_line(command, args) or check_one_mode(args)
 
 
 #: the overrides that name folders mate creates (or whose files it writes)

@@ -41,11 +41,17 @@ def check_command_line(command: str, args: Sequence[str], conf_dir: Path = CONF_
                     _check_value_override(command, override, tree, conf_dir)
                 given = {o.key_or_group: _values(o, conf_dir)[0] for o in values if not o.is_delete()}
                 check_run_patches(tree, given)
+            except NoSuchOption:
+                raise
             except MateError as err:
                 raise MateError(f"{context}{err}") from None
     except MateError as err:
         return str(err)
     return None
+
+
+class NoSuchOption(MateError):
+    """A group option that does not exist: its line names the option, so no sweep context goes before it."""
 
 
 # ------------------------------------------------------------------ parsing and composing
@@ -153,6 +159,7 @@ def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
     """The command's config with ``overrides``, as a plain unresolved container."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import MissingConfigException
     from omegaconf import OmegaConf
 
     from mate_cli.run.naming import register_resolvers
@@ -162,6 +169,15 @@ def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name=command):
             cfg = compose(config_name=command, overrides=overrides)
+    except MissingConfigException as err:  # Hydra lists a group's options over several lines: one line here
+        group, _, choice = (err.missing_cfg_file or "").rpartition("/")
+        if not group or not err.options:
+            raise MateError(f"{str(err).splitlines()[0]}; see `mate {command} --help` for the config groups") from None
+        keys = [o.partition("=")[0] for o in overrides]
+        typed = [key for key in keys if key.lstrip("+~").split("@")[0].replace(".", "/") == group]
+        raise NoSuchOption(
+            f"{typed[0] if typed else group}={choice} is not a config option; choose one of: {', '.join(err.options)}"
+        ) from None
     except Exception as err:  # noqa: BLE001 - Hydra's composition errors, several kinds, several lines
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         group = re.match(

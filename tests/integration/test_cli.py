@@ -388,11 +388,20 @@ def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path, sample_cac
 
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(
-    "choice, options", [("experiment=nope", ["hybridqa_mate"]), ("attention=nope", ["mate", "dense"])]
+    "choice, named, options",
+    [
+        ("experiment=nope", "experiment=nope", ["hybridqa_mate"]),
+        ("attention=nope", "attention=nope", ["mate", "dense"]),
+        ("+debug=nope", "+debug=nope", ["overfit", "limit"]),  # an option the command's defaults do not hold
+        ("model/encoder=nope", "model/encoder=nope", ["pretrained"]),  # a group inside another group's option
+        ("attention=mate,dense,nope", "attention=nope", ["mate", "dense"]),  # a sweep's: no context before it
+    ],
 )
-def test_an_unknown_group_choice_lists_the_options(choice, options, capsys, monkeypatch):
-    code, _, err = main_before_hydra(["train", choice], capsys, monkeypatch)
-    assert code == 2 and err.startswith(f"mate: error: {choice}") and all(option in err for option in options), err
+def test_an_unknown_group_choice_lists_the_options(choice, named, options, capsys, monkeypatch):
+    """Hydra's own error lists the options over several lines; mate says it in one."""
+    code, _, err = main_before_hydra(["train", "-m", choice], capsys, monkeypatch)
+    assert code == 2 and err.startswith(f"mate: error: {named} is not a config option; choose one of: "), err
+    assert all(option in err for option in options) and err.count("\n") == 1, err
 
 
 def test_missing_dataset_root_is_one_line_naming_override(tmp_path):
