@@ -27,7 +27,10 @@
 #                     synchronisations a step (needs the full releases: `make gpu-data GPU_DATA=<folder>`)
 #     e2e_buckets (200) the same for TabFact and WikiTQ with dataset.bucket_by_length=true
 #     e2e_pad   (200) the same for TabFact and WikiTQ with dataset.pad_to_multiple_of=64
-# The e2e steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets" (e2e took
+#     learn     (540) the table tasks learned, MATE against dense (tools/learn.sh; the releases too): runs in
+#                     outputs/learn, which a warm machine keeps, so the next call resumes what the budget cut;
+#                     learn.md and learn_runs.tar.gz copied into $GPU_OUT
+# The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets" (e2e took
 # 305 s on an H200, preprocessing on its 16 cores included; the other two reuse its caches, within their limits).
 # About 25 minutes at most with every other step; for a shorter run choose steps, e.g.
 # GPU_STEPS="kernel split encoder tests host_sync" (9 minutes at most, and the install). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
@@ -93,6 +96,13 @@ step_e2e_buckets() {
 step_e2e_pad() {
   E2E_OUT="$out/e2e_pad" E2E_TASKS="tabfact wtq" E2E_ARGS="dataset.pad_to_multiple_of=64" PYTHON="$py" bash tools/e2e.sh
 }
+step_learn() {
+  local runs="${LEARN_OUT:-outputs/learn}"
+  LEARN_OUT="$runs" LEARN_DATA="${LEARN_DATA:-${E2E_DATA:-}}" PYTHON="$py" bash tools/learn.sh
+  local rc=$?
+  cp "$runs/learn.md" "$runs/learn_runs.tar.gz" "$out/" 2>/dev/null
+  return "$rc"
+}
 step_auto() {
   local dtype
   for dtype in float32 float16; do
@@ -108,7 +118,7 @@ step_auto() {
 }
 
 declare -A limit=([kernel]=150 [split]=90 [tiles]=90 [tests]=150 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
-                  [anchors]=120 [auto]=420 [e2e]=420 [e2e_buckets]=200 [e2e_pad]=200)
+                  [anchors]=120 [auto]=420 [e2e]=420 [e2e_buckets]=200 [e2e_pad]=200 [learn]=540)
 start=$(date +%s)
 status=0
 : >"$out/steps.txt"

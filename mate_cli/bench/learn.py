@@ -1,0 +1,103 @@
+"""The table of ``tools/learn.sh``: ``python -m mate_cli.bench.learn <folder>`` reads each ``<task>_<attention>_s<seed>/``
+run dir (its ``metrics.json`` once complete, else the last validation of its CSV log) and ``baseline_<task>/``, and
+prints one Markdown row per task and attention: the dev accuracy of each seed, their median and range, the trivial
+baselines beside them, examples/s and the minutes each run took (all its calls)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import statistics
+from pathlib import Path
+
+RUN = re.compile(r"^(?P<task>[a-z]+)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")
+METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its per-question accuracy)
+
+
+def last_logged(run: Path, key: str) -> float | None:
+    """The last value of ``key`` in the run's CSV log (a run the budget cut before its end)."""
+    path = run / "csv" / "metrics.csv"
+    if not path.is_file():
+        return None
+    with open(path, encoding="utf-8", newline="") as handle:
+        values = [row[key] for row in csv.DictReader(handle) if row.get(key)]
+    return float(values[-1]) if values else None
+
+
+def run_row(run: Path) -> dict:
+    """What one run dir says: complete or not, its dev accuracy, examples/s, minutes."""
+    metrics_file = run / "metrics.json"
+    metrics = json.loads(metrics_file.read_text(encoding="utf-8")) if metrics_file.is_file() else {}
+    seconds = run.parent / f"{run.name}.seconds"
+    calls = [int(line) for line in seconds.read_text().split()] if seconds.is_file() else []
+    return {
+        "complete": bool(metrics),
+        "accuracy": metrics.get(METRIC, last_logged(run, METRIC)),
+        "examples_per_s": metrics.get("perf/examples_per_s", last_logged(run, "perf/examples_per_s")),
+        "minutes": sum(calls) / 60 if calls else None,
+        "calls": len(calls),
+    }
+
+
+def runs(folder: Path) -> dict[tuple[str, str], dict[int, dict]]:
+    """``{(task, attention): {seed: run row}}`` of every run dir in ``folder``."""
+    found: dict[tuple[str, str], dict[int, dict]] = {}
+    for run in sorted(path for path in Path(folder).iterdir() if path.is_dir()):
+        name = RUN.match(run.name)
+        if name and (run / "resolved_config.yaml").is_file():
+            found.setdefault((name["task"], name["attention"]), {})[int(name["seed"])] = run_row(run)
+    return found
+
+
+def baselines(folder: Path, task: str) -> str:
+    """The task's trivial baselines (``mate baseline``) as one cell."""
+    path = Path(folder) / f"baseline_{task}" / "metrics.json"
+    if not path.is_file():
+        return "-"
+    metrics = json.loads(path.read_text(encoding="utf-8"))
+    cells = [f"{metrics[METRIC]:.3f} ({metrics['rule']})"] if METRIC in metrics else []
+    if "val/accuracy_statement_only" in metrics:
+        cells.append(f"{metrics['val/accuracy_statement_only']:.3f} (statement only)")
+    return "; ".join(cells) or "-"
+
+
+def _number(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
+
+
+def table(folder: Path) -> str:
+    header = ["task", "attention", "dev accuracy by seed", "median", "range", "trivial baselines", "examples/s",
+              "minutes a run"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---|---:|---:|---|---:|---:|"]
+    for (task, attention), seeds in runs(folder).items():
+        scores = [row["accuracy"] for row in seeds.values() if row["accuracy"] is not None]
+        by_seed = ", ".join(
+            f"{seed}: {_number(row['accuracy'], '{:.3f}')}{'' if row['complete'] else ' (not complete)'}"
+            for seed, row in seeds.items()
+        )
+        speeds = [row["examples_per_s"] for row in seeds.values() if row["examples_per_s"] is not None]
+        minutes = [row["minutes"] for row in seeds.values() if row["minutes"] is not None]
+        cells = [
+            task,
+            attention,
+            by_seed,
+            _number(statistics.median(scores) if scores else None, "{:.3f}"),
+            f"{min(scores):.3f}-{max(scores):.3f}" if scores else "-",
+            baselines(folder, task),
+            _number(statistics.median(speeds) if speeds else None, "{:.0f}"),
+            ", ".join(f"{m:.1f}" for m in minutes) or "-",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\n{METRIC} on each task's dev side; a run not complete shows its last validation.\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    print(table(parser.parse_args().folder), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""tools/learn.sh, the GPU's learning runs, on the CPU: every table task's recipe for a few steps on its bundled
+sample, the trivial baselines, the table and the pack; a run without metrics.json (what a budget's SIGTERM leaves)
+is resumed from its last.ckpt by the next call. The script and its `mate` processes are the point."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+
+from tests.helpers import REPO_ROOT
+
+TINY = ("trainer.max_steps=2 trainer.val_check_interval=2 trainer.check_val_every_n_epoch=null dataset.max_length=128 "
+        "dataset.batch_size=4 dataset.eval_batch_size=8 trainer.limit_val_batches=2")  # fmt: skip
+
+
+def learn(out, tasks: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, "LEARN_OUT": str(out), "LEARN_HARDWARE": "cpu", "LEARN_SEEDS": "1",
+           "LEARN_TASKS": tasks, "LEARN_ATTENTIONS": "mate", "LEARN_ARGS": f"{TINY} dataset.cache_dir={out / 'cache'}"}  # fmt: skip
+    done = subprocess.run(
+        ["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_learn_runs_each_task_tabulates_it_beside_its_baselines_and_resumes_a_cut_run(tmp_path):
+    """Over 20 s: four short `mate train` processes and three `mate baseline` ones."""
+    out = tmp_path / "learn"
+    learn(out, "sqa wtq tabfact")
+    table = (out / "learn.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.endswith("|") and "_" not in line}
+    assert {"sqa", "wtq", "tabfact"} <= set(rows), table
+    assert "(always refuted)" in rows["tabfact"] and "(statement only)" in rows["tabfact"], table
+    assert all("1: 0." in rows[task] and "not complete" not in rows[task] for task in ("sqa", "wtq", "tabfact")), table
+    with tarfile.open(out / "learn_runs.tar.gz") as pack:
+        names = set(pack.getnames())
+    assert {"./tabfact_mate_s1/metrics.json", "./tabfact_mate_s1/csv/metrics.csv", "./baseline_wtq/metrics.json",
+            "./sqa_mate_s1.log"} <= names and not any(name.endswith(".ckpt") for name in names)  # fmt: skip
+
+    (out / "tabfact_mate_s1" / "metrics.json").unlink()  # as if the budget had ended it after a checkpoint
+    again = learn(out, "sqa tabfact")
+    assert "learn: tabfact_mate_s1: exit 0 (resumed)" in again.stdout and "sqa_mate_s1" not in again.stdout
+    assert (out / "tabfact_mate_s1" / "metrics.json").is_file()
+    assert len((out / "tabfact_mate_s1.seconds").read_text().split()) == 2  # both calls' minutes count

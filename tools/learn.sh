@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The table tasks learned on a GPU, MATE against dense: each task's GPU recipe
+# (conf/profile/<task>_gpu.yaml) for each attention and seed, within a time budget, then the
+# table $LEARN_OUT/learn.md (python -m mate_cli.bench.learn) and the runs' small files packed
+# into $LEARN_OUT/learn_runs.tar.gz (metrics.json, the CSV learning curve, the log, the config).
+# A run that has no metrics.json yet resumes from its last.ckpt (ckpt_path=) when the script is
+# run again: the budget ends a run with SIGTERM, which saves last.ckpt at the end of the batch.
+# Seeds go outermost, so a short budget gives every task and attention its first seed. From the
+# repository root:
+#   LEARN_DATA=<folder with sqa/, wtq/ and tabfact/ in their upstream layouts> bash tools/learn.sh
+# tools/gpu_run.sh runs it as its learn step. Settings (environment):
+#   LEARN_OUT         the run dirs, learn.md and the pack (default outputs/learn)
+#   LEARN_DATA        the full releases; without it the bundled samples (data/)
+#   LEARN_TASKS       default "sqa wtq tabfact"
+#   LEARN_ATTENTIONS  default "mate dense"
+#   LEARN_SEEDS       default "1 2"
+#   LEARN_BUDGET      seconds for all the runs (default 480: with the install, one call of under ten
+#                     minutes); a run starts only with 60 left
+#   LEARN_HARDWARE    gpu (default) or cpu
+#   LEARN_ARGS        more overrides for every run, after the recipe's
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${LEARN_OUT:-outputs/learn}"
+data="${LEARN_DATA:-}"
+py="${PYTHON:-python3}"
+budget="${LEARN_BUDGET:-480}"
+read -r -a extra <<<"${LEARN_ARGS:-}"
+mkdir -p "$out"
+task_data() {  # the task's dataset config and data: the release as the recipe reads it, or the bundled sample
+  local config="$1"
+  [ "$1" = tabfact ] && config=tabfact_sample  # TabFact's recipe splits the validation file by table
+  if [ -n "$data" ]; then echo "dataset=$config dataset.root=$data/$1"; else echo "dataset=$1_sample"; fi
+}
+start=$(date +%s)
+status=0
+for task in ${LEARN_TASKS:-sqa wtq tabfact}; do  # the trivial baselines first: no model, seconds
+  [ -f "$out/baseline_$task/metrics.json" ] && continue
+  # shellcheck disable=SC2046
+  "$py" -m mate_cli.cli baseline $(task_data "$task") "hydra.run.dir=$out/baseline_$task" >"$out/baseline_$task.log" 2>&1 ||
+    status=1
+done
+for seed in ${LEARN_SEEDS:-1 2}; do
+  for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
+    for attention in ${LEARN_ATTENTIONS:-mate dense}; do
+      name="${task}_${attention}_s$seed"
+      run="$out/$name"
+      [ -f "$run/metrics.json" ] && continue  # complete
+      left=$(( budget - ($(date +%s) - start) ))
+      if [ "$left" -lt 60 ]; then echo "learn: $name: not started (budget spent)"; continue; fi
+      resume=()
+      [ -f "$run/checkpoints/last.ckpt" ] && resume=("ckpt_path=$run")
+      began=$(date +%s)
+      # shellcheck disable=SC2046
+      timeout -s TERM -k 120 "$left" "$py" -m mate_cli.cli train experiment="${task}_mate" attention="$attention" \
+        profile="${task}_gpu" hardware="${LEARN_HARDWARE:-gpu}" $(task_data "$task") seed="$seed" logger=csv \
+        "${extra[@]}" "${resume[@]}" "hydra.run.dir=$run" >>"$out/$name.log" 2>&1
+      rc=$?
+      echo "$(( $(date +%s) - began ))" >>"$out/$name.seconds"  # wall time of each call, summed in the table
+      echo "learn: $name: exit $rc${resume:+ (resumed)} ($out/$name.log)"
+      [ "$rc" = 0 ] || status=1
+    done
+  done
+done
+"$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md"
+( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read ./*.log ./*.seconds ./*/metrics.json ./*/csv/metrics.csv \
+    ./*/resolved_config.yaml 2>/dev/null )
+exit "$status"
