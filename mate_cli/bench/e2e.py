@@ -34,7 +34,7 @@ def rows(folder: Path) -> list[tuple[str, str, dict]]:
 def table(folder: Path) -> str:
     runs = rows(folder)
     header = ["task", "attention", *(name for name, _, _ in COLUMNS), "MATE / dense"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
+    lines = [markdown_row(header), "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
     dense = {task: p.get("examples_per_s") for task, attention, p in runs if attention == "dense"}
     for task, attention, profile in runs:
         cells = [task, attention]
@@ -43,17 +43,22 @@ def table(folder: Path) -> str:
             cells.append("-" if value is None else form.format(value))
         base, mine = dense.get(task), profile.get("examples_per_s")
         cells.append(f"{mine / base:.2f}x" if attention != "dense" and base and mine else "")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     device = next((p.get("device") for _, _, p in runs), "?")
     steps = next((p.get("steps_timed") for _, _, p in runs), "?")
     return "\n".join(lines) + f"\n\nDevice {device}; {steps} steps timed after 10 warm-up steps, as many watched.\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def markdown_row(cells) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def folder_main(table_of, doc: str) -> None:
+    """``python -m <module> <folder>``: prints ``table_of(folder)`` (the tables of tools/e2e.sh and tools/learn.sh)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("folder", type=Path)
-    print(table(parser.parse_args().folder), end="")
+    print(table_of(parser.parse_args().folder), end="")
 
 
 if __name__ == "__main__":
-    main()
+    folder_main(table, __doc__)

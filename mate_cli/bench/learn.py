@@ -5,12 +5,13 @@ baselines beside them, examples/s and the minutes each run took (all its calls).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import re
 import statistics
 from pathlib import Path
+
+from mate_cli.bench.e2e import folder_main, markdown_row
 
 RUN = re.compile(r"^(?P<task>[a-z]+)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")
 METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its per-question accuracy)
@@ -70,7 +71,7 @@ def _number(value: float | None, form: str) -> str:
 def table(folder: Path) -> str:
     header = ["task", "attention", "dev accuracy by seed", "median", "range", "trivial baselines", "examples/s",
               "minutes a run"]  # fmt: skip
-    lines = ["| " + " | ".join(header) + " |", "|---|---|---|---:|---:|---|---:|---:|"]
+    lines = [markdown_row(header), "|---|---|---|---:|---:|---|---:|---:|"]
     for (task, attention), seeds in runs(folder).items():
         scores = [row["accuracy"] for row in seeds.values() if row["accuracy"] is not None]
         by_seed = ", ".join(
@@ -89,15 +90,9 @@ def table(folder: Path) -> str:
             _number(statistics.median(speeds) if speeds else None, "{:.0f}"),
             ", ".join(f"{m:.1f}" for m in minutes) or "-",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     return "\n".join(lines) + f"\n\n{METRIC} on each task's dev side; a run not complete shows its last validation.\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path)
-    print(table(parser.parse_args().folder), end="")
-
-
 if __name__ == "__main__":
-    main()
+    folder_main(table, __doc__)
