@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mate_cli.bench.e2e import folder_main, markdown_row
 
-RUN = re.compile(r"^(?P<task>[a-z]+)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")
+RUN = re.compile(r"^(?P<task>[a-z]+\d*)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")  #: wtq1024: WikiTQ at 1,024
 METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its per-question accuracy)
 
 
@@ -54,7 +54,7 @@ def runs(folder: Path) -> dict[tuple[str, str], dict[int, dict]]:
 
 def baselines(folder: Path, task: str) -> str:
     """The task's trivial baselines (``mate baseline``) as one cell."""
-    path = Path(folder) / f"baseline_{task}" / "metrics.json"
+    path = Path(folder) / f"baseline_{task.rstrip('0123456789')}" / "metrics.json"  # its recipe's dev side
     if not path.is_file():
         return "-"
     metrics = json.loads(path.read_text(encoding="utf-8"))
