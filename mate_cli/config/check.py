@@ -39,8 +39,10 @@ def check_command_line(command: str, args: Sequence[str], conf_dir: Path = CONF_
                 tree = _compose(command, variant, conf_dir)
                 for override in values:
                     _check_value_override(command, override, tree, conf_dir)
-                given = {o.key_or_group: _values(o, conf_dir)[0] for o in values if not o.is_delete()}
-                check_run_patches(tree, given)
+                if any(_needs_values(override) for override in values):  # what only the composed values show
+                    first = trainer_overrides(command, [_first(override, conf_dir) for override in values])
+                    tree = _compose(command, variant + first, conf_dir)
+                check_run_patches(tree)
             except NoSuchOption:
                 raise
             except MateError as err:
@@ -231,17 +233,19 @@ def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path)
             raise MateError(problem)
 
 
-def check_run_patches(tree: Mapping, given: Mapping[str, Any] | None = None) -> None:
-    """Each ``overrides`` list beside a ``ckpt_path`` checked against that run's config; ``given``: the command line's
-    values by key (a sweep's first), which take the place of ``tree``'s."""
-    given = given or {}
+def _needs_values(override) -> bool:
+    """Whether ``override`` sets what :func:`check_run_patches` reads (a ``ckpt_path``, an ``overrides`` list or a
+    node holding them) or deletes a key (Hydra checks a deleted value): then the values are composed too."""
+    return override.is_delete() or override.key_or_group.split(".")[0] in ("ckpt_path", "overrides", *RUN_PATCHES[1:])
+
+
+def check_run_patches(tree: Mapping) -> None:
+    """Each ``overrides`` list beside a ``ckpt_path`` checked against that run's config."""
     for node_key in RUN_PATCHES:
         node = lookup(tree, node_key) if node_key else tree
-        prefix = f"{node_key}." if node_key else ""
-        patches = given.get(f"{prefix}overrides", node.get("overrides") if isinstance(node, Mapping) else None)
-        if not isinstance(node, Mapping) or not patches:
+        if not isinstance(node, Mapping) or not node.get("overrides"):
             continue
-        ckpt = given.get(f"{prefix}ckpt_path", node.get("ckpt_path"))
+        ckpt = node.get("ckpt_path")
         if not isinstance(ckpt, str) or ckpt == "???" or "${" in ckpt:
             continue
         run_dir = Path(ckpt).expanduser()  # a run dir (its best checkpoint) or <run dir>/checkpoints/<name>.ckpt
@@ -252,7 +256,7 @@ def check_run_patches(tree: Mapping, given: Mapping[str, Any] | None = None) -> 
             run = read_yaml(config, "", interpolations=True)
         except MateError:  # an unreadable run config: the command names it itself
             continue
-        check_dotlist(run, list(patches), f"{prefix}overrides", config)
+        check_dotlist(run, list(node["overrides"]), f"{node_key + '.' if node_key else ''}overrides", config)
 
 
 def check_dotlist(run: Mapping, dotlist: Sequence[str], where: str, config: Path) -> None:

@@ -602,6 +602,31 @@ def test_the_overrides_beside_a_run_dir_are_checked_against_its_config(tmp_path)
         check_run_patches({"stage1": {"ckpt_path": str(tmp_path), "overrides": ["dataset.eval_batchsize=2"]}})
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ckpt_path={run}", "overrides=['dataset.eval_batchsize=2']"],
+        ["stage1={{ckpt_path:{run},overrides:['dataset.eval_batchsize=2']}}", "stage2.ckpt_path=null"],  # the node
+    ],
+)
+def test_a_run_s_overrides_given_on_the_command_line_are_checked_before_it_runs(tmp_path, args):
+    """Where the command line sets a run's patches (a key, or the node that holds them), its values are composed
+    for the check too, so a patch's unknown key is one line before anything loads."""
+    (tmp_path / "resolved_config.yaml").write_text("dataset:\n  eval_batch_size: 8\n")
+    from mate_cli.config.check import check_command_line
+
+    command = "eval" if args[0].startswith("ckpt_path") else "pointr"
+    problem = check_command_line(command, [arg.format(run=tmp_path) for arg in args])
+    assert problem and "overrides: dataset.eval_batchsize=2" in problem and "dataset.eval_batch_size" in problem
+
+
+def test_deleting_a_key_by_a_value_it_does_not_hold_is_one_line():
+    from mate_cli.config.check import check_command_line
+
+    problem = check_command_line("train", ["~seed=3"])
+    assert "The value of 'seed' is 42 and not 3" in problem and "\n" not in problem, problem
+
+
 def test_a_sweep_job_with_long_overrides_gets_a_folder_every_file_system_takes(tmp_path):
     from omegaconf import OmegaConf
 
