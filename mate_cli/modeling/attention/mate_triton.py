@@ -148,8 +148,8 @@ def _canonical(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_args(q: torch.Tensor, global_size: int, radius: int, dropout_p: float) -> dict:
-    """The compile-time settings of a launch, which every kernel takes (its :class:`.mate_triton_kernels.Settings`):
-    the model's sizes and MATE's, fixed by its config."""
+    """The compile-time settings of a launch (:class:`.mate_triton_kernels.Settings`): the model's sizes and MATE's,
+    fixed by its config."""
     B, H, N, D = q.shape
     return {
         "H": H, "D": D, "G": global_size, "R": radius, "SCALE": D**-0.5, "DROPOUT_P": float(dropout_p),
@@ -198,6 +198,11 @@ def _parts(like: torch.Tensor, tiles: int, splits: int, block: int, block_d: int
             for _ in range(count)]  # fmt: skip
 
 
+def _only(settings: dict, kernel) -> dict:
+    """The compile-time settings ``kernel`` takes (a setting it does not read would compile it once more per value)."""
+    return {key: value for key, value in settings.items() if key in kernel.arg_names}
+
+
 def _launch_forward(q, k, v, perm, groups, dense, real, seed, global_size: int, radius: int, dropout_p: float,
                     visits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     dtype = q.dtype
@@ -213,11 +218,11 @@ def _launch_forward(q, k, v, perm, groups, dense, real, seed, global_size: int, 
     module.forward_kernel[(T * S + cdiv(N, BLOCK["m"]), B * H)](
         q, k, v, out, lse, m_part, l_part, acc_part, perm, groups, dense, real, seed,
         lse if visits is None else visits, N, T, S, chunk, COUNT=visits is not None,
-        num_warps=warps("forward_kernel", arch), **settings,
+        num_warps=warps("forward_kernel", arch), **_only(settings, module.forward_kernel),
     )  # fmt: skip
     module.combine_kernel[(T, B * H)](
         out, lse, m_part, l_part, acc_part, perm, groups, dense, real, seed, N, T, S,
-        num_warps=warps("combine_kernel", arch), **settings,
+        num_warps=warps("combine_kernel", arch), **_only(settings, module.combine_kernel),
     )  # fmt: skip
     return out.to(dtype), lse
 
@@ -252,15 +257,15 @@ def _launch_backward(q, k, v, out, lse, grad_out, perm, groups, dense, real, see
     pointers = (perm, groups, dense, real, seed, N)
     module.dq_kernel[(T * S + cdiv(N, BLOCK["m"]), B * H)](
         q, k, v, out, grad_out, lse, delta, dq, dq_part, *pointers, T, S, chunk,
-        num_warps=warps("dq_kernel", arch), **settings,
+        num_warps=warps("dq_kernel", arch), **_only(settings, module.dq_kernel),
     )  # fmt: skip
     module.dkdv_kernel[(J * S + cdiv(N, BLOCK["n"]), B * H)](
         q, k, v, grad_out, lse, delta, dk, dv, dk_part, dv_part, *pointers, J, S, chunk,
-        num_warps=warps("dkdv_kernel", arch), **settings,
+        num_warps=warps("dkdv_kernel", arch), **_only(settings, module.dkdv_kernel),
     )  # fmt: skip
     module.reduce_kernel[(T + J, B * H)](
         dq, dk, dv, dq_part, dk_part, dv_part, *pointers, T, J, S,
-        num_warps=warps("reduce_kernel", arch), **settings,
+        num_warps=warps("reduce_kernel", arch), **_only(settings, module.reduce_kernel),
     )  # fmt: skip
     return tuple(g.to(t) for g, t in zip((dq, dk, dv), dtypes))
 

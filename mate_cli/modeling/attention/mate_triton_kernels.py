@@ -6,7 +6,7 @@ projections give): element ``(b, h, n, d)`` at ``((b * N + n) * H + h) * D + d``
 globals, radius, scale and dropout rate are compile-time settings (fixed by the model's config); a launch takes
 pointers and the sequence's sizes only, which keeps its host time short.
 
-Each kernel takes its arguments flat (what a launch passes) and bundles them for its device functions: the
+Each kernel takes its arguments flat (what a launch passes: the settings it reads) and bundles them for its device functions: the
 compile-time settings as one :class:`Settings`, the layout's tensors as a :class:`Structure`, what a program knows of
 its example x head as a :class:`Program` and a tile of sorted positions as a :class:`Tile`. The bundles are named
 tuples, which Triton unpacks at compile time: they cost nothing when the kernels run."""
@@ -201,13 +201,13 @@ def forward_kernel(
 @triton.jit
 def combine_kernel(
     OUT, LSE, M_PART, L_PART, ACC_PART, PERM, GROUPS, DENSE, REAL, SEED, N, T, S,
-    H: tl.constexpr, D: tl.constexpr, G: tl.constexpr, R: tl.constexpr, SCALE: tl.constexpr,
-    DROPOUT_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAD: tl.constexpr, PREC: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PAD: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
 ):  # fmt: skip
     """A dense tile's output and log-sum-exp from its splits' partial softmaxes: the rows' maximum over all splits
-    first, so that the splits' loads do not wait on each other."""
-    cfg: tl.constexpr = Settings(H, D, G, R, SCALE, DROPOUT_P, BLOCK_D, BLOCK_M, BLOCK_N, PAD, PREC, MAX_SPLITS)
+    first, so that the splits' loads do not wait on each other. It takes only the settings it reads (None in the
+    bundle for the rest), so training and evaluation, whose dropout differs, share one compiled kernel."""
+    cfg: tl.constexpr = Settings(H, D, None, None, None, None, BLOCK_D, BLOCK_M, None, PAD, None, MAX_SPLITS)
     tile = tl.program_id(0)
     prog, rows = own_tile(tile, Structure(PERM, GROUPS, DENSE, REAL, SEED, N), cfg, BLOCK_M)
     if rows.start < prog.dense:
@@ -342,12 +342,12 @@ def sum_parts(PART, bh, tile, T, S, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, 
 @triton.jit
 def reduce_kernel(
     DQ, DK, DV, DQ_PART, DK_PART, DV_PART, PERM, GROUPS, DENSE, REAL, SEED, N, T, J, S,
-    H: tl.constexpr, D: tl.constexpr, G: tl.constexpr, R: tl.constexpr, SCALE: tl.constexpr,
-    DROPOUT_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAD: tl.constexpr, PREC: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAD: tl.constexpr, MAX_SPLITS: tl.constexpr,
 ):  # fmt: skip
-    """The split tiles' gradients, summed: dQ of the ``T`` dense tiles, then dK, dV of the ``J`` global tiles."""
-    cfg: tl.constexpr = Settings(H, D, G, R, SCALE, DROPOUT_P, BLOCK_D, BLOCK_M, BLOCK_N, PAD, PREC, MAX_SPLITS)
+    """The split tiles' gradients, summed: dQ of the ``T`` dense tiles, then dK, dV of the ``J`` global tiles (only
+    the settings it reads, as :func:`combine_kernel`)."""
+    cfg: tl.constexpr = Settings(H, D, None, None, SCALE, None, BLOCK_D, BLOCK_M, BLOCK_N, PAD, None, MAX_SPLITS)
     st = Structure(PERM, GROUPS, DENSE, REAL, SEED, N)
     pid = tl.program_id(0)
     if pid < T:
