@@ -18,7 +18,11 @@
 #   LEARN_BUDGET      seconds for all the runs (default 480: with the install, one call of under ten
 #                     minutes); a run starts only with 60 left
 #   LEARN_HARDWARE    gpu (default) or cpu
-#   LEARN_ARGS        more overrides for every run, after the recipe's
+#   LEARN_ARGS        more overrides for every run, after the recipe's (split on spaces)
+#   PYTHON            the Python that has mate_cli (default python3)
+# A folder's runs are of one setting: a call with other data, hardware or LEARN_ARGS than the
+# runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
+# Exit status 0 when every run started ended or was cut by the budget (it resumes next call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${LEARN_OUT:-outputs/learn}"
@@ -27,21 +31,27 @@ py="${PYTHON:-python3}"
 budget="${LEARN_BUDGET:-480}"
 read -r -a extra <<<"${LEARN_ARGS:-}"
 mkdir -p "$out"
+settings="data: ${data:-the bundled samples}; hardware: ${LEARN_HARDWARE:-gpu}; args: ${LEARN_ARGS:-none}"
+if [ -f "$out/settings.txt" ] && [ "$(cat "$out/settings.txt")" != "$settings" ]; then
+  echo "tools/learn.sh: $out holds runs of other settings ($(cat "$out/settings.txt")); set LEARN_OUT to a new folder" >&2
+  exit 2
+fi
+echo "$settings" >"$out/settings.txt"
 base_task() { echo "${1%%[0-9]*}"; }  # wtq1024 -> wtq
-task_data() {  # the task's dataset config and data: the release as the recipe reads it, or the bundled sample
+task_data() {  # into the array targs: the task's dataset config and data, the release or the bundled sample
   local task config
   task=$(base_task "$1")
   config="$task"
   [ "$task" = tabfact ] && config=tabfact_sample  # TabFact's recipe splits the validation file by table
-  if [ -n "$data" ]; then echo "dataset=$config dataset.root=$data/$task"; else echo "dataset=${task}_sample"; fi
-  [ "$1" = wtq1024 ] && echo "dataset.max_length=1024 dataset.batch_size=16"
+  if [ -n "$data" ]; then targs=("dataset=$config" "dataset.root=$data/$task"); else targs=("dataset=${task}_sample"); fi
+  if [ "$1" = wtq1024 ]; then targs+=(dataset.max_length=1024 dataset.batch_size=16); fi
 }
 start=$(date +%s)
 status=0
 for task in $(for t in ${LEARN_TASKS:-sqa wtq tabfact}; do base_task "$t"; done | sort -u); do  # baselines: seconds
   [ -f "$out/baseline_$task/metrics.json" ] && continue
-  # shellcheck disable=SC2046
-  "$py" -m mate_cli.cli baseline $(task_data "$task") "hydra.run.dir=$out/baseline_$task" >"$out/baseline_$task.log" 2>&1 ||
+  task_data "$task"
+  "$py" -m mate_cli.cli baseline "${targs[@]}" "hydra.run.dir=$out/baseline_$task" >"$out/baseline_$task.log" 2>&1 ||
     status=1
 done
 for seed in ${LEARN_SEEDS:-1 2}; do
@@ -55,18 +65,23 @@ for seed in ${LEARN_SEEDS:-1 2}; do
       resume=()
       [ -f "$run/checkpoints/last.ckpt" ] && resume=("ckpt_path=$run")
       began=$(date +%s)
-      # shellcheck disable=SC2046
-      timeout -s TERM -k 120 "$left" "$py" -m mate_cli.cli train experiment="$(base_task "$task")_mate" \
-        attention="$attention" profile="$(base_task "$task")_gpu" hardware="${LEARN_HARDWARE:-gpu}" $(task_data "$task") seed="$seed" logger=csv \
-        "${extra[@]}" "${resume[@]}" "hydra.run.dir=$run" >>"$out/$name.log" 2>&1
+      task_data "$task"
+      # the budget's TERM ends the run at the end of a batch, last.ckpt saved; KILL 45 s later if it has not
+      timeout -s TERM -k 45 "$left" "$py" -m mate_cli.cli train experiment="$(base_task "$task")_mate" \
+        attention="$attention" profile="$(base_task "$task")_gpu" hardware="${LEARN_HARDWARE:-gpu}" "${targs[@]}" \
+        seed="$seed" logger=csv "${extra[@]}" "${resume[@]}" "hydra.run.dir=$run" >>"$out/$name.log" 2>&1
       rc=$?
       echo "$(( $(date +%s) - began ))" >>"$out/$name.seconds"  # wall time of each call, summed in the table
-      echo "learn: $name: exit $rc${resume:+ (resumed)} ($out/$name.log)"
-      [ "$rc" = 0 ] || status=1
+      if [ "$rc" = 124 ]; then
+        echo "learn: $name: cut by the budget${resume:+ (resumed)}; the next call resumes it ($out/$name.log)"
+      else
+        echo "learn: $name: exit $rc${resume:+ (resumed)} ($out/$name.log)"
+        [ "$rc" = 0 ] || status=1
+      fi
     done
   done
 done
-"$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md"
-( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read ./*.log ./*.seconds ./*/metrics.json ./*/csv/metrics.csv \
-    ./*/resolved_config.yaml 2>/dev/null )
+"$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1
+( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read settings.txt ./*.log ./*.seconds ./*/metrics.json \
+    ./*/csv/metrics.csv ./*/resolved_config.yaml 2>/dev/null )
 exit "$status"

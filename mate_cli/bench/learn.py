@@ -1,7 +1,8 @@
 """The table of ``tools/learn.sh``: ``python -m mate_cli.bench.learn <folder>`` reads each ``<task>_<attention>_s<seed>/``
 run dir (its ``metrics.json`` once complete, else the last validation of its CSV log) and ``baseline_<task>/``, and
-prints one Markdown row per task and attention: the dev accuracy of each seed, their median and range, the trivial
-baselines beside them, examples/s and the minutes each run took (all its calls)."""
+prints one Markdown row per task and attention: the dev accuracy of each seed, the median and range of the complete
+runs', the trivial baselines beside them, examples/s and the minutes each run took (all its calls), then the
+settings the runs share (``settings.txt``)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def table(folder: Path) -> str:
               "minutes a run"]  # fmt: skip
     lines = [markdown_row(header), "|---|---|---|---:|---:|---|---:|---:|"]
     for (task, attention), seeds in runs(folder).items():
-        scores = [row["accuracy"] for row in seeds.values() if row["accuracy"] is not None]
+        scores = [row["accuracy"] for row in seeds.values() if row["complete"] and row["accuracy"] is not None]
         by_seed = ", ".join(
             f"{seed}: {_number(row['accuracy'], '{:.3f}')}{'' if row['complete'] else ' (not complete)'}"
             for seed, row in seeds.items()
@@ -91,7 +92,12 @@ def table(folder: Path) -> str:
             ", ".join(f"{m:.1f}" for m in minutes) or "-",
         ]
         lines.append(markdown_row(cells))
-    return "\n".join(lines) + f"\n\n{METRIC} on each task's dev side; a run not complete shows its last validation.\n"
+    settings = Path(folder) / "settings.txt"
+    ran = f" Runs of {settings.read_text(encoding='utf-8').strip()}." if settings.is_file() else ""
+    return "\n".join(lines) + (
+        f"\n\n{METRIC} on each task's dev side; median and range over the complete runs; a run not complete shows"
+        f" its last validation.{ran}\n"
+    )
 
 
 if __name__ == "__main__":

@@ -15,13 +15,13 @@ TINY = ("trainer.max_steps=2 trainer.val_check_interval=2 trainer.check_val_ever
         "dataset.batch_size=4 dataset.eval_batch_size=8 trainer.limit_val_batches=2")  # fmt: skip
 
 
-def learn(out, tasks: str) -> subprocess.CompletedProcess:
+def learn(out, tasks: str, args: str = TINY, status: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "LEARN_OUT": str(out), "LEARN_HARDWARE": "cpu", "LEARN_SEEDS": "1",
-           "LEARN_TASKS": tasks, "LEARN_ATTENTIONS": "mate", "LEARN_ARGS": f"{TINY} dataset.cache_dir={out / 'cache'}"}  # fmt: skip
+           "LEARN_TASKS": tasks, "LEARN_ATTENTIONS": "mate", "LEARN_ARGS": f"{args} dataset.cache_dir={out / 'cache'}"}  # fmt: skip
     done = subprocess.run(
         ["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == status, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 
@@ -46,3 +46,7 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_and_resumes_a_cu
     assert "learn: tabfact_mate_s1: exit 0 (resumed)" in again.stdout and "sqa_mate_s1" not in again.stdout
     assert (out / "tabfact_mate_s1" / "metrics.json").is_file()
     assert len((out / "tabfact_mate_s1.seconds").read_text().split()) == 2  # both calls' minutes count
+    assert "Runs of data: the bundled samples; hardware: cpu; args: trainer.max_steps=2" in table, table
+
+    refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings
+    assert "holds runs of other settings" in refused.stderr and refused.stdout == "", refused.stderr
