@@ -6,6 +6,7 @@ differs from what that writes."""
 from typing import Any, Literal, Union  # noqa: F401
 
 LIGHTNING = '2.6.6'  #: the Lightning whose Trainer this describes
+TORCH = '2.13.0+cpu'  #: the torch whose optimiser this describes
 
 PARAMETER_TYPES = {
     'lightning.pytorch.callbacks.EarlyStopping': {'monitor': str, 'min_delta': float, 'patience': int, 'verbose': bool,

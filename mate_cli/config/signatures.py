@@ -108,8 +108,9 @@ def table() -> dict[str, dict[str, Any]]:
 
 def render(types_by_target: dict[str, dict[str, Any]]) -> str:
     """The text of :mod:`mate_cli.config.parameter_types` holding ``types_by_target`` and the installed Lightning's
-    version."""
+    and torch's versions."""
     import lightning
+    import torch
 
     lines = [
         '"""Written by `make parameter-types` (mate_cli/config/signatures.py): the types each `_target_` of conf/ and',
@@ -120,6 +121,7 @@ def render(types_by_target: dict[str, dict[str, Any]]) -> str:
         "from typing import Any, Literal, Union  # noqa: F401",
         "",
         f"LIGHTNING = {lightning.__version__!r}  #: the Lightning whose Trainer this describes",
+        f"TORCH = {torch.__version__!r}  #: the torch whose optimiser this describes",
         "",
         "PARAMETER_TYPES = {",
     ]

@@ -90,18 +90,19 @@ def test_every_declared_key_exists_somewhere():
 
 def test_the_parameter_types_table_is_what_make_parameter_types_writes():
     """The table the check reads is the real signatures': mate_cli's targets always, and the whole text (Lightning's
-    Trainer, torch's optimiser) where the installed Lightning is the one it was written from."""
+    Trainer, torch's optimiser) where the installed Lightning and torch are the ones it was written from."""
     import lightning
+    import torch
 
     from mate_cli.config import signatures
-    from mate_cli.config.parameter_types import LIGHTNING, PARAMETER_TYPES
+    from mate_cli.config.parameter_types import LIGHTNING, PARAMETER_TYPES, TORCH
 
     live = signatures.table()
     ours = [target for target in live if target.startswith("mate_cli.")]
     assert len(ours) > 20 and len(live["lightning.pytorch.trainer.trainer.Trainer"]) > 40
     stale = "mate_cli/config/parameter_types.py is stale: run `make parameter-types`"
     assert {t: PARAMETER_TYPES.get(t) for t in ours} == {t: live[t] for t in ours}, stale
-    if lightning.__version__ == LIGHTNING:
+    if (lightning.__version__, torch.__version__) == (LIGHTNING, TORCH):
         assert signatures.TABLE.read_text(encoding="utf-8") == signatures.render(live), stale
 
 
