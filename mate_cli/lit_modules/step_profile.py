@@ -1,28 +1,18 @@
 """``mate train ... profile_steps=N``: where a training step's time goes, measured inside a real run.
 
-After ``warmup`` steps (default 10: compilation, autotuning, the allocator's growth, the loader's start) it times ``N``
-steps as they run: examples/s and real tokens/s, milliseconds a step, of which *between steps* (waiting for the
-loader's next batch, its copy to the device and Lightning's bookkeeping) and *in the step* (the host from the batch's
-start to its end: forward, backward, optimiser; on a GPU the host only enqueues, unless it waits), that host time split
-into its phases (``ms_host_forward``: the batch's start, other callbacks' batch-start work included, to the backward,
-the loss included; ``ms_host_backward``; ``ms_host_optimizer``: the backward's end to the batch's end, clipping and the
-optimiser's step; Lightning writes the step's logs after it, between steps), the padding share and the peak memory. Then it watches ``N`` more steps: the host synchronisations of each step, split into the steps that
-log (``trainer.log_every_n_steps``, and an epoch's last step: the host reads the logged values there) and the others, and on CUDA the GPU's
-work a step (torch.profiler's kernel, copy and fill time over that window, a sum: kernels overlapping on several
-streams count each) as ``gpu_ms_per_step``, and its share of the timed step (``gpu_busy_share``). The second window is
-separate because watching costs the host time (the profiler's own records included), which the share leaves out.
+After ``warmup`` steps (default 10: compilation, autotuning, the loader's start; their wall time is ``warmup_s``) it
+times ``N`` steps: examples/s, real tokens/s, ms a step *between steps* (loading, the copy to the device, Lightning's
+bookkeeping) and *in the step* on the host (on a GPU it only enqueues, unless it waits), split into forward (other
+callbacks' batch-start work and the loss included), backward and optimiser (clipping and the step); the padding share,
+the peak memory. Then it watches ``N`` more steps, apart as watching costs host time: the host synchronisations a step
+and the lines that made them, for the steps that log (the host reads the logged values there) and the others; on CUDA
+the GPU's kernel, copy and fill time a step (summed over streams) and its share of the timed step. A synchronisation
+is, on CUDA, what ``torch.cuda.set_sync_debug_mode("warn")`` reports; on a CPU, a host read of a tensor value
+(:data:`HOST_READS`) or a data-dependent shape, where a GPU would wait (every tensor counts, even the CPU MATE kernel's
+plan; only ``on_before_batch_transfer``'s checks, before the copy to the device, are left out).
 
-Host synchronisations are counted on CUDA as ``torch.cuda.set_sync_debug_mode("warn")`` reports them, and on a CPU as
-reads of tensor values on the host: ``.item()``, ``bool()``, ``int()``, ``float()``, ``.tolist()``, ``.numpy()``,
-``.cpu()`` and the data-dependent shapes (``nonzero``, ``masked_select``, indexing by a boolean mask), where the same code on a GPU would wait
-(on a CPU every tensor counts, including those that would be host tensors on a GPU run, such as the CPU MATE kernel's
-plan; only the batch's checks before its copy to the device, in ``on_before_batch_transfer``, are left out).
-
-Also recorded: ``warmup_s``, the wall time of the warm-up steps (where compilation shows), and the code lines that
-synchronised (``host_sync_sites``, ``host_sync_sites_logging``: ``file:line`` -> count, the eight most frequent). The
-result is logged in one line, written to ``<run dir>/step_profile.json`` and recorded in ``metrics.json`` as
-``profile/*`` (its numbers). On CUDA the watched window's torch.profiler table (the operators and CUDA runtime calls
-by their own host time, then by their GPU time) goes to ``<run dir>/step_profile_ops.txt``.
+Logged in one line, written to ``<run dir>/step_profile.json``, its numbers in ``metrics.json`` as ``profile/*``; on
+CUDA the watched window's torch.profiler tables go to ``<run dir>/step_profile_ops.txt``.
 """
 
 from __future__ import annotations
@@ -47,16 +37,8 @@ log = logging.getLogger(__name__)
 
 #: the Python-level reads of a tensor's values on the host
 HOST_READS = frozenset(
-    {
-        torch.Tensor.item,
-        torch.Tensor.__bool__,
-        torch.Tensor.__int__,
-        torch.Tensor.__float__,
-        torch.Tensor.__index__,
-        torch.Tensor.tolist,
-        torch.Tensor.numpy,
-        torch.Tensor.cpu,
-    }  # fmt: skip
+    getattr(torch.Tensor, name)
+    for name in ("item", "__bool__", "__int__", "__float__", "__index__", "tolist", "numpy", "cpu")
 )
 #: the operators whose output shape depends on values (on a GPU the host waits for them)
 DATA_DEPENDENT = frozenset({"nonzero", "masked_select"})
@@ -64,11 +46,6 @@ DATA_DEPENDENT = frozenset({"nonzero", "masked_select"})
 BEFORE_TRANSFER = "on_before_batch_transfer"
 #: indexing that is data-dependent with a boolean mask (``x[mask]``)
 MASK_INDEXING = frozenset({"index", "index_put", "index_put_"})
-
-
-def _has_bool_index(args) -> bool:
-    indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
 
 
 class HostReads(TorchFunctionMode):
@@ -97,14 +74,15 @@ class DataDependentOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
-        if name in DATA_DEPENDENT or name in MASK_INDEXING and _has_bool_index(args):
+        indices = args[1] if name in MASK_INDEXING and len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+        if name in DATA_DEPENDENT or any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
             self.reads.record()
         return func(*args, **(kwargs or {}))
 
 
-def caller(stack=None) -> str:
+def caller(stack) -> str:
     """``file:line`` of the innermost frame outside torch and this module: the code that read a value."""
-    for frame in reversed(stack if stack is not None else traceback.extract_stack()[:-1]):
+    for frame in reversed(stack):
         path = frame.filename.replace("\\", "/")
         if "/torch/" not in path and not path.endswith("step_profile.py"):
             return f"{_short(path)}:{frame.lineno}"
@@ -163,9 +141,8 @@ class StepProfile(ExcludesValidation):
         self._syncs: list[tuple[list[str], bool]] = []  # per watched step: (where it synchronised, whether it logs)
         self._counter: SyncCounter | None = None
         self._first, self._mark, self._logs, self._fit_start = 0, 0, False, time.perf_counter()
-        self._profiler = None
+        self._profiler = self._tokens = None
         self._step_start = self._last_end = self._window_start = 0.0
-        self._tokens = None
         self._padded = 0
 
     def _sync(self, device: torch.device) -> None:
@@ -321,9 +298,8 @@ _CPU = torch.autograd.DeviceType.CPU
 
 def _device_sort(events) -> str:
     """The table's sort key for GPU time (named ``self_cuda_time_total`` in older torch)."""
-    return (
-        "self_device_time_total" if events and hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
-    )
+    newer = events and hasattr(events[0], "self_device_time_total")
+    return "self_device_time_total" if newer else "self_cuda_time_total"
 
 
 def device_time_us(event) -> float:
