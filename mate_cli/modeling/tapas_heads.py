@@ -299,19 +299,12 @@ class TapasQAHead(nn.Module):
 
     def _answer_loss(self, answer, aggregate, logits, values, scale, aggregation_logits, table_mask):
         cfg = self.config
-        sample = self.training and (cfg.use_gumbel_for_cells or cfg.use_gumbel_for_aggregation)
         probs = torch.sigmoid(logits)
-        if sample and cfg.use_gumbel_for_cells:
+        if self.training and cfg.use_gumbel_for_cells:
             probs = relaxed_bernoulli(logits, cfg.temperature)
+        approximation, gumbel = cfg.average_approximation_function, self.training and cfg.use_gumbel_for_aggregation
         expected = expected_result(
-            probs,
-            values,
-            scale,
-            table_mask,
-            aggregation_logits,
-            cfg.average_approximation_function,
-            cfg.aggregation_temperature,
-            gumbel_aggregation=sample and cfg.use_gumbel_for_aggregation,
+            probs, values, scale, table_mask, aggregation_logits, approximation, cfg.aggregation_temperature, gumbel
         )
         answer = torch.nan_to_num(answer, nan=0.0)
         if cfg.use_normalized_answer_loss:
@@ -319,9 +312,8 @@ class TapasQAHead(nn.Module):
             loss = huber(expected / norm * aggregate, answer / norm * aggregate, 1.0)
         else:
             loss = huber(expected * aggregate, answer * aggregate, cfg.huber_loss_delta)
-        keep = (
-            torch.ones_like(loss) if cfg.answer_loss_cutoff is None else (loss <= cfg.answer_loss_cutoff).to(loss.dtype)
-        )
+        cutoff = cfg.answer_loss_cutoff
+        keep = torch.ones_like(loss) if cutoff is None else (loss <= cutoff).to(loss.dtype)
         return cfg.answer_loss_importance * loss * aggregate, keep
 
 
@@ -453,17 +445,10 @@ def relaxed_bernoulli(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def expected_result(
-    probs,
-    values,
-    scale,
-    table_mask,
-    aggregation_logits,
-    approximation="ratio",
-    aggregation_temperature=1.0,
-    gumbel_aggregation: bool = False,
+    probs, values, scale, table_mask, aggregation_logits, approximation="ratio", temperature=1.0, gumbel=False
 ) -> torch.Tensor:
     """``[batch]``: the expected SUM / AVERAGE / COUNT of a soft selection, weighted by the operators' probabilities
-    (``gumbel_aggregation``: TAPAS's ``use_gumbel_for_aggregation``, a relaxed one-hot draw). ``probs``, ``values``
+    (``gumbel``: TAPAS's ``use_gumbel_for_aggregation``, a relaxed one-hot draw). ``probs``, ``values``
     (NaN: none), ``scale`` (dividing by it counts each cell once) and ``table_mask`` (data rows) are ``[batch, seq]``."""
     p = probs / scale * table_mask
     count = p.sum(1)
@@ -479,12 +464,12 @@ def expected_result(
             pointwise = p * (1 - p)
             variance = pointwise.sum(1, keepdim=True) - pointwise
             average = (values * p * (variance / others.square() + 1) / others).sum(1)
-    if gumbel_aggregation:
+    if gumbel:
         operators = torch.distributions.RelaxedOneHotCategorical(
-            torch.tensor(aggregation_temperature, device=aggregation_logits.device), logits=aggregation_logits[:, 1:]
+            torch.tensor(temperature, device=aggregation_logits.device), logits=aggregation_logits[:, 1:]
         ).rsample()
     else:
-        operators = torch.softmax(aggregation_logits[:, 1:] / aggregation_temperature, dim=-1)
+        operators = torch.softmax(aggregation_logits[:, 1:] / temperature, dim=-1)
     return (torch.stack([total, average, count], dim=1) * operators).sum(1)
 
 
