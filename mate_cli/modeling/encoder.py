@@ -44,9 +44,7 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_heads
         self.head_dim = config.hidden_size // config.num_heads
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.query, self.key, self.value = (nn.Linear(config.hidden_size, config.hidden_size) for _ in range(3))
         self.backend = backend
 
     def forward(self, hidden: torch.Tensor, layout: TableLayout | None) -> torch.Tensor:
@@ -119,7 +117,11 @@ class Pooler(nn.Module):
         return torch.tanh(self.dense(hidden[:, 0]))
 
 
-def backend_factory(attention: Callable[..., AttentionBackend] | str) -> Callable[..., AttentionBackend]:
+#: an ``attention`` config: a Hydra partial or a backend class, called with the interface's shared keywords
+BackendFactory = Callable[..., AttentionBackend]
+
+
+def backend_factory(attention: BackendFactory | str) -> BackendFactory:
     """A Hydra partial, a backend class, or a registered name -> a factory."""
     if isinstance(attention, str):
         if attention not in REGISTRY:
@@ -167,13 +169,7 @@ def compile_backend(compile: bool | str) -> str:
 
 
 def build_backend(
-    factory: Callable[..., AttentionBackend],
-    *,
-    num_heads: int,
-    head_dim: int,
-    max_length: int,
-    dropout: float,
-    layer_index: int,
+    factory: BackendFactory, *, num_heads: int, head_dim: int, max_length: int, dropout: float, layer_index: int
 ) -> AttentionBackend:
     """One layer's backend from an attention factory (the interface's shared keywords)."""
     backend = factory(
@@ -199,7 +195,7 @@ class TableEncoder(nn.Module):
     def __init__(
         self,
         config: EncoderConfig,
-        attention: Callable[..., AttentionBackend] | str = "dense",
+        attention: BackendFactory | str = "dense",
         max_length: int | None = None,
         gradient_checkpointing: bool = False,
         compile: bool | str = False,
@@ -221,11 +217,9 @@ class TableEncoder(nn.Module):
                 "or model.encoder.reset_position_index_per_cell=true"
             )
         factory = backend_factory(attention)
+        head_dim = config.hidden_size // config.num_heads
         shared = dict(
-            num_heads=config.num_heads,
-            head_dim=config.hidden_size // config.num_heads,
-            max_length=self.max_length,
-            dropout=config.attention_dropout,
+            num_heads=config.num_heads, head_dim=head_dim, max_length=self.max_length, dropout=config.attention_dropout
         )
         self.embeddings = TableEmbeddings(config)
         layers = [Layer(config, build_backend(factory, **shared, layer_index=i)) for i in range(config.num_layers)]
@@ -331,7 +325,7 @@ class TableEncoder(nn.Module):
     def from_pretrained(
         cls,
         pretrained: str | os.PathLike,
-        attention: Callable[..., AttentionBackend] | str,
+        attention: BackendFactory | str,
         max_length: int | None = None,
         reset_position_index_per_cell: bool | None = None,
         gradient_checkpointing: bool = False,
@@ -363,17 +357,15 @@ class TableEncoder(nn.Module):
                 f"model.encoder.pretrained={pretrained!s} uses position_embedding_type={hf['position_embedding_type']!r}; "
                 "only absolute position embeddings are supported"
             )
-        config_overrides.update(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
-        for key in ("hidden_dropout", "attention_dropout"):  # a probability every layer (and kernel) takes
-            value = config_overrides.get(key)
+        dropouts = dict(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
+        for key, value in dropouts.items():  # a probability every layer (and kernel) takes
             if value is not None and not 0.0 <= value < 1.0:
                 raise MateError(
                     f"model.encoder.{key}={value} is invalid: it must be in [0, 1); "
                     f"set model.encoder.{key}=<value> accordingly (null keeps the checkpoint's)"
                 )
-        config = apply_overrides(
-            EncoderConfig.from_hf_dict(hf), {k: v for k, v in config_overrides.items() if v is not None}
-        )
+        overrides = {k: v for k, v in {**config_overrides, **dropouts}.items() if v is not None}
+        config = apply_overrides(EncoderConfig.from_hf_dict(hf), overrides)
         length = int(max_length or config.max_position_embeddings)
         if reset_position_index_per_cell is not None:
             config.reset_position_index_per_cell = bool(reset_position_index_per_cell)
@@ -381,30 +373,18 @@ class TableEncoder(nn.Module):
             config.reset_position_index_per_cell = length > config.max_position_embeddings
         if new_type_embeddings not in ("normal", "zero"):
             raise MateError(f"model.encoder.new_type_embeddings={new_type_embeddings!r} is invalid; use normal or zero")
-        model = cls(
-            config,
-            attention,
-            max_length=length,
-            gradient_checkpointing=gradient_checkpointing,
-            compile=compile,
-            compile_mode=compile_mode,
-        )
+        model = cls(config, attention, length, gradient_checkpointing, compile, compile_mode)
         state = checkpoints.rename_state_dict(checkpoints.read_state_dict(checkpoints.weight_files(resolved)))
         missing, _ = checkpoints.load_state_dict(model, state, source=str(pretrained))
         if new_type_embeddings == "zero":
-            parameters = dict(model.named_parameters())
             with torch.no_grad():
                 for name in missing:
                     if name.startswith("embeddings.token_type_embeddings"):
-                        parameters[name].zero_()
+                        model.get_parameter(name).zero_()
         return model
 
     def save_pretrained(
-        self,
-        directory: str | os.PathLike,
-        tokenizer: Any = None,
-        extra_state: dict[str, torch.Tensor] | None = None,
-        prefix: str = "",
+        self, directory: str | os.PathLike, tokenizer: Any = None, extra_state: dict | None = None, prefix: str = ""
     ) -> Path:
         """Write a ``transformers.TapasModel`` directory atomically (a backend's own parameters included: transformers
         ignores them, :meth:`from_pretrained` restores them). ``prefix`` (``"tapas."``) and ``extra_state`` (a head's
