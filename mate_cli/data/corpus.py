@@ -75,8 +75,7 @@ def parse_line(line: str, where: str, default_id: str) -> TableText:
         raise MateError(f"{where}: not JSON ({error.msg}); {FORMAT_HINT}") from None
     if not isinstance(record, dict):
         raise MateError(f"{where}: a JSON {type(record).__name__}, not an object; {FORMAT_HINT}")
-    text = record.get("text", "")
-    table = record.get("table")
+    text, table = record.get("text", ""), record.get("table")
     if not isinstance(text, str):
         raise MateError(f"{where}: key 'text' must be a string; {FORMAT_HINT}")
     if not isinstance(table, dict):
@@ -220,8 +219,7 @@ class Corpus:
         self._kept: tuple[dict[str, set[str]], set[str]] | None = None
 
     def input_files(self) -> list[Path]:
-        files = [path for reader in self.readers.values() for path in reader.input_files()]
-        return [*files, *self.files]
+        return [*(path for reader in self.readers.values() for path in reader.input_files()), *self.files]
 
     def examples(self) -> Iterator[TableText]:
         for kind, reader in self.readers.items():

@@ -178,18 +178,11 @@ class SplitDataModule(L.LightningDataModule):
             log.info("dataset.bucket_by_length: batches of similar lengths; padding is %.1f%% of a training batch's "
                      "tokens in epoch 0 (%.1f%% in a plain shuffle)", 100 * padding_share(grouped, lengths, batch_size),
                      100 * padding_share(plain, lengths, batch_size))  # fmt: skip
+        order = dict(same_every_epoch=self.same_order_every_epoch, lengths=lengths, batch_size=batch_size)
         return DataLoader(
             ds.with_format(None),
             batch_size=batch_size,
-            sampler=EpochShuffle(
-                len(ds),
-                self.shuffle_seed,
-                same_every_epoch=self.same_order_every_epoch,
-                lengths=lengths,
-                batch_size=batch_size,
-            )  # fmt: skip
-            if shuffle
-            else None,
+            sampler=EpochShuffle(len(ds), self.shuffle_seed, **order) if shuffle else None,
             collate_fn=self.collator(),
             **loader_options(self.trainer, self.num_workers),
         )

@@ -83,9 +83,7 @@ def _rank(candidates: list[int], scores: np.ndarray, k: int) -> list[int]:
 
 def format_expanded(text: str, sentences: list[str]) -> str:
     """``"<text> ( <s1> <s2> ... )"``."""
-    if not sentences:
-        return text
-    return f"{text} ( {' '.join(sentences)} )".strip()
+    return f"{text} ( {' '.join(sentences)} )".strip() if sentences else text
 
 
 def _check_args(k: int, scope: str, method: str) -> None:
@@ -105,13 +103,8 @@ def expand_table(
     links = linked_passages(table, passages)
     split = {link: split_sentences(passages[link]) for link in links}
     if method == "first":
-        return [
-            [
-                format_expanded(c.text, [s for link in dict.fromkeys(c.links) for s in split.get(link, [])[:k]])
-                for c in row
-            ]
-            for row in table.rows
-        ]
+        first = lambda cell: [s for link in dict.fromkeys(cell.links) for s in split.get(link, [])[:k]]  # noqa: E731
+        return [[format_expanded(c.text, first(c)) for c in row] for row in table.rows]
     units = [(link, s) for link in links for s in split[link]]
     owner: dict[str, list[int]] = {link: [] for link in links}
     for i, (link, _) in enumerate(units):
@@ -122,8 +115,5 @@ def expand_table(
         pick = lambda ids: sorted((i for i in ids if i in rank), key=rank.__getitem__)  # noqa: E731
     else:
         pick = lambda ids: _rank(ids, scores, k)  # noqa: E731
-    out = []
-    for row in table.rows:
-        ids = [[i for link in dict.fromkeys(c.links) for i in owner.get(link, ())] for c in row]
-        out.append([format_expanded(c.text, [units[i][1] for i in pick(cell)]) for c, cell in zip(row, ids)])
-    return out
+    ids = lambda cell: [i for link in dict.fromkeys(cell.links) for i in owner.get(link, ())]  # noqa: E731
+    return [[format_expanded(c.text, [units[i][1] for i in pick(ids(c))]) for c in row] for row in table.rows]

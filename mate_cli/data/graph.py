@@ -156,15 +156,9 @@ class HybridQAGraphDataModule(HybridQADataModule):
         return {**super().cache_payload(split), "max_nodes": self.max_nodes}
 
     def encode(self, questions: list[Question], split: str):
-        encoder = _ExampleEncoder(
-            self.root,
-            self.pretrained,
-            self.max_length,
-            self.expansion,
-            self.max_question_tokens,
-            encode=functools.partial(encode_graph, max_nodes=self.max_nodes),
-            length_key="dataset.node_length",
-        )
+        sizes = self.max_length, self.expansion, self.max_question_tokens
+        encode = functools.partial(encode_graph, max_nodes=self.max_nodes)
+        encoder = _ExampleEncoder(self.root, self.pretrained, *sizes, encode=encode, length_key="dataset.node_length")
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:

@@ -49,8 +49,7 @@ def mask_words(
     if not words:
         return masked, labels
     wanted = max(1, int(round(rate * len(words))))
-    chosen = 0
-    predicted = 0
+    chosen = predicted = 0
     for index in rng.sample(range(len(words)), len(words)):
         if chosen >= wanted or predicted >= max_predictions:
             break

@@ -139,11 +139,7 @@ def parse_date(text: str) -> Date | None:
             continue
         if parsed.year not in YEARS:  # also the default year 1900 of formats without one
             continue
-        return Date(
-            parsed.year if "y" in fields else None,
-            parsed.month if "m" in fields else None,
-            parsed.day if "d" in fields else None,
-        )
+        return Date(*(getattr(parsed, name) if name[0] in fields else None for name in ("year", "month", "day")))
     return None
 
 
@@ -214,9 +210,7 @@ def sort_key(values: Sequence[Value]) -> Callable[[Value], float | tuple] | None
     if kinds == {False}:
         return float
     common = [i for i in range(3) if all(v[i] is not None for v in values)]
-    if not common:
-        return None
-    return lambda date: tuple(date[i] for i in common)
+    return (lambda date: tuple(date[i] for i in common)) if common else None
 
 
 def _dense_ranks(keys: dict[int, object]) -> dict[int, tuple[int, int]]:
@@ -256,8 +250,6 @@ class TableNumbers:
 def _read_table(rows: tuple[tuple[str, ...], ...]) -> TableNumbers:
     num_cols = len(rows[0]) if rows else 0
     columns = tuple(column_values([row[c] for row in rows]) for c in range(num_cols))
-    ranks = []
-    for cells in columns:
-        key = sort_key(list(cells.values())) if cells else None
-        ranks.append(_dense_ranks({r: key(v) for r, v in cells.items()}) if key else {})
+    keys = [sort_key(list(cells.values())) if cells else None for cells in columns]
+    ranks = (_dense_ranks({r: key(v) for r, v in cells.items()}) if key else {} for cells, key in zip(columns, keys))
     return TableNumbers(columns, tuple(ranks))

@@ -83,8 +83,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers = worker_counts(1, num_workers)[1]
         self.cache_dir = Path(cache_dir or default_cache_dir() / "pretrain")
-        self.shuffle_seed = int(shuffle_seed)
-        self.same_order_every_epoch = bool(same_order_every_epoch)
+        self.shuffle_seed, self.same_order_every_epoch = int(shuffle_seed), bool(same_order_every_epoch)
         self.tables = str(tables)
         self.splits = {
             str(k): dict(v)
@@ -136,16 +135,8 @@ class PretrainDataModule(L.LightningDataModule):
             except MateError:  # a header wider than the whole budget: nothing of the table would be seen
                 skipped.append(example.source)
                 continue
-            rows.append(
-                {
-                    "source": example.source,
-                    "table_key": table_key(example.table),
-                    "input_ids": encoded.input_ids,
-                    "layout": encoded.layout,
-                    "truncated": encoded.truncated,
-                    "rows_dropped": encoded.rows_dropped,
-                }
-            )
+            kept = {name: getattr(encoded, name) for name in ("input_ids", "layout", "truncated", "rows_dropped")}
+            rows.append({"source": example.source, "table_key": table_key(example.table), **kept})
         if skipped:
             log.warning(
                 "pre-training: %d examples left out, their table header alone passes dataset.max_length=%d (first: %s)",
@@ -241,8 +232,7 @@ class MaskedTables(Dataset):
         self.encoded = encoded.with_format(None)
         self.continues, self.special_ids = continues, special_ids
         self.mask_id, self.vocab_size = mask_id, vocab_size
-        self.rate, self.max_predictions, self.seed = rate, max_predictions, seed
-        self.repeats = repeats
+        self.rate, self.max_predictions, self.seed, self.repeats = rate, max_predictions, seed, repeats
 
     def __len__(self) -> int:
         return len(self.encoded) * self.repeats

@@ -99,17 +99,8 @@ def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoa
     if world_size == 1 or isinstance(loader.sampler, DistributedSampler):
         return loader
     sampler = UnrepeatedDistributedSamplerWrapper(loader.sampler, num_replicas=world_size, rank=rank, shuffle=False)
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=sampler,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        worker_init_fn=loader.worker_init_fn,
-        persistent_workers=loader.persistent_workers,
-        prefetch_factor=loader.prefetch_factor,
-    )
+    kept = "batch_size num_workers collate_fn pin_memory worker_init_fn persistent_workers prefetch_factor".split()
+    return DataLoader(loader.dataset, sampler=sampler, **{name: getattr(loader, name) for name in kept})
 
 
 class EpochTagged(EpochShuffle):

@@ -72,9 +72,8 @@ class Question:
     @property
     def answered(self) -> bool:
         """Whether it carries a gold answer of its task's kind (a released test file's questions do not)."""
-        return bool(self.answer_text or self.answer_nodes or self.answers or self.answer_coordinates) or (
-            self.label is not None
-        )
+        answer = self.answer_text or self.answer_nodes or self.answers or self.answer_coordinates
+        return bool(answer or self.label is not None)
 
 
 @dataclass
@@ -189,11 +188,4 @@ class MaskedBatch:
 
 
 def has_answer(question: Question) -> bool:
-    """Whether a question carries a gold answer (a released test split carries none)."""
-    return bool(
-        question.answer_text
-        or question.answer_nodes
-        or question.answers
-        or question.answer_coordinates
-        or question.label is not None
-    )
+    return question.answered

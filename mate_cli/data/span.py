@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -196,35 +197,38 @@ class SpanCollator(Collator):
         )
 
 
+@dataclass
 class _SpanEncoder:
-    def __init__(self, root: str, pretrained: str, max_length: int, max_question_tokens: int, cells: str):
-        self.args = (root, pretrained, max_length, max_question_tokens, cells)
-        self._state = None
+    root: str
+    pretrained: str
+    max_length: int
+    max_question_tokens: int
+    cells: str
+
+    @cached_property
+    def _state(self) -> tuple:
+        return HybridQAReader(self.root), load_tokenizer(self.pretrained)
 
     def __call__(self, record: dict) -> list[dict]:
-        if self._state is None:
-            self._state = (HybridQAReader(self.args[0]), load_tokenizer(self.args[1]))
-        return self.encode(question_from_record(record))
-
-    def encode(self, question: Question) -> list[dict]:
         files, tokenizer = self._state
-        _, _, max_length, max_q, cells = self.args
+        question = question_from_record(record)
         table = files.table(question.table_id)
         passages = files.passages(question.table_id)
         coords = candidate_cells(question, table, passages)
         if not coords:
-            placeholder = SpanExample(
-                question.question_id, question.table_id, [-1, -1], question.answer_text or "", "", has_gold_cell=False
-            )
-            return [asdict(placeholder)]
+            answer = question.answer_text or ""
+            return [
+                asdict(SpanExample(question.question_id, question.table_id, [-1, -1], answer, "", has_gold_cell=False))
+            ]
         contexts = {xy: cell_context(table.rows[xy[0]][xy[1]], passages) for xy in coords}
-        if cells == "validation":
+        if self.cells == "validation":
             with_answer = [xy for xy in coords if find_answer_span(contexts[xy][0], question.answer_text)]
             coords = (with_answer or coords)[:1]
-        elif cells == "first":
+        elif self.cells == "first":
             coords = coords[:1]
+        lengths = self.max_length, self.max_question_tokens
         return [
-            asdict(encode_span_example(tokenizer, question, xy, contexts[xy][0], max_length, max_q, contexts[xy][1]))
+            asdict(encode_span_example(tokenizer, question, xy, contexts[xy][0], *lengths, contexts[xy][1]))
             for xy in coords
         ]
 
@@ -253,17 +257,8 @@ class SpanDataModule(SplitDataModule):
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
-        rows = ds.select_columns(
-            [
-                "question_id",
-                "has_gold_cell",
-                "answer_in_context",
-                "gold_start",
-                "gold_end",
-                "context_truncated",
-                "missing_passages",
-            ]
-        ).to_list()
+        names = "question_id has_gold_cell answer_in_context gold_start gold_end context_truncated missing_passages"
+        rows = ds.select_columns(names.split()).to_list()
         real = [r for r in rows if r["has_gold_cell"]]
         stats = {
             "questions": len({r["question_id"] for r in rows}),

@@ -75,6 +75,4 @@ def split_by_table(
         val_tables = {min(scores, key=lambda t: (scores[t], t))}
     elif len(val_tables) == len(scores):
         val_tables.discard(max(scores, key=lambda t: (scores[t], t)))
-    train = [q for q in questions if key(q) not in val_tables]
-    val = [q for q in questions if key(q) in val_tables]
-    return train, val
+    return [q for q in questions if key(q) not in val_tables], [q for q in questions if key(q) in val_tables]

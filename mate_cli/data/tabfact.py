@@ -82,13 +82,7 @@ class TabFactReader(TableQAReader):
                         f"{path}: {where}: statement {str(statement)[:60]!r} with label {label!r} is not "
                         "(text, 0 refuted / 1 entailed); fix or remove that statement"
                     )
-                question = Question(
-                    question_id=f"{table_id}#{i}",
-                    question=statement,
-                    table_id=table_id,
-                    label=int(label),
-                    channel=channel,
-                )
+                question = Question(f"{table_id}#{i}", statement, table_id, label=int(label), channel=channel)
                 yield where, (statement, label, caption), question
 
     def table_file(self, table_id: str) -> Path:

@@ -228,14 +228,8 @@ class TableTaskDataModule(SplitDataModule):
         }
 
     def tokenizer_args(self) -> dict:
-        return {
-            "pretrained": self.pretrained,
-            "max_length": self.max_length,
-            "max_question_tokens": self.max_question_tokens,
-            "pruning": self.pruning,
-            "empty_cell_token": self.empty_cell_token,
-            "linearization": self.linearization,
-        }
+        names = "pretrained max_length max_question_tokens pruning empty_cell_token linearization".split()
+        return {name: getattr(self, name) for name in names}
 
     def encode(self, questions: list[Question], split: str):
         encoder = _TaskEncoder(

@@ -141,23 +141,16 @@ class TableTokenizer:
         if pruning not in PRUNING_CHOICES:
             raise MateError(f"dataset.pruning={pruning!r} is not one of {', '.join(PRUNING_CHOICES)}")
         check_linearization(linearization, pruning)
-        self.tokenizer = tokenizer
-        self.pruning = pruning
+        self.tokenizer, self.pruning = tokenizer, pruning
         self.template = linearization == "template"
         self._is, self._semicolon = self._wordpieces(["is", ";"]) if self.template else ([], [])
-        self.max_length = int(max_length)
-        self.max_question_tokens = int(max_question_tokens)
-        self.min_cell_tokens = int(min_cell_tokens)
-        self.max_row_id = int(max_row_id)
-        self.max_column_id = int(max_column_id)
-        self.max_rank_id = int(max_rank_id)
-        vocab = tokenizer.get_vocab() if empty_cell_token else {}
-        self.empty_id = vocab.get("[EMPTY]", tokenizer.unk_token_id) if empty_cell_token else None
+        self.max_length, self.max_question_tokens = int(max_length), int(max_question_tokens)
+        self.min_cell_tokens, self.max_row_id = int(min_cell_tokens), int(max_row_id)
+        self.max_column_id, self.max_rank_id = int(max_column_id), int(max_rank_id)
+        self.empty_id = tokenizer.get_vocab().get("[EMPTY]", tokenizer.unk_token_id) if empty_cell_token else None
 
     def _wordpieces(self, texts: list[str]) -> list[list[int]]:
-        if not texts:
-            return []
-        return self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+        return self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else []
 
     def question_pieces(self, text: str) -> tuple[list[int], bool]:
         """``(word pieces cut to max_question_tokens, whether cut)``."""
@@ -235,8 +228,7 @@ class TableTokenizer:
     def _cell_texts(table: Table, cell_texts) -> list[list[str]]:
         if cell_texts is None:
             return [[c.text for c in row] for row in table.rows]
-        shape_ok = len(cell_texts) == table.num_rows and all(len(r) == table.num_columns for r in cell_texts)
-        if not shape_ok:
+        if len(cell_texts) != table.num_rows or any(len(r) != table.num_columns for r in cell_texts):
             raise ValueError(f"cell_texts must be [{table.num_rows}][{table.num_columns}] for table {table.table_id}")
         return [list(row) for row in cell_texts]
 

@@ -96,11 +96,8 @@ class WTQReader(TableQAReader):
             col = columns(header, tagged, ("id", "targetValue", "targetCanon"))
             for number, line in enumerate(lines[1:], start=2):
                 values = fields(line.split("\t"), len(header), tagged, f"line {number}")
-                qid, target, canon = (
-                    values[col["id"]],
-                    values[col["targetValue"]],
-                    split_answers(values[col["targetCanon"]]),
-                )
+                qid, target = values[col["id"]], values[col["targetValue"]]
+                canon = split_answers(values[col["targetCanon"]])
                 if len(canon) != len(split_answers(target)):
                     raise MateError(
                         f"{tagged}: line {number} has {len(split_answers(target))} answers in targetValue "
@@ -131,21 +128,16 @@ class WTQReader(TableQAReader):
                     f"{path} {target!r}; use the tagged file of the same release"
                 )
             missing += "targetValue" in col and not canonical
-            too_large = [answer for answer in split_answers(target) if outside_float32(answer)]
+            answers = split_answers(target)
+            too_large = [answer for answer in answers if outside_float32(answer)]
             if too_large:
                 raise MateError(
                     f"{path}: {where}: question {qid!r} has the answer {too_large[0]}, a number beyond "
                     "float32's range (3.4e38) that training cannot compute with; correct it or remove "
                     "that line"
                 )
-            question = Question(
-                question_id=qid,
-                question=unescape(values[col["utterance"]]),
-                table_id=values[col["context"]],
-                answers=split_answers(target),
-                canonical_answers=canonical,
-            )
-            yield where, line, question
+            text, table_id = unescape(values[col["utterance"]]), values[col["context"]]
+            yield where, line, Question(qid, text, table_id, answers=answers, canonical_answers=canonical)
         if missing:
             log.info(
                 "%s: %d question(s) without canonical answers in %s/*.tagged; the metric emulates them "
