@@ -14,6 +14,7 @@ call gets a fresh layout copy and pays that cost."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import functools
@@ -30,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import mate_cli.modeling.attention as attention
 from mate_cli.bench import measure
+from mate_cli.bench.layouts import table_layout
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate_block_sparse as sparse
 from mate_cli.modeling.attention.base import AttentionBackend
@@ -247,6 +249,23 @@ def kernel_case(
     return Case(call, flops, min_warmup=2, countable=not runs_flex(module, q, grad=mode == "train"), error=error)
 
 
+def base_kernel_case(backend: str, mode: str, length: int, dtype, device, dims: str = "base") -> Case:
+    """:func:`kernel_case` on the benchmark table of ``length`` tokens, batch 1: the GPU tools' case."""
+    _, layout = table_layout(length)
+    return kernel_case(backend, mode, layout, dims_of(dims), 1, dtype, device)
+
+
+def gpu_tool_args(name: str, doc: str, **options: dict) -> argparse.Namespace:
+    """The ``--<option>`` arguments of ``python -m mate_cli.bench.<name>``; one line where no CUDA GPU is."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for option, settings in options.items():
+        parser.add_argument(f"--{option}", **settings)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit(f"mate_cli.bench.{name}: no CUDA GPU here; run it on a machine with one")
+    return args
+
+
 def float32_comparison(fn, module, layout, base, cotangent, dtype, device) -> Callable[[], float] | None:
     """``Case.error``: None in float32, else ``err_vs_fp32`` (:mod:`mate_cli.bench.measure`) against a float32 copy
     of ``module`` (no module: ``fn``, which follows its inputs' dtype); gradients only with a ``cotangent``."""
@@ -304,14 +323,10 @@ def flex_kernel(
     accepted = inspect.signature(sparse.flex_mate_attention).parameters
     options = {k: v for k, v in cfg.items() if k in accepted and not k.startswith("_")}
     block = int(options.get("block_size", 128))
-
-    def fn(q, k, v):
-        return sparse.flex_mate_attention(q, k, v, layout, **options)
-
+    fn = functools.partial(sparse.flex_mate_attention, layout=layout, **options)
     _, block_mask = sparse._flex_structure(layout, heads, float(options.get("row_heads_ratio", 0.5)), block)
-    blocks = block_mask.kv_num_blocks.sum() + (
-        0 if block_mask.full_kv_num_blocks is None else block_mask.full_kv_num_blocks.sum()
-    )
+    full = block_mask.full_kv_num_blocks
+    blocks = block_mask.kv_num_blocks.sum() + (0 if full is None else full.sum())
     return fn, float(4 * head_dim * block * block * int(blocks))
 
 
@@ -364,13 +379,8 @@ def encoder_case(
 
 def bench_encoder(dims: dict, type_sizes: list[int], seq_len: int, attention, **options) -> TableEncoder:
     """This project's encoder at ``dims`` without dropout, per-cell positions as TAPAS's (random weights)."""
-    config = EncoderConfig(
-        **dims,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        type_vocab_sizes=type_sizes,
-        reset_position_index_per_cell=True,
-    )
+    no_dropout = dict(hidden_dropout=0.0, attention_dropout=0.0)
+    config = EncoderConfig(**dims, **no_dropout, type_vocab_sizes=type_sizes, reset_position_index_per_cell=True)
     return TableEncoder(config, attention, max_length=seq_len, **options)
 
 

@@ -8,20 +8,15 @@ its kernels' is bound by launches, not by the GPU. Needs a CUDA GPU.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from mate_cli.bench import cases
-from mate_cli.bench.layouts import table_layout
 
 
 def profile(backend: str = "mate.triton", length: int = 2048, mode: str = "train",
             dtype: torch.dtype = torch.bfloat16, rows: int = 25) -> str:  # fmt: skip
     """The profiler's table (module docstring)."""
-    device = torch.device("cuda")
-    _, layout = table_layout(length)
-    case = cases.kernel_case(backend, mode, layout, cases.dims_of("base"), 1, dtype, device)
+    case = cases.base_kernel_case(backend, mode, length, dtype, torch.device("cuda"))
     for _ in range(3):
         case.call()
     torch.cuda.synchronize()
@@ -35,13 +30,9 @@ def profile(backend: str = "mate.triton", length: int = 2048, mode: str = "train
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="mate.triton")
-    parser.add_argument("--length", type=int, default=2048)
-    parser.add_argument("--mode", choices=("inference", "train"), default="train")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("mate_cli.bench.gpu_profile: no CUDA GPU here; run it on a machine with one")
+    modes = dict(choices=("inference", "train"), default="train")
+    options = dict(backend=dict(default="mate.triton"), length=dict(type=int, default=2048), mode=modes)
+    args = cases.gpu_tool_args("gpu_profile", __doc__, **options)
     print(profile(args.backend, args.length, args.mode))
 
 

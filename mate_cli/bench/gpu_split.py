@@ -10,14 +10,12 @@ above ``gpu_ms`` is bound by its launches. ``tools/gpu_run.sh`` runs it as its `
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 
 from mate_cli.bench import cases
-from mate_cli.bench.layouts import table_layout
 
 
 def graph_of(call):
@@ -52,8 +50,7 @@ def split(backend: str, length: int, mode: str, capture: bool = True) -> dict:
     the device in a state where the next one fails for that reason alone)."""
     from triton.testing import do_bench
 
-    _, layout = table_layout(length)
-    case = cases.kernel_case(backend, mode, layout, cases.dims_of("base"), 1, torch.bfloat16, torch.device("cuda"))
+    case = cases.base_kernel_case(backend, mode, length, torch.bfloat16, torch.device("cuda"))
     row = {"backend": backend, "length": length, "mode": mode, "called_ms": do_bench(case.call, warmup=10, rep=40)}
     row["host_us"] = host_us(case.call)
     if not capture:
@@ -67,12 +64,8 @@ def split(backend: str, length: int, mode: str, capture: bool = True) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="dense,mate.triton")
-    parser.add_argument("--lengths", default="2048,8192,32768")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("mate_cli.bench.gpu_split: no CUDA GPU here; run it on a machine with one")
+    lists = dict(backends=dict(default="dense,mate.triton"), lengths=dict(default="2048,8192,32768"))
+    args = cases.gpu_tool_args("gpu_split", __doc__, **lists)
     capture = True
     for backend in args.backends.split(","):
         for length in map(int, args.lengths.split(",")):

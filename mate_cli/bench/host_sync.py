@@ -8,8 +8,6 @@ the host (``.item()``, ``.tolist()``, a data-dependent shape) raises. Needs a CU
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from mate_cli.bench import cases
@@ -34,12 +32,7 @@ def check(impl: str = "triton", length: int = 2048, dtype: torch.dtype = torch.b
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--impl", default="triton")
-    parser.add_argument("--length", type=int, default=2048)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("mate_cli.bench.host_sync: no CUDA GPU here; run it on a machine with one")
+    args = cases.gpu_tool_args("host_sync", __doc__, impl=dict(default="triton"), length=dict(type=int, default=2048))
     print(check(args.impl, args.length))
 
 

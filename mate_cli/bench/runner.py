@@ -258,8 +258,7 @@ def float32_error(case: cases.Case) -> tuple[float | None, str]:
 
 def available_now(device: torch.device) -> float:
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return float(free)
+        return float(torch.cuda.mem_get_info(device)[0])
     return float(measure.available_bytes())
 
 

@@ -9,7 +9,6 @@ this tool (its times mean nothing there).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -77,11 +76,8 @@ def sweep(lengths: list[int], settings: list[tuple] = SETTINGS, dims: str = "bas
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default="2048,8192,32768", help="comma-separated sequence lengths")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("mate_cli.bench.triton_tiles: no CUDA GPU here; run it on a machine with one")
+    lengths = dict(default="2048,8192,32768", help="comma-separated sequence lengths")
+    args = cases.gpu_tool_args("triton_tiles", __doc__, lengths=lengths)
     for row in sweep([int(n) for n in args.lengths.split(",")]):
         print(json.dumps(row), flush=True)
 
