@@ -100,11 +100,8 @@ def checkpoint_file(resolved: str, filename: str, required: bool = True) -> Path
         return None
     from transformers.utils import cached_file
 
-    quiet = (
-        {}
-        if required
-        else {"_raise_exceptions_for_missing_entries": False, "_raise_exceptions_for_connection_errors": False}
-    )
+    flags = ("_raise_exceptions_for_missing_entries", "_raise_exceptions_for_connection_errors")
+    quiet = {} if required else dict.fromkeys(flags, False)
     try:
         found = cached_file(resolved, filename, **quiet)
     except Exception as error:  # unknown repo, missing file, network, auth: all user-fixable
@@ -155,6 +152,7 @@ def load_weights_only(path: str | Path, fix: str) -> Any:
 
 
 def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
+    fix = "save the weights as a state_dict (or .safetensors) and point model.encoder.pretrained at them"
     state: dict[str, torch.Tensor] = {}
     for path in files:
         if path.suffix == ".safetensors":
@@ -162,12 +160,7 @@ def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
 
             state.update(load_file(str(path), device="cpu"))
         else:
-            state.update(
-                load_weights_only(
-                    path,
-                    "save the weights as a state_dict (or .safetensors) and point model.encoder.pretrained at them",
-                )
-            )
+            state.update(load_weights_only(path, fix))
     return state
 
 
