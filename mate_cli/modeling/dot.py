@@ -29,12 +29,7 @@ from mate_cli.modeling.heads import pool_cells
 from mate_cli.modeling.layout import TableLayout
 
 #: the pruning transformer sizes of Turc et al. (2019), as TAPAS publishes them pre-trained
-PRUNER_SIZES = {
-    "mini": "google/tapas-mini",
-    "small": "google/tapas-small",
-    "medium": "google/tapas-medium",
-    "large": "google/tapas-large",
-}
+PRUNER_SIZES = {size: f"google/tapas-{size}" for size in ("mini", "small", "medium", "large")}
 #: the paper's letters for model sizes (``DoT(s-256-l)``); other checkpoints are named by their basename
 SIZE_LETTERS = {"mini": "mini", "small": "s", "medium": "m", "base": "b", "large": "l"}
 SELECTIONS = ("token", "column")
@@ -80,9 +75,7 @@ def keep_rank(scores: torch.Tensor, layout: TableLayout, top_k: int, selection: 
             # the best columns while their sizes add up to at most room (a prefix: every size is >= 1)
             totals = itertools.accumulate(int((ids == column).sum()) for column in by_column)
             kept = by_column[: sum(total <= room for total in totals)]
-            chosen = table & torch.isin(
-                layout.column_ids[b], torch.tensor(kept, device=scores.device, dtype=torch.long)
-            )
+            chosen = table & torch.isin(layout.column_ids[b], ids.new_tensor(kept))
             key[b] = torch.where(chosen, scores[b].detach(), -inf)
     return torch.where(layout.is_query, inf, key)
 
