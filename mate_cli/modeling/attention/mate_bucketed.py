@@ -212,10 +212,8 @@ def _fused_cpu_backward(
     """dq, dk, dv of :func:`_fused_cpu_forward`, in q, k and v's dtypes; ``out`` is the forward's result."""
     B, H, N, D = q.shape
     dtypes = (q.dtype, k.dtype, v.dtype)
-    q, k, v, out, grad_out = (
-        _widened(x, f"kernel_{name}", workspace)
-        for x, name in zip((q, k, v, out, grad_out), ("q", "k", "v", "out", "grad_out"))
-    )
+    names = ("q", "k", "v", "out", "grad_out")
+    q, k, v, out, grad_out = (_widened(x, f"kernel_{n}", workspace) for x, n in zip((q, k, v, out, grad_out), names))
     qf, kf, vf, src, kind = _kernel_rows(q, k, v, plan)
     grad_rows, grad_kind = _flat_rows(grad_out)  # read in its own layout: no copy for either
     grad_src = plan.source_rows(grad_kind).view(B * H, plan.padded_len)
@@ -318,8 +316,7 @@ def _torch_backward(
         torch.bmm(d_scores[..., :g], bufs.global_[0][hs, :g], out=d_q)
         d_q.view(hc * nbc, R, D).baddbmm_(d_scores_w, bufs.window_t[0][windows].transpose(1, 2))
         dk[hs, :g].baddbmm_(d_scores[..., :g].transpose(1, 2), q_long, alpha=scale)
-        d_k_window = torch.bmm(d_scores_w.transpose(1, 2), q_buckets)
-        _fold_windows(grads[1], d_k_window, windows.start, R, alpha=scale)
+        _fold_windows(grads[1], torch.bmm(d_scores_w.transpose(1, 2), q_buckets), windows.start, R, alpha=scale)
 
     if P:
         for i, c in enumerate(plan.dense_chunks(budget), start=1 << 20):
@@ -337,9 +334,8 @@ def _torch_backward(
             dq[hs, :P].baddbmm_(d_scores, bufs.full[0][hs, :n])
             dk[hs, :n].baddbmm_(d_scores.transpose(1, 2), q_dense, alpha=scale)
 
-    unsort = plan.unsort_rows
     flat = grads[:, R : R + BH * T]
-    dq_, dk_, dv_ = (flat[i].index_select(0, unsort).view(B, H, N, D) for i in range(3))
+    dq_, dk_, dv_ = (flat[i].index_select(0, plan.unsort_rows).view(B, H, N, D) for i in range(3))
     return dq_.mul_(D**-0.5), dk_, dv_
 
 
