@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from mate_cli.config.hydra_args import COMPLETION_FLAGS, CONFIG_CHOICE_FLAGS, HELP_FLAGS, INFO_FLAGS
+from mate_cli.config.hydra_args import COMPLETION_FLAGS, CONFIG_CHOICE_FLAGS, HELP_FLAGS, INFO_FLAGS, hydra_quote
 from mate_cli.config.schema import ABSENT, TRAINER_RESERVED, key_type, lookup, trainer_argument, trainer_problem
 from mate_cli.config.schema import type_problem, unknown_key
 from mate_cli.errors import MateError
@@ -79,11 +79,8 @@ def _parse(texts: Sequence[str]) -> list:
             key, _, value = text.partition("=")
             if re.fullmatch(r"(?:\w+\()*\s*(?:choice|glob)\(\s*\)[\s)]*", value):  # Hydra's grammar wants an item
                 raise _sweeps_nothing(text) from None
-            example = (
-                f"{key}=['{value.strip('[]').split(',')[0]}']"
-                if value.startswith("[") and "=" in value
-                else f"{key}='{value}'"
-            )
+            listed = value.startswith("[") and "=" in value
+            example = f"{key}=['{value.strip('[]').split(',')[0]}']" if listed else f"{key}='{value}'"
             raise MateError(
                 f"cannot parse the override {text!r} ({reason}); quote a value holding spaces, "
                 f"and list items holding = or , (e.g. {example}; Hydra's override grammar)"
@@ -135,8 +132,6 @@ def _text(override, value: Any) -> str:
     elif isinstance(value, bool):
         shown = str(value).lower()
     elif isinstance(value, str):
-        from mate_cli.config.hydra_args import hydra_quote
-
         shown = value if re.fullmatch(r"[\w./:+-]+", value) else hydra_quote(value)
     else:
         shown = repr(value)

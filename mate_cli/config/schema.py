@@ -100,7 +100,7 @@ def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset =
         return DECLARED[key]
     parent, _, name = key.rpartition(".")
     target = lookup(tree, f"{parent}._target_" if parent else "_target_")
-    annotation = (parameters(target) or {}).get(name, Any) if isinstance(target, str) else Any
+    annotation = PARAMETER_TYPES.get(target, {}).get(name, Any) if isinstance(target, str) else Any
     if annotation is not Any:
         return annotation
     default = lookup(tree, key)
@@ -109,22 +109,12 @@ def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset =
         return key_type(tree, reference.group(1), command, _seen | {key})
     if isinstance(default, str) and "${" in default and not says_nothing(default):
         return str  # text around an interpolation: a path or a name
-    return type_of_default(default)
-
-
-def type_of_default(default: Any) -> Any:
     if default is ABSENT or says_nothing(default):
         return UNTYPED
     return next((given for plain, given in _DEFAULT_TYPES if isinstance(default, plain)), UNTYPED)
 
 
 # ------------------------------------------------------------------ annotations, from the generated table
-def parameters(target: str) -> dict[str, Any] | None:
-    """``{argument: type}`` of the callable a ``_target_`` names (:mod:`mate_cli.config.parameter_types`); None for
-    a target ``conf/`` does not name, whose keys take their defaults' types."""
-    return PARAMETER_TYPES.get(target)
-
-
 def trainer_parameters() -> dict[str, Any]:
     return PARAMETER_TYPES[TRAINER]
 
