@@ -257,9 +257,7 @@ def float32_error(case: cases.Case) -> tuple[float | None, str]:
 
 
 def available_now(device: torch.device) -> float:
-    if device.type == "cuda":
-        return float(torch.cuda.mem_get_info(device)[0])
-    return float(measure.available_bytes())
+    return float(torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else measure.available_bytes())
 
 
 def layout_note(layout) -> str:

@@ -136,16 +136,12 @@ def _char_span_to_tokens(offsets, start: int, end: int) -> tuple[int, int] | Non
     last = next(
         (j for j in range(len(offsets) - 1, -1, -1) if offsets[j][0] < end and offsets[j][1] > offsets[j][0]), None
     )
-    if first is None or last is None or last < first or offsets[last][1] < end:
-        return None
-    return first, last
+    return None if first is None or last is None or last < first or offsets[last][1] < end else (first, last)
 
 
 def span_text(context: str, offsets: list[list[int]], start: int, end: int) -> str:
     """The context text of tokens ``start..end`` (inclusive); ``""`` for no span."""
-    if start < 0 or end < start:
-        return ""
-    return context[offsets[start][0] : offsets[end][1]].strip()
+    return "" if start < 0 or end < start else context[offsets[start][0] : offsets[end][1]].strip()
 
 
 @dataclass

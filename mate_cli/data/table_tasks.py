@@ -90,9 +90,7 @@ def answer_float(text: str) -> float:
 
 
 def scalar_answer(task: TableTask, question: Question) -> float:
-    if not task.aggregates or len(question.answers) != 1:
-        return math.nan
-    return answer_float(question.answers[0])
+    return answer_float(question.answers[0]) if task.aggregates and len(question.answers) == 1 else math.nan
 
 
 def cell_numbers(table: Table, coords: list[list[int]]) -> list[float]:

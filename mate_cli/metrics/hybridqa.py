@@ -20,10 +20,7 @@ def answer_tokens(text: str) -> list[str]:
 
 
 def _as_list(gold: Gold) -> list[str]:
-    if isinstance(gold, str):
-        return [gold]
-    answers = [str(a) for a in gold]
-    return answers or [""]
+    return [gold] if isinstance(gold, str) else [str(a) for a in gold] or [""]
 
 
 def exact_match(gold: Gold, pred: str) -> float:

@@ -205,9 +205,8 @@ def to_value_list(
 
 
 def check_denotation(target_values: Sequence[Value], predicted_values: Sequence[Value]) -> bool:
-    if len(target_values) != len(predicted_values):
-        return False
-    return all(any(t.match(p) for p in predicted_values) for t in target_values)
+    same_length = len(target_values) == len(predicted_values)
+    return same_length and all(any(t.match(p) for p in predicted_values) for t in target_values)
 
 
 #: version of :func:`emulated_canon`'s rules, in the preprocessing cache key: raise it when they change
@@ -265,9 +264,7 @@ def emulated_canon(text: str) -> Optional[str]:
 def target_values(answers: Sequence[str], canon: Optional[Sequence[str]] = None) -> list[Value]:
     """Gold values, through ``canon`` (``targetCanon``, one per answer), else :func:`emulated_canon`."""
     answers = list(answers)
-    if not canon:
-        canon = [emulated_canon(a) for a in answers]
-    return to_value_list(answers, list(canon))
+    return to_value_list(answers, list(canon) if canon else [emulated_canon(a) for a in answers])
 
 
 def prediction_field(text: str) -> str:

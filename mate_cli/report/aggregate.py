@@ -90,9 +90,7 @@ def _text(value) -> str:
 
 def _family(target) -> str | None:
     """``mate_cli.modeling.attention.mate.MateAttention`` -> ``mate`` (a target's module)."""
-    if not isinstance(target, str) or "." not in target:
-        return None
-    return target.rsplit(".", 2)[-2]
+    return target.rsplit(".", 2)[-2] if isinstance(target, str) and "." in target else None
 
 
 def base_key(run: Run) -> dict[str, str]:
