@@ -159,11 +159,9 @@ def _final_metrics(cfg: DictConfig, trainer, model, datamodule, out: Path, resum
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.get("test_after_training", False):
         metrics.update(_test_best(trainer, model, datamodule, best))
-    metrics.update({f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()})
-    metrics.update(logged)
-    metrics.update(start)
-    metrics["best_checkpoint"] = best
-    metrics["tags"] = [str(tag) for tag in cfg.get("tags") or []]
+    data = {f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()}
+    tags = [str(tag) for tag in cfg.get("tags") or []]
+    metrics.update({**data, **logged, **start, "best_checkpoint": best, "tags": tags})
     if resume:
         metrics["resumed_from"] = resume
     return metrics
@@ -182,8 +180,7 @@ def _keep_best(cfg: DictConfig, trainer, model, out: Path, metrics: dict) -> Non
 
 def _finish(cfg: DictConfig, trainer, out: Path, metrics: dict, loggers) -> dict:
     """``metrics.json`` written, the loggers closed, the summary and the run's files on screen."""
-    bad = non_finite_metrics(metrics)
-    if bad:
+    if bad := non_finite_metrics(metrics):
         metrics["non_finite"] = bad
         log.warning("non-finite metrics: %s", ", ".join(bad))
     if trainer.is_global_zero:
@@ -206,11 +203,8 @@ def print_summary(metrics: dict, validated_best: bool = True) -> None:
 
     if validated_best:
         shown = floats("start/val/", "val/")
-        title = (
-            "final validation (best checkpoint; start/*: the starting checkpoint)"
-            if any(k.startswith("start/") for k in shown)
-            else "final validation (best checkpoint)"
-        )
+        start = any(k.startswith("start/") for k in shown)
+        title = f"final validation (best checkpoint{'; start/*: the starting checkpoint' if start else ''})"
     else:
         shown = floats("val/", "train/")
         title = "no final validation: the last validation during training (val/*) and training batch (train/*)"
@@ -237,10 +231,8 @@ def outputs(out: Path, metrics: dict, loggers, wandb_run: Path | None) -> dict[s
 
 
 def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> Path:
-    state = load_weights_only(ckpt_path, "export from a checkpoint this run wrote")["state_dict"]
-    model.load_state_dict(state)
-    tokenizer = load_tokenizer(cfg.model.encoder.pretrained)
-    return model.export_pretrained(directory, tokenizer=tokenizer)
+    model.load_state_dict(load_weights_only(ckpt_path, "export from a checkpoint this run wrote")["state_dict"])
+    return model.export_pretrained(directory, tokenizer=load_tokenizer(cfg.model.encoder.pretrained))
 
 
 def _refuse_ddp_in_a_local_sweep(trainer) -> None:
@@ -301,11 +293,8 @@ def _test_best(trainer, model, datamodule, best: str) -> dict[str, float]:
     from mate_cli.data.schema import has_answer
 
     if not hasattr(datamodule, "questions") or trainer.world_size > 1:
-        why = (
-            "runs on one device"
-            if trainer.world_size > 1
-            else f"needs a question dataset, not {type(datamodule).__name__}"
-        )
+        name = type(datamodule).__name__
+        why = "runs on one device" if trainer.world_size > 1 else f"needs a question dataset, not {name}"
         log.info("test_after_training: skipped (it %s; use `mate eval ckpt_path=<run dir> split=test`)", why)
         return {}
     try:

@@ -43,9 +43,8 @@ RESTORED = (
 
 
 def unrestored(checkpoint: dict, model) -> list[str]:
-    """What resuming from ``checkpoint`` cannot restore, as ``mate train`` says it (empty: it continues exactly): a
-    checkpoint written without :class:`ResumeState` (another tool, an older mate) has no RNG states nor position in the
-    epoch; one without ``lr_schedulers`` restarts the schedule of a model that has one."""
+    """What resuming from ``checkpoint`` cannot restore, as ``mate train`` says it (empty: it continues exactly): the
+    RNG states and epoch position without :class:`ResumeState` (another tool, an older mate), the schedule."""
     missing = []
     if STATE_KEY not in checkpoint:
         missing.append("the RNG states and the position in the epoch (the epoch starts again)")
@@ -133,10 +132,9 @@ def forget_other_runs_checkpoints(trainer: L.Trainer) -> None:
         if not own(callback.best_model_path):
             callback.best_model_path, callback.best_model_score = "", None
         callback.best_k_models = {path: value for path, value in callback.best_k_models.items() if own(path)}
-        if not own(callback.kth_best_model_path):
-            callback.kth_best_model_path = ""
-        if not own(callback.last_model_path):
-            callback.last_model_path = ""
+        for name in ("kth_best_model_path", "last_model_path"):
+            if not own(getattr(callback, name)):
+                setattr(callback, name, "")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -200,16 +198,15 @@ def resolve_resume_path(
 
 
 def started(run: Path) -> float:
-    """When ``run`` started, as an absolute time: when Hydra wrote its ``.hydra/config.yaml`` (a resume in place writes
-    it again), else the folder's own time; the local time in a run dir's name depends on the time zone it ran in."""
+    """When ``run`` started: its ``.hydra/config.yaml``'s time (a resume in place writes it again), else the folder's;
+    not the time in its name, which is local to the time zone it ran in."""
     config = run / ".hydra" / "config.yaml"
     return (config if config.is_file() else run).stat().st_mtime
 
 
 def newest_run(output_root: Path, experiment_name: str, this_run: Path | None) -> str:
-    """``ckpt_path=last``: the newest run dir of ``experiment_name`` under ``output_root`` by :func:`started`, other
-    than ``this_run``; refused in one line when it is still running or has no ``last.ckpt`` yet, naming it and the
-    newest one that could be resumed."""
+    """``ckpt_path=last``: the newest run dir of ``experiment_name`` under ``output_root`` but ``this_run``; refused,
+    naming the newest resumable one, when it is still running or has no ``last.ckpt`` yet."""
     start = glob.escape(dir_name_start(f"{experiment_name}-"))  # a long run name is cut in its dir name
     own = this_run.resolve() if this_run is not None else None
     runs = sorted((p for p in output_root.glob(f"*-{start}*") if p.is_dir() and p.resolve() != own), key=started)
@@ -255,8 +252,7 @@ def run_dir_of(checkpoint: str | Path) -> Path:
 
 
 def continue_wandb_run(cfg, resume: str | None) -> None:
-    """Set ``logger.wandb.id`` (with W&B) before the loggers are built: as given, else the resumed run's (Lightning
-    passes ``resume="allow"``), else a new one."""
+    """Set ``logger.wandb.id`` before the loggers are built: as given, else the resumed run's, else a new one."""
     from omegaconf import OmegaConf
 
     wandb_cfg = OmegaConf.select(cfg, "logger.wandb", default=None)
@@ -283,8 +279,7 @@ NOT_COMPARED = ("dataset.root", "dataset.cache_dir", "dataset.num_workers", "dat
 
 def changed_on_resume(cfg, resume: str) -> list[str]:
     """``key (before -> now)`` for each value of :data:`FIXED_ON_RESUME` this command changes from the resumed run's
-    ``resolved_config.yaml`` (read before this run writes its own: in place, it is the same file); none without that
-    file. An unreadable one is refused in one line, as :func:`continue_wandb_run` refuses it."""
+    ``resolved_config.yaml`` (read before this run writes its own: in place, it is the same file), if there is one."""
     from omegaconf import OmegaConf
 
     from mate_cli.config.schema import REFERENCE, ABSENT, dotted_keys, lookup
@@ -349,9 +344,8 @@ class ContinuousCSVLog(L.Callback):
         self._pending = checkpoint.get(PENDING_ROW_KEY)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if self.earlier is not None:
-            for logger in self._csv_loggers(trainer):
-                self._continue(logger.experiment, Path(logger.save_dir), trainer.global_step)
+        for logger in self._csv_loggers(trainer) if self.earlier is not None else ():
+            self._continue(logger.experiment, Path(logger.save_dir), trainer.global_step)
 
     def _continue(self, writer, save_dir: Path, step: int) -> None:
         """Seed ``writer``'s still-empty metrics file with the earlier log's rows before ``step``."""
