@@ -275,19 +275,33 @@ class TapasQAHead(nn.Module):
     ):
         """The aggregation examples' loss; ``answer``: (float answer, token values, their scale)."""
         cfg = self.config
-        float_answer, numeric_values, numeric_values_scale = answer
+        float_answer, values, scale = answer
         log_probs = torch.log_softmax(aggregation_logits, dim=-1)
         # weak supervision: NONE for cell-selection examples, "some operator" for the others
         extra = -log_probs[:, 0] * (1.0 - aggregate)
         extra = extra - torch.log(torch.softmax(aggregation_logits, dim=-1)[:, 1:].sum(1)) * aggregate
         extra = cfg.aggregation_loss_weight * extra
+        # the answer loss: Huber between the soft selection's expected result and the answer
+        probs = torch.sigmoid(logits)
+        if self.training and cfg.use_gumbel_for_cells:
+            probs = relaxed_bernoulli(logits, cfg.temperature)
         table_mask = (layout.row_ids > 0).to(logits.dtype)
-        answer_loss, keep = self._answer_loss(float_answer, aggregate, logits, numeric_values, numeric_values_scale,
-                                              aggregation_logits, table_mask)  # fmt: skip
-        loss = (extra + answer_loss) * keep
+        approximation, gumbel = cfg.average_approximation_function, self.training and cfg.use_gumbel_for_aggregation
+        expected = expected_result(
+            probs, values, scale, table_mask, aggregation_logits, approximation, cfg.aggregation_temperature, gumbel
+        )
+        target = torch.nan_to_num(float_answer, nan=0.0)
+        if cfg.use_normalized_answer_loss:
+            norm = (torch.maximum(expected.abs(), target.abs()) + EPSILON).detach()
+            answer_loss = huber(expected / norm * aggregate, target / norm * aggregate, 1.0)
+        else:
+            answer_loss = huber(expected * aggregate, target * aggregate, cfg.huber_loss_delta)
+        cutoff = cfg.answer_loss_cutoff
+        keep = torch.ones_like(answer_loss) if cutoff is None else (answer_loss <= cutoff).to(answer_loss.dtype)
+        loss = (extra + cfg.answer_loss_importance * answer_loss * aggregate) * keep
         if cfg.aggregation_supervision == "hard_em":
             found, operator, _, chosen, _, _ = consistent_selection(
-                token_logits, column_logits, index, numeric_values, float_answer, log_probs
+                token_logits, column_logits, index, values, float_answer, log_probs
             )
             # the consistent selection as gold cells of TAPAS's own selection loss, and its operator
             pseudo = index.gather(chosen.to(token_logits.dtype)).long() * layout.attention_mask
@@ -296,25 +310,6 @@ class TapasQAHead(nn.Module):
             em = cfg.aggregation_loss_weight * operator_loss + cfg.answer_loss_importance * cell_loss
             loss = torch.where(found & (aggregate > 0), em, loss)
         return loss
-
-    def _answer_loss(self, answer, aggregate, logits, values, scale, aggregation_logits, table_mask):
-        cfg = self.config
-        probs = torch.sigmoid(logits)
-        if self.training and cfg.use_gumbel_for_cells:
-            probs = relaxed_bernoulli(logits, cfg.temperature)
-        approximation, gumbel = cfg.average_approximation_function, self.training and cfg.use_gumbel_for_aggregation
-        expected = expected_result(
-            probs, values, scale, table_mask, aggregation_logits, approximation, cfg.aggregation_temperature, gumbel
-        )
-        answer = torch.nan_to_num(answer, nan=0.0)
-        if cfg.use_normalized_answer_loss:
-            norm = (torch.maximum(expected.abs(), answer.abs()) + EPSILON).detach()
-            loss = huber(expected / norm * aggregate, answer / norm * aggregate, 1.0)
-        else:
-            loss = huber(expected * aggregate, answer * aggregate, cfg.huber_loss_delta)
-        cutoff = cfg.answer_loss_cutoff
-        keep = torch.ones_like(loss) if cutoff is None else (loss <= cutoff).to(loss.dtype)
-        return cfg.answer_loss_importance * loss * aggregate, keep
 
 
 class TapasClassificationHead(nn.Module):
@@ -386,7 +381,8 @@ def consistent_selection(
         order = logit.masked_fill(~valid, float("-inf")).argsort(dim=-1, descending=True, stable=True)
         valid, logit = valid.gather(-1, order), logit.gather(-1, order)
         is_number = groups(numeric).gather(-1, order) & valid
-        total = torch.where(is_number, groups(cell_values).double().gather(-1, order), 0.0).cumsum(-1)
+        value = groups(cell_values).double().gather(-1, order)
+        total = torch.where(is_number, value, 0.0).cumsum(-1)
         numbers = is_number.double().cumsum(-1)
         count = torch.arange(1, order.shape[-1] + 1, device=order.device, dtype=torch.float64).expand_as(total)
         target = answer.double()[:, None, None]
@@ -397,7 +393,6 @@ def consistent_selection(
         outside = torch.where(valid, nn.functional.logsigmoid(-logit), 0.0)
         prefix = inside.cumsum(-1) + outside.sum(-1, keepdim=True) - outside.cumsum(-1)
         # and each single cell holding the answer (SUM or AVERAGE of one cell), wherever the model ranks it
-        value = groups(cell_values).double().gather(-1, order)
         single_ok = torch.stack([close(value) & is_number] * 2 + [close(torch.ones_like(value))], dim=-1)
         single_ok = single_ok & valid[..., None] & ~torch.isnan(target)[..., None]
         single = inside + outside.sum(-1, keepdim=True) - outside
