@@ -166,14 +166,9 @@ def parse(entries: Iterable[dict] | None) -> list[TargetSpec]:
             raise MateError(f"{where}: level must be one of {list(LEVELS)} and mode one of {list(MODES)}")
         lengths = entry["seq_len"] if isinstance(entry["seq_len"], (list, tuple)) else [entry["seq_len"]]
         for length in lengths:
-            spec = TargetSpec(
-                **{
-                    **entry,
-                    "seq_len": int(length),
-                    "threshold": float(entry["threshold"]),
-                    "to_seq_len": None if entry.get("to_seq_len") is None else int(entry["to_seq_len"]),
-                }
-            )
+            to_seq_len = None if entry.get("to_seq_len") is None else int(entry["to_seq_len"])
+            numbers = {"seq_len": int(length), "threshold": float(entry["threshold"]), "to_seq_len": to_seq_len}
+            spec = TargetSpec(**{**entry, **numbers})
             try:
                 spec.text(spec.name), spec.text(spec.requirement)
             except (KeyError, ValueError, IndexError) as err:

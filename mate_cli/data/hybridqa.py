@@ -162,13 +162,8 @@ def parse_question(record: Any, path: Path | str, index: int) -> Question:
     _check(answer is None or isinstance(answer, str), where, f"'answer-text' must be a string; {fix}")
     nodes = record.get("answer-node", [])
     _check(isinstance(nodes, list), where, f"'answer-node' must be a list; {fix}")
-    return Question(
-        question_id=record["question_id"],
-        question=record["question"],
-        table_id=record["table_id"],
-        answer_text=answer,
-        answer_nodes=[_parse_node(node, where, fix) for node in nodes],
-    )
+    answer_nodes = [_parse_node(node, where, fix) for node in nodes]
+    return Question(record["question_id"], record["question"], record["table_id"], answer, answer_nodes)
 
 
 def _parse_node(node: Any, where: str, fix: str) -> AnswerNode:

@@ -149,14 +149,8 @@ class _Progress:
         if now - self.last >= self.every_s and self.count < self.total:
             self.last = now
             rate = self.count / (now - self.start)
-            log.info(
-                "%s: %s/%s questions (%.1f/s, ETA %s)",
-                self.what,
-                f"{self.count:,}",
-                f"{self.total:,}",
-                rate,
-                _duration((self.total - self.count) / rate),
-            )
+            eta = _duration((self.total - self.count) / rate)
+            log.info("%s: %s/%s questions (%.1f/s, ETA %s)", self.what, f"{self.count:,}", f"{self.total:,}", rate, eta)
 
     def done(self) -> None:
         elapsed = time.perf_counter() - self.start

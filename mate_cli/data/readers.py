@@ -96,14 +96,8 @@ def rows_to_table(cells: list[list[str]], table_id: str, path: Path | str) -> Ta
     for r, raw in enumerate(cells[1:]):
         if len(raw) != width:
             dropped = [t for t in raw[width:] if t.strip()]
-            log.warning(
-                "%s: data row %d has %d cells, the header %d; %s",
-                path,
-                r,
-                len(raw),
-                width,
-                "padded with empty cells" if len(raw) < width else f"extra cells dropped {dropped[:3]}",
-            )
+            fix = "padded with empty cells" if len(raw) < width else f"extra cells dropped {dropped[:3]}"
+            log.warning("%s: data row %d has %d cells, the header %d; %s", path, r, len(raw), width, fix)
             raw = (list(raw) + [""] * width)[:width]
         rows.append([Cell(text) for text in raw])
     return Table(table_id=table_id, header=[Cell(text) for text in cells[0]], rows=rows)

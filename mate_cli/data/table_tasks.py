@@ -284,15 +284,10 @@ class TableTaskDataModule(SplitDataModule):
             }
             self.stats.setdefault(split, {}).update(counts)
             if why:
-                log.info(
-                    "%s train: %d of %d questions dropped (%s)",
-                    self.task.name,
-                    len(why),
-                    len(ds),
-                    ", ".join(
-                        f"{name.removeprefix('dropped_').replace('_', ' ')}: {n}" for name, n in counts.items() if n
-                    ),
+                reasons = ", ".join(
+                    f"{name.removeprefix('dropped_').replace('_', ' ')}: {n}" for name, n in counts.items() if n
                 )
+                log.info("%s train: %d of %d questions dropped (%s)", self.task.name, len(why), len(ds), reasons)
             keep = [i for i in range(len(ds)) if i not in why]
             if not keep:
                 raise MateError(
@@ -320,10 +315,8 @@ class TaskCollator(Collator):
                 [math.nan if ex["float_answer"] is None else ex["float_answer"] for ex in examples], dtype=torch.float
             ),
             cell_values=padded(values, math.nan, torch.float, base.cell_mask.shape[1]),
-            answers=[list(ex["answers"]) for ex in examples],
+            **{key: [list(ex[key]) for ex in examples] for key in ("answers", "answer_coordinates", "cell_texts")},
             canonical_answers=[list(ex["canonical_answers"] or []) for ex in examples],
-            answer_coordinates=[list(ex["answer_coordinates"]) for ex in examples],
-            cell_texts=[list(ex["cell_texts"]) for ex in examples],
             sequence_ids=[ex["sequence_id"] or None for ex in examples],
             positions=[int(ex["position"]) for ex in examples],
             channels=[ex["channel"] or None for ex in examples],

@@ -215,13 +215,8 @@ class TableTokenizer:
                 table.num_rows - num_rows,
                 example.columns_dropped,
             )
-        if kept < len(row_index):
-            log.debug(
-                "question %s: dropped %d trailing rows of %s",
-                example.question_id,
-                len(row_index) - kept,
-                table.table_id,
-            )
+        if (dropped := len(row_index) - kept) > 0:
+            log.debug("question %s: dropped %d trailing rows of %s", example.question_id, dropped, table.table_id)
         return example
 
     @staticmethod
