@@ -86,15 +86,11 @@ class CellRanker:
         top_p, top_id = probs.topk(k, dim=-1)
         out = []
         for i, example in enumerate(examples):
-            valid = batch.cell_mask[i, top_id[i]]
-            kept = [(int(c), float(p)) for c, p, ok in zip(top_id[i], top_p[i], valid) if ok]  # id and prob together
-            ids = [c for c, _ in kept]
+            kept = [(int(c), float(p)) for c, p, ok in zip(top_id[i], top_p[i], batch.cell_mask[i, top_id[i]]) if ok]
             cells = [{"cell_id": c, "coord": list(example["cell_coords"][c - 1]), "prob": p} for c, p in kept]
             candidates = set(example["candidates"] or [])
             record = {"question_id": example["question_id"], "cells": cells, "has_candidate": bool(candidates)}
-            for hk in HITS_K:
-                record[f"hits@{hk}"] = any(c in candidates for c in ids[:hk])
-            out.append(record)
+            out.append({**record, **{f"hits@{hk}": any(c in candidates for c, _ in kept[:hk]) for hk in HITS_K}})
         return out
 
 
@@ -318,11 +314,5 @@ def predict_question(
         return {**common, "answer": "", "cell": None, "top_cells": [], "reader_prob": None}
     item = spans.build(question, table, passages, (top[0]["row"], top[0]["column"]))
     result = spans.read([item], [top[0]["text"]])[0] if item.context.strip() else {"pred": "", "prob": None}
-    return {
-        **common,
-        "answer": result["pred"],
-        "reader_prob": result["prob"],
-        "cell": top[0],
-        "top_cells": top,
-        "context": item.context,
-    }
+    answer = {"answer": result["pred"], "reader_prob": result["prob"], "cell": top[0], "top_cells": top}
+    return {**common, **answer, "context": item.context}
