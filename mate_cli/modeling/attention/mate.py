@@ -86,8 +86,7 @@ def auto_choice(variant: str, device: torch.device, dtype: torch.dtype, grad: bo
 
 
 def head_masks(layout: TableLayout, num_heads: int, row_heads_ratio: float) -> torch.Tensor:
-    """The exact MATE pattern of every head, ``[batch, heads, seq, seq]`` bool (from, to); quadratic, for
-    references and tests."""
+    """Exact MATE pattern of every head, ``[batch, heads, seq, seq]`` bool (from, to); quadratic, for tests."""
     views = layout.head_views(num_heads, row_heads_ratio)
     return torch.stack([layout.allowed(v) for v in views], dim=1)
 
@@ -102,16 +101,10 @@ def masked_attention(
 ) -> torch.Tensor:
     """Exact MATE by masking dense attention, ``[batch, heads, seq, head_dim]`` in and out: one SDPA call per head
     view, with a ``[batch, 1, seq, seq]`` mask (plus ``layout.key_bias``)."""
-    parts = [
-        F.scaled_dot_product_attention(
-            q[:, heads],
-            k[:, heads],
-            v[:, heads],
-            attn_mask=with_key_bias(layout.allowed(view)[:, None], layout, q.dtype),
-            dropout_p=dropout_p,
-        )
-        for view, heads in head_groups(layout, q.shape[1], row_heads_ratio)
-    ]
+    parts = []
+    for view, heads in head_groups(layout, q.shape[1], row_heads_ratio):
+        mask = with_key_bias(layout.allowed(view)[:, None], layout, q.dtype)
+        parts.append(F.scaled_dot_product_attention(q[:, heads], k[:, heads], v[:, heads], mask, dropout_p))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
@@ -179,12 +172,8 @@ class MateAttention(AttentionBackend):
         for key, value in (("attention.global_size", global_size), ("attention.radius", radius)):
             if int(value) != value:
                 raise MateError(f"{key}={value} is invalid: it must be a whole number; set {key}=<int>")
-        self.variant = variant
-        self.impl = impl
-        self.row_heads_ratio = float(row_heads_ratio)
-        self.global_size = int(global_size)
-        self.radius = int(radius)
-        self.global_rows = global_rows
+        self.variant, self.impl, self.global_rows = variant, impl, global_rows
+        self.row_heads_ratio, self.global_size, self.radius = float(row_heads_ratio), int(global_size), int(radius)
         if impl == "triton" and not triton_available():
             raise MateError(
                 "attention.impl=triton needs Triton: GPU builds of PyTorch ship it, elsewhere "
@@ -205,8 +194,7 @@ class MateAttention(AttentionBackend):
         return text
 
     def resolve_impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
-        """The implementation this call runs: ``auto`` resolved, or an asked-for one that cannot run replaced; either
-        logged once."""
+        """The implementation this call runs (``auto`` resolved, an impl that cannot run replaced), logged once."""
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if self.variant == "bucketed":
             choice = choose_bucketed_impl(self.impl, q, grad)
