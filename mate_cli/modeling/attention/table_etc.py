@@ -209,13 +209,8 @@ class TableETCAttention(AttentionBackend):
         to_memory_blocks = _blocks(to_memory, radius)  # [batch, nb, radius, G]
         batch, num_blocks = to_memory_blocks.shape[:2]
         window_shape = (batch, num_blocks, radius, 3 * radius)
-        long_mask = torch.cat(
-            [
-                memory_mask[:, None, None, :].expand(batch, num_blocks, radius, num_global),
-                key_real[:, :, None, :] & near,
-            ],
-            dim=-1,
-        )
+        to_memory_mask = memory_mask[:, None, None, :].expand(batch, num_blocks, radius, num_global)
+        long_mask = torch.cat([to_memory_mask, key_real[:, :, None, :] & near], dim=-1)
         long_rel = torch.cat([to_memory_blocks, local_rel.expand(window_shape)], dim=-1)
         return EtcPlan(layout.attention_mask, global_rel, long_mask, long_rel, long.seq_len)
 
