@@ -9,15 +9,13 @@ softmax runs over the valid spans (:func:`valid_span_mask`).
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 from torch import nn
 
 
 def valid_span_mask(
-    context_mask: torch.Tensor,
-    max_span_length: int,
-    start_ok: torch.Tensor | None = None,
-    end_ok: torch.Tensor | None = None,
-) -> torch.Tensor:
+    context_mask: Tensor, max_span_length: int, start_ok: Tensor | None = None, end_ok: Tensor | None = None
+) -> Tensor:
     """``[batch, seq, max_span_length]`` bool: ``mask[b, i, d]`` iff every token of ``i .. i + d`` is a context token,
     ``i + d < seq``, and, when given, ``start_ok[b, i]`` and ``end_ok[b, i + d]`` (``[batch, seq]`` bool)."""
     batch, seq = context_mask.shape
@@ -64,12 +62,8 @@ class SpanHead(nn.Module):
                 nn.init.zeros_(layer.bias)
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        context_mask: torch.Tensor,
-        start_ok: torch.Tensor | None = None,
-        end_ok: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, hidden: Tensor, context_mask: Tensor, start_ok: Tensor | None = None, end_ok: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """``(scores, valid)``, each ``[batch, seq, max_span_length]`` (masks: :func:`valid_span_mask`); invalid
         scores are the dtype's most negative finite value."""
         width = self.max_span_length
@@ -81,7 +75,7 @@ class SpanHead(nn.Module):
         valid = valid_span_mask(context_mask, width, start_ok, end_ok)
         return scores.masked_fill(~valid, torch.finfo(scores.dtype).min), valid
 
-    def decode(self, scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def decode(self, scores: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Best valid span per example: ``(start, end, prob)``, each ``[batch]``, ``prob`` its softmax over valid spans;
         ``-1, -1, 0`` where no span is valid."""
         batch, seq, width = scores.shape
@@ -93,25 +87,22 @@ class SpanHead(nn.Module):
         return torch.where(has, start, -1), torch.where(has, end, -1), torch.where(has, best_log_p.exp(), 0.0)
 
 
-def gold_band_index(gold_start: torch.Tensor, gold_end: torch.Tensor, max_span_length: int) -> torch.Tensor:
+def gold_band_index(gold_start: Tensor, gold_end: Tensor, max_span_length: int) -> Tensor:
     """Flat band index ``start * L + (end - start)`` of each gold span, ``[batch]`` (-1 if none/too long)."""
     length = gold_end - gold_start
     ok = (gold_start >= 0) & (length >= 0) & (length < max_span_length)
     return torch.where(ok, gold_start * max_span_length + length, torch.full_like(gold_start, -1))
 
 
-def span_loss(
-    scores: torch.Tensor, valid: torch.Tensor, gold_start: torch.Tensor, gold_end: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def span_loss(scores: Tensor, valid: Tensor, gold_start: Tensor, gold_end: Tensor) -> tuple[Tensor, Tensor]:
     """Cross-entropy to the gold span (``gold_start``/``gold_end`` ``[batch]``, -1: none): ``(loss, used)``, the mean
     over the examples whose gold span is a valid band span (``used``; 0 with grad when none)."""
     batch, seq, width = scores.shape
     target = gold_band_index(gold_start, gold_end, width)
-    flat_valid = valid.reshape(batch, -1)
-    used = target >= 0
-    used = used & flat_valid.gather(1, target.clamp(min=0)[:, None]).squeeze(1)
+    index = target.clamp(min=0)[:, None]
+    used = (target >= 0) & valid.reshape(batch, -1).gather(1, index).squeeze(1)
     if not bool(used.any()):
         return scores.masked_fill(~valid, 0.0).sum() * 0.0, used
     log_p = torch.log_softmax(scores.reshape(batch, -1).float(), dim=-1)
-    nll = -log_p.gather(1, target.clamp(min=0)[:, None]).squeeze(1)
+    nll = -log_p.gather(1, index).squeeze(1)
     return nll[used].mean(), used
