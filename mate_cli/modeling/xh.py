@@ -27,9 +27,7 @@ class HopAttention(nn.Module):
     def __init__(self, hidden_size: int, num_heads: int, initializer_range: float = 0.02) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
-        self.query = nn.Linear(hidden_size, hidden_size)
-        self.key = nn.Linear(hidden_size, hidden_size)
-        self.value = nn.Linear(hidden_size, hidden_size)
+        self.query, self.key, self.value = (nn.Linear(hidden_size, hidden_size) for _ in range(3))
         for layer in (self.query, self.key, self.value):
             nn.init.normal_(layer.weight, std=initializer_range)
             nn.init.zeros_(layer.bias)
