@@ -124,12 +124,8 @@ class BucketPlan:
             # rows that need table globals form a prefix (Q, then the first group):
             # split a bucket range there so the rest skips those keys
             cut = -(-self.needs_table_globals[c.b][c.view] // R)
-            if c.h1 - c.h0 == 1 and c.n0 < cut < c.n1:
-                chunks += [replace(c, n1=cut), replace(c, n0=cut)]
-            else:
-                chunks.append(c)
-        bounds = torch.tensor([[c.b, c.view, c.n0 * R, c.n1 * R] for c in chunks])
-        needed = [int(self.global_needed[b, v, lo:hi].max()) for b, v, lo, hi in bounds.tolist()]
+            chunks += [replace(c, n1=cut), replace(c, n0=cut)] if c.h1 - c.h0 == 1 and c.n0 < cut < c.n1 else [c]
+        needed = [int(self.global_needed[c.b, c.view, c.n0 * R : c.n1 * R].max()) for c in chunks]
         return [
             replace(c, keys=max(n, self.query_len[c.b], 1), free=self.query_len[c.b]) for c, n in zip(chunks, needed)
         ]
@@ -219,8 +215,7 @@ def _chunks(plan: BucketPlan, rows_per_unit: int, units: int, width: int, budget
             h, end = heads[0], heads[-1] + 1
             if per_head <= budget:
                 step = max(1, budget // per_head)
-                for h0 in range(h, end, step):
-                    out.append(Chunk(b * H + h0, b * H + min(end, h0 + step), 0, units, b, view))
+                out += [Chunk(b * H + h0, b * H + min(end, h0 + step), 0, units, b, view) for h0 in range(h, end, step)]
             else:
                 step = max(1, budget // (rows_per_unit * width))
                 for hh in heads:
