@@ -143,11 +143,8 @@ def block_sparse_attention(
     outs = []
     for (view, heads, bins), out_rows in zip(plan.views, plan.out_rows):
         sources = [dense[:, heads].transpose(1, 2).reshape(-1, heads.stop - heads.start, D)]
-        for bin_ in bins:
-            view_qkv = (qt[:, :, heads], kt[:, :, heads], vt[:, :, heads])
-            sources.append(
-                _segment_block(bin_, *view_qkv, k_rows[:, heads], v_rows[:, heads], plan.query_valid, dropout_p)
-            )
+        view_inputs = (qt[:, :, heads], kt[:, :, heads], vt[:, :, heads], k_rows[:, heads], v_rows[:, heads])
+        sources += [_segment_block(bin_, *view_inputs, plan.query_valid, dropout_p) for bin_ in bins]
         sources.append(q.new_zeros(1, heads.stop - heads.start, D))
         outs.append(torch.cat(sources)[out_rows])  # [B, N, heads, D]
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
@@ -158,8 +155,7 @@ def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropou
     """One bin: its ``[n, size]`` segments attend to their example's query set and themselves. ``qt, kt, vt``:
     ``[B, N, h, D]`` (this view's heads); ``k_query, v_query``: ``[B, h, P, D]``; returns ``[n * size, h, D]`` rows."""
     ex = bin_.example
-    tokens = bin_.tokens
-    seg_q, seg_k, seg_v = (x[ex[:, None], tokens].transpose(1, 2) for x in (qt, kt, vt))  # [n, h, S, D]
+    seg_q, seg_k, seg_v = (x[ex[:, None], bin_.tokens].transpose(1, 2) for x in (qt, kt, vt))  # [n, h, S, D]
     keys = torch.cat([k_query[ex], seg_k], dim=2)
     values = torch.cat([v_query[ex], seg_v], dim=2)
     mask = torch.cat([query_valid[ex], bin_.valid], dim=1)[:, None, None, :]
@@ -168,8 +164,7 @@ def _segment_block(bin_: _Bin, qt, kt, vt, k_query, v_query, query_valid, dropou
 
 
 def uses_flex(q: torch.Tensor, dropout_p: float) -> bool:
-    """Whether :func:`block_sparse_attention` runs FlexAttention for inputs like ``q``: on CUDA without dropout, where
-    torch has it (2.5 on)."""
+    """Whether :func:`block_sparse_attention` runs FlexAttention: on CUDA without dropout, with torch >= 2.5."""
     return q.is_cuda and dropout_p == 0.0 and importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
