@@ -74,8 +74,7 @@ class TableEmbeddings(nn.Module):
                 f"{self.max_position_embeddings}; set dataset.max_length<={self.max_position_embeddings} "
                 "or model.encoder.reset_position_index_per_cell=true"
             )
-        positions = torch.arange(seq_len, device=layout.device)
-        return positions.unsqueeze(0).expand(batch, seq_len)
+        return torch.arange(seq_len, device=layout.device).expand(batch, seq_len)
 
     def check_type_ids(self, layout: TableLayout) -> None:
         """Refuse ids that overflow their token-type table. It reads them on the host: :meth:`forward` calls it on CPU
