@@ -110,9 +110,7 @@ class TableLayout:
     def plain(cls, input_ids: torch.Tensor) -> "TableLayout":
         """No table and no padding: every token a query token, every id 0."""
         zeros = torch.zeros_like(input_ids, dtype=torch.long)
-        return cls(
-            attention_mask=torch.ones_like(zeros, dtype=torch.bool), segment_ids=zeros, row_ids=zeros, column_ids=zeros
-        )
+        return cls(torch.ones_like(zeros, dtype=torch.bool), segment_ids=zeros, row_ids=zeros, column_ids=zeros)
 
     @property
     def batch_size(self) -> int:
@@ -148,8 +146,7 @@ class TableLayout:
 
     @memoized
     def group_ids(self, view: View) -> torch.Tensor:
-        """``[batch, seq]`` long: 0 for the query set, row/column id + 1 for table tokens, padding
-        :data:`PADDING_GROUP`; cached."""
+        """``[batch, seq]`` long, cached: 0 query set, row/column id + 1 table tokens, :data:`PADDING_GROUP` padding."""
         group = torch.where(self.is_query, 0, self.view_ids(view).clamp(min=0) + 1)
         return torch.where(self.attention_mask, group, group.new_full((), PADDING_GROUP))
 
