@@ -171,8 +171,7 @@ def cells_with_tokens(layout: TableLayout, num_cells: int) -> torch.Tensor:
 
 
 def answer_cells_kept(answer_cells: torch.Tensor, layout: TableLayout) -> torch.Tensor:
-    """``[batch]`` bool: every answer cell (``[batch, cells + 1]`` by cell id) keeps a token in ``layout`` (True
-    without answer cells)."""
+    """``[batch]`` bool: every answer cell (``[batch, cells + 1]`` by id; none: True) keeps a token in ``layout``."""
     kept = cells_with_tokens(layout, answer_cells.shape[1] - 1)
     return (kept | ~answer_cells).all(dim=1)
 
