@@ -47,8 +47,7 @@ AGGREGATION_SUPERVISIONS = ("expected", "hard_em")
 
 @dataclass
 class TapasHeadConfig:
-    """TAPAS's head settings (``transformers.TapasConfig``'s names and defaults; the task yamls set its published
-    values)."""
+    """TAPAS's head settings (``transformers.TapasConfig``'s names and defaults; task yamls set published values)."""
 
     num_aggregation_labels: int = 0
     temperature: float = 1.0
@@ -424,8 +423,7 @@ def consistent_selection(
 
 
 def _aggregate_mask(answer, aggregation_logits, preference, labels) -> torch.Tensor:
-    """1 for the examples that aggregate: a scalar answer, unless an answer cell exists and the operators' mass is
-    at most ``preference``."""
+    """1 where an example aggregates: a scalar answer, unless it has an answer cell and operator mass <= preference."""
     scalar = (~torch.isnan(answer)).to(aggregation_logits.dtype)
     operators = torch.softmax(aggregation_logits, dim=-1)[:, 1:].sum(1)
     select = (operators <= preference) & (labels.sum(1) > 0)
