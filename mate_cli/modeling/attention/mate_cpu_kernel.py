@@ -60,8 +60,7 @@ _state: dict = {}
 
 
 def _cpu_tag() -> str:
-    """Torch and Python versions, CPU model/flags, compiler flags and source: a build for this machine only
-    (-march=native)."""
+    """Torch/Python versions, CPU model/flags, compiler flags and source: a build for this machine (-march=native)."""
     cpu = platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
