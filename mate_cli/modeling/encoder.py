@@ -141,8 +141,17 @@ def compiled_stack(backend: str, mode: str | None) -> Callable[..., torch.Tensor
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def check_compile_mode(backend: str, mode: str | None) -> None:
-    """``model.encoder.compile_mode``: one of :data:`COMPILE_MODES`, with Inductor only; else one line."""
+def compile_settings(compile: bool | str, mode: str | None) -> tuple[str, str | None]:
+    """``model.encoder.compile`` and ``compile_mode`` -> ``(torch.compile backend, mode)``, or one line naming the
+    choices: a registered backend (true: Inductor), and a mode of :data:`COMPILE_MODES` with Inductor only."""
+    import torch._dynamo
+
+    backend = "inductor" if compile is True else compile
+    if not isinstance(backend, str) or backend not in torch._dynamo.list_backends(exclude_tags=()):
+        raise MateError(
+            f"model.encoder.compile={compile!r} is invalid; use false, true (Inductor) or the name of a torch.compile "
+            "backend (torch._dynamo.list_backends(), e.g. aot_eager)"
+        )
     if mode not in COMPILE_MODES:
         raise MateError(
             f"model.encoder.compile_mode={mode!r} is invalid; use null or one of "
@@ -153,19 +162,7 @@ def check_compile_mode(backend: str, mode: str | None) -> None:
             f"model.encoder.compile_mode={mode} is Inductor's, but model.encoder.compile={backend}; "
             "set model.encoder.compile=true or model.encoder.compile_mode=null"
         )
-
-
-def compile_backend(compile: bool | str) -> str:
-    """``model.encoder.compile``'s value -> a ``torch.compile`` backend name, or one line naming the choices."""
-    import torch._dynamo
-
-    backend = "inductor" if compile is True else compile
-    if not isinstance(backend, str) or backend not in torch._dynamo.list_backends(exclude_tags=()):
-        raise MateError(
-            f"model.encoder.compile={compile!r} is invalid; use false, true (Inductor) or the name of a torch.compile "
-            "backend (torch._dynamo.list_backends(), e.g. aot_eager)"
-        )
-    return backend
+    return backend, mode
 
 
 def build_backend(
@@ -228,9 +225,7 @@ class TableEncoder(nn.Module):
         for name, module in self.named_modules():
             if ".backend" not in name:  # a backend initialises its own parameters
                 self._init_weights(module)
-        self.compiled = (compile_backend(compile), compile_mode) if compile else None
-        if self.compiled:
-            check_compile_mode(*self.compiled)
+        self.compiled = compile_settings(compile, compile_mode) if compile else None
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LayerNorm."""
