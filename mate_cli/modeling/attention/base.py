@@ -43,11 +43,8 @@ class AttentionBackend(nn.Module):
         self, *, num_heads: int, head_dim: int, max_length: int = 512, dropout: float = 0.0, layer_index: int = 0
     ) -> None:
         super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.max_length = max_length
-        self.dropout = dropout
-        self.layer_index = layer_index
+        self.num_heads, self.head_dim, self.max_length = num_heads, head_dim, max_length
+        self.dropout, self.layer_index = dropout, layer_index
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TableLayout | None
@@ -105,7 +102,6 @@ def with_key_bias(allowed: torch.Tensor, layout: TableLayout | None, dtype: torc
 
 
 def block_windows(blocks: torch.Tensor) -> torch.Tensor:
-    """``[..., num_blocks, size, d]`` -> ``[..., num_blocks, 3 * size, d]``: previous, own, next block (zeros beyond
-    the ends)."""
+    """``[..., num_blocks, size, d]`` -> ``[..., num_blocks, 3 * size, d]``: previous, own, next block (0 past ends)."""
     padded = F.pad(blocks, (0, 0, 0, 0, 1, 1))
     return torch.cat([padded[..., :-2, :, :], padded[..., 1:-1, :, :], padded[..., 2:, :, :]], dim=-2)
