@@ -36,8 +36,7 @@ class LinformerAttention(AttentionBackend):
                 f"attention.init={init!r} is invalid: choose one of {', '.join(INITS)}; set attention.init=normal"
             )
         check_range("attention.init_std", init_std, 0.0)
-        self.k = int(k)
-        self.share_kv = bool(share_kv)
+        self.k, self.share_kv = int(k), bool(share_kv)
         self.E = nn.Parameter(torch.empty(self.k, self.max_length))
         if self.share_kv:
             self.register_parameter("F", None)
