@@ -60,10 +60,9 @@ def mml_loss(cell_logits: torch.Tensor, cell_mask: torch.Tensor, candidate_mask:
     candidate it is the cross-entropy to that cell. Returns 0 (with grad) when no example has a candidate."""
     log_p = cell_log_probs(cell_logits, cell_mask)
     candidates = candidate_mask & cell_mask
-    has_candidate = candidates.any(dim=-1)
     q = torch.softmax(masked_fill_invalid(log_p.detach(), candidates), dim=-1) * candidates
     per_example = -(q * log_p.masked_fill(~candidates, 0.0)).sum(dim=-1)
-    return _mean_over(per_example, has_candidate)
+    return _mean_over(per_example, candidates.any(dim=-1))
 
 
 def first_candidate_loss(
@@ -71,11 +70,9 @@ def first_candidate_loss(
 ) -> torch.Tensor:
     """Cross-entropy to the lowest-id candidate cell (the ``model.mml=false`` ablation)."""
     candidates = candidate_mask & cell_mask
-    has_candidate = candidates.any(dim=-1)
     target = candidates.float().argmax(dim=-1)
-    log_p = cell_log_probs(cell_logits, cell_mask)
-    per_example = -log_p.gather(1, target[:, None]).squeeze(1)
-    return _mean_over(per_example, has_candidate)
+    per_example = -cell_log_probs(cell_logits, cell_mask).gather(1, target[:, None]).squeeze(1)
+    return _mean_over(per_example, candidates.any(dim=-1))
 
 
 def _mean_over(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
