@@ -90,7 +90,6 @@ class HopLayers(nn.Module):
             )
         edges = edges.to(hidden.device).bool()
         for i, layer in enumerate(encoder.encoder.layer):
-            hop = self.hops[i - self.first_hop] if i >= self.first_hop else None
-            mix = None if hop is None else functools.partial(hop, edges=edges)
+            mix = functools.partial(self.hops[i - self.first_hop], edges=edges) if i >= self.first_hop else None
             hidden = encoder.run_layer(layer, hidden, layout, mix)
         return hidden
