@@ -203,15 +203,14 @@ class TableETCAttention(AttentionBackend):
         offset = torch.arange(3 * radius, device=layout.device)[None, :] - radius
         distance = offset - torch.arange(radius, device=layout.device)[:, None]  # [radius, 3 radius]
         near = distance.abs() <= radius
-        local_rel = REL_LOCAL_OFFSET + distance.clamp(-self.max_relative_distance, self.max_relative_distance)
-        local_rel = local_rel + self.max_relative_distance
+        M = self.max_relative_distance
+        local_rel = REL_LOCAL_OFFSET + distance.clamp(-M, M) + M
         key_real = block_windows(_blocks(long.attention_mask[..., None].to(torch.uint8), radius))[..., 0].bool()
         to_memory_blocks = _blocks(to_memory, radius)  # [batch, nb, radius, G]
         batch, num_blocks = to_memory_blocks.shape[:2]
-        window_shape = (batch, num_blocks, radius, 3 * radius)
         to_memory_mask = memory_mask[:, None, None, :].expand(batch, num_blocks, radius, num_global)
         long_mask = torch.cat([to_memory_mask, key_real[:, :, None, :] & near], dim=-1)
-        long_rel = torch.cat([to_memory_blocks, local_rel.expand(window_shape)], dim=-1)
+        long_rel = torch.cat([to_memory_blocks, local_rel.expand(batch, num_blocks, radius, 3 * radius)], dim=-1)
         return EtcPlan(layout.attention_mask, global_rel, long_mask, long_rel, long.seq_len)
 
     def _probs(self, q: torch.Tensor, keys: torch.Tensor, rel_ids: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
