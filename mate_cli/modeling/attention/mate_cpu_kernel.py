@@ -131,8 +131,7 @@ def load(verbose: bool = False) -> bool:
             _register_flops()
         except Exception as err:  # no compiler, link error, ...: the torch path still works
             lines = str(err).strip().splitlines() or [type(err).__name__]
-            why = next((line.strip() for line in lines if "error:" in line), lines[-1])
-            _state["why"] = why
+            _state["why"] = why = next((line.strip() for line in lines if "error:" in line), lines[-1])
             log.warning("MATE fused CPU kernel unavailable (%s); using the pure-torch bucketed path", why[:200])
             return False
         _state["ok"] = True
