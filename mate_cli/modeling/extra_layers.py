@@ -48,9 +48,8 @@ class ExtraLayer(nn.Module):
         self.attention_dropout = nn.Dropout(config.attention_dropout)
         self.max_distance = max_distance
         if max_distance is not None:
-            self.relative_key, self.relative_value = (
-                nn.Embedding(2 * max_distance + 1, self.head_dim) for _ in range(2)
-            )
+            self.relative_key = nn.Embedding(2 * max_distance + 1, self.head_dim)
+            self.relative_value = nn.Embedding(2 * max_distance + 1, self.head_dim)
 
     def scaled_weights(self) -> list[torch.Tensor]:
         """The weights DT-Fixup scales (module docstring)."""
