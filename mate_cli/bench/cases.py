@@ -293,13 +293,9 @@ def runs_flex(model: torch.nn.Module | None, q: torch.Tensor, grad: bool) -> boo
     ``block_sparse`` on CUDA."""
     if model is None or not sparse.uses_flex(q, 0.0):
         return False
-    return any(
-        isinstance(m, MateAttention)
-        and m.variant == "exact"
-        and (m.impl if m.impl != "auto" else auto_choice("exact", q.device, q.dtype, grad, q.shape[2]))
-        == "block_sparse"
-        for m in model.modules()
-    )
+    impls = [m.impl for m in model.modules() if isinstance(m, MateAttention) and m.variant == "exact"]
+    auto = auto_choice("exact", q.device, q.dtype, grad, q.shape[2]) if "auto" in impls else None
+    return any((auto if impl == "auto" else impl) == "block_sparse" for impl in impls)
 
 
 def layer_layout(

@@ -37,10 +37,8 @@ def table(folder: Path) -> str:
     lines = [markdown_row(header), "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
     dense = {task: p.get("examples_per_s") for task, attention, p in runs if attention == "dense"}
     for task, attention, profile in runs:
-        cells = [task, attention]
-        for _, key, form in COLUMNS:
-            value = profile.get(key)
-            cells.append("-" if value is None else form.format(value))
+        values = ("-" if profile.get(key) is None else form.format(profile[key]) for _, key, form in COLUMNS)
+        cells = [task, attention, *values]
         base, mine = dense.get(task), profile.get("examples_per_s")
         cells.append(f"{mine / base:.2f}x" if attention != "dense" and base and mine else "")
         lines.append(markdown_row(cells))

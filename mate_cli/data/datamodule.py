@@ -222,17 +222,15 @@ class HybridQADataModule(SplitDataModule):
 
     def split_stats(self, ds) -> dict:
         n = len(ds)
-        truncated = sum(bool(t) for t in ds["truncated"])
         no_candidate = sum(1 for c in ds["candidates"] if not c)
-        dropped = sum(int(d) for d in ds["candidates_dropped"])
         rows_dropped = [int(r) for r in ds["rows_dropped"]]
         columns_dropped = [int(c) for c in ds["columns_dropped"]]
         return {
             "questions": n,
-            "fit_without_truncation": round(1 - truncated / n, 4),
+            "fit_without_truncation": round(1 - sum(bool(t) for t in ds["truncated"]) / n, 4),
             "with_candidate": round(1 - no_candidate / n, 4),
             "questions_without_candidate": no_candidate,
-            "candidates_dropped_by_truncation": dropped,
+            "candidates_dropped_by_truncation": sum(int(d) for d in ds["candidates_dropped"]),
             "questions_with_rows_dropped": sum(r > 0 for r in rows_dropped),
             "rows_dropped": sum(rows_dropped),
             "questions_with_columns_dropped": sum(c > 0 for c in columns_dropped),

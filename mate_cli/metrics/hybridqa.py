@@ -49,11 +49,8 @@ def _group(ids: Iterable[str], em: Mapping[str, float], f1: Mapping[str, float])
     ids = list(ids)
     if not ids:
         return {"em": None, "f1": None, "count": 0}
-    return {
-        "em": 100.0 * sum(em[q] for q in ids) / len(ids),
-        "f1": 100.0 * sum(f1[q] for q in ids) / len(ids),
-        "count": len(ids),
-    }
+    n = len(ids)
+    return {"em": 100.0 * sum(em[q] for q in ids) / n, "f1": 100.0 * sum(f1[q] for q in ids) / n, "count": n}
 
 
 def evaluate_predictions(predictions: Sequence[Mapping[str, str]], reference: Mapping) -> dict:

@@ -39,13 +39,8 @@ def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question], t
         return sqa_scores((q.sequence_id or q.question_id, q.position, c) for q, c in zip(questions, correct))
 
     name, best = max(rules, key=lambda item: scores(train, item[1])["all"])
-    val = scores(validation, best)
-    return {
-        "rule": name,
-        "train/accuracy": scores(train, best)["all"],
-        "val/accuracy": val["all"],
-        "val/seq": val["seq"],
-    }
+    val, train_all = scores(validation, best), scores(train, best)["all"]
+    return {"rule": name, "train/accuracy": train_all, "val/accuracy": val["all"], "val/seq": val["seq"]}
 
 
 def tabfact_majority(train: Sequence[Question], validation: Sequence[Question]) -> dict:

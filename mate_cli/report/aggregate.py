@@ -62,12 +62,9 @@ class Configuration:
 
     def repeated(self) -> list[tuple[Run, list[Run]]]:
         """Each seed that finished more than once: the counted run and the others."""
-        out = []
-        for run in self.counted():
-            others = [r for r in runs_with(self.runs, OK) if r is not run and str(r.seed) == str(run.seed)]
-            if others and run.seed is not None:
-                out.append((run, sorted(others, key=lambda r: r.name)))
-        return out
+        ok = runs_with(self.runs, OK)
+        found = [(run, [r for r in ok if r is not run and str(r.seed) == str(run.seed)]) for run in self.counted()]
+        return [(run, sorted(others, key=lambda r: r.name)) for run, others in found if others and run.seed is not None]
 
     def summary(self, metric: str) -> Summary | None:
         return summarize(run.metrics[metric] for run in self.counted() if metric in run.metrics)

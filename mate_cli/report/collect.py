@@ -92,12 +92,8 @@ def _fill_choices(value: Any, choices: dict) -> Any:
 
 def parse_overrides(lines: Iterable[str]) -> dict[str, str]:
     """``["+sweep=x", "attention=sat", "seed=1"]`` -> ``{"sweep": "x", "attention": "sat", "seed": "1"}``."""
-    out = {}
-    for line in lines:
-        key, sep, value = str(line).partition("=")
-        if sep:
-            out[key.lstrip("+~")] = value
-    return out
+    parts = [str(line).partition("=") for line in lines]
+    return {key.lstrip("+~"): value for key, sep, value in parts if sep}
 
 
 def numeric_metrics(data: dict) -> dict[str, float]:
