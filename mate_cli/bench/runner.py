@@ -104,7 +104,7 @@ def machine(settings: Settings) -> dict:
     info = {
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -113,8 +113,6 @@ def machine(settings: Settings) -> dict:
         "mem_available_gb": round(measure.available_bytes() / 2**30, 1),
         "load_avg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
     }
-    if cpu := proc_field("/proc/cpuinfo", "model name"):
-        info["cpu"] = cpu
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     import transformers

@@ -80,16 +80,13 @@ def markdown(source: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
         "",
     ]
     if repeated:
-        out.append(f"## Repeated seeds ({len(repeated)}): the newest finished run of each is counted\n")
-        out.extend(f"- {line}" for line in repeated)
-        out.append("")
+        out += [f"## Repeated seeds ({len(repeated)}): the newest finished run of each is counted\n"]
+        out += [*(f"- {line}" for line in repeated), ""]
     for title, lines in (
         ("Failed runs", failed_lines(failed, "`")),
         ("Incomplete runs", incomplete_lines(incomplete, "`")),
     ):
-        out.append(f"## {title} ({len(lines)})\n")
-        out.extend([f"- {line}" for line in lines] or ["none"])
-        out.append("")
+        out += [f"## {title} ({len(lines)})\n", *([f"- {line}" for line in lines] or ["none"]), ""]
     if skipped:
         out.append(
             f"Left out: {len(skipped)} run(s) of other tasks ({', '.join(sorted({str(r.task) for r in skipped}))}).\n"
