@@ -1,8 +1,7 @@
 """Non-finite numbers are never a silent result: :class:`StopOnNonFiniteLoss` stops training at the first non-finite
-loss, naming the step and question ids, with no weights updated by it (weights and checkpoints stay finite);
-checkpoints with non-finite weights are refused (:func:`mate_cli.run.rebuild.check_checkpoint_fits`);
-:func:`non_finite_metrics` names what ``mate train``/``eval`` warn of and ``mate report`` counts as failed. Inputs
-beyond float32: :mod:`mate_cli.data.numbers`."""
+loss, naming the step and question ids, with no weights updated by it; checkpoints with non-finite weights are refused
+(:func:`mate_cli.run.rebuild.check_checkpoint_fits`); :func:`non_finite_metrics` names what ``mate train``/``eval``
+warn of and ``mate report`` counts as failed."""
 
 from __future__ import annotations
 
@@ -33,22 +32,18 @@ def non_finite_metrics(metrics: Mapping[str, object]) -> list[str]:
 
 
 def skips_steps_on_device(optimizer) -> bool:
-    """Whether ``optimizer`` skips its update when its ``found_inf`` tensor is non-zero, on the device and without
-    reading it on the host (torch's fused Adam and AdamW, as ``GradScaler`` uses them)."""
+    """Whether ``optimizer`` skips its update on a non-zero ``found_inf`` on the device (torch's fused Adam, AdamW)."""
     return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
 
 
 class StopOnNonFiniteLoss(L.Callback):
     """Keeps the training step free of host synchronisation: each loss's finiteness stays on the device, and an
     optimiser that can (:func:`skips_steps_on_device`) skips the update of a step whose loss is not finite. The flag
-    is read where the host reads values anyway: on the steps that log (``trainer.log_every_n_steps``), before any
-    checkpoint is written and at the end of each epoch and of training; training then stops naming the first such step
-    and its questions (under DDP on every rank: the flag is the maximum over the ranks). With another optimiser the loss is read before every update (one synchronisation a step)."""
+    is read where the host reads values anyway: on the steps that log, before any checkpoint is written and at the end
+    of each epoch and of training; training then stops naming the first such step and its questions (under DDP on every
+    rank: the flag is the maximum over the ranks). Another optimiser's loss is read before every update."""
 
     def __init__(self) -> None:
-        self._reset()
-
-    def _reset(self) -> None:
         self._ids: dict[int, list[str]] = {}  # step -> the batch's question ids, since the last check
         self._first: torch.Tensor | None = None  # the first non-finite step since the last check (-1: none)
         self._loss: torch.Tensor | None = None  # its loss

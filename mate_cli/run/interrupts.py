@@ -1,7 +1,6 @@
 """Every signal a terminal, ssh or a scheduler sends to end a job (SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2,
-SIGXCPU) stops a command with ``FAILED`` saying what happened, that line on screen, and exit status 128 + the signal
-(129, 130, 143, 138, 140, 152). Under SLURM, SIGUSR1 (its warning before pre-emption or the time limit) also requeues
-the job through ``scontrol`` where it exists, and says so (:func:`requeue_note`).
+SIGXCPU) stops a command with ``FAILED`` saying what happened, that line on screen, and exit status 128 + the signal.
+Under SLURM, SIGUSR1 (its warning before pre-emption or the time limit) also requeues the job (:func:`requeue_note`).
 
 Inside ``trainer.fit`` the first signal only asks to stop: the batch finishes and a whole ``last.ckpt`` is saved
 (:class:`StopOnSignal`); in a validation during fit it stops at the next validation batch, unsaved. Elsewhere, and at
@@ -17,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from mate_cli.data.workers import SIGNALS
 
@@ -59,9 +59,8 @@ def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signat
 
 
 def saved(checkpoint: dict, path: str | Path) -> None:
-    """A checkpoint was written whole at ``path`` (called after its write): when it is ``last.ckpt``, what
-    ``ckpt_path=<run dir>`` resumes, FAILED names its step. A write a second signal cut short never gets here, so FAILED
-    names the last whole one."""
+    """A checkpoint was written whole at ``path``: when it is ``last.ckpt``, what ``ckpt_path=<run dir>`` resumes,
+    FAILED names its step (a write a second signal cut short never gets here)."""
     training = _State.training
     if training is not None and Path(path).resolve() == training.last_ckpt.resolve():  # not best-*.ckpt, full or not
         training.saved_step = int(checkpoint.get("global_step", 0))
@@ -69,21 +68,18 @@ def saved(checkpoint: dict, path: str | Path) -> None:
 
 def cluster_plugins() -> list:
     """The Trainer plugins that leave signals to this module: under SLURM, Lightning's cluster environment without its
-    own requeue (which wrote ``hpc_ckpt_*.ckpt`` into the working directory at SIGUSR1, for later runs to resume)."""
-    from lightning.pytorch.plugins.environments import SLURMEnvironment
-
+    own requeue (which wrote ``hpc_ckpt_*.ckpt`` into the working directory at SIGUSR1)."""
     return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
 
 
 def requeue_note(signum: int) -> str:
-    """Under SLURM (``SLURM_JOB_ID`` set), SIGUSR1 requeues the job with ``scontrol requeue``: what the ``FAILED`` line
-    adds about it ("" for another signal or outside SLURM). Lightning's own requeue is off (``mate train``)."""
+    """Under SLURM, SIGUSR1 requeues the job with ``scontrol requeue``: what the ``FAILED`` line adds about it ("" for
+    another signal or outside SLURM). Lightning's own requeue is off (:func:`cluster_plugins`)."""
     job = os.environ.get("SLURM_JOB_ID")
     first = os.environ.get("SLURM_PROCID", "0") == "0" and os.environ.get("RANK", "0") == "0"
     if signum != getattr(signal, "SIGUSR1", None) or not job or not first:  # one requeue per job: its first process's
         return ""
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
+    if (scontrol := shutil.which("scontrol")) is None:
         return f"; SLURM job {job} not requeued: no scontrol on PATH"
     try:
         done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=60)
@@ -112,9 +108,8 @@ def interrupted(signum: int | None = None) -> Interrupted:
 
 
 class StopOnSignal(L.Callback):
-    """A signal during ``trainer.fit``: finish the batch, save ``last.ckpt``, stop. Listed after
-    :class:`mate_cli.run.resume.ResumeState`, whose position in the epoch the save records; Lightning runs checkpoint
-    callbacks last, so the save is at the same point of a step as an every-n-steps ``last.ckpt``."""
+    """A signal during ``trainer.fit``: finish the batch, save ``last.ckpt``, stop. Listed after ``ResumeState``, whose
+    position in the epoch the save records; at the same point of a step as an every-n-steps ``last.ckpt``."""
 
     def __init__(self, last_ckpt: str | Path) -> None:
         self.last_ckpt = Path(last_ckpt)

@@ -9,6 +9,8 @@ import contextlib
 import fcntl
 import logging
 import os
+import secrets
+import time
 from pathlib import Path
 
 from mate_cli.errors import MateError
@@ -23,8 +25,8 @@ _HELD: dict[Path, object] = {}
 
 
 def _forget_in_child() -> None:
-    """A forked child (a loader or preprocessing worker) does not hold its parent's run dir: its copies of the lock
-    files close (the parent's lock stands), so a killed parent's run dir is free again whatever its workers still do."""
+    """A forked child (a loader or preprocessing worker) closes its copies of the lock files (the parent's lock stands),
+    so a killed parent's run dir is free again whatever its workers still do."""
     for handle in _HELD.values():
         with contextlib.suppress(OSError):
             handle.close()
@@ -73,8 +75,7 @@ def _locked(directory: Path, mode: str):
 
 
 def holder(run_dir: str | os.PathLike) -> str | None:
-    """The pid (as its lock file says) of another live mate process holding ``run_dir``, else None: this process's own
-    run dir, a folder without a lock file, or a lock no one holds."""
+    """The pid (as its lock file says) of another live mate process holding ``run_dir``, else None."""
     directory = Path(run_dir).resolve()
     if directory in _HELD or is_ddp_child() or not (directory / LOCK_NAME).is_file():
         return None  # a DDP rank > 0 resumes the run dir its rank 0 holds
@@ -86,10 +87,8 @@ def holder(run_dir: str | os.PathLike) -> str | None:
 
 
 def check_not_running(run_dir: str | os.PathLike, what: str) -> None:
-    """`MateError` naming the holder when another live mate process holds ``run_dir`` (``what``: the setting that
-    named it); this process's own run dir and a folder without a lock file pass."""
-    pid = holder(run_dir)
-    if pid is not None:
+    """`MateError` naming the holder when another live mate process holds ``run_dir`` (``what``: the setting)."""
+    if (pid := holder(run_dir)) is not None:
         raise MateError(
             f"{what}: the run in {Path(run_dir).resolve()} is still running (pid {pid}); resuming it now would train "
             "the same run twice: wait for it to end, or stop it (it saves last.ckpt), then resume"
@@ -98,8 +97,7 @@ def check_not_running(run_dir: str | os.PathLike, what: str) -> None:
 
 def release(run_dir: str | os.PathLike) -> None:
     """Give up this process's lock on ``run_dir`` (kept: the lock file, for the next taker)."""
-    handle = _HELD.pop(Path(run_dir).resolve(), None)
-    if handle is not None:
+    if (handle := _HELD.pop(Path(run_dir).resolve(), None)) is not None:
         handle.close()
 
 
@@ -140,9 +138,7 @@ def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
     from mate_cli.run.yaml_data import read_yaml
 
     files = directory / ".hydra" / "hydra.yaml", directory / ".hydra" / "overrides.yaml"
-    try:
-        if not all(f.is_file() for f in files):
-            return None
+    try:  # a missing file is a MateError too
         job = read_yaml(files[0], "", interpolations=True)["hydra"]["job"]["name"]
         overrides = read_yaml(files[1], "", interpolations=True) or []
     except (MateError, KeyError, TypeError):
@@ -168,14 +164,13 @@ def claim(
 ) -> Path:
     """Take the ``hydra.run.dir=`` ``directory`` for ``mate <command> <overrides>``; returns the folder to write into:
     ``directory``, or (``existing="subdir"``, files there) a new ``<directory>/<command>-<time>-<hex>``. A folder whose
-    recorded run is ``command`` with the same ``overrides`` (no ``hydra.*``, ``ckpt_path``, ``paths.existing_run_dir``)
-    and no ``metrics.json`` is its interrupted run, taken again (train/pretrain over a ``last.ckpt``: when
-    ``resuming``). A folder another process holds, or other files with ``existing="refuse"``, is a `MateError`."""
+    recorded run is this command (:func:`compared`) with no ``metrics.json`` is its interrupted run, taken again
+    (train/pretrain over a ``last.ckpt``: when ``resuming``). Another process's folder, or other files with
+    ``existing="refuse"``, is a `MateError`."""
     directory = Path(directory).expanduser().resolve()
     if is_ddp_child():
         return directory
-    found = existing_files(directory)
-    if not found:
+    if not (found := existing_files(directory)):
         take(directory)
         return directory
     if (directory / LOCK_NAME).is_file():  # a mate run dir: a live holder is named (its lock file unchanged)
@@ -183,11 +178,8 @@ def claim(
         recorded = recorded_command(directory)
         same = recorded is not None and recorded[0] == command and compared(recorded[1]) == compared(overrides)
         if same and not (directory / "metrics.json").exists():
-            if (
-                resuming
-                or command not in ("train", "pretrain")
-                or not (directory / "checkpoints" / "last.ckpt").is_file()
-            ):
+            checkpointed = command in ("train", "pretrain") and (directory / "checkpoints" / "last.ckpt").is_file()
+            if resuming or not checkpointed:
                 take(directory)
                 (directory / "FAILED").unlink(missing_ok=True)  # taken again: its outcome is the new run's
                 return directory
@@ -196,9 +188,6 @@ def claim(
                 f"it there with ckpt_path={directory}, or drop hydra.run.dir= to start a new run"
             )
     if existing == "subdir":
-        import secrets
-        import time
-
         inner = directory / f"{command}-{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(3)}"
         take(inner)
         return inner

@@ -8,8 +8,11 @@ import re
 import secrets
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
+from mate_cli.errors import MateError
 from mate_cli.paths import REPO_ROOT, output_root
 
 
@@ -52,11 +55,8 @@ def override_parts(overrides) -> list[str]:
     for item in overrides or ():
         key, sep, value = str(item).partition("=")
         key = key.lstrip("+~")
-        if (
-            not sep
-            or key in NOT_IN_NAME
-            or any(key == g or key.startswith((g + ".", g + "/")) for g in NOT_IN_NAME_GROUPS)
-        ):
+        grouped = any(key == g or key.startswith((g + ".", g + "/")) for g in NOT_IN_NAME_GROUPS)
+        if not sep or key in NOT_IN_NAME or grouped:
             continue
         value = value.strip().strip("'\"")
         if key in WHAT_PATHS and "/" in value:
@@ -83,8 +83,7 @@ MAX_DIR_NAME_BYTES = 200
 
 def capped(text: str) -> str:
     """``text`` as a folder-name part (``/`` -> ``_``): whole up to :data:`MAX_DIR_NAME_BYTES` bytes of UTF-8, else cut
-    (never inside a character) and ended by ``-`` and 8 hex digits of a hash of the whole, so long texts differing at
-    the end differ."""
+    (never inside a character) and ended by ``-`` and 8 hex digits of a hash of the whole."""
     text = str(text).replace("/", "_")
     encoded = text.encode()
     if len(encoded) <= MAX_DIR_NAME_BYTES:
@@ -94,8 +93,7 @@ def capped(text: str) -> str:
 
 
 def dir_name(run_name: str) -> str:
-    """A run name as a folder name that pastes into ``ckpt_path=`` unquoted (Hydra refuses ``=`` and ``,``):
-    ``seed42-lr=3e-05,radius=84`` -> ``seed42-lr3e-05_radius84``, then :func:`capped`."""
+    """A run name as a folder name that pastes into ``ckpt_path=`` unquoted (Hydra refuses ``=`` and ``,``)."""
     return capped(str(run_name).replace("=", "").replace(",", "_"))
 
 
@@ -115,9 +113,6 @@ def tag_list(*parts) -> list[str]:
 
 def run_group(experiment: str) -> str:
     """The W&B group: the experiment, or ``<experiment>-<sweep dir name>`` for a multirun job."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         return f"{experiment}-{Path(HydraConfig.get().sweep.dir).name}"
     return str(experiment)
@@ -125,10 +120,7 @@ def run_group(experiment: str) -> str:
 
 def pretrained_run(experiment: str) -> str:
     """``${mate.pretrained:<experiment>}``: the ``encoder/`` of the newest finished ``mate pretrain`` run (or multirun
-    job) of ``experiment`` under :func:`output_root`, by start time; a ``debug=`` run (a step or a few batches) is
-    never it."""
-    from mate_cli.errors import MateError
-
+    job) of ``experiment`` under :func:`output_root`, by start time, never a ``debug=`` run."""
     root = output_root()
     found = [(p.name[:19], p) for p in (root / "pretrain").glob(f"*-{experiment}-*")]
     for job in (root / "multirun" / "pretrain").glob("*/*"):
@@ -140,8 +132,7 @@ def pretrained_run(experiment: str) -> str:
         attention = str(experiment).removeprefix("pretrain_")
         raise MateError(
             f"no finished `mate pretrain` run of experiment {experiment!r} (with encoder/, not a debug= run) under "
-            f"{root}; "
-            f"run `mate pretrain attention={attention}` first, or set model.encoder.pretrained=<dir>"
+            f"{root}; run `mate pretrain attention={attention}` first, or set model.encoder.pretrained=<dir>"
         )
     return str(finished[-1][1].resolve() / "encoder")
 
@@ -149,10 +140,9 @@ def pretrained_run(experiment: str) -> str:
 def _debug_run(run: Path) -> bool:
     """Whether Hydra recorded a ``debug=`` choice among the run's overrides."""
     overrides = run / ".hydra" / "overrides.yaml"
-    return (
-        overrides.is_file()
-        and re.search(r"^- \+*debug=(?!null$)", overrides.read_text(encoding="utf-8"), re.M) is not None
-    )
+    if not overrides.is_file():
+        return False
+    return re.search(r"^- \+*debug=(?!null$)", overrides.read_text(encoding="utf-8"), re.M) is not None
 
 
 def slug(text) -> str | None:

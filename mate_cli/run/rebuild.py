@@ -4,19 +4,23 @@ PointR; the one check of a checkpoint before it is resumed or loaded; ``init_fro
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import lightning
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mate_cli.config.check import check_dotlist
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
+from mate_cli.run.divergence import non_finite_tensors
+from mate_cli.run.resume import STATE_KEY, rng_states, set_rng_states
 from mate_cli.run.targets import checked_run_config
 from mate_cli.run.yaml_data import read_run_config
 
@@ -30,20 +34,16 @@ HOW_IT_RAN = {"model.encoder.compile": False, "model.encoder.compile_mode": None
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
     """The config of the run that wrote ``ckpt_path`` (``../../resolved_config.yaml``) with the dotlist ``overrides``
-    (checked against its keys and types) merged in, checked by :func:`mate_cli.run.targets.checked_run_config`;
-    ``trust``: ``trust_run_config``."""
+    (checked against its keys and types) merged in, checked by :func:`mate_cli.run.targets.checked_run_config`."""
     ckpt = check_checkpoint(run_checkpoint(ckpt_path))
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
         raise MateError(
             f"{config} is missing: ckpt_path must point inside a `mate train` run dir (…/checkpoints/*.ckpt)"
         )
-    cfg = read_run_config(
-        config,
-        "pass a checkpoint whose run dir `mate train` wrote",
-        interpolations=trust,
-        lift=" (if you wrote this config yourself, pass trust_run_config=true)",
-    )
+    fix = "pass a checkpoint whose run dir `mate train` wrote"
+    lift = " (if you wrote this config yourself, pass trust_run_config=true)"
+    cfg = read_run_config(config, fix, interpolations=trust, lift=lift)
     recorded_functions(cfg, config)
     for key, value in HOW_IT_RAN.items():  # before the overrides, which may set them again
         if OmegaConf.select(cfg, key, default=None) not in (None, value):
@@ -56,8 +56,7 @@ def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = Non
 
 def dataset_here(cfg: DictConfig, cache_dir: str | None) -> DictConfig:
     """The run's ``dataset`` node; where the run's ``paths.cache_dir`` does not exist here (a run dir copied from
-    another machine) a ``dataset.cache_dir`` under it moves under this command's ``cache_dir``, so eval and PointR
-    cache where this machine does, not in a path they would create; one elsewhere (an override) is kept."""
+    another machine), a ``dataset.cache_dir`` under it moves under this command's ``cache_dir``."""
     dataset, recorded = cfg.dataset, str(OmegaConf.select(cfg, "paths.cache_dir", default=""))
     kept = str(dataset.get("cache_dir") or "")
     if not cache_dir or not recorded or Path(recorded).is_dir() or not Path(kept).is_relative_to(recorded):
@@ -67,11 +66,9 @@ def dataset_here(cfg: DictConfig, cache_dir: str | None) -> DictConfig:
 
 
 def recorded_functions(cfg: DictConfig, config: Path) -> None:
-    """Each node whose ``_target_`` declares ``RECORDED_BEFORE`` (the options added after runs were trained, with the
-    value that gives those runs' function; MATE's ``global_rows``; targets in ``mate_cli.modeling``) gets that value where the run config lacks the key
-    (in place), so eval, predict and PointR compute the function the weights learned."""
-    from hydra.utils import get_object
-
+    """Each node whose ``_target_`` (in ``mate_cli.modeling``) declares ``RECORDED_BEFORE`` (options added after runs
+    were trained, with the value those runs had: MATE's ``global_rows``) gets that value where the run config lacks the
+    key (in place), so eval, predict and PointR compute the function the weights learned."""
     nodes, said = [cfg], set()
     while nodes:
         node = nodes.pop()
@@ -97,8 +94,6 @@ def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
     path = Path(str(value)).expanduser()
     if not path.is_dir():
         return path
-    import json
-
     with contextlib.suppress(OSError, ValueError, AttributeError):
         best = json.loads((path / "metrics.json").read_text(encoding="utf-8")).get("best_checkpoint")
         if best and (path / "checkpoints" / Path(best).name).is_file():
@@ -134,25 +129,22 @@ def check_checkpoint_file(path: Path) -> None:
 
 def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: str, resume: bool = False) -> dict:
     """The checkpoint, loaded weights-only, once it is whole, has exactly ``model``'s names and shapes, finite weights
-    and (``resume``) a well-formed resume state; else one `MateError` line naming ``key``. Checked before any load."""
+    and (``resume``) a well-formed resume state; else one `MateError` line naming ``key``."""
     path = check_checkpoint(ckpt_path)
     fix = "pass a checkpoint written by `mate train` for this task"
     data, state = read_state(path, key, fix)
     expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
     found = {name: tuple(value.shape) for name, value in state.items() if isinstance(value, torch.Tensor)}
-    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
-    reshaped = sorted(name for name in expected.keys() & found.keys() if expected[name] != found[name])
-    if missing or unexpected or reshaped:
-        what = (
-            f"lacks {missing[0]}"
-            if missing
-            else f"has {unexpected[0]}, which this model does not"
-            if unexpected
-            else f"has {reshaped[0]} of shape {found[reshaped[0]]}, not {expected[reshaped[0]]}"
-        )
-        count = len(missing) + len(unexpected) + len(reshaped)
+    differences = [f"lacks {name}" for name in sorted(expected.keys() - found.keys())]
+    differences += [f"has {name}, which this model does not" for name in sorted(found.keys() - expected.keys())]
+    differences += [
+        f"has {name} of shape {found[name]}, not {expected[name]}"
+        for name in sorted(expected.keys() & found.keys())
+        if expected[name] != found[name]
+    ]
+    if count := len(differences):
         raise MateError(
-            f"{key}={path} does not fit the model its config builds: it {what}"
+            f"{key}={path} does not fit the model its config builds: it {differences[0]}"
             f"{f' (and {count - 1} more differences)' if count > 1 else ''}; it is a checkpoint of "
             f"another task or model: {fix}"
         )
@@ -164,8 +156,7 @@ def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: st
 
 
 def check_optimizer_groups(path: Path, data: dict, model: torch.nn.Module) -> None:
-    """Refuse to resume an optimiser state whose parameter groups are not the ones ``model`` trains with (Lightning
-    would stop with a bare ValueError inside the fit)."""
+    """Refuse to resume an optimiser state of other parameter groups than ``model``'s (Lightning: a bare ValueError)."""
     from mate_cli.lit_modules.optim import parameter_groups
 
     if not hasattr(model, "own_rates"):
@@ -190,10 +181,7 @@ def read_state(path: Path, key: str, fix: str) -> tuple[dict, dict]:
 
 
 def refuse_non_finite(state: dict, path: Path, key: str) -> None:
-    from mate_cli.run.divergence import non_finite_tensors
-
-    bad = non_finite_tensors(state)
-    if bad:
+    if bad := non_finite_tensors(state):
         raise MateError(
             f"{key}={path} holds NaN or infinite weights ({bad[0]}"
             f"{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}): the run that wrote it "
@@ -203,18 +191,14 @@ def refuse_non_finite(state: dict, path: Path, key: str) -> None:
 
 def check_resume_state(path: Path, data: dict) -> None:
     """Refuse a checkpoint to resume from that lacks an optimiser state, was written by a Lightning before 2.0 (whose
-    loop state this one cannot read), or holds a damaged :class:`mate_cli.run.resume.ResumeState` (its RNG states are tried
-    on this process's generators, then put back). What a whole one may still lack: :func:`mate_cli.run.resume.unrestored`."""
-    from mate_cli.run.resume import STATE_KEY, rng_states, set_rng_states
-
+    loop state this one cannot read), or holds a damaged resume state (its RNG states are tried on this process's
+    generators, then put back). What a whole one may still lack: :func:`mate_cli.run.resume.unrestored`."""
     if not data.get("optimizer_states"):
         raise MateError(
             f"ckpt_path={path} holds no optimiser state to continue from; resume from a run's checkpoints/last.ckpt"
         )
     written = str(data.get("pytorch-lightning_version", ""))
     if written.split(".")[0].isdigit() and int(written.split(".")[0]) < 2:
-        import lightning
-
         raise MateError(
             f"ckpt_path={path} was written by Lightning {written}, whose training state Lightning "
             f"{lightning.__version__} cannot continue; start from its weights instead: init_from={path}"
@@ -253,8 +237,7 @@ CPU_MIXED = {**MIXED, "16-mixed": torch.bfloat16, "16": torch.bfloat16}
 
 
 def autocast(device: torch.device, precision: str | None):
-    """The forward context Lightning gives ``precision`` on ``device``, for the loops outside a Trainer (predict,
-    PointR): mixed precisions autocast on CPU and CUDA alike; 32-bit none."""
+    """The forward context Lightning gives ``precision`` on ``device``, for the loops outside a Trainer."""
     text = str(precision or "32-true")
     if text in MIXED:
         return torch.autocast(device.type, dtype=(CPU_MIXED if device.type == "cpu" else MIXED)[text])
@@ -285,7 +268,7 @@ def load_trained(
     trust: bool = False,
 ) -> TrainedRun:
     """The run behind ``ckpt_path`` (:func:`run_checkpoint`) rebuilt with ``overrides``, its checked weights loaded,
-    in eval mode on ``device``; refused unless its module is one of ``expected``. ``key``: for errors."""
+    in eval mode on ``device``; refused unless its module is one of ``expected``."""
     chosen = str(run_checkpoint(ckpt_path))
     if chosen != str(ckpt_path):
         log.info("%s.ckpt_path=%s: loading %s", key, ckpt_path, chosen)
@@ -308,14 +291,11 @@ def load_trained(
 def init_weights_from(model: torch.nn.Module, value: str | Path, key: str = "init_from") -> str:
     """``init_from=``: copy in each tensor of that checkpoint (:func:`run_checkpoint`) whose name and shape match
     ``model``'s, refused when no encoder tensor does; the rest stay fresh. Returns the line that says which."""
-    path = run_checkpoint(value, key)
+    path, fix = run_checkpoint(value, key), "pass a `mate train` run dir or one of its checkpoints/*.ckpt"
     if not path.is_file():
-        raise MateError(
-            f"{key}={value}: no such checkpoint or run dir; pass a `mate train` run dir or one of its "
-            "checkpoints/*.ckpt"
-        )
+        raise MateError(f"{key}={value}: no such checkpoint or run dir; {fix}")
     check_checkpoint_file(path)
-    _, state = read_state(path, key, "pass a `mate train` run dir or one of its checkpoints/*.ckpt")
+    _, state = read_state(path, key, fix)
     own = model.state_dict()
     fits = {
         name: tensor

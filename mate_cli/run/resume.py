@@ -1,5 +1,4 @@
 """Exact resume, and checkpoints that are whole after a kill (docs/runs.md, "Resuming, and what a run dir holds").
-
 :class:`ResumeState` saves and restores what Lightning does not: the RNG states and the training examples consumed this
 epoch, which the sampler then skips. A resumed run, in a run dir of its own, continues the earlier run's W&B run
 (:func:`continue_wandb_run`) and CSV log (:class:`ContinuousCSVLog`)."""
@@ -12,6 +11,7 @@ import io
 import logging
 import random
 import secrets
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,12 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.loggers import CSVLogger
+from omegaconf import OmegaConf
 
 from mate_cli.run import interrupts
 from mate_cli.run import lock as run_lock
+from mate_cli.config.schema import REFERENCE, ABSENT, dotted_keys, lookup
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
@@ -175,8 +178,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def resolve_resume_path(
     value: str | None, output_root: Path, experiment_name: str, this_run: Path | None = None
 ) -> str | None:
-    """The checkpoint to resume (None: start fresh): a ``.ckpt`` file, a run dir's ``last.ckpt``, or ``last``
-    (:func:`newest_run`'s, ``this_run`` left out). A weights-only checkpoint is refused."""
+    """The checkpoint to resume (None: start fresh): a ``.ckpt`` file, a run dir's ``last.ckpt``, or ``last``."""
     if value in (None, ""):
         return None
     if str(value) == "last":
@@ -210,8 +212,7 @@ def newest_run(output_root: Path, experiment_name: str, this_run: Path | None) -
     start = glob.escape(dir_name_start(f"{experiment_name}-"))  # a long run name is cut in its dir name
     own = this_run.resolve() if this_run is not None else None
     runs = sorted((p for p in output_root.glob(f"*-{start}*") if p.is_dir() and p.resolve() != own), key=started)
-    last = [p for p in runs if (p / "checkpoints" / "last.ckpt").is_file()]
-    if not last:
+    if not (last := [p for p in runs if (p / "checkpoints" / "last.ckpt").is_file()]):
         raise MateError(
             f"ckpt_path=last: no run of experiment {experiment_name!r} with checkpoints/last.ckpt under {output_root}; "
             "pass ckpt_path=<run dir or .ckpt file>"
@@ -235,8 +236,6 @@ def newest_run(output_root: Path, experiment_name: str, this_run: Path | None) -
 
 def is_weights_only_checkpoint(path: Path) -> bool:
     """Whether ``path`` is a Lightning ``save_weights_only`` checkpoint, from its pickle's keys, without loading it."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as archive:
             index = next((n for n in archive.namelist() if n.endswith("/data.pkl")), None)
@@ -253,8 +252,6 @@ def run_dir_of(checkpoint: str | Path) -> Path:
 
 def continue_wandb_run(cfg, resume: str | None) -> None:
     """Set ``logger.wandb.id`` before the loggers are built: as given, else the resumed run's, else a new one."""
-    from omegaconf import OmegaConf
-
     wandb_cfg = OmegaConf.select(cfg, "logger.wandb", default=None)
     if wandb_cfg is None or wandb_cfg.get("id"):
         return
@@ -279,11 +276,7 @@ NOT_COMPARED = ("dataset.root", "dataset.cache_dir", "dataset.num_workers", "dat
 
 def changed_on_resume(cfg, resume: str) -> list[str]:
     """``key (before -> now)`` for each value of :data:`FIXED_ON_RESUME` this command changes from the resumed run's
-    ``resolved_config.yaml`` (read before this run writes its own: in place, it is the same file), if there is one."""
-    from omegaconf import OmegaConf
-
-    from mate_cli.config.schema import REFERENCE, ABSENT, dotted_keys, lookup
-
+    ``resolved_config.yaml`` (read before this run writes its own: in place, it is the same file)."""
     config = run_dir_of(resume) / "resolved_config.yaml"
     if not config.is_file():
         return []
@@ -325,8 +318,6 @@ class ContinuousCSVLog(L.Callback):
 
     @staticmethod
     def _csv_loggers(trainer) -> list:
-        from lightning.pytorch.loggers import CSVLogger
-
         return [logger for logger in trainer.loggers if isinstance(logger, CSVLogger)] if trainer.is_global_zero else []
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:

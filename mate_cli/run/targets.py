@@ -61,9 +61,8 @@ def current_names(node: Any) -> Any:
 
 
 def checked_run_config(cfg: DictConfig, source: Path, trust: bool = False) -> DictConfig:
-    """``cfg`` resolved, moved targets under their current names (:data:`RENAMED_TARGETS`), once every ``_target_``
-    is one of :func:`allowed_targets` and no value is an interpolation
-    (``trust``: ``cfg`` itself, with a warning); else one ``MateError`` line naming ``source`` and the first refusal."""
+    """``cfg`` resolved, moved targets renamed, once every ``_target_`` is one of :func:`allowed_targets` and no value
+    is an interpolation (``trust``: ``cfg`` itself, with a warning); else one ``MateError`` line naming ``source``."""
     try:
         plain = current_names(OmegaConf.to_container(cfg, resolve=True))
     except Exception as err:  # an interpolation that does not resolve: the run dir's file is broken

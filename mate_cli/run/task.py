@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from mate_cli.console import log_to_files
@@ -33,17 +34,13 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
 
     if COMMAND_LINE:
         sys.argv = list(COMMAND_LINE)
-    try:
-        out = run_dir()
-    except ValueError:  # Hydra is not running (tests call tasks directly): no run dir to hold
-        out = None
-    if out is not None:
+    if HydraConfig.initialized():  # else no run dir: tests call tasks directly
         try:
-            run_lock.take(out)
+            run_lock.take(run_dir())
         except MateError as err:  # another process's run dir: nothing is written into it
             print(f"mate: error: {err}", file=sys.stderr)
             sys.exit(MateError.exit_code)
-        keep_tool_files_in(out)
+        keep_tool_files_in(run_dir())
     interrupts.install()
     try:
         check_accelerator(cfg)
@@ -71,8 +68,8 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
 
 
 def finish_wandb_run(exit_code: int | None = None) -> Path | None:
-    """Close this job's W&B run, if one ran, recording ``exit_code``, and return its folder; closing releases its id
-    in a shared ``WANDB_SERVICE`` so it can be resumed at once (:mod:`mate_cli.lit_modules.wandb_logger`)."""
+    """Close this job's W&B run, if one ran, recording ``exit_code`` (releasing its id: it can be resumed at once), and
+    return its folder."""
     wandb = sys.modules.get("wandb")  # never imported: no W&B logger ran (logger=csv)
     if wandb is None or wandb.run is None:
         return None
@@ -94,8 +91,7 @@ def keep_tool_files_in(out: Path) -> None:
 
 
 def record_failure(line: str, exit_code: int) -> None:
-    """``line`` into the run dir's ``FAILED`` and, with ``exit_code`` (a wrapper such as ``timeout`` reports its own),
-    into the run's log files only."""
+    """``line`` into the run dir's ``FAILED`` and, with ``exit_code``, into the run's log files only."""
     try:
         atomic_write_text(run_dir() / FAILED_MARKER, line + "\n")
     except Exception:  # noqa: BLE001 - no run dir (Hydra not running): nothing to mark
@@ -104,8 +100,7 @@ def record_failure(line: str, exit_code: int) -> None:
 
 
 def check_accelerator(cfg: DictConfig) -> None:
-    """A GPU profile on a machine without a usable GPU, or device and node counts this machine cannot run, are one line
-    naming the fix, before anything is built."""
+    """A GPU profile without a usable GPU, or device and node counts this machine cannot run: one line, up front."""
     trainer = cfg.get("trainer") if isinstance(cfg, DictConfig) else None
     accelerator = str(trainer.get("accelerator", "auto")).lower() if isinstance(trainer, DictConfig) else ""
     if isinstance(trainer, DictConfig):
@@ -137,8 +132,8 @@ def check_accelerator(cfg: DictConfig) -> None:
 
 
 def _check_counts(trainer: DictConfig, accelerator: str) -> None:
-    """``trainer.devices`` and ``trainer.num_nodes``: whole numbers Lightning can start, and on a CPU no more training
-    processes than the machine has cores (each is a process; more would only wait on each other)."""
+    """``trainer.devices`` and ``trainer.num_nodes``: whole numbers Lightning can start; on a CPU no more training
+    processes than cores."""
     devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
     if isinstance(devices, bool) or isinstance(devices, int) and (devices == 0 or devices < -1):
         raise MateError(
@@ -159,8 +154,6 @@ def _check_counts(trainer: DictConfig, accelerator: str) -> None:
 
 def hydra_choices():
     """This job's config-group choices (``hardware``, ``dataset``, ...); {} when Hydra is not running."""
-    from hydra.core.hydra_config import HydraConfig
-
     return HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
 
 
@@ -180,14 +173,10 @@ def find_mate_error(err: BaseException | None) -> MateError | None:
 
 def command_overrides() -> list[str]:
     """This job's overrides as typed (with a sweep's values), without the ``++`` mate puts before ``trainer.*`` keys."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return []
     return [o[2:] if o.startswith("++trainer.") else o for o in HydraConfig.get().overrides.task]
 
 
 def run_dir() -> Path:
-    from hydra.core.hydra_config import HydraConfig
-
     return Path(HydraConfig.get().runtime.output_dir)

@@ -1,10 +1,9 @@
 """YAML from run dirs (shared like data, so possibly crafted or broken), read as data with limits.
 
-:func:`read_yaml` reads as ``OmegaConf.load`` would (its number and duplicate-key rules) and refuses in one
-``MateError`` line naming the file (and line:column): a file over :data:`MAX_BYTES`, never reading more; any anchor or
-alias (no alias bombs); any explicit tag (``!!python/object``); nesting deeper than :data:`MAX_DEPTH`; malformed YAML;
-and, unless ``interpolations``, any ``${...}``, so no resolver runs on the file. ``trust_run_config=true`` lifts only
-the last."""
+:func:`read_yaml` reads as ``OmegaConf.load`` would and refuses in one ``MateError`` line naming the file (and
+line:column): a file over :data:`MAX_BYTES`; any anchor or alias (no alias bombs); any explicit tag
+(``!!python/object``); nesting deeper than :data:`MAX_DEPTH`; malformed YAML; and, unless ``interpolations``
+(``trust_run_config=true``), any ``${...}``, so no resolver runs on the file."""
 
 from __future__ import annotations
 
@@ -31,17 +30,16 @@ class _DataLoader(get_yaml_loader()):  # OmegaConf.load's own rules: 1e-3 a floa
 
     def compose_node(self, parent, index):
         event = self.peek_event()
+
+        def refused(problem: str) -> yaml.composer.ComposerError:
+            return yaml.composer.ComposerError(None, None, problem, event.start_mark)
+
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise yaml.composer.ComposerError(
-                None, None, "an anchor or alias (&name / *name), which a run config never holds", event.start_mark
-            )
+            raise refused("an anchor or alias (&name / *name), which a run config never holds")
         if getattr(event, "tag", None) is not None:  # the parser sets a tag only where the file writes one
-            tag = event.tag.replace("tag:yaml.org,2002:", "!!", 1)
-            raise yaml.composer.ComposerError(None, None, f"the tag {tag}, which a run config never holds",
-                                              event.start_mark)  # fmt: skip
+            raise refused(f"the tag {event.tag.replace('tag:yaml.org,2002:', '!!', 1)}, which a run config never holds")
         if self.depth >= MAX_DEPTH:
-            raise yaml.composer.ComposerError(None, None, f"lists and mappings nested more than {MAX_DEPTH} deep",
-                                              event.start_mark)  # fmt: skip
+            raise refused(f"lists and mappings nested more than {MAX_DEPTH} deep")
         self.depth += 1
         try:
             return super().compose_node(parent, index)
