@@ -29,8 +29,7 @@ class EncoderTaskModule(L.LightningModule):
     """A task on the :class:`~mate_cli.modeling.encoder.TableEncoder`. ``optimizer`` and ``scheduler`` are Hydra
     partials (:mod:`mate_cli.lit_modules.optim`); ``extra_*``: :mod:`mate_cli.modeling.extra_layers` (0: none); ``dot``:
     :meth:`prune`; ``pooling``: :meth:`pool`. The pooler is frozen unless the task reads it (``uses_pooler`` with
-    ``pooling=cls``): DDP would wait for its gradients.
-    """
+    ``pooling=cls``): DDP would wait for its gradients."""
 
     #: whether the task's heads read the pooled [CLS] (then the pooler trains)
     uses_pooler = False
@@ -59,11 +58,9 @@ class EncoderTaskModule(L.LightningModule):
         self.encoder = encoder
         if extra_init not in INITS:  # checked with no extra layers too: a typo is never ignored
             raise MateError(f"model.extra_init={extra_init!r} is not one of {', '.join(INITS)}")
-        self.extra = (
-            ExtraLayers(encoder.config, extra_layers, extra_init, extra_relative, extra_max_distance)
-            if extra_layers
-            else None
-        )
+        self.extra = None
+        if extra_layers:
+            self.extra = ExtraLayers(encoder.config, extra_layers, extra_init, extra_relative, extra_max_distance)
         self.dot = dot
         if dot is not None:
             if not self.supports_dot:
@@ -103,9 +100,8 @@ class EncoderTaskModule(L.LightningModule):
             encoder.pooler.requires_grad_(False)
 
     def check_type_ids(self, batch) -> None:
-        """The batch's token-type ids against every embedding table that reads them (encoder, DoT's pruner), before a
-        batch moves to the device, so no forward on a GPU waits for the host; the layout is marked checked, so the
-        embeddings' forward on a CPU does not read it again."""
+        """The batch's token-type ids against every embedding table that reads them, before the batch moves to the
+        device (so no forward on a GPU waits for the host); marked checked, so no forward on a CPU checks again."""
         for encoder in [self.encoder] + ([self.dot.pruner] if self.dot is not None else []):
             encoder.embeddings.check_type_ids(encoder.backends[0].embedding_layout(batch.layout))
         batch.layout.cached(TYPE_IDS_CHECKED, lambda: True)
@@ -115,8 +111,7 @@ class EncoderTaskModule(L.LightningModule):
         return batch
 
     def batch_to_device(self, batch, device: torch.device | None = None):
-        """``batch`` on ``device`` (default: this module's), checked as in Lightning's loops: for the loops outside
-        them (DT-Fixup's pass, prediction, PointR's stages)."""
+        """``batch`` on ``device`` (default: this module's), checked as in Lightning's loops, for the loops outside."""
         self.check_type_ids(batch)
         return batch.to(self.device if device is None else torch.device(device))
 
@@ -127,11 +122,8 @@ class EncoderTaskModule(L.LightningModule):
 
     def pool(self, hidden: torch.Tensor, layout) -> torch.Tensor:
         """``[batch, hidden]``: ``cls``, the [CLS] state through the checkpoint's pooler (TAPAS), or ``mean`` over the
-        real tokens (how sentence encoders such as the bundled MiniLM were trained; its pooler never was:
-        docs/results.md)."""
-        if self.pooling == "cls":
-            return self.encoder.pooler(hidden)
-        return mean_over_tokens(hidden, layout.attention_mask)
+        real tokens (how sentence encoders such as the bundled MiniLM were trained; its pooler never was)."""
+        return self.encoder.pooler(hidden) if self.pooling == "cls" else mean_over_tokens(hidden, layout.attention_mask)
 
     def prune(self, batch):
         """DoT: ``(batch of the kept tokens, Pruned)``, else ``(batch, None)``. Per-cell tensors (by cell id) stay as
@@ -155,8 +147,7 @@ class EncoderTaskModule(L.LightningModule):
         raise NotImplementedError
 
     def log_train_metric(self, name: str, values: torch.Tensor, batch_size: int) -> None:
-        """``train/<name>``: the mean of ``values``, the task's metric on this batch as trained (dropout on), logged
-        like the loss; ``mate train`` puts the last in ``metrics.json``."""
+        """``train/<name>``: the mean of ``values``, the task's metric on this batch as trained (dropout on)."""
         self.log(f"train/{name}", values.detach().float().mean(), batch_size=batch_size, sync_dist=True)
 
     def on_fit_start(self) -> None:
@@ -176,14 +167,10 @@ class EncoderTaskModule(L.LightningModule):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(mu, op=torch.distributed.ReduceOp.MAX)
         self.train(was_training)
-        scale = self.extra.apply_dt_fixup(float(mu))
-        self.recorded_metrics.update({"dt_fixup/mu": float(mu), "dt_fixup/scale": scale})
-        log.info(
-            "DT-Fixup: mu = max ||x_j|| over the training set = %.4f; %d new layers scaled by %.6g",
-            float(mu),
-            len(self.extra.layers),
-            scale,
-        )
+        mu, n = float(mu), len(self.extra.layers)
+        scale = self.extra.apply_dt_fixup(mu)
+        self.recorded_metrics.update({"dt_fixup/mu": mu, "dt_fixup/scale": scale})
+        log.info("DT-Fixup: mu = max ||x_j|| over the training set = %.4f; %d new layers scaled by %.6g", mu, n, scale)
 
     def configure_optimizers(self):
         return configure(self, self.optimizer, self.scheduler, self.own_rates())

@@ -39,9 +39,8 @@ class CellSelectionModule(EvaluatedTaskModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         logits, loss = self._step(batch)
         self.log("train/loss", loss, batch_size=len(batch), sync_dist=True)
-        self.log_train_metric(
-            "hits@1", hits_at_k(logits.detach(), batch.cell_mask, batch.candidate_mask, 1), len(batch)
-        )
+        hits = hits_at_k(logits.detach(), batch.cell_mask, batch.candidate_mask, 1)
+        self.log_train_metric("hits@1", hits, len(batch))
         return loss
 
     def _eval_step(self, batch: Batch, stage: str) -> None:

@@ -1,8 +1,7 @@
 """TabFact: encoder + TAPAS's entailment classifier on the pooled sequence (``model.pooling``).
 
 Logged per evaluation: ``<stage>/loss``, ``<stage>/accuracy`` and, when the upstream simple/complex id lists are
-present, ``<stage>/accuracy_simple`` and ``<stage>/accuracy_complex``.
-"""
+present, ``<stage>/accuracy_simple`` and ``<stage>/accuracy_complex``."""
 
 from __future__ import annotations
 
@@ -76,23 +75,16 @@ class EntailmentModule(EvaluatedTaskModule):
         correct = (predicted == batch.labels).float()
         self.update_logged(stage, "accuracy", correct[known], batch_size=len(batch), prog_bar=True)
         for channel in CHANNELS:
-            rows = [i for i, c in enumerate(batch.channels) if c == channel and bool(known[i])]
-            if rows:
+            if rows := [i for i, c in enumerate(batch.channels) if c == channel and bool(known[i])]:
                 self.update_logged(stage, f"accuracy_{channel}", correct[rows], batch_size=len(rows))
         self.predictions.extend(self.decode(batch, logits))
 
     def decode(self, batch: TaskBatch, logits: torch.Tensor) -> list[dict]:
         probs = torch.softmax(logits.float(), dim=-1)
+        labels = probs.argmax(-1).tolist()
         return [
-            {
-                "question_id": q,
-                "table_id": t,
-                "label": int(p.argmax()),
-                "verdict": VERDICTS[int(p.argmax())],
-                "probability": float(p.max()),
-                "gold": int(g),
-            }
-            for q, t, p, g in zip(batch.question_ids, batch.table_ids, probs, batch.labels.tolist())
+            dict(question_id=q, table_id=t, label=k, verdict=VERDICTS[k], probability=float(p.max()), gold=int(g))
+            for q, t, p, k, g in zip(batch.question_ids, batch.table_ids, probs, labels, batch.labels.tolist())
         ]
 
     def predict_step(self, batch: TaskBatch, batch_idx: int) -> list[dict]:

@@ -1,6 +1,5 @@
-"""The Lightning internals that exact resume (:mod:`mate_cli.run.resume`) and the host-synchronisation-free training step
-(:mod:`mate_cli.run.divergence`, the progress callbacks) read, and nothing else does: no public API gives
-them. ``tests/test_lightning_internals.py`` trains a real Trainer and fails when an installed Lightning moves one."""
+"""The Lightning internals that exact resume and the host-synchronisation-free training step read (no public API
+gives them); ``tests/test_lightning_internals.py`` fails when an installed Lightning moves one."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Logged on the held-out tables: ``val/mlm_loss`` and ``val/mlm_accuracy``, means over every predicted word piece of the
 split however batched (under DDP, the validation inside fit sees Lightning's padded split, a few examples twice; the
-final validation sees each once).
-"""
+final validation sees each once)."""
 
 from __future__ import annotations
 
@@ -38,12 +37,8 @@ class MaskedLMModule(EncoderTaskModule):
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.head = MaskedLMHead(encoder.config, encoder.embeddings.word_embeddings)
         loaded = load_mlm_head(self.head, pretrained) if pretrained else []
-        log.info(
-            "masked-LM head: %s",
-            f"loaded {len(loaded)} tensors from {pretrained}"
-            if loaded
-            else "no cls.predictions in the checkpoint; BERT initialisation, decoder tied to the word embeddings",
-        )
+        fresh = "no cls.predictions in the checkpoint; BERT initialisation, decoder tied to the word embeddings"
+        log.info("masked-LM head: %s", f"loaded {len(loaded)} tensors from {pretrained}" if loaded else fresh)
         self.val_loss, self.val_accuracy = MeanMetric(), MeanMetric()
 
     def forward(self, batch: MaskedBatch) -> tuple[torch.Tensor, torch.Tensor]:

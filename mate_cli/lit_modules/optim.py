@@ -38,8 +38,7 @@ def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_rat
 def configure(
     module: L.LightningModule, optimizer: Callable, scheduler: Callable | None, lr: dict[str, float] | None = None
 ) -> dict:
-    """``optimizer(groups)`` and ``scheduler(opt, total_steps=)`` (the trainer's estimate), stepped every step; ``lr``:
-    :func:`parameter_groups`'."""
+    """``optimizer(groups)`` and ``scheduler(opt, total_steps=)`` (the trainer's estimate), stepped every step."""
     opt = optimizer(parameter_groups(module, lr))
     if getattr(opt, "_step_supports_amp_scaling", False):
         # torch's fused optimisers tell GradScaler they unscale gradients themselves, and Lightning's mixed precision

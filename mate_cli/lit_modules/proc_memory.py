@@ -1,6 +1,5 @@
 """This process's memory as Linux's ``/proc`` tells it: a field of a ``/proc`` file, and the peak RSS (``VmHWM``),
-which ``/proc/self/clear_refs`` resets to the current RSS. Shared by ``mate bench`` and the training's perf/peak_mem_mb;
-imports nothing heavy."""
+which ``/proc/self/clear_refs`` resets to the current RSS. Used by ``mate bench`` too: imports nothing heavy."""
 
 from __future__ import annotations
 

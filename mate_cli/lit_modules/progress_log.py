@@ -2,8 +2,7 @@
 ``every_n_seconds`` or ``every_n_steps`` steps (batches in evaluation), whichever comes first, and at ``max_steps`` or
 an evaluation loop's last batch; in a terminal none unless ``always``. In training a line waits for the next step that
 logs (``trainer.log_every_n_steps``), where the host reads the loss anyway: reading it on another step would make the
-host wait for the GPU. :class:`RichProgressBar` is Lightning's bar, likewise.
-"""
+host wait for the GPU. :class:`RichProgressBar` is Lightning's bar, likewise."""
 
 from __future__ import annotations
 
@@ -91,11 +90,8 @@ class ProgressLog(L.Callback):
         if not (clock.due(self.every_n_seconds, self.every_n_steps, done) or last):
             return
         rate, examples, elapsed = clock.lap(done)
-        parts = [
-            f"{stage} batch {done}/{total}" if total else f"{stage} batch {done}",
-            f"{examples:.1f} examples/s",
-            f"elapsed {elapsed}",
-        ]
+        where = f"{stage} batch {done}/{total}" if total else f"{stage} batch {done}"
+        parts = [where, f"{examples:.1f} examples/s", f"elapsed {elapsed}"]
         if total and rate > 0 and not last:
             parts.append(f"{_duration((total - done) / rate)} left")
         log.info("progress: %s", ", ".join(parts))
@@ -103,8 +99,7 @@ class ProgressLog(L.Callback):
     def on_validation_start(self, trainer, pl_module) -> None:
         self._eval = _Clock()
 
-    def on_test_start(self, trainer, pl_module) -> None:
-        self._eval = _Clock()
+    on_test_start = on_validation_start
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._eval_batch_end(trainer, batch, batch_idx, dataloader_idx, "validation")
@@ -133,8 +128,7 @@ class RichProgressBar(_RichProgressBar):
         if self._in_step and not is_log_step(trainer) and self._shown:
             return self._shown
         metrics = super().get_metrics(trainer, pl_module)
-        loss = trainer.callback_metrics.get("train/loss")
-        if loss is not None:
+        if (loss := trainer.callback_metrics.get("train/loss")) is not None:
             metrics["train/loss"] = float(loss)
         self._shown = metrics
         return metrics

@@ -62,11 +62,9 @@ class SpanModule(EvaluatedTaskModule):
     def scores(self, batch: SpanBatch, scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per example, EM and F1 (0-100, official HybridQA normalisation) of the decoded span."""
         start, end, _ = self.head.decode(scores.detach(), valid)
-        preds = batch.texts(start, end)
-        return (
-            torch.tensor([100.0 * exact_match(a, p) for a, p in zip(batch.answers, preds)]),
-            torch.tensor([100.0 * f1_score(a, p) for a, p in zip(batch.answers, preds)]),
-        )
+        pairs = list(zip(batch.answers, batch.texts(start, end)))
+        em = torch.tensor([100.0 * exact_match(a, p) for a, p in pairs])
+        return em, torch.tensor([100.0 * f1_score(a, p) for a, p in pairs])
 
     @torch.no_grad()
     def predict_batch(self, batch: SpanBatch) -> list[dict]:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mate_cli.io import atomic_write_json, atomic_write_text
@@ -49,8 +50,7 @@ MASK_INDEXING = frozenset({"index", "index_put", "index_put_"})
 
 
 class HostReads(TorchFunctionMode):
-    """Records where :data:`HOST_READS` (and, with :class:`DataDependentOps`, the data-dependent operators) happen in
-    this thread: ``sites``, one ``file:line`` each."""
+    """``sites``: where :data:`HOST_READS` (and :class:`DataDependentOps`) happen in this thread, as ``file:line``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -97,8 +97,8 @@ def _short(path: str) -> str:
 
 
 class SyncCounter:
-    """Host synchronisations since :meth:`start`, as :meth:`sites` (one ``file:line`` each; CUDA: the sync debug
-    mode's warnings, at the Python line that made the call; CPU: :class:`HostReads`)."""
+    """Host synchronisations since :meth:`start`, as :meth:`sites` (CUDA: the sync debug mode's warnings; CPU:
+    :class:`HostReads`)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -168,7 +168,11 @@ class StepProfile(ExcludesValidation):
         elif step == watch_from:
             self._sync(device)
             self._finish_timing(device, time.perf_counter())
-            self._start_watching(device)
+            if device.type == "cuda":
+                self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                self._profiler.__enter__()
+            self._counter = SyncCounter(device)
+            self._counter.start()
         elif step == end:
             self._finish_watching(pl_module)
         if self._counter is not None:
@@ -222,15 +226,6 @@ class StepProfile(ExcludesValidation):
             "peak_mem_mb": peak_memory_mb(device),
         })  # fmt: skip
 
-    def _start_watching(self, device: torch.device) -> None:
-        if device.type == "cuda":
-            from torch.profiler import ProfilerActivity, profile
-
-            self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-            self._profiler.__enter__()
-        self._counter = SyncCounter(device)
-        self._counter.start()
-
     def _finish_watching(self, pl_module) -> None:
         if self._counter is None:
             return
@@ -246,9 +241,9 @@ class StepProfile(ExcludesValidation):
                 if self.result.get("ms_per_step"):  # against the timed steps: the watched ones are slowed by watching
                     self.result["gpu_busy_share"] = gpu_ms / self.result["ms_per_step"]
                 if self.path is not None and pl_module.trainer.is_global_zero:
-                    tables = [
-                        events.table(sort_by=key, row_limit=30) for key in ("self_cpu_time_total", _device_sort(events))
-                    ]
+                    newer = events and hasattr(events[0], "self_device_time_total")  # else self_cuda_time_total
+                    keys = ("self_cpu_time_total", "self_device_time_total" if newer else "self_cuda_time_total")
+                    tables = [events.table(sort_by=key, row_limit=30) for key in keys]
                     atomic_write_text(self.path.with_name("step_profile_ops.txt"), "\n\n".join(tables) + "\n")
             except Exception as err:  # a profiler that fails here must not end the run it measures
                 log.warning("step profile: no GPU-busy share (torch.profiler: %s)", err)
@@ -293,20 +288,10 @@ class StepProfile(ExcludesValidation):
         log.info("step profile: %s", json.dumps(shown))
 
 
-_CPU = torch.autograd.DeviceType.CPU
-
-
-def _device_sort(events) -> str:
-    """The table's sort key for GPU time (named ``self_cuda_time_total`` in older torch)."""
-    newer = events and hasattr(events[0], "self_device_time_total")
-    return "self_device_time_total" if newer else "self_cuda_time_total"
-
-
 def device_time_us(event) -> float:
     """One profiler row's own time on the device: kernels, copies and fills, not the host-side operators (whose
-    device time is their kernels') or the GPU ranges of ``record_function`` annotations (the optimiser's step: its
-    whole span, idle time included). The attribute's name changed across torch versions."""
-    if event.device_type == _CPU or getattr(event, "is_user_annotation", False):
+    device time is their kernels') or ``record_function`` ranges (the optimiser's step: its whole span, idle too)."""
+    if event.device_type == torch.autograd.DeviceType.CPU or getattr(event, "is_user_annotation", False):
         return 0.0
     for name in ("self_device_time_total", "self_cuda_time_total"):
         if hasattr(event, name):

@@ -2,14 +2,12 @@
 
 Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something), ``<stage>/accuracy`` (SQA's ALL;
 WikiTQ's denotation accuracy), SQA's SEQ as ``<stage>/seq``, and ``<stage>/accuracy_long`` and ``long_questions`` over
-the questions whose whole input exceeds ``long_table_tokens`` word pieces whatever ``max_length`` (runs at different
-lengths score the same questions). With DoT, ``train/`` and ``<stage>/answer_cells_kept``: the share of questions with
-answer cells that keep a token of every answer cell after the top-K selection (the data statistics' one is the length
-cut's).
+the questions whose whole input exceeds ``long_table_tokens`` word pieces whatever ``max_length`` (so runs at different
+lengths score the same questions). With DoT, ``<stage>/answer_cells_kept``: the share of questions with answer cells
+that keep a token of every answer cell after the top-K selection.
 
 SQA's evaluation feeds each question the model's own prediction for the previous one as ``prev_labels`` (as TAPAS
-does), position by position, so the split must come in position order on one process (under DDP: a warning, zeros).
-"""
+does), position by position, so the split must come in position order on one process (under DDP: a warning, zeros)."""
 
 from __future__ import annotations
 
@@ -39,8 +37,7 @@ log = logging.getLogger(__name__)
 
 class TableQAModule(EvaluatedTaskModule):
     """``head``: :class:`~mate_cli.modeling.tapas_heads.TapasHeadConfig` settings; ``null`` ones come from a TAPAS
-    ``pretrained`` checkpoint (whose head weights load too), else TAPAS's defaults. ``long_table_tokens``: the
-    long-question slice's threshold (null: none)."""
+    ``pretrained`` checkpoint (whose head weights load too), else TAPAS's defaults."""
 
     uses_pooler = True
     supports_dot = True
@@ -122,23 +119,17 @@ class TableQAModule(EvaluatedTaskModule):
         has = answer.any(dim=1)
         if not bool(has.any()):
             return
-        share = answer_cells_kept(answer, kept.layout)[has].float()
+        share, count = answer_cells_kept(answer, kept.layout)[has].float(), int(has.sum())
         if stage == "train":
             self.log(
-                "train/answer_cells_kept",
-                share.mean(),
-                on_step=False,
-                on_epoch=True,
-                batch_size=int(has.sum()),
-                sync_dist=True,
+                "train/answer_cells_kept", share.mean(), on_step=False, on_epoch=True, batch_size=count, sync_dist=True
             )
-            return
-        self.update_logged(stage, "answer_cells_kept", share, batch_size=int(has.sum()))
+        else:
+            self.update_logged(stage, "answer_cells_kept", share, batch_size=count)
 
     def pruning_loss(self, batch: TaskBatch, pruned) -> torch.Tensor:
-        """P-DoT / PJ-DoT (App. C.2): per-token binary cross-entropy of the pruner's logits against "in an answer
-        cell", over the table tokens (header included) of the examples with an answer cell. Not TAPAS's
-        column-then-cell loss: the pruner only ranks tokens."""
+        """P-DoT / PJ-DoT (App. C.2): per-token BCE of the pruner's logits against "in an answer cell", over the table
+        tokens of the examples with one. Not TAPAS's column-then-cell loss: the pruner only ranks tokens."""
         cell_ids = batch.layout.cell_ids
         labels = (batch.candidate_mask & batch.cell_mask).gather(1, cell_ids) & batch.layout.attention_mask
         weight = (batch.layout.is_table & labels.any(dim=1, keepdim=True)).float()
@@ -164,9 +155,8 @@ class TableQAModule(EvaluatedTaskModule):
             correct = torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
             self.update_logged(stage, "accuracy", correct, batch_size=len(part), prog_bar=True)
             if self.task.sequential:
-                keys = torch.tensor(
-                    [sequence_key(r["sequence_id"] or r["question_id"]) for r in rows], device=self.device
-                )
+                keys = [sequence_key(r["sequence_id"] or r["question_id"]) for r in rows]
+                keys = torch.tensor(keys, device=self.device)
                 self.update_logged(stage, "seq", keys, correct.bool(), batch_size=len(part))
             self._log_long_tables(part, correct, stage)
             self.predictions.extend(rows)
@@ -195,8 +185,7 @@ class TableQAModule(EvaluatedTaskModule):
         for i, (sequence, position) in enumerate(zip(batch.sequence_ids, batch.positions)):
             if position == 0:
                 continue
-            previous = self._predicted.get((sequence, position - 1))
-            if previous is None:
+            if (previous := self._predicted.get((sequence, position - 1))) is None:
                 if not self._warned_missing:
                     log.warning(
                         "SQA: no prediction for the question before %s (position %d); its prev_labels "
@@ -216,15 +205,11 @@ class TableQAModule(EvaluatedTaskModule):
     @torch.no_grad()
     def decode(self, batch: TaskBatch, out: QAOutput) -> list[dict]:
         """Per example: the selected cells, the aggregation, the answer (WikiTQ), and whether it is right."""
-        probs = pool_cells(
-            torch.sigmoid(out.logits.float()),
-            batch.layout.cell_ids * batch.layout.attention_mask,
-            batch.cell_mask.shape[1] - 1,
-        )
+        cell_ids = batch.layout.cell_ids * batch.layout.attention_mask
+        probs = pool_cells(torch.sigmoid(out.logits.float()), cell_ids, batch.cell_mask.shape[1] - 1)
         selected = (probs > self.head_config.cell_classification_threshold) & batch.cell_mask
-        operators = (
-            out.aggregation_logits.argmax(-1).tolist() if out.aggregation_logits is not None else [0] * len(batch)
-        )
+        aggregation = out.aggregation_logits
+        operators = aggregation.argmax(-1).tolist() if aggregation is not None else [0] * len(batch)
         rows = []
         for i in range(len(batch)):
             cells = selected[i].nonzero().flatten().tolist()
@@ -273,8 +258,7 @@ def aggregate_answer(operator: str, texts: list[str], values: list[float]) -> li
         return list(texts)
     if operator == "COUNT":
         return [str(len(texts))]
-    numbers = [v for v in values if not math.isnan(v)]
-    if not numbers:
+    if not (numbers := [v for v in values if not math.isnan(v)]):
         return []
     result = sum(numbers) if operator == "SUM" else sum(numbers) / len(numbers)
     return [format_number(result)]

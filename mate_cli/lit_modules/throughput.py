@@ -1,11 +1,9 @@
 """Per training epoch: ``perf/examples_per_s`` (DoT's NPE/s), ``perf/tokens_per_s`` (real tokens) and
 ``perf/peak_mem_mb`` (CUDA: the allocator's peak this epoch; CPU: the process's peak RSS this epoch on Linux, from the
 RSS at its start, which still holds what earlier jobs of a multirun (one process) keep; elsewhere its peak so far). Wall
-time includes
-data loading (what a user waits for) and leaves out validation inside the epoch. The counts stay on the device until the
-epoch ends: no training step waits for them. (Lightning's ``ThroughputMonitor``
-reports per-step windows under other names, without memory.)
-"""
+time includes data loading (what a user waits for) and leaves out validation inside the epoch. The counts stay on the
+device until the epoch ends: no training step waits for them. (Lightning's ``ThroughputMonitor`` reports per-step
+windows under other names, without memory.)"""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class ExcludesValidation(L.Callback):
-    """``paused``: the seconds spent in validations inside the fit since it was last set to 0 (a timer of training
-    steps leaves them out)."""
+    """``paused``: the seconds spent in validations inside the fit since it was last set to 0."""
 
     paused = 0.0
     _validating_since: float | None = None

@@ -1,8 +1,7 @@
 """Lightning's W&B logger, quiet: with ``quiet`` W&B prints no start or closing lines (``mate train`` prints the run's
-folder and sync command), and ``anonymous=None``, which W&B answers with a warning, is not passed. The run ``id``:
-:func:`mate_cli.run.resume.continue_wandb_run`. A service shared through ``WANDB_SERVICE`` keeps holding a killed client's
-run id, so resuming that run fails with "run ID ... is in use": one line with the fix (a process's own service dies
-with it)."""
+folder and sync command), and ``anonymous=None``, which W&B answers with a warning, is not passed. A service shared
+through ``WANDB_SERVICE`` keeps holding a killed client's run id, so resuming that run fails with "run ID ... is in
+use": one line with the fix."""
 
 from __future__ import annotations
 
@@ -28,11 +27,8 @@ class WandbLogger(LightningWandbLogger):
         try:
             return super().experiment
         except Exception as err:
-            if (
-                type(err).__name__ == "ServerResponseError"
-                and "is in use" in str(err)
-                and os.environ.get("WANDB_SERVICE")
-            ):
+            in_use = type(err).__name__ == "ServerResponseError" and "is in use" in str(err)
+            if in_use and os.environ.get("WANDB_SERVICE"):
                 raise MateError(
                     f"W&B run {self._wandb_init.get('id')} is still held by the W&B service named in WANDB_SERVICE "
                     f"(the process that used it was killed): stop that service (`wandb beta core stop`) or unset "

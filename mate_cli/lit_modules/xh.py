@@ -2,12 +2,10 @@
 ``CellSelectionModule``'s loss, metrics and predictions. A cell's logit is its tokens' mean score across the question's
 nodes.
 
-Tokens read hub states the previous layer's hop changed, so passage evidence reaches cell scores one edge per layer,
-through every hop layer but the last (which, without ``model.extra_layers``, no cell score reads): ``hop_layers=L``
-carries it at most ``L - 1`` edges (a passage's own rows need ``L >= 2``, rows linked to them ``L >= 3``). A
-first-layer hop carries nothing (every hub is the same [CLS] embedding), so with every layer hopping (``null``, the
-paper's) evidence travels ``num_layers - 2`` edges (4 for MiniLM's 6 layers).
-"""
+Passage evidence reaches cell scores one edge per hop layer but the last (which, without ``model.extra_layers``, no
+cell score reads): ``hop_layers=L`` carries it at most ``L - 1`` edges (a passage's own rows need ``L >= 2``, rows
+linked to them ``L >= 3``). A first-layer hop carries nothing (every hub is the same [CLS] embedding), so with every
+layer hopping (``null``, the paper's) evidence travels ``num_layers - 2`` edges (4 for MiniLM's 6 layers)."""
 
 from __future__ import annotations
 
