@@ -5,38 +5,28 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from mate_cli.config.check import check_command_line, trainer_overrides
 from mate_cli.errors import MateError
-from mate_cli.config.hydra_args import (
-    CFG_FLAGS,
-    COMPLETION_FLAGS,
-    HELP_FLAGS,
-    INFO_FLAGS,
-    MULTIRUN_FLAGS,
-    path_argument,
-    quote_free_text,
-)
-from mate_cli.paths import CONF_DIR, keep_tool_caches, output_root
+from mate_cli.config.hydra_args import CFG_FLAGS, COMPLETION_FLAGS, HELP_FLAGS, INFO_FLAGS, MULTIRUN_FLAGS
+from mate_cli.config.hydra_args import path_argument, quote_free_text
+from mate_cli.paths import keep_tool_caches, output_root
 from mate_cli.silenced import silence
 
-COMMANDS = {
-    "train": ("mate_cli.commands.train", "fit a model (Hydra app, conf/train.yaml)"),
-    "pretrain": ("mate_cli.commands.pretrain", "masked-LM pre-training on tables, any attention (conf/pretrain.yaml)"),
-    "eval": ("mate_cli.commands.eval", "evaluate a checkpoint (conf/eval.yaml)"),
-    "pointr": ("mate_cli.commands.pointr", "PointR end to end: cell selection, then the reader (conf/pointr.yaml)"),
-    "predict": ("mate_cli.commands.predict", "answer one question about one table (conf/predict.yaml)"),
-    "bench": ("mate_cli.commands.bench", "time/memory/FLOPs of attention backends (conf/bench.yaml)"),
-    "baseline": (
-        "mate_cli.commands.baseline",
-        "trivial baselines of SQA, WikiTQ, TabFact: no model (conf/baseline.yaml)",
-    ),
-    "report": (
-        "mate_cli.commands.report",
-        "median/half-IQR over seeds per configuration from run dirs (conf/report.yaml)",
-    ),
+#: each command's help line (its module: ``mate_cli.commands.<command>``)
+HELP = {
+    "train": "fit a model (Hydra app, conf/train.yaml)",
+    "pretrain": "masked-LM pre-training on tables, any attention (conf/pretrain.yaml)",
+    "eval": "evaluate a checkpoint (conf/eval.yaml)",
+    "pointr": "PointR end to end: cell selection, then the reader (conf/pointr.yaml)",
+    "predict": "answer one question about one table (conf/predict.yaml)",
+    "bench": "time/memory/FLOPs of attention backends (conf/bench.yaml)",
+    "baseline": "trivial baselines of SQA, WikiTQ, TabFact: no model (conf/baseline.yaml)",
+    "report": "median/half-IQR over seeds per configuration from run dirs (conf/report.yaml)",
 }
+COMMANDS = {name: (f"mate_cli.commands.{name}", help_) for name, help_ in HELP.items()}
 
 USAGE = """usage: mate <command> [overrides...] [--help] [-m]
 
@@ -79,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except MateError as err:
         return fail(str(err))
     rest, problem = checked_command_line(command, rest)
-    answer_only = answers_only(rest)  # no task runs: no run dir to claim or write
+    answer_only = any(arg in NO_TASK_FLAGS for arg in rest)  # no task runs: no run dir to claim or write
     if not problem and not answer_only:
         rest, problem = claim_given_run_dir(command, rest)
         problem = problem or check_output_root(rest)
@@ -108,24 +98,15 @@ def fail(problem: str) -> int:
 NO_TASK_FLAGS = (*HELP_FLAGS, *CFG_FLAGS, *INFO_FLAGS)
 
 
-def answers_only(args: list[str]) -> bool:
-    return any(arg in NO_TASK_FLAGS for arg in args)
-
-
 def answer_only_app(command: str):
     """``command``'s Hydra app for the flags that run no task, without importing its module (torch, Lightning), so
     ``mate train --help`` and ``--cfg job`` answer in about a second."""
-    import hydra
-
-    from mate_cli.run.naming import register_resolvers
-
-    register_resolvers()  # `--cfg job --resolve` resolves mate's interpolations
+    from mate_cli.commands.common import hydra_app
 
     def no_task(cfg) -> None:
         raise RuntimeError(f"mate {command}: a task ran for a flag that answers only")
 
-    no_task.__module__ = COMMANDS[command][0]  # Hydra names the job from the task's module
-    return hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=command)(no_task)
+    return hydra_app(COMMANDS[command][0], no_task)
 
 
 def checked_command_line(command: str, args: list[str]) -> tuple[list[str], str | None]:
@@ -139,8 +120,7 @@ FOLDER_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "paths.
 
 
 def check_paths_on_one_line(args: list[str]) -> str | None:
-    """A folder named with a line break in it: refused before any folder is made (Hydra's parser failed on it after
-    mate had claimed the folder, leaving one with a line break in its name)."""
+    """A folder named with a line break in it, refused before any folder is made (Hydra's parser fails on it later)."""
     for arg in args:
         key, _, value = arg.lstrip("+~").partition("=")
         if key.startswith(FOLDER_KEYS) and ("\n" in value or "\r" in value):
@@ -158,8 +138,7 @@ def check_one_mode(args: list[str]) -> str | None:
 
 def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str | None]:
     """Claim the ``hydra.run.dir=`` (``-m``: ``hydra.sweep.dir=``) given, before Hydra writes there
-    (:func:`mate_cli.run.lock.claim`): ``(arguments to run, one-line problem or None)``. Default run dirs:
-    :func:`mate_cli.run.task.run_task`."""
+    (:func:`mate_cli.run.lock.claim`): ``(arguments to run, one-line problem or None)``."""
     from mate_cli.run import lock as run_lock
 
     sweep = any(arg in args for arg in MULTIRUN_FLAGS)
@@ -172,18 +151,13 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
     if existing not in run_lock.EXISTING_CHOICES:
         return args, f"{run_lock.EXISTING_KEY}={existing}: choose one of {', '.join(run_lock.EXISTING_CHOICES)}"
     own = run_lock.compared([arg for arg in trainer_overrides(command, args) if not arg.startswith("-")])
+    folder, resuming = given[-1][len(key) :].strip("'\""), settings.get("ckpt_path", "null") not in ("", "null")
     try:
-        directory = run_lock.claim(
-            given[-1][len(key) :].strip("'\""),
-            "multirun" if sweep else command,
-            own,
-            existing,
-            resuming=settings.get("ckpt_path", "null") not in ("", "null"),
-        )
+        directory = run_lock.claim(folder, "multirun" if sweep else command, own, existing, resuming=resuming)
     except MateError as err:
         return args, str(err)
     except OSError as err:
-        return args, unwritable(Path(given[-1][len(key) :].strip("'\"")), err)
+        return args, unwritable(Path(folder), err)
     return [arg for arg in args if arg not in given] + [f"{key}{directory}"], None
 
 
@@ -196,8 +170,6 @@ def unwritable(folder: Path, err: OSError) -> str:
 
 def check_output_root(args: list[str]) -> str | None:
     """The one-line problem when the folder of default run dirs cannot be made or written, before Hydra tries."""
-    import tempfile
-
     if any(arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in args):
         return None
     root = output_root()
@@ -220,8 +192,6 @@ def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:
 
 
 # ------------------------------------------------------------------ shell completion
-#: Hydra's flag for shell completion (``-sc install=bash``, ``-sc query=bash``)
-
 BASH_COMPLETION = r"""# bash completion for `mate` (install: eval "$(mate -sc install=bash)")
 _mate_completion()
 {
@@ -246,8 +216,7 @@ complete -o nospace -o default -F _mate_completion mate
 
 
 def shell_completion(args: list[str], command: str | None, program: str) -> int:
-    """``-sc install=bash`` / ``uninstall=bash``: the script for every command; ``mate <command> -sc query=bash``:
-    Hydra's completion of ``COMP_LINE`` in that command's config."""
+    """``-sc install=bash`` / ``uninstall=bash``: the script; ``mate <command> -sc query=bash``: Hydra's completion."""
     settings = dict(arg.partition("=")[::2] for arg in args if "=" in arg)
     action = next((key for key in ("install", "uninstall", "query") if key in settings), None)
     shell = settings.get(action, "")
@@ -255,11 +224,9 @@ def shell_completion(args: list[str], command: str | None, program: str) -> int:
         return fail(
             "shell completion is for bash: use -sc install=bash, -sc uninstall=bash or -sc query=bash (with COMP_LINE set)"
         )
-    if action == "install":
-        print(BASH_COMPLETION.replace("__COMMANDS__", " ".join(COMMANDS)), end="")
-        return 0
-    if action == "uninstall":
-        print("complete -r mate 2> /dev/null\nunset -f _mate_completion")
+    if action != "query":
+        uninstall = "complete -r mate 2> /dev/null\nunset -f _mate_completion\n"
+        print(BASH_COMPLETION.replace("__COMMANDS__", " ".join(COMMANDS)) if action == "install" else uninstall, end="")
         return 0
     if command is None or "COMP_LINE" not in os.environ:
         return fail(

@@ -48,16 +48,11 @@ def print_config(cfg: DictConfig, overrides: Iterable[str], out: Path, whole: bo
             branch.add(rich.syntax.Syntax(shown, "yaml", theme="ansi_dark"))
         screen.print(tree)
     overrides = [str(o) for o in overrides]
-    screen.print(
-        f"overrides: {' '.join(overrides) if overrides else '(none: the defaults)'}", markup=False, highlight=False
-    )
-    screen.print(f"run dir:   {out}", markup=False, highlight=False)
+    lines = [f"overrides: {' '.join(overrides) if overrides else '(none: the defaults)'}", f"run dir:   {out}"]
     if not whole:
-        screen.print(
-            "config:    resolved_config.yaml in the run dir (extras.print_config=true prints it here)",
-            markup=False,
-            highlight=False,
-        )
+        lines.append("config:    resolved_config.yaml in the run dir (extras.print_config=true prints it here)")
+    for line in lines:
+        screen.print(line, markup=False, highlight=False)
 
 
 def print_outputs(outputs: dict[str, object]) -> None:

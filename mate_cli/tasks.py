@@ -19,12 +19,10 @@ class TableTask:
     """One table task. ``reader``: a class of ``(root)`` with ``questions(file)`` and ``table(id)``; ``table_file``:
     ``(path)``, one table file (``mate predict``); ``baselines``: ``(train, validation, reader) -> metrics``;
     ``predictions``: ``(rows, directory) -> path``, the release's answer format; each a ``"module:attribute"``.
-
     answer: ``cells`` (gold cell coordinates, right when the selected set equals them: SQA), ``texts`` (matched to
     cells for supervision, scored by WikiTQ's official denotation matching) or ``verdict`` (TabFact).
     aggregates: an operator (NONE, SUM, AVERAGE, COUNT) is predicted; a one-number answer supervises its result.
-    sequential: questions come in sequences, each given the previous answer, evaluated in order; SEQ is scored.
-    """
+    sequential: questions come in sequences, each given the previous answer, evaluated in order; SEQ is scored."""
 
     name: str
     reader: str
@@ -72,8 +70,7 @@ def names() -> tuple[str, ...]:
 
 def get(name: Any, key: str = "dataset.task") -> TableTask:
     """The task called ``name``; an unknown one is a one-line error naming ``key`` and the known tasks."""
-    task = _TASKS.get(str(name))
-    if task is None:
+    if (task := _TASKS.get(str(name))) is None:
         raise MateError(f"{key}={name!r} is not a table task; use one of {', '.join(names())}")
     return task
 

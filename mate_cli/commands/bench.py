@@ -52,11 +52,8 @@ def bench(cfg: DictConfig) -> list[dict]:
         def on_cell(row: dict) -> None:
             rows.append(row)
             report.write_csv(rows, out / "bench.csv")  # partial results survive an interrupt
-            progress.update(
-                task,
-                advance=1,
-                description=f"{row['level']}/{row['mode']} {row['backend']} {row['seq_len']}: {row['status']}",
-            )
+            cell = f"{row['level']}/{row['mode']} {row['backend']} {row['seq_len']}: {row['status']}"
+            progress.update(task, advance=1, description=cell)
 
         runner.run_grid(settings, on_cell=on_cell)
     machine["load_avg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]

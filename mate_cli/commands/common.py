@@ -6,11 +6,17 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable, Sequence
 
+import hydra
+from hydra.utils import instantiate
 from omegaconf import DictConfig
+from rich.table import Table
 
 from mate_cli.console import console, print_outputs
 from mate_cli.io import atomic_write_json
+from mate_cli.paths import CONF_DIR
+from mate_cli.run.naming import register_resolvers
 from mate_cli.run.task import run_dir, run_task
+from mate_cli.silenced import silence
 
 log = logging.getLogger("mate_cli")
 
@@ -18,12 +24,6 @@ log = logging.getLogger("mate_cli")
 def hydra_app(module: str, task: Callable[[DictConfig], object], objective: Callable | None = None):
     """Command ``module``'s entry point: Hydra on ``conf/<command>.yaml`` (the module's last name) running ``task``
     through :func:`run_task`; ``objective(cfg, result)``: what a sweeper optimises."""
-    import hydra
-
-    from mate_cli.paths import CONF_DIR
-
-    from mate_cli.run.naming import register_resolvers
-
     register_resolvers()
 
     def main(cfg: DictConfig):
@@ -44,19 +44,14 @@ def write_result(name: str, result: dict, **outputs) -> dict:
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
-    from rich.table import Table
-
-    table = Table(title=title)
-    for name in columns:
-        table.add_column(name)
+    table = Table(*columns, title=title)
     for row in rows:
         table.add_row(*row)
     console().print(table)
 
 
 def print_metrics(title: str, metrics: dict, names: Sequence[str], prefix: str = "") -> None:
-    """One row of metrics, 4 decimals (a count of questions, ``*questions``, as a whole number): the column ``name``
-    shows ``metrics[prefix + name]``."""
+    """One row of ``metrics[prefix + name]``, 4 decimals (a count, ``*questions``, as a whole number)."""
     shown = [f"{metrics[prefix + n]:.{0 if n.endswith('questions') else 4}f}" for n in names]
     print_table(title, names, [shown])
 
@@ -67,8 +62,6 @@ def first_results(results: list[dict]) -> dict[str, float]:
 
 
 def instantiate_dict(section: DictConfig | None) -> list:
-    from hydra.utils import instantiate
-
     if not section:
         return []
     return [instantiate(conf) for conf in section.values() if isinstance(conf, DictConfig) and "_target_" in conf]
@@ -76,8 +69,6 @@ def instantiate_dict(section: DictConfig | None) -> list:
 
 def quiet_third_party_logs() -> None:
     """Third-party progress bars and INFO logs off, :mod:`mate_cli.silenced`'s filters on."""
-    from mate_cli.silenced import silence
-
     silence()
     import datasets
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -27,19 +28,14 @@ SPLIT_PREFIX = {"validation": "val", "test": "test"}
 def read_checkpoint_once(path: str, model) -> tuple[dict, str]:
     """The checked checkpoint at ``path`` and the first 16 hex digits of its file's SHA-256; refused in one line when
     the file changed while it was read (a `mate train` of that run writing it)."""
-    import hashlib
-
-    def stamp() -> tuple[int, int]:
-        info = os.stat(path)
-        return info.st_size, info.st_mtime_ns
-
-    before = stamp()
+    before = os.stat(path)
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     checkpoint = check_checkpoint_fits(path, model, "ckpt_path")
-    if stamp() != before:
+    after = os.stat(path)
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
         raise MateError(
             f"ckpt_path={path} changed while it was read (a run is writing it); evaluate again once it is written, "
             "or evaluate a finished run"
@@ -67,11 +63,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     questions = datamodule.questions(cfg.split) if hasattr(datamodule, "questions") else None
     if questions is not None and not any(q.answered for q in questions):
         source = f"{datamodule.eval_file} in {datamodule.root}" if datamodule.eval_file else datamodule.root
-        fix = (
-            "name a question file with answers: \"overrides=['dataset.eval_file=<file>']\""
-            if datamodule.eval_file
-            else ("evaluate split=validation, or write test predictions with `mate pointr split=test` (HybridQA)")
-        )
+        fix = "evaluate split=validation, or write test predictions with `mate pointr split=test` (HybridQA)"
+        if datamodule.eval_file:
+            fix = "name a question file with answers: \"overrides=['dataset.eval_file=<file>']\""
         raise MateError(
             f"split={cfg.split}: none of the {len(questions)} questions of {source} has an answer to score "
             f"(a released test file has none); {fix}"
@@ -94,11 +88,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         results = run(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
     metrics = first_results(results)
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
-    metrics["ckpt_path"] = ckpt_path
-    metrics["ckpt_step"] = int(checkpoint.get("global_step", 0))
-    metrics["ckpt_sha256"] = digest
-    bad = non_finite_metrics(metrics)
-    if bad:
+    metrics.update(ckpt_path=ckpt_path, ckpt_step=int(checkpoint.get("global_step", 0)), ckpt_sha256=digest)
+    if bad := non_finite_metrics(metrics):
         metrics["non_finite"] = bad
         log.warning(
             "non-finite metrics: %s (the checkpoint's weights are finite: an example's loss overflowed)", ", ".join(bad)

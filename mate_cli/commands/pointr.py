@@ -26,14 +26,8 @@ def pointr(cfg: DictConfig) -> dict:
     )
     hits = [f"hits@{k}={metrics[f'stage1/hits@{k}']:.4f}" for k in (1, 3, 5) if f"stage1/hits@{k}" in metrics]
     print("stage 1: " + (", ".join(hits) or "no answers to score"))
-    print_outputs(
-        {
-            "run dir": run_dir(),
-            "metrics": run_dir() / "metrics.json",
-            "predictions": run_dir() / "predictions.json",
-            "details": run_dir() / "pointr_details.json",
-        }
-    )
+    files = {"metrics": "metrics.json", "predictions": "predictions.json", "details": "pointr_details.json"}
+    print_outputs({"run dir": run_dir(), **{name: run_dir() / file for name, file in files.items()}})
     return metrics
 
 

@@ -1,7 +1,5 @@
-"""`mate predict`: answer one question about one table file; writes ``prediction.json``.
-
-HybridQA (``stage1.ckpt_path=`` [``stage2.ckpt_path=``], ``passages=``): PointR, :mod:`mate_cli.pipelines.pointr`.
-SQA, WikiTQ, TabFact (``ckpt_path=``): :mod:`mate_cli.pipelines.table_task`."""
+"""`mate predict`: answer one question about one table file; writes ``prediction.json``. HybridQA (``stage1.ckpt_path=``
+[``stage2.ckpt_path=``], ``passages=``): PointR; SQA, WikiTQ, TabFact (``ckpt_path=``): :mod:`mate_cli.pipelines`."""
 
 from __future__ import annotations
 
@@ -42,8 +40,7 @@ def predict(cfg: DictConfig) -> dict:
 
     rich.print(f"[bold]question:[/bold] {shown(result['question'])}")
     rich.print(f"[bold]answer:[/bold] {result['answer'] or '(none)'}")
-    cell = result["cell"]
-    if cell is not None:
+    if (cell := result["cell"]) is not None:
         rich.print(f"[bold]cell:[/bold] row {cell['row']}, column {cell['column']} ({cell['header']}): {cell['text']}")
     print_table(
         f"top {len(result['top_cells'])} cells of {table.table_id}",

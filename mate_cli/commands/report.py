@@ -1,7 +1,6 @@
 """`mate report <multirun dir | outputs dir>`: each metric's median and half-IQR over seeds per configuration
 (:mod:`mate_cli.report`), on screen and as ``report.csv``, ``report_*.<format>`` plots and, last, ``report.md``: a
-report dir without it was stopped before the end (each file in it is whole), and the same command run again into it
-writes it anew."""
+report dir without it was stopped before the end."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     if OmegaConf.is_missing(cfg, "path") or cfg.path is None:
         raise MateError("path is missing; pass `mate report <multirun dir | outputs dir>` (or path=<dir>)")
     formats = [str(f) for f in cfg.get("formats") or ["png"]]
-    unknown = [f for f in formats if f not in render.FORMATS]
-    if unknown:
+    if unknown := [f for f in formats if f not in render.FORMATS]:
         raise MateError(
             f"formats={formats}: {', '.join(unknown)} is not a plot format; choose from {', '.join(render.FORMATS)}"
         )
@@ -43,9 +41,8 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     title = f"{cfg.path}: median {render.PLUS_MINUS} half-IQR over seeds (main metric: {main or '-'})"
     console = screen_console()
     screen.print_tables(title, columns, rows, columns.index("runs") + 1, console, screen.screen_width())
-    repeated = render.repeated_lines(configurations)
     for heading, lines in (
-        ("repeated seeds, the newest finished run counted", repeated),
+        ("repeated seeds, the newest finished run counted", render.repeated_lines(configurations)),
         ("failed runs", render.failed_lines(failed)),
         ("incomplete runs", render.incomplete_lines(incomplete)),
     ):
@@ -62,12 +59,9 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     render.write_csv(configurations, metrics, out / "report.csv")
     plots = render.plot(configurations, metrics, main, out, formats) if cfg.get("plots", True) else []
     # last: a report.md in the folder says the report is whole (a report killed before it is run again into its dir)
-    atomic_write_text(
-        out / "report.md",
-        render.markdown(
-            str(cfg.path), columns, rows, main, failed, incomplete, skipped, render.repeated_lines(configurations, "`")
-        ),
-    )
+    repeated = render.repeated_lines(configurations, "`")
+    markdown = render.markdown(str(cfg.path), columns, rows, main, failed, incomplete, skipped, repeated)
+    atomic_write_text(out / "report.md", markdown)
     pattern = f"report_*.{formats[0]}" if len(formats) == 1 else f"report_*.{{{','.join(formats)}}}"
     print_outputs({"report dir": out, "table": out / "report.md", "numbers": out / "report.csv",
                    **({"plots": f"{out / pattern} ({len(plots)} files)"} if plots else {})})  # fmt: skip

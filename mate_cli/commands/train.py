@@ -10,39 +10,29 @@ import logging
 from pathlib import Path
 
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from torchmetrics import Metric
 
-from mate_cli.commands.common import (
-    first_results,
-    hydra_app,
-    instantiate_dict,
-    log,
-    print_metrics,
-    quiet_third_party_logs,
-)
+from mate_cli.commands.common import first_results, hydra_app, instantiate_dict, log, print_metrics
+from mate_cli.commands.common import quiet_third_party_logs
 from mate_cli.run.task import command_overrides, finish_wandb_run, hydra_choices, run_dir
 from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
+from mate_cli.data.schema import has_answer
 from mate_cli.run.divergence import StopOnNonFiniteLoss, non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.run.interrupts import StopOnSignal, cluster_plugins
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.lit_modules.step_profile import StepProfile
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
-from mate_cli.run.resume import (
-    RESTORED,
-    AtomicCheckpointIO,
-    ContinuousCSVLog,
-    ResumeState,
-    changed_on_resume,
-    continue_wandb_run,
-    resolve_resume_path,
-    run_dir_of,
-    unrestored,
-)
+from mate_cli.run.resume import RESTORED, AtomicCheckpointIO, ContinuousCSVLog, ResumeState, changed_on_resume
+from mate_cli.run.resume import continue_wandb_run, resolve_resume_path, run_dir_of, unrestored
 from mate_cli.run.rebuild import check_checkpoint_fits, init_weights_from
 from mate_cli.config.schema import TRAINER_RESERVED, check_trainer_args
 
@@ -79,9 +69,8 @@ def _start(cfg: DictConfig, out: Path) -> str | None:
             shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
             log.warning("resuming with %d value(s) changed from the resumed run's config: %s; the run goes on with "
                         "this command's", len(changed), shown)  # fmt: skip
-        print_config(
-            cfg, command_overrides(), out, whole=bool(OmegaConf.select(cfg, "extras.print_config", default=False))
-        )
+        whole = bool(OmegaConf.select(cfg, "extras.print_config", default=False))
+        print_config(cfg, command_overrides(), out, whole=whole)
         atomic_write_text(out / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     else:  # their log goes to <run dir>/train_ddp_process_<rank>.log only, not to the screen
         for handler in list(logging.getLogger().handlers):
@@ -92,8 +81,7 @@ def _start(cfg: DictConfig, out: Path) -> str | None:
 
 
 def _build(cfg: DictConfig, out: Path, resume: str | None):
-    """``(datamodule, model, trainer, loggers, checkpoint)``: the resumed checkpoint checked against the model and
-    preloaded (None when not resuming)."""
+    """``(datamodule, model, trainer, loggers, checkpoint)``; ``checkpoint``: the resumed one, checked and preloaded."""
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
     _check_pairing(cfg)
     datamodule = instantiate(cfg.dataset)
@@ -119,9 +107,8 @@ def _build(cfg: DictConfig, out: Path, resume: str | None):
         callbacks.insert(0, StepProfile(int(cfg.profile_steps), path=out / "step_profile.json"))
     loggers = instantiate_dict(cfg.get("logger"))
     trainer_args.setdefault("default_root_dir", str(out))  # whatever Lightning writes of its own stays in the run dir
-    trainer = L.Trainer(
-        **trainer_args, callbacks=callbacks, logger=loggers, plugins=[checkpoint_io, *cluster_plugins()]
-    )
+    plugins = [checkpoint_io, *cluster_plugins()]
+    trainer = L.Trainer(**trainer_args, callbacks=callbacks, logger=loggers, plugins=plugins)
     _refuse_ddp_in_a_local_sweep(trainer)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -144,8 +131,8 @@ def _before_fit(cfg: DictConfig, trainer, model, datamodule, resume: str | None,
 
 
 def _final_metrics(cfg: DictConfig, trainer, model, datamodule, out: Path, resume: str | None) -> dict:
-    """``metrics.json``'s content: the best checkpoint's validation (and test), the data's statistics, the last
-    training metrics and what the run recorded before."""
+    """``metrics.json``'s content: the best checkpoint's validation (and test), data statistics, the last training
+    metrics and what the run recorded before."""
     # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
     start = dict(getattr(model, "recorded_metrics", {}))
     # the last epoch's perf/*; the last logged training batch's metric and loss (debug=overfit: the fixed batch)
@@ -213,8 +200,6 @@ def print_summary(metrics: dict, validated_best: bool = True) -> None:
 
 
 def outputs(out: Path, metrics: dict, loggers, wandb_run: Path | None) -> dict[str, object]:
-    from lightning.pytorch.loggers import CSVLogger
-
     found = {"run dir": out, "metrics": out / "metrics.json", "best checkpoint": metrics["best_checkpoint"],
              "last checkpoint": last_checkpoint(out)}  # fmt: skip
     if not Path(metrics["best_checkpoint"]).exists():  # keep_best=encoder removed it
@@ -237,10 +222,6 @@ def export_encoder(model, ckpt_path: str, cfg: DictConfig, directory: Path) -> P
 
 def _refuse_ddp_in_a_local_sweep(trainer) -> None:
     """Lightning's DDP launcher re-executes the command line for ranks > 0: in a local sweep each would rerun it all."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-
     launcher = getattr(trainer.strategy, "launcher", None)
     if (
         HydraConfig.get().mode == RunMode.MULTIRUN
@@ -290,8 +271,6 @@ def _check_pairing(cfg: DictConfig) -> None:
 
 def _test_best(trainer, model, datamodule, best: str) -> dict[str, float]:
     """``test/*`` of the best checkpoint when the test split has answers (releases often hold none); else a log line."""
-    from mate_cli.data.schema import has_answer
-
     if not hasattr(datamodule, "questions") or trainer.world_size > 1:
         name = type(datamodule).__name__
         why = "runs on one device" if trainer.world_size > 1 else f"needs a question dataset, not {name}"
