@@ -1,8 +1,7 @@
 """The command line checked before anything loads: ``mate <command> <overrides>`` is composed with Hydra's compose
 API (no torch, no Lightning, no run dir), and every override, each value of a sweep and each option of a swept group,
 is checked against :mod:`mate_cli.config.schema`, as are the dotlists that patch a trained run's config
-(``overrides=[...]``). The first problem is one line; ``mate`` prints it and exits with status 2.
-"""
+(``overrides=[...]``). The first problem is one line; ``mate`` prints it and exits with status 2."""
 
 from __future__ import annotations
 
@@ -200,8 +199,7 @@ def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path)
     default = lookup(tree, key)
     argument = trainer_argument(command, key)
     reserved = TRAINER_RESERVED if command in ("train", "pretrain") else ()
-    problem = trainer_problem(argument, reserved=reserved) if argument is not None else None
-    if problem:
+    if argument is not None and (problem := trainer_problem(argument, reserved=reserved)):
         raise MateError(problem)
     if default is ABSENT and argument is None:
         if override.is_add() or override.is_force_add():  # +key= / ++key=: a key the user adds on purpose
@@ -223,8 +221,7 @@ def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path)
         )
     expected = key_type(tree, key, command)
     for value in _values(override, conf_dir):
-        problem = type_problem(key, value, expected, default)
-        if problem:
+        if problem := type_problem(key, value, expected, default):
             raise MateError(problem)
 
 
@@ -245,11 +242,9 @@ def check_run_patches(tree: Mapping) -> None:
             continue
         run_dir = Path(ckpt).expanduser()  # a run dir (its best checkpoint) or <run dir>/checkpoints/<name>.ckpt
         config = (run_dir if run_dir.is_dir() else run_dir.resolve().parent.parent) / "resolved_config.yaml"
-        if not config.is_file():
-            continue  # the command names the missing run config itself
         try:
             run = read_yaml(config, "", interpolations=True)
-        except MateError:  # an unreadable run config: the command names it itself
+        except MateError:  # a missing or unreadable run config: the command names it itself
             continue
         check_dotlist(run, list(node["overrides"]), f"{node_key + '.' if node_key else ''}overrides", config)
 
@@ -269,6 +264,5 @@ def check_dotlist(run: Mapping, dotlist: Sequence[str], where: str, config: Path
             raise MateError(f"{where}: cannot parse {text!r} ({str(err).splitlines()[0]})") from None
         if lookup(run, key) is ABSENT:
             raise MateError(f"{where}: {text}: {unknown_key(key, run, f'the run config {config}')}")
-        problem = type_problem(key, value, key_type(run, key), lookup(run, key))
-        if problem:
+        if problem := type_problem(key, value, key_type(run, key), lookup(run, key)):
             raise MateError(f"{where}: {problem}")

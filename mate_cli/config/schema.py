@@ -1,14 +1,12 @@
 """What each config key may hold. A key's type is, first found: ``trainer.<argument>``'s annotation in Lightning's
-``Trainer``; :data:`DECLARED` (keys no signature types whose default says nothing); the annotation of the parameter it
-fills in its node's ``_target_``; its default's type (a string default takes any scalar; ``${other.key}`` takes
-``other.key``'s type). So the code's annotations are the config's types; ``tests/conf/test_schema.py`` fails on a key
-left untyped.
+``Trainer``; :data:`DECLARED`; the annotation of the parameter it fills in its node's ``_target_``; its default's type
+(a string default takes any scalar; ``${other.key}`` takes ``other.key``'s type). So the code's annotations are the
+config's types; ``tests/conf/test_schema.py`` fails on a key left untyped.
 
-The annotations come from :mod:`mate_cli.config.parameter_types`, a table written from the real signatures by
-:mod:`mate_cli.config.signatures`, so the command line is checked before torch and Lightning load (docs/architecture.md,
-"Folder map"). An annotation the table reduces to ``Any`` says nothing: a Trainer argument then takes any value
-(Lightning has the last word), a ``_target_``'s parameter its default's type.
-"""
+The annotations come from :mod:`mate_cli.config.parameter_types`, written from the real signatures by
+:mod:`mate_cli.config.signatures`, so the command line is checked before torch and Lightning load. An annotation the
+table reduces to ``Any`` says nothing: a Trainer argument then takes any value, a ``_target_``'s parameter its
+default's type."""
 
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ import difflib
 import re
 import types
 import typing
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Iterable, Literal, Mapping, Optional, Union
 
 from mate_cli.config.parameter_types import LIGHTNING, PARAMETER_TYPES
@@ -93,8 +92,7 @@ def trainer_argument(command: str | None, key: str) -> str | None:
 
 def key_type(tree: Any, key: str, command: str | None = None, _seen: frozenset = frozenset()) -> Any:
     """The type ``key`` takes in the composed config ``tree`` (see the module docstring)."""
-    argument = trainer_argument(command, key)
-    if argument is not None:
+    if (argument := trainer_argument(command, key)) is not None:
         return trainer_parameters().get(argument, UNTYPED)
     if key in DECLARED:
         return DECLARED[key]
@@ -121,8 +119,6 @@ def trainer_parameters() -> dict[str, Any]:
 
 def lightning_differs() -> bool:
     """Whether the installed Lightning is not the one the table describes: its Trainer may take other arguments."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("lightning") != LIGHTNING
     except PackageNotFoundError:
@@ -183,8 +179,7 @@ def unknown_key(key: str, tree: Any, where: str, extra: Iterable[str] = ()) -> s
 
 # ------------------------------------------------------------------ Lightning's Trainer
 def trainer_problem(name: str, value: Any = ABSENT, reserved: tuple[str, ...] = ()) -> str | None:
-    """Why ``trainer.<name>`` (``=value``, where given) cannot be set: mate sets it itself, ``Trainer`` has no such
-    argument, or the value does not fit its annotation; else None."""
+    """Why ``trainer.<name>`` (``=value``, where given) cannot be set (reserved, unknown, wrong type); else None."""
     if name in reserved:
         return f"trainer.{name} is set by mate itself; use the `{name}` config group instead"
     params = trainer_parameters()
@@ -203,10 +198,8 @@ def trainer_problem(name: str, value: Any = ABSENT, reserved: tuple[str, ...] = 
 
 
 def check_trainer_args(args: Mapping[str, Any], reserved: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``args`` unchanged when every key is a ``Trainer`` argument of a fitting type, else `MateError`;
-    ``reserved``: arguments the command passes itself."""
+    """``args`` as a dict once every key is a ``Trainer`` argument of a fitting type, not one of ``reserved``."""
     for key, value in args.items():
-        problem = trainer_problem(key, value, reserved)
-        if problem:
+        if problem := trainer_problem(key, value, reserved):
             raise MateError(problem)
     return dict(args)
