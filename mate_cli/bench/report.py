@@ -56,7 +56,9 @@ def _fmt_time(ms: float | None) -> str:
 
 
 def format_mb(mb: float | None) -> str:
-    return "-" if mb is None else f"{mb / 1024:.2f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+    if mb is None:
+        return "-"
+    return f"{mb / 1024:.2f} GB" if mb >= 1024 else f"{mb:.0f} MB"
 
 
 def cell_text(row: dict) -> str:

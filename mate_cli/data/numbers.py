@@ -139,7 +139,8 @@ def parse_date(text: str) -> Date | None:
             continue
         if parsed.year not in YEARS:  # also the default year 1900 of formats without one
             continue
-        return Date(*(getattr(parsed, name) if name[0] in fields else None for name in ("year", "month", "day")))
+        year, month, day = parsed.year, parsed.month, parsed.day
+        return Date(year if "y" in fields else None, month if "m" in fields else None, day if "d" in fields else None)
     return None
 
 

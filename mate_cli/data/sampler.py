@@ -99,7 +99,8 @@ def each_example_once(loader: DataLoader, world_size: int, rank: int) -> DataLoa
     if world_size == 1 or isinstance(loader.sampler, DistributedSampler):
         return loader
     sampler = UnrepeatedDistributedSamplerWrapper(loader.sampler, num_replicas=world_size, rank=rank, shuffle=False)
-    kept = "batch_size num_workers collate_fn pin_memory worker_init_fn persistent_workers prefetch_factor".split()
+    kept = ("batch_size", "num_workers", "collate_fn", "pin_memory", "worker_init_fn", "persistent_workers",
+            "prefetch_factor")  # fmt: skip
     return DataLoader(loader.dataset, sampler=sampler, **{name: getattr(loader, name) for name in kept})
 
 

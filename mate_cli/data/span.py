@@ -253,8 +253,9 @@ class SpanDataModule(SplitDataModule):
         return self._map(questions, encoder, split)
 
     def split_stats(self, ds) -> dict:
-        names = "question_id has_gold_cell answer_in_context gold_start gold_end context_truncated missing_passages"
-        rows = ds.select_columns(names.split()).to_list()
+        names = ["question_id", "has_gold_cell", "answer_in_context", "gold_start", "gold_end", "context_truncated",
+                 "missing_passages"]  # fmt: skip
+        rows = ds.select_columns(names).to_list()
         real = [r for r in rows if r["has_gold_cell"]]
         stats = {
             "questions": len({r["question_id"] for r in rows}),

@@ -226,7 +226,7 @@ class TableTaskDataModule(SplitDataModule):
         }
 
     def tokenizer_args(self) -> dict:
-        names = "pretrained max_length max_question_tokens pruning empty_cell_token linearization".split()
+        names = ("pretrained", "max_length", "max_question_tokens", "pruning", "empty_cell_token", "linearization")
         return {name: getattr(self, name) for name in names}
 
     def encode(self, questions: list[Question], split: str):

@@ -20,7 +20,9 @@ def answer_tokens(text: str) -> list[str]:
 
 
 def _as_list(gold: Gold) -> list[str]:
-    return [gold] if isinstance(gold, str) else [str(a) for a in gold] or [""]
+    if isinstance(gold, str):
+        return [gold]
+    return [str(a) for a in gold] or [""]
 
 
 def exact_match(gold: Gold, pred: str) -> float:
