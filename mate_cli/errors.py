@@ -16,7 +16,6 @@ class MateError(Exception):
 
 
 def check_choice(key: str, value, choices) -> None:
-    """One line naming ``key``, its value and the choices when ``value`` is not one of ``choices``."""
     if value not in choices:
         raise MateError(f"{key}={value!r} is invalid; use one of {', '.join(choices)}")
 

@@ -39,7 +39,6 @@ class TableTask:
 
     @property
     def selects_cells(self) -> bool:
-        """Whether the model answers by selecting cells (else it gives a verdict)."""
         return self.answer != "verdict"
 
     def make_reader(self, root: str | Path):

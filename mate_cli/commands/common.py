@@ -57,7 +57,6 @@ def print_metrics(title: str, metrics: dict, names: Sequence[str], prefix: str =
 
 
 def first_results(results: list[dict]) -> dict[str, float]:
-    """``trainer.validate``/``test``'s metrics of its (only) dataloader as floats; ``{}`` when it ran none."""
     return {k: float(v) for k, v in (results[0] if results else {}).items()}
 
 

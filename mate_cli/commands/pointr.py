@@ -15,15 +15,9 @@ def pointr(cfg: DictConfig) -> dict:
     quiet_third_party_logs()
     metrics = evaluate_pointr(cfg, run_dir())
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    print_table(
-        f"PointR on {cfg.split} ({metrics['questions']} questions)",
-        ("", "EM (%)", "F1 (%)", "count"),
-        [
-            (group, fmt(metrics[f"{group}/em"]), fmt(metrics[f"{group}/f1"]), str(metrics[f"{group}/count"]))
-            for group in ("in_table", "in_passage", "total")
-            if f"{group}/em" in metrics
-        ],
-    )
+    groups = [group for group in ("in_table", "in_passage", "total") if f"{group}/em" in metrics]
+    rows = [(g, fmt(metrics[f"{g}/em"]), fmt(metrics[f"{g}/f1"]), str(metrics[f"{g}/count"])) for g in groups]
+    print_table(f"PointR on {cfg.split} ({metrics['questions']} questions)", ("", "EM (%)", "F1 (%)", "count"), rows)
     hits = [f"hits@{k}={metrics[f'stage1/hits@{k}']:.4f}" for k in (1, 3, 5) if f"stage1/hits@{k}" in metrics]
     print("stage 1: " + (", ".join(hits) or "no answers to score"))
     files = {"metrics": "metrics.json", "predictions": "predictions.json", "details": "pointr_details.json"}

@@ -42,14 +42,10 @@ def predict(cfg: DictConfig) -> dict:
     rich.print(f"[bold]answer:[/bold] {result['answer'] or '(none)'}")
     if (cell := result["cell"]) is not None:
         rich.print(f"[bold]cell:[/bold] row {cell['row']}, column {cell['column']} ({cell['header']}): {cell['text']}")
-    print_table(
-        f"top {len(result['top_cells'])} cells of {table.table_id}",
-        ("rank", "row", "column", "text", "probability"),
-        [
-            (str(rank), str(c["row"]), f"{c['column']} ({c['header']})", c["text"], f"{c['prob']:.4f}")
-            for rank, c in enumerate(result["top_cells"], 1)
-        ],
-    )
+    top = result["top_cells"]
+    cells = [(str(c["row"]), f"{c['column']} ({c['header']})", c["text"], f"{c['prob']:.4f}") for c in top]
+    rows = [(str(rank), *cell) for rank, cell in enumerate(cells, 1)]
+    print_table(f"top {len(top)} cells of {table.table_id}", ("rank", "row", "column", "text", "probability"), rows)
     return write_result("prediction", result)
 
 
@@ -78,11 +74,8 @@ def predict_table_task(cfg: DictConfig) -> dict:
             rich.print(f"[bold]aggregation:[/bold] {result['aggregation']}")
         if "answer" in result:
             rich.print(f"[bold]answer:[/bold] {' | '.join(result['answer']) or '(none)'}")
-        print_table(
-            f"selected cells of {table.table_id}",
-            ("row", "column", "text"),
-            [(str(c["row"]), f"{c['column']} ({c['header']})", c["text"]) for c in result["cells"]],
-        )
+        rows = [(str(c["row"]), f"{c['column']} ({c['header']})", c["text"]) for c in result["cells"]]
+        print_table(f"selected cells of {table.table_id}", ("row", "column", "text"), rows)
     return result
 
 

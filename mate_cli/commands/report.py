@@ -51,9 +51,8 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
             for line in lines:
                 console.print(f"  {escape(line)}", soft_wrap=True)
     if skipped:
-        console.print(
-            f"[dim]left out {len(skipped)} run(s) of other tasks ({', '.join(sorted({str(r.task) for r in skipped}))})[/dim]"
-        )
+        others = ", ".join(sorted({str(r.task) for r in skipped}))
+        console.print(f"[dim]left out {len(skipped)} run(s) of other tasks ({others})[/dim]")
 
     out = run_dir()
     render.write_csv(configurations, metrics, out / "report.csv")

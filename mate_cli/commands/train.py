@@ -55,7 +55,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def last_checkpoint(out: Path) -> Path:
-    """A run dir's ``last.ckpt``: where a resume starts."""
     return out / "checkpoints" / "last.ckpt"
 
 

@@ -176,10 +176,8 @@ def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
         ) from None
     except Exception as err:  # noqa: BLE001 - Hydra's composition errors, several kinds, several lines
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        group = re.match(
-            r"Multiple values for ([\w/.]+)\. To override a value use 'override \1: (\S+)'", lines[0] if lines else ""
-        )
-        if group:  # +debug=overfit where the command's defaults already hold a debug entry
+        multiple = r"Multiple values for ([\w/.]+)\. To override a value use 'override \1: (\S+)'"
+        if group := re.match(multiple, lines[0] if lines else ""):  # +debug=overfit where the defaults hold a debug
             raise MateError(
                 f"+{group[1]}={group[2]}: {group[1]} is already in `mate {command}`'s defaults; "
                 f"choose it with {group[1]}={group[2]} (no +)"

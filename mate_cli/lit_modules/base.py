@@ -116,7 +116,6 @@ class EncoderTaskModule(L.LightningModule):
         return batch.to(self.device if device is None else torch.device(device))
 
     def encode(self, input_ids: torch.Tensor, layout) -> torch.Tensor:
-        """The encoder, then the extra layers if any."""
         hidden = self.encoder(input_ids, layout)
         return hidden if self.extra is None else self.extra(hidden, layout.attention_mask)
 

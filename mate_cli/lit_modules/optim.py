@@ -31,7 +31,6 @@ def parameter_groups(module: torch.nn.Module, lr: dict[str, float] | None = None
 
 
 def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float = 0.0):
-    """Linear warm-up over ``warmup_ratio * total_steps`` steps, then linear decay to 0."""
     return get_linear_schedule_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
 
 

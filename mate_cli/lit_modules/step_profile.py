@@ -281,9 +281,8 @@ class StepProfile(ExcludesValidation):
         if self.path is not None and pl_module.trainer.is_global_zero:
             atomic_write_json(self.path, self.result)
         if hasattr(pl_module, "recorded_metrics"):
-            pl_module.recorded_metrics.update(
-                {f"profile/{k}": float(v) for k, v in self.result.items() if isinstance(v, (int, float))}
-            )
+            numbers = {f"profile/{k}": float(v) for k, v in self.result.items() if isinstance(v, (int, float))}
+            pl_module.recorded_metrics.update(numbers)
         shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in self.result.items() if "sites" not in k}
         log.info("step profile: %s", json.dumps(shown))
 

@@ -16,19 +16,13 @@ from mate_cli.lit_modules.lightning_internals import is_log_step
 
 
 def non_finite_tensors(state: Mapping[str, object]) -> list[str]:
-    return [
-        key
-        for key, value in state.items()
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all())
-    ]
+    floats = {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    return [key for key, value in floats.items() if not bool(torch.isfinite(value).all())]
 
 
 def non_finite_metrics(metrics: Mapping[str, object]) -> list[str]:
-    return sorted(
-        key
-        for key, value in metrics.items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value)
-    )
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return sorted(key for key, value in numbers.items() if not math.isfinite(value))
 
 
 def skips_steps_on_device(optimizer) -> bool:

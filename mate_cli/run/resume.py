@@ -227,9 +227,8 @@ def newest_run(output_root: Path, experiment_name: str, this_run: Path | None) -
         )
     if newest not in last:
         raise MateError(
-            f"ckpt_path=last: the newest run of experiment {experiment_name!r}, {newest}, has no "
-            f"checkpoints/last.ckpt yet (running elsewhere, or stopped before its first checkpoint)"
-            f"{other}"
+            f"ckpt_path=last: the newest run of experiment {experiment_name!r}, {newest}, has no checkpoints/last.ckpt "
+            f"yet (running elsewhere, or stopped before its first checkpoint){other}"
         )
     return str(newest / "checkpoints" / "last.ckpt")
 
@@ -246,7 +245,6 @@ def is_weights_only_checkpoint(path: Path) -> bool:
 
 
 def run_dir_of(checkpoint: str | Path) -> Path:
-    """The run dir a checkpoint was written in (``<run dir>/checkpoints/<name>.ckpt``)."""
     return Path(checkpoint).resolve().parent.parent
 
 
