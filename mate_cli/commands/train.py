@@ -189,8 +189,8 @@ def print_summary(metrics: dict, validated_best: bool = True) -> None:
 
     if validated_best:
         shown = floats("start/val/", "val/")
-        start = any(k.startswith("start/") for k in shown)
-        title = f"final validation (best checkpoint{'; start/*: the starting checkpoint' if start else ''})"
+        start = "; start/*: the starting checkpoint" if any(k.startswith("start/") for k in shown) else ""
+        title = f"final validation (best checkpoint{start})"
     else:
         shown = floats("val/", "train/")
         title = "no final validation: the last validation during training (val/*) and training batch (train/*)"
