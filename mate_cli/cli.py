@@ -151,7 +151,8 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
     if existing not in run_lock.EXISTING_CHOICES:
         return args, f"{run_lock.EXISTING_KEY}={existing}: choose one of {', '.join(run_lock.EXISTING_CHOICES)}"
     own = run_lock.compared([arg for arg in trainer_overrides(command, args) if not arg.startswith("-")])
-    folder, resuming = given[-1][len(key) :].strip("'\""), settings.get("ckpt_path", "null") not in ("", "null")
+    folder = given[-1][len(key) :].strip("'\"")
+    resuming = settings.get("ckpt_path", "null") not in ("", "null")
     try:
         directory = run_lock.claim(folder, "multirun" if sweep else command, own, existing, resuming=resuming)
     except MateError as err:
@@ -224,9 +225,11 @@ def shell_completion(args: list[str], command: str | None, program: str) -> int:
         return fail(
             "shell completion is for bash: use -sc install=bash, -sc uninstall=bash or -sc query=bash (with COMP_LINE set)"
         )
-    if action != "query":
-        uninstall = "complete -r mate 2> /dev/null\nunset -f _mate_completion\n"
-        print(BASH_COMPLETION.replace("__COMMANDS__", " ".join(COMMANDS)) if action == "install" else uninstall, end="")
+    if action == "install":
+        print(BASH_COMPLETION.replace("__COMMANDS__", " ".join(COMMANDS)), end="")
+        return 0
+    if action == "uninstall":
+        print("complete -r mate 2> /dev/null\nunset -f _mate_completion")
         return 0
     if command is None or "COMP_LINE" not in os.environ:
         return fail(
