@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from mate_cli.config.check import check_command_line, trainer_overrides
@@ -171,6 +170,8 @@ def unwritable(folder: Path, err: OSError) -> str:
 
 def check_output_root(args: list[str]) -> str | None:
     """The one-line problem when the folder of default run dirs cannot be made or written, before Hydra tries."""
+    import tempfile  # here: the one-line errors before it do not pay its import
+
     if any(arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in args):
         return None
     root = output_root()

@@ -14,7 +14,6 @@ import difflib
 import re
 import types
 import typing
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Iterable, Literal, Mapping, Optional, Union
 
 from mate_cli.config.parameter_types import LIGHTNING, PARAMETER_TYPES
@@ -119,6 +118,8 @@ def trainer_parameters() -> dict[str, Any]:
 
 def lightning_differs() -> bool:
     """Whether the installed Lightning is not the one the table describes: its Trainer may take other arguments."""
+    from importlib.metadata import PackageNotFoundError, version  # here: 10 ms a passing check does not pay
+
     try:
         return version("lightning") != LIGHTNING
     except PackageNotFoundError:
