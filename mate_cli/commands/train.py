@@ -24,7 +24,6 @@ from mate_cli.commands.common import quiet_third_party_logs
 from mate_cli.run.task import command_overrides, finish_wandb_run, hydra_choices, run_dir
 from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
-from mate_cli.data.schema import has_answer
 from mate_cli.run.divergence import StopOnNonFiniteLoss, non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.run.interrupts import StopOnSignal, cluster_plugins
@@ -280,7 +279,7 @@ def _test_best(trainer, model, datamodule, best: str) -> dict[str, float]:
     except MateError as err:
         log.info("test_after_training: skipped, no test split (%s)", err)
         return {}
-    if not any(has_answer(q) for q in questions):
+    if not any(q.answered for q in questions):
         log.info("test_after_training: skipped, the test split's %d questions have no answers", len(questions))
         return {}
     return first_results(trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False))

@@ -185,7 +185,3 @@ class MaskedBatch:
 
     to, pin_memory, _map = Batch.to, Batch.pin_memory, Batch._map
     __len__ = Batch.__len__
-
-
-def has_answer(question: Question) -> bool:
-    return question.answered
