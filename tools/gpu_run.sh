@@ -27,13 +27,14 @@
 #                     synchronisations a step (needs the full releases: `make gpu-data GPU_DATA=<folder>`)
 #     e2e_buckets (200) the same for TabFact and WikiTQ with dataset.bucket_by_length=true
 #     e2e_pad   (200) the same for TabFact and WikiTQ with dataset.pad_to_multiple_of=64
-#     e2e_graphs (300) the same for TabFact and WikiTQ padded to their full length (one batch shape) with the
+#     e2e_graphs (480) the same for TabFact and WikiTQ padded to their full length (one batch shape) with the
 #                     layer stack compiled in reduce-overhead mode (CUDA graphs)
 #     learn     (540) the table tasks learned, MATE against dense (tools/learn.sh; the releases too): runs in
 #                     outputs/learn, which a warm machine keeps, so the next call resumes what the budget cut;
 #                     learn.md and learn_runs.tar.gz copied into $GPU_OUT
 # The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets e2e_graphs" (e2e took
-# 305 s on an H200, preprocessing on its 16 cores included; the others reuse its caches, within their limits).
+# 305 s on an H200, preprocessing on its 16 cores included; the others reuse its caches, within their limits; e2e_graphs
+# about 430 s, most of it compiling). E2E_TASKS narrows the e2e_* steps to some tasks, e.g. E2E_TASKS=tabfact.
 # About 25 minutes at most with every other step; for a shorter run choose steps, e.g.
 # GPU_STEPS="kernel split encoder tests host_sync" (9 minutes at most, and the install). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
 # $GPU_OUT (default outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid
@@ -93,14 +94,14 @@ step_others() { lengths="[2048,8192,32768]" kernel_grid bfloat16 "[mate.eager,ma
 step_anchors() { encoder_grid "[tapas_hf,bert_hf]" encoder_bfloat16_anchors; }
 step_e2e() { E2E_OUT="$out/e2e" PYTHON="$py" bash tools/e2e.sh; }
 step_e2e_buckets() {
-  E2E_OUT="$out/e2e_buckets" E2E_TASKS="tabfact wtq" E2E_ARGS="dataset.bucket_by_length=true" PYTHON="$py" bash tools/e2e.sh
+  E2E_OUT="$out/e2e_buckets" E2E_TASKS="${E2E_TASKS:-tabfact wtq}" E2E_ARGS="dataset.bucket_by_length=true" PYTHON="$py" bash tools/e2e.sh
 }
 step_e2e_pad() {
-  E2E_OUT="$out/e2e_pad" E2E_TASKS="tabfact wtq" E2E_ARGS="dataset.pad_to_multiple_of=64" PYTHON="$py" bash tools/e2e.sh
+  E2E_OUT="$out/e2e_pad" E2E_TASKS="${E2E_TASKS:-tabfact wtq}" E2E_ARGS="dataset.pad_to_multiple_of=64" PYTHON="$py" bash tools/e2e.sh
 }
 step_e2e_graphs() {
   local one_graph='dataset.pad_to_multiple_of=${dataset.max_length} model.encoder.compile=true'
-  E2E_OUT="$out/e2e_graphs" E2E_TASKS="tabfact wtq" E2E_ARGS="$one_graph model.encoder.compile_mode=reduce-overhead" \
+  E2E_OUT="$out/e2e_graphs" E2E_TASKS="${E2E_TASKS:-tabfact wtq}" E2E_ARGS="$one_graph model.encoder.compile_mode=reduce-overhead" \
     PYTHON="$py" bash tools/e2e.sh
 }
 step_learn() {
@@ -125,7 +126,7 @@ step_auto() {
 }
 
 declare -A limit=([kernel]=150 [split]=90 [tiles]=90 [tests]=150 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
-                  [anchors]=120 [auto]=420 [e2e]=420 [e2e_buckets]=200 [e2e_pad]=200 [e2e_graphs]=300 [learn]=540)
+                  [anchors]=120 [auto]=420 [e2e]=420 [e2e_buckets]=200 [e2e_pad]=200 [e2e_graphs]=480 [learn]=540)
 start=$(date +%s)
 status=0
 : >"$out/steps.txt"
