@@ -12,7 +12,7 @@ import csv
 
 from lightning.pytorch.loggers import CSVLogger
 
-from mate_cli.lit_modules.lightning_internals import is_log_step, pending_log_row, training_loaders
+from mate_cli.lit_modules.lightning_internals import is_log_step, pending_log_row, reopen_cut_epoch, training_loaders
 
 
 class Tiny(L.LightningModule):
@@ -43,12 +43,12 @@ class Seen(L.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
-def fit(tmp_path, **trainer_args) -> tuple[Seen, DataLoader]:
+def fit(tmp_path, max_steps: int = 4, **trainer_args) -> tuple[Seen, DataLoader]:
     loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
     seen = Seen()
     trainer = L.Trainer(
         default_root_dir=tmp_path,
-        max_steps=4,
+        max_steps=max_steps,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -56,6 +56,7 @@ def fit(tmp_path, **trainer_args) -> tuple[Seen, DataLoader]:
         **{"logger": False, **trainer_args},
     )
     trainer.fit(Tiny(), loader)
+    seen.trainer = trainer
     return seen, loader
 
 
@@ -78,3 +79,53 @@ def test_a_logging_step_is_one_whose_values_the_logger_writes(tmp_path):
     with open(tmp_path / "csv" / "version_0" / "metrics.csv", newline="") as handle:
         written = [int(row["step"]) for row in csv.DictReader(handle) if row.get("train/loss")]
     assert [i for i, logs in enumerate(seen.logs) if logs] == written == [2]
+
+
+def test_a_checkpoint_of_a_fit_ended_inside_an_epoch_is_put_back_inside_it(tmp_path):
+    """Fit ended by max_steps after 3 of the epoch's 4 batches: Lightning saves the epoch as completed (epoch 1), and
+    reopening it gives the state of a checkpoint saved inside epoch 0; after the epoch's last batch it stays closed."""
+    for steps, reopened, epoch in ((3, True, 0), (4, False, 1)):
+        seen, _ = fit(tmp_path, max_steps=steps)
+        seen.trainer.save_checkpoint(tmp_path / "end.ckpt")
+        checkpoint = torch.load(tmp_path / "end.ckpt", weights_only=True)
+        assert checkpoint["epoch"] == 1
+        assert reopen_cut_epoch(checkpoint) is reopened and checkpoint["epoch"] == epoch
+        progress = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]
+        assert (progress["ready"], progress["processed"], progress["completed"]) == (1, epoch, epoch)
+        assert reopen_cut_epoch(checkpoint) is False  # once: now it is under way
+
+
+class Scheduled(Tiny):
+    """A linear decay to 0 over the fit's steps, as ``linear_warmup``: its shape depends on ``max_steps``."""
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        total = self.trainer.estimated_stepping_batches
+        decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1 - step / total))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
+
+
+class Rates(L.Callback):
+    def __init__(self) -> None:
+        self.rates = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.rates.append((trainer.global_step, trainer.current_epoch, trainer.optimizers[0].param_groups[0]["lr"]))
+
+
+def test_a_run_resumed_with_more_steps_goes_on_in_its_epoch_at_the_new_schedules_rates(tmp_path):
+    """A 2-step fit of a 4-batch epoch, resumed with max_steps=4: its steps 2 and 3 run in epoch 0 at the rates of
+    a 4-step fit, not at the 2-step schedule's last rate (0) and then in epoch 1."""
+    from mate_cli.run.resume import ResumeState
+
+    def fit_steps(max_steps: int, ckpt_path=None) -> list:
+        rates = Rates()
+        trainer = L.Trainer(default_root_dir=tmp_path, max_steps=max_steps, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, callbacks=[ResumeState(), rates])  # fmt: skip
+        trainer.fit(Scheduled(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2), ckpt_path=ckpt_path)
+        if ckpt_path is None:
+            trainer.save_checkpoint(tmp_path / f"{max_steps}.ckpt")
+        return rates.rates
+
+    fit_steps(2)
+    assert fit_steps(4, tmp_path / "2.ckpt") == fit_steps(4)[2:] == [(2, 0, 0.1 * 0.5), (3, 0, 0.1 * 0.25)]

@@ -29,3 +29,20 @@ def is_log_step(trainer: L.Trainer) -> bool:
     """Whether the training batch that just ended is one Lightning logs (every ``trainer.log_every_n_steps``): the
     steps where the host reads logged values anyway. Call it in the training step or ``on_train_batch_end``."""
     return trainer.training and trainer._logger_connector.should_update_logs
+
+
+def reopen_cut_epoch(checkpoint: dict) -> bool:
+    """Put a checkpoint saved after fit ended inside an epoch (``trainer.max_steps`` reached, a stop) back inside that
+    epoch: Lightning counts the epoch as completed when fit ends, so a resume with more steps would start the next
+    epoch and never see the rest of this one. True when ``checkpoint``'s loop state and ``epoch`` were rewritten."""
+    loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs, batches = loop.get("epoch_progress"), loop.get("epoch_loop.batch_progress")
+    if not epochs or not batches or batches.get("is_last_batch", True) or not batches["current"]["completed"]:
+        return False  # no batch run yet, or the epoch's last batch was: the epoch is whole
+    if not epochs["current"]["completed"] or epochs["current"]["completed"] != epochs["current"]["ready"]:
+        return False  # saved inside the epoch: under way already
+    for counts in (epochs["total"], epochs["current"]):
+        counts["processed"] -= 1
+        counts["completed"] -= 1
+    checkpoint["epoch"] -= 1
+    return True

@@ -28,7 +28,7 @@ from mate_cli.config.schema import REFERENCE, ABSENT, dotted_keys, lookup
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
-from mate_cli.lit_modules.lightning_internals import pending_log_row, training_loaders
+from mate_cli.lit_modules.lightning_internals import pending_log_row, reopen_cut_epoch, training_loaders
 from mate_cli.run.naming import dir_name_start
 from mate_cli.run.yaml_data import read_run_config
 
@@ -107,20 +107,38 @@ class ResumeState(L.Callback):
         }
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Before Lightning restores its loops from ``checkpoint``: a run that ended inside an epoch goes on in it."""
         self._resume = checkpoint.get(STATE_KEY)
+        if reopen_cut_epoch(checkpoint) and self._resume is not None:
+            self._resume = {**self._resume, "epoch": checkpoint["epoch"]}
 
     def on_train_start(self, trainer, pl_module) -> None:
-        """After the loaders exist and before the first batch: restore RNG and position."""
+        """After the loaders exist and before the first batch: restore RNG and position, and the learning rate."""
         forget_other_runs_checkpoints(trainer)
         state, self._resume = self._resume, None
         if state is None:
             return
+        rates_from_schedule(trainer)
         if state["epoch"] == trainer.current_epoch and state["examples_this_epoch"]:
             self.examples_this_epoch = state["examples_this_epoch"]
             consumed = state["examples_this_epoch"] * state.get("world_size", 1)  # every rank's share
             for sampler in epoch_shuffles(training_loaders(trainer)):
                 sampler.skip_next(consumed)
         set_rng_states(state["rng"])
+
+
+def rates_from_schedule(trainer: L.Trainer) -> None:
+    """Each optimiser's learning rates as its restored schedule gives them at the restored step. The optimiser's state
+    holds the rates the earlier run's schedule set, which a schedule of another length (a resume with a new
+    ``trainer.max_steps``) would otherwise only replace after the first resumed step; with the same schedule this sets
+    the same numbers."""
+    for config in trainer.lr_scheduler_configs:
+        schedule = config.scheduler
+        if isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):
+            groups = schedule.optimizer.param_groups
+            for group, base, rate in zip(groups, schedule.base_lrs, schedule.lr_lambdas):
+                group["lr"] = base * rate(schedule.last_epoch)
+            schedule._last_lr = [group["lr"] for group in groups]
 
 
 def forget_other_runs_checkpoints(trainer: L.Trainer) -> None:

@@ -360,6 +360,24 @@ def test_resuming_a_finished_run_with_another_attention_says_both_in_a_warning(f
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "resum" in r.getMessage()], caplog.text
 
 
+def test_a_finished_run_given_more_steps_goes_on_in_its_epoch_as_one_longer_run(finished, tmp_path):
+    """A run that ended at ``trainer.max_steps`` inside an epoch, resumed with a larger ``max_steps``, goes on in that
+    epoch with its next examples, and ends with the weights of one run of that many steps (without a learning-rate
+    schedule, whose shape depends on ``max_steps``): Lightning counts the cut epoch as completed when fit ends, and the
+    resume reopens it."""
+    cache, steady = finished.parent / "cache", ["~model/scheduler", "~model.scheduler", "trainer.limit_val_batches=1"]
+    train_in_process([*steady, "trainer.max_steps=2"], tmp_path / "short", cache)
+    train_in_process([*steady, "trainer.max_steps=4", f"ckpt_path={tmp_path / 'short'}"], tmp_path / "more", cache)
+    train_in_process([*steady, "trainer.max_steps=4"], tmp_path / "whole", cache)
+    more, whole = (
+        torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True) for run in ("more", "whole")
+    )
+    assert more["global_step"] == whole["global_step"] == 4
+    position = {k: v for k, v in whole["mate_resume"].items() if k != "rng"}
+    assert position["examples_this_epoch"] == 16 and {k: more["mate_resume"][k] for k in position} == position
+    assert all(torch.equal(more["state_dict"][k], v) for k, v in whole["state_dict"].items())
+
+
 def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):
     """What a DataLoader worker (ignore Ctrl-C, end quietly at SIGTERM) and a preprocessing
     pool worker (the default actions) set when they start; the whole-group test above shows
