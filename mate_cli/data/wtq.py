@@ -41,6 +41,8 @@ from mate_cli.data.schema import Question, Table
 from mate_cli.errors import MateError
 
 log = logging.getLogger(__name__)
+#: the files whose questions without canonical answers were counted in the log (one file can give two splits)
+_COUNTED: set[Path] = set()
 
 _ESCAPES = {"n": "\n", "p": "|", "\\": "\\"}
 _ESCAPE = re.compile(r"\\(.)", re.DOTALL)
@@ -138,7 +140,8 @@ class WTQReader(TableQAReader):
                 )
             text, table_id = unescape(values[col["utterance"]]), values[col["context"]]
             yield where, line, Question(qid, text, table_id, answers=answers, canonical_answers=canonical)
-        if missing:
+        if missing and path.resolve() not in _COUNTED:
+            _COUNTED.add(path.resolve())
             log.info(
                 "%s: %d question(s) without canonical answers in %s/*.tagged; the metric emulates them "
                 "(mate_cli.metrics.wtq)",
