@@ -110,7 +110,7 @@ def check_checkpoint(ckpt_path: str | Path) -> Path:
     """``ckpt_path`` as a path, after :func:`check_checkpoint_file` (`MateError` when missing or broken)."""
     ckpt = Path(str(ckpt_path))
     if not ckpt.is_file():
-        raise MateError(f"checkpoint not found: {ckpt}; pass ckpt_path=<run dir>/checkpoints/<name>.ckpt")
+        raise MateError(f"checkpoint not found: {ckpt}; pass ckpt_path=<run dir> or <run dir>/checkpoints/<name>.ckpt")
     check_checkpoint_file(ckpt)
     return ckpt
 
