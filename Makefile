@@ -1,7 +1,8 @@
 # Two quick-start commands: `make run` and `make test`.
-# On a machine without CUDA (like CI here) torch is installed first from the local
-# CPU build (torch==2.13.0), so the package's torch range is already satisfied and
-# nothing multi-GB is downloaded. Elsewhere, set TORCH_SPEC to what suits you.
+# Torch is installed first, unless importable (TORCH_SPEC, torch==2.13.0): where pip's
+# configuration finds a local CPU build (as on CI here) that one, so the package's torch
+# range is already satisfied and nothing multi-GB is downloaded. Elsewhere pip's index
+# picks the build (on Linux, PyPI's CUDA one); set TORCH_SPEC to what suits you.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
