@@ -165,8 +165,9 @@ def test_without_a_tagged_twin_there_are_no_canonical_answers(wtq, questions, tm
     )
     with caplog.at_level(logging.INFO, logger="mate_cli.data.wtq"):
         got = {q.question_id: q.canonical_answers for q in WTQReader(root).questions(SEEN)}
+        list(WTQReader(root).questions(SEEN))  # a second split from the same file: said once
     assert got["ns-1908"] == [] and got["ns-552"] == ["1942-06-15"]
-    assert "1 question(s) without canonical answers" in caplog.text
+    assert caplog.text.count("1 question(s) without canonical answers") == 1, caplog.text
 
 
 def test_a_tagged_twin_of_another_release_is_refused(tmp_path):
