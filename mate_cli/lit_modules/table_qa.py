@@ -3,7 +3,9 @@
 Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something), ``<stage>/accuracy`` (SQA's ALL;
 WikiTQ's denotation accuracy), SQA's SEQ as ``<stage>/seq``, and ``<stage>/accuracy_long`` and ``long_questions`` over
 the questions whose whole input exceeds ``long_table_tokens`` word pieces whatever ``max_length`` (so runs at different
-lengths score the same questions). With DoT, ``<stage>/answer_cells_kept``: the share of questions with answer cells
+lengths score the same questions), and ``<stage>/cell_top1`` (:func:`top_cell_hits`: of the questions with an answer
+cell, the share whose most probable cell is one; it needs no threshold, so it shows cell selection learned before any
+probability reaches ``cell_classification_threshold`` and accuracy moves). With DoT, ``<stage>/answer_cells_kept``: the share of questions with answer cells
 that keep a token of every answer cell after the top-K selection.
 
 SQA's evaluation feeds each question the model's own prediction for the previous one as ``prev_labels`` (as TAPAS
@@ -76,7 +78,13 @@ class TableQAModule(EvaluatedTaskModule):
         if pretrained:
             checkpoints.load_head(self.head, pretrained, "task head")
         self.metrics = stage_metrics(
-            "loss", "accuracy", "answer_cells_kept", "accuracy_long", seq=SequenceAccuracy, long_questions=SumMetric
+            "loss",
+            "accuracy",
+            "answer_cells_kept",
+            "accuracy_long",
+            "cell_top1",
+            seq=SequenceAccuracy,
+            long_questions=SumMetric,
         )
         self.predictions: list[dict] = []
         self._predicted: dict[tuple[str, int], set[tuple[int, int]]] = {}
@@ -152,6 +160,9 @@ class TableQAModule(EvaluatedTaskModule):
                 loss = out.loss[keep].mean().detach()
                 self.update_logged(stage, "loss", loss, weight=keep.sum(), batch_size=len(part))
             rows = self.remember(self.decode(part, out))
+            hits = top_cell_hits(self.cell_probs(part, out), part.candidate_mask & part.cell_mask)
+            if len(hits):
+                self.update_logged(stage, "cell_top1", hits, batch_size=len(hits))
             correct = torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
             self.update_logged(stage, "accuracy", correct, batch_size=len(part), prog_bar=True)
             if self.task.sequential:
@@ -202,11 +213,16 @@ class TableQAModule(EvaluatedTaskModule):
         prev_labels = (marks.gather(1, cell_ids) & (cell_ids > 0)).long()
         return replace(batch, layout=batch.layout.with_fields(prev_labels=prev_labels))
 
+    @staticmethod
+    def cell_probs(batch: TaskBatch, out: QAOutput) -> torch.Tensor:
+        """``[batch, cells + 1]``: each cell's probability of selection, the mean of its tokens' (TAPAS's)."""
+        cell_ids = batch.layout.cell_ids * batch.layout.attention_mask
+        return pool_cells(torch.sigmoid(out.logits.float()), cell_ids, batch.cell_mask.shape[1] - 1)
+
     @torch.no_grad()
     def decode(self, batch: TaskBatch, out: QAOutput) -> list[dict]:
         """Per example: the selected cells, the aggregation, the answer (WikiTQ), and whether it is right."""
-        cell_ids = batch.layout.cell_ids * batch.layout.attention_mask
-        probs = pool_cells(torch.sigmoid(out.logits.float()), cell_ids, batch.cell_mask.shape[1] - 1)
+        probs = self.cell_probs(batch, out)
         selected = (probs > self.head_config.cell_classification_threshold) & batch.cell_mask
         aggregation = out.aggregation_logits
         operators = aggregation.argmax(-1).tolist() if aggregation is not None else [0] * len(batch)
@@ -249,6 +265,17 @@ class TableQAModule(EvaluatedTaskModule):
             part, _ = self.prune(self._with_predicted_previous(part))
             rows.extend(self.remember(self.decode(part, self(part))))
         return rows
+
+
+def top_cell_hits(probs: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """``[questions with an answer cell]`` float: 1 where the question's most probable cell is an answer cell.
+
+    ``probs`` ``[batch, cells + 1]`` as :meth:`TableQAModule.cell_probs` gives them (cells without a token, and column 0,
+    at the dtype's minimum); ``answer`` the same shape, bool. With ``select_one_column`` the cells outside the predicted
+    column have probabilities near 0, so this is the top cell of that column."""
+    has = answer.any(dim=1)
+    top = probs[has].argmax(dim=1, keepdim=True)
+    return answer[has].gather(1, top).squeeze(1).float()
 
 
 def aggregate_answer(operator: str, texts: list[str], values: list[float]) -> list[str]:

@@ -64,6 +64,8 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
     assert "data/train/fit_without_truncation" in metrics
     if task != "tabfact":
         assert 0.0 <= metrics["data/train/answer_cells_kept"] <= 1.0
+    if task != "tabfact":
+        assert 0.0 <= metrics["val/cell_top1"] <= 1.0
     if task == "sqa":
         assert 0.0 <= metrics["val/seq"] <= metrics["val/accuracy"] or metrics["val/accuracy"] == 0.0
     root, eval_file, expected = another_root(task, tmp_path)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from mate_cli.lit_modules.entailment import EntailmentModule
-from mate_cli.lit_modules.table_qa import TableQAModule, aggregate_answer
+from mate_cli.lit_modules.table_qa import TableQAModule, aggregate_answer, top_cell_hits
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.layout import TableLayout
 from mate_cli.modeling.tapas_heads import TapasHeadConfig, token_numeric_values
@@ -251,6 +251,19 @@ def test_token_numeric_values_scale_is_the_cell_token_count():
 )
 def test_aggregate_answer(operator, expected):
     assert aggregate_answer(operator, ["a", "b"], [2.0, 3.0]) == expected
+
+
+def test_cell_top1_scores_the_most_probable_cell_of_the_questions_with_an_answer_cell():
+    none = torch.finfo(torch.float32).min  # cell_probs: column 0 and cells without a token
+    probs = torch.tensor(
+        [
+            [none, 0.2, 0.3, 0.1],  # the top cell (2) is the answer, though below the 0.5 threshold
+            [none, 0.4, 0.1, none],  # the top cell (1) is not; the answer (3) lost its tokens to the cut
+            [none, 0.9, 0.1, 0.1],  # no answer cell (a scalar answer): not counted
+        ]
+    )
+    answer = torch.tensor([[False, False, True, False], [False, False, False, True], [False] * 4])
+    assert top_cell_hits(probs, answer).tolist() == [1.0, 0.0]
 
 
 @pytest.mark.parametrize(
