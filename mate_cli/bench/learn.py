@@ -1,8 +1,9 @@
 """The table of ``tools/learn.sh``: ``python -m mate_cli.bench.learn <folder>`` reads each ``<task>_<attention>_s<seed>/``
 run dir (its ``metrics.json`` once complete, else the last validation of its CSV log) and ``baseline_<task>/``, and
 prints one Markdown row per task and attention: the dev accuracy of each seed, the median and range of the complete
-runs', the trivial baselines beside them, examples/s and the minutes each run took (all its calls), then the
-settings the runs share (``settings.txt``)."""
+runs', SQA's and WikiTQ's top-cell share of each seed (``val/cell_top1``: how far cell selection has got where the
+accuracy has not moved yet), the trivial baselines beside them, examples/s and the minutes each run took (all its
+calls), then the settings the runs share (``settings.txt``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from mate_cli.bench.e2e import folder_main, markdown_row
 
 RUN = re.compile(r"^(?P<task>[a-z]+\d*)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")  #: wtq1024: WikiTQ at 1,024
 METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its per-question accuracy)
+TOP_CELL = "val/cell_top1"  #: SQA, WikiTQ: the share of questions with an answer cell whose most probable cell is one
 
 
 def last_logged(run: Path, key: str) -> float | None:
@@ -37,6 +39,7 @@ def run_row(run: Path) -> dict:
     return {
         "complete": bool(metrics),
         "accuracy": metrics.get(METRIC, last_logged(run, METRIC)),
+        "cell_top1": metrics.get(TOP_CELL, last_logged(run, TOP_CELL)),
         "examples_per_s": metrics.get("perf/examples_per_s", last_logged(run, "perf/examples_per_s")),
         "minutes": sum(calls) / 60 if calls else None,
         "calls": len(calls),
@@ -70,9 +73,9 @@ def _number(value: float | None, form: str) -> str:
 
 
 def table(folder: Path) -> str:
-    header = ["task", "attention", "dev accuracy by seed", "median", "range", "trivial baselines", "examples/s",
-              "minutes a run"]  # fmt: skip
-    lines = [markdown_row(header), "|---|---|---|---:|---:|---|---:|---:|"]
+    header = ["task", "attention", "dev accuracy by seed", "median", "range", "top cell by seed", "trivial baselines",
+              "examples/s", "minutes a run"]  # fmt: skip
+    lines = [markdown_row(header), "|---|---|---|---:|---:|---|---|---:|---:|"]
     for (task, attention), seeds in runs(folder).items():
         scores = [row["accuracy"] for row in seeds.values() if row["complete"] and row["accuracy"] is not None]
         by_seed = ", ".join(
@@ -87,6 +90,8 @@ def table(folder: Path) -> str:
             by_seed,
             _number(statistics.median(scores) if scores else None, "{:.3f}"),
             f"{min(scores):.3f}-{max(scores):.3f}" if scores else "-",
+            ", ".join(f"{s}: {row['cell_top1']:.3f}" for s, row in seeds.items() if row["cell_top1"] is not None)
+            or "-",
             baselines(folder, task),
             _number(statistics.median(speeds) if speeds else None, "{:.0f}"),
             ", ".join(f"{m:.1f}" for m in minutes) or "-",
@@ -96,7 +101,8 @@ def table(folder: Path) -> str:
     ran = f" Runs of {settings.read_text(encoding='utf-8').strip()}." if settings.is_file() else ""
     return "\n".join(lines) + (
         f"\n\n{METRIC} on each task's dev side; median and range over the complete runs; a run not complete shows"
-        f" its last validation.{ran}\n"
+        f" its last validation. Top cell: {TOP_CELL}, of the dev questions with an answer cell the share whose most"
+        f" probable cell is one (no threshold).{ran}\n"
     )
 
 

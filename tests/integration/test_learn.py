@@ -36,6 +36,8 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_and_resumes_a_cu
     assert all("1: 0." in rows[task] and "not complete" not in rows[task] for task in ("sqa", "wtq1024", "tabfact")), (
         table
     )
+    top_cell = {task: rows[task].split("|")[6].strip() for task in rows}  # SQA's and WikiTQ's val/cell_top1
+    assert top_cell["sqa"].startswith("1: 0.") and top_cell["wtq1024"].startswith("1: ") and top_cell["tabfact"] == "-"
     with tarfile.open(out / "learn_runs.tar.gz") as pack:
         names = set(pack.getnames())
     assert {"./tabfact_mate_s1/metrics.json", "./tabfact_mate_s1/csv/metrics.csv", "./baseline_wtq/metrics.json",
