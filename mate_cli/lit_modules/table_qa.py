@@ -5,8 +5,8 @@ WikiTQ's denotation accuracy), SQA's SEQ as ``<stage>/seq``, and ``<stage>/accur
 the questions whose whole input exceeds ``long_table_tokens`` word pieces whatever ``max_length`` (so runs at different
 lengths score the same questions), and ``<stage>/cell_top1`` (:func:`top_cell_hits`: of the questions with an answer
 cell, the share whose most probable cell is one; it needs no threshold, so it shows cell selection learned before any
-probability reaches ``cell_classification_threshold`` and accuracy moves). With DoT, ``<stage>/answer_cells_kept``: the share of questions with answer cells
-that keep a token of every answer cell after the top-K selection.
+probability reaches ``cell_classification_threshold`` and accuracy moves). With DoT, ``<stage>/answer_cells_kept``:
+the share of questions with answer cells that keep a token of every answer cell after the top-K selection.
 
 SQA's evaluation feeds each question the model's own prediction for the previous one as ``prev_labels`` (as TAPAS
 does), position by position, so the split must come in position order on one process (under DDP: a warning, zeros)."""
@@ -270,9 +270,9 @@ class TableQAModule(EvaluatedTaskModule):
 def top_cell_hits(probs: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     """``[questions with an answer cell]`` float: 1 where the question's most probable cell is an answer cell.
 
-    ``probs`` ``[batch, cells + 1]`` as :meth:`TableQAModule.cell_probs` gives them (cells without a token, and column 0,
-    at the dtype's minimum); ``answer`` the same shape, bool. With ``select_one_column`` the cells outside the predicted
-    column have probabilities near 0, so this is the top cell of that column."""
+    ``probs`` ``[batch, cells + 1]`` as :meth:`TableQAModule.cell_probs` gives them (cells without a token, and
+    column 0, at the dtype's minimum); ``answer`` the same shape, bool. With ``select_one_column`` the cells outside
+    the predicted column have probabilities near 0, so this is the top cell of that column."""
     has = answer.any(dim=1)
     top = probs[has].argmax(dim=1, keepdim=True)
     return answer[has].gather(1, top).squeeze(1).float()
