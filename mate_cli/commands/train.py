@@ -142,6 +142,14 @@ def _final_metrics(cfg: DictConfig, trainer, model, datamodule, out: Path, resum
         metrics = first_results(results)
     else:  # the last validation inside fit (val_check_interval), when one ran
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        if not metrics and resume:  # its validations ran before the stop: score the final weights
+            log.info(
+                "validating the final weights (%s): this call of a resumed run validated nothing", last_checkpoint(out)
+            )
+            results = trainer.validate(
+                model, **_validation_data(trainer, datamodule), ckpt_path=str(last_checkpoint(out)), verbose=False
+            )
+            metrics = first_results(results)
     if cfg.get("test_after_training", False):
         metrics.update(_test_best(trainer, model, datamodule, best))
     data = {f"data/{split}/{k}": v for split, stats in datamodule.stats.items() for k, v in stats.items()}

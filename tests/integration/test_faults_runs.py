@@ -317,6 +317,24 @@ def test_a_run_resumed_in_its_own_run_dir_keeps_its_earlier_csv_rows(trained, tm
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
 
 
+def test_a_run_stopped_after_its_last_step_resumes_to_its_learning_curve_and_final_score(finished, tmp_path):
+    """A stop between the last step and ``metrics.json`` leaves nothing to train: Lightning then skips the training
+    loop and its hooks, yet the resumed run keeps the earlier CSV rows, and with ``validate_best=false`` scores the
+    final weights as the run's last validation had."""
+    import csv
+
+    cache, run = finished.parent / "cache", tmp_path / "run"
+    args = ["trainer.max_steps=2", "trainer.log_every_n_steps=1", "validate_best=false"]
+    first = train_in_process(args, run, cache)
+    (run / "metrics.json").unlink()
+    again = train_in_process([*args, f"ckpt_path={run}"], run, cache)
+    assert again["val/accuracy"] == pytest.approx(first["val/accuracy"]) and again["resumed_from"], again
+    with open(run / "csv" / "metrics.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert {int(float(row["step"])) for row in rows if row.get("train/loss")} >= {0, 1}, rows
+    assert any(row.get("val/accuracy") for row in rows), rows
+
+
 def test_a_signal_during_a_validation_stops_it_and_says_which_step_a_resume_starts_from(
     trained, tmp_path, signal_handlers
 ):
