@@ -19,6 +19,10 @@
 #                     minutes); a run starts only with 60 left
 #   LEARN_HARDWARE    gpu (default) or cpu
 #   LEARN_ARGS        more overrides for every run, after the recipe's (split on spaces)
+#   LEARN_INIT        tasks that start from another task's run, as TAPAS fine-tunes WikiTQ from its SQA
+#                     model: "wtq=sqa" starts each wtq run from the weights of the sqa run of the same
+#                     attention and seed (init_from=; the heads' tensors that fit load too), once that
+#                     run is complete; until then it is not started (list the source task first)
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware or LEARN_ARGS than the
 # runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
@@ -32,6 +36,7 @@ budget="${LEARN_BUDGET:-480}"
 read -r -a extra <<<"${LEARN_ARGS:-}"
 mkdir -p "$out"
 settings="data: ${data:-the bundled samples}; hardware: ${LEARN_HARDWARE:-gpu}; args: ${LEARN_ARGS:-none}"
+[ -n "${LEARN_INIT:-}" ] && settings+="; init: $LEARN_INIT"
 if [ -f "$out/settings.txt" ] && [ "$(cat "$out/settings.txt")" != "$settings" ]; then
   echo "tools/learn.sh: $out holds runs of other settings ($(cat "$out/settings.txt")); set LEARN_OUT to a new folder" >&2
   exit 2
@@ -45,6 +50,10 @@ task_data() {  # into the array targs: the task's dataset config and data, the r
   [ "$task" = tabfact ] && config=tabfact_sample  # TabFact's recipe splits the validation file by table
   if [ -n "$data" ]; then targs=("dataset=$config" "dataset.root=$data/$task"); else targs=("dataset=${task}_sample"); fi
   if [ "$1" = wtq1024 ]; then targs+=(dataset.max_length=1024 dataset.batch_size=16); fi
+}
+init_source() {  # the task whose run this task starts from (LEARN_INIT), or nothing
+  local pair
+  for pair in ${LEARN_INIT:-}; do [ "${pair%%=*}" = "$1" ] && echo "${pair#*=}"; done
 }
 start=$(date +%s)
 status=0
@@ -62,6 +71,15 @@ for seed in ${LEARN_SEEDS:-1 2}; do
       [ -f "$run/metrics.json" ] && continue  # complete
       left=$(( budget - ($(date +%s) - start) ))
       if [ "$left" -lt 60 ]; then echo "learn: $name: not started (budget spent)"; continue; fi
+      init=()
+      from_task=$(init_source "$task")
+      if [ -n "$from_task" ]; then
+        if [ ! -f "$out/${from_task}_${attention}_s$seed/metrics.json" ]; then
+          echo "learn: $name: not started (waits for ${from_task}_${attention}_s$seed to complete)"
+          continue
+        fi
+        init=("init_from=$out/${from_task}_${attention}_s$seed")
+      fi
       resume=()
       [ -f "$run/checkpoints/last.ckpt" ] && resume=("ckpt_path=$run")
       began=$(date +%s)
@@ -69,7 +87,7 @@ for seed in ${LEARN_SEEDS:-1 2}; do
       # the budget's TERM ends the run at the end of a batch, last.ckpt saved; KILL 45 s later if it has not
       timeout -s TERM -k 45 "$left" "$py" -m mate_cli.cli train experiment="$(base_task "$task")_mate" \
         attention="$attention" profile="$(base_task "$task")_gpu" hardware="${LEARN_HARDWARE:-gpu}" "${targs[@]}" \
-        seed="$seed" logger=csv "${extra[@]}" "${resume[@]}" "hydra.run.dir=$run" >>"$out/$name.log" 2>&1
+        seed="$seed" logger=csv "${extra[@]}" "${init[@]}" "${resume[@]}" "hydra.run.dir=$run" >>"$out/$name.log" 2>&1
       rc=$?
       echo "$(( $(date +%s) - began ))" >>"$out/$name.seconds"  # wall time of each call, summed in the table
       if [ "$rc" = 124 ]; then

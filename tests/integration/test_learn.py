@@ -1,14 +1,17 @@
 """tools/learn.sh, the GPU's learning runs, on the CPU: every table task's recipe for a few steps on its bundled
 sample, the trivial baselines, the table and the pack; a run without metrics.json (what a budget's SIGTERM leaves)
-is resumed from its last.ckpt by the next call. The script and its `mate` processes are the point."""
+is resumed from its last.ckpt by the next call; a task chained to another (LEARN_INIT) waits for that run, then starts
+from its weights. The script and its `mate` processes are the point."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tarfile
 
+from mate_cli.bench.learn import last_logged
 from tests.helpers import REPO_ROOT
 
 TINY = ("trainer.max_steps=2 trainer.val_check_interval=2 trainer.check_val_every_n_epoch=null dataset.max_length=128 "
@@ -17,7 +20,8 @@ TINY = ("trainer.max_steps=2 trainer.val_check_interval=2 trainer.check_val_ever
 
 def learn(out, tasks: str, args: str = TINY, status: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "LEARN_OUT": str(out), "LEARN_HARDWARE": "cpu", "LEARN_SEEDS": "1",
-           "LEARN_TASKS": tasks, "LEARN_ATTENTIONS": "mate", "LEARN_ARGS": f"{args} dataset.cache_dir={out / 'cache'}"}  # fmt: skip
+           "LEARN_TASKS": tasks, "LEARN_ATTENTIONS": "mate", "LEARN_ARGS": f"{args} dataset.cache_dir={out / 'cache'}",
+           "LEARN_INIT": "wtq1024=sqa"}  # fmt: skip
     done = subprocess.run(
         ["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
     )
@@ -25,10 +29,24 @@ def learn(out, tasks: str, args: str = TINY, status: int = 0) -> subprocess.Comp
     return done
 
 
-def test_learn_runs_each_task_tabulates_it_beside_its_baselines_and_resumes_a_cut_run(tmp_path):
+def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_run_and_chains_one(tmp_path):
     """Over 20 s: four short `mate train` processes and three `mate baseline` ones."""
     out = tmp_path / "learn"
-    learn(out, "sqa wtq1024 tabfact")
+    first = learn(out, "wtq1024 sqa tabfact")  # wtq1024 starts from sqa's run, which this call has not made yet
+    assert "learn: wtq1024_mate_s1: not started (waits for sqa_mate_s1 to complete)" in first.stdout, first.stdout
+    assert not (out / "wtq1024_mate_s1").exists()
+
+    (out / "tabfact_mate_s1" / "metrics.json").unlink()  # as if the budget had ended it after a checkpoint
+    again = learn(out, "sqa wtq1024 tabfact")
+    assert "learn: tabfact_mate_s1: exit 0 (resumed)" in again.stdout and "sqa_mate_s1" not in again.stdout
+    assert (out / "tabfact_mate_s1" / "metrics.json").is_file()
+    assert len((out / "tabfact_mate_s1.seconds").read_text().split()) == 2  # both calls' minutes count
+    # nothing was left to train: the resume keeps the first call's learning curve and scores the final weights
+    assert last_logged(out / "tabfact_mate_s1", "val/accuracy") is not None
+    assert "val/accuracy" in json.loads((out / "tabfact_mate_s1" / "metrics.json").read_text(encoding="utf-8"))
+    chained = (out / "wtq1024_mate_s1.log").read_text(encoding="utf-8")
+    assert f"init_from={out / 'sqa_mate_s1'}" in chained and "loaded encoder" in chained, chained[-3000:]
+
     table = (out / "learn.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.endswith("|") and "_" not in line}
     assert {"sqa", "wtq1024", "tabfact"} <= set(rows) and "(always answer" in rows["wtq1024"], table
@@ -38,17 +56,13 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_and_resumes_a_cu
     )
     top_cell = {task: rows[task].split("|")[6].strip() for task in rows}  # SQA's and WikiTQ's val/cell_top1
     assert top_cell["sqa"].startswith("1: 0.") and top_cell["wtq1024"].startswith("1: ") and top_cell["tabfact"] == "-"
+    assert "Runs of data: the bundled samples; hardware: cpu; args: trainer.max_steps=2" in table, table
+    assert "; init: wtq1024=sqa." in table, table
     with tarfile.open(out / "learn_runs.tar.gz") as pack:
         names = set(pack.getnames())
     assert {"./tabfact_mate_s1/metrics.json", "./tabfact_mate_s1/csv/metrics.csv", "./baseline_wtq/metrics.json",
-            "./sqa_mate_s1.log"} <= names and not any(name.endswith(".ckpt") for name in names)  # fmt: skip
-
-    (out / "tabfact_mate_s1" / "metrics.json").unlink()  # as if the budget had ended it after a checkpoint
-    again = learn(out, "sqa tabfact")
-    assert "learn: tabfact_mate_s1: exit 0 (resumed)" in again.stdout and "sqa_mate_s1" not in again.stdout
-    assert (out / "tabfact_mate_s1" / "metrics.json").is_file()
-    assert len((out / "tabfact_mate_s1.seconds").read_text().split()) == 2  # both calls' minutes count
-    assert "Runs of data: the bundled samples; hardware: cpu; args: trainer.max_steps=2" in table, table
+            "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json"} <= names  # fmt: skip
+    assert not any(name.endswith(".ckpt") for name in names)
 
     refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings
     assert "holds runs of other settings" in refused.stderr and refused.stdout == "", refused.stderr
