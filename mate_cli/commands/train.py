@@ -48,7 +48,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except ValueError:
         _check_validation_interval(trainer)
         raise
-    metrics = _final_metrics(cfg, trainer, model, datamodule, out, resume)
+    metrics = _final_metrics(cfg, trainer, model, datamodule, out, resume, checkpoint)
     _keep_best(cfg, trainer, model, out, metrics)
     return _finish(cfg, trainer, out, metrics, loggers)
 
@@ -98,7 +98,7 @@ def _build(cfg: DictConfig, out: Path, resume: str | None):
         ResumeState(),
         StopOnSignal(last_checkpoint(out)),
         StopOnNonFiniteLoss(),
-        ContinuousCSVLog(run_dir_of(resume) if resume else None),
+        csv_log := ContinuousCSVLog(run_dir_of(resume) if resume else None),
     ]
     if cfg.get("profile_steps"):  # first: a step's window opens before any other callback's work at its start (the
         # LR monitor's copy to the device on a logging step belongs to that step, not to the one before)
@@ -108,6 +108,7 @@ def _build(cfg: DictConfig, out: Path, resume: str | None):
     plugins = [checkpoint_io, *cluster_plugins()]
     trainer = L.Trainer(**trainer_args, callbacks=callbacks, logger=loggers, plugins=plugins)
     _refuse_ddp_in_a_local_sweep(trainer)
+    csv_log.continue_earlier(trainer, checkpoint)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     return datamodule, model, trainer, loggers, checkpoint
@@ -128,7 +129,9 @@ def _before_fit(cfg: DictConfig, trainer, model, datamodule, resume: str | None,
             metric.reset()  # validate left inference-mode state tensors, which fit's validation cannot update
 
 
-def _final_metrics(cfg: DictConfig, trainer, model, datamodule, out: Path, resume: str | None) -> dict:
+def _final_metrics(
+    cfg: DictConfig, trainer, model, datamodule, out: Path, resume: str | None, checkpoint: dict | None
+) -> dict:
     """``metrics.json``'s content: the best checkpoint's validation (and test), data statistics, the last training
     metrics and what the run recorded before."""
     # start/val/*, dt_fixup/*; a resumed run has them from its checkpoint
@@ -142,9 +145,10 @@ def _final_metrics(cfg: DictConfig, trainer, model, datamodule, out: Path, resum
         metrics = first_results(results)
     else:  # the last validation inside fit (val_check_interval), when one ran
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-        if not metrics and resume:  # its validations ran before the stop: score the final weights
+        if not metrics and checkpoint is not None and trainer.global_step == checkpoint.get("global_step"):
+            # resumed with nothing left to train: its validations ran before the stop; score the final weights
             log.info(
-                "validating the final weights (%s): this call of a resumed run validated nothing", last_checkpoint(out)
+                "validating the final weights (%s): the resumed run had nothing left to train", last_checkpoint(out)
             )
             results = trainer.validate(
                 model, **_validation_data(trainer, datamodule), ckpt_path=str(last_checkpoint(out)), verbose=False

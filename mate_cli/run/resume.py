@@ -319,13 +319,11 @@ def changed_on_resume(cfg, resume: str) -> list[str]:
 
 class ContinuousCSVLog(L.Callback):
     """A CSV log a resume continues: flushed with every checkpoint, so no row before it waits in a buffer; a resumed
-    run's starts with the earlier run's rows before the restored step, the checkpoint's batch row included. A resume
-    with nothing left to train (a run stopped after its last step, before ``metrics.json``) keeps every earlier row."""
+    run's starts with the earlier run's rows before the restored step, the checkpoint's batch row included, written
+    as soon as the logger exists (:meth:`continue_earlier`), so that no later stop can lose them."""
 
     def __init__(self, earlier_run_dir: str | Path | None = None) -> None:
         self.earlier = None if earlier_run_dir is None else Path(earlier_run_dir)
-        self._pending: dict | None = None
-        self._continued = False
         # read now: resumed in place, the run dir is this run's too, and Lightning's CSV logger deletes a metrics file
         # it finds there when it starts
         self._earlier_logs = {
@@ -338,6 +336,15 @@ class ContinuousCSVLog(L.Callback):
     def _csv_loggers(trainer) -> list:
         return [logger for logger in trainer.loggers if isinstance(logger, CSVLogger)] if trainer.is_global_zero else []
 
+    def continue_earlier(self, trainer, checkpoint: dict | None) -> None:
+        """Start each CSV logger's file with the earlier rows before ``checkpoint``'s step, before any data is
+        prepared or anything logged, so that a stop from here on keeps them; a resume with nothing left to train,
+        whose training loop and its hooks Lightning skips, has them too."""
+        if self.earlier is None or checkpoint is None:
+            return
+        for logger in self._csv_loggers(trainer):
+            self._continue(logger.experiment, Path(logger.save_dir), checkpoint)
+
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         for logger in self._csv_loggers(trainer):
             logger.save()
@@ -349,30 +356,17 @@ class ContinuousCSVLog(L.Callback):
         if pending:
             checkpoint[PENDING_ROW_KEY] = pending
 
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        self._pending = checkpoint.get(PENDING_ROW_KEY)
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        for logger in self._csv_loggers(trainer) if self.earlier is not None else ():
-            self._continue(logger.experiment, Path(logger.save_dir), trainer.global_step)
-        self._continued = True
-
-    def on_fit_end(self, trainer, pl_module) -> None:
-        """Lightning skips the training loop, and ``on_train_start``, when the restored step is already the last."""
-        for logger in self._csv_loggers(trainer) if self.earlier is not None and not self._continued else ():
-            self._continue(logger.experiment, Path(logger.save_dir), None)
-        self._continued = True
-
-    def _continue(self, writer, save_dir: Path, step: int | None) -> None:
-        """Seed ``writer``'s still-empty metrics file with the earlier log's rows before ``step`` (None: all)."""
+    def _continue(self, writer, save_dir: Path, checkpoint: dict) -> None:
+        """Seed ``writer``'s still-empty metrics file with the earlier log's rows before the checkpoint's step."""
+        step = int(checkpoint.get("global_step", 0))
         earlier = self.earlier / Path(writer.metrics_file_path).relative_to(save_dir)
         if earlier not in self._earlier_logs:
             log.info("no CSV log at %s to continue; this run's starts at step %d", earlier, step)
             return
         reader = csv.DictReader(io.StringIO(self._earlier_logs[earlier], newline=""))
         fields = set(reader.fieldnames or [])
-        rows = [row for row in reader if _step(row) is not None and (step is None or _step(row) < step)]  # logged again
-        pending = self._pending
+        rows = [row for row in reader if _step(row) is not None and _step(row) < step]  # `step` is logged again
+        pending = checkpoint.get(PENDING_ROW_KEY)
         if pending and not any(_step(row) == pending["step"] and not set(pending) - {k for k, v in row.items() if v}
                                for row in rows):  # fmt: skip
             rows.append({k: repr(v) if isinstance(v, float) else str(v) for k, v in pending.items()})
@@ -380,8 +374,7 @@ class ContinuousCSVLog(L.Callback):
         header = sorted(fields)  # Lightning's order: it appends rows in sorted-key order
         atomic_write_csv(writer.metrics_file_path, header, rows)
         writer.metrics_keys = header
-        before = "nothing left to train" if step is None else f"before step {step}"
-        log.info("CSV log: continues %s (%d rows, %s)", earlier, len(rows), before)
+        log.info("CSV log: continues %s (%d rows before step %d)", earlier, len(rows), step)
 
 
 def _step(row: dict) -> int | None:
