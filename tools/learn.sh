@@ -34,6 +34,12 @@ data="${LEARN_DATA:-}"
 py="${PYTHON:-python3}"
 budget="${LEARN_BUDGET:-480}"
 read -r -a extra <<<"${LEARN_ARGS:-}"
+for pair in ${LEARN_INIT:-}; do
+  if ! [[ "$pair" =~ ^[a-z]+[0-9]*=[a-z]+[0-9]*$ ]] || [ "${pair%%=*}" = "${pair#*=}" ]; then
+    echo "tools/learn.sh: LEARN_INIT: '$pair' is no <task>=<the task it starts from>, such as wtq=sqa" >&2
+    exit 2
+  fi
+done
 mkdir -p "$out"
 settings="data: ${data:-the bundled samples}; hardware: ${LEARN_HARDWARE:-gpu}; args: ${LEARN_ARGS:-none}"
 [ -n "${LEARN_INIT:-}" ] && settings+="; init: $LEARN_INIT"
@@ -53,7 +59,7 @@ task_data() {  # into the array targs: the task's dataset config and data, the r
 }
 init_source() {  # the task whose run this task starts from (LEARN_INIT), or nothing
   local pair
-  for pair in ${LEARN_INIT:-}; do [ "${pair%%=*}" = "$1" ] && echo "${pair#*=}"; done
+  for pair in ${LEARN_INIT:-}; do [ "${pair%%=*}" = "$1" ] && echo "${pair#*=}" && return; done
 }
 start=$(date +%s)
 status=0

@@ -5,13 +5,13 @@ from its weights. The script and its `mate` processes are the point."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
 import sys
 import tarfile
 
-from mate_cli.bench.learn import last_logged
 from tests.helpers import REPO_ROOT
 
 TINY = ("trainer.max_steps=2 trainer.val_check_interval=2 trainer.check_val_every_n_epoch=null dataset.max_length=128 "
@@ -42,7 +42,9 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     assert (out / "tabfact_mate_s1" / "metrics.json").is_file()
     assert len((out / "tabfact_mate_s1.seconds").read_text().split()) == 2  # both calls' minutes count
     # nothing was left to train: the resume keeps the first call's learning curve and scores the final weights
-    assert last_logged(out / "tabfact_mate_s1", "val/accuracy") is not None
+    with open(out / "tabfact_mate_s1" / "csv" / "metrics.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert any(row["val/accuracy"] and int(row["step"]) < 2 for row in rows), rows  # before the resumed call's step
     assert "val/accuracy" in json.loads((out / "tabfact_mate_s1" / "metrics.json").read_text(encoding="utf-8"))
     chained = (out / "wtq1024_mate_s1.log").read_text(encoding="utf-8")
     assert f"init_from={out / 'sqa_mate_s1'}" in chained and "loaded encoder" in chained, chained[-3000:]
@@ -66,3 +68,6 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
 
     refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings
     assert "holds runs of other settings" in refused.stderr and refused.stdout == "", refused.stderr
+    env = {**os.environ, "LEARN_OUT": str(tmp_path / "chain"), "LEARN_INIT": "wtq"}  # whose run? refused, no folder
+    bad = subprocess.run(["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "LEARN_INIT: 'wtq' is no <task>=" in bad.stderr and not (tmp_path / "chain").exists()
