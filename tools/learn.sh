@@ -24,7 +24,7 @@
 #                     attention and seed (init_from=; the heads' tensors that fit load too), once that
 #                     run is complete; until then it is not started (list the source task first)
 #   PYTHON            the Python that has mate_cli (default python3)
-# A folder's runs are of one setting: a call with other data, hardware or LEARN_ARGS than the
+# A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
 # runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
 # Exit status 0 when every run started ended or was cut by the budget (it resumes next call).
 set -uo pipefail
