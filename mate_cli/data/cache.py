@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -147,10 +148,57 @@ def save_atomically(ds: datasets.Dataset, target: Path) -> None:
 _READ_ONLY_WARNED: set[Path] = set()
 
 
+#: the build locks this process holds, open (a forked preprocessing worker closes its copies)
+_BUILDING: set = set()
+
+
+def _forget_in_child() -> None:
+    for handle in _BUILDING:
+        with contextlib.suppress(OSError):
+            handle.close()
+    _BUILDING.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+@contextlib.contextmanager
+def build_lock(target: Path):
+    """Hold ``.<entry>.lock`` beside ``target`` while building it: a second run that needs the same entry meanwhile (a
+    sweep's runs, MATE and dense started side by side) waits and then loads it, instead of building it again. An
+    exclusive ``flock``, which the OS releases when its holder dies (``kill -9`` too)."""
+    with open(target.parent / f".{target.name}.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("cache: another run is building %s; waiting for it", target)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        _BUILDING.add(handle)
+        try:
+            yield
+        finally:
+            _BUILDING.discard(handle)
+
+
+def _load(target: Path, what: str) -> datasets.Dataset | None:
+    """The entry at ``target``; None when absent or unreadable (then removed, with one warning)."""
+    if not target.is_dir():
+        return None
+    try:
+        ds = datasets.load_from_disk(str(target))
+        log.info("%s loaded from cache %s", what, target)
+        return ds
+    except Exception as err:  # noqa: BLE001 - any unreadable entry is rebuilt
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        log.warning("cache: %s is unreadable (%s: %s); rebuilding it", target, type(err).__name__, first)
+        shutil.rmtree(target, ignore_errors=True)
+        return None
+
+
 def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str) -> datasets.Dataset:
-    """The cached dataset at ``target``, built and saved when absent or unreadable. A folder that cannot be written
-    serves what it holds, and what it lacks is built in memory (one warning); a full disk is one ``MateError`` line
-    naming the folder and its free space."""
+    """The cached dataset at ``target``, built and saved when absent or unreadable, by one run at a time
+    (:func:`build_lock`). A folder that cannot be written serves what it holds, and what it lacks is built in memory
+    (one warning); a full disk is one ``MateError`` line naming the folder and its free space."""
     if not writable(target.parent):
         if target.parent not in _READ_ONLY_WARNED:
             _READ_ONLY_WARNED.add(target.parent)
@@ -164,22 +212,20 @@ def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str
                 return datasets.load_from_disk(str(target))
         return build()
     remove_stale_temps(target.parent)
-    if target.is_dir():
-        try:
-            ds = datasets.load_from_disk(str(target))
-            log.info("%s loaded from cache %s", what, target)
+    ds = _load(target, what)
+    if ds is not None:
+        return ds
+    with build_lock(target):
+        ds = _load(target, what)  # built by the run this one waited for
+        if ds is not None:
             return ds
-        except Exception as err:  # noqa: BLE001 - any unreadable entry is rebuilt
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            log.warning("cache: %s is unreadable (%s: %s); rebuilding it", target, type(err).__name__, first)
-            shutil.rmtree(target, ignore_errors=True)
-    built = build()
-    try:
-        save_atomically(built, target)
-    except OSError as err:
-        raise MateError(
-            write_failure(
-                target, err, "free space there, or set MATE_CACHE_DIR (dataset.cache_dir) to a folder with room"
-            )
-        ) from None
+        built = build()
+        try:
+            save_atomically(built, target)
+        except OSError as err:
+            raise MateError(
+                write_failure(
+                    target, err, "free space there, or set MATE_CACHE_DIR (dataset.cache_dir) to a folder with room"
+                )
+            ) from None
     return datasets.load_from_disk(str(target))

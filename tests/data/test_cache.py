@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import datasets
 import pytest
@@ -33,6 +34,37 @@ def test_a_second_writer_of_the_same_entry_keeps_the_first(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["entry"]
 
 
+def test_a_run_that_needs_an_entry_being_built_waits_for_it_and_builds_nothing(tmp_path, caplog):
+    """Two loads of one entry at once (two threads, two real flocks on the entry's lock file): the second waits while
+    the first builds, then loads what the first saved."""
+    caplog.set_level(logging.INFO, logger="mate_cli.data.cache")
+    target, building, finish = tmp_path / "entry", threading.Event(), threading.Event()
+    loaded, second_builds = {}, []
+
+    def slow_build():
+        building.set()
+        assert finish.wait(60)
+        return dataset([1, 2])
+
+    first = threading.Thread(target=lambda: loaded.update(first=load_or_build(target, slow_build, "test")))
+    second = threading.Thread(
+        target=lambda: loaded.update(second=load_or_build(target, lambda: second_builds.append(1) or dataset([9]), "t"))
+    )
+    first.start()
+    assert building.wait(60)
+    second.start()
+    for _ in range(600):  # until the second says it waits
+        if any("another run is building" in record.getMessage() for record in caplog.records):
+            break
+        threading.Event().wait(0.05)
+    assert not target.exists() and "second" not in loaded  # still building: the second has not gone on
+    finish.set()
+    first.join(60)
+    second.join(60)
+    assert second_builds == [] and loaded["first"]["x"] == loaded["second"]["x"] == [1, 2]
+    assert any("another run is building" in record.getMessage() for record in caplog.records)
+
+
 def test_temp_folders_of_killed_writers_are_removed(tmp_path):
     host = socket.gethostname()
     stale = tmp_path / f".entry.{host}.{dead_pid()}.tmp"
@@ -44,7 +76,7 @@ def test_temp_folders_of_killed_writers_are_removed(tmp_path):
     assert remove_stale_temps(tmp_path) == 1
     assert not stale.exists() and live.exists() and elsewhere.exists()
     load_or_build(tmp_path / "entry", lambda: dataset([1]), "test")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, elsewhere.name, "entry"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, elsewhere.name, "entry", ".entry.lock"])
 
 
 def test_temp_folders_of_killed_writers_are_removed_on_a_host_whose_name_has_dots(tmp_path, monkeypatch):
