@@ -29,7 +29,8 @@
 #     e2e_pad   (200) the same for TabFact and WikiTQ with dataset.pad_to_multiple_of=64
 #     e2e_graphs (480) the same for TabFact and WikiTQ padded to their full length (one batch shape) with the
 #                     layer stack compiled in reduce-overhead mode (CUDA graphs)
-#     learn     (540) the table tasks learned, MATE against dense (tools/learn.sh; the releases too): runs in
+#     learn     (540) the table tasks learned, MATE against dense (tools/learn.sh; the releases too), four runs
+#                     at a time (LEARN_LANES=4: both attentions and both seeds side by side): runs in
 #                     outputs/learn, which a warm machine keeps, so the next call resumes what the budget cut;
 #                     learn.md and learn_runs.tar.gz copied into $GPU_OUT
 # The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets e2e_graphs" (e2e took
@@ -106,7 +107,8 @@ step_e2e_graphs() {
 }
 step_learn() {
   local runs="${LEARN_OUT:-outputs/learn}"
-  LEARN_OUT="$runs" LEARN_DATA="${LEARN_DATA:-${E2E_DATA:-}}" PYTHON="$py" bash tools/learn.sh
+  # four runs at a time: one run of the recipes keeps an H200 busy 15-21 % of a step (BENCHMARKS.md)
+  LEARN_OUT="$runs" LEARN_DATA="${LEARN_DATA:-${E2E_DATA:-}}" LEARN_LANES="${LEARN_LANES:-4}" PYTHON="$py" bash tools/learn.sh
   local rc=$?
   cp "$runs/learn.md" "$runs/learn_runs.tar.gz" "$out/" 2>/dev/null
   return "$rc"

@@ -19,6 +19,13 @@
 #                     minutes); a run starts only with 60 left
 #   LEARN_HARDWARE    gpu (default) or cpu
 #   LEARN_ARGS        more overrides for every run, after the recipe's (split on spaces)
+#   LEARN_LANES       runs at a time on the one device (default 1). With more, each lane trains an attention and
+#                     seed's tasks in order (then the next pair: lane l takes pairs l, l + LEARN_LANES, ...), all
+#                     lanes at once: "mate dense" and seeds "1 2" give four pairs, so LEARN_LANES=4 runs the whole
+#                     table at once. A run of the recipes leaves a GPU idle most of a step (BENCHMARKS.md), which
+#                     other runs then fill; each run's examples/s and minutes are then a shared device's (the table
+#                     says so). A lane's runs get the cores over the lanes as OMP_NUM_THREADS; a task's preprocessing
+#                     is done by one lane while the others wait for the cache
 #   LEARN_INIT        tasks that start from another task's run, as TAPAS fine-tunes WikiTQ from its SQA
 #                     model: "wtq=sqa" starts each wtq run from the weights of the sqa run of the same
 #                     attention and seed (init_from=; the heads' tensors that fit load too), once that
@@ -40,6 +47,11 @@ for pair in ${LEARN_INIT:-}; do
     exit 2
   fi
 done
+lanes="${LEARN_LANES:-1}"
+if ! [[ "$lanes" =~ ^[1-9][0-9]*$ ]]; then
+  echo "tools/learn.sh: LEARN_LANES: '$lanes' is no number of runs at a time, such as 1 or 4" >&2
+  exit 2
+fi
 mkdir -p "$out"
 settings="data: ${data:-the bundled samples}; hardware: ${LEARN_HARDWARE:-gpu}; args: ${LEARN_ARGS:-none}"
 [ -n "${LEARN_INIT:-}" ] && settings+="; init: $LEARN_INIT"
@@ -69,42 +81,65 @@ for task in $(for t in ${LEARN_TASKS:-sqa wtq tabfact}; do base_task "$t"; done 
   "$py" -m mate_cli.cli baseline "${targs[@]}" "hydra.run.dir=$out/baseline_$task" >"$out/baseline_$task.log" 2>&1 ||
     status=1
 done
+train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what is left of the budget
+  local task=$1 attention=$2 seed=$3 name run left from_task began rc init=() resume=() targs=()
+  name="${task}_${attention}_s$seed"
+  run="$out/$name"
+  [ -f "$run/metrics.json" ] && return 0  # complete
+  left=$(( budget - ($(date +%s) - start) ))
+  if [ "$left" -lt 60 ]; then echo "learn: $name: not started (budget spent)"; return 0; fi
+  from_task=$(init_source "$task")
+  if [ -n "$from_task" ]; then
+    if [ ! -f "$out/${from_task}_${attention}_s$seed/metrics.json" ]; then
+      echo "learn: $name: not started (waits for ${from_task}_${attention}_s$seed to complete)"
+      return 0
+    fi
+    init=("init_from=$out/${from_task}_${attention}_s$seed")
+  fi
+  [ -f "$run/checkpoints/last.ckpt" ] && resume=("ckpt_path=$run")
+  began=$(date +%s)
+  task_data "$task"
+  # the budget's TERM ends the run at the end of a batch, last.ckpt saved; KILL 45 s later if it has not
+  timeout -s TERM -k 45 "$left" "$py" -m mate_cli.cli train experiment="$(base_task "$task")_mate" \
+    attention="$attention" profile="$(base_task "$task")_gpu" hardware="${LEARN_HARDWARE:-gpu}" "${targs[@]}" \
+    seed="$seed" logger=csv "${extra[@]}" "${init[@]}" "${resume[@]}" "hydra.run.dir=$run" >>"$out/$name.log" 2>&1
+  rc=$?
+  # the wall time of each call, summed in the table, and how many lanes shared the device at most meanwhile
+  echo "$(( $(date +%s) - began )) $sharing" >>"$out/$name.seconds"
+  if [ "$rc" = 124 ]; then
+    echo "learn: $name: cut by the budget${resume:+ (resumed)}; the next call resumes it ($out/$name.log)"
+    return 0
+  fi
+  echo "learn: $name: exit $rc${resume:+ (resumed)} ($out/$name.log)"
+  return "$rc"
+}
+pairs=()  # each attention and seed, seeds outermost; a pair's tasks run in order, so LEARN_INIT's sources come first
 for seed in ${LEARN_SEEDS:-1 2}; do
-  for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
-    for attention in ${LEARN_ATTENTIONS:-mate dense}; do
-      name="${task}_${attention}_s$seed"
-      run="$out/$name"
-      [ -f "$run/metrics.json" ] && continue  # complete
-      left=$(( budget - ($(date +%s) - start) ))
-      if [ "$left" -lt 60 ]; then echo "learn: $name: not started (budget spent)"; continue; fi
-      init=()
-      from_task=$(init_source "$task")
-      if [ -n "$from_task" ]; then
-        if [ ! -f "$out/${from_task}_${attention}_s$seed/metrics.json" ]; then
-          echo "learn: $name: not started (waits for ${from_task}_${attention}_s$seed to complete)"
-          continue
-        fi
-        init=("init_from=$out/${from_task}_${attention}_s$seed")
-      fi
-      resume=()
-      [ -f "$run/checkpoints/last.ckpt" ] && resume=("ckpt_path=$run")
-      began=$(date +%s)
-      task_data "$task"
-      # the budget's TERM ends the run at the end of a batch, last.ckpt saved; KILL 45 s later if it has not
-      timeout -s TERM -k 45 "$left" "$py" -m mate_cli.cli train experiment="$(base_task "$task")_mate" \
-        attention="$attention" profile="$(base_task "$task")_gpu" hardware="${LEARN_HARDWARE:-gpu}" "${targs[@]}" \
-        seed="$seed" logger=csv "${extra[@]}" "${init[@]}" "${resume[@]}" "hydra.run.dir=$run" >>"$out/$name.log" 2>&1
-      rc=$?
-      echo "$(( $(date +%s) - began ))" >>"$out/$name.seconds"  # wall time of each call, summed in the table
-      if [ "$rc" = 124 ]; then
-        echo "learn: $name: cut by the budget${resume:+ (resumed)}; the next call resumes it ($out/$name.log)"
-      else
-        echo "learn: $name: exit $rc${resume:+ (resumed)} ($out/$name.log)"
-        [ "$rc" = 0 ] || status=1
-      fi
+  for attention in ${LEARN_ATTENTIONS:-mate dense}; do pairs+=("$attention $seed"); done
+done
+sharing=$(( lanes < ${#pairs[@]} ? lanes : ${#pairs[@]} ))
+lane() {  # lane $1 of $sharing: pairs $1, $1 + sharing, ...; fails if one of its runs did
+  local i pair failed=0 task
+  for (( i = $1; i < ${#pairs[@]}; i += sharing )); do
+    read -r -a pair <<<"${pairs[$i]}"
+    for task in ${LEARN_TASKS:-sqa wtq tabfact}; do train "$task" "${pair[0]}" "${pair[1]}" || failed=1; done
+  done
+  return "$failed"
+}
+if [ "$sharing" -le 1 ]; then
+  for seed in ${LEARN_SEEDS:-1 2}; do  # one run at a time: every task and attention gets its first seed first
+    for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
+      for attention in ${LEARN_ATTENTIONS:-mate dense}; do train "$task" "$attention" "$seed" || status=1; done
     done
   done
-done
+else
+  lane_pids=()
+  for (( l = 0; l < sharing; l++ )); do
+    OMP_NUM_THREADS=$(( $(nproc) / sharing > 0 ? $(nproc) / sharing : 1 )) lane "$l" &
+    lane_pids+=("$!")
+  done
+  for pid in "${lane_pids[@]}"; do wait "$pid" || status=1; done
+fi
 "$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1
 ( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read settings.txt ./*.log ./*.seconds ./*/metrics.json \
     ./*/csv/metrics.csv ./*/resolved_config.yaml 2>/dev/null )

@@ -3,7 +3,8 @@ run dir (its ``metrics.json`` once complete, else the last validation of its CSV
 prints one Markdown row per task and attention: the dev accuracy of each seed, the median and range of the complete
 runs', SQA's and WikiTQ's top-cell share of each seed (``val/cell_top1``: how far cell selection has got where the
 accuracy has not moved yet), the trivial baselines beside them, examples/s and the minutes each run took (all its
-calls), then the settings the runs share (``settings.txt``)."""
+calls; marked * where other runs shared the device, ``LEARN_LANES``), then the settings the runs share
+(``settings.txt``)."""
 
 from __future__ import annotations
 
@@ -34,15 +35,16 @@ def run_row(run: Path) -> dict:
     """What one run dir says: complete or not, its dev accuracy, examples/s, minutes."""
     metrics_file = run / "metrics.json"
     metrics = json.loads(metrics_file.read_text(encoding="utf-8")) if metrics_file.is_file() else {}
-    seconds = run.parent / f"{run.name}.seconds"
-    calls = [int(line) for line in seconds.read_text().split()] if seconds.is_file() else []
+    seconds = run.parent / f"{run.name}.seconds"  # a line a call: its seconds, and the lanes that shared the device
+    calls = [line.split() for line in seconds.read_text().splitlines() if line.strip()] if seconds.is_file() else []
     return {
         "complete": bool(metrics),
         "accuracy": metrics.get(METRIC, last_logged(run, METRIC)),
         "cell_top1": metrics.get(TOP_CELL, last_logged(run, TOP_CELL)),
         "examples_per_s": metrics.get("perf/examples_per_s", last_logged(run, "perf/examples_per_s")),
-        "minutes": sum(calls) / 60 if calls else None,
+        "minutes": sum(int(call[0]) for call in calls) / 60 if calls else None,
         "calls": len(calls),
+        "shared": max((int(call[1]) for call in calls if len(call) > 1), default=1),
     }
 
 
@@ -76,14 +78,19 @@ def table(folder: Path) -> str:
     header = ["task", "attention", "dev accuracy by seed", "median", "range", "top cell by seed", "trivial baselines",
               "examples/s", "minutes a run"]  # fmt: skip
     lines = [markdown_row(header), "|---|---|---|---:|---:|---|---|---:|---:|"]
-    for (task, attention), seeds in runs(folder).items():
+    found = runs(folder)
+    for (task, attention), seeds in found.items():
         scores = [row["accuracy"] for row in seeds.values() if row["complete"] and row["accuracy"] is not None]
         by_seed = ", ".join(
             f"{seed}: {_number(row['accuracy'], '{:.3f}')}{'' if row['complete'] else ' (not complete)'}"
             for seed, row in seeds.items()
         )
         speeds = [row["examples_per_s"] for row in seeds.values() if row["examples_per_s"] is not None]
-        minutes = [row["minutes"] for row in seeds.values() if row["minutes"] is not None]
+        minutes = [
+            f"{row['minutes']:.1f}{'*' if row['shared'] > 1 else ''}"
+            for row in seeds.values()
+            if row["minutes"] is not None
+        ]
         cells = [
             task,
             attention,
@@ -94,15 +101,22 @@ def table(folder: Path) -> str:
             or "-",
             baselines(folder, task),
             _number(statistics.median(speeds) if speeds else None, "{:.0f}"),
-            ", ".join(f"{m:.1f}" for m in minutes) or "-",
+            ", ".join(minutes) or "-",
         ]
         lines.append(markdown_row(cells))
     settings = Path(folder) / "settings.txt"
     ran = f" Runs of {settings.read_text(encoding='utf-8').strip()}." if settings.is_file() else ""
+    lanes = max((row["shared"] for seeds in found.values() for row in seeds.values()), default=1)
+    shared = (
+        f" Minutes marked * are a run's that shared the device with other runs (up to {lanes} at a time,"
+        " LEARN_LANES): its examples/s and minutes are a shared device's, not one run's alone."
+        if lanes > 1
+        else ""
+    )
     return "\n".join(lines) + (
         f"\n\n{METRIC} on each task's dev side; median and range over the complete runs; a run not complete shows"
         f" its last validation. Top cell: {TOP_CELL}, of the dev questions with an answer cell the share whose most"
-        f" probable cell is one (no threshold).{ran}\n"
+        f" probable cell is one (no threshold).{shared}{ran}\n"
     )
 
 

@@ -1,13 +1,16 @@
 """tools/learn.sh, the GPU's learning runs, on the CPU: every table task's recipe for a few steps on its bundled
 sample, the trivial baselines, the table and the pack; a run without metrics.json (what a budget's SIGTERM leaves)
 is resumed from its last.ckpt by the next call; a task chained to another (LEARN_INIT) waits for that run, then starts
-from its weights. The script and its `mate` processes are the point."""
+from its weights; two lanes (LEARN_LANES) train MATE and dense at the same time. The script and its `mate` processes
+are the point."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -18,10 +21,12 @@ TINY = ("trainer.max_steps=2 trainer.val_check_interval=2 trainer.check_val_ever
         "dataset.batch_size=4 dataset.eval_batch_size=8 trainer.limit_val_batches=2")  # fmt: skip
 
 
-def learn(out, tasks: str, args: str = TINY, status: int = 0, init: str = "wtq1024=sqa") -> subprocess.CompletedProcess:
+def learn(
+    out, tasks: str, args: str = TINY, status: int = 0, init: str = "wtq1024=sqa", attentions="mate", lanes="1"
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "LEARN_OUT": str(out), "LEARN_HARDWARE": "cpu", "LEARN_SEEDS": "1",
-           "LEARN_TASKS": tasks, "LEARN_ATTENTIONS": "mate", "LEARN_ARGS": f"{args} dataset.cache_dir={out / 'cache'}",
-           "LEARN_INIT": init}  # fmt: skip
+           "LEARN_TASKS": tasks, "LEARN_ATTENTIONS": attentions, "LEARN_ARGS": f"{args} dataset.cache_dir={out / 'cache'}",
+           "LEARN_INIT": init, "LEARN_LANES": lanes}  # fmt: skip
     done = subprocess.run(
         ["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
     )
@@ -30,7 +35,7 @@ def learn(out, tasks: str, args: str = TINY, status: int = 0, init: str = "wtq10
 
 
 def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_run_and_chains_one(tmp_path):
-    """Over 20 s: four short `mate train` processes and three `mate baseline` ones."""
+    """Over 20 s: six short `mate train` processes (two side by side) and three `mate baseline` ones."""
     out = tmp_path / "learn"
     first = learn(out, "wtq1024 sqa tabfact")  # wtq1024 starts from sqa's run, which this call has not made yet
     assert "learn: wtq1024_mate_s1: not started (waits for sqa_mate_s1 to complete)" in first.stdout, first.stdout
@@ -40,7 +45,7 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     again = learn(out, "sqa wtq1024 tabfact")
     assert "learn: tabfact_mate_s1: exit 0 (resumed)" in again.stdout and "sqa_mate_s1" not in again.stdout
     assert (out / "tabfact_mate_s1" / "metrics.json").is_file()
-    assert len((out / "tabfact_mate_s1.seconds").read_text().split()) == 2  # both calls' minutes count
+    assert len((out / "tabfact_mate_s1.seconds").read_text().splitlines()) == 2  # both calls' minutes count
     # nothing was left to train: the resume keeps the first call's learning curve and scores the final weights
     with open(out / "tabfact_mate_s1" / "csv" / "metrics.csv", newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
@@ -66,7 +71,27 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
             "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json"} <= names  # fmt: skip
     assert not any(name.endswith(".ckpt") for name in names)
 
+    shutil.rmtree(out / "tabfact_mate_s1")  # trained again, beside dense's first run
+    (out / "tabfact_mate_s1.log").unlink()
+    beside = learn(out, "tabfact", attentions="mate dense", lanes="2")
+    assert "learn: tabfact_mate_s1: exit 0 (" in beside.stdout and "tabfact_dense_s1: exit 0 (" in beside.stdout
+    spans = {name: last_call_span(out / f"tabfact_{name}_s1.log") for name in ("mate", "dense")}
+    assert spans["mate"][0] < spans["dense"][1] and spans["dense"][0] < spans["mate"][1], spans  # at the same time
+    table = (out / "learn.md").read_text(encoding="utf-8")
+    dense = next(line for line in table.splitlines() if line.startswith("| tabfact | dense |"))
+    assert dense.split("|")[-2].strip().endswith("*") and "up to 2 at a time" in table, table
+
     refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings
     assert "holds runs of other settings" in refused.stderr and refused.stdout == "", refused.stderr
     bad = learn(tmp_path / "chain", "wtq", status=2, init="wtq")  # starts from whose run? refused, no folder made
     assert "LEARN_INIT: 'wtq' is no <task>=" in bad.stderr and not (tmp_path / "chain").exists()
+    bad = learn(tmp_path / "lanes", "wtq", status=2, lanes="two")
+    assert "LEARN_LANES: 'two' is no number" in bad.stderr and not (tmp_path / "lanes").exists()
+
+
+def last_call_span(log) -> tuple[str, str]:
+    """The first and last log time of the last `mate train` call appended to a run's log."""
+    call = log.read_text(encoding="utf-8").split("overrides: ")[-1]
+    times = re.findall(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]", call, flags=re.MULTILINE)
+    assert len(times) >= 2, call[-2000:]
+    return times[0], times[-1]
