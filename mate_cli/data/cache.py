@@ -166,33 +166,53 @@ os.register_at_fork(after_in_child=_forget_in_child)
 def build_lock(target: Path):
     """Hold ``.<entry>.lock`` beside ``target`` while building it: a second run that needs the same entry meanwhile (a
     sweep's runs, MATE and dense started side by side) waits and then loads it, instead of building it again. An
-    exclusive ``flock``, which the OS releases when its holder dies (``kill -9`` too)."""
-    with open(target.parent / f".{target.name}.lock", "a+") as handle:
+    exclusive ``flock``, which the OS releases when its holder dies (``kill -9`` too). Where no lock can be had (a lock
+    file of another user's that this one cannot open, a file system without ``flock``) the run builds unlocked, as
+    before: the entry's rename keeps it whole either way (:func:`save_atomically`)."""
+    path = target.parent / f".{target.name}.lock"
+    try:
+        handle = os.fdopen(os.open(path, os.O_RDONLY | os.O_CREAT, 0o666), "rb")  # flock needs no write access
+    except OSError as err:
+        log.warning("cache: no build lock for %s (%s); building it unlocked", target, err)
+        handle = None
+    if handle is None:
+        yield
+        return
+    with handle:
+        _BUILDING.add(handle)  # before any wait: a child forked meanwhile must not keep the lock
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("cache: another run is building %s; waiting for it", target)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        _BUILDING.add(handle)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("cache: another run is building %s; waiting for it", target)
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            locked = True
+        except OSError as err:
+            log.warning("cache: no build lock for %s (%s); building it unlocked", target, err)
+            locked = False
         try:
             yield
         finally:
             _BUILDING.discard(handle)
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _load(target: Path, what: str) -> datasets.Dataset | None:
-    """The entry at ``target``; None when absent or unreadable (then removed, with one warning)."""
+def _load(target: Path, what: str, repair: bool) -> datasets.Dataset | None:
+    """The entry at ``target``; None when absent or unreadable. With ``repair`` (under the build lock, so that no
+    other run's fresh entry is taken for the broken one) an unreadable entry is removed, with one warning."""
     if not target.is_dir():
         return None
     try:
         ds = datasets.load_from_disk(str(target))
-        log.info("%s loaded from cache %s", what, target)
-        return ds
     except Exception as err:  # noqa: BLE001 - any unreadable entry is rebuilt
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        log.warning("cache: %s is unreadable (%s: %s); rebuilding it", target, type(err).__name__, first)
-        shutil.rmtree(target, ignore_errors=True)
+        if repair:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            log.warning("cache: %s is unreadable (%s: %s); rebuilding it", target, type(err).__name__, first)
+            shutil.rmtree(target, ignore_errors=True)
         return None
+    log.info("%s loaded from cache %s", what, target)
+    return ds
 
 
 def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str) -> datasets.Dataset:
@@ -212,11 +232,11 @@ def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str
                 return datasets.load_from_disk(str(target))
         return build()
     remove_stale_temps(target.parent)
-    ds = _load(target, what)
+    ds = _load(target, what, repair=False)
     if ds is not None:
         return ds
     with build_lock(target):
-        ds = _load(target, what)  # built by the run this one waited for
+        ds = _load(target, what, repair=True)  # built by the run this one waited for
         if ds is not None:
             return ds
         built = build()
@@ -228,4 +248,4 @@ def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str
                     target, err, "free space there, or set MATE_CACHE_DIR (dataset.cache_dir) to a folder with room"
                 )
             ) from None
-    return datasets.load_from_disk(str(target))
+        return datasets.load_from_disk(str(target))

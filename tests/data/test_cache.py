@@ -65,6 +65,14 @@ def test_a_run_that_needs_an_entry_being_built_waits_for_it_and_builds_nothing(t
     assert any("another run is building" in record.getMessage() for record in caplog.records)
 
 
+def test_an_entry_whose_lock_cannot_be_had_is_built_unlocked_with_one_warning(tmp_path, caplog):
+    (tmp_path / ".entry.lock").symlink_to(tmp_path / "gone" / "lock")  # opening it fails: its folder is not there
+    caplog.set_level(logging.WARNING, logger="mate_cli.data.cache")
+    assert load_or_build(tmp_path / "entry", lambda: dataset([5]), "test")["x"] == [5]
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert "no build lock for" in warning and "building it unlocked" in warning
+
+
 def test_temp_folders_of_killed_writers_are_removed(tmp_path):
     host = socket.gethostname()
     stale = tmp_path / f".entry.{host}.{dead_pid()}.tmp"
