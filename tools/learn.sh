@@ -24,8 +24,10 @@
 #                     lanes at once: "mate dense" and seeds "1 2" give four pairs, so LEARN_LANES=4 runs the whole
 #                     table at once. A run of the recipes leaves a GPU idle most of a step (BENCHMARKS.md), which
 #                     other runs then fill; each run's examples/s and minutes are then a shared device's (the table
-#                     says so). A lane's runs get the cores over the lanes as OMP_NUM_THREADS; a task's preprocessing
-#                     is done by one lane while the others wait for the cache
+#                     says so). A lane's runs get the cores over the lanes as OMP_NUM_THREADS (their loader workers
+#                     stay at dataset.num_workers=auto: at most 4 each); a task's preprocessing is done by one lane
+#                     while the others wait for the cache. A signal to this script stops every lane's run (TERM: it
+#                     saves last.ckpt) and starts no other
 #   LEARN_INIT        tasks that start from another task's run, as TAPAS fine-tunes WikiTQ from its SQA
 #                     model: "wtq=sqa" starts each wtq run from the weights of the sqa run of the same
 #                     attention and seed (init_from=; the heads' tensors that fit load too), once that
@@ -113,11 +115,15 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
   echo "learn: $name: exit $rc${resume:+ (resumed)} ($out/$name.log)"
   return "$rc"
 }
-pairs=()  # each attention and seed, seeds outermost; a pair's tasks run in order, so LEARN_INIT's sources come first
+pairs=()  # each attention and seed with a run to do, seeds outermost; a pair's tasks run in order (LEARN_INIT)
 for seed in ${LEARN_SEEDS:-1 2}; do
-  for attention in ${LEARN_ATTENTIONS:-mate dense}; do pairs+=("$attention $seed"); done
+  for attention in ${LEARN_ATTENTIONS:-mate dense}; do
+    for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
+      if [ ! -f "$out/${task}_${attention}_s$seed/metrics.json" ]; then pairs+=("$attention $seed"); break; fi
+    done
+  done
 done
-sharing=$(( lanes < ${#pairs[@]} ? lanes : ${#pairs[@]} ))
+sharing=$(( lanes < ${#pairs[@]} ? lanes : ${#pairs[@]} ))  # the runs at a time, at most
 lane() {  # lane $1 of $sharing: pairs $1, $1 + sharing, ...; fails if one of its runs did
   local i pair failed=0 task
   for (( i = $1; i < ${#pairs[@]}; i += sharing )); do
@@ -134,11 +140,18 @@ if [ "$sharing" -le 1 ]; then
   done
 else
   lane_pids=()
+  stop_lanes() {  # a signal to this script: each lane's run gets TERM (it saves last.ckpt), and no lane starts another
+    local pid
+    for pid in "${lane_pids[@]}"; do pkill -TERM -P "$pid"; kill -TERM "$pid"; done 2>/dev/null
+    exit 143
+  }
+  trap stop_lanes TERM INT HUP
   for (( l = 0; l < sharing; l++ )); do
     OMP_NUM_THREADS=$(( $(nproc) / sharing > 0 ? $(nproc) / sharing : 1 )) lane "$l" &
     lane_pids+=("$!")
   done
   for pid in "${lane_pids[@]}"; do wait "$pid" || status=1; done
+  trap - TERM INT HUP
 fi
 "$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1
 ( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read settings.txt ./*.log ./*.seconds ./*/metrics.json \
