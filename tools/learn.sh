@@ -20,9 +20,9 @@
 #   LEARN_HARDWARE    gpu (default) or cpu
 #   LEARN_ARGS        more overrides for every run, after the recipe's (split on spaces)
 #   LEARN_LANES       runs at a time on the one device (default 1). With more, each lane trains an attention and
-#                     seed's tasks in order (then the next pair: lane l takes pairs l, l + LEARN_LANES, ...), all
-#                     lanes at once: "mate dense" and seeds "1 2" give four pairs, so LEARN_LANES=4 runs the whole
-#                     table at once. A run of the recipes leaves a GPU idle most of a step (BENCHMARKS.md), which
+#                     seed's tasks in order, then its next pair (of the pairs with a run left to do, lane l takes
+#                     the l-th, the (l + LEARN_LANES)-th, ...), all lanes at once: "mate dense" and seeds "1 2"
+#                     give four pairs, so LEARN_LANES=4 runs the whole table at once. A run of the recipes leaves a GPU idle most of a step (BENCHMARKS.md), which
 #                     other runs then fill; each run's examples/s and minutes are then a shared device's (the table
 #                     says so). A lane's runs get the cores over the lanes as OMP_NUM_THREADS (their loader workers
 #                     stay at dataset.num_workers=auto: at most 4 each); a task's preprocessing is done by one lane
