@@ -45,6 +45,21 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def closed_in_forked_children(handles: dict | set) -> dict | set:
+    """``handles``, the open lock files (a dict's values or a set's members) an ``flock`` of this process's is held on,
+    registered so that a forked child (a loader or preprocessing worker) closes its copies and forgets them: the
+    parent's lock stands, and once the parent dies (``kill -9`` too) the lock is free whatever its workers still do."""
+
+    def forget() -> None:
+        for handle in handles.values() if isinstance(handles, dict) else handles:
+            with contextlib.suppress(OSError):
+                handle.close()
+        handles.clear()
+
+    os.register_at_fork(after_in_child=forget)
+    return handles
+
+
 def is_stale_temp(path: Path) -> bool:
     """Whether ``path`` is mate's temp file of a gone writer on this host (a user's ``.notes.tmp`` never is)."""
     match = _TEMP.match(path.name)

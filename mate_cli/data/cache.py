@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 import datasets
 
 from mate_cli.errors import MateError
-from mate_cli.io import pid_alive, write_failure, writable
+from mate_cli.io import closed_in_forked_children, pid_alive, write_failure, writable
 
 log = logging.getLogger(__name__)
 
@@ -149,17 +149,7 @@ _READ_ONLY_WARNED: set[Path] = set()
 
 
 #: the build locks this process holds, open (a forked preprocessing worker closes its copies)
-_BUILDING: set = set()
-
-
-def _forget_in_child() -> None:
-    for handle in _BUILDING:
-        with contextlib.suppress(OSError):
-            handle.close()
-    _BUILDING.clear()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+_BUILDING: set = closed_in_forked_children(set())
 
 
 @contextlib.contextmanager

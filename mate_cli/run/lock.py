@@ -5,7 +5,6 @@ removes dead mate writers' temp files (:func:`mate_cli.io.is_stale_temp`), nothi
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
@@ -14,26 +13,14 @@ import time
 from pathlib import Path
 
 from mate_cli.errors import MateError
-from mate_cli.io import is_stale_temp
+from mate_cli.io import closed_in_forked_children, is_stale_temp
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".mate.lock"
 
-#: the lock files this process holds, open (closing one would release its lock)
-_HELD: dict[Path, object] = {}
-
-
-def _forget_in_child() -> None:
-    """A forked child (a loader or preprocessing worker) closes its copies of the lock files (the parent's lock stands),
-    so a killed parent's run dir is free again whatever its workers still do."""
-    for handle in _HELD.values():
-        with contextlib.suppress(OSError):
-            handle.close()
-    _HELD.clear()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+#: the lock files this process holds, open (closing one would release its lock); a forked child closes its copies
+_HELD: dict[Path, object] = closed_in_forked_children({})
 
 
 def is_ddp_child() -> bool:

@@ -73,6 +73,39 @@ def test_an_entry_whose_lock_cannot_be_had_is_built_unlocked_with_one_warning(tm
     assert "no build lock for" in warning and "building it unlocked" in warning
 
 
+_BUILD_THEN_DIE = """
+import os, sys, time
+from pathlib import Path
+from mate_cli.data.cache import build_lock
+with build_lock(Path(sys.argv[1])):
+    if os.fork() == 0:  # a preprocessing worker, still running when its parent is killed
+        time.sleep(60)
+        os._exit(0)
+    print("building", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_killed_builders_forked_worker_does_not_keep_the_build_lock(tmp_path):
+    """A builder killed with ``kill -9`` while its forked worker runs on: the next run may build the entry at once."""
+    import fcntl
+    import signal
+
+    builder = subprocess.Popen([sys.executable, "-c", _BUILD_THEN_DIE, str(tmp_path / "entry")], stdout=subprocess.PIPE)
+    try:
+        assert builder.stdout.readline() == b"building\n"
+        with open(tmp_path / ".entry.lock", "rb") as lock:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while the builder lives
+            builder.send_signal(signal.SIGKILL)
+            builder.wait(60)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the worker, alive, holds no copy of it
+    finally:
+        builder.kill()
+        builder.wait(60)
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / "entry")], check=False)
+
+
 def test_temp_folders_of_killed_writers_are_removed(tmp_path):
     host = socket.gethostname()
     stale = tmp_path / f".entry.{host}.{dead_pid()}.tmp"
