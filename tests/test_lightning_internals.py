@@ -1,6 +1,6 @@
 """The Lightning internals exact resumption and the sync-free training step read
-(:mod:`mate_cli.lit_modules.lightning_internals`), on a real Trainer: each test fails when an installed
-Lightning moves one of them."""
+(:mod:`mate_cli.lit_modules.lightning_internals`), and the Rich bar's method mate's bar overrides, on a real Trainer:
+each test fails when an installed Lightning moves one of them."""
 
 from __future__ import annotations
 
@@ -129,3 +129,20 @@ def test_a_run_resumed_with_more_steps_goes_on_in_its_epoch_at_the_new_schedules
 
     fit_steps(2)
     assert fit_steps(4, tmp_path / "2.ckpt") == fit_steps(4)[2:] == [(2, 0, 0.1 * 0.5), (3, 0, 0.1 * 0.25)]
+
+
+def test_the_rich_bar_of_a_run_bounded_by_steps_names_the_epoch_without_a_negative_last_one(tmp_path):
+    """mate's bar overrides the Rich bar's training description: Lightning's own reads "Epoch 1/-2" at max_epochs=-1."""
+    from mate_cli.lit_modules.progress_log import RichProgressBar
+
+    def descriptions(max_epochs: int) -> list:
+        bar, shown = RichProgressBar(), []
+        on_step = L.Callback()
+        on_step.on_train_batch_end = lambda *_: shown.append([task.description.strip() for task in bar.progress.tasks])
+        trainer = L.Trainer(default_root_dir=tmp_path, max_epochs=max_epochs, max_steps=3, logger=False,
+                            enable_checkpointing=False, enable_model_summary=False, callbacks=[bar, on_step])  # fmt: skip
+        trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
+        return shown
+
+    assert descriptions(-1) == [["Epoch 0"], ["Epoch 0"], ["Epoch 1"]]
+    assert descriptions(5) == [["Epoch 0/4"], ["Epoch 0/4"], ["Epoch 1/4"]]  # a bounded run's as Lightning's

@@ -110,7 +110,8 @@ class ProgressLog(L.Callback):
 
 class RichProgressBar(_RichProgressBar):
     """Lightning's Rich progress bar, with the training loss (``train/loss``, logged without ``prog_bar``) updated on
-    the steps that log instead of after every step, where reading it would make the host wait for the GPU."""
+    the steps that log instead of after every step, where reading it would make the host wait for the GPU; a run
+    bounded by steps alone (``trainer.max_epochs=-1``) shows "Epoch 3", not Lightning's "Epoch 3/-2"."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -123,6 +124,11 @@ class RichProgressBar(_RichProgressBar):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         finally:
             self._in_step = False
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        if (epochs := self.trainer.max_epochs) is None or epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        return f"Epoch {current_epoch}".ljust(len(self.validation_description))  # padded as Lightning's: no flicker
 
     def get_metrics(self, trainer, pl_module) -> dict:
         if self._in_step and not is_log_step(trainer) and self._shown:
