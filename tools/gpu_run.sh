@@ -30,18 +30,22 @@
 #     e2e_graphs (480) the same for TabFact and WikiTQ padded to their full length (one batch shape) with the
 #                     layer stack compiled in reduce-overhead mode (CUDA graphs)
 #     learn     (540) the table tasks learned, MATE against dense (tools/learn.sh; the releases too), four runs
-#                     at a time (LEARN_LANES=4: both attentions and both seeds side by side): runs in
+#                     at a time (LEARN_LANES=4), first seed first; its runs' budget is the step's limit less 50 s
+#                     (LEARN_BUDGET), which leaves time to stop the last runs and write the table: runs in
 #                     outputs/learn, which a warm machine keeps, so the next call resumes what the budget cut;
-#                     learn.md and learn_runs.tar.gz copied into $GPU_OUT
+#                     learn.md and learn_runs.tar.gz copied into $GPU_OUT after the step, even one its limit ended
 # The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets e2e_graphs" (e2e took
 # 305 s on an H200, preprocessing on its 16 cores included; the others reuse its caches, within their limits; e2e_graphs
 # about 430 s, most of it compiling). E2E_TASKS narrows the e2e_* steps to some tasks, e.g. E2E_TASKS=tabfact.
 # About 25 minutes at most with every other step; for a shorter run choose steps, e.g.
-# GPU_STEPS="kernel split encoder tests host_sync" (9 minutes at most, and the install). GPU_LIMIT_<STEP>=<seconds> changes one limit. Everything lands in
+# GPU_STEPS="kernel split encoder tests host_sync" (9 minutes at most, and the install). GPU_LIMIT_<STEP>=<seconds> changes one limit;
+# GPU_TOTAL=<seconds> bounds the whole script, the install included: each step gets at most what is left of it (a call
+# to a machine that is lent for ten minutes at a time: GPU_TOTAL=550). Everything lands in
 # $GPU_OUT (default outputs/gpu): gpu.txt, steps.txt, <step>.log and one bench run dir per grid
 # (bench.csv, bench.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+script_start=$(date +%s)
 out="${GPU_OUT:-outputs/gpu}"
 py="${PYTHON:-python3}"
 wheels="${GPU_WHEELS_DIR:-.whl}"
@@ -106,13 +110,11 @@ step_e2e_graphs() {
     PYTHON="$py" bash tools/e2e.sh
 }
 step_learn() {
-  local runs="${LEARN_OUT:-outputs/learn}"
   # four runs at a time: one run of the recipes keeps an H200 busy 15-21 % of a step (BENCHMARKS.md)
-  LEARN_OUT="$runs" LEARN_DATA="${LEARN_DATA:-${E2E_DATA:-}}" LEARN_LANES="${LEARN_LANES:-4}" PYTHON="$py" bash tools/learn.sh
-  local rc=$?
-  cp "$runs/learn.md" "$runs/learn_runs.tar.gz" "$out/" 2>/dev/null
-  return "$rc"
+  LEARN_OUT="${LEARN_OUT:-outputs/learn}" LEARN_DATA="${LEARN_DATA:-${E2E_DATA:-}}" LEARN_LANES="${LEARN_LANES:-4}" \
+    LEARN_BUDGET="${LEARN_BUDGET:-$(( GPU_STEP_LIMIT - 50 ))}" PYTHON="$py" bash tools/learn.sh
 }
+after_learn() { cp "${LEARN_OUT:-outputs/learn}"/{learn.md,learn_runs.tar.gz} "$out/" 2>/dev/null; }
 step_auto() {
   local dtype
   for dtype in float32 float16; do
@@ -129,19 +131,27 @@ step_auto() {
 
 declare -A limit=([kernel]=150 [split]=90 [tiles]=90 [tests]=150 [encoder]=100 [host_sync]=45 [profile]=45 [train]=90 [fp32]=60 [others]=120
                   [anchors]=120 [auto]=420 [e2e]=420 [e2e_buckets]=200 [e2e_pad]=200 [e2e_graphs]=480 [learn]=540)
-start=$(date +%s)
 status=0
 : >"$out/steps.txt"
 for step in $steps; do
   var="GPU_LIMIT_${step^^}"
   seconds="${!var:-${limit[$step]:-600}}"
-  export -f mate kernel_grid encoder_grid "step_$step"
-  export py out lengths
   began=$(date +%s)
+  if [ -n "${GPU_TOTAL:-}" ] && (( script_start + GPU_TOTAL - 10 - began < seconds )); then  # 10: the step's KILL
+    seconds=$(( script_start + GPU_TOTAL - 10 - began ))
+    if (( seconds < 30 )); then
+      echo "$step: not run (GPU_TOTAL=$GPU_TOTAL s spent; $(( began - script_start )) s in all)" | tee -a "$out/steps.txt"
+      status=1
+      continue
+    fi
+  fi
+  export -f mate kernel_grid encoder_grid "step_$step"
+  export py out lengths GPU_STEP_LIMIT="$seconds"
   timeout -k 10 "$seconds" bash -c "step_$step" >"$out/$step.log" 2>&1  # -k: a hung CUDA process is killed too
   rc=$?
+  if declare -F "after_$step" >/dev/null; then "after_$step"; fi  # outside the limit: what the step leaves, copied
   [ "$rc" = 0 ] || status=1
   now=$(date +%s)
-  echo "$step: exit $rc in $(( now - began )) s (limit $seconds s; $(( now - start )) s in all)" | tee -a "$out/steps.txt"
+  echo "$step: exit $rc in $(( now - began )) s (limit $seconds s; $(( now - script_start )) s in all)" | tee -a "$out/steps.txt"
 done
 exit "$status"

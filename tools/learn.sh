@@ -15,23 +15,26 @@
 #                     where dense attention pays more than MATE
 #   LEARN_ATTENTIONS  default "mate dense"
 #   LEARN_SEEDS       default "1 2"
-#   LEARN_BUDGET      seconds for all the runs (default 480: with the install, one call of under ten
-#                     minutes); a run starts only with 60 left
+#   LEARN_BUDGET      seconds for all the runs (default 480); a run starts only with 60 left, and one still running
+#                     at the end gets TERM (it saves last.ckpt), then 30 s later KILL; the table and the pack
+#                     take seconds more. tools/gpu_run.sh sets it from its own time limit
 #   LEARN_HARDWARE    gpu (default) or cpu
 #   LEARN_ARGS        more overrides for every run, after the recipe's (split on spaces)
-#   LEARN_LANES       runs at a time on the one device (default 1). With more, each lane trains an attention and
-#                     seed's tasks in order, then its next pair (of the pairs with a run left to do, lane l takes
-#                     the l-th, the (l + LEARN_LANES)-th, ...), all lanes at once: "mate dense" and seeds "1 2"
-#                     give four pairs, so LEARN_LANES=4 runs the whole table at once. A run of the recipes leaves a GPU idle most of a step (BENCHMARKS.md), which
-#                     other runs then fill; each run's examples/s and minutes are then a shared device's (the table
-#                     says so). A lane's runs get the cores over the lanes as OMP_NUM_THREADS (their loader workers
-#                     stay at dataset.num_workers=auto: at most 4 each); a task's preprocessing is done by one lane
-#                     while the others wait for the cache. A signal to this script stops every lane's run (TERM: it
-#                     saves last.ckpt) and starts no other
+#   LEARN_LANES       runs at a time on the one device (default 1). Each lane takes the next run to do, in the order
+#                     seeds, tasks (as listed), attentions, so that a short budget ends with whole comparisons: every
+#                     task's MATE and dense runs of the first seed before any of the second. A run of the recipes
+#                     leaves a GPU idle most of a step (BENCHMARKS.md), which other runs then fill; each run's
+#                     examples/s and minutes are then a shared device's (the table says so). The lanes' runs share the
+#                     cores as OMP_NUM_THREADS (their loader workers stay at dataset.num_workers=auto: at most 4
+#                     each); a task's preprocessing is done by one run while the others wait for the cache. The
+#                     baselines run beside the first runs. A signal to this script (Ctrl-C, a time limit's TERM to
+#                     its process group) passes TERM on to each run (it saves last.ckpt), starts no other, writes
+#                     the table and the pack, and exits 143
 #   LEARN_INIT        tasks that start from another task's run, as TAPAS fine-tunes WikiTQ from its SQA
 #                     model: "wtq=sqa" starts each wtq run from the weights of the sqa run of the same
-#                     attention and seed (init_from=; the heads' tensors that fit load too), once that
-#                     run is complete; until then it is not started (list the source task first)
+#                     attention and seed (init_from=; the heads' tensors that fit load too), once that run is
+#                     complete: a lane that would take it while that run trains takes another, or waits; a source
+#                     that is not complete at its turn (cut, failed, not in LEARN_TASKS) leaves it not started
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
 # runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
@@ -77,17 +80,49 @@ init_source() {  # the task whose run this task starts from (LEARN_INIT), or not
 }
 start=$(date +%s)
 status=0
-for task in $(for t in ${LEARN_TASKS:-sqa wtq tabfact}; do base_task "$t"; done | sort -u); do  # baselines: seconds
-  [ -f "$out/baseline_$task/metrics.json" ] && continue
-  task_data "$task"
-  "$py" -m mate_cli.cli baseline "${targs[@]}" "hydra.run.dir=$out/baseline_$task" >"$out/baseline_$task.log" 2>&1 ||
-    status=1
+grace=30  # seconds a run has, after the budget's TERM, to save last.ckpt, before KILL
+claims="$out/.claims"  # this call's: a job's claim (a lane took it), <job>.ended once its run is over, STOP at a signal
+rm -rf "$claims" && mkdir -p "$claims"
+jobs=()  # "task attention seed" in the order lanes take them: seeds outermost, then the tasks as listed
+for seed in ${LEARN_SEEDS:-1 2}; do
+  for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
+    for attention in ${LEARN_ATTENTIONS:-mate dense}; do
+      [ -f "$out/${task}_${attention}_s$seed/metrics.json" ] || jobs+=("$task $attention $seed")
+    done
+  done
 done
+sharing=$(( lanes < ${#jobs[@]} ? lanes : ${#jobs[@]} ))  # the runs at a time, at most
+child=  # the command a lane or the baselines wait for
+waited() {  # "$@" in the background, waited for: a signal meanwhile runs this shell's trap (pass_on), then waits on
+  local rc
+  "$@" &
+  child=$!
+  wait "$child"
+  rc=$?
+  while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done  # a signal ended the wait, not the command
+  child=
+  return "$rc"
+}
+pass_on() {  # a lane's or the baselines' trap: TERM, once, to the command it waits for (a run saves last.ckpt)
+  touch "$claims/STOP"
+  [ -n "$child" ] && [ -z "${passed:-}" ] && passed=1 && kill -TERM "$child" 2>/dev/null
+  return 0
+}
+baselines() {  # seconds each, on the host only: beside the first runs
+  local task failed=0 targs=()
+  trap pass_on TERM INT HUP
+  for task in $(for t in ${LEARN_TASKS:-sqa wtq tabfact}; do base_task "$t"; done | sort -u); do
+    [ -f "$out/baseline_$task/metrics.json" ] || [ -e "$claims/STOP" ] && continue
+    task_data "$task"
+    waited timeout -k 10 300 "$py" -m mate_cli.cli baseline "${targs[@]}" "hydra.run.dir=$out/baseline_$task" \
+      >"$out/baseline_$task.log" 2>&1 || failed=1
+  done
+  return "$failed"
+}
 train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what is left of the budget
   local task=$1 attention=$2 seed=$3 name run left from_task began rc init=() resume=() targs=()
   name="${task}_${attention}_s$seed"
   run="$out/$name"
-  [ -f "$run/metrics.json" ] && return 0  # complete
   left=$(( budget - ($(date +%s) - start) ))
   if [ "$left" -lt 60 ]; then echo "learn: $name: not started (budget spent)"; return 0; fi
   from_task=$(init_source "$task")
@@ -101,59 +136,83 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
   [ -f "$run/checkpoints/last.ckpt" ] && resume=("ckpt_path=$run")
   began=$(date +%s)
   task_data "$task"
-  # the budget's TERM ends the run at the end of a batch, last.ckpt saved; KILL 45 s later if it has not
-  timeout -s TERM -k 45 "$left" "$py" -m mate_cli.cli train experiment="$(base_task "$task")_mate" \
+  # the budget's TERM ends the run at the end of a batch, last.ckpt saved; KILL $grace s later if it has not
+  waited timeout -s TERM -k "$grace" "$left" "$py" -m mate_cli.cli train experiment="$(base_task "$task")_mate" \
     attention="$attention" profile="$(base_task "$task")_gpu" hardware="${LEARN_HARDWARE:-gpu}" "${targs[@]}" \
     seed="$seed" logger=csv "${extra[@]}" "${init[@]}" "${resume[@]}" "hydra.run.dir=$run" >>"$out/$name.log" 2>&1
   rc=$?
   # the wall time of each call, summed in the table, and how many lanes shared the device at most meanwhile
   echo "$(( $(date +%s) - began )) $sharing" >>"$out/$name.seconds"
-  if [ "$rc" = 124 ]; then
+  if [ -e "$claims/STOP" ] && [ "$rc" != 0 ]; then
+    echo "learn: $name: stopped by a signal (exit $rc); the next call resumes it ($out/$name.log)"
+    return 0
+  fi
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then  # 137: it needed the KILL
     echo "learn: $name: cut by the budget${resume:+ (resumed)}; the next call resumes it ($out/$name.log)"
     return 0
   fi
   echo "learn: $name: exit $rc${resume:+ (resumed)} ($out/$name.log)"
   return "$rc"
 }
-pairs=()  # each attention and seed with a run to do, seeds outermost; a pair's tasks run in order (LEARN_INIT)
-for seed in ${LEARN_SEEDS:-1 2}; do
-  for attention in ${LEARN_ATTENTIONS:-mate dense}; do
-    for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
-      if [ ! -f "$out/${task}_${attention}_s$seed/metrics.json" ]; then pairs+=("$attention $seed"); break; fi
-    done
+in_jobs() { local job; for job in "${jobs[@]}"; do [ "$job" = "$*" ] && return 0; done; return 1; }
+claim() {  # prints the next job for a lane (in a subshell, under a lock): the first one not claimed whose LEARN_INIT
+  # source is complete or not in this call; "wait" while the rest wait for a source a lane is training; fails at the end
+  local job task attention seed from waiting=0 first=
+  exec 9>"$claims/lock" && flock 9
+  [ -e "$claims/STOP" ] && return 1
+  for job in "${jobs[@]}"; do
+    read -r task attention seed <<<"$job"
+    [ -e "$claims/${task}_${attention}_s$seed" ] && continue
+    from=$(init_source "$task")
+    if [ -n "$from" ] && in_jobs "$from $attention $seed" && [ ! -e "$claims/${from}_${attention}_s$seed.ended" ]; then
+      [ -e "$claims/${from}_${attention}_s$seed" ] && waiting=1  # its source is running; else a lane takes it first
+      first="${first:-$job}"
+      continue
+    fi
+    touch "$claims/${task}_${attention}_s$seed" && echo "$job" && return 0
   done
-done
-sharing=$(( lanes < ${#pairs[@]} ? lanes : ${#pairs[@]} ))  # the runs at a time, at most
-lane() {  # lane $1 of $sharing: pairs $1, $1 + sharing, ...; fails if one of its runs did
-  local i pair failed=0 task
-  for (( i = $1; i < ${#pairs[@]}; i += sharing )); do
-    read -r -a pair <<<"${pairs[$i]}"
-    for task in ${LEARN_TASKS:-sqa wtq tabfact}; do train "$task" "${pair[0]}" "${pair[1]}" || failed=1; done
+  if [ "$waiting" = 1 ]; then echo wait; return 0; fi
+  [ -n "$first" ] || return 1
+  read -r task attention seed <<<"$first"  # sources that start from each other (LEARN_INIT in a circle): train says so
+  touch "$claims/${task}_${attention}_s$seed" && echo "$first"
+}
+lane() {  # takes jobs until none is left; fails if one of its runs did
+  local job failed=0
+  trap pass_on TERM INT HUP
+  while job=$(claim); do
+    if [ "$job" = wait ]; then sleep 2; continue; fi
+    read -r -a job <<<"$job"
+    train "${job[@]}" || failed=1
+    touch "$claims/${job[0]}_${job[1]}_s${job[2]}.ended"
   done
   return "$failed"
 }
-if [ "$sharing" -le 1 ]; then
-  for seed in ${LEARN_SEEDS:-1 2}; do  # one run at a time: every task and attention gets its first seed first
-    for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
-      for attention in ${LEARN_ATTENTIONS:-mate dense}; do train "$task" "$attention" "$seed" || status=1; done
-    done
-  done
-else
-  lane_pids=()
-  stop_lanes() {  # a signal to this script: each lane's run gets TERM (it saves last.ckpt), and no lane starts another
-    local pid
-    for pid in "${lane_pids[@]}"; do pkill -TERM -P "$pid"; kill -TERM "$pid"; done 2>/dev/null
-    exit 143
-  }
-  trap stop_lanes TERM INT HUP
-  for (( l = 0; l < sharing; l++ )); do
-    OMP_NUM_THREADS=$(( $(nproc) / sharing > 0 ? $(nproc) / sharing : 1 )) lane "$l" &
-    lane_pids+=("$!")
-  done
-  for pid in "${lane_pids[@]}"; do wait "$pid" || status=1; done
-  trap - TERM INT HUP
-fi
+pids=()
+stopped=0
+stop() {  # a signal to this script (Ctrl-C, a time limit): each lane passes TERM on to its run (which saves
+  # last.ckpt) and starts no other; the table and the pack are still written
+  touch "$claims/STOP"
+  kill -TERM "${pids[@]}" 2>/dev/null
+  stopped=143
+}
+trap stop TERM INT HUP
+cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which follows OMP_NUM_THREADS
+baselines &
+pids+=("$!")
+for (( l = 0; l < sharing; l++ )); do
+  OMP_NUM_THREADS=$(( cores / sharing > 0 ? cores / sharing : 1 )) lane &
+  pids+=("$!")
+done
+for pid in "${pids[@]}"; do
+  wait "$pid"
+  rc=$?
+  while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done  # a signal ended the wait
+  [ "$rc" = 0 ] || status=1
+done
+trap - TERM INT HUP
 "$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1
 ( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read settings.txt ./*.log ./*.seconds ./*/metrics.json \
-    ./*/csv/metrics.csv ./*/resolved_config.yaml 2>/dev/null )
+    ./*/csv/metrics.csv ./*/resolved_config.yaml ./*/FAILED 2>/dev/null )
+rm -rf "$claims"
+[ "$stopped" = 0 ] || exit "$stopped"
 exit "$status"

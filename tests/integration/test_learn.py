@@ -1,8 +1,9 @@
 """tools/learn.sh, the GPU's learning runs, on the CPU: every table task's recipe for a few steps on its bundled
 sample, the trivial baselines, the table and the pack; a run without metrics.json (what a budget's SIGTERM leaves)
 is resumed from its last.ckpt by the next call; a task chained to another (LEARN_INIT) waits for that run, then starts
-from its weights; two lanes (LEARN_LANES) train MATE and dense at the same time. The script and its `mate` processes
-are the point."""
+from its weights; two lanes (LEARN_LANES) train MATE and dense at the same time, and a time limit's TERM to the
+script's process group stops both runs with their last.ckpt and still writes the table. The script and its `mate`
+processes are the point."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import csv
 import json
 import os
 import re
-import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 
 from tests.helpers import REPO_ROOT
 
@@ -22,24 +24,40 @@ TINY = ("trainer.max_steps=2 trainer.val_check_interval=2 trainer.check_val_ever
 
 
 def learn(
-    out, tasks: str, args: str = TINY, status: int = 0, init: str = "wtq1024=sqa", attentions="mate", lanes="1"
+    out,
+    tasks: str,
+    args: str = TINY,
+    status: int = 0,
+    init: str = "wtq1024=sqa",
+    attentions="mate",
+    lanes="1",
+    seeds="1",
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable, "LEARN_OUT": str(out), "LEARN_HARDWARE": "cpu", "LEARN_SEEDS": "1",
-           "LEARN_TASKS": tasks, "LEARN_ATTENTIONS": attentions, "LEARN_ARGS": f"{args} dataset.cache_dir={out / 'cache'}",
-           "LEARN_INIT": init, "LEARN_LANES": lanes}  # fmt: skip
     done = subprocess.run(
-        ["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+        ["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=settings(out, tasks, args, init, attentions, lanes, seeds),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
     assert done.returncode == status, done.stdout[-3000:] + done.stderr[-3000:]
     return done
+
+
+def settings(out, tasks: str, args: str, init: str, attentions: str, lanes: str, seeds: str) -> dict:
+    return {**os.environ, "PYTHON": sys.executable, "LEARN_OUT": str(out), "LEARN_HARDWARE": "cpu", "LEARN_SEEDS": seeds,
+            "LEARN_TASKS": tasks, "LEARN_ATTENTIONS": attentions, "LEARN_ARGS": f"{args} dataset.cache_dir={out / 'cache'}",
+            "LEARN_INIT": init, "LEARN_LANES": lanes}  # fmt: skip
 
 
 def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_run_and_chains_one(tmp_path):
     """Over 20 s: six short `mate train` processes (two side by side) and three `mate baseline` ones."""
     out = tmp_path / "learn"
-    first = learn(out, "wtq1024 sqa tabfact")  # wtq1024 starts from sqa's run, which this call has not made yet
-    assert "learn: wtq1024_mate_s1: not started (waits for sqa_mate_s1 to complete)" in first.stdout, first.stdout
-    assert not (out / "wtq1024_mate_s1").exists()
+    first = learn(out, "wtq1024 sqa tabfact")  # wtq1024 starts from sqa's run: taken once that is complete
+    lines = first.stdout.splitlines()
+    assert lines.index("learn: sqa_mate_s1: exit 0 (" + str(out / "sqa_mate_s1.log") + ")") < next(
+        number for number, line in enumerate(lines) if line.startswith("learn: wtq1024_mate_s1: exit 0")
+    ), first.stdout
+    waits = learn(out, "wtq1024", seeds="2")  # its source is not in this call: nothing to wait for
+    assert "learn: wtq1024_mate_s2: not started (waits for sqa_mate_s2 to complete)" in waits.stdout, waits.stdout
+    assert not (out / "wtq1024_mate_s2").exists()
 
     (out / "tabfact_mate_s1" / "metrics.json").unlink()  # as if the budget had ended it after a checkpoint
     again = learn(out, "sqa wtq1024 tabfact")
@@ -71,22 +89,54 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
             "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json"} <= names  # fmt: skip
     assert not any(name.endswith(".ckpt") for name in names)
 
-    shutil.rmtree(out / "tabfact_mate_s1")  # trained again, beside dense's first run
-    (out / "tabfact_mate_s1.log").unlink()
-    beside = learn(out, "tabfact", attentions="mate dense", lanes="2")
-    assert "learn: tabfact_mate_s1: exit 0 (" in beside.stdout and "tabfact_dense_s1: exit 0 (" in beside.stdout
-    spans = {name: last_call_span(out / f"tabfact_{name}_s1.log") for name in ("mate", "dense")}
-    assert spans["mate"][0] < spans["dense"][1] and spans["dense"][0] < spans["mate"][1], spans  # at the same time
-    table = (out / "learn.md").read_text(encoding="utf-8")
-    dense = next(line for line in table.splitlines() if line.startswith("| tabfact | dense |"))
-    assert dense.split("|")[-2].strip().endswith("*") and "up to 2 at a time" in table, table
-
     refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings
     assert "holds runs of other settings" in refused.stderr and refused.stdout == "", refused.stderr
     bad = learn(tmp_path / "chain", "wtq", status=2, init="wtq")  # starts from whose run? refused, no folder made
     assert "LEARN_INIT: 'wtq' is no <task>=" in bad.stderr and not (tmp_path / "chain").exists()
     bad = learn(tmp_path / "lanes", "wtq", status=2, lanes="two")
     assert "LEARN_LANES: 'two' is no number" in bad.stderr and not (tmp_path / "lanes").exists()
+
+
+def test_two_lanes_train_side_by_side_and_a_time_limits_term_stops_both_with_their_checkpoints(tmp_path):
+    """MATE and dense of TabFact in two lanes; once both train, TERM to the script's process group, as `timeout`
+    sends it: each run gets one TERM and saves last.ckpt, no process is left, and the table (both runs not complete,
+    their minutes marked as a shared device's) and the pack are written; exit 143. About 40 s."""
+    out = tmp_path / "learn"
+    long = (
+        TINY.replace("max_steps=2", "max_steps=1000")
+        + " trainer.log_every_n_steps=1 callbacks.progress_log.every_n_seconds=0"
+    )
+    script = subprocess.Popen(
+        ["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=settings(out, "tabfact", long, "", "mate dense", "2", "1"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    logs = [out / f"tabfact_{attention}_s1.log" for attention in ("mate", "dense")]
+    try:
+        deadline = time.monotonic() + 300
+        while not all(log.is_file() and "progress: step" in log.read_text(encoding="utf-8") for log in logs):
+            assert script.poll() is None and time.monotonic() < deadline, [log.read_text()[-2000:] for log in logs]
+            time.sleep(1)
+        os.killpg(script.pid, signal.SIGTERM)
+        output, _ = script.communicate(timeout=180)
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+        left = subprocess.run(["pkill", "-KILL", "-f", str(out)], capture_output=True).returncode == 0
+    assert not left, "a run outlived the script"
+    assert script.returncode == 143, output[-3000:]
+    for attention in ("mate", "dense"):
+        assert f"learn: tabfact_{attention}_s1: stopped by a signal" in output, output[-3000:]
+        assert (out / f"tabfact_{attention}_s1" / "checkpoints" / "last.ckpt").is_file()
+        assert not (out / f"tabfact_{attention}_s1" / "metrics.json").exists()
+    spans = {log.name: last_call_span(log) for log in logs}
+    (mate, dense) = spans.values()
+    assert mate[0] < dense[1] and dense[0] < mate[1], spans  # at the same time
+    table = (out / "learn.md").read_text(encoding="utf-8")
+    rows = [line for line in table.splitlines() if line.startswith("| tabfact | ")]
+    assert len(rows) == 2 and all("(not complete)" in row and row.split("|")[-2].strip().endswith("*") for row in rows)
+    assert "up to 2 at a time" in table, table
+    with tarfile.open(out / "learn_runs.tar.gz") as pack:
+        assert "./tabfact_dense_s1/csv/metrics.csv" in pack.getnames()
 
 
 def last_call_span(log) -> tuple[str, str]:
