@@ -112,7 +112,8 @@ step_e2e_graphs() {
 step_learn() {
   # four runs at a time: one run of the recipes keeps an H200 busy 15-21 % of a step (BENCHMARKS.md)
   LEARN_OUT="${LEARN_OUT:-outputs/learn}" LEARN_DATA="${LEARN_DATA:-${E2E_DATA:-}}" LEARN_LANES="${LEARN_LANES:-4}" \
-    LEARN_BUDGET="${LEARN_BUDGET:-$(( GPU_STEP_LIMIT - 50 ))}" PYTHON="$py" bash tools/learn.sh
+    LEARN_BUDGET="$(( ${LEARN_BUDGET:-100000} < GPU_STEP_LIMIT - 50 ? ${LEARN_BUDGET:-100000} : GPU_STEP_LIMIT - 50 ))" \
+    PYTHON="$py" bash tools/learn.sh
 }
 after_learn() { cp "${LEARN_OUT:-outputs/learn}"/{learn.md,learn_runs.tar.gz} "$out/" 2>/dev/null; }
 step_auto() {

@@ -65,6 +65,7 @@ if [ -f "$out/settings.txt" ] && [ "$(cat "$out/settings.txt")" != "$settings" ]
   exit 2
 fi
 echo "$settings" >"$out/settings.txt"
+rm -f "$out/learn.md" "$out/learn_runs.tar.gz"  # this call's are written at its end: none, should it be killed
 base_task() { echo "${1%%[0-9]*}"; }  # wtq1024 -> wtq
 task_data() {  # into the array targs: the task's dataset config and data, the release or the bundled sample
   local task config
@@ -93,13 +94,24 @@ for seed in ${LEARN_SEEDS:-1 2}; do
 done
 sharing=$(( lanes < ${#jobs[@]} ? lanes : ${#jobs[@]} ))  # the runs at a time, at most
 child=  # the command a lane or the baselines wait for
+reap() {  # waits for background process $1 and returns its status, through any signal whose trap cut the wait short
+  local rc last
+  wait "$1"
+  rc=$?
+  while kill -0 "$1" 2>/dev/null; do wait "$1"; rc=$?; done
+  if [ "$rc" -gt 128 ]; then  # that wait's own status, or the process's: ask once more (127: it was the process's)
+    wait "$1" 2>/dev/null
+    last=$?
+    [ "$last" = 127 ] || rc=$last
+  fi
+  return "$rc"
+}
 waited() {  # "$@" in the background, waited for: a signal meanwhile runs this shell's trap (pass_on), then waits on
-  local rc
   "$@" &
   child=$!
-  wait "$child"
-  rc=$?
-  while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done  # a signal ended the wait, not the command
+  [ -e "$claims/STOP" ] && pass_on  # the signal came before there was a command to pass it on to
+  reap "$child"
+  local rc=$?
   child=
   return "$rc"
 }
@@ -109,13 +121,15 @@ pass_on() {  # a lane's or the baselines' trap: TERM, once, to the command it wa
   return 0
 }
 baselines() {  # seconds each, on the host only: beside the first runs
-  local task failed=0 targs=()
+  local task left failed=0 targs=()
   trap pass_on TERM INT HUP
   for task in $(for t in ${LEARN_TASKS:-sqa wtq tabfact}; do base_task "$t"; done | sort -u); do
     [ -f "$out/baseline_$task/metrics.json" ] || [ -e "$claims/STOP" ] && continue
+    left=$(( budget - ($(date +%s) - start) ))
+    [ "$left" -lt 10 ] && continue
     task_data "$task"
-    waited timeout -k 10 300 "$py" -m mate_cli.cli baseline "${targs[@]}" "hydra.run.dir=$out/baseline_$task" \
-      >"$out/baseline_$task.log" 2>&1 || failed=1
+    waited timeout -k 10 "$(( left < 300 ? left : 300 ))" "$py" -m mate_cli.cli baseline "${targs[@]}" \
+      "hydra.run.dir=$out/baseline_$task" >"$out/baseline_$task.log" 2>&1 || failed=1
   done
   return "$failed"
 }
@@ -123,6 +137,7 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
   local task=$1 attention=$2 seed=$3 name run left from_task began rc init=() resume=() targs=()
   name="${task}_${attention}_s$seed"
   run="$out/$name"
+  if [ -e "$claims/STOP" ]; then echo "learn: $name: not started (stopped by a signal)"; return 0; fi
   left=$(( budget - ($(date +%s) - start) ))
   if [ "$left" -lt 60 ]; then echo "learn: $name: not started (budget spent)"; return 0; fi
   from_task=$(init_source "$task")
@@ -147,7 +162,7 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
     echo "learn: $name: stopped by a signal (exit $rc); the next call resumes it ($out/$name.log)"
     return 0
   fi
-  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then  # 137: it needed the KILL
+  if [ "$rc" = 124 ] || { [ "$rc" = 137 ] && (( $(date +%s) - began >= left )); }; then  # 137: it needed the KILL
     echo "learn: $name: cut by the budget${resume:+ (resumed)}; the next call resumes it ($out/$name.log)"
     return 0
   fi
@@ -158,7 +173,7 @@ in_jobs() { local job; for job in "${jobs[@]}"; do [ "$job" = "$*" ] && return 0
 claim() {  # prints the next job for a lane (in a subshell, under a lock): the first one not claimed whose LEARN_INIT
   # source is complete or not in this call; "wait" while the rest wait for a source a lane is training; fails at the end
   local job task attention seed from waiting=0 first=
-  exec 9>"$claims/lock" && flock 9
+  exec 9>"$claims/lock" && flock 9 || { echo "learn: no lock on $claims/lock: no more runs start" >&2; return 1; }
   [ -e "$claims/STOP" ] && return 1
   for job in "${jobs[@]}"; do
     read -r task attention seed <<<"$job"
@@ -203,12 +218,7 @@ for (( l = 0; l < sharing; l++ )); do
   OMP_NUM_THREADS=$(( cores / sharing > 0 ? cores / sharing : 1 )) lane &
   pids+=("$!")
 done
-for pid in "${pids[@]}"; do
-  wait "$pid"
-  rc=$?
-  while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done  # a signal ended the wait
-  [ "$rc" = 0 ] || status=1
-done
+for pid in "${pids[@]}"; do reap "$pid" || status=1; done
 trap - TERM INT HUP
 "$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1
 ( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read settings.txt ./*.log ./*.seconds ./*/metrics.json \

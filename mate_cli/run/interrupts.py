@@ -4,7 +4,9 @@ Under SLURM, SIGUSR1 (its warning before pre-emption or the time limit) also req
 
 Inside ``trainer.fit`` the first signal only asks to stop: the batch finishes and a whole ``last.ckpt`` is saved
 (:class:`StopOnSignal`); in a validation during fit it stops at the next validation batch, unsaved. Elsewhere, and at
-a second signal, the command stops at once (every write is atomic). Workers signalled with the process group leave it
+a second signal, the command stops at once (every write is atomic). The same signal again within
+:data:`REPEAT_S` is the first one delivered twice, not a second: GNU ``timeout`` sends its TERM to the command and
+then to the command's process group, which a Python handler can see as two. Workers signalled with the process group leave it
 to the main process (:mod:`mate_cli.data.workers`)."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import lightning as L
@@ -30,8 +33,13 @@ class Interrupted(Exception):
         self.exit_code = SIGNALS.get(signum, 128 + signum)
 
 
+#: seconds within which the first signal's number again is the same request, delivered twice
+REPEAT_S = 1.0
+
+
 class _State:
     received: int | None = None  # the first signal, until the command ends
+    received_at = 0.0  # when (time.monotonic())
     training: StopOnSignal | None = None  # this command's training run, if one started
     deferring = False  # inside trainer.fit: the first signal stops at the next batch end
     pid = 0  # the process whose command this is (forked workers inherit the handler, not the command)
@@ -52,7 +60,10 @@ def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signat
     if os.getpid() != _State.pid:  # a forked worker, signalled with its process group before its own handlers are set
         return  # the main process decides
     first = _State.received is None
-    _State.received = _State.received or signum
+    if first:
+        _State.received, _State.received_at = signum, time.monotonic()
+    elif signum == _State.received and time.monotonic() - _State.received_at < REPEAT_S:
+        return  # the first one again (timeout's to the command, then to its group): not a second signal
     if first and _State.deferring:
         return  # training stops at the end of this batch, with last.ckpt saved
     raise interrupted(signum)

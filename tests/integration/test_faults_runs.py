@@ -414,6 +414,25 @@ def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):
     assert preprocess._call([1, 2]) == 2
 
 
+def test_one_signal_delivered_twice_at_once_still_lets_training_save_last_ckpt(monkeypatch):
+    """GNU ``timeout`` sends its TERM to the command and then to its process group, which the handler can see twice
+    within microseconds: inside ``trainer.fit`` that repeat must not stop the run before its batch ends and last.ckpt
+    is saved. Another signal, or the same one a second later, is a second request and stops the command at once."""
+    from mate_cli.run import interrupts
+
+    for name, value in {"pid": os.getpid(), "received": None, "received_at": 0.0, "deferring": True}.items():
+        monkeypatch.setattr(interrupts._State, name, value)
+    monkeypatch.setattr(interrupts._State, "training", None)
+    interrupts._handle(signal.SIGTERM, None)  # the first: deferred to the end of the batch
+    interrupts._handle(signal.SIGTERM, None)  # timeout's second delivery of it
+    assert interrupts.received() == signal.SIGTERM
+    with pytest.raises(interrupts.Interrupted):
+        interrupts._handle(signal.SIGINT, None)
+    monkeypatch.setattr(interrupts._State, "received_at", time.monotonic() - interrupts.REPEAT_S)
+    with pytest.raises(interrupts.Interrupted):
+        interrupts._handle(signal.SIGTERM, None)
+
+
 def test_an_error_that_is_no_users_fault_is_recorded_with_exit_status_1_and_raised(tmp_path, signal_handlers):
     """`run_task` with a bug inside the task: ``FAILED`` and the run's log say
     ``mate: failed: <type>: <message>`` (the log with exit status 1), and the traceback is
