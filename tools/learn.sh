@@ -38,7 +38,7 @@
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
 # runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
-# Exit status 0 when every run started ended or was cut by the budget (it resumes next call).
+# Exit status 0 when every run started ended or was cut by the budget (it resumes next call), 143 after a signal.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${LEARN_OUT:-outputs/learn}"
