@@ -224,6 +224,10 @@ class TableQAModule(EvaluatedTaskModule):
         """Per example: the selected cells, the aggregation, the answer (WikiTQ), and whether it is right."""
         probs = self.cell_probs(batch, out)
         selected = (probs > self.head_config.cell_classification_threshold) & batch.cell_mask
+        if self.head_config.at_least_one_cell:  # none above the threshold: the most probable cell
+            none = ~selected.any(-1) & batch.cell_mask.any(-1)
+            top = probs.masked_fill(~batch.cell_mask, -1.0).argmax(-1)
+            selected[none, top[none]] = True
         aggregation = out.aggregation_logits
         operators = aggregation.argmax(-1).tolist() if aggregation is not None else [0] * len(batch)
         rows = []

@@ -7,7 +7,8 @@ load by name. A cell is TAPAS's (row id, column id) pair, the header row and the
 Cell selection (TAPAS §3): token logits ``(w · h_t + b) / temperature``; a cell's logit is its tokens' mean; a
 column's logit is the mean over its cells of a second projection's cell means (column 0, the query, excluded unless
 ``allow_empty_column_selection``). With ``select_one_column`` the loss is ``-log P(gold column)`` plus the mean
-Bernoulli NLL of the gold column's cells, and a prediction selects only in the arg-max column.
+Bernoulli NLL of the gold column's cells, and a prediction selects only in the arg-max column. A prediction is the cells
+above ``cell_classification_threshold``; with ``at_least_one_cell`` (not TAPAS's) the most probable cell where none is.
 Aggregation (WikiTQ) classifies the pooled [CLS] over :data:`AGGREGATIONS`. With ``use_answer_as_supervision`` an
 example whose answer is not a number, or is found in the table while the operators get at most
 ``cell_selection_preference`` of the mass, learns cell selection and NONE; the other scalar answers learn
@@ -69,6 +70,8 @@ class TapasHeadConfig:
     max_num_columns: int = 32
     init_cell_selection_weights_to_zero: bool = False
     cell_classification_threshold: float = 0.5
+    #: not TAPAS's (it answers nothing then): where no cell passes the threshold, decoding selects the most probable one
+    at_least_one_cell: bool = False
     use_gumbel_for_cells: bool = False
     use_gumbel_for_aggregation: bool = False
     aggregation_supervision: str = "expected"

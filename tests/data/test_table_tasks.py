@@ -716,6 +716,27 @@ def test_decode_feeds_the_next_position(module, datamodule):
     assert marked == chosen
 
 
+def test_at_least_one_cell_answers_the_most_probable_cell_where_none_passes_the_threshold(module, datamodule):
+    """TAPAS's decoding answers nothing where no cell reaches 0.5; ``model.head.at_least_one_cell`` answers the most
+    probable cell there, and leaves a prediction with a cell above the threshold as it is."""
+    first = _sqa_batch(datamodule, "ns-129/1/0")
+    coords = [tuple(c) for c in first.cell_coords[0].tolist()]
+    unsure = torch.full(first.input_ids.shape, -10.0)
+    unsure[first.layout.cell_ids == coords.index((3, 1))] = -1.0  # the most probable cell, at 0.27
+    sure = unsure.clone()
+    sure[first.layout.cell_ids == coords.index((0, 1))] = 10.0
+
+    def decoded(logits) -> list:
+        return module.decode(first, QAOutput(logits=logits, aggregation_logits=None, loss=None))[0]["coordinates"]
+
+    assert decoded(unsure) == [] and decoded(sure) == [[0, 1]]
+    module.head_config.at_least_one_cell = True
+    try:
+        assert decoded(unsure) == [[3, 1]] and decoded(sure) == [[0, 1]]
+    finally:
+        module.head_config.at_least_one_cell = False
+
+
 def test_aggregate_answer():
     assert aggregate_answer("NONE", ["a", "b"], [nan, nan]) == ["a", "b"]
     assert aggregate_answer("COUNT", ["a", "b", "c"], [nan, 1.0, 2.0]) == ["3"]
