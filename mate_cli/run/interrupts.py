@@ -4,10 +4,10 @@ Under SLURM, SIGUSR1 (its warning before pre-emption or the time limit) also req
 
 Inside ``trainer.fit`` the first signal only asks to stop: the batch finishes and a whole ``last.ckpt`` is saved
 (:class:`StopOnSignal`); in a validation during fit it stops at the next validation batch, unsaved. Elsewhere, and at
-a second signal, the command stops at once (every write is atomic). The same signal again within
-:data:`REPEAT_S` is the first one delivered twice, not a second: GNU ``timeout`` sends its TERM to the command and
-then to the command's process group, which a Python handler can see as two. Workers signalled with the process group leave it
-to the main process (:mod:`mate_cli.data.workers`)."""
+a second signal, the command stops at once (every write is atomic). The same signal again within :data:`REPEAT_S` is
+the first one delivered twice, not a second: GNU ``timeout`` sends its TERM to the command and then to the command's
+process group, which a Python handler can see as two. Workers signalled with the process group leave it to the main
+process (:mod:`mate_cli.data.workers`)."""
 
 from __future__ import annotations
 
