@@ -34,6 +34,7 @@
 #                     (LEARN_BUDGET), which leaves time to stop the last runs and write the table: runs in
 #                     outputs/learn, which a warm machine keeps, so the next call resumes what the budget cut;
 #                     learn.md and learn_runs.tar.gz copied into $GPU_OUT after the step, even one its limit ended
+#                     (each complete SQA and WikiTQ run also scored with model.head.at_least_one_cell=true)
 # The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets e2e_graphs" (e2e took
 # 305 s on an H200, preprocessing on its 16 cores included; the others reuse its caches, within their limits; e2e_graphs
 # about 430 s, most of it compiling). E2E_TASKS narrows the e2e_* steps to some tasks, e.g. E2E_TASKS=tabfact.

@@ -3,6 +3,8 @@
 # (conf/profile/<task>_gpu.yaml) for each attention and seed, within a time budget, then the
 # table $LEARN_OUT/learn.md (python -m mate_cli.bench.learn) and the runs' small files packed
 # into $LEARN_OUT/learn_runs.tar.gz (metrics.json, the CSV learning curve, the log, the config).
+# Each complete SQA and WikiTQ run is then scored once more by `mate eval` with the other decoding,
+# model.head.at_least_one_cell=true (the most probable cell where none passes 0.5), into <run>/any_cell/.
 # A run that has no metrics.json yet resumes from its last.ckpt (ckpt_path=) when the script is
 # run again: the budget ends a run with SIGTERM, which saves last.ckpt at the end of the batch.
 # Seeds go outermost, so a short budget gives every task and attention its first seed. From the
@@ -67,6 +69,7 @@ fi
 echo "$settings" >"$out/settings.txt"
 rm -f "$out/learn.md" "$out/learn_runs.tar.gz"  # this call's are written at its end: none, should it be killed
 base_task() { echo "${1%%[0-9]*}"; }  # wtq1024 -> wtq
+cell_task() { case "$(base_task "$1")" in sqa | wtq) return 0 ;; *) return 1 ;; esac; }  # TAPAS's cell head
 task_data() {  # into the array targs: the task's dataset config and data, the release or the bundled sample
   local task config
   task=$(base_task "$1")
@@ -88,7 +91,10 @@ jobs=()  # "task attention seed" in the order lanes take them: seeds outermost, 
 for seed in ${LEARN_SEEDS:-1 2}; do
   for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
     for attention in ${LEARN_ATTENTIONS:-mate dense}; do
-      [ -f "$out/${task}_${attention}_s$seed/metrics.json" ] || jobs+=("$task $attention $seed")
+      run="$out/${task}_${attention}_s$seed"
+      if [ ! -f "$run/metrics.json" ] || { cell_task "$task" && [ ! -f "$run/any_cell/metrics.json" ]; }; then
+        jobs+=("$task $attention $seed")
+      fi
     done
   done
 done
@@ -137,6 +143,7 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
   local task=$1 attention=$2 seed=$3 name run left from_task began rc init=() resume=() targs=()
   name="${task}_${attention}_s$seed"
   run="$out/$name"
+  [ -f "$run/metrics.json" ] && return 0  # complete: its job is the other decoding (decode_again)
   if [ -e "$claims/STOP" ]; then echo "learn: $name: not started (stopped by a signal)"; return 0; fi
   left=$(( budget - ($(date +%s) - start) ))
   if [ "$left" -lt 60 ]; then echo "learn: $name: not started (budget spent)"; return 0; fi
@@ -169,6 +176,25 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
   echo "learn: $name: exit $rc${resume:+ (resumed)} ($out/$name.log)"
   return "$rc"
 }
+decode_again() {  # a complete SQA or WikiTQ run $1=task $2=attention $3=seed scored with the most probable cell
+  # where none passes 0.5 (model.head.at_least_one_cell=true; the run's own decoding is TAPAS's), into <run>/any_cell
+  local name="$1_$2_s$3" left ckpt rc
+  local run="$out/$name"
+  cell_task "$1" && [ -f "$run/metrics.json" ] && [ ! -f "$run/any_cell/metrics.json" ] || return 0
+  left=$(( budget - ($(date +%s) - start) ))
+  if [ -e "$claims/STOP" ] || [ "$left" -lt 30 ]; then
+    echo "learn: $name: not scored with at_least_one_cell ($([ -e "$claims/STOP" ] && echo "stopped by a signal" ||
+      echo "budget spent"); the next call scores it)"
+    return 0
+  fi
+  ckpt="$run/checkpoints/last.ckpt"  # the weights the run's own val/accuracy scored
+  [ -f "$ckpt" ] || ckpt="$run"
+  waited timeout -s TERM -k 10 "$left" "$py" -m mate_cli.cli eval "ckpt_path=$ckpt" hardware="${LEARN_HARDWARE:-gpu}" \
+    "overrides=['model.head.at_least_one_cell=true']" "hydra.run.dir=$run/any_cell" >>"$out/$name.log" 2>&1
+  rc=$?
+  echo "learn: $name: scored with at_least_one_cell: exit $rc ($out/$name.log)"
+  [ "$rc" = 0 ] || [ -e "$claims/STOP" ] || [ "$rc" = 124 ]
+}
 in_jobs() { local job; for job in "${jobs[@]}"; do [ "$job" = "$*" ] && return 0; done; return 1; }
 claim() {  # prints the next job for a lane (in a subshell, under a lock): the first one not claimed whose LEARN_INIT
   # source is complete or not in this call; "wait" while the rest wait for a source a lane is training; fails at the end
@@ -198,7 +224,8 @@ lane() {  # takes jobs until none is left; fails if one of its runs did
     if [ "$job" = wait ]; then sleep 2; continue; fi
     read -r -a job <<<"$job"
     train "${job[@]}" || failed=1
-    touch "$claims/${job[0]}_${job[1]}_s${job[2]}.ended"
+    touch "$claims/${job[0]}_${job[1]}_s${job[2]}.ended"  # a run that starts from it (LEARN_INIT) need not wait more
+    decode_again "${job[@]}" || failed=1
   done
   return "$failed"
 }
@@ -222,7 +249,7 @@ for pid in "${pids[@]}"; do reap "$pid" || status=1; done
 trap - TERM INT HUP
 "$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1
 ( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read settings.txt ./*.log ./*.seconds ./*/metrics.json \
-    ./*/csv/metrics.csv ./*/resolved_config.yaml ./*/FAILED 2>/dev/null )
+    ./*/csv/metrics.csv ./*/resolved_config.yaml ./*/FAILED ./*/any_cell/metrics.json 2>/dev/null )
 rm -rf "$claims"
 [ "$stopped" = 0 ] || exit "$stopped"
 exit "$status"

@@ -1,5 +1,6 @@
 """`mate eval ckpt_path=<run dir | checkpoint>`: rebuild that run (:mod:`mate_cli.run.rebuild`), evaluate ``split``, write
-``metrics.json`` and, for a table task, the predictions in the dataset's upstream answer format."""
+``metrics.json`` (with the ``overrides`` that changed the run's config, if any) and, for a table task, the predictions in
+the dataset's upstream answer format."""
 
 from __future__ import annotations
 
@@ -89,6 +90,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     metrics = first_results(results)
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics.update(ckpt_path=ckpt_path, ckpt_step=int(checkpoint.get("global_step", 0)), ckpt_sha256=digest)
+    if cfg.get("overrides"):  # what these numbers' config changed from the run's
+        metrics["overrides"] = [str(override) for override in cfg.overrides]
     if bad := non_finite_metrics(metrics):
         metrics["non_finite"] = bad
         log.warning(

@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,8 +61,11 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     assert not (out / "wtq1024_mate_s2").exists()
 
     (out / "tabfact_mate_s1" / "metrics.json").unlink()  # as if the budget had ended it after a checkpoint
+    shutil.rmtree(out / "wtq1024_mate_s1" / "any_cell")  # as if the budget had ended before its second decoding
     again = learn(out, "sqa wtq1024 tabfact")
     assert "learn: tabfact_mate_s1: exit 0 (resumed)" in again.stdout and "sqa_mate_s1" not in again.stdout
+    assert "wtq1024_mate_s1: scored with at_least_one_cell: exit 0" in again.stdout, again.stdout  # not trained again
+    assert "wtq1024_mate_s1: exit" not in again.stdout, again.stdout
     assert (out / "tabfact_mate_s1" / "metrics.json").is_file()
     assert len((out / "tabfact_mate_s1.seconds").read_text().splitlines()) == 2  # both calls' minutes count
     # nothing was left to train: the resume keeps the first call's learning curve and scores the final weights
@@ -81,12 +85,18 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     )
     top_cell = {task: rows[task].split("|")[6].strip() for task in rows}  # SQA's and WikiTQ's val/cell_top1
     assert top_cell["sqa"].startswith("1: 0.") and top_cell["wtq1024"].startswith("1: ") and top_cell["tabfact"] == "-"
+    any_cell = {task: rows[task].split("|")[7].strip() for task in rows}  # the same weights, the other decoding
+    assert any_cell["sqa"].startswith("1: ") and any_cell["wtq1024"].startswith("1: ") and any_cell["tabfact"] == "-"
+    for task in ("sqa", "wtq1024"):  # the last weights, decoded with the most probable cell where none passes 0.5
+        scored = json.loads((out / f"{task}_mate_s1" / "any_cell" / "metrics.json").read_text(encoding="utf-8"))
+        assert scored["overrides"] == ["model.head.at_least_one_cell=true"], scored
+        assert scored["ckpt_path"] == str(out / f"{task}_mate_s1" / "checkpoints" / "last.ckpt"), scored
     assert "Runs of data: the bundled samples; hardware: cpu; args: trainer.max_steps=2" in table, table
     assert "; init: wtq1024=sqa." in table, table
     with tarfile.open(out / "learn_runs.tar.gz") as pack:
         names = set(pack.getnames())
     assert {"./tabfact_mate_s1/metrics.json", "./tabfact_mate_s1/csv/metrics.csv", "./baseline_wtq/metrics.json",
-            "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json"} <= names  # fmt: skip
+            "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json", "./sqa_mate_s1/any_cell/metrics.json"} <= names  # fmt: skip
     assert not any(name.endswith(".ckpt") for name in names)
 
     refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings
