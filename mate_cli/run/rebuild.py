@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 HOW_IT_RAN = {"model.encoder.compile": False, "model.encoder.compile_mode": None}
 
 
+OURS = ("mate_cli.modeling.", "mate_cli.lit_modules.")  #: the packages whose targets may declare RECORDED_BEFORE
+
+
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
     """The config of the run that wrote ``ckpt_path`` (``../../resolved_config.yaml``) with the dotlist ``overrides``
     (checked against its keys and types) merged in, checked by :func:`mate_cli.run.targets.checked_run_config`."""
@@ -66,22 +69,26 @@ def dataset_here(cfg: DictConfig, cache_dir: str | None) -> DictConfig:
 
 
 def recorded_functions(cfg: DictConfig, config: Path) -> None:
-    """Each node whose ``_target_`` (in ``mate_cli.modeling``) declares ``RECORDED_BEFORE`` (options added after runs
-    were trained, with the value those runs had: MATE's ``global_rows``) gets that value where the run config lacks the
-    key (in place), so eval, predict and PointR compute the function the weights learned."""
+    """Each node whose ``_target_`` (in ``mate_cli.modeling`` or ``mate_cli.lit_modules``) declares ``RECORDED_BEFORE``
+    (options added after runs were trained, with the value those runs had: MATE's ``global_rows``, the table tasks'
+    ``head.at_least_one_cell``; a dotted key names a key of a sub-node the run config has) gets that value where the run
+    config lacks the key (in place), so eval, predict and PointR compute the function the weights learned, and an
+    override of such an option names a key the run config has."""
     nodes, said = [cfg], set()
     while nodes:
         node = nodes.pop()
         target = node.get("_target_")
         try:
-            ours = isinstance(target, str) and target.startswith("mate_cli.modeling.")  # built anyway: no new imports
+            ours = isinstance(target, str) and target.startswith(OURS)  # built anyway: no new imports
             recorded = getattr(get_object(target), "RECORDED_BEFORE", {}) if ours else {}
         except Exception:  # noqa: BLE001 - an unknown target: the run-target check names it
             recorded = {}
         for key, value in recorded.items():
-            if key not in node:
-                with open_dict(node):
-                    node[key] = value
+            parent_key, _, leaf = key.rpartition(".")
+            parent = OmegaConf.select(node, parent_key, default=None) if parent_key else node
+            if isinstance(parent, DictConfig) and leaf not in parent:
+                with open_dict(parent):
+                    parent[leaf] = value
                 if key not in said:
                     said.add(key)
                     log.info("%s records no %s: rebuilt with %s, its run's function", config, key, value)
