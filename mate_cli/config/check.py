@@ -244,7 +244,22 @@ def check_run_patches(tree: Mapping) -> None:
             run = read_yaml(config, "", interpolations=True)
         except MateError:  # a missing or unreadable run config: the command names it itself
             continue
+        run = with_recorded_options(run, config)
         check_dotlist(run, list(node["overrides"]), f"{node_key + '.' if node_key else ''}overrides", config)
+
+
+def with_recorded_options(run: Mapping, config: Path) -> Mapping:
+    """``run`` with the options added since it was trained, as the rebuild gives it them
+    (:func:`mate_cli.run.rebuild.recorded_functions`): an override of one names a key the rebuilt config has."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from mate_cli.run.rebuild import recorded_functions  # it checks its overrides here: imported when used
+
+    tree = OmegaConf.create(dict(run))
+    if not isinstance(tree, DictConfig):
+        return run
+    recorded_functions(tree, config, say=False)
+    return OmegaConf.to_container(tree, resolve=False)
 
 
 def check_dotlist(run: Mapping, dotlist: Sequence[str], where: str, config: Path) -> None:

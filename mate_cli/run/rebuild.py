@@ -68,12 +68,12 @@ def dataset_here(cfg: DictConfig, cache_dir: str | None) -> DictConfig:
     return dataset
 
 
-def recorded_functions(cfg: DictConfig, config: Path) -> None:
+def recorded_functions(cfg: DictConfig, config: Path, say: bool = True) -> None:
     """Each node whose ``_target_`` (in ``mate_cli.modeling`` or ``mate_cli.lit_modules``) declares ``RECORDED_BEFORE``
     (options added after runs were trained, with the value those runs had: MATE's ``global_rows``, the table tasks'
     ``head.at_least_one_cell``; a dotted key names a key of a sub-node the run config has) gets that value where the run
     config lacks the key (in place), so eval, predict and PointR compute the function the weights learned, and an
-    override of such an option names a key the run config has."""
+    override of such an option names a key the run config has. ``say``: log each option given."""
     nodes, said = [cfg], set()
     while nodes:
         node = nodes.pop()
@@ -89,7 +89,7 @@ def recorded_functions(cfg: DictConfig, config: Path) -> None:
             if isinstance(parent, DictConfig) and leaf not in parent:
                 with open_dict(parent):
                     parent[leaf] = value
-                if key not in said:
+                if say and key not in said:
                     said.add(key)
                     log.info("%s records no %s: rebuilt with %s, its run's function", config, key, value)
         nodes.extend(v for _, v in node.items_ex(resolve=False) if isinstance(v, DictConfig))

@@ -300,12 +300,18 @@ def test_a_rebuilt_run_does_not_compile_unless_its_overrides_say_so(tmp_path):
 def test_a_run_from_before_the_other_decoding_is_rebuilt_with_tapas_and_may_be_scored_with_it(tmp_path):
     """``model.head.at_least_one_cell`` came after runs were trained: their configs lack it. Rebuilt, such a run decodes
     as it was validated (TAPAS: the cells above 0.5), and an override may still ask for the other decoding."""
+    from mate_cli.config.check import check_run_patches
     from mate_cli.run.rebuild import load_run_config
 
     text = f"seed: 1\nmodel:\n  _target_: {MODULES['table']}\n  task: sqa\n  head:\n    temperature: 1.0\n"
     ckpt = tiny_run(tmp_path.resolve(), text)
     assert load_run_config(ckpt).model.head.at_least_one_cell is False
-    asked = load_run_config(ckpt, ["model.head.at_least_one_cell=true"])
-    assert asked.model.head.at_least_one_cell is True and asked.model.head.temperature == 1.0
-    with pytest.raises(MateError, match="model.head.at_least_one_cel=true"):  # a misspelt key is still refused
-        load_run_config(ckpt, ["model.head.at_least_one_cel=true"])
+    asked = ["model.head.at_least_one_cell=true"]
+    check_run_patches({"ckpt_path": str(ckpt), "overrides": asked})  # `mate eval`'s check of its command line
+    rebuilt = load_run_config(ckpt, asked)
+    assert rebuilt.model.head.at_least_one_cell is True and rebuilt.model.head.temperature == 1.0
+    misspelt = ["model.head.at_least_one_cel=true"]  # still refused, by both
+    with pytest.raises(MateError, match="model.head.at_least_one_cel=true"):
+        check_run_patches({"ckpt_path": str(ckpt), "overrides": misspelt})
+    with pytest.raises(MateError, match="model.head.at_least_one_cel=true"):
+        load_run_config(ckpt, misspelt)
