@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from mate_cli.config.recorded import add_recorded_options
 from mate_cli.config.hydra_args import COMPLETION_FLAGS, CONFIG_CHOICE_FLAGS, HELP_FLAGS, INFO_FLAGS, hydra_quote
 from mate_cli.config.schema import ABSENT, TRAINER_RESERVED, key_type, lookup, trainer_argument, trainer_problem
 from mate_cli.config.schema import type_problem, unknown_key
@@ -244,22 +245,22 @@ def check_run_patches(tree: Mapping) -> None:
             run = read_yaml(config, "", interpolations=True)
         except MateError:  # a missing or unreadable run config: the command names it itself
             continue
-        run = with_recorded_options(run, config)
+        run = with_recorded_options(run)
         check_dotlist(run, list(node["overrides"]), f"{node_key + '.' if node_key else ''}overrides", config)
 
 
-def with_recorded_options(run: Mapping, config: Path) -> Mapping:
-    """``run`` with the options added since it was trained, as the rebuild gives it them
-    (:func:`mate_cli.run.rebuild.recorded_functions`): an override of one names a key the rebuilt config has."""
-    from omegaconf import DictConfig, OmegaConf
+def with_recorded_options(run: Mapping) -> Mapping:
+    """``run`` with the options added since it was trained, as its rebuild gives it them
+    (:mod:`mate_cli.config.recorded`): an override of one names a key the rebuilt config has. ``run`` unchanged where it
+    is no mapping OmegaConf takes (the rebuild names the problem)."""
+    from omegaconf import OmegaConf
 
-    from mate_cli.run.rebuild import recorded_functions  # it checks its overrides here: imported when used
-
-    tree = OmegaConf.create(dict(run))
-    if not isinstance(tree, DictConfig):
+    try:
+        tree = OmegaConf.create(dict(run))
+        add_recorded_options(tree)
+        return OmegaConf.to_container(tree, resolve=False)
+    except Exception:  # noqa: BLE001 - a run config the rebuild itself refuses in one line
         return run
-    recorded_functions(tree, config, say=False)
-    return OmegaConf.to_container(tree, resolve=False)
 
 
 def check_dotlist(run: Mapping, dotlist: Sequence[str], where: str, config: Path) -> None:

@@ -43,9 +43,6 @@ class TableQAModule(EvaluatedTaskModule):
 
     uses_pooler = True
     supports_dot = True
-    #: options added after runs were trained, with the value those runs had (:func:`mate_cli.run.rebuild.recorded_functions`):
-    #: an older run is rebuilt with TAPAS's decoding, and `mate eval` may score it with the other one
-    RECORDED_BEFORE = {"head.at_least_one_cell": False}
 
     def __init__(
         self,

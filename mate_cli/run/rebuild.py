@@ -13,10 +13,11 @@ from typing import Any, Sequence
 
 import lightning
 import torch
-from hydra.utils import get_object, instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
 from mate_cli.config.check import check_dotlist
+from mate_cli.config.recorded import add_recorded_options
 from mate_cli.errors import MateError
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
 from mate_cli.run.divergence import non_finite_tensors
@@ -30,9 +31,6 @@ log = logging.getLogger(__name__)
 #: how a run's encoder ran, not what it computes: a rebuilt run (eval, predict, PointR) starts without them, as
 #: ``torch.compile`` needs a compiler the evaluating machine may lack; its ``overrides=`` may set them again
 HOW_IT_RAN = {"model.encoder.compile": False, "model.encoder.compile_mode": None}
-
-
-OURS = ("mate_cli.modeling.", "mate_cli.lit_modules.")  #: the packages whose targets may declare RECORDED_BEFORE
 
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
@@ -68,31 +66,18 @@ def dataset_here(cfg: DictConfig, cache_dir: str | None) -> DictConfig:
     return dataset
 
 
-def recorded_functions(cfg: DictConfig, config: Path, say: bool = True) -> None:
-    """Each node whose ``_target_`` (in ``mate_cli.modeling`` or ``mate_cli.lit_modules``) declares ``RECORDED_BEFORE``
-    (options added after runs were trained, with the value those runs had: MATE's ``global_rows``, the table tasks'
-    ``head.at_least_one_cell``; a dotted key names a key of a sub-node the run config has) gets that value where the run
-    config lacks the key (in place), so eval, predict and PointR compute the function the weights learned, and an
-    override of such an option names a key the run config has. ``say``: log each option given."""
-    nodes, said = [cfg], set()
-    while nodes:
-        node = nodes.pop()
-        target = node.get("_target_")
-        try:
-            ours = isinstance(target, str) and target.startswith(OURS)  # built anyway: no new imports
-            recorded = getattr(get_object(target), "RECORDED_BEFORE", {}) if ours else {}
-        except Exception:  # noqa: BLE001 - an unknown target: the run-target check names it
-            recorded = {}
-        for key, value in recorded.items():
-            parent_key, _, leaf = key.rpartition(".")
-            parent = OmegaConf.select(node, parent_key, default=None) if parent_key else node
-            if isinstance(parent, DictConfig) and leaf not in parent:
-                with open_dict(parent):
-                    parent[leaf] = value
-                if say and key not in said:
-                    said.add(key)
-                    log.info("%s records no %s: rebuilt with %s, its run's function", config, key, value)
-        nodes.extend(v for _, v in node.items_ex(resolve=False) if isinstance(v, DictConfig))
+def recorded_functions(cfg: DictConfig, config: Path) -> None:
+    """The options added since the run was trained, at the values its function had
+    (:data:`mate_cli.config.recorded.RECORDED_BEFORE`: MATE's ``global_rows``, the table tasks'
+    ``head.at_least_one_cell``), given to ``cfg`` where it lacks them (in place), each said once in the log."""
+    said: set[str] = set()
+
+    def added(key: str, value) -> None:
+        if key not in said:
+            said.add(key)
+            log.info("%s records no %s: rebuilt with %s, its run's function", config, key, value)
+
+    add_recorded_options(cfg, added)
 
 
 def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:

@@ -315,3 +315,18 @@ def test_a_run_from_before_the_other_decoding_is_rebuilt_with_tapas_and_may_be_s
         check_run_patches({"ckpt_path": str(ckpt), "overrides": misspelt})
     with pytest.raises(MateError, match="model.head.at_least_one_cel=true"):
         load_run_config(ckpt, misspelt)
+
+
+def test_each_recorded_option_is_an_argument_of_its_target():
+    """The table of options added since runs were trained names real targets and their real arguments (a renamed class
+    or argument would leave old runs rebuilt without the value their function had)."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    from mate_cli.config.recorded import RECORDED_BEFORE
+
+    for target, options in RECORDED_BEFORE.items():
+        parameters = inspect.signature(get_object(target)).parameters
+        for key in options:
+            assert key.split(".")[0] in parameters, (target, key)

@@ -128,11 +128,7 @@ LOGGED_CHOICES: set[tuple] = set()
 class MateAttention(AttentionBackend):
     """MATE (module docstring); the paper's ``row_heads_ratio`` is 0.5 (1:1). ``global_rows``: ``all`` (the paper:
     the global part attends to everything) or ``query`` (only its query-set tokens do: this project's bucketed function
-    before 2026-11-26, which run configs of that time are rebuilt with, :func:`mate_cli.run.rebuild.load_run_config`)."""
-
-    #: options added after runs were trained, with the value that rebuilds those runs' function
-    #: (:func:`mate_cli.run.rebuild.recorded_functions`)
-    RECORDED_BEFORE = {"global_rows": "query"}
+    before 2026-11-26, which run configs of that time are rebuilt with: :mod:`mate_cli.config.recorded`)."""
 
     def __init__(
         self,
