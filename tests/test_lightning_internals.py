@@ -12,7 +12,8 @@ import csv
 
 from lightning.pytorch.loggers import CSVLogger
 
-from mate_cli.lit_modules.lightning_internals import is_log_step, pending_log_row, reopen_cut_epoch, training_loaders
+from mate_cli.lit_modules.lightning_internals import is_log_step, iterate_training_data_again, pending_log_row
+from mate_cli.lit_modules.lightning_internals import reopen_cut_epoch, training_loaders
 
 
 class Tiny(L.LightningModule):
@@ -63,6 +64,44 @@ def fit(tmp_path, max_steps: int = 4, **trainer_args) -> tuple[Seen, DataLoader]
 def test_the_fit_loop_hands_out_the_training_loader(tmp_path):
     seen, loader = fit(tmp_path)
     assert seen.loaders == [loader]
+
+
+class From:
+    """Indices from ``start`` on, read as the iteration begins."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.start = size, 0
+
+    def __iter__(self):
+        return iter(range(self.start, self.size))
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class Moved(L.Callback):
+    def __init__(self, sampler: From) -> None:
+        self.sampler, self.firsts = sampler, []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.sampler.start = 4  # as a resume sets its sampler's position
+        iterate_training_data_again(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.firsts.append(int(batch[0][0, 0]))
+
+
+def test_the_training_iteration_started_again_reads_a_position_set_in_on_train_start(tmp_path):
+    """With a loader worker, Lightning's iteration has drawn the first indices before ``on_train_start``; started again,
+    it reads the sampler as that hook left it."""
+    sampler = From(8)
+    data = TensorDataset(torch.arange(8.0)[:, None].repeat(1, 2))
+    loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=1, persistent_workers=True)
+    moved = Moved(sampler)
+    trainer = L.Trainer(default_root_dir=tmp_path, max_epochs=1, enable_checkpointing=False, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[moved])  # fmt: skip
+    trainer.fit(Tiny(), loader)
+    assert moved.firsts == [4, 6]
 
 
 def test_the_row_about_to_be_logged_holds_the_batch_values_and_its_step(tmp_path):

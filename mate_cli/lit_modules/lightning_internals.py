@@ -14,6 +14,16 @@ def training_loaders(trainer: L.Trainer) -> list[Any]:
     return list(combined.flattened) if combined is not None else []
 
 
+def iterate_training_data_again(trainer: L.Trainer) -> None:
+    """Start the running fit's training iteration over: Lightning creates it before ``on_train_start`` (and, resuming,
+    uses it for the resumed epoch), and a loader with workers draws its first indices from the sampler right then, so
+    a sampler's epoch or position set in ``on_train_start`` would otherwise reach only the next epoch. Batches already
+    drawn are dropped (a persistent loader's workers finish them first); none has reached the training step yet."""
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is not None:
+        iter(fetcher)
+
+
 def pending_log_row(trainer: L.Trainer) -> dict | None:
     """The row Lightning logs for the current training batch right after ``on_train_batch_end`` (with ``epoch`` and
     ``step``: the batches that stepped the optimiser), or None when it logs none."""

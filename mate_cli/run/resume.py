@@ -28,7 +28,8 @@ from mate_cli.config.schema import REFERENCE, ABSENT, dotted_keys, lookup
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
-from mate_cli.lit_modules.lightning_internals import pending_log_row, reopen_cut_epoch, training_loaders
+from mate_cli.lit_modules.lightning_internals import iterate_training_data_again, pending_log_row, reopen_cut_epoch
+from mate_cli.lit_modules.lightning_internals import training_loaders
 from mate_cli.run.naming import dir_name_start
 from mate_cli.run.yaml_data import read_run_config
 
@@ -119,12 +120,17 @@ class ResumeState(L.Callback):
         if state is None:
             return
         rates_from_schedule(trainer)
+        samplers = epoch_shuffles(training_loaders(trainer))
+        for sampler in samplers:  # the resumed epoch's order: Lightning sets it only after the iteration has begun
+            sampler.set_epoch(trainer.current_epoch)
         if state["epoch"] == trainer.current_epoch and state["examples_this_epoch"]:
             self.examples_this_epoch = state["examples_this_epoch"]
             consumed = state["examples_this_epoch"] * state.get("world_size", 1)  # every rank's share
-            for sampler in epoch_shuffles(training_loaders(trainer)):
+            for sampler in samplers:
                 sampler.skip_next(consumed)
-        set_rng_states(state["rng"])
+        if samplers:  # loader workers drew the epoch's first indices already: draw again, in that order, past the skip
+            iterate_training_data_again(trainer)
+        set_rng_states(state["rng"])  # last: a new loader iterator draws its workers' base seed from torch's RNG
 
 
 def rates_from_schedule(trainer: L.Trainer) -> None:

@@ -1,5 +1,6 @@
 """Crash and resume, for real: one `mate train` (and one `mate pretrain`) chain of
-subprocesses. The first, with two loader workers, is stopped with SIGTERM to its process
+subprocesses, each with two loader workers (which draw an epoch's first indices before a
+resumed run knows its position). The first is stopped with SIGTERM to its process
 group right after it wrote a checkpoint (it saves its own last.ckpt at the step it reached
 and exits 143); it is resumed with the
 ``ckpt_path=<run dir>`` its FAILED names, and that run is killed with SIGKILL right after
@@ -109,6 +110,7 @@ def crash_and_resume(base: Path, args: list[str]) -> dict:
     # environment, and the chain's processes must not share it (helpers.mate_env leaves it out)
     wandb.setup().ensure_service()
     task, cache, runs = args[0], base / "cache", base / "chain" / args[0]
+    args = [*args, "dataset.num_workers=2"]  # every run alike: workers draw from torch's RNG as their iterator starts
     whole = subprocess.Popen(
         [MATE, *args], env=mate_env(base / "whole", cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -117,9 +119,7 @@ def crash_and_resume(base: Path, args: list[str]) -> dict:
 
     # SIGTERM to the process group, its two loader workers too: the run finishes its batch, saves
     # last.ckpt at that step, says how to resume, exits 128 + 15, and its log records that status
-    termed, err, status = stop_after_first_checkpoint(
-        [*args, "dataset.num_workers=2"], env, runs, signal.SIGTERM, set(), group=True
-    )
+    termed, err, status = stop_after_first_checkpoint(args, env, runs, signal.SIGTERM, set(), group=True)
     assert status == 143, err[-3000:]
     line = (termed / "FAILED").read_text().strip()
     assert line.startswith("mate: interrupted by SIGTERM at step ") and line in err, line
