@@ -2,7 +2,8 @@
 # The table tasks learned on a GPU, MATE against dense: each task's GPU recipe
 # (conf/profile/<task>_gpu.yaml) for each attention and seed, within a time budget, then the
 # table $LEARN_OUT/learn.md (python -m mate_cli.bench.learn) and the runs' small files packed
-# into $LEARN_OUT/learn_runs.tar.gz (metrics.json, the CSV learning curve, the log, the config).
+# into $LEARN_OUT/learn_runs.tar.gz (metrics.json, the CSV learning curve, the log, the config; the any_cell/
+# scores and predictions).
 # Each complete SQA and WikiTQ run is then scored once more by `mate eval` with the other decoding,
 # model.head.at_least_one_cell=true (the most probable cell where none passes 0.5), into <run>/any_cell/.
 # A run that has no metrics.json yet resumes from its last.ckpt (ckpt_path=) when the script is
@@ -40,7 +41,8 @@
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
 # runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
-# Exit status 0 when every run started ended or was cut by the budget (it resumes next call), 143 after a signal.
+# Exit status 0 when every run started, and each second scoring, ended or was cut by the budget (the next call
+# resumes it), 143 after a signal.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${LEARN_OUT:-outputs/learn}"
@@ -178,7 +180,7 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
 }
 decode_again() {  # a complete SQA or WikiTQ run $1=task $2=attention $3=seed scored with the most probable cell
   # where none passes 0.5 (model.head.at_least_one_cell=true; the run's own decoding is TAPAS's), into <run>/any_cell
-  local name="$1_$2_s$3" left ckpt rc
+  local name="$1_$2_s$3" left ckpt began rc
   local run="$out/$name"
   cell_task "$1" && [ -f "$run/metrics.json" ] && [ ! -f "$run/any_cell/metrics.json" ] || return 0
   left=$(( budget - ($(date +%s) - start) ))
@@ -188,12 +190,17 @@ decode_again() {  # a complete SQA or WikiTQ run $1=task $2=attention $3=seed sc
     return 0
   fi
   ckpt="$run/checkpoints/last.ckpt"  # the weights the run's own val/accuracy scored
-  [ -f "$ckpt" ] || ckpt="$run"
+  if [ ! -f "$ckpt" ]; then echo "learn: $name: not scored with at_least_one_cell (no $ckpt)"; return 1; fi
+  began=$(date +%s)
   waited timeout -s TERM -k 10 "$left" "$py" -m mate_cli.cli eval "ckpt_path=$ckpt" hardware="${LEARN_HARDWARE:-gpu}" \
     "overrides=['model.head.at_least_one_cell=true']" "hydra.run.dir=$run/any_cell" >>"$out/$name.log" 2>&1
   rc=$?
+  if [ -e "$claims/STOP" ] || [ "$rc" = 124 ] || { [ "$rc" = 137 ] && (( $(date +%s) - began >= left )); }; then
+    echo "learn: $name: scoring with at_least_one_cell cut (exit $rc); the next call scores it ($out/$name.log)"
+    return 0
+  fi
   echo "learn: $name: scored with at_least_one_cell: exit $rc ($out/$name.log)"
-  [ "$rc" = 0 ] || [ -e "$claims/STOP" ] || [ "$rc" = 124 ]
+  [ "$rc" = 0 ]
 }
 in_jobs() { local job; for job in "${jobs[@]}"; do [ "$job" = "$*" ] && return 0; done; return 1; }
 claim() {  # prints the next job for a lane (in a subshell, under a lock): the first one not claimed whose LEARN_INIT
@@ -249,7 +256,8 @@ for pid in "${pids[@]}"; do reap "$pid" || status=1; done
 trap - TERM INT HUP
 "$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1
 ( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read settings.txt ./*.log ./*.seconds ./*/metrics.json \
-    ./*/csv/metrics.csv ./*/resolved_config.yaml ./*/FAILED ./*/any_cell/metrics.json 2>/dev/null )
+    ./*/csv/metrics.csv ./*/resolved_config.yaml ./*/FAILED ./*/any_cell/metrics.json ./*/any_cell/predictions.tsv \
+    2>/dev/null )
 rm -rf "$claims"
 [ "$stopped" = 0 ] || exit "$stopped"
 exit "$status"

@@ -96,7 +96,8 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     with tarfile.open(out / "learn_runs.tar.gz") as pack:
         names = set(pack.getnames())
     assert {"./tabfact_mate_s1/metrics.json", "./tabfact_mate_s1/csv/metrics.csv", "./baseline_wtq/metrics.json",
-            "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json", "./sqa_mate_s1/any_cell/metrics.json"} <= names  # fmt: skip
+            "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json", "./sqa_mate_s1/any_cell/metrics.json",
+            "./sqa_mate_s1/any_cell/predictions.tsv"} <= names  # fmt: skip
     assert not any(name.endswith(".ckpt") for name in names)
 
     refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings
