@@ -22,7 +22,7 @@ from mate_cli.modeling.heads import mean_over_tokens
 log = logging.getLogger(__name__)
 
 #: what a head on the whole sequence reads (``model.pooling``)
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean", "query")
 
 
 class EncoderTaskModule(L.LightningModule):
@@ -120,9 +120,13 @@ class EncoderTaskModule(L.LightningModule):
         return hidden if self.extra is None else self.extra(hidden, layout.attention_mask)
 
     def pool(self, hidden: torch.Tensor, layout) -> torch.Tensor:
-        """``[batch, hidden]``: ``cls``, the [CLS] state through the checkpoint's pooler (TAPAS), or ``mean`` over the
-        real tokens (how sentence encoders such as the bundled MiniLM were trained; its pooler never was)."""
-        return self.encoder.pooler(hidden) if self.pooling == "cls" else mean_over_tokens(hidden, layout.attention_mask)
+        """``[batch, hidden]``: ``cls``, the [CLS] state through the checkpoint's pooler (TAPAS); ``mean`` over the
+        real tokens (how sentence encoders such as the bundled MiniLM were trained; its pooler never was); or ``query``,
+        the mean over the query set (the statement or question, [CLS], [SEP]: the tokens that attend to the whole table
+        under MATE), which a long table does not outweigh."""
+        if self.pooling == "cls":
+            return self.encoder.pooler(hidden)
+        return mean_over_tokens(hidden, layout.is_query if self.pooling == "query" else layout.attention_mask)
 
     def prune(self, batch):
         """DoT: ``(batch of the kept tokens, Pruned)``, else ``(batch, None)``. Per-cell tensors (by cell id) stay as

@@ -48,6 +48,27 @@ def test_mean_pooling_ignores_padding_and_the_pooler(sample):
     assert not any(p.requires_grad for p in model.encoder.pooler.parameters())
 
 
+def test_query_pooling_reads_the_query_set_only(sample):
+    """``query``: the mean of the query set's last states; a table token's state changes nothing, a query token's
+    does (the states are changed after the encoder, as the head sees them)."""
+    _, _, examples, collate, _ = sample
+    head, model = build(sample, "query")
+    batch = collate(examples[:1])
+    layout = batch.layout
+    with torch.no_grad():
+        hidden = model.encode(batch.input_ids, layout)
+        pooled = model.pool(hidden, layout)
+        table = layout.is_table[0].nonzero()[0, 0]
+        query = layout.is_query[0].nonzero()[-1, 0]
+        changed = hidden.clone()
+        changed[0, table] += 1.0
+        torch.testing.assert_close(model.pool(changed, layout), pooled)
+        changed[0, query] += 1.0
+        assert not torch.allclose(model.pool(changed, layout), pooled)
+        assert not torch.allclose(pooled, build(sample, "mean")[1].pool(hidden, layout))
+    assert not any(p.requires_grad for p in model.encoder.pooler.parameters())
+
+
 def test_cls_pooling_reads_the_pooler(sample):
     _, _, examples, collate, _ = sample
     head, model = build(sample, "cls")
@@ -66,4 +87,4 @@ def test_an_unknown_pooling_is_one_line_naming_the_key(sample):
         build(sample, "max")
     cause = raised.value.__cause__ or raised.value
     assert isinstance(cause, MateError)
-    assert str(cause) == "model.pooling='max' is invalid; use one of cls, mean"
+    assert str(cause) == "model.pooling='max' is invalid; use one of cls, mean, query"
