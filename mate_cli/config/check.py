@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from mate_cli.config.recorded import add_recorded_options
 from mate_cli.config.hydra_args import COMPLETION_FLAGS, CONFIG_CHOICE_FLAGS, HELP_FLAGS, INFO_FLAGS, hydra_quote
+from mate_cli.config.recorded import add_recorded_options
 from mate_cli.config.schema import ABSENT, TRAINER_RESERVED, key_type, lookup, trainer_argument, trainer_problem
 from mate_cli.config.schema import type_problem, unknown_key
 from mate_cli.errors import MateError
