@@ -34,7 +34,9 @@
 #                     (LEARN_BUDGET), which leaves time to stop the last runs and write the table: runs in
 #                     outputs/learn, which a warm machine keeps, so the next call resumes what the budget cut;
 #                     learn.md and learn_runs.tar.gz copied into $GPU_OUT after the step, even one its limit ended
-#                     (each complete SQA and WikiTQ run also scored with model.head.at_least_one_cell=true)
+#                     (each complete SQA and WikiTQ run also scored with model.head.at_least_one_cell=true);
+#                     LEARN_SWEEP="model.optimizer.lr=1e-4 ..." trains other settings beside them, one lane and one
+#                     folder each (tools/learn.sh), whose learn_<override>.md and learn_runs_<override>.tar.gz come too
 # The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets e2e_graphs" (e2e took
 # 305 s on an H200, preprocessing on its 16 cores included; the others reuse its caches, within their limits; e2e_graphs
 # about 430 s, most of it compiling). E2E_TASKS narrows the e2e_* steps to some tasks, e.g. E2E_TASKS=tabfact.
@@ -116,7 +118,16 @@ step_learn() {
     LEARN_BUDGET="$(( ${LEARN_BUDGET:-100000} < GPU_STEP_LIMIT - 50 ? ${LEARN_BUDGET:-100000} : GPU_STEP_LIMIT - 50 ))" \
     PYTHON="$py" bash tools/learn.sh
 }
-after_learn() { cp "${LEARN_OUT:-outputs/learn}"/{learn.md,learn_runs.tar.gz} "$out/" 2>/dev/null; }
+after_learn() {  # the tables and packs: the recipes' folder's, then each LEARN_SWEEP folder's, named by its override
+  local folder="${LEARN_OUT:-outputs/learn}" value slug
+  cp "$folder"/{learn.md,learn_runs.tar.gz} "$out/" 2>/dev/null
+  for value in ${LEARN_SWEEP:-}; do
+    slug="${value//[^A-Za-z0-9._-]/_}"
+    cp "${folder}_$slug/learn.md" "$out/learn_$slug.md" 2>/dev/null
+    cp "${folder}_$slug/learn_runs.tar.gz" "$out/learn_runs_$slug.tar.gz" 2>/dev/null
+  done
+  return 0
+}
 step_auto() {
   local dtype
   for dtype in float32 float16; do

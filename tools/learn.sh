@@ -38,12 +38,19 @@
 #                     attention and seed (init_from=; the heads' tensors that fit load too), once that run is
 #                     complete: a lane that would take it while that run trains takes another, or waits; a source
 #                     that is not complete at its turn (cut, failed, not in LEARN_TASKS) leaves it not started
+#   LEARN_SWEEP       overrides to try beside these runs, each in a folder of its own, LEARN_OUT followed by the
+#                     override (model.optimizer.lr=1e-4 -> outputs/learn_model.optimizer.lr_1e-4), with LEARN_ARGS
+#                     and then the override, in one lane each, within the same budget; e.g.
+#                     LEARN_SWEEP="model.optimizer.lr=1e-4 model.optimizer.lr=2e-5". Their runs are LEARN_SWEEP_TASKS
+#                     (default LEARN_TASKS) for LEARN_SWEEP_ATTENTIONS (default mate) and LEARN_SWEEP_SEEDS (default 1);
+#                     each folder gets its own table and pack, and its output goes to <LEARN_OUT>/sweep_<override>.log
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
 # runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
 # Exit status 0 when every run started, and each second scoring, ended or was cut by the budget (the next call
 # resumes it), 143 after a signal.
 set -uo pipefail
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"  # a sweep's folders are this script's own calls
 cd "$(dirname "$0")/.."
 out="${LEARN_OUT:-outputs/learn}"
 data="${LEARN_DATA:-}"
@@ -100,7 +107,10 @@ for seed in ${LEARN_SEEDS:-1 2}; do
     done
   done
 done
-sharing=$(( lanes < ${#jobs[@]} ? lanes : ${#jobs[@]} ))  # the runs at a time, at most
+read -r -a sweep <<<"${LEARN_SWEEP:-}"
+# the runs at a time, at most: this folder's lanes, and the lanes of the sweep's folders or of the folder that runs
+# this one as a sweep (LEARN_BESIDE)
+sharing=$(( (lanes < ${#jobs[@]} ? lanes : ${#jobs[@]}) + ${#sweep[@]} + ${LEARN_BESIDE:-0} ))
 child=  # the command a lane or the baselines wait for
 reap() {  # waits for background process $1 and returns its status, through any signal whose trap cut the wait short
   local rc last
@@ -246,13 +256,33 @@ stop() {  # a signal to this script (Ctrl-C, a time limit): each lane passes TER
 }
 trap stop TERM INT HUP
 cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which follows OMP_NUM_THREADS
+sweeps=()  # "pid value log" of each sweep folder's script
+for value in "${sweep[@]}"; do  # each its own learn.sh, one lane, the rest of this one's budget
+  log="$out/sweep_${value//[^A-Za-z0-9._-]/_}.log"
+  LEARN_OUT="${out}_${value//[^A-Za-z0-9._-]/_}" LEARN_ARGS="${LEARN_ARGS:+$LEARN_ARGS }$value" LEARN_SWEEP= LEARN_LANES=1 \
+    LEARN_TASKS="${LEARN_SWEEP_TASKS:-${LEARN_TASKS:-sqa wtq tabfact}}" LEARN_ATTENTIONS="${LEARN_SWEEP_ATTENTIONS:-mate}" \
+    LEARN_SEEDS="${LEARN_SWEEP_SEEDS:-1}" LEARN_BESIDE=$(( sharing - 1 )) LEARN_BUDGET=$(( budget - ($(date +%s) - start) )) \
+    OMP_NUM_THREADS=$(( cores / sharing > 0 ? cores / sharing : 1 )) bash "$self" >"$log" 2>&1 &
+  pids+=("$!")
+  sweeps+=("$! $value $log")
+done
 baselines &
 pids+=("$!")
-for (( l = 0; l < sharing; l++ )); do
+lanes_here=$(( sharing - ${#sweep[@]} - ${LEARN_BESIDE:-0} ))
+for (( l = 0; l < lanes_here; l++ )); do
   OMP_NUM_THREADS=$(( cores / sharing > 0 ? cores / sharing : 1 )) lane &
   pids+=("$!")
 done
-for pid in "${pids[@]}"; do reap "$pid" || status=1; done
+declare -A ended=()  # pid -> its exit status
+for pid in "${pids[@]}"; do
+  reap "$pid"
+  ended[$pid]=$?
+  [ "${ended[$pid]}" = 0 ] || status=1
+done
+for entry in "${sweeps[@]}"; do  # each sweep folder's script's exit status (its runs' lines are in its log)
+  read -r pid value log <<<"$entry"
+  echo "learn: sweep $value: exit ${ended[$pid]} ($log)"
+done
 trap - TERM INT HUP
 "$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1
 ( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read settings.txt ./*.log ./*.seconds ./*/metrics.json \

@@ -4,7 +4,7 @@ prints one Markdown row per task and attention: the dev accuracy of each seed, t
 runs', SQA's and WikiTQ's top-cell share of each seed (``val/cell_top1``: how far cell selection has got where the
 accuracy has not moved yet) and their dev accuracy with the other decoding (``<run>/any_cell/metrics.json``, ``mate eval``
 with ``model.head.at_least_one_cell=true``: the most probable cell where none passes 0.5), the trivial baselines beside them, examples/s and the minutes each run took (all its
-calls; marked * where other runs shared the device, ``LEARN_LANES``), then the settings the runs share
+calls; marked * where other runs shared the device, ``LEARN_LANES`` and ``LEARN_SWEEP``), then the settings the runs share
 (``settings.txt``)."""
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def table(folder: Path) -> str:
     lanes = max((row["shared"] for seeds in found.values() for row in seeds.values()), default=1)
     shared = (
         f" Minutes marked * are a run's that shared the device with other runs (up to {lanes} at a time,"
-        " LEARN_LANES): its examples/s and minutes are a shared device's, not one run's alone."
+        " LEARN_LANES, LEARN_SWEEP): its examples/s and minutes are a shared device's, not one run's alone."
         if lanes > 1
         else ""
     )

@@ -1,9 +1,9 @@
 """tools/learn.sh, the GPU's learning runs, on the CPU: every table task's recipe for a few steps on its bundled
 sample, the trivial baselines, the table and the pack; a run without metrics.json (what a budget's SIGTERM leaves)
-is resumed from its last.ckpt by the next call; a task chained to another (LEARN_INIT) waits for that run, then starts
-from its weights; two lanes (LEARN_LANES) train MATE and dense at the same time, and a time limit's TERM to the
-script's process group stops both runs with their last.ckpt and still writes the table. The script and its `mate`
-processes are the point."""
+is resumed from its last.ckpt by the next call; a sweep (LEARN_SWEEP) trains beside them in a folder of its own; a
+task chained to another (LEARN_INIT) waits for that run, then starts from its weights; two lanes (LEARN_LANES) train
+MATE and dense at the same time, and a time limit's TERM to the script's process group stops both runs with their
+last.ckpt and still writes the table. The script and its `mate` processes are the point."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ import subprocess
 import sys
 import tarfile
 import time
+
+import pytest
+import yaml
 
 from tests.helpers import REPO_ROOT
 
@@ -33,9 +36,10 @@ def learn(
     attentions="mate",
     lanes="1",
     seeds="1",
+    **more: str,
 ) -> subprocess.CompletedProcess:
     done = subprocess.run(
-        ["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=settings(out, tasks, args, init, attentions, lanes, seeds),
+        ["bash", "tools/learn.sh"], cwd=REPO_ROOT, env=settings(out, tasks, args, init, attentions, lanes, seeds) | more,
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == status, done.stdout[-3000:] + done.stderr[-3000:]
@@ -51,7 +55,17 @@ def settings(out, tasks: str, args: str, init: str, attentions: str, lanes: str,
 def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_run_and_chains_one(tmp_path):
     """Over 20 s: six short `mate train` processes (two side by side) and three `mate baseline` ones."""
     out = tmp_path / "learn"
-    first = learn(out, "wtq1024 sqa tabfact")  # wtq1024 starts from sqa's run: taken once that is complete
+    # wtq1024 starts from sqa's run: taken once that is complete; beside them TabFact at another rate, in a folder of
+    # its own
+    first = learn(out, "wtq1024 sqa tabfact", LEARN_SWEEP="model.optimizer.lr=1e-4", LEARN_SWEEP_TASKS="tabfact")
+    swept = tmp_path / "learn_model.optimizer.lr_1e-4"
+    assert f"learn: sweep model.optimizer.lr=1e-4: exit 0 ({out / 'sweep_model.optimizer.lr_1e-4.log'})" in first.stdout
+    assert sorted(path.name for path in swept.glob("*_s*") if path.is_dir()) == ["tabfact_mate_s1"]  # its tasks alone
+    assert yaml.safe_load((swept / "tabfact_mate_s1" / "resolved_config.yaml").read_text())["model"]["optimizer"][
+        "lr"
+    ] == pytest.approx(1e-4)
+    assert " model.optimizer.lr=1e-4; init: " in (swept / "learn.md").read_text(encoding="utf-8")  # its settings
+    assert "up to 2 at a time" in (out / "learn.md").read_text(encoding="utf-8")  # one lane here, one beside
     lines = first.stdout.splitlines()
     assert lines.index("learn: sqa_mate_s1: exit 0 (" + str(out / "sqa_mate_s1.log") + ")") < next(
         number for number, line in enumerate(lines) if line.startswith("learn: wtq1024_mate_s1: exit 0")
@@ -97,7 +111,7 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
         names = set(pack.getnames())
     assert {"./tabfact_mate_s1/metrics.json", "./tabfact_mate_s1/csv/metrics.csv", "./baseline_wtq/metrics.json",
             "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json", "./sqa_mate_s1/any_cell/metrics.json",
-            "./sqa_mate_s1/any_cell/predictions.tsv"} <= names  # fmt: skip
+            "./sqa_mate_s1/any_cell/predictions.tsv", "./sweep_model.optimizer.lr_1e-4.log"} <= names  # fmt: skip
     assert not any(name.endswith(".ckpt") for name in names)
 
     refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings
