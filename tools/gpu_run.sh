@@ -30,13 +30,15 @@
 #     e2e_graphs (480) the same for TabFact and WikiTQ padded to their full length (one batch shape) with the
 #                     layer stack compiled in reduce-overhead mode (CUDA graphs)
 #     learn     (540) the table tasks learned, MATE against dense (tools/learn.sh; the releases too), four runs
-#                     at a time (LEARN_LANES=4), first seed first; its runs' budget is the step's limit less 50 s
-#                     (LEARN_BUDGET), which leaves time to stop the last runs and write the table: runs in
-#                     outputs/learn, which a warm machine keeps, so the next call resumes what the budget cut;
-#                     learn.md and learn_runs.tar.gz copied into $GPU_OUT after the step, even one its limit ended
-#                     (each complete SQA and WikiTQ run also scored with model.head.at_least_one_cell=true);
+#                     at a time (LEARN_LANES=4; one more for each LEARN_SWEEP override), first seed first; its runs'
+#                     budget is the step's limit less 50 s (LEARN_BUDGET), which leaves time to stop the last runs
+#                     and write the table: runs in outputs/learn, which a warm machine keeps, so the next call
+#                     resumes what the budget cut; learn.md and learn_runs.tar.gz copied into $GPU_OUT after the
+#                     step, even one its limit ended (each complete SQA and WikiTQ run also scored with
+#                     model.head.at_least_one_cell=true);
 #                     LEARN_SWEEP="model.optimizer.lr=1e-4 ..." trains other settings beside them, one lane and one
-#                     folder each (tools/learn.sh), whose learn_<override>.md and learn_runs_<override>.tar.gz come too
+#                     folder each (tools/learn.sh), whose learn_<name>.md and learn_runs_<name>.tar.gz come too (the
+#                     override with "=" and the like made "_": learn_model.optimizer.lr_1e-4.md)
 # The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets e2e_graphs" (e2e took
 # 305 s on an H200, preprocessing on its 16 cores included; the others reuse its caches, within their limits; e2e_graphs
 # about 430 s, most of it compiling). E2E_TASKS narrows the e2e_* steps to some tasks, e.g. E2E_TASKS=tabfact.
@@ -119,10 +121,11 @@ step_learn() {
     PYTHON="$py" bash tools/learn.sh
 }
 after_learn() {  # the tables and packs: the recipes' folder's, then each LEARN_SWEEP folder's, named by its override
-  local folder="${LEARN_OUT:-outputs/learn}" value slug
+  local folder="${LEARN_OUT:-outputs/learn}" value slug sweep
   cp "$folder"/{learn.md,learn_runs.tar.gz} "$out/" 2>/dev/null
-  for value in ${LEARN_SWEEP:-}; do
-    slug="${value//[^A-Za-z0-9._-]/_}"
+  read -r -a sweep <<<"${LEARN_SWEEP:-}"
+  for value in "${sweep[@]}"; do
+    slug="${value//[^A-Za-z0-9.-]/_}"  # tools/learn.sh's name for its folder
     cp "${folder}_$slug/learn.md" "$out/learn_$slug.md" 2>/dev/null
     cp "${folder}_$slug/learn_runs.tar.gz" "$out/learn_runs_$slug.tar.gz" 2>/dev/null
   done

@@ -38,18 +38,23 @@
 #                     attention and seed (init_from=; the heads' tensors that fit load too), once that run is
 #                     complete: a lane that would take it while that run trains takes another, or waits; a source
 #                     that is not complete at its turn (cut, failed, not in LEARN_TASKS) leaves it not started
-#   LEARN_SWEEP       overrides to try beside these runs, each in a folder of its own, LEARN_OUT followed by the
-#                     override (model.optimizer.lr=1e-4 -> outputs/learn_model.optimizer.lr_1e-4), with LEARN_ARGS
-#                     and then the override, in one lane each, within the same budget; e.g.
-#                     LEARN_SWEEP="model.optimizer.lr=1e-4 model.optimizer.lr=2e-5". Their runs are LEARN_SWEEP_TASKS
-#                     (default LEARN_TASKS) for LEARN_SWEEP_ATTENTIONS (default mate) and LEARN_SWEEP_SEEDS (default 1);
-#                     each folder gets its own table and pack, and its output goes to <LEARN_OUT>/sweep_<override>.log
+#   LEARN_SWEEP       overrides to try beside these runs, each this script's own call in a folder of its own, named
+#                     LEARN_OUT, "_" and the override with each character other than letters, digits, "." and "-" made
+#                     "_" (model.optimizer.lr=1e-4 -> outputs/learn_model.optimizer.lr_1e-4), with LEARN_ARGS and then
+#                     the override, in one lane each (so LEARN_LANES + one per override share the device), within the
+#                     same budget; e.g. LEARN_SWEEP="model.optimizer.lr=1e-4 model.optimizer.lr=2e-5". Their runs are
+#                     LEARN_SWEEP_TASKS (default LEARN_TASKS) for LEARN_SWEEP_ATTENTIONS (default mate) and
+#                     LEARN_SWEEP_SEEDS (default 1), with this call's data, hardware and LEARN_INIT (a task that starts
+#                     from another needs that one among LEARN_SWEEP_TASKS too); each folder gets its own table and pack,
+#                     and its output goes to <LEARN_OUT>/sweep_<that name>.log
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
 # runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
-# Exit status 0 when every run started, and each second scoring, ended or was cut by the budget (the next call
-# resumes it), 143 after a signal.
+# Exit status 0 when every run started, each second scoring and each sweep's call ended or was cut by the budget (the
+# next call resumes it), 143 after a signal.
 set -uo pipefail
+stopped=0  # 143 once a signal came; one before the lanes start leaves them nothing to take
+trap 'stopped=143' TERM INT HUP
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"  # a sweep's folders are this script's own calls
 cd "$(dirname "$0")/.."
 out="${LEARN_OUT:-outputs/learn}"
@@ -68,6 +73,16 @@ if ! [[ "$lanes" =~ ^[1-9][0-9]*$ ]]; then
   echo "tools/learn.sh: LEARN_LANES: '$lanes' is no number of runs at a time, such as 1 or 4" >&2
   exit 2
 fi
+read -r -a sweep <<<"${LEARN_SWEEP:-}"
+declare -A sweep_folders=()
+for value in "${sweep[@]}"; do
+  name="${value//[^A-Za-z0-9.-]/_}"
+  if [ -n "${sweep_folders[$name]:-}" ]; then
+    echo "tools/learn.sh: LEARN_SWEEP: '$value' and '${sweep_folders[$name]}' would share the folder ${out}_$name" >&2
+    exit 2
+  fi
+  sweep_folders[$name]="$value"
+done
 mkdir -p "$out"
 settings="data: ${data:-the bundled samples}; hardware: ${LEARN_HARDWARE:-gpu}; args: ${LEARN_ARGS:-none}"
 [ -n "${LEARN_INIT:-}" ] && settings+="; init: $LEARN_INIT"
@@ -107,7 +122,6 @@ for seed in ${LEARN_SEEDS:-1 2}; do
     done
   done
 done
-read -r -a sweep <<<"${LEARN_SWEEP:-}"
 # the runs at a time, at most: this folder's lanes, and the lanes of the sweep's folders or of the folder that runs
 # this one as a sweep (LEARN_BESIDE)
 sharing=$(( (lanes < ${#jobs[@]} ? lanes : ${#jobs[@]}) + ${#sweep[@]} + ${LEARN_BESIDE:-0} ))
@@ -247,7 +261,6 @@ lane() {  # takes jobs until none is left; fails if one of its runs did
   return "$failed"
 }
 pids=()
-stopped=0
 stop() {  # a signal to this script (Ctrl-C, a time limit): each lane passes TERM on to its run (which saves
   # last.ckpt) and starts no other; the table and the pack are still written
   touch "$claims/STOP"
@@ -255,11 +268,13 @@ stop() {  # a signal to this script (Ctrl-C, a time limit): each lane passes TER
   stopped=143
 }
 trap stop TERM INT HUP
+[ "$stopped" = 0 ] || touch "$claims/STOP"  # a signal before this trap: no run starts
 cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which follows OMP_NUM_THREADS
 sweeps=()  # "pid value log" of each sweep folder's script
 for value in "${sweep[@]}"; do  # each its own learn.sh, one lane, the rest of this one's budget
-  log="$out/sweep_${value//[^A-Za-z0-9._-]/_}.log"
-  LEARN_OUT="${out}_${value//[^A-Za-z0-9._-]/_}" LEARN_ARGS="${LEARN_ARGS:+$LEARN_ARGS }$value" LEARN_SWEEP= LEARN_LANES=1 \
+  [ "$stopped" = 0 ] || break  # a signal meanwhile: no other starts
+  log="$out/sweep_${value//[^A-Za-z0-9.-]/_}.log"
+  LEARN_OUT="${out}_${value//[^A-Za-z0-9.-]/_}" LEARN_ARGS="${LEARN_ARGS:+$LEARN_ARGS }$value" LEARN_SWEEP= LEARN_LANES=1 \
     LEARN_TASKS="${LEARN_SWEEP_TASKS:-${LEARN_TASKS:-sqa wtq tabfact}}" LEARN_ATTENTIONS="${LEARN_SWEEP_ATTENTIONS:-mate}" \
     LEARN_SEEDS="${LEARN_SWEEP_SEEDS:-1}" LEARN_BESIDE=$(( sharing - 1 )) LEARN_BUDGET=$(( budget - ($(date +%s) - start) )) \
     OMP_NUM_THREADS=$(( cores / sharing > 0 ? cores / sharing : 1 )) bash "$self" >"$log" 2>&1 &

@@ -120,6 +120,8 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     assert "LEARN_INIT: 'wtq' is no <task>=" in bad.stderr and not (tmp_path / "chain").exists()
     bad = learn(tmp_path / "lanes", "wtq", status=2, lanes="two")
     assert "LEARN_LANES: 'two' is no number" in bad.stderr and not (tmp_path / "lanes").exists()
+    bad = learn(tmp_path / "twice", "wtq", status=2, LEARN_SWEEP="model.optimizer.lr=1e-4 model.optimizer.lr=1e-4")
+    assert "would share the folder" in bad.stderr and not (tmp_path / "twice").exists(), bad.stderr
 
 
 def test_two_lanes_train_side_by_side_and_a_time_limits_term_stops_both_with_their_checkpoints(tmp_path):
