@@ -273,8 +273,9 @@ cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which follows OMP_NUM_THREADS
 sweeps=()  # "pid value log" of each sweep folder's script
 for value in "${sweep[@]}"; do  # each its own learn.sh, one lane, the rest of this one's budget
   [ "$stopped" = 0 ] || break  # a signal meanwhile: no other starts
-  log="$out/sweep_${value//[^A-Za-z0-9.-]/_}.log"
-  LEARN_OUT="${out}_${value//[^A-Za-z0-9.-]/_}" LEARN_ARGS="${LEARN_ARGS:+$LEARN_ARGS }$value" LEARN_SWEEP= LEARN_LANES=1 \
+  name="${value//[^A-Za-z0-9.-]/_}"  # its folder's name, as checked above
+  log="$out/sweep_$name.log"
+  LEARN_OUT="${out}_$name" LEARN_ARGS="${LEARN_ARGS:+$LEARN_ARGS }$value" LEARN_SWEEP= LEARN_LANES=1 \
     LEARN_TASKS="${LEARN_SWEEP_TASKS:-${LEARN_TASKS:-sqa wtq tabfact}}" LEARN_ATTENTIONS="${LEARN_SWEEP_ATTENTIONS:-mate}" \
     LEARN_SEEDS="${LEARN_SWEEP_SEEDS:-1}" LEARN_BESIDE=$(( sharing - 1 )) LEARN_BUDGET=$(( budget - ($(date +%s) - start) )) \
     OMP_NUM_THREADS=$(( cores / sharing > 0 ? cores / sharing : 1 )) bash "$self" >"$log" 2>&1 &
