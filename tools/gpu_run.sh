@@ -120,17 +120,7 @@ step_learn() {
     LEARN_BUDGET="$(( ${LEARN_BUDGET:-100000} < GPU_STEP_LIMIT - 50 ? ${LEARN_BUDGET:-100000} : GPU_STEP_LIMIT - 50 ))" \
     PYTHON="$py" bash tools/learn.sh
 }
-after_learn() {  # the tables and packs: the recipes' folder's, then each LEARN_SWEEP folder's, named by its override
-  local folder="${LEARN_OUT:-outputs/learn}" value slug sweep
-  cp "$folder"/{learn.md,learn_runs.tar.gz} "$out/" 2>/dev/null
-  read -r -a sweep <<<"${LEARN_SWEEP:-}"
-  for value in "${sweep[@]}"; do
-    slug="${value//[^A-Za-z0-9.-]/_}"  # tools/learn.sh's name for its folder
-    cp "${folder}_$slug/learn.md" "$out/learn_$slug.md" 2>/dev/null
-    cp "${folder}_$slug/learn_runs.tar.gz" "$out/learn_runs_$slug.tar.gz" 2>/dev/null
-  done
-  return 0
-}
+after_learn() { cp "${LEARN_OUT:-outputs/learn}"/learn*.md "${LEARN_OUT:-outputs/learn}"/learn_runs*.tar.gz "$out/" 2>/dev/null; }
 step_auto() {
   local dtype
   for dtype in float32 float16; do

@@ -46,7 +46,8 @@
 #                     LEARN_SWEEP_TASKS (default LEARN_TASKS) for LEARN_SWEEP_ATTENTIONS (default mate) and
 #                     LEARN_SWEEP_SEEDS (default 1), with this call's data, hardware and LEARN_INIT (a task that starts
 #                     from another needs that one among LEARN_SWEEP_TASKS too); each folder gets its own table and pack,
-#                     and its output goes to <LEARN_OUT>/sweep_<that name>.log
+#                     copied into LEARN_OUT as learn_<that name>.md and learn_runs_<that name>.tar.gz, and its output
+#                     goes to <LEARN_OUT>/sweep_<that name>.log
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
 # runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
@@ -74,9 +75,10 @@ if ! [[ "$lanes" =~ ^[1-9][0-9]*$ ]]; then
   exit 2
 fi
 read -r -a sweep <<<"${LEARN_SWEEP:-}"
+sweep_name() { echo "${1//[^A-Za-z0-9.-]/_}"; }  # a sweep override's folder is LEARN_OUT, "_" and this
 declare -A sweep_folders=()
 for value in "${sweep[@]}"; do
-  name="${value//[^A-Za-z0-9.-]/_}"
+  name=$(sweep_name "$value")
   if [ -n "${sweep_folders[$name]:-}" ]; then
     echo "tools/learn.sh: LEARN_SWEEP: '$value' and '${sweep_folders[$name]}' would share the folder ${out}_$name" >&2
     exit 2
@@ -91,7 +93,8 @@ if [ -f "$out/settings.txt" ] && [ "$(cat "$out/settings.txt")" != "$settings" ]
   exit 2
 fi
 echo "$settings" >"$out/settings.txt"
-rm -f "$out/learn.md" "$out/learn_runs.tar.gz"  # this call's are written at its end: none, should it be killed
+# this call's tables and packs (a sweep's too) are written at its end: none, should it be killed
+rm -f "$out"/learn.md "$out"/learn_runs.tar.gz "$out"/learn_*.md "$out"/learn_runs_*.tar.gz
 base_task() { echo "${1%%[0-9]*}"; }  # wtq1024 -> wtq
 cell_task() { case "$(base_task "$1")" in sqa | wtq) return 0 ;; *) return 1 ;; esac; }  # TAPAS's cell head
 task_data() {  # into the array targs: the task's dataset config and data, the release or the bundled sample
@@ -273,14 +276,14 @@ cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which follows OMP_NUM_THREADS
 sweeps=()  # "pid value log" of each sweep folder's script
 for value in "${sweep[@]}"; do  # each its own learn.sh, one lane, the rest of this one's budget
   [ "$stopped" = 0 ] || break  # a signal meanwhile: no other starts
-  name="${value//[^A-Za-z0-9.-]/_}"  # its folder's name, as checked above
+  name=$(sweep_name "$value")
   log="$out/sweep_$name.log"
   LEARN_OUT="${out}_$name" LEARN_ARGS="${LEARN_ARGS:+$LEARN_ARGS }$value" LEARN_SWEEP= LEARN_LANES=1 \
     LEARN_TASKS="${LEARN_SWEEP_TASKS:-${LEARN_TASKS:-sqa wtq tabfact}}" LEARN_ATTENTIONS="${LEARN_SWEEP_ATTENTIONS:-mate}" \
     LEARN_SEEDS="${LEARN_SWEEP_SEEDS:-1}" LEARN_BESIDE=$(( sharing - 1 )) LEARN_BUDGET=$(( budget - ($(date +%s) - start) )) \
     OMP_NUM_THREADS=$(( cores / sharing > 0 ? cores / sharing : 1 )) bash "$self" >"$log" 2>&1 &
   pids+=("$!")
-  sweeps+=("$! $value $log")
+  sweeps+=("$! $name $value")
 done
 baselines &
 pids+=("$!")
@@ -295,9 +298,11 @@ for pid in "${pids[@]}"; do
   ended[$pid]=$?
   [ "${ended[$pid]}" = 0 ] || status=1
 done
-for entry in "${sweeps[@]}"; do  # each sweep folder's script's exit status (its runs' lines are in its log)
-  read -r pid value log <<<"$entry"
-  echo "learn: sweep $value: exit ${ended[$pid]} ($log)"
+for entry in "${sweeps[@]}"; do  # each sweep's exit status (its runs' lines are in its log); its table and pack here
+  read -r pid name value <<<"$entry"
+  echo "learn: sweep $value: exit ${ended[$pid]} ($out/sweep_$name.log)"
+  cp "${out}_$name/learn.md" "$out/learn_$name.md" 2>/dev/null
+  cp "${out}_$name/learn_runs.tar.gz" "$out/learn_runs_$name.tar.gz" 2>/dev/null
 done
 trap - TERM INT HUP
 "$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1

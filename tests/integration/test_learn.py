@@ -65,6 +65,9 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
         "lr"
     ] == pytest.approx(1e-4)
     assert " model.optimizer.lr=1e-4; init: " in (swept / "learn.md").read_text(encoding="utf-8")  # its settings
+    gathered = out / "learn_model.optimizer.lr_1e-4.md"  # its table and pack beside the recipes', for gpu_run.sh
+    assert gathered.read_text(encoding="utf-8") == (swept / "learn.md").read_text(encoding="utf-8")
+    assert (out / "learn_runs_model.optimizer.lr_1e-4.tar.gz").is_file()
     assert "up to 2 at a time" in (out / "learn.md").read_text(encoding="utf-8")  # one lane here, one beside
     lines = first.stdout.splitlines()
     assert lines.index("learn: sqa_mate_s1: exit 0 (" + str(out / "sqa_mate_s1.log") + ")") < next(
