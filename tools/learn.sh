@@ -45,9 +45,12 @@
 #                     same budget; e.g. LEARN_SWEEP="model.optimizer.lr=1e-4 model.optimizer.lr=2e-5". Their runs are
 #                     LEARN_SWEEP_TASKS (default LEARN_TASKS) for LEARN_SWEEP_ATTENTIONS (default mate) and
 #                     LEARN_SWEEP_SEEDS (default 1), with this call's data, hardware and LEARN_INIT (a task that starts
-#                     from another needs that one among LEARN_SWEEP_TASKS too); each folder gets its own table and pack,
-#                     copied into LEARN_OUT as learn_<that name>.md and learn_runs_<that name>.tar.gz, and its output
-#                     goes to <LEARN_OUT>/sweep_<that name>.log
+#                     from another needs that one among LEARN_SWEEP_TASKS too). An override led by tasks and ":" runs
+#                     for those tasks instead, so that one call tries one thing on one task and another on another:
+#                     LEARN_SWEEP="sqa:trainer.max_epochs=10 tabfact:trainer.max_epochs=20" (a list: "sqa,wtq:...";
+#                     the folder's name keeps the tasks: learn_tabfact_trainer.max_epochs_20). Each folder gets its own
+#                     table and pack, copied into LEARN_OUT as learn_<that name>.md and learn_runs_<that name>.tar.gz,
+#                     and its output goes to <LEARN_OUT>/sweep_<that name>.log
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
 # runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
@@ -76,8 +79,21 @@ if ! [[ "$lanes" =~ ^[1-9][0-9]*$ ]]; then
 fi
 read -r -a sweep <<<"${LEARN_SWEEP:-}"
 sweep_name() { echo "${1//[^A-Za-z0-9.-]/_}"; }  # a sweep override's folder is LEARN_OUT, "_" and this
+known_task() { [[ "$1" =~ ^(sqa|wtq|wtq1024|tabfact)$ ]]; }
+sweep_tasks() {  # a sweep entry's tasks: those before its ":" (no Hydra key holds one), else LEARN_SWEEP_TASKS's
+  local key="${1%%=*}"
+  if [[ "$key" == *:* ]]; then echo "${key%%:*}" | tr , ' '; return; fi
+  echo "${LEARN_SWEEP_TASKS:-${LEARN_TASKS:-sqa wtq tabfact}}"
+}
+sweep_override() { local key="${1%%=*}"; if [[ "$key" == *:* ]]; then echo "${1#*:}"; else echo "$1"; fi; }
 declare -A sweep_folders=()
 for value in "${sweep[@]}"; do
+  for task in $(sweep_tasks "$value" | grep . || echo "no task"); do
+    if ! known_task "$task"; then
+      echo "tools/learn.sh: LEARN_SWEEP: '$value' names $task; the tasks are sqa, wtq, wtq1024 and tabfact" >&2
+      exit 2
+    fi
+  done
   name=$(sweep_name "$value")
   if [ -n "${sweep_folders[$name]:-}" ]; then
     echo "tools/learn.sh: LEARN_SWEEP: '$value' and '${sweep_folders[$name]}' would share the folder ${out}_$name" >&2
@@ -278,8 +294,8 @@ for value in "${sweep[@]}"; do  # each its own learn.sh, one lane, the rest of t
   [ "$stopped" = 0 ] || break  # a signal meanwhile: no other starts
   name=$(sweep_name "$value")
   log="$out/sweep_$name.log"
-  LEARN_OUT="${out}_$name" LEARN_ARGS="${LEARN_ARGS:+$LEARN_ARGS }$value" LEARN_SWEEP= LEARN_LANES=1 \
-    LEARN_TASKS="${LEARN_SWEEP_TASKS:-${LEARN_TASKS:-sqa wtq tabfact}}" LEARN_ATTENTIONS="${LEARN_SWEEP_ATTENTIONS:-mate}" \
+  LEARN_OUT="${out}_$name" LEARN_ARGS="${LEARN_ARGS:+$LEARN_ARGS }$(sweep_override "$value")" LEARN_SWEEP= \
+    LEARN_LANES=1 LEARN_TASKS="$(sweep_tasks "$value")" LEARN_ATTENTIONS="${LEARN_SWEEP_ATTENTIONS:-mate}" \
     LEARN_SEEDS="${LEARN_SWEEP_SEEDS:-1}" LEARN_BESIDE=$(( sharing - 1 )) LEARN_BUDGET=$(( budget - ($(date +%s) - start) )) \
     OMP_NUM_THREADS=$(( cores / sharing > 0 ? cores / sharing : 1 )) bash "$self" >"$log" 2>&1 &
   pids+=("$!")

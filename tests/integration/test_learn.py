@@ -1,9 +1,9 @@
 """tools/learn.sh, the GPU's learning runs, on the CPU: every table task's recipe for a few steps on its bundled
 sample, the trivial baselines, the table and the pack; a run without metrics.json (what a budget's SIGTERM leaves)
-is resumed from its last.ckpt by the next call; a sweep (LEARN_SWEEP) trains beside them in a folder of its own; a
-task chained to another (LEARN_INIT) waits for that run, then starts from its weights; two lanes (LEARN_LANES) train
-MATE and dense at the same time, and a time limit's TERM to the script's process group stops both runs with their
-last.ckpt and still writes the table. The script and its `mate` processes are the point."""
+is resumed from its last.ckpt by the next call; a sweep (LEARN_SWEEP) trains beside them in a folder of its own, for
+the tasks its entry names; a task chained to another (LEARN_INIT) waits for that run, then starts from its weights;
+two lanes (LEARN_LANES) train MATE and dense at the same time, and a time limit's TERM to the script's process group
+stops both runs with their last.ckpt and still writes the table. The script and its `mate` processes are the point."""
 
 from __future__ import annotations
 
@@ -56,18 +56,20 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     """Over 20 s: six short `mate train` processes (two side by side) and three `mate baseline` ones."""
     out = tmp_path / "learn"
     # wtq1024 starts from sqa's run: taken once that is complete; beside them TabFact at another rate, in a folder of
-    # its own
-    first = learn(out, "wtq1024 sqa tabfact", LEARN_SWEEP="model.optimizer.lr=1e-4", LEARN_SWEEP_TASKS="tabfact")
-    swept = tmp_path / "learn_model.optimizer.lr_1e-4"
-    assert f"learn: sweep model.optimizer.lr=1e-4: exit 0 ({out / 'sweep_model.optimizer.lr_1e-4.log'})" in first.stdout
+    # its own (the entry's own task, not LEARN_SWEEP_TASKS's)
+    sweep = "tabfact:model.optimizer.lr=1e-4"
+    first = learn(out, "wtq1024 sqa tabfact", LEARN_SWEEP=sweep, LEARN_SWEEP_TASKS="sqa")
+    swept = tmp_path / "learn_tabfact_model.optimizer.lr_1e-4"
+    assert f"learn: sweep {sweep}: exit 0 ({out / 'sweep_tabfact_model.optimizer.lr_1e-4.log'})" in first.stdout
     assert sorted(path.name for path in swept.glob("*_s*") if path.is_dir()) == ["tabfact_mate_s1"]  # its tasks alone
     assert yaml.safe_load((swept / "tabfact_mate_s1" / "resolved_config.yaml").read_text())["model"]["optimizer"][
         "lr"
     ] == pytest.approx(1e-4)
     assert " model.optimizer.lr=1e-4; init: " in (swept / "learn.md").read_text(encoding="utf-8")  # its settings
-    gathered = out / "learn_model.optimizer.lr_1e-4.md"  # its table and pack beside the recipes', for gpu_run.sh
+    # its table and pack beside the recipes', for gpu_run.sh
+    gathered = out / "learn_tabfact_model.optimizer.lr_1e-4.md"
     assert gathered.read_text(encoding="utf-8") == (swept / "learn.md").read_text(encoding="utf-8")
-    assert (out / "learn_runs_model.optimizer.lr_1e-4.tar.gz").is_file()
+    assert (out / "learn_runs_tabfact_model.optimizer.lr_1e-4.tar.gz").is_file()
     assert "up to 2 at a time" in (out / "learn.md").read_text(encoding="utf-8")  # one lane here, one beside
     lines = first.stdout.splitlines()
     assert lines.index("learn: sqa_mate_s1: exit 0 (" + str(out / "sqa_mate_s1.log") + ")") < next(
@@ -114,7 +116,7 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
         names = set(pack.getnames())
     assert {"./tabfact_mate_s1/metrics.json", "./tabfact_mate_s1/csv/metrics.csv", "./baseline_wtq/metrics.json",
             "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json", "./sqa_mate_s1/any_cell/metrics.json",
-            "./sqa_mate_s1/any_cell/predictions.tsv", "./sweep_model.optimizer.lr_1e-4.log"} <= names  # fmt: skip
+            "./sqa_mate_s1/any_cell/predictions.tsv", "./sweep_tabfact_model.optimizer.lr_1e-4.log"} <= names  # fmt: skip
     assert not any(name.endswith(".ckpt") for name in names)
 
     refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings
@@ -125,6 +127,8 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     assert "LEARN_LANES: 'two' is no number" in bad.stderr and not (tmp_path / "lanes").exists()
     bad = learn(tmp_path / "twice", "wtq", status=2, LEARN_SWEEP="model.optimizer.lr=1e-4 model.optimizer.lr=1e-4")
     assert "would share the folder" in bad.stderr and not (tmp_path / "twice").exists(), bad.stderr
+    bad = learn(tmp_path / "typo", "wtq", status=2, LEARN_SWEEP="tabfcat:model.optimizer.lr=1e-4")
+    assert "names tabfcat; the tasks are sqa," in bad.stderr and not (tmp_path / "typo").exists(), bad.stderr
 
 
 def test_two_lanes_train_side_by_side_and_a_time_limits_term_stops_both_with_their_checkpoints(tmp_path):
