@@ -39,14 +39,15 @@
 #                     complete: a lane that would take it while that run trains takes another, or waits; a source
 #                     that is not complete at its turn (cut, failed, not in LEARN_TASKS) leaves it not started
 #   LEARN_SWEEP       overrides to try beside these runs, each this script's own call in a folder of its own, named
-#                     LEARN_OUT, "_" and the override with each character other than letters, digits, "." and "-" made
+#                     LEARN_OUT, "_" and the entry with each character other than letters, digits, "." and "-" made
 #                     "_" (model.optimizer.lr=1e-4 -> outputs/learn_model.optimizer.lr_1e-4), with LEARN_ARGS and then
 #                     the override, in one lane each (so LEARN_LANES + one per override share the device), within the
 #                     same budget; e.g. LEARN_SWEEP="model.optimizer.lr=1e-4 model.optimizer.lr=2e-5". Their runs are
 #                     LEARN_SWEEP_TASKS (default LEARN_TASKS) for LEARN_SWEEP_ATTENTIONS (default mate) and
 #                     LEARN_SWEEP_SEEDS (default 1), with this call's data, hardware and LEARN_INIT (a task that starts
 #                     from another needs that one among LEARN_SWEEP_TASKS too). An override led by tasks and ":" runs
-#                     for those tasks instead, so that one call tries one thing on one task and another on another:
+#                     for those tasks instead (and a chained task's source must be among them), so that one call tries
+#                     one thing on one task and another on another:
 #                     LEARN_SWEEP="sqa:trainer.max_epochs=10 tabfact:trainer.max_epochs=20" (a list: "sqa,wtq:...";
 #                     the folder's name keeps the tasks: learn_tabfact_trainer.max_epochs_20). Each folder gets its own
 #                     table and pack, copied into LEARN_OUT as learn_<that name>.md and learn_runs_<that name>.tar.gz,
@@ -79,7 +80,7 @@ if ! [[ "$lanes" =~ ^[1-9][0-9]*$ ]]; then
 fi
 read -r -a sweep <<<"${LEARN_SWEEP:-}"
 sweep_name() { echo "${1//[^A-Za-z0-9.-]/_}"; }  # a sweep override's folder is LEARN_OUT, "_" and this
-known_task() { [[ "$1" =~ ^(sqa|wtq|wtq1024|tabfact)$ ]]; }
+task_list='(sqa|wtq|wtq1024|tabfact)(,(sqa|wtq|wtq1024|tabfact))*'
 sweep_tasks() {  # a sweep entry's tasks: those before its ":" (no Hydra key holds one), else LEARN_SWEEP_TASKS's
   local key="${1%%=*}"
   if [[ "$key" == *:* ]]; then echo "${key%%:*}" | tr , ' '; return; fi
@@ -88,12 +89,11 @@ sweep_tasks() {  # a sweep entry's tasks: those before its ":" (no Hydra key hol
 sweep_override() { local key="${1%%=*}"; if [[ "$key" == *:* ]]; then echo "${1#*:}"; else echo "$1"; fi; }
 declare -A sweep_folders=()
 for value in "${sweep[@]}"; do
-  for task in $(sweep_tasks "$value" | grep . || echo "no task"); do
-    if ! known_task "$task"; then
-      echo "tools/learn.sh: LEARN_SWEEP: '$value' names $task; the tasks are sqa, wtq, wtq1024 and tabfact" >&2
-      exit 2
-    fi
-  done
+  if [[ "${value%%=*}" == *:* ]] && ! [[ "$value" =~ ^$task_list:[^:=]+(=|$) ]]; then
+    echo "tools/learn.sh: LEARN_SWEEP: '$value' is no <tasks>:<override> (tasks from sqa, wtq, wtq1024 and tabfact," \
+      "comma-separated), such as tabfact:trainer.max_epochs=20" >&2
+    exit 2
+  fi
   name=$(sweep_name "$value")
   if [ -n "${sweep_folders[$name]:-}" ]; then
     echo "tools/learn.sh: LEARN_SWEEP: '$value' and '${sweep_folders[$name]}' would share the folder ${out}_$name" >&2

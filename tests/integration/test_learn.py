@@ -127,8 +127,9 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     assert "LEARN_LANES: 'two' is no number" in bad.stderr and not (tmp_path / "lanes").exists()
     bad = learn(tmp_path / "twice", "wtq", status=2, LEARN_SWEEP="model.optimizer.lr=1e-4 model.optimizer.lr=1e-4")
     assert "would share the folder" in bad.stderr and not (tmp_path / "twice").exists(), bad.stderr
-    bad = learn(tmp_path / "typo", "wtq", status=2, LEARN_SWEEP="tabfcat:model.optimizer.lr=1e-4")
-    assert "names tabfcat; the tasks are sqa," in bad.stderr and not (tmp_path / "typo").exists(), bad.stderr
+    for entry in ("tabfcat:model.optimizer.lr=1e-4", "tabfact:", "sqa:wtq:model.optimizer.lr=1e-4"):
+        bad = learn(tmp_path / "typo", "wtq", status=2, LEARN_SWEEP=entry)
+        assert f"'{entry}' is no <tasks>:<override>" in bad.stderr and not (tmp_path / "typo").exists(), bad.stderr
 
 
 def test_two_lanes_train_side_by_side_and_a_time_limits_term_stops_both_with_their_checkpoints(tmp_path):
