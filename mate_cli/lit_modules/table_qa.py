@@ -1,7 +1,9 @@
 """SQA and WikiTQ: the encoder and TAPAS's heads (:mod:`mate_cli.modeling.tapas_heads`).
 
 Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something), ``<stage>/accuracy`` (SQA's ALL;
-WikiTQ's denotation accuracy), SQA's SEQ as ``<stage>/seq``, and ``<stage>/accuracy_long`` and ``long_questions`` over
+WikiTQ's denotation accuracy), SQA's SEQ as ``<stage>/seq`` and its accuracy at the first, second and third question of
+a sequence as ``<stage>/accuracy_q1``, ``accuracy_q2`` and ``accuracy_q3`` (the Q1-Q3 that SQA's and TAPAS's papers
+report beside ALL and SEQ; later positions count in ALL only), and ``<stage>/accuracy_long`` and ``long_questions`` over
 the questions whose whole input exceeds ``long_table_tokens`` word pieces whatever ``max_length`` (so runs at different
 lengths score the same questions), and ``<stage>/cell_top1`` (:func:`top_cell_hits`: of the questions with an answer
 cell, the share whose most probable cell is one; it needs no threshold, so it shows cell selection learned before any
@@ -35,6 +37,9 @@ from mate_cli.modeling.heads import pool_cells
 from mate_cli.modeling.tapas_heads import AGGREGATIONS, QAOutput, TapasHeadConfig, TapasQAHead, token_numeric_values
 
 log = logging.getLogger(__name__)
+
+#: SQA's Q1-Q3: ``<stage>/accuracy_q<n>`` scores the n-th question of each sequence
+QUESTION_NUMBERS = (1, 2, 3)
 
 
 class TableQAModule(EvaluatedTaskModule):
@@ -83,6 +88,7 @@ class TableQAModule(EvaluatedTaskModule):
             "answer_cells_kept",
             "accuracy_long",
             "cell_top1",
+            *(f"accuracy_q{n}" for n in QUESTION_NUMBERS),
             seq=SequenceAccuracy,
             long_questions=SumMetric,
         )
@@ -169,8 +175,16 @@ class TableQAModule(EvaluatedTaskModule):
                 keys = [sequence_key(r["sequence_id"] or r["question_id"]) for r in rows]
                 keys = torch.tensor(keys, device=self.device)
                 self.update_logged(stage, "seq", keys, correct.bool(), batch_size=len(part))
+                self._log_positions(part, correct, stage)
             self._log_long_tables(part, correct, stage)
             self.predictions.extend(rows)
+
+    def _log_positions(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
+        """SQA: ``<stage>/accuracy_q<n>`` over the questions at position ``n - 1`` of their sequence."""
+        positions = torch.tensor(part.positions, device=correct.device)
+        for n in QUESTION_NUMBERS:
+            if bool((at := positions == n - 1).any()):
+                self.update_logged(stage, f"accuracy_q{n}", correct[at], batch_size=int(at.sum()))
 
     def _log_long_tables(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
         if self.long_table_tokens is None or not part.full_lengths:

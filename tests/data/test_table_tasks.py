@@ -524,6 +524,24 @@ def test_long_table_slice_scores_only_the_long_questions(module, datamodule):
     assert int(module.metrics["val_long_questions"].compute()) == sum(long)
 
 
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
+def test_q1_to_q3_score_the_first_three_questions_of_each_sequence_apart(module, datamodule):
+    dm = datamodule("sqa")
+    ds = dm.datasets["train"]  # the validation side holds too few sequences to reach a third question
+    batch = TaskCollator()([ds[i] for i in range(len(ds))])
+    positions = list(batch.positions)
+    assert {0, 1, 2} <= set(positions) and max(positions) > 2  # later questions exist and count in none of them
+    correct = torch.tensor([float((i * 7) % 3 == 0) for i in range(len(positions))])
+    for n in (1, 2, 3):
+        module.metrics[f"val_accuracy_q{n}"].reset()
+    module._log_positions(batch, correct, "val")
+    for n in (1, 2, 3):
+        at = [c for c, p in zip(correct.tolist(), positions) if p == n - 1]
+        assert float(module.metrics[f"val_accuracy_q{n}"].compute()) == pytest.approx(sum(at) / len(at))
+    per_position = [float(module.metrics[f"val_accuracy_q{n}"].compute()) for n in (1, 2, 3)]
+    assert len(set(per_position)) > 1  # the pattern differs by position, so mixing positions up would show
+
+
 def test_bad_task_or_pruning_is_a_mate_error(tmp_path):
     root, source = SAMPLES["wtq"]
     common = dict(root=str(root), pretrained="minilm", split={"source": source}, cache_dir=str(tmp_path))

@@ -11,6 +11,7 @@ trains them.)
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import shutil
@@ -68,6 +69,9 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
         assert 0.0 <= metrics["val/cell_top1"] <= 1.0
     if task == "sqa":
         assert 0.0 <= metrics["val/seq"] <= metrics["val/accuracy"] or metrics["val/accuracy"] == 0.0
+        assert all(0.0 <= metrics[f"val/accuracy_q{n}"] <= 1.0 for n in (1, 2, 3))
+    else:
+        assert "val/accuracy_q1" not in metrics  # not a sequential task
     root, eval_file, expected = another_root(task, tmp_path)
     if task == "wtq":  # the long-table slice: 4 of the sample's 6 validation questions are over 512 whole
         assert metrics["val/long_questions"] == 4 and 0.0 <= metrics["val/accuracy_long"] <= 1.0
@@ -98,6 +102,7 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
         assert len(lines) == expected + (task == "sqa")  # SQA's file has a header
         if task == "sqa":
             assert lines[0].split("\t") == ["id", "annotator", "position", "answer_coordinates"]
+            assert_q1_to_q3_match_the_predictions(scores, predictions, root / eval_file)
 
     table, question = a_table_and_question(task)
     capsys.readouterr()
@@ -117,6 +122,26 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
         ):
             run_command("predict", [f"stage1.ckpt_path={ckpt}", f"table={table}", f"question={question}"],
                         tmp_path / "predict-stage1")  # fmt: skip
+
+
+def assert_q1_to_q3_match_the_predictions(scores: dict, predictions: Path, gold_file: Path) -> None:
+    """SQA's Q1-Q3 are the shares of the first, second and third questions whose predicted cells are the gold ones."""
+
+    def answers(path: Path) -> dict[tuple[str, str, int], set]:
+        with open(path, encoding="utf-8", newline="") as handle:
+            rows = csv.DictReader(handle, delimiter="\t")
+            return {
+                (r["id"], r["annotator"], int(r["position"])): set(ast.literal_eval(r["answer_coordinates"]))
+                for r in rows
+            }
+
+    gold, predicted = answers(gold_file), answers(predictions)
+    assert predicted.keys() == gold.keys()
+    for n in (1, 2, 3):
+        at = [key for key in gold if key[2] == n - 1]
+        assert at, n
+        right = sum(predicted[key] == gold[key] for key in at)
+        assert scores[f"val/accuracy_q{n}"] == pytest.approx(right / len(at)), n
 
 
 @pytest.mark.slow
