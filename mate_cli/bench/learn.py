@@ -5,7 +5,7 @@ runs', SQA's and WikiTQ's top-cell share of each seed (``val/cell_top1``: how fa
 accuracy has not moved yet) and their dev accuracy with the other decoding (``<run>/any_cell/metrics.json``, ``mate eval``
 with ``model.head.at_least_one_cell=true``: the most probable cell where none passes 0.5), the trivial baselines beside them, examples/s and the minutes each run took (all its
 calls; marked * where other runs shared the device, ``LEARN_LANES`` and ``LEARN_SWEEP``), then the settings the runs share
-(``settings.txt``)."""
+(``settings.txt``), and last SQA's Q1 / Q2 / Q3 of each run (``val/accuracy_q1`` to ``_q3``)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from mate_cli.bench.e2e import folder_main, markdown_row
 RUN = re.compile(r"^(?P<task>[a-z]+\d*)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")  #: wtq1024: WikiTQ at 1,024
 METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its per-question accuracy)
 TOP_CELL = "val/cell_top1"  #: SQA, WikiTQ: the share of questions with an answer cell whose most probable cell is one
+QUESTIONS = tuple(f"val/accuracy_q{n}" for n in (1, 2, 3))  #: SQA: the first, second and third question of a sequence
 
 
 def last_logged(run: Path, key: str) -> float | None:
@@ -44,6 +45,7 @@ def run_row(run: Path) -> dict:
         "any_cell": json.loads(any_cell.read_text(encoding="utf-8")).get(METRIC) if any_cell.is_file() else None,
         "accuracy": metrics.get(METRIC, last_logged(run, METRIC)),
         "cell_top1": metrics.get(TOP_CELL, last_logged(run, TOP_CELL)),
+        "questions": [metrics.get(key, last_logged(run, key)) for key in QUESTIONS],
         "examples_per_s": metrics.get("perf/examples_per_s", last_logged(run, "perf/examples_per_s")),
         "minutes": sum(int(call[0]) for call in calls) / 60 if calls else None,
         "calls": len(calls),
@@ -117,12 +119,24 @@ def table(folder: Path) -> str:
         if lanes > 1
         else ""
     )
+    by_question = [
+        f"{task} {attention} seed {seed}: " + " / ".join(_number(value, "{:.3f}") for value in row["questions"])
+        for (task, attention), seeds in found.items()
+        for seed, row in seeds.items()
+        if any(value is not None for value in row["questions"])
+    ]
+    questions = (
+        f"\nQ1 / Q2 / Q3 ({', '.join(QUESTIONS)}: the first, second and third question of each sequence, the runs'"
+        f" own decoding): {'; '.join(by_question)}.\n"
+        if by_question
+        else ""
+    )
     return "\n".join(lines) + (
         f"\n\n{METRIC} on each task's dev side; median and range over the complete runs; a run not complete shows"
         f" its last validation. Top cell: {TOP_CELL}, of the dev questions with an answer cell the share whose most"
         f" probable cell is one (no threshold). At least one cell: {METRIC} of the same weights decoded with"
         " model.head.at_least_one_cell=true, the most probable cell where none passes 0.5 (the runs' own decoding is"
-        f" TAPAS's: the cells above 0.5).{shared}{ran}\n"
+        f" TAPAS's: the cells above 0.5).{shared}{ran}\n{questions}"
     )
 
 
