@@ -1,5 +1,5 @@
-"""SQA's question accuracy (ALL) and sequence accuracy (SEQ, every question of a sequence right), as fractions in
-[0, 1] (0.0 when there is nothing to score).
+"""SQA's question accuracy (ALL), sequence accuracy (SEQ, every question of a sequence right) and the accuracy at the
+first, second and third question of a sequence (Q1-Q3), as fractions in [0, 1] (0.0 when there is nothing to score).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def question_correct(predicted_coords: Iterable[Coordinate], gold_coords: Iterab
 
 
 def sqa_scores(records: Iterable[tuple[Hashable, int, bool]]) -> dict[str, float | int]:
-    """``{"all", "seq", "questions", "sequences"}`` of ``(sequence_id, position, correct)`` records; a repeated record
-    counts once, two verdicts for one ``(sequence_id, position)`` raise ``ValueError``."""
+    """``{"all", "seq", "q1", "q2", "q3", "questions", "sequences"}`` of ``(sequence_id, position, correct)`` records
+    (``q<n>``: the questions at position ``n - 1``); a repeated record counts once, two verdicts for one
+    ``(sequence_id, position)`` raise ``ValueError``."""
     verdicts: dict[tuple[Hashable, int], bool] = {}
     for sequence_id, position, correct in records:
         key = (sequence_id, int(position))
@@ -36,12 +37,21 @@ def sqa_scores(records: Iterable[tuple[Hashable, int, bool]]) -> dict[str, float
     for (sequence_id, _), correct in verdicts.items():
         sequences[sequence_id] = sequences.get(sequence_id, True) and correct
     n, m = len(verdicts), len(sequences)
+    by_position = {
+        f"q{k}": _share([correct for (_, position), correct in verdicts.items() if position == k - 1])
+        for k in (1, 2, 3)
+    }
     return {
-        "all": sum(verdicts.values()) / n if n else 0.0,
-        "seq": sum(sequences.values()) / m if m else 0.0,
+        "all": _share(list(verdicts.values())),
+        "seq": _share(list(sequences.values())),
+        **by_position,
         "questions": n,
         "sequences": m,
     }
+
+
+def _share(verdicts: list[bool]) -> float:
+    return sum(verdicts) / len(verdicts) if verdicts else 0.0
 
 
 def sequence_key(sequence_id: str) -> int:

@@ -28,7 +28,7 @@ def wtq_most_frequent(train: Sequence[Question], validation: Sequence[Question])
 
 def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question], table: Callable[[str], Table]) -> dict:
     """The fixed rule ("every cell of column c" or "the cell at row r, column c", within ``FIXED_ROWS`` x
-    ``FIXED_COLUMNS``) with the best training ALL; its ALL and SEQ on validation."""
+    ``FIXED_COLUMNS``) with the best training ALL; its ALL, SEQ and Q1-Q3 on validation."""
     rules = [(f"every cell of column {c}", _column(c)) for c in range(FIXED_COLUMNS)]
     rules += [
         (f"the cell at row {r}, column {c}", _cell(r, c)) for r in range(FIXED_ROWS) for c in range(FIXED_COLUMNS)
@@ -40,7 +40,8 @@ def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question], t
 
     name, best = max(rules, key=lambda item: scores(train, item[1])["all"])
     val, train_all = scores(validation, best), scores(train, best)["all"]
-    return {"rule": name, "train/accuracy": train_all, "val/accuracy": val["all"], "val/seq": val["seq"]}
+    by_position = {f"val/accuracy_q{n}": val[f"q{n}"] for n in (1, 2, 3)}
+    return {"rule": name, "train/accuracy": train_all, "val/accuracy": val["all"], "val/seq": val["seq"], **by_position}
 
 
 def tabfact_majority(train: Sequence[Question], validation: Sequence[Question]) -> dict:

@@ -1,4 +1,4 @@
-"""SQA ALL/SEQ on a hand-computed case, and the DDP-exact SequenceAccuracy metric."""
+"""SQA ALL/SEQ/Q1-Q3 on a hand-computed case, and the DDP-exact SequenceAccuracy metric."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from mate_cli.metrics.sqa import SequenceAccuracy, question_correct, sequence_ke
 #   A: 3 questions, all correct          -> sequence correct
 #   B: 3 questions, position 1 wrong     -> sequence wrong
 #   C: 1 question, correct               -> sequence correct
-# ALL = 6/7, SEQ = 2/3.
+# ALL = 6/7, SEQ = 2/3; Q1 = 3/3, Q2 = 1/2, Q3 = 2/2.
 RECORDS = [
     ("A/0", 0, True),
     ("A/0", 1, True),
@@ -32,14 +32,22 @@ def test_question_correct_compares_coordinate_sets():
 
 def test_sqa_scores_hand_computed():
     out = sqa_scores(RECORDS)
-    assert out == {"all": pytest.approx(6 / 7), "seq": pytest.approx(2 / 3), "questions": 7, "sequences": 3}
+    assert out == {
+        "all": pytest.approx(6 / 7),
+        "seq": pytest.approx(2 / 3),
+        "q1": 1.0,
+        "q2": 0.5,
+        "q3": 1.0,
+        "questions": 7,
+        "sequences": 3,
+    }
 
 
 def test_sqa_scores_repeats_and_conflicts():
     assert sqa_scores(RECORDS + [("C/2", 0, True)])["questions"] == 7  # exact repeat counts once
     with pytest.raises(ValueError):
         sqa_scores(RECORDS + [("C/2", 0, False)])
-    assert sqa_scores([]) == {"all": 0.0, "seq": 0.0, "questions": 0, "sequences": 0}
+    assert sqa_scores([]) == {"all": 0.0, "seq": 0.0, "q1": 0.0, "q2": 0.0, "q3": 0.0, "questions": 0, "sequences": 0}
 
 
 def test_sequence_key_is_stable_sha256():

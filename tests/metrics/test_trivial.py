@@ -26,7 +26,7 @@ def table(rows: list[list[str]]) -> Table:
     return Table(table_id="t", header=[Cell("a"), Cell("b")], rows=[[Cell(text=t) for t in row] for row in rows])
 
 
-def test_sqa_fixed_rule_is_the_best_on_train_and_gives_all_and_seq():
+def test_sqa_fixed_rule_is_the_best_on_train_and_gives_all_seq_and_q1_to_q3():
     t = table([["x", "1"], ["y", "2"]])
     train = [
         q("s/0/0", answer_coordinates=[[0, 1], [1, 1]], sequence_id="s/0", position=0),
@@ -40,6 +40,7 @@ def test_sqa_fixed_rule_is_the_best_on_train_and_gives_all_and_seq():
     out = trivial.sqa_fixed_cells(train, validation, lambda _: t)
     assert out["rule"] == "every cell of column 1" and out["train/accuracy"] == 2 / 3
     assert out["val/accuracy"] == 0.5 and out["val/seq"] == 0.0
+    assert (out["val/accuracy_q1"], out["val/accuracy_q2"], out["val/accuracy_q3"]) == (1.0, 0.0, 0.0)
 
 
 def test_tabfact_majority():
