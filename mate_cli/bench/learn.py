@@ -16,11 +16,14 @@ import statistics
 from pathlib import Path
 
 from mate_cli.bench.e2e import folder_main, markdown_row
+from mate_cli.metrics.sqa import QUESTION_NUMBERS
 
 RUN = re.compile(r"^(?P<task>[a-z]+\d*)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")  #: wtq1024: WikiTQ at 1,024
 METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its per-question accuracy)
 TOP_CELL = "val/cell_top1"  #: SQA, WikiTQ: the share of questions with an answer cell whose most probable cell is one
-QUESTIONS = tuple(f"val/accuracy_q{n}" for n in (1, 2, 3))  #: SQA: the first, second and third question of a sequence
+QUESTIONS = tuple(
+    f"val/accuracy_q{n}" for n in QUESTION_NUMBERS
+)  #: SQA: the first, second and third question of a sequence
 
 
 def last_logged(run: Path, key: str) -> float | None:

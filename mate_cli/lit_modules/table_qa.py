@@ -29,7 +29,7 @@ from mate_cli.data.schema import TaskBatch
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.lightning_internals import is_log_step
 from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
-from mate_cli.metrics.sqa import SequenceAccuracy, sequence_key
+from mate_cli.metrics.sqa import QUESTION_NUMBERS, SequenceAccuracy, sequence_key
 from mate_cli.metrics.wtq import denotation_correct
 from mate_cli.modeling.dot import answer_cells_kept
 from mate_cli.modeling import checkpoints
@@ -37,9 +37,6 @@ from mate_cli.modeling.heads import pool_cells
 from mate_cli.modeling.tapas_heads import AGGREGATIONS, QAOutput, TapasHeadConfig, TapasQAHead, token_numeric_values
 
 log = logging.getLogger(__name__)
-
-#: SQA's Q1-Q3: ``<stage>/accuracy_q<n>`` scores the n-th question of each sequence
-QUESTION_NUMBERS = (1, 2, 3)
 
 
 class TableQAModule(EvaluatedTaskModule):

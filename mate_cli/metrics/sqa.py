@@ -12,6 +12,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 Coordinate = Sequence[int]
+#: SQA's Q1-Q3: question ``n`` of a sequence is the one at position ``n - 1``
+QUESTION_NUMBERS = (1, 2, 3)
 
 
 def _coordinate_set(coords: Iterable[Coordinate]) -> set[tuple[int, int]]:
@@ -39,7 +41,7 @@ def sqa_scores(records: Iterable[tuple[Hashable, int, bool]]) -> dict[str, float
     n, m = len(verdicts), len(sequences)
     by_position = {
         f"q{k}": _share([correct for (_, position), correct in verdicts.items() if position == k - 1])
-        for k in (1, 2, 3)
+        for k in QUESTION_NUMBERS
     }
     return {
         "all": _share(list(verdicts.values())),

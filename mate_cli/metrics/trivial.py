@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Callable, Sequence
 
 from mate_cli.data.schema import Question, Table
-from mate_cli.metrics.sqa import question_correct, sqa_scores
+from mate_cli.metrics.sqa import QUESTION_NUMBERS, question_correct, sqa_scores
 from mate_cli.metrics.wtq import denotation_correct, normalize
 
 FIXED_COLUMNS = 5
@@ -40,7 +40,7 @@ def sqa_fixed_cells(train: Sequence[Question], validation: Sequence[Question], t
 
     name, best = max(rules, key=lambda item: scores(train, item[1])["all"])
     val, train_all = scores(validation, best), scores(train, best)["all"]
-    by_position = {f"val/accuracy_q{n}": val[f"q{n}"] for n in (1, 2, 3)}
+    by_position = {f"val/accuracy_q{n}": val[f"q{n}"] for n in QUESTION_NUMBERS}
     return {"rule": name, "train/accuracy": train_all, "val/accuracy": val["all"], "val/seq": val["seq"], **by_position}
 
 
