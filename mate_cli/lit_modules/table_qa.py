@@ -7,8 +7,12 @@ report beside ALL and SEQ; later positions count in ALL only), and ``<stage>/acc
 the questions whose whole input exceeds ``long_table_tokens`` word pieces whatever ``max_length`` (so runs at different
 lengths score the same questions), and ``<stage>/cell_top1`` (:func:`top_cell_hits`: of the questions with an answer
 cell, the share whose most probable cell is one; it needs no threshold, so it shows cell selection learned before any
-probability reaches ``cell_classification_threshold`` and accuracy moves). With DoT, ``<stage>/answer_cells_kept``:
-the share of questions with answer cells that keep a token of every answer cell after the top-K selection.
+probability reaches ``cell_classification_threshold`` and accuracy moves). ``<stage>/accuracy_at_least_one_cell`` is
+``<stage>/accuracy`` as the same weights score it decoded with ``head.at_least_one_cell=true`` (the most probable cell
+where none passes the threshold), what ``mate eval "overrides=['model.head.at_least_one_cell=true']"`` would give; SQA's
+questions after the first then read that decoding's own previous answers, so it costs them a second forward (with
+``at_least_one_cell`` already set, it is ``accuracy``). With DoT, ``<stage>/answer_cells_kept``: the share of questions
+with answer cells that keep a token of every answer cell after the top-K selection.
 
 SQA's evaluation feeds each question the model's own prediction for the previous one as ``prev_labels`` (as TAPAS
 does), position by position, so the split must come in position order on one process (under DDP: a warning, zeros)."""
@@ -85,12 +89,16 @@ class TableQAModule(EvaluatedTaskModule):
             "answer_cells_kept",
             "accuracy_long",
             "cell_top1",
+            "accuracy_at_least_one_cell",
             *(f"accuracy_q{n}" for n in QUESTION_NUMBERS),
             seq=SequenceAccuracy,
             long_questions=SumMetric,
         )
         self.predictions: list[dict] = []
+        #: SQA: each decoded answer by (sequence, position), for the next question's prev_labels; the second, the answers
+        #: decoded with at least one cell (``accuracy_at_least_one_cell``)
         self._predicted: dict[tuple[str, int], set[tuple[int, int]]] = {}
+        self._predicted_at_least_one_cell: dict[tuple[str, int], set[tuple[int, int]]] = {}
         self._warned_missing = False
 
     def forward(self, batch: TaskBatch, with_loss: bool = False) -> QAOutput:
@@ -148,13 +156,13 @@ class TableQAModule(EvaluatedTaskModule):
         return (losses * weight).sum() / weight.sum().clamp(min=1)
 
     def _reset_predictions(self) -> None:
-        self.predictions, self._predicted = [], {}
+        self.predictions, self._predicted, self._predicted_at_least_one_cell = [], {}, {}
 
     on_validation_epoch_start = on_test_epoch_start = on_predict_epoch_start = _reset_predictions
 
     def _eval_step(self, batch: TaskBatch, stage: str) -> None:
-        for part in self._in_position_order(batch):
-            part, pruned = self.prune(self._with_predicted_previous(part))
+        for given in self._in_position_order(batch):
+            part, pruned = self.prune(self._with_predicted_previous(given))
             if pruned is not None:
                 self._log_answer_cells_kept(part, stage)
             out = self(part, with_loss=True)
@@ -174,7 +182,25 @@ class TableQAModule(EvaluatedTaskModule):
                 self.update_logged(stage, "seq", keys, correct.bool(), batch_size=len(part))
                 self._log_positions(part, correct, stage)
             self._log_long_tables(part, correct, stage)
+            self._log_at_least_one_cell(given, part, out, correct, stage)
             self.predictions.extend(rows)
+
+    def _log_at_least_one_cell(
+        self, given: TaskBatch, part: TaskBatch, out: QAOutput, correct: torch.Tensor, stage: str
+    ) -> None:
+        """``<stage>/accuracy_at_least_one_cell``: ``given`` (the step's questions of one position) decoded with the
+        most probable cell where none passes the threshold. ``part`` and ``out`` are the configured decoding's input
+        and output: the same for the first questions of SQA's sequences and for WikiTQ; SQA's later questions are run
+        again with this decoding's own previous answers as their ``prev_labels``."""
+        if self.head_config.at_least_one_cell:
+            self.update_logged(stage, "accuracy_at_least_one_cell", correct, batch_size=len(part))
+            return
+        if self.task.sequential and any(given.positions):
+            part, _ = self.prune(self._with_predicted_previous(given, self._predicted_at_least_one_cell))
+            out = self(part)
+        rows = self.remember(self.decode(part, out, at_least_one_cell=True), self._predicted_at_least_one_cell)
+        hits = torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
+        self.update_logged(stage, "accuracy_at_least_one_cell", hits, batch_size=len(part))
 
     def _log_positions(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
         """SQA: ``<stage>/accuracy_q<n>`` over the questions at position ``n - 1`` of their sequence."""
@@ -199,15 +225,19 @@ class TableQAModule(EvaluatedTaskModule):
             return [batch]
         return [batch.select([i for i, p in enumerate(batch.positions) if p == position]) for position in positions]
 
-    def _with_predicted_previous(self, batch: TaskBatch) -> TaskBatch:
-        """SQA: ``prev_labels`` from this model's answers to the previous questions."""
+    def _with_predicted_previous(
+        self, batch: TaskBatch, predicted: Mapping[tuple[str, int], set[tuple[int, int]]] | None = None
+    ) -> TaskBatch:
+        """SQA: ``prev_labels`` from this model's answers to the previous questions (``predicted``, as
+        :meth:`remember` keeps them; the configured decoding's unless given)."""
         if not self.task.sequential:
             return batch
+        predicted = self._predicted if predicted is None else predicted
         marks = torch.zeros_like(batch.cell_mask)
         for i, (sequence, position) in enumerate(zip(batch.sequence_ids, batch.positions)):
             if position == 0:
                 continue
-            if (previous := self._predicted.get((sequence, position - 1))) is None:
+            if (previous := predicted.get((sequence, position - 1))) is None:
                 if not self._warned_missing:
                     log.warning(
                         "SQA: no prediction for the question before %s (position %d); its prev_labels "
@@ -231,11 +261,13 @@ class TableQAModule(EvaluatedTaskModule):
         return pool_cells(torch.sigmoid(out.logits.float()), cell_ids, batch.cell_mask.shape[1] - 1)
 
     @torch.no_grad()
-    def decode(self, batch: TaskBatch, out: QAOutput) -> list[dict]:
-        """Per example: the selected cells, the aggregation, the answer (WikiTQ), and whether it is right."""
+    def decode(self, batch: TaskBatch, out: QAOutput, at_least_one_cell: bool | None = None) -> list[dict]:
+        """Per example: the selected cells, the aggregation, the answer (WikiTQ), and whether it is right.
+        ``at_least_one_cell``: the head's setting unless given."""
         probs = self.cell_probs(batch, out)
         selected = (probs > self.head_config.cell_classification_threshold) & batch.cell_mask
-        if self.head_config.at_least_one_cell:  # none above the threshold: the most probable cell
+        if self.head_config.at_least_one_cell if at_least_one_cell is None else at_least_one_cell:
+            # none above the threshold: the most probable cell
             none = ~selected.any(-1) & batch.cell_mask.any(-1)
             top = probs.masked_fill(~batch.cell_mask, -1.0).argmax(-1)
             selected[none, top[none]] = True
@@ -266,11 +298,15 @@ class TableQAModule(EvaluatedTaskModule):
             rows.append(row)
         return rows
 
-    def remember(self, rows: list[dict]) -> list[dict]:
-        """SQA: keep each decoded answer for the next question of its sequence."""
+    def remember(
+        self, rows: list[dict], predicted: dict[tuple[str, int], set[tuple[int, int]]] | None = None
+    ) -> list[dict]:
+        """SQA: keep each decoded answer for the next question of its sequence, in ``predicted`` (the configured
+        decoding's unless given)."""
+        predicted = self._predicted if predicted is None else predicted
         if self.task.sequential:
             for row in rows:
-                self._predicted[(row["sequence_id"], row["position"])] = {tuple(c) for c in row["coordinates"]}
+                predicted[(row["sequence_id"], row["position"])] = {tuple(c) for c in row["coordinates"]}
         return rows
 
     def predict_step(self, batch: TaskBatch, batch_idx: int) -> list[dict]:

@@ -117,6 +117,11 @@ def datamodule(module_tmp):
 
 @pytest.fixture(scope="module")
 def module(hf_tokenizer) -> TableQAModule:
+    return _sqa_module(hf_tokenizer)
+
+
+def _sqa_module(hf_tokenizer, **head) -> TableQAModule:
+    """A small random SQA model, the same weights for the same ``head`` settings (seeded)."""
     torch.manual_seed(0)
     config = EncoderConfig(
         vocab_size=len(hf_tokenizer),
@@ -127,7 +132,7 @@ def module(hf_tokenizer) -> TableQAModule:
         max_position_embeddings=512,
     )
     return TableQAModule(
-        TableEncoder(config, "dense"), optimizer=functools.partial(torch.optim.AdamW), task="sqa", head={}
+        TableEncoder(config, "dense"), optimizer=functools.partial(torch.optim.AdamW), task="sqa", head=head
     )
 
 
@@ -550,6 +555,47 @@ def test_an_evaluation_scores_q1_to_q3_from_its_own_decoded_answers(module, data
         at = [row["correct"] for row in second.values() if row["position"] == n - 1]
         assert 0 < sum(at) < len(at)  # right and wrong at every position
         assert float(module.metrics[f"val_accuracy_q{n}"].compute()) == pytest.approx(sum(at) / len(at))
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
+def test_an_evaluation_scores_the_other_decoding_as_a_model_decoding_with_it_would(hf_tokenizer, datamodule):
+    """``val_accuracy_at_least_one_cell`` is the accuracy the same weights get with ``at_least_one_cell=true``: every
+    later question of a sequence reads that decoding's own previous answer, not the configured decoding's."""
+    ds = datamodule("sqa").datasets["train"]
+    batch = TaskCollator()([ds[i] for i in range(len(ds))])
+    assert max(batch.positions) >= 2
+    # a threshold no cell passes: the configured decoding answers no cell, the other one the most probable cell; the
+    # previous answer's token type is made loud, so the two decodings' previous answers give different cells
+    threshold = {"cell_classification_threshold": 0.999}
+    configured, other = (
+        _sqa_module(hf_tokenizer, **threshold),
+        _sqa_module(hf_tokenizer, at_least_one_cell=True, **threshold),
+    )
+    with torch.no_grad():
+        configured.encoder.embeddings.token_type_embeddings_3.weight[1].normal_(0, 3.0)
+    other.load_state_dict(configured.state_dict())
+
+    def evaluate(model: TableQAModule, b: TaskBatch) -> dict[str, dict]:
+        model.eval()
+        model._reset_predictions()
+        for metric in model.metrics.values():
+            metric.reset()
+        with torch.no_grad():
+            model._eval_step(b, "val")
+        return {row["question_id"]: row for row in model.predictions}
+
+    answered = evaluate(other, batch)
+    assert all(len(row["coordinates"]) == 1 for row in answered.values())
+    # every other question's gold is the other decoding's own answer, so it scores right and wrong answers
+    gold = [answered[q]["coordinates"] if i % 2 else a for i, (q, a) in enumerate(zip(batch.question_ids, batch.answer_coordinates))]  # fmt: skip
+    batch = replace(batch, answer_coordinates=gold)
+    evaluate(other, batch)
+    expected = float(other.metrics["val_accuracy"].compute())
+    assert 0 < expected < 1
+    evaluate(configured, batch)
+    assert float(configured.metrics["val_accuracy"].compute()) == 0  # no cell, never the answer
+    assert float(configured.metrics["val_accuracy_at_least_one_cell"].compute()) == pytest.approx(expected)
+    assert float(other.metrics["val_accuracy_at_least_one_cell"].compute()) == pytest.approx(expected)  # its own
 
 
 def test_bad_task_or_pruning_is_a_mate_error(tmp_path):
