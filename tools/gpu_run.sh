@@ -34,8 +34,8 @@
 #                     budget is the step's limit less 50 s (LEARN_BUDGET), which leaves time to stop the last runs
 #                     and write the table: runs in outputs/learn, which a warm machine keeps, so the next call
 #                     resumes what the budget cut; learn.md and learn_runs.tar.gz copied into $GPU_OUT after the
-#                     step, even one its limit ended (each complete SQA and WikiTQ run also scored with
-#                     model.head.at_least_one_cell=true);
+#                     step, even one its limit ended (SQA's and WikiTQ's runs log their accuracy with
+#                     model.head.at_least_one_cell=true too: val/accuracy_at_least_one_cell);
 #                     LEARN_SWEEP="model.optimizer.lr=1e-4 ..." trains other settings beside them, one lane and one
 #                     folder each (tools/learn.sh; "tabfact:trainer.max_epochs=20" for one task alone), whose
 #                     learn_<name>.md and learn_runs_<name>.tar.gz come too (the entry with "=", ":" and the like made

@@ -2,10 +2,9 @@
 # The table tasks learned on a GPU, MATE against dense: each task's GPU recipe
 # (conf/profile/<task>_gpu.yaml) for each attention and seed, within a time budget, then the
 # table $LEARN_OUT/learn.md (python -m mate_cli.bench.learn) and the runs' small files packed
-# into $LEARN_OUT/learn_runs.tar.gz (metrics.json, the CSV learning curve, the log, the config; the any_cell/
-# scores and predictions).
-# Each complete SQA and WikiTQ run is then scored once more by `mate eval` with the other decoding,
-# model.head.at_least_one_cell=true (the most probable cell where none passes 0.5), into <run>/any_cell/.
+# into $LEARN_OUT/learn_runs.tar.gz (metrics.json, the CSV learning curve, the log, the config).
+# SQA's and WikiTQ's runs log at every validation their dev accuracy with the other decoding too,
+# val/accuracy_at_least_one_cell (model.head.at_least_one_cell=true: the most probable cell where none passes 0.5).
 # A run that has no metrics.json yet resumes from its last.ckpt (ckpt_path=) when the script is
 # run again: the budget ends a run with SIGTERM, which saves last.ckpt at the end of the batch.
 # Seeds go outermost, so a short budget gives every task and attention its first seed. From the
@@ -105,20 +104,21 @@ mkdir -p "$out"
 settings="data: ${data:-the bundled samples}; hardware: ${LEARN_HARDWARE:-gpu}; args: ${LEARN_ARGS:-none}"
 [ -n "${LEARN_INIT:-}" ] && settings+="; init: $LEARN_INIT"
 if [ -f "$out/settings.txt" ] && [ "$(cat "$out/settings.txt")" != "$settings" ]; then
-  echo "tools/learn.sh: $out holds runs of other settings ($(cat "$out/settings.txt")); set LEARN_OUT to a new folder" >&2
+  echo "tools/learn.sh: $out holds runs of other settings ($(cat "$out/settings.txt"));" \
+    "set LEARN_OUT to a new folder" >&2
   exit 2
 fi
 echo "$settings" >"$out/settings.txt"
 # this call's tables and packs (a sweep's too) are written at its end: none, should it be killed
 rm -f "$out"/learn.md "$out"/learn_runs.tar.gz "$out"/learn_*.md "$out"/learn_runs_*.tar.gz
 base_task() { echo "${1%%[0-9]*}"; }  # wtq1024 -> wtq
-cell_task() { case "$(base_task "$1")" in sqa | wtq) return 0 ;; *) return 1 ;; esac; }  # TAPAS's cell head
 task_data() {  # into the array targs: the task's dataset config and data, the release or the bundled sample
   local task config
   task=$(base_task "$1")
   config="$task"
   [ "$task" = tabfact ] && config=tabfact_sample  # TabFact's recipe splits the validation file by table
-  if [ -n "$data" ]; then targs=("dataset=$config" "dataset.root=$data/$task"); else targs=("dataset=${task}_sample"); fi
+  targs=("dataset=${task}_sample")
+  [ -n "$data" ] && targs=("dataset=$config" "dataset.root=$data/$task")
   if [ "$1" = wtq1024 ]; then targs+=(dataset.max_length=1024 dataset.batch_size=16); fi
 }
 init_source() {  # the task whose run this task starts from (LEARN_INIT), or nothing
@@ -135,7 +135,7 @@ for seed in ${LEARN_SEEDS:-1 2}; do
   for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
     for attention in ${LEARN_ATTENTIONS:-mate dense}; do
       run="$out/${task}_${attention}_s$seed"
-      if [ ! -f "$run/metrics.json" ] || { cell_task "$task" && [ ! -f "$run/any_cell/metrics.json" ]; }; then
+      if [ ! -f "$run/metrics.json" ]; then
         jobs+=("$task $attention $seed")
       fi
     done
@@ -188,7 +188,6 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
   local task=$1 attention=$2 seed=$3 name run left from_task began rc init=() resume=() targs=()
   name="${task}_${attention}_s$seed"
   run="$out/$name"
-  [ -f "$run/metrics.json" ] && return 0  # complete: its job is the other decoding (decode_again)
   if [ -e "$claims/STOP" ]; then echo "learn: $name: not started (stopped by a signal)"; return 0; fi
   left=$(( budget - ($(date +%s) - start) ))
   if [ "$left" -lt 60 ]; then echo "learn: $name: not started (budget spent)"; return 0; fi
@@ -221,30 +220,6 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
   echo "learn: $name: exit $rc${resume:+ (resumed)} ($out/$name.log)"
   return "$rc"
 }
-decode_again() {  # a complete SQA or WikiTQ run $1=task $2=attention $3=seed scored with the most probable cell
-  # where none passes 0.5 (model.head.at_least_one_cell=true; the run's own decoding is TAPAS's), into <run>/any_cell
-  local name="$1_$2_s$3" left ckpt began rc
-  local run="$out/$name"
-  cell_task "$1" && [ -f "$run/metrics.json" ] && [ ! -f "$run/any_cell/metrics.json" ] || return 0
-  left=$(( budget - ($(date +%s) - start) ))
-  if [ -e "$claims/STOP" ] || [ "$left" -lt 30 ]; then
-    echo "learn: $name: not scored with at_least_one_cell ($([ -e "$claims/STOP" ] && echo "stopped by a signal" ||
-      echo "budget spent"); the next call scores it)"
-    return 0
-  fi
-  ckpt="$run/checkpoints/last.ckpt"  # the weights the run's own val/accuracy scored
-  if [ ! -f "$ckpt" ]; then echo "learn: $name: not scored with at_least_one_cell (no $ckpt)"; return 1; fi
-  began=$(date +%s)
-  waited timeout -s TERM -k 10 "$left" "$py" -m mate_cli.cli eval "ckpt_path=$ckpt" hardware="${LEARN_HARDWARE:-gpu}" \
-    "overrides=['model.head.at_least_one_cell=true']" "hydra.run.dir=$run/any_cell" >>"$out/$name.log" 2>&1
-  rc=$?
-  if [ -e "$claims/STOP" ] || [ "$rc" = 124 ] || { [ "$rc" = 137 ] && (( $(date +%s) - began >= left )); }; then
-    echo "learn: $name: scoring with at_least_one_cell cut (exit $rc); the next call scores it ($out/$name.log)"
-    return 0
-  fi
-  echo "learn: $name: scored with at_least_one_cell: exit $rc ($out/$name.log)"
-  [ "$rc" = 0 ]
-}
 in_jobs() { local job; for job in "${jobs[@]}"; do [ "$job" = "$*" ] && return 0; done; return 1; }
 claim() {  # prints the next job for a lane (in a subshell, under a lock): the first one not claimed whose LEARN_INIT
   # source is complete or not in this call; "wait" while the rest wait for a source a lane is training; fails at the end
@@ -275,7 +250,6 @@ lane() {  # takes jobs until none is left; fails if one of its runs did
     read -r -a job <<<"$job"
     train "${job[@]}" || failed=1
     touch "$claims/${job[0]}_${job[1]}_s${job[2]}.ended"  # a run that starts from it (LEARN_INIT) need not wait more
-    decode_again "${job[@]}" || failed=1
   done
   return "$failed"
 }
@@ -296,7 +270,8 @@ for value in "${sweep[@]}"; do  # each its own learn.sh, one lane, the rest of t
   log="$out/sweep_$name.log"
   LEARN_OUT="${out}_$name" LEARN_ARGS="${LEARN_ARGS:+$LEARN_ARGS }$(sweep_override "$value")" LEARN_SWEEP= \
     LEARN_LANES=1 LEARN_TASKS="$(sweep_tasks "$value")" LEARN_ATTENTIONS="${LEARN_SWEEP_ATTENTIONS:-mate}" \
-    LEARN_SEEDS="${LEARN_SWEEP_SEEDS:-1}" LEARN_BESIDE=$(( sharing - 1 )) LEARN_BUDGET=$(( budget - ($(date +%s) - start) )) \
+    LEARN_SEEDS="${LEARN_SWEEP_SEEDS:-1}" LEARN_BESIDE=$(( sharing - 1 )) \
+    LEARN_BUDGET=$(( budget - ($(date +%s) - start) )) \
     OMP_NUM_THREADS=$(( cores / sharing > 0 ? cores / sharing : 1 )) bash "$self" >"$log" 2>&1 &
   pids+=("$!")
   sweeps+=("$! $name $value")
@@ -323,8 +298,7 @@ done
 trap - TERM INT HUP
 "$py" -m mate_cli.bench.learn "$out" | tee "$out/learn.md" || status=1
 ( cd "$out" && tar -czf learn_runs.tar.gz --ignore-failed-read settings.txt ./*.log ./*.seconds ./*/metrics.json \
-    ./*/csv/metrics.csv ./*/resolved_config.yaml ./*/FAILED ./*/any_cell/metrics.json ./*/any_cell/predictions.tsv \
-    2>/dev/null )
+    ./*/csv/metrics.csv ./*/resolved_config.yaml ./*/FAILED 2>/dev/null )
 rm -rf "$claims"
 [ "$stopped" = 0 ] || exit "$stopped"
 exit "$status"

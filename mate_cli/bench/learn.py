@@ -2,8 +2,9 @@
 run dir (its ``metrics.json`` once complete, else the last validation of its CSV log) and ``baseline_<task>/``, and
 prints one Markdown row per task and attention: the dev accuracy of each seed, the median and range of the complete
 runs', SQA's and WikiTQ's top-cell share of each seed (``val/cell_top1``: how far cell selection has got where the
-accuracy has not moved yet) and their dev accuracy with the other decoding (``<run>/any_cell/metrics.json``, ``mate eval``
-with ``model.head.at_least_one_cell=true``: the most probable cell where none passes 0.5), the trivial baselines beside them, examples/s and the minutes each run took (all its
+accuracy has not moved yet) and their dev accuracy with the other decoding (``val/accuracy_at_least_one_cell``, the same
+weights decoded with ``model.head.at_least_one_cell=true``: the most probable cell where none passes 0.5; each
+validation logs it), the trivial baselines beside them, examples/s and the minutes each run took (all its
 calls; marked * where other runs shared the device, ``LEARN_LANES`` and ``LEARN_SWEEP``), then the settings the runs share
 (``settings.txt``), and last SQA's Q1 / Q2 / Q3 of each run (``val/accuracy_q1`` to ``_q3``)."""
 
@@ -21,6 +22,9 @@ from mate_cli.metrics.sqa import QUESTION_NUMBERS
 RUN = re.compile(r"^(?P<task>[a-z]+\d*)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")  #: wtq1024: WikiTQ at 1,024
 METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its per-question accuracy)
 TOP_CELL = "val/cell_top1"  #: SQA, WikiTQ: the share of questions with an answer cell whose most probable cell is one
+AT_LEAST_ONE_CELL = (
+    "val/accuracy_at_least_one_cell"  #: SQA, WikiTQ: METRIC with the most probable cell where none passes
+)
 QUESTIONS = tuple(
     f"val/accuracy_q{n}" for n in QUESTION_NUMBERS
 )  #: SQA: the first, second and third question of a sequence
@@ -42,11 +46,10 @@ def run_row(run: Path) -> dict:
     metrics = json.loads(metrics_file.read_text(encoding="utf-8")) if metrics_file.is_file() else {}
     seconds = run.parent / f"{run.name}.seconds"  # a line a call: its seconds, and the lanes that shared the device
     calls = [line.split() for line in seconds.read_text().splitlines() if line.strip()] if seconds.is_file() else []
-    any_cell = run / "any_cell" / "metrics.json"  # the other decoding's score of the same weights (tools/learn.sh)
     return {
         "complete": bool(metrics),
-        "any_cell": json.loads(any_cell.read_text(encoding="utf-8")).get(METRIC) if any_cell.is_file() else None,
         "accuracy": metrics.get(METRIC, last_logged(run, METRIC)),
+        "at_least_one_cell": metrics.get(AT_LEAST_ONE_CELL, last_logged(run, AT_LEAST_ONE_CELL)),
         "cell_top1": metrics.get(TOP_CELL, last_logged(run, TOP_CELL)),
         "questions": [metrics.get(key, last_logged(run, key)) for key in QUESTIONS],
         "examples_per_s": metrics.get("perf/examples_per_s", last_logged(run, "perf/examples_per_s")),
@@ -107,7 +110,12 @@ def table(folder: Path) -> str:
             f"{min(scores):.3f}-{max(scores):.3f}" if scores else "-",
             ", ".join(f"{s}: {row['cell_top1']:.3f}" for s, row in seeds.items() if row["cell_top1"] is not None)
             or "-",
-            ", ".join(f"{s}: {row['any_cell']:.3f}" for s, row in seeds.items() if row["any_cell"] is not None) or "-",
+            ", ".join(
+                f"{s}: {row['at_least_one_cell']:.3f}"
+                for s, row in seeds.items()
+                if row["at_least_one_cell"] is not None
+            )
+            or "-",
             baselines(folder, task),
             _number(statistics.median(speeds) if speeds else None, "{:.0f}"),
             ", ".join(minutes) or "-",
@@ -137,9 +145,9 @@ def table(folder: Path) -> str:
     return "\n".join(lines) + (
         f"\n\n{METRIC} on each task's dev side; median and range over the complete runs; a run not complete shows"
         f" its last validation. Top cell: {TOP_CELL}, of the dev questions with an answer cell the share whose most"
-        f" probable cell is one (no threshold). At least one cell: {METRIC} of the same weights decoded with"
-        " model.head.at_least_one_cell=true, the most probable cell where none passes 0.5 (the runs' own decoding is"
-        f" TAPAS's: the cells above 0.5).{shared}{ran}\n{questions}"
+        f" probable cell is one (no threshold). At least one cell: {AT_LEAST_ONE_CELL}, {METRIC} of the same weights"
+        " decoded with model.head.at_least_one_cell=true, the most probable cell where none passes 0.5 (the runs' own"
+        f" decoding is TAPAS's: the cells above 0.5).{shared}{ran}\n{questions}"
     )
 
 
