@@ -22,9 +22,8 @@ from mate_cli.metrics.sqa import QUESTION_NUMBERS
 RUN = re.compile(r"^(?P<task>[a-z]+\d*)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")  #: wtq1024: WikiTQ at 1,024
 METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its per-question accuracy)
 TOP_CELL = "val/cell_top1"  #: SQA, WikiTQ: the share of questions with an answer cell whose most probable cell is one
-AT_LEAST_ONE_CELL = (
-    "val/accuracy_at_least_one_cell"  #: SQA, WikiTQ: METRIC with the most probable cell where none passes
-)
+#: SQA, WikiTQ: METRIC decoded with the most probable cell where none passes the threshold
+AT_LEAST_ONE_CELL = "val/accuracy_at_least_one_cell"
 QUESTIONS = tuple(
     f"val/accuracy_q{n}" for n in QUESTION_NUMBERS
 )  #: SQA: the first, second and third question of a sequence

@@ -42,6 +42,9 @@ from mate_cli.modeling.tapas_heads import AGGREGATIONS, QAOutput, TapasHeadConfi
 
 log = logging.getLogger(__name__)
 
+#: SQA: each decoded answer's cells (row, column) by its question's (sequence, position)
+Answers = dict[tuple[str, int], set[tuple[int, int]]]
+
 
 class TableQAModule(EvaluatedTaskModule):
     """``head``: :class:`~mate_cli.modeling.tapas_heads.TapasHeadConfig` settings; ``null`` ones come from a TAPAS
@@ -97,8 +100,8 @@ class TableQAModule(EvaluatedTaskModule):
         self.predictions: list[dict] = []
         #: SQA: each decoded answer by (sequence, position), for the next question's prev_labels; the second, the answers
         #: decoded with at least one cell (``accuracy_at_least_one_cell``)
-        self._predicted: dict[tuple[str, int], set[tuple[int, int]]] = {}
-        self._predicted_at_least_one_cell: dict[tuple[str, int], set[tuple[int, int]]] = {}
+        self._predicted: Answers = {}
+        self._predicted_at_least_one_cell: Answers = {}
         self._warned_missing = False
 
     def forward(self, batch: TaskBatch, with_loss: bool = False) -> QAOutput:
@@ -174,7 +177,7 @@ class TableQAModule(EvaluatedTaskModule):
             hits = top_cell_hits(self.cell_probs(part, out), part.candidate_mask & part.cell_mask)
             if len(hits):
                 self.update_logged(stage, "cell_top1", hits, batch_size=len(hits))
-            correct = torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
+            correct = self._correct(rows)
             self.update_logged(stage, "accuracy", correct, batch_size=len(part), prog_bar=True)
             if self.task.sequential:
                 keys = [sequence_key(r["sequence_id"] or r["question_id"]) for r in rows]
@@ -188,10 +191,10 @@ class TableQAModule(EvaluatedTaskModule):
     def _log_at_least_one_cell(
         self, given: TaskBatch, part: TaskBatch, out: QAOutput, correct: torch.Tensor, stage: str
     ) -> None:
-        """``<stage>/accuracy_at_least_one_cell``: ``given`` (the step's questions of one position) decoded with the
-        most probable cell where none passes the threshold. ``part`` and ``out`` are the configured decoding's input
-        and output: the same for the first questions of SQA's sequences and for WikiTQ; SQA's later questions are run
-        again with this decoding's own previous answers as their ``prev_labels``."""
+        """``<stage>/accuracy_at_least_one_cell``: ``given`` (the questions ``part`` was built from; SQA: those of one
+        position) decoded with the most probable cell where none passes the threshold. ``part`` and ``out`` are the
+        configured decoding's input and output: the same for WikiTQ and for the first questions of SQA's sequences;
+        SQA's later questions are run again with this decoding's own previous answers as their ``prev_labels``."""
         if self.head_config.at_least_one_cell:
             self.update_logged(stage, "accuracy_at_least_one_cell", correct, batch_size=len(part))
             return
@@ -199,24 +202,26 @@ class TableQAModule(EvaluatedTaskModule):
             part, _ = self.prune(self._with_predicted_previous(given, self._predicted_at_least_one_cell))
             out = self(part)
         rows = self.remember(self.decode(part, out, at_least_one_cell=True), self._predicted_at_least_one_cell)
-        hits = torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
-        self.update_logged(stage, "accuracy_at_least_one_cell", hits, batch_size=len(part))
+        self.update_logged(stage, "accuracy_at_least_one_cell", self._correct(rows), batch_size=len(part))
+
+    def _correct(self, rows: list[dict]) -> torch.Tensor:
+        """``[rows]`` float on the module's device: 1 where a decoded answer is right."""
+        return torch.tensor([row["correct"] for row in rows], dtype=torch.float, device=self.device)
 
     def _log_positions(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
         """SQA: ``<stage>/accuracy_q<n>`` over the questions at position ``n - 1`` of their sequence."""
-        positions = torch.tensor(part.positions, device=correct.device)
         for n in QUESTION_NUMBERS:
-            if bool((at := positions == n - 1).any()):
-                self.update_logged(stage, f"accuracy_q{n}", correct[at], batch_size=int(at.sum()))
+            if at := [i for i, position in enumerate(part.positions) if position == n - 1]:
+                self.update_logged(stage, f"accuracy_q{n}", correct[at], batch_size=len(at))
 
     def _log_long_tables(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
         if self.long_table_tokens is None or not part.full_lengths:
             return
-        long = torch.tensor([n > self.long_table_tokens for n in part.full_lengths], device=self.device)
-        if not bool(long.any()):
+        if not (long := [i for i, n in enumerate(part.full_lengths) if n > self.long_table_tokens]):
             return
-        self.update_logged(stage, "accuracy_long", correct[long], batch_size=int(long.sum()))
-        self.update_logged(stage, "long_questions", long.sum(), batch_size=int(long.sum()))
+        self.update_logged(stage, "accuracy_long", correct[long], batch_size=len(long))
+        count = torch.tensor(len(long), device=self.device)
+        self.update_logged(stage, "long_questions", count, batch_size=len(long))
 
     def _in_position_order(self, batch: TaskBatch) -> list[TaskBatch]:
         """SQA: the batch split by sequence position, ascending; otherwise ``[batch]``."""
@@ -225,15 +230,13 @@ class TableQAModule(EvaluatedTaskModule):
             return [batch]
         return [batch.select([i for i, p in enumerate(batch.positions) if p == position]) for position in positions]
 
-    def _with_predicted_previous(
-        self, batch: TaskBatch, predicted: Mapping[tuple[str, int], set[tuple[int, int]]] | None = None
-    ) -> TaskBatch:
+    def _with_predicted_previous(self, batch: TaskBatch, predicted: Answers | None = None) -> TaskBatch:
         """SQA: ``prev_labels`` from this model's answers to the previous questions (``predicted``, as
         :meth:`remember` keeps them; the configured decoding's unless given)."""
         if not self.task.sequential:
             return batch
         predicted = self._predicted if predicted is None else predicted
-        marks = torch.zeros_like(batch.cell_mask)
+        wanted: list[tuple[int, int, int]] = []  # (example, row, column) of each cell of a previous answer
         for i, (sequence, position) in enumerate(zip(batch.sequence_ids, batch.positions)):
             if position == 0:
                 continue
@@ -247,11 +250,16 @@ class TableQAModule(EvaluatedTaskModule):
                     )
                     self._warned_missing = True
                 continue
-            for k, (r, c) in enumerate(batch.cell_coords[i].tolist()):
-                if k and (r, c) in previous:
-                    marks[i, k] = True
+            wanted.extend((i, r, c) for r, c in previous)
+        # matched on the batch's device, reading nothing back (a cell this table lacks matches no cell id)
+        marks = torch.zeros(batch.cell_mask.shape, dtype=torch.long, device=batch.cell_mask.device)
+        if wanted:
+            answers = torch.tensor(wanted, dtype=batch.cell_coords.dtype, device=batch.cell_coords.device)
+            match = (batch.cell_coords[answers[:, 0]] == answers[:, None, 1:]).all(-1)  # [answer cells, cells + 1]
+            match[:, 0] = False  # cell id 0: no cell
+            marks.index_add_(0, answers[:, 0], match.long())
         cell_ids = batch.layout.cell_ids
-        prev_labels = (marks.gather(1, cell_ids) & (cell_ids > 0)).long()
+        prev_labels = ((marks > 0).gather(1, cell_ids) & (cell_ids > 0)).long()
         return replace(batch, layout=batch.layout.with_fields(prev_labels=prev_labels))
 
     @staticmethod
@@ -269,14 +277,26 @@ class TableQAModule(EvaluatedTaskModule):
         if self.head_config.at_least_one_cell if at_least_one_cell is None else at_least_one_cell:
             # none above the threshold: the most probable cell
             none = ~selected.any(-1) & batch.cell_mask.any(-1)
-            top = probs.masked_fill(~batch.cell_mask, -1.0).argmax(-1)
-            selected[none, top[none]] = True
+            top = probs.masked_fill(~batch.cell_mask, -1.0).argmax(-1, keepdim=True)
+            selected |= torch.zeros_like(selected).scatter_(1, top, none.unsqueeze(1))
         aggregation = out.aggregation_logits
         operators = aggregation.argmax(-1).tolist() if aggregation is not None else [0] * len(batch)
+        # the selected cells' ids, coordinates and numbers read once for the batch (on a GPU a read waits for the
+        # device: one a cell would be hundreds a batch)
+        picked = selected.nonzero()
+        where = batch.cell_coords[picked[:, 0], picked[:, 1]].tolist()
+        numbers = batch.cell_values[picked[:, 0], picked[:, 1]].tolist() if self.task.aggregates else []
+        cells_of: list[list[int]] = [[] for _ in range(len(batch))]
+        coords_of: list[list[tuple[int, int]]] = [[] for _ in range(len(batch))]
+        values_of: list[list[float]] = [[] for _ in range(len(batch))]
+        for j, (i, k) in enumerate(picked.tolist()):  # in example order, then cell id order
+            cells_of[i].append(k)
+            coords_of[i].append(tuple(where[j]))
+            if numbers:
+                values_of[i].append(numbers[j])
         rows = []
         for i in range(len(batch)):
-            cells = selected[i].nonzero().flatten().tolist()
-            coords = [tuple(batch.cell_coords[i, k].tolist()) for k in cells]
+            cells, coords = cells_of[i], coords_of[i]
             operator = AGGREGATIONS[operators[i]] if self.task.aggregates else "NONE"
             row = {
                 "question_id": batch.question_ids[i],
@@ -288,8 +308,7 @@ class TableQAModule(EvaluatedTaskModule):
             }
             if self.task.answer == "texts":
                 texts = [batch.cell_texts[i][k - 1] for k in cells] if batch.cell_texts else []
-                values = [float(batch.cell_values[i, k]) for k in cells] if self.task.aggregates else []
-                row["answer"] = aggregate_answer(operator, texts, values)
+                row["answer"] = aggregate_answer(operator, texts, values_of[i])
                 canon = batch.canonical_answers[i] if batch.canonical_answers else None
                 row["correct"] = bool(batch.answers[i]) and denotation_correct(batch.answers[i], row["answer"], canon)
             else:
@@ -298,9 +317,7 @@ class TableQAModule(EvaluatedTaskModule):
             rows.append(row)
         return rows
 
-    def remember(
-        self, rows: list[dict], predicted: dict[tuple[str, int], set[tuple[int, int]]] | None = None
-    ) -> list[dict]:
+    def remember(self, rows: list[dict], predicted: Answers | None = None) -> list[dict]:
         """SQA: keep each decoded answer for the next question of its sequence, in ``predicted`` (the configured
         decoding's unless given)."""
         predicted = self._predicted if predicted is None else predicted

@@ -533,24 +533,14 @@ def test_long_table_slice_scores_only_the_long_questions(module, datamodule):
 def test_an_evaluation_scores_q1_to_q3_from_its_own_decoded_answers(module, datamodule):
     ds = datamodule("sqa").datasets["train"]
     batch = TaskCollator()([ds[i] for i in range(len(ds))])
-    module.eval()
-
-    def evaluate(b: TaskBatch) -> dict[str, dict]:
-        module._reset_predictions()
-        for metric in module.metrics.values():
-            metric.reset()
-        with torch.no_grad():
-            module._eval_step(b, "val")
-        return {row["question_id"]: row for row in module.predictions}
-
-    first = evaluate(batch)
+    first = _evaluate(module, batch)
     # A random model answers none right; make every other question's gold its own answer (an evaluation feeds
     # the model's answers, not the gold, to the next question, so the second pass decodes the same cells)
     gold = [
         first[q]["coordinates"] if i % 2 else answer
         for i, (q, answer) in enumerate(zip(batch.question_ids, batch.answer_coordinates))
     ]
-    second = evaluate(replace(batch, answer_coordinates=gold))
+    second = _evaluate(module, replace(batch, answer_coordinates=gold))
     for n in (1, 2, 3):
         at = [row["correct"] for row in second.values() if row["position"] == n - 1]
         assert 0 < sum(at) < len(at)  # right and wrong at every position
@@ -575,27 +565,61 @@ def test_an_evaluation_scores_the_other_decoding_as_a_model_decoding_with_it_wou
         configured.encoder.embeddings.token_type_embeddings_3.weight[1].normal_(0, 3.0)
     other.load_state_dict(configured.state_dict())
 
-    def evaluate(model: TableQAModule, b: TaskBatch) -> dict[str, dict]:
-        model.eval()
-        model._reset_predictions()
-        for metric in model.metrics.values():
-            metric.reset()
-        with torch.no_grad():
-            model._eval_step(b, "val")
-        return {row["question_id"]: row for row in model.predictions}
-
-    answered = evaluate(other, batch)
+    answered = _evaluate(other, batch)
     assert all(len(row["coordinates"]) == 1 for row in answered.values())
     # every other question's gold is the other decoding's own answer, so it scores right and wrong answers
     gold = [answered[q]["coordinates"] if i % 2 else a for i, (q, a) in enumerate(zip(batch.question_ids, batch.answer_coordinates))]  # fmt: skip
     batch = replace(batch, answer_coordinates=gold)
-    evaluate(other, batch)
+    _evaluate(other, batch)
     expected = float(other.metrics["val_accuracy"].compute())
     assert 0 < expected < 1
-    evaluate(configured, batch)
+    _evaluate(configured, batch)
+    assert configured._predicted_at_least_one_cell == other._predicted  # the same answers, question by question
     assert float(configured.metrics["val_accuracy"].compute()) == 0  # no cell, never the answer
     assert float(configured.metrics["val_accuracy_at_least_one_cell"].compute()) == pytest.approx(expected)
     assert float(other.metrics["val_accuracy_at_least_one_cell"].compute()) == pytest.approx(expected)  # its own
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
+@pytest.mark.filterwarnings("ignore:SQA. no prediction for the question before")
+def test_an_evaluation_reads_tensor_values_as_often_for_few_questions_as_for_many(module, datamodule):
+    """On a GPU each read of a tensor's value waits for the device: an evaluation step reads a fixed number of times
+    for each position of SQA's sequences (both decodings' chains), not once a question or a cell. Counted on the CPU
+    by the training loop's own counter, in this module's code."""
+    from mate_cli.lit_modules.step_profile import SyncCounter
+
+    ds = datamodule("sqa").datasets["train"]
+    many = TaskCollator()([ds[i] for i in range(len(ds))])
+    longest = max(set(many.sequence_ids), key=many.sequence_ids.count)  # a sequence with every position
+    few = many.select([i for i, sequence in enumerate(many.sequence_ids) if sequence == longest])
+    assert set(few.positions) == set(many.positions) and len(many) >= 5 * len(few)
+    assert many.cell_mask.sum() >= 5 * few.cell_mask.sum()
+    module.eval()
+
+    def reads(batch: TaskBatch) -> list[str]:
+        module._reset_predictions()
+        counter = SyncCounter(torch.device("cpu"))
+        counter.start()
+        try:
+            with torch.no_grad():
+                module._eval_step(batch, "val")
+        finally:
+            counter.stop()
+        return sorted(site for site in counter.sites() if site.startswith("mate_cli/lit_modules/table_qa.py"))
+
+    assert reads(many) == reads(few)
+    assert reads(few)  # the counter counts in this code: it reads the decoded cells once a batch
+
+
+def _evaluate(model: TableQAModule, batch: TaskBatch) -> dict[str, dict]:
+    """One evaluation of ``batch`` from fresh metrics and no previous answers: its decoded rows by question id."""
+    model.eval()
+    model._reset_predictions()
+    for metric in model.metrics.values():
+        metric.reset()
+    with torch.no_grad():
+        model._eval_step(batch, "val")
+    return {row["question_id"]: row for row in model.predictions}
 
 
 def test_bad_task_or_pruning_is_a_mate_error(tmp_path):
