@@ -74,17 +74,18 @@ class EntailmentModule(EvaluatedTaskModule):
         predicted = logits.argmax(-1)
         correct = (predicted == batch.labels).float()
         self.update_logged(stage, "accuracy", correct[known], batch_size=len(batch), prog_bar=True)
+        labelled = known.tolist()  # read once a batch, not once an example (on a GPU a read waits for the device)
         for channel in CHANNELS:
-            if rows := [i for i, c in enumerate(batch.channels) if c == channel and bool(known[i])]:
+            if rows := [i for i, c in enumerate(batch.channels) if c == channel and labelled[i]]:
                 self.update_logged(stage, f"accuracy_{channel}", correct[rows], batch_size=len(rows))
         self.predictions.extend(self.decode(batch, logits))
 
     def decode(self, batch: TaskBatch, logits: torch.Tensor) -> list[dict]:
-        probs = torch.softmax(logits.float(), dim=-1)
-        labels = probs.argmax(-1).tolist()
+        best = torch.softmax(logits.float(), dim=-1).max(-1)
+        labels, probabilities = best.indices.tolist(), best.values.tolist()
         return [
-            dict(question_id=q, table_id=t, label=k, verdict=VERDICTS[k], probability=float(p.max()), gold=int(g))
-            for q, t, p, k, g in zip(batch.question_ids, batch.table_ids, probs, labels, batch.labels.tolist())
+            dict(question_id=q, table_id=t, label=k, verdict=VERDICTS[k], probability=p, gold=int(g))
+            for q, t, p, k, g in zip(batch.question_ids, batch.table_ids, probabilities, labels, batch.labels.tolist())
         ]
 
     def predict_step(self, batch: TaskBatch, batch_idx: int) -> list[dict]:

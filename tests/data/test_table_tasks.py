@@ -582,22 +582,30 @@ def test_an_evaluation_scores_the_other_decoding_as_a_model_decoding_with_it_wou
 
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
 @pytest.mark.filterwarnings("ignore:SQA. no prediction for the question before")
-def test_an_evaluation_reads_tensor_values_as_often_for_few_questions_as_for_many(module, datamodule):
+@pytest.mark.parametrize("task", ["sqa", "tabfact"])
+def test_an_evaluation_reads_tensor_values_as_often_for_few_questions_as_for_many(task, module, datamodule):
     """On a GPU each read of a tensor's value waits for the device: an evaluation step reads a fixed number of times
-    for each position of SQA's sequences (both decodings' chains), not once a question or a cell. Counted on the CPU
-    by the training loop's own counter, in this module's code."""
+    a batch (SQA: for each position of its sequences, both decodings' chains), not once a question or a cell. Counted
+    on the CPU by the training loop's own counter, in the task modules' code."""
+    from mate_cli.lit_modules.entailment import CHANNELS, EntailmentModule
     from mate_cli.lit_modules.step_profile import SyncCounter
 
-    ds = datamodule("sqa").datasets["train"]
+    ds = datamodule(task).datasets["train"]
     many = TaskCollator()([ds[i] for i in range(len(ds))])
-    longest = max(set(many.sequence_ids), key=many.sequence_ids.count)  # a sequence with every position
-    few = many.select([i for i, sequence in enumerate(many.sequence_ids) if sequence == longest])
-    assert set(few.positions) == set(many.positions) and len(many) >= 5 * len(few)
-    assert many.cell_mask.sum() >= 5 * few.cell_mask.sum()
+    if task == "sqa":
+        longest = max(set(many.sequence_ids), key=many.sequence_ids.count)  # a sequence with every position
+        few = many.select([i for i, sequence in enumerate(many.sequence_ids) if sequence == longest])
+        assert set(few.positions) == set(many.positions) and many.cell_mask.sum() >= 5 * few.cell_mask.sum()
+    else:
+        module = EntailmentModule(module.encoder, optimizer=functools.partial(torch.optim.AdamW))
+        # the sample has no simple / complex lists: each statement given one, so both channels' metrics update
+        many = replace(many, channels=[CHANNELS[i % 2] for i in range(len(many))])
+        few = many.select([0, 1])
+    assert len(many) >= 5 * len(few)
     module.eval()
 
     def reads(batch: TaskBatch) -> list[str]:
-        module._reset_predictions()
+        module.on_validation_epoch_start()
         counter = SyncCounter(torch.device("cpu"))
         counter.start()
         try:
@@ -605,10 +613,10 @@ def test_an_evaluation_reads_tensor_values_as_often_for_few_questions_as_for_man
                 module._eval_step(batch, "val")
         finally:
             counter.stop()
-        return sorted(site for site in counter.sites() if site.startswith("mate_cli/lit_modules/table_qa.py"))
+        return sorted(site for site in counter.sites() if site.startswith("mate_cli/lit_modules/"))
 
     assert reads(many) == reads(few)
-    assert reads(few)  # the counter counts in this code: it reads the decoded cells once a batch
+    assert reads(few)  # the counter counts in this code: it reads the decoded answers once a batch
 
 
 def _evaluate(model: TableQAModule, batch: TaskBatch) -> dict[str, dict]:
