@@ -582,7 +582,7 @@ def test_an_evaluation_scores_the_other_decoding_as_a_model_decoding_with_it_wou
 
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
 @pytest.mark.filterwarnings("ignore:SQA. no prediction for the question before")
-@pytest.mark.parametrize("task", ["sqa", "tabfact"])
+@pytest.mark.parametrize("task", ["sqa", "wtq", "tabfact"])
 def test_an_evaluation_reads_tensor_values_as_often_for_few_questions_as_for_many(task, module, datamodule):
     """On a GPU each read of a tensor's value waits for the device: an evaluation step reads a fixed number of times
     a batch (SQA: for each position of its sequences, both decodings' chains), not once a question or a cell. Counted
@@ -596,6 +596,11 @@ def test_an_evaluation_reads_tensor_values_as_often_for_few_questions_as_for_man
         longest = max(set(many.sequence_ids), key=many.sequence_ids.count)  # a sequence with every position
         few = many.select([i for i, sequence in enumerate(many.sequence_ids) if sequence == longest])
         assert set(few.positions) == set(many.positions) and many.cell_mask.sum() >= 5 * few.cell_mask.sum()
+    elif task == "wtq":  # TAPAS's WikiTQ head: the selected cells' numbers are read too
+        head = dict(num_aggregation_labels=4, use_answer_as_supervision=True, cell_selection_preference=0.2,
+                    huber_loss_delta=0.12, cell_classification_threshold=0.3)  # fmt: skip
+        module = TableQAModule(module.encoder, optimizer=functools.partial(torch.optim.AdamW), task="wtq", head=head)
+        few = many.select([0, 1])
     else:
         module = EntailmentModule(module.encoder, optimizer=functools.partial(torch.optim.AdamW))
         # the sample has no simple / complex lists: each statement given one, so both channels' metrics update
