@@ -251,7 +251,7 @@ class TableQAModule(EvaluatedTaskModule):
                     self._warned_missing = True
                 continue
             wanted.extend((i, r, c) for r, c in previous)
-        # matched on the batch's device, reading nothing back (a cell this table lacks matches no cell id)
+        # matched on the batch's device: one copy to it a position, no read back (a cell this table lacks matches none)
         marks = torch.zeros(batch.cell_mask.shape, dtype=torch.long, device=batch.cell_mask.device)
         if wanted:
             answers = torch.tensor(wanted, dtype=batch.cell_coords.dtype, device=batch.cell_coords.device)
@@ -275,9 +275,11 @@ class TableQAModule(EvaluatedTaskModule):
         probs = self.cell_probs(batch, out)
         selected = (probs > self.head_config.cell_classification_threshold) & batch.cell_mask
         if self.head_config.at_least_one_cell if at_least_one_cell is None else at_least_one_cell:
-            # none above the threshold: the most probable cell
-            none = ~selected.any(-1) & batch.cell_mask.any(-1)
-            top = probs.masked_fill(~batch.cell_mask, -1.0).argmax(-1, keepdim=True)
+            # none above the threshold: the most probable cell that has a token (DoT may keep none of a cell's: its
+            # probability is then below 0, and it is never selected)
+            usable = batch.cell_mask & (probs >= 0)
+            none = ~selected.any(-1) & usable.any(-1)
+            top = probs.masked_fill(~usable, -1.0).argmax(-1, keepdim=True)
             selected |= torch.zeros_like(selected).scatter_(1, top, none.unsqueeze(1))
         aggregation = out.aggregation_logits
         operators = aggregation.argmax(-1).tolist() if aggregation is not None else [0] * len(batch)
