@@ -8,7 +8,8 @@ Cell selection (TAPAS §3): token logits ``(w · h_t + b) / temperature``; a cel
 column's logit is the mean over its cells of a second projection's cell means (column 0, the query, excluded unless
 ``allow_empty_column_selection``). With ``select_one_column`` the loss is ``-log P(gold column)`` plus the mean
 Bernoulli NLL of the gold column's cells, and a prediction selects only in the arg-max column. A prediction is the cells
-above ``cell_classification_threshold``; with ``at_least_one_cell`` (not TAPAS's) the most probable cell where none is.
+above ``cell_classification_threshold``; with ``at_least_one_cell`` (not TAPAS's) the most probable cell that has a token
+where none is.
 Aggregation (WikiTQ) classifies the pooled [CLS] over :data:`AGGREGATIONS`. With ``use_answer_as_supervision`` an
 example whose answer is not a number, or is found in the table while the operators get at most
 ``cell_selection_preference`` of the mass, learns cell selection and NONE; the other scalar answers learn
