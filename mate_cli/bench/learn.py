@@ -24,9 +24,8 @@ METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its pe
 TOP_CELL = "val/cell_top1"  #: SQA, WikiTQ: the share of questions with an answer cell whose most probable cell is one
 #: SQA, WikiTQ: METRIC decoded with the most probable cell where none passes the threshold
 AT_LEAST_ONE_CELL = "val/accuracy_at_least_one_cell"
-QUESTIONS = tuple(
-    f"val/accuracy_q{n}" for n in QUESTION_NUMBERS
-)  #: SQA: the first, second and third question of a sequence
+#: SQA: the first, second and third question of a sequence
+QUESTIONS = tuple(f"val/accuracy_q{n}" for n in QUESTION_NUMBERS)
 
 
 def last_logged(run: Path, key: str) -> float | None:

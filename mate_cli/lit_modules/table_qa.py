@@ -35,7 +35,7 @@ from mate_cli.lit_modules.lightning_internals import is_log_step
 from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.metrics.sqa import QUESTION_NUMBERS, SequenceAccuracy, sequence_key
 from mate_cli.metrics.wtq import denotation_correct
-from mate_cli.modeling.dot import answer_cells_kept
+from mate_cli.modeling.dot import answer_cells_kept, cells_with_tokens
 from mate_cli.modeling import checkpoints
 from mate_cli.modeling.heads import pool_cells
 from mate_cli.modeling.tapas_heads import AGGREGATIONS, QAOutput, TapasHeadConfig, TapasQAHead, token_numeric_values
@@ -275,9 +275,8 @@ class TableQAModule(EvaluatedTaskModule):
         probs = self.cell_probs(batch, out)
         selected = (probs > self.head_config.cell_classification_threshold) & batch.cell_mask
         if self.head_config.at_least_one_cell if at_least_one_cell is None else at_least_one_cell:
-            # none above the threshold: the most probable cell that has a token (DoT may keep none of a cell's: its
-            # probability is then below 0, and it is never selected)
-            usable = batch.cell_mask & (probs >= 0)
+            # none above the threshold: the most probable cell that has a token (DoT may keep none of a cell's)
+            usable = batch.cell_mask & cells_with_tokens(batch.layout, batch.cell_mask.shape[1] - 1)
             none = ~selected.any(-1) & usable.any(-1)
             top = probs.masked_fill(~usable, -1.0).argmax(-1, keepdim=True)
             selected |= torch.zeros_like(selected).scatter_(1, top, none.unsqueeze(1))
