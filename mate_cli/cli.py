@@ -18,6 +18,7 @@ from mate_cli.silenced import silence
 HELP = {
     "train": "fit a model (Hydra app, conf/train.yaml)",
     "pretrain": "masked-LM pre-training on tables, any attention (conf/pretrain.yaml)",
+    "synthesize": "synthetic statements about tables, a TabFact dataset to train on first (conf/synthesize.yaml)",
     "eval": "evaluate a checkpoint (conf/eval.yaml)",
     "pointr": "PointR end to end: cell selection, then the reader (conf/pointr.yaml)",
     "predict": "answer one question about one table (conf/predict.yaml)",

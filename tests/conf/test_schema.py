@@ -24,7 +24,7 @@ GROUPED = {
     "train": ("experiment", "attention", "dataset", "model", "hardware", "logger", "debug", "profile", "ambiguity"),
     "pretrain": ("attention", "dataset", "hardware", "profile", "debug"),
 }
-SINGLE = ("eval", "pointr", "predict", "bench", "baseline", "report")
+SINGLE = ("eval", "pointr", "predict", "bench", "baseline", "report", "synthesize")
 
 
 @lru_cache(maxsize=1)

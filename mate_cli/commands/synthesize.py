@@ -1,0 +1,131 @@
+"""`mate synthesize`: synthetic statements (:mod:`mate_cli.data.statements`) about the tables of a corpus (the
+``dataset`` group of `mate pretrain`), written into the run dir as a TabFact dataset, which `mate train
+experiment=tabfact_<attention> dataset=tabfact dataset.root=<run dir>` trains on::
+
+    tokenized_data/train_examples.json, val_examples.json   {"<table id>": [[statement, ...], [label, ...], caption]}
+    data/all_csv/<table id>                                    '#'-separated, header first
+    synthesize.json                                            what was written, by side and by select
+
+The corpus's tables are cut into train and validation by content (``val_fraction``; the same table is never on both
+sides), each table is written with ``statements_per_table`` statements, and each statement once more on a copy of its
+table with one column shuffled, where its verdict is the other one (that copy's own table id, ``<id>-<n>.csv``). The
+files come from the corpus and the settings alone (``seed`` draws each table's statements and which tables are held
+out): a second run writes the same ones."""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+from collections import Counter
+
+from omegaconf import DictConfig
+
+from mate_cli.commands.common import hydra_app, print_table, write_result
+from mate_cli.data.corpus import Corpus, TableText, table_key
+from mate_cli.data.split import split_by_table
+from mate_cli.data.statements import SELECTS, Grid, statement_pairs
+from mate_cli.errors import MateError
+from mate_cli.io import atomic_write_json, atomic_write_text
+from mate_cli.run.task import run_dir
+
+log = logging.getLogger(__name__)
+
+#: a table needs this many data rows and columns for a statement to compare rows
+MIN_ROWS, MIN_COLUMNS = 3, 2
+#: what a '#'-separated TabFact line cannot hold in a cell
+_SEPARATORS = str.maketrans({"#": " ", "\n": " ", "\r": " "})
+
+
+def grid_of(example: TableText, max_rows: int) -> Grid:
+    """The table's texts, its first ``max_rows`` data rows, with '#' and line breaks made spaces."""
+
+    def clean(text: str) -> str:
+        return " ".join(text.translate(_SEPARATORS).split())
+
+    header = tuple(clean(cell.text) for cell in example.table.header)
+    rows = tuple(tuple(clean(cell.text) for cell in row) for row in example.table.rows[:max_rows])
+    return Grid(header, rows)
+
+
+def csv_text(grid: Grid) -> str:
+    return "".join("#".join(line) + "\n" for line in (grid.header, *grid.rows))
+
+
+def synthesize(cfg: DictConfig) -> dict:
+    if int(cfg.statements_per_table) < 1 or int(cfg.max_rows) < MIN_ROWS:
+        raise MateError(
+            f"statements_per_table={cfg.statements_per_table}, max_rows={cfg.max_rows}: need at least 1 statement "
+            f"and {MIN_ROWS} rows a table; set e.g. statements_per_table=4 max_rows=50"
+        )
+    data = cfg.dataset
+    corpus = Corpus(data.sources, data.get("hybridqa_passages", 1), data.get("tables", "all"), data.get("splits"))
+    unique = {table_key(e.table): e for e in corpus.examples()}  # HybridQA: one table, several texts
+    train, validation = split_by_table(
+        list(unique.values()), cfg.val_fraction, int(cfg.seed), key=lambda e: table_key(e.table), setting="val_fraction"
+    )
+    stats: dict = {}
+    files: dict[str, dict] = {}
+    tables: dict[str, str] = {}  # file name -> its text: written once every side has statements
+    for side, examples, file in (
+        ("train", train, "train_examples.json"),
+        ("validation", validation, "val_examples.json"),
+    ):
+        entries: dict[str, list] = {}
+        selects: Counter = Counter()
+        skipped = 0
+        for example in examples:
+            key = table_key(example.table)
+            grid = grid_of(example, int(cfg.max_rows))
+            if len(grid.rows) < MIN_ROWS or len(grid.header) < MIN_COLUMNS:
+                skipped += 1
+                continue
+            rng = random.Random(f"{cfg.seed}:{key}")  # per table: the same statements whatever the corpus around it
+            pairs = statement_pairs(grid, int(cfg.statements_per_table), rng)
+            if not pairs:
+                skipped += 1
+                continue
+            caption = example.text.strip()
+            own = f"{key}.csv"
+            tables[own] = csv_text(grid)
+            entries[own] = [[], [], caption]
+            for n, pair in enumerate(pairs, 1):
+                copy = f"{key}-{n}.csv"
+                tables[copy] = csv_text(pair.flipped)
+                entries[own][0].append(pair.text)
+                entries[own][1].append(int(pair.verdict))
+                entries[copy] = [[pair.text], [int(not pair.verdict)], caption]
+                selects[pair.statement.expression.select] += 1
+        if not entries:
+            raise MateError(
+                f"no statement could be written for the {side} side ({len(examples)} tables, {skipped} without one: "
+                f"fewer than {MIN_ROWS} rows or {MIN_COLUMNS} columns, or nothing defined on them); give "
+                "dataset.sources more tables or lower val_fraction"
+            )
+        files[file] = entries
+        statements = sum(len(labels) for _, labels, _ in entries.values())
+        stats[side] = {
+            "source_tables": len(examples),
+            "tables_skipped": skipped,
+            "tables_written": len(entries),
+            "statements": statements,
+            "entailed": sum(sum(labels) for _, labels, _ in entries.values()),
+            "by_select": {name: selects[name] for name in SELECTS if selects[name]},
+        }
+    out = run_dir()
+    tables_dir = out / "data" / "all_csv"
+    for file in files:  # a rerun into this run dir: no statement file of the last one outlives its tables
+        (out / "tokenized_data" / file).unlink(missing_ok=True)
+    shutil.rmtree(tables_dir, ignore_errors=True)  # a rerun writes the same files; none is left from another
+    tables_dir.mkdir(parents=True)
+    for name, text in tables.items():
+        atomic_write_text(tables_dir / name, text)
+    for file, entries in files.items():  # last: a stopped run leaves no statement file that names a missing table
+        atomic_write_json(out / "tokenized_data" / file, entries)
+    rows = [[side, str(s["tables_written"]), str(s["statements"]), str(s["entailed"])] for side, s in stats.items()]
+    print_table("synthetic statements (TabFact layout)", ["side", "tables", "statements", "entailed"], rows)
+    log.info("train on them: mate train experiment=tabfact_mate dataset=tabfact dataset.root=%s", out)
+    return write_result("synthesize", stats, dataset=out)
+
+
+main = hydra_app(__name__, synthesize)

@@ -1,0 +1,182 @@
+"""Synthetic statements: what each select and condition evaluates to on a table built by hand, that every written
+pair is true on one table and false on the other, and `mate synthesize` on the bundled samples (in this process),
+read back as a TabFact dataset whose statements alone tell nothing."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from mate_cli.commands.synthesize import csv_text, grid_of
+from mate_cli.data.corpus import Corpus, TableText, table_key
+from mate_cli.data.statements import Condition, Expression, Grid, Statement, evaluate, holds, statement_pairs, verbalize
+from mate_cli.data.tabfact import TabFactReader
+from mate_cli.paths import REPO_ROOT
+from tests.inprocess import run_captured
+
+GRID = Grid(
+    ("driver", "team", "points", "laps"),
+    (
+        ("Alesi", "Ferrari", "6", "78"),
+        ("Hill", "Williams", "10", "78"),
+        ("Berger", "Ferrari", "4", "77"),
+        ("Blundell", "McLaren", "", "70"),
+    ),
+)
+FERRARI = Condition(1, "is", "ferrari")
+
+
+def texts(expression: Expression, grid: Grid = GRID):
+    value = evaluate(expression, grid)
+    return None if value is None else value.texts
+
+
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        (Expression("none", 0, (FERRARI,)), ("alesi", "berger")),
+        (Expression("first", 0, (FERRARI,)), ("alesi",)),
+        (Expression("last", 0, (FERRARI,)), ("berger",)),
+        (Expression("total", 2, (FERRARI,)), ("10",)),
+        (Expression("average", 2, (FERRARI,)), ("5",)),
+        (Expression("range", 2, (FERRARI,)), ("2",)),
+        (Expression("lowest", 0, ()), None),  # drivers hold no numbers
+        (Expression("lowest", 3, ()), ("70",)),
+        (Expression("greatest", 2, (Condition(3, "greater", "75"),)), ("10",)),
+        (Expression("average", 3, (Condition(3, "less", "78"),)), ("73.50",)),
+        (Expression("count", 0, (Condition(3, "is", "78"),)), ("2",)),
+        (Expression("count", 0, (Condition(1, "is", "benetton"),)), None),  # no row kept
+        (Expression("first", 0, (Condition(1, "is", "williams"),)), None),  # one value: nothing to aggregate
+        (Expression("total", 2, ()), None),  # Blundell's points are empty
+        (Expression("none", 0, (Condition(0, "greater", "3"),)), None),  # an order on names
+    ],
+)
+def test_each_select_and_condition_evaluates_as_written(expression, value):
+    assert texts(expression) == value
+
+
+def test_a_statement_compares_its_value_with_its_constant_and_reads_as_it_compares():
+    total = Expression("total", 2, (FERRARI,))
+    assert holds(Statement(total, "is", ("10",)), GRID) is True
+    assert holds(Statement(total, "greater", ("9",)), GRID) is True
+    assert holds(Statement(total, "less", ("10",)), GRID) is False
+    assert holds(Statement(total, "is", ("ferrari",)), GRID) is False
+    assert holds(Statement(total, "greater", ("ferrari",)), GRID) is None  # an order needs numbers
+    assert (
+        verbalize(Statement(total, "greater", ("9",)), GRID.header)
+        == "the total points when team is ferrari is greater than 9"
+    )
+    count = Statement(Expression("count", 0, (FERRARI, Condition(3, "less", "78"))), "is", ("1",))
+    assert verbalize(count, GRID.header) == "the count when team is ferrari and laps is less than 78 is 1"
+    assert holds(count, GRID) is True
+
+
+def test_numbers_are_compared_as_numbers_and_orders_with_the_exact_value():
+    """A number written two ways is one number; an average written to two decimals is compared exactly."""
+    grid = Grid(("name", "p"), (("a", "10.0"), ("b", "1,000"), ("c", "3")))
+    greatest = Expression("greatest", 1, ())
+    assert texts(greatest, grid) == ("1000",) and holds(Statement(greatest, "is", ("1000",)), grid) is True
+    assert holds(Statement(Expression("first", 1, ()), "is", ("10",)), grid) is True  # the cell says 10.0
+    assert texts(Expression("none", 0, (Condition(1, "is", "10"),)), grid) == ("a",)
+    thirds = Grid(("name", "p"), (("a", "5"), ("b", "6"), ("c", "6")))  # average 17 / 3, written 5.67
+    average = Expression("average", 1, ())
+    assert texts(average, thirds) == ("5.67",)
+    assert holds(Statement(average, "is", ("5.67",)), thirds) is True
+    assert holds(Statement(average, "less", ("5.67",)), thirds) is True  # 5.666... < 5.67
+    assert holds(Statement(average, "greater", ("5.66",)), thirds) is True
+
+
+def test_a_column_without_a_name_of_its_own_is_never_named():
+    grid = Grid(("", "p", "p", "laps"), tuple((str(r), str(r), str(r + 1), str(r + 2)) for r in range(6)))
+    for seed in range(20):
+        for pair in statement_pairs(grid, 4, random.Random(seed)):
+            assert set(pair.statement.expression.columns()) <= {3}, pair.text
+
+
+def sample_grids() -> list[Grid]:
+    sources = {kind: REPO_ROOT / "data" / f"{kind}_sample" for kind in ("hybridqa", "wtq", "sqa", "tabfact")}
+    examples = {table_key(e.table): e for e in Corpus(sources).examples()}.values()
+    return [grid_of(e, 30) for e in examples]
+
+
+def test_every_pair_is_true_on_one_table_and_false_on_a_copy_with_one_column_shuffled():
+    """On every table of the four bundled samples: the statement's verdicts, and how the copy differs."""
+    pairs = 0
+    for number, grid in enumerate(sample_grids()):
+        for pair in statement_pairs(grid, 4, random.Random(number)):
+            pairs += 1
+            assert (
+                holds(pair.statement, grid) is pair.verdict and holds(pair.statement, pair.flipped) is not pair.verdict
+            )
+            assert pair.text == verbalize(pair.statement, grid.header)
+            copy = pair.flipped
+            changed = [c for c in range(len(grid.header)) if copy.column(c) != grid.column(c)]
+            assert len(changed) == 1 and sorted(copy.column(changed[0])) == sorted(grid.column(changed[0]))
+            assert changed[0] in pair.statement.expression.columns()
+    assert pairs > 300
+
+
+def folder_bytes(run_dir) -> dict:
+    return {
+        path.relative_to(run_dir): path.read_bytes()
+        for folder in ("data", "tokenized_data")
+        for path in (run_dir / folder).rglob("*")
+        if path.is_file()
+    }
+
+
+def synthesize(run_dir, *overrides):
+    done = run_captured("synthesize", list(overrides), run_dir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((run_dir / "synthesize.json").read_text())
+
+
+def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("MATE_CACHE_DIR", str(tmp_path / "cache"))
+    stats = synthesize(tmp_path / "run")
+    reader = TabFactReader(tmp_path / "run")
+    sides = {side: list(reader.questions(file)) for side, file in reader.FILES.items() if side != "test"}
+    for side, name in (("train", "train"), ("dev", "validation")):
+        statements = sides[side]
+        assert len(statements) == stats[name]["statements"] > 50
+        assert sum(s.label for s in statements) == stats[name]["entailed"] == len(statements) / 2
+        by_text: dict[str, set[int]] = {}
+        for statement in statements:
+            by_text.setdefault(statement.question, set()).add(statement.label)
+            reader.table(statement.table_id)  # every table a statement names is there, and parses
+        assert all(labels == {0, 1} for labels in by_text.values())  # each text once entailed, once refuted
+    keys = {side: {table_key(reader.table(s.table_id)) for s in sides[side]} for side in sides}
+    assert not keys["train"] & keys["dev"]
+    # each drawn table holds its statements with their verdicts on it, each copy the flipped table and the other one
+    for file in ("train_examples.json", "val_examples.json"):
+        entries = json.loads((tmp_path / "run" / "tokenized_data" / file).read_text())
+        for name in (name for name in entries if "-" not in name):
+            grid = grid_of(TableText(reader.table(name), ""), 30)
+            pairs = statement_pairs(grid, 4, random.Random(f"42:{name.removesuffix('.csv')}"))
+            assert entries[name][:2] == [[p.text for p in pairs], [int(p.verdict) for p in pairs]]
+            for n, pair in enumerate(pairs, 1):
+                assert entries[f"{name[:-4]}-{n}.csv"][:2] == [[pair.text], [int(not pair.verdict)]]
+                assert (tmp_path / "run" / "data" / "all_csv" / f"{name[:-4]}-{n}.csv").read_text() == csv_text(
+                    pair.flipped
+                )
+    # the same seed writes the same files; another seed other statements
+    again = synthesize(tmp_path / "again")
+    assert again == stats
+    assert folder_bytes(tmp_path / "run") == folder_bytes(tmp_path / "again")
+    synthesize(tmp_path / "other", "seed=7")
+    assert (tmp_path / "other" / "tokenized_data" / "train_examples.json").read_bytes() != (
+        tmp_path / "run" / "tokenized_data" / "train_examples.json"
+    ).read_bytes()
+    # what TabFact's statement-only baseline makes of it: each validation statement is once right, once wrong
+    done = run_captured("baseline", ["dataset=tabfact", f"dataset.root={tmp_path / 'run'}"], tmp_path / "baseline")
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads((tmp_path / "baseline" / "metrics.json").read_text())
+    assert metrics["val/accuracy"] == 0.5 and metrics["val/accuracy_statement_only"] == 0.5
+
+
+def test_mate_synthesize_refuses_settings_that_write_nothing_in_one_line(tmp_path):
+    done = run_captured("synthesize", ["statements_per_table=0"], tmp_path / "run")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "statements_per_table=4" in done.stderr
+    assert not (tmp_path / "run" / "tokenized_data").exists()
