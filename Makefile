@@ -93,13 +93,33 @@ gpu-wheels: install
 # empties .whl/): GPU_DATA is a folder holding tabfact/, wtq/ and sqa/ in their upstream layouts.
 # The .whl/ folder (wheels, bf16 MiniLM, data) must leave room for the repository in what travels.
 GPU_CARRY_MIB ?= 64
+check_carry = size=$$(du -sm .whl | cut -f1); echo ".whl/: $$size MiB (with the repository, at most $(GPU_CARRY_MIB) MiB travel)"; \
+	test "$$size" -le $$(( $(GPU_CARRY_MIB) - 6 )) || { echo "make $@: .whl/ is over the limit"; exit 2; }
 .PHONY: gpu-data
 gpu-data:
 	@test -n "$(GPU_DATA)" || { echo "make gpu-data: set GPU_DATA=<folder with tabfact/ wtq/ sqa/>"; exit 2; }
 	mkdir -p .whl/data
 	for name in tabfact wtq sqa; do tar -h -C "$(GPU_DATA)" -cf - "$$name" | xz -9 > ".whl/data/$$name.tar.xz" || exit 2; done
-	@size=$$(du -sm .whl | cut -f1); echo ".whl/: $$size MiB (with the repository, at most $(GPU_CARRY_MIB) MiB travel)"; \
-		test "$$size" -le $$(( $(GPU_CARRY_MIB) - 6 )) || { echo "make gpu-data: .whl/ is over the limit"; exit 2; }
+	@$(check_carry)
+
+# The synth task's statements for tools/learn.sh (`mate synthesize` on the training tables of
+# GPU_DATA's releases, about 90 s in one process; SYNTH_SOURCES: other tables, SYNTH_ARGS: more
+# `mate synthesize` overrides) compressed into .whl/data/synth.tar.xz (about 2 MB; after gpu-wheels,
+# which empties .whl/), so a GPU machine's learn step need not write them first.
+SYNTH_SOURCES ?= dataset=pretrain_tasks dataset.sources.wtq=$(GPU_DATA)/wtq dataset.sources.sqa=$(GPU_DATA)/sqa \
+	dataset.sources.tabfact=$(GPU_DATA)/tabfact
+SYNTH_ARGS ?=
+.PHONY: gpu-synth
+gpu-synth: install
+	@test -n "$(GPU_DATA)" || test "$(origin SYNTH_SOURCES)" != file || \
+		{ echo "make gpu-synth: set GPU_DATA=<folder with tabfact/ wtq/ sqa/> (or SYNTH_SOURCES)"; exit 2; }
+	rm -rf .whl/synth-run && mkdir -p .whl/data
+	$(BIN)/mate synthesize $(SYNTH_SOURCES) $(SYNTH_ARGS) hydra.run.dir=.whl/synth-run/synth >/dev/null \
+		|| { rm -rf .whl/synth-run; exit 2; }
+	XZ_OPT=-9 tar -C .whl/synth-run -cJf .whl/data/synth.tar.xz synth/data synth/tokenized_data synth/synthesize.json \
+		|| { rm -rf .whl/synth-run .whl/data/synth.tar.xz; exit 2; }
+	rm -rf .whl/synth-run
+	@$(check_carry)
 
 # ---------------------------------------------------------------------------------------
 # PointR end to end on the bundled HybridQA sample (paper §4):

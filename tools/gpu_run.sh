@@ -39,7 +39,8 @@
 #                     LEARN_SWEEP="model.optimizer.lr=1e-4 ..." trains other settings beside them, one lane and one
 #                     folder each (tools/learn.sh; "tabfact:trainer.max_epochs=20" for one task alone), whose
 #                     learn_<name>.md and learn_runs_<name>.tar.gz come too (the entry with "=", ":" and the like made
-#                     "_": learn_model.optimizer.lr_1e-4.md)
+#                     "_": learn_model.optimizer.lr_1e-4.md); LEARN_TASKS="synth sqa wtq" LEARN_INIT="sqa=synth wtq=sqa"
+#                     trains on synthetic statements first (MATE's Table 4 "+ CS"; `make gpu-synth` carries them)
 # The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets e2e_graphs" (e2e took
 # 305 s on an H200, preprocessing on its 16 cores included; the others reuse its caches, within their limits; e2e_graphs
 # about 430 s, most of it compiling). E2E_TASKS narrows the e2e_* steps to some tasks, e.g. E2E_TASKS=tabfact.

@@ -14,7 +14,11 @@
 #   LEARN_OUT         the run dirs, learn.md and the pack (default outputs/learn)
 #   LEARN_DATA        the full releases; without it the bundled samples (data/)
 #   LEARN_TASKS       default "sqa wtq tabfact"; wtq1024: WikiTQ's recipe at 1,024 tokens (batches of 16),
-#                     where dense attention pays more than MATE
+#                     where dense attention pays more than MATE; synth: TabFact's recipe on `mate synthesize`'s
+#                     statements about the tasks' training tables (MATE's Table 4 "+ CS": LEARN_INIT="sqa=synth
+#                     wtq=sqa" starts SQA from it): LEARN_DATA/synth if there (make gpu-synth carries it), else written
+#                     first into $LEARN_OUT/synth_data from LEARN_DATA's releases (about 90 s, one process, within the
+#                     budget) or the samples' training tables
 #   LEARN_ATTENTIONS  default "mate dense"
 #   LEARN_SEEDS       default "1 2"
 #   LEARN_BUDGET      seconds for all the runs (default 480); a run starts only with 60 left, and one still running
@@ -79,7 +83,7 @@ if ! [[ "$lanes" =~ ^[1-9][0-9]*$ ]]; then
 fi
 read -r -a sweep <<<"${LEARN_SWEEP:-}"
 sweep_name() { echo "${1//[^A-Za-z0-9.-]/_}"; }  # a sweep override's folder is LEARN_OUT, "_" and this
-task_list='(sqa|wtq|wtq1024|tabfact)(,(sqa|wtq|wtq1024|tabfact))*'
+task_list='(sqa|wtq|wtq1024|tabfact|synth)(,(sqa|wtq|wtq1024|tabfact|synth))*'
 sweep_tasks() {  # a sweep entry's tasks: those before its ":" (no Hydra key holds one), else LEARN_SWEEP_TASKS's
   local key="${1%%=*}"
   if [[ "$key" == *:* ]]; then echo "${key%%:*}" | tr , ' '; return; fi
@@ -89,7 +93,7 @@ sweep_override() { local key="${1%%=*}"; if [[ "$key" == *:* ]]; then echo "${1#
 declare -A sweep_folders=()
 for value in "${sweep[@]}"; do
   if [[ "${value%%=*}" == *:* ]] && ! [[ "$value" =~ ^$task_list:[^:=]+(=|$) ]]; then
-    echo "tools/learn.sh: LEARN_SWEEP: '$value' is no <tasks>:<override> (tasks from sqa, wtq, wtq1024 and tabfact," \
+    echo "tools/learn.sh: LEARN_SWEEP: '$value' is no <tasks>:<override> (tasks from sqa, wtq, wtq1024, tabfact and synth," \
       "comma-separated), such as tabfact:trainer.max_epochs=20" >&2
     exit 2
   fi
@@ -112,9 +116,25 @@ echo "$settings" >"$out/settings.txt"
 # this call's tables and packs (a sweep's too) are written at its end: none, should it be killed
 rm -f "$out"/learn.md "$out"/learn_runs.tar.gz "$out"/learn_*.md "$out"/learn_runs_*.tar.gz
 base_task() { echo "${1%%[0-9]*}"; }  # wtq1024 -> wtq
+recipe() {  # the task whose experiment and profile a task's runs use: synth trains TabFact's recipe
+  if [ "$(base_task "$1")" = synth ]; then echo tabfact; else base_task "$1"; fi
+}
+synth_root() {  # the synth task's statements: carried with the releases, else this folder's own
+  if [ -n "$data" ] && [ -f "$data/synth/synthesize.json" ]; then echo "$data/synth"; else echo "$out/synth_data"; fi
+}
+synthesize() {  # the synth task's statements, unless there: about the releases' training tables, or the samples'
+  local root sources=(dataset.tables=train dataset.sources.hybridqa=null)
+  root=$(synth_root)
+  [ -f "$root/synthesize.json" ] && return 0
+  [ -n "$data" ] && sources=(dataset=pretrain_tasks "dataset.sources.wtq=$data/wtq" "dataset.sources.sqa=$data/sqa"
+    "dataset.sources.tabfact=$data/tabfact")
+  waited timeout -k 10 "$budget" "$py" -m mate_cli.cli synthesize "${sources[@]}" "hydra.run.dir=$root" \
+    >"$out/synthesize.log" 2>&1
+}
 task_data() {  # into the array targs: the task's dataset config and data, the release or the bundled sample
   local task config
   task=$(base_task "$1")
+  if [ "$task" = synth ]; then targs=(dataset=tabfact "dataset.root=$(synth_root)"); return; fi
   config="$task"
   [ "$task" = tabfact ] && config=tabfact_sample  # TabFact's recipe splits the validation file by table
   targs=("dataset=${task}_sample")
@@ -203,8 +223,8 @@ train() {  # one run: train (or resume) $1=task $2=attention $3=seed within what
   began=$(date +%s)
   task_data "$task"
   # the budget's TERM ends the run at the end of a batch, last.ckpt saved; KILL $grace s later if it has not
-  waited timeout -s TERM -k "$grace" "$left" "$py" -m mate_cli.cli train experiment="$(base_task "$task")_mate" \
-    attention="$attention" profile="$(base_task "$task")_gpu" hardware="${LEARN_HARDWARE:-gpu}" "${targs[@]}" \
+  waited timeout -s TERM -k "$grace" "$left" "$py" -m mate_cli.cli train experiment="$(recipe "$task")_mate" \
+    attention="$attention" profile="$(recipe "$task")_gpu" hardware="${LEARN_HARDWARE:-gpu}" "${targs[@]}" \
     seed="$seed" logger=csv "${extra[@]}" "${init[@]}" "${resume[@]}" "hydra.run.dir=$run" >>"$out/$name.log" 2>&1
   rc=$?
   # the wall time of each call, summed in the table, and how many lanes shared the device at most meanwhile
@@ -276,6 +296,10 @@ for value in "${sweep[@]}"; do  # each its own learn.sh, one lane, the rest of t
   pids+=("$!")
   sweeps+=("$! $name $value")
 done
+if [[ " ${LEARN_TASKS:-} " == *" synth "* ]] && [ "$stopped" = 0 ] && ! (trap pass_on TERM INT HUP; synthesize); then
+  echo "learn: mate synthesize failed ($out/synthesize.log); the synth runs will fail too" >&2
+  status=1
+fi
 baselines &
 pids+=("$!")
 lanes_here=$(( sharing - ${#sweep[@]} - ${LEARN_BESIDE:-0} ))

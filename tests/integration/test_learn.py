@@ -52,23 +52,30 @@ def settings(out, tasks: str, args: str, init: str, attentions: str, lanes: str,
 
 
 def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_run_and_chains_one(tmp_path):
-    """Over 20 s: six short `mate train` processes (two side by side) and three `mate baseline` ones."""
+    """Over 20 s: six short `mate train` processes (two side by side), four `mate baseline`, a `mate synthesize`."""
     out = tmp_path / "learn"
-    # wtq1024 starts from sqa's run: taken once that is complete; beside them TabFact at another rate, in a folder of
-    # its own (the entry's own task, not LEARN_SWEEP_TASKS's)
-    sweep = "tabfact:model.optimizer.lr=1e-4"
+    # wtq1024 starts from sqa's run: taken once that is complete; beside them the synthetic statements (TabFact's
+    # recipe on `mate synthesize`'s output) at another rate, in a folder of its own (the entry's own task, not
+    # LEARN_SWEEP_TASKS's)
+    sweep = "synth:model.optimizer.lr=1e-4"
     first = learn(out, "wtq1024 sqa tabfact", LEARN_SWEEP=sweep, LEARN_SWEEP_TASKS="sqa")
-    swept = tmp_path / "learn_tabfact_model.optimizer.lr_1e-4"
-    assert f"learn: sweep {sweep}: exit 0 ({out / 'sweep_tabfact_model.optimizer.lr_1e-4.log'})" in first.stdout
-    assert sorted(path.name for path in swept.glob("*_s*") if path.is_dir()) == ["tabfact_mate_s1"]  # its tasks alone
-    assert yaml.safe_load((swept / "tabfact_mate_s1" / "resolved_config.yaml").read_text())["model"]["optimizer"][
-        "lr"
-    ] == pytest.approx(1e-4)
-    assert " model.optimizer.lr=1e-4; init: " in (swept / "learn.md").read_text(encoding="utf-8")  # its settings
+    swept = tmp_path / "learn_synth_model.optimizer.lr_1e-4"
+    assert f"learn: sweep {sweep}: exit 0 ({out / 'sweep_synth_model.optimizer.lr_1e-4.log'})" in first.stdout
+    runs = sorted(path.name for path in swept.iterdir() if re.fullmatch(r"[a-z0-9]+_[a-z]+_s\d+", path.name))
+    assert runs == ["synth_mate_s1"]  # its tasks alone
+    config = yaml.safe_load((swept / "synth_mate_s1" / "resolved_config.yaml").read_text())
+    assert config["model"]["optimizer"]["lr"] == pytest.approx(1e-4) and config["experiment_name"] == "tabfact_mate"
+    assert (
+        config["dataset"]["root"] == str(swept / "synth_data") and (swept / "synth_data" / "synthesize.json").is_file()
+    )
+    swept_table = (swept / "learn.md").read_text(encoding="utf-8")
+    assert " model.optimizer.lr=1e-4; init: " in swept_table  # its settings
+    # the words of a synthetic statement alone tell nothing: each is written once entailed and once refuted
+    assert "| synth | mate | 1: 0." in swept_table and "0.500 (statement only)" in swept_table, swept_table
     # its table and pack beside the recipes', for gpu_run.sh
-    gathered = out / "learn_tabfact_model.optimizer.lr_1e-4.md"
-    assert gathered.read_text(encoding="utf-8") == (swept / "learn.md").read_text(encoding="utf-8")
-    assert (out / "learn_runs_tabfact_model.optimizer.lr_1e-4.tar.gz").is_file()
+    gathered = out / "learn_synth_model.optimizer.lr_1e-4.md"
+    assert gathered.read_text(encoding="utf-8") == swept_table
+    assert (out / "learn_runs_synth_model.optimizer.lr_1e-4.tar.gz").is_file()
     assert "up to 2 at a time" in (out / "learn.md").read_text(encoding="utf-8")  # one lane here, one beside
     lines = first.stdout.splitlines()
     assert lines.index("learn: sqa_mate_s1: exit 0 (" + str(out / "sqa_mate_s1.log") + ")") < next(
@@ -114,7 +121,7 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     with tarfile.open(out / "learn_runs.tar.gz") as pack:
         names = set(pack.getnames())
     assert {"./tabfact_mate_s1/metrics.json", "./tabfact_mate_s1/csv/metrics.csv", "./baseline_wtq/metrics.json",
-            "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json", "./sweep_tabfact_model.optimizer.lr_1e-4.log"} <= names  # fmt: skip
+            "./sqa_mate_s1.log", "./wtq1024_mate_s1/metrics.json", "./sweep_synth_model.optimizer.lr_1e-4.log"} <= names  # fmt: skip
     assert not any(name.endswith(".ckpt") for name in names)
 
     refused = learn(out, "tabfact", args=TINY.replace("max_steps=2", "max_steps=3"), status=2)  # other settings

@@ -154,3 +154,27 @@ def test_gpu_data_packs_each_release_and_refuses_without_a_folder(tmp_path):
     assert archives == ["sqa.tar.xz", "tabfact.tar.xz", "wtq.tar.xz"]
     with tarfile.open(work / ".whl" / "data" / "wtq.tar.xz") as archive:  # the files themselves, not the link
         assert archive.getmember("wtq/LICENSE").isfile()
+
+
+def test_gpu_synth_packs_the_synth_tasks_statements_and_refuses_without_a_folder(tmp_path):
+    """`mate synthesize` through the make target (on the bundled samples' tables here), packed for tools/gpu_run.sh,
+    which unpacks it beside the releases, where tools/learn.sh's synth task reads it."""
+    work = tmp_path / "repo"
+    work.mkdir()
+    for name in ("Makefile", "pyproject.toml", ".venv"):
+        (work / name).symlink_to(REPO_ROOT / name)
+    env = {**os.environ, "MATE_CACHE_DIR": str(tmp_path / "cache")}
+
+    def make(*args):
+        return subprocess.run(["make", "-s", "gpu-synth", *args], cwd=work, env=env, capture_output=True, text=True)
+
+    refused = make()
+    assert refused.returncode == 2 and "set GPU_DATA=" in refused.stdout + refused.stderr
+    done = make("SYNTH_SOURCES=dataset=pretrain_sample", "SYNTH_ARGS=statements_per_table=1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in (work / ".whl").iterdir()) == ["data"]  # the run dir is gone
+    with tarfile.open(work / ".whl" / "data" / "synth.tar.xz") as archive:
+        statements = json.load(archive.extractfile("synth/tokenized_data/train_examples.json"))
+        names = set(archive.getnames())
+    assert "synth/synthesize.json" in names and "synth/tokenized_data/val_examples.json" in names
+    assert {f"synth/data/all_csv/{table}" for table in statements} <= names
