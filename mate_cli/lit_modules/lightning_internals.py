@@ -41,6 +41,13 @@ def is_log_step(trainer: L.Trainer) -> bool:
     return trainer.training and trainer._logger_connector.should_update_logs
 
 
+def ended_with_its_epochs_last_batch(checkpoint: dict) -> bool:
+    """Whether ``checkpoint`` was saved after its epoch's last batch ran (at that batch, the epoch's end or fit's): the
+    epoch is whole, so nothing of it is left for a resume to skip to."""
+    batches = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress") or {}
+    return bool(batches.get("is_last_batch")) and bool(batches.get("current", {}).get("completed"))
+
+
 def reopen_cut_epoch(checkpoint: dict) -> bool:
     """Put a checkpoint saved after fit ended inside an epoch (``trainer.max_steps`` reached, a stop) back inside that
     epoch: Lightning counts the epoch as completed when fit ends, so a resume with more steps would start the next

@@ -28,7 +28,8 @@ from mate_cli.config.schema import REFERENCE, ABSENT, dotted_keys, lookup
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
-from mate_cli.lit_modules.lightning_internals import iterate_training_data_again, pending_log_row, reopen_cut_epoch
+from mate_cli.lit_modules.lightning_internals import ended_with_its_epochs_last_batch, iterate_training_data_again
+from mate_cli.lit_modules.lightning_internals import pending_log_row, reopen_cut_epoch
 from mate_cli.lit_modules.lightning_internals import training_loaders
 from mate_cli.run.naming import dir_name_start
 from mate_cli.run.yaml_data import read_run_config
@@ -108,10 +109,16 @@ class ResumeState(L.Callback):
         }
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        """Before Lightning restores its loops from ``checkpoint``: a run that ended inside an epoch goes on in it."""
+        """Before Lightning restores its loops from ``checkpoint``: a run that ended inside an epoch goes on in it; one
+        saved after its epoch's last batch starts the next epoch at its start (saved once fit had ended, at
+        ``max_epochs``, its position would otherwise be read as one inside the next epoch)."""
         self._resume = checkpoint.get(STATE_KEY)
-        if reopen_cut_epoch(checkpoint) and self._resume is not None:
+        if self._resume is None:
+            return
+        if reopen_cut_epoch(checkpoint):
             self._resume = {**self._resume, "epoch": checkpoint["epoch"]}
+        elif ended_with_its_epochs_last_batch(checkpoint):
+            self._resume = {**self._resume, "examples_this_epoch": 0}
 
     def on_train_start(self, trainer, pl_module) -> None:
         """After the loaders exist and before the first batch: restore RNG and position, and the learning rate."""
@@ -123,14 +130,18 @@ class ResumeState(L.Callback):
         samplers = epoch_shuffles(training_loaders(trainer))
         for sampler in samplers:  # the resumed epoch's order: Lightning sets it only after the iteration has begun
             sampler.set_epoch(trainer.current_epoch)
-        if state["epoch"] == trainer.current_epoch and state["examples_this_epoch"]:
+        inside = state["epoch"] == trainer.current_epoch and bool(state["examples_this_epoch"])
+        if inside:
             self.examples_this_epoch = state["examples_this_epoch"]
             consumed = state["examples_this_epoch"] * state.get("world_size", 1)  # every rank's share
             for sampler in samplers:
                 sampler.skip_next(consumed)
-        if samplers:  # loader workers drew the epoch's first indices already: draw again, in that order, past the skip
+        else:  # at an epoch's start: the earlier run made this epoch's iterator after its checkpoint, from its RNG
+            set_rng_states(state["rng"])
+        if samplers or not inside:  # loader workers drew the epoch's first indices already: again, past the skip
             iterate_training_data_again(trainer)
-        set_rng_states(state["rng"])  # last: a new loader iterator draws its workers' base seed from torch's RNG
+        if inside:  # last: that run's iterator was made before its checkpoint; a new one draws from torch's RNG
+            set_rng_states(state["rng"])
 
 
 def rates_from_schedule(trainer: L.Trainer) -> None:

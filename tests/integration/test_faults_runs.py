@@ -760,3 +760,21 @@ def test_predict_on_a_table_longer_than_the_run_reads_says_how_much_was_kept(fin
     kept = result["kept"]
     assert result["truncated"] and kept["of_rows"] == 2000 and 0 < kept["rows"] < 2000 and kept["of_columns"] == 3
     assert f"{kept['rows']} of 2000 rows and 3 of 3 columns kept" in caplog.text, caplog.text
+
+
+def test_a_run_that_ended_at_max_epochs_resumed_with_more_trains_just_the_epochs_it_lacks(finished, tmp_path):
+    """A run that ended at ``trainer.max_epochs`` (its last epoch whole), resumed with a larger ``max_epochs``, trains
+    the epochs between, each whole, and ends with the weights of one run of that many epochs: the position in its
+    finished epoch is not read as one in the next (which skipped as many of the next epoch's examples: on a small
+    dataset, whole epochs), and the next epoch's loader draws from the restored RNG, as the uninterrupted run's did."""
+    cache = finished.parent / "cache"
+    steady = ["~model/scheduler", "~model.scheduler", "trainer.limit_val_batches=1", "trainer.max_steps=-1"]
+    steady += ["trainer.limit_train_batches=2", "trainer.val_check_interval=1.0"]
+    train_in_process([*steady, "trainer.max_epochs=1"], tmp_path / "short", cache)
+    train_in_process([*steady, "trainer.max_epochs=3", f"ckpt_path={tmp_path / 'short'}"], tmp_path / "more", cache)
+    train_in_process([*steady, "trainer.max_epochs=3"], tmp_path / "whole", cache)
+    more, whole = (
+        torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True) for run in ("more", "whole")
+    )
+    assert (more["global_step"], more["epoch"]) == (whole["global_step"], whole["epoch"]) == (6, 3)
+    assert all(torch.equal(more["state_dict"][k], v) for k, v in whole["state_dict"].items())
