@@ -134,6 +134,8 @@ def synthesize(run_dir, *overrides):
 
 
 def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_nothing(tmp_path, monkeypatch):
+    """Over 20 s: three `mate synthesize` runs on the four samples' tables (the same seed twice, another once) and a
+    `mate baseline`, in this process."""
     monkeypatch.setenv("MATE_CACHE_DIR", str(tmp_path / "cache"))
     stats = synthesize(tmp_path / "run")
     reader = TabFactReader(tmp_path / "run")
