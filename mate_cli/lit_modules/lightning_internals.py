@@ -48,6 +48,29 @@ def ended_with_its_epochs_last_batch(checkpoint: dict) -> bool:
     return bool(batches.get("is_last_batch")) and bool(batches.get("current", {}).get("completed"))
 
 
+def epoch_ended_and_counted(checkpoint: dict) -> bool:
+    """Whether ``checkpoint`` was saved once its epoch had ended and Lightning had counted it (at ``max_epochs``, after
+    fit): the next epoch is a new one."""
+    epochs = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+    counted = bool(epochs) and epochs.get("ready") == epochs.get("processed") == epochs.get("completed")
+    return counted and ended_with_its_epochs_last_batch(checkpoint)
+
+
+def start_the_epoch_afresh(trainer: L.Trainer) -> None:
+    """Let the resumed fit's first epoch run as a new one. With ``trainer.max_steps`` set Lightning restarts its epoch
+    loop even from a checkpoint whose epoch had ended (:func:`epoch_ended_and_counted`), and the restored batch counts
+    then end the next epoch before its first batch: an epoch lost. Call it in ``on_train_start``."""
+    loop = trainer.fit_loop.epoch_loop
+    loop.restarting = False
+    loop.reset_restart_stage()
+
+
+def finishing_the_saved_epoch(trainer: L.Trainer) -> bool:
+    """Whether the resumed fit first finishes the checkpoint's epoch without a batch (saved at the end of a validation
+    after the epoch's last batch): Lightning then makes the next epoch's loader iterator itself."""
+    return trainer.fit_loop.restarted_mid_epoch and trainer.fit_loop.epoch_loop.restarted_on_last
+
+
 def reopen_cut_epoch(checkpoint: dict) -> bool:
     """Put a checkpoint saved after fit ended inside an epoch (``trainer.max_steps`` reached, a stop) back inside that
     epoch: Lightning counts the epoch as completed when fit ends, so a resume with more steps would start the next

@@ -28,8 +28,9 @@ from mate_cli.config.schema import REFERENCE, ABSENT, dotted_keys, lookup
 from mate_cli.data.sampler import EpochShuffle
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_open, atomic_write_csv, os_error_in, write_failure
-from mate_cli.lit_modules.lightning_internals import ended_with_its_epochs_last_batch, iterate_training_data_again
-from mate_cli.lit_modules.lightning_internals import pending_log_row, reopen_cut_epoch
+from mate_cli.lit_modules.lightning_internals import ended_with_its_epochs_last_batch, epoch_ended_and_counted
+from mate_cli.lit_modules.lightning_internals import finishing_the_saved_epoch, iterate_training_data_again
+from mate_cli.lit_modules.lightning_internals import pending_log_row, reopen_cut_epoch, start_the_epoch_afresh
 from mate_cli.lit_modules.lightning_internals import training_loaders
 from mate_cli.run.naming import dir_name_start
 from mate_cli.run.yaml_data import read_run_config
@@ -115,6 +116,7 @@ class ResumeState(L.Callback):
         self._resume = checkpoint.get(STATE_KEY)
         if self._resume is None:
             return
+        self._resume = {**self._resume, "next_epoch_afresh": epoch_ended_and_counted(checkpoint)}
         if reopen_cut_epoch(checkpoint):
             self._resume = {**self._resume, "epoch": checkpoint["epoch"]}
         elif ended_with_its_epochs_last_batch(checkpoint):
@@ -127,20 +129,25 @@ class ResumeState(L.Callback):
         if state is None:
             return
         rates_from_schedule(trainer)
+        if state.get("next_epoch_afresh"):
+            start_the_epoch_afresh(trainer)
         samplers = epoch_shuffles(training_loaders(trainer))
         for sampler in samplers:  # the resumed epoch's order: Lightning sets it only after the iteration has begun
             sampler.set_epoch(trainer.current_epoch)
         inside = state["epoch"] == trainer.current_epoch and bool(state["examples_this_epoch"])
+        # the earlier run made the iterator its next batch comes from before its checkpoint (inside an epoch, or one
+        # Lightning finishes without a batch), else after it, from the RNG it saved
+        made_before = inside or finishing_the_saved_epoch(trainer)
         if inside:
             self.examples_this_epoch = state["examples_this_epoch"]
             consumed = state["examples_this_epoch"] * state.get("world_size", 1)  # every rank's share
             for sampler in samplers:
                 sampler.skip_next(consumed)
-        else:  # at an epoch's start: the earlier run made this epoch's iterator after its checkpoint, from its RNG
+        if not made_before:
             set_rng_states(state["rng"])
-        if samplers or not inside:  # loader workers drew the epoch's first indices already: again, past the skip
+        if samplers or not made_before:  # loader workers drew the epoch's first indices already: again, past the skip
             iterate_training_data_again(trainer)
-        if inside:  # last: that run's iterator was made before its checkpoint; a new one draws from torch's RNG
+        if made_before:  # last: a new loader iterator draws its workers' base seed from torch's RNG
             set_rng_states(state["rng"])
 
 
