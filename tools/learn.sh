@@ -296,9 +296,16 @@ for value in "${sweep[@]}"; do  # each its own learn.sh, one lane, the rest of t
   pids+=("$!")
   sweeps+=("$! $name $value")
 done
-if [[ " ${LEARN_TASKS:-} " == *" synth "* ]] && [ "$stopped" = 0 ] && ! (trap pass_on TERM INT HUP; synthesize); then
-  echo "learn: mate synthesize failed ($out/synthesize.log); the synth runs will fail too" >&2
-  status=1
+if [[ " ${LEARN_TASKS:-} " == *" synth "* ]] && [ "$stopped" = 0 ]; then  # before any lane: the synth runs read it
+  (trap pass_on TERM INT HUP; synthesize) &  # waited for in the background: stop() passes a signal on to it
+  pids+=("$!")
+  reap "$!"
+  rc=$?
+  unset 'pids[-1]'
+  if [ "$rc" != 0 ] && [ ! -e "$claims/STOP" ]; then
+    echo "learn: mate synthesize failed ($out/synthesize.log); the synth runs will fail too" >&2
+    status=1
+  fi
 fi
 baselines &
 pids+=("$!")
