@@ -8,7 +8,8 @@ experiment=tabfact_<attention> dataset=tabfact dataset.root=<run dir>` trains on
 
 The corpus's tables are cut into train and validation by content (``val_fraction``; the same table is never on both
 sides), each table is written with ``statements_per_table`` statements, and each statement once more on a copy of its
-table with one column shuffled, where its verdict is the other one (that copy's own table id, ``<id>-<n>.csv``). The
+table with one column shuffled, where its verdict is the other one (that copy's own table id, ``<id>-<n>.csv``).
+``selects``, ``max_conditions`` and ``orders`` narrow the grammar the statements are drawn from (easier statements). The
 files come from the corpus and the settings alone (``seed`` draws each table's statements and which tables are held
 out): a second run writes the same ones."""
 
@@ -24,7 +25,7 @@ from omegaconf import DictConfig
 from mate_cli.commands.common import hydra_app, print_table, write_result
 from mate_cli.data.corpus import Corpus, TableText, table_key
 from mate_cli.data.split import split_by_table
-from mate_cli.data.statements import SELECTS, Grid, statement_pairs
+from mate_cli.data.statements import SELECTS, Grammar, Grid, statement_pairs
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.run.task import run_dir
@@ -58,6 +59,13 @@ def synthesize(cfg: DictConfig) -> dict:
             f"statements_per_table={cfg.statements_per_table}, max_rows={cfg.max_rows}: need at least 1 statement "
             f"and {MIN_ROWS} rows a table; set e.g. statements_per_table=4 max_rows=50"
         )
+    try:
+        grammar = Grammar(tuple(cfg.selects), int(cfg.max_conditions), bool(cfg.orders))
+    except ValueError:
+        raise MateError(
+            f"selects={list(cfg.selects)}, max_conditions={cfg.max_conditions}: selects are some of {list(SELECTS)} "
+            "and max_conditions is 0 or more; set e.g. selects=[none,first,last] max_conditions=1"
+        ) from None
     data = cfg.dataset
     corpus = Corpus(data.sources, data.get("hybridqa_passages", 1), data.get("tables", "all"), data.get("splits"))
     unique = {table_key(e.table): e for e in corpus.examples()}  # HybridQA: one table, several texts
@@ -81,7 +89,7 @@ def synthesize(cfg: DictConfig) -> dict:
                 skipped += 1
                 continue
             rng = random.Random(f"{cfg.seed}:{key}")  # per table: the same statements whatever the corpus around it
-            pairs = statement_pairs(grid, int(cfg.statements_per_table), rng)
+            pairs = statement_pairs(grid, int(cfg.statements_per_table), rng, grammar)
             if not pairs:
                 skipped += 1
                 continue

@@ -35,7 +35,7 @@ NUMERIC_SELECTS = ("lowest", "greatest", "total", "average", "range")
 COMPARATORS = {"is": "is", "greater": "is greater than", "less": "is less than"}
 #: how often each select is drawn: the count in a fifth of the expressions, the others alike (as TAPAS's release)
 SELECT_WEIGHTS = {name: (0.2 if name == "count" else 0.1) for name in SELECTS}
-#: at most this many conditions in one expression
+#: at most this many conditions in one expression (TAPAS's release)
 MAX_CONDITIONS = 2
 #: tries of a random choice that can come out undefined, before a table gets fewer statements
 ATTEMPTS = 100
@@ -43,6 +43,30 @@ ATTEMPTS = 100
 #: a cut statement would say something else)
 MAX_CONSTANT = 4
 MAX_WORDS = 32
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """Which statements are drawn: one of ``selects`` (weighed as in :data:`SELECT_WEIGHTS`) with at most
+    ``max_conditions`` conditions, and, where ``orders``, conditions and comparisons that are orders between numbers
+    besides ``is``. The default is the whole grammar; less of it makes easier statements (``selects=("none", "first",
+    "last")``, ``max_conditions=1``, ``orders=False``: which cell is in the row that holds another)."""
+
+    selects: tuple[str, ...] = SELECTS
+    max_conditions: int = MAX_CONDITIONS
+    orders: bool = True
+
+    def __post_init__(self):
+        if not self.selects or set(self.selects) - set(SELECTS) or self.max_conditions < 0:
+            raise ValueError(f"a grammar draws some of {SELECTS} with 0 or more conditions, not {self}")
+
+    @property
+    def weights(self) -> list[float]:
+        return [SELECT_WEIGHTS[name] for name in self.selects]
+
+    @property
+    def comparators(self) -> list[str]:
+        return list(COMPARATORS) if self.orders else ["is"]
 
 
 @dataclass(frozen=True)
@@ -203,16 +227,16 @@ def verbalize(statement: Statement, header: tuple[str, ...]) -> str:
     return f"{select}{condition} {COMPARATORS[statement.comparator]} {', '.join(statement.constant)}"
 
 
-def _conditioned(rng: random.Random, expression: Expression, grid: Grid) -> Expression:
+def _conditioned(rng: random.Random, expression: Expression, grid: Grid, grammar: Grammar) -> Expression:
     """``expression`` with conditions on the usable columns, in a random order, while it stays defined: after each
     column tried, the next one with probability 1/2."""
     columns = usable_columns(grid)
     rng.shuffle(columns)
     for column in columns:
-        if len(expression.conditions) == MAX_CONDITIONS:
+        if len(expression.conditions) == grammar.max_conditions:
             break
         values = [value for value in dict.fromkeys(grid.column(column)) if value]  # "is <nothing>" says nothing
-        choices = [(value, comparator) for value in values for comparator in COMPARATORS]
+        choices = [(value, comparator) for value in values for comparator in grammar.comparators]
         rng.shuffle(choices)
         for value, comparator in choices[:ATTEMPTS]:
             longer = Expression(
@@ -227,34 +251,33 @@ def _conditioned(rng: random.Random, expression: Expression, grid: Grid) -> Expr
 
 
 def sample_expression(
-    rng: random.Random, grid: Grid, like: Optional[Expression] = None
+    rng: random.Random, grid: Grid, like: Optional[Expression] = None, grammar: Grammar = Grammar()
 ) -> Optional[tuple[Expression, Value]]:
-    """A random defined expression and its value, or None after :data:`ATTEMPTS` undefined ones; ``like``: one of the
-    same select and column (its conditions drawn afresh)."""
-    names, weights = list(SELECT_WEIGHTS), list(SELECT_WEIGHTS.values())
+    """A random defined expression of ``grammar`` and its value, or None after :data:`ATTEMPTS` undefined ones;
+    ``like``: one of the same select and column (its conditions drawn afresh)."""
     if not (columns := usable_columns(grid)):
         return None
     for _ in range(ATTEMPTS):
-        select = like.select if like else rng.choices(names, weights)[0]
+        select = like.select if like else rng.choices(grammar.selects, grammar.weights)[0]
         column = like.column if like else rng.choice(columns)
-        expression = _conditioned(rng, Expression(select, column), grid)
+        expression = _conditioned(rng, Expression(select, column), grid, grammar)
         if (value := evaluate(expression, grid)) is not None:
             return expression, value
     return None
 
 
-def sample_statement(rng: random.Random, grid: Grid) -> Optional[Statement]:
+def sample_statement(rng: random.Random, grid: Grid, grammar: Grammar = Grammar()) -> Optional[Statement]:
     """A random statement defined on ``grid``: its constant is the expression's own value (half the time) or the value
     of another expression of the same select and column; ``is``, or an order where both sides are numbers."""
     for _ in range(ATTEMPTS):
-        if (drawn := sample_expression(rng, grid)) is None:
+        if (drawn := sample_expression(rng, grid, grammar=grammar)) is None:
             return None
         expression, value = drawn
         constant = value.texts
-        if rng.random() < 0.5 and (other := sample_expression(rng, grid, like=expression)) is not None:
+        if rng.random() < 0.5 and (other := sample_expression(rng, grid, expression, grammar)) is not None:
             constant = other[1].texts
         numeric = value.numbers is not None and all(parse_number(text) is not None for text in constant)
-        comparator = rng.choice(list(COMPARATORS)) if numeric else "is"
+        comparator = rng.choice(grammar.comparators) if numeric else "is"
         statement = Statement(expression, comparator, constant)
         if 0 < len(constant) <= MAX_CONSTANT and "" not in constant and holds(statement, grid) is not None:
             return statement
@@ -288,14 +311,15 @@ class Pair:
     flipped: Grid
 
 
-def statement_pairs(grid: Grid, count: int, rng: random.Random) -> list[Pair]:
-    """Up to ``count`` pairs of distinct statements about ``grid``, each with the copy of ``grid`` that flips it."""
+def statement_pairs(grid: Grid, count: int, rng: random.Random, grammar: Grammar = Grammar()) -> list[Pair]:
+    """Up to ``count`` pairs of distinct statements of ``grammar`` about ``grid``, each with the copy of ``grid`` that
+    flips it."""
     pairs: list[Pair] = []
     seen: set[str] = set()
     for _ in range(count * 4):
         if len(pairs) == count:
             break
-        if (statement := sample_statement(rng, grid)) is None:
+        if (statement := sample_statement(rng, grid, grammar)) is None:
             break
         text = verbalize(statement, grid.header)
         if text in seen or len(text.split()) > MAX_WORDS or (flipped := opposite(rng, statement, grid)) is None:

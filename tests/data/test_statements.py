@@ -11,7 +11,17 @@ import pytest
 
 from mate_cli.commands.synthesize import csv_text, grid_of
 from mate_cli.data.corpus import Corpus, TableText, table_key
-from mate_cli.data.statements import Condition, Expression, Grid, Statement, evaluate, holds, statement_pairs, verbalize
+from mate_cli.data.statements import (
+    Condition,
+    Expression,
+    Grammar,
+    Grid,
+    Statement,
+    evaluate,
+    holds,
+    statement_pairs,
+    verbalize,
+)
 from mate_cli.data.tabfact import TabFactReader
 from mate_cli.paths import REPO_ROOT
 from tests.inprocess import run_captured
@@ -118,6 +128,30 @@ def test_every_pair_is_true_on_one_table_and_false_on_a_copy_with_one_column_shu
     assert pairs > 300
 
 
+def test_a_narrower_grammar_draws_only_its_selects_conditions_and_comparators():
+    """The lookups of an easier first stage, on the bundled samples' tables: only their selects, one condition at
+    most, ``is`` everywhere; still a pair on most tables. The whole grammar, on the same tables, uses what they leave."""
+    easy = Grammar(("none", "first", "last"), max_conditions=1, orders=False)
+    grids = sample_grids()
+    drawn = {"easy": [], "whole": []}
+    for number, grid in enumerate(grids):
+        for name, grammar in (("easy", easy), ("whole", Grammar())):
+            drawn[name] += [p.statement for p in statement_pairs(grid, 4, random.Random(number), grammar)]
+    for name, statements in drawn.items():
+        selects = {s.expression.select for s in statements}
+        comparators = {s.comparator for s in statements} | {
+            c.comparator for s in statements for c in s.expression.conditions
+        }
+        most = max(len(s.expression.conditions) for s in statements)
+        if name == "easy":
+            assert selects <= {"none", "first", "last"} and comparators == {"is"} and most == 1
+            assert len(statements) > 2 * len(grids)
+        else:
+            assert selects > {"none", "first", "last"} and comparators > {"is"} and most == 2
+    with pytest.raises(ValueError):
+        Grammar(("median",))
+
+
 def folder_bytes(run_dir) -> dict:
     return {
         path.relative_to(run_dir): path.read_bytes()
@@ -178,7 +212,15 @@ def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_no
     assert metrics["val/accuracy"] == 0.5 and metrics["val/accuracy_statement_only"] == 0.5
 
 
-def test_mate_synthesize_refuses_settings_that_write_nothing_in_one_line(tmp_path):
-    done = run_captured("synthesize", ["statements_per_table=0"], tmp_path / "run")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "statements_per_table=4" in done.stderr
+@pytest.mark.parametrize(
+    "override, fix",
+    [
+        ("statements_per_table=0", "statements_per_table=4"),
+        ("selects=[none,median]", "selects=[none,first,last]"),
+        ("max_conditions=-1", "max_conditions=1"),
+    ],
+)
+def test_mate_synthesize_refuses_settings_that_write_nothing_in_one_line(tmp_path, override, fix):
+    done = run_captured("synthesize", [override], tmp_path / "run")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and fix in done.stderr, done.stderr
     assert not (tmp_path / "run" / "tokenized_data").exists()
