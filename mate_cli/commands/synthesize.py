@@ -53,19 +53,28 @@ def csv_text(grid: Grid) -> str:
     return "".join("#".join(line) + "\n" for line in (grid.header, *grid.rows))
 
 
+def grammar_of(cfg: DictConfig) -> Grammar:
+    """The settings' grammar; one line with the fix where they name none."""
+    selects = [cfg.selects] if isinstance(cfg.selects, str) else cfg.selects  # selects=none: that one
+    try:
+        if not isinstance(cfg.orders, bool):
+            raise ValueError
+        return Grammar(tuple(selects), int(cfg.max_conditions), cfg.orders)
+    except (TypeError, ValueError):
+        raise MateError(
+            f"selects={selects}, max_conditions={cfg.max_conditions}, orders={cfg.orders}: selects are some of "
+            f"{list(SELECTS)}, max_conditions is 0 or more and orders true or false; set e.g. "
+            "'selects=[none,first,last]' max_conditions=1 orders=false"
+        ) from None
+
+
 def synthesize(cfg: DictConfig) -> dict:
     if int(cfg.statements_per_table) < 1 or int(cfg.max_rows) < MIN_ROWS:
         raise MateError(
             f"statements_per_table={cfg.statements_per_table}, max_rows={cfg.max_rows}: need at least 1 statement "
             f"and {MIN_ROWS} rows a table; set e.g. statements_per_table=4 max_rows=50"
         )
-    try:
-        grammar = Grammar(tuple(cfg.selects), int(cfg.max_conditions), bool(cfg.orders))
-    except ValueError:
-        raise MateError(
-            f"selects={list(cfg.selects)}, max_conditions={cfg.max_conditions}: selects are some of {list(SELECTS)} "
-            "and max_conditions is 0 or more; set e.g. selects=[none,first,last] max_conditions=1"
-        ) from None
+    grammar = grammar_of(cfg)
     data = cfg.dataset
     corpus = Corpus(data.sources, data.get("hybridqa_passages", 1), data.get("tables", "all"), data.get("splits"))
     unique = {table_key(e.table): e for e in corpus.examples()}  # HybridQA: one table, several texts
@@ -108,7 +117,7 @@ def synthesize(cfg: DictConfig) -> dict:
             raise MateError(
                 f"no statement could be written for the {side} side ({len(examples)} tables, {skipped} without one: "
                 f"fewer than {MIN_ROWS} rows or {MIN_COLUMNS} columns, or nothing defined on them); give "
-                "dataset.sources more tables or lower val_fraction"
+                "dataset.sources more tables, lower val_fraction or widen the grammar (selects, max_conditions)"
             )
         files[file] = entries
         statements = sum(len(labels) for _, labels, _ in entries.values())

@@ -47,10 +47,11 @@ MAX_WORDS = 32
 
 @dataclass(frozen=True)
 class Grammar:
-    """Which statements are drawn: one of ``selects`` (weighed as in :data:`SELECT_WEIGHTS`) with at most
-    ``max_conditions`` conditions, and, where ``orders``, conditions and comparisons that are orders between numbers
-    besides ``is``. The default is the whole grammar; less of it makes easier statements (``selects=("none", "first",
-    "last")``, ``max_conditions=1``, ``orders=False``: which cell is in the row that holds another)."""
+    """Which statements are drawn: one of ``selects`` (weighted as in :data:`SELECT_WEIGHTS`, kept in the order of
+    :data:`SELECTS` and once each, so a seed draws the same however they are listed) with at most ``max_conditions``
+    conditions, and, where ``orders``, conditions and comparisons that are orders between numbers besides ``is``. The
+    default is the whole grammar; less of it makes easier statements (``selects=("none", "first", "last")``,
+    ``max_conditions=1``, ``orders=False``: which cell is in the row that holds another)."""
 
     selects: tuple[str, ...] = SELECTS
     max_conditions: int = MAX_CONDITIONS
@@ -59,6 +60,7 @@ class Grammar:
     def __post_init__(self):
         if not self.selects or set(self.selects) - set(SELECTS) or self.max_conditions < 0:
             raise ValueError(f"a grammar draws some of {SELECTS} with 0 or more conditions, not {self}")
+        object.__setattr__(self, "selects", tuple(name for name in SELECTS if name in self.selects))
 
     @property
     def weights(self) -> list[float]:
@@ -268,7 +270,8 @@ def sample_expression(
 
 def sample_statement(rng: random.Random, grid: Grid, grammar: Grammar = Grammar()) -> Optional[Statement]:
     """A random statement defined on ``grid``: its constant is the expression's own value (half the time) or the value
-    of another expression of the same select and column; ``is``, or an order where both sides are numbers."""
+    of another expression of the same select and column; ``is``, or (where ``grammar.orders``) an order where both sides
+    are numbers."""
     for _ in range(ATTEMPTS):
         if (drawn := sample_expression(rng, grid, grammar=grammar)) is None:
             return None

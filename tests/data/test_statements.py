@@ -128,6 +128,18 @@ def test_every_pair_is_true_on_one_table_and_false_on_a_copy_with_one_column_shu
     assert pairs > 300
 
 
+def test_the_whole_grammar_draws_as_tapas_release_weighs_it_and_always_the_same():
+    """The default grammar's draws, pinned on the first sample table: a change to the default draws (an rng call added,
+    a select reordered) changes every synthesized corpus, and must show here."""
+    pairs = statement_pairs(sample_grids()[0], 4, random.Random(0))
+    assert [(p.text, p.verdict) for p in pairs] == [
+        ("the first constructor is dallara - judd", True),
+        ("the first time when pos is less than 5 is 1:25.893", False),
+        ("constructor when gap is +4.129 and time is 1:27.389 is coloni - ford", True),
+        ("the range of pos when constructor is dallara - judd and no is less than 31 is less than 7", True),
+    ]
+
+
 def test_a_narrower_grammar_draws_only_its_selects_conditions_and_comparators():
     """The lookups of an easier first stage, on the bundled samples' tables: only their selects, one condition at
     most, ``is`` everywhere; still a pair on most tables. The whole grammar, on the same tables, uses what they leave."""
@@ -139,15 +151,16 @@ def test_a_narrower_grammar_draws_only_its_selects_conditions_and_comparators():
             drawn[name] += [p.statement for p in statement_pairs(grid, 4, random.Random(number), grammar)]
     for name, statements in drawn.items():
         selects = {s.expression.select for s in statements}
-        comparators = {s.comparator for s in statements} | {
-            c.comparator for s in statements for c in s.expression.conditions
-        }
+        comparators = {s.comparator for s in statements}
+        comparators |= {c.comparator for s in statements for c in s.expression.conditions}
         most = max(len(s.expression.conditions) for s in statements)
         if name == "easy":
             assert selects <= {"none", "first", "last"} and comparators == {"is"} and most == 1
             assert len(statements) > 2 * len(grids)
         else:
             assert selects > {"none", "first", "last"} and comparators > {"is"} and most == 2
+    # the selects are a set: listed in another order or twice, they draw the same
+    assert Grammar(("last", "none", "first", "none")) == Grammar(("none", "first", "last"))
     with pytest.raises(ValueError):
         Grammar(("median",))
 
@@ -168,8 +181,8 @@ def synthesize(run_dir, *overrides):
 
 
 def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_nothing(tmp_path, monkeypatch):
-    """Over 20 s: three `mate synthesize` runs on the four samples' tables (the same seed twice, another once) and a
-    `mate baseline`, in this process."""
+    """Over 20 s: four `mate synthesize` runs on the four samples' tables (the same seed twice, another once, a narrower
+    grammar) and a `mate baseline`, in this process."""
     monkeypatch.setenv("MATE_CACHE_DIR", str(tmp_path / "cache"))
     stats = synthesize(tmp_path / "run")
     reader = TabFactReader(tmp_path / "run")
@@ -197,6 +210,18 @@ def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_no
                 assert (tmp_path / "run" / "data" / "all_csv" / f"{name[:-4]}-{n}.csv").read_text() == csv_text(
                     pair.flipped
                 )
+    # a narrower grammar on the command line (listed in another order): each table's statements are its lookups
+    easy = synthesize(tmp_path / "easy", "selects=[last,none,first]", "max_conditions=1", "orders=false")
+    assert set(easy["train"]["by_select"]) <= {"none", "first", "last"}
+    lookups, written = Grammar(("none", "first", "last"), 1, False), 0
+    for file in ("train_examples.json", "val_examples.json"):
+        entries = json.loads((tmp_path / "easy" / "tokenized_data" / file).read_text())
+        for name in (name for name in entries if "-" not in name):
+            grid = grid_of(TableText(TabFactReader(tmp_path / "easy").table(name), ""), 30)
+            pairs = statement_pairs(grid, 4, random.Random(f"42:{name.removesuffix('.csv')}"), lookups)
+            assert entries[name][0] == [p.text for p in pairs]
+            written += len(pairs)
+    assert written * 2 == easy["train"]["statements"] + easy["validation"]["statements"] > 50
     # the same seed writes the same files; another seed other statements
     again = synthesize(tmp_path / "again")
     assert again == stats
@@ -213,14 +238,16 @@ def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_no
 
 
 @pytest.mark.parametrize(
-    "override, fix",
+    "override, echoed",
     [
-        ("statements_per_table=0", "statements_per_table=4"),
-        ("selects=[none,median]", "selects=[none,first,last]"),
-        ("max_conditions=-1", "max_conditions=1"),
+        ("statements_per_table=0", "statements_per_table=0"),
+        ("selects=[none,median]", "'median'"),
+        ("selects=[]", "selects=[]"),
+        ("max_conditions=-1", "max_conditions=-1"),
+        ("orders=no", "orders=no"),
     ],
 )
-def test_mate_synthesize_refuses_settings_that_write_nothing_in_one_line(tmp_path, override, fix):
+def test_mate_synthesize_refuses_settings_that_write_nothing_in_one_line(tmp_path, override, echoed):
     done = run_captured("synthesize", [override], tmp_path / "run")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and fix in done.stderr, done.stderr
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and echoed in done.stderr, done.stderr
     assert not (tmp_path / "run" / "tokenized_data").exists()
