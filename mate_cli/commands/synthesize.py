@@ -4,7 +4,7 @@ experiment=tabfact_<attention> dataset=tabfact dataset.root=<run dir>` trains on
 
     tokenized_data/train_examples.json, val_examples.json   {"<table id>": [[statement, ...], [label, ...], caption]}
     data/all_csv/<table id>                                    '#'-separated, header first
-    synthesize.json                                            what was written, by side and by select
+    synthesize.json                                            what was written, by side and by select; the settings
 
 The corpus's tables are cut into train and validation by content (``val_fraction``; the same table is never on both
 sides), each table is written with ``statements_per_table`` statements, and each statement once more on a copy of its
@@ -142,7 +142,16 @@ def synthesize(cfg: DictConfig) -> dict:
     rows = [[side, str(s["tables_written"]), str(s["statements"]), str(s["entailed"])] for side, s in stats.items()]
     print_table("synthetic statements (TabFact layout)", ["side", "tables", "statements", "entailed"], rows)
     log.info("train on them: mate train experiment=tabfact_mate dataset=tabfact dataset.root=%s", out)
-    return write_result("synthesize", stats, dataset=out)
+    settings = {
+        "seed": int(cfg.seed),
+        "statements_per_table": int(cfg.statements_per_table),
+        "max_rows": int(cfg.max_rows),
+        "val_fraction": float(cfg.val_fraction),
+        "selects": list(grammar.selects),
+        "max_conditions": grammar.max_conditions,
+        "orders": grammar.orders,
+    }  # which statements these are, wherever the files travel without the run's config
+    return write_result("synthesize", {**stats, "settings": settings}, dataset=out)
 
 
 main = hydra_app(__name__, synthesize)

@@ -213,6 +213,8 @@ def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_no
     # a narrower grammar on the command line (listed in another order): each table's statements are its lookups
     easy = synthesize(tmp_path / "easy", "selects=[last,none,first]", "max_conditions=1", "orders=false")
     assert set(easy["train"]["by_select"]) <= {"none", "first", "last"}
+    lookups_only = {"selects": ["none", "first", "last"], "max_conditions": 1, "orders": False}
+    assert easy["settings"] == {**stats["settings"], **lookups_only} != stats["settings"]
     lookups, written = Grammar(("none", "first", "last"), 1, False), 0
     for file in ("train_examples.json", "val_examples.json"):
         entries = json.loads((tmp_path / "easy" / "tokenized_data" / file).read_text())
