@@ -57,7 +57,8 @@
 #                     and its output goes to <LEARN_OUT>/sweep_<that name>.log
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
-# runs in LEARN_OUT is refused (settings.txt there says which); choose another LEARN_OUT.
+# runs in LEARN_OUT, or a carried synth corpus of other settings, is refused (settings.txt there says which);
+# choose another LEARN_OUT.
 # Exit status 0 when every run started, each second scoring and each sweep's call ended or was cut by the budget (the
 # next call resumes it), 143 after a signal.
 set -uo pipefail
@@ -107,6 +108,11 @@ done
 mkdir -p "$out"
 settings="data: ${data:-the bundled samples}; hardware: ${LEARN_HARDWARE:-gpu}; args: ${LEARN_ARGS:-none}"
 [ -n "${LEARN_INIT:-}" ] && settings+="; init: $LEARN_INIT"
+if [[ " ${LEARN_TASKS:-} " == *" synth "* ]] && [ -n "$data" ] && [ -f "$data/synth/synthesize.json" ]; then
+  # a carried corpus (make gpu-synth): which statements it holds, so that runs on another are not resumed here
+  settings+="; synth: $("$py" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("settings")))' \
+    "$data/synth/synthesize.json")"
+fi
 if [ -f "$out/settings.txt" ] && [ "$(cat "$out/settings.txt")" != "$settings" ]; then
   echo "tools/learn.sh: $out holds runs of other settings ($(cat "$out/settings.txt"));" \
     "set LEARN_OUT to a new folder" >&2

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from tests.helpers import REPO_ROOT
+from tests.inprocess import run_captured
 
 TINY = ("trainer.max_steps=2 trainer.val_check_interval=2 trainer.check_val_every_n_epoch=null dataset.max_length=128 "
         "dataset.batch_size=4 dataset.eval_batch_size=8 trainer.limit_val_batches=2")  # fmt: skip
@@ -135,6 +136,28 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
     for entry in ("tabfcat:model.optimizer.lr=1e-4", "tabfact:", "sqa:wtq:model.optimizer.lr=1e-4"):
         bad = learn(tmp_path / "typo", "wtq", status=2, LEARN_SWEEP=entry)
         assert f"'{entry}' is no <tasks>:<override>" in bad.stderr and not (tmp_path / "typo").exists(), bad.stderr
+
+
+def test_a_carried_synth_corpus_is_named_in_the_table_and_runs_on_another_are_not_resumed(tmp_path, monkeypatch):
+    """Over 20 s: two `mate synthesize` in this process (the samples' training tables), one short `mate train` process
+    and a refused call. A carried corpus (make gpu-synth's LEARN_DATA/synth) says which grammar drew it."""
+    monkeypatch.setenv("MATE_CACHE_DIR", str(tmp_path / "cache"))
+    corpus = tmp_path / "data" / "synth"
+    tables = ["dataset.tables=train", "dataset.sources.hybridqa=null"]
+    lookups = ["selects=[none,first,last]", "max_conditions=1", "orders=false"]
+    assert run_captured("synthesize", tables + lookups, corpus).returncode == 0
+    out = tmp_path / "learn"
+    learn(out, "synth", init="", LEARN_DATA=str(tmp_path / "data"))
+    table = (out / "learn.md").read_text()
+    assert re.search(r"^\| synth \| mate \| 1: 0\.\d{3} \|", table, re.M), table
+    assert (
+        '; synth: {"max_conditions": 1, "max_rows": 30, "orders": false, "seed": 42, "selects": ["none", "first", '
+        in table
+    )
+    # the same folder, the corpus rewritten with the whole grammar: its runs are not resumed on it
+    assert run_captured("synthesize", tables, corpus).returncode == 0
+    refused = learn(out, "synth", init="", status=2, LEARN_DATA=str(tmp_path / "data"))
+    assert "holds runs of other settings" in refused.stderr and '"orders": false' in refused.stderr, refused.stderr
 
 
 def test_two_lanes_train_side_by_side_and_a_time_limits_term_stops_both_with_their_checkpoints(tmp_path):
