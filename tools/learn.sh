@@ -57,7 +57,7 @@
 #                     and its output goes to <LEARN_OUT>/sweep_<that name>.log
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
-# runs in LEARN_OUT, or a carried synth corpus of other settings, is refused (settings.txt there says which);
+# runs in LEARN_OUT, or with another carried synth corpus, is refused (settings.txt there says which);
 # choose another LEARN_OUT.
 # Exit status 0 when every run started, each second scoring and each sweep's call ended or was cut by the budget (the
 # next call resumes it), 143 after a signal.
@@ -105,19 +105,26 @@ for value in "${sweep[@]}"; do
   fi
   sweep_folders[$name]="$value"
 done
-mkdir -p "$out"
 settings="data: ${data:-the bundled samples}; hardware: ${LEARN_HARDWARE:-gpu}; args: ${LEARN_ARGS:-none}"
 [ -n "${LEARN_INIT:-}" ] && settings+="; init: $LEARN_INIT"
 if [[ " ${LEARN_TASKS:-} " == *" synth "* ]] && [ -n "$data" ] && [ -f "$data/synth/synthesize.json" ]; then
-  # a carried corpus (make gpu-synth): which statements it holds, so that runs on another are not resumed here
-  settings+="; synth: $("$py" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("settings")))' \
-    "$data/synth/synthesize.json")"
+  # a carried corpus (make gpu-synth): the settings that drew it and its statements' digest, so that runs on another
+  # corpus are not resumed here
+  corpus=$("$py" -c 'import hashlib, json, sys
+settings = json.load(open(sys.argv[1] + "/synthesize.json")).get("settings")
+digest = hashlib.sha256(open(sys.argv[1] + "/tokenized_data/train_examples.json", "rb").read()).hexdigest()[:12]
+print(json.dumps(settings, sort_keys=True), "statements sha256", digest)' "$data/synth" 2>/dev/null) || {
+    echo "tools/learn.sh: $data/synth is no whole mate synthesize corpus; make gpu-synth writes it again" >&2
+    exit 2
+  }
+  settings+="; synth: $corpus"
 fi
 if [ -f "$out/settings.txt" ] && [ "$(cat "$out/settings.txt")" != "$settings" ]; then
   echo "tools/learn.sh: $out holds runs of other settings ($(cat "$out/settings.txt"));" \
     "set LEARN_OUT to a new folder" >&2
   exit 2
 fi
+mkdir -p "$out"
 echo "$settings" >"$out/settings.txt"
 # this call's tables and packs (a sweep's too) are written at its end: none, should it be killed
 rm -f "$out"/learn.md "$out"/learn_runs.tar.gz "$out"/learn_*.md "$out"/learn_runs_*.tar.gz

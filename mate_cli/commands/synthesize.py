@@ -56,10 +56,11 @@ def csv_text(grid: Grid) -> str:
 def grammar_of(cfg: DictConfig) -> Grammar:
     """The settings' grammar; one line with the fix where they name none."""
     selects = [cfg.selects] if isinstance(cfg.selects, str) else cfg.selects  # selects=none: that one
+    conditions = cfg.max_conditions
     try:
-        if not isinstance(cfg.orders, bool):
+        if not isinstance(cfg.orders, bool) or not isinstance(conditions, int) or isinstance(conditions, bool):
             raise ValueError
-        return Grammar(tuple(selects), int(cfg.max_conditions), cfg.orders)
+        return Grammar(tuple(selects), conditions, cfg.orders)
     except (TypeError, ValueError):
         raise MateError(
             f"selects={selects}, max_conditions={cfg.max_conditions}, orders={cfg.orders}: selects are some of "

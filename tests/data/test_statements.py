@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from mate_cli.commands.synthesize import csv_text, grid_of
+from mate_cli.commands.synthesize import csv_text, grammar_of, grid_of
 from mate_cli.data.corpus import Corpus, TableText, table_key
 from mate_cli.data.statements import (
     Condition,
@@ -24,7 +24,7 @@ from mate_cli.data.statements import (
 )
 from mate_cli.data.tabfact import TabFactReader
 from mate_cli.paths import REPO_ROOT
-from tests.inprocess import run_captured
+from tests.inprocess import compose_command, run_captured
 
 GRID = Grid(
     ("driver", "team", "points", "laps"),
@@ -145,10 +145,12 @@ def test_a_narrower_grammar_draws_only_its_selects_conditions_and_comparators():
     most, ``is`` everywhere; still a pair on most tables. The whole grammar, on the same tables, uses what they leave."""
     easy = Grammar(("none", "first", "last"), max_conditions=1, orders=False)
     grids = sample_grids()
-    drawn = {"easy": [], "whole": []}
+    drawn, tables = {"easy": [], "whole": []}, {"easy": 0, "whole": 0}
     for number, grid in enumerate(grids):
         for name, grammar in (("easy", easy), ("whole", Grammar())):
-            drawn[name] += [p.statement for p in statement_pairs(grid, 4, random.Random(number), grammar)]
+            pairs = statement_pairs(grid, 4, random.Random(number), grammar)
+            drawn[name] += [p.statement for p in pairs]
+            tables[name] += bool(pairs)
     for name, statements in drawn.items():
         selects = {s.expression.select for s in statements}
         comparators = {s.comparator for s in statements}
@@ -156,9 +158,15 @@ def test_a_narrower_grammar_draws_only_its_selects_conditions_and_comparators():
         most = max(len(s.expression.conditions) for s in statements)
         if name == "easy":
             assert selects <= {"none", "first", "last"} and comparators == {"is"} and most == 1
-            assert len(statements) > 2 * len(grids)
+            assert tables["easy"] >= 0.9 * len(grids) and len(statements) >= 3 * len(grids)
         else:
             assert selects > {"none", "first", "last"} and comparators > {"is"} and most == 2
+    # one select given alone, and no condition, as the command line gives them
+    alone = grammar_of(compose_command("synthesize", ["selects=first", "max_conditions=0"]))
+    assert alone == Grammar(("first",), 0)
+    for number, grid in enumerate(grids[:20]):
+        for pair in statement_pairs(grid, 4, random.Random(number), alone):
+            assert pair.statement.expression.select == "first" and not pair.statement.expression.conditions
     # the selects are a set: listed in another order or twice, they draw the same
     assert Grammar(("last", "none", "first", "none")) == Grammar(("none", "first", "last"))
     with pytest.raises(ValueError):
@@ -219,8 +227,9 @@ def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_no
     for file in ("train_examples.json", "val_examples.json"):
         entries = json.loads((tmp_path / "easy" / "tokenized_data" / file).read_text())
         for name in (name for name in entries if "-" not in name):
-            grid = grid_of(TableText(TabFactReader(tmp_path / "easy").table(name), ""), 30)
-            pairs = statement_pairs(grid, 4, random.Random(f"42:{name.removesuffix('.csv')}"), lookups)
+            grid = grid_of(TableText(TabFactReader(tmp_path / "easy").table(name), ""), easy["settings"]["max_rows"])
+            seed = f"{easy['settings']['seed']}:{name.removesuffix('.csv')}"
+            pairs = statement_pairs(grid, easy["settings"]["statements_per_table"], random.Random(seed), lookups)
             assert entries[name][0] == [p.text for p in pairs]
             written += len(pairs)
     assert written * 2 == easy["train"]["statements"] + easy["validation"]["statements"] > 50
@@ -246,6 +255,7 @@ def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_no
         ("selects=[none,median]", "'median'"),
         ("selects=[]", "selects=[]"),
         ("max_conditions=-1", "max_conditions=-1"),
+        ("max_conditions=true", "max_conditions=True"),
         ("orders=no", "orders=no"),
     ],
 )

@@ -158,6 +158,10 @@ def test_a_carried_synth_corpus_is_named_in_the_table_and_runs_on_another_are_no
     assert run_captured("synthesize", tables, corpus).returncode == 0
     refused = learn(out, "synth", init="", status=2, LEARN_DATA=str(tmp_path / "data"))
     assert "holds runs of other settings" in refused.stderr and '"orders": false' in refused.stderr, refused.stderr
+    (corpus / "tokenized_data" / "train_examples.json").unlink()  # a corpus cut short: named, nothing run
+    cut = learn(tmp_path / "cut", "synth", init="", status=2, LEARN_DATA=str(tmp_path / "data"))
+    assert cut.stderr.count("\n") == 1 and "is no whole mate synthesize corpus" in cut.stderr, cut.stderr
+    assert not (tmp_path / "cut").exists()
 
 
 def test_two_lanes_train_side_by_side_and_a_time_limits_term_stops_both_with_their_checkpoints(tmp_path):
