@@ -6,7 +6,8 @@ accuracy has not moved yet) and their dev accuracy with the other decoding (``va
 weights decoded with ``model.head.at_least_one_cell=true``: the most probable cell where none passes 0.5; each
 validation logs it), the trivial baselines beside them, examples/s and the minutes each run took (all its
 calls; marked * where other runs shared the device, ``LEARN_LANES`` and ``LEARN_SWEEP``), then the settings the runs share
-(``settings.txt``), and last SQA's Q1 / Q2 / Q3 of each run (``val/accuracy_q1`` to ``_q3``)."""
+(``settings.txt``), and last SQA's Q1 / Q2 / Q3 of each run (``val/accuracy_q1`` to ``_q3``) and its accuracy on the
+answers of one cell and of several (``val/accuracy_single_cell_answers``, ``val/accuracy_multi_cell_answers``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ TOP_CELL = "val/cell_top1"  #: SQA, WikiTQ: the share of questions with an answe
 AT_LEAST_ONE_CELL = "val/accuracy_at_least_one_cell"
 #: SQA: the first, second and third question of a sequence
 QUESTIONS = tuple(f"val/accuracy_q{n}" for n in QUESTION_NUMBERS)
+#: SQA: the questions whose answer is one cell, and several
+ANSWER_SIZES = ("val/accuracy_single_cell_answers", "val/accuracy_multi_cell_answers")
 
 
 def last_logged(run: Path, key: str) -> float | None:
@@ -49,7 +52,7 @@ def run_row(run: Path) -> dict:
         "accuracy": metrics.get(METRIC, last_logged(run, METRIC)),
         "at_least_one_cell": metrics.get(AT_LEAST_ONE_CELL, last_logged(run, AT_LEAST_ONE_CELL)),
         "cell_top1": metrics.get(TOP_CELL, last_logged(run, TOP_CELL)),
-        "questions": [metrics.get(key, last_logged(run, key)) for key in QUESTIONS],
+        "questions": [metrics.get(key, last_logged(run, key)) for key in QUESTIONS + ANSWER_SIZES],
         "examples_per_s": metrics.get("perf/examples_per_s", last_logged(run, "perf/examples_per_s")),
         "minutes": sum(int(call[0]) for call in calls) / 60 if calls else None,
         "calls": len(calls),
@@ -135,8 +138,9 @@ def table(folder: Path) -> str:
         if any(value is not None for value in row["questions"])
     ]
     questions = (
-        f"\nQ1 / Q2 / Q3 ({', '.join(QUESTIONS)}: the first, second and third question of each sequence, the runs'"
-        f" own decoding): {'; '.join(by_question)}.\n"
+        f"\nQ1 / Q2 / Q3 / one cell / several ({', '.join(QUESTIONS + ANSWER_SIZES)}: the first, second and third"
+        " question of each sequence, then the questions whose answer is one cell and those whose answer is several,"
+        f" the runs' own decoding): {'; '.join(by_question)}.\n"
         if by_question
         else ""
     )

@@ -3,7 +3,10 @@
 Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something), ``<stage>/accuracy`` (SQA's ALL;
 WikiTQ's denotation accuracy), SQA's SEQ as ``<stage>/seq`` and its accuracy at the first, second and third question of
 a sequence as ``<stage>/accuracy_q1``, ``accuracy_q2`` and ``accuracy_q3`` (the Q1-Q3 that SQA's and TAPAS's papers
-report beside ALL and SEQ; later positions count in ALL only), and ``<stage>/accuracy_long`` and ``long_questions`` over
+report beside ALL and SEQ; later positions count in ALL only), SQA's accuracy over the questions whose answer is one cell
+and over those whose answer is several, ``<stage>/accuracy_single_cell_answers`` and ``accuracy_multi_cell_answers``
+(half of SQA's dev answers are one cell, which the threshold's decoding may leave unanswered while it gets the columns
+of the others right), and ``<stage>/accuracy_long`` and ``long_questions`` over
 the questions whose whole input exceeds ``long_table_tokens`` word pieces whatever ``max_length`` (so runs at different
 lengths score the same questions), and ``<stage>/cell_top1`` (:func:`top_cell_hits`: of the questions with an answer
 cell, the share whose most probable cell is one; it needs no threshold, so it shows cell selection learned before any
@@ -42,6 +45,8 @@ from mate_cli.modeling.tapas_heads import AGGREGATIONS, QAOutput, TapasHeadConfi
 
 log = logging.getLogger(__name__)
 
+#: SQA: the answers' sizes scored apart (``<stage>/accuracy_<size>_cell_answers``), each by its test of a cell count
+ANSWER_SIZES: dict[str, Callable[[int], bool]] = {"single": lambda n: n == 1, "multi": lambda n: n > 1}
 #: SQA: each decoded answer's cells (row, column) by its question's (sequence, position)
 Answers = dict[tuple[str, int], set[tuple[int, int]]]
 
@@ -94,6 +99,7 @@ class TableQAModule(EvaluatedTaskModule):
             "cell_top1",
             "accuracy_at_least_one_cell",
             *(f"accuracy_q{n}" for n in QUESTION_NUMBERS),
+            *(f"accuracy_{size}_cell_answers" for size in ANSWER_SIZES),
             seq=SequenceAccuracy,
             long_questions=SumMetric,
         )
@@ -184,6 +190,8 @@ class TableQAModule(EvaluatedTaskModule):
                 keys = torch.tensor(keys, device=self.device)
                 self.update_logged(stage, "seq", keys, correct.bool(), batch_size=len(part))
                 self._log_positions(part, correct, stage)
+            if self.task.answer == "cells":
+                self._log_answer_sizes(part, correct, stage)
             self._log_long_tables(part, correct, stage)
             self._log_at_least_one_cell(given, part, out, correct, stage)
             self.predictions.extend(rows)
@@ -213,6 +221,14 @@ class TableQAModule(EvaluatedTaskModule):
         for n in QUESTION_NUMBERS:
             if at := [i for i, position in enumerate(part.positions) if position == n - 1]:
                 self.update_logged(stage, f"accuracy_q{n}", correct[at], batch_size=len(at))
+
+    def _log_answer_sizes(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
+        """SQA: ``<stage>/accuracy_single_cell_answers`` and ``accuracy_multi_cell_answers`` over the questions whose
+        gold answer is one cell, and several (a question with none counts in neither)."""
+        sizes = [len({tuple(cell) for cell in cells}) for cells in part.answer_coordinates]
+        for size, wanted in ANSWER_SIZES.items():
+            if at := [i for i, n in enumerate(sizes) if wanted(n)]:
+                self.update_logged(stage, f"accuracy_{size}_cell_answers", correct[at], batch_size=len(at))
 
     def _log_long_tables(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
         if self.long_table_tokens is None or not part.full_lengths:

@@ -548,6 +548,24 @@ def test_an_evaluation_scores_q1_to_q3_from_its_own_decoded_answers(module, data
 
 
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
+def test_an_evaluation_scores_one_cell_answers_apart_from_answers_of_several(module, datamodule):
+    ds = datamodule("sqa").datasets["train"]
+    batch = TaskCollator()([ds[i] for i in range(len(ds))])
+    first = _evaluate(module, batch)
+    # every other question's gold made its own decoded answer (right), the rest kept (wrong for a random model)
+    gold = [
+        first[q]["coordinates"] if i % 2 else answer
+        for i, (q, answer) in enumerate(zip(batch.question_ids, batch.answer_coordinates))
+    ]
+    second = _evaluate(module, replace(batch, answer_coordinates=gold))
+    sizes = {q: len({tuple(c) for c in cells}) for q, cells in zip(batch.question_ids, gold)}
+    for name, wanted in (("single", lambda n: n == 1), ("multi", lambda n: n > 1)):
+        at = [row["correct"] for q, row in second.items() if wanted(sizes[q])]
+        assert 0 < sum(at) < len(at)  # right and wrong answers of each size
+        assert float(module.metrics[f"val_accuracy_{name}_cell_answers"].compute()) == pytest.approx(sum(at) / len(at))
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
 def test_an_evaluation_scores_the_other_decoding_as_a_model_decoding_with_it_would(hf_tokenizer, datamodule):
     """``val_accuracy_at_least_one_cell`` is the accuracy the same weights get with ``at_least_one_cell=true``: every
     later question of a sequence reads that decoding's own previous answer, not the configured decoding's."""

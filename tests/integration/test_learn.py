@@ -116,8 +116,12 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
         assert at_least_one[task] == f"1: {final['val/accuracy_at_least_one_cell']:.3f}", table
     assert at_least_one["tabfact"] == "-", table
     assert "Runs of data: the bundled samples; hardware: cpu; args: trainer.max_steps=2" in table, table
-    questions = table.split("Q1 / Q2 / Q3 (")[1]  # SQA's runs only: WikiTQ and TabFact have no sequences
-    assert "sqa mate seed 1: 0." in questions and "wtq" not in questions and "tabfact" not in questions, table
+    questions = table.split("Q1 / Q2 / Q3 / one cell / several (")[1]  # SQA's runs only: the others have no sequences
+    assert "wtq" not in questions and "tabfact" not in questions, table
+    sqa = json.loads((out / "sqa_mate_s1" / "metrics.json").read_text(encoding="utf-8"))
+    keys = ["val/accuracy_q1", "val/accuracy_q2", "val/accuracy_q3"]
+    keys += ["val/accuracy_single_cell_answers", "val/accuracy_multi_cell_answers"]
+    assert "sqa mate seed 1: " + " / ".join(f"{sqa[key]:.3f}" for key in keys) in questions, table
     assert "; init: wtq1024=sqa." in table, table
     with tarfile.open(out / "learn_runs.tar.gz") as pack:
         names = set(pack.getnames())

@@ -70,8 +70,10 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
     if task == "sqa":
         assert 0.0 <= metrics["val/seq"] <= metrics["val/accuracy"] or metrics["val/accuracy"] == 0.0
         assert all(0.0 <= metrics[f"val/accuracy_q{n}"] <= 1.0 for n in (1, 2, 3))
+        assert all(0.0 <= metrics[f"val/accuracy_{size}_cell_answers"] <= 1.0 for size in ("single", "multi"))
     else:
         assert "val/accuracy_q1" not in metrics  # not a sequential task
+        assert "val/accuracy_single_cell_answers" not in metrics  # answers are texts, not cells
     root, eval_file, expected = another_root(task, tmp_path)
     if task == "wtq":  # the long-table slice: 4 of the sample's 6 validation questions are over 512 whole
         assert metrics["val/long_questions"] == 4 and 0.0 <= metrics["val/accuracy_long"] <= 1.0
