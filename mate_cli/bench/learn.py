@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from mate_cli.bench.e2e import folder_main, markdown_row
-from mate_cli.metrics.sqa import QUESTION_NUMBERS
+from mate_cli.metrics.sqa import ANSWER_SIZES, QUESTION_NUMBERS
 
 RUN = re.compile(r"^(?P<task>[a-z]+\d*)_(?P<attention>[a-z_]+)_s(?P<seed>\d+)$")  #: wtq1024: WikiTQ at 1,024
 METRIC = "val/accuracy"  #: the dev metric of every table task (SQA: ALL, its per-question accuracy)
@@ -28,7 +28,7 @@ AT_LEAST_ONE_CELL = "val/accuracy_at_least_one_cell"
 #: SQA: the first, second and third question of a sequence
 QUESTIONS = tuple(f"val/accuracy_q{n}" for n in QUESTION_NUMBERS)
 #: SQA: the questions whose answer is one cell, and several
-ANSWER_SIZES = ("val/accuracy_single_cell_answers", "val/accuracy_multi_cell_answers")
+BY_ANSWER_SIZE = tuple(f"val/accuracy_{size}_cell_answers" for size in ANSWER_SIZES)
 
 
 def last_logged(run: Path, key: str) -> float | None:
@@ -52,7 +52,7 @@ def run_row(run: Path) -> dict:
         "accuracy": metrics.get(METRIC, last_logged(run, METRIC)),
         "at_least_one_cell": metrics.get(AT_LEAST_ONE_CELL, last_logged(run, AT_LEAST_ONE_CELL)),
         "cell_top1": metrics.get(TOP_CELL, last_logged(run, TOP_CELL)),
-        "questions": [metrics.get(key, last_logged(run, key)) for key in QUESTIONS + ANSWER_SIZES],
+        "question_groups": [metrics.get(key, last_logged(run, key)) for key in QUESTIONS + BY_ANSWER_SIZE],
         "examples_per_s": metrics.get("perf/examples_per_s", last_logged(run, "perf/examples_per_s")),
         "minutes": sum(int(call[0]) for call in calls) / 60 if calls else None,
         "calls": len(calls),
@@ -132,13 +132,13 @@ def table(folder: Path) -> str:
         else ""
     )
     by_question = [
-        f"{task} {attention} seed {seed}: " + " / ".join(_number(value, "{:.3f}") for value in row["questions"])
+        f"{task} {attention} seed {seed}: " + " / ".join(_number(value, "{:.3f}") for value in row["question_groups"])
         for (task, attention), seeds in found.items()
         for seed, row in seeds.items()
-        if any(value is not None for value in row["questions"])
+        if any(value is not None for value in row["question_groups"])
     ]
     questions = (
-        f"\nQ1 / Q2 / Q3 / one cell / several ({', '.join(QUESTIONS + ANSWER_SIZES)}: the first, second and third"
+        f"\nQ1 / Q2 / Q3 / one cell / several ({', '.join(QUESTIONS + BY_ANSWER_SIZE)}: the first, second and third"
         " question of each sequence, then the questions whose answer is one cell and those whose answer is several,"
         f" the runs' own decoding): {'; '.join(by_question)}.\n"
         if by_question

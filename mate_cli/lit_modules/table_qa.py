@@ -3,10 +3,9 @@
 Logged per evaluation: ``<stage>/loss`` (over the examples that supervise something), ``<stage>/accuracy`` (SQA's ALL;
 WikiTQ's denotation accuracy), SQA's SEQ as ``<stage>/seq`` and its accuracy at the first, second and third question of
 a sequence as ``<stage>/accuracy_q1``, ``accuracy_q2`` and ``accuracy_q3`` (the Q1-Q3 that SQA's and TAPAS's papers
-report beside ALL and SEQ; later positions count in ALL only), SQA's accuracy over the questions whose answer is one cell
-and over those whose answer is several, ``<stage>/accuracy_single_cell_answers`` and ``accuracy_multi_cell_answers``
-(half of SQA's dev answers are one cell, which the threshold's decoding may leave unanswered while it gets the columns
-of the others right), and ``<stage>/accuracy_long`` and ``long_questions`` over
+report beside ALL and SEQ; later positions count in ALL only), SQA's accuracy on the questions whose gold answer is one
+cell and on those whose answer is several cells, ``<stage>/accuracy_single_cell_answers`` and
+``accuracy_multi_cell_answers`` (the run's own decoding), and ``<stage>/accuracy_long`` and ``long_questions`` over
 the questions whose whole input exceeds ``long_table_tokens`` word pieces whatever ``max_length`` (so runs at different
 lengths score the same questions), and ``<stage>/cell_top1`` (:func:`top_cell_hits`: of the questions with an answer
 cell, the share whose most probable cell is one; it needs no threshold, so it shows cell selection learned before any
@@ -36,7 +35,7 @@ from mate_cli.data.schema import TaskBatch
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.lightning_internals import is_log_step
 from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
-from mate_cli.metrics.sqa import QUESTION_NUMBERS, SequenceAccuracy, sequence_key
+from mate_cli.metrics.sqa import ANSWER_SIZES, QUESTION_NUMBERS, SequenceAccuracy, answer_cells, sequence_key
 from mate_cli.metrics.wtq import denotation_correct
 from mate_cli.modeling.dot import answer_cells_kept, cells_with_tokens
 from mate_cli.modeling import checkpoints
@@ -45,8 +44,6 @@ from mate_cli.modeling.tapas_heads import AGGREGATIONS, QAOutput, TapasHeadConfi
 
 log = logging.getLogger(__name__)
 
-#: SQA: the answers' sizes scored apart (``<stage>/accuracy_<size>_cell_answers``), each by its test of a cell count
-ANSWER_SIZES: dict[str, Callable[[int], bool]] = {"single": lambda n: n == 1, "multi": lambda n: n > 1}
 #: SQA: each decoded answer's cells (row, column) by its question's (sequence, position)
 Answers = dict[tuple[str, int], set[tuple[int, int]]]
 
@@ -225,7 +222,7 @@ class TableQAModule(EvaluatedTaskModule):
     def _log_answer_sizes(self, part: TaskBatch, correct: torch.Tensor, stage: str) -> None:
         """SQA: ``<stage>/accuracy_single_cell_answers`` and ``accuracy_multi_cell_answers`` over the questions whose
         gold answer is one cell, and several (a question with none counts in neither)."""
-        sizes = [len({tuple(cell) for cell in cells}) for cells in part.answer_coordinates]
+        sizes = [len(answer_cells(cells)) for cells in part.answer_coordinates]
         for size, wanted in ANSWER_SIZES.items():
             if at := [i for i, n in enumerate(sizes) if wanted(n)]:
                 self.update_logged(stage, f"accuracy_{size}_cell_answers", correct[at], batch_size=len(at))
@@ -329,7 +326,7 @@ class TableQAModule(EvaluatedTaskModule):
                 canon = batch.canonical_answers[i] if batch.canonical_answers else None
                 row["correct"] = bool(batch.answers[i]) and denotation_correct(batch.answers[i], row["answer"], canon)
             else:
-                gold = {tuple(map(int, c)) for c in batch.answer_coordinates[i]} if batch.answer_coordinates else set()
+                gold = answer_cells(batch.answer_coordinates[i]) if batch.answer_coordinates else set()
                 row["correct"] = set(coords) == gold
             rows.append(row)
         return rows

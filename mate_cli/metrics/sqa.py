@@ -1,11 +1,12 @@
 """SQA's question accuracy (ALL), sequence accuracy (SEQ, every question of a sequence right) and the accuracy at the
-first, second and third question of a sequence (Q1-Q3), as fractions in [0, 1] (0.0 when there is nothing to score).
+first, second and third question of a sequence (Q1-Q3), as fractions in [0, 1] (0.0 when there is nothing to score);
+the answer sizes a model's accuracy is split by (:data:`ANSWER_SIZES`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Hashable, Iterable, Sequence
+from typing import Callable, Hashable, Iterable, Sequence
 
 import torch
 from torchmetrics import Metric
@@ -14,15 +15,19 @@ from torchmetrics.utilities import dim_zero_cat
 Coordinate = Sequence[int]
 #: SQA's Q1-Q3: question ``n`` of a sequence is the one at position ``n - 1``
 QUESTION_NUMBERS = (1, 2, 3)
+#: the gold answers' sizes scored apart (``<stage>/accuracy_<size>_cell_answers``), each by its test of the number of
+#: distinct answer cells; a question without an answer cell is in neither
+ANSWER_SIZES: dict[str, Callable[[int], bool]] = {"single": lambda n: n == 1, "multi": lambda n: n > 1}
 
 
-def _coordinate_set(coords: Iterable[Coordinate]) -> set[tuple[int, int]]:
+def answer_cells(coords: Iterable[Coordinate]) -> set[tuple[int, int]]:
+    """An answer's distinct cells as ``(row, column)`` ints."""
     return {(int(row), int(column)) for row, column in coords}
 
 
 def question_correct(predicted_coords: Iterable[Coordinate], gold_coords: Iterable[Coordinate]) -> bool:
     """Whether the predicted answer cells equal the gold ones as sets of (row, column)."""
-    return _coordinate_set(predicted_coords) == _coordinate_set(gold_coords)
+    return answer_cells(predicted_coords) == answer_cells(gold_coords)
 
 
 def sqa_scores(records: Iterable[tuple[Hashable, int, bool]]) -> dict[str, float | int]:

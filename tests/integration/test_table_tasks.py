@@ -73,7 +73,7 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
         assert all(0.0 <= metrics[f"val/accuracy_{size}_cell_answers"] <= 1.0 for size in ("single", "multi"))
     else:
         assert "val/accuracy_q1" not in metrics  # not a sequential task
-        assert "val/accuracy_single_cell_answers" not in metrics  # answers are texts, not cells
+        assert "val/accuracy_single_cell_answers" not in metrics  # WikiTQ's answers are texts, TabFact's verdicts
     root, eval_file, expected = another_root(task, tmp_path)
     if task == "wtq":  # the long-table slice: 4 of the sample's 6 validation questions are over 512 whole
         assert metrics["val/long_questions"] == 4 and 0.0 <= metrics["val/accuracy_long"] <= 1.0
@@ -105,6 +105,7 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
         if task == "sqa":
             assert lines[0].split("\t") == ["id", "annotator", "position", "answer_coordinates"]
             assert all(0.0 <= scores[f"val/accuracy_q{n}"] <= 1.0 for n in (1, 2, 3))
+            assert all(0.0 <= scores[f"val/accuracy_{size}_cell_answers"] <= 1.0 for size in ("single", "multi"))
 
     table, question = a_table_and_question(task)
     capsys.readouterr()
