@@ -529,17 +529,23 @@ def test_long_table_slice_scores_only_the_long_questions(module, datamodule):
     assert int(module.metrics["val_long_questions"].compute()) == sum(long)
 
 
-@pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
-def test_an_evaluation_scores_q1_to_q3_from_its_own_decoded_answers(module, datamodule):
+def _half_right(module: TableQAModule, datamodule) -> tuple[TaskBatch, list]:
+    """The SQA sample's training side as one batch, and golds that make the odd questions right. A random model answers
+    none right, so each odd question's gold is its own decoded answer (an evaluation feeds the model's answers, not the
+    gold, to the next question, so a second pass decodes the same cells); the even ones keep theirs."""
     ds = datamodule("sqa").datasets["train"]
     batch = TaskCollator()([ds[i] for i in range(len(ds))])
     first = _evaluate(module, batch)
-    # A random model answers none right; make every other question's gold its own answer (an evaluation feeds
-    # the model's answers, not the gold, to the next question, so the second pass decodes the same cells)
     gold = [
         first[q]["coordinates"] if i % 2 else answer
         for i, (q, answer) in enumerate(zip(batch.question_ids, batch.answer_coordinates))
     ]
+    return batch, gold
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
+def test_an_evaluation_scores_q1_to_q3_from_its_own_decoded_answers(module, datamodule):
+    batch, gold = _half_right(module, datamodule)
     second = _evaluate(module, replace(batch, answer_coordinates=gold))
     for n in (1, 2, 3):
         at = [row["correct"] for row in second.values() if row["position"] == n - 1]
@@ -549,15 +555,8 @@ def test_an_evaluation_scores_q1_to_q3_from_its_own_decoded_answers(module, data
 
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # no Trainer: the metrics are read directly
 def test_an_evaluation_scores_one_cell_answers_apart_from_answers_of_several(module, datamodule):
-    ds = datamodule("sqa").datasets["train"]
-    batch = TaskCollator()([ds[i] for i in range(len(ds))])
-    first = _evaluate(module, batch)
-    # every other question's gold made its own decoded answer (right), the rest kept (wrong for a random model); a
-    # one-cell gold written twice is still one cell, and a question with no gold cell is in neither group
-    gold = [
-        first[q]["coordinates"] if i % 2 else answer
-        for i, (q, answer) in enumerate(zip(batch.question_ids, batch.answer_coordinates))
-    ]
+    batch, gold = _half_right(module, datamodule)
+    # a one-cell gold written twice is still one cell, and a question with no gold cell is in neither group
     one_cell = [i for i, cells in enumerate(gold) if len(cells) == 1 and i % 2 == 0]
     assert len(one_cell) >= 5
     for i in one_cell[:3]:
