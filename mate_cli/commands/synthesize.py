@@ -9,7 +9,10 @@ experiment=tabfact_<attention> dataset=tabfact dataset.root=<run dir>` trains on
 The corpus's tables are cut into train and validation by content (``val_fraction``; the same table is never on both
 sides), each table is written with ``statements_per_table`` statements, and each statement once more on a copy of its
 table with one column shuffled, where its verdict is the other one (that copy's own table id, ``<id>-<n>.csv``).
-``selects``, ``max_conditions`` and ``orders`` narrow the grammar the statements are drawn from (easier statements). The
+``selects``, ``max_conditions`` and ``orders`` narrow the grammar the statements are drawn from (easier statements).
+``refuted=absent_value`` writes a first stage instead: each entailed statement that names cells of its table, with a
+refuted twin on the same table naming a value the table lacks (drawn from a column of that name in another table of
+the same side), and no copies (:func:`mate_cli.data.statements.absent_value_twins`). The
 files come from the corpus and the settings alone (``seed`` draws each table's statements and which tables are held
 out): a second run writes the same ones."""
 
@@ -25,7 +28,7 @@ from omegaconf import DictConfig
 from mate_cli.commands.common import hydra_app, print_table, write_result
 from mate_cli.data.corpus import Corpus, TableText, table_key
 from mate_cli.data.split import split_by_table
-from mate_cli.data.statements import SELECTS, Grammar, Grid, statement_pairs
+from mate_cli.data.statements import SELECTS, Grammar, Grid, absent_value_twins, column_values, statement_pairs
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.run.task import run_dir
@@ -34,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: a table needs this many data rows and columns for a statement to compare rows
 MIN_ROWS, MIN_COLUMNS = 3, 2
+#: how a refuted statement is made: on a shuffled copy of its table (TAPAS's release), or naming an absent value
+REFUTED = ("shuffled_copy", "absent_value")
 #: what a '#'-separated TabFact line cannot hold in a cell
 _SEPARATORS = str.maketrans({"#": " ", "\n": " ", "\r": " "})
 
@@ -76,6 +81,10 @@ def synthesize(cfg: DictConfig) -> dict:
             f"and {MIN_ROWS} rows a table; set e.g. statements_per_table=4 max_rows=50"
         )
     grammar = grammar_of(cfg)
+    if cfg.refuted not in REFUTED:
+        raise MateError(
+            f"refuted={cfg.refuted} is no way to refute a statement; set refuted=shuffled_copy or absent_value"
+        )
     data = cfg.dataset
     corpus = Corpus(data.sources, data.get("hybridqa_passages", 1), data.get("tables", "all"), data.get("splits"))
     unique = {table_key(e.table): e for e in corpus.examples()}  # HybridQA: one table, several texts
@@ -91,22 +100,30 @@ def synthesize(cfg: DictConfig) -> dict:
     ):
         entries: dict[str, list] = {}
         selects: Counter = Counter()
-        skipped = 0
-        for example in examples:
+        grids = [(example, grid_of(example, int(cfg.max_rows))) for example in examples]
+        grids = [(e, g) for e, g in grids if len(g.rows) >= MIN_ROWS and len(g.header) >= MIN_COLUMNS]
+        skipped = len(examples) - len(grids)
+        values = column_values([grid for _, grid in grids]) if cfg.refuted == "absent_value" else {}
+        for example, grid in grids:
             key = table_key(example.table)
-            grid = grid_of(example, int(cfg.max_rows))
-            if len(grid.rows) < MIN_ROWS or len(grid.header) < MIN_COLUMNS:
-                skipped += 1
-                continue
             rng = random.Random(f"{cfg.seed}:{key}")  # per table: the same statements whatever the corpus around it
-            pairs = statement_pairs(grid, int(cfg.statements_per_table), rng, grammar)
-            if not pairs:
+            if cfg.refuted == "absent_value":
+                twins = absent_value_twins(grid, int(cfg.statements_per_table), rng, grammar, values)
+                pairs = []
+            else:
+                pairs = statement_pairs(grid, int(cfg.statements_per_table), rng, grammar)
+                twins = []
+            if not pairs and not twins:
                 skipped += 1
                 continue
             caption = example.text.strip()
             own = f"{key}.csv"
             tables[own] = csv_text(grid)
             entries[own] = [[], [], caption]
+            for twin in twins:
+                entries[own][0] += [twin.text, twin.refuted]
+                entries[own][1] += [1, 0]
+                selects[twin.statement.expression.select] += 1
             for n, pair in enumerate(pairs, 1):
                 copy = f"{key}-{n}.csv"
                 tables[copy] = csv_text(pair.flipped)
@@ -151,6 +168,7 @@ def synthesize(cfg: DictConfig) -> dict:
         "selects": list(grammar.selects),
         "max_conditions": grammar.max_conditions,
         "orders": grammar.orders,
+        "refuted": str(cfg.refuted),
     }  # which statements these are, wherever the files travel without the run's config
     return write_result("synthesize", {**stats, "settings": settings}, dataset=out)
 

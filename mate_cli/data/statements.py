@@ -16,6 +16,10 @@ meets a cell that holds none; undefined statements are never written.
 Each statement is written twice (:func:`statement_pairs`): on its table, and on a copy of the table with one of the
 columns the statement reads shuffled, chosen so that the copy gives the other verdict. So the statement's words alone
 never tell its label, and the labels are balanced exactly: a model must read the table, and which row holds what.
+
+A first stage asks less (:func:`absent_value_twins`, not in TAPAS's release): each entailed statement that names cells
+of the table comes with a refuted twin on the same table that names instead a value the table lacks, drawn from a
+column of the same name in another table. Whether the value is there at all then tells the label.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from mate_cli.data.numbers import normalize_text, parse_number
 SELECTS = ("none", "first", "last", "lowest", "greatest", "total", "average", "range", "count")
 #: the selects that need every selected cell to hold a number
 NUMERIC_SELECTS = ("lowest", "greatest", "total", "average", "range")
+#: the selects whose value is cells of the table, which an absent value can refute (:func:`absent_value_twins`)
+CELL_SELECTS = ("none", "first", "last", "lowest", "greatest")
 #: comparators and their words
 COMPARATORS = {"is": "is", "greater": "is greater than", "less": "is less than"}
 #: how often each select is drawn: the count in a fifth of the expressions, the others alike (as TAPAS's release)
@@ -330,3 +336,58 @@ def statement_pairs(grid: Grid, count: int, rng: random.Random, grammar: Grammar
         seen.add(text)
         pairs.append(Pair(statement, text, bool(holds(statement, grid)), flipped))
     return pairs
+
+
+@dataclass(frozen=True)
+class Twin:
+    """An entailed statement about a table (``text``) and its twin ``refuted``, which names a value the table lacks."""
+
+    statement: Statement
+    text: str
+    refuted: str
+
+
+def absent_value_twins(
+    grid: Grid, count: int, rng: random.Random, grammar: Grammar, values: dict[str, list[str]]
+) -> list[Twin]:
+    """Up to ``count`` distinct entailed statements of ``grammar`` about ``grid`` that say a cell-valued select (of
+    :data:`CELL_SELECTS`) ``is`` its constant, each with the same expression refuted by one text of ``values`` (column
+    name -> the texts of columns of that name in other tables) under its column's name that no cell of ``grid``
+    equals. A statement whose column has no such text is not written."""
+    twins: list[Twin] = []
+    seen: set[str] = set()
+    cells = [(cell,) for row in grid.rows for cell in row if cell]
+    if not (selects := tuple(name for name in grammar.selects if name in CELL_SELECTS)):
+        return twins
+    grammar = Grammar(selects, grammar.max_conditions, grammar.orders)  # the others' draws would all be dropped
+    for _ in range(count * 8):
+        if len(twins) == count:
+            break
+        if (statement := sample_statement(rng, grid, grammar)) is None:
+            break
+        expression = statement.expression
+        if statement.comparator != "is" or not holds(statement, grid):
+            continue
+        text = verbalize(statement, grid.header)
+        pool = values.get(normalize_text(grid.header[expression.column]), [])
+        if text in seen or len(text.split()) > MAX_WORDS or not pool:
+            continue
+        for value in rng.sample(pool, min(ATTEMPTS, len(pool))):
+            refuted = Statement(expression, "is", (value,))
+            if holds(refuted, grid) is False and not any(same((value,), cell) for cell in cells):
+                if len((words := verbalize(refuted, grid.header)).split()) <= MAX_WORDS:
+                    seen.add(text)
+                    twins.append(Twin(statement, text, words))
+                break
+    return twins
+
+
+def column_values(grids: list[Grid]) -> dict[str, list[str]]:
+    """Column name -> the distinct non-empty texts of every column of that name in ``grids`` (sorted: a corpus gives
+    the same lists however its tables are ordered); names a statement can use only (:func:`usable_columns`)."""
+    values: dict[str, set[str]] = {}
+    for grid in grids:
+        for column in usable_columns(grid):
+            texts = {normalize_text(cell) for cell in grid.column(column)} - {""}
+            values.setdefault(normalize_text(grid.header[column]), set()).update(texts)
+    return {name: sorted(texts) for name, texts in values.items() if texts}

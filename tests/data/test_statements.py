@@ -5,20 +5,26 @@ read back as a TabFact dataset whose statements alone tell nothing."""
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
 
 from mate_cli.commands.synthesize import csv_text, grammar_of, grid_of
 from mate_cli.data.corpus import Corpus, TableText, table_key
+from mate_cli.data.numbers import normalize_text
 from mate_cli.data.statements import (
+    CELL_SELECTS,
     Condition,
     Expression,
     Grammar,
     Grid,
     Statement,
+    absent_value_twins,
+    column_values,
     evaluate,
     holds,
+    same,
     statement_pairs,
     verbalize,
 )
@@ -126,6 +132,35 @@ def test_every_pair_is_true_on_one_table_and_false_on_a_copy_with_one_column_shu
             assert len(changed) == 1 and sorted(copy.column(changed[0])) == sorted(grid.column(changed[0]))
             assert changed[0] in pair.statement.expression.columns()
     assert pairs > 300
+
+
+def refuting_value(twin) -> str:
+    """The value a twin's refuted statement names where the entailed one names its constant."""
+    stem = twin.text[: len(twin.text) - len(", ".join(twin.statement.constant))]
+    assert twin.refuted.startswith(stem) and twin.refuted != twin.text
+    return twin.refuted[len(stem) :]
+
+
+def test_each_twin_is_entailed_and_its_refuted_twin_names_a_value_the_table_lacks():
+    """On every table of the four bundled samples, with the values of all of them: the entailed statement holds, names
+    cells of the table with ``is``, and its twin names, under the same column, a value that no cell equals."""
+    grids = sample_grids()
+    values = column_values(grids)
+    twins = 0
+    for number, grid in enumerate(grids):
+        cells = [cell for row in grid.rows for cell in row]
+        for twin in absent_value_twins(grid, 4, random.Random(number), Grammar(), values):
+            twins += 1
+            expression = twin.statement.expression
+            assert holds(twin.statement, grid) is True and twin.statement.comparator == "is"
+            assert expression.select in CELL_SELECTS and twin.text == verbalize(twin.statement, grid.header)
+            value = refuting_value(twin)
+            assert value in values[normalize_text(grid.header[expression.column])]
+            assert not any(same((value,), (cell,)) for cell in cells), (twin.refuted, value)
+            assert holds(Statement(expression, "is", (value,)), grid) is False
+        assert absent_value_twins(grid, 4, random.Random(number), Grammar(), {}) == []  # no value to name: none
+    assert twins > 300
+    assert absent_value_twins(grids[0], 4, random.Random(0), Grammar(("total", "count")), values) == []  # no cells
 
 
 def test_the_whole_grammar_draws_as_tapas_release_weighs_it_and_always_the_same():
@@ -248,6 +283,33 @@ def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_no
     assert metrics["val/accuracy"] == 0.5 and metrics["val/accuracy_statement_only"] == 0.5
 
 
+def test_mate_synthesize_absent_value_writes_each_text_once_beside_its_refuted_twin(tmp_path, monkeypatch):
+    """`mate synthesize refuted=absent_value` on the four samples' tables, in this process: each table's file holds
+    its entailed statements, each followed by its twin naming a value the table lacks, and no copies."""
+    monkeypatch.setenv("MATE_CACHE_DIR", str(tmp_path / "cache"))
+    stats = synthesize(tmp_path / "run", "refuted=absent_value")
+    assert stats["settings"]["refuted"] == "absent_value"
+    assert set(stats["train"]["by_select"]) <= set(CELL_SELECTS)
+    reader = TabFactReader(tmp_path / "run")
+    texts: list[str] = []
+    for file, side in (("train_examples.json", "train"), ("val_examples.json", "validation")):
+        entries = json.loads((tmp_path / "run" / "tokenized_data" / file).read_text())
+        assert not [name for name in entries if "-" in name]  # no shuffled copies
+        assert sum(len(labels) for _, labels, _ in entries.values()) == stats[side]["statements"] > 50
+        for name, (statements, labels, _) in entries.items():
+            assert labels == [1, 0] * (len(labels) // 2) and len(labels) > 0
+            grid = grid_of(TableText(reader.table(name), ""), 30)
+            cells = [(cell,) for row in grid.rows for cell in row]
+            for entailed, refuted in zip(statements[::2], statements[1::2]):
+                stem = os.path.commonprefix([entailed, refuted])
+                stem = stem[: stem.rfind(" is ") + 4]  # the refuted value replaces the constant after the last "is"
+                value = refuted[len(stem) :]
+                assert value and not any(same((value,), cell) for cell in cells), (entailed, refuted)
+            assert len(statements) == len(set(statements))  # a table's texts are distinct
+            texts += statements
+    assert len(set(texts)) > 0.95 * len(texts)  # another table's refuted value can be this one's entailed one
+
+
 @pytest.mark.parametrize(
     "override, echoed",
     [
@@ -257,6 +319,7 @@ def test_mate_synthesize_writes_a_tabfact_dataset_whose_statements_alone_tell_no
         ("max_conditions=-1", "max_conditions=-1"),
         ("max_conditions=true", "max_conditions=True"),
         ("orders=no", "orders=no"),
+        ("refuted=maybe", "refuted=maybe"),
     ],
 )
 def test_mate_synthesize_refuses_settings_that_write_nothing_in_one_line(tmp_path, override, echoed):
