@@ -106,7 +106,9 @@ def synthesize(cfg: DictConfig) -> dict:
         values = column_values([grid for _, grid in grids]) if cfg.refuted == "absent_value" else {}
         for example, grid in grids:
             key = table_key(example.table)
-            rng = random.Random(f"{cfg.seed}:{key}")  # per table: the same statements whatever the corpus around it
+            # per table: the same statements drawn whatever the corpus around it (absent_value: the values refuting
+            # them come from the side's other tables)
+            rng = random.Random(f"{cfg.seed}:{key}")
             if cfg.refuted == "absent_value":
                 twins = absent_value_twins(grid, int(cfg.statements_per_table), rng, grammar, values)
                 pairs = []

@@ -351,12 +351,11 @@ def absent_value_twins(
     grid: Grid, count: int, rng: random.Random, grammar: Grammar, values: dict[str, list[str]]
 ) -> list[Twin]:
     """Up to ``count`` distinct entailed statements of ``grammar`` about ``grid`` that say a cell-valued select (of
-    :data:`CELL_SELECTS`) ``is`` its constant, each with the same expression refuted by one text of ``values`` (column
-    name -> the texts of columns of that name in other tables) under its column's name that no cell of ``grid``
-    equals. A statement whose column has no such text is not written."""
+    :data:`CELL_SELECTS`) ``is`` its constant, each with its :func:`absent_refutation`; a statement without one is not
+    written. ``values``: column name -> the texts of columns of that name in other tables. The statements drawn depend
+    on ``rng`` and ``grid`` alone; the refuted values, and so which of them are written, on ``values`` too."""
     twins: list[Twin] = []
     seen: set[str] = set()
-    cells = [(cell,) for row in grid.rows for cell in row if cell]
     if not (selects := tuple(name for name in grammar.selects if name in CELL_SELECTS)):
         return twins
     grammar = Grammar(selects, grammar.max_conditions, grammar.orders)  # the others' draws would all be dropped
@@ -365,21 +364,35 @@ def absent_value_twins(
             break
         if (statement := sample_statement(rng, grid, grammar)) is None:
             break
-        expression = statement.expression
-        if statement.comparator != "is" or not holds(statement, grid):
-            continue
+        picker = random.Random(rng.random())  # one draw each: the next statements do not depend on ``values``
         text = verbalize(statement, grid.header)
-        pool = values.get(normalize_text(grid.header[expression.column]), [])
-        if text in seen or len(text.split()) > MAX_WORDS or not pool:
+        if statement.comparator != "is" or not holds(statement, grid) or text in seen or len(text.split()) > MAX_WORDS:
             continue
-        for value in rng.sample(pool, min(ATTEMPTS, len(pool))):
-            refuted = Statement(expression, "is", (value,))
-            if holds(refuted, grid) is False and not any(same((value,), cell) for cell in cells):
-                if len((words := verbalize(refuted, grid.header)).split()) <= MAX_WORDS:
-                    seen.add(text)
-                    twins.append(Twin(statement, text, words))
-                break
+        seen.add(text)
+        if (refuted := absent_refutation(picker, statement, grid, values)) is not None:
+            twins.append(Twin(statement, text, refuted))
     return twins
+
+
+def absent_refutation(
+    rng: random.Random, statement: Statement, grid: Grid, values: dict[str, list[str]]
+) -> Optional[str]:
+    """``statement`` in words with its constant replaced by a text of ``values`` under its column's name that no cell
+    of ``grid`` equals, and which refutes it read as one text or as the list its commas make (a number where the select
+    is the lowest or greatest); None if none of :data:`ATTEMPTS` drawn texts does."""
+    expression = statement.expression
+    pool = values.get(normalize_text(grid.header[expression.column]), [])
+    cells = [(cell,) for row in grid.rows for cell in row if cell]
+    for value in rng.sample(pool, min(ATTEMPTS, len(pool))):
+        if expression.select in ("lowest", "greatest") and parse_number(value) is None:
+            continue
+        readings = [(value,), tuple(part.strip() for part in value.split(","))]
+        if any(holds(Statement(expression, "is", reading), grid) is not False for reading in readings):
+            continue
+        words = verbalize(Statement(expression, "is", (value,)), grid.header)
+        if not any(same((value,), cell) for cell in cells) and len(words.split()) <= MAX_WORDS:
+            return words
+    return None
 
 
 def column_values(grids: list[Grid]) -> dict[str, list[str]]:

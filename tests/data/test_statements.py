@@ -12,7 +12,7 @@ import pytest
 
 from mate_cli.commands.synthesize import csv_text, grammar_of, grid_of
 from mate_cli.data.corpus import Corpus, TableText, table_key
-from mate_cli.data.numbers import normalize_text
+from mate_cli.data.numbers import normalize_text, parse_number
 from mate_cli.data.statements import (
     CELL_SELECTS,
     Condition,
@@ -20,6 +20,7 @@ from mate_cli.data.statements import (
     Grammar,
     Grid,
     Statement,
+    absent_refutation,
     absent_value_twins,
     column_values,
     evaluate,
@@ -158,9 +159,33 @@ def test_each_twin_is_entailed_and_its_refuted_twin_names_a_value_the_table_lack
             assert value in values[normalize_text(grid.header[expression.column])]
             assert not any(same((value,), (cell,)) for cell in cells), (twin.refuted, value)
             assert holds(Statement(expression, "is", (value,)), grid) is False
+            assert holds(Statement(expression, "is", tuple(part.strip() for part in value.split(","))), grid) is False
+            assert expression.select not in ("lowest", "greatest") or parse_number(value) is not None
         assert absent_value_twins(grid, 4, random.Random(number), Grammar(), {}) == []  # no value to name: none
     assert twins > 300
     assert absent_value_twins(grids[0], 4, random.Random(0), Grammar(("total", "count")), values) == []  # no cells
+
+
+def test_a_value_that_reads_as_the_true_list_does_not_refute():
+    """ "driver when team is ferrari is alesi, berger" is true read as a list, though no cell is "alesi, berger"."""
+    drivers = Statement(Expression("none", 0, (FERRARI,)), "is", ("alesi", "berger"))
+    assert holds(drivers, GRID) is True
+    assert absent_refutation(random.Random(0), drivers, GRID, {"driver": ["alesi, berger"]}) is None
+    refuted = absent_refutation(random.Random(0), drivers, GRID, {"driver": ["alesi, berger", "senna"]})
+    assert refuted == "driver when team is ferrari is senna"
+
+
+def test_a_tables_twins_do_not_depend_on_how_many_values_the_other_tables_offer():
+    """Every column's values grown by the table's own cells, none of which can refute: the same entailed statements
+    (drawing the refuted value from the table's generator would shift every later draw with the pools' sizes)."""
+    grids = sample_grids()
+    values = column_values(grids)
+    assert column_values(grids[::-1]) == values
+    for number, grid in enumerate(grids):
+        own = {normalize_text(cell) for row in grid.rows for cell in row} - {""}
+        grown = {name: sorted(set(texts) | own) for name, texts in values.items()}
+        drawn = [absent_value_twins(grid, 4, random.Random(number), Grammar(), pool) for pool in (values, grown)]
+        assert [twin.text for twin in drawn[0]] == [twin.text for twin in drawn[1]], number
 
 
 def test_the_whole_grammar_draws_as_tapas_release_weighs_it_and_always_the_same():
