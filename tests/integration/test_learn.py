@@ -155,7 +155,7 @@ def test_a_carried_synth_corpus_is_named_in_the_table_and_runs_on_another_are_no
     table = (out / "learn.md").read_text()
     assert re.search(r"^\| synth \| mate \| 1: 0\.\d{3} \|", table, re.M), table
     assert (
-        '; synth: {"max_conditions": 1, "max_rows": 30, "orders": false, "seed": 42, "selects": ["none", "first", '
+        '; synth: {"max_conditions": 1, "max_rows": 30, "orders": false, "refuted": "shuffled_copy", "seed": 42, '
         in table
     )
     # the same folder, the corpus rewritten by the same grammar from fewer tables (the same settings, other
