@@ -104,20 +104,25 @@ gpu-data:
 
 # The synth task's statements for tools/learn.sh (`mate synthesize` on the training tables of
 # GPU_DATA's releases, about 2 minutes in one process; SYNTH_SOURCES: other tables, SYNTH_ARGS: more
-# `mate synthesize` overrides) compressed into .whl/data/synth.tar.xz (about 2 MB; after gpu-wheels,
-# which empties .whl/), so a GPU machine's learn step need not write them first.
+# `mate synthesize` overrides) compressed into .whl/data/$(SYNTH_NAME).tar.xz (about 2 MB; after
+# gpu-wheels, which empties .whl/), so a GPU machine's learn step need not write them first.
+# SYNTH_NAME=synth2 (synth3, ...) carries another corpus beside it, for the task of that name: a
+# first stage in synth, then a second trained from it (LEARN_INIT="synth2=synth").
 SYNTH_SOURCES ?= dataset=pretrain_tasks dataset.sources.wtq=$(GPU_DATA)/wtq dataset.sources.sqa=$(GPU_DATA)/sqa \
 	dataset.sources.tabfact=$(GPU_DATA)/tabfact
 SYNTH_ARGS ?=
+SYNTH_NAME ?= synth
 .PHONY: gpu-synth
 gpu-synth: install
 	@test -n "$(GPU_DATA)" || test "$(origin SYNTH_SOURCES)" != file || \
 		{ echo "make gpu-synth: set GPU_DATA=<folder with tabfact/ wtq/ sqa/> (or SYNTH_SOURCES)"; exit 2; }
+	@echo "$(SYNTH_NAME)" | grep -Eqx 'synth[0-9]*' || \
+		{ echo "make gpu-synth: SYNTH_NAME=$(SYNTH_NAME) is no synth task's name: synth, synth2, synth3 ..."; exit 2; }
 	rm -rf .whl/synth-run && mkdir -p .whl/data
-	$(BIN)/mate synthesize $(SYNTH_SOURCES) $(SYNTH_ARGS) hydra.run.dir=.whl/synth-run/synth >/dev/null \
+	$(BIN)/mate synthesize $(SYNTH_SOURCES) $(SYNTH_ARGS) hydra.run.dir=.whl/synth-run/$(SYNTH_NAME) >/dev/null \
 		|| { rm -rf .whl/synth-run; exit 2; }
-	XZ_OPT=-9 tar -C .whl/synth-run -cJf .whl/data/synth.tar.xz synth/data synth/tokenized_data synth/synthesize.json \
-		|| { rm -rf .whl/synth-run .whl/data/synth.tar.xz; exit 2; }
+	XZ_OPT=-9 tar -C .whl/synth-run -cJf .whl/data/$(SYNTH_NAME).tar.xz $(SYNTH_NAME)/data $(SYNTH_NAME)/tokenized_data \
+		$(SYNTH_NAME)/synthesize.json || { rm -rf .whl/synth-run .whl/data/$(SYNTH_NAME).tar.xz; exit 2; }
 	rm -rf .whl/synth-run
 	@$(check_carry)
 

@@ -40,7 +40,8 @@
 #                     folder each (tools/learn.sh; "tabfact:trainer.max_epochs=20" for one task alone), whose
 #                     learn_<name>.md and learn_runs_<name>.tar.gz come too (the entry with "=", ":" and the like made
 #                     "_": learn_model.optimizer.lr_1e-4.md); LEARN_TASKS="synth sqa wtq" LEARN_INIT="sqa=synth wtq=sqa"
-#                     trains on synthetic statements first (MATE's Table 4 "+ CS"; `make gpu-synth` carries them)
+#                     trains on synthetic statements first (MATE's Table 4 "+ CS"; `make gpu-synth` carries them;
+#                     SYNTH_NAME=synth2 carries a second corpus, the synth2 task, LEARN_INIT="synth2=synth ...")
 # The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets e2e_graphs" (e2e took
 # 305 s on an H200, preprocessing on its 16 cores included; the others reuse its caches, within their limits; e2e_graphs
 # about 430 s, most of it compiling). E2E_TASKS narrows the e2e_* steps to some tasks, e.g. E2E_TASKS=tabfact.
@@ -63,7 +64,7 @@ site=/tmp/mate-gpu-site
 if compgen -G "$wheels/*.whl" >/dev/null; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
 fi
-if compgen -G "$wheels/data/*.tar.xz" >/dev/null; then  # make gpu-data's compressed releases
+if compgen -G "$wheels/data/*.tar.xz" >/dev/null; then  # make gpu-data's releases, make gpu-synth's corpora
   mkdir -p /tmp/mate-gpu-data && for archive in "$wheels"/data/*.tar.xz; do tar -xJf "$archive" -C /tmp/mate-gpu-data; done
   export E2E_DATA="${E2E_DATA:-/tmp/mate-gpu-data}"
 fi

@@ -18,7 +18,9 @@
 #                     statements about the tasks' training tables (MATE's Table 4 "+ CS": LEARN_INIT="sqa=synth
 #                     wtq=sqa" starts SQA from it): LEARN_DATA/synth if there (make gpu-synth carries it), else written
 #                     first into $LEARN_OUT/synth_data from LEARN_DATA's releases (about 2 min, one process, within the
-#                     budget) or the samples' training tables
+#                     budget) or the samples' training tables; synth2, synth3 ...: the same recipe on another carried
+#                     corpus, LEARN_DATA/synth2 (make gpu-synth SYNTH_NAME=synth2), such as a second stage started from
+#                     the first (LEARN_INIT="synth2=synth")
 #   LEARN_ATTENTIONS  default "mate dense"
 #   LEARN_SEEDS       default "1 2"
 #   LEARN_BUDGET      seconds for all the runs (default 480); a run starts only with 60 left, and one still running
@@ -57,7 +59,7 @@
 #                     and its output goes to <LEARN_OUT>/sweep_<that name>.log
 #   PYTHON            the Python that has mate_cli (default python3)
 # A folder's runs are of one setting: a call with other data, hardware, LEARN_ARGS or LEARN_INIT than the
-# runs in LEARN_OUT, or with another carried synth corpus, is refused (settings.txt there says which);
+# runs in LEARN_OUT, or with another carried corpus for one of its synth tasks, is refused (settings.txt there says which);
 # choose another LEARN_OUT.
 # Exit status 0 when every run started, each second scoring and each sweep's call ended or was cut by the budget (the
 # next call resumes it), 143 after a signal.
@@ -84,7 +86,7 @@ if ! [[ "$lanes" =~ ^[1-9][0-9]*$ ]]; then
 fi
 read -r -a sweep <<<"${LEARN_SWEEP:-}"
 sweep_name() { echo "${1//[^A-Za-z0-9.-]/_}"; }  # a sweep override's folder is LEARN_OUT, "_" and this
-task_list='(sqa|wtq|wtq1024|tabfact|synth)(,(sqa|wtq|wtq1024|tabfact|synth))*'
+task_list='(sqa|wtq|wtq1024|tabfact|synth[0-9]*)(,(sqa|wtq|wtq1024|tabfact|synth[0-9]*))*'
 sweep_tasks() {  # a sweep entry's tasks: those before its ":" (no Hydra key holds one), else LEARN_SWEEP_TASKS's
   local key="${1%%=*}"
   if [[ "$key" == *:* ]]; then echo "${key%%:*}" | tr , ' '; return; fi
@@ -95,7 +97,7 @@ declare -A sweep_folders=()
 for value in "${sweep[@]}"; do
   if [[ "${value%%=*}" == *:* ]] && ! [[ "$value" =~ ^$task_list:[^:=]+(=|$) ]]; then
     echo "tools/learn.sh: LEARN_SWEEP: '$value' is no <tasks>:<override> (tasks from sqa, wtq, wtq1024, tabfact and synth," \
-      "comma-separated), such as tabfact:trainer.max_epochs=20" >&2
+      "synth2 ..., comma-separated), such as tabfact:trainer.max_epochs=20" >&2
     exit 2
   fi
   name=$(sweep_name "$value")
@@ -107,18 +109,26 @@ for value in "${sweep[@]}"; do
 done
 settings="data: ${data:-the bundled samples}; hardware: ${LEARN_HARDWARE:-gpu}; args: ${LEARN_ARGS:-none}"
 [ -n "${LEARN_INIT:-}" ] && settings+="; init: $LEARN_INIT"
-if [[ " ${LEARN_TASKS:-} " == *" synth "* ]] && [ -n "$data" ] && [ -f "$data/synth/synthesize.json" ]; then
+for task in ${LEARN_TASKS:-} $(for value in "${sweep[@]}"; do sweep_tasks "$value"; done); do
+  if [[ "$task" =~ ^synth[0-9]+$ ]] && { [ -z "$data" ] || [ ! -e "$data/$task" ]; }; then
+    echo "tools/learn.sh: $task trains on a carried corpus, ${data:-<LEARN_DATA>}/$task, and there is none;" \
+      "make gpu-synth SYNTH_NAME=$task writes it" >&2
+    exit 2
+  fi
+done
+for task in $(for task in ${LEARN_TASKS:-}; do echo "$task"; done | grep -Ex 'synth[0-9]*' | sort -u); do
+  [ -n "$data" ] && [ -e "$data/$task" ] || continue
   # a carried corpus (make gpu-synth): the settings that drew it and its statements' digest, so that runs on another
   # corpus are not resumed here
   corpus=$("$py" -c 'import hashlib, json, sys
 settings = json.load(open(sys.argv[1] + "/synthesize.json")).get("settings")
 digest = hashlib.sha256(open(sys.argv[1] + "/tokenized_data/train_examples.json", "rb").read()).hexdigest()[:12]
-print(json.dumps(settings, sort_keys=True), "statements sha256", digest)' "$data/synth" 2>/dev/null) || {
-    echo "tools/learn.sh: $data/synth is no whole mate synthesize corpus; make gpu-synth writes it again" >&2
+print(json.dumps(settings, sort_keys=True), "statements sha256", digest)' "$data/$task" 2>/dev/null) || {
+    echo "tools/learn.sh: $data/$task is no whole mate synthesize corpus; make gpu-synth writes it again" >&2
     exit 2
   }
-  settings+="; synth: $corpus"
-fi
+  settings+="; $task: $corpus"
+done
 if [ -f "$out/settings.txt" ] && [ "$(cat "$out/settings.txt")" != "$settings" ]; then
   echo "tools/learn.sh: $out holds runs of other settings ($(cat "$out/settings.txt"));" \
     "set LEARN_OUT to a new folder" >&2
@@ -128,12 +138,16 @@ mkdir -p "$out"
 echo "$settings" >"$out/settings.txt"
 # this call's tables and packs (a sweep's too) are written at its end: none, should it be killed
 rm -f "$out"/learn.md "$out"/learn_runs.tar.gz "$out"/learn_*.md "$out"/learn_runs_*.tar.gz
-base_task() { echo "${1%%[0-9]*}"; }  # wtq1024 -> wtq
+base_task() { echo "${1%%[0-9]*}"; }  # wtq1024 -> wtq, synth2 -> synth
+dev_side() {  # whose dev side a task's runs score (its baselines'): wtq1024's is wtq's; each synth corpus its own
+  if [ "$(base_task "$1")" = synth ]; then echo "$1"; else base_task "$1"; fi
+}
 recipe() {  # the task whose experiment and profile a task's runs use: synth trains TabFact's recipe
   if [ "$(base_task "$1")" = synth ]; then echo tabfact; else base_task "$1"; fi
 }
-synth_root() {  # the synth task's statements: carried with the releases, else this folder's own
-  if [ -n "$data" ] && [ -f "$data/synth/synthesize.json" ]; then echo "$data/synth"; else echo "$out/synth_data"; fi
+synth_root() {  # a synth task's statements ($1, default synth): carried with the releases, else this folder's own
+  local task="${1:-synth}"
+  if [ -n "$data" ] && [ -e "$data/$task" ]; then echo "$data/$task"; else echo "$out/${task}_data"; fi
 }
 synthesize() {  # the synth task's statements, unless there: about the releases' training tables, or the samples'
   local root sources=(dataset.tables=train dataset.sources.hybridqa=null)
@@ -147,7 +161,7 @@ synthesize() {  # the synth task's statements, unless there: about the releases'
 task_data() {  # into the array targs: the task's dataset config and data, the release or the bundled sample
   local task config
   task=$(base_task "$1")
-  if [ "$task" = synth ]; then targs=(dataset=tabfact "dataset.root=$(synth_root)"); return; fi
+  if [ "$task" = synth ]; then targs=(dataset=tabfact "dataset.root=$(synth_root "$1")"); return; fi
   config="$task"
   [ "$task" = tabfact ] && config=tabfact_sample  # TabFact's recipe splits the validation file by table
   targs=("dataset=${task}_sample")
@@ -207,7 +221,7 @@ pass_on() {  # a lane's or the baselines' trap: TERM, once, to the command it wa
 baselines() {  # seconds each, on the host only: beside the first runs
   local task left failed=0 targs=()
   trap pass_on TERM INT HUP
-  for task in $(for t in ${LEARN_TASKS:-sqa wtq tabfact}; do base_task "$t"; done | sort -u); do
+  for task in $(for t in ${LEARN_TASKS:-sqa wtq tabfact}; do dev_side "$t"; done | sort -u); do
     [ -f "$out/baseline_$task/metrics.json" ] || [ -e "$claims/STOP" ] && continue
     left=$(( budget - ($(date +%s) - start) ))
     [ "$left" -lt 10 ] && continue

@@ -70,9 +70,15 @@ def runs(folder: Path) -> dict[tuple[str, str], dict[int, dict]]:
     return found
 
 
+def dev_side(task: str) -> str:
+    """The task whose dev side a task's runs score: wtq1024's is wtq's; each synthetic corpus (synth, synth2, ...) is
+    its own."""
+    return task if task.rstrip("0123456789") == "synth" else task.rstrip("0123456789")
+
+
 def baselines(folder: Path, task: str) -> str:
     """The task's trivial baselines (``mate baseline``) as one cell."""
-    path = Path(folder) / f"baseline_{task.rstrip('0123456789')}" / "metrics.json"  # its recipe's dev side
+    path = Path(folder) / f"baseline_{dev_side(task)}" / "metrics.json"
     if not path.is_file():
         return "-"
     metrics = json.loads(path.read_text(encoding="utf-8"))

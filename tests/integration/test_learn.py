@@ -8,6 +8,7 @@ stops both runs with their last.ckpt and still writes the table. The script and 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -142,31 +143,57 @@ def test_learn_runs_each_task_tabulates_it_beside_its_baselines_resumes_a_cut_ru
         assert f"'{entry}' is no <tasks>:<override>" in bad.stderr and not (tmp_path / "typo").exists(), bad.stderr
 
 
-def test_a_carried_synth_corpus_is_named_in_the_table_and_runs_on_another_are_not_resumed(tmp_path, monkeypatch):
-    """Over 20 s: two `mate synthesize` in this process (the samples' training tables), one short `mate train` process
-    and a refused call. A carried corpus (make gpu-synth's LEARN_DATA/synth) says which grammar drew it."""
+def test_carried_synth_corpora_are_named_in_the_table_chain_and_runs_on_another_are_not_resumed(tmp_path, monkeypatch):
+    """Over 20 s: three `mate synthesize` in this process (the samples' training tables), two short `mate train`
+    processes, two `mate baseline` and refused calls. A carried corpus (make gpu-synth's LEARN_DATA/synth) says which
+    grammar drew it; a second one (LEARN_DATA/synth2) is its own task, here started from the first's run, scored
+    against its own statement-only model."""
     monkeypatch.setenv("MATE_CACHE_DIR", str(tmp_path / "cache"))
-    corpus = tmp_path / "data" / "synth"
+    corpus, second = tmp_path / "data" / "synth", tmp_path / "data" / "synth2"
     tables = ["dataset.tables=train", "dataset.sources.hybridqa=null"]
+    first_stage = ["selects=[first,last]", "max_conditions=0", "orders=false", "refuted=absent_value"]
     lookups = ["selects=[none,first,last]", "max_conditions=1", "orders=false"]
-    assert run_captured("synthesize", tables + lookups, corpus).returncode == 0
+    assert run_captured("synthesize", tables + first_stage, corpus).returncode == 0
+    assert run_captured("synthesize", tables + lookups, second).returncode == 0
     out = tmp_path / "learn"
-    learn(out, "synth", init="", LEARN_DATA=str(tmp_path / "data"))
+    learn(out, "synth synth2", init="synth2=synth", LEARN_DATA=str(tmp_path / "data"))
     table = (out / "learn.md").read_text()
-    assert re.search(r"^\| synth \| mate \| 1: 0\.\d{3} \|", table, re.M), table
-    assert (
-        '; synth: {"max_conditions": 1, "max_rows": 30, "orders": false, "refuted": "shuffled_copy", "seed": 42, '
-        in table
-    )
-    # the same folder, the corpus rewritten by the same grammar from fewer tables (the same settings, other
+    rows = {
+        line.split("|")[1].strip(): line for line in table.splitlines() if re.match(r"^\| synth\d* \| mate \|", line)
+    }
+    assert set(rows) == {"synth", "synth2"} and all(" 1: 0." in row for row in rows.values()), table
+    assert '; synth: {"max_conditions": 0, "max_rows": 30, "orders": false, "refuted": "absent_value", ' in table, table
+    assert '; synth2: {"max_conditions": 1, "max_rows": 30, "orders": false, "refuted": "shuffled_copy", ' in table
+    # each corpus scored against its own words-only model (a shuffled copy's words tell nothing)
+    for task, root in (("synth", corpus), ("synth2", second)):
+        assert yaml.safe_load((out / f"baseline_{task}" / ".hydra" / "config.yaml").read_text())["dataset"]["root"] == (
+            str(root)
+        )
+        only = json.loads((out / f"baseline_{task}" / "metrics.json").read_text())["val/accuracy_statement_only"]
+        assert f"{only:.3f} (statement only)" in rows[task], table
+    assert "0.500 (statement only)" in rows["synth2"], table
+    config = yaml.safe_load((out / "synth2_mate_s1" / "resolved_config.yaml").read_text())
+    assert config["dataset"]["root"] == str(second) and config["init_from"] == str(out / "synth_mate_s1")
+    # the same folder, the first corpus rewritten by the same grammar from fewer tables (the same settings, other
     # statements): its runs are not resumed on it
-    assert run_captured("synthesize", [*tables, *lookups, "dataset.sources.tabfact=null"], corpus).returncode == 0
-    refused = learn(out, "synth", init="", status=2, LEARN_DATA=str(tmp_path / "data"))
-    assert "holds runs of other settings" in refused.stderr and '"orders": false' in refused.stderr, refused.stderr
+    before = (out / "settings.txt").read_text()
+    fewer = [*tables, *first_stage, "dataset.sources.sqa=null"]
+    assert run_captured("synthesize", fewer, corpus).returncode == 0
+    refused = learn(out, "synth synth2", init="synth2=synth", status=2, LEARN_DATA=str(tmp_path / "data"))
+    digest = hashlib.sha256((corpus / "tokenized_data" / "train_examples.json").read_bytes()).hexdigest()[:12]
+    assert "holds runs of other settings" in refused.stderr and digest not in before, refused.stderr
+    assert (out / "settings.txt").read_text() == before
     (corpus / "tokenized_data" / "train_examples.json").unlink()  # a corpus cut short: named, nothing run
     cut = learn(tmp_path / "cut", "synth", init="", status=2, LEARN_DATA=str(tmp_path / "data"))
     assert cut.stderr.count("\n") == 1 and "is no whole mate synthesize corpus" in cut.stderr, cut.stderr
     assert not (tmp_path / "cut").exists()
+    # a further corpus is only ever carried: without it, one line naming the make target, nothing run (a sweep's too)
+    for tasks, sweep in (("synth3", ""), ("synth2", "synth3:trainer.max_steps=1")):
+        missing = learn(
+            tmp_path / "missing", tasks, init="", status=2, LEARN_DATA=str(tmp_path / "data"), LEARN_SWEEP=sweep
+        )
+        assert missing.stderr.count("\n") == 1 and "make gpu-synth SYNTH_NAME=synth3" in missing.stderr, missing.stderr
+        assert not (tmp_path / "missing").exists()
 
 
 def test_two_lanes_train_side_by_side_and_a_time_limits_term_stops_both_with_their_checkpoints(tmp_path):

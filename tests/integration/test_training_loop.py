@@ -158,7 +158,8 @@ def test_gpu_data_packs_each_release_and_refuses_without_a_folder(tmp_path):
 
 def test_gpu_synth_packs_the_synth_tasks_statements_and_refuses_without_a_folder(tmp_path):
     """`mate synthesize` through the make target (on the bundled samples' tables here), packed for tools/gpu_run.sh,
-    which unpacks it beside the releases, where tools/learn.sh's synth task reads it."""
+    which unpacks it beside the releases, where tools/learn.sh's synth task reads it; SYNTH_NAME=synth2 packs a
+    second corpus for the synth2 task. Over 20 s: two `mate synthesize` processes."""
     work = tmp_path / "repo"
     work.mkdir()
     for name in ("Makefile", "pyproject.toml", ".venv"):
@@ -178,3 +179,13 @@ def test_gpu_synth_packs_the_synth_tasks_statements_and_refuses_without_a_folder
         names = set(archive.getnames())
     assert "synth/synthesize.json" in names and "synth/tokenized_data/val_examples.json" in names
     assert {f"synth/data/all_csv/{table}" for table in statements} <= names
+    # a second corpus beside it, under its task's name; a name no task has is refused before anything is written
+    bad = make("SYNTH_SOURCES=dataset=pretrain_sample", "SYNTH_NAME=lookups")
+    assert bad.returncode == 2 and "SYNTH_NAME=lookups is no synth task's name" in bad.stdout + bad.stderr
+    done = make("SYNTH_SOURCES=dataset=pretrain_sample", "SYNTH_ARGS=statements_per_table=1 refuted=absent_value",
+                "SYNTH_NAME=synth2")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in (work / ".whl" / "data").iterdir()) == ["synth.tar.xz", "synth2.tar.xz"]
+    with tarfile.open(work / ".whl" / "data" / "synth2.tar.xz") as archive:
+        settings = json.load(archive.extractfile("synth2/synthesize.json"))["settings"]
+    assert settings["refuted"] == "absent_value"
