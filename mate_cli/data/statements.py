@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Optional
+from functools import lru_cache
+from typing import Callable, Optional
 
 from mate_cli.data.numbers import normalize_text, parse_number
 
@@ -140,9 +141,11 @@ def format_number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
 
 
+@lru_cache(maxsize=1 << 16)
 def same(left: tuple[str, ...], right: tuple[str, ...]) -> bool:
     """Whether two written sets of texts say the same: as numbers where every text is one (``10`` is ``10.0`` and
-    ``1,000`` is ``1000``, to the two decimals a statement writes), else as texts (case and spacing aside)."""
+    ``1,000`` is ``1000``, to the two decimals a statement writes), else as texts (case and spacing aside). Cached:
+    drawing a table's statements compares its cells with the same few values many times."""
     numbers = [parse_number(text) for text in (*left, *right)]
     if None not in numbers:
         written = [format_number(n) for n in numbers]
@@ -382,17 +385,39 @@ def absent_refutation(
     is the lowest or greatest); None if none of :data:`ATTEMPTS` drawn texts does."""
     expression = statement.expression
     pool = values.get(normalize_text(grid.header[expression.column]), [])
-    cells = [(cell,) for row in grid.rows for cell in row if cell]
-    for value in rng.sample(pool, min(ATTEMPTS, len(pool))):
+    drawn = rng.sample(pool, min(ATTEMPTS, len(pool)))
+    if (true := evaluate(expression, grid)) is None:  # then no reading is refuted
+        return None
+    in_a_cell = cell_matcher(grid)
+    for value in drawn:
         if expression.select in ("lowest", "greatest") and parse_number(value) is None:
             continue
         readings = [(value,), tuple(part.strip() for part in value.split(","))]
-        if any(holds(Statement(expression, "is", reading), grid) is not False for reading in readings):
+        if any(same(true.texts, reading) for reading in readings) or in_a_cell(value):
             continue
         words = verbalize(Statement(expression, "is", (value,)), grid.header)
-        if not any(same((value,), cell) for cell in cells) and len(words.split()) <= MAX_WORDS:
+        if len(words.split()) <= MAX_WORDS:
             return words
     return None
+
+
+def cell_matcher(grid: Grid) -> Callable[[str], bool]:
+    """Whether a text is :func:`same` as one of ``grid``'s non-empty cells, from sets built once (a table's cells are
+    compared with up to :data:`ATTEMPTS` texts a statement)."""
+    numbers, numeric_texts, texts = set(), set(), set()
+    for cell in (cell for row in grid.rows for cell in row if cell):
+        if (number := parse_number(cell)) is None:
+            texts.add(normalize_text(cell))
+        else:
+            numbers.add(format_number(number))
+            numeric_texts.add(normalize_text(cell))
+
+    def matches(text: str) -> bool:
+        if (number := parse_number(text)) is None:  # as texts, against every cell
+            return normalize_text(text) in texts or normalize_text(text) in numeric_texts
+        return format_number(number) in numbers or normalize_text(text) in texts
+
+    return matches
 
 
 def column_values(grids: list[Grid]) -> dict[str, list[str]]:

@@ -22,6 +22,7 @@ from mate_cli.data.statements import (
     Statement,
     absent_refutation,
     absent_value_twins,
+    cell_matcher,
     column_values,
     evaluate,
     holds,
@@ -164,6 +165,42 @@ def test_each_twin_is_entailed_and_its_refuted_twin_names_a_value_the_table_lack
         assert absent_value_twins(grid, 4, random.Random(number), Grammar(), {}) == []  # no value to name: none
     assert twins > 300
     assert absent_value_twins(grids[0], 4, random.Random(0), Grammar(("total", "count")), values) == []  # no cells
+
+
+def test_a_tables_cell_matcher_says_what_same_says_of_each_cell():
+    """The sets :func:`cell_matcher` builds once give :func:`same`'s answer against any cell: numbers as numbers
+    ("1,000" is "1000.0"), other texts by case and spacing, and a number against a cell that is no number ("3rd" is a
+    number, "3RD" is not) as texts."""
+    grid = Grid(("a", "b", "c"), (("1,000", "3RD", ""), ("Alesi ", "2.5", "4th"), ("", "x  y", "")))
+    cells = [cell for row in grid.rows for cell in row if cell]
+    matches = cell_matcher(grid)
+    probes = [
+        "1000.0",
+        "1000",
+        "1,000",
+        "3rd",
+        "3RD",
+        "3",
+        "alesi",
+        "ALESI",
+        "2.50",
+        "2.499",
+        "x y",
+        "",
+        "berger",
+        "4TH",
+    ]
+    for text in probes + [cell for row in sample_grids()[0].rows for cell in row]:
+        assert matches(text) == any(same((text,), (cell,)) for cell in cells), text
+    assert [matches(text) for text in ("1000.0", "3rd", "4TH", "ALESI", "2.50", "x y", "berger")] == [
+        1,
+        1,
+        1,
+        1,
+        1,
+        1,
+        0,
+    ]
 
 
 def test_a_value_that_reads_as_the_true_list_does_not_refute():
