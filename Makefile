@@ -103,7 +103,7 @@ gpu-data:
 	@$(check_carry)
 
 # The synth task's statements for tools/learn.sh (`mate synthesize` on the training tables of
-# GPU_DATA's releases, about 2 minutes in one process; SYNTH_SOURCES: other tables, SYNTH_ARGS: more
+# GPU_DATA's releases, about a minute in one process; SYNTH_SOURCES: other tables, SYNTH_ARGS: more
 # `mate synthesize` overrides) compressed into .whl/data/$(SYNTH_NAME).tar.xz (about 2 MB; after
 # gpu-wheels, which empties .whl/), so a GPU machine's learn step need not write them first.
 # SYNTH_NAME=synth2 (synth3, ...) carries another corpus beside it, for the task of that name: a

@@ -17,7 +17,7 @@
 #                     where dense attention pays more than MATE; synth: TabFact's recipe on `mate synthesize`'s
 #                     statements about the tasks' training tables (MATE's Table 4 "+ CS": LEARN_INIT="sqa=synth
 #                     wtq=sqa" starts SQA from it): LEARN_DATA/synth if there (make gpu-synth carries it), else written
-#                     first into $LEARN_OUT/synth_data from LEARN_DATA's releases (about 2 min, one process, within the
+#                     first into $LEARN_OUT/synth_data from LEARN_DATA's releases (about 1 min, one process, within the
 #                     budget) or the samples' training tables; synth2, synth3 ...: the same recipe on another carried
 #                     corpus, LEARN_DATA/synth2 (make gpu-synth SYNTH_NAME=synth2), such as a second stage started from
 #                     the first (LEARN_INIT="synth2=synth")
