@@ -393,6 +393,7 @@ def absent_refutation(
         if expression.select in ("lowest", "greatest") and parse_number(value) is None:
             continue
         readings = [(value,), tuple(part.strip() for part in value.split(","))]
+        # holds() of the "is" statement with this reading, on the expression's value computed once above
         if any(same(true.texts, reading) for reading in readings) or in_a_cell(value):
             continue
         words = verbalize(Statement(expression, "is", (value,)), grid.header)
