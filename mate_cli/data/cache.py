@@ -3,6 +3,11 @@
 A :func:`key` covers the settings, the input files (:func:`fingerprint`) and the encoding code (:func:`code_digest`), so
 neither an edited table nor an updated mate_cli is served stale examples; any edit of that code, a comment too,
 rebuilds the cache once.
+
+An entry proves what it holds: :func:`save_atomically` writes ``mate_entry.json`` into it (the key, the entry's folder
+name, and a digest of each file's bytes), and a load checks both before it serves the entry. A folder holding another
+entry's files (a botched restore or copy of the cache folder) or files changed since they were written is rebuilt, with
+one warning, never served as this key's examples.
 """
 
 from __future__ import annotations
@@ -127,13 +132,49 @@ def remove_stale_temps(directory: Path) -> int:
     return removed
 
 
+#: the record an entry holds of what it is (:func:`save_atomically`, :func:`unproven`)
+RECORD = "mate_entry.json"
+
+
+def _file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of each file in ``folder`` but the record, by name."""
+    digests = {}
+    for path in sorted(folder.iterdir()):
+        if path.name != RECORD and path.is_file():
+            with path.open("rb") as handle:
+                digests[path.name] = hashlib.file_digest(handle, "sha256").hexdigest()
+    return digests
+
+
+def unproven(target: Path) -> str | None:
+    """Why the entry at ``target`` is not the one its folder name (the key) names, or None when its record proves it:
+    the key recorded in it is its own, and its files are the ones written with that record, byte for byte."""
+    try:
+        record = json.loads((target / RECORD).read_text(encoding="utf-8"))
+        recorded_key, recorded_files = record["key"], record["files"]
+    except FileNotFoundError:
+        return f"it has no {RECORD} (written by an older mate_cli, or not by mate_cli)"
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        return f"its {RECORD} is unreadable ({type(err).__name__})"
+    if recorded_key != target.name:
+        return f"it holds the files of the entry {recorded_key!r} (a copy or restore put them in the wrong folder)"
+    found = _file_digests(target)
+    if found != recorded_files:
+        changed = sorted(set(found) ^ set(recorded_files) | {n for n in found if found[n] != recorded_files.get(n)})
+        return f"its files differ from those it was written with ({', '.join(changed[:3])})"
+    return None
+
+
 def save_atomically(ds: datasets.Dataset, target: Path) -> None:
-    """Save beside ``target``, then one rename; an entry another run renamed there first is kept."""
+    """Save beside ``target`` with the record that proves it (:data:`RECORD`), then one rename; an entry another run
+    renamed there first is kept."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / temp_name(target)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         ds.save_to_disk(str(tmp))
+        record = {"key": target.name, "files": _file_digests(tmp)}
+        (tmp / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
         try:
             os.rename(tmp, target)
         except OSError:
@@ -193,6 +234,12 @@ def _load(target: Path, what: str, repair: bool) -> datasets.Dataset | None:
     other run's fresh entry is taken for the broken one) an unreadable entry is removed, with one warning."""
     if not target.is_dir():
         return None
+    why = unproven(target)
+    if why is not None:
+        if repair:
+            log.warning("cache: %s is not as it was written: %s; rebuilding it", target, why)
+            shutil.rmtree(target, ignore_errors=True)
+        return None
     try:
         ds = datasets.load_from_disk(str(target))
     except Exception as err:  # noqa: BLE001 - any unreadable entry is rebuilt
@@ -217,9 +264,12 @@ def load_or_build(target: Path, build: Callable[[], datasets.Dataset], what: str
                 "(set MATE_CACHE_DIR or dataset.cache_dir to a writable folder to keep it)",
                 target.parent,
             )
-        if target.is_dir():
+        why = unproven(target) if target.is_dir() else "absent"
+        if why is None:
             with contextlib.suppress(Exception):
                 return datasets.load_from_disk(str(target))
+        elif target.is_dir():
+            log.warning("cache: %s is not as it was written: %s; building it in memory", target, why)
         return build()
     remove_stale_temps(target.parent)
     ds = _load(target, what, repair=False)

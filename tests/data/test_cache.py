@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -142,7 +143,48 @@ def test_a_truncated_entry_is_reported_in_one_line_and_rebuilt(tmp_path, caplog)
     ds = load_or_build(target, lambda: built.append(1) or dataset([7]), "test")
     assert built == [1] and ds["x"] == [7]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "unreadable" in warnings[0].getMessage() and "\n" not in warnings[0].getMessage()
+    assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
+    assert "not as it was written" in warnings[0].getMessage() and arrow.name in warnings[0].getMessage()
+
+
+def test_an_entry_unreadable_past_its_record_is_reported_in_one_line_and_rebuilt(tmp_path, caplog):
+    """Files that match their record but do not load (the record rewritten with them) are still rebuilt."""
+    from mate_cli.data.cache import RECORD, _file_digests
+
+    target = tmp_path / "entry"
+    save_atomically(dataset(range(1000)), target)
+    (arrow,) = target.glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes()[:100])
+    (target / RECORD).write_text(json.dumps({"key": "entry", "files": _file_digests(target)}))
+    caplog.set_level(logging.WARNING, logger="mate_cli.data.cache")
+    assert load_or_build(target, lambda: dataset([7]), "test")["x"] == [7]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "unreadable" in warning and "\n" not in warning
+
+
+@pytest.mark.parametrize("planted", ["another entry", "a smaller one with no record"])
+def test_an_entry_whose_folder_holds_other_files_is_rebuilt_not_served(sample_root, tmp_path, caplog, planted):
+    """A botched restore or copy of the cache folder: the validation entry's folder holds the training entry's files
+    (or a smaller set with no record). The entry's record names its key and its files' digests, so the swap is seen,
+    said in one warning, and the split rebuilt: the validation questions are scored, never the training ones."""
+    import shutil
+
+    dm = HybridQADataModule(root=str(sample_root), cache_dir=str(tmp_path), limit_questions=4)
+    val_ids = sorted(dm.preprocess("validation")["question_id"])
+    train = dm.preprocess("train")
+    entries = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    entry = {split: next(p for p in entries if f"{split}-" in p.name) for split in ("train", "validation")}
+    shutil.rmtree(entry["validation"])
+    if planted == "another entry":
+        shutil.copytree(entry["train"], entry["validation"])
+        assert sorted(train["question_id"]) != val_ids
+    else:  # saved as an older mate_cli saved entries: no record
+        datasets.Dataset.from_dict(train.select(range(2)).to_dict()).save_to_disk(str(entry["validation"]))
+    caplog.set_level(logging.WARNING, logger="mate_cli.data.cache")
+    served = dm.preprocess("validation")
+    assert sorted(served["question_id"]) == val_ids
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "not as it was written" in warning and entry["validation"].name in warning and "\n" not in warning
 
 
 @pytest.mark.parametrize("edit", ["table", "passages", "questions"])
