@@ -39,3 +39,18 @@ def test_non_finite_metrics_are_sorted_and_leave_booleans_and_text_alone():
 )
 def test_only_fused_adam_skips_a_flagged_step_on_the_device(make, skips):
     assert skips_steps_on_device(make([torch.nn.Parameter(torch.ones(2))])) is skips
+
+
+@pytest.mark.parametrize("written", [False, None], ids=["fused=false", "no fused option, as before it existed"])
+def test_a_fused_adam_resumed_from_an_unfused_state_does_not_skip_on_the_device(written):
+    """A resumed optimiser takes its groups' ``fused`` from the state it loads; torch's unfused step then refuses the
+    ``found_inf`` a fused one takes, so the test reads the groups, not the defaults it was built with."""
+    params = [torch.nn.Parameter(torch.ones(2))]
+    state = torch.optim.AdamW(params, fused=written).state_dict()
+    resumed = torch.optim.AdamW(params, fused=True)
+    resumed.load_state_dict(state)
+    assert not skips_steps_on_device(resumed)
+    params[0].grad = torch.ones(2)
+    if skips_steps_on_device(resumed):
+        resumed.found_inf = torch.zeros(())
+    resumed.step()  # what the callback leads to: before, torch's "Expected grad_scale and found_inf to be None"

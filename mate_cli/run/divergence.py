@@ -26,8 +26,13 @@ def non_finite_metrics(metrics: Mapping[str, object]) -> list[str]:
 
 
 def skips_steps_on_device(optimizer) -> bool:
-    """Whether ``optimizer`` skips its update on a non-zero ``found_inf`` on the device (torch's fused Adam, AdamW)."""
-    return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
+    """Whether ``optimizer`` skips its update on a non-zero ``found_inf`` on the device (torch's fused Adam, AdamW).
+    Its parameter groups decide, not its defaults: a resumed optimiser takes its groups' settings from the checkpoint,
+    so a run configured fused that resumes a checkpoint written unfused (``fused=false``, or before the option
+    existed) steps unfused, and torch's unfused step refuses a ``found_inf``."""
+    return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and all(
+        bool(group.get("fused")) for group in optimizer.param_groups
+    )
 
 
 class StopOnNonFiniteLoss(L.Callback):

@@ -488,6 +488,20 @@ def test_a_cell_number_beyond_float32_is_text_to_the_model():
     assert parse_number("1e38") == 1e38 and parse_number("1e39") is None and parse_number("-3e40") is None
 
 
+def test_a_checkpoint_written_before_the_fused_option_resumes_under_the_fused_default(base):
+    """Runs written before ``model.optimizer.fused`` existed (torch's default, ``null``, in their optimiser groups;
+    ``fused=false`` is the same case, tests/test_divergence.py) resume with today's default, fused: the groups keep
+    the setting they were written with, so the resumed optimiser steps unfused and must get no ``found_inf``."""
+    run = base / "unfused"
+    args = ["trainer.max_steps=1", "callbacks.model_checkpoint.every_n_train_steps=1", "validate_best=false"]
+    train_in_process([*args, "model.optimizer.fused=null"], run, base / "cache")
+    written = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]
+    assert not any(group["fused"] for group in written["param_groups"])  # else this test could not fail
+    resumed = train_in_process([*args[1:], "trainer.max_steps=2", f"ckpt_path={run}"], run, base / "cache")
+    assert resumed["resumed_from"] == str(run / "checkpoints" / "last.ckpt")
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
 def test_training_stops_at_the_first_non_finite_loss_naming_step_and_questions(base):
     run = base / "diverged"
     with pytest.raises(MateError) as err:  # the first step's update (lr 1e30) makes the second step's loss NaN
