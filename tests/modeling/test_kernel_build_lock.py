@@ -1,5 +1,6 @@
 """A kernel build killed half-way must not make later runs hang: torch's stale ``lock``
-file is detected and removed (real subprocesses, real compiler cache)."""
+file is detected and removed; and a library put in the build folder by anyone but this
+build is never loaded (real subprocesses, real compiler cache, a real planted library)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def test_a_stale_lock_left_by_a_killed_build_is_removed_not_waited_on(cache_copy
     proc = load_in_subprocess(cache)  # before: waits forever (the timeout fails the test)
     assert proc.stdout.strip() == "loaded", proc.stderr[-2000:]
     assert "stale build lock" in proc.stderr
+    assert "building it again" not in proc.stderr  # the copy's library matches the digest its build recorded
     assert not (build / "lock").exists()
 
 
@@ -81,3 +83,51 @@ def test_a_live_builder_is_waited_for_and_said_once(cache_copy):
     stderr = "".join(said) + rest
     assert out.strip() == "loaded", stderr[-2000:]
     assert stderr.count("waiting for another process") == 1, stderr[-2000:]
+
+
+#: a library whose code runs as it is loaded: it writes the file named by PLANTED_MARKER
+PLANTED = """
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void ran(void) {
+    FILE *f = fopen(getenv("PLANTED_MARKER"), "w");
+    if (f) { fputs("ran", f); fclose(f); }
+}
+"""
+
+
+@pytest.fixture
+def planted(cache_copy, tmp_path):
+    """The copied build with its library replaced by another one (a botched copy, or someone else's code)."""
+    cache, build = cache_copy
+    source = tmp_path / "planted.c"
+    source.write_text(PLANTED)
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the planted library")
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(build / "mate_bucketed_cpu.so"), str(source)], check=True)
+    return cache, build, tmp_path / "marker"
+
+
+def test_a_library_other_than_the_one_built_there_is_never_loaded_but_built_again(planted):
+    """The library's bytes differ from the digest its build recorded: it is removed and built again (with a compiler
+    that fails at once here, so the test does not wait for a real build), and its code never runs."""
+    cache, build, marker = planted
+    env = dict(os.environ, MATE_CACHE_DIR=str(cache), MATE_CPU_KERNEL="1", PLANTED_MARKER=str(marker), CXX="false")
+    proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=240)
+    assert not marker.exists(), "the planted library's code ran"
+    assert proc.stdout.strip() == "unavailable", proc.stderr[-2000:]  # the build with CXX=false failed
+    assert "is not the library built there" in proc.stderr and "building it again" in proc.stderr, proc.stderr
+    assert not (build / "mate_bucketed_cpu.so").exists()
+
+
+def test_a_build_folder_others_can_write_is_refused_in_one_warning(planted):
+    cache, build, marker = planted
+    build.chmod(0o777)
+    env = dict(os.environ, MATE_CACHE_DIR=str(cache), MATE_CPU_KERNEL="1", PLANTED_MARKER=str(marker))
+    proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=240)
+    assert not marker.exists(), "the planted library's code ran"
+    assert proc.stdout.strip() == "unavailable", proc.stderr[-2000:]
+    (warning,) = [line for line in proc.stderr.splitlines() if "unavailable" in line]
+    assert f"{build} can be written by its group or others" in warning and f"chmod go-w {build}" in warning, warning
+    assert (build / "mate_bucketed_cpu.so").exists()  # refused, not removed: the folder is not this user's alone

@@ -5,6 +5,11 @@ Built on first use with ``torch.utils.cpp_extension`` (a C++ compiler; tens of s
 :func:`vector_lanes` (schemas at the end of the C++ source, whose header says how it works). ``make install`` builds
 it ahead of time (:func:`main`); ``MATE_CPU_KERNEL=0`` turns it off. :mod:`.mate_bucketed` calls it.
 
+The library is loaded only from a folder that no one but its owner (this user, or root) can write, the build folder
+and the one holding it, and only when its bytes are those recorded at its build (``mate_bucketed_cpu.so.sha256``,
+written by this module after torch builds it). A library that differs, or that has no record (built by an older
+mate_cli), is built again (one warning); a folder that others can write is refused (one warning, the torch path).
+
 Where it cannot be built or loaded, :func:`available` is False, one warning says why, and the torch path runs: the
 same function, ~1.8x slower forward and ~1.9x forward + backward at 8192 tokens (plain timing loop, BERT-base dims,
 2 cores with AVX-512: 69 vs 38 ms, 257 vs 132 ms).
@@ -19,6 +24,7 @@ import logging
 import os
 import platform
 import shlex
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -72,6 +78,74 @@ def _cpu_tag() -> str:
     return hashlib.sha256(text).hexdigest()[:12]
 
 
+class UntrustedBuild(Exception):
+    """The kernel's folder or library is not one this process may load code from; the message says why and the fix."""
+
+
+#: the record of a build: the library's sha256, beside it
+DIGEST_SUFFIX = ".sha256"
+
+
+def _library_digest(library: Path) -> str:
+    with library.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def record_build(library: Path) -> None:
+    """Write the sha256 of the library just built beside it (replaced in one rename)."""
+    record = library.with_name(library.name + DIGEST_SUFFIX)
+    tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+    tmp.write_text(_library_digest(library) + "\n", encoding="utf-8")
+    os.replace(tmp, record)
+
+
+def unrecorded(library: Path) -> str | None:
+    """Why ``library`` is not the one built here (no record, or other bytes than recorded), or None."""
+    record = library.with_name(library.name + DIGEST_SUFFIX)
+    try:
+        recorded = record.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return f"no {record.name} records its build (built by an older mate_cli)"
+    except (OSError, UnicodeDecodeError) as err:
+        return f"its record {record.name} is unreadable ({type(err).__name__})"
+    if _library_digest(library) != recorded:
+        return f"{library.name} is not the library built there (its sha256 differs from {record.name})"
+    return None
+
+
+def check_private(directory: Path) -> None:
+    """Refuse (:class:`UntrustedBuild`) ``directory`` or its parent when another user owns it or its group or others
+    may write it: whoever can write there can put code into every MATE run that loads the kernel."""
+    me = os.geteuid()
+    for folder in (directory, directory.parent):
+        info = folder.stat()
+        if info.st_uid not in (me, 0):
+            why = f"is owned by another user (uid {info.st_uid})"
+        elif info.st_mode & 0o022:
+            why = "can be written by its group or others"
+        else:
+            continue
+        raise UntrustedBuild(
+            f"{folder} {why}, and a library loaded from there runs in this process; use a folder only you can write "
+            f"(chmod go-w {folder}, or set TORCH_EXTENSIONS_DIR or MATE_CACHE_DIR to one)"
+        )
+
+
+def make_private(directory: Path) -> None:
+    """Make ``directory`` and its parent, writable by this user alone where this process creates them."""
+    for folder in (directory.parent, directory):
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            folder.chmod(folder.stat().st_mode & ~0o022)
+
+
+def clear_build(directory: Path) -> None:
+    """Remove what an earlier build left in ``directory`` (objects, ninja file, library, record) but the flock."""
+    for path in directory.iterdir():
+        if path.name != ".mate-build.flock":
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
 def build_dir() -> Path:
     """``$TORCH_EXTENSIONS_DIR`` (one build shared by jobs with their own data caches) or
     ``<MATE_CACHE_DIR>/torch_extensions``, then a folder named by torch version, CPU, flags and source."""
@@ -115,24 +189,39 @@ def load(verbose: bool = False) -> bool:
             directory = build_dir()
             built = directory / "mate_bucketed_cpu.so"
             if built.is_file() and not writable(directory):  # a read-only cache: load, never build
+                check_private(directory)
+                why = unrecorded(built)
+                if why is not None:
+                    raise UntrustedBuild(f"{directory}: {why}; it cannot be built again in this read-only folder")
                 torch.ops.load_library(str(built))
             else:
-                directory.mkdir(parents=True, exist_ok=True)
+                make_private(directory)
+                check_private(directory)
                 with build_lock(directory):
-                    cpp_extension.load(
-                        name="mate_bucketed_cpu",
-                        sources=[str(SOURCE)],
-                        extra_cflags=build_flags(),
-                        extra_ldflags=["-fopenmp"],  # resolves to the libgomp torch already loaded (same soname)
-                        build_directory=str(directory),
-                        is_python_module=False,
-                        verbose=verbose,
-                    )
+                    why = unrecorded(built) if built.is_file() else "absent"
+                    if why is None:
+                        torch.ops.load_library(str(built))
+                    else:
+                        if why != "absent":
+                            (log.info if why.startswith("no ") else log.warning)(
+                                "MATE CPU kernel in %s: %s; building it again", directory, why
+                            )
+                        clear_build(directory)  # a build from scratch: nothing an earlier one left is linked in
+                        library = cpp_extension.load(
+                            name="mate_bucketed_cpu",
+                            sources=[str(SOURCE)],
+                            extra_cflags=build_flags(),
+                            extra_ldflags=["-fopenmp"],  # resolves to the libgomp torch already loaded (same soname)
+                            build_directory=str(directory),
+                            is_python_module=False,
+                            verbose=verbose,
+                        )
+                        record_build(Path(library))
             _register_flops()
-        except Exception as err:  # no compiler, link error, ...: the torch path still works
+        except Exception as err:  # no compiler, link error, an untrusted folder, ...: the torch path still works
             lines = str(err).strip().splitlines() or [type(err).__name__]
             _state["why"] = why = next((line.strip() for line in lines if "error:" in line), lines[-1])
-            log.warning("MATE fused CPU kernel unavailable (%s); using the pure-torch bucketed path", why[:200])
+            log.warning("MATE fused CPU kernel unavailable (%s); using the pure-torch bucketed path", why[:500])
             return False
         _state["ok"] = True
         return True
