@@ -113,6 +113,33 @@ def checkpoint_file(resolved: str, filename: str, required: bool = True) -> Path
     return Path(found) if found is not None else None
 
 
+def read_text(path: Path, fix: str) -> str:
+    """``path``'s UTF-8 text; one `MateError` line naming it and ending in ``fix`` when it cannot be read or is not
+    UTF-8 (a damaged copy)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise MateError(
+            f"{path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); {fix}"
+        ) from None
+    except OSError as error:
+        raise MateError(f"cannot read {path} ({error.strerror or error}); {fix}") from None
+
+
+def read_json(path: Path, fix: str) -> dict:
+    """``path``'s JSON object (:func:`read_text`); one `MateError` line naming it and ending in ``fix`` when it is not
+    JSON (a truncated copy) or holds no object."""
+    text = read_text(path, fix)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        problem = f"line {error.lineno}, column {error.colno}: {error.msg}"
+        raise MateError(f"{path} is not valid JSON ({problem}): damaged or cut short; {fix}") from None
+    if not isinstance(data, dict):
+        raise MateError(f"{path} holds a JSON {type(data).__name__}, not an object; {fix}")
+    return data
+
+
 def read_config(resolved: str) -> dict:
     path = checkpoint_file(resolved, "config.json")
     try:
@@ -217,30 +244,50 @@ def load_head(head: nn.Module, pretrained: str, what: str, prefix: str = "", war
 
 def load_tokenizer(pretrained: str | os.PathLike):
     """A ``transformers.BertTokenizerFast`` from the checkpoint's ``vocab.txt`` (else its ``tokenizer.json``) and
-    ``tokenizer_config.json``: TAPAS ships a BERT WordPiece vocabulary, and mate tokenises tables itself."""
+    ``tokenizer_config.json``: TAPAS ships a BERT WordPiece vocabulary, and mate tokenises tables itself. A file of
+    these that is damaged (not UTF-8, cut short, empty) is one `MateError` line naming it."""
     from transformers import BertTokenizerFast
 
     resolved = resolve_pretrained(pretrained)
+    fix = "copy the checkpoint's tokenizer files (vocab.txt, tokenizer.json, tokenizer_config.json) again"
     options = {}
     config_path = checkpoint_file(resolved, "tokenizer_config.json", required=False)
     if config_path is not None:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = read_json(config_path, fix)
         for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "model_max_length"):
             if config.get(key) is not None:
                 options[key] = config[key]
     vocab_path = checkpoint_file(resolved, "vocab.txt", required=False)
     if vocab_path is None:
-        if checkpoint_file(resolved, "tokenizer.json", required=False) is None:
+        json_path = checkpoint_file(resolved, "tokenizer.json", required=False)
+        if json_path is None:
             raise MateError(
                 f"model.encoder.pretrained={pretrained}: no vocabulary (vocab.txt or tokenizer.json) in {resolved}; "
                 "copy the checkpoint's tokenizer files next to its weights"
             )
-        return _checked(BertTokenizerFast.from_pretrained(resolved), pretrained)
+        read_json(json_path, fix)  # whole, before transformers reads it
+        return _checked(_built(lambda: BertTokenizerFast.from_pretrained(resolved), json_path, fix), pretrained)
+    lines = read_text(vocab_path, fix).split("\n")  # one token a line, as a file's lines (no other separators)
+    if lines[-1] == "":
+        lines.pop()
+    if not any(line.strip() for line in lines):
+        raise MateError(f"{vocab_path} is empty; {fix}")
     if "vocab_file" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 4.x
-        return _checked(BertTokenizerFast(vocab_file=str(vocab_path), **options), pretrained)
-    with open(vocab_path, encoding="utf-8") as handle:
-        vocab = {line.rstrip("\n"): index for index, line in enumerate(handle)}
-    return _checked(BertTokenizerFast(vocab=vocab, **options), pretrained)
+        return _checked(
+            _built(lambda: BertTokenizerFast(vocab_file=str(vocab_path), **options), vocab_path, fix), pretrained
+        )
+    vocab = {line: index for index, line in enumerate(lines)}
+    return _checked(_built(lambda: BertTokenizerFast(vocab=vocab, **options), vocab_path, fix), pretrained)
+
+
+def _built(make, path: Path, fix: str):
+    """``make()``, the tokenizer; what the tokenizers library refuses in ``path`` (a vocabulary without ``[UNK]``, a
+    ``tokenizer.json`` of another layout) is one `MateError` line."""
+    try:
+        return make()
+    except Exception as error:  # tokenizers raises a bare Exception for a vocabulary it cannot use
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise MateError(f"cannot build a tokenizer from {path} ({reason}); {fix}") from None
 
 
 def _checked(tokenizer, pretrained):

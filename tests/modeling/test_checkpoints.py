@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -218,6 +220,55 @@ def test_a_checkpoint_directory_without_a_vocabulary_is_an_error(tmp_path, minil
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
     with pytest.raises(MateError, match=r"\[UNK\]"):
         load_tokenizer(str(tmp_path))
+
+
+# ------------------------------------------------------------- damaged checkpoint files
+TOKENIZER_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def cut_short(path: Path) -> None:
+    """Keep the first half of ``path``, as an interrupted copy or download does."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def not_utf8(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:100] + b"\xff\xfe" + data[100:])
+
+
+def emptied(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def without_vocab_txt(directory: Path) -> None:
+    (directory / "vocab.txt").unlink()
+
+
+#: damage -> (what the directory becomes first, or None; the file damaged; how)
+TOKENIZER_DAMAGE = {
+    "vocab.txt not UTF-8": (None, "vocab.txt", not_utf8),
+    "vocab.txt empty": (None, "vocab.txt", emptied),
+    "tokenizer.json cut short, no vocab.txt": (without_vocab_txt, "tokenizer.json", cut_short),
+    "tokenizer_config.json cut short": (None, "tokenizer_config.json", cut_short),
+}
+
+
+@pytest.mark.parametrize("damage", TOKENIZER_DAMAGE)
+def test_a_damaged_tokenizer_file_is_one_line_naming_it(tmp_path, minilm_dir, damage):
+    """The bundled MiniLM's tokenizer files with one of them damaged: one line naming that file and the fix (copy
+    the files again), not the decoder's or the tokenizers library's traceback."""
+    for name in TOKENIZER_FILES:
+        shutil.copy(minilm_dir / name, tmp_path / name)
+    layout, name, damaged = TOKENIZER_DAMAGE[damage]
+    if layout is not None:
+        layout(tmp_path)
+    assert len(checkpoints.load_tokenizer(tmp_path)) == len(checkpoints.load_tokenizer("minilm"))  # whole, it loads
+    damaged(tmp_path / name)
+    with pytest.raises(MateError) as error:
+        checkpoints.load_tokenizer(tmp_path)
+    message = str(error.value)
+    assert str(tmp_path / name) in message and "tokenizer files" in message and "again" in message, message
+    assert "\n" not in message
 
 
 # ------------------------------------------------------------- new token-type tables
