@@ -113,6 +113,10 @@ def checkpoint_file(resolved: str, filename: str, required: bool = True) -> Path
     return Path(found) if found is not None else None
 
 
+#: the fix for a checkpoint file that is cut short or damaged (an interrupted copy or download)
+COPY_AGAIN = "copy or export the model directory again (or point model.encoder.pretrained at a whole one)"
+
+
 def read_text(path: Path, fix: str) -> str:
     """``path``'s UTF-8 text; one `MateError` line naming it and ending in ``fix`` when it cannot be read or is not
     UTF-8 (a damaged copy)."""
@@ -141,11 +145,7 @@ def read_json(path: Path, fix: str) -> dict:
 
 
 def read_config(resolved: str) -> dict:
-    path = checkpoint_file(resolved, "config.json")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise MateError(f"cannot read {path}: {error}; fix or replace the checkpoint's config.json") from None
+    return read_json(checkpoint_file(resolved, "config.json"), COPY_AGAIN)
 
 
 def weight_files(resolved: str) -> list[Path]:
@@ -156,7 +156,10 @@ def weight_files(resolved: str) -> list[Path]:
             continue
         if not name.endswith(".index.json"):
             return [path]
-        shards = sorted(set(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
+        weight_map = read_json(path, COPY_AGAIN).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise MateError(f"{path} lists no weight files (no weight_map); {COPY_AGAIN}")
+        shards = sorted(set(map(str, weight_map.values())))
         return [checkpoint_file(resolved, shard) for shard in shards]
     raise MateError(
         f"no weights ({' / '.join(WEIGHT_FILES)}) in {resolved}; point model.encoder.pretrained at a checkpoint"
@@ -179,15 +182,29 @@ def load_weights_only(path: str | Path, fix: str) -> Any:
 
 
 def read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
+    """The tensors of ``files``; a file cut short or not a weight file at all is one `MateError` line naming it."""
     fix = "save the weights as a state_dict (or .safetensors) and point model.encoder.pretrained at them"
     state: dict[str, torch.Tensor] = {}
     for path in files:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+        try:
+            if path.suffix == ".safetensors":
+                from safetensors.torch import load_file
 
-            state.update(load_file(str(path), device="cpu"))
-        else:
-            state.update(load_weights_only(path, fix))
+                loaded = load_file(str(path), device="cpu")
+            else:
+                loaded = load_weights_only(path, fix)
+        except (MateError, MemoryError):
+            raise
+        except PermissionError as error:
+            raise MateError(f"cannot read {path} ({error.strerror}); make it readable") from None
+        except Exception as error:  # safetensors' and torch's readers raise many kinds for a damaged file
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0][:160]
+            raise MateError(
+                f"{path} is not a whole weight file ({reason}): truncated, or another kind of file; {COPY_AGAIN}"
+            ) from None
+        if not isinstance(loaded, dict) or not all(isinstance(value, torch.Tensor) for value in loaded.values()):
+            raise MateError(f"{path} holds no state_dict of tensors; {fix}")
+        state.update(loaded)
     return state
 
 

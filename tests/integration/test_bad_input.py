@@ -104,6 +104,27 @@ def test_a_broken_checkpoint_is_named_before_data_and_model_are_built(tmp_path, 
     assert not (tmp_path / "cache").exists()  # named before any data was read
 
 
+def test_a_cut_short_model_file_is_one_line_exit_2_and_failed(tmp_path, monkeypatch, minilm_dir):
+    """A model directory (model.encoder.pretrained) whose model.safetensors an interrupted copy cut short: the app
+    ends in one line naming the file, exit status 2 and ``FAILED`` (not Hydra's error block about its target)."""
+    from tests.inprocess import run_app
+
+    monkeypatch.setenv("MATE_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        (model / name).write_bytes((minilm_dir / name).read_bytes())
+    with open(minilm_dir / "model.safetensors", "rb") as whole:
+        (model / "model.safetensors").write_bytes(whole.read(1 << 20))
+    run = tmp_path / "run"
+    args = ["experiment=hybridqa_mate", "attention=dense", f"model.encoder.pretrained={model}", "logger=csv"]
+    code, err = run_app("train", args, run)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("mate: error: "), err[-3000:]
+    assert f"{model / 'model.safetensors'} is not a whole weight file" in lines[0] and "again" in lines[0]
+    assert (run / "FAILED").read_text().strip() == lines[0]
+
+
 def test_a_validation_interval_longer_than_an_epoch_is_one_line_and_its_fix_works(tmp_path):
     args = [
         "experiment=hybridqa_mate",

@@ -271,6 +271,52 @@ def test_a_damaged_tokenizer_file_is_one_line_naming_it(tmp_path, minilm_dir, da
     assert "\n" not in message
 
 
+def as_pytorch_bin(directory: Path) -> None:
+    """The directory's weights moved from model.safetensors to a torch.save'd pytorch_model.bin."""
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(directory / "model.safetensors")), directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+
+
+def as_shards(directory: Path) -> None:
+    """The directory's weights as one shard listed by model.safetensors.index.json (as large checkpoints ship)."""
+    from safetensors import safe_open
+
+    shard = "model-00001-of-00001.safetensors"
+    (directory / "model.safetensors").rename(directory / shard)
+    with safe_open(str(directory / shard), "pt") as weights:
+        weight_map = dict.fromkeys(weights.keys(), shard)
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+WEIGHT_DAMAGE = {
+    "model.safetensors cut short": (None, "model.safetensors", cut_short),
+    "model.safetensors empty": (None, "model.safetensors", emptied),
+    "pytorch_model.bin cut short": (as_pytorch_bin, "pytorch_model.bin", cut_short),
+    "weight index cut short": (as_shards, "model.safetensors.index.json", cut_short),
+    "config.json not UTF-8": (None, "config.json", not_utf8),
+    "config.json a list": (None, "config.json", lambda path: path.write_text("[]")),
+}
+
+
+@pytest.mark.parametrize("damage", WEIGHT_DAMAGE)
+def test_a_damaged_weight_or_config_file_is_one_line_naming_it(tmp_path, damage):
+    """A model directory with its weights or config damaged: one line naming the file and the fix (copy or export
+    the model again), not safetensors' or torch's error (which Hydra shows as its own multi-line block)."""
+    small_encoder().save_pretrained(tmp_path)
+    layout, name, damaged = WEIGHT_DAMAGE[damage]
+    if layout is not None:
+        layout(tmp_path)
+        TableEncoder.from_pretrained(tmp_path, "dense")  # whole, it loads
+    damaged(tmp_path / name)
+    with pytest.raises(MateError) as error:
+        TableEncoder.from_pretrained(tmp_path, "dense")
+    message = str(error.value)
+    assert str(tmp_path / name) in message and "again" in message, message
+    assert "\n" not in message
+
+
 # ------------------------------------------------------------- new token-type tables
 def test_zero_new_type_tables_start_a_bert_checkpoint_as_its_own_function(tmp_path):
     """The bundled MiniLM has the segment table only: with new_type_embeddings=zero the six
