@@ -10,7 +10,7 @@ from pathlib import Path
 from mate_cli.config.check import check_command_line, trainer_overrides
 from mate_cli.errors import MateError
 from mate_cli.config.hydra_args import CFG_FLAGS, COMPLETION_FLAGS, HELP_FLAGS, INFO_FLAGS, MULTIRUN_FLAGS
-from mate_cli.config.hydra_args import path_argument, quote_free_text
+from mate_cli.config.hydra_args import hydra_value, path_argument, quote_free_text
 from mate_cli.paths import keep_tool_caches, output_root
 from mate_cli.silenced import silence
 
@@ -151,15 +151,25 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
     if existing not in run_lock.EXISTING_CHOICES:
         return args, f"{run_lock.EXISTING_KEY}={existing}: choose one of {', '.join(run_lock.EXISTING_CHOICES)}"
     own = run_lock.compared([arg for arg in trainer_overrides(command, args) if not arg.startswith("-")])
-    folder = given[-1][len(key) :].strip("'\"")
     resuming = settings.get("ckpt_path", "null") not in ("", "null")
     try:
+        folder = given_folder(given[-1])
         directory = run_lock.claim(folder, "multirun" if sweep else command, own, existing, resuming=resuming)
     except MateError as err:
         return args, str(err)
     except OSError as err:
         return args, unwritable(Path(folder), err)
-    return [arg for arg in args if arg not in given] + [f"{key}{directory}"], None
+    # handed back to Hydra as its grammar reads it: a letter beyond ASCII unquoted is a lexer error there
+    return [arg for arg in args if arg not in given] + [f"{key}{hydra_value(str(directory))}"], None
+
+
+def given_folder(override: str) -> str:
+    """The folder ``hydra.run.dir=...`` names, as Hydra's grammar reads it (quotes and escapes undone); `MateError`
+    where it cannot parse it."""
+    from mate_cli.config.check import parsed_value
+
+    value = parsed_value(override)
+    return value if isinstance(value, str) else override.partition("=")[2].strip("'\"")
 
 
 def unwritable(folder: Path, err: OSError) -> str:

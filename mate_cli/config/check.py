@@ -88,6 +88,11 @@ def _parse(texts: Sequence[str]) -> list:
     return parsed
 
 
+def parsed_value(text: str) -> Any:
+    """The value of the override ``text`` as Hydra reads it (a quoted string unquoted, its escapes undone)."""
+    return _parse([text])[0].value()
+
+
 def _chooses(override, conf_dir: Path) -> bool:
     """Whether ``override`` chooses a config (a group's option, or Hydra's own settings) rather than sets a value."""
     return (conf_dir / override.key_or_group).is_dir() or override.key_or_group.startswith("hydra")

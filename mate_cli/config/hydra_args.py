@@ -21,6 +21,16 @@ def hydra_quote(text: str) -> str:
     return "'" + text.replace("${", "\\${") + "'"
 
 
+#: a value Hydra's grammar takes unquoted (a letter beyond ASCII is a lexer error there, so it needs quotes)
+PLAIN_VALUE = re.compile(r"[\w./:+-]+", re.ASCII)
+
+
+def hydra_value(text: str) -> str:
+    """``text`` (a folder, a name) as an override value: as it is where Hydra takes it unquoted, else quoted
+    (:func:`hydra_quote`)."""
+    return text if PLAIN_VALUE.fullmatch(text) else hydra_quote(text)
+
+
 def quote_free_text(command: str, args: list[str]) -> list[str]:
     """``question=What's 1,000?`` -> ``question='What\\'s 1,000?'`` (already quoted values are kept)."""
     keys = FREE_TEXT.get(command, ())

@@ -143,6 +143,20 @@ def test_a_training_run_says_little_and_its_piped_output_is_never_cut(smoke, tra
     assert "config (resolved):" in log and "max_length: 128" in log, "the whole config goes into the run's log"
 
 
+def test_a_run_dir_named_with_letters_beyond_ascii_holds_the_run(smoke):
+    """``hydra.run.dir='<folder>'``, quoted as mate's error line advises for such a name: the run trains there (mate
+    handed the folder back to Hydra unquoted, its lexer failed on the ü, and the folder kept only its lock file).
+    One step on the smoke run's data: its preprocessing cache is reused."""
+    tmp = smoke[0]
+    folder = tmp / "résultats" / "ü"
+    args = [*SMOKE[:1], "trainer.max_steps=1", *SMOKE[3:], "logger=csv", "validate_best=false"]
+    proc = run_mate(["train", *args, f"hydra.run.dir='{folder}'"], mate_env(tmp / "outputs-ü", tmp / "cache"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"run dir:   {folder}" in proc.stdout.splitlines()
+    assert (folder / "metrics.json").is_file() and (folder / "checkpoints" / "last.ckpt").is_file()
+    assert not (tmp / "outputs-ü").exists()
+
+
 def test_a_run_logged_to_a_file_says_how_far_preprocessing_training_and_validation_are(smoke):
     """Under ``nohup mate train ... > log`` the bar draws nothing: progress comes as lines
     (every step here, every minute by default; preprocessing every 10 s and at its end)."""

@@ -25,6 +25,7 @@ import torch
 
 from mate_cli import cli
 from mate_cli.run import lock as run_lock
+from mate_cli.config.check import parsed_value
 from mate_cli.errors import MateError
 from tests.helpers import MATE, REPO_ROOT, mate_env
 from tests.inprocess import run_command
@@ -99,6 +100,18 @@ def test_a_folder_of_the_users_is_refused_and_subdir_writes_beside_its_files(fin
         assert {k: v for k, v in snapshot(folder).items() if not k.startswith(inner.name)} == before
     finally:
         run_lock.release(inner)
+
+
+def test_a_folder_named_with_letters_beyond_ascii_goes_to_hydra_as_its_grammar_reads_it(tmp_path):
+    """The claim handed the folder back unquoted, and Hydra's lexer failed on the ü (a real run into such a folder:
+    test_cli)."""
+    folder = tmp_path / "résultats" / "ü"
+    args, problem = cli.claim_given_run_dir("train", ["experiment=tabfact_mate", f"hydra.run.dir='{folder}'"])
+    try:
+        assert problem is None and folder.is_dir(), problem
+        assert args[-1].startswith("hydra.run.dir=") and parsed_value(args[-1]) == str(folder), args
+    finally:
+        run_lock.release(folder)
 
 
 def test_only_temp_files_of_gone_mate_processes_are_removed(tmp_path):
