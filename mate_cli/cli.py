@@ -78,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     keep_tool_caches()
     silence()
     app = answer_only_app(command) if answer_only else importlib.import_module(COMMANDS[command][0]).main
-    run_hydra_app(app, program, command, trainer_overrides(command, rest))
+    try:
+        run_hydra_app(app, program, command, trainer_overrides(command, rest))
+    finally:
+        if not answer_only:  # a folder claimed for a run that wrote nothing there (Hydra refused it) is not left behind
+            from mate_cli.run import lock as run_lock
+
+            run_lock.remove_unused_claims()
     return 0
 
 

@@ -100,6 +100,28 @@ def remove_stale_temps(directory: Path) -> int:
     return removed
 
 
+#: the folders :func:`claim` made, each with the first folder it made on the way (itself or a parent)
+_MADE: dict[Path, Path] = {}
+
+
+def remove_unused_claims() -> None:
+    """Undo :func:`claim` where the command wrote nothing into the folder it made (Hydra refused the command line
+    after the claim, say): the lock file goes, then each empty folder the claim made. Anything else stays."""
+    for directory, made in list(_MADE.items()):
+        del _MADE[directory]
+        if existing_files(directory):
+            continue
+        release(directory)
+        (directory / LOCK_NAME).unlink(missing_ok=True)
+        for folder in (directory, *directory.parents):
+            try:
+                folder.rmdir()  # only ever an empty folder
+            except OSError:
+                break
+            if folder == made:
+                break
+
+
 # ------------------------------------------------------------------ what a run dir holds
 #: the key that lets a command write into a folder holding other files: into a new subfolder
 EXISTING_KEY = "paths.existing_run_dir"
@@ -158,7 +180,10 @@ def claim(
     if is_ddp_child():
         return directory
     if not (found := existing_files(directory)):
+        made = next((folder for folder in (*reversed(directory.parents), directory) if not folder.exists()), None)
         take(directory)
+        if made is not None:
+            _MADE[directory] = made
         return directory
     if (directory / LOCK_NAME).is_file():  # a mate run dir: a live holder is named (its lock file unchanged)
         _locked(directory, "r").close()
@@ -177,6 +202,7 @@ def claim(
     if existing == "subdir":
         inner = directory / f"{command}-{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(3)}"
         take(inner)
+        _MADE[inner] = inner
         return inner
     shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
     raise MateError(
