@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from mate_cli.config.hydra_args import COMPLETION_FLAGS, CONFIG_CHOICE_FLAGS, HELP_FLAGS, INFO_FLAGS, hydra_quote
+from mate_cli.config.hydra_args import COMPLETION_FLAGS, CONFIG_CHOICE_FLAGS, HELP_FLAGS, INFO_FLAGS, hydra_value
 from mate_cli.config.recorded import add_recorded_options
 from mate_cli.config.schema import ABSENT, TRAINER_RESERVED, key_type, lookup, trainer_argument, trainer_problem
 from mate_cli.config.schema import type_problem, unknown_key
@@ -137,7 +137,7 @@ def _text(override, value: Any) -> str:
     elif isinstance(value, bool):
         shown = str(value).lower()
     elif isinstance(value, str):
-        shown = value if re.fullmatch(r"[\w./:+-]+", value) else hydra_quote(value)
+        shown = hydra_value(value)
     else:
         shown = repr(value)
     return f"{override.get_key_element()}={shown}"

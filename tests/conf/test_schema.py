@@ -198,6 +198,7 @@ def test_wrong_types_and_unknown_keys_are_one_line_naming_the_key(command, args,
         ("report", ["outputs", "plots=false", "tasks=[train,pretrain]"]),
         ("train", ["dataset/split=files"]),
         ("train", ["-m", "run_name='a b',c", 'experiment_name="it\'s",x']),  # quoted sweep items are strings
+        ("train", ["-m", "paper_name='é','ü'", "ckpt_path=null"]),  # composed again at its first value, quoted
     ],
 )
 def test_valid_command_lines_pass(command, args):
