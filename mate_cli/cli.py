@@ -160,7 +160,7 @@ def claim_given_run_dir(command: str, args: list[str]) -> tuple[list[str], str |
     resuming = settings.get("ckpt_path", "null") not in ("", "null")
     try:
         folder = given_folder(given[-1])
-        directory = run_lock.claim(folder, "multirun" if sweep else command, own, existing, resuming=resuming)
+        directory = run_lock.claim(folder, command, own, existing, resuming=resuming, sweep=sweep)
     except MateError as err:
         return args, str(err)
     except OSError as err:

@@ -18,6 +18,8 @@ from mate_cli.io import closed_in_forked_children, is_stale_temp
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".mate.lock"
+#: the setting that names a sweep's folder (``-m``), where a single run's is ``hydra.run.dir``
+SWEEP_KEY = "hydra.sweep.dir"
 
 #: the lock files this process holds, open (closing one would release its lock); a forked child closes its copies
 _HELD: dict[Path, object] = closed_in_forked_children({})
@@ -27,15 +29,16 @@ def is_ddp_child() -> bool:
     return any(os.environ.get(name, "0").strip() not in ("", "0") for name in ("LOCAL_RANK", "NODE_RANK", "RANK"))
 
 
-def take(run_dir: str | os.PathLike) -> bool:
-    """Lock ``run_dir`` (made if missing) for this process; False for a DDP rank > 0; `MateError` if held elsewhere."""
+def take(run_dir: str | os.PathLike, key: str = "hydra.run.dir") -> bool:
+    """Lock ``run_dir`` (made if missing) for this process; False for a DDP rank > 0; `MateError` if held elsewhere
+    (naming ``key``, the setting that chose the folder)."""
     directory = Path(run_dir).resolve()
     if directory in _HELD:
         return True
     if is_ddp_child():
         return False
     directory.mkdir(parents=True, exist_ok=True)
-    handle = _locked(directory, "a+")  # held open for the process's life
+    handle = _locked(directory, "a+", key)  # held open for the process's life
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
@@ -45,7 +48,7 @@ def take(run_dir: str | os.PathLike) -> bool:
     return True
 
 
-def _locked(directory: Path, mode: str):
+def _locked(directory: Path, mode: str, key: str = "hydra.run.dir"):
     """``directory``'s lock file, open in ``mode`` and locked by this process; a `MateError` naming the holder."""
     handle = open(directory / LOCK_NAME, mode)  # noqa: SIM115 - the caller keeps or closes it
     try:
@@ -55,8 +58,9 @@ def _locked(directory: Path, mode: str):
         holder = handle.read().strip() or "unknown"
         handle.close()
         raise MateError(
-            f"run dir {directory} is in use by another mate process (pid {holder}); wait for it to "
-            "finish, or drop hydra.run.dir= so this run gets a directory of its own"
+            f"{'sweep' if key == SWEEP_KEY else 'run'} dir {directory} is in use by another mate process (pid {holder}); "
+            f"wait for it to finish, or drop {key}= so this {'sweep' if key == SWEEP_KEY else 'run'} gets a directory "
+            "of its own"
         ) from None
     return handle
 
@@ -126,8 +130,9 @@ def remove_unused_claims() -> None:
 #: the key that lets a command write into a folder holding other files: into a new subfolder
 EXISTING_KEY = "paths.existing_run_dir"
 
-#: overrides that do not make a run another command's: where it is (re)started and from what
-NOT_COMPARED = ("hydra.", "ckpt_path=", f"{EXISTING_KEY}=")
+#: overrides that do not make a run another command's: where it is (re)started and from what, and how Hydra runs it
+#: (``hydra/launcher=joblib``: Hydra records its own overrides apart from the command's)
+NOT_COMPARED = ("hydra.", "hydra/", "ckpt_path=", f"{EXISTING_KEY}=")
 EXISTING_CHOICES = ("refuse", "subdir")
 
 
@@ -155,6 +160,22 @@ def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
     return (str(job), [str(o) for o in overrides]) if isinstance(overrides, list) else None
 
 
+def recorded_sweep(directory: Path) -> tuple[str, list[str] | None] | None:
+    """``(command, overrides)`` of the sweep Hydra recorded in ``directory``: its ``multirun.yaml``, else (a sweeper
+    that writes none) a job folder's ``.hydra`` with overrides None (they are the job's, not the sweep's); or None."""
+    from mate_cli.run.yaml_data import read_yaml
+
+    try:  # a missing file is a MateError too
+        hydra = read_yaml(directory / "multirun.yaml", "", interpolations=True)["hydra"]
+        overrides = hydra["overrides"]["task"] or []
+        if isinstance(overrides, list):
+            return str(hydra["job"]["name"]), [str(o) for o in overrides]
+    except (MateError, KeyError, TypeError):
+        pass
+    jobs = (recorded_command(job) for job in sorted(directory.iterdir()) if job.is_dir())
+    return next(((job[0], None) for job in jobs if job is not None), None)
+
+
 def compared(overrides: list[str]) -> list[str]:
     """``overrides`` as two commands are compared: without the ones that say where a run goes, and each value as Hydra
     reads it whether quoted or not (``path='/x'`` is ``path=/x``: Hydra records the quoted form it was handed)."""
@@ -169,25 +190,32 @@ def _unquoted(override: str) -> str:
 
 
 def claim(
-    directory: str | os.PathLike, command: str, overrides: list[str], existing: str = "refuse", resuming: bool = False
+    directory: str | os.PathLike,
+    command: str,
+    overrides: list[str],
+    existing: str = "refuse",
+    resuming: bool = False,
+    sweep: bool = False,
 ) -> Path:
-    """Take the ``hydra.run.dir=`` ``directory`` for ``mate <command> <overrides>``; returns the folder to write into:
-    ``directory``, or (``existing="subdir"``, files there) a new ``<directory>/<command>-<time>-<hex>``. A folder whose
-    recorded run is this command (:func:`compared`) with no ``metrics.json`` is its interrupted run, taken again
-    (train/pretrain over a ``last.ckpt``: when ``resuming``). Another process's folder, or other files with
-    ``existing="refuse"``, is a `MateError`."""
+    """Take the ``hydra.run.dir=`` (``sweep``: ``hydra.sweep.dir=``) ``directory`` for ``mate <command> <overrides>``;
+    returns the folder to write into: ``directory``, or (``existing="subdir"``, files there) a new
+    ``<directory>/<command or multirun>-<time>-<hex>``. A folder whose recorded run is this command (:func:`compared`)
+    with no ``metrics.json`` is its interrupted run, taken again (train/pretrain over a ``last.ckpt``: when
+    ``resuming``); a sweep's folder never is. Another process's folder, or other files with ``existing="refuse"``, is a
+    `MateError`."""
+    key = SWEEP_KEY if sweep else "hydra.run.dir"
     directory = Path(directory).expanduser().resolve()
     if is_ddp_child():
         return directory
     if not (found := existing_files(directory)):
         made = next((folder for folder in (*reversed(directory.parents), directory) if not folder.exists()), None)
-        take(directory)
+        take(directory, key)
         if made is not None:
             _MADE[directory] = made
         return directory
     if (directory / LOCK_NAME).is_file():  # a mate run dir: a live holder is named (its lock file unchanged)
-        _locked(directory, "r").close()
-        recorded = recorded_command(directory)
+        _locked(directory, "r", key).close()
+        recorded = None if sweep else recorded_command(directory)  # a sweep's folder is no run to take again
         same = recorded is not None and recorded[0] == command and compared(recorded[1]) == compared(overrides)
         if same and not (directory / "metrics.json").exists():
             checkpointed = command in ("train", "pretrain") and (directory / "checkpoints" / "last.ckpt").is_file()
@@ -200,13 +228,22 @@ def claim(
                 f"it there with ckpt_path={directory}, or drop hydra.run.dir= to start a new run"
             )
     if existing == "subdir":
-        inner = directory / f"{command}-{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(3)}"
-        take(inner)
+        name = "multirun" if sweep else command
+        inner = directory / f"{name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(3)}"
+        take(inner, key)
         _MADE[inner] = inner
         return inner
     shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    earlier = recorded_sweep(directory) if sweep else None
+    if earlier is not None and earlier[0] == command:  # not yet resumed: a sweep starts in a folder of its own
+        which = "an earlier sweep" if earlier[1] is None else "another sweep"
+        which = "this sweep" if earlier[1] is not None and compared(earlier[1]) == compared(overrides) else which
+        raise MateError(
+            f"{key}={directory} already holds the runs of {which} of `mate {command} -m` ({shown}); a sweep does not "
+            f"run again into its folder: pass a new {key}=<folder>, or remove {directory} to run it there again"
+        )
     raise MateError(
-        f"hydra.run.dir={directory} already holds files ({shown}) that this command did not write; "
-        f"drop hydra.run.dir= for a new run dir, or add {EXISTING_KEY}=subdir to write into a new "
+        f"{key}={directory} already holds files ({shown}) that this command did not write; "
+        f"drop {key}= for a new {'sweep' if sweep else 'run'} dir, or add {EXISTING_KEY}=subdir to write into a new "
         "folder inside it (nothing there is overwritten)"
     )

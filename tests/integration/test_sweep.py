@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import mate_env, run_mate, wandb_run_summary
+from tests.inprocess import main_before_hydra
+from tests.shared_runs import snapshot
 
 COMMON = ["train", "-m", "experiment=hybridqa_mate", "trainer.max_steps=2", "dataset.max_length=128",
           "dataset.eval_batch_size=16", "trainer.limit_val_batches=1", "tags=[dev]"]  # fmt: skip
@@ -126,6 +128,26 @@ def test_the_report_reads_the_sweep_and_nothing_is_written_outside_the_run_dirs_
     # where W&B's service logs go in a single run (<run dir>/wandb/cache): test_cli's smoke run; in a
     # sweep the service starts once per process and keeps the folders of the job that started it
     assert (base / "cache" / "matplotlib").is_dir()
+
+
+#: what the line says a sweep dir holds, by its sweeper: Hydra's own records the sweep (multirun.yaml), Optuna's its jobs
+EARLIER = {"heads": "this sweep", "optuna": "an earlier sweep"}
+
+
+def test_a_sweep_run_again_into_its_sweep_dir_is_refused_in_a_line_naming_hydra_sweep_dir(sweep, capsys, monkeypatch):
+    """Not resumed yet: one line saying what the folder holds and how to run the sweep again. It named hydra.run.dir,
+    which the command never gave, and called the sweep's own files another command's."""
+    folder = sweep["dir"]
+    before = snapshot(folder)
+    args = [*COMMON, *SWEEPS[sweep["kind"]], f"hydra.sweep.dir={folder}"]
+    code, _, err = main_before_hydra(args, capsys, monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(
+        f"mate: error: hydra.sweep.dir={folder} already holds the runs of {EARLIER[sweep['kind']]} of `mate train -m` "
+        f"({sweep['jobs'][0].name}, "
+    ), err
+    assert err.strip().endswith(f"pass a new hydra.sweep.dir=<folder>, or remove {folder} to run it there again"), err
+    assert snapshot(folder) == before
 
 
 def test_a_cpu_epochs_peak_memory_counts_from_its_start_not_the_processes():
