@@ -2,7 +2,9 @@
 ``(Q3 - Q1) / 2`` (numpy's linear percentiles), and ``n``. A seed finished more than once counts once, by its newest run.
 
 A configuration is the experiment, attention, MATE's ``variant/impl``, dataset and every other override whose value
-differs between the runs (a heads-ablation sweep: a row per ``attention.row_heads_ratio``); never the seed.
+differs between the runs (a heads-ablation sweep: a row per ``attention.row_heads_ratio``); never the seed. A run
+whose group choices are lost (:func:`mate_cli.report.collect.recover_choices`) and cannot be told from its resolved
+config is in no row: it is listed as failed, unreadable.
 """
 
 from __future__ import annotations
@@ -90,28 +92,30 @@ def _family(target) -> str | None:
     return target.rsplit(".", 2)[-2] if isinstance(target, str) and "." in target else None
 
 
-def base_key(run: Run) -> dict[str, str]:
-    """experiment, attention, impl (``variant/impl`` for MATE, else ``-``), dataset."""
+def base_key(run: Run) -> dict[str, str | None]:
+    """experiment, attention, impl (``variant/impl`` for MATE, else ``-``), dataset (None: a run's lost choice)."""
     attention = run.setting("attention") or run.setting("model.encoder.attention") or {}
     attention = attention if isinstance(attention, dict) else {}
     parts = [attention[k] for k in ("variant", "impl") if attention.get(k) is not None]
     dataset = run.setting("dataset") if isinstance(run.setting("dataset"), dict) else {}
+    lost_dataset = run.choices_lost and "dataset" not in run.choices  # its node's family would name no dataset
     return {
         "experiment": _text(run.setting("experiment_name") or run.choices.get("experiment")),
         "attention": _text(run.choices.get("attention") or _family(attention.get("_target_"))),
         "impl": "/".join(map(str, parts)) or MISSING,
-        "dataset": _text(run.choices.get("dataset") or _family(dataset.get("_target_"))),
+        "dataset": None if lost_dataset else _text(run.choices.get("dataset") or _family(dataset.get("_target_"))),
     }
 
 
-def effective(run: Run, key: str) -> str:
-    """What ``key`` was in ``run``: its group choice, else its config value, else its override."""
+def effective(run: Run, key: str) -> str | None:
+    """What ``key`` was in ``run``: its group choice, else its config value, else its override (None: unknown, a run
+    that lost its choices and overrides with ``.hydra/``)."""
     if key in run.choices:
         return _text(run.choices[key])
     value = run.setting(key)
     if value is not None and not isinstance(value, (dict, list)):
         return str(value)
-    return _text(run.overrides.get(key))
+    return None if run.choices_lost else _text(run.overrides.get(key))
 
 
 def swept_keys(runs: Sequence[Run]) -> list[str]:
@@ -119,14 +123,22 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
     keys = sorted({k for run in runs for k in run.overrides})
     keys = [k for k in keys if k not in NOT_CONFIGURATION
             and not any(k == g or k.startswith((g + ".", g + "/")) for g in NOT_CONFIGURATION_GROUPS)]  # fmt: skip
-    return [k for k in keys if len({effective(run, k) for run in runs}) > 1]
+    return [k for k in keys if len({effective(run, k) for run in runs} - {None}) > 1]
 
 
 def configurations(runs: Sequence[Run]) -> list[Configuration]:
+    """The runs by configuration; a run whose configuration is unknown (a lost choice) becomes failed, in none."""
     extra = swept_keys(runs)
     groups: dict[tuple, Configuration] = {}
     for run in runs:
         key = {**base_key(run), **{k: effective(run, k) for k in extra}}
+        if unknown := [k for k, value in key.items() if value is None]:
+            run.status = FAILED_STATUS
+            run.error = (
+                f"unreadable .hydra/hydra.yaml: missing, and no other run has its {', '.join(unknown)} settings, "
+                "so its configuration is unknown"
+            )
+            continue
         groups.setdefault(tuple(key.values()), Configuration(key)).runs.append(run)
     return [groups[k] for k in sorted(groups)]
 

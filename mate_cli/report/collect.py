@@ -3,7 +3,9 @@
 A run is ``failed`` when it holds ``FAILED`` (its first line is the reason), a file that cannot be read, or a
 ``metrics.json`` with a non-finite number (it diverged); ``ok`` when it holds ``metrics.json``; ``incomplete`` otherwise
 (killed, or still running). Its configuration is ``resolved_config.yaml``, else (a run that died before writing it)
-``.hydra/config.yaml``.
+``.hydra/config.yaml``. A run dir that lost ``.hydra/hydra.yaml`` (its group choices: which dataset, which attention)
+takes each choice from the runs beside it whose config holds the same settings under that group
+(:func:`recover_choices`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Run:
     metrics: dict = field(default_factory=dict)
     error: str = ""
     finished: float = 0.0  # when metrics.json was written (seconds since the epoch)
+    choices_lost: bool = False  # its resolved config is there, its .hydra/hydra.yaml (the group choices) is not
 
     @property
     def task(self) -> str | None:
@@ -140,6 +143,7 @@ def load_run(path: Path, root: Path) -> Run:
             run.overrides = parse_overrides(_yaml(current) or [])
         if (current := path / RESOLVED).is_file():
             run.config = _yaml(current) or {}
+            run.choices_lost = not (hydra_dir / "hydra.yaml").is_file()
         elif (current := hydra_dir / "config.yaml").is_file():
             run.config = _fill_choices(_yaml(current) or {}, run.choices)
         current = None
@@ -174,6 +178,7 @@ def collect(path: str | os.PathLike, tasks: Iterable[str] | None = ("train",)) -
         raise MateError(f"path={path} is not a directory; {hint}")
     runs = [load_run(folder, root) for folder in find_run_dirs(root)]
     runs = [run for run in runs if run.task != "report"]
+    recover_choices(runs)
     wanted = None if tasks is None else {str(t) for t in tasks}
     keep = [wanted is None or r.task is None or r.task in wanted for r in runs]
     kept = [r for r, k in zip(runs, keep) if k]
@@ -184,6 +189,23 @@ def collect(path: str | os.PathLike, tasks: Iterable[str] | None = ("train",)) -
         label = "/".join(sorted(wanted)) + " " if wanted else ""
         raise MateError(f"no {label}runs under {path}{seen}; {hint}")
     return kept, other
+
+
+def recover_choices(runs: list[Run]) -> None:
+    """Each group choice a run dir lost with its ``.hydra/hydra.yaml``, from the other runs: the one choice of the runs
+    whose config holds the same settings under that group (``dataset``, ``attention``, ...) as its resolved config.
+    A choice no run matches stays unknown (:func:`mate_cli.report.aggregate.configurations` then lists the run as
+    unreadable)."""
+    known = [run for run in runs if run.choices and not run.choices_lost]
+    for run in (run for run in runs if run.choices_lost):
+        for group in sorted({group for other in known for group in other.choices} - set(run.choices)):
+            settings = run.setting(group)
+            if not isinstance(settings, dict):  # a group without a node of its own (experiment, hydra/launcher)
+                continue
+            names = {str(other.choices[group]) for other in known if group in other.choices
+                     and other.setting(group) == settings}  # fmt: skip
+            if len(names) == 1:
+                run.choices[group] = names.pop()
 
 
 def runs_with(runs: Iterable[Run], status: str) -> list[Run]:

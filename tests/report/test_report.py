@@ -339,6 +339,32 @@ def test_seeds_that_differ_only_by_exporting_their_encoder_are_one_configuration
     assert aggregate.summarize([r.metrics["val/hits@1"] for r in pair.runs]).median == pytest.approx(0.15)
 
 
+def test_a_run_dir_that_lost_hydra_is_read_from_its_resolved_config_or_listed_as_unreadable(tree, tmp_path):
+    """A heads-ablation job without .hydra/ was a row of its own (dataset "datamodule", its target's module), and its
+    ratio's median was over the two other seeds. Its dataset is the one of the runs with the same dataset settings;
+    with settings no other run has, it is listed as unreadable, in no row."""
+    heads = shutil.copytree(tree["heads"], tmp_path / "heads")
+    lost = heads / "4-attention.row_heads_ratio=1.0,seed=2"
+    shutil.rmtree(lost / ".hydra")
+    confs = aggregate.configurations(collect.collect(heads)[0])
+    rows = [(c.key["dataset"], c.key["attention"], c.key["attention.row_heads_ratio"], c.count("ok")) for c in confs]
+    assert rows == [("hybridqa_sample", "mate", "0.0", 3), ("hybridqa_sample", "mate", "1.0", 3)]
+    assert confs[1].summary("val/hits@1").median == pytest.approx(EXPECTED_HEADS["1.0"][0], abs=1e-12)
+
+    config = OmegaConf.load(lost / "resolved_config.yaml")
+    config.dataset.root = "/data/elsewhere"
+    OmegaConf.save(config, lost / "resolved_config.yaml")
+    proc = mate_report([str(heads), "plots=false"], tmp_path / "out")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [
+        (r["attention.row_heads_ratio"], r["runs_ok"], r["runs_failed"]) for r in csv_rows(report_dir(tmp_path / "out"))
+    ] == [("0.0", "3", "0"), ("1.0", "2", "0")]
+    assert (
+        f"{lost.name}: unreadable .hydra/hydra.yaml: missing, and no other run has its dataset settings, so its "
+        "configuration is unknown"
+    ) in proc.stdout
+
+
 def test_an_unfilled_hydra_choice_is_filled_from_hydra_yaml(tmp_path):
     job = tmp_path / "0-attention=sat,seed=1"
     write_run(job, "sat", 1, ["attention=sat", "seed=1"], None, resolved=False)
