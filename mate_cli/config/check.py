@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from mate_cli.config.hydra_args import COMPLETION_FLAGS, CONFIG_CHOICE_FLAGS, HELP_FLAGS, INFO_FLAGS, hydra_value
 from mate_cli.config.recorded import add_recorded_options
 from mate_cli.config.schema import ABSENT, TRAINER_RESERVED, key_type, lookup, trainer_argument, trainer_problem
-from mate_cli.config.schema import type_problem, unknown_key
+from mate_cli.config.schema import range_problem, type_problem, unknown_key
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
 from mate_cli.run.yaml_data import read_yaml
@@ -225,7 +225,7 @@ def _check_value_override(command: str, override, tree: Mapping, conf_dir: Path)
         )
     expected = key_type(tree, key, command)
     for value in _values(override, conf_dir):
-        if problem := type_problem(key, value, expected, default):
+        if problem := type_problem(key, value, expected, default) or range_problem(key, value):
             raise MateError(problem)
 
 

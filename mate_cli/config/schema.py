@@ -42,6 +42,13 @@ DECLARED: dict[str, Any] = {
     "keep_best": Literal["checkpoint", "encoder"],
 }
 
+#: keys whose numbers have a least value (their type lets any whole number through): key -> (least, what it is and
+#: how to set it)
+AT_LEAST: dict[str, tuple[int, str]] = {
+    "profile_steps": (0, "it counts the training steps timed (then as many watched) after 10 warm-up steps; set "
+                         "profile_steps=20, say, or null for no profile"),
+}  # fmt: skip
+
 ABSENT = object()  #: a value lookups did not find
 UNTYPED = Any  #: the type of a key whose default says nothing and that has no declaration
 TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
@@ -165,6 +172,14 @@ def type_problem(key: str, value: Any, expected: Any, default: Any = ABSENT) -> 
     plain = plain and not (isinstance(default, str) and "${" in default)
     example = f"; its default is {key}={default}" if plain else ""
     return f"{key}={'null' if value is None else value} has the wrong type: {key} takes {wanted}{example}"
+
+
+def range_problem(key: str, value: Any) -> str | None:
+    """The one-line reason a number is below ``key``'s least value (:data:`AT_LEAST`), else None."""
+    least, fix = AT_LEAST.get(key, (None, ""))
+    if least is None or isinstance(value, bool) or not isinstance(value, (int, float)) or value >= least:
+        return None
+    return f"{key}={value} is below {least}: {fix}"
 
 
 def unknown_key(key: str, tree: Any, where: str, extra: Iterable[str] = ()) -> str:

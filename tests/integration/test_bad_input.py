@@ -168,6 +168,8 @@ def nothing_touched(tmp: Path) -> bool:
         (["train", "+tags=[dev]"], ["+tags=[dev]", "tags=<value> (no +)"]),
         (["train", "tags=dev"], ["tags=dev", "list"]),
         (["eval", "ckpt_path=x", "overrides=[dataset.root=/data]"], ["overrides=['dataset.root=/data']"]),
+        (["train", "profile_steps=-1"], ["profile_steps=-1 is below 0", "or null for no profile"]),  # was accepted
+        (["train", "-m", "profile_steps=20,-5"], ["profile_steps=-5 is below 0"]),
     ],
 )
 def test_a_wrong_type_or_unknown_key_is_refused_before_anything_is_touched(mate, tmp_path, args, names):
