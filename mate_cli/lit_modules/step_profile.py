@@ -12,7 +12,8 @@ is, on CUDA, what ``torch.cuda.set_sync_debug_mode("warn")`` reports; on a CPU, 
 plan; only ``on_before_batch_transfer``'s checks, before the copy to the device, are left out).
 
 Logged in one line, written to ``<run dir>/step_profile.json``, its numbers in ``metrics.json`` as ``profile/*``; on
-CUDA the watched window's torch.profiler tables go to ``<run dir>/step_profile_ops.txt``.
+CUDA the watched window's torch.profiler tables go to ``<run dir>/step_profile_ops.txt``. A run that ends within the
+warm-up steps times nothing, and its one line says so.
 """
 
 from __future__ import annotations
@@ -267,6 +268,12 @@ class StepProfile(ExcludesValidation):
             self._sync(pl_module.device)
             self._finish_timing(pl_module.device, time.perf_counter())
             self._report(pl_module)
+        elif not self._timed and trainer.is_global_zero:
+            log.warning(
+                "step profile: none, no step_profile.json: the run took %d training step(s), within the profile's %d "
+                "warm-up steps; profile_steps=%d times and watches whole with trainer.max_steps >= %d",
+                trainer.global_step - self._first, self.warmup, self.steps, self._first + self.warmup + 2 * self.steps + 1,
+            )  # fmt: skip
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         if self._counter is not None:

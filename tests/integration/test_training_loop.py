@@ -13,6 +13,7 @@ use dense attention.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from mate_cli.errors import MateError
 from mate_cli.lit_modules.step_profile import SyncCounter, device_time_us
 from tests.helpers import REPO_ROOT
 from tests.inprocess import run_command
+from tests.shared_runs import RUNS
 
 SMALL = ["attention=dense", "dataset.max_length=128", "dataset.batch_size=4", "logger=csv", "validate_best=false",
          "trainer.limit_val_batches=1", "~callbacks.progress_log"]  # fmt: skip
@@ -56,6 +58,22 @@ def test_no_training_step_reads_a_tensor_value_between_logging_steps(task, tmp_p
     assert profile["examples_per_s"] > 0 and 0 <= profile["padding_share"] < 1 and profile["warmup_s"] > 0
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["profile/examples_per_s"] == pytest.approx(profile["examples_per_s"])
+
+
+def test_a_run_within_the_profiles_warm_up_says_it_timed_nothing(trained, tmp_path, caplog):
+    """Two steps against the profile's 10 warm-up steps: no step_profile.json, and it said nothing. On the shared
+    TabFact run's data (its preprocessing cache: tests/shared_runs.py)."""
+    cache = trained("tabfact").parent / "cache"
+    run = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="mate_cli.lit_modules.step_profile"):
+        run_command("train", [*RUNS["tabfact"][1], "validate_best=false", "trainer.limit_val_batches=1",
+                              "profile_steps=1", f"dataset.cache_dir={cache}"], run)  # fmt: skip
+    assert (run / "metrics.json").is_file() and not (run / "step_profile.json").exists()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step profile:")]
+    assert line == (
+        "step profile: none, no step_profile.json: the run took 2 training step(s), within the profile's 10 warm-up "
+        "steps; profile_steps=1 times and watches whole with trainer.max_steps >= 13"
+    )
 
 
 def test_the_counter_sees_each_kind_of_host_read():
