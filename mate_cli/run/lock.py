@@ -104,20 +104,22 @@ def remove_stale_temps(directory: Path) -> int:
     return removed
 
 
-#: the folders :func:`claim` made, each with the first folder it made on the way (itself or a parent)
-_MADE: dict[Path, Path] = {}
+#: the folders :func:`claim` took while they held nothing: the first folder it made on the way (the folder or a
+#: parent; None: the folder was there), and whether it made the lock file
+_CLAIMED: dict[Path, tuple[Path | None, bool]] = {}
 
 
 def remove_unused_claims() -> None:
-    """Undo :func:`claim` where the command wrote nothing into the folder it made (Hydra refused the command line
-    after the claim, say): the lock file goes, then each empty folder the claim made. Anything else stays."""
-    for directory, made in list(_MADE.items()):
-        del _MADE[directory]
+    """Undo :func:`claim` where the command wrote nothing into the folder (Hydra refused the command line after the
+    claim, say): the lock file the claim made goes, then each empty folder it made. Anything else stays."""
+    for directory, (made, lock_made) in list(_CLAIMED.items()):
+        del _CLAIMED[directory]
         if existing_files(directory):
             continue
         release(directory)
-        (directory / LOCK_NAME).unlink(missing_ok=True)
-        for folder in (directory, *directory.parents):
+        if lock_made:
+            (directory / LOCK_NAME).unlink(missing_ok=True)
+        for folder in (directory, *directory.parents) if made is not None else ():
             try:
                 folder.rmdir()  # only ever an empty folder
             except OSError:
@@ -209,9 +211,9 @@ def claim(
         return directory
     if not (found := existing_files(directory)):
         made = next((folder for folder in (*reversed(directory.parents), directory) if not folder.exists()), None)
+        lock_made = not (directory / LOCK_NAME).exists()
         take(directory, key)
-        if made is not None:
-            _MADE[directory] = made
+        _CLAIMED[directory] = (made, lock_made)
         return directory
     if (directory / LOCK_NAME).is_file():  # a mate run dir: a live holder is named (its lock file unchanged)
         _locked(directory, "r", key).close()
@@ -231,7 +233,7 @@ def claim(
         name = "multirun" if sweep else command
         inner = directory / f"{name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(3)}"
         take(inner, key)
-        _MADE[inner] = inner
+        _CLAIMED[inner] = (inner, True)
         return inner
     shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
     earlier = recorded_sweep(directory) if sweep else None

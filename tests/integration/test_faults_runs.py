@@ -117,20 +117,22 @@ def test_a_folder_named_with_letters_beyond_ascii_goes_to_hydra_as_its_grammar_r
 
 def test_a_folder_claimed_for_a_command_hydra_then_refuses_is_not_left_behind(tmp_path, monkeypatch):
     """Hydra's own refusal comes after the claim (here: a config name mate leaves to Hydra); the claim made the
-    folder and its lock file, which stayed."""
+    folder (or, in an empty folder of the user's, the lock file), which stayed."""
     from hydra.core.global_hydra import GlobalHydra
 
     from mate_cli.run import task
 
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # what the entry point sets for Hydra
     monkeypatch.setattr(task, "COMMAND_LINE", [])
-    (tmp_path / "runs").mkdir()
-    try:
-        with pytest.raises(SystemExit) as end:
-            cli.main(["train", "--config-name", "nope", f"hydra.run.dir={tmp_path / 'runs' / 'a' / 'b'}"])
-    finally:
-        GlobalHydra.instance().clear()  # the app's, for the tests that initialise Hydra after this one
-    assert end.value.code == 1 and list((tmp_path / "runs").iterdir()) == []
+    (tmp_path / "runs" / "mine").mkdir(parents=True)
+    for folder in (tmp_path / "runs" / "a" / "b", tmp_path / "runs" / "mine"):
+        try:
+            with pytest.raises(SystemExit) as end:
+                cli.main(["train", "--config-name", "nope", f"hydra.run.dir={folder}"])
+        finally:
+            GlobalHydra.instance().clear()  # the app's, for the tests that initialise Hydra after this one
+        assert end.value.code == 1
+        assert [p.relative_to(tmp_path).as_posix() for p in (tmp_path / "runs").rglob("*")] == ["runs/mine"]
 
 
 def test_only_temp_files_of_gone_mate_processes_are_removed(tmp_path):
