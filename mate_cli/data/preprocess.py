@@ -2,8 +2,8 @@
 
 ``auto`` worker counts (:func:`worker_counts`): preprocessing processes = the cores this process may run on; loader
 workers = a quarter of them, at most 4, and none below 4 cores, where a worker would take a core from the training step
-it feeds (collating a batch costs far less than a step). :func:`loader_options`: how every ``DataLoader`` of mate
-uses them.
+it feeds (collating a batch costs far less than a step); a number of loader workers above the cores is cut to them.
+:func:`loader_options`: how every ``DataLoader`` of mate uses them.
 """
 
 from __future__ import annotations
@@ -40,12 +40,16 @@ def available_cores() -> int:
 
 
 def worker_counts(num_proc: int | str, num_workers: int | str) -> tuple[int, int]:
-    """``(preprocessing processes, loader workers)`` from ``dataset.num_proc`` and ``dataset.num_workers``."""
+    """``(preprocessing processes, loader workers)`` from ``dataset.num_proc`` and ``dataset.num_workers``; loader
+    workers at most one per available core, with a warning: each is a process with memory of its own, and collating
+    gains nothing from more workers than cores (``num_workers=100000`` kept starting them, unbounded)."""
     cores = available_cores()
-    return (
-        _count("dataset.num_proc", num_proc, cores, minimum=1),
-        _count("dataset.num_workers", num_workers, 0 if cores < 4 else min(4, cores // 4), minimum=0),
-    )
+    workers = _count("dataset.num_workers", num_workers, 0 if cores < 4 else min(4, cores // 4), minimum=0)
+    if workers > cores:
+        log.warning("dataset.num_workers=%d is more loader workers than the %d core(s) this process may use; "
+                    "using %d", workers, cores, cores)  # fmt: skip
+        workers = cores
+    return _count("dataset.num_proc", num_proc, cores, minimum=1), workers
 
 
 def loader_options(trainer, num_workers: int) -> dict:
