@@ -1,9 +1,10 @@
-"""A Lightning callback for tests: a real signal to this process at a chosen training batch."""
+"""Lightning callbacks for tests: real signals to this process at a chosen training batch."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 import lightning as L
 
@@ -31,3 +32,35 @@ class SignalAt(L.Callback):
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         if self.validation and self.validations == self.validation and not trainer.sanity_checking:
             self._send(batch_idx)
+
+
+class SignalThenForkForever(L.Callback):
+    """As training batch ``batch`` starts: SIGTERM to this process, which stops training at the batch's end; but the
+    batch never ends, forking children that exit at once, as a loader starting endless workers did. The second
+    SIGTERM comes a little over ``REPEAT_S`` later from inside an at-fork hook, where a signal that arrives during a
+    fork lands: Python prints the exception the handler raises there and forks on.
+    ``+callbacks.fork_forever._target_=tests.signal_at.SignalThenForkForever +callbacks.fork_forever.batch=1``."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        from mate_cli.run.interrupts import REPEAT_S
+
+        if batch_idx != self.batch:
+            return
+        second_at, sent = time.monotonic() + REPEAT_S + 0.5, []
+
+        def before_fork() -> None:
+            if not sent and time.monotonic() > second_at:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, inside the hook
+
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.register_at_fork(before=before_fork)
+        while True:
+            child = os.fork()
+            if child == 0:
+                os._exit(0)
+            os.waitpid(child, 0)
+            time.sleep(0.01)

@@ -4,17 +4,21 @@ Under SLURM, SIGUSR1 (its warning before pre-emption or the time limit) also req
 
 Inside ``trainer.fit`` the first signal only asks to stop: the batch finishes and a whole ``last.ckpt`` is saved
 (:class:`StopOnSignal`); in a validation during fit it stops at the next validation batch, unsaved. Elsewhere, and at
-a second signal, the command stops at once (every write is atomic). The same signal again within :data:`REPEAT_S` is
+a second signal, the command stops at once (every write is atomic), and its process ends within :data:`END_S` even
+where the exception the signal raised is lost (:func:`end_soon`). The same signal again within :data:`REPEAT_S` is
 the first one delivered twice, not a second: GNU ``timeout`` sends its TERM to the command and then to the command's
 process group, which a Python handler can see as two. Workers signalled with the process group leave it to the main
 process (:mod:`mate_cli.data.workers`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,19 +26,25 @@ import lightning as L
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from mate_cli.data.workers import SIGNALS
+from mate_cli.io import atomic_write_text
 
 
 class Interrupted(Exception):
-    """A command stopped by a signal; ``str()`` is the one line for ``FAILED``."""
+    """A command stopped by a signal (or by a lost DDP rank: :mod:`mate_cli.run.ranks`); ``str()`` is the one line for
+    ``FAILED``; the exit status 128 + the signal unless given."""
 
-    def __init__(self, signum: int, line: str):
+    def __init__(self, signum: int, line: str, exit_code: int | None = None):
         super().__init__(line)
         self.signum = signum
-        self.exit_code = SIGNALS.get(signum, 128 + signum)
+        self.exit_code = exit_code or SIGNALS.get(signum, 128 + signum)
 
 
 #: seconds within which the first signal's number again is the same request, delivered twice
 REPEAT_S = 1.0
+#: seconds a command stopped at once has to end by itself (``FAILED`` written, its W&B run closed) before
+#: :func:`end_soon` ends its process: the exception a signal raises can be lost, as when it lands in an at-fork hook
+#: (logging's, filelock's) while a loader starts its workers, where Python only prints it, or in a ``__del__``
+END_S = 5.0
 
 
 class _State:
@@ -43,13 +53,70 @@ class _State:
     training: StopOnSignal | None = None  # this command's training run, if one started
     deferring = False  # inside trainer.fit: the first signal stops at the next batch end
     pid = 0  # the process whose command this is (forked workers inherit the handler, not the command)
+    ending: Interrupted | None = None  # what the command stops with, once it stops at once
+    told = False  # the stop's line is in FAILED and on screen
+    stopping = threading.Event()  # set at a stop at once (or the task's end): end_soon's watch starts
+    finished = threading.Event()  # set when the command's task is over: nothing left for end_soon to end
 
 
-def install() -> None:
-    """Handle :data:`SIGNALS` in this process (the main thread's command)."""
+def install(failed: Path | None = None) -> None:
+    """Handle :data:`SIGNALS` in this process (the main thread's command). ``failed``: the run's ``FAILED``, given by
+    :func:`~mate_cli.run.task.run_task` in a command's own process: there :func:`end_soon` ends the process."""
     _State.received, _State.training, _State.deferring, _State.pid = None, None, False, os.getpid()
+    _State.ending, _State.told, _State.stopping, _State.finished = None, False, threading.Event(), threading.Event()
     for signum in SIGNALS:
         signal.signal(signum, _handle)
+    if not getattr(sys.unraisablehook, "mate", False):
+        sys.unraisablehook = _unraisable(sys.unraisablehook)
+    if failed is not None:  # started now: starting a thread inside a signal handler could wait on a lock held below it
+        watch = threading.Thread(target=_watch, args=(_State.stopping, _State.finished, failed), daemon=True)
+        watch.start()
+
+
+def _unraisable(hook):
+    """``hook``, quiet about an `Interrupted` lost where Python can only print it (:data:`END_S`'s at-fork hooks): its
+    traceback would read as the command's end, which :func:`end_soon` makes and tells."""
+
+    def unraisable(info) -> None:
+        if not isinstance(info.exc_value, Interrupted):
+            hook(info)
+
+    unraisable.mate = True
+    return unraisable
+
+
+def done() -> None:
+    """The command's task is over (its stop told, if any): :func:`end_soon` ends nothing any more."""
+    _State.finished.set()
+    _State.stopping.set()
+
+
+def told(stopped: Interrupted) -> None:
+    """``stopped``'s line is in ``FAILED`` and on screen: :func:`end_soon` need not tell it again."""
+    _State.ending, _State.told = stopped, True
+
+
+def end_soon(stopped: Interrupted) -> Interrupted:
+    """``stopped``, which stops the command now. Should the command not have ended within :data:`END_S` (the
+    exception lost on its way, or the way out stuck), ``FAILED`` and the screen get its line and the process ends with
+    its exit status; only in a command's own process (:func:`install`'s ``failed``). A later stop's line replaces an
+    earlier one's."""
+    _State.ending = stopped
+    _State.stopping.set()
+    return stopped
+
+
+def _watch(stopping: threading.Event, finished: threading.Event, failed: Path) -> None:
+    stopping.wait()
+    if finished.wait(END_S) or _State.ending is None:
+        return
+    stopped, line = _State.ending, f"mate: {_State.ending}\n"
+    if not _State.told:  # no logging here: the stuck main thread may hold its locks
+        with contextlib.suppress(Exception):
+            atomic_write_text(failed, line)
+        with contextlib.suppress(OSError):
+            os.write(2, line.encode())
+    os._exit(stopped.exit_code)
 
 
 def received() -> int | None:
@@ -66,7 +133,7 @@ def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signat
         return  # the first one again (timeout's to the command, then to its group): not a second signal
     if first and _State.deferring:
         return  # training stops at the end of this batch, with last.ckpt saved
-    raise interrupted(signum)
+    raise end_soon(interrupted(signum))
 
 
 def saved(checkpoint: dict, path: str | Path) -> None:

@@ -41,7 +41,7 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
             print(f"mate: error: {err}", file=sys.stderr)
             sys.exit(MateError.exit_code)
         keep_tool_files_in(run_dir())
-    interrupts.install()
+    interrupts.install(run_dir() / FAILED_MARKER if HydraConfig.initialized() else None)
     try:
         check_accelerator(cfg)
         return task(cfg)
@@ -50,11 +50,13 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
         if stopped is None and interrupts.received() is not None:  # Lightning's own SIGTERM exit, say
             stopped = interrupts.interrupted()
         if stopped is not None:
-            stopped = interrupts.Interrupted(stopped.signum, str(stopped) + interrupts.requeue_note(stopped.signum))
+            line = str(stopped) + interrupts.requeue_note(stopped.signum)
+            stopped = interrupts.Interrupted(stopped.signum, line, stopped.exit_code)
             record_failure(f"mate: {stopped}", stopped.exit_code)
+            print(f"mate: {stopped}", file=sys.stderr)
+            interrupts.told(stopped)
             with contextlib.suppress(Exception):  # the interruption is what the user must hear about
                 finish_wandb_run(stopped.exit_code)
-            print(f"mate: {stopped}", file=sys.stderr)
             sys.exit(stopped.exit_code)
         if not isinstance(err, Exception):
             raise
@@ -65,6 +67,8 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
             raise
         print(line, file=sys.stderr)
         sys.exit(MateError.exit_code)
+    finally:
+        interrupts.done()
 
 
 def finish_wandb_run(exit_code: int | None = None) -> Path | None:

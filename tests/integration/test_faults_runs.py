@@ -10,6 +10,7 @@ the exit status are the point.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -274,6 +275,60 @@ def test_sigusr1_under_slurm_saves_in_the_run_dir_and_says_whether_the_job_was_r
     )
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
     assert list(cwd.iterdir()) == [], list(cwd.iterdir())
+
+
+def group_size(pgid: int) -> int:
+    """The processes of process group ``pgid`` now."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                count += os.getpgid(int(entry.name)) == pgid
+    return count
+
+
+def test_num_workers_beyond_the_cores_is_cut_and_a_second_signal_lost_in_a_fork_still_ends_the_run(trained, tmp_path):
+    """``dataset.num_workers=100000`` starts one loader worker per core, with a warning in the log (it kept starting
+    workers, hundreds before the first batch). And where the second SIGTERM's exception is lost (raised inside an
+    at-fork hook while the process forks on: tests/signal_at.py), the run still ends within ``END_S``, exit 143,
+    FAILED naming the step to resume from (the first one stops training at the end of a batch that never ends).
+
+    Over 20 s: a real process, its loader workers and its signals.
+    """
+    from mate_cli.data.preprocess import available_cores
+    from mate_cli.run.interrupts import END_S
+
+    run, cores = tmp_path / "run", available_cores()
+    cache = trained("tabfact").parent / "cache"  # the shared run's: training starts without preprocessing
+    fork = ["+callbacks.fork_forever._target_=tests.signal_at.SignalThenForkForever", "+callbacks.fork_forever.batch=1"]
+    with (tmp_path / "stderr").open("w") as err:
+        proc = subprocess.Popen(
+            [MATE, "train", *TRAIN, "trainer.max_steps=40", "callbacks.model_checkpoint.every_n_train_steps=1",
+             "dataset.num_workers=100000", f"dataset.cache_dir={cache}", f"hydra.run.dir={run}", *fork],
+            env=mate_env(tmp_path / "outputs", tmp_path / "cache", PYTHONPATH=str(REPO_ROOT)),
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    # mate, each loader's workers (training, validation), the child forked now and then, to spare
+    limit, most, saved_at, deadline = 1 + 2 * cores + 1 + 4, 0, None, time.monotonic() + 300
+    try:
+        while proc.poll() is None and time.monotonic() < deadline and most <= limit:
+            most = max(most, group_size(proc.pid))
+            if saved_at is None and (run / "checkpoints" / "last.ckpt").is_file():
+                saved_at = time.monotonic()  # step 1's: the batch that never ends starts now
+                deadline = saved_at + END_S + 30
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert most <= limit, f"{most} processes in the run's group (one loader worker per core: {cores})"
+    assert proc.returncode == 143, f"exit status {proc.returncode}: {(tmp_path / 'stderr').read_text()[-3000:]}"
+    stderr = (tmp_path / "stderr").read_text()
+    line = f"mate: interrupted by SIGTERM at step 1; resume with ckpt_path={run}"
+    assert [x for x in stderr.splitlines() if x.startswith("mate:")] == [line] and "Traceback" not in stderr, stderr
+    assert (run / "FAILED").read_text().strip() == line
+    cut = f"dataset.num_workers=100000 is more loader workers than the {cores} core(s) this process may use; using"
+    assert f"{cut} {cores}" in (run / "train.log").read_text()
 
 
 def test_scontrol_requeues_the_job_and_a_failure_is_one_clause(tmp_path, monkeypatch):
