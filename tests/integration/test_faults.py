@@ -245,6 +245,56 @@ def test_a_run_id_a_shared_wandb_service_still_holds_after_a_kill_is_one_line(tm
     assert wandb.run is None
 
 
+def test_wandb_online_without_an_api_key_or_a_network_is_one_line_saying_what_to_do(tmp_path):
+    """``logger.wandb.offline=false`` with W&B's server out of reach (a closed port here, as with no network), or
+    with no API key: one line and FAILED saying to `wandb login` or to log offline, exit 2, before W&B's own
+    ``init_timeout`` (90 s) would have run out; the API key written nowhere. Both from mate's own process, as a user
+    starts it: HOME, W&B's config and netrc are this test's, so a real login here is never read.
+
+    Over 20 s: two real processes (run side by side).
+    """
+    import socket
+
+    key = "0123456789abcdef" * 2 + "01234567"  # no real key: the form of one
+    closed, listening = socket.socket(), socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()  # the kernel accepts connections for it: reachable (W&B never gets past its key check)
+    cases = {
+        "no-network": ({"WANDB_API_KEY": key}, closed.getsockname()[1], "cannot be reached from here"),
+        "no-key": ({}, listening.getsockname()[1], "No API key"),
+    }
+    closed.close()
+    procs, started = {}, time.monotonic()
+    try:
+        for name, (extra, port, _) in cases.items():
+            env = mate_env(tmp_path / name / "outputs", tmp_path / "cache", HOME=str(tmp_path / name / "home"),
+                           WANDB_CONFIG_DIR=str(tmp_path / name / "config"),
+                           WANDB_BASE_URL=f"http://127.0.0.1:{port}")  # fmt: skip
+            for unset in ("WANDB_MODE", "WANDB_API_KEY", "NETRC", *(k for k in env if k.lower().endswith("_proxy"))):
+                env.pop(unset, None)
+            env.update(extra)
+            args = ["train", "experiment=hybridqa_mate", "logger=wandb", "logger.wandb.offline=false",
+                    f"hydra.run.dir={tmp_path / name / 'run'}"]  # fmt: skip
+            procs[name] = subprocess.Popen([MATE, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True)  # fmt: skip
+        done = {name: proc.communicate(timeout=300) for name, proc in procs.items()}
+    finally:
+        listening.close()
+        for proc in procs.values():
+            proc.kill()
+    assert time.monotonic() - started < 90, "waited for W&B's init_timeout"
+    for name, (out, err) in done.items():
+        run, (_, port, why) = tmp_path / name / "run", cases[name]
+        line = one_error_line(subprocess.CompletedProcess([], procs[name].returncode, out, err), 2,
+                              "mate: error: logger.wandb.offline=false: W&B cannot start run")  # fmt: skip
+        assert why in line and "`wandb login`" in line and "logger.wandb.offline=true" in line, line
+        assert "WANDB_MODE=offline" in line, line
+        assert (run / "FAILED").read_text().strip() == line
+        written = [path for path in run.rglob("*") if path.is_file() and key.encode() in path.read_bytes()]
+        assert key not in out + err and not written, written
+
+
 # ------------------------------------------------------------------ the machine
 @needs_namespaces
 def test_a_full_disk_is_one_line_naming_the_folder_and_its_free_space(tmp_path):
