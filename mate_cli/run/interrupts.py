@@ -5,15 +5,16 @@ Under SLURM, SIGUSR1 (its warning before pre-emption or the time limit) also req
 Inside ``trainer.fit`` the first signal only asks to stop: the batch finishes and a whole ``last.ckpt`` is saved
 (:class:`StopOnSignal`); in a validation during fit it stops at the next validation batch, unsaved. Elsewhere, and at
 a second signal, the command stops at once (every write is atomic), and its process ends within :data:`END_S` even
-where the exception the signal raised is lost (:func:`end_soon`). The same signal again within :data:`REPEAT_S` is
-the first one delivered twice, not a second: GNU ``timeout`` sends its TERM to the command and then to the command's
-process group, which a Python handler can see as two. Workers signalled with the process group leave it to the main
-process (:mod:`mate_cli.data.workers`)."""
+where the exception the signal raises is lost or its handler cannot run (:class:`_Watch`). The same signal again
+within :data:`REPEAT_S` is the first one delivered twice, not a second: GNU ``timeout`` sends its TERM to the command
+and then to the command's process group, which a Python handler can see as two. Workers signalled with the process
+group leave it to the main process (:mod:`mate_cli.data.workers`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -41,9 +42,11 @@ class Interrupted(Exception):
 
 #: seconds within which the first signal's number again is the same request, delivered twice
 REPEAT_S = 1.0
-#: seconds a command stopped at once has to end by itself (``FAILED`` written, its W&B run closed) before
-#: :func:`end_soon` ends its process: the exception a signal raises can be lost, as when it lands in an at-fork hook
-#: (logging's, filelock's) while a loader starts its workers, where Python only prints it, or in a ``__del__``
+#: seconds a command has to end by itself (``FAILED`` written, its W&B run closed) once a second signal came, or it
+#: stopped at once (:func:`end_soon`); then its process is ended, ``FAILED`` and the screen saying so. The main thread
+#: may never get there: the exception a signal raises is lost where it lands in an at-fork hook (logging's,
+#: filelock's) while a loader starts its workers, or in a ``__del__``; a collective waiting for a lost peer, or a
+#: handler of Lightning's waiting in one, never returns to Python to run mate's handler
 END_S = 5.0
 
 
@@ -55,27 +58,122 @@ class _State:
     pid = 0  # the process whose command this is (forked workers inherit the handler, not the command)
     ending: Interrupted | None = None  # what the command stops with, once it stops at once
     told = False  # the stop's line is in FAILED and on screen
-    stopping = threading.Event()  # set at a stop at once (or the task's end): end_soon's watch starts
-    finished = threading.Event()  # set when the command's task is over: nothing left for end_soon to end
+    watch: _Watch | None = None  # in a command's own process, while run_task runs it
 
 
 def install(failed: Path | None = None) -> None:
     """Handle :data:`SIGNALS` in this process (the main thread's command). ``failed``: the run's ``FAILED``, given by
-    :func:`~mate_cli.run.task.run_task` in a command's own process: there :func:`end_soon` ends the process."""
+    :func:`~mate_cli.run.task.run_task` in a command's own process, which :class:`_Watch` then ends at a second
+    signal or a stop at once (:data:`END_S`) if the command does not end by itself."""
+    done()
     _State.received, _State.training, _State.deferring, _State.pid = None, None, False, os.getpid()
-    _State.ending, _State.told, _State.stopping, _State.finished = None, False, threading.Event(), threading.Event()
+    _State.ending, _State.told = None, False
     for signum in SIGNALS:
         signal.signal(signum, _handle)
     if not getattr(sys.unraisablehook, "mate", False):
         sys.unraisablehook = _unraisable(sys.unraisablehook)
-    if failed is not None:  # started now: starting a thread inside a signal handler could wait on a lock held below it
-        watch = threading.Thread(target=_watch, args=(_State.stopping, _State.finished, failed), daemon=True)
-        watch.start()
+    if failed is not None and threading.current_thread() is threading.main_thread():
+        _State.watch = _Watch(failed)
+
+
+def done() -> None:
+    """The command's task is over (its stop told, if any): nothing left for the watch to end."""
+    if _State.watch is not None:
+        _State.watch.close()
+        _State.watch = None
+
+
+def told(stopped: Interrupted) -> None:
+    """``stopped``'s line is in ``FAILED`` and on screen: the watch need not tell it again."""
+    _State.ending, _State.told = stopped, True
+
+
+def end_soon(stopped: Interrupted) -> Interrupted:
+    """``stopped``, which stops the command now: should the command not have ended within :data:`END_S` (the exception
+    lost on its way, or the way out stuck), the watch tells its line and ends the process with its exit status. A
+    later stop's line replaces an earlier one's."""
+    _State.ending = stopped
+    if _State.watch is not None:
+        _State.watch.note(_Watch.STOP)
+    return stopped
+
+
+class _Watch:
+    """A thread reading what Python's own signal handler writes to a pipe (``signal.set_wakeup_fd``), a signal's number
+    as it arrives, whatever the main thread is doing, and :func:`end_soon`'s stops: from a second signal (not the
+    first one delivered twice: :data:`REPEAT_S`) or such a stop on, the command has :data:`END_S` to end."""
+
+    STOP, DONE = 0, 255  # mate's own bytes beside the signal numbers
+
+    def __init__(self, failed: Path) -> None:
+        self.failed = failed
+        self.read, self.write = os.pipe()
+        os.set_blocking(self.write, False)
+        self.previous = signal.set_wakeup_fd(self.write, warn_on_full_buffer=False)
+        threading.Thread(target=self._run, daemon=True, name="mate-signals").start()
+
+    def note(self, byte: int) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.write, bytes([byte]))
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):  # not the main thread: left to the process's end
+            signal.set_wakeup_fd(self.previous)
+        self.note(self.DONE)
+        os.close(self.write)
+
+    def forget(self) -> None:
+        """In a forked child: its signals are its own (a loader worker's SIGTERM wrote here too)."""
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(-1)
+        for fd in (self.read, self.write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _run(self) -> None:
+        first, first_at, second, deadline = None, 0.0, None, None
+        try:
+            while True:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not select.select([self.read], [], [], wait)[0]:
+                    return self._end(second)
+                for byte in os.read(self.read, 4096):
+                    now = time.monotonic()
+                    if byte == self.DONE:
+                        return
+                    if byte == self.STOP:
+                        deadline = deadline or now + END_S
+                    elif byte in SIGNALS and first is None:
+                        first, first_at = byte, now
+                    elif byte in SIGNALS and (byte != first or now - first_at >= REPEAT_S):
+                        second, deadline = second or byte, deadline or now + END_S
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self.read)
+
+    def _end(self, signum: int | None) -> None:
+        stopped = _State.ending or interrupted(signum)  # else its handler never ran: the main thread is stuck
+        line = f"mate: {stopped}\n"
+        if not _State.told:  # no logging here: the stuck main thread may hold its locks
+            with contextlib.suppress(Exception):
+                atomic_write_text(self.failed, line)
+            with contextlib.suppress(OSError):
+                os.write(2, line.encode())
+        os._exit(stopped.exit_code)
+
+
+def _forget_in_child() -> None:
+    if _State.watch is not None:
+        _State.watch.forget()
+        _State.watch = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _unraisable(hook):
     """``hook``, quiet about an `Interrupted` lost where Python can only print it (:data:`END_S`'s at-fork hooks): its
-    traceback would read as the command's end, which :func:`end_soon` makes and tells."""
+    traceback would read as the command's end, which the watch makes and tells."""
 
     def unraisable(info) -> None:
         if not isinstance(info.exc_value, Interrupted):
@@ -83,40 +181,6 @@ def _unraisable(hook):
 
     unraisable.mate = True
     return unraisable
-
-
-def done() -> None:
-    """The command's task is over (its stop told, if any): :func:`end_soon` ends nothing any more."""
-    _State.finished.set()
-    _State.stopping.set()
-
-
-def told(stopped: Interrupted) -> None:
-    """``stopped``'s line is in ``FAILED`` and on screen: :func:`end_soon` need not tell it again."""
-    _State.ending, _State.told = stopped, True
-
-
-def end_soon(stopped: Interrupted) -> Interrupted:
-    """``stopped``, which stops the command now. Should the command not have ended within :data:`END_S` (the
-    exception lost on its way, or the way out stuck), ``FAILED`` and the screen get its line and the process ends with
-    its exit status; only in a command's own process (:func:`install`'s ``failed``). A later stop's line replaces an
-    earlier one's."""
-    _State.ending = stopped
-    _State.stopping.set()
-    return stopped
-
-
-def _watch(stopping: threading.Event, finished: threading.Event, failed: Path) -> None:
-    stopping.wait()
-    if finished.wait(END_S) or _State.ending is None:
-        return
-    stopped, line = _State.ending, f"mate: {_State.ending}\n"
-    if not _State.told:  # no logging here: the stuck main thread may hold its locks
-        with contextlib.suppress(Exception):
-            atomic_write_text(failed, line)
-        with contextlib.suppress(OSError):
-            os.write(2, line.encode())
-    os._exit(stopped.exit_code)
 
 
 def received() -> int | None:
