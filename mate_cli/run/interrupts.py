@@ -61,10 +61,11 @@ class _State:
     watch: _Watch | None = None  # in a command's own process, while run_task runs it
 
 
-def install(failed: Path | None = None) -> None:
+def install(failed: Path | None = None, speaks: bool = True) -> None:
     """Handle :data:`SIGNALS` in this process (the main thread's command). ``failed``: the run's ``FAILED``, given by
     :func:`~mate_cli.run.task.run_task` in a command's own process, which :class:`_Watch` then ends at a second
-    signal or a stop at once (:data:`END_S`) if the command does not end by itself."""
+    signal or a stop at once (:data:`END_S`) if the command does not end by itself; ``speaks``: it writes ``FAILED``
+    and the screen's line then (not so a DDP rank > 0)."""
     done()
     _State.received, _State.training, _State.deferring, _State.pid = None, None, False, os.getpid()
     _State.ending, _State.told = None, False
@@ -73,7 +74,7 @@ def install(failed: Path | None = None) -> None:
     if not getattr(sys.unraisablehook, "mate", False):
         sys.unraisablehook = _unraisable(sys.unraisablehook)
     if failed is not None and threading.current_thread() is threading.main_thread():
-        _State.watch = _Watch(failed)
+        _State.watch = _Watch(failed if speaks else None)
 
 
 def done() -> None:
@@ -105,8 +106,8 @@ class _Watch:
 
     STOP, DONE = 0, 255  # mate's own bytes beside the signal numbers
 
-    def __init__(self, failed: Path) -> None:
-        self.failed = failed
+    def __init__(self, failed: Path | None) -> None:
+        self.failed = failed  # None: end quietly
         self.read, self.write = os.pipe()
         os.set_blocking(self.write, False)
         self.previous = signal.set_wakeup_fd(self.write, warn_on_full_buffer=False)
@@ -154,7 +155,7 @@ class _Watch:
     def _end(self, signum: int | None) -> None:
         stopped = _State.ending or interrupted(signum)  # else its handler never ran: the main thread is stuck
         line = f"mate: {stopped}\n"
-        if not _State.told:  # no logging here: the stuck main thread may hold its locks
+        if not _State.told and self.failed is not None:  # no logging: the stuck main thread may hold its locks
             with contextlib.suppress(Exception):
                 atomic_write_text(self.failed, line)
             with contextlib.suppress(OSError):

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from mate_cli.console import log_to_files
 from mate_cli.errors import MateError, find_in_chain
 from mate_cli.io import atomic_write_text, os_error_in, write_failure
+from mate_cli.run import lock as run_lock
 
 #: written into the run dir of a run that failed: the one-line error
 FAILED_MARKER = "FAILED"
@@ -30,7 +31,6 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     """Run ``task(cfg)`` holding the run dir: a `MateError` or full disk is one line and exit 2, a signal 128 + its
     number (:mod:`mate_cli.run.interrupts`); any failure leaves its one line in ``FAILED`` and the run's log."""
     from mate_cli.run import interrupts
-    from mate_cli.run import lock as run_lock
 
     if COMMAND_LINE:
         sys.argv = list(COMMAND_LINE)
@@ -41,7 +41,7 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
             print(f"mate: error: {err}", file=sys.stderr)
             sys.exit(MateError.exit_code)
         keep_tool_files_in(run_dir())
-    interrupts.install(run_dir() / FAILED_MARKER if HydraConfig.initialized() else None)
+    interrupts.install(run_dir() / FAILED_MARKER if HydraConfig.initialized() else None, not run_lock.is_ddp_child())
     try:
         check_accelerator(cfg)
         return task(cfg)
@@ -53,7 +53,7 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
             line = str(stopped) + interrupts.requeue_note(stopped.signum)
             stopped = interrupts.Interrupted(stopped.signum, line, stopped.exit_code)
             record_failure(f"mate: {stopped}", stopped.exit_code)
-            print(f"mate: {stopped}", file=sys.stderr)
+            tell(f"mate: {stopped}")
             interrupts.told(stopped)
             with contextlib.suppress(Exception):  # the interruption is what the user must hear about
                 finish_wandb_run(stopped.exit_code)
@@ -65,7 +65,7 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
         record_failure(" ".join(line.split()), MateError.exit_code if user_error else 1)
         if user_error is None:
             raise
-        print(line, file=sys.stderr)
+        tell(line)
         sys.exit(MateError.exit_code)
     finally:
         interrupts.done()
@@ -95,12 +95,22 @@ def keep_tool_files_in(out: Path) -> None:
 
 
 def record_failure(line: str, exit_code: int) -> None:
-    """``line`` into the run dir's ``FAILED`` and, with ``exit_code``, into the run's log files only."""
+    """``line`` into the run dir's ``FAILED`` and, with ``exit_code``, into the run's log files only. A DDP rank > 0
+    writes its log alone: the run's ``FAILED`` and screen are rank 0's, which says where the run stands (a rank's
+    line after it said that rank's share of a stop, say "before any checkpoints/last.ckpt was saved")."""
     try:
-        atomic_write_text(run_dir() / FAILED_MARKER, line + "\n")
+        folder = run_dir()
+        if not run_lock.is_ddp_child():
+            atomic_write_text(folder / FAILED_MARKER, line + "\n")
     except Exception:  # noqa: BLE001 - no run dir (Hydra not running): nothing to mark
         return
     log_to_files(f"{line} (exit status {exit_code})", logging.ERROR)
+
+
+def tell(line: str) -> None:
+    """``line`` on screen, unless this is a DDP rank > 0 (:func:`record_failure`)."""
+    if not run_lock.is_ddp_child():
+        print(line, file=sys.stderr)
 
 
 def check_accelerator(cfg: DictConfig) -> None:

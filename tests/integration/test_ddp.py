@@ -8,15 +8,21 @@ writes the logs and metrics. Also: the GPU profiles fail in one line without a G
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from mate_cli.data.sampler import each_example_once
-from tests.helpers import mate_env, run_mate
+from tests.helpers import MATE, mate_env, one_error_line, run_mate
 from tests.inprocess import run_command
 
 #: 11 questions per split: an odd validation split, which a padding DistributedSampler
@@ -77,6 +83,52 @@ def test_rank_0_alone_prints_and_writes_logs(ddp_run):
     assert len(values) == len(set(values)), "a row written twice"
     assert sum(1 for row in rows if row.get("data/validation/questions")) == 1, "the final metrics, once"
     assert sum(1 for row in rows if row.get("val/hits@1")) == 3, "fit, final validate, final metrics"
+
+
+def test_sigterm_to_the_group_is_one_line_from_rank_0_and_a_second_one_ends_a_stuck_run(ddp_run):
+    """SIGTERM to the run's process group (a scheduler's time limit): one line, rank 0's, in FAILED and on screen, with
+    the step to resume from (rank 1, which saves nothing, said "before any checkpoints/last.ckpt was saved" and could
+    write that into FAILED after rank 0). Lightning's own SIGTERM handler can leave the ranks waiting in a broadcast
+    inside it (at a checkpoint write, often): a second SIGTERM then ends them within ``END_S``.
+
+    Over 20 s: a real two-process DDP run, and real signals.
+    """
+    from mate_cli.run.interrupts import END_S
+
+    tmp, env, _, _ = ddp_run
+    run = tmp / "signalled"
+    proc = start_long_run(run, env)
+    try:
+        wait_for_a_checkpoint(run, proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            started = time.monotonic()
+            _, err = proc.communicate(timeout=60)
+            assert time.monotonic() - started < END_S + 5
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), 143,
+                          "mate: interrupted by SIGTERM at step ")  # fmt: skip
+    assert line.endswith(f"; resume with ckpt_path={run}") and (run / "FAILED").read_text().strip() == line, line
+
+
+def start_long_run(run, env) -> subprocess.Popen:
+    """``mate train`` of DDP_RUN for 100 steps, last.ckpt at each, no validation, in a process group of its own."""
+    args = [*DDP_RUN, "trainer.max_epochs=100", "trainer.max_steps=100", "trainer.check_val_every_n_epoch=100",
+            "callbacks.model_checkpoint.every_n_train_steps=1", "logger=csv", f"hydra.run.dir={run}"]  # fmt: skip
+    return subprocess.Popen([MATE, "train", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def wait_for_a_checkpoint(run: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "last.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
 
 
 def test_each_example_once_splits_an_odd_split_without_repeats():
