@@ -185,3 +185,26 @@ def test_the_rich_bar_of_a_run_bounded_by_steps_names_the_epoch_without_a_negati
 
     assert descriptions(-1) == [["Epoch 0"], ["Epoch 0"], ["Epoch 1"]]
     assert descriptions(5) == [["Epoch 0/4"], ["Epoch 0/4"], ["Epoch 1/4"]]  # a bounded run's as Lightning's
+
+
+def test_lightnings_watch_of_the_ddp_processes_is_stopped_before_it_kills_rank_0():
+    """Lightning's watch kills the main process with SIGKILL once a child failed; given its list of children, mate's
+    ends it (a stand-in process here as the main one, and a failed child)."""
+    import subprocess
+
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    from mate_cli.lit_modules.lightning_internals import stop_watching_children
+
+    main, failed = subprocess.Popen(["sleep", "30"]), subprocess.Popen(["false"])
+    children = [failed]
+    watch = _ChildProcessObserver(main_pid=main.pid, child_processes=children, sleep_period=0.2)
+    watch.start()
+    stop_watching_children(children)  # before its first look, which would find the failed child
+    try:
+        failed.wait()
+        watch.join(timeout=5)
+        assert not watch.is_alive() and main.poll() is None
+    finally:
+        main.kill()
+        main.wait()

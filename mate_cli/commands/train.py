@@ -27,6 +27,7 @@ from mate_cli.data.sampler import each_example_once
 from mate_cli.run.divergence import StopOnNonFiniteLoss, non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.run.interrupts import StopOnSignal, cluster_plugins
+from mate_cli.run.ranks import WatchRanks
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.lit_modules.step_profile import StepProfile
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
@@ -97,6 +98,7 @@ def _build(cfg: DictConfig, out: Path, resume: str | None):
         *instantiate_dict(cfg.get("callbacks")),
         ResumeState(),
         StopOnSignal(last_checkpoint(out)),
+        WatchRanks(out),
         StopOnNonFiniteLoss(),
         csv_log := ContinuousCSVLog(run_dir_of(resume) if resume else None),
     ]

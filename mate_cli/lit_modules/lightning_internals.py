@@ -1,5 +1,6 @@
-"""The Lightning internals that exact resume and the host-synchronisation-free training step read (no public API
-gives them); ``tests/test_lightning_internals.py`` fails when an installed Lightning moves one."""
+"""The Lightning internals that exact resume and the host-synchronisation-free training step read, and the watch of
+DDP ranks replaces (no public API gives them); ``tests/test_lightning_internals.py`` fails when an installed Lightning
+moves one."""
 
 from __future__ import annotations
 
@@ -86,3 +87,16 @@ def reopen_cut_epoch(checkpoint: dict) -> bool:
         counts["completed"] -= 1
     checkpoint["epoch"] -= 1
     return True
+
+
+def stop_watching_children(children: list) -> None:
+    """End Lightning's watch of the DDP processes ``children`` that this rank 0 started (a thread that polls them
+    every 5 s and, once one has failed, kills them and rank 0 with SIGKILL, so that no ``FAILED`` is written):
+    :class:`mate_cli.run.ranks.WatchRanks` watches them instead. Given no processes to watch, its loop ends."""
+    import threading
+
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    for thread in threading.enumerate():
+        if isinstance(thread, _ChildProcessObserver) and thread._child_processes is children:
+            thread._child_processes = []

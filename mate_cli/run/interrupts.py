@@ -53,6 +53,7 @@ END_S = 5.0
 class _State:
     received: int | None = None  # the first signal, until the command ends
     received_at = 0.0  # when (time.monotonic())
+    heard: int | None = None  # the first signal, as the watch heard it (the main thread may not have run its handler)
     training: StopOnSignal | None = None  # this command's training run, if one started
     deferring = False  # inside trainer.fit: the first signal stops at the next batch end
     pid = 0  # the process whose command this is (forked workers inherit the handler, not the command)
@@ -68,7 +69,7 @@ def install(failed: Path | None = None, speaks: bool = True) -> None:
     and the screen's line then (not so a DDP rank > 0)."""
     done()
     _State.received, _State.training, _State.deferring, _State.pid = None, None, False, os.getpid()
-    _State.ending, _State.told = None, False
+    _State.ending, _State.told, _State.heard = None, False, None
     for signum in SIGNALS:
         signal.signal(signum, _handle)
     if not getattr(sys.unraisablehook, "mate", False):
@@ -145,7 +146,7 @@ class _Watch:
                     if byte == self.STOP:
                         deadline = deadline or now + END_S
                     elif byte in SIGNALS and first is None:
-                        first, first_at = byte, now
+                        first, first_at, _State.heard = byte, now, byte
                     elif byte in SIGNALS and (byte != first or now - first_at >= REPEAT_S):
                         second, deadline = second or byte, deadline or now + END_S
         finally:
@@ -186,6 +187,11 @@ def _unraisable(hook):
 
 def received() -> int | None:
     return _State.received
+
+
+def signalled() -> bool:
+    """Whether a signal came, handled or not yet (a main thread stuck in Lightning's own SIGTERM handler, say)."""
+    return _State.received is not None or _State.heard is not None
 
 
 def _handle(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
@@ -237,17 +243,25 @@ def requeue_note(signum: int) -> str:
 def interrupted(signum: int | None = None) -> Interrupted:
     """The `Interrupted` for ``signum`` (default: the one received), saying where the run stands."""
     signum = signum or _State.received or signal.SIGTERM
-    name = signal.Signals(signum).name
+    return Interrupted(signum, where_it_stands(f"interrupted by {signal.Signals(signum).name}"))
+
+
+def where_it_stands(what: str) -> str:
+    """``what`` stopped the command, then where its run stands: the step, and whether a resume goes on from a
+    ``last.ckpt`` (``ckpt_path=<run dir>``) or the command must run again."""
     training = _State.training
     if training is None or training.step is None:
-        return Interrupted(signum, f"interrupted by {name}; nothing to resume: run the command again")
+        return f"{what}; nothing to resume: run the command again"
     at = f"at step {training.step}{' during a validation' if training.validating else ''}"
     if training.saved_step is None:
-        return Interrupted(
-            signum, f"interrupted by {name} {at}, before any checkpoints/last.ckpt was saved; run the command again"
-        )
+        return f"{what} {at}, before any checkpoints/last.ckpt was saved; run the command again"
     held = "" if training.saved_step == training.step else f" (checkpoints/last.ckpt holds step {training.saved_step})"
-    return Interrupted(signum, f"interrupted by {name} {at}{held}; resume with ckpt_path={training.run_dir}")
+    return f"{what} {at}{held}; resume with ckpt_path={training.run_dir}"
+
+
+def stopping() -> Interrupted | None:
+    """What the command stops with at once (:func:`end_soon`), if anything does."""
+    return _State.ending
 
 
 class StopOnSignal(L.Callback):

@@ -29,7 +29,8 @@ COMMAND_LINE: list[str] = []
 
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     """Run ``task(cfg)`` holding the run dir: a `MateError` or full disk is one line and exit 2, a signal 128 + its
-    number (:mod:`mate_cli.run.interrupts`); any failure leaves its one line in ``FAILED`` and the run's log."""
+    number (:mod:`mate_cli.run.interrupts`), a lost DDP rank its exit status (:mod:`mate_cli.run.ranks`); any failure
+    leaves its one line in ``FAILED`` and the run's log."""
     from mate_cli.run import interrupts
 
     if COMMAND_LINE:
@@ -49,6 +50,8 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
         stopped = find_in_chain(err, interrupts.Interrupted)
         if stopped is None and interrupts.received() is not None:  # Lightning's own SIGTERM exit, say
             stopped = interrupts.interrupted()
+        if stopped is None and isinstance(err, Exception) and not (find_mate_error(err) or full_disk(err)):
+            stopped = interrupts.stopping()  # a lost DDP rank (mate_cli.run.ranks), whose loss raised this error
         if stopped is not None:
             line = str(stopped) + interrupts.requeue_note(stopped.signum)
             stopped = interrupts.Interrupted(stopped.signum, line, stopped.exit_code)

@@ -12,6 +12,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -129,6 +130,44 @@ def wait_for_a_checkpoint(run: Path, proc: subprocess.Popen) -> None:
     while not (run / "checkpoints" / "last.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
+
+
+def test_a_rank_killed_mid_training_is_one_line_naming_it_with_the_step_to_resume_from(ddp_run):
+    """``kill -9`` of rank 1 (the OOM killer's way): rank 0 stops with one line naming the lost rank and, in FAILED
+    too, ``ckpt_path=<run dir>`` and the step its last.ckpt holds; exit 137, as the lost rank's. Lightning killed rank
+    0 with SIGKILL when it saw the lost rank first (no FAILED), or rank 0 ended in gloo's traceback.
+
+    Over 20 s: a real two-process DDP run, and a real kill.
+    """
+    tmp, env, _, _ = ddp_run  # its preprocessing cache: training starts at once
+    run = tmp / "killed"
+    proc = start_long_run(run, env)
+    try:
+        wait_for_a_checkpoint(run, proc)
+        (rank_1,) = [
+            pid for pid in children(proc.pid) if b"train_ddp_process_1" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        os.kill(rank_1, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), 137,
+                          f"mate: DDP rank 1 (pid {rank_1}) was killed by SIGKILL at step ")  # fmt: skip
+    assert line.endswith(f"; resume with ckpt_path={run}"), line
+    assert (run / "FAILED").read_text().strip() == line
+    held = re.search(r"holds step (\d+)", line) or re.search(r" at step (\d+)", line)
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == int(held[1])
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError):
+            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                found.append(int(entry.name))
+    return found
 
 
 def test_each_example_once_splits_an_odd_split_without_repeats():
