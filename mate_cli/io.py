@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
+import hashlib
 import io
 import json
 import os
@@ -82,6 +83,15 @@ def atomic_open(path: str | os.PathLike, mode: str = "w"):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of ``path``'s bytes, read in chunks (``hashlib.file_digest`` is Python 3.11's)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

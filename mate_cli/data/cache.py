@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 import datasets
 
 from mate_cli.errors import MateError
-from mate_cli.io import closed_in_forked_children, pid_alive, write_failure, writable
+from mate_cli.io import closed_in_forked_children, file_sha256, pid_alive, write_failure, writable
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +136,17 @@ def remove_stale_temps(directory: Path) -> int:
 RECORD = "mate_entry.json"
 
 
+#: files ``datasets`` writes into a loaded dataset's folder itself (``filter``/``map``'s caches), not part of the entry
+DATASETS_CACHE_FILES = "cache-*.arrow"
+
+
 def _file_digests(folder: Path) -> dict[str, str]:
-    """sha256 of each file in ``folder`` but the record, by name."""
-    digests = {}
-    for path in sorted(folder.iterdir()):
-        if path.name != RECORD and path.is_file():
-            with path.open("rb") as handle:
-                digests[path.name] = hashlib.file_digest(handle, "sha256").hexdigest()
-    return digests
+    """sha256 of each file in ``folder`` but the record and ``datasets``' own caches, by name."""
+    return {
+        path.name: file_sha256(path)
+        for path in sorted(folder.iterdir())
+        if path.name != RECORD and path.is_file() and not path.match(DATASETS_CACHE_FILES)
+    }
 
 
 def unproven(target: Path) -> str | None:

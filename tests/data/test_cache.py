@@ -162,6 +162,16 @@ def test_an_entry_unreadable_past_its_record_is_reported_in_one_line_and_rebuilt
     assert "unreadable" in warning and "\n" not in warning
 
 
+def test_the_files_datasets_writes_into_a_loaded_entry_leave_it_proven(tmp_path):
+    """``filter`` on an entry loaded from disk (``dataset.drop_ambiguous``) writes its own ``cache-*.arrow`` into the
+    entry's folder: not a change of the entry, so the next run loads it, not builds it again."""
+    target, built = tmp_path / "entry", []
+    load_or_build(target, lambda: built.append(1) or dataset(range(10)), "test").filter(lambda ex: ex["x"] % 2 == 0)
+    assert list(target.glob("cache-*.arrow"))  # else this test could not fail
+    assert load_or_build(target, lambda: built.append(1) or dataset([0]), "test")["x"] == list(range(10))
+    assert built == [1]
+
+
 @pytest.mark.parametrize("planted", ["another entry", "a smaller one with no record"])
 def test_an_entry_whose_folder_holds_other_files_is_rebuilt_not_served(sample_root, tmp_path, caplog, planted):
     """A botched restore or copy of the cache folder: the validation entry's folder holds the training entry's files

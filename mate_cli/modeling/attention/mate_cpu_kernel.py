@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from mate_cli.io import writable
+from mate_cli.io import file_sha256, writable
 from mate_cli.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -87,8 +87,7 @@ DIGEST_SUFFIX = ".sha256"
 
 
 def _library_digest(library: Path) -> str:
-    with library.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+    return file_sha256(library)
 
 
 def record_build(library: Path) -> None:
