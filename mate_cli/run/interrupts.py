@@ -48,6 +48,9 @@ REPEAT_S = 1.0
 #: filelock's) while a loader starts its workers, or in a ``__del__``; a collective waiting for a lost peer, or a
 #: handler of Lightning's waiting in one, never returns to Python to run mate's handler
 END_S = 5.0
+#: seconds a command that has told its stop (``FAILED`` written, the line on screen) has to close what it holds (its
+#: W&B run: an online one uploads) before the watch ends its process
+CLOSE_S = 60.0
 
 
 class _State:
@@ -86,8 +89,12 @@ def done() -> None:
 
 
 def told(stopped: Interrupted) -> None:
-    """``stopped``'s line is in ``FAILED`` and on screen: the watch need not tell it again."""
+    """``stopped``'s line is in ``FAILED`` and on screen: the watch need not tell it again, and the command, which is on
+    its way out (closing its W&B run, say), has :data:`CLOSE_S` more to end."""
     _State.ending, _State.told = stopped, True
+    watch = _State.watch
+    if watch is not None:
+        watch.note(_Watch.TOLD)
 
 
 def end_soon(stopped: Interrupted) -> Interrupted:
@@ -95,8 +102,9 @@ def end_soon(stopped: Interrupted) -> Interrupted:
     lost on its way, or the way out stuck), the watch tells its line and ends the process with its exit status. A
     later stop's line replaces an earlier one's."""
     _State.ending = stopped
-    if _State.watch is not None:
-        _State.watch.note(_Watch.STOP)
+    watch = _State.watch  # read once: done() may clear it meanwhile
+    if watch is not None:
+        watch.note(_Watch.STOP)
     return stopped
 
 
@@ -105,16 +113,19 @@ class _Watch:
     as it arrives, whatever the main thread is doing, and :func:`end_soon`'s stops: from a second signal (not the
     first one delivered twice: :data:`REPEAT_S`) or such a stop on, the command has :data:`END_S` to end."""
 
-    STOP, DONE = 0, 255  # mate's own bytes beside the signal numbers
+    STOP, TOLD, DONE = 0, 254, 255  # mate's own bytes beside the signal numbers
 
     def __init__(self, failed: Path | None) -> None:
         self.failed = failed  # None: end quietly
         self.read, self.write = os.pipe()
+        self.closed = False
         os.set_blocking(self.write, False)
         self.previous = signal.set_wakeup_fd(self.write, warn_on_full_buffer=False)
         threading.Thread(target=self._run, daemon=True, name="mate-signals").start()
 
     def note(self, byte: int) -> None:
+        if self.closed:  # its descriptor's number may be another file's by now
+            return
         with contextlib.suppress(OSError):
             os.write(self.write, bytes([byte]))
 
@@ -122,6 +133,7 @@ class _Watch:
         with contextlib.suppress(ValueError):  # not the main thread: left to the process's end
             signal.set_wakeup_fd(self.previous)
         self.note(self.DONE)
+        self.closed = True
         os.close(self.write)
 
     def forget(self) -> None:
@@ -145,6 +157,8 @@ class _Watch:
                         return
                     if byte == self.STOP:
                         deadline = deadline or now + END_S
+                    elif byte == self.TOLD and deadline is not None:  # the stop reached the command: not lost
+                        deadline = max(deadline, now + CLOSE_S)
                     elif byte in SIGNALS and first is None:
                         first, first_at, _State.heard = byte, now, byte
                     elif byte in SIGNALS and (byte != first or now - first_at >= REPEAT_S):
