@@ -121,13 +121,28 @@ def test_a_library_other_than_the_one_built_there_is_never_loaded_but_built_agai
     assert not (build / "mate_bucketed_cpu.so").exists()
 
 
-def test_a_build_folder_others_can_write_is_refused_in_one_warning(planted):
+def test_a_build_folder_of_this_users_that_others_can_write_is_made_private_and_built_again(planted):
+    """A umask of 002 made the folder group-writable: it is this user's, so its ``go-w`` is taken, and what it holds,
+    which others could have put there, is built again (here with a compiler that fails at once), never loaded."""
     cache, build, marker = planted
     build.chmod(0o777)
+    env = dict(os.environ, MATE_CACHE_DIR=str(cache), MATE_CPU_KERNEL="1", PLANTED_MARKER=str(marker), CXX="false")
+    proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=240)
+    assert not marker.exists(), "the planted library's code ran"
+    assert f"{build} could be written by its group or others; made private" in proc.stderr, proc.stderr
+    assert "building it again" in proc.stderr and not (build / "mate_bucketed_cpu.so").exists(), proc.stderr
+    assert build.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_build_folder_of_another_users_is_refused_in_one_warning(planted):
+    cache, build, marker = planted
+    if os.geteuid() != 0:
+        pytest.skip("giving the folder to another user takes root")
+    os.chown(build, 65534, 65534)  # nobody's
     env = dict(os.environ, MATE_CACHE_DIR=str(cache), MATE_CPU_KERNEL="1", PLANTED_MARKER=str(marker))
     proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=240)
     assert not marker.exists(), "the planted library's code ran"
     assert proc.stdout.strip() == "unavailable", proc.stderr[-2000:]
     (warning,) = [line for line in proc.stderr.splitlines() if "unavailable" in line]
-    assert f"{build} can be written by its group or others" in warning and f"chmod go-w {build}" in warning, warning
-    assert (build / "mate_bucketed_cpu.so").exists()  # refused, not removed: the folder is not this user's alone
+    assert f"{build} is owned by another user (uid 65534)" in warning and "TORCH_EXTENSIONS_DIR" in warning, warning
+    assert (build / "mate_bucketed_cpu.so").exists()  # refused, not removed: the folder is not this user's

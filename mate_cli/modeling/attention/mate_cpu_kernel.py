@@ -8,7 +8,8 @@ it ahead of time (:func:`main`); ``MATE_CPU_KERNEL=0`` turns it off. :mod:`.mate
 The library is loaded only from a folder that no one but its owner (this user, or root) can write, the build folder
 and the one holding it, and only when its bytes are those recorded at its build (``mate_bucketed_cpu.so.sha256``,
 written by this module after torch builds it). A library that differs, or that has no record (built by an older
-mate_cli), is built again (one warning); a folder that others can write is refused (one warning, the torch path).
+mate_cli), is built again (one warning); a folder of another user's is refused (one warning, the torch path), one
+of this user's that others can write is made private and built again.
 
 Where it cannot be built or loaded, :func:`available` is False, one warning says why, and the torch path runs: the
 same function, ~1.8x slower forward and ~1.9x forward + backward at 8192 tokens (plain timing loop, BERT-base dims,
@@ -130,12 +131,24 @@ def check_private(directory: Path) -> None:
         )
 
 
-def make_private(directory: Path) -> None:
-    """Make ``directory`` and its parent, writable by this user alone where this process creates them."""
+def make_private(directory: Path) -> bool:
+    """Make ``directory`` and its parent writable by this user alone: made so where missing, and where this user owns
+    one its group or others could write (a umask of 002) its ``go-w`` taken. True when it took one: what is there may
+    not be this build's, so it is built again. A folder of another user's is left to :func:`check_private`."""
+    tightened = False
     for folder in (directory.parent, directory):
         if not folder.is_dir():
             folder.mkdir(parents=True, exist_ok=True)
             folder.chmod(folder.stat().st_mode & ~0o022)
+            continue
+        info = folder.stat()
+        if info.st_uid == os.geteuid() and info.st_mode & 0o022:
+            folder.chmod(info.st_mode & ~0o022)
+            log.warning(
+                "MATE CPU kernel: %s could be written by its group or others; made private (chmod go-w)", folder
+            )
+            tightened = True
+    return tightened
 
 
 def clear_build(directory: Path) -> None:
@@ -194,10 +207,12 @@ def load(verbose: bool = False) -> bool:
                     raise UntrustedBuild(f"{directory}: {why}; it cannot be built again in this read-only folder")
                 torch.ops.load_library(str(built))
             else:
-                make_private(directory)
+                tightened = make_private(directory)
                 check_private(directory)
                 with build_lock(directory):
                     why = unrecorded(built) if built.is_file() else "absent"
+                    if why is None and tightened:
+                        why = "others could write its folder until now"
                     if why is None:
                         torch.ops.load_library(str(built))
                     else:
