@@ -91,6 +91,16 @@ class WatchRanks(L.Callback):
             log = self.run_dir / f"train_ddp_process_{rank}.log"  # the job name Lightning gives the rank's Hydra run
             where = f" (its log: {log})" if log.is_file() else ""
             how, signum, status = f"exited with status {code}{where}", 0, code
-        return interrupts.Interrupted(
-            signum, interrupts.where_it_stands(f"DDP rank {rank} (pid {proc.pid}) {how}"), status
-        )
+        return LostRank(f"DDP rank {rank} (pid {proc.pid}) {how}", signum, status)
+
+
+class LostRank(interrupts.Interrupted):
+    """A lost rank's stop, whose line says where the run stands when it is told, not when the loss was seen: rank 0
+    may finish writing a ``last.ckpt`` in between."""
+
+    def __init__(self, what: str, signum: int, exit_code: int | None) -> None:
+        super().__init__(signum, what, exit_code)
+        self.what = what
+
+    def __str__(self) -> str:
+        return interrupts.where_it_stands(self.what)
