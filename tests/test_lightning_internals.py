@@ -198,12 +198,12 @@ def test_lightnings_watch_of_the_ddp_processes_is_stopped_before_it_kills_rank_0
 
     main, failed = subprocess.Popen(["sleep", "30"]), subprocess.Popen(["false"])
     children = [failed]
-    watch = _ChildProcessObserver(main_pid=main.pid, child_processes=children, sleep_period=0.2)
+    watch = _ChildProcessObserver(main_pid=main.pid, child_processes=children, sleep_period=2.0)
     watch.start()
     stop_watching_children(children)  # before its first look, which would find the failed child
     try:
         failed.wait()
-        watch.join(timeout=5)
+        watch.join(timeout=15)
         assert not watch.is_alive() and main.poll() is None
     finally:
         main.kill()

@@ -108,7 +108,7 @@ def test_sigterm_to_the_group_is_one_line_from_rank_0_and_a_second_one_ends_a_st
             os.killpg(proc.pid, signal.SIGTERM)
             started = time.monotonic()
             _, err = proc.communicate(timeout=60)
-            assert time.monotonic() - started < END_S + 5
+            assert time.monotonic() - started < END_S + 20  # the ranks' pipes close after rank 0 ends
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
