@@ -20,8 +20,17 @@ from mate_cli.errors import MateError
 
 #: seconds :func:`unreachable` waits for W&B's server to accept a connection
 CONNECT_S = 10.0
-#: the environment variables of an HTTP proxy, through which W&B reaches its server (none tried directly then)
-PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+#: the environment variables of an HTTP proxy (W&B's own too), through which W&B reaches its server (none tried directly then)
+PROXIES = (
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "WANDB_HTTPS_PROXY",
+    "WANDB_HTTP_PROXY",
+)
 
 
 class WandbLogger(LightningWandbLogger):
