@@ -78,14 +78,31 @@ def main(argv: list[str] | None = None) -> int:
     keep_tool_caches()
     silence()
     app = answer_only_app(command) if answer_only else importlib.import_module(COMMANDS[command][0]).main
+    sweep = not answer_only and any(arg in MULTIRUN_FLAGS for arg in rest)
+    if sweep:  # a signal reaches the jobs in other processes once, and the sweep ends in one line (run/sweep.py)
+        from mate_cli.run import sweep as sweeps
+
+        sweeps.watch_signals(given_sweep_dir(rest))
     try:
         run_hydra_app(app, program, command, trainer_overrides(command, rest))
+    except SystemExit:
+        if not (sweep and sweeps.stopped_by()):
+            raise
     finally:
         if not answer_only:  # a folder claimed for a run that wrote nothing there (Hydra refused it) is not left behind
             from mate_cli.run import lock as run_lock
 
             run_lock.remove_unused_claims()
+    if sweep and (signum := sweeps.stopped_by()):
+        print(sweeps.stopped_line(given_sweep_dir(rest) or "hydra.sweep.dir", signum), file=sys.stderr)
+        return 128 + signum
     return 0
+
+
+def given_sweep_dir(args: list[str]) -> Path | None:
+    """The ``hydra.sweep.dir=`` the (claimed) command line gives, else None (Hydra's own)."""
+    given = [arg for arg in args if arg.startswith("hydra.sweep.dir=")]
+    return Path(given_folder(given[-1])) if given and "${" not in given[-1] else None
 
 
 def as_hydra_reads(command: str, args: list[str]) -> list[str]:

@@ -64,3 +64,23 @@ class SignalThenForkForever(L.Callback):
                 os._exit(0)
             os.waitpid(child, 0)
             time.sleep(0.01)
+
+
+class SignalGroupAt(L.Callback):
+    """As training batch ``batch`` of sweep job ``job`` starts, in a run that starts at step 0 (not a resumed one):
+    ``signum`` to this process's group, as a time limit or Ctrl-C reaches a sweep and all its processes:
+    ``+callbacks.signal_group._target_=tests.signal_at.SignalGroupAt +callbacks.signal_group.job=2
+    +callbacks.signal_group.batch=1``."""
+
+    def __init__(self, job: int, batch: int, signum: int = int(signal.SIGTERM)) -> None:
+        self.job, self.batch, self.signum, self.fresh = job, batch, signum, False
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.fresh = trainer.global_step == 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if self.fresh and batch_idx == self.batch and HydraConfig.get().job.num == self.job:
+            self.fresh = False
+            os.killpg(os.getpgrp(), self.signum)

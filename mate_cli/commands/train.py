@@ -28,6 +28,8 @@ from mate_cli.run.divergence import StopOnNonFiniteLoss, non_finite_metrics
 from mate_cli.errors import MateError
 from mate_cli.run.interrupts import StopOnSignal, cluster_plugins
 from mate_cli.run.ranks import WatchRanks
+from mate_cli.run import stages, sweep
+from mate_cli.run.budget import MINUTES_KEY, BudgetSpent, FitClock
 from mate_cli.io import atomic_write_json, atomic_write_text
 from mate_cli.lit_modules.step_profile import StepProfile
 from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
@@ -41,6 +43,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Returns what ``metrics.json`` holds."""
     quiet_third_party_logs()
     out = run_dir()
+    if (earlier := sweep.done_earlier(out)) is not None:  # a sweep run again: this job finished in an earlier call
+        print_summary(earlier, bool(cfg.get("validate_best", True)))
+        return earlier
+    stages.resolve_earlier_stage(cfg)
     resume = _start(cfg, out)
     datamodule, model, trainer, loggers, checkpoint = _build(cfg, out, resume)
     _before_fit(cfg, trainer, model, datamodule, resume, checkpoint)
@@ -49,6 +55,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except ValueError:
         _check_validation_interval(trainer)
         raise
+    except BudgetSpent as spent:  # cut, not finished: the same command goes on from its last.ckpt
+        log.warning("%s", spent)
+        finish_wandb_run()
+        return {}
     metrics = _final_metrics(cfg, trainer, model, datamodule, out, resume, checkpoint)
     _keep_best(cfg, trainer, model, out, metrics)
     return _finish(cfg, trainer, out, metrics, loggers)
@@ -61,10 +71,12 @@ def last_checkpoint(out: Path) -> Path:
 def _start(cfg: DictConfig, out: Path) -> str | None:
     """The run dir claimed and recorded, the checkpoint to resume from (or None), the seed set."""
     check_own_folder(out / "checkpoints")
-    resume = resolve_resume_path(cfg.get("ckpt_path"), out.parent, str(cfg.experiment_name), this_run=out)
+    given = cfg.get("ckpt_path") or sweep.resume_point(out)  # a sweep run again: a job cut earlier goes on
+    resume = resolve_resume_path(given, out.parent, str(cfg.experiment_name), this_run=out)
     continue_wandb_run(cfg, resume)  # before resolved_config.yaml records it
     if rank_zero_only.rank == 0:  # DDP ranks > 0 re-run this command into the same run dir
         if resume and (changed := changed_on_resume(cfg, resume)):  # before resolved_config.yaml is written
+            sweep.refuse_changed_job(out, changed)
             shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
             log.warning("resuming with %d value(s) changed from the resumed run's config: %s; the run goes on with "
                         "this command's", len(changed), shown)  # fmt: skip
@@ -82,6 +94,7 @@ def _start(cfg: DictConfig, out: Path) -> str | None:
 def _build(cfg: DictConfig, out: Path, resume: str | None):
     """``(datamodule, model, trainer, loggers, checkpoint)``; ``checkpoint``: the resumed one, checked and preloaded."""
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
+    clock = FitClock(last_checkpoint(out), trainer_args.pop("max_time", None))  # each call's budget (run/budget.py)
     _check_pairing(cfg)
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
@@ -98,6 +111,7 @@ def _build(cfg: DictConfig, out: Path, resume: str | None):
         *instantiate_dict(cfg.get("callbacks")),
         ResumeState(),
         StopOnSignal(last_checkpoint(out)),
+        clock,
         WatchRanks(out),
         StopOnNonFiniteLoss(),
         csv_log := ContinuousCSVLog(run_dir_of(resume) if resume else None),
@@ -140,6 +154,7 @@ def _final_metrics(
     start = dict(getattr(model, "recorded_metrics", {}))
     # the last epoch's perf/*; the last logged training batch's metric and loss (debug=overfit: the fixed batch)
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("perf/", "train/"))}
+    logged[MINUTES_KEY] = next(c for c in trainer.callbacks if isinstance(c, FitClock)).minutes()  # every call's fit
     trainer.save_checkpoint(last_checkpoint(out))  # the final state is the newest
     best = trainer.strategy.broadcast(_best_checkpoint(trainer, last_checkpoint(out)))
     if cfg.get("validate_best", True):
@@ -163,6 +178,8 @@ def _final_metrics(
     metrics.update({**data, **logged, **start, "best_checkpoint": best, "tags": tags})
     if resume:
         metrics["resumed_from"] = resume
+    if cfg.get("init_from"):  # a stage's matching run (mate_cli.run.stages) or the run given
+        metrics["started_from"] = str(cfg.init_from)
     return metrics
 
 

@@ -270,6 +270,10 @@ def where_it_stands(what: str) -> str:
     if training.saved_step is None:
         return f"{what} {at}, before any checkpoints/last.ckpt was saved; run the command again"
     held = "" if training.saved_step == training.step else f" (checkpoints/last.ckpt holds step {training.saved_step})"
+    from mate_cli.run.sweep import is_sweep_job
+
+    if is_sweep_job():  # the sweep run again resumes it, with the others it cut
+        return f"{what} {at}{held}; run the same sweep again to resume it (or this job alone: ckpt_path={training.run_dir})"
     return f"{what} {at}{held}; resume with ckpt_path={training.run_dir}"
 
 

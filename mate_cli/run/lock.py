@@ -132,9 +132,10 @@ def remove_unused_claims() -> None:
 #: the key that lets a command write into a folder holding other files: into a new subfolder
 EXISTING_KEY = "paths.existing_run_dir"
 
-#: overrides that do not make a run another command's: where it is (re)started and from what, and how Hydra runs it
-#: (``hydra/launcher=joblib``: Hydra records its own overrides apart from the command's)
-NOT_COMPARED = ("hydra.", "hydra/", "ckpt_path=", f"{EXISTING_KEY}=")
+#: overrides that do not make a run another command's: where it is (re)started and from what, how Hydra runs it
+#: (``hydra/launcher=joblib``: Hydra records its own overrides apart from the command's), and the time budget of
+#: each call (``trainer.max_time``: a job cut by it goes on at the next call, under that call's budget)
+NOT_COMPARED = ("hydra.", "hydra/", "ckpt_path=", f"{EXISTING_KEY}=", "trainer.max_time=", "++trainer.max_time=")
 EXISTING_CHOICES = ("refuse", "subdir")
 
 
@@ -178,6 +179,24 @@ def recorded_sweep(directory: Path) -> tuple[str, list[str] | None] | None:
     return next(((job[0], None) for job in jobs if job is not None), None)
 
 
+def sweep_changes(recorded: list[str], overrides: list[str]) -> str:
+    """How ``overrides`` differ from the ``recorded`` ones of a sweep (:func:`compared`), as ``seed=1,2 was seed=1,2,3;
+    lr=1e-4 was not given``; empty when they do not."""
+    before, now = dict(_split(o) for o in compared(recorded)), dict(_split(o) for o in compared(overrides))
+    parts = [
+        f"{key}={now[key]} was {f'{key}={before[key]}' if key in before else 'not given'}"
+        if key in now else f"{key}={before[key]} is not given now"
+        for key in sorted(set(before) | set(now), key=lambda k: (k not in now, k))
+        if before.get(key) != now.get(key)
+    ]  # fmt: skip
+    return "; ".join(parts)
+
+
+def _split(override: str) -> tuple[str, str]:
+    key, _, value = override.partition("=")
+    return key, value
+
+
 def compared(overrides: list[str]) -> list[str]:
     """``overrides`` as two commands are compared: without the ones that say where a run goes, and each value as Hydra
     reads it whether quoted or not (``path='/x'`` is ``path=/x``: Hydra records the quoted form it was handed)."""
@@ -203,7 +222,9 @@ def claim(
     returns the folder to write into: ``directory``, or (``existing="subdir"``, files there) a new
     ``<directory>/<command or multirun>-<time>-<hex>``. A folder whose recorded run is this command (:func:`compared`)
     with no ``metrics.json`` is its interrupted run, taken again (train/pretrain over a ``last.ckpt``: when
-    ``resuming``); a sweep's folder never is. Another process's folder, or other files with ``existing="refuse"``, is a
+    ``resuming``). A sweep's folder holding this sweep (the same overrides in its ``multirun.yaml``; an Optuna sweep
+    writes none) is taken again: the sweep continues (:mod:`mate_cli.run.sweep`); another sweep of the command there is
+    a `MateError` naming what changed. Another process's folder, or other files with ``existing="refuse"``, is a
     `MateError`."""
     key = SWEEP_KEY if sweep else "hydra.run.dir"
     directory = Path(directory).expanduser().resolve()
@@ -229,6 +250,15 @@ def claim(
                 f"{directory} holds this command's interrupted run and its checkpoints/last.ckpt; resume "
                 f"it there with ckpt_path={directory}, or drop hydra.run.dir= to start a new run"
             )
+    earlier = recorded_sweep(directory) if sweep else None
+    if earlier is not None and earlier[0] == command:  # this sweep run again: it continues (mate_cli.run.sweep)
+        if earlier[1] is not None and (changed := sweep_changes(earlier[1], overrides)):
+            raise MateError(
+                f"{key}={directory} holds a sweep of `mate {command} -m` with other settings ({changed}); run it "
+                f"again as it ran to continue it, or pass a new {key}=<folder> for this one"
+            )
+        take(directory, key)
+        return directory
     if existing == "subdir":
         name = "multirun" if sweep else command
         inner = directory / f"{name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(3)}"
@@ -236,14 +266,6 @@ def claim(
         _CLAIMED[inner] = (inner, True)
         return inner
     shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-    earlier = recorded_sweep(directory) if sweep else None
-    if earlier is not None and earlier[0] == command:  # not yet resumed: a sweep starts in a folder of its own
-        which = "an earlier sweep" if earlier[1] is None else "another sweep"
-        which = "this sweep" if earlier[1] is not None and compared(earlier[1]) == compared(overrides) else which
-        raise MateError(
-            f"{key}={directory} already holds the runs of {which} of `mate {command} -m` ({shown}); a sweep does not "
-            f"run again into its folder: pass a new {key}=<folder>, or remove {directory} to run it there again"
-        )
     raise MateError(
         f"{key}={directory} already holds files ({shown}) that this command did not write; "
         f"drop {key}= for a new {'sweep' if sweep else 'run'} dir, or add {EXISTING_KEY}=subdir to write into a new "

@@ -23,7 +23,8 @@ def name_parts(*parts) -> list[str]:
 
 #: overrides a run name leaves out: those it already shows, and those that say where or how a run goes
 NOT_IN_NAME = ("experiment", "attention", "attention.variant", "dataset", "seed", "tags", "ckpt_path", "hardware",
-               "hparams_search", "sweep", "export_encoder", "validate_start", "validate_best", "profile_steps")  # fmt: skip
+               "hparams_search", "sweep", "export_encoder", "validate_start", "validate_best", "profile_steps",
+               "trainer.max_time")  # fmt: skip
 #: nor anything in these groups
 NOT_IN_NAME_GROUPS = ("hydra", "paths", "logger", "callbacks", "extras", "report")
 #: path values that say what ran (which encoder, which weights), shown by :func:`what_path`; other paths say where, and

@@ -19,6 +19,7 @@ from mate_cli.console import log_to_files
 from mate_cli.errors import MateError, find_in_chain
 from mate_cli.io import atomic_write_text, os_error_in, write_failure
 from mate_cli.run import lock as run_lock
+from mate_cli.run import sweep
 
 #: written into the run dir of a run that failed: the one-line error
 FAILED_MARKER = "FAILED"
@@ -42,6 +43,8 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
             print(f"mate: error: {err}", file=sys.stderr)
             sys.exit(MateError.exit_code)
         keep_tool_files_in(run_dir())
+        if sweep.not_started():  # a job of a sweep a signal stopped does not start
+            return None
     interrupts.install(run_dir() / FAILED_MARKER if HydraConfig.initialized() else None, not run_lock.is_ddp_child())
     try:
         check_accelerator(cfg)
@@ -60,6 +63,8 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
             interrupts.told(stopped)
             with contextlib.suppress(Exception):  # the interruption is what the user must hear about
                 finish_wandb_run(stopped.exit_code)
+            if sweep.in_worker():  # the job ends, not the worker: the launcher lets the others save and stop
+                return None
             sys.exit(stopped.exit_code)
         if not isinstance(err, Exception):
             raise

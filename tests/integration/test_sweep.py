@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import mate_env, run_mate, wandb_run_summary
-from tests.inprocess import main_before_hydra
 from tests.shared_runs import snapshot
 
 COMMON = ["train", "-m", "experiment=hybridqa_mate", "trainer.max_steps=2", "dataset.max_length=128",
@@ -130,23 +129,27 @@ def test_the_report_reads_the_sweep_and_nothing_is_written_outside_the_run_dirs_
     assert (base / "cache" / "matplotlib").is_dir()
 
 
-#: what the line says a sweep dir holds, by its sweeper: Hydra's own records the sweep (multirun.yaml), Optuna's its jobs
-EARLIER = {"heads": "this sweep", "optuna": "an earlier sweep"}
+def test_the_same_sweep_run_again_into_its_sweep_dir_is_taken_again_and_a_changed_one_refused(sweep):
+    """Run again, a sweep continues in its folder (tests/integration/test_sweep_resume.py runs one): the claim takes
+    the folder back, nothing in it changed. Another sweep there (Hydra's own sweeper records its overrides in
+    multirun.yaml) is one line naming what changed; an Optuna sweep records none, its jobs check themselves."""
+    from mate_cli.cli import claim_given_run_dir
+    from mate_cli.run import lock as run_lock
 
-
-def test_a_sweep_run_again_into_its_sweep_dir_is_refused_in_a_line_naming_hydra_sweep_dir(sweep, capsys, monkeypatch):
-    """Not resumed yet: one line saying what the folder holds and how to run the sweep again. It named hydra.run.dir,
-    which the command never gave, and called the sweep's own files another command's."""
     folder = sweep["dir"]
     before = snapshot(folder)
     args = [*COMMON, *SWEEPS[sweep["kind"]], f"hydra.sweep.dir={folder}"]
-    code, _, err = main_before_hydra(args, capsys, monkeypatch)
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(
-        f"mate: error: hydra.sweep.dir={folder} already holds the runs of {EARLIER[sweep['kind']]} of `mate train -m` "
-        f"({sweep['jobs'][0].name}, "
-    ), err
-    assert err.strip().endswith(f"pass a new hydra.sweep.dir=<folder>, or remove {folder} to run it there again"), err
+    try:
+        given, problem = claim_given_run_dir("train", args)
+        assert problem is None and given[-1] == f"hydra.sweep.dir={folder}", problem
+    finally:
+        run_lock.release(folder)
+    if sweep["kind"] == "heads":
+        _, problem = claim_given_run_dir("train", [*args, "seed=7"])
+        assert problem == (
+            f"hydra.sweep.dir={folder} holds a sweep of `mate train -m` with other settings (seed=7 was not given); "
+            "run it again as it ran to continue it, or pass a new hydra.sweep.dir=<folder> for this one"
+        ), problem
     assert snapshot(folder) == before
 
 

@@ -1,0 +1,163 @@
+"""A sweep run again into its ``hydra.sweep.dir=`` continues it; stages chain by matching jobs.
+
+- 2 attentions x 2 seeds under joblib, two jobs at a time, the process group signalled (SIGTERM, as a time limit or
+  Ctrl-C reaches it) during the third job's second batch, then the same command again: the finished jobs' files are
+  untouched, the cut job resumes from its step, the fourth trains, and the cut job ends as one trained uncut does.
+  The sweep's process, its joblib workers and their signals are the point: real processes.
+- A changed sweep is refused in one line naming the change.
+- Two stages (the SQA sample, then the WikiTQ sample with ``init_from=sweep:<first>``): each second-stage job starts
+  from the first-stage run of its own attention and seed, and records it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import MATE, REPO_ROOT, mate_env, run_mate
+from tests.inprocess import main_before_hydra, run_command
+
+TINY = ["trainer.max_steps=4", "dataset.max_length=128", "dataset.eval_batch_size=16", "trainer.limit_val_batches=1",
+        "logger=csv"]  # fmt: skip
+SWEPT = ["attention=mate,dense", "seed=1,2"]
+JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+#: the third job (attention=dense seed=1) signals its process group as its second batch starts; a resumed run does not
+SIGNAL = ["+callbacks.signal_group._target_=tests.signal_at.SignalGroupAt", "+callbacks.signal_group.job=2",
+          "+callbacks.signal_group.batch=1"]  # fmt: skip
+SWEEP = ["train", "-m", "experiment=hybridqa_mate", *TINY, *SWEPT, *SIGNAL]
+
+
+def files_of(folder: Path) -> dict[str, tuple[str, int]]:
+    """Each checkpoint and metrics file under ``folder``: its sha256 and mtime."""
+    return {
+        str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and (p.suffix == ".ckpt" or p.name == "metrics.json")
+    }
+
+
+def jobs_of(folder: Path) -> list[Path]:
+    return sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("-")[0]))
+
+
+@pytest.fixture(scope="module")
+def cut_and_continued(module_tmp) -> dict:
+    """Over 60 s: the sweep cut by SIGTERM, then run again; and the cut job's uncut reference run."""
+    base = module_tmp("sweep_resume")
+    env = mate_env(base / "out", base / "cache", PYTHONPATH=str(REPO_ROOT))  # the jobs import tests.signal_at
+    folder = base / "sweep"
+    args = [*SWEEP, *JOBLIB, f"hydra.sweep.dir={folder}"]
+    cut = subprocess.run([MATE, *args], env=env, capture_output=True, text=True, timeout=900, start_new_session=True)
+    jobs = jobs_of(folder)
+    found = {"cut": cut, "jobs": jobs, "folder": folder, "env": env}
+    found["after_cut"] = {job.name: sorted(p.name for p in job.iterdir()) for job in jobs}
+    found["failed"] = {job.name: (job / "FAILED").read_text() for job in jobs if (job / "FAILED").is_file()}
+    found["finished_files"] = {job.name: files_of(job) for job in jobs if (job / "metrics.json").is_file()}
+    found["again"] = run_mate(args, env, timeout=900)
+    reference = base / "reference"  # the cut job's command, run whole
+    found["reference"] = run_mate(
+        ["train", "experiment=hybridqa_mate", *TINY, "attention=dense", "seed=1", f"hydra.run.dir={reference}"], env
+    )
+    found["reference_dir"] = reference
+    return found
+
+
+def test_a_sweep_cut_by_sigterm_stops_in_one_line_with_its_third_job_checkpointed(cut_and_continued):
+    cut, jobs = cut_and_continued["cut"], cut_and_continued["jobs"]
+    assert cut.returncode == 128 + signal.SIGTERM, cut.stderr[-3000:]
+    assert cut.stderr.strip().splitlines()[-1] == (
+        f"mate: the sweep in {cut_and_continued['folder']} was stopped by SIGTERM: its finished jobs are kept, the cut "
+        "ones saved their last.ckpt; run the same command again to continue it"
+    )
+    assert len(jobs) == 4
+    after = cut_and_continued["after_cut"]
+    assert all("metrics.json" in after[job.name] for job in jobs[:2]), after
+    third = jobs[2].name
+    assert "metrics.json" not in after[third] and "checkpoints" in after[third], after
+    assert re.search(r"interrupted by SIGTERM at step [1-9]", cut_and_continued["failed"][third])
+    assert (jobs[2] / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_run_again_it_keeps_the_finished_jobs_resumes_the_cut_one_and_trains_the_rest(cut_and_continued):
+    again, jobs = cut_and_continued["again"], cut_and_continued["jobs"]
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert jobs_of(cut_and_continued["folder"]) == jobs  # the same job folders, no new ones
+    for name, files in cut_and_continued["finished_files"].items():  # done earlier: not trained again
+        assert files_of(cut_and_continued["folder"] / name) == files, name
+    for job in jobs:
+        assert (job / "metrics.json").is_file() and not (job / "FAILED").exists(), job.name
+    third = json.loads((jobs[2] / "metrics.json").read_text())
+    assert third["resumed_from"] == str(jobs[2] / "checkpoints" / "last.ckpt")
+    # the fourth, running beside the third, was signalled too: resumed if it had saved a last.ckpt, else started again
+    fourth = json.loads((jobs[3] / "metrics.json").read_text())
+    assert ("checkpoints" in cut_and_continued["after_cut"][jobs[3].name]) == ("resumed_from" in fourth)
+
+
+def test_the_cut_and_resumed_job_ends_as_the_same_job_uncut(cut_and_continued):
+    reference = cut_and_continued["reference"]
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    uncut = json.loads((cut_and_continued["reference_dir"] / "metrics.json").read_text())
+    resumed = json.loads((cut_and_continued["jobs"][2] / "metrics.json").read_text())
+    compared = [k for k in uncut if k.startswith(("val/", "train/loss"))]
+    assert compared and {k: resumed[k] for k in compared} == pytest.approx({k: uncut[k] for k in compared}, rel=1e-5)
+
+
+def test_a_changed_sweep_in_the_same_folder_is_refused_naming_the_change(cut_and_continued, capsys, monkeypatch):
+    folder = cut_and_continued["folder"]
+    args = [*SWEEP[: -len(SIGNAL) - 1], "seed=1,3", *SIGNAL, *JOBLIB, f"hydra.sweep.dir={folder}"]
+    code, _, err = main_before_hydra(args, capsys, monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    changed = "with other settings (seed=1,3 was seed=1,2)"
+    assert f"hydra.sweep.dir={folder} holds a sweep of `mate train -m` {changed}" in err
+
+
+def test_max_time_is_each_calls_budget_a_run_it_cut_goes_on_and_the_minutes_add_up(tmp_path, caplog):
+    """In process, about 15 s: a one-second budget cuts the run at a batch end with last.ckpt and no metrics.json;
+    the same run resumed without a budget finishes, its time/fit_minutes counting both calls."""
+    run = tmp_path / "run"
+    tiny = ["experiment=hybridqa_mate", "dataset.max_length=128", "trainer.max_steps=12", "logger=csv",
+            "validate_best=false", "trainer.limit_val_batches=1", "trainer.val_check_interval=12",
+            "trainer.check_val_every_n_epoch=null"]  # fmt: skip
+    assert run_command("train", [*tiny, "trainer.max_time=00:00:00:01"], run) == {}
+    assert not (run / "metrics.json").exists() and (run / "checkpoints" / "last.ckpt").is_file()
+    spent = [r.getMessage() for r in caplog.records if "trainer.max_time=00:00:00:01:" in r.getMessage()]
+    assert spent and re.search(r"this call's training time is spent at step [1-9]\d*; checkpoints/last.ckpt", spent[0])
+    step = int(re.search(r"at step (\d+)", spent[0])[1])
+    assert step < 12
+    metrics = run_command("train", [*tiny, f"ckpt_path={run}"], run)
+    assert metrics["resumed_from"] == str(run / "checkpoints" / "last.ckpt")
+    assert metrics["time/fit_minutes"] > 1 / 60  # the first call's second, and the second call's
+
+
+STAGE = ["dataset.max_length=128", "trainer.max_steps=1", "trainer.limit_val_batches=1", "dataset.eval_batch_size=16",
+         "logger=csv", "validate_best=false"]  # fmt: skip
+
+
+def test_a_second_stage_starts_each_job_from_the_first_stages_run_of_its_attention_and_seed(tmp_path):
+    """Over 30 s: six one-step runs, two sweeps (the basic launcher)."""
+    env = mate_env(tmp_path / "out", tmp_path / "cache")
+    first, second = tmp_path / "sqa", tmp_path / "wtq"
+    ran = run_mate(["train", "-m", "experiment=sqa_mate", "dataset=sqa_sample", *STAGE, "attention=mate,dense",
+                    "seed=1,2", f"hydra.sweep.dir={first}"], env)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    ran = run_mate(["train", "-m", "experiment=wtq_mate", "dataset=wtq_sample", *STAGE, "attention=mate,dense",
+                    "seed=2", f"init_from=sweep:{first}", f"hydra.sweep.dir={second}"], env)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    sources = {}
+    for job in jobs_of(first):
+        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+        sources[tuple(o for o in overrides if o.startswith(("attention=", "seed=")))] = job
+    for job in jobs_of(second):
+        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+        own = tuple(o for o in overrides if o.startswith(("attention=", "seed=")))
+        started = yaml.safe_load((job / "resolved_config.yaml").read_text())["init_from"]
+        assert started == str(sources[own]), (own, started)
+        assert json.loads((job / "metrics.json").read_text())["started_from"] == started
+    assert len(jobs_of(second)) == 2
