@@ -102,12 +102,12 @@ gpu-data:
 	for name in tabfact wtq sqa; do tar -h -C "$(GPU_DATA)" -cf - "$$name" | xz -9 > ".whl/data/$$name.tar.xz" || exit 2; done
 	@$(check_carry)
 
-# The synth task's statements for tools/learn.sh (`mate synthesize` on the training tables of
+# The synth task's statements for tools/gpu_run.sh's learn step (`mate synthesize` on the training tables of
 # GPU_DATA's releases, about a minute in one process; SYNTH_SOURCES: other tables, SYNTH_ARGS: more
 # `mate synthesize` overrides) compressed into .whl/data/$(SYNTH_NAME).tar.xz (about 2 MB; after
 # gpu-wheels, which empties .whl/), so a GPU machine's learn step need not write them first.
 # SYNTH_NAME=synth2 (synth3, ...) carries another corpus beside it, for the task of that name: a
-# first stage in synth, then a second trained from it (LEARN_INIT="synth2=synth").
+# first stage in synth, then a second trained from it (LEARN_TASKS="synth synth2" LEARN_INIT="synth2=synth").
 SYNTH_SOURCES ?= dataset=pretrain_tasks dataset.sources.wtq=$(GPU_DATA)/wtq dataset.sources.sqa=$(GPU_DATA)/sqa \
 	dataset.sources.tabfact=$(GPU_DATA)/tabfact
 SYNTH_ARGS ?=

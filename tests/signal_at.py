@@ -66,14 +66,15 @@ class SignalThenForkForever(L.Callback):
             time.sleep(0.01)
 
 
-class SignalGroupAt(L.Callback):
+class SignalJobAt(L.Callback):
     """As training batch ``batch`` of sweep job ``job`` starts, in a run that starts at step 0 (not a resumed one):
-    ``signum`` to this process's group, as a time limit or Ctrl-C reaches a sweep and all its processes:
-    ``+callbacks.signal_group._target_=tests.signal_at.SignalGroupAt +callbacks.signal_group.job=2
-    +callbacks.signal_group.batch=1``."""
+    ``signum`` to this process's group (``group=true``), as a time limit or Ctrl-C reaches a sweep and all its
+    processes, or to this job's process alone (a scheduler pre-empting one job):
+    ``+callbacks.signal_job._target_=tests.signal_at.SignalJobAt +callbacks.signal_job.job=2
+    +callbacks.signal_job.batch=1``."""
 
-    def __init__(self, job: int, batch: int, signum: int = int(signal.SIGTERM)) -> None:
-        self.job, self.batch, self.signum, self.fresh = job, batch, signum, False
+    def __init__(self, job: int, batch: int, signum: int = int(signal.SIGTERM), group: bool = True) -> None:
+        self.job, self.batch, self.signum, self.group, self.fresh = job, batch, signum, group, False
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.fresh = trainer.global_step == 0
@@ -83,4 +84,7 @@ class SignalGroupAt(L.Callback):
 
         if self.fresh and batch_idx == self.batch and HydraConfig.get().job.num == self.job:
             self.fresh = False
-            os.killpg(os.getpgrp(), self.signum)
+            if self.group:
+                os.killpg(os.getpgrp(), self.signum)
+            else:
+                os.kill(os.getpid(), self.signum)

@@ -29,19 +29,20 @@
 #     e2e_pad   (200) the same for TabFact and WikiTQ with dataset.pad_to_multiple_of=64
 #     e2e_graphs (480) the same for TabFact and WikiTQ padded to their full length (one batch shape) with the
 #                     layer stack compiled in reduce-overhead mode (CUDA graphs)
-#     learn     (540) the table tasks learned, MATE against dense (tools/learn.sh; the releases too), four runs
-#                     at a time (LEARN_LANES=4; one more for each LEARN_SWEEP override), first seed first; its runs'
-#                     budget is the step's limit less 50 s (LEARN_BUDGET), which leaves time to stop the last runs
-#                     and write the table: runs in outputs/learn, which a warm machine keeps, so the next call
-#                     resumes what the budget cut; learn.md and learn_runs.tar.gz copied into $GPU_OUT after the
-#                     step, even one its limit ended (SQA's and WikiTQ's runs log their accuracy with
-#                     model.head.at_least_one_cell=true too: val/accuracy_at_least_one_cell);
-#                     LEARN_SWEEP="model.optimizer.lr=1e-4 ..." trains other settings beside them, one lane and one
-#                     folder each (tools/learn.sh; "tabfact:trainer.max_epochs=20" for one task alone), whose
-#                     learn_<name>.md and learn_runs_<name>.tar.gz come too (the entry with "=", ":" and the like made
-#                     "_": learn_model.optimizer.lr_1e-4.md); LEARN_TASKS="synth sqa wtq" LEARN_INIT="sqa=synth wtq=sqa"
-#                     trains on synthetic statements first (MATE's Table 4 "+ CS"; `make gpu-synth` carries them;
-#                     SYNTH_NAME=synth2 carries a second corpus, the synth2 task, LEARN_INIT="synth2=synth ...")
+#     learn     (540) the table tasks learned, MATE against dense: per task its trivial baselines (`mate baseline`) and one
+#                     resumable sweep (`mate train -m experiment=<task>_mate profile=<task>_gpu attention=mate,dense
+#                     seed=1,2`, four jobs at a time, each within trainer.max_time=LEARN_MAX_TIME, default 00:00:02:00;
+#                     WikiTQ's jobs start from the SQA run of their attention and seed: LEARN_INIT="wtq=sqa", each
+#                     <task>=<earlier task> an init_from=sweep:<that task's sweep>; synth, synth2, ...: TabFact's recipe
+#                     on `make gpu-synth`'s statements, MATE's "+ CS": LEARN_TASKS="synth sqa wtq"
+#                     LEARN_INIT="sqa=synth wtq=sqa"), then
+#                     `mate report` of them all: runs in LEARN_OUT (default outputs/learn), which a warm machine keeps,
+#                     so the next call continues what a budget cut; learn.md (the report) and learn_runs.tar.gz (the
+#                     runs' small files) copied into $GPU_OUT after the step. LEARN_DATA: the releases (default the
+#                     carried ones, else the bundled samples); LEARN_TASKS (sqa wtq tabfact), LEARN_ATTENTIONS
+#                     (mate,dense), LEARN_SEEDS (1,2), LEARN_JOBS (4) and LEARN_ARGS (more overrides for every job)
+#                     narrow or change it; LEARN_HARDWARE=cpu runs it on a CPU (profile=<task>_cpu), with no GPU needed
+#                     when it is the only step
 # The e2e and learn steps run only when named (they need the releases): GPU_STEPS="e2e e2e_pad e2e_buckets e2e_graphs" (e2e took
 # 305 s on an H200, preprocessing on its 16 cores included; the others reuse its caches, within their limits; e2e_graphs
 # about 430 s, most of it compiling). E2E_TASKS narrows the e2e_* steps to some tasks, e.g. E2E_TASKS=tabfact.
@@ -58,7 +59,9 @@ out="${GPU_OUT:-outputs/gpu}"
 py="${PYTHON:-python3}"
 wheels="${GPU_WHEELS_DIR:-.whl}"
 steps="${GPU_STEPS:-kernel split profile tiles tests encoder host_sync train fp32 others anchors auto}"
-"$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'tools/gpu_run.sh: no CUDA GPU here; run it on a machine with one')" || exit 1
+if [ "$steps" != learn ] || [ "${LEARN_HARDWARE:-gpu}" != cpu ]; then  # the learn step alone also runs on a CPU
+  "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'tools/gpu_run.sh: no CUDA GPU here; run it on a machine with one')" || exit 1
+fi
 mkdir -p "$out"
 site=/tmp/mate-gpu-site
 if compgen -G "$wheels/*.whl" >/dev/null; then
@@ -118,12 +121,40 @@ step_e2e_graphs() {
     PYTHON="$py" bash tools/e2e.sh
 }
 step_learn() {
-  # four runs at a time: one run of the recipes keeps an H200 busy 15-21 % of a step (BENCHMARKS.md)
-  LEARN_OUT="${LEARN_OUT:-outputs/learn}" LEARN_DATA="${LEARN_DATA:-${E2E_DATA:-}}" LEARN_LANES="${LEARN_LANES:-4}" \
-    LEARN_BUDGET="$(( ${LEARN_BUDGET:-100000} < GPU_STEP_LIMIT - 50 ? ${LEARN_BUDGET:-100000} : GPU_STEP_LIMIT - 50 ))" \
-    PYTHON="$py" bash tools/learn.sh
+  # One resumable sweep per table task (`mate train -m`: MATE and dense, two seeds, joblib's four jobs at a time:
+  # one run of the recipes keeps an H200 busy 15-21 % of a step, BENCHMARKS.md), each job within its
+  # trainer.max_time; the trivial baselines beside; then `mate report` of them all. A second call continues
+  # what a budget or the step's limit cut.
+  local learn="${LEARN_OUT:-outputs/learn}" data="${LEARN_DATA:-${E2E_DATA:-}}" hw="${LEARN_HARDWARE:-gpu}"
+  local task recipe pair status=0 where=() init=() extra=()
+  read -r -a extra <<<"${LEARN_ARGS:-}"
+  for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
+    recipe="${task%%[0-9]*}"  # synth, synth2, ...: TabFact's recipe on `make gpu-synth`'s statements (LEARN_DATA/<task>)
+    [ "$recipe" = synth ] && recipe=tabfact
+    where=("dataset=${task}_sample")  # the bundled sample, or the release (TabFact's validation file split by table)
+    [ -n "$data" ] && where=("dataset=$([ "$recipe" = tabfact ] && echo tabfact_sample || echo "$task")" "dataset.root=$data/$task")
+    [ "$recipe" != "$task" ] && where=(dataset=tabfact "dataset.root=$data/$task")
+    init=()  # LEARN_INIT's <task>=<earlier task>: each job starts from the earlier sweep's run of its attention and seed
+    for pair in ${LEARN_INIT-wtq=sqa}; do
+      [ "${pair%%=*}" = "$task" ] && init=("init_from=sweep:$learn/${pair#*=}")
+    done
+    [ -f "$learn/baseline_$task/metrics.json" ] || [ "$recipe" != "$task" ] ||
+      mate baseline "${where[@]}" "hydra.run.dir=$learn/baseline_$task" || status=1
+    mate train -m "experiment=${recipe}_mate" "profile=${recipe}_$hw" "hardware=$hw" "${where[@]}" \
+      "attention=${LEARN_ATTENTIONS:-mate,dense}" "seed=${LEARN_SEEDS:-1,2}" logger=csv "${init[@]}" \
+      hydra/launcher=joblib "hydra.launcher.n_jobs=${LEARN_JOBS:-4}" "trainer.max_time=${LEARN_MAX_TIME:-00:00:02:00}" \
+      "${extra[@]}" "hydra.sweep.dir=$learn/$task" || status=1
+  done
+  mate report "$learn" "hydra.run.dir=$learn/report" || status=1
+  return "$status"
 }
-after_learn() { cp "${LEARN_OUT:-outputs/learn}"/learn*.md "${LEARN_OUT:-outputs/learn}"/learn_runs*.tar.gz "$out/" 2>/dev/null; }
+after_learn() {  # the table, and the runs' small files (metrics, learning curves, configs, failures)
+  local learn="${LEARN_OUT:-outputs/learn}" pack
+  pack="$(cd "$out" && pwd)/learn_runs.tar.gz"
+  cp "$learn/report/report.md" "$out/learn.md" 2>/dev/null
+  ( cd "$learn" 2>/dev/null && find . -path ./report -prune -o \( -name metrics.json -o -name metrics.csv \
+      -o -name resolved_config.yaml -o -name FAILED -o -name overrides.yaml \) -print0 | tar -czf "$pack" --null -T - )
+}
 step_auto() {
   local dtype
   for dtype in float32 float16; do

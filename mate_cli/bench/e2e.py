@@ -52,7 +52,7 @@ def markdown_row(cells) -> str:
 
 
 def folder_main(table_of, doc: str) -> None:
-    """``python -m <module> <folder>``: prints ``table_of(folder)`` (the tables of tools/e2e.sh and tools/learn.sh)."""
+    """``python -m <module> <folder>``: prints ``table_of(folder)`` (the table of tools/e2e.sh)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("folder", type=Path)
     print(table_of(parser.parse_args().folder), end="")

@@ -272,7 +272,7 @@ def test_eval_of_the_run_dir_reproduces_validation_metrics(trained_run: Path, tm
     evaluated = Path(metrics["ckpt_path"])  # which state was scored: its step and its file's digest
     assert metrics["ckpt_step"] == torch.load(evaluated, weights_only=True)["global_step"]
     assert metrics["ckpt_sha256"] == hashlib.sha256(evaluated.read_bytes()).hexdigest()[:16]
-    assert "overrides" not in metrics  # the run's own config (tools/learn.sh's second decoding records its change)
+    assert "overrides" not in metrics  # the run's own config (a second decoding's change is recorded apart)
     for key in ("val/hits@1", "val/hits@3", "val/hits@5", "val/loss"):
         assert metrics[key] == pytest.approx(train_metrics[key], abs=1e-6), key
 

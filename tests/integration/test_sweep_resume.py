@@ -29,8 +29,8 @@ TINY = ["trainer.max_steps=4", "dataset.max_length=128", "dataset.eval_batch_siz
 SWEPT = ["attention=mate,dense", "seed=1,2"]
 JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 #: the third job (attention=dense seed=1) signals its process group as its second batch starts; a resumed run does not
-SIGNAL = ["+callbacks.signal_group._target_=tests.signal_at.SignalGroupAt", "+callbacks.signal_group.job=2",
-          "+callbacks.signal_group.batch=1"]  # fmt: skip
+SIGNAL = ["+callbacks.signal_job._target_=tests.signal_at.SignalJobAt", "+callbacks.signal_job.job=2",
+          "+callbacks.signal_job.batch=1"]  # fmt: skip
 SWEEP = ["train", "-m", "experiment=hybridqa_mate", *TINY, *SWEPT, *SIGNAL]
 
 

@@ -176,7 +176,7 @@ def test_gpu_data_packs_each_release_and_refuses_without_a_folder(tmp_path):
 
 def test_gpu_synth_packs_the_synth_tasks_statements_and_refuses_without_a_folder(tmp_path):
     """`mate synthesize` through the make target (on the bundled samples' tables here), packed for tools/gpu_run.sh,
-    which unpacks it beside the releases, where tools/learn.sh's synth task reads it; SYNTH_NAME=synth2 packs a
+    which unpacks it beside the releases, where the learn step's synth task reads it; SYNTH_NAME=synth2 packs a
     second corpus for the synth2 task. Over 20 s: two `mate synthesize` processes."""
     work = tmp_path / "repo"
     work.mkdir()
