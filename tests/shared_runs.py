@@ -1,4 +1,4 @@
-"""Trained runs the whole test session shares: each is trained once (in process, by
+"""Trained runs (and baselines) the whole test session shares: each is made once (in process, by
 :func:`tests.inprocess.run_command`), then read by every test that only needs a checkpoint
 or a run dir: eval, predict, report, PointR, resume-from, the config re-build, the
 checkpoint checks.
@@ -75,6 +75,9 @@ RUNS: dict[str, tuple[str, list[str]]] = {
             "validate_best=false",
         ],
     ),
+    # `mate baseline` of the datasets sqa_task and tabfact train on: the trivial baselines a report sets beside them
+    "baseline_sqa": ("baseline", ["dataset=sqa_sample"]),
+    "baseline_tabfact": ("baseline", ["dataset=tabfact_sample"]),
     # PointR's two stages, 2 steps of 128 tokens each
     "pointr_stage1": ("train", ["experiment=hybridqa_tapas", *TINY]),
     "pointr_stage2": ("train", ["experiment=hybridqa_reader", "dataset.batch_size=4", *TINY]),

@@ -1,6 +1,6 @@
-"""`mate report <multirun dir | outputs dir>`: each metric's median and half-IQR over seeds per configuration
-(:mod:`mate_cli.report`), on screen and as ``report.csv``, ``report_*.<format>`` plots and, last, ``report.md``: a
-report dir without it was stopped before the end."""
+"""`mate report <multirun dir | outputs dir> [<dir> ...]`: each metric's median and half-IQR over seeds per
+configuration, the runs of every folder pooled (:mod:`mate_cli.report`), on screen and as ``report.csv``,
+``report_*.<format>`` plots and, last, ``report.md``: a report dir without it was stopped before the end."""
 
 from __future__ import annotations
 
@@ -19,16 +19,27 @@ from mate_cli.io import atomic_write_text
 from mate_cli.report import aggregate, collect, render, screen
 
 
+def folders(cfg: DictConfig) -> list[str]:
+    """``path``: one folder, or a list of them."""
+    given = None if OmegaConf.is_missing(cfg, "path") else cfg.path
+    given = list(given) if OmegaConf.is_list(given) else [] if given is None else [given]
+    if not given or any(folder is None or str(folder) == "" for folder in given):
+        raise MateError(
+            "path is missing; pass `mate report <multirun dir | outputs dir> [<dir> ...]` (or path=<dir>, "
+            "path=[<dir>,<dir>])"
+        )
+    return [str(folder) for folder in given]
+
+
 def report(cfg: DictConfig) -> list[aggregate.Configuration]:
-    if OmegaConf.is_missing(cfg, "path") or cfg.path is None:
-        raise MateError("path is missing; pass `mate report <multirun dir | outputs dir>` (or path=<dir>)")
+    paths = folders(cfg)
     formats = [str(f) for f in cfg.get("formats") or ["png"]]
     if unknown := [f for f in formats if f not in render.FORMATS]:
         raise MateError(
             f"formats={formats}: {', '.join(unknown)} is not a plot format; choose from {', '.join(render.FORMATS)}"
         )
     tasks = cfg.get("tasks")
-    runs, skipped = collect.collect(str(cfg.path), None if tasks is None else list(tasks))
+    runs, skipped = collect.collect(paths, None if tasks is None else list(tasks))
     configurations = aggregate.configurations(runs)
     requested = cfg.get("metrics")
     metrics = aggregate.choose_metrics(runs, None if requested is None else [str(m) for m in requested])
@@ -38,7 +49,7 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     incomplete = collect.runs_with(runs, collect.INCOMPLETE)
 
     columns, rows = render.table(configurations, metrics)
-    title = f"{cfg.path}: median {render.PLUS_MINUS} half-IQR over seeds (main metric: {main or '-'})"
+    title = f"{', '.join(paths)}: median {render.PLUS_MINUS} half-IQR over seeds (main metric: {main or '-'})"
     console = screen_console()
     screen.print_tables(title, columns, rows, columns.index("runs") + 1, console, screen.screen_width())
     for heading, lines in (
@@ -59,7 +70,7 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     plots = render.plot(configurations, metrics, main, out, formats) if cfg.get("plots", True) else []
     # last: a report.md in the folder says the report is whole (a report killed before it is run again into its dir)
     repeated = render.repeated_lines(configurations, "`")
-    markdown = render.markdown(str(cfg.path), columns, rows, main, failed, incomplete, skipped, repeated)
+    markdown = render.markdown(paths, columns, rows, main, failed, incomplete, skipped, repeated)
     atomic_write_text(out / "report.md", markdown)
     pattern = f"report_*.{formats[0]}" if len(formats) == 1 else f"report_*.{{{','.join(formats)}}}"
     print_outputs({"report dir": out, "table": out / "report.md", "numbers": out / "report.csv",

@@ -1,5 +1,5 @@
 """Free text as Hydra override values: quoting that parses back to exactly what was typed; ``mate report``'s bare
-folder as its ``path=``."""
+folders as its ``path=``."""
 
 from __future__ import annotations
 
@@ -56,16 +56,22 @@ INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchp
 
 
 def path_argument(args: list[str]) -> list[str]:
-    """``mate report``'s arguments with its one bare argument (no ``=``, or an existing path such as a job dir ``0-attention=sat,seed=1``;
-    not a flag or its value) as ``path=<dir>``, quoted for Hydra; the same arguments given again come back unchanged."""
+    """``mate report``'s arguments with its bare arguments (no ``=``, or an existing path such as a job dir
+    ``0-attention=sat,seed=1``; not a flag or its value) as ``path=<dir>`` (one) or ``path=[<dir>,...]`` (several), each
+    quoted for Hydra, where the first stood; the same arguments given again come back unchanged."""
     bare = []
     for i, arg in enumerate(args):
         before = args[i - 1] if i else ""
         flag_value = before in VALUE_FLAGS or (before in INFO_FLAGS and arg in INFO_VALUES)
         if not arg.startswith("-") and not flag_value and ("=" not in arg or Path(arg).exists()):
             bare.append(i)
-    if len(bare) > 1:
+    if not bare:
+        return list(args)
+    if given := [arg for i, arg in enumerate(args) if i not in bare and arg.lstrip("+~").startswith("path=")]:
         raise MateError(
-            f"mate report takes one folder, got {len(bare)}: {' '.join(args[i] for i in bare)}; pass one multirun or outputs dir"
+            f"mate report got folders both bare ({' '.join(args[i] for i in bare)}) and as {given[0]}; "
+            "pass them one way: mate report <dir> [<dir> ...], or path=[<dir>,<dir>]"
         )
-    return [f"path={hydra_quote(arg)}" if i in bare else arg for i, arg in enumerate(args)]
+    folders = [hydra_quote(args[i]) for i in bare]
+    value = folders[0] if len(folders) == 1 else f"[{','.join(folders)}]"
+    return [f"path={value}" if i == bare[0] else arg for i, arg in enumerate(args) if i == bare[0] or i not in bare]

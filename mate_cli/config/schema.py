@@ -38,7 +38,7 @@ DECLARED: dict[str, Any] = {
     **_keys("profile_steps dataset.pad_to_multiple_of", Optional[int]),
     **_keys("model.dot callbacks.best_checkpoint", Optional[dict]),  # best_checkpoint: null under debug=overfit
     **_keys("metrics logger.wandb.tags", Optional[list]),
-    "path": Union[str, list],
+    "path": Union[str, list[str]],  # `mate report`'s folder, or folders
     "keep_best": Literal["checkpoint", "encoder"],
 }
 

@@ -1,4 +1,4 @@
-"""The run dirs (folders holding ``resolved_config.yaml`` or ``.hydra/``) under a folder, read.
+"""The run dirs (folders holding ``resolved_config.yaml`` or ``.hydra/``) under one folder or several, read.
 
 A run is ``failed`` when it holds ``FAILED`` (its first line is the reason), a file that cannot be read, or a
 ``metrics.json`` with a non-finite number (it diverged); ``ok`` when it holds ``metrics.json``; ``incomplete`` otherwise
@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from mate_cli.run.divergence import non_finite_metrics
 from mate_cli.errors import MateError
@@ -38,7 +38,7 @@ _CHOICE = re.compile(r"\$\{hydra:runtime\.choices\.([\w/.]+)\}")
 @dataclass
 class Run:
     path: Path
-    name: str  # the path relative to the report's input folder
+    name: str  # the path relative to its folder (several folders: after the folder's name)
     status: str = INCOMPLETE
     config: dict = field(default_factory=dict)
     choices: dict = field(default_factory=dict)
@@ -167,17 +167,44 @@ def load_run(path: Path, root: Path) -> Run:
     return run
 
 
-def collect(path: str | os.PathLike, tasks: Iterable[str] | None = ("train",)) -> tuple[list[Run], list[Run]]:
-    """``(runs of tasks, runs of other tasks)`` under ``path`` (``tasks`` None: all; a run without a task is kept),
-    reports left out (this one too, when written into ``path``)."""
+def folder_labels(roots: Sequence[Path]) -> list[str]:
+    """What prefixes the names of each folder's runs: nothing for one folder; for several, each folder's name, or (two
+    of them named alike) the folder as given."""
+    if len(roots) < 2:
+        return [""]
+    names = [root.resolve().name or str(root) for root in roots]
+    return names if len(set(names)) == len(names) else [str(root) for root in roots]
+
+
+def load_runs(roots: Sequence[Path]) -> list[Run]:
+    """Every run dir under each folder, once (folders inside one another), named relative to its folder (several: the
+    folder's label first)."""
+    runs, seen = [], set()
+    for root, label in zip(roots, folder_labels(roots)):
+        for folder in find_run_dirs(root):
+            if (where := folder.resolve()) in seen:
+                continue
+            seen.add(where)
+            run = load_run(folder, root)
+            if label:
+                run.name = label if folder == root else f"{label}/{run.name}"
+            runs.append(run)
+    return runs
+
+
+def collect(path: str | os.PathLike | Sequence[str | os.PathLike],
+            tasks: Iterable[str] | None = ("train",)) -> tuple[list[Run], list[Run]]:  # fmt: skip
+    """``(runs of tasks, runs of other tasks)`` under ``path``, one folder or several pooled (``tasks`` None: all; a
+    run without a task is kept), reports left out (this one too, when written into ``path``)."""
     hint = "pass a multirun dir (outputs/multirun/train/<time>) or an outputs dir"
-    root = Path(path).expanduser()
-    if not root.exists():
-        raise MateError(f"path={path} does not exist; {hint}")
-    if not root.is_dir():
-        raise MateError(f"path={path} is not a directory; {hint}")
-    runs = [load_run(folder, root) for folder in find_run_dirs(root)]
-    runs = [run for run in runs if run.task != "report"]
+    given = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    roots = [Path(folder).expanduser() for folder in given]
+    for folder, root in zip(given, roots):
+        if not root.exists():
+            raise MateError(f"path={folder} does not exist; {hint}")
+        if not root.is_dir():
+            raise MateError(f"path={folder} is not a directory; {hint}")
+    runs = [run for run in load_runs(roots) if run.task != "report"]
     recover_choices(runs)
     wanted = None if tasks is None else {str(t) for t in tasks}
     keep = [wanted is None or r.task is None or r.task in wanted for r in runs]
@@ -187,7 +214,7 @@ def collect(path: str | os.PathLike, tasks: Iterable[str] | None = ("train",)) -
         others = sorted({str(r.task) for r in other})
         seen = f" (only runs of {', '.join(others)})" if others else " (no folder with resolved_config.yaml or .hydra/)"
         label = "/".join(sorted(wanted)) + " " if wanted else ""
-        raise MateError(f"no {label}runs under {path}{seen}; {hint}")
+        raise MateError(f"no {label}runs under {', '.join(map(str, given))}{seen}; {hint}")
     return kept, other
 
 

@@ -61,7 +61,7 @@ def repeated_lines(configurations: Sequence[Configuration], quote: str = "") -> 
             for conf in configurations for run, others in conf.repeated()]  # fmt: skip
 
 
-def markdown(source: str, columns: Sequence[str], rows: Sequence[Sequence[str]], main: str | None,
+def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequence[str]], main: str | None,
              failed: Sequence[Run], incomplete: Sequence[Run], skipped: Sequence[Run] = (),
              repeated: Sequence[str] = ()) -> str:  # fmt: skip
     """``report.md``: the table, then the repeated seeds, the failed and the incomplete runs."""
@@ -71,7 +71,7 @@ def markdown(source: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
 
     first_number = columns.index("runs") if "runs" in columns else len(columns)
     out = [
-        f"# mate report: `{source}`\n",
+        f"# mate report: {', '.join(f'`{source}`' for source in sources)}\n",
         f"One row per configuration; each metric is the median {PLUS_MINUS} half-IQR over seeds "
         f"(runs: finished runs, one per seed; `(n=k)` where fewer have the metric). Main metric: `{main or MISSING}`.\n",
         "| " + " | ".join(map(esc, columns)) + " |",

@@ -399,7 +399,7 @@ def test_metric_choice_and_errors(tree):
         aggregate.choose_metrics(runs, ["val/nope"])
 
 
-def test_a_bare_first_argument_is_the_path(tmp_path):
+def test_bare_arguments_are_the_path(tmp_path):
     from mate_cli.config.hydra_args import path_argument
 
     job = tmp_path / "0-attention=sat,seed=1"
@@ -415,8 +415,10 @@ def test_a_bare_first_argument_is_the_path(tmp_path):
     ]  # '=' and ',' in a job dir's name
     assert path_argument(["--info", "defaults", "runs"]) == ["--info", "defaults", "path='runs'"]
     assert path_argument(["path=x", "plots=false"]) == ["path=x", "plots=false"]
-    with pytest.raises(MateError, match="takes one folder"):
-        path_argument(["a", "b"])
+    several = path_argument(["a", "plots=false", str(job)])  # several bare folders: one list, where the first stood
+    assert several == [f"path=['a','{job}']", "plots=false"] and path_argument(several) == several
+    with pytest.raises(MateError, match="both bare .* and as path=b"):
+        path_argument(["a", "path=b"])
 
 
 def test_learning_curves_read_every_validation_of_a_run_and_its_start(tmp_path):
@@ -559,3 +561,88 @@ def test_a_report_runs_again_into_its_own_dir_and_writes_report_md_last(tree, tm
     written = [p for p in out.iterdir() if p.name.startswith("report") and p.suffix in (".md", ".csv", ".png")]
     assert max(written, key=lambda p: p.stat().st_mtime_ns).name == "report.md"
     assert len(written) > 2
+
+
+# ------------------------------------------------------------------ real runs
+# Run dirs `mate train` and `mate baseline` wrote (tests/shared_runs.py), read where they are, or copied as the jobs
+# of a seed sweep: a copy's seed set in its configs and overrides as `mate train -m seed=...` records it.
+def as_seed(real: Path, job: Path, seed: int, metrics: dict | None = None, last_checkpoint: bool = False) -> Path:
+    """``job``: a copy of the real run dir ``real`` as the job of ``seed``, ``metrics`` updating its metrics.json;
+    its checkpoints left behind, but ``checkpoints/last.ckpt`` with ``last_checkpoint`` (a link to the real one)."""
+    shutil.copytree(real, job, ignore=shutil.ignore_patterns("checkpoints", "wandb"))
+    for name in ("resolved_config.yaml", ".hydra/config.yaml"):
+        config = OmegaConf.load(job / name)
+        config.seed = seed
+        OmegaConf.save(config, job / name)
+    overrides = [o for o in OmegaConf.load(job / ".hydra" / "overrides.yaml") if not o.startswith("seed=")]
+    OmegaConf.save(OmegaConf.create([*overrides, f"seed={seed}"]), job / ".hydra" / "overrides.yaml")
+    hydra = OmegaConf.load(job / ".hydra" / "hydra.yaml")
+    hydra.hydra.overrides.task = [*overrides, f"seed={seed}"]
+    OmegaConf.save(hydra, job / ".hydra" / "hydra.yaml")
+    if metrics:
+        written = json.loads((job / "metrics.json").read_text())
+        (job / "metrics.json").write_text(json.dumps({**written, **metrics}, indent=2))
+    if last_checkpoint:
+        (job / "checkpoints").mkdir()
+        os.link(real / "checkpoints" / "last.ckpt", job / "checkpoints" / "last.ckpt")
+    return job
+
+
+#: the SQA sweep's jobs: seed -> what its metrics.json gets, beside what the real run wrote (None: none is left)
+SQA_SEEDS = {1: {"val/accuracy": 0.375, "time/fit_minutes": 2.5}, 2: {}, 5: {"val/accuracy": 0.25,
+             "time/fit_minutes": 3.25}, 3: None, 4: None}  # fmt: skip
+#: how the SQA sweep's unfinished jobs ended: seed 3 cut (its last.ckpt kept), seed 4 failed
+CUT_SEED, FAILED_SEED = 3, 4
+
+
+@pytest.fixture(scope="module")
+def real_folders(trained, module_tmp) -> dict[str, Path]:
+    """The folders of one comparison: an SQA seed sweep (of the shared SQA run), the shared TabFact run, and each
+    dataset's trivial baselines (`mate baseline` runs)."""
+    sweep = module_tmp("real") / "sqa"
+    for seed, metrics in SQA_SEEDS.items():
+        job = as_seed(trained("sqa_task"), sweep / f"{seed - 1}-seed={seed}", seed, metrics, seed == CUT_SEED)
+        if metrics is None:
+            (job / "metrics.json").unlink()
+        if seed == FAILED_SEED:
+            (job / "FAILED").write_text(f"{OOM}\n")
+    return {"sqa": sweep, "tabfact": trained("tabfact"), "baseline_sqa": trained("baseline_sqa"),
+            "baseline_tabfact": trained("baseline_tabfact")}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def real_report(real_folders, module_tmp):
+    """`mate report` over the four folders: its screen and report dir."""
+    out = module_tmp("real_report")
+    proc = mate_report([*map(str, real_folders.values()), "plots=false"], out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, report_dir(out)
+
+
+def counted_metrics(sweep: Path) -> dict[int, dict]:
+    """The SQA sweep's finished jobs: seed -> their metrics.json."""
+    jobs = [job for job in sweep.iterdir() if (job / "metrics.json").is_file()]
+    return {int(OmegaConf.load(job / "resolved_config.yaml").seed): json.loads((job / "metrics.json").read_text())
+            for job in jobs}  # fmt: skip
+
+
+def test_several_folders_are_pooled_each_run_named_in_its_folder(real_folders, real_report):
+    proc, run = real_report
+    rows = {r["dataset"]: r for r in csv_rows(run)}
+    assert sorted(rows) == ["sqa_sample", "tabfact_sample"]
+    assert (rows["sqa_sample"]["runs_ok"], rows["sqa_sample"]["runs_failed"]) == ("3", "1")
+    assert rows["sqa_sample"]["runs_incomplete"] == "1" and rows["tabfact_sample"]["runs_ok"] == "1"
+    tabfact = json.loads((real_folders["tabfact"] / "metrics.json").read_text())
+    assert float(rows["tabfact_sample"]["val/accuracy_median"]) == pytest.approx(tabfact["val/accuracy"], abs=1e-12)
+    md = (run / "report.md").read_text()
+    assert md.startswith("# mate report: " + ", ".join(f"`{folder}`" for folder in real_folders.values()))
+    assert f"`sqa/{FAILED_SEED - 1}-seed={FAILED_SEED}`: {OOM}" in md  # named in its folder, after the folder
+    assert f"`sqa/{CUT_SEED - 1}-seed={CUT_SEED}` (no metrics.json" in md
+
+
+def test_a_missing_folder_among_several_is_one_line_exit_2(real_folders, tmp_path):
+    proc = mate_report([str(real_folders["sqa"]), str(tmp_path / "nope")], tmp_path / "out")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"mate: error: path={tmp_path / 'nope'} does not exist; pass a multirun dir (outputs/multirun/train/<time>) or "
+        "an outputs dir"
+    )
