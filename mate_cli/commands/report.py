@@ -48,7 +48,7 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     failed = collect.runs_with(runs, collect.FAILED_STATUS)
     incomplete = collect.runs_with(runs, collect.INCOMPLETE)
 
-    columns, rows = render.table(configurations, metrics)
+    columns, rows = render.table(configurations, metrics, main)
     title = f"{', '.join(paths)}: median {render.PLUS_MINUS} half-IQR over seeds (main metric: {main or '-'})"
     console = screen_console()
     screen.print_tables(title, columns, rows, columns.index("runs") + 1, console, screen.screen_width())
@@ -66,7 +66,7 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
         console.print(f"[dim]left out {len(skipped)} run(s) of other tasks ({others})[/dim]")
 
     out = run_dir()
-    render.write_csv(configurations, metrics, out / "report.csv")
+    render.write_csv(configurations, metrics, out / "report.csv", main)
     plots = render.plot(configurations, metrics, main, out, formats) if cfg.get("plots", True) else []
     # last: a report.md in the folder says the report is whole (a report killed before it is run again into its dir)
     repeated = render.repeated_lines(configurations, "`")

@@ -37,6 +37,14 @@ class Summary:
     n: int
     values: tuple[float, ...]
 
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
 
 def summarize(values: Iterable[float]) -> Summary | None:
     values = tuple(float(v) for v in values)
@@ -68,6 +76,10 @@ class Configuration:
         found = [(run, [r for r in ok if r is not run and str(r.seed) == str(run.seed)]) for run in self.counted()]
         return [(run, sorted(others, key=lambda r: r.name)) for run, others in found if others and run.seed is not None]
 
+    def by_seed(self) -> list[tuple[str, Run]]:
+        """``(seed, run)`` of each seed, in seed order: its counted run."""
+        return sorted(((seed_label(run), run) for run in self.counted()), key=lambda item: seed_order(item[0]))
+
     def summary(self, metric: str) -> Summary | None:
         return summarize(run.metrics[metric] for run in self.counted() if metric in run.metrics)
 
@@ -81,6 +93,19 @@ class Configuration:
         extra = [f"+{n} {status}" for status, n in (("repeated", repeats), (FAILED_STATUS, self.count(FAILED_STATUS)),
                                                      (INCOMPLETE, self.count(INCOMPLETE))) if n]  # fmt: skip
         return f"{self.count(OK)}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def seed_label(run: Run) -> str:
+    """A run's seed as the per-seed lists name it (a run without one: its name)."""
+    return run.name if run.seed is None else str(run.seed)
+
+
+def seed_order(label: str) -> tuple:
+    """Seeds in numeric order (``2`` before ``10``), other labels after them."""
+    try:
+        return (0, float(label), label)
+    except ValueError:
+        return (1, 0.0, label)
 
 
 def _text(value) -> str:

@@ -16,6 +16,7 @@ from mate_cli.report.aggregate import BASE_COLUMNS, MISSING, THROUGHPUT, Configu
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, logged_rows
 
 PLUS_MINUS = "±"
+EN_DASH = "–"
 
 
 def number(metric: str, value: float) -> str:
@@ -37,14 +38,37 @@ def cell(metric: str, summary: Summary | None, finished: int) -> str:
     return text + (f" (n={summary.n})" if summary.n != finished else "")
 
 
-def table(configurations: Sequence[Configuration], metrics: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    """The header and a row per configuration: key columns, runs, each metric."""
+def spread(metric: str, summary: Summary | None) -> str:
+    """``min–max`` over the counted seeds (fewer than two: ``-``)."""
+    if summary is None or summary.n < 2:
+        return MISSING
+    return f"{number(metric, summary.low)}{EN_DASH}{number(metric, summary.high)}"
+
+
+def seed_values(conf: Configuration, metric: str, text=number) -> str:
+    """``1: 0.4120, 2: 0.3980``: each seed's value of ``metric`` (``text`` writes it)."""
+    shown = [f"{seed}: {MISSING if metric not in run.metrics else text(metric, run.metrics[metric])}"
+             for seed, run in conf.by_seed()]  # fmt: skip
+    return ", ".join(shown) or MISSING
+
+
+#: the columns beside the main metric: its range and each seed's value
+RANGE, BY_SEED = "range", "by seed"
+
+
+def table(configurations: Sequence[Configuration], metrics: Sequence[str],
+          main: str | None = None) -> tuple[list[str], list[list[str]]]:  # fmt: skip
+    """The header and a row per configuration: key columns, runs, each metric; after ``main``, its range and each
+    seed's value."""
     keys = list(configurations[0].key) if configurations else []
-    rows = [
-        [*conf.key.values(), conf.runs_text(), *(cell(m, conf.summary(m), conf.count(OK)) for m in metrics)]
-        for conf in configurations
-    ]
-    return [*keys, "runs", *metrics], rows
+    at = metrics.index(main) + 1 if main in metrics else 0
+    beside = [RANGE, BY_SEED] if at else []
+    rows = []
+    for conf in configurations:
+        cells = [cell(m, conf.summary(m), conf.count(OK)) for m in metrics]
+        extra = [spread(main, conf.summary(main)), seed_values(conf, main)] if at else []
+        rows.append([*conf.key.values(), conf.runs_text(), *cells[:at], *extra, *cells[at:]])
+    return [*keys, "runs", *metrics[:at], *beside, *metrics[at:]], rows
 
 
 def failed_lines(runs: Sequence[Run], quote: str = "") -> list[str]:
@@ -73,7 +97,8 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
     out = [
         f"# mate report: {', '.join(f'`{source}`' for source in sources)}\n",
         f"One row per configuration; each metric is the median {PLUS_MINUS} half-IQR over seeds "
-        f"(runs: finished runs, one per seed; `(n=k)` where fewer have the metric). Main metric: `{main or MISSING}`.\n",
+        f"(runs: finished runs, one per seed; `(n=k)` where fewer have the metric). Main metric: `{main or MISSING}`; "
+        f"{RANGE}: its lowest{EN_DASH}highest over the counted seeds; {BY_SEED}: each seed's value.\n",
         "| " + " | ".join(map(esc, columns)) + " |",
         "|" + "".join("---:|" if i >= first_number else "---|" for i in range(len(columns))),
         *("| " + " | ".join(map(esc, row)) + " |" for row in rows),
@@ -94,10 +119,13 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
     return "\n".join(out)
 
 
-def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], path: Path) -> Path:
-    """``report.csv``: key columns, run counts, then ``<metric>_median``, ``_half_iqr``, ``_n``."""
+def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], path: Path,
+              main: str | None = None) -> Path:  # fmt: skip
+    """``report.csv``: key columns, run counts, then ``<metric>_median``, ``_half_iqr``, ``_n``, ``_min``, ``_max``,
+    and ``<main>_by_seed`` (each seed's value, full precision)."""
     keys = list(configurations[0].key) if configurations else []
-    stats = [f"{m}_{part}" for m in metrics for part in ("median", "half_iqr", "n")]
+    stats = [f"{m}_{part}" for m in metrics for part in ("median", "half_iqr", "n", "min", "max")]
+    by_seed = [f"{main}_by_seed"] if main in metrics else []
     rows = []
     for conf in configurations:
         row = {**conf.key, "runs_ok": conf.count(OK), "runs_failed": conf.count(FAILED_STATUS),
@@ -107,8 +135,12 @@ def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], p
             row[f"{metric}_median"] = "" if summary is None else repr(summary.median)
             row[f"{metric}_half_iqr"] = "" if summary is None else repr(summary.half_iqr)
             row[f"{metric}_n"] = 0 if summary is None else summary.n
+            row[f"{metric}_min"] = "" if summary is None else repr(summary.low)
+            row[f"{metric}_max"] = "" if summary is None else repr(summary.high)
+        if by_seed:
+            row[by_seed[0]] = seed_values(conf, main, lambda _, value: repr(value))
         rows.append(row)
-    return atomic_write_csv(path, [*keys, "runs_ok", "runs_failed", "runs_incomplete", *stats], rows)
+    return atomic_write_csv(path, [*keys, "runs_ok", "runs_failed", "runs_incomplete", *stats, *by_seed], rows)
 
 
 #: how a plot names a metric (others: ``<name> (<split>)`` from ``<split>/<name>``)

@@ -171,13 +171,19 @@ def csv_rows(run: Path) -> list[dict]:
 
 def screen_rows(stdout: str) -> list[str]:
     """Each row of the screen's tables, its cells from every table joined by its ``#``:
-    ``"│ 1 │ mate │ bucketed/auto │ 3 │ 0.3500 ± 0.0250 │ ... │"``."""
+    ``"│ 1 │ mate │ bucketed/auto │ 3 │ 0.3500 ± 0.0250 │ ... │"`` (a cell wrapped: its first line)."""
     rows: dict[str, list[str]] = {}
     for line in stdout.splitlines():
-        if line.startswith("│"):
-            cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
+        cells = [cell.strip() for cell in line.strip().strip("│").split("│")] if line.startswith("│") else [""]
+        if cells[0]:
             rows.setdefault(cells[0], [cells[0]]).extend(cells[1:])
     return ["│ " + " │ ".join(cells) + " │" for cells in rows.values()]
+
+
+def screen_row(stdout: str, number: int) -> str:
+    """The screen's row ``number``."""
+    (line,) = [line for line in screen_rows(stdout) if line.startswith(f"│ {number} │")]
+    return line
 
 
 def table_line(stdout: str, *parts: str) -> str:
@@ -646,3 +652,21 @@ def test_a_missing_folder_among_several_is_one_line_exit_2(real_folders, tmp_pat
         f"mate: error: path={tmp_path / 'nope'} does not exist; pass a multirun dir (outputs/multirun/train/<time>) or "
         "an outputs dir"
     )
+
+
+def test_range_and_each_seeds_value_are_the_counted_runs_metrics(real_folders, real_report):
+    proc, run = real_report
+    values = {seed: metrics["val/accuracy"] for seed, metrics in counted_metrics(real_folders["sqa"]).items()}
+    assert sorted(values) == [1, 2, 5] and len(set(values.values())) == 3
+    low, high = min(values.values()), max(values.values())
+    shown = f"{low:.4f}–{high:.4f} │ " + ", ".join(f"{seed}: {values[seed]:.4f}" for seed in sorted(values))
+    assert shown in screen_row(proc.stdout, 1)  # rows by dataset: sqa_sample, tabfact_sample
+    md = (run / "report.md").read_text()
+    assert f"| {shown.replace(' │ ', ' | ')}" in md and "| val/accuracy | range | by seed |" in md
+    rows = {r["dataset"]: r for r in csv_rows(run)}
+    sqa = rows["sqa_sample"]
+    assert (float(sqa["val/accuracy_min"]), float(sqa["val/accuracy_max"])) == (low, high)
+    assert sqa["val/accuracy_by_seed"] == ", ".join(f"{seed}: {values[seed]!r}" for seed in sorted(values))
+    tabfact = real_folders["tabfact"]  # one run: no range
+    seed, value = OmegaConf.load(tabfact / "resolved_config.yaml").seed, rows["tabfact_sample"]["val/accuracy_median"]
+    assert f"{float(value):.4f} │ - │ {seed}: {float(value):.4f}" in screen_row(proc.stdout, 2)
