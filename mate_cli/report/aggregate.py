@@ -77,8 +77,11 @@ class Configuration:
         return [(run, sorted(others, key=lambda r: r.name)) for run, others in found if others and run.seed is not None]
 
     def by_seed(self) -> list[tuple[str, Run]]:
-        """``(seed, run)`` of each seed, in seed order: its counted run."""
-        return sorted(((seed_label(run), run) for run in self.counted()), key=lambda item: seed_order(item[0]))
+        """``(seed, run)`` of each seed, in seed order: its counted run, else (none finished) its unfinished run, the
+        last by name (:attr:`Run.mark` says how it ended)."""
+        runs = {seed_label(run): run for run in sorted(self.runs, key=lambda r: r.name) if run.status != OK}
+        runs.update((seed_label(run), run) for run in self.counted())
+        return sorted(runs.items(), key=lambda item: seed_order(item[0]))
 
     def summary(self, metric: str) -> Summary | None:
         return summarize(run.metrics[metric] for run in self.counted() if metric in run.metrics)

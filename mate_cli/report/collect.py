@@ -2,10 +2,11 @@
 
 A run is ``failed`` when it holds ``FAILED`` (its first line is the reason), a file that cannot be read, or a
 ``metrics.json`` with a non-finite number (it diverged); ``ok`` when it holds ``metrics.json``; ``incomplete`` otherwise
-(killed, or still running). Its configuration is ``resolved_config.yaml``, else (a run that died before writing it)
-``.hydra/config.yaml``. A run dir that lost ``.hydra/hydra.yaml`` (its group choices: which dataset, which attention)
-takes each choice from the runs beside it whose config holds the same settings under that group
-(:func:`recover_choices`).
+(killed, or still running), and ``cut`` among those when it kept ``checkpoints/last.ckpt`` (a budget or a signal
+stopped it: running it again continues it). Its configuration is ``resolved_config.yaml``, else (a run that died
+before writing it) ``.hydra/config.yaml``. A run dir that lost ``.hydra/hydra.yaml`` (its group choices: which
+dataset, which attention) takes each choice from the runs beside it whose config holds the same settings under that
+group (:func:`recover_choices`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mate_cli.run.yaml_data import read_yaml
 RESOLVED = "resolved_config.yaml"
 METRICS = "metrics.json"
 CSV_LOG = Path("csv") / "metrics.csv"
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 HYDRA_DIR = ".hydra"
 #: what a failed run's dir holds (mate_cli.run.task.FAILED_MARKER)
 FAILED = "FAILED"
@@ -47,11 +49,17 @@ class Run:
     error: str = ""
     finished: float = 0.0  # when metrics.json was written (seconds since the epoch)
     choices_lost: bool = False  # its resolved config is there, its .hydra/hydra.yaml (the group choices) is not
+    cut: bool = False  # incomplete, with its checkpoints/last.ckpt: stopped by a budget or a signal, to be continued
 
     @property
     def task(self) -> str | None:
         task = self.config.get("task_name")
         return None if task is None else str(task)
+
+    @property
+    def mark(self) -> str:
+        """How a run without a result ended, as the per-seed lists say it: ``failed``, ``cut`` or ``incomplete``."""
+        return FAILED_STATUS if self.status == FAILED_STATUS else "cut" if self.cut else INCOMPLETE
 
     @property
     def seed(self) -> Any:
@@ -164,6 +172,7 @@ def load_run(path: Path, root: Path) -> Run:
         run.status, run.error = FAILED_STATUS, " ".join(f"unreadable {where}: {type(err).__name__}: {err}".split())
     if not isinstance(run.config, dict):
         run.config = {}
+    run.cut = run.status == INCOMPLETE and (path / LAST_CHECKPOINT).is_file()
     return run
 
 

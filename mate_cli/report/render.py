@@ -46,10 +46,15 @@ def spread(metric: str, summary: Summary | None) -> str:
 
 
 def seed_values(conf: Configuration, metric: str, text=number) -> str:
-    """``1: 0.4120, 2: 0.3980``: each seed's value of ``metric`` (``text`` writes it)."""
-    shown = [f"{seed}: {MISSING if metric not in run.metrics else text(metric, run.metrics[metric])}"
-             for seed, run in conf.by_seed()]  # fmt: skip
-    return ", ".join(shown) or MISSING
+    """``1: 0.4120, 2: cut, 3: failed``: each seed's value of ``metric`` (``text`` writes it), or how its run ended
+    where none finished."""
+    return ", ".join(f"{seed}: {seed_value(run, metric, text)}" for seed, run in conf.by_seed()) or MISSING
+
+
+def seed_value(run: Run, metric: str, text=number) -> str:
+    if run.status != OK:
+        return run.mark
+    return MISSING if metric not in run.metrics else text(metric, run.metrics[metric])
 
 
 #: the columns beside the main metric: its range and each seed's value
@@ -76,7 +81,9 @@ def failed_lines(runs: Sequence[Run], quote: str = "") -> list[str]:
 
 
 def incomplete_lines(runs: Sequence[Run], quote: str = "") -> list[str]:
-    return [f"{quote}{run.name}{quote} (no metrics.json, no FAILED: killed or still running)" for run in runs]
+    cut = "cut: its checkpoints/last.ckpt is kept, running it again continues it"
+    return [f"{quote}{run.name}{quote} (no metrics.json, no FAILED: {cut if run.cut else 'killed or still running'})"
+            for run in runs]  # fmt: skip
 
 
 def repeated_lines(configurations: Sequence[Configuration], quote: str = "") -> list[str]:
@@ -98,7 +105,8 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
         f"# mate report: {', '.join(f'`{source}`' for source in sources)}\n",
         f"One row per configuration; each metric is the median {PLUS_MINUS} half-IQR over seeds "
         f"(runs: finished runs, one per seed; `(n=k)` where fewer have the metric). Main metric: `{main or MISSING}`; "
-        f"{RANGE}: its lowest{EN_DASH}highest over the counted seeds; {BY_SEED}: each seed's value.\n",
+        f"{RANGE}: its lowest{EN_DASH}highest over the counted seeds; {BY_SEED}: each seed's value, or how its run "
+        "ended where none finished (`cut`: stopped with its last.ckpt kept, `failed`, `incomplete`; not counted).\n",
         "| " + " | ".join(map(esc, columns)) + " |",
         "|" + "".join("---:|" if i >= first_number else "---|" for i in range(len(columns))),
         *("| " + " | ".join(map(esc, row)) + " |" for row in rows),

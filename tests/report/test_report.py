@@ -222,6 +222,8 @@ def test_failed_and_incomplete_runs_are_listed(ablation_report):
     assert f"{FAILED_JOB}: {OOM}" in proc.stdout and INCOMPLETE_JOB in proc.stdout
     assert f"{FAILED_JOB}`: {OOM}" in md and f"{INCOMPLETE_JOB}` (no metrics.json" in md
     assert "## Failed runs (1)" in md and "## Incomplete runs (1)" in md
+    assert "| 0.2000–0.2800 | 1: 0.2000, 2: incomplete, 3: 0.2800 |" in md  # killed before any last.ckpt
+    assert "| 0.1000–0.5000 | 1: 0.1000, 2: 0.5000, 3: failed |" in md
     assert "| hybridqa_mate | mate | bucketed/auto | hybridqa_sample | 3 | 0.3500 ± 0.0250 |" in md
 
 
@@ -659,14 +661,38 @@ def test_range_and_each_seeds_value_are_the_counted_runs_metrics(real_folders, r
     values = {seed: metrics["val/accuracy"] for seed, metrics in counted_metrics(real_folders["sqa"]).items()}
     assert sorted(values) == [1, 2, 5] and len(set(values.values())) == 3
     low, high = min(values.values()), max(values.values())
-    shown = f"{low:.4f}–{high:.4f} │ " + ", ".join(f"{seed}: {values[seed]:.4f}" for seed in sorted(values))
+    marks = {CUT_SEED: "cut", FAILED_SEED: "failed"}
+    by_seed = ", ".join(
+        f"{seed}: {marks[seed] if seed in marks else f'{values[seed]:.4f}'}" for seed in sorted(SQA_SEEDS)
+    )
+    shown = f"{low:.4f}–{high:.4f} │ {by_seed}"
     assert shown in screen_row(proc.stdout, 1)  # rows by dataset: sqa_sample, tabfact_sample
     md = (run / "report.md").read_text()
     assert f"| {shown.replace(' │ ', ' | ')}" in md and "| val/accuracy | range | by seed |" in md
     rows = {r["dataset"]: r for r in csv_rows(run)}
     sqa = rows["sqa_sample"]
     assert (float(sqa["val/accuracy_min"]), float(sqa["val/accuracy_max"])) == (low, high)
-    assert sqa["val/accuracy_by_seed"] == ", ".join(f"{seed}: {values[seed]!r}" for seed in sorted(values))
+    assert sqa["val/accuracy_by_seed"] == ", ".join(
+        f"{seed}: {marks[seed] if seed in marks else repr(values[seed])}" for seed in sorted(SQA_SEEDS)
+    )
     tabfact = real_folders["tabfact"]  # one run: no range
     seed, value = OmegaConf.load(tabfact / "resolved_config.yaml").seed, rows["tabfact_sample"]["val/accuracy_median"]
     assert f"{float(value):.4f} │ - │ {seed}: {float(value):.4f}" in screen_row(proc.stdout, 2)
+
+
+def test_unfinished_seeds_are_marked_cut_or_failed_and_not_counted(real_folders, real_report):
+    proc, run = real_report
+    cut, failed = (real_folders["sqa"] / f"{seed - 1}-seed={seed}" for seed in (CUT_SEED, FAILED_SEED))
+    assert (cut / "checkpoints" / "last.ckpt").is_file() and not (cut / "FAILED").exists()
+    assert (
+        (failed / "FAILED").is_file() and not (cut / "metrics.json").exists() and not (failed / "metrics.json").exists()
+    )
+    row = screen_row(proc.stdout, 1)
+    assert f"{CUT_SEED}: cut, {FAILED_SEED}: failed, " in row
+    values = [metrics["val/accuracy"] for metrics in counted_metrics(real_folders["sqa"]).values()]
+    (sqa,) = [r for r in csv_rows(run) if r["dataset"] == "sqa_sample"]
+    assert sqa["val/accuracy_n"] == "3" and float(sqa["val/accuracy_median"]) == pytest.approx(sorted(values)[1])
+    assert (sqa["runs_ok"], sqa["runs_failed"], sqa["runs_incomplete"]) == ("3", "1", "1")
+    md = (run / "report.md").read_text()
+    assert f"- `sqa/{cut.name}` (no metrics.json, no FAILED: cut: its checkpoints/last.ckpt is kept" in md
+    assert f"- `sqa/{failed.name}`: {OOM}" in md
