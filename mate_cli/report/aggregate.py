@@ -26,6 +26,8 @@ NOT_CONFIGURATION = ("seed", "ckpt_path", "experiment", "attention", "dataset", 
 NOT_CONFIGURATION_GROUPS = ("logger", "paths", "hydra", "extras")
 PERF_METRICS = ("perf/examples_per_s", "perf/peak_mem_mb")
 THROUGHPUT = "perf/examples_per_s"
+#: the wall minutes a run's fit took, all its calls (resumptions) together; runs before it was recorded lack it
+MINUTES = "time/fit_minutes"
 MAIN_METRICS = ("val/hits@1", "val/f1")
 MISSING = "-"
 
@@ -82,6 +84,10 @@ class Configuration:
         runs = {seed_label(run): run for run in sorted(self.runs, key=lambda r: r.name) if run.status != OK}
         runs.update((seed_label(run), run) for run in self.counted())
         return sorted(runs.items(), key=lambda item: seed_order(item[0]))
+
+    def counted_by_seed(self) -> list[tuple[str, Run]]:
+        """``(seed, run)`` of each counted run, in seed order."""
+        return [(seed, run) for seed, run in self.by_seed() if run.status == OK]
 
     def summary(self, metric: str) -> Summary | None:
         return summarize(run.metrics[metric] for run in self.counted() if metric in run.metrics)
@@ -199,4 +205,6 @@ def main_metric(metrics: Sequence[str], requested: str | None = None) -> str | N
 
 
 def ordered(metrics: Sequence[str], main: str | None) -> list[str]:
-    return ([main] if main in metrics else []) + [m for m in metrics if m != main]
+    """The main metric first, then :data:`THROUGHPUT` (what a row is compared by), then the others as they came."""
+    first = [m for m in dict.fromkeys((main, THROUGHPUT)) if m in metrics]
+    return first + [m for m in metrics if m not in first]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from mate_cli.bench.report import format_mb
 from mate_cli.io import atomic_open, atomic_write_csv
-from mate_cli.report.aggregate import BASE_COLUMNS, MISSING, THROUGHPUT, Configuration, Summary
+from mate_cli.report.aggregate import BASE_COLUMNS, MINUTES, MISSING, THROUGHPUT, Configuration, Summary
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, logged_rows
 
 PLUS_MINUS = "±"
@@ -57,23 +57,42 @@ def seed_value(run: Run, metric: str, text=number) -> str:
     return MISSING if metric not in run.metrics else text(metric, run.metrics[metric])
 
 
-#: the columns beside the main metric: its range and each seed's value
-RANGE, BY_SEED = "range", "by seed"
+def minutes(conf: Configuration, text=lambda value: f"{value:.1f}") -> str:
+    """``1: 12.3, 2: -``: the minutes each counted run's fit took (``-``: a run from before they were recorded)."""
+    runs = conf.counted_by_seed()
+    if not any(MINUTES in run.metrics for _, run in runs):
+        return MISSING
+    return ", ".join(
+        f"{seed}: {text(run.metrics[MINUTES]) if MINUTES in run.metrics else MISSING}" for seed, run in runs
+    )
+
+
+#: the columns beside the metrics: the main metric's range and each seed's value, each counted run's minutes
+RANGE, BY_SEED, MINUTES_COLUMN = "range", "by seed", "minutes"
+#: the columns of lists, not numbers: left-aligned in report.md
+TEXT_COLUMNS = (BY_SEED, MINUTES_COLUMN)
+
+
+def value_columns(metrics: Sequence[str], main: str | None) -> list[tuple[str, Callable[[Configuration], str]]]:
+    """The table's columns after ``runs``, each with what writes its cell: each metric, the main metric's range and
+    by-seed list after it, the minutes after the throughput (none shown: after the main metric's, else first)."""
+    out: list[tuple[str, Callable[[Configuration], str]]] = []
+    for metric in metrics:
+        out.append((metric, lambda conf, m=metric: cell(m, conf.summary(m), conf.count(OK))))
+        if metric == main:
+            out += [(RANGE, lambda conf: spread(main, conf.summary(main))), (BY_SEED, lambda c: seed_values(c, main))]
+    names = [name for name, _ in out]
+    after = next((names.index(n) + 1 for n in (THROUGHPUT, BY_SEED) if n in names), 0)
+    return [*out[:after], (MINUTES_COLUMN, minutes), *out[after:]]
 
 
 def table(configurations: Sequence[Configuration], metrics: Sequence[str],
           main: str | None = None) -> tuple[list[str], list[list[str]]]:  # fmt: skip
-    """The header and a row per configuration: key columns, runs, each metric; after ``main``, its range and each
-    seed's value."""
+    """The header and a row per configuration: key columns, runs, then :func:`value_columns`."""
     keys = list(configurations[0].key) if configurations else []
-    at = metrics.index(main) + 1 if main in metrics else 0
-    beside = [RANGE, BY_SEED] if at else []
-    rows = []
-    for conf in configurations:
-        cells = [cell(m, conf.summary(m), conf.count(OK)) for m in metrics]
-        extra = [spread(main, conf.summary(main)), seed_values(conf, main)] if at else []
-        rows.append([*conf.key.values(), conf.runs_text(), *cells[:at], *extra, *cells[at:]])
-    return [*keys, "runs", *metrics[:at], *beside, *metrics[at:]], rows
+    shown = value_columns(metrics, main)
+    rows = [[*conf.key.values(), conf.runs_text(), *(write(conf) for _, write in shown)] for conf in configurations]
+    return [*keys, "runs", *(name for name, _ in shown)], rows
 
 
 def failed_lines(runs: Sequence[Run], quote: str = "") -> list[str]:
@@ -101,14 +120,17 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
         return str(text).replace("|", "\\|")
 
     first_number = columns.index("runs") if "runs" in columns else len(columns)
+    numbers = [i >= first_number and name not in TEXT_COLUMNS for i, name in enumerate(columns)]  # right-aligned
     out = [
         f"# mate report: {', '.join(f'`{source}`' for source in sources)}\n",
         f"One row per configuration; each metric is the median {PLUS_MINUS} half-IQR over seeds "
         f"(runs: finished runs, one per seed; `(n=k)` where fewer have the metric). Main metric: `{main or MISSING}`; "
         f"{RANGE}: its lowest{EN_DASH}highest over the counted seeds; {BY_SEED}: each seed's value, or how its run "
-        "ended where none finished (`cut`: stopped with its last.ckpt kept, `failed`, `incomplete`; not counted).\n",
+        "ended where none finished (`cut`: stopped with its last.ckpt kept, `failed`, `incomplete`; not counted); "
+        f"{MINUTES_COLUMN}: the wall minutes each counted run's fit took, all its calls together (`{MINUTES}`; "
+        f"`{MISSING}`: a run from before they were recorded).\n",
         "| " + " | ".join(map(esc, columns)) + " |",
-        "|" + "".join("---:|" if i >= first_number else "---|" for i in range(len(columns))),
+        "|" + "".join("---:|" if right else "---|" for right in numbers),
         *("| " + " | ".join(map(esc, row)) + " |" for row in rows),
         "",
     ]
@@ -130,7 +152,7 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
 def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], path: Path,
               main: str | None = None) -> Path:  # fmt: skip
     """``report.csv``: key columns, run counts, then ``<metric>_median``, ``_half_iqr``, ``_n``, ``_min``, ``_max``,
-    and ``<main>_by_seed`` (each seed's value, full precision)."""
+    ``<main>_by_seed`` (each seed's value) and ``minutes_by_seed``, in full precision."""
     keys = list(configurations[0].key) if configurations else []
     stats = [f"{m}_{part}" for m in metrics for part in ("median", "half_iqr", "n", "min", "max")]
     by_seed = [f"{main}_by_seed"] if main in metrics else []
@@ -147,8 +169,10 @@ def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], p
             row[f"{metric}_max"] = "" if summary is None else repr(summary.high)
         if by_seed:
             row[by_seed[0]] = seed_values(conf, main, lambda _, value: repr(value))
+        row["minutes_by_seed"] = minutes(conf, repr)
         rows.append(row)
-    return atomic_write_csv(path, [*keys, "runs_ok", "runs_failed", "runs_incomplete", *stats, *by_seed], rows)
+    header = [*keys, "runs_ok", "runs_failed", "runs_incomplete", *stats, *by_seed, "minutes_by_seed"]
+    return atomic_write_csv(path, header, rows)
 
 
 #: how a plot names a metric (others: ``<name> (<split>)`` from ``<split>/<name>``)

@@ -575,7 +575,8 @@ def test_a_report_runs_again_into_its_own_dir_and_writes_report_md_last(tree, tm
 # Run dirs `mate train` and `mate baseline` wrote (tests/shared_runs.py), read where they are, or copied as the jobs
 # of a seed sweep: a copy's seed set in its configs and overrides as `mate train -m seed=...` records it.
 def as_seed(real: Path, job: Path, seed: int, metrics: dict | None = None, last_checkpoint: bool = False) -> Path:
-    """``job``: a copy of the real run dir ``real`` as the job of ``seed``, ``metrics`` updating its metrics.json;
+    """``job``: a copy of the real run dir ``real`` as the job of ``seed``, ``metrics`` updating its metrics.json (None:
+    the key removed);
     its checkpoints left behind, but ``checkpoints/last.ckpt`` with ``last_checkpoint`` (a link to the real one)."""
     shutil.copytree(real, job, ignore=shutil.ignore_patterns("checkpoints", "wandb"))
     for name in ("resolved_config.yaml", ".hydra/config.yaml"):
@@ -588,17 +589,18 @@ def as_seed(real: Path, job: Path, seed: int, metrics: dict | None = None, last_
     hydra.hydra.overrides.task = [*overrides, f"seed={seed}"]
     OmegaConf.save(hydra, job / ".hydra" / "hydra.yaml")
     if metrics:
-        written = json.loads((job / "metrics.json").read_text())
-        (job / "metrics.json").write_text(json.dumps({**written, **metrics}, indent=2))
+        written = {**json.loads((job / "metrics.json").read_text()), **metrics}
+        (job / "metrics.json").write_text(json.dumps({k: v for k, v in written.items() if v is not None}, indent=2))
     if last_checkpoint:
         (job / "checkpoints").mkdir()
         os.link(real / "checkpoints" / "last.ckpt", job / "checkpoints" / "last.ckpt")
     return job
 
 
-#: the SQA sweep's jobs: seed -> what its metrics.json gets, beside what the real run wrote (None: none is left)
-SQA_SEEDS = {1: {"val/accuracy": 0.375, "time/fit_minutes": 2.5}, 2: {}, 5: {"val/accuracy": 0.25,
-             "time/fit_minutes": 3.25}, 3: None, 4: None}  # fmt: skip
+#: the SQA sweep's jobs: seed -> what its metrics.json gets, beside what the real run wrote (None: none is left);
+#: seed 2 as a run from before `mate train` recorded its minutes
+SQA_SEEDS = {1: {"val/accuracy": 0.375, "time/fit_minutes": 2.5}, 2: {"time/fit_minutes": None},
+             5: {"val/accuracy": 0.25, "time/fit_minutes": 3.25}, 3: None, 4: None}  # fmt: skip
 #: how the SQA sweep's unfinished jobs ended: seed 3 cut (its last.ckpt kept), seed 4 failed
 CUT_SEED, FAILED_SEED = 3, 4
 
@@ -696,3 +698,28 @@ def test_unfinished_seeds_are_marked_cut_or_failed_and_not_counted(real_folders,
     md = (run / "report.md").read_text()
     assert f"- `sqa/{cut.name}` (no metrics.json, no FAILED: cut: its checkpoints/last.ckpt is kept" in md
     assert f"- `sqa/{failed.name}`: {OOM}" in md
+
+
+def test_each_counted_runs_minutes_are_beside_the_throughput(real_folders, real_report):
+    proc, run = real_report
+    counted = counted_metrics(real_folders["sqa"])
+    assert "time/fit_minutes" not in counted[2] and "perf/examples_per_s" in counted[2]
+
+    def minutes(text) -> str:
+        return ", ".join(f"{seed}: {text(counted[seed]['time/fit_minutes']) if 'time/fit_minutes' in counted[seed] else '-'}"
+                         for seed in sorted(counted))  # fmt: skip
+
+    speeds = sorted(metrics["perf/examples_per_s"] for metrics in counted.values())
+    assert f"{speeds[1]:,.1f}" in screen_row(proc.stdout, 1) and minutes(lambda v: f"{v:.1f}") in screen_row(
+        proc.stdout, 1
+    )
+    md = (run / "report.md").read_text()
+    assert "| val/accuracy | range | by seed | perf/examples_per_s | minutes |" in md
+    assert f" | {minutes(lambda v: f'{v:.1f}')} | " in md
+    rows = {r["dataset"]: r for r in csv_rows(run)}
+    assert rows["sqa_sample"]["minutes_by_seed"] == minutes(repr)
+    assert float(rows["sqa_sample"]["perf/examples_per_s_median"]) == pytest.approx(speeds[1])
+    tabfact = json.loads((real_folders["tabfact"] / "metrics.json").read_text())
+    seed = OmegaConf.load(real_folders["tabfact"] / "resolved_config.yaml").seed
+    shown = f"{seed}: {tabfact['time/fit_minutes']!r}" if "time/fit_minutes" in tabfact else "-"  # none: an older run
+    assert rows["tabfact_sample"]["minutes_by_seed"] == shown
