@@ -16,7 +16,7 @@ from mate_cli.errors import MateError
 from mate_cli.console import console as screen_console
 from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_text
-from mate_cli.report import aggregate, collect, render, screen
+from mate_cli.report import aggregate, baselines, collect, render, screen
 
 
 def folders(cfg: DictConfig) -> list[str]:
@@ -39,8 +39,11 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
             f"formats={formats}: {', '.join(unknown)} is not a plot format; choose from {', '.join(render.FORMATS)}"
         )
     tasks = cfg.get("tasks")
-    runs, skipped = collect.collect(paths, None if tasks is None else list(tasks))
+    runs, other = collect.collect(paths, None if tasks is None else list(tasks))
+    beside = [run for run in other if run.task == collect.BASELINE]
+    skipped = [run for run in other if run.task != collect.BASELINE]
     configurations = aggregate.configurations(runs)
+    unmatched = baselines.attach(configurations, beside)
     requested = cfg.get("metrics")
     metrics = aggregate.choose_metrics(runs, None if requested is None else [str(m) for m in requested])
     main = aggregate.main_metric(metrics, cfg.get("main_metric"))
@@ -64,6 +67,9 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     if skipped:
         others = ", ".join(sorted({str(r.task) for r in skipped}))
         console.print(f"[dim]left out {len(skipped)} run(s) of other tasks ({others})[/dim]")
+    if unmatched:
+        names = ", ".join(escape(run.name) for run in unmatched)
+        console.print(f"[dim]{len(unmatched)} trivial baseline run(s) of data no row trained on: {names}[/dim]")
 
     out = run_dir()
     render.write_csv(configurations, metrics, out / "report.csv", main)

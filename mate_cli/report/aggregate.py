@@ -62,6 +62,7 @@ class Configuration:
 
     key: dict[str, str]
     runs: list[Run] = field(default_factory=list)
+    baseline: Run | None = None  # the trivial baseline of its data (mate_cli.report.baselines)
 
     def counted(self) -> list[Run]:
         """The finished runs summarised: one per seed, the newest to finish."""

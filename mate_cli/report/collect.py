@@ -33,6 +33,10 @@ HYDRA_DIR = ".hydra"
 FAILED = "FAILED"
 
 OK, FAILED_STATUS, INCOMPLETE = "ok", "failed", "incomplete"
+#: `mate baseline`'s task: the trivial baselines (:mod:`mate_cli.report.baselines`)
+BASELINE = "baseline"
+#: the tasks whose runs are read beside the rows, no rows themselves unless ``tasks`` names them
+BESIDE = (BASELINE,)
 
 _CHOICE = re.compile(r"\$\{hydra:runtime\.choices\.([\w/.]+)\}")
 
@@ -47,6 +51,7 @@ class Run:
     overrides: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     error: str = ""
+    texts: dict = field(default_factory=dict)  # metrics.json's text values (a baseline's rule)
     finished: float = 0.0  # when metrics.json was written (seconds since the epoch)
     choices_lost: bool = False  # its resolved config is there, its .hydra/hydra.yaml (the group choices) is not
     cut: bool = False  # incomplete, with its checkpoints/last.ckpt: stopped by a budget or a signal, to be continued
@@ -66,12 +71,16 @@ class Run:
         return self.config.get("seed")
 
     def setting(self, dotted: str) -> Any:
-        node: Any = self.config
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return None
-            node = node[part]
-        return node
+        return lookup(self.config, dotted)
+
+
+def lookup(node: Any, dotted: str) -> Any:
+    """The value at ``dotted`` in a plain config, else None."""
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
 def find_run_dirs(root: Path) -> list[Path]:
@@ -88,6 +97,15 @@ def find_run_dirs(root: Path) -> list[Path]:
 
 def _yaml(path: Path) -> Any:
     return read_yaml(path, "it is not a run dir mate wrote", interpolations=True)
+
+
+def composed_setting(run: Run, dotted: str) -> Any:
+    """``dotted`` in the run's ``.hydra/config.yaml``, as composed (interpolations unresolved); None where absent or
+    unreadable."""
+    try:
+        return lookup(_yaml(run.path / HYDRA_DIR / "config.yaml"), dotted)
+    except MateError:
+        return None
 
 
 def _fill_choices(value: Any, choices: dict) -> Any:
@@ -162,6 +180,7 @@ def load_run(path: Path, root: Path) -> Run:
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
             run.status, run.metrics, run.finished = OK, numeric_metrics(data), current.stat().st_mtime
+            run.texts = {str(k): v for k, v in data.items() if isinstance(v, str)}
             if bad := non_finite_metrics(data):  # a diverged run: no result, whatever its accuracy reads
                 run.status, run.error = FAILED_STATUS, f"non-finite metrics ({', '.join(bad)}): the run diverged"
             if not any(k.startswith("val/") for k in run.metrics):  # validate_best=false, before it wrote them
@@ -203,8 +222,8 @@ def load_runs(roots: Sequence[Path]) -> list[Run]:
 
 def collect(path: str | os.PathLike | Sequence[str | os.PathLike],
             tasks: Iterable[str] | None = ("train",)) -> tuple[list[Run], list[Run]]:  # fmt: skip
-    """``(runs of tasks, runs of other tasks)`` under ``path``, one folder or several pooled (``tasks`` None: all; a
-    run without a task is kept), reports left out (this one too, when written into ``path``)."""
+    """``(runs of tasks, runs of other tasks)`` under ``path``, one folder or several pooled (``tasks`` None: all
+    but :data:`BESIDE`'s; a run without a task is kept), reports left out (this one too, when written into ``path``)."""
     hint = "pass a multirun dir (outputs/multirun/train/<time>) or an outputs dir"
     given = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     roots = [Path(folder).expanduser() for folder in given]
@@ -216,7 +235,7 @@ def collect(path: str | os.PathLike | Sequence[str | os.PathLike],
     runs = [run for run in load_runs(roots) if run.task != "report"]
     recover_choices(runs)
     wanted = None if tasks is None else {str(t) for t in tasks}
-    keep = [wanted is None or r.task is None or r.task in wanted for r in runs]
+    keep = [r.task is None or (r.task not in BESIDE if wanted is None else r.task in wanted) for r in runs]
     kept = [r for r, k in zip(runs, keep) if k]
     other = [r for r, k in zip(runs, keep) if not k]
     if not kept:

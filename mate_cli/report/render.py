@@ -12,6 +12,7 @@ import numpy as np
 
 from mate_cli.bench.report import format_mb
 from mate_cli.io import atomic_open, atomic_write_csv
+from mate_cli.report import baselines
 from mate_cli.report.aggregate import BASE_COLUMNS, MINUTES, MISSING, THROUGHPUT, Configuration, Summary
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, logged_rows
 
@@ -52,6 +53,7 @@ def seed_values(conf: Configuration, metric: str, text=number) -> str:
 
 
 def seed_value(run: Run, metric: str, text=number) -> str:
+    """A seed's run in the per-seed list: its value of ``metric``, or how it ended (:attr:`Run.mark`)."""
     if run.status != OK:
         return run.mark
     return MISSING if metric not in run.metrics else text(metric, run.metrics[metric])
@@ -67,30 +69,48 @@ def minutes(conf: Configuration, text=lambda value: f"{value:.1f}") -> str:
     )
 
 
-#: the columns beside the metrics: the main metric's range and each seed's value, each counted run's minutes
-RANGE, BY_SEED, MINUTES_COLUMN = "range", "by seed", "minutes"
-#: the columns of lists, not numbers: left-aligned in report.md
-TEXT_COLUMNS = (BY_SEED, MINUTES_COLUMN)
+def trivial_baseline(run: Run | None, main: str | None, text=number) -> str:
+    """A baseline run's score as its cell: ``0.1111 (every cell of column 1)``, the main metric where the baseline has
+    it (else ``val/accuracy``, named), then TabFact's statement-only model's: ``; 0.5000 (statement only)``."""
+    metric = baselines.shown_metric(run, main)
+    if metric is None:
+        return MISSING
+    named = "" if metric == main else f"{metric} "
+    parts = [f"{named}{text(metric, run.metrics[metric])} ({run.texts.get(baselines.RULE, 'rule')})"]
+    if baselines.STATEMENT_ONLY in run.metrics:
+        parts.append(f"{text(baselines.STATEMENT_ONLY, run.metrics[baselines.STATEMENT_ONLY])} (statement only)")
+    return "; ".join(parts)
 
 
-def value_columns(metrics: Sequence[str], main: str | None) -> list[tuple[str, Callable[[Configuration], str]]]:
-    """The table's columns after ``runs``, each with what writes its cell: each metric, the main metric's range and
-    by-seed list after it, the minutes after the throughput (none shown: after the main metric's, else first)."""
+#: the columns beside the metrics: the main metric's range and each seed's value, the trivial baseline of the row's
+#: data, each counted run's minutes
+RANGE, BY_SEED, BASELINE, MINUTES_COLUMN = "range", "by seed", "trivial baseline", "minutes"
+#: the columns of lists and words, not numbers: left-aligned in report.md
+TEXT_COLUMNS = (BY_SEED, BASELINE, MINUTES_COLUMN)
+
+
+def value_columns(metrics: Sequence[str], main: str | None,
+                  baseline: bool = False) -> list[tuple[str, Callable[[Configuration], str]]]:  # fmt: skip
+    """The table's columns after ``runs``, each with what writes its cell: each metric; after the main metric its
+    range, by-seed list and (``baseline``) trivial baseline; the minutes after the throughput (none shown: after the
+    main metric's, else first)."""
     out: list[tuple[str, Callable[[Configuration], str]]] = []
     for metric in metrics:
         out.append((metric, lambda conf, m=metric: cell(m, conf.summary(m), conf.count(OK))))
         if metric == main:
             out += [(RANGE, lambda conf: spread(main, conf.summary(main))), (BY_SEED, lambda c: seed_values(c, main))]
+            out += [(BASELINE, lambda conf: trivial_baseline(conf.baseline, main))] if baseline else []
     names = [name for name, _ in out]
-    after = next((names.index(n) + 1 for n in (THROUGHPUT, BY_SEED) if n in names), 0)
+    after = next((names.index(n) + 1 for n in (THROUGHPUT, BASELINE, BY_SEED) if n in names), 0)
     return [*out[:after], (MINUTES_COLUMN, minutes), *out[after:]]
 
 
 def table(configurations: Sequence[Configuration], metrics: Sequence[str],
           main: str | None = None) -> tuple[list[str], list[list[str]]]:  # fmt: skip
-    """The header and a row per configuration: key columns, runs, then :func:`value_columns`."""
+    """The header and a row per configuration: key columns, runs, then :func:`value_columns` (a trivial baseline
+    column where a row has one)."""
     keys = list(configurations[0].key) if configurations else []
-    shown = value_columns(metrics, main)
+    shown = value_columns(metrics, main, any(conf.baseline for conf in configurations))
     rows = [[*conf.key.values(), conf.runs_text(), *(write(conf) for _, write in shown)] for conf in configurations]
     return [*keys, "runs", *(name for name, _ in shown)], rows
 
@@ -121,6 +141,10 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
 
     first_number = columns.index("runs") if "runs" in columns else len(columns)
     numbers = [i >= first_number and name not in TEXT_COLUMNS for i, name in enumerate(columns)]  # right-aligned
+    baseline_note = (
+        f" {BASELINE.capitalize()}: `mate baseline` on the same data, with its rule (TabFact: and the statement-only "
+        "model's)." if BASELINE in columns else ""
+    )  # fmt: skip
     out = [
         f"# mate report: {', '.join(f'`{source}`' for source in sources)}\n",
         f"One row per configuration; each metric is the median {PLUS_MINUS} half-IQR over seeds "
@@ -128,7 +152,7 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
         f"{RANGE}: its lowest{EN_DASH}highest over the counted seeds; {BY_SEED}: each seed's value, or how its run "
         "ended where none finished (`cut`: stopped with its last.ckpt kept, `failed`, `incomplete`; not counted); "
         f"{MINUTES_COLUMN}: the wall minutes each counted run's fit took, all its calls together (`{MINUTES}`; "
-        f"`{MISSING}`: a run from before they were recorded).\n",
+        f"`{MISSING}`: a run from before they were recorded).{baseline_note}\n",
         "| " + " | ".join(map(esc, columns)) + " |",
         "|" + "".join("---:|" if right else "---|" for right in numbers),
         *("| " + " | ".join(map(esc, row)) + " |" for row in rows),
@@ -149,10 +173,23 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
     return "\n".join(out)
 
 
+#: report.csv's trivial baseline columns
+BASELINE_CSV = ("baseline_run", "baseline_rule", "baseline_metric", "baseline_value", "baseline_statement_only")
+
+
+def baseline_numbers(run: Run | None, main: str | None) -> dict[str, str]:
+    """:data:`BASELINE_CSV` of a row's trivial baseline (none: empty)."""
+    metric = baselines.shown_metric(run, main)
+    if metric is None:
+        return dict.fromkeys(BASELINE_CSV, "")
+    values = [repr(run.metrics[key]) if key in run.metrics else "" for key in (metric, baselines.STATEMENT_ONLY)]
+    return dict(zip(BASELINE_CSV, [run.name, run.texts.get(baselines.RULE, ""), metric, *values]))
+
+
 def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], path: Path,
               main: str | None = None) -> Path:  # fmt: skip
     """``report.csv``: key columns, run counts, then ``<metric>_median``, ``_half_iqr``, ``_n``, ``_min``, ``_max``,
-    ``<main>_by_seed`` (each seed's value) and ``minutes_by_seed``, in full precision."""
+    ``<main>_by_seed`` (each seed's value), ``minutes_by_seed`` and :data:`BASELINE_CSV`, in full precision."""
     keys = list(configurations[0].key) if configurations else []
     stats = [f"{m}_{part}" for m in metrics for part in ("median", "half_iqr", "n", "min", "max")]
     by_seed = [f"{main}_by_seed"] if main in metrics else []
@@ -170,8 +207,9 @@ def write_csv(configurations: Sequence[Configuration], metrics: Sequence[str], p
         if by_seed:
             row[by_seed[0]] = seed_values(conf, main, lambda _, value: repr(value))
         row["minutes_by_seed"] = minutes(conf, repr)
+        row.update(baseline_numbers(conf.baseline, main))
         rows.append(row)
-    header = [*keys, "runs_ok", "runs_failed", "runs_incomplete", *stats, *by_seed, "minutes_by_seed"]
+    header = [*keys, "runs_ok", "runs_failed", "runs_incomplete", *stats, *by_seed, "minutes_by_seed", *BASELINE_CSV]
     return atomic_write_csv(path, header, rows)
 
 

@@ -714,7 +714,7 @@ def test_each_counted_runs_minutes_are_beside_the_throughput(real_folders, real_
         proc.stdout, 1
     )
     md = (run / "report.md").read_text()
-    assert "| val/accuracy | range | by seed | perf/examples_per_s | minutes |" in md
+    assert "| val/accuracy | range | by seed | trivial baseline | perf/examples_per_s | minutes |" in md
     assert f" | {minutes(lambda v: f'{v:.1f}')} | " in md
     rows = {r["dataset"]: r for r in csv_rows(run)}
     assert rows["sqa_sample"]["minutes_by_seed"] == minutes(repr)
@@ -723,3 +723,48 @@ def test_each_counted_runs_minutes_are_beside_the_throughput(real_folders, real_
     seed = OmegaConf.load(real_folders["tabfact"] / "resolved_config.yaml").seed
     shown = f"{seed}: {tabfact['time/fit_minutes']!r}" if "time/fit_minutes" in tabfact else "-"  # none: an older run
     assert rows["tabfact_sample"]["minutes_by_seed"] == shown
+
+
+def test_each_row_has_the_trivial_baseline_of_its_data(real_folders, real_report):
+    proc, run = real_report
+    sqa, tabfact = (
+        json.loads((real_folders[f"baseline_{task}"] / "metrics.json").read_text()) for task in ("sqa", "tabfact")
+    )
+    assert "val/accuracy_statement_only" in tabfact and "val/accuracy_statement_only" not in sqa
+    shown = {
+        "sqa": f"{sqa['val/accuracy']:.4f} ({sqa['rule']})",
+        "tabfact": f"{tabfact['val/accuracy']:.4f} ({tabfact['rule']}); "
+        f"{tabfact['val/accuracy_statement_only']:.4f} (statement only)",
+    }
+    assert shown["sqa"] in screen_row(proc.stdout, 1) and shown["tabfact"] in screen_row(proc.stdout, 2)
+    md = (run / "report.md").read_text()
+    assert "| by seed | trivial baseline | perf/examples_per_s |" in md
+    assert f" | {shown['sqa']} | " in md and f" | {shown['tabfact']} | " in md
+    rows = {r["dataset"]: r for r in csv_rows(run)}
+    assert len(rows) == 2  # the baselines are no rows, nor runs left out
+    assert "left out" not in proc.stdout and "Left out" not in md
+    for task, metrics in (("sqa", sqa), ("tabfact", tabfact)):
+        row = rows[f"{task}_sample"]
+        assert (row["baseline_run"], row["baseline_rule"]) == (f"baseline_{task}", metrics["rule"])
+        assert (row["baseline_metric"], float(row["baseline_value"])) == ("val/accuracy", metrics["val/accuracy"])
+    assert float(rows["tabfact_sample"]["baseline_statement_only"]) == tabfact["val/accuracy_statement_only"]
+
+
+def test_a_baseline_of_other_data_is_beside_no_row(real_folders, tmp_path):
+    """A TabFact baseline beside SQA runs, and an SQA baseline of another root (as `mate baseline
+    dataset.root=<elsewhere>` records it), are the baseline of no row."""
+    elsewhere = shutil.copytree(real_folders["baseline_sqa"], tmp_path / "baselines" / "sqa_elsewhere")
+    config = OmegaConf.load(elsewhere / ".hydra" / "config.yaml")
+    config.dataset.root = str(tmp_path / "sqa_sample")
+    OmegaConf.save(config, elsewhere / ".hydra" / "config.yaml")
+    overrides = [*OmegaConf.load(elsewhere / ".hydra" / "overrides.yaml"), f"dataset.root={tmp_path / 'sqa_sample'}"]
+    OmegaConf.save(OmegaConf.create(overrides), elsewhere / ".hydra" / "overrides.yaml")
+    folders = [real_folders["sqa"], tmp_path / "baselines", real_folders["baseline_tabfact"]]
+    proc = mate_report([*map(str, folders), "plots=false"], tmp_path / "out")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (
+        "2 trivial baseline run(s) of data no row trained on: baselines/sqa_elsewhere, baseline_tabfact" in proc.stdout
+    )
+    (row,) = csv_rows(report_dir(tmp_path / "out"))
+    assert row["baseline_run"] == row["baseline_value"] == ""
+    assert "trivial baseline |" not in (report_dir(tmp_path / "out") / "report.md").read_text()
