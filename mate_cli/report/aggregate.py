@@ -1,10 +1,13 @@
 """Runs -> configurations, each metric over seeds as the paper reports it: median and half the interquartile range,
 ``(Q3 - Q1) / 2`` (numpy's linear percentiles), and ``n``. A seed finished more than once counts once, by its newest run.
 
-A configuration is the experiment, attention, MATE's ``variant/impl``, dataset and every other override whose value
+A configuration is the dataset, experiment, attention, MATE's ``variant/impl`` and every other override whose value
 differs between the runs (a heads-ablation sweep: a row per ``attention.row_heads_ratio``); never the seed. A run
 whose group choices are lost (:func:`mate_cli.report.collect.recover_choices`) and cannot be told from its resolved
 config is in no row: it is listed as failed, unreadable.
+
+The rows go per dataset first (its choice, then the ``dataset.*`` overrides that differ: another root, another
+length), so runs over several tasks read as one task's configurations after another: MATE against dense, per task.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 from mate_cli.errors import MateError
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, runs_with
 
-BASE_COLUMNS = ("experiment", "attention", "impl", "dataset")
+BASE_COLUMNS = ("dataset", "experiment", "attention", "impl")
 #: overrides that never name a configuration (seeds repeat one, a resume continues one, base columns show some,
 #: a sweep preset sets others, ``export_encoder`` and ``tags`` change nothing trained)
 NOT_CONFIGURATION = ("seed", "ckpt_path", "experiment", "attention", "dataset", "attention.variant", "attention.impl", "sweep",
@@ -84,7 +87,7 @@ class Configuration:
         last by name (:attr:`Run.mark` says how it ended)."""
         runs = {seed_label(run): run for run in sorted(self.runs, key=lambda r: r.name) if run.status != OK}
         runs.update((seed_label(run), run) for run in self.counted())
-        return sorted(runs.items(), key=lambda item: seed_order(item[0]))
+        return sorted(runs.items(), key=lambda item: natural(item[0]))
 
     def counted_by_seed(self) -> list[tuple[str, Run]]:
         """``(seed, run)`` of each counted run, in seed order."""
@@ -110,12 +113,12 @@ def seed_label(run: Run) -> str:
     return run.name if run.seed is None else str(run.seed)
 
 
-def seed_order(label: str) -> tuple:
-    """Seeds in numeric order (``2`` before ``10``), other labels after them."""
+def natural(value: str) -> tuple:
+    """A seed or key value as lists and rows sort by it: numbers by value (``2`` before ``10``), then words."""
     try:
-        return (0, float(label), label)
+        return (0, float(value), value)
     except ValueError:
-        return (1, 0.0, label)
+        return (1, 0.0, value)
 
 
 def _text(value) -> str:
@@ -128,17 +131,17 @@ def _family(target) -> str | None:
 
 
 def base_key(run: Run) -> dict[str, str | None]:
-    """experiment, attention, impl (``variant/impl`` for MATE, else ``-``), dataset (None: a run's lost choice)."""
+    """dataset (None: a run's lost choice), experiment, attention, impl (``variant/impl`` for MATE, else ``-``)."""
     attention = run.setting("attention") or run.setting("model.encoder.attention") or {}
     attention = attention if isinstance(attention, dict) else {}
     parts = [attention[k] for k in ("variant", "impl") if attention.get(k) is not None]
     dataset = run.setting("dataset") if isinstance(run.setting("dataset"), dict) else {}
     lost_dataset = run.choices_lost and "dataset" not in run.choices  # its node's family would name no dataset
     return {
+        "dataset": None if lost_dataset else _text(run.choices.get("dataset") or _family(dataset.get("_target_"))),
         "experiment": _text(run.setting("experiment_name") or run.choices.get("experiment")),
         "attention": _text(run.choices.get("attention") or _family(attention.get("_target_"))),
         "impl": "/".join(map(str, parts)) or MISSING,
-        "dataset": None if lost_dataset else _text(run.choices.get("dataset") or _family(dataset.get("_target_"))),
     }
 
 
@@ -162,11 +165,15 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
 
 
 def configurations(runs: Sequence[Run]) -> list[Configuration]:
-    """The runs by configuration; a run whose configuration is unknown (a lost choice) becomes failed, in none."""
+    """The runs by configuration, per dataset first (the dataset, then its swept ``dataset.*`` keys, then the other
+    key columns); a run whose configuration is unknown (a lost choice) becomes failed, in none."""
     extra = swept_keys(runs)
+    data = [k for k in extra if k.startswith("dataset.")]
     groups: dict[tuple, Configuration] = {}
     for run in runs:
-        key = {**base_key(run), **{k: effective(run, k) for k in extra}}
+        base = base_key(run)
+        key = {"dataset": base.pop("dataset"), **{k: effective(run, k) for k in data}, **base,
+               **{k: effective(run, k) for k in extra if k not in data}}  # fmt: skip
         if unknown := [k for k, value in key.items() if value is None]:
             run.status = FAILED_STATUS
             run.error = (
@@ -175,7 +182,7 @@ def configurations(runs: Sequence[Run]) -> list[Configuration]:
             )
             continue
         groups.setdefault(tuple(key.values()), Configuration(key)).runs.append(run)
-    return [groups[k] for k in sorted(groups)]
+    return [groups[k] for k in sorted(groups, key=lambda values: [natural(v) for v in values])]
 
 
 def choose_metrics(runs: Sequence[Run], requested: Sequence[str] | None = None) -> list[str]:

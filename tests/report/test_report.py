@@ -204,7 +204,7 @@ def ablation_report(tree, module_tmp):
 def test_the_table_has_one_row_per_configuration_with_median_and_half_iqr(ablation_report):
     proc, _ = ablation_report
     assert len(screen_rows(proc.stdout)) == 3
-    assert "every row: experiment=hybridqa_mate, dataset=hybridqa_sample" in proc.stdout
+    assert "every row: dataset=hybridqa_sample, experiment=hybridqa_mate" in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines() if line.startswith(("┃", "│", "┏", "└"))) <= 100
     assert "…" not in proc.stdout
     assert "bucketed/auto" in table_line(proc.stdout, " mate ")
@@ -224,7 +224,7 @@ def test_failed_and_incomplete_runs_are_listed(ablation_report):
     assert "## Failed runs (1)" in md and "## Incomplete runs (1)" in md
     assert "| 0.2000–0.2800 | 1: 0.2000, 2: incomplete, 3: 0.2800 |" in md  # killed before any last.ckpt
     assert "| 0.1000–0.5000 | 1: 0.1000, 2: 0.5000, 3: failed |" in md
-    assert "| hybridqa_mate | mate | bucketed/auto | hybridqa_sample | 3 | 0.3500 ± 0.0250 |" in md
+    assert "| hybridqa_sample | hybridqa_mate | mate | bucketed/auto | 3 | 0.3500 ± 0.0250 |" in md
 
 
 def test_csv_holds_the_hand_computed_median_and_half_iqr(ablation_report):
@@ -768,3 +768,21 @@ def test_a_baseline_of_other_data_is_beside_no_row(real_folders, tmp_path):
     (row,) = csv_rows(report_dir(tmp_path / "out"))
     assert row["baseline_run"] == row["baseline_value"] == ""
     assert "trivial baseline |" not in (report_dir(tmp_path / "out") / "report.md").read_text()
+
+
+def test_rows_go_per_dataset_first(trained, real_folders, tmp_path):
+    """PointR's stage 2 (experiment hybridqa_reader, dataset hybridqa_span) sorted before its stage 1 (hybridqa_tapas,
+    hybridqa_sample) by experiment; per dataset first, each dataset's rows are together whatever their experiment."""
+    folders = [trained("pointr_stage2"), real_folders["sqa"], trained("pointr_stage1")]
+    proc = mate_report([*map(str, folders), "main_metric=val/loss", "plots=false"], tmp_path / "out")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = csv_rows(report_dir(tmp_path / "out"))
+    assert [(r["dataset"], r["experiment"]) for r in rows] == [
+        ("hybridqa_sample", "hybridqa_tapas"),
+        ("hybridqa_span", "hybridqa_reader"),
+        ("sqa_sample", "sqa_mate"),
+    ]
+    header = list(rows[0])  # the dataset, the dataset.* keys that differ, then the other key columns
+    assert header[:3] == ["dataset", "dataset.max_length", "experiment"] and header[3:5] == ["attention", "impl"]
+    md = (report_dir(tmp_path / "out") / "report.md").read_text()
+    assert md.index("\n| hybridqa_sample |") < md.index("\n| hybridqa_span |") < md.index("\n| sqa_sample |")
