@@ -1,0 +1,1 @@
+"""mate_cli's Hydra sweeper plugins (:mod:`.continuing`)."""
