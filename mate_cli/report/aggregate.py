@@ -12,12 +12,14 @@ length), so runs over several tasks read as one task's configurations after anot
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from mate_cli.errors import MateError
+from mate_cli.run.stages import PREFIX as STAGE_PREFIX
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, runs_with
 
 BASE_COLUMNS = ("dataset", "experiment", "attention", "impl")
@@ -147,7 +149,11 @@ def base_key(run: Run) -> dict[str, str | None]:
 
 def effective(run: Run, key: str) -> str | None:
     """What ``key`` was in ``run``: its group choice, else its config value, else its override (None: unknown, a run
-    that lost its choices and overrides with ``.hydra/``)."""
+    that lost its choices and overrides with ``.hydra/``). A stage's ``sweep:<dir>`` stays as given: each job found its
+    own run there (:mod:`mate_cli.run.stages`), the seeds of one configuration different ones."""
+    given = re.sub(r"\\(.)", r"\1", str(run.overrides.get(key, "")))  # as Hydra reads it: sweep\:<dir> is sweep:<dir>
+    if given.startswith(STAGE_PREFIX):
+        return given
     if key in run.choices:
         return _text(run.choices[key])
     value = run.setting(key)
