@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     if sweep and (signum := sweeps.stopped_by()):
         print(sweeps.stopped_line(given_sweep_dir(rest) or "hydra.sweep.dir", signum), file=sys.stderr)
         return 128 + signum
+    if sweep and (end := sweeps.end_of_sweep(sweeps.sweep_folder(given_sweep_dir(rest)))):
+        print(end[0], file=sys.stderr)  # jobs that ran elsewhere and did not finish
+        return end[1]
     return 0
 
 

@@ -187,3 +187,47 @@ def stopped_line(folder: Path, signum: int) -> str:
         f"mate: the sweep in {folder} was stopped by {signal.Signals(signum).name}: its finished jobs are kept, the "
         "cut ones saved their last.ckpt; run the same command again to continue it"
     )
+
+
+def sweep_folder(given: Path | None) -> Path | None:
+    """The folder of the sweep this process ran: ``given``, else the one Hydra chose (still set once it returns)."""
+    if given is not None:
+        return Path(given).resolve()
+    if _Stop.folder is not None:
+        return _Stop.folder
+    return Path(HydraConfig.get().sweep.dir).resolve() if HydraConfig.initialized() else None
+
+
+def unfinished_jobs(folder: Path) -> list[tuple[str, str]]:
+    """``(job number, why)`` for each job folder of the sweep in ``folder`` without ``metrics.json``: its ``FAILED``
+    line, else cut by its budget (a ``last.ckpt``), else not started."""
+    left = []
+    for job in sorted(p for p in folder.iterdir() if (p / ".hydra").is_dir()):
+        if (job / "metrics.json").is_file():
+            continue
+        failed = job / "FAILED"
+        if failed.is_file():
+            line = failed.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["failed"]
+            why = line[0].removeprefix("mate: ").split("; ")[0]  # what stopped it, without its own resume hint
+        else:
+            why = "cut by trainer.max_time" if earlier_state(job) == CUT else "not started"
+        left.append((job.name.split("-", 1)[0], why))
+    return sorted(left, key=lambda item: int(item[0]) if item[0].isdigit() else 0)
+
+
+def end_of_sweep(folder: Path | None) -> tuple[str, int] | None:
+    """The sweep's last line and exit status when some of its jobs did not finish (a job's own signal, its budget, a
+    failure in another process); None when all did. A job that failed or was stopped makes the status 1; jobs only
+    their budget cut leave it 0: the next call goes on."""
+    if folder is None or not folder.is_dir():
+        return None
+    jobs = [p for p in folder.iterdir() if (p / ".hydra").is_dir()]
+    if not (left := unfinished_jobs(folder)):
+        return None
+    shown = "; ".join(f"job {number}: {why}" for number, why in left[:3]) + ("; ..." if len(left) > 3 else "")
+    status = 1 if any(why not in ("cut by trainer.max_time", "not started") for _, why in left) else 0
+    return (
+        f"mate: the sweep in {folder}: {len(left)} of {len(jobs)} jobs did not finish ({shown}); run the same "
+        "command again to continue it",
+        status,
+    )

@@ -16,6 +16,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,8 @@ def files_of(folder: Path) -> dict[str, tuple[str, int]]:
 
 
 def jobs_of(folder: Path) -> list[Path]:
-    return sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("-")[0]))
+    jobs = (p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))  # submitit keeps .submitit/
+    return sorted(jobs, key=lambda p: int(p.name.split("-")[0]))
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +120,24 @@ def test_a_changed_sweep_in_the_same_folder_is_refused_naming_the_change(cut_and
     assert f"hydra.sweep.dir={folder} holds a sweep of `mate train -m` {changed}" in err
 
 
+def test_a_second_call_while_the_sweep_runs_is_refused_before_any_job_starts(cut_and_continued, capsys, monkeypatch):
+    """Two calls at once never train one job twice: the sweep's folder is held by the first (here a process holding
+    its lock as a running sweep does)."""
+    folder = cut_and_continued["folder"]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(folder / ".mate.lock")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, _, err = main_before_hydra([*SWEEP, *JOBLIB, f"hydra.sweep.dir={folder}"], capsys, monkeypatch)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 2 and f"sweep dir {folder} is in use by another mate process" in err, err
+
+
 def test_max_time_is_each_calls_budget_a_run_it_cut_goes_on_and_the_minutes_add_up(tmp_path, caplog):
     """In process, about 15 s: a one-second budget cuts the run at a batch end with last.ckpt and no metrics.json;
     the same run resumed without a budget finishes, its time/fit_minutes counting both calls."""
@@ -136,19 +156,81 @@ def test_max_time_is_each_calls_budget_a_run_it_cut_goes_on_and_the_minutes_add_
     assert metrics["time/fit_minutes"] > 1 / 60  # the first call's second, and the second call's
 
 
+def test_under_submitit_a_job_cut_by_its_own_signal_is_named_and_resumed_by_the_next_call(tmp_path):
+    """Over 60 s: two jobs in their own processes (hydra/launcher=submitit_local); the second is sent SIGTERM alone,
+    as a scheduler pre-empts one job: the sweep ends naming it, exit 1; the same command again leaves the first
+    job's files as they were and resumes the second from its step."""
+    env = mate_env(tmp_path / "out", tmp_path / "cache", PYTHONPATH=str(REPO_ROOT))
+    folder = tmp_path / "sweep"
+    alone = [
+        *SIGNAL[:1],
+        "+callbacks.signal_job.job=1",
+        "+callbacks.signal_job.batch=1",
+        "+callbacks.signal_job.group=false",
+    ]
+    args = ["train", "-m", "experiment=hybridqa_mate", *TINY, "seed=1,2", *alone, "hydra/launcher=submitit_local",
+            f"hydra.sweep.dir={folder}"]  # fmt: skip
+    cut = run_mate(args, env, timeout=900)
+    assert cut.returncode == 1, cut.stderr[-3000:]
+    assert re.fullmatch(
+        rf"mate: the sweep in {re.escape(str(folder))}: 1 of 2 jobs did not finish \(job 1: interrupted by SIGTERM at "
+        r"step [1-9]\); run the same command again to continue it",
+        cut.stderr.strip().splitlines()[-1],
+    ), cut.stderr[-2000:]
+    first, second = jobs_of(folder)
+    kept = files_of(first)
+    assert (second / "checkpoints" / "last.ckpt").is_file() and not (second / "metrics.json").exists()
+    again = run_mate(args, env, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert files_of(first) == kept
+    assert json.loads((second / "metrics.json").read_text())["resumed_from"] == str(
+        second / "checkpoints" / "last.ckpt"
+    )
+
+
+def test_an_optuna_search_run_again_with_its_storage_resumes_its_cut_trial_and_asks_for_no_more(tmp_path):
+    """Over 40 s: a two-trial search (the basic launcher) whose second trial is stopped by SIGTERM, run again with
+    the same storage and sweep dir: the first trial is not trained again, the second resumes in its folder and its
+    result goes to the study, and no third trial is asked for."""
+    import optuna
+
+    env = mate_env(tmp_path / "out", tmp_path / "cache", PYTHONPATH=str(REPO_ROOT))
+    folder, storage = tmp_path / "sweep", f"sqlite:///{tmp_path / 'study.db'}"
+    alone = [
+        *SIGNAL[:1],
+        "+callbacks.signal_job.job=1",
+        "+callbacks.signal_job.batch=1",
+        "+callbacks.signal_job.group=false",
+    ]
+    args = ["train", "-m", "experiment=hybridqa_mate", "hparams_search=optuna", "hydra.sweeper.n_trials=2",
+            f"hydra.sweeper.storage={storage}", *TINY, *alone, f"hydra.sweep.dir={folder}"]  # fmt: skip
+    cut = run_mate(args, env, timeout=900)
+    assert cut.returncode == 128 + signal.SIGTERM, cut.stderr[-3000:]
+    first, second = jobs_of(folder)
+    kept = files_of(first)
+    again = run_mate(args, env, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert jobs_of(folder) == [first, second] and files_of(first) == kept
+    resumed = json.loads((second / "metrics.json").read_text())
+    assert resumed["resumed_from"] == str(second / "checkpoints" / "last.ckpt")
+    trials = optuna.load_study(study_name="hybridqa_mate", storage=storage).trials
+    assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE"), (1, "COMPLETE")]
+    assert trials[1].value == pytest.approx(resumed["val/hits@1"])
+
+
 STAGE = ["dataset.max_length=128", "trainer.max_steps=1", "trainer.limit_val_batches=1", "dataset.eval_batch_size=16",
          "logger=csv", "validate_best=false"]  # fmt: skip
 
 
 def test_a_second_stage_starts_each_job_from_the_first_stages_run_of_its_attention_and_seed(tmp_path):
-    """Over 30 s: six one-step runs, two sweeps (the basic launcher)."""
+    """Over 30 s: six one-step runs, two sweeps (the basic launcher), and the second's report."""
     env = mate_env(tmp_path / "out", tmp_path / "cache")
     first, second = tmp_path / "sqa", tmp_path / "wtq"
     ran = run_mate(["train", "-m", "experiment=sqa_mate", "dataset=sqa_sample", *STAGE, "attention=mate,dense",
                     "seed=1,2", f"hydra.sweep.dir={first}"], env)  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
-    ran = run_mate(["train", "-m", "experiment=wtq_mate", "dataset=wtq_sample", *STAGE, "attention=mate,dense",
-                    "seed=2", f"init_from=sweep:{first}", f"hydra.sweep.dir={second}"], env)  # fmt: skip
+    ran = run_mate(["train", "-m", "experiment=wtq_mate", "dataset=wtq_sample", *STAGE, "attention=mate", "seed=1,2",
+                    f"init_from=sweep:{first}", f"hydra.sweep.dir={second}"], env)  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
     sources = {}
     for job in jobs_of(first):
@@ -161,3 +243,19 @@ def test_a_second_stage_starts_each_job_from_the_first_stages_run_of_its_attenti
         assert started == str(sources[own]), (own, started)
         assert json.loads((job / "metrics.json").read_text())["started_from"] == started
     assert len(jobs_of(second)) == 2
+    # zero or several matches, or a match that has not finished: one line naming them
+    from mate_cli.errors import MateError
+    from mate_cli.run.stages import matching_run
+
+    value = f"sweep:{first}"
+    with pytest.raises(MateError, match=r"no job of .* has attention=mate, seed=3 \(its jobs ran attention in "):
+        matching_run(value, "init_from", {"attention": "mate", "seed": "3"})
+    with pytest.raises(MateError, match=r"2 jobs of .* match seed=1 .*; they differ in attention: set attention in"):
+        matching_run(value, "init_from", {"seed": "1"})
+    unfinished = sources[("attention=dense", "seed=1")]
+    (unfinished / "metrics.json").rename(unfinished / "metrics.json.kept")
+    with pytest.raises(MateError, match=rf"the matching job {re.escape(str(unfinished))} has not finished"):
+        matching_run(value, "init_from", {"attention": "dense", "seed": "1"})
+    # the report: one configuration, both seeds, though each seed started from its own run
+    (configuration,) = run_command("report", [f"path={second}", "plots=false"], tmp_path / "report")
+    assert len(configuration.counted()) == 2 and configuration.key["attention"] == "mate"
