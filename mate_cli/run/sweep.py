@@ -123,11 +123,24 @@ def _on_signal(signum: int, frame) -> None:  # noqa: ARG001 - signal handler sig
             handle.write(f"stopped {signum}\n")
     for job in (p for p in folder.iterdir() if p.is_dir()):
         pid = run_lock.holder(job)
-        if pid is not None and pid.isdigit() and int(pid) != os.getpid():
+        if pid is not None and pid.isdigit() and _is_child(int(pid)):  # never a pid of another machine's job
             try:
                 os.kill(int(pid), signum)
             except ProcessLookupError:
                 pass
+
+
+def _is_child(pid: int) -> bool:
+    """Whether ``pid`` is a process this one started (joblib's workers, submitit's local jobs): a lock file on a
+    shared disk may name a job's pid on another machine (SLURM), which here is some other process."""
+    import os
+
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
+    return len(fields) > 1 and fields[1] == str(os.getpid())
 
 
 def stopped_by() -> int | None:
