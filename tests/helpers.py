@@ -50,6 +50,12 @@ def run_mate(args: list[str], env: dict, timeout: int = 600) -> subprocess.Compl
     return subprocess.run([MATE, *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
+def jobs_of(sweep_dir: Path) -> list[Path]:
+    """The job folders of a sweep, by job number (a launcher's own hidden folders, submitit's, left out)."""
+    jobs = (p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(jobs, key=lambda p: int(p.name.split("-")[0]))
+
+
 def run_dirs(output_dir: Path, task: str) -> set[Path]:
     """The run directories of ``task`` (train, eval, pointr, ...) under ``output_dir``."""
     return set((output_dir / task).glob("*")) if (output_dir / task).exists() else set()

@@ -1,12 +1,12 @@
-"""A sweep run again into its ``hydra.sweep.dir=`` continues it; stages chain by matching jobs.
+"""A sweep run again into its ``hydra.sweep.dir=`` continues it.
 
 - 2 attentions x 2 seeds under joblib, two jobs at a time, the process group signalled (SIGTERM, as a time limit or
   Ctrl-C reaches it) during the third job's second batch, then the same command again: the finished jobs' files are
-  untouched, the cut job resumes from its step, the fourth trains, and the cut job ends as one trained uncut does.
+  untouched, the cut job resumes from its step, the fourth trains, and both end as their commands run whole.
   The sweep's process, its joblib workers and their signals are the point: real processes.
 - A changed sweep is refused in one line naming the change.
-- Two stages (the SQA sample, then the WikiTQ sample with ``init_from=sweep:<first>``): each second-stage job starts
-  from the first-stage run of its own attention and seed, and records it.
+- The same under submitit (one job cut by its own signal), and an Optuna search run again with its storage.
+- ``trainer.max_time`` as each call's budget. Stages: test_sweep_stages.py.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.helpers import MATE, REPO_ROOT, mate_env, run_mate
+from tests.helpers import MATE, REPO_ROOT, jobs_of, mate_env, run_mate
 from tests.inprocess import main_before_hydra, run_command
 
 TINY = ["trainer.max_steps=4", "dataset.max_length=128", "dataset.eval_batch_size=16", "trainer.limit_val_batches=1",
@@ -44,14 +43,9 @@ def files_of(folder: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def jobs_of(folder: Path) -> list[Path]:
-    jobs = (p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))  # submitit keeps .submitit/
-    return sorted(jobs, key=lambda p: int(p.name.split("-")[0]))
-
-
 @pytest.fixture(scope="module")
 def cut_and_continued(module_tmp) -> dict:
-    """Over 60 s: the sweep cut by SIGTERM, then run again; and the cut job's uncut reference run."""
+    """Over 60 s: the sweep cut by SIGTERM, then run again; and the cut jobs' uncut reference runs."""
     base = module_tmp("sweep_resume")
     env = mate_env(base / "out", base / "cache", PYTHONPATH=str(REPO_ROOT))  # the jobs import tests.signal_at
     folder = base / "sweep"
@@ -63,11 +57,12 @@ def cut_and_continued(module_tmp) -> dict:
     found["failed"] = {job.name: (job / "FAILED").read_text() for job in jobs if (job / "FAILED").is_file()}
     found["finished_files"] = {job.name: files_of(job) for job in jobs if (job / "metrics.json").is_file()}
     found["again"] = run_mate(args, env, timeout=900)
-    reference = base / "reference"  # the cut job's command, run whole
-    found["reference"] = run_mate(
-        ["train", "experiment=hybridqa_mate", *TINY, "attention=dense", "seed=1", f"hydra.run.dir={reference}"], env
-    )
-    found["reference_dir"] = reference
+    for seed in (1, 2):  # the commands of the two jobs the signal cut (attention=dense), each run whole
+        found[f"reference{seed}"] = run_mate(
+            ["train", "experiment=hybridqa_mate", *TINY, "attention=dense", f"seed={seed}",
+             f"hydra.run.dir={base / f'reference{seed}'}"], env
+        )  # fmt: skip
+        found[f"reference{seed}_dir"] = base / f"reference{seed}"
     return found
 
 
@@ -102,13 +97,18 @@ def test_run_again_it_keeps_the_finished_jobs_resumes_the_cut_one_and_trains_the
     assert ("checkpoints" in cut_and_continued["after_cut"][jobs[3].name]) == ("resumed_from" in fourth)
 
 
-def test_the_cut_and_resumed_job_ends_as_the_same_job_uncut(cut_and_continued):
-    reference = cut_and_continued["reference"]
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    uncut = json.loads((cut_and_continued["reference_dir"] / "metrics.json").read_text())
-    resumed = json.loads((cut_and_continued["jobs"][2] / "metrics.json").read_text())
-    compared = [k for k in uncut if k.startswith(("val/", "train/loss"))]
-    assert compared and {k: resumed[k] for k in compared} == pytest.approx({k: uncut[k] for k in compared}, rel=1e-5)
+def test_the_jobs_the_signal_cut_end_as_the_same_jobs_uncut(cut_and_continued):
+    """The third job (resumed from its step) and the fourth (resumed, or started again where it had saved nothing)
+    end with the metrics of their commands run whole; the first two were not trained again."""
+    for seed, job in ((1, cut_and_continued["jobs"][2]), (2, cut_and_continued["jobs"][3])):
+        reference = cut_and_continued[f"reference{seed}"]
+        assert reference.returncode == 0, reference.stderr[-3000:]
+        uncut = json.loads((cut_and_continued[f"reference{seed}_dir"] / "metrics.json").read_text())
+        resumed = json.loads((job / "metrics.json").read_text())
+        compared = [k for k in uncut if k.startswith(("val/", "train/loss"))]
+        assert compared and {k: resumed[k] for k in compared} == pytest.approx(
+            {k: uncut[k] for k in compared}, rel=1e-5
+        )
 
 
 def test_a_changed_sweep_in_the_same_folder_is_refused_naming_the_change(cut_and_continued, capsys, monkeypatch):
@@ -216,46 +216,3 @@ def test_an_optuna_search_run_again_with_its_storage_resumes_its_cut_trial_and_a
     trials = optuna.load_study(study_name="hybridqa_mate", storage=storage).trials
     assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE"), (1, "COMPLETE")]
     assert trials[1].value == pytest.approx(resumed["val/hits@1"])
-
-
-STAGE = ["dataset.max_length=128", "trainer.max_steps=1", "trainer.limit_val_batches=1", "dataset.eval_batch_size=16",
-         "logger=csv", "validate_best=false"]  # fmt: skip
-
-
-def test_a_second_stage_starts_each_job_from_the_first_stages_run_of_its_attention_and_seed(tmp_path):
-    """Over 30 s: six one-step runs, two sweeps (the basic launcher), and the second's report."""
-    env = mate_env(tmp_path / "out", tmp_path / "cache")
-    first, second = tmp_path / "sqa", tmp_path / "wtq"
-    ran = run_mate(["train", "-m", "experiment=sqa_mate", "dataset=sqa_sample", *STAGE, "attention=mate,dense",
-                    "seed=1,2", f"hydra.sweep.dir={first}"], env)  # fmt: skip
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    ran = run_mate(["train", "-m", "experiment=wtq_mate", "dataset=wtq_sample", *STAGE, "attention=mate", "seed=1,2",
-                    f"init_from=sweep:{first}", f"hydra.sweep.dir={second}"], env)  # fmt: skip
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    sources = {}
-    for job in jobs_of(first):
-        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
-        sources[tuple(o for o in overrides if o.startswith(("attention=", "seed=")))] = job
-    for job in jobs_of(second):
-        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
-        own = tuple(o for o in overrides if o.startswith(("attention=", "seed=")))
-        started = yaml.safe_load((job / "resolved_config.yaml").read_text())["init_from"]
-        assert started == str(sources[own]), (own, started)
-        assert json.loads((job / "metrics.json").read_text())["started_from"] == started
-    assert len(jobs_of(second)) == 2
-    # zero or several matches, or a match that has not finished: one line naming them
-    from mate_cli.errors import MateError
-    from mate_cli.run.stages import matching_run
-
-    value = f"sweep:{first}"
-    with pytest.raises(MateError, match=r"no job of .* has attention=mate, seed=3 \(its jobs ran attention in "):
-        matching_run(value, "init_from", {"attention": "mate", "seed": "3"})
-    with pytest.raises(MateError, match=r"2 jobs of .* match seed=1 .*; they differ in attention: set attention in"):
-        matching_run(value, "init_from", {"seed": "1"})
-    unfinished = sources[("attention=dense", "seed=1")]
-    (unfinished / "metrics.json").rename(unfinished / "metrics.json.kept")
-    with pytest.raises(MateError, match=rf"the matching job {re.escape(str(unfinished))} has not finished"):
-        matching_run(value, "init_from", {"attention": "dense", "seed": "1"})
-    # the report: one configuration, both seeds, though each seed started from its own run
-    (configuration,) = run_command("report", [f"path={second}", "plots=false"], tmp_path / "report")
-    assert len(configuration.counted()) == 2 and configuration.key["attention"] == "mate"
