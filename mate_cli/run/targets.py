@@ -48,7 +48,8 @@ def allowed_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
     found = set()
     for path in sorted(Path(conf_dir).rglob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-            found.update(v for _, v in walk_targets(document) if isinstance(v, str))
+            # Hydra's own nodes (hydra.sweeper: its plugins) are never in a run's config
+            found.update(v for k, v in walk_targets(document) if isinstance(v, str) and not k.startswith("hydra."))
     return frozenset(found | FORMER_TARGETS)
 
 
