@@ -9,10 +9,6 @@ LIGHTNING = '2.6.6'  #: the Lightning whose Trainer this describes
 TORCH = '2.13.0+cpu'  #: the torch whose optimiser this describes
 
 PARAMETER_TYPES = {
-    'hydra_plugins.mate_optuna_sweeper.continuing.ContinuingOptunaSweeper': {'sampler': Any, 'direction': Any,
-        'storage': Any, 'study_name': Union[str, None], 'n_trials': int, 'n_jobs': int, 'max_failure_rate': float,
-        'search_space': Any, 'custom_search_space': Union[str, None], 'params': Any,
-    },
     'lightning.pytorch.callbacks.EarlyStopping': {'monitor': str, 'min_delta': float, 'patience': int, 'verbose': bool,
         'mode': str, 'strict': bool, 'check_finite': bool, 'stopping_threshold': Union[float, None],
         'divergence_threshold': Union[float, None], 'check_on_train_epoch_end': Union[bool, None],
