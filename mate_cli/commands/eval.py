@@ -1,6 +1,7 @@
 """`mate eval ckpt_path=<run dir | checkpoint>`: rebuild that run (:mod:`mate_cli.run.rebuild`), evaluate ``split``, write
 ``metrics.json`` (with the ``overrides`` that changed the run's config, if any) and, for a table task, the predictions in
-the dataset's upstream answer format."""
+the dataset's upstream answer format. ``tables=shuffled`` (TabFact) scores each statement against another table of the
+split (:mod:`mate_cli.data.other_tables`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mate_cli.commands.common import first_results, hydra_app, log, print_metrics, quiet_third_party_logs, write_result
 from mate_cli.run.task import run_dir
 from mate_cli.run.divergence import non_finite_metrics
-from mate_cli.errors import MateError
+from mate_cli.data.other_tables import EVAL_TABLES
+from mate_cli.errors import MateError, check_choice
 from mate_cli.run.interrupts import cluster_plugins
 from mate_cli.run.resume import AtomicCheckpointIO
 from mate_cli.run.rebuild import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
@@ -57,6 +59,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if ckpt_path != str(cfg.ckpt_path):
         log.info("ckpt_path=%s: evaluating %s", cfg.ckpt_path, ckpt_path)
     train_cfg = load_run_config(ckpt_path, cfg.get("overrides"), bool(cfg.get("trust_run_config")))
+    tables = cfg.get("tables", "own")
+    check_choice("tables", tables, EVAL_TABLES)
+    if tables != "own":
+        if train_cfg.dataset.get("task") != "tabfact":
+            raise MateError(
+                f"tables={tables} pairs each TabFact statement with another table; {ckpt_path} is a run of "
+                f"dataset={train_cfg.dataset.get('task') or 'hybridqa'}: evaluate it with tables=own"
+            )
+        with open_dict(train_cfg.dataset):
+            train_cfg.dataset.eval_tables = tables
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(dataset_here(train_cfg, cfg.paths.cache_dir))
     model = instantiate(train_cfg.model)
@@ -90,6 +102,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     metrics = first_results(results)
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
     metrics.update(ckpt_path=ckpt_path, ckpt_step=int(checkpoint.get("global_step", 0)), ckpt_sha256=digest)
+    if tables != "own":  # the tables these numbers read
+        metrics["tables"] = tables
     if cfg.get("overrides"):  # what these numbers' config changed from the run's
         metrics["overrides"] = [str(override) for override in cfg.overrides]
     if bad := non_finite_metrics(metrics):
@@ -104,7 +118,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         metrics["predictions"] = written["predictions"] = str(task.write_predictions(model.predictions, run_dir()))
     prefix = SPLIT_PREFIX[cfg.split] + "/"
     names = sorted(k[len(prefix) :] for k in metrics if k.startswith(prefix))
-    print_metrics(f"{cfg.split}: {Path(ckpt_path).name}", metrics, names, prefix)
+    heading = f"{cfg.split}" + (", each statement with another table" if tables != "own" else "")
+    print_metrics(f"{heading}: {Path(ckpt_path).name}", metrics, names, prefix)
     return write_result("metrics", metrics, **written)
 
 

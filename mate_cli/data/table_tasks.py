@@ -22,6 +22,7 @@ import torch
 from mate_cli import tasks
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
+from mate_cli.data.other_tables import EVAL_TABLES, with_other_tables
 from mate_cli.data.schema import Batch, Question, Table, TaskBatch
 from mate_cli.data.tokenize import PRUNING_CHOICES, TableTokenizer, check_linearization
 from mate_cli.errors import MateError, check_choice
@@ -184,7 +185,8 @@ class TableTaskDataModule(SplitDataModule):
     """SQA, WikiTQ or TabFact data for the TAPAS heads. ``ambiguous_answers``, for WikiTQ answer items found in several
     cells: ``first`` labels the first copy in row order (as TAPAS), ``all`` every copy, ``drop`` every copy and leaves
     the question out of training. ``drop_cut_answers``: drop training questions with an answer item none of whose cells
-    survived the length cut."""
+    survived the length cut. ``eval_tables``: ``shuffled`` pairs each validation and test statement with another table of
+    its split (:mod:`mate_cli.data.other_tables`; TabFact only)."""
 
     def __init__(
         self,
@@ -196,9 +198,17 @@ class TableTaskDataModule(SplitDataModule):
         ambiguous_answers: Literal["first", "all", "drop"] = "all",
         drop_cut_answers: bool = False,
         linearization: str = "tapas",
+        eval_tables: Literal["own", "shuffled"] = "own",
         **common,
     ) -> None:
         self.task = tasks.get(task)
+        check_choice("dataset.eval_tables", eval_tables, EVAL_TABLES)
+        if eval_tables != "own" and self.task.answer != "verdict":
+            raise MateError(
+                f"dataset.eval_tables={eval_tables} pairs each statement with another table: a verdict keeps its "
+                f"meaning there, {self.task.name}'s answers (cells of their own table) do not; use it on a TabFact run"
+            )
+        self.eval_tables = eval_tables
         check_choice("dataset.pruning", pruning, PRUNING_CHOICES)
         check_choice("dataset.ambiguous_answers", ambiguous_answers, AMBIGUOUS_ANSWERS)
         self.pruning, self.empty_cell_token = pruning, bool(empty_cell_token)
@@ -212,10 +222,18 @@ class TableTaskDataModule(SplitDataModule):
     def make_reader(self, root: str):
         return self.task.make_reader(root)
 
+    def questions(self, split: str) -> list[Question]:
+        chosen = super().questions(split)
+        if self.eval_tables == "shuffled" and split in ("validation", "test") and chosen:
+            return with_other_tables(chosen, f"the {split} split of {self.root}")
+        return chosen
+
     def cache_payload(self, split: str) -> dict:
         # WikiTQ's answer cells depend on the gold-side canonical forms (their emulation included)
         canon = CANON_EMULATION if self.task.answer == "texts" else None
+        shuffled = self.eval_tables != "own" and split in ("validation", "test")
         return {
+            **({"eval_tables": self.eval_tables} if shuffled else {}),  # the own tables' entries keep their keys
             "task": self.task.name,
             "pruning": self.pruning,
             "empty_cell_token": self.empty_cell_token,

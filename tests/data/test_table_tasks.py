@@ -946,3 +946,40 @@ def test_tabfact_templated_rows_are_the_same_statements_over_phrased_cells(datam
         ]
     )
     assert sum(len(x["input_ids"]) for x in b) > sum(len(x["input_ids"]) for x in a)
+
+
+def test_tabfact_shuffled_tables_change_the_tables_never_the_statements_or_labels(datamodule, hf_tokenizer):
+    """``dataset.eval_tables=shuffled`` (`mate eval tables=shuffled`): each validation statement is encoded with
+    another table of the split, the same one for every statement of a table, none with its own; the statements,
+    labels and ids stay, training is untouched, and the shuffled split has a cache entry of its own."""
+    own, shuffled = datamodule("tabfact"), datamodule("tabfact", eval_tables="shuffled")
+    assert own.cache_key("train") == shuffled.cache_key("train")
+    assert own.cache_key("validation") != shuffled.cache_key("validation")
+    assert _column(own.datasets["train"], "input_ids") == _column(shuffled.datasets["train"], "input_ids")
+    a, b = own.datasets["validation"], shuffled.datasets["validation"]
+    for name in ("question_id", "label"):
+        assert _column(a, name) == _column(b, name)
+    pairs = set(zip(_column(a, "table_id"), _column(b, "table_id")))
+    tables = set(_column(a, "table_id"))
+    assert len(tables) >= 3 and all(mine != other for mine, other in pairs)
+    assert len(pairs) == len(tables) and {other for _, other in pairs} == tables  # a permutation of the split's tables
+    sep = hf_tokenizer.sep_token_id
+
+    def statement(ids: list[int]) -> list[int]:
+        return ids[: ids.index(sep)]
+
+    ids_a, ids_b = _column(a, "input_ids"), _column(b, "input_ids")
+    assert [statement(x) for x in ids_a] == [statement(x) for x in ids_b]
+    assert all(x != y for x, y in zip(ids_a, ids_b))
+    # a fixed pairing: built again, the same
+    again = TableTaskDataModule(
+        task="tabfact", root=str(SAMPLES["tabfact"][0]), split={"source": SAMPLES["tabfact"][1]}, eval_tables="shuffled"
+    )
+    assert [q.table_id for q in again.questions("validation")] == _column(b, "table_id")
+
+
+@pytest.mark.parametrize("task", ["sqa", "wtq"])
+def test_shuffled_tables_are_refused_where_the_answer_is_in_the_table(task):
+    root, source = SAMPLES[task]
+    with pytest.raises(MateError, match=rf"^dataset.eval_tables=shuffled .* {task}'s answers .*; use it on a TabFact"):
+        TableTaskDataModule(task=task, root=str(root), split={"source": source}, eval_tables="shuffled")

@@ -127,6 +127,30 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
                         tmp_path / "predict-stage1")  # fmt: skip
 
 
+def test_tabfact_eval_with_shuffled_tables_scores_the_same_statements_against_other_tables(trained, tmp_path, capsys):
+    """`mate eval tables=shuffled`: the same statements, labels and predictions file keys as `tables=own`, read with
+    other tables of the split; metrics.json says which. A run whose answers are cells is refused in one line."""
+    run = trained("tabfact_task")
+    scores = {}
+    for tables in ("own", "shuffled"):
+        capsys.readouterr()
+        scores[tables] = run_command("eval", [f"ckpt_path={run}", f"tables={tables}"], tmp_path / tables)
+        shown = capsys.readouterr().out
+        assert ("each statement with another table" in shown) == (tables == "shuffled")
+    own, shuffled = scores["own"], scores["shuffled"]
+    assert "tables" not in own and shuffled["tables"] == "shuffled"
+    assert own["data/validation/questions"] == shuffled["data/validation/questions"] == 47
+    assert 0.0 <= shuffled["val/accuracy"] <= 1.0 and own["ckpt_sha256"] == shuffled["ckpt_sha256"]
+    predicted = {t: json.loads(Path(scores[t]["predictions"]).read_text()) for t in scores}
+    assert {k: len(v) for k, v in predicted["own"].items()} == {k: len(v) for k, v in predicted["shuffled"].items()}
+    with pytest.raises(
+        MateError,
+        match=r"^tables=shuffled pairs each TabFact statement with another table; .* "
+        r"dataset=sqa: evaluate it with tables=own$",
+    ):
+        run_command("eval", [f"ckpt_path={trained('sqa_task')}", "tables=shuffled"], tmp_path / "sqa")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "experiment", [f"{t}_{a}" for t in ("sqa", "wtq", "tabfact") for a in ("mate", "tapas")] + ["tabfact_dot"]
