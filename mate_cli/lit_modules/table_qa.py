@@ -106,6 +106,8 @@ class TableQAModule(EvaluatedTaskModule):
         self._predicted: Answers = {}
         self._predicted_at_least_one_cell: Answers = {}
         self._warned_missing = False
+        #: WikiTQ's weak-supervision counts of this training epoch (:meth:`_count_answer_supervision`)
+        self._supervision_counts: torch.Tensor | None = None
 
     def forward(self, batch: TaskBatch, with_loss: bool = False) -> QAOutput:
         """The heads' output on ``batch`` as given (with DoT, callers pass the kept tokens: ``self.prune``)."""
@@ -132,12 +134,40 @@ class TableQAModule(EvaluatedTaskModule):
         out = self(kept, with_loss=True)
         loss = out.loss.mean()
         self.log("train/loss", loss, batch_size=len(batch), sync_dist=True)
+        if out.aggregate is not None:
+            self._count_answer_supervision(kept, out)
         # SQA: ALL with the gold previous answers the batch trains on (teacher forcing); decoded on the host, so only
         # on the steps that log (the host waits for the GPU there anyway)
         if is_log_step(self.trainer):
             correct = torch.tensor([row["correct"] for row in self.decode(kept, out)])
             self.log_train_metric("accuracy", correct, len(batch))
         return self.with_pruning_loss(loss, batch, pruned)
+
+    def _count_answer_supervision(self, batch: TaskBatch, out: QAOutput) -> None:
+        """Adds this batch to the epoch's counts of how TAPAS's weak supervision trained WikiTQ's one-number answers
+        (on the device: no step waits for them; :meth:`on_train_epoch_end` logs their shares)."""
+        number = ~torch.isnan(batch.float_answer)
+        in_table = number & (batch.candidate_mask & batch.cell_mask).any(dim=-1)
+        aggregating = out.aggregate > 0
+        cut = aggregating & (out.answer_kept == 0)
+        counts = torch.stack([(in_table & ~aggregating).sum(), in_table.sum(), cut.sum(), aggregating.sum()])
+        self._supervision_counts = counts if self._supervision_counts is None else self._supervision_counts + counts
+
+    def on_train_epoch_end(self) -> None:
+        """``train/numbers_in_table_as_selection``: of the one-number answers found in a cell of the input, the share
+        trained as cell selection (the operators' probability at most ``cell_selection_preference``);
+        ``train/answer_loss_cut``: of the examples trained as an aggregation, the share whose loss
+        ``answer_loss_cutoff`` zeroed. Over the epoch's steps (since the resume, in a resumed epoch)."""
+        counts, self._supervision_counts = self._supervision_counts, None
+        if counts is None:
+            return
+        selected, in_table, cut, aggregating = counts.tolist()
+        for name, part, whole in (
+            ("numbers_in_table_as_selection", selected, in_table),
+            ("answer_loss_cut", cut, aggregating),
+        ):
+            if whole:
+                self.log(f"train/{name}", part / whole, sync_dist=True)
 
     def _log_answer_cells_kept(self, kept: TaskBatch, stage: str) -> None:
         answer = kept.candidate_mask & kept.cell_mask

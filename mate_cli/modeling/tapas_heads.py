@@ -124,11 +124,15 @@ class QAOutput(NamedTuple):
     """``logits`` ``[batch, seq]``, the same with or without labels: with ``select_one_column`` each token carries its
     cell's logit, the chosen column's only; without it, the token logits (their cell's mean with
     ``average_logits_per_cell``). ``aggregation_logits`` ``[batch, ops]`` or None; ``loss`` ``[batch]`` (its mean is
-    TAPAS's loss) or None."""
+    TAPAS's loss) or None. With the loss of answer-supervised aggregation (WikiTQ), how each example was supervised,
+    ``[batch]`` 0/1: ``aggregate`` (trained as an aggregation, not as cell selection) and ``answer_kept`` (its loss
+    not zeroed by ``answer_loss_cutoff``); else None."""
 
     logits: torch.Tensor
     aggregation_logits: torch.Tensor | None
     loss: torch.Tensor | None
+    aggregate: torch.Tensor | None = None
+    answer_kept: torch.Tensor | None = None
 
 
 class CellIndex:
@@ -246,9 +250,10 @@ class TapasQAHead(nn.Module):
             loss = loss + (selection if aggregate is None else selection * (1.0 - aggregate))
         if cfg.num_aggregation_labels > 0:
             answer = (float_answer, numeric_values, numeric_values_scale)
-            loss = loss + self._aggregation_loss(
+            aggregation_loss, kept = self._aggregation_loss(
                 aggregation_logits, aggregate, logits, answer, layout, index, token_logits, column_logits
             )
+            return QAOutput(logits, aggregation_logits, loss + aggregation_loss, aggregate, kept)
         return QAOutput(logits, aggregation_logits, loss)
 
     def _column_logits(self, hidden: torch.Tensor, index: CellIndex) -> torch.Tensor:
@@ -276,7 +281,8 @@ class TapasQAHead(nn.Module):
     def _aggregation_loss(
         self, aggregation_logits, aggregate, logits, answer, layout, index: CellIndex, token_logits, column_logits
     ):
-        """The aggregation examples' loss; ``answer``: (float answer, token values, their scale)."""
+        """The aggregation examples' loss, and 1 where ``answer_loss_cutoff`` left it (0 where it zeroed an aggregating
+        example's); ``answer``: (float answer, token values, their scale)."""
         cfg = self.config
         float_answer, values, scale = answer
         log_probs = torch.log_softmax(aggregation_logits, dim=-1)
@@ -312,7 +318,8 @@ class TapasQAHead(nn.Module):
             operator_loss = -log_probs.gather(1, operator[:, None] + 1).squeeze(1)
             em = cfg.aggregation_loss_weight * operator_loss + cfg.answer_loss_importance * cell_loss
             loss = torch.where(found & (aggregate > 0), em, loss)
-        return loss
+            keep = torch.where(found & (aggregate > 0), torch.ones_like(keep), keep)
+        return loss, keep.detach()
 
 
 class TapasClassificationHead(nn.Module):

@@ -67,6 +67,12 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
     if task != "tabfact":
         assert 0.0 <= metrics["val/cell_top1"] <= 1.0
         assert 0.0 <= metrics["val/accuracy_at_least_one_cell"] <= 1.0  # the other decoding of the same weights
+    # how the weak supervision trained WikiTQ's one-number answers (tapas_heads: QAOutput.aggregate / answer_kept)
+    supervision = ("train/numbers_in_table_as_selection", "train/answer_loss_cut")
+    if task == "wtq":
+        assert all(0.0 <= metrics[name] <= 1.0 for name in supervision), metrics
+    else:
+        assert not any(name in metrics for name in supervision)
     if task == "sqa":
         assert 0.0 <= metrics["val/seq"] <= metrics["val/accuracy"] or metrics["val/accuracy"] == 0.0
         assert all(0.0 <= metrics[f"val/accuracy_q{n}"] <= 1.0 for n in (1, 2, 3))

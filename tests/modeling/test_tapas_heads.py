@@ -373,3 +373,36 @@ def test_a_head_config_changed_after_its_check_is_still_refused_at_the_loss():
             torch.ones(1, 3),
             torch.ones(1, 3),
         )
+
+
+@pytest.mark.parametrize("operators_logit, cutoff", [(-4.0, WTQ["answer_loss_cutoff"]), (4.0, None)])
+def test_the_loss_call_says_how_each_example_was_supervised(operators_logit, cutoff):
+    """``aggregate``: a one-number answer found in a cell trains as cell selection while the operators hold at most
+    ``cell_selection_preference``, as an aggregation above it; one found in no cell always aggregates; a text answer
+    never does. ``answer_kept``: 0 where ``answer_loss_cutoff`` zeroed an aggregating example's loss."""
+    from mate_cli.modeling.tapas_heads import TapasQAHead
+
+    head = TapasQAHead(16, TapasHeadConfig(**{**WTQ, "answer_loss_cutoff": cutoff})).eval()
+    with torch.no_grad():
+        head.aggregation_classifier.weight.zero_()
+        head.aggregation_classifier.bias.copy_(torch.tensor([0.0, operators_logit, operators_logit, operators_logit]))
+    layout = TableLayout.from_lists(
+        [
+            {
+                "segment_ids": [0] * 3 + [1] * 6,
+                "row_ids": [0] * 3 + [1, 1, 2, 2, 3, 3],
+                "column_ids": [0] * 3 + [1, 2] * 3,
+            }
+        ]
+        * 3
+    )
+    labels = torch.zeros(3, 9, dtype=torch.long)
+    labels[0, 3] = 1  # example 0's answer, 2.0, is in a cell; example 1's, 70.0, in none; example 2's is a text
+    values = torch.tensor([[math.nan] * 3 + [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]] * 3)
+    torch.manual_seed(0)
+    out = head(torch.randn(3, 9, 16), torch.randn(3, 16), layout, labels,
+               torch.tensor([2.0, 70.0, math.nan]), values, torch.ones(3, 9))  # fmt: skip
+    assert out.aggregate.tolist() == [0.0 if operators_logit < 0 else 1.0, 1.0, 0.0]
+    # 70 is far from any expected result of these cells: the cutoff zeroes that loss, and only where there is one
+    assert out.answer_kept[1].item() == (0.0 if cutoff is not None else 1.0)
+    assert out.answer_kept[2].item() == 1.0  # not aggregating: nothing to cut
