@@ -124,9 +124,9 @@ step_learn() {
   # One resumable sweep per table task (`mate train -m`: MATE and dense, two seeds, joblib's four jobs at a time:
   # one run of the recipes keeps an H200 busy 15-21 % of a step, BENCHMARKS.md), each job within its
   # trainer.max_time; the trivial baselines beside; then `mate report` of them all. A second call continues
-  # what a budget or the step's limit cut.
+  # what a budget or the step's limit cut. Each finished TabFact job is also scored with shuffled tables.
   local learn="${LEARN_OUT:-outputs/learn}" data="${LEARN_DATA:-${E2E_DATA:-}}" hw="${LEARN_HARDWARE:-gpu}"
-  local task recipe pair status=0 where=() init=() extra=()
+  local task recipe pair job shuffled status=0 where=() init=() extra=()
   read -r -a extra <<<"${LEARN_ARGS:-}"
   for task in ${LEARN_TASKS:-sqa wtq tabfact}; do
     recipe="${task%%[0-9]*}"  # synth, synth2, ...: TabFact's recipe on `make gpu-synth`'s statements (LEARN_DATA/<task>)
@@ -144,6 +144,13 @@ step_learn() {
       "attention=${LEARN_ATTENTIONS:-mate,dense}" "seed=${LEARN_SEEDS:-1,2}" logger=csv "${init[@]}" \
       hydra/launcher=joblib "hydra.launcher.n_jobs=${LEARN_JOBS:-4}" "trainer.max_time=${LEARN_MAX_TIME:-00:00:02:00}" \
       "${extra[@]}" "hydra.sweep.dir=$learn/$task" || status=1
+    [ "$recipe" = tabfact ] || continue
+    for job in "$learn/$task"/*/; do  # does each model read its table? `mate eval tables=shuffled`, beside its row
+      job="${job%/}" && shuffled="${job##*/}" && shuffled="$learn/${task}_shuffled/${shuffled%%-*}"  # job number
+      [ -f "$job/metrics.json" ] && [ ! -f "$shuffled/metrics.json" ] || continue
+      mate eval "ckpt_path='$job/checkpoints/last.ckpt'" tables=shuffled "hardware=$hw" "hydra.run.dir=$shuffled" ||
+        status=1
+    done
   done
   mate report "$learn" "hydra.run.dir=$learn/report" || status=1
   return "$status"

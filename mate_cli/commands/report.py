@@ -16,7 +16,7 @@ from mate_cli.errors import MateError
 from mate_cli.console import console as screen_console
 from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_text
-from mate_cli.report import aggregate, baselines, collect, render, screen
+from mate_cli.report import aggregate, baselines, collect, render, rescored, screen
 
 
 def folders(cfg: DictConfig) -> list[str]:
@@ -41,7 +41,7 @@ def report(cfg: DictConfig) -> list[aggregate.Configuration]:
     tasks = cfg.get("tasks")
     runs, other = collect.collect(paths, None if tasks is None else list(tasks))
     beside = [run for run in other if run.task == collect.BASELINE]
-    skipped = [run for run in other if run.task != collect.BASELINE]
+    _, skipped = rescored.attach(runs, [run for run in other if run.task != collect.BASELINE])
     configurations = aggregate.configurations(runs)
     unmatched = baselines.attach(configurations, beside)
     requested = cfg.get("metrics")

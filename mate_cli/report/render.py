@@ -12,7 +12,7 @@ import numpy as np
 
 from mate_cli.bench.report import format_mb
 from mate_cli.io import atomic_open, atomic_write_csv
-from mate_cli.report import baselines
+from mate_cli.report import baselines, rescored
 from mate_cli.report.aggregate import BASE_COLUMNS, MINUTES, MISSING, THROUGHPUT, Configuration, Summary
 from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, logged_rows
 
@@ -145,6 +145,11 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
         f" {BASELINE.capitalize()}: `mate baseline` on the same data, with its rule (TabFact: and the statement-only "
         "model's)." if BASELINE in columns else ""
     )  # fmt: skip
+    if any(str(name).endswith(rescored.SUFFIX) for name in columns):
+        baseline_note += (
+            f" `*{rescored.SUFFIX}`: `mate eval tables=shuffled` of the row's checkpoints, each statement read with "
+            "another table of the split."
+        )
     out = [
         f"# mate report: {', '.join(f'`{source}`' for source in sources)}\n",
         f"One row per configuration; each metric is the median {PLUS_MINUS} half-IQR over seeds "

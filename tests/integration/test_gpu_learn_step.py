@@ -28,7 +28,8 @@ def printed_cpu_call() -> list[str]:
 
 
 def test_the_printed_learn_step_runs_on_a_cpu_with_the_samples_and_writes_the_table(tmp_path):
-    """Over 60 s: three baselines, three sweeps of two one-step jobs, a report."""
+    """Over 60 s: three baselines, three sweeps of two one-step jobs, TabFact's two scored with shuffled tables, a
+    report."""
     words = printed_cpu_call()
     settings = dict(word.split("=", 1) for word in words if re.match(r"^[A-Z_]+=", word))
     command = [word for word in words if not re.match(r"^[A-Z_]+=", word)]
@@ -55,9 +56,12 @@ def test_the_printed_learn_step_runs_on_a_cpu_with_the_samples_and_writes_the_ta
     for job in (p for p in (learn / "wtq").iterdir() if p.is_dir()):
         started = yaml.safe_load((job / "resolved_config.yaml").read_text())["init_from"]
         assert started == str(sqa[attention(job)]), job.name
+    shuffled = sorted(p.name for p in (learn / "tabfact_shuffled").iterdir())  # each TabFact job, its tables shuffled
+    assert shuffled == ["0", "1"] and all((learn / "tabfact_shuffled" / n / "metrics.json").is_file() for n in shuffled)
     table = (gpu / "learn.md").read_text()
+    assert "val/accuracy_shuffled_tables" in table
     for experiment in ("sqa_mate", "wtq_mate", "tabfact_mate"):
         assert len(re.findall(rf"^\|[^\n]*\| {experiment} \| (mate|dense) \|", table, re.M)) == 2, (experiment, table)
     with tarfile.open(gpu / "learn_runs.tar.gz") as pack:
         names = pack.getnames()
-    assert sum(name.endswith("/metrics.json") for name in names) == 9, names  # six jobs, three baselines
+    assert sum(name.endswith("/metrics.json") for name in names) == 11, names  # six jobs, two evals, three baselines
