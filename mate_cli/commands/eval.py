@@ -61,14 +61,14 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     train_cfg = load_run_config(ckpt_path, cfg.get("overrides"), bool(cfg.get("trust_run_config")))
     tables = cfg.get("tables", "own")
     check_choice("tables", tables, EVAL_TABLES)
-    if tables != "own":
-        if train_cfg.dataset.get("task") != "tabfact":
-            raise MateError(
-                f"tables={tables} pairs each TabFact statement with another table; {ckpt_path} is a run of "
-                f"dataset={train_cfg.dataset.get('task') or 'hybridqa'}: evaluate it with tables=own"
-            )
+    if train_cfg.dataset.get("task") == "tabfact":  # `tables` decides, whatever the run or `overrides` set
         with open_dict(train_cfg.dataset):
             train_cfg.dataset.eval_tables = tables
+    elif tables != "own":
+        raise MateError(
+            f"tables={tables} pairs each TabFact statement with another table; {ckpt_path} is a run of "
+            f"dataset={train_cfg.dataset.get('task') or 'hybridqa'}: evaluate it with tables=own"
+        )
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(dataset_here(train_cfg, cfg.paths.cache_dir))
     model = instantiate(train_cfg.model)
@@ -101,7 +101,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         results = run(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
     metrics = first_results(results)
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
-    metrics.update(ckpt_path=ckpt_path, ckpt_step=int(checkpoint.get("global_step", 0)), ckpt_sha256=digest)
+    metrics.update(
+        ckpt_path=os.path.abspath(ckpt_path), ckpt_step=int(checkpoint.get("global_step", 0)), ckpt_sha256=digest
+    )
     if tables != "own":  # the tables these numbers read
         metrics["tables"] = tables
     if cfg.get("overrides"):  # what these numbers' config changed from the run's

@@ -22,7 +22,7 @@ import torch
 from mate_cli import tasks
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
-from mate_cli.data.other_tables import EVAL_TABLES, with_other_tables
+from mate_cli.data.other_tables import EVAL_TABLES, PAIRING, with_other_tables
 from mate_cli.data.schema import Batch, Question, Table, TaskBatch
 from mate_cli.data.tokenize import PRUNING_CHOICES, TableTokenizer, check_linearization
 from mate_cli.errors import MateError, check_choice
@@ -233,7 +233,7 @@ class TableTaskDataModule(SplitDataModule):
         canon = CANON_EMULATION if self.task.answer == "texts" else None
         shuffled = self.eval_tables != "own" and split in ("validation", "test")
         return {
-            **({"eval_tables": self.eval_tables} if shuffled else {}),  # the own tables' entries keep their keys
+            **({"eval_tables": PAIRING} if shuffled else {}),  # the own tables' entries keep their keys
             "task": self.task.name,
             "pruning": self.pruning,
             "empty_cell_token": self.empty_cell_token,

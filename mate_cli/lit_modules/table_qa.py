@@ -147,7 +147,9 @@ class TableQAModule(EvaluatedTaskModule):
         """Adds this batch to the epoch's counts of how TAPAS's weak supervision trained WikiTQ's one-number answers
         (on the device: no step waits for them; :meth:`on_train_epoch_end` logs their shares)."""
         number = ~torch.isnan(batch.float_answer)
-        in_table = number & (batch.candidate_mask & batch.cell_mask).any(dim=-1)
+        # as the head decides it: an answer cell with a token in the input (DoT's kept tokens included)
+        answer_tokens = batch.candidate_mask.gather(1, batch.layout.cell_ids) & batch.layout.attention_mask
+        in_table = number & answer_tokens.any(dim=-1)
         aggregating = out.aggregate > 0
         cut = aggregating & (out.answer_kept == 0)
         counts = torch.stack([(in_table & ~aggregating).sum(), in_table.sum(), cut.sum(), aggregating.sum()])
@@ -159,15 +161,18 @@ class TableQAModule(EvaluatedTaskModule):
         ``train/answer_loss_cut``: of the examples trained as an aggregation, the share whose loss
         ``answer_loss_cutoff`` zeroed. Over the epoch's steps (since the resume, in a resumed epoch)."""
         counts, self._supervision_counts = self._supervision_counts, None
-        if counts is None:
+        if not self.head_config.num_aggregation_labels:
             return
-        selected, in_table, cut, aggregating = counts.tolist()
+        if counts is None:  # this process trained no batch this epoch; the others' counts still add up below
+            counts = torch.zeros(4, dtype=torch.long, device=self.device)
+        # every process sums the counts of all (the same calls on each), then logs the same shares
+        selected, in_table, cut, aggregating = self.trainer.strategy.reduce(counts, reduce_op="sum").tolist()
         for name, part, whole in (
             ("numbers_in_table_as_selection", selected, in_table),
             ("answer_loss_cut", cut, aggregating),
         ):
             if whole:
-                self.log(f"train/{name}", part / whole, sync_dist=True)
+                self.log(f"train/{name}", part / whole)
 
     def _log_answer_cells_kept(self, kept: TaskBatch, stage: str) -> None:
         answer = kept.candidate_mask & kept.cell_mask

@@ -789,18 +789,21 @@ def test_rows_go_per_dataset_first(trained, real_folders, tmp_path):
 
 
 def test_a_shuffled_table_evaluation_is_a_metric_of_the_run_it_scored(trained, tmp_path):
-    """`mate eval tables=shuffled` of a TabFact run, in a folder of the report: its ``val/*`` metrics join that run's
-    as ``val/<name>_shuffled_tables`` (the newest of two counts); an evaluation with the run's own tables, and one of a
-    checkpoint no run here holds, stay left out."""
+    """`mate eval tables=shuffled` of a TabFact run, in a folder of the report: the newest such evaluation's ``val/*``
+    metrics join that run's as ``val/<name>_shuffled_tables``. Left out: an older one, one with other settings
+    (``overrides=``), one with the run's own tables, and one of a checkpoint no run here holds."""
     from tests.inprocess import run_command
 
     run = trained("tabfact")
     evals = tmp_path / "evals"
-    older = run_command("eval", [f"ckpt_path={run}", "tables=shuffled", "overrides=['dataset.max_length=64']"],
-                        evals / "shuffled_older")  # fmt: skip
     newest = run_command("eval", [f"ckpt_path={run}", "tables=shuffled"], evals / "shuffled")
-    os.utime(evals / "shuffled_older" / "metrics.json", (1, 1))  # written first
-    assert older["val/loss"] != newest["val/loss"]
+    run_command("eval", [f"ckpt_path={run}", "tables=shuffled"], evals / "shuffled_older")
+    older = evals / "shuffled_older" / "metrics.json"  # another score, written before the newest (and the run)
+    older.write_text(json.dumps({**json.loads(older.read_text()), "val/accuracy": 0.125, "val/loss": 9.0}))
+    os.utime(older, (1, 1))
+    other = run_command("eval", [f"ckpt_path={run}", "tables=shuffled", "overrides=['dataset.max_length=64']"],
+                        evals / "shuffled_other_settings")  # fmt: skip
+    assert other["val/loss"] != newest["val/loss"] and other["tables"] == "shuffled"
     run_command("eval", [f"ckpt_path={run}"], evals / "own")
     proc = mate_report([str(run), str(evals), "plots=false"], tmp_path / "out")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -809,10 +812,10 @@ def test_a_shuffled_table_evaluation_is_a_metric_of_the_run_it_scored(trained, t
         assert float(row[f"val/{name}_shuffled_tables_median"]) == pytest.approx(newest[f"val/{name}"], abs=1e-12)
     own = json.loads((run / "metrics.json").read_text())
     assert float(row["val/accuracy_median"]) == pytest.approx(own["val/accuracy"], abs=1e-12)
-    assert "left out 1 run(s) of other tasks (eval)" in proc.stdout
+    assert "left out 3 run(s) of other tasks (eval)" in proc.stdout
     md = (report_dir(tmp_path / "out") / "report.md").read_text()
     assert "`*_shuffled_tables`: `mate eval tables=shuffled`" in md
-    # without the run it scored, the shuffled evaluation is no metric of anything: left out too
+    # without the run it scored, a shuffled evaluation is no metric of anything
     alone = mate_report([str(evals), "tasks=[train,eval]", "plots=false"], tmp_path / "alone")
     assert (
         alone.returncode == 0 and "_shuffled_tables" not in (report_dir(tmp_path / "alone") / "report.md").read_text()
