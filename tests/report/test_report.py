@@ -790,21 +790,28 @@ def test_rows_go_per_dataset_first(trained, real_folders, tmp_path):
 
 def test_a_shuffled_table_evaluation_is_a_metric_of_the_run_it_scored(trained, tmp_path):
     """`mate eval tables=shuffled` of a TabFact run, in a folder of the report: the newest such evaluation's ``val/*``
-    metrics join that run's as ``val/<name>_shuffled_tables``. Left out: an older one, one with other settings
-    (``overrides=``), one with the run's own tables, and one of a checkpoint no run here holds."""
+    metrics join that run's as ``val/<name>_shuffled_tables``. Left out (copies of that evaluation's run dir, changed
+    as each would be written): an older one, one with other settings (``overrides=``), one with the run's own tables,
+    and, without the run in the report, every one."""
     from tests.inprocess import run_command
 
     run = trained("tabfact")
     evals = tmp_path / "evals"
     newest = run_command("eval", [f"ckpt_path={run}", "tables=shuffled"], evals / "shuffled")
-    run_command("eval", [f"ckpt_path={run}", "tables=shuffled"], evals / "shuffled_older")
-    older = evals / "shuffled_older" / "metrics.json"  # another score, written before the newest (and the run)
-    older.write_text(json.dumps({**json.loads(older.read_text()), "val/accuracy": 0.125, "val/loss": 9.0}))
-    os.utime(older, (1, 1))
-    other = run_command("eval", [f"ckpt_path={run}", "tables=shuffled", "overrides=['dataset.max_length=64']"],
-                        evals / "shuffled_other_settings")  # fmt: skip
-    assert other["val/loss"] != newest["val/loss"] and other["tables"] == "shuffled"
-    run_command("eval", [f"ckpt_path={run}"], evals / "own")
+
+    def copy(name: str, metrics: dict, overrides: list[str] | None = None) -> None:
+        copied = shutil.copytree(evals / "shuffled", evals / name)
+        written = {k: v for k, v in {**newest, **metrics}.items() if v is not None}
+        (copied / "metrics.json").write_text(json.dumps(written))
+        if overrides:
+            saved = OmegaConf.load(copied / ".hydra" / "overrides.yaml")
+            OmegaConf.save(OmegaConf.create([*saved, *overrides]), copied / ".hydra" / "overrides.yaml")
+
+    copy("shuffled_older", {"val/accuracy": 0.125, "val/loss": 9.0})
+    os.utime(evals / "shuffled_older" / "metrics.json", (1, 1))  # written before the newest (and the run)
+    copy("shuffled_other_settings", {"val/loss": 8.0}, ["overrides=['dataset.max_length=64']"])
+    os.utime(evals / "shuffled_other_settings" / "metrics.json")  # the newest of all
+    copy("own", {"tables": None, "val/loss": 7.0})
     proc = mate_report([str(run), str(evals), "plots=false"], tmp_path / "out")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = csv_rows(report_dir(tmp_path / "out"))
@@ -815,7 +822,6 @@ def test_a_shuffled_table_evaluation_is_a_metric_of_the_run_it_scored(trained, t
     assert "left out 3 run(s) of other tasks (eval)" in proc.stdout
     md = (report_dir(tmp_path / "out") / "report.md").read_text()
     assert "`*_shuffled_tables`: `mate eval tables=shuffled`" in md
-    # without the run it scored, a shuffled evaluation is no metric of anything
     alone = mate_report([str(evals), "tasks=[train,eval]", "plots=false"], tmp_path / "alone")
     assert (
         alone.returncode == 0 and "_shuffled_tables" not in (report_dir(tmp_path / "alone") / "report.md").read_text()
