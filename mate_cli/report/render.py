@@ -141,12 +141,12 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
 
     first_number = columns.index("runs") if "runs" in columns else len(columns)
     numbers = [i >= first_number and name not in TEXT_COLUMNS for i, name in enumerate(columns)]  # right-aligned
-    baseline_note = (
+    notes = (
         f" {BASELINE.capitalize()}: `mate baseline` on the same data, with its rule (TabFact: and the statement-only "
         "model's)." if BASELINE in columns else ""
     )  # fmt: skip
     if any(str(name).endswith(rescored.SUFFIX) for name in columns):
-        baseline_note += (
+        notes += (
             f" `*{rescored.SUFFIX}`: `mate eval tables=shuffled` of the row's checkpoints, each statement read with "
             "another table of the split."
         )
@@ -157,7 +157,7 @@ def markdown(sources: Sequence[str], columns: Sequence[str], rows: Sequence[Sequ
         f"{RANGE}: its lowest{EN_DASH}highest over the counted seeds; {BY_SEED}: each seed's value, or how its run "
         "ended where none finished (`cut`: stopped with its last.ckpt kept, `failed`, `incomplete`; not counted); "
         f"{MINUTES_COLUMN}: the wall minutes each counted run's fit took, all its calls together (`{MINUTES}`; "
-        f"`{MISSING}`: a run from before they were recorded).{baseline_note}\n",
+        f"`{MISSING}`: a run from before they were recorded).{notes}\n",
         "| " + " | ".join(map(esc, columns)) + " |",
         "|" + "".join("---:|" if right else "---|" for right in numbers),
         *("| " + " | ".join(map(esc, row)) + " |" for row in rows),
