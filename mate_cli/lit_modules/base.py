@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import lightning as L
 import torch
@@ -28,8 +28,8 @@ POOLINGS = ("cls", "mean", "query")
 class EncoderTaskModule(L.LightningModule):
     """A task on the :class:`~mate_cli.modeling.encoder.TableEncoder`. ``optimizer`` and ``scheduler`` are Hydra
     partials (:mod:`mate_cli.lit_modules.optim`); ``extra_*``: :mod:`mate_cli.modeling.extra_layers` (0: none); ``dot``:
-    :meth:`prune`; ``pooling``: :meth:`pool`. The pooler is frozen unless the task reads it (``uses_pooler`` with
-    ``pooling=cls``): DDP would wait for its gradients."""
+    :meth:`prune`; ``pooling``: :meth:`pool`; ``frozen``: :meth:`freeze_parts`. The pooler is frozen unless the task
+    reads it (``uses_pooler`` with ``pooling=cls``): DDP would wait for its gradients."""
 
     #: whether the task's heads read the pooled [CLS] (then the pooler trains)
     uses_pooler = False
@@ -48,6 +48,7 @@ class EncoderTaskModule(L.LightningModule):
         extra_lr: float | None = None,
         dot: DoubleTransformer | None = None,
         pooling: str = "cls",
+        frozen: Sequence[str] = (),
     ) -> None:
         super().__init__()
         check_choice("model.pooling", pooling, POOLINGS)
@@ -98,6 +99,29 @@ class EncoderTaskModule(L.LightningModule):
             )
         if hasattr(encoder, "pooler") and not (self.uses_pooler and pooling == "cls"):
             encoder.pooler.requires_grad_(False)
+        self.freeze_parts([str(prefix) for prefix in frozen])
+
+    def freeze_parts(self, prefixes: list[str]) -> None:
+        """``model.frozen``: the parameters under each prefix (``encoder.embeddings``, ``encoder.encoder.layer.0``,
+        ``extra``...) keep the values they were loaded with; the rest trains. Only the encoder, the extra layers and
+        DoT's pruner can be frozen: the task's heads are built after this and always train. A prefix that names no
+        parameter is refused, so a typo never trains the whole model unnoticed."""
+        named = dict(self.named_parameters())
+        chosen = {}
+        for prefix in prefixes:
+            under = {n: p for n, p in named.items() if n == prefix or n.startswith(prefix + ".")}
+            if not under:
+                raise MateError(
+                    f"model.frozen: {prefix!r} names no parameter of the encoder, extra layers or pruner (the heads "
+                    "always train); use a prefix of their parameter names, e.g. encoder.embeddings, "
+                    "encoder.encoder.layer.0 or encoder.encoder (every layer)"
+                )
+            chosen.update(under)
+        for parameter in chosen.values():
+            parameter.requires_grad_(False)
+        if chosen:
+            count = sum(p.numel() for p in chosen.values())
+            log.info("model.frozen=%s: %d parameters keep their loaded values", prefixes, count)
 
     def check_type_ids(self, batch) -> None:
         """The batch's token-type ids against every embedding table that reads them, before the batch moves to the

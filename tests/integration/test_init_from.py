@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 
 import pytest
 
-from mate_cli.errors import MateError
+from mate_cli.errors import MateError, find_in_chain
 from mate_cli.lit_modules.table_qa import TableQAModule
 from mate_cli.modeling.checkpoints import load_weights_only
 from mate_cli.run.rebuild import init_weights_from, load_trained, run_checkpoint
@@ -101,3 +101,42 @@ def test_a_checkpoint_of_another_encoder_or_with_nan_weights_or_no_weights_is_on
         torch.save(data, path)
         with pytest.raises(MateError, match=rf"^init_from={path} {message}"):
             init_weights_from(model, path)
+
+
+def test_a_frozen_first_stage_trains_the_pooler_and_heads_on_the_loaded_encoder(trained, tmp_path):
+    """``model.frozen``: two steps from a WikiTQ run with the embeddings and layers frozen leave them as loaded,
+    while the pooler (read by the aggregation classifier) and the heads move."""
+    source = trained("wtq_task")
+    run = tmp_path / "run"
+    overrides = [
+        "experiment=wtq_mate",
+        "dataset.max_length=256",
+        "logger=csv",
+        f"dataset.root={source.parent / 'wtq_root'}",
+        f"dataset.cache_dir={source.parent / 'cache'}",
+        f"init_from={source}",
+        "model.frozen=[encoder.embeddings,encoder.encoder]",
+        "trainer.max_steps=2",
+        "model.optimizer.lr=1e-3",
+        "model.scheduler.warmup_ratio=0",
+        "validate_best=false",
+        "callbacks.best_checkpoint=null",
+    ]
+    run_command("train", overrides, run)
+    assert "model.frozen=['encoder.embeddings', 'encoder.encoder']: " in (run / "train.log").read_text("utf-8")
+    before = load_weights_only(run_checkpoint(source), "")["state_dict"]
+    after = load_weights_only(run / "checkpoints" / "last.ckpt", "")["state_dict"]
+    kept = [n for n in before if n.startswith(("encoder.embeddings.", "encoder.encoder."))]
+    moved = [n for n in before if n.startswith(("encoder.pooler.", "head.")) and n.endswith(("weight", "weights"))]
+    assert len(kept) > 90 and len(moved) == 4
+    assert [n for n in kept if not torch.equal(before[n], after[n])] == []
+    assert [n for n in moved if torch.equal(before[n], after[n])] == []
+
+
+def test_a_frozen_prefix_that_names_no_parameter_is_one_line(tmp_path):
+    for prefix, message in [("encoder.embedings", "names no parameter of the encoder"), ("head", "heads always train")]:
+        cfg = compose_command("train", ["experiment=wtq_mate", f"model.frozen=[{prefix}]"], tmp_path / "run")
+        with pytest.raises(Exception) as raised:  # Hydra wraps it; `mate` prints the cause, one line
+            instantiate(cfg.model)
+        cause = find_in_chain(raised.value, MateError)
+        assert cause is not None and str(cause).startswith(f"model.frozen: '{prefix}' ") and message in str(cause)
