@@ -122,8 +122,8 @@ step_e2e_graphs() {
 }
 step_learn() {
   # One resumable sweep per table task (`mate train -m`: MATE and dense, two seeds, joblib's four jobs at a time:
-  # one run of the recipes keeps an H200 busy 15-21 % of a step, BENCHMARKS.md), each job within its
-  # trainer.max_time; the trivial baselines beside; then `mate report` of them all. A second call continues
+  # one run of the recipes keeps an H200 busy 15-21 % of a step, BENCHMARKS.md, "End to end on a GPU"), each job
+  # within its trainer.max_time; the trivial baselines beside; then `mate report` of them all. A second call continues
   # what a budget or the step's limit cut. Each finished TabFact job is also scored with shuffled tables.
   local learn="${LEARN_OUT:-outputs/learn}" data="${LEARN_DATA:-${E2E_DATA:-}}" hw="${LEARN_HARDWARE:-gpu}"
   local task recipe pair job shuffled status=0 where=() init=() extra=()

@@ -54,8 +54,9 @@ VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "e
 
 #: ``attention.impl=auto``'s table: (variant, device type, dtype (None: any), grad mode) -> (the longest sequence
 #: for the first implementation, it, the one beyond, the measurement behind the boundary: ms at kernel level, forward
-#: and backward in grad mode). "first run": BENCHMARKS.md's first published run (`mate bench`, default grid; Xeon,
-#: 2 cores, float32); "H200": its 2026-11-26 GPU run; "H100": its 2026-11-26 run of auto's CUDA rows (commit 2de916f;
+#: and backward in grad mode), in BENCHMARKS.md. "first run": its first published run (`mate bench`, default grid; Xeon,
+#: 2 cores, float32; section "`attention.impl=auto`'s choices"); "H200": its H200 rows of 2026-11-26 (section "Kernels
+#: and encoder on a GPU"); "H100": the CUDA rows of "`attention.impl=auto`'s choices" (commit 2de916f;
 #: `mate bench bench.device=cuda bench.dtype=<dtype> bench.levels=[kernel] "bench.kernel.backends=[...]"`, one
 #: process per dtype). No row: ``eager``. On CPU, bucketed runs the fused kernel wherever it applies (faster than
 #: ``eager`` at every length measured), before this table is read.

@@ -29,7 +29,7 @@ from mate_cli.errors import MateError
 FLOAT32_DOT = "tf32x3"
 
 #: warps per program on Hopper (sm_90): 4 for dQ and dK/dV (the backward's GPU time fell when they went from 8 to 4
-#: together with other changes, the warps not isolated: BENCHMARKS.md); none spills at
+#: together with other changes, the warps not isolated: BENCHMARKS.md, "NVIDIA H100"); none spills at
 #: these tiles in bf16/fp16 (:func:`resource_usage`)
 WARPS = {"forward_kernel": 4, "combine_kernel": 4, "dq_kernel": 4, "dkdv_kernel": 4, "reduce_kernel": 4}
 #: before Hopper (sm_80, sm_89): dK/dV spills with 4 warps (255 registers and a stack frame on sm_80), so 8
