@@ -3,12 +3,14 @@ schedule from yaml, and the values a run measures once (kept in its checkpoints)
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import replace
 from typing import Callable, Sequence
 
 import lightning as L
 import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 from torchmetrics import MeanMetric
 
@@ -122,6 +124,16 @@ class EncoderTaskModule(L.LightningModule):
         if chosen:
             count = sum(p.numel() for p in chosen.values())
             log.info("model.frozen=%s: %d parameters keep their loaded values", prefixes, count)
+
+    def save_hyperparameters(self, *args, ignore=None, frame=None, logger: bool = True) -> None:
+        """Lightning's, with Hydra's list and dict configs among the arguments (``model.frozen``) kept as plain lists
+        and dicts: a checkpoint holds only what loads weights-only."""
+        frame = frame or inspect.currentframe().f_back
+        super().save_hyperparameters(*args, ignore=ignore, frame=frame, logger=logger)
+        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
+            for key, value in list(hparams.items()):
+                if isinstance(value, (DictConfig, ListConfig)):
+                    hparams[key] = OmegaConf.to_container(value, resolve=True)
 
     def check_type_ids(self, batch) -> None:
         """The batch's token-type ids against every embedding table that reads them, before the batch moves to the
