@@ -130,14 +130,16 @@ def test_train_ends_with_the_final_metrics_and_where_every_output_went(smoke, tr
 
 def test_a_training_run_says_little_and_its_piped_output_is_never_cut(smoke, trained_run):
     """Piped (as nohup or SLURM write it): at most 40 lines besides the progress bar, the
-    overrides and run dir at the start, every path whole, each log line once."""
+    overrides and run dir at the start, every path whole, each log record once."""
     lines = [line for line in smoke[1].stdout.splitlines() if line.strip() and not progress_bar_line(line)]
     assert len(lines) <= 40, "\n".join(lines)
     assert lines[0] == "overrides: " + " ".join([*SMOKE, *SMOKE_EXTRA])
     assert lines[1] == f"run dir:   {trained_run}"
     assert not any("…" in line for line in lines), "a line was cut"
-    logged = [line.split("] - ", 1)[1] for line in lines if "] - " in line]
-    assert len(logged) == len(set(logged)), "a log line printed twice"
+    # a record printed twice (two handlers) repeats its timestamp too; two validations of one batch may
+    # print the same message in different milliseconds
+    logged = [line for line in lines if "] - " in line]
+    assert len(logged) == len(set(logged)), "a log record printed twice"
     assert not any("Warning" in line or "warn(" in line for line in lines), "a third-party warning reached the screen"
     log = (trained_run / "train.log").read_text()
     assert "config (resolved):" in log and "max_length: 128" in log, "the whole config goes into the run's log"
