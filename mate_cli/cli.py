@@ -222,10 +222,10 @@ def check_output_root(args: list[str]) -> str | None:
 
 def run_hydra_app(app, program: str, command: str, args: list[str]) -> None:
     """Run ``app`` on ``sys.argv = [program, *args]``; the task gets ``[program, command, *args]``, the line Lightning's
-    DDP launcher re-executes for ranks > 0 (:data:`mate_cli.run.task.COMMAND_LINE`)."""
-    from mate_cli.run import task
+    DDP launcher re-executes for ranks > 0 (:data:`mate_cli.run.job.COMMAND_LINE`)."""
+    from mate_cli.run import job
 
-    task.COMMAND_LINE[:] = [program, command, *args]
+    job.COMMAND_LINE[:] = [program, command, *args]
     sys.argv = [program, *args]
     app()
 

@@ -7,7 +7,7 @@ from typing import Callable
 
 class MateError(Exception):
     """A user-fixable error in one line: what went wrong, where (file / record / config key), and how to fix it.
-    ``mate`` prints that line and exits with :attr:`exit_code` (:func:`mate_cli.run.task.run_task`)."""
+    ``mate`` prints that line and exits with :attr:`exit_code` (:func:`mate_cli.run.job.run_task`)."""
 
     exit_code = 2
 

@@ -1,5 +1,5 @@
 """Where ``conf/`` (or ``MATE_CONF_DIR``) and the bundled data live (the repository root, installed editable), where
-runs go, and the cache folders. Run and folder names and the ``${mate.*:}`` resolvers: :mod:`mate_cli.run.naming`."""
+runs go, and the cache folders. Run and folder names and the ``${mate.*:}`` resolvers: :mod:`mate_cli.config.naming`."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def _bundled(name: str, reader: str, answer: str, **flags: bool) -> TableTask:
             reader=f"mate_cli.data.{name}:{reader}",
             table_file=f"mate_cli.data.{name}:read_table_file",
             answer=answer,
-            baselines=f"mate_cli.metrics.trivial:{name}_baselines",
+            baselines=f"mate_cli.pipelines.trivial:{name}_baselines",
             predictions=f"mate_cli.data.answer_files:write_{name}",
             **flags,
         )

@@ -36,7 +36,7 @@ def sample_root() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from mate_cli.modeling.checkpoints import bundled_model_dir
+    from mate_cli.pretrained import bundled_model_dir
 
     return Path(bundled_model_dir())
 
@@ -46,7 +46,7 @@ def pretrained_runs(tmp_path, monkeypatch):
     """``MATE_OUTPUT_DIR`` with a finished dense and MATE ``mate pretrain`` run (their encoder/:
     the bundled MiniLM with a fresh masked-LM head, saved as `mate pretrain` saves), for the
     experiments fine-tuning from them."""
-    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pretrained import load_tokenizer
     from mate_cli.modeling.encoder import TableEncoder
     from mate_cli.modeling.mlm import MaskedLMHead, mlm_state_dict
 

@@ -26,7 +26,7 @@ def mate_env(output_dir: Path, cache_dir: Path | None = None, **extra: str) -> d
     process starts its own service, as from a user's shell (a shared service keeps a
     killed process's run id, so the resume chain could not resume it); so are W&B's folders,
     which an in-process command points into its own run dir."""
-    from mate_cli.modeling.attention import mate_cpu_kernel
+    from mate_cli.modeling.attention.mate import cpu_kernel as mate_cpu_kernel
 
     env = dict(
         os.environ,
@@ -192,7 +192,7 @@ def layout_from_token_type_ids(token_type_ids, attention_mask=None):
     cell ids numbering each example's data (row, column) pairs from 1."""
     import torch
 
-    from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS, TableLayout
+    from mate_cli.layout import TOKEN_TYPE_FIELDS, TableLayout
 
     parts = {name: token_type_ids[..., i] for i, name in enumerate(TOKEN_TYPE_FIELDS)}
     if attention_mask is None:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
-from mate_cli.run.naming import register_resolvers
+from mate_cli.config.naming import register_resolvers
 
 #: Hydra's own job log format (hydra/job_logging/default.yaml)
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
@@ -95,7 +95,7 @@ def run_command(command: str, overrides: list[str], run_dir: Path):
         try:
             return task(cfg)
         except Exception as err:  # the one line run_task prints: the MateError anywhere in the chain
-            from mate_cli.run.task import find_mate_error
+            from mate_cli.run.job import find_mate_error
 
             user_error = find_mate_error(err)
             if user_error is None or user_error is err:

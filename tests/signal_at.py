@@ -45,7 +45,7 @@ class SignalThenForkForever(L.Callback):
         self.batch = batch
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        from mate_cli.run.interrupts import REPEAT_S
+        from mate_cli.callbacks.interrupts import REPEAT_S
 
         if batch_idx != self.batch:
             return

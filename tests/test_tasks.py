@@ -10,7 +10,7 @@ import pytest
 from hydra.utils import instantiate
 
 from mate_cli import tasks
-from mate_cli.run.task import find_mate_error
+from mate_cli.run.job import find_mate_error
 from mate_cli.errors import MateError
 from tests.inprocess import compose_command, run_command
 
@@ -19,7 +19,7 @@ TOY = tasks.TableTask(
     reader="mate_cli.data.wtq:WTQReader",
     table_file="mate_cli.data.wtq:read_table_file",
     answer="texts",
-    baselines="mate_cli.metrics.trivial:wtq_baselines",
+    baselines="mate_cli.pipelines.trivial:wtq_baselines",
     predictions="mate_cli.data.answer_files:write_wtq",
 )
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `mate train` end to end, dense against MATE, per task: each run trains E2E_STEPS steps after
-# 10 warm-up steps with profile_steps=E2E_STEPS (mate_cli/lit_modules/step_profile.py), then
+# 10 warm-up steps with profile_steps=E2E_STEPS (mate_cli/callbacks/step_profile.py), then
 # E2E_STEPS more watched for host synchronisations and the GPU-busy share; the table
 # $E2E_OUT/e2e.md (python -m mate_cli.bench.e2e) sets the runs side by side. From the
 # repository root:

@@ -19,7 +19,7 @@
 #     fp32      (60)  the kernel grid in float32, mate.eager included
 #     others    (120) the kernel grid in bf16 for mate.eager, mate.block_sparse and FlexAttention on the exact mask
 #     anchors   (120) the encoder grid in bf16 for transformers' TapasModel and BertModel
-#     auto      (420) the rows of attention.impl=auto's CUDA table (AUTO in mate_cli/modeling/attention/mate.py):
+#     auto      (420) the rows of attention.impl=auto's CUDA table (AUTO in mate_cli/modeling/attention/mate/__init__.py):
 #                     bucketed triton vs eager in float32 and float16; exact masked vs block_sparse in bf16 and
 #                     float32, 512-16,384 tokens; and exact float32 training at encoder level (time and memory)
 #     e2e       (420) `mate train hardware=gpu` end to end, dense against MATE (tools/e2e.sh): TabFact at 512 tokens,

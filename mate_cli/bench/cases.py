@@ -33,13 +33,14 @@ import mate_cli.modeling.attention as attention
 from mate_cli.bench import measure
 from mate_cli.bench.layouts import table_layout
 from mate_cli.errors import MateError
-from mate_cli.modeling.attention import mate_block_sparse as sparse
-from mate_cli.modeling.attention.base import AttentionBackend
+from mate_cli.modeling.attention.mate import block_sparse as sparse
+from mate_cli.modeling.attention.backend import AttentionBackend
 from mate_cli.modeling.attention.mate import VARIANTS, MateAttention, auto_choice
-from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES, EncoderConfig
+from mate_cli.layout import TAPAS_TYPE_VOCAB_SIZES
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder, backend_factory
 from mate_cli.modeling.encoder import build_backend as build_layer_backend
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from mate_cli.paths import CONF_DIR
 
 LEVELS = ("kernel", "encoder")

@@ -1,5 +1,5 @@
 """The table of ``tools/e2e.sh``: ``python -m mate_cli.bench.e2e <folder>`` reads each ``<task>_<attention>/`` run dir's
-``step_profile.json`` (:mod:`mate_cli.lit_modules.step_profile`) and prints one Markdown row per run, with MATE's
+``step_profile.json`` (:mod:`mate_cli.callbacks.step_profile`) and prints one Markdown row per run, with MATE's
 examples/s over dense's for each task."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from mate_cli.modeling.synthetic import filled_layout
 
 

@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from mate_cli.lit_modules.proc_memory import CLEAR_REFS, proc_field, reset_peak_rss, status_kb
+from mate_cli.proc_memory import CLEAR_REFS, proc_field, reset_peak_rss, status_kb
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3

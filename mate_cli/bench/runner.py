@@ -22,7 +22,7 @@ import torch
 from mate_cli.bench import cases, measure
 from mate_cli.bench.layouts import TableShape, describe, table_layout
 from mate_cli.errors import MateError
-from mate_cli.lit_modules.proc_memory import proc_field
+from mate_cli.proc_memory import proc_field
 
 #: Backends that materialise ``[batch, heads, seq, seq]`` scores (analytic memory floor).
 QUADRATIC_MEMORY = ("mate.masked", "sat", "tapas_hf")

@@ -17,7 +17,7 @@ import torch
 
 from mate_cli.bench import cases
 from mate_cli.bench.layouts import table_layout
-from mate_cli.modeling.attention import mate_triton as mt
+from mate_cli.modeling.attention.mate import triton as mt
 
 #: (query tile, key tile, warps of the forward, dQ and dK/dV kernels); the first is the kernels' default on Hopper
 SETTINGS = [(32, 64, 4, 4, 4), (32, 64, 4, 8, 8), (64, 64, 4, 4, 4), (32, 32, 4, 4, 4)]

@@ -1,4 +1,4 @@
-"""`mate baseline dataset=<table task>`: the task's trivial baselines (:mod:`mate_cli.metrics.trivial`), chosen on
+"""`mate baseline dataset=<table task>`: the task's trivial baselines (:mod:`mate_cli.pipelines.trivial`), chosen on
 the training split and scored on validation, with no model; prints them and writes ``metrics.json``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from mate_cli import tasks
 from mate_cli.commands.common import hydra_app, print_metrics, quiet_third_party_logs, write_result
-from mate_cli.run.task import hydra_choices
+from mate_cli.run.job import hydra_choices
 from mate_cli.errors import MateError
 
 

@@ -11,12 +11,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from mate_cli.bench import report, runner, targets
+from mate_cli.bench import results, runner, targets
 from mate_cli.bench.layouts import TableShape
 from mate_cli.bench.cases import LEVELS
 from mate_cli.bench.runner import Settings
 from mate_cli.commands.common import hydra_app, quiet_third_party_logs
-from mate_cli.run.task import run_dir
+from mate_cli.run.job import run_dir
 from mate_cli.console import print_outputs
 from mate_cli.io import atomic_write_json, atomic_write_text
 
@@ -51,21 +51,21 @@ def bench(cfg: DictConfig) -> list[dict]:
 
         def on_cell(row: dict) -> None:
             rows.append(row)
-            report.write_csv(rows, out / "bench.csv")  # partial results survive an interrupt
+            results.write_csv(rows, out / "bench.csv")  # partial results survive an interrupt
             cell = f"{row['level']}/{row['mode']} {row['backend']} {row['seq_len']}: {row['status']}"
             progress.update(task, advance=1, description=cell)
 
         runner.run_grid(settings, on_cell=on_cell)
     machine["load_avg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
     atomic_write_json(out / "machine.json", machine)
-    report.write_csv(rows, out / "bench.csv")
-    report.print_tables(rows, console)
+    results.write_csv(rows, out / "bench.csv")
+    results.print_tables(rows, console)
     checked = targets.evaluate(rows, specs)
     targets.print_targets(checked, console)
     atomic_write_json(out / "targets.json", [dataclasses.asdict(t) for t in checked])
-    atomic_write_text(out / "bench.md", report.markdown(rows, checked, machine))
+    atomic_write_text(out / "bench.md", results.markdown(rows, checked, machine))
     if b.get("plots", True):
-        report.plot(rows, out)
+        results.plot(rows, out)
     print_outputs({"run dir": out, "results": out / "bench.csv", "tables": out / "bench.md", "targets": out / "targets.json",
                    **({"plots": out / "*.png"} if b.get("plots", True) else {})})  # fmt: skip
     return rows

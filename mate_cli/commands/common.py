@@ -1,4 +1,4 @@
-"""What every command shares: its Hydra app around :func:`mate_cli.run.task.run_task`, tables and metrics on screen,
+"""What every command shares: its Hydra app around :func:`mate_cli.run.job.run_task`, tables and metrics on screen,
 loggers/callbacks from their config groups, a result file."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from rich.table import Table
 from mate_cli.console import console, print_outputs
 from mate_cli.io import atomic_write_json
 from mate_cli.paths import CONF_DIR
-from mate_cli.run.naming import register_resolvers
-from mate_cli.run.task import run_dir, run_task
+from mate_cli.config.naming import register_resolvers
+from mate_cli.run.job import run_dir, run_task
 from mate_cli.silenced import silence
 
 log = logging.getLogger("mate_cli")

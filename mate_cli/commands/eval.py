@@ -15,11 +15,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mate_cli.commands.common import first_results, hydra_app, log, print_metrics, quiet_third_party_logs, write_result
-from mate_cli.run.task import run_dir
-from mate_cli.run.divergence import non_finite_metrics
+from mate_cli.run.job import run_dir
+from mate_cli.callbacks.divergence import non_finite_metrics
 from mate_cli.data.other_tables import EVAL_TABLES
 from mate_cli.errors import MateError, check_choice
-from mate_cli.run.interrupts import cluster_plugins
+from mate_cli.callbacks.interrupts import cluster_plugins
 from mate_cli.run.resume import AtomicCheckpointIO
 from mate_cli.run.rebuild import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
 from mate_cli.config.schema import check_trainer_args
@@ -84,7 +84,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             f"(a released test file has none); {fix}"
         )
     trainer_args.setdefault("default_root_dir", str(run_dir()))  # Lightning's own files stay in the run dir
-    trainer_args.setdefault("plugins", cluster_plugins())  # signals are mate's (mate_cli.run.interrupts)
+    trainer_args.setdefault("plugins", cluster_plugins())  # signals are mate's (mate_cli.callbacks.interrupts)
     checkpoint_io = AtomicCheckpointIO()  # Lightning evaluates the state checked above, not a newer write of the file
     checkpoint_io.preload(ckpt_path, checkpoint)
     trainer_args["plugins"] = [*trainer_args.get("plugins", []), checkpoint_io]

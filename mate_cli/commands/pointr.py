@@ -6,7 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from mate_cli.commands.common import hydra_app, print_table, quiet_third_party_logs
-from mate_cli.run.task import run_dir
+from mate_cli.run.job import run_dir
 from mate_cli.console import print_outputs
 from mate_cli.pipelines.pointr import evaluate_pointr
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from mate_cli.config.hydra_args import path_argument
 from mate_cli.commands.common import hydra_app
-from mate_cli.run.task import run_dir
+from mate_cli.run.job import run_dir
 from mate_cli.errors import MateError
 from mate_cli.console import console as screen_console
 from mate_cli.console import print_outputs

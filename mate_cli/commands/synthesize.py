@@ -31,7 +31,7 @@ from mate_cli.data.split import split_by_table
 from mate_cli.data.statements import SELECTS, Grammar, Grid, absent_value_twins, column_values, statement_pairs
 from mate_cli.errors import MateError
 from mate_cli.io import atomic_write_json, atomic_write_text
-from mate_cli.run.task import run_dir
+from mate_cli.run.job import run_dir
 
 log = logging.getLogger(__name__)
 

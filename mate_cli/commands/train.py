@@ -21,20 +21,22 @@ from torchmetrics import Metric
 
 from mate_cli.commands.common import first_results, hydra_app, instantiate_dict, log, print_metrics
 from mate_cli.commands.common import quiet_third_party_logs
-from mate_cli.run.task import command_overrides, finish_wandb_run, hydra_choices, run_dir
+from mate_cli.run.job import command_overrides, finish_wandb_run, hydra_choices, run_dir
 from mate_cli.console import print_config, print_outputs
 from mate_cli.data.sampler import each_example_once
-from mate_cli.run.divergence import StopOnNonFiniteLoss, non_finite_metrics
+from mate_cli.callbacks.divergence import StopOnNonFiniteLoss, non_finite_metrics
 from mate_cli.errors import MateError
-from mate_cli.run.interrupts import StopOnSignal, cluster_plugins
-from mate_cli.run.ranks import WatchRanks
+from mate_cli.callbacks.interrupts import StopOnSignal, cluster_plugins
+from mate_cli.callbacks.ranks import WatchRanks
 from mate_cli.run import stages, sweep
-from mate_cli.run.budget import MINUTES_KEY, BudgetSpent, FitClock
+from mate_cli.callbacks.budget import MINUTES_KEY, BudgetSpent, FitClock
 from mate_cli.io import atomic_write_json, atomic_write_text
-from mate_cli.lit_modules.step_profile import StepProfile
-from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
-from mate_cli.run.resume import RESTORED, AtomicCheckpointIO, ContinuousCSVLog, ResumeState, changed_on_resume
-from mate_cli.run.resume import continue_wandb_run, resolve_resume_path, run_dir_of, unrestored
+from mate_cli.callbacks.step_profile import StepProfile
+from mate_cli.pretrained import load_tokenizer, load_weights_only
+from mate_cli.run.resume import AtomicCheckpointIO, changed_on_resume
+from mate_cli.callbacks.resume_state import RESTORED, ContinuousCSVLog, ResumeState
+from mate_cli.run.resume import continue_wandb_run, resolve_resume_path, run_dir_of
+from mate_cli.callbacks.resume_state import unrestored
 from mate_cli.run.rebuild import check_checkpoint_fits, init_weights_from
 from mate_cli.config.schema import TRAINER_RESERVED, check_trainer_args
 
@@ -110,7 +112,7 @@ def _build(cfg: DictConfig, out: Path, resume: str | None):
     callbacks = [
         *instantiate_dict(cfg.get("callbacks")),
         ResumeState(),
-        StopOnSignal(last_checkpoint(out)),
+        StopOnSignal(last_checkpoint(out), in_sweep=sweep.is_sweep_job()),
         clock,
         WatchRanks(out),
         StopOnNonFiniteLoss(),

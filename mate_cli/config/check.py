@@ -15,7 +15,8 @@ from mate_cli.config.schema import ABSENT, TRAINER_RESERVED, key_type, lookup, t
 from mate_cli.config.schema import range_problem, type_problem, unknown_key
 from mate_cli.errors import MateError
 from mate_cli.paths import CONF_DIR
-from mate_cli.run.yaml_data import read_yaml
+from mate_cli.config.run_targets import current_names
+from mate_cli.config.yaml_data import read_yaml
 
 #: flags after which Hydra answers without running the task (help, completion, info), and flags that change which
 #: config is composed: the check leaves such a command line to Hydra
@@ -164,7 +165,7 @@ def _compose(command: str, overrides: list[str], conf_dir: Path) -> dict:
     from hydra.errors import MissingConfigException
     from omegaconf import OmegaConf
 
-    from mate_cli.run.naming import register_resolvers
+    from mate_cli.config.naming import register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()
@@ -250,7 +251,7 @@ def check_run_patches(tree: Mapping) -> None:
             run = read_yaml(config, "", interpolations=True)
         except MateError:  # a missing or unreadable run config: the command names it itself
             continue
-        run = with_recorded_options(run)
+        run = with_recorded_options(current_names(run))
         check_dotlist(run, list(node["overrides"]), f"{node_key + '.' if node_key else ''}overrides", config)
 
 

@@ -101,7 +101,7 @@ def _wrapped(head: str, items: list[str], width: int = 120) -> list[str]:
 def table() -> dict[str, dict[str, Any]]:
     """``{target: {argument: type}}`` of Lightning's Trainer and every ``_target_`` ``conf/`` names."""
     from mate_cli.config.schema import TRAINER
-    from mate_cli.run.targets import allowed_targets
+    from mate_cli.config.run_targets import allowed_targets
 
     return {target: parameters_of(target) for target in sorted({TRAINER, *allowed_targets()})}
 

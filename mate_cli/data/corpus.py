@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from mate_cli.data.hybridqa import TABLES_DIR, HybridQAReader
-from mate_cli.data.schema import Cell, Table
+from mate_cli.data.records import Cell, Table
 from mate_cli.data.split import SplitSettings
 from mate_cli.data.sqa import SQAReader
 from mate_cli.data.tabfact import TabFactReader

@@ -20,11 +20,11 @@ from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.preprocess import encode_records, loader_options, worker_counts
 from mate_cli.data.split import SplitSettings
 from mate_cli.data.sampler import EpochShuffle, padding_share
-from mate_cli.data.schema import AnswerNode, Batch, Question, Table
+from mate_cli.data.records import AnswerNode, Batch, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
-from mate_cli.modeling.checkpoints import encoding_files, load_tokenizer, resolve_pretrained
-from mate_cli.modeling.layout import TableLayout, batch_width, padded
+from mate_cli.pretrained import encoding_files, load_tokenizer, resolve_pretrained
+from mate_cli.layout import TableLayout, batch_width, padded
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ def token_counts(ds) -> list[int]:
 
 
 class Collator:
-    """``multiple``, ``cap``: the batch's length (:func:`~mate_cli.modeling.layout.batch_width`)."""
+    """``multiple``, ``cap``: the batch's length (:func:`~mate_cli.layout.batch_width`)."""
 
     def __init__(self, pad_id: int = 0, multiple: int | None = None, cap: int | None = None) -> None:
         self.pad_id, self.multiple, self.cap = pad_id, multiple, cap

@@ -20,10 +20,10 @@ import torch
 
 from mate_cli.data.datamodule import Collator, HybridQADataModule, _ExampleEncoder, cell_tensors
 from mate_cli.data.expand import expand_table, linked_passages, tfidf_scores
-from mate_cli.data.schema import Batch, Question, Table
+from mate_cli.data.records import Batch, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells
 from mate_cli.errors import MateError
-from mate_cli.modeling.layout import ID_FIELDS, TableLayout, batch_width, padded
+from mate_cli.layout import ID_FIELDS, TableLayout, batch_width, padded
 
 
 def encode_graph(

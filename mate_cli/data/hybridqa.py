@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mate_cli.data.readers import CachedReads, given_file, load_json, no_questions
-from mate_cli.data.schema import AnswerNode, Cell, Question, Table
+from mate_cli.data.records import AnswerNode, Cell, Question, Table
 from mate_cli.errors import MateError
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from mate_cli.data.schema import Question
+from mate_cli.data.records import Question
 from mate_cli.errors import MateError
 
 #: dataset.eval_tables / mate eval's ``tables``

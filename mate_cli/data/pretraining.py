@@ -28,12 +28,12 @@ from mate_cli.data.corpus import Corpus, TableText, table_key
 from mate_cli.data.masking import IGNORE, continuation_table, mask_words, word_spans
 from mate_cli.data.preprocess import loader_options, worker_counts
 from mate_cli.data.sampler import EpochTagged
-from mate_cli.data.schema import MaskedBatch, Question
+from mate_cli.data.records import MaskedBatch, Question
 from mate_cli.data.split import split_by_table
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
-from mate_cli.modeling.checkpoints import encoding_files, load_tokenizer, resolve_pretrained
-from mate_cli.modeling.layout import TableLayout, padded
+from mate_cli.pretrained import encoding_files, load_tokenizer, resolve_pretrained
+from mate_cli.layout import TableLayout, padded
 from mate_cli.paths import cache_dir as default_cache_dir
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, Sequence
 
-from mate_cli.data.schema import Cell, Question, Table
+from mate_cli.data.records import Cell, Question, Table
 from mate_cli.errors import MateError
 
 log = logging.getLogger(__name__)

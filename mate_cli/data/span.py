@@ -20,12 +20,12 @@ import torch
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.expand import format_expanded, split_sentences
 from mate_cli.data.hybridqa import HybridQAReader
-from mate_cli.data.normalize import answer_words
-from mate_cli.data.schema import Batch, Cell, Question
+from mate_cli.metrics.normalize import answer_words
+from mate_cli.data.records import Batch, Cell, Question
 from mate_cli.data.tokenize import candidate_cells
 from mate_cli.errors import MateError
-from mate_cli.modeling.checkpoints import load_tokenizer
-from mate_cli.modeling.layout import TableLayout, batch_width, padded
+from mate_cli.pretrained import load_tokenizer
+from mate_cli.layout import TableLayout, batch_width, padded
 
 log = logging.getLogger(__name__)
 

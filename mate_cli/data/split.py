@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable, TypeVar
 
-from mate_cli.data.schema import Question
+from mate_cli.data.records import Question
 from mate_cli.errors import MateError, check_choice
 
 log = logging.getLogger(__name__)

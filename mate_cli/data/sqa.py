@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mate_cli.data.readers import Record, TableQAReader, columns, fields, given_file, read_text, rows_to_table
-from mate_cli.data.schema import Question, Table
+from mate_cli.data.records import Question, Table
 from mate_cli.errors import MateError
 
 _REQUIRED = ("id", "annotator", "position", "question", "table_file")

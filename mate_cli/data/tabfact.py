@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from mate_cli.data.readers import Record, TableQAReader, given_file, load_json, read_text, rows_to_table, split_lines
-from mate_cli.data.schema import Question, Table
+from mate_cli.data.records import Question, Table
 from mate_cli.errors import MateError
 
 CHANNEL_FILES = {"simple": "data/simple_ids.json", "complex": "data/complex_ids.json"}

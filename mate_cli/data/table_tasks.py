@@ -23,12 +23,12 @@ from mate_cli import tasks
 from mate_cli.data.datamodule import Collator, SplitDataModule, question_from_record
 from mate_cli.data.numbers import FLOAT32_MAX, TableNumbers
 from mate_cli.data.other_tables import EVAL_TABLES, PAIRING, with_other_tables
-from mate_cli.data.schema import Batch, Question, Table, TaskBatch
+from mate_cli.data.records import Batch, Question, Table, TaskBatch
 from mate_cli.data.tokenize import PRUNING_CHOICES, TableTokenizer, check_linearization
 from mate_cli.errors import MateError, check_choice
 from mate_cli.metrics.wtq import CANON_EMULATION, predicted_values, target_values
-from mate_cli.modeling.checkpoints import load_tokenizer
-from mate_cli.modeling.layout import padded
+from mate_cli.pretrained import load_tokenizer
+from mate_cli.layout import padded
 from mate_cli.tasks import TableTask
 
 log = logging.getLogger(__name__)

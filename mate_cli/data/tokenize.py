@@ -22,13 +22,13 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Sequence
 
-from mate_cli.data.normalize import contains_answer, normalize_answer
+from mate_cli.metrics.normalize import contains_answer, normalize_answer
 from mate_cli.data.numbers import TableNumbers
 from mate_cli.data.pruning import Selection, cell_concatenation, heuristic_exact_match, largest_cap
-from mate_cli.data.schema import EncodedExample, Question, Table
+from mate_cli.data.records import EncodedExample, Question, Table
 from mate_cli.errors import MateError, check_choice
-from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES
-from mate_cli.modeling.layout import ID_FIELDS, TOKEN_TYPE_FIELDS
+from mate_cli.layout import TAPAS_TYPE_VOCAB_SIZES
+from mate_cli.layout import ID_FIELDS, TOKEN_TYPE_FIELDS
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The signals a mate command stops at (:mod:`mate_cli.run.interrupts` handles them in the main process), and what
+"""The signals a mate command stops at (:mod:`mate_cli.callbacks.interrupts` handles them in the main process), and what
 the data layer's worker processes do at them: a ``DataLoader`` worker leaves stopping to the main process
 (:func:`loader_worker_start`); a preprocessing pool worker takes the default actions (its start in
 :mod:`mate_cli.data.preprocess`)."""

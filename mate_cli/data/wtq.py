@@ -37,7 +37,7 @@ from mate_cli.data.readers import (
     rows_to_table,
     split_lines,
 )
-from mate_cli.data.schema import Question, Table
+from mate_cli.data.records import Question, Table
 from mate_cli.errors import MateError
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from mate_cli.errors import MateError, check_choice
-from mate_cli.lit_modules.optim import configure
+from mate_cli.trainer.optim import configure
 from mate_cli.modeling.dot import DoubleTransformer, Pruned
 from mate_cli.modeling.extra_layers import INITS, ExtraLayers
 from mate_cli.modeling.embeddings import TYPE_IDS_CHECKED
@@ -29,7 +29,7 @@ POOLINGS = ("cls", "mean", "query")
 
 class EncoderTaskModule(L.LightningModule):
     """A task on the :class:`~mate_cli.modeling.encoder.TableEncoder`. ``optimizer`` and ``scheduler`` are Hydra
-    partials (:mod:`mate_cli.lit_modules.optim`); ``extra_*``: :mod:`mate_cli.modeling.extra_layers` (0: none); ``dot``:
+    partials (:mod:`mate_cli.trainer.optim`); ``extra_*``: :mod:`mate_cli.modeling.extra_layers` (0: none); ``dot``:
     :meth:`prune`; ``pooling``: :meth:`pool`; ``frozen``: :meth:`freeze_parts`. The pooler is frozen unless the task
     reads it (``uses_pooler`` with ``pooling=cls``): DDP would wait for its gradients."""
 
@@ -215,7 +215,7 @@ class EncoderTaskModule(L.LightningModule):
         return configure(self, self.optimizer, self.scheduler, self.own_rates())
 
     def own_rates(self) -> dict[str, float] | None:
-        """Submodules trained at a learning rate of their own (:func:`mate_cli.lit_modules.optim.parameter_groups`)."""
+        """Submodules trained at a learning rate of their own (:func:`mate_cli.trainer.optim.parameter_groups`)."""
         return {"extra": self.extra_lr} if self.extra_lr else None
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from mate_cli.data.schema import Batch
+from mate_cli.data.records import Batch
 from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.metrics.retrieval import hits_at_k
 from mate_cli.modeling.heads import CellSelectionHead, first_candidate_loss, mml_loss

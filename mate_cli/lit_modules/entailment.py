@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from mate_cli.data.schema import TaskBatch
+from mate_cli.data.records import TaskBatch
 from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.modeling import checkpoints
 from mate_cli.modeling.tapas_heads import TapasClassificationHead

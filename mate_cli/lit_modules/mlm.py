@@ -15,7 +15,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from mate_cli.data.masking import IGNORE
-from mate_cli.data.schema import MaskedBatch
+from mate_cli.data.records import MaskedBatch
 from mate_cli.lit_modules.base import EncoderTaskModule
 from mate_cli.modeling.mlm import MaskedLMHead, load_mlm_head, mlm_state_dict
 

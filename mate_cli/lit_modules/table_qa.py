@@ -31,14 +31,15 @@ from torch import nn
 from torchmetrics import SumMetric
 
 from mate_cli import tasks
-from mate_cli.data.schema import TaskBatch
+from mate_cli.data.records import TaskBatch
 from mate_cli.errors import MateError
-from mate_cli.lit_modules.lightning_internals import is_log_step
+from mate_cli.trainer.lightning_internals import is_log_step
 from mate_cli.lit_modules.base import EvaluatedTaskModule, stage_metrics
 from mate_cli.metrics.sqa import ANSWER_SIZES, QUESTION_NUMBERS, SequenceAccuracy, answer_cells, sequence_key
 from mate_cli.metrics.wtq import denotation_correct
 from mate_cli.modeling.dot import answer_cells_kept, cells_with_tokens
 from mate_cli.modeling import checkpoints
+from mate_cli.pretrained import read_config, resolve_pretrained
 from mate_cli.modeling.heads import pool_cells
 from mate_cli.modeling.tapas_heads import AGGREGATIONS, QAOutput, TapasHeadConfig, TapasQAHead, token_numeric_values
 
@@ -79,7 +80,7 @@ class TableQAModule(EvaluatedTaskModule):
         )
         self.task = table_task
         self.long_table_tokens = None if long_table_tokens is None else int(long_table_tokens)
-        settings = checkpoints.read_config(checkpoints.resolve_pretrained(pretrained)) if pretrained else {}
+        settings = read_config(resolve_pretrained(pretrained)) if pretrained else {}
         tapas = settings.get("model_type") == "tapas"  # a TAPAS config.json holds head settings
         self.head_config = TapasHeadConfig.from_checkpoint(head, settings if tapas else {})
         config = encoder.config

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Mapping, Sequence
 
-from mate_cli.data.normalize import normalize_answer
+from mate_cli.metrics.normalize import normalize_answer
 
 Gold = str | Sequence[str]
 

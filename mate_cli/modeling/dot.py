@@ -26,7 +26,7 @@ from torch import nn
 
 from mate_cli.errors import MateError
 from mate_cli.modeling.heads import pool_cells
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 
 #: the pruning transformer sizes of Turc et al. (2019), as TAPAS publishes them pre-trained
 PRUNER_SIZES = {size: f"google/tapas-{size}" for size in ("mini", "small", "medium", "large")}

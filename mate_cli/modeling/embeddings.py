@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.config import EncoderConfig
-from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS, TableLayout
+from mate_cli.modeling.encoder_config import EncoderConfig
+from mate_cli.layout import TOKEN_TYPE_FIELDS, TableLayout
 
 
 def cell_position_ids(

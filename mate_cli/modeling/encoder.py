@@ -1,5 +1,5 @@
 """`TableEncoder`: BERT/TAPAS embeddings, then N post-LN layers whose attention is a pluggable
-:class:`~mate_cli.modeling.attention.base.AttentionBackend` (docs/architecture.md, "Add an attention backend").
+:class:`~mate_cli.modeling.attention.backend.AttentionBackend` (docs/architecture.md, "Add an attention backend").
 
 Module names mirror ``BertModel``/``TapasModel`` (loading is :mod:`mate_cli.modeling.checkpoints`' rename table); a
 backend's own parameters live under ``encoder.layer.{i}.attention.self.backend``.
@@ -22,10 +22,11 @@ from torch import nn
 
 from mate_cli.errors import MateError
 from mate_cli.modeling import checkpoints
+from mate_cli.pretrained import read_config, resolve_pretrained, weight_files
 from mate_cli.modeling.attention import REGISTRY, AttentionBackend  # the package import registers every backend
-from mate_cli.modeling.config import EncoderConfig, apply_overrides
+from mate_cli.modeling.encoder_config import EncoderConfig, apply_overrides
 from mate_cli.modeling.embeddings import TableEmbeddings
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu": nn.GELU,  # exact (erf) GELU, as BERT's "gelu"
@@ -331,7 +332,7 @@ class TableEncoder(nn.Module):
         attention_dropout: float | None = None,
         **config_overrides: Any,
     ) -> "TableEncoder":
-        """From a BERT or TAPAS checkpoint (:func:`~mate_cli.modeling.checkpoints.resolve_pretrained`).
+        """From a BERT or TAPAS checkpoint (:func:`~mate_cli.pretrained.resolve_pretrained`).
 
         ``reset_position_index_per_cell``: None turns it on wherever ``max_length`` exceeds the position table, else
         keeps a TAPAS checkpoint's own setting (off for BERT). ``new_type_embeddings``: how the token-type tables the
@@ -339,8 +340,8 @@ class TableEncoder(nn.Module):
         checkpoint's function). The dropouts and ``config_overrides``: :class:`EncoderConfig` fields (None: the
         checkpoint's value).
         """
-        resolved = checkpoints.resolve_pretrained(pretrained)
-        hf = checkpoints.read_config(resolved)
+        resolved = resolve_pretrained(pretrained)
+        hf = read_config(resolved)
         model_type = hf.get("model_type", "bert")
         if model_type not in ("bert", "tapas"):
             raise MateError(
@@ -369,7 +370,7 @@ class TableEncoder(nn.Module):
         if new_type_embeddings not in ("normal", "zero"):
             raise MateError(f"model.encoder.new_type_embeddings={new_type_embeddings!r} is invalid; use normal or zero")
         model = cls(config, attention, length, gradient_checkpointing, compile, compile_mode)
-        state = checkpoints.rename_state_dict(checkpoints.read_state_dict(checkpoints.weight_files(resolved)))
+        state = checkpoints.rename_state_dict(checkpoints.read_state_dict(weight_files(resolved)))
         missing, _ = checkpoints.load_state_dict(model, state, source=str(pretrained))
         if new_type_embeddings == "zero":
             with torch.no_grad():

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.encoder import ACTIVATIONS
 
 INITS = ("default", "xavier", "dt_fixup")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 
 
 def masked_fill_invalid(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mate_cli.modeling import checkpoints
-from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.encoder import ACTIVATIONS
 
 #: the checkpoint prefix of the head's tensors (BertForPreTraining / BertForMaskedLM / TapasForMaskedLM)

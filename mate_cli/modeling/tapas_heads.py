@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from mate_cli.errors import MateError, check_choice
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 
 log = logging.getLogger(__name__)
 

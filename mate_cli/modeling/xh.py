@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 
 
 class HopAttention(nn.Module):

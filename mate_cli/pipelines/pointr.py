@@ -22,7 +22,7 @@ from mate_cli.data.datamodule import Collator, encode_question
 from mate_cli.data.hybridqa import read_passages_file
 from mate_cli.data.readers import given_file, load_json
 from mate_cli.data.span import SpanCollator, SpanExample, cell_context, encode_span_example
-from mate_cli.data.schema import Question, Table
+from mate_cli.data.records import Question, Table
 from mate_cli.data.split import SplitSettings
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError

@@ -8,7 +8,7 @@ import torch
 
 from mate_cli import tasks
 from mate_cli.data.readers import given_file
-from mate_cli.data.schema import Question, Table
+from mate_cli.data.records import Question, Table
 from mate_cli.data.table_tasks import TaskCollator, encode_task_question, table_tokenizer
 from mate_cli.run.rebuild import TrainedRun, autocast
 

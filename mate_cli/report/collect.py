@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from mate_cli.run.divergence import non_finite_metrics
+from mate_cli.callbacks.divergence import non_finite_metrics
 from mate_cli.errors import MateError
-from mate_cli.run.yaml_data import read_yaml
+from mate_cli.config.yaml_data import read_yaml
 
 RESOLVED = "resolved_config.yaml"
 METRICS = "metrics.json"
 CSV_LOG = Path("csv") / "metrics.csv"
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 HYDRA_DIR = ".hydra"
-#: what a failed run's dir holds (mate_cli.run.task.FAILED_MARKER)
+#: what a failed run's dir holds (mate_cli.run.job.FAILED_MARKER)
 FAILED = "FAILED"
 
 OK, FAILED_STATUS, INCOMPLETE = "ok", "failed", "incomplete"

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from mate_cli.bench.report import format_mb
+from mate_cli.bench.results import format_mb
 from mate_cli.io import atomic_open, atomic_write_csv
 from mate_cli.report import baselines, rescored
 from mate_cli.report.aggregate import BASE_COLUMNS, MINUTES, MISSING, THROUGHPUT, Configuration, Summary

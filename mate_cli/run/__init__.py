@@ -1,4 +1,3 @@
-"""A run's life around the commands: the job around a task (``task``), its names (``naming``), its folder claimed
-(``lock``), a trained run rebuilt from its folder (``rebuild``), exact resume and whole checkpoints (``resume``),
-what a run's config may instantiate (``targets``) and the safe reader of its YAML (``yaml_data``), signals
-(``interrupts``) and non-finite numbers (``divergence``)."""
+"""A run's life around the commands: the job around a command's task (``job``), its folder claimed (``lock``), a sweep
+run again (``sweep``) and a stage started from an earlier sweep's run (``stages``), a trained run rebuilt from its folder
+(``rebuild``), and which run a resume continues (``resume``)."""

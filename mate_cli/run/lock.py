@@ -152,7 +152,7 @@ def existing_files(directory: Path) -> list[str]:
 
 def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
     """``(command, overrides)`` Hydra recorded in ``directory/.hydra`` (read as data with limits), or None."""
-    from mate_cli.run.yaml_data import read_yaml
+    from mate_cli.config.yaml_data import read_yaml
 
     files = directory / ".hydra" / "hydra.yaml", directory / ".hydra" / "overrides.yaml"
     try:  # a missing file is a MateError too
@@ -166,7 +166,7 @@ def recorded_command(directory: Path) -> tuple[str, list[str]] | None:
 def recorded_sweep(directory: Path) -> tuple[str, list[str] | None] | None:
     """``(command, overrides)`` of the sweep Hydra recorded in ``directory``: its ``multirun.yaml``, else (a sweeper
     that writes none) a job folder's ``.hydra`` with overrides None (they are the job's, not the sweep's); or None."""
-    from mate_cli.run.yaml_data import read_yaml
+    from mate_cli.config.yaml_data import read_yaml
 
     try:  # a missing file is a MateError too
         hydra = read_yaml(directory / "multirun.yaml", "", interpolations=True)["hydra"]

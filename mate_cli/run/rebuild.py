@@ -19,11 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from mate_cli.config.check import check_dotlist
 from mate_cli.config.recorded import add_recorded_options
 from mate_cli.errors import MateError
-from mate_cli.modeling.checkpoints import load_tokenizer, load_weights_only
-from mate_cli.run.divergence import non_finite_tensors
-from mate_cli.run.resume import STATE_KEY, rng_states, set_rng_states
-from mate_cli.run.targets import checked_run_config
-from mate_cli.run.yaml_data import read_run_config
+from mate_cli.pretrained import load_tokenizer, load_weights_only
+from mate_cli.callbacks.divergence import non_finite_tensors
+from mate_cli.callbacks.resume_state import STATE_KEY, rng_states, set_rng_states
+from mate_cli.config.run_targets import checked_run_config
+from mate_cli.config.yaml_data import read_run_config
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ HOW_IT_RAN = {"model.encoder.compile": False, "model.encoder.compile_mode": None
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
     """The config of the run that wrote ``ckpt_path`` (``../../resolved_config.yaml``) with the dotlist ``overrides``
-    (checked against its keys and types) merged in, checked by :func:`mate_cli.run.targets.checked_run_config`."""
+    (checked against its keys and types) merged in, checked by :func:`mate_cli.config.run_targets.checked_run_config`."""
     ckpt = check_checkpoint(run_checkpoint(ckpt_path))
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
@@ -149,7 +149,7 @@ def check_checkpoint_fits(ckpt_path: str | Path, model: torch.nn.Module, key: st
 
 def check_optimizer_groups(path: Path, data: dict, model: torch.nn.Module) -> None:
     """Refuse to resume an optimiser state of other parameter groups than ``model``'s (Lightning: a bare ValueError)."""
-    from mate_cli.lit_modules.optim import parameter_groups
+    from mate_cli.trainer.optim import parameter_groups
 
     if not hasattr(model, "own_rates"):
         return

@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mate_cli.errors import MateError
-from mate_cli.run.yaml_data import read_yaml
+from mate_cli.config.yaml_data import read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def resolve_earlier_stage(cfg: DictConfig) -> None:
 
 def job_values(cfg: DictConfig) -> dict[str, str]:
     """This job's overrides (command line and sweep) as ``{key: value}``."""
-    from mate_cli.run.task import command_overrides
+    from mate_cli.run.job import command_overrides
 
     return overrides_dict(command_overrides())
 

@@ -200,7 +200,7 @@ def test_run_name_and_tags_carry_the_overrides_that_say_what_ran(tmp_path):
 def test_a_swept_encoder_or_start_is_in_the_name_and_a_path_never_nests_a_job_dir(tmp_path):
     """Two jobs of ``-m model.encoder.pretrained=<run A>/encoder,<run B>/encoder`` differ in name and tags (a path
     that says where, such as dataset.root, stays out), and Hydra's job subdir holds no ``/``."""
-    from mate_cli.run.naming import capped, override_parts
+    from mate_cli.config.naming import capped, override_parts
 
     names = set()
     for pretrained in ("/x/outputs/pretrain/run-a1/encoder", "/x/outputs/pretrain/run-b2/encoder", "google/tapas-base"):
@@ -248,7 +248,7 @@ def test_a_resume_names_the_values_it_changes_and_refuses_an_unreadable_run_conf
 
 
 def test_override_parts_keep_keys_apart_and_long_names_short():
-    from mate_cli.run.naming import NAME_OVERRIDES_MAX, override_parts, overrides_name
+    from mate_cli.config.naming import NAME_OVERRIDES_MAX, override_parts, overrides_name
 
     assert override_parts(["model.head.lr=1", "model.optimizer.lr=2", "+extra_layers.n=3", "ckpt_path=last"]) == [
         "model.head.lr=1",

@@ -283,6 +283,4 @@ def test_a_signature_s_parameters_and_an_annotation_that_does_not_evaluate():
 
     assert parameters_of("tests.conf.test_schema._a_target") == {"width": int, "depth": Any, "scale": float}
     # a class passing **kwargs on takes its bases' arguments too, its own first
-    assert {"quiet", "name", "save_dir", "offline"} <= set(
-        parameters_of("mate_cli.lit_modules.wandb_logger.WandbLogger")
-    )
+    assert {"quiet", "name", "save_dir", "offline"} <= set(parameters_of("mate_cli.trainer.wandb_logger.WandbLogger"))

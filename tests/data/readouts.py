@@ -6,7 +6,7 @@ from typing import Mapping, Sequence
 
 from mate_cli.data.corpus import Corpus, TableText
 from mate_cli.data.numbers import TableNumbers
-from mate_cli.data.schema import Question, Table
+from mate_cli.data.records import Question, Table
 from mate_cli.data.table_tasks import Coord, answer_matches
 from mate_cli.tasks import TableTask
 

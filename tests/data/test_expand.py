@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mate_cli.data.expand import expand_table, split_sentences, tfidf_scores
-from mate_cli.data.schema import Cell, Question, Table
+from mate_cli.data.records import Cell, Question, Table
 from mate_cli.errors import MateError
 
 QUESTION = Question("q1", "Which river flows through the capital of Zorvania ?", "t1")

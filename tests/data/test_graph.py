@@ -116,7 +116,7 @@ def test_the_collator_joins_graphs_block_diagonally(graphs):
 
 
 def test_a_table_without_rows_is_one_node_and_a_node_too_short_names_its_setting(tokenizer):
-    from mate_cli.data.schema import Cell, Question, Table
+    from mate_cli.data.records import Cell, Question, Table
     from mate_cli.errors import MateError
 
     question = Question("q", "which team won the cup in 1999 ?", "t")

@@ -10,7 +10,7 @@ import pytest
 
 from mate_cli.data.hybridqa import HybridQAReader
 from mate_cli.data.split import split_by_table
-from mate_cli.data.schema import Question
+from mate_cli.data.records import Question
 from mate_cli.errors import MateError
 
 

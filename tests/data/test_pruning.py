@@ -7,10 +7,10 @@ import random
 import pytest
 
 from mate_cli.data.pruning import Selection, cell_concatenation, column_scores, heuristic_exact_match
-from mate_cli.data.schema import Cell, Question, Table
+from mate_cli.data.records import Cell, Question, Table
 from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.errors import MateError
-from mate_cli.modeling.layout import ID_FIELDS
+from mate_cli.layout import ID_FIELDS
 from tests.data.readouts import column_ranks
 
 
@@ -129,7 +129,7 @@ def test_hem_fallback_keeps_best_column_cut_by_cc():
 # ---------------------------------------------------------------- through the tokenizer
 @pytest.fixture(scope="module")
 def minilm():
-    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pretrained import load_tokenizer
 
     return load_tokenizer("minilm")
 

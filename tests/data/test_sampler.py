@@ -7,7 +7,7 @@ from __future__ import annotations
 from torch.utils.data import DataLoader, DistributedSampler
 
 from mate_cli.data.sampler import EpochShuffle
-from mate_cli.run.resume import epoch_shuffles
+from mate_cli.callbacks.resume_state import epoch_shuffles
 
 SIZE, WORLD, BATCH = 23, 2, 3
 

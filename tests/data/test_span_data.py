@@ -7,7 +7,7 @@ import logging
 
 
 from mate_cli.data.span import SpanDataModule, cell_context, encode_span_example, find_answer_span, span_text
-from mate_cli.data.schema import Cell, Question
+from mate_cli.data.records import Cell, Question
 from tests.helpers import build_edge_root
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mate_cli import tasks
-from mate_cli.data.schema import Question, TaskBatch
+from mate_cli.data.records import Question, TaskBatch
 from mate_cli.data.sqa import SQAReader
 from mate_cli.data.table_tasks import (
     TableTaskDataModule,
@@ -35,10 +35,10 @@ from mate_cli.data.tokenize import TableTokenizer
 from mate_cli.data.wtq import WTQReader
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.table_qa import TableQAModule, aggregate_answer
-from mate_cli.modeling.checkpoints import load_tokenizer
-from mate_cli.modeling.config import EncoderConfig
+from mate_cli.pretrained import load_tokenizer
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
-from mate_cli.modeling.layout import ID_FIELDS
+from mate_cli.layout import ID_FIELDS
 from mate_cli.modeling.tapas_heads import QAOutput
 from tests.data.readouts import answer_cells
 
@@ -615,7 +615,7 @@ def test_an_evaluation_reads_tensor_values_as_often_for_few_questions_as_for_man
     on the CPU by the training loop's own counter, in the task modules' code (it counts reads, not the few copies to
     the device a batch makes, which a GPU's sync debug mode would count too)."""
     from mate_cli.lit_modules.entailment import CHANNELS, EntailmentModule
-    from mate_cli.lit_modules.step_profile import SyncCounter
+    from mate_cli.callbacks.step_profile import SyncCounter
 
     ds = datamodule(task).datasets["train"]
     many = TaskCollator()([ds[i] for i in range(len(ds))])

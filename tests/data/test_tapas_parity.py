@@ -33,10 +33,10 @@ from typing import Callable, Iterable
 
 import pytest
 
-from mate_cli.data.schema import Cell, Question, Table
+from mate_cli.data.records import Cell, Question, Table
 from mate_cli.data.tokenize import TableTokenizer
-from mate_cli.modeling.config import TAPAS_TYPE_VOCAB_SIZES
-from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS
+from mate_cli.layout import TAPAS_TYPE_VOCAB_SIZES
+from mate_cli.layout import TOKEN_TYPE_FIELDS
 
 pd = pytest.importorskip("pandas")
 

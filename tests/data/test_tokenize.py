@@ -6,11 +6,11 @@ import logging
 
 import pytest
 
-from mate_cli.modeling.layout import ID_FIELDS
+from mate_cli.layout import ID_FIELDS
 
 from mate_cli.data.expand import expand_table
 from mate_cli.data.numbers import Relation
-from mate_cli.data.schema import AnswerNode, Cell, Question, Table
+from mate_cli.data.records import AnswerNode, Cell, Question, Table
 from mate_cli.data.tokenize import TableTokenizer, candidate_cells, fit_budget, largest_cap
 from mate_cli.errors import MateError
 from tests.data.readouts import column_ranks

@@ -249,7 +249,7 @@ def test_exported_encoder_loads_in_transformers(trained_run: Path):
     import torch
     from transformers import TapasModel
 
-    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pretrained import load_tokenizer
 
     model = TapasModel.from_pretrained(trained_run / "encoder").eval()
     tokenizer = load_tokenizer(str(trained_run / "encoder"))
@@ -384,7 +384,7 @@ def test_train_in_bf16_on_cpu_runs_mates_fused_kernel(tmp_path: Path, sample_cac
 
     Over 20 s: CPU autocast to bf16 costs time on a CPU without bf16 instructions.
     """
-    from mate_cli.modeling.attention import mate_cpu_kernel
+    from mate_cli.modeling.attention.mate import cpu_kernel as mate_cpu_kernel
 
     metrics = run_command(
         "train",

@@ -94,7 +94,7 @@ def test_sigterm_to_the_group_is_one_line_from_rank_0_and_a_second_one_ends_a_st
 
     Over 20 s: a real two-process DDP run, and real signals.
     """
-    from mate_cli.run.interrupts import END_S
+    from mate_cli.callbacks.interrupts import END_S
 
     tmp, env, _, _ = ddp_run
     run = tmp / "signalled"
@@ -182,7 +182,7 @@ def test_each_example_once_splits_an_odd_split_without_repeats():
 def test_gpu_profile_without_gpu_is_one_line(profile, tmp_path):
     """The check `run_task` makes before any task starts, on the composed config (the entry
     point's one line and exit 2 for a `MateError` there: test_cli's entry point tests)."""
-    from mate_cli.run.task import check_accelerator
+    from mate_cli.run.job import check_accelerator
     from mate_cli.errors import MateError
     from tests.inprocess import compose_command
 

@@ -81,7 +81,7 @@ def test_a_resume_whose_optimiser_groups_differ_is_refused_in_one_line(tmp_path)
     """A dt_fixup run interrupted before model.extra_lr existed trained 2 parameter groups; the experiment now makes 4:
     resuming it is one line saying so, not Lightning's bare ValueError inside the fit."""
     from mate_cli.errors import MateError
-    from mate_cli.lit_modules.optim import parameter_groups
+    from mate_cli.trainer.optim import parameter_groups
     from mate_cli.run.rebuild import check_optimizer_groups
     from tests.inprocess import build, compose_command
 

@@ -24,7 +24,7 @@ from mate_cli.data.corpus import read_jsonl
 from mate_cli.data.sqa import SQAReader
 from mate_cli.data.tabfact import TabFactReader
 from mate_cli.errors import MateError
-from mate_cli.modeling.checkpoints import load_weights_only
+from mate_cli.pretrained import load_weights_only
 from mate_cli.run.resume import AtomicCheckpointIO
 from tests.helpers import MATE, REPO_ROOT, mate_env, one_error_line, run_mate
 from tests.inprocess import compose_command, run_command
@@ -217,7 +217,7 @@ def test_a_run_id_a_shared_wandb_service_still_holds_after_a_kill_is_one_line(tm
 
     import wandb
 
-    from mate_cli.lit_modules.wandb_logger import WandbLogger
+    from mate_cli.trainer.wandb_logger import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
@@ -318,7 +318,7 @@ def test_a_full_disk_anywhere_in_an_errors_chain_is_named_with_its_free_space(tm
     no full disk in its chain is none."""
     import errno
 
-    from mate_cli.run.task import full_disk
+    from mate_cli.run.job import full_disk
 
     try:
         try:
@@ -351,13 +351,13 @@ def test_a_read_only_cache_works_in_memory_with_one_warning(tmp_path):
 
 @needs_namespaces
 def test_a_read_only_cache_with_a_built_kernel_loads_it(tmp_path):
-    from mate_cli.modeling.attention import mate_cpu_kernel
+    from mate_cli.modeling.attention.mate import cpu_kernel as mate_cpu_kernel
 
     if not mate_cpu_kernel.load():
         pytest.skip(f"fused CPU kernel unavailable: {mate_cpu_kernel.unavailable_reason()}")
     cache = mate_cpu_kernel.build_dir().parent.parent  # the cache dir holding torch_extensions/
     probe = (
-        "from mate_cli.modeling.attention import mate_cpu_kernel as m; "
+        "from mate_cli.modeling.attention.mate import cpu_kernel as m; "
         "assert m.load(), m.unavailable_reason(); print('loaded')"
     )
     script = (
@@ -604,10 +604,10 @@ def test_huge_tables_and_cells_are_read_and_truncated_to_the_budget(tmp_path, sh
 
     The 1 MB cell takes over 20 s: reading and cutting it is the point.
     """
-    from mate_cli.data.schema import Question
+    from mate_cli.data.records import Question
     from mate_cli.data.sqa import parse_table_file
     from mate_cli.data.tokenize import TableTokenizer
-    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pretrained import load_tokenizer
 
     rows, columns, cell = {
         "5000 rows": (5000, 4, "x"),
@@ -728,7 +728,7 @@ def test_a_run_dir_as_a_stage_checkpoint_loads_its_checkpoint_and_says_which(tmp
 
 
 def test_a_300_character_experiment_name_gets_a_run_dir_every_file_system_takes(tmp_path):
-    from mate_cli.run.naming import dir_name
+    from mate_cli.config.naming import dir_name
 
     long_a, long_b = "a" * 299 + "x", "a" * 299 + "y"
     assert dir_name(long_a) != dir_name(long_b) and len(dir_name("é" * 300).encode()) <= 200
@@ -741,7 +741,7 @@ def test_a_300_character_experiment_name_gets_a_run_dir_every_file_system_takes(
 def test_ckpt_path_last_finds_the_run_of_an_experiment_whose_name_was_cut(tmp_path, length):
     import torch
 
-    from mate_cli.run.naming import dir_name
+    from mate_cli.config.naming import dir_name
     from mate_cli.run.resume import resolve_resume_path
 
     experiment = "e" * length

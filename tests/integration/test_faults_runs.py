@@ -121,10 +121,10 @@ def test_a_folder_claimed_for_a_command_hydra_then_refuses_is_not_left_behind(tm
     folder (or, in an empty folder of the user's, the lock file), which stayed."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from mate_cli.run import task
+    from mate_cli.run import job
 
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # what the entry point sets for Hydra
-    monkeypatch.setattr(task, "COMMAND_LINE", [])
+    monkeypatch.setattr(job, "COMMAND_LINE", [])
     (tmp_path / "runs" / "mine").mkdir(parents=True)
     for folder in (tmp_path / "runs" / "a" / "b", tmp_path / "runs" / "mine"):
         try:
@@ -296,7 +296,7 @@ def test_num_workers_beyond_the_cores_is_cut_and_a_second_signal_lost_in_a_fork_
     Over 20 s: a real process, its loader workers and its signals.
     """
     from mate_cli.data.preprocess import available_cores
-    from mate_cli.run.interrupts import END_S
+    from mate_cli.callbacks.interrupts import END_S
 
     run, cores = tmp_path / "run", available_cores()
     cache = trained("tabfact").parent / "cache"  # the shared run's: training starts without preprocessing
@@ -332,7 +332,7 @@ def test_num_workers_beyond_the_cores_is_cut_and_a_second_signal_lost_in_a_fork_
 
 
 def test_scontrol_requeues_the_job_and_a_failure_is_one_clause(tmp_path, monkeypatch):
-    from mate_cli.run.interrupts import requeue_note
+    from mate_cli.callbacks.interrupts import requeue_note
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     tool = tmp_path / "bin" / "scontrol"  # SLURM's command, as a cluster would have it on PATH
@@ -373,7 +373,7 @@ def test_device_and_node_counts_a_machine_cannot_run_are_one_line(tmp_path):
 @pytest.fixture
 def signal_handlers():
     """This process's handlers of mate's signals, as they were, after the test."""
-    from mate_cli.run.interrupts import SIGNALS
+    from mate_cli.callbacks.interrupts import SIGNALS
 
     saved = {signum: signal.getsignal(signum) for signum in SIGNALS}
     yield
@@ -386,7 +386,7 @@ def test_a_run_resumed_in_its_own_run_dir_keeps_its_earlier_csv_rows(trained, tm
     when it starts, so the earlier rows are read before it does; the log goes on from step 1."""
     import csv
 
-    from mate_cli.run import interrupts
+    from mate_cli.callbacks import interrupts
 
     interrupts.install()
     run, cache = tmp_path / "run", trained("tabfact").parent / "cache"
@@ -428,7 +428,7 @@ def test_a_signal_during_a_validation_stops_it_and_says_which_step_a_resume_star
 ):
     """A signal inside a validation during fit stops at the next validation batch, unsaved (docs/runs.md, "Resuming"):
     the line says so, and which last.ckpt a resume would read, if any (a full-state best checkpoint is none)."""
-    from mate_cli.run import interrupts
+    from mate_cli.callbacks import interrupts
 
     cache = trained("tabfact").parent / "cache"  # validations every 2 steps
     stop = ["+callbacks.signal_at._target_=tests.signal_at.SignalAt", "+callbacks.signal_at.batch=0"]
@@ -495,7 +495,7 @@ def test_loader_and_pool_workers_take_their_own_signal_actions(signal_handlers):
     pool worker (the default actions) set when they start; the whole-group test above shows
     the effect on a real run."""
     from mate_cli.data import preprocess, workers
-    from mate_cli.run import interrupts
+    from mate_cli.callbacks import interrupts
 
     others = [signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU]
     assert set(interrupts.SIGNALS) == {signal.SIGTERM, *others}
@@ -513,7 +513,7 @@ def test_one_signal_delivered_twice_at_once_still_lets_training_save_last_ckpt(m
     """GNU ``timeout`` sends its TERM to the command and then to its process group, which the handler can see twice
     within microseconds: inside ``trainer.fit`` that repeat must not stop the run before its batch ends and last.ckpt
     is saved. Another signal, or the same one a second later, is a second request and stops the command at once."""
-    from mate_cli.run import interrupts
+    from mate_cli.callbacks import interrupts
 
     for name, value in {"pid": os.getpid(), "received": None, "received_at": 0.0, "deferring": True}.items():
         monkeypatch.setattr(interrupts._State, name, value)
@@ -534,7 +534,7 @@ def test_an_error_that_is_no_users_fault_is_recorded_with_exit_status_1_and_rais
     not swallowed."""
     import logging
 
-    from mate_cli.run.task import run_task
+    from mate_cli.run.job import run_task
     from tests.inprocess import compose_command
 
     run = tmp_path / "run"
@@ -742,7 +742,7 @@ def test_a_100k_character_question_is_shown_short_and_its_cut_is_said(finished, 
     import logging
 
     from mate_cli.commands.predict import shown, warn_if_cut
-    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pretrained import load_tokenizer
     from mate_cli.run.rebuild import TrainedRun, load_run_config
 
     question = "which team scored most " * 4500  # about 100,000 characters
@@ -810,7 +810,7 @@ def test_a_checkpoint_mate_cannot_resume_exactly_is_refused_or_resumed_saying_wh
     """Lightning 1.x's loop state is refused in one line (it ended in a KeyError traceback); a checkpoint without
     mate's resume state or without the schedule resumes with a warning naming what starts again, never with the
     "continues exactly" line (the losses and the learning rate said otherwise)."""
-    from mate_cli.run.resume import RESTORED
+    from mate_cli.callbacks.resume_state import RESTORED
 
     data = torch.load(finished / "checkpoints" / "last.ckpt", weights_only=False)
     old = base / "lightning-1.5.ckpt"

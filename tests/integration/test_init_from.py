@@ -10,7 +10,7 @@ import pytest
 
 from mate_cli.errors import MateError, find_in_chain
 from mate_cli.lit_modules.table_qa import TableQAModule
-from mate_cli.modeling.checkpoints import load_weights_only
+from mate_cli.pretrained import load_weights_only
 from mate_cli.run.rebuild import init_weights_from, load_trained, run_checkpoint
 from tests.inprocess import compose_command, run_command
 

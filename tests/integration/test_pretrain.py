@@ -164,7 +164,7 @@ def test_a_few_hundred_steps_lower_the_held_out_loss_and_raise_accuracy(attentio
 
 def test_the_ablation_resolver_finds_the_newest_finished_run(pretrained, monkeypatch):
     from mate_cli.errors import MateError
-    from mate_cli.run.naming import pretrained_run
+    from mate_cli.config.naming import pretrained_run
 
     monkeypatch.setenv("MATE_OUTPUT_DIR", str(pretrained["outputs"]))
     assert pretrained_run("pretrain_mate") == str(pretrained["run"].resolve() / "encoder")

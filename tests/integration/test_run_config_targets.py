@@ -15,9 +15,9 @@ import torch
 from omegaconf import OmegaConf
 
 from mate_cli.errors import MateError
-from mate_cli.run.targets import allowed_targets, checked_run_config
+from mate_cli.config.run_targets import allowed_targets, checked_run_config
 from tests.helpers import ALIAS_BOMB
-from tests.inprocess import run_captured
+from tests.inprocess import run_captured, run_command
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data"
 MODULES = {
@@ -103,25 +103,60 @@ def test_trusting_the_run_config_runs_what_it_names(tmp_path):
 
 
 # ------------------------------------------------------------------ the check itself
-#: a run config `mate train experiment=hybridqa_mate` resolved at commit 5702f2f (its paths moved to a home folder),
-#: and every `_target_` conf/ named then
-WRITTEN_AT_5702F2F = Path(__file__).parent / "run_5702f2f"
+#: run configs `mate train experiment=hybridqa_mate` resolved at earlier commits (their paths moved to a home folder),
+#: each beside every `_target_` conf/ named then: 5702f2f, and dcaabac, the last before callbacks, the trainer glue and
+#: MATE's modules moved into packages of their own
+WRITTEN_AT = {commit: Path(__file__).parent / f"run_{commit}" for commit in ("5702f2f", "dcaabac")}
 
 
-def test_a_run_config_written_at_5702f2f_is_allowed_and_every_target_it_or_its_conf_named_resolves():
+@pytest.mark.parametrize("commit", sorted(WRITTEN_AT))
+def test_a_run_config_written_at_an_earlier_commit_is_allowed_and_every_target_it_or_its_conf_named_resolves(commit):
     from hydra.utils import get_object
 
-    from mate_cli.run.targets import RENAMED_TARGETS, walk_targets
+    from mate_cli.config.run_targets import RENAMED_TARGETS, walk_targets
+    from mate_cli.config.yaml_data import read_run_config
 
-    config = WRITTEN_AT_5702F2F / "resolved_config.yaml"
-    built = OmegaConf.to_container(checked_run_config(OmegaConf.load(config), config))
+    config = WRITTEN_AT[commit] / "resolved_config.yaml"
+    recorded = [value for _, value in walk_targets(OmegaConf.to_container(OmegaConf.load(config)))]
+    built = OmegaConf.to_container(checked_run_config(read_run_config(config, ""), config))
     targets = [value for _, value in walk_targets(built)]
-    assert "mate_cli.lit_modules.wandb_logger.WandbLogger" in targets and len(targets) == 15
-    then = (WRITTEN_AT_5702F2F / "conf_targets.txt").read_text(encoding="utf-8").split()
-    assert len(then) == 29 and "mate_cli.wandb_logger.WandbLogger" in then
+    assert len(targets) == 15 and targets == [RENAMED_TARGETS.get(target, target) for target in recorded]
+    assert set(recorded) - set(targets) and "mate_cli.trainer.wandb_logger.WandbLogger" in targets  # read renamed
+    then = (WRITTEN_AT[commit] / "conf_targets.txt").read_text(encoding="utf-8").split()
+    assert len(then) == 29
     for target in [*targets, *(RENAMED_TARGETS.get(t, t) for t in then)]:
         assert target in allowed_targets(), target
         get_object(target)  # imports
+
+
+def test_each_renamed_target_is_read_under_a_current_name():
+    from mate_cli.config.run_targets import RENAMED_TARGETS
+
+    assert set(RENAMED_TARGETS.values()) <= allowed_targets()
+    assert not set(RENAMED_TARGETS) & set(RENAMED_TARGETS.values())  # one step: no name renamed twice
+
+
+def test_a_run_dir_trained_at_5702f2f_still_evaluates(trained, tmp_path):
+    """A run dir whose ``resolved_config.yaml`` was written at 5702f2f, whose scheduler, progress log, throughput
+    callback and W&B logger have moved since, and which holds the weights of its architecture: `mate eval` rebuilds and
+    scores it, and its override check reads the old config too."""
+    import shutil
+
+    from tests.shared_runs import copy_run
+
+    run = copy_run(
+        trained("pointr_stage1"), tmp_path / "run"
+    )  # MiniLM's cell selection: MATE has no weights of its own
+    shutil.copy(WRITTEN_AT["5702f2f"] / "resolved_config.yaml", run / "resolved_config.yaml")
+    overrides = f"overrides=['dataset.root={SAMPLE / 'hybridqa_sample'}','dataset.max_length=128']"
+    metrics = run_command("eval", [f"ckpt_path={run}", overrides], tmp_path / "eval")
+    assert 0 <= metrics["val/hits@1"] <= 1 and metrics["ckpt_step"] == 2 and metrics["data/validation/questions"] > 0
+    from mate_cli.run.rebuild import load_run_config
+
+    assert (
+        load_run_config(run / "checkpoints" / "last.ckpt").model.scheduler._target_
+        == "mate_cli.trainer.optim.linear_warmup"
+    )
 
 
 def test_the_allowed_targets_are_what_the_shipped_configs_name():
@@ -219,7 +254,7 @@ def test_a_run_config_file_is_read_as_data_with_limits(tmp_path, monkeypatch, te
 
 
 def test_a_run_config_file_holds_what_omegaconf_reads_from_it(tmp_path):
-    from mate_cli.run.yaml_data import read_yaml
+    from mate_cli.config.yaml_data import read_yaml
 
     path = tmp_path / "resolved_config.yaml"
     path.write_text("lr: 1e-3\nday: 2024-01-01\nname: '3'\nx: ${lr}\n")
@@ -228,7 +263,7 @@ def test_a_run_config_file_holds_what_omegaconf_reads_from_it(tmp_path):
 
 
 def test_an_oversized_run_config_is_refused_before_it_is_read(tmp_path):
-    from mate_cli.run.yaml_data import MAX_BYTES, read_yaml
+    from mate_cli.config.yaml_data import MAX_BYTES, read_yaml
 
     path = tmp_path / "resolved_config.yaml"
     with open(path, "wb") as handle:

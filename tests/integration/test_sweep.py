@@ -161,7 +161,7 @@ def test_a_cpu_epochs_peak_memory_counts_from_its_start_not_the_processes():
     (Linux), so a job does not report an earlier job's peak."""
     import torch
 
-    from mate_cli.lit_modules.throughput import peak_memory_mb, reset_peak_memory
+    from mate_cli.callbacks.throughput import peak_memory_mb, reset_peak_memory
 
     try:
         Path("/proc/self/clear_refs").write_text("5")

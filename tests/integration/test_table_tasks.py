@@ -171,7 +171,7 @@ def test_dot_trains_through_mate_train_named_in_the_papers_notation_with_its_npe
     """wtq_dot (column selection, the QA heads) on the bundled sample, in process; tabfact_dot runs in the slow test above."""
     from omegaconf import OmegaConf
 
-    from mate_cli.run.naming import dir_name
+    from mate_cli.config.naming import dir_name
 
     run = tmp_path / "run"
     metrics = run_command(
@@ -202,7 +202,7 @@ def test_a_saved_tapas_wtq_checkpoint_evaluates_through_mate(tmp_path):
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from mate_cli.modeling.checkpoints import bundled_model_dir
+    from mate_cli.pretrained import bundled_model_dir
 
     checkpoint = tmp_path / "tapas_wtq"
     config = transformers.TapasConfig(

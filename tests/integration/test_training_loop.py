@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from mate_cli.errors import MateError
-from mate_cli.lit_modules.step_profile import SyncCounter, device_time_us
+from mate_cli.callbacks.step_profile import SyncCounter, device_time_us
 from tests.helpers import REPO_ROOT
 from tests.inprocess import run_command
 from tests.shared_runs import RUNS
@@ -72,7 +72,7 @@ def test_a_run_within_the_profiles_warm_up_says_it_timed_nothing(trained, tmp_pa
     TabFact run's data (its preprocessing cache: tests/shared_runs.py)."""
     cache = trained("tabfact").parent / "cache"
     run = tmp_path / "run"
-    with caplog.at_level(logging.WARNING, logger="mate_cli.lit_modules.step_profile"):
+    with caplog.at_level(logging.WARNING, logger="mate_cli.callbacks.step_profile"):
         run_command("train", [*RUNS["tabfact"][1], "validate_best=false", "trainer.limit_val_batches=1",
                               "profile_steps=1", f"dataset.cache_dir={cache}"], run)  # fmt: skip
     assert (run / "metrics.json").is_file() and not (run / "step_profile.json").exists()

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mate_cli.errors import MateError
-from mate_cli.run.naming import dir_name
+from mate_cli.config.naming import dir_name
 from tests.inprocess import run_command
 
 

@@ -10,7 +10,7 @@ import torch
 from mate_cli.modeling.attention import REGISTRY
 from mate_cli.modeling.attention.mate import VARIANTS
 from mate_cli.modeling.encoder import build_backend
-from mate_cli.modeling.layout import ID_FIELDS, TableLayout
+from mate_cli.layout import ID_FIELDS, TableLayout
 from mate_cli.modeling.synthetic import filled_layout
 
 HEADS, HEAD_DIM = 4, 8

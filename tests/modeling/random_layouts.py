@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from mate_cli.modeling.synthetic import Range, layout_from_cells
 
 

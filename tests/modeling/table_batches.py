@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from tests.helpers import layout_from_token_type_ids
 
 #: the vocabulary of the random tables (ids 0-4: padding and the special tokens)

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.attention.base import REGISTRY
+from mate_cli.modeling.attention.backend import REGISTRY
 from mate_cli.modeling.attention.linformer import LinformerAttention
 from tests.modeling.random_layouts import shaped_layout
 

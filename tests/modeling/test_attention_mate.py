@@ -14,12 +14,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import mate as mate_mod
-from mate_cli.modeling.attention import mate_bucketed
+from mate_cli.modeling.attention.mate import bucketed as mate_bucketed
 from mate_cli.modeling.attention.mate import MateAttention, head_masks, masked_attention
-from mate_cli.modeling.attention.mate_block_sparse import block_sparse_attention, flex_mate_attention
-from mate_cli.modeling.attention.mate_bucketed import bucketed_attention
-from mate_cli.modeling.attention.mate_plan import bucket_plan
-from mate_cli.modeling.attention.mate_reference import bucketed_attention_reference
+from mate_cli.modeling.attention.mate.block_sparse import block_sparse_attention, flex_mate_attention
+from mate_cli.modeling.attention.mate.bucketed import bucketed_attention
+from mate_cli.modeling.attention.mate.plan import bucket_plan
+from mate_cli.modeling.attention.mate.reference import bucketed_attention_reference
 from mate_cli.modeling.synthetic import filled_layout, layout_from_cells
 from tests.modeling.random_layouts import random_layout
 
@@ -288,7 +288,7 @@ PAIRS = [(variant, impl) for variant, impls in mate_mod.VARIANTS.items() for imp
 
 
 def mate_triton_interpreting() -> bool:
-    from mate_cli.modeling.attention import mate_triton
+    from mate_cli.modeling.attention.mate import triton as mate_triton
 
     return mate_triton.triton_available() and mate_triton.interpreting()
 
@@ -423,7 +423,7 @@ def test_the_global_part_attends_to_its_whole_row_or_column_as_the_paper_says():
     """§3.1 / App. D: the first G sorted tokens "attend to and from everything" (under MATE's pattern), so a table
     token sorted into the global part sees its whole column even where the column is longer than the window: its
     output and gradients are exact MATE's, in every implementation (a window-only global part fails here)."""
-    from mate_cli.modeling.attention import mate_cpu_kernel
+    from mate_cli.modeling.attention.mate import cpu_kernel as mate_cpu_kernel
 
     layout = layout_from_cells([2], [[[2]] * 13])  # one column of 13 two-token cells: 26 tokens, R=3
     heads, dim, G, R = 2, 8, 10, 3
@@ -441,7 +441,7 @@ def test_the_global_part_attends_to_its_whole_row_or_column_as_the_paper_says():
     }
     if mate_cpu_kernel.available():
         paths["kernel"] = lambda *x: bucketed_attention(*x, plan)
-    from mate_cli.modeling.attention import mate_triton
+    from mate_cli.modeling.attention.mate import triton as mate_triton
 
     if mate_triton_interpreting():  # compiled: tests/modeling/test_mate_triton.py
         structure = mate_triton.TritonStructure.of(layout, heads, 0.5, G, R)
@@ -464,7 +464,7 @@ def test_the_earlier_global_part_stays_one_function_for_runs_trained_with_it():
     configs of that time are rebuilt with it."""
     from omegaconf import OmegaConf
 
-    from mate_cli.modeling.attention import mate_cpu_kernel
+    from mate_cli.modeling.attention.mate import cpu_kernel as mate_cpu_kernel
     from mate_cli.run.rebuild import recorded_functions
 
     layout = layout_from_cells([2], [[[2]] * 13])
@@ -476,7 +476,7 @@ def test_the_earlier_global_part_stays_one_function_for_runs_trained_with_it():
     torch.testing.assert_close(bucketed_attention(q, k, v, query_plan, use_cpu_kernel=False), reference)
     if mate_cpu_kernel.available():
         torch.testing.assert_close(bucketed_attention(q, k, v, query_plan), reference, atol=1e-5, rtol=1e-5)
-    from mate_cli.modeling.attention import mate_triton
+    from mate_cli.modeling.attention.mate import triton as mate_triton
 
     if mate_triton_interpreting():
         structure = mate_triton.TritonStructure.of(layout, heads, 0.5, G, R, "query")
@@ -496,7 +496,7 @@ def test_the_earlier_global_part_stays_one_function_for_runs_trained_with_it():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_auto_on_cuda_takes_triton_in_bf16_and_float32_with_or_without_dropout_and_eager_in_float64():
-    from mate_cli.modeling.attention.mate_triton import triton_runs_on
+    from mate_cli.modeling.attention.mate.triton import triton_runs_on
 
     layout = random_layout(2, seed=0).to("cuda")
     x = torch.randn(layout.batch_size, 2, layout.seq_len, 8, device="cuda", dtype=torch.bfloat16)

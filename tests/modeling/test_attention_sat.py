@@ -3,7 +3,7 @@
 import torch
 
 from mate_cli.modeling.attention.sat import SatAttention
-from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
 from tests.modeling.random_layouts import random_layout
 

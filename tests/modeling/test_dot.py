@@ -27,7 +27,7 @@ from mate_cli.modeling.dot import (
     select,
 )
 from mate_cli.modeling.encoder import TableEncoder
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from tests.inprocess import build, compose_command
 
 TOLERANCE = 1e-5
@@ -265,11 +265,11 @@ def test_mate_predict_answers_with_the_pruned_model_as_eval_does(tmp_path):
     from hydra.utils import instantiate
 
     from mate_cli.data.table_tasks import TaskCollator, encode_task_question, table_tokenizer
-    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pretrained import load_tokenizer
     from mate_cli.pipelines.table_task import predict_table_question, read_task_table
     from mate_cli.run.rebuild import TrainedRun
     from mate_cli.tasks import get as get_task
-    from mate_cli.data.schema import Question
+    from mate_cli.data.records import Question
     from tests.helpers import a_table_and_question
 
     cfg = compose_command("train", ["experiment=wtq_dot", "model.dot.top_k=64"], tmp_path)

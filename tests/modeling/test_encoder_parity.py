@@ -17,13 +17,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.attention.base import AttentionBackend
+from mate_cli.modeling.attention.backend import AttentionBackend
 from mate_cli.modeling.attention.dense import DenseAttention
-from mate_cli.modeling.checkpoints import bundled_model_dir, load_tokenizer
+from mate_cli.pretrained import bundled_model_dir, load_tokenizer
 from mate_cli.modeling.embeddings import cell_position_ids
-from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from tests.modeling.table_batches import VOCAB, table_batch
 
 transformers = pytest.importorskip("transformers")

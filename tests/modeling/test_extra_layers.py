@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.extra_layers import ExtraLayers, dt_fixup_scale
 
 CONFIG = EncoderConfig(
@@ -94,7 +94,7 @@ def test_dt_fixup_refuses_a_warm_up():
     from functools import partial
 
     from mate_cli.lit_modules.cell_selection import CellSelectionModule
-    from mate_cli.lit_modules.optim import linear_warmup
+    from mate_cli.trainer.optim import linear_warmup
     from mate_cli.modeling.encoder import TableEncoder
 
     encoder = TableEncoder(CONFIG, "dense", max_length=16)

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from mate_cli.modeling.tapas_heads import LOG_ZERO, CellIndex, TapasHeadConfig, TapasQAHead, consistent_selection
 
 ROWS, COLUMNS = 8, 4

@@ -3,7 +3,7 @@
 import torch
 
 from mate_cli.modeling.heads import CellSelectionHead, first_candidate_loss, mml_loss, pool_cells
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 
 
 def test_pool_cells_is_mean_of_each_cells_tokens():

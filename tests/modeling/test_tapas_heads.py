@@ -20,7 +20,7 @@ import torch
 from mate_cli.lit_modules.entailment import EntailmentModule
 from mate_cli.lit_modules.table_qa import TableQAModule, aggregate_answer, top_cell_hits
 from mate_cli.modeling.encoder import TableEncoder
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from mate_cli.modeling.tapas_heads import TapasHeadConfig, token_numeric_values
 from tests.modeling.table_batches import VOCAB, table_batch
 

@@ -9,7 +9,7 @@ import torch
 
 from mate_cli.errors import MateError
 from mate_cli.modeling.encoder import TableEncoder
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.layout import TableLayout
 from mate_cli.modeling.xh import HopLayers
 
 
@@ -109,7 +109,7 @@ def hybridqa_graphs(sample_root):
     from mate_cli.data.graph import encode_graph
     from mate_cli.data.hybridqa import HybridQAReader
     from mate_cli.data.tokenize import TableTokenizer
-    from mate_cli.modeling.checkpoints import load_tokenizer
+    from mate_cli.pretrained import load_tokenizer
 
     reader = HybridQAReader(sample_root)
     tok = TableTokenizer(load_tokenizer("minilm"), max_length=48)
@@ -188,7 +188,7 @@ def test_a_compiled_encoder_is_refused_for_transformer_xh(tmp_path):
 
     from tests.inprocess import compose_command
 
-    from mate_cli.run.task import find_mate_error
+    from mate_cli.run.job import find_mate_error
 
     cfg = compose_command("train", ["experiment=hybridqa_xh", "model.encoder.compile=aot_eager"], tmp_path)
     with pytest.raises(Exception) as raised:  # Hydra's instantiate wraps it; the command prints the MateError's line

@@ -1,4 +1,4 @@
-"""Attention backends (interface and registry: :mod:`.base`; docs/architecture.md, "Add an attention backend").
+"""Attention backends (interface and registry: :mod:`.backend`; docs/architecture.md, "Add an attention backend").
 Importing this package registers every module of ``BACKEND_MODULES`` that is present; a broken one raises."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from mate_cli.modeling.attention.base import REGISTRY, AttentionBackend, register
+from mate_cli.modeling.attention.backend import REGISTRY, AttentionBackend, register
 
 BACKEND_MODULES = ("dense", "none", "mate", "sat", "linformer", "table_etc")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from mate_cli.modeling.attention.base import AttentionBackend, register, with_key_bias
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.attention.backend import AttentionBackend, register, with_key_bias
+from mate_cli.layout import TableLayout
 
 
 @register("dense")

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.attention.base import AttentionBackend, check_range, register
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.attention.backend import AttentionBackend, check_range, register
+from mate_cli.layout import TableLayout
 
 INITS = ("normal", "xavier")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from mate_cli.modeling.attention.base import AttentionBackend, register
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.attention.backend import AttentionBackend, register
+from mate_cli.layout import TableLayout
 
 
 @register("none")

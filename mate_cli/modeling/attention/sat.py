@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mate_cli.modeling.attention.base import AttentionBackend, register, with_key_bias
-from mate_cli.modeling.layout import TOKEN_TYPE_FIELDS, TableLayout
+from mate_cli.modeling.attention.backend import AttentionBackend, register, with_key_bias
+from mate_cli.layout import TOKEN_TYPE_FIELDS, TableLayout
 
 
 def sat_mask(layout: TableLayout) -> torch.Tensor:

@@ -32,8 +32,8 @@ from torch import nn
 from torch.nn import functional
 
 from mate_cli.errors import MateError
-from mate_cli.modeling.attention.base import AttentionBackend, block_windows, check_range, register
-from mate_cli.modeling.layout import TableLayout
+from mate_cli.modeling.attention.backend import AttentionBackend, block_windows, check_range, register
+from mate_cli.layout import TableLayout
 
 #: ``segment_ids`` value that marks global memory tokens in the extended layout.
 MEMORY_SEGMENT = 2
