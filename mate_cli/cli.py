@@ -261,7 +261,8 @@ def shell_completion(args: list[str], command: str | None, program: str) -> int:
     shell = settings.get(action, "")
     if action is None or shell != "bash":
         return fail(
-            "shell completion is for bash: use -sc install=bash, -sc uninstall=bash or -sc query=bash (with COMP_LINE set)"
+            "shell completion is for bash: use -sc install=bash, -sc uninstall=bash or -sc query=bash "
+            "(with COMP_LINE set)"
         )
     if action == "install":
         print(BASH_COMPLETION.replace("__COMMANDS__", " ".join(COMMANDS)), end="")

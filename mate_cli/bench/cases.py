@@ -386,8 +386,8 @@ def dot_shape(name: str) -> tuple[str, int]:
     size, _, top_k = (split_name(name)[1] or "small-256").partition("-")
     if size not in DIMS or not (top_k or "256").isdecimal() or int(top_k or 256) < 1:
         raise MateError(
-            f"bench backend {name!r}: write dot.<pruner size>-<K> with a size among {', '.join(DIMS)} and a positive whole "
-            "number K (e.g. dot.small-256)"
+            f"bench backend {name!r}: write dot.<pruner size>-<K> with a size among {', '.join(DIMS)} and a "
+            "positive whole number K (e.g. dot.small-256)"
         )
     return size, int(top_k or 256)
 

@@ -31,8 +31,8 @@ from mate_cli.io import atomic_write_text
 
 
 class Interrupted(Exception):
-    """A command stopped by a signal (or by a lost DDP rank: :mod:`mate_cli.callbacks.ranks`); ``str()`` is the one line for
-    ``FAILED``; the exit status 128 + the signal unless given."""
+    """A command stopped by a signal (or by a lost DDP rank: :mod:`mate_cli.callbacks.ranks`); ``str()`` is the one
+    line for ``FAILED``; the exit status 128 + the signal unless given."""
 
     def __init__(self, signum: int, line: str, exit_code: int | None = None):
         super().__init__(line)
@@ -271,7 +271,10 @@ def where_it_stands(what: str) -> str:
         return f"{what} {at}, before any checkpoints/last.ckpt was saved; run the command again"
     held = "" if training.saved_step == training.step else f" (checkpoints/last.ckpt holds step {training.saved_step})"
     if training.in_sweep:  # the sweep run again resumes it, with the others it cut
-        return f"{what} {at}{held}; run the same sweep again to resume it (or this job alone: ckpt_path={training.run_dir})"
+        return (
+            f"{what} {at}{held}; run the same sweep again to resume it "
+            f"(or this job alone: ckpt_path={training.run_dir})"
+        )
     return f"{what} {at}{held}; resume with ckpt_path={training.run_dir}"
 
 

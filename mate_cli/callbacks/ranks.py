@@ -31,8 +31,8 @@ SETTLE_S = 2.0
 
 class WatchRanks(L.Callback):
     """In rank 0 of a run whose ranks > 0 it started: watch their processes; a failed one stops the run at once
-    (:func:`~mate_cli.callbacks.interrupts.end_soon`, with its line), unless rank 0 failed first on its own. Listed after
-    ``StopOnSignal``, whose step the line gives."""
+    (:func:`~mate_cli.callbacks.interrupts.end_soon`, with its line), unless rank 0 failed first on its own. Listed
+    after ``StopOnSignal``, whose step the line gives."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)

@@ -272,7 +272,8 @@ class StepProfile(ExcludesValidation):
             log.warning(
                 "step profile: none, no step_profile.json: the run took %d training step(s), within the profile's %d "
                 "warm-up steps; profile_steps=%d times and watches whole with trainer.max_steps >= %d",
-                trainer.global_step - self._first, self.warmup, self.steps, self._first + self.warmup + 2 * self.steps + 1,
+                trainer.global_step - self._first, self.warmup, self.steps,
+                self._first + self.warmup + 2 * self.steps + 1,
             )  # fmt: skip
 
     def on_exception(self, trainer, pl_module, exception) -> None:

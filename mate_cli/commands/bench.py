@@ -66,7 +66,8 @@ def bench(cfg: DictConfig) -> list[dict]:
     atomic_write_text(out / "bench.md", results.markdown(rows, checked, machine))
     if b.get("plots", True):
         results.plot(rows, out)
-    print_outputs({"run dir": out, "results": out / "bench.csv", "tables": out / "bench.md", "targets": out / "targets.json",
+    print_outputs({"run dir": out, "results": out / "bench.csv", "tables": out / "bench.md",
+                   "targets": out / "targets.json",
                    **({"plots": out / "*.png"} if b.get("plots", True) else {})})  # fmt: skip
     return rows
 

@@ -1,7 +1,7 @@
-"""`mate eval ckpt_path=<run dir | checkpoint>`: rebuild that run (:mod:`mate_cli.run.rebuild`), evaluate ``split``, write
-``metrics.json`` (with the ``overrides`` that changed the run's config, if any) and, for a table task, the predictions in
-the dataset's upstream answer format. ``tables=shuffled`` (TabFact) scores each statement against another table of the
-split (:mod:`mate_cli.data.other_tables`)."""
+"""`mate eval ckpt_path=<run dir | checkpoint>`: rebuild that run (:mod:`mate_cli.run.rebuild`), evaluate
+``split``, write ``metrics.json`` (with the ``overrides`` that changed the run's config, if any) and, for a table
+task, the predictions in the dataset's upstream answer format. ``tables=shuffled`` (TabFact) scores each statement
+against another table of the split (:mod:`mate_cli.data.other_tables`)."""
 
 from __future__ import annotations
 

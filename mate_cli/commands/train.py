@@ -108,7 +108,8 @@ def _build(cfg: DictConfig, out: Path, resume: str | None):
         checkpoint_io.preload(resume, checkpoint)
         if 0 <= trainer_args.get("max_steps", -1) <= checkpoint.get("global_step", 0):
             log.warning("the resumed run is at step %d, trainer.max_steps=%d: nothing is trained; raise "
-                        "trainer.max_steps to go on", checkpoint.get("global_step", 0), trainer_args["max_steps"])  # fmt: skip
+                        "trainer.max_steps to go on",
+                        checkpoint.get("global_step", 0), trainer_args["max_steps"])  # fmt: skip
     callbacks = [
         *instantiate_dict(cfg.get("callbacks")),
         ResumeState(),
@@ -137,7 +138,8 @@ def _before_fit(cfg: DictConfig, trainer, model, datamodule, resume: str | None,
     if resume and (lost := unrestored(checkpoint, model)):
         checkpoint.setdefault("lr_schedulers", [])  # Lightning restores an empty list (none), but fails on no key
         log.warning("resuming from %s: weights, optimiser and step are restored, but the checkpoint holds nothing of "
-                    "%s, so training does not continue exactly as it would have", resume, " nor of ".join(lost))  # fmt: skip
+                    "%s, so training does not continue exactly as it would have",
+                    resume, " nor of ".join(lost))  # fmt: skip
     elif resume:
         log.info("resuming from %s: %s", resume, RESTORED)
     elif cfg.get("validate_start", False):  # the starting checkpoint's score, to compare the end with

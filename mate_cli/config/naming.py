@@ -73,7 +73,8 @@ def overrides_name(overrides) -> str:
     """:func:`override_parts` as ``lr=3e-05,radius=84``, cut to :data:`NAME_OVERRIDES_MAX` with a hash."""
     text = ",".join(override_parts(overrides))
     if len(text) > NAME_OVERRIDES_MAX:
-        text = f"{text[: NAME_OVERRIDES_MAX - 9]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"  # no ~: Hydra refuses it unquoted
+        # no ~: Hydra refuses it unquoted
+        text = f"{text[: NAME_OVERRIDES_MAX - 9]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
     return text
 
 

@@ -9,11 +9,12 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-#: ``{_target_: {key: the value runs without the key had}}``; a dotted key names a key of a sub-node of the target's node
+#: ``{_target_: {key: the value runs without the key had}}``; a dotted key names a key of a sub-node of the
+#: target's node
 RECORDED_BEFORE: dict[str, dict[str, Any]] = {
-    # before 2026-11-26 only the query set of the bucketed global part had dense rows
+    # runs without global_rows: only the query set of the bucketed global part has dense rows
     "mate_cli.modeling.attention.mate.MateAttention": {"global_rows": "query"},
-    # before 2026-11-27 the table tasks decoded TAPAS's way only: the cells above 0.5
+    # runs without at_least_one_cell: the table tasks decode TAPAS's way only, the cells above 0.5
     "mate_cli.lit_modules.table_qa.TableQAModule": {"head.at_least_one_cell": False},
 }
 

@@ -91,7 +91,8 @@ def says_nothing(default: Any) -> bool:
 
 
 def trainer_argument(command: str | None, key: str) -> str | None:
-    """``<argument>`` of a ``trainer.<argument>`` key of a command whose ``trainer`` node goes to Lightning's Trainer."""
+    """``<argument>`` of a ``trainer.<argument>`` key of a command whose ``trainer`` node goes to Lightning's Trainer
+    (else None)."""
     trainer_key = command in TRAINER_COMMANDS and key.startswith("trainer.") and key.count(".") == 1
     return key.split(".", 1)[1] if trainer_key else None
 
@@ -125,7 +126,8 @@ def trainer_parameters() -> dict[str, Any]:
 
 def lightning_differs() -> bool:
     """Whether the installed Lightning is not the one the table describes: its Trainer may take other arguments."""
-    from importlib.metadata import PackageNotFoundError, version  # here: 10 ms a passing check does not pay
+    # imported here: a passing check does not pay for it (BENCHMARKS.md, "Command-line check")
+    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("lightning") != LIGHTNING

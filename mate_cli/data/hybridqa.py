@@ -60,8 +60,8 @@ class HybridQAReader(CachedReads):
                 return folder / name
         raise MateError(
             f"no question file for split {split!r} in {folder} (available: {self.splits()}); "
-            "name one of those with dataset.eval_file=<split> (mate eval: \"overrides=['dataset.eval_file=<split>']\"), or add "
-            "the file"
+            "name one of those with dataset.eval_file=<split> "
+            "(mate eval: \"overrides=['dataset.eval_file=<split>']\"), or add the file"
         )
 
     def questions(self, split: str) -> Iterator[Question]:

@@ -175,8 +175,8 @@ class TableQAReader(CachedReads):
             known = {split: f for split, f in self.FILES.items() if (folder / f).is_file()}
             raise MateError(
                 f"no question file {file_name!r} (for {name!r}) in {folder} (available files: "
-                f"{self.available_files()}; splits: {known or 'none'}); name one of those files with dataset.eval_file=<file> "
-                "(mate eval: \"overrides=['dataset.eval_file=<file>']\"), or add the file"
+                f"{self.available_files()}; splits: {known or 'none'}); name one of those files with "
+                "dataset.eval_file=<file> (mate eval: \"overrides=['dataset.eval_file=<file>']\"), or add the file"
             )
         return path
 

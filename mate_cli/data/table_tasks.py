@@ -185,8 +185,8 @@ class TableTaskDataModule(SplitDataModule):
     """SQA, WikiTQ or TabFact data for the TAPAS heads. ``ambiguous_answers``, for WikiTQ answer items found in several
     cells: ``first`` labels the first copy in row order (as TAPAS), ``all`` every copy, ``drop`` every copy and leaves
     the question out of training. ``drop_cut_answers``: drop training questions with an answer item none of whose cells
-    survived the length cut. ``eval_tables``: ``shuffled`` pairs each validation and test statement with another table of
-    its split (:mod:`mate_cli.data.other_tables`; TabFact only)."""
+    survived the length cut. ``eval_tables``: ``shuffled`` pairs each validation and test statement with another table
+    of its split (:mod:`mate_cli.data.other_tables`; TabFact only)."""
 
     def __init__(
         self,

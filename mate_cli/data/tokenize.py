@@ -130,7 +130,8 @@ class TableTokenizer:
         if max_length < 3 or max_question_tokens < 0 or min_cell_tokens < 1:
             raise MateError(
                 f"bad tokenizer limits {length_key}={max_length}, max_question_tokens={max_question_tokens}, "
-                f"min_cell_tokens={min_cell_tokens}; need {length_key} >= 3, max_question_tokens >= 0, min_cell_tokens >= 1"
+                f"min_cell_tokens={min_cell_tokens}; need {length_key} >= 3, max_question_tokens >= 0, "
+                "min_cell_tokens >= 1"
             )
         self.length_key = length_key
         if min(max_row_id, max_column_id, max_rank_id) < 2:

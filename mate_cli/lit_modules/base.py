@@ -234,7 +234,7 @@ class EncoderTaskModule(L.LightningModule):
 
 
 def stage_metrics(*means: str, **others: type) -> nn.ModuleDict:
-    """``<stage>_<name>`` for ``val`` and ``test``: a ``MeanMetric`` per name in ``means``, ``others[name]()`` besides."""
+    """``<stage>_<name>`` for ``val`` and ``test``: a ``MeanMetric`` per name in ``means``, plus ``others[name]()``."""
     kinds = {**dict.fromkeys(means, MeanMetric), **others}
     return nn.ModuleDict({f"{stage}_{name}": kind() for stage in ("val", "test") for name, kind in kinds.items()})
 

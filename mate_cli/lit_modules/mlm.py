@@ -66,7 +66,8 @@ class MaskedLMModule(EncoderTaskModule):
         self.log("val/mlm_accuracy", self.val_accuracy, prog_bar=True, batch_size=len(batch))
 
     def export_pretrained(self, directory, tokenizer=None):
-        """Encoder + MLM head as a ``transformers.TapasForMaskedLM`` directory (``model.encoder.pretrained`` reads it)."""
+        """Encoder + MLM head as a ``transformers.TapasForMaskedLM`` directory
+        (``model.encoder.pretrained`` reads it)."""
         return self.encoder.save_pretrained(
             directory, tokenizer=tokenizer, extra_state=mlm_state_dict(self.head), prefix="tapas."
         )

@@ -102,8 +102,8 @@ class TableQAModule(EvaluatedTaskModule):
             long_questions=SumMetric,
         )
         self.predictions: list[dict] = []
-        #: SQA: each decoded answer by (sequence, position), for the next question's prev_labels; the second, the answers
-        #: decoded with at least one cell (``accuracy_at_least_one_cell``)
+        #: SQA: each decoded answer by (sequence, position), for the next question's prev_labels; the second, the
+        #: answers decoded with at least one cell (``accuracy_at_least_one_cell``)
         self._predicted: Answers = {}
         self._predicted_at_least_one_cell: Answers = {}
         self._warned_missing = False

@@ -81,7 +81,8 @@ def keep_rank(scores: torch.Tensor, layout: TableLayout, top_k: int, selection: 
 
 
 def select(rank: torch.Tensor, top_k: int) -> torch.Tensor:
-    """``[batch, K']`` indices of the ``K' = min(top_k, seq)`` highest ``rank`` (ties: earlier first), in input order."""
+    """``[batch, K']``: the indices of the ``K' = min(top_k, seq)`` highest ``rank`` (ties: earlier first), in
+    input order."""
     k = min(top_k, rank.shape[1])
     order = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :k]
     return order.sort(dim=1).values

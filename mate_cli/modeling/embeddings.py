@@ -1,8 +1,9 @@
 """BERT/TAPAS input embeddings: word + position + the seven TAPAS token types, a table each
 (``token_type_embeddings_{i}``; a BERT checkpoint's segment table is the first, the other six start fresh).
 
-``reset_position_index_per_cell`` restarts the position at each cell's first token, as ``transformers.TapasEmbeddings``
-does: a cell is a (column, row) pair, so query, special tokens and padding share cell (0, 0) and keep absolute positions.
+``reset_position_index_per_cell`` restarts the position at each cell's first token, as
+``transformers.TapasEmbeddings`` does: a cell is a (column, row) pair, so query, special tokens and padding share cell
+(0, 0) and keep absolute positions.
 """
 
 from __future__ import annotations

@@ -186,9 +186,10 @@ class TableEncoder(nn.Module):
     ``gradient_checkpointing`` recomputes each layer in the backward (dropout replays the same masks): the same
     gradients for one more forward. ``compile``: ``torch.compile`` the stack of layers as one function (true:
     Inductor; a backend's name, e.g. ``aot_eager``, traces without generating code) with dynamic sequence lengths, so
-    a new batch length reuses the compiled graph; each backend's per-layout preparation (:meth:`AttentionBackend.prepare`)
-    runs eagerly before it. The parameters and their names stay the module's own. ``compile_mode``: ``torch.compile``'s
-    mode (``reduce-overhead``: CUDA graphs, one recorded per batch shape, for one encoder forward a step)."""
+    a new batch length reuses the compiled graph; each backend's per-layout preparation
+    (:meth:`AttentionBackend.prepare`) runs eagerly before it. The parameters and their names stay the module's own.
+    ``compile_mode``: ``torch.compile``'s mode (``reduce-overhead``: CUDA graphs, one recorded per batch shape, for
+    one encoder forward a step)."""
 
     def __init__(
         self,
@@ -285,8 +286,8 @@ class TableEncoder(nn.Module):
         return hidden
 
     def prepare_backends(self, hidden: torch.Tensor, layout: TableLayout | None) -> None:
-        """Each backend's :meth:`~AttentionBackend.prepare` for this layout, on a stand-in for the layers' queries (their
-        shape, device, dtype under autocast, and whether they need gradients), outside the compiled stack."""
+        """Each backend's :meth:`~AttentionBackend.prepare` for this layout, on a stand-in for the layers' queries
+        (their shape, device, dtype under autocast, and whether they need gradients), outside the compiled stack."""
         if layout is None:
             return
         device = hidden.device
@@ -350,7 +351,8 @@ class TableEncoder(nn.Module):
             )
         if hf.get("position_embedding_type", "absolute") != "absolute":
             raise MateError(
-                f"model.encoder.pretrained={pretrained!s} uses position_embedding_type={hf['position_embedding_type']!r}; "
+                f"model.encoder.pretrained={pretrained!s} uses "
+                f"position_embedding_type={hf['position_embedding_type']!r}; "
                 "only absolute position embeddings are supported"
             )
         dropouts = dict(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)

@@ -1,4 +1,4 @@
-"""PointR stage 2 span head (MATE §4.2): a span ``(start, end)`` scores ``S = w2 · gelu(W1 [h_start; h_end] + b1) + b2``.
+"""PointR stage 2 span head (MATE §4.2): span ``(start, end)`` scores ``S = w2 · gelu(W1 [h_start; h_end] + b1) + b2``.
 
 As ``W1 [h_s; h_e] = W_s h_s + W_e h_e``, the first layer runs once per token, and only the band
 ``start <= end < start + max_span_length`` is materialised: scores are ``[batch, seq, max_span_length]``,

@@ -8,8 +8,8 @@ Cell selection (TAPAS §3): token logits ``(w · h_t + b) / temperature``; a cel
 column's logit is the mean over its cells of a second projection's cell means (column 0, the query, excluded unless
 ``allow_empty_column_selection``). With ``select_one_column`` the loss is ``-log P(gold column)`` plus the mean
 Bernoulli NLL of the gold column's cells, and a prediction selects only in the arg-max column. A prediction is the cells
-above ``cell_classification_threshold``; with ``at_least_one_cell`` (not TAPAS's) the most probable cell that has a token
-where none is.
+above ``cell_classification_threshold``; with ``at_least_one_cell`` (not TAPAS's) the most probable cell that has a
+token where none is.
 Aggregation (WikiTQ) classifies the pooled [CLS] over :data:`AGGREGATIONS`. With ``use_answer_as_supervision`` an
 example whose answer is not a number, or is found in the table while the operators get at most
 ``cell_selection_preference`` of the mass, learns cell selection and NONE; the other scalar answers learn
@@ -19,8 +19,9 @@ loss exceeds ``answer_loss_cutoff``. ``aggregation_supervision=hard_em`` is not 
 One deliberate difference from ``transformers``: padding belongs to no cell (TAPAS counts it in the query cell, so
 there the loss of an example with no answer cell, and column 0's logit, depend on the batch's padding). On unpadded
 inputs, and padded ones whose examples all have an answer cell, logits and loss equal ``TapasForQuestionAnswering``'s
-(the loss with ``allow_empty_column_selection=false``; tests/modeling/test_tapas_heads.py). The caller runs the head in float32
-(``TableQAModule.forward``: label counts and answers exceed bf16's range). Gumbel options draw only in training.
+(the loss with ``allow_empty_column_selection=false``; tests/modeling/test_tapas_heads.py). The caller runs the
+head in float32 (``TableQAModule.forward``: label counts and answers exceed bf16's range). Gumbel options draw
+only in training.
 """
 
 from __future__ import annotations
@@ -452,8 +453,8 @@ def expected_result(
     probs, values, scale, table_mask, aggregation_logits, approximation="ratio", temperature=1.0, gumbel=False
 ) -> torch.Tensor:
     """``[batch]``: the expected SUM / AVERAGE / COUNT of a soft selection, weighted by the operators' probabilities
-    (``gumbel``: TAPAS's ``use_gumbel_for_aggregation``, a relaxed one-hot draw). ``probs``, ``values``
-    (NaN: none), ``scale`` (dividing by it counts each cell once) and ``table_mask`` (data rows) are ``[batch, seq]``."""
+    (``gumbel``: TAPAS's ``use_gumbel_for_aggregation``, a relaxed one-hot draw). ``probs``, ``values`` (NaN: none),
+    ``scale`` (dividing by it counts each cell once) and ``table_mask`` (data rows) are ``[batch, seq]``."""
     p = probs / scale * table_mask
     count = p.sum(1)
     values = torch.nan_to_num(values, nan=0.0)

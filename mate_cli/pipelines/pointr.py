@@ -1,9 +1,9 @@
 """PointR end to end (MATE §4): point to the expanded cell, then read the answer from it (``mate pointr``,
 ``mate predict``).
 
-Each stage is a trained run (:func:`mate_cli.run.rebuild.load_trained`). Without a stage-2 run the answer is the top cell's
-text, so stage 1 can be evaluated end to end alone. A question the data or a stage cannot serve fully is counted under
-:data:`ROBUSTNESS_LINES` and predicted as well as possible; none stops the run.
+Each stage is a trained run (:func:`mate_cli.run.rebuild.load_trained`). Without a stage-2 run the answer is the top
+cell's text, so stage 1 can be evaluated end to end alone. A question the data or a stage cannot serve fully is counted
+under :data:`ROBUSTNESS_LINES` and predicted as well as possible; none stops the run.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 HITS_K = (1, 3, 5)
 SPLIT_KEYS = ("root", "split")
 ROBUSTNESS_LINES = {
-    "questions_without_candidate": "questions whose answer appears in no cell or linked passage (Hits@k counts them as misses)",
+    "questions_without_candidate": (
+        "questions whose answer appears in no cell or linked passage (Hits@k counts them as misses)"
+    ),
     "tables_without_passages": "questions whose table has no linked passage (reader context = cell text only)",
     "missing_passage_file": "questions whose table has no passage file (treated as no passages)",
     "no_selectable_cell": "questions whose table has no selectable (non-empty) cell (empty prediction)",
@@ -227,7 +229,8 @@ def score(details: list[dict], questions: dict[str, Question], ref_path: Path | 
         full = load_json(ref_path, "reference file")
         if not isinstance(full, dict) or not isinstance(full.get("reference"), dict):
             raise MateError(
-                f"{ref_path}: not a dev_reference.json ({{'reference': {{qid: answer}}, 'table': [...], 'passage': [...]}}); pass reference=<file>"
+                f"{ref_path}: not a dev_reference.json "
+                f"({{'reference': {{qid: answer}}, 'table': [...], 'passage': [...]}}); pass reference=<file>"
             )
         counts["not_in_reference"] = sum(d["question_id"] not in full["reference"] for d in details)
         metrics.update(

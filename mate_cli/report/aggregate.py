@@ -1,5 +1,6 @@
-"""Runs -> configurations, each metric over seeds as the paper reports it: median and half the interquartile range,
-``(Q3 - Q1) / 2`` (numpy's linear percentiles), and ``n``. A seed finished more than once counts once, by its newest run.
+"""Runs -> configurations, each metric over seeds as the paper reports it: median and half the interquartile
+range, ``(Q3 - Q1) / 2`` (numpy's linear percentiles), and ``n``. A seed finished more than once counts once, by its
+newest run.
 
 A configuration is the dataset, experiment, attention, MATE's ``variant/impl`` and every other override whose value
 differs between the runs (a heads-ablation sweep: a row per ``attention.row_heads_ratio``); never the seed. A run
@@ -25,8 +26,8 @@ from mate_cli.report.collect import FAILED_STATUS, INCOMPLETE, OK, Run, runs_wit
 BASE_COLUMNS = ("dataset", "experiment", "attention", "impl")
 #: overrides that never name a configuration (seeds repeat one, a resume continues one, base columns show some,
 #: a sweep preset sets others, ``export_encoder`` and ``tags`` change nothing trained)
-NOT_CONFIGURATION = ("seed", "ckpt_path", "experiment", "attention", "dataset", "attention.variant", "attention.impl", "sweep",
-                     "export_encoder", "tags")  # fmt: skip
+NOT_CONFIGURATION = ("seed", "ckpt_path", "experiment", "attention", "dataset", "attention.variant", "attention.impl",
+                     "sweep", "export_encoder", "tags")  # fmt: skip
 #: neither do these groups: where results go and what is printed
 NOT_CONFIGURATION_GROUPS = ("logger", "paths", "hydra", "extras")
 PERF_METRICS = ("perf/examples_per_s", "perf/peak_mem_mb")
@@ -206,11 +207,13 @@ def choose_metrics(runs: Sequence[Run], requested: Sequence[str] | None = None) 
 
 
 def main_metric(metrics: Sequence[str], requested: str | None = None) -> str | None:
-    """``requested``, else the first of ``metrics`` in :data:`MAIN_METRICS`, else the first ``val/*``, else the first."""
+    """``requested``, else the first of ``metrics`` in :data:`MAIN_METRICS`, else the first ``val/*``,
+    else the first."""
     if requested:
         if requested not in metrics:
             raise MateError(
-                f"main_metric={requested} is not among the metrics shown ({', '.join(metrics) or 'none'}); choose one of them"
+                f"main_metric={requested} is not among the metrics shown ({', '.join(metrics) or 'none'}); "
+                "choose one of them"
             )
         return requested
     return next(

@@ -223,8 +223,9 @@ METRIC_LABELS = {
     "val/hits@1": "Hits@1 (validation)", "val/hits@3": "Hits@3 (validation)", "val/hits@5": "Hits@5 (validation)",
     "val/loss": "Loss (validation)", "val/em": "EM (validation)", "val/f1": "F1 (validation)",
     "val/accuracy": "Accuracy (validation)", "val/mlm_loss": "Masked-LM loss (held-out tables)",
-    "val/mlm_accuracy": "Masked-LM accuracy (held-out tables)", "perf/examples_per_s": "Training throughput (examples/s)",
-    "perf/tokens_per_s": "Training throughput (tokens/s)", "perf/peak_mem_mb": "Peak memory (MB)",
+    "val/mlm_accuracy": "Masked-LM accuracy (held-out tables)",
+    "perf/examples_per_s": "Training throughput (examples/s)", "perf/tokens_per_s": "Training throughput (tokens/s)",
+    "perf/peak_mem_mb": "Peak memory (MB)",
 }  # fmt: skip
 SPLIT_WORDS = {"val": "validation", "test": "test", "train": "training", "start/val": "validation, at start"}
 FORMATS = ("png", "pdf", "svg")

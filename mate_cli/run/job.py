@@ -30,8 +30,8 @@ COMMAND_LINE: list[str] = []
 
 def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
     """Run ``task(cfg)`` holding the run dir: a `MateError` or full disk is one line and exit 2, a signal 128 + its
-    number (:mod:`mate_cli.callbacks.interrupts`), a lost DDP rank its exit status (:mod:`mate_cli.callbacks.ranks`); any failure
-    leaves its one line in ``FAILED`` and the run's log."""
+    number (:mod:`mate_cli.callbacks.interrupts`), a lost DDP rank its exit status (:mod:`mate_cli.callbacks.ranks`);
+    any failure leaves its one line in ``FAILED`` and the run's log."""
     from mate_cli.callbacks import interrupts
 
     if COMMAND_LINE:

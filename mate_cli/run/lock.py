@@ -58,9 +58,9 @@ def _locked(directory: Path, mode: str, key: str = "hydra.run.dir"):
         holder = handle.read().strip() or "unknown"
         handle.close()
         raise MateError(
-            f"{'sweep' if key == SWEEP_KEY else 'run'} dir {directory} is in use by another mate process (pid {holder}); "
-            f"wait for it to finish, or drop {key}= so this {'sweep' if key == SWEEP_KEY else 'run'} gets a directory "
-            "of its own"
+            f"{'sweep' if key == SWEEP_KEY else 'run'} dir {directory} is in use by another mate process "
+            f"(pid {holder}); wait for it to finish, or drop {key}= so this {'sweep' if key == SWEEP_KEY else 'run'} "
+            "gets a directory of its own"
         ) from None
     return handle
 

@@ -35,7 +35,8 @@ HOW_IT_RAN = {"model.encoder.compile": False, "model.encoder.compile_mode": None
 
 def load_run_config(ckpt_path: str | Path, overrides: Sequence[str] | None = None, trust: bool = False) -> DictConfig:
     """The config of the run that wrote ``ckpt_path`` (``../../resolved_config.yaml``) with the dotlist ``overrides``
-    (checked against its keys and types) merged in, checked by :func:`mate_cli.config.run_targets.checked_run_config`."""
+    (checked against its keys and types) merged in, checked by
+    :func:`mate_cli.config.run_targets.checked_run_config`."""
     ckpt = check_checkpoint(run_checkpoint(ckpt_path))
     config = ckpt.resolve().parent.parent / "resolved_config.yaml"
     if not config.is_file():
@@ -81,8 +82,8 @@ def recorded_functions(cfg: DictConfig, config: Path) -> None:
 
 
 def run_checkpoint(value: str | Path, key: str = "ckpt_path") -> Path:
-    """The weights ``ckpt_path=`` names (docs/runs.md, "What ``ckpt_path=<run dir>`` means"): a file as it is; a run dir's
-    best checkpoint (its ``metrics.json``), else its ``last.ckpt``. Resuming: :mod:`mate_cli.run.resume`."""
+    """The weights ``ckpt_path=`` names (docs/runs.md, "What ``ckpt_path=<run dir>`` means"): a file as it is; a run
+    dir's best checkpoint (its ``metrics.json``), else its ``last.ckpt``. Resuming: :mod:`mate_cli.run.resume`."""
     path = Path(str(value)).expanduser()
     if not path.is_dir():
         return path

@@ -93,9 +93,10 @@ class _Stop:
 def watch_signals(folder: Path | None) -> None:
     """In the process that launches a sweep's jobs into ``folder``: a signal (Ctrl-C, a time limit) is passed on,
     once, to each job running in another process (joblib's workers, submitit's jobs), which saves its last.ckpt and
-    stops, ending the job but not its process (:func:`in_worker`) (the same signal from the process group too is one request: :data:`mate_cli.callbacks.interrupts.REPEAT_S`); the
-    sweep's lock file then says so, and a job that starts after it does not train (:func:`not_started`). Jobs
-    run in this process (the basic launcher) handle it themselves. ``folder`` None: the sweep dir Hydra chooses."""
+    stops, ending the job but not its process (:func:`in_worker`) (the same signal from the process group too is one
+    request: :data:`mate_cli.callbacks.interrupts.REPEAT_S`); the sweep's lock file then says so, and a job that
+    starts after it does not train (:func:`not_started`). Jobs run in this process (the basic launcher) handle it
+    themselves. ``folder`` None: the sweep dir Hydra chooses."""
     import signal
 
     from mate_cli.data.workers import SIGNALS

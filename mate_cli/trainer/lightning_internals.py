@@ -1,6 +1,6 @@
 """The Lightning internals that exact resume and the host-synchronisation-free training step read, and the watch of
-DDP ranks replaces (no public API gives them); ``tests/trainer/test_lightning_internals.py`` fails when an installed Lightning
-moves one."""
+DDP ranks replaces (no public API gives them); ``tests/trainer/test_lightning_internals.py`` fails when an installed
+Lightning moves one."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ from mate_cli.errors import MateError
 
 #: seconds :func:`unreachable` waits for W&B's server to accept a connection
 CONNECT_S = 10.0
-#: the environment variables of an HTTP proxy (W&B's own too), through which W&B reaches its server (none tried directly then)
+#: the environment variables of an HTTP proxy (W&B's own too), through which W&B reaches its server (none tried
+#: directly then)
 PROXIES = (
     "HTTPS_PROXY",
     "https_proxy",

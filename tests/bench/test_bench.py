@@ -1,4 +1,5 @@
-"""`mate bench` end to end on a tiny grid (its own function on a config Hydra composes, in process), plus the measuring parts.
+"""`mate bench` end to end on a tiny grid (its own function on a config Hydra composes, in process), plus the
+measuring parts.
 
 Never asserts wall time: only structure, and FLOP counts (which do not depend on
 the machine): MATE's bucketed attention grows linearly with the length at fixed
@@ -305,13 +306,20 @@ def checked(rows, specs=None) -> list[tuple[str, str, bool | None]]:
 
 #: requirement, measured on target_rows(), measured on target_rows(slower=True)
 EXPECTED = [
-    (">= 25x faster", "32.00x (dense 1600.0 ms / mate.bucketed 50.0 ms)", "20.00x (dense 1600.0 ms / mate.bucketed 80.0 ms)"),
-    (">= 75% of dense's rate", "96% (mate.bucketed 120 GFLOP/s, dense 125 GFLOP/s)", "60% (mate.bucketed 75 GFLOP/s, dense 125 GFLOP/s)"),
-    ("MATE time <= 1.2x flex time", "0.83x of flex (mate.bucketed 50.0 ms, flex 60.0 ms)", "1.33x of flex (mate.bucketed 80.0 ms, flex 60.0 ms)"),
-    (">= 25x faster", "25.00x (dense 2500.0 ms / mate.bucketed 100.0 ms)", "20.00x (dense 2500.0 ms / mate.bucketed 125.0 ms)"),
-    (">= 10x faster", "10.67x (dense 1600.0 ms / mate.block_sparse 150.0 ms)", "8.00x (dense 1600.0 ms / mate.block_sparse 200.0 ms)"),
-    (">= 3x faster", "3.00x (tapas_hf 900.0 ms / mate.bucketed 300.0 ms)", "2.81x (tapas_hf 900.0 ms / mate.bucketed 320.0 ms)"),
-    (">= 1.6x faster", "1.67x (bert_hf 500.0 ms / mate.bucketed 300.0 ms)", "1.56x (bert_hf 500.0 ms / mate.bucketed 320.0 ms)"),
+    (">= 25x faster", "32.00x (dense 1600.0 ms / mate.bucketed 50.0 ms)",
+     "20.00x (dense 1600.0 ms / mate.bucketed 80.0 ms)"),
+    (">= 75% of dense's rate", "96% (mate.bucketed 120 GFLOP/s, dense 125 GFLOP/s)",
+     "60% (mate.bucketed 75 GFLOP/s, dense 125 GFLOP/s)"),
+    ("MATE time <= 1.2x flex time", "0.83x of flex (mate.bucketed 50.0 ms, flex 60.0 ms)",
+     "1.33x of flex (mate.bucketed 80.0 ms, flex 60.0 ms)"),
+    (">= 25x faster", "25.00x (dense 2500.0 ms / mate.bucketed 100.0 ms)",
+     "20.00x (dense 2500.0 ms / mate.bucketed 125.0 ms)"),
+    (">= 10x faster", "10.67x (dense 1600.0 ms / mate.block_sparse 150.0 ms)",
+     "8.00x (dense 1600.0 ms / mate.block_sparse 200.0 ms)"),
+    (">= 3x faster", "3.00x (tapas_hf 900.0 ms / mate.bucketed 300.0 ms)",
+     "2.81x (tapas_hf 900.0 ms / mate.bucketed 320.0 ms)"),
+    (">= 1.6x faster", "1.67x (bert_hf 500.0 ms / mate.bucketed 300.0 ms)",
+     "1.56x (bert_hf 500.0 ms / mate.bucketed 320.0 ms)"),
     ("<= 10%", "+5.0% (mate.bucketed 105 ms, none 100 ms)", "+20.0% (mate.bucketed 120 ms, none 100 ms)"),
     ("<= 10%", "+6.7% (mate.bucketed 160 ms, none 150 ms)", "+13.3% (mate.bucketed 170 ms, none 150 ms)"),
     ("<= 10%", "+7.1% (mate.bucketed 300 ms, none 280 ms)", "+14.3% (mate.bucketed 320 ms, none 280 ms)"),
@@ -320,11 +328,15 @@ EXPECTED = [
     ("<= 10%", "+5.0% (mate.bucketed 21000 ms, none 20000 ms)", "+50.0% (mate.bucketed 30000 ms, none 20000 ms)"),
     ("<= 15%", "+10.0% (mate.bucketed 1100 ms, none 1000 ms)", "+20.0% (mate.bucketed 1200 ms, none 1000 ms)"),
     ("<= 15%", "+10.0% (mate.bucketed 2200 ms, none 2000 ms)", "+20.0% (mate.bucketed 2400 ms, none 2000 ms)"),
-    (">= 2x faster", "2.09x (tapas_hf 2300.0 ms / mate.bucketed 1100.0 ms)", "1.92x (tapas_hf 2300.0 ms / mate.bucketed 1200.0 ms)"),
-    (">= 2x faster", "2.09x (tapas_hf 4600.0 ms / mate.bucketed 2200.0 ms)", "1.92x (tapas_hf 4600.0 ms / mate.bucketed 2400.0 ms)"),
-    ("process peak RSS <= 8 GiB", "6.00 GiB peak RSS (mate.bucketed+ckpt, 12.0 s)", "9.00 GiB peak RSS (mate.bucketed+ckpt, 12.0 s)"),
+    (">= 2x faster", "2.09x (tapas_hf 2300.0 ms / mate.bucketed 1100.0 ms)",
+     "1.92x (tapas_hf 2300.0 ms / mate.bucketed 1200.0 ms)"),
+    (">= 2x faster", "2.09x (tapas_hf 4600.0 ms / mate.bucketed 2200.0 ms)",
+     "1.92x (tapas_hf 4600.0 ms / mate.bucketed 2400.0 ms)"),
+    ("process peak RSS <= 8 GiB", "6.00 GiB peak RSS (mate.bucketed+ckpt, 12.0 s)",
+     "9.00 GiB peak RSS (mate.bucketed+ckpt, 12.0 s)"),
     ("<= 2.1x", "2.00x (mate.bucketed: 100 MB -> 200 MB)", "2.50x (mate.bucketed: 100 MB -> 250 MB)"),
-    ("process peak RSS <= 24 GiB", "20.00 GiB peak RSS (mate.bucketed, 21.0 s)", "25.00 GiB peak RSS (mate.bucketed, 30.0 s)"),
+    ("process peak RSS <= 24 GiB", "20.00 GiB peak RSS (mate.bucketed, 21.0 s)",
+     "25.00 GiB peak RSS (mate.bucketed, 30.0 s)"),
 ]  # fmt: skip
 
 

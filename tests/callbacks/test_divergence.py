@@ -1,5 +1,6 @@
-"""mate_cli/callbacks/divergence.py's readers of non-finite numbers and its test of an optimiser that skips on the device (the
-callback that stops training is exercised in tests/integration/test_training_loop.py, through a real Trainer)."""
+"""mate_cli/callbacks/divergence.py's readers of non-finite numbers and its test of an optimiser that skips on the
+device (the callback that stops training is exercised in tests/integration/test_training_loop.py, through a real
+Trainer)."""
 
 from __future__ import annotations
 

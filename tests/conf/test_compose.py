@@ -187,8 +187,9 @@ def test_debug_modes_keep_the_experiment_settings_they_do_not_name(tmp_path):
 
 
 def test_run_name_and_tags_carry_the_overrides_that_say_what_ran(tmp_path):
-    cfg = compose_command("train", ["experiment=hybridqa_mate", "model.optimizer.lr=3e-05", "attention.radius=21", "seed=7",
-                         "dataset.root=/data/hybridqa", "hardware=cpu", "tags=[dev,ablation]", "trainer.max_steps=5"],
+    cfg = compose_command("train", ["experiment=hybridqa_mate", "model.optimizer.lr=3e-05", "attention.radius=21",
+                         "seed=7", "dataset.root=/data/hybridqa", "hardware=cpu", "tags=[dev,ablation]",
+                         "trainer.max_steps=5"],
                         tmp_path)  # fmt: skip
     overrides = ["lr=3e-05", "radius=21", "max_steps=5"]  # not: the name's own parts, a path, where/how it runs
     assert cfg.run_name == "hybridqa_mate-mate-bucketed-hybridqa_sample-seed7-" + ",".join(overrides)
@@ -264,7 +265,8 @@ def test_early_stopping_watches_what_the_best_checkpoint_watches(tmp_path):
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     for experiment, monitor, mode in (("hybridqa_mate", "val/hits@1", "max"), ("sqa_mate", "val/accuracy", "max")):
-        cfg = compose_command("train", [f"experiment={experiment}", "callbacks=early_stopping", "callbacks.early_stopping.patience=5"],
+        cfg = compose_command("train", [f"experiment={experiment}", "callbacks=early_stopping",
+                                        "callbacks.early_stopping.patience=5"],
                             tmp_path)  # fmt: skip
         callbacks = {name: instantiate(c) for name, c in cfg.callbacks.items()}
         stopper = callbacks["early_stopping"]

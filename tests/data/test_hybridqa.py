@@ -280,7 +280,8 @@ def test_a_question_id_used_twice_for_different_records_names_both(tiny_root):
     path, records = _rewrite_dev(tiny_root, change)
     with pytest.raises(
         MateError,
-        match=rf"dev.traced.json: question '{records[5]['question_id']}' appears twice \(records #5 and #{len(records) - 1}\)",
+        match=rf"dev.traced.json: question '{records[5]['question_id']}' appears twice "
+        rf"\(records #5 and #{len(records) - 1}\)",
     ):
         list(HybridQAReader(tiny_root).questions("dev"))
 

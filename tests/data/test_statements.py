@@ -239,7 +239,8 @@ def test_the_whole_grammar_draws_as_tapas_release_weighs_it_and_always_the_same(
 
 def test_a_narrower_grammar_draws_only_its_selects_conditions_and_comparators():
     """The lookups of an easier first stage, on the bundled samples' tables: only their selects, one condition at
-    most, ``is`` everywhere; still a pair on most tables. The whole grammar, on the same tables, uses what they leave."""
+    most, ``is`` everywhere; still a pair on most tables. The whole grammar, on the same tables, uses what they
+    leave."""
     easy = Grammar(("none", "first", "last"), max_conditions=1, orders=False)
     grids = sample_grids()
     drawn, tables = {"easy": [], "whole": []}, {"easy": 0, "whole": 0}

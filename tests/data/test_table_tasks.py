@@ -594,7 +594,8 @@ def test_an_evaluation_scores_the_other_decoding_as_a_model_decoding_with_it_wou
     answered = _evaluate(other, batch)
     assert all(len(row["coordinates"]) == 1 for row in answered.values())
     # every other question's gold is the other decoding's own answer, so it scores right and wrong answers
-    gold = [answered[q]["coordinates"] if i % 2 else a for i, (q, a) in enumerate(zip(batch.question_ids, batch.answer_coordinates))]  # fmt: skip
+    gold = [answered[q]["coordinates"] if i % 2 else a
+            for i, (q, a) in enumerate(zip(batch.question_ids, batch.answer_coordinates))]  # fmt: skip
     batch = replace(batch, answer_coordinates=gold)
     _evaluate(other, batch)
     expected = float(other.metrics["val_accuracy"].compute())

@@ -67,9 +67,9 @@ def test_any_trainer_argument_works_without_a_plus(tmp_path):
 def test_a_folder_named_with_a_line_break_is_refused_before_any_folder_is_made(mate, tmp_path):
     folder = tmp_path / "runs" / "a\nb"  # Hydra's lexer failed on it after mate had made and locked the folder
     line = mate(["train", f"hydra.run.dir={folder}"])
-    assert (
-        line
-        == f"mate: error: hydra.run.dir holds a line break ({str(tmp_path / 'runs' / 'a')!r}...); name the folder on one line"
+    assert line == (
+        f"mate: error: hydra.run.dir holds a line break ({str(tmp_path / 'runs' / 'a')!r}...); "
+        "name the folder on one line"
     )
     assert not (tmp_path / "runs").exists()
 

@@ -248,8 +248,8 @@ def test_a_run_id_a_shared_wandb_service_still_holds_after_a_kill_is_one_line(tm
 def test_wandb_online_without_an_api_key_or_a_network_is_one_line_saying_what_to_do(tmp_path):
     """``logger.wandb.offline=false`` with W&B's server out of reach (a closed port here, as with no network), or
     with no API key: one line and FAILED saying to `wandb login` or to log offline, exit 2, before W&B's own
-    ``init_timeout`` (set to 600 s here) would have run out; the API key written nowhere. Both from mate's own process, as a user
-    starts it: HOME, W&B's config and netrc are this test's, so a real login here is never read.
+    ``init_timeout`` (set to 600 s here) would have run out; the API key written nowhere. Both from mate's own
+    process, as a user starts it: HOME, W&B's config and netrc are this test's, so a real login here is never read.
 
     Over 20 s: two real processes (run side by side).
     """

@@ -361,7 +361,9 @@ def test_device_and_node_counts_a_machine_cannot_run_are_one_line(tmp_path):
 
     cores = available_cores()
     cases = {  # trainer.devices=99 on 2 cores started 99 processes and hung; 0 was Lightning's traceback
-        f"trainer.devices={cores + 1}": f"starts {cores + 1} training processes on the CPU, but this machine has {cores}",
+        f"trainer.devices={cores + 1}": (
+            f"starts {cores + 1} training processes on the CPU, but this machine has {cores}"
+        ),
         "trainer.devices=0": "trainer.devices=0 is no device count",
         "trainer.num_nodes=0": "trainer.num_nodes=0 is no node count",
     }
@@ -868,7 +870,8 @@ def test_a_run_that_ended_at_max_epochs_resumed_with_more_trains_just_the_epochs
     steady += ["trainer.limit_train_batches=2", "trainer.val_check_interval=1.0"]
     train_in_process([*steady, "trainer.max_epochs=3", "trainer.max_steps=-1"], tmp_path / "whole", cache)
     whole = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=True)
-    # by epochs alone, and with a max_steps beyond them (then Lightning restarts its epoch loop even after a whole epoch)
+    # by epochs alone, and with a max_steps beyond them (then Lightning restarts its epoch loop even after a whole
+    # epoch)
     for steps in ("-1", "100"):
         short, more = tmp_path / f"short{steps}", tmp_path / f"more{steps}"
         train_in_process([*steady, "trainer.max_epochs=1", f"trainer.max_steps={steps}"], short, cache)

@@ -36,7 +36,8 @@ def test_the_printed_learn_step_runs_on_a_cpu_with_the_samples_and_writes_the_ta
     assert command == ["bash", "tools/gpu_run.sh"] and settings == {"GPU_STEPS": "learn", "LEARN_HARDWARE": "cpu"}
     gpu, learn = tmp_path / "gpu", tmp_path / "learn"
     env = {**os.environ, **settings, "PYTHON": sys.executable, "GPU_OUT": str(gpu), "LEARN_OUT": str(learn),
-           "LEARN_SEEDS": "1", "LEARN_JOBS": "1", "LEARN_ARGS": f"{TINY} dataset.cache_dir={tmp_path / 'cache'}"}  # fmt: skip
+           "LEARN_SEEDS": "1", "LEARN_JOBS": "1",
+           "LEARN_ARGS": f"{TINY} dataset.cache_dir={tmp_path / 'cache'}"}  # fmt: skip
     for name in ("LEARN_DATA", "E2E_DATA", "LEARN_TASKS", "LEARN_INIT", "LEARN_ATTENTIONS"):
         env.pop(name, None)
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -226,7 +226,8 @@ def test_resumed_runs_continue_the_first_runs_wandb_run(runs):
 def test_resumed_runs_csv_log_reads_as_the_uninterrupted_runs(runs):
     def rows(run: Path) -> list[tuple]:
         with open(run / "csv" / "metrics.csv", newline="") as handle:
-            return [tuple(sorted((k, v) for k, v in row.items() if v and k.startswith(("train/", "val/", "start/", "step", "epoch"))))
+            return [tuple(sorted((k, v) for k, v in row.items()
+                                 if v and k.startswith(("train/", "val/", "start/", "step", "epoch"))))
                     for row in csv.DictReader(handle)]  # fmt: skip
 
     whole, resumed = rows(runs["whole"]), rows(runs["resumed"])

@@ -82,6 +82,7 @@ def test_a_pretraining_sweeps_run_of_the_same_seed_is_the_encoder_a_training_run
     ]
     run = tmp_path / "train"
     run_command("train", ["logger=csv", "trainer.max_steps=1", "dataset.limit_questions=4", "dataset.max_length=128",
-                          "validate_best=false", "seed=2", f"model.encoder.pretrained=sweep:{folder}"], run)  # fmt: skip
+                          "validate_best=false", "seed=2", f"model.encoder.pretrained=sweep:{folder}"],
+                run)  # fmt: skip
     config = yaml.safe_load((run / "resolved_config.yaml").read_text())
     assert config["model"]["encoder"]["pretrained"] == str(seed2 / "encoder")

@@ -2,11 +2,11 @@
 config Hydra composes in process (tests/inprocess.py).
 
 Each task's MATE experiment trains a few steps on its bundled sample (a shared run of the
-session: tests/shared_runs.py); `mate eval` then scores that checkpoint on *another* dataset root through an upstream split file named by
-``dataset.eval_file`` and writes the predictions in the upstream answer format; `mate
-predict` answers one question about one table file. (The ``*_tapas`` experiments differ
-by ``attention=dense`` only; tests/conf composes and instantiates them, and the slow test
-trains them.)
+session: tests/shared_runs.py); `mate eval` then scores that checkpoint on *another*
+dataset root through an upstream split file named by ``dataset.eval_file`` and writes the
+predictions in the upstream answer format; `mate predict` answers one question about one
+table file. (The ``*_tapas`` experiments differ by ``attention=dense`` only; tests/conf
+composes and instantiates them, and the slow test trains them.)
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ def test_task_trains_evaluates_on_another_split_file_and_predicts(task, trained,
         assert answer["aggregation"] in ("NONE", "SUM", "AVERAGE", "COUNT") and "answer:" in shown
         with pytest.raises(
             MateError,
-            match=r"pass the checkpoint of a run that trained CellSelectionModule \(a table-task run: `mate predict ckpt_path=",
+            match=r"pass the checkpoint of a run that trained CellSelectionModule "
+            r"\(a table-task run: `mate predict ckpt_path=",
         ):
             run_command("predict", [f"stage1.ckpt_path={ckpt}", f"table={table}", f"question={question}"],
                         tmp_path / "predict-stage1")  # fmt: skip
@@ -168,7 +169,8 @@ def test_every_table_experiment_trains(experiment, tmp_path):
 
 
 def test_dot_trains_through_mate_train_named_in_the_papers_notation_with_its_npe_per_s(tmp_path):
-    """wtq_dot (column selection, the QA heads) on the bundled sample, in process; tabfact_dot runs in the slow test above."""
+    """wtq_dot (column selection, the QA heads) on the bundled sample, in process; tabfact_dot runs in the slow test
+    above."""
     from omegaconf import OmegaConf
 
     from mate_cli.config.naming import dir_name

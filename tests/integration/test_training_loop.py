@@ -54,7 +54,8 @@ def test_no_training_step_reads_a_tensor_value_between_logging_steps(task, tmp_p
     run_command(
         "train",
         [*SMALL, *TASKS[task], f"trainer.max_steps={STEPS}", f"trainer.val_check_interval={STEPS}",
-         "trainer.check_val_every_n_epoch=null", f"profile_steps={PROFILED}", f"dataset.cache_dir={tmp_path / 'cache'}"],
+         "trainer.check_val_every_n_epoch=null", f"profile_steps={PROFILED}",
+         f"dataset.cache_dir={tmp_path / 'cache'}"],
         run,
     )  # fmt: skip
     profile = json.loads((run / "step_profile.json").read_text())
@@ -150,7 +151,8 @@ def test_a_non_finite_loss_stops_training_at_the_next_logging_step_naming_its_st
 def test_the_e2e_script_runs_dense_and_mate_and_tabulates_them(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "E2E_OUT": str(tmp_path / "e2e"), "E2E_HARDWARE": "cpu",
            "E2E_TASKS": "tabfact", "E2E_STEPS": "1",
-           "E2E_ARGS": f"dataset.max_length=128 dataset.batch_size=4 dataset.cache_dir={tmp_path / 'cache'}"}  # fmt: skip
+           "E2E_ARGS": "dataset.max_length=128 dataset.batch_size=4 "
+                       f"dataset.cache_dir={tmp_path / 'cache'}"}  # fmt: skip
     done = subprocess.run(["bash", "tools/e2e.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     table = (tmp_path / "e2e" / "e2e.md").read_text()

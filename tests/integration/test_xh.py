@@ -1,5 +1,5 @@
-"""Transformer-XH on HybridQA through `mate train`'s own function (in process), on the bundled sample and the real MiniLM: a few
-steps, the stage-1 metrics every other encoder reports, hop weights that trained, and PointR's
+"""Transformer-XH on HybridQA through `mate train`'s own function (in process), on the bundled sample and the
+real MiniLM: a few steps, the stage-1 metrics every other encoder reports, hop weights that trained, and PointR's
 pipeline refusing the run in one line (it ranks the cells of one sequence per question)."""
 
 from __future__ import annotations

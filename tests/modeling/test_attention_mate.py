@@ -486,7 +486,8 @@ def test_the_earlier_global_part_stays_one_function_for_runs_trained_with_it():
     assert (paper - reference).abs().max() > 1e-3
 
     run = OmegaConf.create({"attention": {"_target_": "mate_cli.modeling.attention.mate.MateAttention", "radius": 42},
-                            "model": {"encoder": {"attention": {"_target_": "mate_cli.modeling.attention.mate.MateAttention"}}}})  # fmt: skip
+                            "model": {"encoder": {"attention": {
+                                "_target_": "mate_cli.modeling.attention.mate.MateAttention"}}}})  # fmt: skip
     OmegaConf.set_struct(run, True)
     recorded_functions(run, Path("resolved_config.yaml"))
     assert run.attention.global_rows == "query" and run.model.encoder.attention.global_rows == "query"
@@ -514,7 +515,7 @@ def test_a_removed_implementation_is_refused_in_one_line_with_what_replaces_it()
         MateAttention(num_heads=2, head_dim=8, variant="bucketed", impl="flex")
 
 
-def test_auto_is_one_table_with_the_measurement_behind_each_boundary():
+def test_auto_is_one_table_with_the_reason_for_each_boundary():
     choice, cuda = mate_mod.auto_choice, torch.device("cuda")
     assert [choice("bucketed", cuda, torch.bfloat16, grad, n) for grad in (False, True) for n in (16, 32768)] == [
         "triton"

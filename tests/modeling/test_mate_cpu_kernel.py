@@ -290,13 +290,16 @@ def test_narrower_vector_builds_agree_with_the_torch_path(flags, lanes, tmp_path
     if mate_cpu_kernel.vector_lanes() == lanes:
         pytest.skip(f"this machine's own build has {lanes}-lane vectors already: the tests above ran it")
     env = {**os.environ, mate_cpu_kernel.EXTRA_FLAGS_ENV: flags, "MATE_REQUIRE_CPU_KERNEL": "1"}
-    probe = "from mate_cli.modeling.attention.mate import cpu_kernel as m; assert m.load(), m.unavailable_reason(); print(m.vector_lanes())"
+    probe = (
+        "from mate_cli.modeling.attention.mate import cpu_kernel as m; "
+        "assert m.load(), m.unavailable_reason(); print(m.vector_lanes())"
+    )
     built = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
     assert int(built.stdout.split()[-1]) == lanes
     tests = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-k", "equals or dropout or builds_where_required", "-p", "no:cacheprovider",
-         "--basetemp", str(tmp_path / "inner")],
+        [sys.executable, "-m", "pytest", __file__, "-k", "equals or dropout or builds_where_required",
+         "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "inner")],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-3000:]

@@ -275,7 +275,8 @@ def test_eager_calls_compute_what_the_custom_ops_do(dtype, grads):
     seed = torch.tensor(7, dtype=torch.int64, device=DEVICE)
     results = []
     for call in (lambda: mt.triton_bucketed_attention(q, k, v, st, 0.2, seed=seed),
-                 lambda: mt._forward_op(q, k, v, st.perm, st.groups, st.dense, st.real, seed, G, R, 0.2)[0]):  # fmt: skip
+                 lambda: mt._forward_op(q, k, v, st.perm, st.groups, st.dense, st.real,
+                                        seed, G, R, 0.2)[0]):  # fmt: skip
         q.grad = None
         with torch.set_grad_enabled(grads != "no_grad"):
             out = call()

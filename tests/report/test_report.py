@@ -66,8 +66,8 @@ def write_run(folder: Path, attention: str, seed: int, overrides: list[str], met
         "task_name": "train", "experiment_name": "hybridqa_mate", "seed": seed,
         "run_name": "${mate.join:${experiment_name},${hydra:runtime.choices.attention},seed${seed}}",
         "trainer": {"max_epochs": 3, "accelerator": "cpu"},
-        "dataset": {"_target_": "mate_cli.data.datamodule.HybridQADataModule", "root": "${paths.data_dir}/hybridqa_sample",
-                    "max_length": 512},
+        "dataset": {"_target_": "mate_cli.data.datamodule.HybridQADataModule",
+                    "root": "${paths.data_dir}/hybridqa_sample", "max_length": 512},
         "model": {"encoder": {"attention": att, "max_length": 512}},
         "attention": att,
     }  # fmt: skip
@@ -325,7 +325,8 @@ def test_collect_reads_status_configuration_and_task(tree):
     }
     assert aggregate.swept_keys(runs) == ["attention.row_heads_ratio"]
     assert set(by_name["0-attention=mate,seed=1"].metrics) == {"val/hits@1", "val/hits@3", "val/loss",
-                                                                 "perf/examples_per_s", "perf/peak_mem_mb", "data/validation/questions"}  # fmt: skip
+                                                                 "perf/examples_per_s", "perf/peak_mem_mb",
+                                                                 "data/validation/questions"}  # fmt: skip
 
 
 def test_seeds_that_differ_only_by_exporting_their_encoder_are_one_configuration(tmp_path):
@@ -706,7 +707,8 @@ def test_each_counted_runs_minutes_are_beside_the_throughput(real_folders, real_
     assert "time/fit_minutes" not in counted[2] and "perf/examples_per_s" in counted[2]
 
     def minutes(text) -> str:
-        return ", ".join(f"{seed}: {text(counted[seed]['time/fit_minutes']) if 'time/fit_minutes' in counted[seed] else '-'}"
+        return ", ".join(f"{seed}: "
+                         f"{text(counted[seed]['time/fit_minutes']) if 'time/fit_minutes' in counted[seed] else '-'}"
                          for seed in sorted(counted))  # fmt: skip
 
     speeds = sorted(metrics["perf/examples_per_s"] for metrics in counted.values())

@@ -160,7 +160,8 @@ def test_a_run_resumed_with_more_steps_goes_on_in_its_epoch_at_the_new_schedules
     def fit_steps(max_steps: int, ckpt_path=None) -> list:
         rates = Rates()
         trainer = L.Trainer(default_root_dir=tmp_path, max_steps=max_steps, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, callbacks=[ResumeState(), rates])  # fmt: skip
+                            enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=[ResumeState(), rates])  # fmt: skip
         trainer.fit(Scheduled(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2), ckpt_path=ckpt_path)
         if ckpt_path is None:
             trainer.save_checkpoint(tmp_path / f"{max_steps}.ckpt")
@@ -179,7 +180,8 @@ def test_the_rich_bar_of_a_run_bounded_by_steps_names_the_epoch_without_a_negati
         on_step = L.Callback()
         on_step.on_train_batch_end = lambda *_: shown.append([task.description.strip() for task in bar.progress.tasks])
         trainer = L.Trainer(default_root_dir=tmp_path, max_epochs=max_epochs, max_steps=3, logger=False,
-                            enable_checkpointing=False, enable_model_summary=False, callbacks=[bar, on_step])  # fmt: skip
+                            enable_checkpointing=False, enable_model_summary=False,
+                            callbacks=[bar, on_step])  # fmt: skip
         trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
         return shown
 

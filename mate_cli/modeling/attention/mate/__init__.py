@@ -57,25 +57,28 @@ GLOBAL_ROWS = ("all", "query")
 VARIANTS = {"exact": ("auto", "masked", "block_sparse"), "bucketed": ("auto", "eager", "kernel", "triton")}
 
 #: ``attention.impl=auto``'s table: (variant, device type, dtype (None: any), grad mode) -> (the longest sequence
-#: for the first implementation, it, the one beyond, the measurement behind the boundary: ms at kernel level, forward
-#: and backward in grad mode), in BENCHMARKS.md. "first run": its first published run (`mate bench`, default grid; Xeon,
-#: 2 cores, float32; section "`attention.impl=auto`'s choices"); "H200": its H200 rows of 2026-11-26 (section "Kernels
-#: and encoder on a GPU"); "H100": the CUDA rows of "`attention.impl=auto`'s choices" (commit 2de916f;
-#: `mate bench bench.device=cuda bench.dtype=<dtype> bench.levels=[kernel] "bench.kernel.backends=[...]"`, one
-#: process per dtype). No row: ``eager``. On CPU, bucketed runs the fused kernel wherever it applies (faster than
-#: ``eager`` at every length measured), before this table is read.
+#: for the first implementation, it, the one beyond, why the boundary is there). The comparisons are at kernel level
+#: (forward and backward in grad mode); their figures are in BENCHMARKS.md, "`attention.impl=auto`'s choices"
+#: (bucketed bf16 on CUDA: "NVIDIA H200"). No row: ``eager``. On CPU, bucketed runs the fused kernel wherever it
+#: applies (faster than ``eager`` at every length: BENCHMARKS.md, "CPU kernels"), before this table is read.
 # fmt: off
 AUTO: dict[tuple[str, str, torch.dtype | None, bool], tuple[int, str, str, str]] = {
-    ("exact", "cpu", None, False): (576, "masked", "block_sparse", "first run: 512: 4.25 vs 4.77; 1024: 18.6 vs 9.9"),
-    ("exact", "cpu", None, True): (1024, "masked", "block_sparse", "first run: 1024: 53.8 vs 57.5; 2048: 208 vs 110"),
-    ("exact", "cuda", None, False): (4096, "masked", "block_sparse", "H100: 4096: bf16 0.44 vs 0.90, fp32 2.04 vs 5.22; 8192: bf16 1.25 vs 0.79, fp32 8.34 vs 6.94 (fp16: bf16's row)"),
-    ("exact", "cuda", None, True): (4096, "masked", "block_sparse", "H100, bf16: 4096: 1.65 vs 1.86; 8192: 3.53 vs 3.14 (fp32: masked faster to 16384, 101 vs 223, but its backward keeps an L x L float bias per head view and layer; fp16: bf16's row)"),
-    ("bucketed", "cuda", torch.bfloat16, False): (0, "triton", "triton", "H200: triton vs eager, bucketed FlexAttention: 2048: 0.27 vs 1.27, 0.53; 32768: 0.81 vs 2.43, 12.6"),
-    ("bucketed", "cuda", torch.bfloat16, True): (0, "triton", "triton", "H200: triton vs eager: 2048: 1.49 vs 4.72; 8192: 1.50 vs 4.34; 32768: 3.40 vs 11.0"),
-    ("bucketed", "cuda", torch.float16, False): (0, "triton", "triton", "H100: triton vs eager: 2048: 0.33 vs 1.11; 32768: 0.78 vs 2.66"),
-    ("bucketed", "cuda", torch.float16, True): (0, "triton", "triton", "H100: triton vs eager: 2048: 1.06 vs 4.43; 32768: 2.30 vs 11.5"),
-    ("bucketed", "cuda", torch.float32, False): (0, "triton", "triton", "H100: triton vs eager: 2048: 0.27 vs 1.05; 32768: 2.06 vs 6.12"),
-    ("bucketed", "cuda", torch.float32, True): (0, "triton", "triton", "H100: triton vs eager: 2048: 1.32 vs 6.23; 32768: 8.48 vs 26.5"),
+    ("exact", "cpu", None, False): (576, "masked", "block_sparse",
+        "masked is faster at 512 tokens, block_sparse at 1,024"),
+    ("exact", "cpu", None, True): (1024, "masked", "block_sparse",
+        "masked is faster at 1,024 tokens, block_sparse at 2,048"),
+    ("exact", "cuda", None, False): (4096, "masked", "block_sparse",
+        "masked is faster at 4,096 tokens, block_sparse at 8,192, in bf16 and float32 (float16: bf16's boundary)"),
+    ("exact", "cuda", None, True): (4096, "masked", "block_sparse",
+        "bf16: masked is faster at 4,096 tokens, block_sparse at 8,192; float32: masked is faster up to 16,384, but "
+        "its backward keeps an L x L float bias per head view and layer (float16: bf16's boundary)"),
+    ("bucketed", "cuda", torch.bfloat16, False): (0, "triton", "triton",
+        "faster than eager and than bucketed FlexAttention at 2,048-32,768 tokens"),
+    ("bucketed", "cuda", torch.bfloat16, True): (0, "triton", "triton", "faster than eager at 2,048-32,768 tokens"),
+    ("bucketed", "cuda", torch.float16, False): (0, "triton", "triton", "faster than eager at 2,048-32,768 tokens"),
+    ("bucketed", "cuda", torch.float16, True): (0, "triton", "triton", "faster than eager at 2,048-32,768 tokens"),
+    ("bucketed", "cuda", torch.float32, False): (0, "triton", "triton", "faster than eager at 2,048-32,768 tokens"),
+    ("bucketed", "cuda", torch.float32, True): (0, "triton", "triton", "faster than eager at 2,048-32,768 tokens"),
 }
 # fmt: on
 
@@ -132,8 +135,8 @@ LOGGED_CHOICES: set[tuple] = set()
 @register("mate")
 class MateAttention(AttentionBackend):
     """MATE (module docstring); the paper's ``row_heads_ratio`` is 0.5 (1:1). ``global_rows``: ``all`` (the paper:
-    the global part attends to everything) or ``query`` (only its query-set tokens do: this project's bucketed function
-    before 2026-11-26, which run configs of that time are rebuilt with: :mod:`mate_cli.config.recorded`)."""
+    the global part attends to everything) or ``query`` (only its query-set tokens do: the bucketed function of runs
+    whose config has no ``global_rows``, which they are rebuilt with: :mod:`mate_cli.config.recorded`)."""
 
     def __init__(
         self,

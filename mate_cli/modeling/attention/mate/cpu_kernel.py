@@ -12,8 +12,7 @@ mate_cli), is built again (one warning); a folder of another user's is refused (
 of this user's that others can write is made private and built again.
 
 Where it cannot be built or loaded, :func:`available` is False, one warning says why, and the torch path runs: the
-same function, ~1.8x slower forward and ~1.9x forward + backward at 8192 tokens (plain timing loop, BERT-base dims,
-2 cores with AVX-512: 69 vs 38 ms, 257 vs 132 ms).
+same function, about half as fast (BENCHMARKS.md, "CPU kernels").
 """
 
 from __future__ import annotations
@@ -244,9 +243,10 @@ def load(verbose: bool = False) -> bool:
 def _register_flops() -> None:
     """Tell ``FlopCounterMode`` what the kernels compute. Long rows, per bucket ``f`` (``R`` rows against ``keys[f]``
     global and ``3R`` window keys, scores and context): ``4 R D (keys[f] + 3R)``; dense rows, per head of example b:
-    ``4 dense[b] real[b] D``; the backward's five products (scores recomputed, dP, dV, dQ, dK): ``10 R D (keys[f] + 3R)``
-    and ``10 dense[b] real[b] D``. These are the algorithm's FLOPs, not the kernel's (it multiplies a chunk of buckets
-    against the most global keys any of them reads, and skips chunks with no row), so a rate is useful work per second.
+    ``4 dense[b] real[b] D``; the backward's five products (scores recomputed, dP, dV, dQ, dK):
+    ``10 R D (keys[f] + 3R)`` and ``10 dense[b] real[b] D``. These are the algorithm's FLOPs, not the kernel's (it
+    multiplies a chunk of buckets against the most global keys any of them reads, and skips chunks with no row), so a
+    rate is useful work per second.
     """
     from torch.utils.flop_counter import register_flop_formula
 

@@ -2,7 +2,8 @@
 
 :func:`bucket_plan` builds what does not depend on q, k, v (sort orders, masks of the long and dense rows) once per
 layout, cached on it so every layer shares it; what is derived from it (mask biases, chunk lists, gather rows, the CPU
-kernel's arguments) is memoised on the plan. The head and sort helpers before :class:`Chunk` serve the block-sparse path too.
+kernel's arguments) is memoised on the plan. The head and sort helpers before :class:`Chunk` serve the block-sparse
+path too.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ from mate_cli.errors import MateError
 #: products of float32 inputs: three TF32 tensor-core products (about float32's accuracy)
 FLOAT32_DOT = "tf32x3"
 
-#: warps per program on Hopper (sm_90): 4 for dQ and dK/dV (the backward's GPU time fell when they went from 8 to 4
-#: together with other changes, the warps not isolated: BENCHMARKS.md, "NVIDIA H100"); none spills at
-#: these tiles in bf16/fp16 (:func:`resource_usage`)
+#: warps per program on Hopper (sm_90): 4 for dQ and dK/dV (chosen in the rework that made the backward faster; the
+#: warps' own share is not isolated: BENCHMARKS.md, "NVIDIA H100"); none spills at these tiles in bf16/fp16
+#: (:func:`resource_usage`)
 WARPS = {"forward_kernel": 4, "combine_kernel": 4, "dq_kernel": 4, "dkdv_kernel": 4, "reduce_kernel": 4}
 #: before Hopper (sm_80, sm_89): dK/dV spills with 4 warps (255 registers and a stack frame on sm_80), so 8
 WARPS_BEFORE_HOPPER = {"dkdv_kernel": 8}
@@ -117,7 +117,8 @@ def kernels(device: torch.device):
     if interpreting() != want:
         problem = ("on a CPU tensor the kernels run in Triton's interpreter (a check of the GPU code, slow): "
                    "start the process with TRITON_INTERPRET=1") if want else (
-                   "on a CUDA tensor the kernels are compiled: start the process without TRITON_INTERPRET=1")  # fmt: skip
+                   "on a CUDA tensor the kernels are compiled: "
+                   "start the process without TRITON_INTERPRET=1")  # fmt: skip
         raise MateError(f"attention.impl=triton: {problem}")
     return triton_kernels
 
@@ -171,7 +172,7 @@ def _interpretable(x: torch.Tensor) -> torch.Tensor:
 
 
 def cdiv(a, b):
-    """``ceil(a / b)`` for positive ``b``, of ints or integer tensors (``triton.cdiv``, which needs Triton installed)."""
+    """``ceil(a / b)`` for positive ``b``, of ints or integer tensors (as ``triton.cdiv``, which needs Triton)."""
     return -(-a // b)
 
 
@@ -408,7 +409,8 @@ def resource_usage(arch: int, dtype: torch.dtype = torch.bfloat16, head_dim: int
         fn = getattr(module, name)
         signature = {arg: types.get(arg, "i32") for arg in fn.arg_names}
         consts = {(fn.arg_names.index(k),): v for k, v in constants.items() if k in fn.arg_names}
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts), target=GPUTarget("cuda", arch, 32),
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
+                                target=GPUTarget("cuda", arch, 32),
                                 options={"num_warps": warps(name, arch)})  # fmt: skip
         with tempfile.TemporaryDirectory() as tmp:
             cubin = Path(tmp) / f"{name}.cubin"

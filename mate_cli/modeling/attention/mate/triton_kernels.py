@@ -6,10 +6,10 @@ projections give): element ``(b, h, n, d)`` at ``((b * N + n) * H + h) * D + d``
 globals, radius, scale and dropout rate are compile-time settings (fixed by the model's config); a launch takes
 pointers and the sequence's sizes only, which keeps its host time short.
 
-Each kernel takes its arguments flat (what a launch passes: the settings it reads) and bundles them for its device functions: the
-compile-time settings as one :class:`Settings`, the layout's tensors as a :class:`Structure`, what a program knows of
-its example x head as a :class:`Program` and a tile of sorted positions as a :class:`Tile`. The bundles are named
-tuples, which Triton unpacks at compile time: they cost nothing when the kernels run."""
+Each kernel takes its arguments flat (what a launch passes: the settings it reads) and bundles them for its device
+functions: the compile-time settings as one :class:`Settings`, the layout's tensors as a :class:`Structure`, what a
+program knows of its example x head as a :class:`Program` and a tile of sorted positions as a :class:`Tile`. The
+bundles are named tuples, which Triton unpacks at compile time: they cost nothing when the kernels run."""
 
 from collections import namedtuple
 
