@@ -187,6 +187,9 @@ def test_gpu_synth_packs_the_synth_tasks_statements_and_refuses_without_a_folder
     """`mate synthesize` through the make target (on the bundled samples' tables here), packed for tools/gpu_run.sh,
     which unpacks it beside the releases, where the learn step's synth task reads it; SYNTH_NAME=synth2 packs a
     second corpus for the synth2 task. Over 20 s: two `mate synthesize` processes."""
+    # the copy links this checkout's venv: brought up to date here first, or make there would reinstall the package
+    # from a folder that does not hold it
+    subprocess.run(["make", "-s", "install"], cwd=REPO_ROOT, check=True, capture_output=True)
     work = tmp_path / "repo"
     work.mkdir()
     for name in ("Makefile", "pyproject.toml", ".venv"):
