@@ -83,7 +83,7 @@ def test_the_graph_sees_function_local_and_relative_imports(tmp_path):
 #: the package's floors, bottom up (docs/architecture.md's map): a part (a top-level module or package) imports only
 #: parts of lower floors, never another part of its own floor, so no two packages can import each other
 FLOORS = (
-    ("errors", "paths", "console", "silenced", "proc_memory"),
+    ("errors", "paths", "console", "silenced", "proc_memory", "signals"),
     ("io", "layout", "pretrained", "tasks", "metrics", "trainer"),
     ("data", "modeling"),
     ("lit_modules", "callbacks", "bench", "config"),

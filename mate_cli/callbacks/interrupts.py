@@ -26,7 +26,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from mate_cli.data.workers import SIGNALS
+from mate_cli.signals import SIGNALS
 from mate_cli.io import atomic_write_text
 
 

@@ -120,11 +120,11 @@ def _results(function: Callable, records: Sequence[dict], processes: int) -> Ite
 
 
 def _set_function(function: Callable) -> None:
-    """A pool worker's start: default signal actions (it ends at any of :data:`~mate_cli.data.workers.SIGNALS`), not the
+    """A pool worker's start: default signal actions (it ends at any of :data:`~mate_cli.signals.SIGNALS`), not the
     forked handler, which leaves stopping to the main process (:mod:`mate_cli.callbacks.interrupts`)."""
     global _function
     _function = function
-    from mate_cli.data.workers import SIGNALS
+    from mate_cli.signals import SIGNALS
 
     for signum in SIGNALS:
         signal.signal(signum, signal.SIG_DFL)

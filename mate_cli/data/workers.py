@@ -1,6 +1,6 @@
-"""The signals a mate command stops at (:mod:`mate_cli.callbacks.interrupts` handles them in the main process), and what
-the data layer's worker processes do at them: a ``DataLoader`` worker leaves stopping to the main process
-(:func:`loader_worker_start`); a preprocessing pool worker takes the default actions (its start in
+"""What the data layer's worker processes do at the signals a mate command stops at (:mod:`mate_cli.signals`; the
+main process handles them: :mod:`mate_cli.callbacks.interrupts`): a ``DataLoader`` worker leaves stopping to the main
+process (:func:`loader_worker_start`); a preprocessing pool worker takes the default actions (its start in
 :mod:`mate_cli.data.preprocess`)."""
 
 from __future__ import annotations
@@ -8,14 +8,7 @@ from __future__ import annotations
 import os
 import signal
 
-#: the signals handled (those this platform has), with the exit status of a command they stop
-SIGNALS = {
-    signum: 128 + signum
-    for signum in (
-        getattr(signal, name, None) for name in ("SIGHUP", "SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGXCPU")
-    )
-    if signum is not None
-}
+from mate_cli.signals import SIGNALS
 
 
 def loader_worker_start(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature

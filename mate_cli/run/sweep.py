@@ -99,7 +99,7 @@ def watch_signals(folder: Path | None) -> None:
     themselves. ``folder`` None: the sweep dir Hydra chooses."""
     import signal
 
-    from mate_cli.data.workers import SIGNALS
+    from mate_cli.signals import SIGNALS
 
     _Stop.folder, _Stop.signum = None if folder is None else Path(folder).resolve(), None
     mark_sweep_process()
