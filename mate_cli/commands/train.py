@@ -96,7 +96,7 @@ def _start(cfg: DictConfig, out: Path) -> str | None:
 def _build(cfg: DictConfig, out: Path, resume: str | None):
     """``(datamodule, model, trainer, loggers, checkpoint)``; ``checkpoint``: the resumed one, checked and preloaded."""
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True), TRAINER_RESERVED)
-    clock = FitClock(last_checkpoint(out), trainer_args.pop("max_time", None))  # each call's budget (run/budget.py)
+    clock = FitClock(last_checkpoint(out), trainer_args.pop("max_time", None))  # each call's budget
     _check_pairing(cfg)
     datamodule = instantiate(cfg.dataset)
     model = instantiate(cfg.model)
