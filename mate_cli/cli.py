@@ -22,6 +22,7 @@ HELP = {
     "eval": "evaluate a checkpoint (conf/eval.yaml)",
     "pointr": "PointR end to end: cell selection, then the reader (conf/pointr.yaml)",
     "predict": "answer one question about one table (conf/predict.yaml)",
+    "export": "a trained SQA, WikiTQ or TabFact run as a transformers TAPAS directory (conf/export.yaml)",
     "bench": "time/memory/FLOPs of attention backends (conf/bench.yaml)",
     "baseline": "trivial baselines of SQA, WikiTQ, TabFact: no model (conf/baseline.yaml)",
     "report": "median/half-IQR over seeds per configuration from run dirs (conf/report.yaml)",

@@ -28,7 +28,8 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+#: a hub model id: `name` or `org/name`
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def bundled_model_dir() -> Path:
@@ -63,7 +64,7 @@ def resolve_pretrained(name: str | os.PathLike) -> str:
     if path.is_dir():
         return str(path.resolve())
     looks_like_path = text.startswith(("/", ".", "~")) or "\\" in text or text.count("/") > 1 or path.exists()
-    if looks_like_path or not _HUB_ID.match(text):
+    if looks_like_path or not HUB_ID.match(text):
         raise MateError(
             f"model.encoder.pretrained={text!r} is not a checkpoint directory, 'minilm', or a hub id (org/name); "
             "point it at a directory holding config.json and the weights"

@@ -75,6 +75,19 @@ RUNS: dict[str, tuple[str, list[str]]] = {
             "validate_best=false",
         ],
     ),
+    # SQA with dense attention, 2 steps, never validated (its head is not zero-initialised: cells pass 0.5): what
+    # `mate export` writes for transformers, its table-QA pipeline and `mate eval` to read back
+    "sqa_dense": (
+        "train",
+        [
+            "experiment=sqa_tapas",
+            "trainer.max_steps=2",
+            "dataset.max_length=256",
+            "logger=csv",
+            "validate_best=false",
+            "trainer.limit_val_batches=0",
+        ],
+    ),
     # `mate baseline` of the datasets sqa_task and tabfact train on: the trivial baselines a report sets beside them
     "baseline_sqa": ("baseline", ["dataset=sqa_sample"]),
     "baseline_tabfact": ("baseline", ["dataset=tabfact_sample"]),

@@ -1,4 +1,5 @@
-"""`mate eval ckpt_path=<run dir | checkpoint>`: rebuild that run (:mod:`mate_cli.run.rebuild`), evaluate
+"""`mate eval ckpt_path=<run dir | checkpoint | TAPAS task directory>`: rebuild that run (:mod:`mate_cli.run.rebuild`;
+a transformers task directory: :mod:`mate_cli.run.task_directory`), evaluate
 ``split``, write ``metrics.json`` (with the ``overrides`` that changed the run's config, if any) and, for a table
 task, the predictions in the dataset's upstream answer format. ``tables=shuffled`` (TabFact) scores each statement
 against another table of the split (:mod:`mate_cli.data.other_tables`)."""
@@ -22,6 +23,7 @@ from mate_cli.errors import MateError, check_choice
 from mate_cli.callbacks.interrupts import cluster_plugins
 from mate_cli.run.resume import AtomicCheckpointIO
 from mate_cli.run.rebuild import check_checkpoint_fits, dataset_here, load_run_config, run_checkpoint
+from mate_cli.run.task_directory import check_head_loaded, describe, task_directory, task_run_config, weights_digest
 from mate_cli.config.schema import check_trainer_args
 
 
@@ -55,10 +57,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if cfg.split not in SPLIT_PREFIX:
         raise MateError(f"split={cfg.split!r} is invalid; use split=validation or split=test")
     trainer_args = check_trainer_args(OmegaConf.to_container(cfg.trainer, resolve=True))
-    ckpt_path = str(run_checkpoint(cfg.ckpt_path))
-    if ckpt_path != str(cfg.ckpt_path):
-        log.info("ckpt_path=%s: evaluating %s", cfg.ckpt_path, ckpt_path)
-    train_cfg = load_run_config(ckpt_path, cfg.get("overrides"), bool(cfg.get("trust_run_config")))
+    directory = task_directory(cfg.ckpt_path)
+    if directory is not None:  # a transformers TAPAS task directory, scored as it is
+        log.info("ckpt_path=%s: %s", cfg.ckpt_path, describe(directory))
+        ckpt_path, train_cfg = None, task_run_config(directory, cfg.get("overrides") or [], cfg.paths)
+        source = directory.resolved
+    else:
+        ckpt_path = source = str(run_checkpoint(cfg.ckpt_path))
+        if ckpt_path != str(cfg.ckpt_path):
+            log.info("ckpt_path=%s: evaluating %s", cfg.ckpt_path, ckpt_path)
+        train_cfg = load_run_config(ckpt_path, cfg.get("overrides"), bool(cfg.get("trust_run_config")))
     tables = cfg.get("tables", "own")
     check_choice("tables", tables, EVAL_TABLES)
     if train_cfg.dataset.get("task") == "tabfact":  # `tables` decides, whatever the run or `overrides` set
@@ -66,13 +74,17 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             train_cfg.dataset.eval_tables = tables
     elif tables != "own":
         raise MateError(
-            f"tables={tables} pairs each TabFact statement with another table; {ckpt_path} is a run of "
+            f"tables={tables} pairs each TabFact statement with another table; {source} is a model of "
             f"dataset={train_cfg.dataset.get('task') or 'hybridqa'}: evaluate it with tables=own"
         )
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(dataset_here(train_cfg, cfg.paths.cache_dir))
     model = instantiate(train_cfg.model)
-    checkpoint, digest = read_checkpoint_once(ckpt_path, model)
+    if directory is not None:
+        check_head_loaded(directory, model)
+        checkpoint, digest = {}, weights_digest(directory)
+    else:
+        checkpoint, digest = read_checkpoint_once(ckpt_path, model)
     questions = datamodule.questions(cfg.split) if hasattr(datamodule, "questions") else None
     if questions is not None and not any(q.answered for q in questions):
         source = f"{datamodule.eval_file} in {datamodule.root}" if datamodule.eval_file else datamodule.root
@@ -85,9 +97,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         )
     trainer_args.setdefault("default_root_dir", str(run_dir()))  # Lightning's own files stay in the run dir
     trainer_args.setdefault("plugins", cluster_plugins())  # signals are mate's (mate_cli.callbacks.interrupts)
-    checkpoint_io = AtomicCheckpointIO()  # Lightning evaluates the state checked above, not a newer write of the file
-    checkpoint_io.preload(ckpt_path, checkpoint)
-    trainer_args["plugins"] = [*trainer_args.get("plugins", []), checkpoint_io]
+    if ckpt_path is not None:
+        checkpoint_io = AtomicCheckpointIO()  # Lightning evaluates the state checked above, not a newer write of it
+        checkpoint_io.preload(ckpt_path, checkpoint)
+        trainer_args["plugins"] = [*trainer_args.get("plugins", []), checkpoint_io]
     trainer = L.Trainer(**trainer_args)
     if getattr(datamodule, "task", None) and trainer.world_size > 1:
         raise MateError(
@@ -101,9 +114,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         results = run(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
     metrics = first_results(results)
     metrics.update({f"data/{s}/{k}": v for s, stats in datamodule.stats.items() for k, v in stats.items()})
-    metrics.update(
-        ckpt_path=os.path.abspath(ckpt_path), ckpt_step=int(checkpoint.get("global_step", 0)), ckpt_sha256=digest
-    )
+    metrics.update(ckpt_path=source if directory and not Path(source).is_dir() else os.path.abspath(source))
+    if directory is None:
+        metrics["ckpt_step"] = int(checkpoint.get("global_step", 0))
+    metrics["ckpt_sha256"] = digest
     if tables != "own":  # the tables these numbers read
         metrics["tables"] = tables
     if cfg.get("overrides"):  # what these numbers' config changed from the run's
@@ -121,7 +135,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     prefix = SPLIT_PREFIX[cfg.split] + "/"
     names = sorted(k[len(prefix) :] for k in metrics if k.startswith(prefix))
     heading = f"{cfg.split}" + (", each statement with another table" if tables != "own" else "")
-    print_metrics(f"{heading}: {Path(ckpt_path).name}", metrics, names, prefix)
+    print_metrics(f"{heading}: {Path(source).name}", metrics, names, prefix)
     return write_result("metrics", metrics, **written)
 
 

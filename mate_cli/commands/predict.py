@@ -15,6 +15,7 @@ from mate_cli.lit_modules.table_qa import TableQAModule
 from mate_cli.pipelines.pointr import CellRanker, SpanPredictor, load_passages, load_stages, predict_question
 from mate_cli.pipelines.table_task import predict_table_question, read_task_table
 from mate_cli.run.rebuild import check_checkpoint, load_trained, pick_device, run_checkpoint
+from mate_cli.run.task_directory import task_directory
 
 
 def predict(cfg: DictConfig) -> dict:
@@ -50,7 +51,8 @@ def predict(cfg: DictConfig) -> dict:
 
 
 def predict_table_task(cfg: DictConfig) -> dict:
-    check_checkpoint(run_checkpoint(cfg.ckpt_path))
+    if task_directory(cfg.ckpt_path) is None:  # a run's checkpoint: whole before anything else is read
+        check_checkpoint(run_checkpoint(cfg.ckpt_path))
     device = pick_device(cfg.trainer.get("accelerator"))
     run = load_trained(cfg.ckpt_path, cfg.get("overrides"), (TableQAModule, EntailmentModule), "predict", device,
                        bool(cfg.get("trust_run_config")))  # fmt: skip

@@ -24,6 +24,7 @@ from mate_cli.callbacks.divergence import non_finite_tensors
 from mate_cli.callbacks.resume_state import STATE_KEY, rng_states, set_rng_states
 from mate_cli.config.run_targets import checked_run_config
 from mate_cli.config.yaml_data import read_run_config
+from mate_cli.run.task_directory import check_head_loaded, describe, task_directory, task_run_config
 
 log = logging.getLogger(__name__)
 
@@ -261,10 +262,19 @@ def load_trained(
     trust: bool = False,
 ) -> TrainedRun:
     """The run behind ``ckpt_path`` (:func:`run_checkpoint`) rebuilt with ``overrides``, its checked weights loaded,
-    in eval mode on ``device``; refused unless its module is one of ``expected``."""
+    in eval mode on ``device``; refused unless its module is one of ``expected``. A TAPAS task directory
+    (:mod:`mate_cli.run.task_directory`) stands for a run of its task; ``overrides`` are then `mate train`'s."""
+    where = f"{key}.ckpt_path" if key in ("stage1", "stage2") else "ckpt_path"  # the key on the command line
+    if (directory := task_directory(ckpt_path, where)) is not None:
+        log.info("%s: %s", ckpt_path, describe(directory))
+        cfg = task_run_config(directory, overrides or [])
+        model = instantiate(cfg.model)
+        check_head_loaded(directory, model)
+        tokenizer = load_tokenizer(cfg.dataset.pretrained)
+        return TrainedRun(cfg=cfg, model=model.eval().to(device), ckpt_path=directory.resolved, tokenizer=tokenizer)
     chosen = str(run_checkpoint(ckpt_path))
     if chosen != str(ckpt_path):
-        log.info("%s.ckpt_path=%s: loading %s", key, ckpt_path, chosen)
+        log.info("%s=%s: loading %s", where, ckpt_path, chosen)
     ckpt_path = chosen
     cfg = load_run_config(ckpt_path, overrides, trust)
     target = str(cfg.get("model", {}).get("_target_", ""))
@@ -274,9 +284,9 @@ def load_trained(
         fix = f"pass the checkpoint of a run that trained {wanted}"
         if target.rsplit(".", 1)[-1] in ("TableQAModule", "EntailmentModule") and key == "stage1":
             fix += " (a table-task run: `mate predict ckpt_path=<run dir> table=<file> question=...`, `mate eval`)"
-        raise MateError(f"{key}.ckpt_path={ckpt_path} is a run of {target or 'an unknown model'}, not {wanted}; {fix}")
+        raise MateError(f"{where}={ckpt_path} is a run of {target or 'an unknown model'}, not {wanted}; {fix}")
     model = instantiate(cfg.model)
-    model.load_state_dict(check_checkpoint_fits(ckpt_path, model, f"{key}.ckpt_path")["state_dict"])
+    model.load_state_dict(check_checkpoint_fits(ckpt_path, model, where)["state_dict"])
     model.eval().to(device)
     return TrainedRun(cfg=cfg, model=model, ckpt_path=str(ckpt_path), tokenizer=load_tokenizer(cfg.dataset.pretrained))
 
