@@ -269,6 +269,8 @@ def load_trained(
         log.info("%s: %s", ckpt_path, describe(directory))
         cfg = task_run_config(directory, overrides or [])
         model = instantiate(cfg.model)
+        if not isinstance(model, expected):
+            raise MateError(f"{where}={ckpt_path} is a TAPAS {directory.task} model, not a run this command reads")
         check_head_loaded(directory, model)
         tokenizer = load_tokenizer(cfg.dataset.pretrained)
         return TrainedRun(cfg=cfg, model=model.eval().to(device), ckpt_path=directory.resolved, tokenizer=tokenizer)

@@ -68,13 +68,15 @@ def task_config(run: TrainedRun) -> tuple[str, dict]:
             config.update(aggregation_labels={str(i): name for i, name in enumerate(AGGREGATIONS)},
                           no_aggregation_label_index=0)  # fmt: skip
     config["architectures"] = [architecture]
+    config["mate_task"] = task  # which task the head serves, where its settings alone do not say (SQA or WikiTQ)
     return architecture, config
 
 
 def save_tokenizer(run: TrainedRun, directory: Path) -> None:
-    """A ``TapasTokenizer`` over the run's WordPiece vocabulary and casing, reading ``dataset.max_length`` tokens. Its
-    empty-cell token is the vocabulary's ``[EMPTY]`` where it has one, else ``[UNK]`` (as mate's tokenizer writes
-    it): a token the vocabulary lacks would get an id past the model's embeddings."""
+    """A ``TapasTokenizer`` over the run's WordPiece vocabulary and casing, reading ``dataset.max_length`` tokens and at
+    most as many rows and columns as the model has row and column ids. Its empty-cell token is the vocabulary's
+    ``[EMPTY]`` where it has one, else ``[UNK]`` (as mate's tokenizer writes it): a token the vocabulary lacks would
+    get an id past the model's embeddings."""
     from transformers import TapasTokenizer
 
     vocab = directory / "vocab.txt"
@@ -82,8 +84,11 @@ def save_tokenizer(run: TrainedRun, directory: Path) -> None:
     vocab.write_text("".join(f"{token}\n" for token, _ in by_id), encoding="utf-8")
     lower = bool(run.tokenizer.init_kwargs.get("do_lower_case", True))
     empty = "[EMPTY]" if "[EMPTY]" in run.tokenizer.get_vocab() else run.tokenizer.unk_token
-    tokenizer = TapasTokenizer(str(vocab), do_lower_case=lower, empty_token=empty,
-                               model_max_length=int(run.cfg.dataset.max_length))  # fmt: skip
+    sizes = (
+        run.model.encoder.config.type_vocab_sizes
+    )  # segment, column, row, ...: ids past a table's size would not embed
+    tokenizer = TapasTokenizer(str(vocab), do_lower_case=lower, empty_token=empty, max_column_id=int(sizes[1]),
+                               max_row_id=int(sizes[2]), model_max_length=int(run.cfg.dataset.max_length))  # fmt: skip
     tokenizer.save_pretrained(str(directory))
 
 
@@ -91,10 +96,19 @@ def check_target(target: Path) -> None:
     """Refuse a file in the way, or a folder with files no export wrote (its ``README.md`` lacks :data:`MARKER`)."""
     if target.exists() and not target.is_dir():
         raise MateError(f"directory={target} is a file; choose a directory that does not exist (or one mate wrote)")
-    if not target.is_dir() or not any(target.iterdir()):
-        return
+    try:
+        if not target.is_dir() or not any(target.iterdir()):
+            return
+    except OSError as error:
+        raise MateError(
+            f"cannot read directory={target} ({error.strerror or error}); choose another directory"
+        ) from None
     card = target / "README.md"
-    if not card.is_file() or MARKER not in card.read_text(encoding="utf-8", errors="replace"):
+    try:
+        ours = card.is_file() and MARKER in card.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        ours = False
+    if not ours:
         raise MateError(
             f"directory={target} holds files `mate export` did not write; it replaces only its own exports: "
             "choose a new directory=<folder>, or move that one away"
@@ -102,11 +116,17 @@ def check_target(target: Path) -> None:
 
 
 def run_metrics(run: TrainedRun) -> dict[str, float]:
-    """The run's dev metrics (``val/*`` of its ``metrics.json``), {} when it has none."""
-    path = Path(run.ckpt_path).resolve().parent.parent / "metrics.json"
+    """The run's dev metrics (``val/*`` of its ``metrics.json``) where they score the exported checkpoint (the run's
+    best, or its last when it names none), else {}."""
+    checkpoint = Path(run.ckpt_path).resolve()
     try:
-        metrics = json.loads(path.read_text(encoding="utf-8"))
+        metrics = json.loads((checkpoint.parent.parent / "metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        return {}
+    if (
+        not isinstance(metrics, dict)
+        or Path(str(metrics.get("best_checkpoint") or "last.ckpt")).name != checkpoint.name
+    ):
         return {}
     return {k: float(v) for k, v in sorted(metrics.items()) if k.startswith("val/") and isinstance(v, (int, float))}
 
@@ -115,7 +135,6 @@ def model_card(run: TrainedRun, architecture: str) -> str:
     """``README.md``: front matter for the hub, :data:`MARKER`, the run's settings and metrics, how to load it."""
     cfg, task = run.cfg, str(run.cfg.dataset.task)
     attention = run.model.encoder.backends[0].name
-    pipeline_tag = "text-classification" if task == "tabfact" else "table-question-answering"
     settings = {
         "experiment": cfg.get("experiment_name"),
         "attention": attention,
@@ -127,9 +146,10 @@ def model_card(run: TrainedRun, architecture: str) -> str:
         "model.optimizer.lr": OmegaConf.select(cfg, "model.optimizer.lr", default=None),
         "checkpoint": run.ckpt_path,
     }
-    lines = ["---", "library_name: transformers", f"pipeline_tag: {pipeline_tag}", "tags:", "- tapas", "- mate_cli",
-             "---", MARKER, "", f"# {architecture} for {TASK_NAMES[task]}, trained with mate_cli", "",
-             "| setting | value |", "|---|---|"]  # fmt: skip
+    tag = [] if task == "tabfact" else ["pipeline_tag: table-question-answering"]  # no pipeline reads a verdict
+    title = f"# {architecture} for {TASK_NAMES[task]}, trained with mate_cli"
+    lines = ["---", "library_name: transformers", *tag, "tags:", "- tapas", "- mate_cli", "---", MARKER, "", title,
+             "", "| setting | value |", "|---|---|"]  # fmt: skip
     lines += [f"| {key} | `{value}` |" for key, value in settings.items() if value not in (None, "")]
     metrics = run_metrics(run)
     if metrics:
@@ -148,6 +168,16 @@ def model_card(run: TrainedRun, architecture: str) -> str:
         "padded batch TAPAS counts padding in the question's cell, mate_cli in no cell, so column 0's logit and "
         "the loss of an example without an answer cell can differ there.",
         "",
+    ]
+    head = getattr(run.model, "head_config", None)
+    if head is not None and (head.cell_classification_threshold != 0.5 or head.at_least_one_cell):
+        lines += [
+            f"The run decodes with `cell_classification_threshold={head.cell_classification_threshold}` and "
+            f"`at_least_one_cell={str(head.at_least_one_cell).lower()}`; transformers' pipeline selects the cells "
+            "above 0.5 and may select none, so its answers differ from the run's where those settings matter.",
+            "",
+        ]
+    lines += [
         "```python",
         f"from transformers import TapasTokenizer, {architecture}",
         'tokenizer = TapasTokenizer.from_pretrained("<this folder>")',
@@ -164,8 +194,12 @@ def export_run(run: TrainedRun, target: Path) -> tuple[Path, str]:
     target = target.expanduser().resolve()
     check_target(target)
     architecture, config = task_config(run)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    holder = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        holder = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
+    except OSError as error:
+        raise MateError(f"cannot write into {target.parent} ({error.strerror or error}); choose directory=<folder> "
+                        "in a folder you can write") from None  # fmt: skip
     try:
         staging = holder / target.name
         heads = {name: tensor.detach().cpu().contiguous() for name, tensor in run.model.head.state_dict().items()}
@@ -175,6 +209,11 @@ def export_run(run: TrainedRun, target: Path) -> tuple[Path, str]:
         (staging / "README.md").write_text(model_card(run, architecture), encoding="utf-8")
         check_target(target)  # again: another export may have written it meanwhile
         replace_directory(staging, target)
+    except OSError as error:
+        raise MateError(
+            f"cannot write the model to {target} ({error.strerror or error}); nothing was replaced: free the space, "
+            "or choose directory=<folder> elsewhere"
+        ) from None
     finally:
         shutil.rmtree(holder, ignore_errors=True)
     return target, architecture

@@ -64,8 +64,17 @@ def task_directory(value: str | Path | None, key: str = "ckpt_path") -> TaskDire
             return None
     elif path.exists() or text.count("/") != 1 or not HUB_ID.match(text) or Path(text.split("/")[0]).exists():
         return None  # a file, or a path under a folder that is here (outputs/<run>): not a hub id
-    resolved = resolve_pretrained(text)
-    settings = read_config(resolved)
+    try:
+        resolved = resolve_pretrained(text)
+        settings = read_config(resolved)
+    except MateError as error:
+        if path.is_dir():
+            raise
+        reason = str(error).split(" (", 1)[-1].split(")", 1)[0]
+        raise MateError(
+            f"{key}={text}: no run dir or checkpoint of that path here, and no hub model of that id ({reason}); "
+            "pass a run dir, a checkpoint or a TAPAS task directory"
+        ) from None
     names = [str(name) for name in settings.get("architectures") or []]
     found = [name for name in names if name in ARCHITECTURES]
     if settings.get("model_type") != "tapas" or not found:
@@ -76,7 +85,9 @@ def task_directory(value: str | Path | None, key: str = "ckpt_path") -> TaskDire
             f"train one from it with `mate train experiment=<task>_tapas model.encoder.pretrained={text}`"
         )
     tasks = ARCHITECTURES[found[0]]
-    task = tasks[0] if len(tasks) == 1 else ("wtq" if int(settings.get("num_aggregation_labels") or 0) else "sqa")
+    task = str(settings.get("mate_task") or "")  # `mate export` records it; else the head's settings say
+    if task not in tasks:
+        task = tasks[0] if len(tasks) == 1 else ("wtq" if int(settings.get("num_aggregation_labels") or 0) else "sqa")
     return TaskDirectory(source=text, resolved=resolved, task=task, settings=settings)
 
 
@@ -154,7 +165,13 @@ def check_head_fits(directory: TaskDirectory) -> None:
             "fine-tuned on WikiTQ"
         )
     fields = {name for name in TapasHeadConfig.__dataclass_fields__}
-    TapasHeadConfig.from_checkpoint({}, {k: v for k, v in settings.items() if k in fields})
+    try:
+        TapasHeadConfig.from_checkpoint({}, {k: v for k, v in settings.items() if k in fields})
+    except MateError as error:  # worded for a yaml; here the directory's config.json holds the setting
+        raise MateError(
+            f"{where}: its config.json's head settings are not a head mate trains or scores ({error}); pass a "
+            f"{TASK_NAMES[directory.task]} task model with TAPAS's answer-supervised head settings"
+        ) from None
 
 
 def check_head_loaded(directory: TaskDirectory, model) -> None:
