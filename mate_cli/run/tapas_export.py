@@ -21,15 +21,14 @@ from omegaconf import OmegaConf
 from mate_cli.errors import MateError
 from mate_cli.modeling.encoder import replace_directory
 from mate_cli.modeling.tapas_heads import AGGREGATIONS
+from mate_cli.lit_modules.entailment import VERDICTS
 from mate_cli.run.rebuild import TrainedRun
+from mate_cli.run.task_directory import TASK_NAMES
 
 log = logging.getLogger(__name__)
 
 #: the model card's line that marks a folder this module wrote (and may replace)
 MARKER = "<!-- written by `mate export`; it replaces this folder only while this line is here -->"
-#: TabFact's labels in the classifier's order (EntailmentModule's VERDICTS), as transformers names them
-TABFACT_LABELS = {0: "Refuted", 1: "Entailed"}
-TASK_NAMES = {"sqa": "SQA", "wtq": "WikiTQ", "tabfact": "TabFact"}
 
 
 def check_exportable(run: TrainedRun) -> None:
@@ -59,8 +58,8 @@ def task_config(run: TrainedRun) -> tuple[str, dict]:
     config = model.encoder.config.to_tapas_dict()
     if task == "tabfact":
         architecture = "TapasForSequenceClassification"
-        config.update(id2label={str(k): v for k, v in TABFACT_LABELS.items()},
-                      label2id={v: k for k, v in TABFACT_LABELS.items()})  # fmt: skip
+        labels = {i: verdict.capitalize() for i, verdict in enumerate(VERDICTS)}  # the classifier's order
+        config.update(id2label={str(i): name for i, name in labels.items()}, label2id={n: i for i, n in labels.items()})
     else:
         architecture = "TapasForQuestionAnswering"
         config.update(dataclasses.asdict(model.head_config))
@@ -72,7 +71,7 @@ def task_config(run: TrainedRun) -> tuple[str, dict]:
     return architecture, config
 
 
-def save_tokenizer(run: TrainedRun, directory: Path) -> None:
+def write_tapas_tokenizer(run: TrainedRun, directory: Path) -> None:
     """A ``TapasTokenizer`` over the run's WordPiece vocabulary and casing, reading ``dataset.max_length`` tokens and at
     most as many rows and columns as the model has row and column ids. Its empty-cell token is the vocabulary's
     ``[EMPTY]`` where it has one, else ``[UNK]`` (as mate's tokenizer writes it): a token the vocabulary lacks would
@@ -205,7 +204,7 @@ def export_run(run: TrainedRun, target: Path) -> tuple[Path, str]:
         heads = {name: tensor.detach().cpu().contiguous() for name, tensor in run.model.head.state_dict().items()}
         run.model.encoder.save_pretrained(staging, prefix="tapas.", extra_state=heads)
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        save_tokenizer(run, staging)
+        write_tapas_tokenizer(run, staging)
         (staging / "README.md").write_text(model_card(run, architecture), encoding="utf-8")
         check_target(target)  # again: another export may have written it meanwhile
         replace_directory(staging, target)

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, open_dict
 
 from mate_cli.config.naming import register_resolvers
 from mate_cli.errors import MateError
+from mate_cli.lit_modules.entailment import VERDICTS
 from mate_cli.modeling.checkpoints import rename_state_dict, read_state_dict
 from mate_cli.modeling.tapas_heads import AGGREGATIONS, TapasHeadConfig
 from mate_cli.paths import CONF_DIR
@@ -31,8 +32,6 @@ log = logging.getLogger(__name__)
 
 #: transformers' task classes -> the tasks their head serves (the question-answering head: by its aggregation labels)
 ARCHITECTURES = {"TapasForQuestionAnswering": ("sqa", "wtq"), "TapasForSequenceClassification": ("tabfact",)}
-#: the TabFact classifier's labels, in its order (``EntailmentModule``)
-TABFACT_LABELS = 2
 TASK_NAMES = {"sqa": "SQA", "wtq": "WikiTQ", "tabfact": "TabFact"}
 
 
@@ -150,10 +149,10 @@ def check_head_fits(directory: TaskDirectory) -> None:
     labels); the settings TAPAS's head refuses are refused by :class:`TapasHeadConfig` as for any run."""
     settings, where = directory.settings, f"ckpt_path={directory.source}"
     if directory.task == "tabfact":
-        labels = len(settings.get("id2label") or {}) or int(settings.get("num_labels") or TABFACT_LABELS)
-        if labels != TABFACT_LABELS:
+        labels = len(settings.get("id2label") or {}) or int(settings.get("num_labels") or len(VERDICTS))
+        if labels != len(VERDICTS):
             raise MateError(
-                f"{where}: its classifier has {labels} labels; TabFact's has {TABFACT_LABELS} (refuted, entailed): "
+                f"{where}: its classifier has {labels} labels; TabFact's has {len(VERDICTS)} ({', '.join(VERDICTS)}): "
                 "pass a TapasForSequenceClassification fine-tuned on TabFact"
             )
         return
