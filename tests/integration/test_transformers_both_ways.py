@@ -364,10 +364,12 @@ def test_export_refuses_what_a_tapas_directory_cannot_hold_a_file_in_the_way_and
         export_run(built("sqa", "model.extra_layers=1"), tmp_path / "extra")
     with pytest.raises(MateError, match=r"model.pooling=query, and transformers' TAPAS heads read \[CLS\]"):
         export_run(built("sqa", "model.pooling=query"), tmp_path / "query")
+    with pytest.raises(MateError, match=r"it is DoT's task model, .* export a run trained with model.dot=null"):
+        export_run(built("sqa", "+model/dot@model.dot=default", "model.dot.pretrained=minilm"), tmp_path / "dot")
     (tmp_path / "a_file").write_text("mine", encoding="utf-8")
     with pytest.raises(MateError, match="is a file"):
         export_run(built("sqa"), tmp_path / "a_file")
-    assert not (tmp_path / "extra").exists() and not (tmp_path / "query").exists()
+    assert not any((tmp_path / name).exists() for name in ("extra", "query", "dot"))
     assert not [p.name for p in tmp_path.iterdir() if ".export-" in p.name]  # no staging left behind
     (tmp_path / "empty").mkdir()
     written, _ = export_run(built("sqa"), tmp_path / "empty")
