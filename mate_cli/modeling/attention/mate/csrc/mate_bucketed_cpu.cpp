@@ -1,7 +1,7 @@
 // MATE bucketed attention on CPU: fused kernels for the forward of the long (bucketed)
 // rows and of the dense rows (the global part), and one for the backward of both.
 //
-// The torch path (mate_bucketed.py) sorts k and v into a bucket-aligned buffer, then
+// The torch path (bucketed.py) sorts k and v into a bucket-aligned buffer, then
 // computes the long rows chunk by chunk with torch ops: scores to [globals ; window],
 // mask bias, softmax, two context GEMMs (each a full pass over a multi-MB chunk), and
 // unsorts the result. Here nothing is sorted in memory: each thread walks its chunks of
