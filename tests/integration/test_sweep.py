@@ -159,6 +159,8 @@ def test_the_same_sweep_run_again_into_its_sweep_dir_is_taken_again_and_a_change
 def test_a_cpu_epochs_peak_memory_counts_from_its_start_not_the_processes():
     """The jobs of a CPU multirun share one process: each epoch's perf/peak_mem_mb starts from the RSS it finds
     (Linux), so a job does not report an earlier job's peak."""
+    import mmap
+
     import torch
 
     from mate_cli.callbacks.throughput import peak_memory_mb, reset_peak_memory
@@ -167,9 +169,12 @@ def test_a_cpu_epochs_peak_memory_counts_from_its_start_not_the_processes():
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         pytest.skip("the peak RSS is reset through /proc/self/clear_refs, which this system does not offer")
-    cpu = torch.device("cpu")
-    big = torch.ones(128 * 2**20)  # 512 MB touched, then returned to the system (one mmap)
-    del big
+    cpu, size = torch.device("cpu"), 512 * 2**20
+    # fresh pages, touched, then returned to the system: a tensor this big may reuse memory an earlier test
+    # freed but the allocator kept resident, and then raises no peak
+    with mmap.mmap(-1, size) as region:
+        for offset in range(0, size, mmap.PAGESIZE):
+            region[offset] = 1
     earlier = peak_memory_mb(cpu)
     reset_peak_memory(cpu)
     assert peak_memory_mb(cpu) < earlier - 400, (earlier, peak_memory_mb(cpu))
