@@ -19,9 +19,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from mate_cli.errors import MateError
+from mate_cli.lit_modules.entailment import VERDICTS
 from mate_cli.modeling.encoder import replace_directory
 from mate_cli.modeling.tapas_heads import AGGREGATIONS
-from mate_cli.lit_modules.entailment import VERDICTS
 from mate_cli.run.rebuild import TrainedRun
 from mate_cli.run.task_directory import TASK_NAMES
 

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, open_dict
 from mate_cli.config.naming import register_resolvers
 from mate_cli.errors import MateError
 from mate_cli.lit_modules.entailment import VERDICTS
-from mate_cli.modeling.checkpoints import rename_state_dict, read_state_dict
+from mate_cli.modeling.checkpoints import read_state_dict, rename_state_dict
 from mate_cli.modeling.tapas_heads import AGGREGATIONS, TapasHeadConfig
 from mate_cli.paths import CONF_DIR
 from mate_cli.pretrained import HUB_ID, read_config, resolve_pretrained, weight_files
