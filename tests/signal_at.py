@@ -34,6 +34,21 @@ class SignalAt(L.Callback):
             self._send(batch_idx)
 
 
+class SignalWithALostPeer(SignalAt):
+    """:class:`SignalAt`, where Lightning's own SIGTERM handler then fails as under DDP when another rank has already
+    ended (its broadcast raises "Connection reset by peer"): a handler that raises so runs right after Lightning's.
+    ``+callbacks.lost_peer._target_=tests.signal_at.SignalWithALostPeer +callbacks.lost_peer.batch=1``."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        handlers = signal.getsignal(signal.SIGTERM).signal_handlers  # Lightning's, composed for this fit
+        lightnings = next(i for i, h in enumerate(handlers) if getattr(h, "__name__", "") == "_sigterm_notifier_fn")
+        handlers.insert(lightnings + 1, _peer_gone)
+
+
+def _peer_gone(signum, frame) -> None:
+    raise RuntimeError("Read error [127.0.0.1]:19165: Connection reset by peer")
+
+
 class SignalThenForkForever(L.Callback):
     """As training batch ``batch`` starts: SIGTERM to this process, which stops training at the batch's end; but the
     batch never ends, forking children that exit at once, as a loader starting endless workers did. The second

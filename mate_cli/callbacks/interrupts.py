@@ -28,6 +28,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from mate_cli.signals import SIGNALS
 from mate_cli.io import atomic_write_text
+from mate_cli.trainer.lightning_internals import call_first
 
 
 class Interrupted(Exception):
@@ -298,6 +299,8 @@ class StopOnSignal(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.step = trainer.global_step
         _State.training, _State.deferring = self, True
+        for signum in SIGNALS:  # heard before Lightning's own SIGTERM handler, whose DDP broadcast may raise or hang
+            call_first(signum, _handle)
         if _State.received is not None:  # it came while the data was being prepared
             raise interrupted()
 

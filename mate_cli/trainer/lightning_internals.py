@@ -1,9 +1,10 @@
-"""The Lightning internals that exact resume and the host-synchronisation-free training step read, and the watch of
-DDP ranks replaces (no public API gives them); ``tests/trainer/test_lightning_internals.py`` fails when an installed
-Lightning moves one."""
+"""The Lightning internals that exact resume and the host-synchronisation-free training step read, the watch of DDP
+ranks replaces, and the order of the signal handlers it composes (no public API gives them);
+``tests/trainer/test_lightning_internals.py`` fails when an installed Lightning moves one."""
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import lightning as L
@@ -100,3 +101,14 @@ def stop_watching_children(children: list) -> None:
     for thread in threading.enumerate():
         if isinstance(thread, _ChildProcessObserver) and thread._child_processes is children:
             thread._child_processes = []
+
+
+def call_first(signum: int, handler) -> None:
+    """Make ``handler`` the first of the handlers Lightning composed for ``signum`` around a fit (it keeps the one it
+    found, after its own). Its own SIGTERM handler broadcasts under DDP, which raises when a rank is already gone, or
+    never returns: the handlers after it are then never called. Call it once Lightning has registered them
+    (``on_train_start``); where ``signum``'s handler is no composition of Lightning's, nothing changes."""
+    handlers = getattr(signal.getsignal(signum), "signal_handlers", None)
+    if isinstance(handlers, list) and handler in handlers:
+        handlers.remove(handler)
+        handlers.insert(0, handler)

@@ -453,6 +453,19 @@ def test_a_signal_during_a_validation_stops_it_and_says_which_step_a_resume_star
         assert str(err.value) == f"interrupted by SIGTERM {said}", (name, err.value)
 
 
+def test_a_sigterm_whose_lightning_handler_fails_still_stops_the_run_in_mates_one_line(trained, tmp_path):
+    """Lightning's SIGTERM handler broadcasts under DDP and raises there when another rank has already ended; mate's
+    handler is called before it, so the run still stops with its one line and exit status 143, not the traceback of
+    a "failed: RuntimeError"."""
+    from tests.inprocess import run_app
+
+    cache, run = trained("tabfact").parent / "cache", tmp_path / "run"
+    stop = ["+callbacks.lost_peer._target_=tests.signal_at.SignalWithALostPeer", "+callbacks.lost_peer.batch=1"]
+    code, err = run_app("train", [*TRAIN, f"dataset.cache_dir={cache}", "trainer.max_steps=4", *stop], run)
+    line = one_error_line(subprocess.CompletedProcess([], code, "", err), 143, "mate: interrupted by SIGTERM at step 1")
+    assert (run / "FAILED").read_text().strip() == line, line
+
+
 def test_resuming_a_finished_run_with_another_attention_says_both_in_a_warning(finished, tmp_path, caplog):
     cache = finished.parent / "cache"
     with caplog.at_level("WARNING", logger="mate_cli"):

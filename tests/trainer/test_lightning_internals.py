@@ -210,3 +210,47 @@ def test_lightnings_watch_of_the_ddp_processes_is_stopped_before_it_kills_rank_0
     finally:
         main.kill()
         main.wait()
+
+
+def test_a_handler_put_first_hears_sigterm_before_lightnings_own_handler(tmp_path):
+    """Lightning composes its SIGTERM handler (under DDP a broadcast, which raises when a rank is gone) before the one
+    it found; put first, that one runs before Lightning's has marked the signal received."""
+    import os
+    import signal
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from mate_cli.trainer.lightning_internals import call_first
+
+    class Term(L.Callback):
+        def __init__(self, first: bool) -> None:
+            self.first, self.heard = first, []
+
+        def hear(self, signum, frame) -> None:
+            self.heard.append(self.trainer.received_sigterm)  # Lightning's handler ran already
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.trainer = trainer
+            if self.first:
+                call_first(signal.SIGTERM, self.hear)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if batch_idx == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    heard = {}
+    try:
+        for first in (False, True):
+            term = Term(first)
+            signal.signal(signal.SIGTERM, term.hear)
+            trainer = L.Trainer(default_root_dir=tmp_path, max_steps=4, enable_checkpointing=False, logger=False,
+                                enable_progress_bar=False, enable_model_summary=False, callbacks=[term])  # fmt: skip
+            try:
+                trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2))
+            except SIGTERMException:
+                pass
+            heard[first] = term.heard
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert heard == {False: [True], True: [False]}
