@@ -108,16 +108,17 @@ def run_app(command: str, overrides: list[str], run_dir: Path) -> tuple[int, str
     ``run_task``, which takes the run-dir lock, writes ``FAILED`` and ends a user error with
     one line and exit status 2) on the composed config, in this process: its exit status and
     stderr. What ``run_task`` changes in the process (signal handlers, W&B's folders in the
-    environment, the run-dir lock) is put back."""
+    environment, the run-dir lock, a signal it received) is put back."""
     import os
     import signal
 
+    from mate_cli.callbacks import interrupts
     from mate_cli.run import lock as run_lock
     from mate_cli.cli import COMMANDS
 
     cfg = compose_command(command, overrides, Path(run_dir), checked=True)
     app = getattr(importlib.import_module(COMMANDS[command][0]), APPS.get(command, "main")).__wrapped__
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {signum: signal.getsignal(signum) for signum in interrupts.SIGNALS}
     environ = dict(os.environ)
     err, code = StringIO(), 0
     try:
@@ -126,6 +127,7 @@ def run_app(command: str, overrides: list[str], run_dir: Path) -> tuple[int, str
     except SystemExit as end:
         code = end.code
     finally:
+        interrupts.install()  # forgets a signal the command received, which would stop the next training at once
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
         os.environ.clear()

@@ -36,16 +36,31 @@ class SignalAt(L.Callback):
 
 class SignalWithALostPeer(SignalAt):
     """:class:`SignalAt`, where Lightning's own SIGTERM handler then fails as under DDP when another rank has already
-    ended (its broadcast raises "Connection reset by peer"): a handler that raises so runs right after Lightning's.
+    ended (its broadcast raises "Connection reset by peer"): a handler that raises so runs right after Lightning's,
+    or with ``first=true`` before every other one, mate's too.
     ``+callbacks.lost_peer._target_=tests.signal_at.SignalWithALostPeer +callbacks.lost_peer.batch=1``."""
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        handlers = signal.getsignal(signal.SIGTERM).signal_handlers  # Lightning's, composed for this fit
-        lightnings = next(i for i, h in enumerate(handlers) if getattr(h, "__name__", "") == "_sigterm_notifier_fn")
-        handlers.insert(lightnings + 1, _peer_gone)
+    def __init__(self, batch: int, first: bool = False) -> None:
+        super().__init__(batch)
+        self.first = first
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx == self.batch and not self.sent:  # every callback's on_train_start has ordered the handlers
+            handlers = signal.getsignal(signal.SIGTERM).signal_handlers  # Lightning's, composed for this fit
+            names = [getattr(handler, "__name__", "") for handler in handlers]
+            assert "_sigterm_notifier_fn" in names, f"Lightning's SIGTERM handler is not among {names}"
+            handlers.insert(0 if self.first else names.index("_sigterm_notifier_fn") + 1, _peer_gone)
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+
+#: for each call of the failing handler, the signal mate's handler had received by then (None: it had not run)
+PEER_GONE_SAW: list = []
 
 
 def _peer_gone(signum, frame) -> None:
+    from mate_cli.callbacks import interrupts
+
+    PEER_GONE_SAW.append(interrupts.received())
     raise RuntimeError("Read error [127.0.0.1]:19165: Connection reset by peer")
 
 

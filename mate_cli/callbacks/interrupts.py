@@ -204,8 +204,14 @@ def received() -> int | None:
     return _State.received
 
 
-def signalled() -> bool:
-    """Whether a signal came, handled or not yet (a main thread stuck in Lightning's own SIGTERM handler, say)."""
+def signalled(settle: float = 0.0) -> bool:
+    """Whether a signal came, handled or not yet (a main thread stuck in Lightning's own SIGTERM handler, say).
+    ``settle``: seconds to give the watch to hear one already delivered, whose handlers raised before mate's ran."""
+    deadline = time.monotonic() + settle
+    while _State.received is None and _State.heard is None and _State.watch is not None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
     return _State.received is not None or _State.heard is not None
 
 
@@ -256,8 +262,9 @@ def requeue_note(signum: int) -> str:
 
 
 def interrupted(signum: int | None = None) -> Interrupted:
-    """The `Interrupted` for ``signum`` (default: the one received), saying where the run stands."""
-    signum = signum or _State.received or signal.SIGTERM
+    """The `Interrupted` for ``signum`` (default: the one received, else the one the watch heard), saying where the
+    run stands."""
+    signum = signum or _State.received or _State.heard or signal.SIGTERM
     return Interrupted(signum, where_it_stands(f"interrupted by {signal.Signals(signum).name}"))
 
 
@@ -277,6 +284,15 @@ def where_it_stands(what: str) -> str:
             f"(or this job alone: ckpt_path={training.run_dir})"
         )
     return f"{what} {at}{held}; resume with ckpt_path={training.run_dir}"
+
+
+def _hear_first() -> None:
+    """Mate's handler before Lightning's own SIGTERM handler, whose DDP broadcast raises when another rank has ended
+    (a broadcast that hangs instead is ended by a second signal: :data:`END_S`). Elsewhere, where mate's handler
+    stops the command at once, Lightning's stays first, to pass the signal on to the other ranks; should it raise,
+    the signal the watch heard is the command's stop (:func:`signalled`)."""
+    for signum in SIGNALS:
+        call_first(signum, _handle)
 
 
 def stopping() -> Interrupted | None:
@@ -299,8 +315,7 @@ class StopOnSignal(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.step = trainer.global_step
         _State.training, _State.deferring = self, True
-        for signum in SIGNALS:  # heard before Lightning's own SIGTERM handler, whose DDP broadcast may raise or hang
-            call_first(signum, _handle)
+        _hear_first()  # while deferring: a first signal returns from mate's, and Lightning's passes it to the ranks
         if _State.received is not None:  # it came while the data was being prepared
             raise interrupted()
 

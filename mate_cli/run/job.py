@@ -51,9 +51,11 @@ def run_task(task: Callable[[DictConfig], object], cfg: DictConfig):
         return task(cfg)
     except (Exception, KeyboardInterrupt, SystemExit) as err:  # noqa: BLE001 - re-raised unless handled below
         stopped = find_in_chain(err, interrupts.Interrupted)
-        if stopped is None and interrupts.received() is not None:  # Lightning's own SIGTERM exit, say
+        crash = isinstance(err, Exception) and not (find_mate_error(err) or full_disk(err))
+        # Lightning's own SIGTERM exit; or its handler raised before mate's ran (a DDP broadcast to a rank that ended)
+        if stopped is None and interrupts.signalled(settle=0.2 if crash else 0.0):
             stopped = interrupts.interrupted()
-        if stopped is None and isinstance(err, Exception) and not (find_mate_error(err) or full_disk(err)):
+        if stopped is None and crash:
             stopped = interrupts.stopping()  # a lost DDP rank (mate_cli.callbacks.ranks), whose loss raised this error
         if stopped is not None:
             line = str(stopped) + interrupts.requeue_note(stopped.signum)

@@ -453,17 +453,22 @@ def test_a_signal_during_a_validation_stops_it_and_says_which_step_a_resume_star
         assert str(err.value) == f"interrupted by SIGTERM {said}", (name, err.value)
 
 
-def test_a_sigterm_whose_lightning_handler_fails_still_stops_the_run_in_mates_one_line(trained, tmp_path):
-    """Lightning's SIGTERM handler broadcasts under DDP and raises there when another rank has already ended; mate's
-    handler is called before it, so the run still stops with its one line and exit status 143, not the traceback of
-    a "failed: RuntimeError"."""
+@pytest.mark.parametrize("first", [False, True], ids=["after-lightnings", "before-mates"])
+def test_a_sigterm_whose_lightning_handler_fails_still_stops_the_run_in_mates_one_line(trained, tmp_path, first):
+    """Lightning's SIGTERM handler broadcasts under DDP and raises there when another rank has already ended. Mate's
+    handler is called before it; and where a failing handler ran even before mate's, the signal the watch heard
+    stops the run: its one line and exit status 143 either way, not the traceback of a "failed: RuntimeError"."""
     from tests.inprocess import run_app
+    from tests.signal_at import PEER_GONE_SAW
 
     cache, run = trained("tabfact").parent / "cache", tmp_path / "run"
     stop = ["+callbacks.lost_peer._target_=tests.signal_at.SignalWithALostPeer", "+callbacks.lost_peer.batch=1"]
+    stop.append(f"+callbacks.lost_peer.first={first}")
+    PEER_GONE_SAW.clear()
     code, err = run_app("train", [*TRAIN, f"dataset.cache_dir={cache}", "trainer.max_steps=4", *stop], run)
     line = one_error_line(subprocess.CompletedProcess([], code, "", err), 143, "mate: interrupted by SIGTERM at step 1")
     assert (run / "FAILED").read_text().strip() == line, line
+    assert PEER_GONE_SAW == [None if first else signal.SIGTERM], "mate's handler runs before Lightning's"
 
 
 def test_resuming_a_finished_run_with_another_attention_says_both_in_a_warning(finished, tmp_path, caplog):
