@@ -161,7 +161,9 @@ class _Watch:
                     elif byte == self.TOLD and deadline is not None:  # the stop reached the command: not lost
                         deadline = max(deadline, now + CLOSE_S)
                     elif byte in SIGNALS and first is None:
-                        first, first_at, _State.heard = byte, now, byte
+                        first, first_at = byte, now
+                        if not self.closed:  # else a bygone command's signal, read after the next one installed
+                            _State.heard = byte
                     elif byte in SIGNALS and (byte != first or now - first_at >= REPEAT_S):
                         second, deadline = second or byte, deadline or now + END_S
         finally:
@@ -206,7 +208,8 @@ def received() -> int | None:
 
 def signalled(settle: float = 0.0) -> bool:
     """Whether a signal came, handled or not yet (a main thread stuck in Lightning's own SIGTERM handler, say).
-    ``settle``: seconds to give the watch to hear one already delivered, whose handlers raised before mate's ran."""
+    ``settle``: seconds to give the watch (if any) to hear one already delivered, whose handlers raised before
+    mate's ran."""
     deadline = time.monotonic() + settle
     while _State.received is None and _State.heard is None and _State.watch is not None:
         if time.monotonic() >= deadline:
@@ -288,9 +291,10 @@ def where_it_stands(what: str) -> str:
 
 def _hear_first() -> None:
     """Mate's handler before Lightning's own SIGTERM handler, whose DDP broadcast raises when another rank has ended
-    (a broadcast that hangs instead is ended by a second signal: :data:`END_S`). Elsewhere, where mate's handler
-    stops the command at once, Lightning's stays first, to pass the signal on to the other ranks; should it raise,
-    the signal the watch heard is the command's stop (:func:`signalled`)."""
+    (a broadcast that hangs instead is ended by a second signal: :data:`END_S`); from ``on_train_start`` until
+    Lightning puts back the handlers it found. Outside fit, where mate's handler stops the command at once,
+    Lightning's comes first, to pass the signal on to the other ranks; should it raise, the signal the watch heard
+    is the command's stop (:func:`signalled`)."""
     for signum in SIGNALS:
         call_first(signum, _handle)
 

@@ -1,5 +1,5 @@
 """The Lightning internals that exact resume and the host-synchronisation-free training step read, the watch of DDP
-ranks replaces, and the order of the signal handlers it composes (no public API gives them);
+ranks replaces, and the order of the signal handlers Lightning composes (no public API gives them);
 ``tests/trainer/test_lightning_internals.py`` fails when an installed Lightning moves one."""
 
 from __future__ import annotations

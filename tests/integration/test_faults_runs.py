@@ -468,7 +468,7 @@ def test_a_sigterm_whose_lightning_handler_fails_still_stops_the_run_in_mates_on
     code, err = run_app("train", [*TRAIN, f"dataset.cache_dir={cache}", "trainer.max_steps=4", *stop], run)
     line = one_error_line(subprocess.CompletedProcess([], code, "", err), 143, "mate: interrupted by SIGTERM at step 1")
     assert (run / "FAILED").read_text().strip() == line, line
-    assert PEER_GONE_SAW == [None if first else signal.SIGTERM], "mate's handler runs before Lightning's"
+    assert PEER_GONE_SAW == [None if first else signal.SIGTERM], "which of mate's and the failing handler ran first"
 
 
 def test_resuming_a_finished_run_with_another_attention_says_both_in_a_warning(finished, tmp_path, caplog):

@@ -1,6 +1,6 @@
-"""The Lightning internals exact resumption and the sync-free training step read
-(:mod:`mate_cli.trainer.lightning_internals`), and the Rich bar's method mate's bar overrides, on a real Trainer:
-each test fails when an installed Lightning moves one of them."""
+"""The Lightning internals exact resumption and the sync-free training step read, and the order of the signal
+handlers Lightning composes (:mod:`mate_cli.trainer.lightning_internals`), and the Rich bar's method mate's bar
+overrides, on a real Trainer: each test fails when an installed Lightning moves one of them."""
 
 from __future__ import annotations
 
