@@ -107,8 +107,8 @@ def call_first(signum: int, handler) -> None:
     """Make ``handler`` the first of the handlers Lightning composed for ``signum`` around a fit, validate, test or
     predict (it keeps the one it found, after its own). Its own SIGTERM handler broadcasts under DDP, which raises
     when a rank is already gone: the handlers after it are then never called. Call it once Lightning has registered
-    them (``on_train_start``); where ``signum``'s handler is no composition of Lightning's,
-    nothing changes. One assignment, so that a signal meanwhile finds ``handler`` in the list."""
+    them (``on_train_start``); where ``signum``'s handler is no composition of Lightning's, nothing changes. One
+    assignment, so that a signal meanwhile finds ``handler`` in the list."""
     handlers = getattr(signal.getsignal(signum), "signal_handlers", None)
     if isinstance(handlers, list) and handler in handlers:
         handlers[:] = [handler, *(other for other in handlers if other != handler)]
